@@ -1,0 +1,216 @@
+// The FedAvg family. All members average client deltas weighted by example count into a
+// pseudo-gradient D, then apply a server update rule (Reddi et al., "Adaptive Federated
+// Optimization", 2021; Hsu et al. 2019 for server momentum):
+//   fedavg, fedprox  x += eta * D
+//   fedavgm          v = beta * v + D;                     x += eta * v
+//   fedadagrad       m = b1 m + (1-b1) D; v = v + D^2;       x += eta * m / (sqrt(v) + tau)
+//   fedadam          m = b1 m + (1-b1) D; v = b2 v + (1-b2) D^2; (same step)
+//   fedyogi          m = b1 m + (1-b1) D; v = v - (1-b2) D^2 sign(v - D^2); (same step)
+// m starts at 0 and v at tau^2 (the paper's v_{-1} >= tau^2). FedProx differs only on
+// the client: the proximal term mu travels with the task.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "aggregation/strategy.h"
+
+namespace cleave {
+namespace {
+
+enum class ServerRule { kSgd, kMomentum, kAdagrad, kAdam, kYogi };
+
+class FedAvgFamily : public Strategy {
+ public:
+  FedAvgFamily(std::string name, ServerRule rule, const JobConfig& c)
+      : name_(std::move(name)), rule_(rule), clients_(c.clients), s_(c.strategy) {
+    fit_.local_epochs = c.train.local_epochs;
+    fit_.batch_size = c.train.batch_size;
+    fit_.lr = c.train.lr;
+    fit_.momentum = c.train.momentum;
+    fit_.weight_decay = c.train.weight_decay;
+    fit_.proximal_mu = name_ == "fedprox" ? c.strategy.proximal_mu : 0.0;
+  }
+
+  std::string name() const override { return name_; }
+
+  RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
+                           std::mt19937_64& rng) override {
+    RoundPlan plan;
+    plan.fit = fit_;
+    const int n = static_cast<int>(available.size());
+    int k = clients_.per_round > 0 ? clients_.per_round
+                                   : static_cast<int>(std::ceil(clients_.fraction * n));
+    k = std::max(1, std::min(k, n));
+    std::vector<std::string> pool = available;
+    // Partial Fisher-Yates: the first k of a seeded shuffle.
+    for (int i = 0; i < k; ++i) {
+      std::uniform_int_distribution<int> pick(i, n - 1);
+      std::swap(pool[i], pool[pick(rng)]);
+    }
+    pool.resize(k);
+    std::sort(pool.begin(), pool.end());
+    plan.clients = std::move(pool);
+    return plan;
+  }
+
+  void BeginRound(const ParameterSet& global) override {
+    if (!sum_.SameLayout(global)) {
+      sum_ = global.ZerosLike();
+    } else {
+      for (auto& t : sum_.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), 0.0f);
+    }
+    total_weight_ = 0;
+    count_ = 0;
+  }
+
+  void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
+    const float w = static_cast<float>(num_examples);
+    auto& tensors = sum_.mutable_tensors();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      float* acc = tensors[i].values.data();
+      const TensorView& v = delta[i];
+      for (int64_t j = 0; j < v.numel; ++j) acc[j] += w * v.value(j);
+    }
+    total_weight_ += static_cast<double>(num_examples);
+    ++count_;
+  }
+
+  int accumulated() const override { return count_; }
+
+  Status FinishRound(int num_failures, ParameterSet* global) override {
+    if (count_ == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("no results to aggregate (", num_failures, " failures)"));
+    }
+    if (!sum_.SameLayout(*global)) {
+      return absl::InternalError("global model changed layout during the round");
+    }
+    EnsureState(*global);
+    const float inv = static_cast<float>(1.0 / total_weight_);
+    const float eta = static_cast<float>(s_.server_lr);
+    const float b1 = static_cast<float>(s_.beta1), b2 = static_cast<float>(s_.beta2);
+    const float tau = static_cast<float>(s_.tau), beta = static_cast<float>(s_.server_momentum);
+    auto& xs = global->mutable_tensors();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      float* x = xs[i].values.data();
+      const float* sum = sum_.tensors()[i].values.data();
+      float* m = rule_ == ServerRule::kSgd ? nullptr : m_.mutable_tensors()[i].values.data();
+      float* v = HasV() ? v_.mutable_tensors()[i].values.data() : nullptr;
+      const size_t n = xs[i].values.size();
+      for (size_t j = 0; j < n; ++j) {
+        const float d = sum[j] * inv;
+        switch (rule_) {
+          case ServerRule::kSgd:
+            x[j] += eta * d;
+            break;
+          case ServerRule::kMomentum:
+            m[j] = beta * m[j] + d;
+            x[j] += eta * m[j];
+            break;
+          case ServerRule::kAdagrad:
+          case ServerRule::kAdam:
+          case ServerRule::kYogi: {
+            m[j] = b1 * m[j] + (1 - b1) * d;
+            const float d2 = d * d;
+            if (rule_ == ServerRule::kAdagrad) {
+              v[j] = v[j] + d2;
+            } else if (rule_ == ServerRule::kAdam) {
+              v[j] = b2 * v[j] + (1 - b2) * d2;
+            } else {
+              const float diff = v[j] - d2;
+              const float sign = diff > 0 ? 1.0f : (diff < 0 ? -1.0f : 0.0f);
+              v[j] = v[j] - (1 - b2) * d2 * sign;
+            }
+            x[j] += eta * m[j] / (std::sqrt(v[j]) + tau);
+            break;
+          }
+        }
+      }
+    }
+    count_ = 0;
+    total_weight_ = 0;
+    return absl::OkStatus();
+  }
+
+  ParameterSet State() const override {
+    ParameterSet state;
+    auto add = [&state](const ParameterSet& ps, const std::string& prefix) {
+      for (const auto& t : ps.tensors()) {
+        state.Add(Tensor{prefix + t.name, t.shape, t.values}).IgnoreError();
+      }
+    };
+    add(m_, "m/");
+    add(v_, "v/");
+    return state;
+  }
+
+  Status Restore(const ParameterSet& state) override {
+    ParameterSet m, v;
+    for (const auto& t : state.tensors()) {
+      const std::string prefix = t.name.substr(0, 2);
+      Tensor copy{t.name.substr(2), t.shape, t.values};
+      if (prefix == "m/") {
+        RETURN_IF_ERROR(m.Add(std::move(copy)));
+      } else if (prefix == "v/") {
+        RETURN_IF_ERROR(v.Add(std::move(copy)));
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected strategy state ", t.name));
+      }
+    }
+    m_ = std::move(m);
+    v_ = std::move(v);
+    return absl::OkStatus();
+  }
+
+ private:
+  bool HasV() const {
+    return rule_ == ServerRule::kAdagrad || rule_ == ServerRule::kAdam ||
+           rule_ == ServerRule::kYogi;
+  }
+
+  // Creates the optimizer state on first use (or after a layout change).
+  void EnsureState(const ParameterSet& global) {
+    if (rule_ == ServerRule::kSgd) return;
+    if (!m_.SameLayout(global)) m_ = global.ZerosLike();
+    if (HasV() && !v_.SameLayout(global)) {
+      v_ = global.ZerosLike();
+      const float tau2 = static_cast<float>(s_.tau * s_.tau);
+      for (auto& t : v_.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), tau2);
+    }
+  }
+
+  const std::string name_;
+  const ServerRule rule_;
+  const ClientsConfig clients_;
+  const StrategyConfig s_;
+  FitSettings fit_;
+
+  ParameterSet sum_;  // running sum of weight * delta for the current round
+  double total_weight_ = 0;
+  int count_ = 0;
+  ParameterSet m_;  // momentum / first moment
+  ParameterSet v_;  // second moment
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config) {
+  const std::string& n = config.strategy.name;
+  ServerRule rule;
+  if (n == "fedavg" || n == "fedprox") {
+    rule = ServerRule::kSgd;
+  } else if (n == "fedavgm") {
+    rule = ServerRule::kMomentum;
+  } else if (n == "fedadagrad") {
+    rule = ServerRule::kAdagrad;
+  } else if (n == "fedadam") {
+    rule = ServerRule::kAdam;
+  } else if (n == "fedyogi") {
+    rule = ServerRule::kYogi;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown strategy '", n, "'"));
+  }
+  return std::unique_ptr<Strategy>(new FedAvgFamily(n, rule, config));
+}
+
+}  // namespace cleave

@@ -1,0 +1,291 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/transfer.h"
+#include "models/model.h"
+
+namespace cleave {
+
+namespace v1 = ::cleave::v1;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+v1::DeviceProfile LocalDevice() {
+  v1::DeviceProfile d;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  d.set_hostname(host);
+  d.set_cpu_cores(static_cast<int>(std::thread::hardware_concurrency()));
+  d.set_memory_bytes(static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
+  d.set_platform("linux");
+  return d;
+}
+
+bool Fatal(absl::StatusCode c) {
+  return c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kFailedPrecondition ||
+         c == absl::StatusCode::kUnauthenticated || c == absl::StatusCode::kPermissionDenied ||
+         c == absl::StatusCode::kUnimplemented;
+}
+
+}  // namespace
+
+struct Client::Impl {
+  explicit Impl(ClientOptions o) : opts(std::move(o)), jitter_rng(std::random_device{}()) {}
+
+  ClientOptions opts;
+  std::mt19937_64 jitter_rng;
+  std::atomic<bool> stop{false};
+  std::atomic<int> tasks_done{0};
+
+  std::mutex mu;  // guards ctx and the sleep below
+  std::condition_variable cv;
+  grpc::ClientContext* ctx = nullptr;
+
+  // Model state kept across tasks.
+  std::unique_ptr<Model> model;
+  std::string model_key;  // name + TorchScript digest the model was built from
+
+  // Outcome of one connection.
+  enum class End { kRunEnded, kRetry, kFatal, kCrashed, kStopped };
+
+  Status Run();
+  End Session(bool* joined, Status* why);
+  Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
+                    const std::function<void(const v1::TaskAck&)>& ack, bool* crashed);
+  void Sleep(double seconds) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_for(l, std::chrono::duration<double>(seconds), [this] { return stop.load(); });
+  }
+};
+
+Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Client::~Client() = default;
+Status Client::Run() { return impl_->Run(); }
+int Client::tasks_completed() const { return impl_->tasks_done; }
+
+void Client::Stop() {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->stop = true;
+  if (impl_->ctx) impl_->ctx->TryCancel();
+  impl_->cv.notify_all();
+}
+
+Status Client::Impl::Run() {
+  double backoff = opts.initial_backoff_s;
+  auto last_contact = Clock::now();
+  while (!stop) {
+    bool joined = false;
+    Status why;
+    End end = Session(&joined, &why);
+    switch (end) {
+      case End::kRunEnded:
+        return absl::OkStatus();
+      case End::kStopped:
+        return absl::CancelledError("stopped");
+      case End::kCrashed:
+        return absl::AbortedError("simulated crash");
+      case End::kFatal:
+        spdlog::error("server rejected this client: {}", why.ToString());
+        return why;
+      case End::kRetry:
+        break;
+    }
+    if (joined) {
+      backoff = opts.initial_backoff_s;
+      last_contact = Clock::now();
+    }
+    const double waited = std::chrono::duration<double>(Clock::now() - last_contact).count();
+    if (waited > opts.give_up_after_s) {
+      return absl::UnavailableError(absl::StrCat("server ", opts.server, " unreachable for ",
+                                                 static_cast<int>(waited), "s: ", why.message()));
+    }
+    // Exponential backoff with jitter: sleep uniformly in [backoff/2, backoff*3/2).
+    std::uniform_real_distribution<double> jitter(0.5, 1.5);
+    const double delay = backoff * jitter(jitter_rng);
+    spdlog::warn("{}; reconnecting in {:.1f}s", std::string(why.message()), delay);
+    Sleep(delay);
+    backoff = std::min(backoff * 2, opts.max_backoff_s);
+  }
+  return absl::CancelledError("stopped");
+}
+
+Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  auto channel = grpc::CreateCustomChannel(opts.server, grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::Coordinator::NewStub(channel);
+
+  grpc::ClientContext ctx;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    if (stop) return End::kStopped;
+    this->ctx = &ctx;
+  }
+  auto stream = stub->Control(&ctx);
+  std::mutex write_mu;
+  auto write = [&](const v1::ClientMessage& m) {
+    std::lock_guard<std::mutex> l(write_mu);
+    return stream->Write(m);
+  };
+
+  v1::ClientMessage join_msg;
+  v1::Join* join = join_msg.mutable_join();
+  join->set_name(opts.name);
+  *join->mutable_device() = LocalDevice();
+  join->add_codecs("fp32");
+  join->set_num_examples(opts.train.size);
+  join->set_protocol_version(1);
+
+  End end = End::kRetry;
+  v1::ServerMessage msg;
+  v1::Welcome welcome;
+  std::atomic<bool> hb_stop{false};
+  std::thread heartbeat;
+  if (write(join_msg) && stream->Read(&msg) && msg.has_welcome()) {
+    welcome = msg.welcome();
+    *joined = true;
+    spdlog::info("joined run {} as {}", welcome.run_id(), welcome.client_id());
+    heartbeat = std::thread([&] {
+      const auto period = std::chrono::milliseconds(std::max(100, welcome.heartbeat_interval_ms()));
+      std::mutex m;
+      std::unique_lock<std::mutex> l(m);
+      while (!hb_stop) {
+        v1::ClientMessage hb;
+        hb.mutable_heartbeat()->set_unix_ms(
+            std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::system_clock::now().time_since_epoch()).count());
+        if (!write(hb)) break;
+        for (auto t = Clock::now() + period; !hb_stop && Clock::now() < t;) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      }
+    });
+    auto ack = [&](const v1::TaskAck& a) {
+      v1::ClientMessage m;
+      *m.mutable_ack() = a;
+      write(m);
+    };
+    while (stream->Read(&msg)) {
+      if (msg.has_run_ended()) {
+        spdlog::info("run {} ended: {}", msg.run_ended().run_id(), msg.run_ended().reason());
+        end = End::kRunEnded;
+        break;
+      }
+      if (!msg.has_task()) continue;
+      bool crashed = false;
+      Status s = HandleTask(stub.get(), welcome, msg.task(), ack, &crashed);
+      if (crashed) {
+        end = End::kCrashed;
+        ctx.TryCancel();
+        break;
+      }
+      if (!s.ok()) spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
+    }
+  }
+  hb_stop = true;
+  if (end != End::kRunEnded && end != End::kCrashed) ctx.TryCancel();
+  if (heartbeat.joinable()) heartbeat.join();
+  grpc::Status gs = stream->Finish();
+  {
+    std::lock_guard<std::mutex> l(mu);
+    this->ctx = nullptr;
+  }
+  if (end == End::kRunEnded || end == End::kCrashed) return end;
+  if (stop) return End::kStopped;
+  *why = gs.ok() ? absl::UnavailableError("the server closed the control stream")
+                 : FromGrpc(gs, "control stream");
+  if (!gs.ok() && Fatal(why->code())) return End::kFatal;
+  return End::kRetry;
+}
+
+Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                const v1::Task& task,
+                                const std::function<void(const v1::TaskAck&)>& ack,
+                                bool* crashed) {
+  v1::TaskAck a;
+  a.set_task_id(task.task_id());
+  auto reject = [&](const Status& s) {
+    a.set_accepted(false);
+    a.set_error(std::string(s.message()));
+    ack(a);
+    return s;
+  };
+  // (Re)build the model when its description changed.
+  const std::string key = task.model().name() + "/" + task.model().torchscript_digest();
+  if (!model || key != model_key) {
+    ModelSpec spec;
+    spec.name = task.model().name();
+    if (spec.name == "torchscript") {
+      auto archive = FetchBlob(stub, w.client_id(), w.session_token(),
+                               task.model().torchscript_digest());
+      if (!archive.ok()) return reject(archive.status());
+      spec.torchscript = *std::move(archive);
+    }
+    auto m = Model::Create(spec);
+    if (!m.ok()) return reject(m.status());
+    model = *std::move(m);
+    model_key = key;
+  }
+  auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest());
+  if (!blob.ok()) return reject(blob.status());
+  auto global = ParameterSet::Decode(*blob);
+  if (!global.ok()) return reject(global.status());
+  blob->clear();
+  if (Status s = model->SetParameters(*global); !s.ok()) return reject(s);
+  a.set_accepted(true);
+  ack(a);
+
+  const auto& tc = task.train();
+  LocalTrainOptions o;
+  o.epochs = tc.local_epochs();
+  o.batch_size = tc.batch_size();
+  o.lr = tc.lr();
+  o.momentum = tc.momentum();
+  o.weight_decay = tc.weight_decay();
+  o.proximal_mu = tc.proximal_mu();
+  o.seed = tc.seed() ^ std::hash<std::string>{}(w.client_id());
+  ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
+  if (opts.crash_after_training && opts.crash_after_training(task.round())) {
+    *crashed = true;
+    return absl::AbortedError("simulated crash");
+  }
+  // The update is the delta from the global model.
+  ParameterSet delta = model->Parameters();
+  for (size_t i = 0; i < delta.size(); ++i) {
+    auto& d = delta.mutable_tensors()[i].values;
+    const auto& g = global->tensors()[i].values;
+    for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
+  }
+  v1::UploadHeader h;
+  h.set_run_id(task.run_id());
+  h.set_client_id(w.client_id());
+  h.set_session_token(w.session_token());
+  h.set_round(task.round());
+  h.set_task_id(task.task_id());
+  h.set_num_examples(stats.examples);
+  h.set_train_loss(stats.loss);
+  h.set_codec("fp32");
+  h.set_train_seconds(stats.seconds);
+  ASSIGN_OR_RETURN(v1::UploadReply reply, UploadPayload(stub, h, delta.Encode()));
+  ++tasks_done;
+  spdlog::info("round {}: trained {} examples in {:.1f}s (loss {:.4f}), update uploaded{}",
+               task.round(), stats.examples, stats.seconds, stats.loss,
+               reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
+}  // namespace cleave

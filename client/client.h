@@ -1,0 +1,46 @@
+// The edge runtime: dials the server, joins, trains on local data when given a task and
+// uploads the update (local model minus global model). Reconnects with exponential
+// backoff and jitter while the server is unreachable; returns when the run ends.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "data/dataset.h"
+
+namespace cleave {
+
+struct ClientOptions {
+  std::string server;              // host:port
+  std::string name;                // shown in the server's logs
+  Dataset train;                   // local training data
+  double initial_backoff_s = 0.5;  // first reconnect delay; doubles up to max_backoff_s
+  double max_backoff_s = 30;
+  double give_up_after_s = 600;    // unreachable this long: Run() returns UNAVAILABLE
+  // Test hook, called after local training: return true to simulate a crash (the
+  // connection is dropped without an upload and Run() returns ABORTED).
+  std::function<bool(int64_t round)> crash_after_training;
+};
+
+class Client {
+ public:
+  explicit Client(ClientOptions options);
+  ~Client();
+
+  // Runs until the server ends the run (OK), Stop() (CANCELLED), a fatal rejection
+  // (the server's status), or give_up_after_s without reaching the server (UNAVAILABLE).
+  Status Run();
+  // Thread-safe; makes Run() return soon.
+  void Stop();
+
+  int tasks_completed() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cleave

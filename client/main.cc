@@ -1,0 +1,89 @@
+// cleave-client: the edge binary.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "core/logging.h"
+#include "models/model.h"
+
+namespace {
+
+// "--partition SCHEME,client=I,of=N[,seed=S]", e.g. "dirichlet:0.5,client=3,of=10,seed=42".
+cleave::Status ApplyPartition(const std::string& spec, cleave::Dataset* data) {
+  std::vector<std::string> parts = absl::StrSplit(spec, ',');
+  int64_t index = -1, count = 0;
+  uint64_t seed = 42;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
+    bool ok = (kv.first == "client" && absl::SimpleAtoi(kv.second, &index)) ||
+              (kv.first == "of" && absl::SimpleAtoi(kv.second, &count)) ||
+              (kv.first == "seed" && absl::SimpleAtoi(kv.second, &seed));
+    if (!ok) return absl::InvalidArgumentError("bad partition option '" + parts[i] + "'");
+  }
+  if (count < 1 || index < 0 || index >= count) {
+    return absl::InvalidArgumentError("--partition needs client=I,of=N with 0 <= I < N");
+  }
+  auto split = cleave::Partition(data->labels, data->num_classes, parts[0],
+                                 static_cast<int>(count), seed);
+  if (!split.ok()) return split.status();
+  *data = data->Subset((*split)[index]);
+  return absl::OkStatus();
+}
+
+cleave::Client* g_client = nullptr;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cleave-client: a federated-learning edge client"};
+  std::string server, data_spec, partition, name, log_level = "info";
+  int torch_threads = 1;
+  double give_up_after = 600;
+  app.add_option("--server", server, "coordinator address HOST:PORT")->required();
+  app.add_option("--data", data_spec, "local data: fmnist:DIR[,limit=N]")->required();
+  app.add_option("--partition", partition,
+                 "use one part of the data: SCHEME,client=I,of=N[,seed=S] with SCHEME iid, "
+                 "dirichlet:A, shards:S or labels:K");
+  app.add_option("--name", name, "client name shown by the server");
+  app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)");
+  app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+
+  cleave::SetupLogging(name.empty() ? "client" : name, "", log_level);
+  cleave::SetTorchThreads(torch_threads);
+  auto data = cleave::LoadDataSpec(data_spec, /*train=*/true);
+  if (!data.ok()) {
+    std::cerr << "cleave-client: " << data.status().message() << "\n";
+    return 2;
+  }
+  if (!partition.empty()) {
+    if (auto s = ApplyPartition(partition, &*data); !s.ok()) {
+      std::cerr << "cleave-client: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  spdlog::info("{} local training examples", data->size);
+
+  cleave::ClientOptions opts;
+  opts.server = server;
+  opts.name = name;
+  opts.train = *std::move(data);
+  opts.give_up_after_s = give_up_after;
+  cleave::Client client(std::move(opts));
+  g_client = &client;
+  std::signal(SIGINT, [](int) { g_client->Stop(); });
+  std::signal(SIGTERM, [](int) { g_client->Stop(); });
+  cleave::Status s = client.Run();
+  if (!s.ok()) {
+    spdlog::error("{}", s.ToString());
+    return s.code() == absl::StatusCode::kCancelled ? 130 : 1;
+  }
+  return 0;
+}

@@ -1,0 +1,201 @@
+#include "core/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave {
+namespace {
+
+// Reads `section.key` into `out` if present, with type errors turned into Status.
+template <typename T>
+Status Read(const YAML::Node& section, const std::string& sec, const std::string& key, T* out) {
+  const YAML::Node n = section[key];
+  if (!n) return absl::OkStatus();
+  try {
+    *out = n.as<T>();
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(sec, ".", key, ": ", e.msg));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckKeys(const YAML::Node& section, const std::string& sec,
+                 const std::set<std::string>& known) {
+  if (!section.IsMap()) return absl::InvalidArgumentError(absl::StrCat(sec, " must be a map"));
+  for (const auto& kv : section) {
+    const std::string key = kv.first.as<std::string>();
+    if (!known.count(key)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown config key ", sec, ".", key));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status Range(bool ok, const std::string& key, const std::string& rule) {
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(key, " must be ", rule));
+}
+
+}  // namespace
+
+StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::string& base_dir) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.msg));
+  }
+  JobConfig c;
+  if (!root || root.IsNull()) return c;
+  RETURN_IF_ERROR(CheckKeys(root, "config",
+                            {"run", "model", "data", "clients", "train", "strategy", "server",
+                             "local"}));
+  bool server_lr_set = false;
+  if (auto s = root["run"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "run", {"name", "rounds", "seed"}));
+    RETURN_IF_ERROR(Read(s, "run", "name", &c.run.name));
+    RETURN_IF_ERROR(Read(s, "run", "rounds", &c.run.rounds));
+    RETURN_IF_ERROR(Read(s, "run", "seed", &c.run.seed));
+  }
+  if (auto s = root["model"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "model", {"name", "path"}));
+    RETURN_IF_ERROR(Read(s, "model", "name", &c.model.name));
+    RETURN_IF_ERROR(Read(s, "model", "path", &c.model.path));
+  }
+  if (auto s = root["data"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "data", {"test", "test_limit"}));
+    RETURN_IF_ERROR(Read(s, "data", "test", &c.data.test));
+    RETURN_IF_ERROR(Read(s, "data", "test_limit", &c.data.test_limit));
+  }
+  if (auto s = root["clients"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "clients", {"min", "per_round", "fraction", "quorum",
+                                             "round_deadline_s", "join_timeout_s"}));
+    RETURN_IF_ERROR(Read(s, "clients", "min", &c.clients.min_clients));
+    RETURN_IF_ERROR(Read(s, "clients", "per_round", &c.clients.per_round));
+    RETURN_IF_ERROR(Read(s, "clients", "fraction", &c.clients.fraction));
+    RETURN_IF_ERROR(Read(s, "clients", "quorum", &c.clients.quorum));
+    RETURN_IF_ERROR(Read(s, "clients", "round_deadline_s", &c.clients.round_deadline_s));
+    RETURN_IF_ERROR(Read(s, "clients", "join_timeout_s", &c.clients.join_timeout_s));
+  }
+  if (auto s = root["train"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "train",
+                              {"local_epochs", "batch_size", "lr", "momentum", "weight_decay"}));
+    RETURN_IF_ERROR(Read(s, "train", "local_epochs", &c.train.local_epochs));
+    RETURN_IF_ERROR(Read(s, "train", "batch_size", &c.train.batch_size));
+    RETURN_IF_ERROR(Read(s, "train", "lr", &c.train.lr));
+    RETURN_IF_ERROR(Read(s, "train", "momentum", &c.train.momentum));
+    RETURN_IF_ERROR(Read(s, "train", "weight_decay", &c.train.weight_decay));
+  }
+  if (auto s = root["strategy"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "strategy", {"name", "proximal_mu", "server_lr",
+                                              "server_momentum", "beta1", "beta2", "tau"}));
+    RETURN_IF_ERROR(Read(s, "strategy", "name", &c.strategy.name));
+    RETURN_IF_ERROR(Read(s, "strategy", "proximal_mu", &c.strategy.proximal_mu));
+    server_lr_set = static_cast<bool>(s["server_lr"]);
+    RETURN_IF_ERROR(Read(s, "strategy", "server_lr", &c.strategy.server_lr));
+    RETURN_IF_ERROR(Read(s, "strategy", "server_momentum", &c.strategy.server_momentum));
+    RETURN_IF_ERROR(Read(s, "strategy", "beta1", &c.strategy.beta1));
+    RETURN_IF_ERROR(Read(s, "strategy", "beta2", &c.strategy.beta2));
+    RETURN_IF_ERROR(Read(s, "strategy", "tau", &c.strategy.tau));
+  }
+  if (auto s = root["server"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "server", {"listen", "heartbeat_s", "client_timeout_s",
+                                            "max_model_elements", "chunk_bytes",
+                                            "eval_batch_size", "worker_threads"}));
+    RETURN_IF_ERROR(Read(s, "server", "listen", &c.server.listen));
+    RETURN_IF_ERROR(Read(s, "server", "heartbeat_s", &c.server.heartbeat_s));
+    RETURN_IF_ERROR(Read(s, "server", "client_timeout_s", &c.server.client_timeout_s));
+    RETURN_IF_ERROR(Read(s, "server", "max_model_elements", &c.server.max_model_elements));
+    RETURN_IF_ERROR(Read(s, "server", "chunk_bytes", &c.server.chunk_bytes));
+    RETURN_IF_ERROR(Read(s, "server", "eval_batch_size", &c.server.eval_batch_size));
+    RETURN_IF_ERROR(Read(s, "server", "worker_threads", &c.server.worker_threads));
+  }
+  if (auto s = root["local"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients"}));
+    RETURN_IF_ERROR(Read(s, "local", "data", &c.local.data));
+    RETURN_IF_ERROR(Read(s, "local", "partition", &c.local.partition));
+    RETURN_IF_ERROR(Read(s, "local", "partition_seed", &c.local.partition_seed));
+    RETURN_IF_ERROR(Read(s, "local", "clients", &c.local.clients));
+  }
+
+  const std::string& st = c.strategy.name;
+  static const std::set<std::string> kStrategies = {"fedavg",  "fedprox", "fedavgm",
+                                                    "fedadam", "fedyogi", "fedadagrad"};
+  if (!kStrategies.count(st)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "strategy.name: unknown strategy '", st,
+        "' (fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad)"));
+  }
+  if (!server_lr_set && (st == "fedadam" || st == "fedyogi" || st == "fedadagrad")) {
+    c.strategy.server_lr = 0.1;
+  }
+  static const std::set<std::string> kModels = {"mlp", "lenet5", "cnn", "torchscript"};
+  if (!kModels.count(c.model.name)) {
+    return absl::InvalidArgumentError(absl::StrCat("model.name: unknown model '", c.model.name,
+                                                   "' (mlp, lenet5, cnn, torchscript)"));
+  }
+  if (c.model.name == "torchscript") {
+    if (c.model.path.empty()) {
+      return absl::InvalidArgumentError("model.path is required for model.name: torchscript");
+    }
+    std::filesystem::path p(c.model.path);
+    if (p.is_relative() && !base_dir.empty()) c.model.path = (base_dir / p).string();
+  }
+  RETURN_IF_ERROR(Range(c.run.rounds >= 1, "run.rounds", ">= 1"));
+  RETURN_IF_ERROR(Range(c.clients.min_clients >= 1, "clients.min", ">= 1"));
+  RETURN_IF_ERROR(Range(c.clients.per_round >= 0, "clients.per_round", ">= 0"));
+  RETURN_IF_ERROR(Range(c.clients.fraction > 0 && c.clients.fraction <= 1, "clients.fraction",
+                        "in (0, 1]"));
+  RETURN_IF_ERROR(Range(c.clients.quorum > 0 && c.clients.quorum <= 1, "clients.quorum",
+                        "in (0, 1]"));
+  RETURN_IF_ERROR(Range(c.clients.round_deadline_s > 0, "clients.round_deadline_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.clients.join_timeout_s > 0, "clients.join_timeout_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.train.local_epochs >= 1, "train.local_epochs", ">= 1"));
+  RETURN_IF_ERROR(Range(c.train.batch_size >= 1, "train.batch_size", ">= 1"));
+  RETURN_IF_ERROR(Range(c.train.lr > 0, "train.lr", "> 0"));
+  RETURN_IF_ERROR(Range(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum",
+                        "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.train.weight_decay >= 0, "train.weight_decay", ">= 0"));
+  RETURN_IF_ERROR(Range(c.strategy.proximal_mu >= 0, "strategy.proximal_mu", ">= 0"));
+  RETURN_IF_ERROR(Range(c.strategy.server_lr > 0, "strategy.server_lr", "> 0"));
+  RETURN_IF_ERROR(Range(c.strategy.server_momentum >= 0 && c.strategy.server_momentum < 1,
+                        "strategy.server_momentum", "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.strategy.beta1 >= 0 && c.strategy.beta1 < 1, "strategy.beta1",
+                        "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.strategy.beta2 >= 0 && c.strategy.beta2 < 1, "strategy.beta2",
+                        "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.strategy.tau > 0, "strategy.tau", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.heartbeat_s > 0, "server.heartbeat_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.client_timeout_s > c.server.heartbeat_s,
+                        "server.client_timeout_s", "> server.heartbeat_s"));
+  RETURN_IF_ERROR(Range(c.server.max_model_elements > 0, "server.max_model_elements", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.chunk_bytes >= 1024 && c.server.chunk_bytes <= (2 << 20),
+                        "server.chunk_bytes", "in [1024, 2 MiB] (gRPC's limit is 4 MiB)"));
+  RETURN_IF_ERROR(Range(c.server.eval_batch_size >= 1, "server.eval_batch_size", ">= 1"));
+  RETURN_IF_ERROR(Range(c.server.worker_threads >= 1, "server.worker_threads", ">= 1"));
+  RETURN_IF_ERROR(Range(c.local.clients >= 1, "local.clients", ">= 1"));
+  return c;
+}
+
+StatusOr<JobConfig> JobConfig::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string base = std::filesystem::path(path).parent_path().string();
+  auto c = Parse(ss.str(), base);
+  if (!c.ok()) {
+    return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
+  }
+  return c;
+}
+
+}  // namespace cleave

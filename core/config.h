@@ -1,0 +1,90 @@
+// The job config: one YAML file describes a federation (docs/configuration.md lists
+// every key). Load() fills defaults for absent keys and rejects unknown keys and
+// out-of-range values with INVALID_ARGUMENT naming the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace cleave {
+
+struct RunConfig {
+  std::string name = "cleave";   // run.name
+  int64_t rounds = 10;           // run.rounds
+  uint64_t seed = 42;            // run.seed: client sampling and model init
+};
+
+struct ModelConfig {
+  std::string name = "lenet5";   // model.name: mlp | lenet5 | cnn | torchscript
+  std::string path;              // model.path: TorchScript archive, for name=torchscript
+};
+
+struct DataConfig {
+  std::string test = "fmnist:/usr/share/datasets/fashion-mnist";  // data.test (server eval)
+  int64_t test_limit = 0;        // data.test_limit: evaluate on the first N; 0 = all
+};
+
+struct ClientsConfig {
+  int min_clients = 2;           // clients.min: connected clients needed to start a round
+  int per_round = 0;             // clients.per_round: sampled per round; 0 = use fraction
+  double fraction = 1.0;         // clients.fraction: of connected clients, when per_round = 0
+  double quorum = 0.5;           // clients.quorum: fraction of sampled results to commit
+  double round_deadline_s = 300; // clients.round_deadline_s
+  double join_timeout_s = 600;   // clients.join_timeout_s: wait for clients.min, then fail
+};
+
+struct TrainConfig {
+  int local_epochs = 1;          // train.local_epochs
+  int batch_size = 64;           // train.batch_size
+  double lr = 0.05;              // train.lr
+  double momentum = 0.9;         // train.momentum
+  double weight_decay = 0.0;     // train.weight_decay
+};
+
+struct StrategyConfig {
+  std::string name = "fedavg";   // strategy.name: fedavg | fedprox | fedavgm | fedadam |
+                                 //   fedyogi | fedadagrad
+  double proximal_mu = 0.0;      // strategy.proximal_mu (fedprox)
+  double server_lr = 1.0;        // strategy.server_lr (eta; default 1.0 for fedavg/fedavgm,
+                                 //   0.1 for the adaptive ones when absent)
+  double server_momentum = 0.9;  // strategy.server_momentum (fedavgm)
+  double beta1 = 0.9;            // strategy.beta1 (fedadam, fedyogi, fedadagrad)
+  double beta2 = 0.99;           // strategy.beta2 (fedadam, fedyogi)
+  double tau = 1e-3;             // strategy.tau: adaptivity, added to sqrt(v)
+};
+
+struct ServerConfig {
+  std::string listen = "0.0.0.0:7070";   // server.listen
+  double heartbeat_s = 2.0;              // server.heartbeat_s: client heartbeat interval
+  double client_timeout_s = 15.0;        // server.client_timeout_s: silent client = gone
+  int64_t max_model_elements = 1LL << 28;// server.max_model_elements: upload size limit
+  int chunk_bytes = 1 << 20;             // server.chunk_bytes: download/upload chunk size
+  int eval_batch_size = 1000;            // server.eval_batch_size
+  int worker_threads = 2;                // server.worker_threads: decode/aggregate pool
+};
+
+struct LocalConfig {
+  std::string data = "fmnist:/usr/share/datasets/fashion-mnist";  // local.data
+  std::string partition = "iid";  // local.partition: iid | dirichlet:A | shards:S | labels:K
+  uint64_t partition_seed = 42;   // local.partition_seed
+  int clients = 10;               // local.clients: default for `cleave local --clients`
+};
+
+struct JobConfig {
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  ClientsConfig clients;
+  TrainConfig train;
+  StrategyConfig strategy;
+  ServerConfig server;
+  LocalConfig local;
+
+  // Parses YAML text. `base_dir` resolves relative paths (model.path).
+  static StatusOr<JobConfig> Parse(const std::string& yaml_text, const std::string& base_dir);
+  static StatusOr<JobConfig> Load(const std::string& path);
+};
+
+}  // namespace cleave

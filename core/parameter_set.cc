@@ -1,0 +1,298 @@
+#include "core/parameter_set.h"
+
+#include <openssl/sha.h>
+
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave {
+namespace {
+
+constexpr char kMagic[4] = {'C', 'L', 'V', 'P'};
+constexpr uint32_t kVersion = 1;
+
+template <typename T>
+void Put(std::string& out, T v) {
+  char buf[sizeof(T)];
+  std::memcpy(buf, &v, sizeof(T));
+  out.append(buf, sizeof(T));
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view b) : b_(b) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (b_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, b_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetBytes(size_t n, std::string_view* out) {
+    if (b_.size() - pos_ < n) return false;
+    *out = b_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  size_t remaining() const { return b_.size() - pos_; }
+
+ private:
+  std::string_view b_;
+  size_t pos_ = 0;
+};
+
+Status Truncated(std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("parameter set truncated in ", std::string(what)));
+}
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) absl::StrAppend(&r, i ? "," : "", s[i]);
+  return r + "]";
+}
+
+}  // namespace
+
+int64_t NumElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t Tensor::numel() const { return NumElements(shape); }
+
+Status ParameterSet::Add(Tensor t) {
+  for (int64_t d : t.shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative dim in ", std::string(t.name)));
+  }
+  if (static_cast<int64_t>(t.values.size()) != t.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", std::string(t.name), " has ", t.values.size(),
+                                                   " values for shape ", ShapeString(t.shape)));
+  }
+  if (Find(t.name) != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name ", std::string(t.name)));
+  }
+  tensors_.push_back(std::move(t));
+  return absl::OkStatus();
+}
+
+int64_t ParameterSet::total_elements() const {
+  int64_t n = 0;
+  for (const auto& t : tensors_) n += t.numel();
+  return n;
+}
+
+const Tensor* ParameterSet::Find(std::string_view name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+bool ParameterSet::SameLayout(const ParameterSet& other) const {
+  return CheckSameLayout(other).ok();
+}
+
+Status ParameterSet::CheckSameLayout(const ParameterSet& other) const {
+  if (other.tensors_.size() != tensors_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", tensors_.size(),
+                                                   " tensors, got ", other.tensors_.size()));
+  }
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor& a = tensors_[i];
+    const Tensor& b = other.tensors_[i];
+    if (a.name != b.name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, ": expected name ", a.name, ", got ", b.name));
+    }
+    if (a.shape != b.shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", a.name, ": expected shape ",
+                                                     ShapeString(a.shape), ", got ",
+                                                     ShapeString(b.shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ParameterSet ParameterSet::ZerosLike() const {
+  ParameterSet z;
+  for (const auto& t : tensors_) {
+    z.tensors_.push_back(Tensor{t.name, t.shape, std::vector<float>(t.values.size(), 0.0f)});
+  }
+  return z;
+}
+
+size_t ParameterSet::EncodedSize() const {
+  size_t n = 4 + 4 + 4;
+  for (const auto& t : tensors_) {
+    n += 4 + t.name.size() + 1 + 4 + 8 * t.shape.size() + 8 + 4 * t.values.size();
+  }
+  return n;
+}
+
+std::string ParameterSet::Encode() const {
+  std::string out;
+  out.reserve(EncodedSize());
+  out.append(kMagic, 4);
+  Put<uint32_t>(out, kVersion);
+  Put<uint32_t>(out, static_cast<uint32_t>(tensors_.size()));
+  for (const auto& t : tensors_) {
+    Put<uint32_t>(out, static_cast<uint32_t>(t.name.size()));
+    out.append(t.name);
+    Put<uint8_t>(out, static_cast<uint8_t>(DType::kFloat32));
+    Put<uint32_t>(out, static_cast<uint32_t>(t.shape.size()));
+    for (int64_t d : t.shape) Put<int64_t>(out, d);
+    Put<uint64_t>(out, static_cast<uint64_t>(t.values.size() * sizeof(float)));
+    out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+  }
+  return out;
+}
+
+StatusOr<std::vector<TensorView>> ParseParameterSet(std::string_view bytes,
+                                                    int64_t max_elements) {
+  Reader r(bytes);
+  std::string_view magic;
+  if (!r.GetBytes(4, &magic)) return Truncated("magic");
+  if (std::memcmp(magic.data(), kMagic, 4) != 0) {
+    return absl::InvalidArgumentError("not a cleave parameter set (bad magic)");
+  }
+  uint32_t version = 0, count = 0;
+  if (!r.Get(&version)) return Truncated("version");
+  if (version != kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported parameter set version ", version));
+  }
+  if (!r.Get(&count)) return Truncated("count");
+  // Each tensor takes at least 17 bytes; reject counts the buffer cannot hold.
+  if (count > r.remaining() / 17) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor count ", count, " exceeds the data"));
+  }
+  std::vector<TensorView> views;
+  std::unordered_set<std::string_view> names;
+  int64_t total = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    TensorView t;
+    uint32_t name_len = 0;
+    if (!r.Get(&name_len)) return Truncated("name length");
+    if (name_len > 4096) return absl::InvalidArgumentError("tensor name too long");
+    if (!r.GetBytes(name_len, &t.name)) return Truncated("name");
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name ", std::string(t.name)));
+    }
+    uint8_t dtype = 0;
+    if (!r.Get(&dtype)) return Truncated("dtype");
+    if (dtype != static_cast<uint8_t>(DType::kFloat32)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", std::string(t.name), ": unsupported dtype ", static_cast<int>(dtype)));
+    }
+    uint32_t ndim = 0;
+    if (!r.Get(&ndim)) return Truncated("ndim");
+    if (ndim > 8) return absl::InvalidArgumentError(absl::StrCat("tensor ", std::string(t.name), ": ndim > 8"));
+    t.numel = 1;
+    for (uint32_t d = 0; d < ndim; ++d) {
+      int64_t dim = 0;
+      if (!r.Get(&dim)) return Truncated("dims");
+      if (dim < 0 || dim > max_elements) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", std::string(t.name), ": bad dim ", dim));
+      }
+      t.numel *= dim;
+      if (t.numel > max_elements) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", std::string(t.name), " is too large"));
+      }
+      t.shape.push_back(dim);
+    }
+    total += t.numel;
+    if (total > max_elements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter set exceeds the limit of ", max_elements, " elements"));
+    }
+    uint64_t byte_len = 0;
+    if (!r.Get(&byte_len)) return Truncated("byte length");
+    if (byte_len != static_cast<uint64_t>(t.numel) * sizeof(float)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", std::string(t.name), ": ", byte_len,
+                                                     " bytes for shape ", ShapeString(t.shape)));
+    }
+    std::string_view data;
+    if (!r.GetBytes(byte_len, &data)) return Truncated(absl::StrCat("data of ", std::string(t.name)));
+    t.data = data.data();
+    views.push_back(std::move(t));
+  }
+  if (r.remaining() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter set has ", r.remaining(), " trailing bytes"));
+  }
+  return views;
+}
+
+float TensorView::value(int64_t i) const {
+  float v;
+  std::memcpy(&v, data + i * sizeof(float), sizeof(float));
+  return v;
+}
+
+Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& views) {
+  const auto& tensors = layout.tensors();
+  if (views.size() != tensors.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", tensors.size(), " tensors, got ", views.size()));
+  }
+  for (size_t i = 0; i < views.size(); ++i) {
+    const TensorView& v = views[i];
+    if (v.name != tensors[i].name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, ": expected name ", tensors[i].name, ", got ", std::string(v.name)));
+    }
+    if (v.shape != tensors[i].shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", std::string(v.name), ": expected shape ",
+                                                     ShapeString(tensors[i].shape), ", got ",
+                                                     ShapeString(v.shape)));
+    }
+    for (int64_t j = 0; j < v.numel; ++j) {
+      if (!std::isfinite(v.value(j))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", std::string(v.name), " has a non-finite value at index ", j));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<ParameterSet> ParameterSet::Decode(std::string_view bytes, int64_t max_elements) {
+  ASSIGN_OR_RETURN(std::vector<TensorView> views, ParseParameterSet(bytes, max_elements));
+  ParameterSet ps;
+  for (const TensorView& v : views) {
+    Tensor t{std::string(v.name), v.shape, std::vector<float>(v.numel)};
+    std::memcpy(t.values.data(), v.data, v.numel * sizeof(float));
+    ps.tensors_.push_back(std::move(t));
+  }
+  return ps;
+}
+
+Status ParameterSet::CheckFinite() const {
+  for (const auto& t : tensors_) {
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      if (!std::isfinite(t.values[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", std::string(t.name), " has a non-finite value at index ", i));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Sha256Hex(std::string_view bytes) {
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), md);
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * SHA256_DIGEST_LENGTH);
+  for (unsigned char c : md) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+}  // namespace cleave

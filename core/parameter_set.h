@@ -1,0 +1,95 @@
+// ParameterSet: an ordered list of named float32 tensors. The unit that travels on the
+// wire, is aggregated and is checkpointed. No LibTorch here; models/ converts.
+//
+// Wire encoding (little-endian), see docs/protocol.md:
+//   "CLVP" u32 version=1, u32 count, then per tensor:
+//   u32 name_len, name bytes, u8 dtype (1 = float32), u32 ndim, i64 dims[ndim],
+//   u64 byte_len, raw data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cleave {
+
+enum class DType : uint8_t { kFloat32 = 1 };
+
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // row-major, numel(shape) elements
+
+  int64_t numel() const;
+};
+
+// Product of dims; 1 for a scalar (empty shape).
+int64_t NumElements(const std::vector<int64_t>& shape);
+
+class ParameterSet {
+ public:
+  ParameterSet() = default;
+
+  // Appends a tensor. Names must be unique; values.size() must equal numel(shape).
+  Status Add(Tensor t);
+
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  std::vector<Tensor>& mutable_tensors() { return tensors_; }
+  size_t size() const { return tensors_.size(); }
+  int64_t total_elements() const;
+  // Returns nullptr when absent.
+  const Tensor* Find(std::string_view name) const;
+
+  // True when both have the same names, order and shapes.
+  bool SameLayout(const ParameterSet& other) const;
+  // A zero-filled set with this one's layout.
+  ParameterSet ZerosLike() const;
+
+  // Encodes into the wire format above.
+  std::string Encode() const;
+  // Exact size Encode() will produce, without encoding.
+  size_t EncodedSize() const;
+
+  // Decodes and checks structure: magic, version, dtype, byte counts consistent with
+  // shapes, no trailing bytes, no duplicate names, at most `max_elements` in total.
+  // Values are not checked for finiteness (see AllFinite).
+  static StatusOr<ParameterSet> Decode(std::string_view bytes,
+                                       int64_t max_elements = int64_t{1} << 31);
+
+  // OK when every value is finite; otherwise INVALID_ARGUMENT naming the tensor.
+  Status CheckFinite() const;
+  // OK when `other` has exactly this set's layout; otherwise INVALID_ARGUMENT that
+  // says what differs.
+  Status CheckSameLayout(const ParameterSet& other) const;
+
+ private:
+  std::vector<Tensor> tensors_;
+};
+
+// A read-only view of one encoded tensor: `data` points into the encoded bytes
+// (possibly unaligned; read with value(i)).
+struct TensorView {
+  std::string_view name;
+  std::vector<int64_t> shape;
+  const char* data = nullptr;
+  int64_t numel = 0;
+
+  float value(int64_t i) const;
+};
+
+// Parses the structure of an encoded parameter set without copying its values, with
+// the same checks as ParameterSet::Decode. The views live as long as `bytes`.
+StatusOr<std::vector<TensorView>> ParseParameterSet(std::string_view bytes,
+                                                    int64_t max_elements = int64_t{1} << 31);
+
+// OK when `views` have exactly `layout`'s names, order and shapes and every value is
+// finite; otherwise INVALID_ARGUMENT saying what is wrong.
+Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& views);
+
+// Hex SHA-256 of `bytes`: the content address of a blob.
+std::string Sha256Hex(std::string_view bytes);
+
+}  // namespace cleave

@@ -1,0 +1,282 @@
+#include "models/model.h"
+
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave {
+namespace {
+
+namespace nn = torch::nn;
+
+// One stage of a staged model: a Sequential with a concrete forward() so that it can
+// sit inside the top-level Sequential.
+struct StageImpl : nn::SequentialImpl {
+  using SequentialImpl::SequentialImpl;
+  torch::Tensor forward(torch::Tensor x) { return SequentialImpl::forward(x); }
+};
+TORCH_MODULE(Stage);
+
+nn::Sequential BuildMlp() {
+  return nn::Sequential(Stage(nn::Flatten(), nn::Linear(784, 200), nn::ReLU()),
+                        Stage(nn::Linear(200, 200), nn::ReLU()),
+                        Stage(nn::Linear(200, 10)));
+}
+
+nn::Sequential BuildLeNet5() {
+  return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 6, 5)), nn::ReLU(),
+                              nn::MaxPool2d(nn::MaxPool2dOptions(2))),
+                        Stage(nn::Conv2d(nn::Conv2dOptions(6, 16, 5)), nn::ReLU(),
+                              nn::MaxPool2d(nn::MaxPool2dOptions(2))),
+                        Stage(nn::Flatten(), nn::Linear(256, 120), nn::ReLU()),
+                        Stage(nn::Linear(120, 84), nn::ReLU()),
+                        Stage(nn::Linear(84, 10)));
+}
+
+nn::Sequential BuildCnn() {
+  return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), nn::ReLU(),
+                              nn::MaxPool2d(nn::MaxPool2dOptions(2))),
+                        Stage(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), nn::ReLU(),
+                              nn::MaxPool2d(nn::MaxPool2dOptions(2))),
+                        Stage(nn::Flatten(), nn::Linear(3136, 128), nn::ReLU()),
+                        Stage(nn::Linear(128, 10)));
+}
+
+// Pixels to a normalised float tensor [n, c, h, w].
+torch::Tensor ImagesToTensor(const Dataset& d) {
+  auto u8 = torch::from_blob(const_cast<uint8_t*>(d.images.data()),
+                             {d.size, d.channels, d.height, d.width}, torch::kUInt8);
+  return ((u8.to(torch::kFloat32) / 255.0f) - d.mean) / d.stddev;
+}
+
+torch::Tensor LabelsToTensor(const Dataset& d) {
+  return torch::from_blob(const_cast<int64_t*>(d.labels.data()), {d.size}, torch::kInt64)
+      .clone();
+}
+
+}  // namespace
+
+struct Model::Impl {
+  nn::Sequential seq{nullptr};                  // built-in models
+  std::unique_ptr<torch::jit::Module> script;   // TorchScript models
+
+  // Cached tensors of the last dataset seen (clients train on one dataset all run long).
+  const Dataset* cached_for = nullptr;
+  int64_t cached_size = -1;
+  torch::Tensor x, y;
+
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    if (script) {
+      for (const auto& p : script->named_parameters(/*recurse=*/true)) {
+        out.emplace_back(p.name, p.value);
+      }
+    } else {
+      for (const auto& p : seq->named_parameters(/*recurse=*/true)) {
+        out.emplace_back(p.key(), p.value());
+      }
+    }
+    return out;
+  }
+
+  torch::Tensor Forward(const torch::Tensor& in) {
+    if (script) return script->forward({in}).toTensor();
+    return seq->forward(in);
+  }
+
+  void SetTraining(bool on) {
+    if (script) {
+      script->train(on);
+    } else {
+      seq->train(on);
+    }
+  }
+
+  void PrepareData(const Dataset& d) {
+    if (cached_for == &d && cached_size == d.size) return;
+    x = ImagesToTensor(d);
+    y = LabelsToTensor(d);
+    cached_for = &d;
+    cached_size = d.size;
+  }
+};
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+
+StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
+  auto impl = std::make_unique<Impl>();
+  try {
+    if (spec.name == "torchscript") {
+      std::istringstream in(spec.torchscript);
+      impl->script = std::make_unique<torch::jit::Module>(torch::jit::load(in));
+    } else {
+      torch::manual_seed(spec.seed);
+      if (spec.name == "mlp") {
+        impl->seq = BuildMlp();
+      } else if (spec.name == "lenet5") {
+        impl->seq = BuildLeNet5();
+      } else if (spec.name == "cnn") {
+        impl->seq = BuildCnn();
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("unknown model '", spec.name, "'"));
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load model ", spec.name, ": ", e.what_without_backtrace()));
+  }
+  if (impl->NamedParameters().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no parameters"));
+  }
+  return std::unique_ptr<Model>(new Model(std::move(impl)));
+}
+
+ParameterSet Model::Parameters() const {
+  ParameterSet ps;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : impl_->NamedParameters()) {
+    auto c = t.detach().to(torch::kFloat32).contiguous();
+    Tensor out;
+    out.name = name;
+    out.shape.assign(c.sizes().begin(), c.sizes().end());
+    out.values.resize(c.numel());
+    std::memcpy(out.values.data(), c.data_ptr<float>(), c.numel() * sizeof(float));
+    ps.Add(std::move(out)).IgnoreError();  // names from torch are unique
+  }
+  return ps;
+}
+
+Status Model::SetParameters(const ParameterSet& params) {
+  auto named = impl_->NamedParameters();
+  if (named.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("model has ", named.size(),
+                                                   " parameter tensors, got ", params.size()));
+  }
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Tensor& src = params.tensors()[i];
+    const auto& dst = named[i].second;
+    std::vector<int64_t> shape(dst.sizes().begin(), dst.sizes().end());
+    if (src.name != named[i].first || src.shape != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", i, " (", named[i].first, ") does not match ", src.name));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < named.size(); ++i) {
+    const Tensor& src = params.tensors()[i];
+    auto dst = named[i].second;
+    dst.copy_(torch::from_blob(const_cast<float*>(src.values.data()), dst.sizes(),
+                               torch::kFloat32));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& o) {
+  if (data.size == 0) return absl::FailedPreconditionError("no training data");
+  const auto start = std::chrono::steady_clock::now();
+  TrainStats stats;
+  try {
+    impl_->PrepareData(data);
+    std::vector<torch::Tensor> params;
+    for (auto& [name, t] : impl_->NamedParameters()) params.push_back(t);
+    std::vector<torch::Tensor> anchor;
+    if (o.proximal_mu > 0) {
+      for (auto& p : params) anchor.push_back(p.detach().clone());
+    }
+    torch::optim::SGD opt(params, torch::optim::SGDOptions(o.lr)
+                                      .momentum(o.momentum)
+                                      .weight_decay(o.weight_decay));
+    impl_->SetTraining(true);
+    auto gen = at::detail::createCPUGenerator(o.seed);
+    const int64_t n = data.size;
+    for (int epoch = 0; epoch < o.epochs; ++epoch) {
+      auto perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
+      double loss_sum = 0;
+      for (int64_t b = 0; b < n; b += o.batch_size) {
+        auto idx = perm.slice(0, b, std::min(n, b + o.batch_size));
+        auto xb = impl_->x.index_select(0, idx);
+        auto yb = impl_->y.index_select(0, idx);
+        opt.zero_grad();
+        auto loss = torch::nn::functional::cross_entropy(impl_->Forward(xb), yb);
+        loss_sum += loss.item<double>() * idx.size(0);
+        if (o.proximal_mu > 0) {
+          torch::Tensor prox = torch::zeros({}, torch::kFloat32);
+          for (size_t i = 0; i < params.size(); ++i) {
+            prox = prox + (params[i] - anchor[i]).pow(2).sum();
+          }
+          loss = loss + 0.5 * o.proximal_mu * prox;
+        }
+        loss.backward();
+        opt.step();
+      }
+      stats.loss = loss_sum / n;
+    }
+    impl_->SetTraining(false);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("training failed: ", e.what_without_backtrace()));
+  }
+  if (!std::isfinite(stats.loss)) {
+    return absl::InternalError("training diverged (non-finite loss); lower train.lr");
+  }
+  stats.examples = data.size;
+  stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size) const {
+  if (data.size == 0) return absl::FailedPreconditionError("no evaluation data");
+  EvalStats s;
+  try {
+    torch::NoGradGuard no_grad;
+    impl_->PrepareData(data);
+    impl_->SetTraining(false);
+    int64_t correct = 0;
+    double loss_sum = 0;
+    for (int64_t b = 0; b < data.size; b += batch_size) {
+      const int64_t e = std::min(data.size, b + batch_size);
+      auto logits = impl_->Forward(impl_->x.slice(0, b, e));
+      auto yb = impl_->y.slice(0, b, e);
+      loss_sum += torch::nn::functional::cross_entropy(
+                      logits, yb,
+                      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                      .item<double>();
+      correct += logits.argmax(1).eq(yb).sum().item<int64_t>();
+    }
+    s.examples = data.size;
+    s.accuracy = static_cast<double>(correct) / data.size;
+    s.loss = loss_sum / data.size;
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("evaluation failed: ", e.what_without_backtrace()));
+  }
+  return s;
+}
+
+int Model::num_stages() const {
+  if (impl_->script) {
+    int n = 0;
+    for (const auto& c : impl_->script->children()) {
+      (void)c;
+      ++n;
+    }
+    return n;
+  }
+  return static_cast<int>(impl_->seq->size());
+}
+
+void SetTorchThreads(int threads) {
+  at::set_num_threads(threads);
+  try {
+    at::set_num_interop_threads(threads);
+  } catch (const c10::Error&) {
+    // Only settable once per process, before inter-op work starts; keep what is set.
+  }
+}
+
+}  // namespace cleave

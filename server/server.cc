@@ -1,0 +1,1049 @@
+#include "server/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "aggregation/strategy.h"
+#include "cleave/v1/cleave.grpc.pb.h"
+#include "core/files.h"
+#include "core/thread_pool.h"
+#include "data/dataset.h"
+#include "models/model.h"
+
+namespace cleave {
+
+namespace v1 = ::cleave::v1;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string RandomHex(std::mt19937_64& rng, int bytes) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < bytes; ++i) {
+    auto b = static_cast<unsigned>(rng() & 0xff);
+    s.push_back(kHex[b >> 4]);
+    s.push_back(kHex[b & 15]);
+  }
+  return s;
+}
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+grpc::Status ToGrpc(const Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+std::string MetricsJson(const RoundMetrics& m) {
+  nlohmann::json j = {{"round", m.round},
+                      {"test_accuracy", m.test_accuracy},
+                      {"test_loss", m.test_loss},
+                      {"train_loss", m.train_loss},
+                      {"participants", m.participants},
+                      {"failures", m.failures},
+                      {"bytes_up", m.bytes_up},
+                      {"bytes_down", m.bytes_down},
+                      {"wall_s", m.wall_s},
+                      {"elapsed_s", m.elapsed_s}};
+  return j.dump();
+}
+
+class ControlReactor;
+
+enum class TaskState { kAssigned, kDone, kFailed };
+
+struct TaskRecord {
+  std::string client_id;
+  TaskState state = TaskState::kAssigned;
+  double train_loss = 0;
+  int64_t num_examples = 0;
+};
+
+struct Session {
+  std::string id;
+  std::string name;
+  std::string token;
+  int64_t num_examples = 0;
+  std::shared_ptr<ControlReactor> reactor;  // null once the stream is gone
+  Clock::time_point last_seen;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Shared state and round logic. Reactors call into it; the Run() thread drives rounds.
+class Server::Impl final : public v1::Coordinator::CallbackService {
+ public:
+  explicit Impl(ServerOptions o)
+      : opts_(std::move(o)), cfg_(opts_.config), rng_(cfg_.run.seed), pool_(cfg_.server.worker_threads) {}
+
+  ~Impl() override;
+  Status Init();
+  Status Start();
+  Status Run();
+  void Stop();
+
+  // --- called by reactors ---
+  Status Join(ControlReactor* r, const v1::Join& join, v1::Welcome* welcome);
+  void Heartbeat(ControlReactor* r);
+  void Ack(ControlReactor* r, const v1::TaskAck& ack);
+  void ControlDone(ControlReactor* r);
+  // Checks an upload header; on success returns the exact expected payload size.
+  StatusOr<int64_t> CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate);
+  // Validates and aggregates a complete upload (runs on the worker pool).
+  Status ProcessUpload(const v1::UploadHeader& h, std::string payload, bool* duplicate);
+  StatusOr<std::shared_ptr<const std::string>> FindBlob(const v1::FetchRequest& req);
+  void CountDown(int64_t n) { bytes_down_ += n; }
+  void CountUp(int64_t n) { bytes_up_ += n; }
+  ThreadPool& pool() { return pool_; }
+  int chunk_bytes() const { return cfg_.server.chunk_bytes; }
+
+  // --- gRPC service ---
+  grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Control(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerWriteReactor<v1::Chunk>* Fetch(grpc::CallbackServerContext* ctx,
+                                             const v1::FetchRequest* req) override;
+  grpc::ServerReadReactor<v1::UploadChunk>* Upload(grpc::CallbackServerContext* ctx,
+                                                   v1::UploadReply* reply) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const v1::StatusRequest* req,
+                                      v1::StatusReply* reply) override;
+
+  ParameterSet GlobalModel() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return global_;
+  }
+  int64_t committed_round() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return committed_round_;
+  }
+  std::vector<RoundMetrics> History() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return history_;
+  }
+  int connected_clients() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return ConnectedLocked();
+  }
+  int port() const { return port_; }
+
+ private:
+  int ConnectedLocked() const;
+  std::vector<std::string> AvailableLocked() const;
+  void PublishModelLocked();
+  // Drops clients silent past server.client_timeout_s. Releases `l` while closing streams.
+  void ExpireSilentClients(std::unique_lock<std::mutex>& l);
+  void FailTasksOfLocked(const std::string& client_id, const std::string& why);
+  bool RoundResolvedLocked() const;
+  StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l);
+  Status Commit(RoundMetrics* m);
+  Status LoadCheckpoint();
+  Status SaveCheckpoint(double elapsed_s);
+  void EndRun(const std::string& reason);
+  std::string Path(const std::string& name) const {
+    return (std::filesystem::path(opts_.run_dir) / name).string();
+  }
+
+  const ServerOptions opts_;
+  const JobConfig& cfg_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+
+  std::unique_ptr<Model> model_;  // evaluation only (Run thread)
+  Dataset test_;
+  std::unique_ptr<Strategy> strategy_;
+  v1::ModelDescription model_desc_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::string run_id_;
+  std::mt19937_64 rng_;            // client sampling (checkpointed)
+  std::mt19937_64 token_rng_{std::random_device{}()};
+  std::map<std::string, Session> sessions_;
+  std::map<std::string, std::shared_ptr<const std::string>> blobs_;
+  ParameterSet global_;
+  std::string model_digest_;
+  int64_t committed_round_ = 0;
+  int64_t current_round_ = 0;  // round in progress; 0 when none
+  std::map<std::string, TaskRecord> tasks_;  // tasks of the current round
+  std::vector<RoundMetrics> history_;
+  int64_t next_client_ = 1;
+  int64_t total_bytes_up_ = 0, total_bytes_down_ = 0;
+  double prior_elapsed_s_ = 0;  // wall time of the run before a resume
+  std::atomic<int64_t> bytes_up_{0}, bytes_down_{0};
+  std::string phase_ = "starting";
+  double last_accuracy_ = 0;
+
+  ThreadPool pool_;  // last member: its workers finish before the state above dies
+};
+
+namespace {
+
+// ---------------------------------------------------------------------------------
+// Control stream: one per client. Writes are queued; one write in flight at a time.
+// Owned by shared_ptr (sessions hold one) so the server may call Send/Close after the
+// stream ended; no gRPC operation is ever started while one of our mutexes is held,
+// since gRPC may run the resulting reaction inline.
+class ControlReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage> {
+ public:
+  static ControlReactor* Create(Server::Impl* impl) {
+    auto r = std::shared_ptr<ControlReactor>(new ControlReactor(impl));
+    r->self_ = r;
+    r->StartRead(&r->in_);
+    return r.get();
+  }
+
+  // Queues a message. Returns false if the stream is finishing.
+  bool Send(v1::ServerMessage msg, bool finish_after = false) {
+    bool start = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (finishing_) return false;
+      out_.push_back(std::move(msg));
+      if (finish_after) finish_after_writes_ = true;
+      start = !writing_;
+      writing_ = true;
+    }
+    // Only OnWriteDone pops, and not before this write completes: front() is stable.
+    if (start) StartWrite(&out_.front());
+    return true;
+  }
+
+  // Ends the stream with `s` once the write in flight (if any) is done.
+  void Close(const grpc::Status& s) {
+    bool now = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      now = FinishLocked(s);
+    }
+    if (now) Finish(s);
+  }
+
+  std::shared_ptr<ControlReactor> shared() { return self_; }
+  const std::string& client_id() const { return client_id_; }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side or the call is gone
+      Close(grpc::Status::OK);
+      return;
+    }
+    if (client_id_.empty()) {
+      if (in_.kind_case() != v1::ClientMessage::kJoin) {
+        Close(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                           "the first message on the control stream must be Join"));
+        return;
+      }
+      v1::Welcome welcome;
+      Status s = impl_->Join(this, in_.join(), &welcome);
+      if (!s.ok()) {
+        Close(ToGrpc(s));
+        return;
+      }
+      client_id_ = welcome.client_id();
+      v1::ServerMessage msg;
+      *msg.mutable_welcome() = welcome;
+      Send(std::move(msg));
+    } else {
+      switch (in_.kind_case()) {
+        case v1::ClientMessage::kHeartbeat:
+          impl_->Heartbeat(this);
+          break;
+        case v1::ClientMessage::kAck:
+          impl_->Heartbeat(this);
+          impl_->Ack(this, in_.ack());
+          break;
+        default:
+          Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             "unexpected message on the control stream after Join"));
+          return;
+      }
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    const v1::ServerMessage* next = nullptr;
+    bool finish = false;
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      out_.pop_front();
+      if (!ok) {
+        out_.clear();
+        writing_ = false;
+        status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed");
+        finish = FinishLocked(status);
+      } else if (!out_.empty() && !finishing_) {
+        next = &out_.front();
+      } else {
+        writing_ = false;
+        if (finish_after_writes_ || finishing_) {
+          status = finishing_ ? pending_status_ : grpc::Status::OK;
+          finish = FinishLocked(status);
+        }
+      }
+    }
+    if (next != nullptr) StartWrite(next);
+    if (finish) Finish(status);
+  }
+
+  void OnDone() override {
+    impl_->ControlDone(this);
+    self_.reset();  // may delete this
+  }
+
+ private:
+  explicit ControlReactor(Server::Impl* impl) : impl_(impl) {}
+
+  // Returns true when the caller must call Finish(s) now (after releasing mu_).
+  bool FinishLocked(const grpc::Status& s) {
+    if (finished_) return false;
+    if (!finishing_) pending_status_ = s;
+    finishing_ = true;
+    if (writing_) return false;  // OnWriteDone finishes
+    finished_ = true;
+    return true;
+  }
+
+  Server::Impl* impl_;
+  std::shared_ptr<ControlReactor> self_;
+  v1::ClientMessage in_;
+  std::string client_id_;  // set after Join; read only by reactions
+  std::mutex mu_;
+  std::deque<v1::ServerMessage> out_;
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool finished_ = false;
+  bool finish_after_writes_ = false;
+  grpc::Status pending_status_;
+};
+
+// ---------------------------------------------------------------------------------
+// Blob download: one chunk written at a time.
+class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
+ public:
+  FetchReactor(Server::Impl* impl, const v1::FetchRequest& req) : impl_(impl) {
+    auto blob = impl_->FindBlob(req);
+    if (!blob.ok()) {
+      Finish(ToGrpc(blob.status()));
+      return;
+    }
+    blob_ = *std::move(blob);
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "download interrupted"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    const int64_t total = static_cast<int64_t>(blob_->size());
+    if (offset_ >= total) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const int64_t n = std::min<int64_t>(impl_->chunk_bytes(), total - offset_);
+    chunk_.set_offset(offset_);
+    chunk_.set_total_size(total);
+    chunk_.set_data(blob_->data() + offset_, n);
+    offset_ += n;
+    impl_->CountDown(n);
+    StartWrite(&chunk_);
+  }
+
+  Server::Impl* impl_;
+  std::shared_ptr<const std::string> blob_;
+  int64_t offset_ = 0;
+  v1::Chunk chunk_;
+};
+
+// ---------------------------------------------------------------------------------
+// Update upload: header first, then data; validated and aggregated on the worker pool.
+class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
+ public:
+  UploadReactor(Server::Impl* impl, v1::UploadReply* reply) : impl_(impl), reply_(reply) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // client finished writing
+      if (!have_header_) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "upload without a header"));
+        return;
+      }
+      if (static_cast<int64_t>(payload_.size()) != expected_) {
+        Finish(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("upload ended after ", payload_.size(), " of ", expected_, " bytes")));
+        return;
+      }
+      impl_->pool().Submit([this] {
+        bool duplicate = false;
+        Status s = impl_->ProcessUpload(header_, std::move(payload_), &duplicate);
+        reply_->set_duplicate(duplicate);
+        Finish(ToGrpc(s));
+      });
+      return;
+    }
+    if (!have_header_) {
+      if (in_.kind_case() != v1::UploadChunk::kHeader) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "the first upload message must be the header"));
+        return;
+      }
+      header_ = in_.header();
+      bool duplicate = false;
+      auto expected = impl_->CheckUploadHeader(header_, &duplicate);
+      if (!expected.ok()) {
+        Finish(ToGrpc(expected.status()));
+        return;
+      }
+      if (duplicate) {  // already counted: acknowledge without reading the payload
+        reply_->set_duplicate(true);
+        Finish(grpc::Status::OK);
+        return;
+      }
+      expected_ = *expected;
+      payload_.reserve(expected_);
+      have_header_ = true;
+    } else {
+      if (in_.kind_case() != v1::UploadChunk::kData) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a second upload header"));
+        return;
+      }
+      const std::string& d = in_.data();
+      impl_->CountUp(static_cast<int64_t>(d.size()));
+      if (static_cast<int64_t>(payload_.size() + d.size()) > expected_) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("upload is larger than the announced ", expected_,
+                                         " bytes")));
+        return;
+      }
+      payload_.append(d);
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  Server::Impl* impl_;
+  v1::UploadReply* reply_;
+  v1::UploadChunk in_;
+  v1::UploadHeader header_;
+  bool have_header_ = false;
+  int64_t expected_ = 0;
+  std::string payload_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Service entry points.
+
+grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Server::Impl::Control(
+    grpc::CallbackServerContext*) {
+  return ControlReactor::Create(this);
+}
+
+grpc::ServerWriteReactor<v1::Chunk>* Server::Impl::Fetch(grpc::CallbackServerContext*,
+                                                         const v1::FetchRequest* req) {
+  return new FetchReactor(this, *req);
+}
+
+grpc::ServerReadReactor<v1::UploadChunk>* Server::Impl::Upload(grpc::CallbackServerContext*,
+                                                               v1::UploadReply* reply) {
+  return new UploadReactor(this, reply);
+}
+
+grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* ctx,
+                                                  const v1::StatusRequest*,
+                                                  v1::StatusReply* reply) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    reply->set_run_id(run_id_);
+    reply->set_round(current_round_ ? current_round_ : committed_round_);
+    reply->set_total_rounds(cfg_.run.rounds);
+    reply->set_connected_clients(ConnectedLocked());
+    reply->set_phase(phase_);
+    reply->set_last_test_accuracy(last_accuracy_);
+  }
+  auto* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------
+// Reactor callbacks into the shared state.
+
+Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* welcome) {
+  if (join.protocol_version() != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unsupported protocol version ", join.protocol_version(), " (server: 1)"));
+  }
+  if (join.num_examples() <= 0) {
+    return absl::InvalidArgumentError("Join.num_examples must be > 0");
+  }
+  if (join.name().size() > 256) return absl::InvalidArgumentError("client name too long");
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopping_) return absl::UnavailableError("the server is shutting down");
+  Session s;
+  s.id = absl::StrCat("c", next_client_++);
+  s.name = join.name().empty() ? s.id : join.name();
+  s.token = RandomHex(token_rng_, 16);
+  s.num_examples = join.num_examples();
+  s.reactor = r->shared();
+  s.last_seen = Clock::now();
+  welcome->set_run_id(run_id_);
+  welcome->set_client_id(s.id);
+  welcome->set_session_token(s.token);
+  welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
+  spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
+  sessions_[s.id] = std::move(s);
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void Server::Impl::Heartbeat(ControlReactor* r) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = sessions_.find(r->client_id());
+  if (it != sessions_.end()) it->second.last_seen = Clock::now();
+}
+
+void Server::Impl::Ack(ControlReactor* r, const v1::TaskAck& ack) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = tasks_.find(ack.task_id());
+  if (it == tasks_.end() || it->second.client_id != r->client_id()) return;
+  if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
+    spdlog::warn("client {} rejected task {}: {}", r->client_id(), ack.task_id(), ack.error());
+    it->second.state = TaskState::kFailed;
+    cv_.notify_all();
+  }
+}
+
+void Server::Impl::ControlDone(ControlReactor* r) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = sessions_.find(r->client_id());
+  if (it == sessions_.end() || it->second.reactor.get() != r) return;
+  spdlog::info("client {} disconnected", it->first);
+  FailTasksOfLocked(it->first, "disconnected");
+  sessions_.erase(it);
+  cv_.notify_all();
+}
+
+void Server::Impl::FailTasksOfLocked(const std::string& client_id, const std::string& why) {
+  for (auto& [id, t] : tasks_) {
+    if (t.client_id == client_id && t.state == TaskState::kAssigned) {
+      spdlog::warn("task {} of client {} failed: {}", id, client_id, why);
+      t.state = TaskState::kFailed;
+    }
+  }
+}
+
+StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto s = sessions_.find(h.client_id());
+  if (s == sessions_.end() || s->second.token != h.session_token()) {
+    return absl::UnauthenticatedError("unknown client or wrong session token");
+  }
+  if (h.run_id() != run_id_) {
+    return absl::FailedPreconditionError(absl::StrCat("upload for run ", h.run_id(),
+                                                      ", this is run ", run_id_));
+  }
+  if (current_round_ == 0 || h.round() != current_round_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "upload for round ", h.round(), ", the current round is ", current_round_));
+  }
+  auto t = tasks_.find(h.task_id());
+  if (t == tasks_.end() || t->second.client_id != h.client_id()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("task ", h.task_id(), " was not given to client ", h.client_id(),
+                     " in round ", current_round_));
+  }
+  if (t->second.state == TaskState::kDone) {
+    *duplicate = true;
+    return int64_t{0};
+  }
+  if (t->second.state == TaskState::kFailed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("task ", h.task_id(), " was already counted as failed"));
+  }
+  if (h.codec() != "fp32") {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported codec '", h.codec(), "'"));
+  }
+  if (h.num_examples() <= 0 || h.num_examples() > s->second.num_examples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_examples ", h.num_examples(), " is not in [1, ",
+                     s->second.num_examples, "] (the client's declared data size)"));
+  }
+  if (!std::isfinite(h.train_loss())) {
+    return absl::InvalidArgumentError("train_loss is not finite");
+  }
+  const int64_t expected = static_cast<int64_t>(global_.EncodedSize());
+  if (h.total_size() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "upload announces ", h.total_size(), " bytes; an update of this model has ", expected));
+  }
+  return expected;
+}
+
+Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payload,
+                                   bool* duplicate) {
+  // Structure checks need no lock; the payload is ours.
+  ASSIGN_OR_RETURN(std::vector<TensorView> views,
+                   ParseParameterSet(payload, cfg_.server.max_model_elements));
+  std::lock_guard<std::mutex> l(mu_);
+  // Re-check under the lock: the round may have closed while we were reading.
+  auto t = tasks_.find(h.task_id());
+  if (h.round() != current_round_ || t == tasks_.end() || t->second.client_id != h.client_id()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", h.round(), " closed before the upload completed"));
+  }
+  if (t->second.state == TaskState::kDone) {
+    *duplicate = true;
+    return absl::OkStatus();
+  }
+  if (t->second.state == TaskState::kFailed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("task ", h.task_id(), " was already counted as failed"));
+  }
+  RETURN_IF_ERROR(CheckViews(global_, views));
+  strategy_->Accumulate(views, h.num_examples());
+  t->second.state = TaskState::kDone;
+  t->second.train_loss = h.train_loss();
+  t->second.num_examples = h.num_examples();
+  spdlog::info("round {}: update from {} accepted ({} examples, loss {:.4f}, {:.1f}s)",
+               current_round_, h.client_id(), h.num_examples(), h.train_loss(),
+               h.train_seconds());
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::FetchRequest& req) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto s = sessions_.find(req.client_id());
+  if (s == sessions_.end() || s->second.token != req.session_token()) {
+    return absl::UnauthenticatedError("unknown client or wrong session token");
+  }
+  auto b = blobs_.find(req.digest());
+  if (b == blobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no blob ", req.digest(), " (stale model version?)"));
+  }
+  return b->second;
+}
+
+// ---------------------------------------------------------------------------------
+// Setup, rounds, checkpoints.
+
+Status Server::Impl::Init() {
+  ModelSpec spec{cfg_.model.name, "", cfg_.run.seed};
+  if (cfg_.model.name == "torchscript") {
+    ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
+    auto blob = std::make_shared<const std::string>(spec.torchscript);
+    const std::string digest = Sha256Hex(*blob);
+    blobs_[digest] = blob;
+    model_desc_.set_torchscript_digest(digest);
+    model_desc_.set_torchscript_size(static_cast<int64_t>(blob->size()));
+  }
+  model_desc_.set_name(cfg_.model.name);
+  ASSIGN_OR_RETURN(model_, Model::Create(spec));
+  global_ = model_->Parameters();
+  if (opts_.initial_model) {
+    if (opts_.evaluate && !opts_.initial_model->SameLayout(global_)) {
+      return absl::InvalidArgumentError("initial_model does not match the model's layout");
+    }
+    global_ = *opts_.initial_model;
+  }
+  if (opts_.evaluate) {
+    ASSIGN_OR_RETURN(test_, LoadDataSpec(cfg_.data.test, /*train=*/false));
+    if (cfg_.data.test_limit > 0 && cfg_.data.test_limit < test_.size) {
+      std::vector<int64_t> idx(cfg_.data.test_limit);
+      for (int64_t i = 0; i < cfg_.data.test_limit; ++i) idx[i] = i;
+      test_ = test_.Subset(idx);
+    }
+  }
+  ASSIGN_OR_RETURN(strategy_, CreateStrategy(cfg_));
+  run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(token_rng_, 4));
+  if (!opts_.run_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(opts_.run_dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", opts_.run_dir, ": ", ec.message()));
+    RETURN_IF_ERROR(LoadCheckpoint());
+    if (!opts_.config_text.empty()) {
+      RETURN_IF_ERROR(WriteFileAtomic(Path("config.yaml"), opts_.config_text));
+    }
+  }
+  PublishModelLocked();
+  return absl::OkStatus();
+}
+
+Status Server::Impl::Start() {
+  const std::string addr = opts_.listen.empty() ? cfg_.server.listen : opts_.listen;
+  grpc::ServerBuilder b;
+  b.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+  b.RegisterService(this);
+  // Accept client keepalive pings (clients ping every 20 s while idle).
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  grpc_server_ = b.BuildAndStart();
+  if (!grpc_server_ || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", addr));
+  }
+  spdlog::info("run {} listening on port {}", run_id_, port_);
+  if (!opts_.run_dir.empty()) {
+    const std::string host = addr.substr(0, addr.rfind(':'));
+    const std::string dial = (host == "0.0.0.0" || host == "[::]") ? "127.0.0.1" : host;
+    RETURN_IF_ERROR(WriteFileAtomic(Path("server.addr"), absl::StrCat(dial, ":", port_, "\n")));
+  }
+  return absl::OkStatus();
+}
+
+void Server::Impl::PublishModelLocked() {
+  for (auto it = blobs_.begin(); it != blobs_.end();) {  // drop the previous model version
+    it = (it->first == model_desc_.torchscript_digest()) ? std::next(it) : blobs_.erase(it);
+  }
+  auto blob = std::make_shared<const std::string>(global_.Encode());
+  model_digest_ = Sha256Hex(*blob);
+  blobs_[model_digest_] = std::move(blob);
+}
+
+int Server::Impl::ConnectedLocked() const {
+  int n = 0;
+  for (const auto& [id, s] : sessions_) n += s.reactor != nullptr;
+  return n;
+}
+
+std::vector<std::string> Server::Impl::AvailableLocked() const {
+  std::vector<std::string> ids;
+  for (const auto& [id, s] : sessions_) {
+    if (s.reactor != nullptr) ids.push_back(id);
+  }
+  // Sort numerically (c2 before c10) so sampling is reproducible and readable.
+  std::sort(ids.begin(), ids.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() < b.size() : a < b;
+  });
+  return ids;
+}
+
+void Server::Impl::ExpireSilentClients(std::unique_lock<std::mutex>& l) {
+  const auto limit = std::chrono::duration<double>(cfg_.server.client_timeout_s);
+  const auto now = Clock::now();
+  std::vector<std::shared_ptr<ControlReactor>> silent;
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (now - it->second.last_seen > limit) {
+      spdlog::warn("client {} silent for {:.0f}s: dropping it", it->first,
+                   cfg_.server.client_timeout_s);
+      FailTasksOfLocked(it->first, "heartbeat timeout");
+      silent.push_back(std::move(it->second.reactor));
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (silent.empty()) return;
+  l.unlock();
+  for (auto& r : silent) r->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "heartbeat timeout"));
+  l.lock();
+}
+
+bool Server::Impl::RoundResolvedLocked() const {
+  for (const auto& [id, t] : tasks_) {
+    if (t.state == TaskState::kAssigned) return false;
+  }
+  return true;
+}
+
+StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
+  const int64_t round = committed_round_ + 1;
+  const auto start = Clock::now();
+  // Wait for enough clients.
+  phase_ = "waiting for clients";
+  const auto join_deadline = start + std::chrono::duration<double>(cfg_.clients.join_timeout_s);
+  while (!stopping_ && ConnectedLocked() < cfg_.clients.min_clients) {
+    if (Clock::now() > join_deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "only ", ConnectedLocked(), " of clients.min=", cfg_.clients.min_clients,
+          " clients connected within ", cfg_.clients.join_timeout_s, "s"));
+    }
+    cv_.wait_for(l, std::chrono::milliseconds(200));
+    ExpireSilentClients(l);
+  }
+  if (stopping_) return absl::CancelledError("stopped");
+
+  RoundPlan plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
+  strategy_->BeginRound(global_);
+  tasks_.clear();
+  current_round_ = round;
+  bytes_up_ = 0;
+  bytes_down_ = 0;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(cfg_.clients.round_deadline_s));
+  std::vector<std::pair<std::shared_ptr<ControlReactor>, v1::ServerMessage>> sends;
+  const int64_t deadline_ms = UnixMs() + static_cast<int64_t>(cfg_.clients.round_deadline_s * 1000);
+  for (const std::string& cid : plan.clients) {
+    v1::ServerMessage msg;
+    v1::Task* task = msg.mutable_task();
+    task->set_run_id(run_id_);
+    task->set_round(round);
+    task->set_task_id(absl::StrCat("r", round, "-", cid));
+    *task->mutable_model() = model_desc_;
+    task->set_model_digest(model_digest_);
+    task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
+    auto* tc = task->mutable_train();
+    tc->set_local_epochs(plan.fit.local_epochs);
+    tc->set_batch_size(plan.fit.batch_size);
+    tc->set_lr(plan.fit.lr);
+    tc->set_momentum(plan.fit.momentum);
+    tc->set_weight_decay(plan.fit.weight_decay);
+    tc->set_proximal_mu(plan.fit.proximal_mu);
+    tc->set_seed(cfg_.run.seed * 1000003 + round);
+    task->set_deadline_unix_ms(deadline_ms);
+    TaskRecord rec;
+    rec.client_id = cid;
+    tasks_[task->task_id()] = rec;
+    sends.emplace_back(sessions_[cid].reactor, std::move(msg));
+  }
+  l.unlock();  // never start gRPC operations under mu_
+  std::vector<std::string> unsent;
+  for (auto& [reactor, msg] : sends) {
+    if (!reactor->Send(msg)) unsent.push_back(msg.task().task_id());
+  }
+  l.lock();
+  for (const auto& id : unsent) tasks_[id].state = TaskState::kFailed;
+  spdlog::info("round {}: {} clients selected", round, plan.clients.size());
+  phase_ = "training";
+  while (!stopping_ && !RoundResolvedLocked() && Clock::now() < deadline) {
+    cv_.wait_until(l, std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
+    ExpireSilentClients(l);
+  }
+  if (stopping_) {
+    current_round_ = 0;
+    return absl::CancelledError("stopped");
+  }
+  // Close the round: anything still assigned is a straggler and counts as failed.
+  RoundMetrics m;
+  m.round = round;
+  double loss_sum = 0;
+  int64_t weight = 0;
+  for (auto& [id, t] : tasks_) {
+    if (t.state == TaskState::kAssigned) {
+      spdlog::warn("round {}: task {} missed the deadline", round, id);
+      t.state = TaskState::kFailed;
+    }
+    if (t.state == TaskState::kDone) {
+      ++m.participants;
+      loss_sum += t.train_loss * t.num_examples;
+      weight += t.num_examples;
+    } else {
+      ++m.failures;
+    }
+  }
+  current_round_ = 0;
+  const int selected = static_cast<int>(plan.clients.size());
+  const int quorum = std::max(1, static_cast<int>(std::ceil(cfg_.clients.quorum * selected)));
+  m.bytes_up = bytes_up_;
+  m.bytes_down = bytes_down_;
+  if (m.participants < quorum) {
+    return absl::AbortedError(absl::StrCat("round ", round, ": ", m.participants, " of ",
+                                           selected, " results, quorum is ", quorum));
+  }
+  m.train_loss = weight ? loss_sum / weight : 0;
+  RETURN_IF_ERROR(strategy_->FinishRound(m.failures, &global_));
+  committed_round_ = round;
+  PublishModelLocked();
+  m.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return m;
+}
+
+Status Server::Impl::Commit(RoundMetrics* m) {
+  // Called without mu_ held: evaluation takes a while and reactors must not wait.
+  ParameterSet global = GlobalModel();
+  if (opts_.evaluate) {
+    RETURN_IF_ERROR(model_->SetParameters(global));
+    ASSIGN_OR_RETURN(EvalStats ev, model_->Evaluate(test_, cfg_.server.eval_batch_size));
+    m->test_accuracy = ev.accuracy;
+    m->test_loss = ev.loss;
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  total_bytes_up_ += m->bytes_up;
+  total_bytes_down_ += m->bytes_down;
+  last_accuracy_ = m->test_accuracy;
+  history_.push_back(*m);
+  if (!opts_.run_dir.empty()) {
+    RETURN_IF_ERROR(AppendLine(Path("metrics.jsonl"), MetricsJson(*m)));
+    RETURN_IF_ERROR(SaveCheckpoint(m->elapsed_s));
+  }
+  return absl::OkStatus();
+}
+
+Status Server::Impl::SaveCheckpoint(double elapsed_s) {
+  v1::Checkpoint ck;
+  ck.set_run_id(run_id_);
+  ck.set_round(committed_round_);
+  ck.set_global_model(global_.Encode());
+  ck.set_strategy_state(strategy_->State().Encode());
+  std::ostringstream rng;
+  rng << rng_;
+  ck.set_rng_state(rng.str());
+  ck.set_bytes_up(total_bytes_up_);
+  ck.set_bytes_down(total_bytes_down_);
+  ck.set_wall_s(elapsed_s);
+  return WriteFileAtomic(Path("checkpoint.pb"), ck.SerializeAsString());
+}
+
+Status Server::Impl::LoadCheckpoint() {
+  const std::string path = Path("checkpoint.pb");
+  if (!std::filesystem::exists(path)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  v1::Checkpoint ck;
+  if (!ck.ParseFromString(bytes)) return absl::DataLossError(absl::StrCat(path, " is corrupt"));
+  ASSIGN_OR_RETURN(ParameterSet global, ParameterSet::Decode(ck.global_model()));
+  if (!global.SameLayout(global_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name));
+  }
+  ASSIGN_OR_RETURN(ParameterSet state, ParameterSet::Decode(ck.strategy_state()));
+  RETURN_IF_ERROR(strategy_->Restore(state));
+  std::istringstream rng(ck.rng_state());
+  rng >> rng_;
+  if (rng.fail()) return absl::DataLossError(absl::StrCat(path, ": bad RNG state"));
+  global_ = std::move(global);
+  run_id_ = ck.run_id();
+  committed_round_ = ck.round();
+  total_bytes_up_ = ck.bytes_up();
+  total_bytes_down_ = ck.bytes_down();
+  prior_elapsed_s_ = ck.wall_s();
+  spdlog::info("resuming run {} after round {}", run_id_, committed_round_);
+  return absl::OkStatus();
+}
+
+Status Server::Impl::Run() {
+  const auto start = Clock::now();
+  auto elapsed = [&] {
+    return prior_elapsed_s_ + std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  if (committed_round_ == 0 && opts_.evaluate) {  // baseline: the initial model
+    RoundMetrics m0;
+    RETURN_IF_ERROR(model_->SetParameters(GlobalModel()));
+    ASSIGN_OR_RETURN(EvalStats ev, model_->Evaluate(test_, cfg_.server.eval_batch_size));
+    spdlog::info("initial model: test accuracy {:.4f}, loss {:.4f}", ev.accuracy, ev.loss);
+    std::lock_guard<std::mutex> l(mu_);
+    last_accuracy_ = ev.accuracy;
+  }
+  Status result = absl::OkStatus();
+  int failed_in_a_row = 0;
+  while (true) {
+    StatusOr<RoundMetrics> m;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (stopping_) {
+        result = absl::CancelledError("stopped before the last round");
+        break;
+      }
+      if (committed_round_ >= cfg_.run.rounds) break;
+      m = RunRound(l);
+    }
+    if (!m.ok()) {
+      if (m.status().code() == absl::StatusCode::kAborted && ++failed_in_a_row < 5) {
+        spdlog::warn("{}; retrying the round", std::string(m.status().message()));
+        continue;
+      }
+      result = m.status();
+      break;
+    }
+    failed_in_a_row = 0;
+    m->elapsed_s = elapsed();
+    if (Status s = Commit(&*m); !s.ok()) {
+      result = s;
+      break;
+    }
+    spdlog::info(
+        "round {} committed: accuracy {:.4f}, test loss {:.4f}, train loss {:.4f}, "
+        "{} participants, {} failures, {} B up, {} B down, {:.1f}s",
+        m->round, m->test_accuracy, m->test_loss, m->train_loss, m->participants, m->failures,
+        m->bytes_up, m->bytes_down, m->wall_s);
+  }
+  EndRun(result.ok() ? "completed" : std::string(result.message()));
+  return result;
+}
+
+void Server::Impl::EndRun(const std::string& reason) {
+  std::vector<std::shared_ptr<ControlReactor>> reactors;
+  v1::ServerMessage msg;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    phase_ = "ended";
+    for (auto& [id, s] : sessions_) reactors.push_back(s.reactor);
+    msg.mutable_run_ended()->set_run_id(run_id_);
+    msg.mutable_run_ended()->set_reason(reason);
+  }
+  for (auto& r : reactors) r->Send(msg, /*finish_after=*/true);
+  // Give clients a moment to read RunEnded, then stop serving.
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, std::chrono::seconds(3), [this] { return sessions_.empty(); });
+}
+
+void Server::Impl::Stop() {
+  std::lock_guard<std::mutex> l(mu_);
+  stopping_ = true;
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------------------------
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() { impl_->Stop(); }
+
+Server::Impl::~Impl() {
+  Stop();
+  // Cancels calls still open after a grace period and waits for every reactor's OnDone,
+  // while the worker pool (destroyed first among the members) can still finish uploads.
+  if (grpc_server_) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+}
+
+StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Status Server::Start() { return impl_->Start(); }
+int Server::port() const { return impl_->port(); }
+Status Server::Run() { return impl_->Run(); }
+void Server::Stop() { impl_->Stop(); }
+ParameterSet Server::GlobalModel() const { return impl_->GlobalModel(); }
+int64_t Server::committed_round() const { return impl_->committed_round(); }
+std::vector<RoundMetrics> Server::History() const { return impl_->History(); }
+int Server::connected_clients() const { return impl_->connected_clients(); }
+
+}  // namespace cleave

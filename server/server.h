@@ -1,0 +1,79 @@
+// The coordinator: accepts clients on a gRPC port, runs training rounds, aggregates
+// updates with a Strategy, evaluates the global model and keeps the run directory.
+//
+// Lifecycle: Create() validates options and loads the model and test data; Start()
+// binds the port (port 0 picks a free one) and serves; Run() drives the rounds until
+// the run ends or Stop() is called, then tells clients the run ended and stops serving.
+// Stop() may be called from any thread (e.g. a signal handler thread). Other methods
+// are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/config.h"
+#include "core/parameter_set.h"
+#include "core/status.h"
+
+namespace cleave {
+
+struct ServerOptions {
+  JobConfig config;
+  // Address to listen on; empty = config.server.listen.
+  std::string listen;
+  // Run directory (config copy, metrics.jsonl, checkpoint). Empty = keep nothing on disk.
+  std::string run_dir;
+  // The job config's text, copied to run_dir/config.yaml.
+  std::string config_text;
+  // Evaluate the global model on data.test after each round.
+  bool evaluate = true;
+  // Replaces the model's initial parameters (tests and benchmarks with models larger
+  // than the zoo's). Requires evaluate = false unless the layout matches the model.
+  std::optional<ParameterSet> initial_model;
+};
+
+// What one committed round produced; also one line of metrics.jsonl.
+struct RoundMetrics {
+  int64_t round = 0;
+  double test_accuracy = 0;
+  double test_loss = 0;
+  double train_loss = 0;
+  int participants = 0;
+  int failures = 0;
+  int64_t bytes_up = 0;
+  int64_t bytes_down = 0;
+  double wall_s = 0;
+  double elapsed_s = 0;
+};
+
+class Server {
+ public:
+  static StatusOr<std::unique_ptr<Server>> Create(ServerOptions options);
+  ~Server();
+
+  // Binds and starts serving. Afterwards port() is the bound port.
+  Status Start();
+  int port() const;
+
+  // Runs rounds until config.run.rounds rounds have committed (OK), Stop() is called
+  // (CANCELLED), or the run cannot go on (e.g. too few clients joined in time).
+  Status Run();
+  void Stop();
+
+  // The current global model and last committed round (0 before the first).
+  ParameterSet GlobalModel() const;
+  int64_t committed_round() const;
+  std::vector<RoundMetrics> History() const;
+  // Connected clients (joined, stream open).
+  int connected_clients() const;
+
+  class Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cleave

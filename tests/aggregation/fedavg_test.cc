@@ -1,0 +1,187 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "aggregation/strategy.h"
+
+namespace cleave {
+namespace {
+
+ParameterSet Vec(float a, float b) {
+  ParameterSet ps;
+  EXPECT_TRUE(ps.Add({"w", {2}, {a, b}}).ok());
+  return ps;
+}
+
+std::unique_ptr<Strategy> Make(const std::string& yaml) {
+  auto c = JobConfig::Parse(yaml, "");
+  EXPECT_TRUE(c.ok()) << c.status();
+  auto s = CreateStrategy(*c);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *std::move(s);
+}
+
+void Add(Strategy& s, const ParameterSet& delta, int64_t n) {
+  std::string bytes = delta.Encode();
+  auto views = ParseParameterSet(bytes);
+  ASSERT_TRUE(views.ok());
+  s.Accumulate(*views, n);
+}
+
+// One round with the fixed updates: A = (1, -1) from 1 example, B = (3, 1) from 3.
+// Their weighted mean is D = (2.5, 0.5).
+void Round(Strategy& s, ParameterSet* global) {
+  s.BeginRound(*global);
+  Add(s, Vec(1, -1), 1);
+  Add(s, Vec(3, 1), 3);
+  EXPECT_EQ(s.accumulated(), 2);
+  ASSERT_TRUE(s.FinishRound(0, global).ok());
+}
+
+void ExpectNear(const ParameterSet& ps, double a, double b) {
+  EXPECT_NEAR(ps.tensors()[0].values[0], a, 1e-5);
+  EXPECT_NEAR(ps.tensors()[0].values[1], b, 1e-5);
+}
+
+TEST(FedAvgTest, WeightedMeanOfDeltas) {
+  auto s = Make("strategy: {name: fedavg}");
+  ParameterSet x = Vec(1, 2);
+  Round(*s, &x);
+  ExpectNear(x, 1 + 2.5, 2 + 0.5);
+}
+
+TEST(FedAvgTest, ThreeClientsUnequalWeights) {
+  auto s = Make("");
+  ParameterSet x = Vec(0, 0);
+  s->BeginRound(x);
+  Add(*s, Vec(10, 0), 2);
+  Add(*s, Vec(0, 10), 3);
+  Add(*s, Vec(-5, 5), 5);
+  ASSERT_TRUE(s->FinishRound(0, &x).ok());
+  ExpectNear(x, (2 * 10.0 + 5 * -5.0) / 10, (3 * 10.0 + 5 * 5.0) / 10);
+}
+
+TEST(FedAvgTest, NoResultsKeepsTheModel) {
+  auto s = Make("");
+  ParameterSet x = Vec(1, 2);
+  s->BeginRound(x);
+  Status st = s->FinishRound(3, &x);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  ExpectNear(x, 1, 2);
+}
+
+TEST(FedAvgTest, AccumulatorResetsBetweenRounds) {
+  auto s = Make("");
+  ParameterSet x = Vec(0, 0);
+  Round(*s, &x);
+  Round(*s, &x);
+  ExpectNear(x, 5, 1);
+}
+
+TEST(FedAvgMTest, ServerMomentum) {
+  auto s = Make("strategy: {name: fedavgm, server_momentum: 0.9, server_lr: 1.0}");
+  ParameterSet x = Vec(1, 2);
+  Round(*s, &x);  // v = D
+  ExpectNear(x, 1 + 2.5, 2 + 0.5);
+  Round(*s, &x);  // v = 0.9 D + D
+  ExpectNear(x, 3.5 + 0.9 * 2.5 + 2.5, 2.5 + 0.9 * 0.5 + 0.5);
+}
+
+// Reddi et al. step with m0 = 0, v0 = tau^2, eta = 0.1, b1 = 0.9, b2 = 0.99, tau = 1e-3.
+TEST(AdaptiveTest, FedAdamTwoRounds) {
+  auto s = Make("strategy: {name: fedadam}");
+  ParameterSet x = Vec(1, 2);
+  const double tau = 1e-3;
+  double x0 = 1, m = 0, v = tau * tau;
+  for (int r = 0; r < 2; ++r) {
+    Round(*s, &x);
+    m = 0.9 * m + 0.1 * 2.5;
+    v = 0.99 * v + 0.01 * 2.5 * 2.5;
+    x0 += 0.1 * m / (std::sqrt(v) + tau);
+    EXPECT_NEAR(x.tensors()[0].values[0], x0, 1e-5) << "round " << r;
+  }
+}
+
+TEST(AdaptiveTest, FedYogiFirstStep) {
+  auto s = Make("strategy: {name: fedyogi}");
+  ParameterSet x = Vec(1, 2);
+  Round(*s, &x);
+  const double tau = 1e-3;
+  // v = tau^2 - (1 - b2) D^2 sign(tau^2 - D^2) = tau^2 + 0.01 D^2 since D^2 > tau^2.
+  const double v0 = tau * tau + 0.01 * 2.5 * 2.5, v1 = tau * tau + 0.01 * 0.5 * 0.5;
+  ExpectNear(x, 1 + 0.1 * 0.25 / (std::sqrt(v0) + tau), 2 + 0.1 * 0.05 / (std::sqrt(v1) + tau));
+}
+
+TEST(AdaptiveTest, FedAdagradAccumulatesSquares) {
+  auto s = Make("strategy: {name: fedadagrad, server_lr: 0.5}");
+  ParameterSet x = Vec(1, 2);
+  const double tau = 1e-3;
+  double x0 = 1, m = 0, v = tau * tau;
+  for (int r = 0; r < 2; ++r) {
+    Round(*s, &x);
+    m = 0.9 * m + 0.1 * 2.5;
+    v = v + 2.5 * 2.5;
+    x0 += 0.5 * m / (std::sqrt(v) + tau);
+  }
+  EXPECT_NEAR(x.tensors()[0].values[0], x0, 1e-5);
+}
+
+TEST(AdaptiveTest, StateRestoreContinuesExactly) {
+  for (const std::string name : {"fedavgm", "fedadam", "fedyogi", "fedadagrad"}) {
+    SCOPED_TRACE(name);
+    auto a = Make("strategy: {name: " + name + "}");
+    ParameterSet xa = Vec(1, 2);
+    Round(*a, &xa);
+    auto b = Make("strategy: {name: " + name + "}");
+    ASSERT_TRUE(b->Restore(a->State()).ok());
+    ParameterSet xb = xa;
+    Round(*a, &xa);
+    Round(*b, &xb);
+    EXPECT_EQ(xa.tensors()[0].values, xb.tensors()[0].values);
+    auto fresh = Make("strategy: {name: " + name + "}");
+    ParameterSet xf = Vec(1, 2);
+    Round(*fresh, &xf);
+    Round(*fresh, &xf);
+    EXPECT_EQ(xa.tensors()[0].values, xf.tensors()[0].values);
+  }
+}
+
+TEST(AdaptiveTest, RestoreRejectsForeignState) {
+  auto s = Make("strategy: {name: fedadam}");
+  ParameterSet bad;
+  ASSERT_TRUE(bad.Add({"q/w", {1}, {0}}).ok());
+  EXPECT_FALSE(s->Restore(bad).ok());
+}
+
+TEST(FedProxTest, SendsProximalTermToClients) {
+  auto s = Make("strategy: {name: fedprox, proximal_mu: 0.01}");
+  std::mt19937_64 rng(1);
+  RoundPlan plan = s->ConfigureRound(1, {"c1", "c2"}, rng);
+  EXPECT_DOUBLE_EQ(plan.fit.proximal_mu, 0.01);
+  auto avg = Make("strategy: {name: fedavg, proximal_mu: 0.01}");
+  EXPECT_DOUBLE_EQ(avg->ConfigureRound(1, {"c1"}, rng).fit.proximal_mu, 0.0);
+}
+
+TEST(SelectionTest, SamplesDistinctClientsReproducibly) {
+  auto s = Make("clients: {per_round: 3}");
+  std::vector<std::string> all;
+  for (int i = 0; i < 10; ++i) all.push_back("c" + std::to_string(i));
+  std::mt19937_64 r1(5), r2(5);
+  auto a = s->ConfigureRound(1, all, r1).clients;
+  auto b = s->ConfigureRound(1, all, r2).clients;
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.size(), 3u);
+  EXPECT_EQ(std::set<std::string>(a.begin(), a.end()).size(), 3u);
+  std::set<std::vector<std::string>> distinct;
+  for (int i = 0; i < 20; ++i) distinct.insert(s->ConfigureRound(1, all, r1).clients);
+  EXPECT_GT(distinct.size(), 1u) << "sampling must vary across rounds";
+
+  auto half = Make("clients: {fraction: 0.5}");
+  EXPECT_EQ(half->ConfigureRound(1, all, r1).clients.size(), 5u);
+  auto many = Make("clients: {per_round: 50}");
+  EXPECT_EQ(many->ConfigureRound(1, all, r1).clients.size(), 10u);
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,148 @@
+#include "data/dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+namespace cleave {
+namespace {
+
+const char* kFmnist = "/usr/share/datasets/fashion-mnist";
+
+TEST(FashionMnistTest, LoadsTrainAndTest) {
+  auto train = LoadFashionMnist(kFmnist, true);
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_EQ(train->size, 60000);
+  EXPECT_EQ(train->images.size(), 60000u * 784);
+  auto test = LoadFashionMnist(kFmnist, false, 500);
+  ASSERT_TRUE(test.ok());
+  EXPECT_EQ(test->size, 500);
+  std::vector<int64_t> counts(10);
+  for (int64_t l : train->labels) counts[l]++;
+  for (int64_t c : counts) EXPECT_EQ(c, 6000);  // Fashion-MNIST is balanced
+}
+
+TEST(FashionMnistTest, DataSpecErrors) {
+  EXPECT_EQ(LoadDataSpec("mnist:/x", true).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadDataSpec(std::string("fmnist:") + kFmnist + ",limt=5", true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadDataSpec("fmnist:/nonexistent", true).status().code(),
+            absl::StatusCode::kNotFound);
+  auto d = LoadDataSpec(std::string("fmnist:") + kFmnist + ",limit=100", true);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->size, 100);
+}
+
+// Labels 0..9, 100 each, in a scrambled order.
+std::vector<int64_t> Labels() {
+  std::vector<int64_t> l(1000);
+  for (int i = 0; i < 1000; ++i) l[i] = (i * 7) % 10;
+  return l;
+}
+
+void ExpectDisjoint(const std::vector<std::vector<int64_t>>& parts, size_t n, bool complete) {
+  std::set<int64_t> seen;
+  size_t total = 0;
+  for (const auto& p : parts) {
+    for (int64_t i : p) {
+      EXPECT_TRUE(seen.insert(i).second) << "index " << i << " in two parts";
+      EXPECT_LT(i, static_cast<int64_t>(n));
+    }
+    total += p.size();
+  }
+  if (complete) EXPECT_EQ(total, n);
+}
+
+TEST(PartitionTest, EverySchemeIsDisjointAndReproducible) {
+  const auto labels = Labels();
+  for (const std::string spec : {"iid", "dirichlet:0.5", "shards:2", "labels:2"}) {
+    SCOPED_TRACE(spec);
+    auto a = Partition(labels, 10, spec, 10, 7);
+    auto b = Partition(labels, 10, spec, 10, 7);
+    auto c = Partition(labels, 10, spec, 10, 8);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(*a, *b) << "same seed, same split";
+    EXPECT_NE(*a, *c) << "another seed, another split";
+    ExpectDisjoint(*a, labels.size(), spec != "labels:2");
+  }
+}
+
+TEST(PartitionTest, IidGivesEqualShares) {
+  auto p = Partition(Labels(), 10, "iid", 4, 1);
+  ASSERT_TRUE(p.ok());
+  for (const auto& part : *p) EXPECT_EQ(part.size(), 250u);
+}
+
+std::set<int64_t> LabelsOf(const std::vector<int64_t>& part, const std::vector<int64_t>& labels) {
+  std::set<int64_t> s;
+  for (int64_t i : part) s.insert(labels[i]);
+  return s;
+}
+
+TEST(PartitionTest, LabelQuantityLimitsLabelsPerClient) {
+  const auto labels = Labels();
+  auto p = Partition(labels, 10, "labels:2", 10, 3);
+  ASSERT_TRUE(p.ok());
+  for (size_t c = 0; c < p->size(); ++c) {
+    auto held = LabelsOf((*p)[c], labels);
+    EXPECT_LE(held.size(), 2u);
+    EXPECT_TRUE(held.count(static_cast<int64_t>(c % 10)));
+  }
+}
+
+TEST(PartitionTest, ShardsGiveFewLabelsEach) {
+  const auto labels = Labels();
+  auto p = Partition(labels, 10, "shards:2", 10, 3);
+  ASSERT_TRUE(p.ok());
+  for (const auto& part : *p) {
+    EXPECT_EQ(part.size(), 100u);
+    EXPECT_LE(LabelsOf(part, labels).size(), 4u);  // 2 shards, each spans <= 2 labels
+  }
+}
+
+TEST(PartitionTest, DirichletSkewsLabelsAndKeepsMinimumSize) {
+  const auto labels = Labels();
+  auto skewed = Partition(labels, 10, "dirichlet:0.1", 10, 42);
+  ASSERT_TRUE(skewed.ok());
+  size_t few_labels = 0;
+  for (const auto& part : *skewed) {
+    EXPECT_GE(part.size(), 10u);
+    // Count labels that make up >= 5% of the part.
+    std::vector<int> counts(10);
+    for (int64_t i : part) counts[labels[i]]++;
+    int major = 0;
+    for (int c : counts) major += c * 20 >= static_cast<int>(part.size());
+    few_labels += major <= 4;
+  }
+  EXPECT_GE(few_labels, 5u) << "alpha 0.1 should concentrate most clients on few labels";
+}
+
+TEST(PartitionTest, RejectsBadSpecs) {
+  const auto labels = Labels();
+  for (const std::string spec : {"dirichlet:0", "dirichlet:x", "shards:0", "shards:1000",
+                                 "labels:11", "labels:0", "random", "iid:3"}) {
+    EXPECT_EQ(Partition(labels, 10, spec, 10, 1).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << spec;
+  }
+  EXPECT_FALSE(Partition(labels, 10, "iid", 0, 1).ok());
+}
+
+TEST(DatasetTest, SubsetCopiesExamplesInOrder) {
+  Dataset d;
+  d.size = 3;
+  d.channels = 1;
+  d.height = 1;
+  d.width = 2;
+  d.images = {1, 2, 3, 4, 5, 6};
+  d.labels = {7, 8, 9};
+  Dataset s = d.Subset({2, 0});
+  EXPECT_EQ(s.size, 2);
+  EXPECT_EQ(s.images, (std::vector<uint8_t>{5, 6, 1, 2}));
+  EXPECT_EQ(s.labels, (std::vector<int64_t>{9, 7}));
+}
+
+}  // namespace
+}  // namespace cleave

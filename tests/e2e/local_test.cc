@@ -1,0 +1,144 @@
+// `cleave local` as a user runs it: real processes, real ports, real files.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "core/files.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+
+class LocalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("cleave_e2e_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    config_ = (dir_ / "job.yaml").string();
+    std::ofstream(config_) << R"(
+run: {name: e2e, rounds: 2}
+model: {name: lenet5}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 2000}
+clients: {min: 3, quorum: 1.0, round_deadline_s: 60}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: iid, clients: 3}
+)";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Starts `cleave local` with output to dir_/out.txt.
+  pid_t Start(const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {std::string(CLEAVE_BIN_DIR) + "/cleave", "local", "--config",
+                                     config_, "--run-dir", (dir_ / "run").string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    pid_t pid = fork();
+    if (pid == 0) {
+      FILE* out = freopen((dir_ / "out.txt").c_str(), "w", stdout);
+      (void)out;
+      dup2(1, 2);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    return pid;
+  }
+
+  int Wait(pid_t pid, int timeout_s) {
+    for (int i = 0; i < timeout_s * 10; ++i) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+
+  std::string Output() { return ReadFile((dir_ / "out.txt").string()).value_or(""); }
+
+  // Processes of this run: cleave and the server name the run directory, the clients
+  // name the server's address.
+  int ProcessesUsing(const std::string& addr) {
+    const std::string run_dir = (dir_ / "run").string();
+    int n = 0;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      auto cmd = ReadFile((e.path() / "cmdline").string());
+      if (cmd.ok() && (cmd->find(addr) != std::string::npos ||
+                       cmd->find(run_dir) != std::string::npos)) {
+        ++n;
+      }
+    }
+    return n;
+  }
+
+  fs::path dir_;
+  std::string config_;
+};
+
+TEST_F(LocalTest, RunsAFederationForTwoRounds) {
+  pid_t pid = Start({});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  const std::string out = Output();
+  EXPECT_NE(out.find("round   1/2"), std::string::npos) << out;
+  EXPECT_NE(out.find("round   2/2"), std::string::npos) << out;
+  EXPECT_NE(out.find("done: 2 rounds"), std::string::npos) << out;
+
+  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 2u);
+  for (const char* key : {"round", "test_accuracy", "test_loss", "train_loss", "participants",
+                          "failures", "bytes_up", "bytes_down", "wall_s"}) {
+    EXPECT_TRUE(rows[1].contains(key)) << key;
+  }
+  EXPECT_EQ(rows[1]["participants"], 3);
+  EXPECT_GT(rows[1]["test_accuracy"].get<double>(), 0.6);
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint.pb"));
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "server.log"));
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "config.yaml"));
+  auto addr = ReadFile((dir_ / "run" / "server.addr").string());
+  ASSERT_TRUE(addr.ok());
+  EXPECT_EQ(ProcessesUsing(addr->substr(0, addr->size() - 1)), 0);
+}
+
+TEST_F(LocalTest, CtrlCStopsEveryProcess) {
+  pid_t pid = Start({"--rounds", "50"});
+  // Wait for the first round to be printed, then interrupt.
+  for (int i = 0; i < 600 && Output().find("round   1/50") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(Output().find("round   1/50"), std::string::npos) << Output();
+  auto addr = ReadFile((dir_ / "run" / "server.addr").string());
+  ASSERT_TRUE(addr.ok());
+  const std::string a = addr->substr(0, addr->size() - 1);
+  EXPECT_EQ(ProcessesUsing(a), 5) << "cleave, the server and 3 clients";
+  kill(pid, SIGINT);
+  EXPECT_EQ(Wait(pid, 30), 130) << Output();
+  EXPECT_EQ(ProcessesUsing(a), 0);
+}
+
+TEST_F(LocalTest, BadConfigIsAClearError) {
+  std::ofstream(config_) << "train: {lr: -1}\n";
+  pid_t pid = Start({});
+  EXPECT_EQ(Wait(pid, 30), 2);
+  EXPECT_NE(Output().find("train.lr must be > 0"), std::string::npos) << Output();
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,281 @@
+// A server and several clients in one process, over real gRPC on localhost.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "client/client.h"
+#include "core/files.h"
+#include "models/model.h"
+#include "server/server.h"
+#include "tests/server/test_peer.h"
+
+namespace cleave {
+namespace {
+
+const char* kFmnist = "/usr/share/datasets/fashion-mnist";
+
+std::vector<Dataset> ClientData(int clients, int64_t examples) {
+  static Dataset all = *LoadFashionMnist(kFmnist, true, 6000);
+  auto parts = Partition(std::vector<int64_t>(all.labels.begin(), all.labels.begin() + examples),
+                         10, "iid", clients, 42);
+  EXPECT_TRUE(parts.ok());
+  std::vector<Dataset> out;
+  for (const auto& p : *parts) out.push_back(all.Subset(p));
+  return out;
+}
+
+struct Federation {
+  std::unique_ptr<Server> server;
+  std::thread server_thread;
+  Status server_status;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::thread> client_threads;
+  std::vector<Status> client_status;
+
+  void Start(const std::string& yaml, std::vector<ClientOptions> client_opts,
+             const std::string& run_dir = "") {
+    SetTorchThreads(1);
+    ServerOptions o;
+    o.config = TestConfig(yaml);
+    o.listen = "127.0.0.1:0";
+    o.run_dir = run_dir;
+    auto s = Server::Create(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server = *std::move(s);
+    ASSERT_TRUE(server->Start().ok());
+    server_thread = std::thread([this] { server_status = server->Run(); });
+    client_status.resize(client_opts.size());
+    for (size_t i = 0; i < client_opts.size(); ++i) {
+      client_opts[i].server = "127.0.0.1:" + std::to_string(server->port());
+      client_opts[i].name = "client-" + std::to_string(i);
+      clients.push_back(std::make_unique<Client>(std::move(client_opts[i])));
+    }
+    for (size_t i = 0; i < clients.size(); ++i) {
+      client_threads.emplace_back([this, i] { client_status[i] = clients[i]->Run(); });
+    }
+  }
+
+  void Join() {
+    if (server_thread.joinable()) server_thread.join();
+    for (auto& t : client_threads) t.join();
+    client_threads.clear();
+  }
+
+  ~Federation() {
+    if (server) server->Stop();
+    for (auto& c : clients) c->Stop();
+    Join();
+  }
+};
+
+std::vector<ClientOptions> Options(int n, int64_t examples) {
+  std::vector<ClientOptions> out;
+  for (auto& d : ClientData(n, examples)) {
+    ClientOptions o;
+    o.train = std::move(d);
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+constexpr char kBase[] = R"(
+data: {test_limit: 2000}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
+server: {heartbeat_s: 0.5, client_timeout_s: 30}
+)";
+
+TEST(FederationTest, ThreeClientsTwoRoundsAccuracyRises) {
+  // The initial model's accuracy, evaluated the way the server does.
+  auto init = Model::Create({"lenet5", "", 42});
+  ASSERT_TRUE(init.ok());
+  Dataset test = *LoadFashionMnist(kFmnist, false, 2000);
+  const double initial = (*init)->Evaluate(test, 1000)->accuracy;
+
+  Federation f;
+  f.Start(std::string(kBase) +
+              "model: {name: lenet5}\nrun: {rounds: 2, seed: 42}\nclients: {min: 3, quorum: 1.0}\n",
+          Options(3, 6000));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0].participants, 3);
+  EXPECT_EQ(h[1].participants, 3);
+  EXPECT_GT(h[0].bytes_up, 3 * 44426 * 4);
+  EXPECT_GT(h[0].bytes_down, 3 * 44426 * 4);
+  EXPECT_GT(h[0].test_accuracy, initial + 0.3) << "initial " << initial;
+  EXPECT_GT(h[1].test_accuracy, h[0].test_accuracy);
+  EXPECT_LT(h[1].train_loss, h[0].train_loss);
+  for (auto& c : f.clients) EXPECT_EQ(c->tasks_completed(), 2);
+}
+
+TEST(FederationTest, CrashedClientIsAFailureAndTheRoundCommits) {
+  auto opts = Options(3, 1500);
+  opts[2].crash_after_training = [](int64_t) { return true; };
+  Federation f;
+  const auto start = std::chrono::steady_clock::now();
+  f.Start(std::string(kBase) +
+              "run: {rounds: 1}\nclients: {min: 3, quorum: 0.6, round_deadline_s: 60}\n",
+          std::move(opts));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  EXPECT_EQ(f.client_status[2].code(), absl::StatusCode::kAborted);
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 2);
+  EXPECT_EQ(h[0].failures, 1);
+  // The lost stream fails the task at once; nobody waits for the 60 s deadline.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST(FederationTest, StragglerMissesTheDeadlineAndTheRoundCommitsAtIt) {
+  auto opts = Options(3, 3000);
+  opts[0].crash_after_training = [](int64_t) {
+    std::this_thread::sleep_for(std::chrono::seconds(8));  // hangs past the deadline
+    return false;
+  };
+  Federation f;
+  f.Start(std::string(kBase) +
+              "model: {name: mlp}\nrun: {rounds: 1}\nclients: {min: 3, quorum: 0.6, round_deadline_s: 4}\n",
+          std::move(opts));
+  f.server_thread.join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 2);
+  EXPECT_EQ(h[0].failures, 1);
+  EXPECT_GE(h[0].wall_s, 4.0);
+  EXPECT_LT(h[0].wall_s, 7.0);
+  EXPECT_GT(h[0].test_accuracy, 0.5) << "the two punctual updates were aggregated";
+}
+
+TEST(FederationTest, TooFewResultsDoNotCommit) {
+  auto opts = Options(2, 1000);
+  opts[0].crash_after_training = [](int64_t) { return true; };
+  opts[1].crash_after_training = [](int64_t) { return true; };
+  Federation f;
+  f.Start(std::string(kBase) +
+              "run: {rounds: 1}\nclients: {min: 2, quorum: 1.0, join_timeout_s: 2}\n",
+          std::move(opts));
+  f.Join();
+  // Both crash: the round is retried, then no clients remain and the run fails.
+  EXPECT_EQ(f.server_status.code(), absl::StatusCode::kDeadlineExceeded) << f.server_status;
+  EXPECT_EQ(f.server->committed_round(), 0);
+  EXPECT_TRUE(f.server->History().empty());
+}
+
+TEST(FederationTest, ServerResumesFromItsRunDirectory) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / "cleave_resume_test").string();
+  std::filesystem::remove_all(dir);
+  const std::string yaml = std::string(kBase) +
+                           "clients: {min: 2, quorum: 1.0}\nstrategy: {name: fedadam}\n";
+  ParameterSet after_first;
+  {
+    Federation f;
+    f.Start(yaml + "run: {rounds: 1, seed: 5}\n", Options(2, 1000), dir);
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+    after_first = f.server->GlobalModel();
+  }
+  ServerOptions o;
+  o.config = TestConfig(yaml + "run: {rounds: 2, seed: 5}\n");
+  o.listen = "127.0.0.1:0";
+  o.run_dir = dir;
+  auto resumed = Server::Create(o);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->committed_round(), 1);
+  EXPECT_EQ((*resumed)->GlobalModel().tensors()[4].values,
+            after_first.tensors()[4].values);
+  resumed->reset();
+
+  Federation g;
+  g.Start(yaml + "run: {rounds: 2, seed: 5}\n", Options(2, 1000), dir);
+  g.Join();
+  ASSERT_TRUE(g.server_status.ok()) << g.server_status;
+  EXPECT_EQ(g.server->committed_round(), 2);
+  auto h = g.server->History();
+  ASSERT_EQ(h.size(), 1u) << "only round 2 ran after the restart";
+  EXPECT_EQ(h[0].round, 2);
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) ++lines;
+  EXPECT_EQ(lines, 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FederationTest, TrainsATorchScriptModelNamedInTheConfig) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "cleave_fed_script.pt").string();
+  const std::string cmd =
+      "/usr/bin/python3 -c \"import torch; torch.manual_seed(0); "
+      "m = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 5), torch.nn.ReLU(), "
+      "torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(576, 10)); "
+      "torch.jit.script(m).save('" + path + "')\"";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  Federation f;
+  f.Start("model: {name: torchscript, path: " + path +
+              "}\ndata: {test_limit: 1000}\nrun: {rounds: 2}\nclients: {min: 2}\n"
+              "train: {lr: 0.05, momentum: 0.9, batch_size: 32}\n",
+          Options(2, 2000));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_GT(h[1].test_accuracy, 0.6);
+  EXPECT_EQ(f.server->GlobalModel().tensors()[0].shape, (std::vector<int64_t>{4, 1, 5, 5}));
+  std::filesystem::remove(path);
+}
+
+TEST(ClientTest, GivesUpWhenTheServerNeverAnswers) {
+  ClientOptions o;
+  o.server = "127.0.0.1:1";  // nothing listens there
+  o.train = ClientData(1, 100)[0];
+  o.initial_backoff_s = 0.05;
+  o.max_backoff_s = 0.2;
+  o.give_up_after_s = 1;
+  Client c(std::move(o));
+  const auto start = std::chrono::steady_clock::now();
+  Status s = c.Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(ClientTest, ReconnectsUntilTheServerComesUp) {
+  // Reserve a port, start the client first, then the server on that port.
+  ServerOptions o;
+  o.config = TestConfig(std::string(kBase) + "run: {rounds: 1}\nclients: {min: 1}\n");
+  o.listen = "127.0.0.1:0";
+  auto probe = Server::Create(o);
+  ASSERT_TRUE(probe.ok());
+  ASSERT_TRUE((*probe)->Start().ok());
+  const int port = (*probe)->port();
+  probe->reset();  // frees the port
+
+  ClientOptions co;
+  co.server = "127.0.0.1:" + std::to_string(port);
+  co.train = ClientData(1, 500)[0];
+  co.initial_backoff_s = 0.1;
+  Client client(std::move(co));
+  Status client_status;
+  std::thread t([&] { client_status = client.Run(); });
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  o.listen = "127.0.0.1:" + std::to_string(port);
+  auto server = Server::Create(o);
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->Start().ok());
+  Status run = (*server)->Run();
+  t.join();
+  EXPECT_TRUE(run.ok()) << run;
+  EXPECT_TRUE(client_status.ok()) << client_status;
+  EXPECT_EQ(client.tasks_completed(), 1);
+}
+
+}  // namespace
+}  // namespace cleave

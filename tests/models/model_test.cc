@@ -1,0 +1,130 @@
+#include "models/model.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/files.h"
+
+namespace cleave {
+namespace {
+
+std::unique_ptr<Model> Build(const std::string& name, uint64_t seed = 1) {
+  auto m = Model::Create({name, "", seed});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *std::move(m);
+}
+
+const Dataset& Train() {
+  static Dataset d = *LoadFashionMnist("/usr/share/datasets/fashion-mnist", true, 2000);
+  return d;
+}
+
+TEST(ModelTest, LeNet5HasThePublishedShapes) {
+  auto m = Build("lenet5");
+  ParameterSet p = m->Parameters();
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& t : p.tensors()) shapes.push_back(t.shape);
+  std::vector<std::vector<int64_t>> expected = {{6, 1, 5, 5}, {6},   {16, 6, 5, 5}, {16},
+                                                {120, 256},   {120}, {84, 120},     {84},
+                                                {10, 84},     {10}};
+  EXPECT_EQ(shapes, expected);
+  EXPECT_EQ(m->num_stages(), 5);
+  EXPECT_EQ(p.total_elements(), 44426);
+}
+
+TEST(ModelTest, EveryZooModelIsStaged) {
+  EXPECT_EQ(Build("mlp")->num_stages(), 3);
+  EXPECT_EQ(Build("cnn")->num_stages(), 4);
+  EXPECT_EQ(Model::Create({"resnet9000", "", 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelTest, SameSeedSameInit) {
+  EXPECT_EQ(Build("mlp", 3)->Parameters().tensors()[0].values,
+            Build("mlp", 3)->Parameters().tensors()[0].values);
+  EXPECT_NE(Build("mlp", 3)->Parameters().tensors()[0].values,
+            Build("mlp", 4)->Parameters().tensors()[0].values);
+}
+
+TEST(ModelTest, SetParametersRoundTripsAndChecksLayout) {
+  auto a = Build("mlp", 1);
+  auto b = Build("mlp", 2);
+  ASSERT_TRUE(b->SetParameters(a->Parameters()).ok());
+  EXPECT_EQ(b->Parameters().tensors()[2].values, a->Parameters().tensors()[2].values);
+  EXPECT_EQ(b->SetParameters(Build("lenet5")->Parameters()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ModelTest, TrainingLowersLossAndRaisesAccuracy) {
+  auto m = Build("lenet5");
+  auto before = m->Evaluate(Train(), 500);
+  ASSERT_TRUE(before.ok());
+  LocalTrainOptions o;
+  o.epochs = 2;
+  o.batch_size = 32;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  auto stats = m->Train(Train(), o);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->examples, 2000);
+  auto after = m->Evaluate(Train(), 500);
+  ASSERT_TRUE(after.ok());
+  EXPECT_LT(after->loss, before->loss);
+  EXPECT_GT(after->accuracy, 0.6);
+}
+
+TEST(ModelTest, ProximalTermKeepsWeightsCloser) {
+  LocalTrainOptions o;
+  o.lr = 0.1;
+  o.batch_size = 50;
+  auto distance = [&](double mu) {
+    auto m = Build("mlp", 9);
+    ParameterSet start = m->Parameters();
+    o.proximal_mu = mu;
+    EXPECT_TRUE(m->Train(Train(), o).ok());
+    double d = 0;
+    ParameterSet end = m->Parameters();
+    for (size_t i = 0; i < end.size(); ++i) {
+      for (size_t j = 0; j < end.tensors()[i].values.size(); ++j) {
+        double x = end.tensors()[i].values[j] - start.tensors()[i].values[j];
+        d += x * x;
+      }
+    }
+    return d;
+  };
+  EXPECT_LT(distance(10.0), 0.5 * distance(0.0));
+}
+
+TEST(ModelTest, TrainsATorchScriptModelExportedFromPython) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "cleave_model_test_mlp.pt").string();
+  const std::string cmd =
+      "/usr/bin/python3 -c \"import torch; torch.manual_seed(0); "
+      "m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), "
+      "torch.nn.ReLU(), torch.nn.Linear(32, 10)); "
+      "torch.jit.script(m).save('" + path + "')\"";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto bytes = ReadFile(path);
+  ASSERT_TRUE(bytes.ok());
+  auto m = Model::Create({"torchscript", *bytes, 0});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->num_stages(), 4);
+  ParameterSet p = (*m)->Parameters();
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p.tensors()[0].name, "1.weight");
+  EXPECT_EQ(p.tensors()[0].shape, (std::vector<int64_t>{32, 784}));
+  LocalTrainOptions o;
+  o.lr = 0.1;
+  auto stats = (*m)->Train(Train(), o);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  auto eval = (*m)->Evaluate(Train(), 1000);
+  ASSERT_TRUE(eval.ok());
+  EXPECT_GT(eval->accuracy, 0.6);
+  EXPECT_FALSE(Model::Create({"torchscript", "not an archive", 0}).ok());
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,107 @@
+#include "tests/server/test_peer.h"
+
+#include <gtest/gtest.h>
+
+namespace cleave {
+
+TestPeer::TestPeer(const std::string& address, int64_t num_examples)
+    : channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+      stub_(v1::Coordinator::NewStub(channel_)),
+      num_examples_(num_examples) {}
+
+TestPeer::~TestPeer() {
+  ctx_.TryCancel();
+  if (reader_.joinable()) reader_.join();
+  if (stream_) stream_->Finish();
+}
+
+bool TestPeer::Join(const std::string& name) {
+  stream_ = stub_->Control(&ctx_);
+  v1::ClientMessage m;
+  m.mutable_join()->set_name(name);
+  m.mutable_join()->set_num_examples(num_examples_);
+  m.mutable_join()->set_protocol_version(1);
+  v1::ServerMessage reply;
+  if (!stream_->Write(m) || !stream_->Read(&reply) || !reply.has_welcome()) return false;
+  welcome_ = reply.welcome();
+  reader_ = std::thread([this] { ReadLoop(); });
+  return true;
+}
+
+void TestPeer::ReadLoop() {
+  v1::ServerMessage m;
+  while (stream_->Read(&m)) {
+    std::lock_guard<std::mutex> l(mu_);
+    inbox_.push_back(m);
+    cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  closed_ = true;
+  cv_.notify_all();
+}
+
+std::optional<v1::Task> TestPeer::NextTask(double timeout_s) {
+  std::unique_lock<std::mutex> l(mu_);
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  while (true) {
+    while (!inbox_.empty()) {
+      v1::ServerMessage m = inbox_.front();
+      inbox_.pop_front();
+      if (m.has_task()) return m.task();
+    }
+    if (closed_ || cv_.wait_until(l, until) == std::cv_status::timeout) return std::nullopt;
+  }
+}
+
+bool TestPeer::WaitRunEnded(double timeout_s) {
+  std::unique_lock<std::mutex> l(mu_);
+  return cv_.wait_for(l, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)), [&] {
+    for (const auto& m : inbox_) {
+      if (m.has_run_ended()) return true;
+    }
+    return false;
+  });
+}
+
+v1::UploadHeader TestPeer::Header(const v1::Task& task, int64_t num_examples) const {
+  v1::UploadHeader h;
+  h.set_run_id(task.run_id());
+  h.set_client_id(welcome_.client_id());
+  h.set_session_token(welcome_.session_token());
+  h.set_round(task.round());
+  h.set_task_id(task.task_id());
+  h.set_num_examples(num_examples);
+  h.set_train_loss(0.5);
+  h.set_codec("fp32");
+  return h;
+}
+
+grpc::Status TestPeer::RawUpload(const v1::UploadHeader& header,
+                                 const std::vector<std::string>& chunks,
+                                 v1::UploadReply* reply) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::UploadReply r;
+  auto w = stub_->Upload(&ctx, &r);
+  v1::UploadChunk m;
+  *m.mutable_header() = header;
+  bool ok = w->Write(m);
+  for (const auto& c : chunks) {
+    if (!ok) break;
+    m.set_data(c);
+    ok = w->Write(m);
+  }
+  if (ok) w->WritesDone();
+  grpc::Status s = w->Finish();
+  if (reply) *reply = r;
+  return s;
+}
+
+JobConfig TestConfig(const std::string& yaml) {
+  auto c = JobConfig::Parse(yaml, "");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : JobConfig{};
+}
+
+}  // namespace cleave

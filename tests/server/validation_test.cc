@@ -1,0 +1,259 @@
+// Every kind of bad upload gets a clear status and leaves the round's aggregate alone;
+// the round then commits exactly the FedAvg of the good uploads.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <thread>
+
+#include "client/transfer.h"
+#include "server/server.h"
+#include "tests/server/test_peer.h"
+
+namespace cleave {
+namespace {
+
+using grpc::StatusCode;
+
+class ServerFixture : public ::testing::Test {
+ protected:
+  void StartServer(const std::string& yaml, std::optional<ParameterSet> initial = std::nullopt) {
+    ServerOptions o;
+    o.config = TestConfig(yaml);
+    o.listen = "127.0.0.1:0";
+    o.evaluate = false;
+    o.initial_model = std::move(initial);
+    auto s = Server::Create(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    ASSERT_TRUE(server_->Start().ok());
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+    runner_ = std::thread([this] { run_status_ = server_->Run(); });
+  }
+
+  void TearDown() override {
+    if (server_) server_->Stop();
+    if (runner_.joinable()) runner_.join();
+  }
+
+  std::unique_ptr<Server> server_;
+  std::string address_;
+  std::thread runner_;
+  Status run_status_;
+};
+
+// A delta with the global model's layout: value(i) = scale * ((i % 7) - 3).
+ParameterSet Delta(const ParameterSet& layout, float scale) {
+  ParameterSet d = layout.ZerosLike();
+  for (auto& t : d.mutable_tensors()) {
+    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = scale * ((i % 7) - 3.0f);
+  }
+  return d;
+}
+
+std::vector<std::string> Chunks(const std::string& bytes, size_t n = 1 << 20) {
+  std::vector<std::string> out;
+  for (size_t off = 0; off < bytes.size(); off += n) out.push_back(bytes.substr(off, n));
+  return out;
+}
+
+constexpr char kTwoClients[] = R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120}
+)";
+
+TEST_F(ServerFixture, RejectsBadUploadsAndAggregatesOnlyGoodOnes) {
+  StartServer(kTwoClients);
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 300);
+  ASSERT_TRUE(a.Join("a"));
+  ASSERT_TRUE(b.Join("b"));
+  auto ta = a.NextTask();
+  auto tb = b.NextTask();
+  ASSERT_TRUE(ta && tb);
+  EXPECT_EQ(ta->round(), 1);
+
+  // The model download is content-addressed and matches the server's model.
+  auto blob = FetchBlob(a.stub(), a.welcome().client_id(), a.welcome().session_token(),
+                        ta->model_digest());
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(*blob, initial.Encode());
+  EXPECT_EQ(ta->model_digest(), tb->model_digest());
+  EXPECT_EQ(FetchBlob(a.stub(), a.welcome().client_id(), "wrong", ta->model_digest())
+                .status()
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(FetchBlob(a.stub(), a.welcome().client_id(), a.welcome().session_token(),
+                      std::string(64, '0'))
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+
+  const ParameterSet da = Delta(initial, 0.01f), db = Delta(initial, -0.02f);
+  const std::string good = da.Encode();
+  const int64_t size = static_cast<int64_t>(good.size());
+  auto header = [&](auto edit) {
+    v1::UploadHeader h = a.Header(*ta, 100);
+    h.set_total_size(size);
+    edit(h);
+    return h;
+  };
+  auto expect = [&](const v1::UploadHeader& h, const std::vector<std::string>& chunks,
+                    StatusCode code, const std::string& needle) {
+    grpc::Status s = a.RawUpload(h, chunks);
+    EXPECT_EQ(s.error_code(), code) << needle << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
+  };
+  const auto body = Chunks(good);
+
+  expect(header([](auto& h) { h.set_client_id("c999"); }), body, StatusCode::UNAUTHENTICATED,
+         "unknown client");
+  expect(header([](auto& h) { h.set_session_token("forged"); }), body,
+         StatusCode::UNAUTHENTICATED, "token");
+  expect(header([](auto& h) { h.set_run_id("other-run"); }), body,
+         StatusCode::FAILED_PRECONDITION, "run");
+  expect(header([](auto& h) { h.set_round(2); }), body, StatusCode::FAILED_PRECONDITION,
+         "round 2");
+  expect(header([&](auto& h) { h.set_task_id(tb->task_id()); }), body,
+         StatusCode::FAILED_PRECONDITION, "was not given");
+  expect(header([](auto& h) { h.set_codec("int8"); }), body, StatusCode::INVALID_ARGUMENT,
+         "codec");
+  expect(header([](auto& h) { h.set_num_examples(0); }), body, StatusCode::INVALID_ARGUMENT,
+         "num_examples");
+  expect(header([](auto& h) { h.set_num_examples(101); }), body, StatusCode::INVALID_ARGUMENT,
+         "num_examples");
+  expect(header([](auto& h) { h.set_train_loss(std::numeric_limits<double>::quiet_NaN()); }),
+         body, StatusCode::INVALID_ARGUMENT, "train_loss");
+  expect(header([&](auto& h) { h.set_total_size(size * 1000); }), body,
+         StatusCode::INVALID_ARGUMENT, "announces");
+  expect(header([](auto&) {}), {good, "extra"}, StatusCode::INVALID_ARGUMENT, "larger than");
+  expect(header([](auto&) {}), {good.substr(0, size - 4)}, StatusCode::INVALID_ARGUMENT,
+         "upload ended after");
+  expect(header([](auto&) {}), {std::string(size, 'x')}, StatusCode::INVALID_ARGUMENT,
+         "bad magic");
+
+  // Wrong shape with the same byte count: the first weight transposed.
+  ParameterSet transposed = da;
+  auto& shape = transposed.mutable_tensors()[0].shape;
+  std::swap(shape[0], shape[1]);
+  expect(header([](auto&) {}), Chunks(transposed.Encode()), StatusCode::INVALID_ARGUMENT,
+         "expected shape");
+  // A NaN anywhere.
+  ParameterSet nan = da;
+  nan.mutable_tensors()[2].values[5] = std::numeric_limits<float>::quiet_NaN();
+  expect(header([](auto&) {}), Chunks(nan.Encode()), StatusCode::INVALID_ARGUMENT,
+         "non-finite");
+  // A data message before the header.
+  {
+    grpc::ClientContext ctx;
+    v1::UploadReply r;
+    auto w = a.stub()->Upload(&ctx, &r);
+    v1::UploadChunk m;
+    m.set_data("xx");
+    w->Write(m);
+    w->WritesDone();
+    EXPECT_EQ(w->Finish().error_code(), StatusCode::INVALID_ARGUMENT);
+  }
+
+  // Nothing above touched the round.
+  EXPECT_EQ(server_->committed_round(), 0);
+
+  // Good uploads; a repeat is acknowledged once and not counted again.
+  v1::UploadReply reply;
+  ASSERT_TRUE(a.RawUpload(header([](auto&) {}), body, &reply).ok());
+  EXPECT_FALSE(reply.duplicate());
+  ASSERT_TRUE(a.RawUpload(header([](auto&) {}), body, &reply).ok());
+  EXPECT_TRUE(reply.duplicate());
+  v1::UploadHeader hb = b.Header(*tb, 300);
+  auto rb = UploadPayload(b.stub(), hb, db.Encode());
+  ASSERT_TRUE(rb.ok()) << rb.status();
+
+  ASSERT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  ASSERT_EQ(server_->committed_round(), 1);
+  auto history = server_->History();
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].participants, 2);
+  EXPECT_EQ(history[0].failures, 0);
+  EXPECT_DOUBLE_EQ(history[0].train_loss, 0.5);
+
+  // global = initial + (100 * da + 300 * db) / 400
+  ParameterSet after = server_->GlobalModel();
+  for (size_t i = 0; i < after.size(); ++i) {
+    for (size_t j = 0; j < after.tensors()[i].values.size(); ++j) {
+      const double expected = initial.tensors()[i].values[j] +
+                              (100.0 * da.tensors()[i].values[j] +
+                               300.0 * db.tensors()[i].values[j]) / 400.0;
+      ASSERT_NEAR(after.tensors()[i].values[j], expected, 1e-6) << i << "," << j;
+    }
+  }
+}
+
+TEST_F(ServerFixture, ControlStreamMustStartWithJoin) {
+  StartServer(kTwoClients);
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Control(&ctx);
+  v1::ClientMessage m;
+  m.mutable_heartbeat()->set_unix_ms(1);
+  stream->Write(m);
+  stream->WritesDone();
+  v1::ServerMessage reply;
+  EXPECT_FALSE(stream->Read(&reply));
+  EXPECT_EQ(stream->Finish().error_code(), StatusCode::FAILED_PRECONDITION);
+
+  grpc::ClientContext ctx2;
+  auto s2 = stub->Control(&ctx2);
+  m.mutable_join()->set_num_examples(10);
+  m.mutable_join()->set_protocol_version(2);
+  s2->Write(m);
+  s2->WritesDone();
+  EXPECT_FALSE(s2->Read(&reply));
+  grpc::Status st = s2->Finish();
+  EXPECT_EQ(st.error_code(), StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("protocol version"), std::string::npos);
+}
+
+// A 300 MB parameter set travels down and up in chunks below gRPC's 4 MiB limit.
+TEST_F(ServerFixture, TransfersA300MegabyteModel) {
+  ParameterSet big;
+  const int64_t n = 75'000'000;  // 300 MB of float32
+  Tensor t{"big", {n}, std::vector<float>(n)};
+  for (int64_t i = 0; i < n; ++i) t.values[i] = static_cast<float>(i % 1000) * 1e-3f;
+  ASSERT_TRUE(big.Add(std::move(t)).ok());
+  StartServer(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 1, quorum: 1.0, round_deadline_s: 300}
+server: {client_timeout_s: 300}
+)",
+              big);
+  TestPeer p(address_, 10);
+  ASSERT_TRUE(p.Join());
+  auto task = p.NextTask();
+  ASSERT_TRUE(task);
+  EXPECT_GT(task->model_size(), 300'000'000);
+  auto blob = FetchBlob(p.stub(), p.welcome().client_id(), p.welcome().session_token(),
+                        task->model_digest());
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  auto global = ParameterSet::Decode(*blob);
+  ASSERT_TRUE(global.ok());
+  EXPECT_FLOAT_EQ(global->tensors()[0].values[999], 0.999f);
+  blob->clear();
+  ParameterSet delta = global->ZerosLike();
+  delta.mutable_tensors()[0].values[12345] = 2.0f;
+  auto reply = UploadPayload(p.stub(), p.Header(*task, 10), delta.Encode());
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(p.WaitRunEnded(120));
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  ParameterSet after = server_->GlobalModel();
+  EXPECT_FLOAT_EQ(after.tensors()[0].values[12345], 0.345f + 2.0f);
+  EXPECT_FLOAT_EQ(after.tensors()[0].values[12346], 0.346f);
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,276 @@
+#include "tools/local.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/config.h"
+#include "core/files.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+volatile sig_atomic_t g_interrupted = 0;
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  int exit_code = -1;  // set once reaped
+};
+
+// Starts `argv` with stdout and stderr to `log`; the child dies with this process.
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1) _exit(127);
+  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd >= 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+    close(fd);
+  }
+  int devnull = open("/dev/null", O_RDONLY);
+  if (devnull >= 0) dup2(devnull, 0);
+  // Children handle signals by default; cleave local forwards them.
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  std::perror(("exec " + argv[0]).c_str());
+  _exit(127);
+}
+
+void Reap(std::vector<Child>& children) {
+  for (auto& c : children) {
+    if (c.exit_code != -1) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+  }
+}
+
+// SIGTERM to everything still running, then SIGKILL after `grace`.
+void StopAll(std::vector<Child>& children, std::chrono::seconds grace) {
+  for (auto& c : children) {
+    if (c.exit_code == -1) kill(c.pid, SIGTERM);
+  }
+  const auto until = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < until) {
+    Reap(children);
+    bool all = true;
+    for (auto& c : children) all = all && c.exit_code != -1;
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (auto& c : children) {
+    if (c.exit_code == -1) {
+      kill(c.pid, SIGKILL);
+      int status = 0;
+      waitpid(c.pid, &status, 0);
+      c.exit_code = 137;
+    }
+  }
+}
+
+std::string Bytes(double b) {
+  if (b >= 1e9) return absl::StrFormat("%.2f GB", b / 1e9);
+  if (b >= 1e6) return absl::StrFormat("%.1f MB", b / 1e6);
+  if (b >= 1e3) return absl::StrFormat("%.1f kB", b / 1e3);
+  return absl::StrFormat("%.0f B", b);
+}
+
+std::string Timestamp() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+int RunLocal(const LocalOptions& o) {
+  auto config = JobConfig::Load(o.config_path);
+  if (!config.ok()) {
+    std::cerr << "cleave local: " << config.status().message() << "\n";
+    return 2;
+  }
+  const int clients = o.clients > 0 ? o.clients : config->local.clients;
+  const int64_t rounds = o.rounds > 0 ? o.rounds : config->run.rounds;
+  if (clients < config->clients.min_clients) {
+    std::cerr << "cleave local: --clients " << clients << " is below clients.min="
+              << config->clients.min_clients << " of " << o.config_path << "\n";
+    return 2;
+  }
+  const std::string run_dir =
+      o.run_dir.empty() ? absl::StrCat("runs/", config->run.name, "-", Timestamp()) : o.run_dir;
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) {
+    std::cerr << "cleave local: cannot create " << run_dir << ": " << ec.message() << "\n";
+    return 2;
+  }
+  const std::string server_bin = o.bin_dir + "/cleave-server";
+  const std::string client_bin = o.bin_dir + "/cleave-client";
+  for (const auto& b : {server_bin, client_bin}) {
+    if (access(b.c_str(), X_OK) != 0) {
+      std::cerr << "cleave local: " << b << " not found (build the project first)\n";
+      return 2;
+    }
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_interrupted = 1; };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  const std::string addr_file = run_dir + "/server.addr";
+  fs::remove(addr_file, ec);
+  std::vector<Child> procs;
+  std::vector<std::string> server_argv = {server_bin, "--config", o.config_path, "--run-dir",
+                                          run_dir, "--listen", "127.0.0.1:0"};
+  if (o.rounds > 0) {
+    server_argv.push_back("--rounds");
+    server_argv.push_back(std::to_string(o.rounds));
+  }
+  procs.push_back({"server", Spawn(server_argv, run_dir + "/server.stderr.log")});
+  std::cout << "cleave local: " << config->run.name << ", " << clients << " clients, " << rounds
+            << " rounds, model " << config->model.name << ", strategy " << config->strategy.name
+            << ", partition " << config->local.partition << "\n"
+            << "run directory: " << run_dir << "\n"
+            << std::flush;
+
+  // Wait for the server to bind.
+  std::string addr;
+  const auto bind_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (addr.empty()) {
+    Reap(procs);
+    if (procs[0].exit_code != -1) {
+      std::cerr << "cleave local: the server exited with code " << procs[0].exit_code
+                << " before listening; see " << run_dir << "/server.stderr.log\n";
+      return 1;
+    }
+    if (g_interrupted || std::chrono::steady_clock::now() > bind_deadline) {
+      StopAll(procs, std::chrono::seconds(5));
+      std::cerr << "cleave local: " << (g_interrupted ? "interrupted" : "server did not start")
+                << "\n";
+      return g_interrupted ? 130 : 1;
+    }
+    auto text = ReadFile(addr_file);
+    if (text.ok() && !text->empty() && text->back() == '\n') {
+      addr = text->substr(0, text->size() - 1);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  for (int i = 0; i < clients; ++i) {
+    const std::string name = absl::StrCat("client-", i);
+    procs.push_back(
+        {name, Spawn({client_bin, "--server", addr, "--data", config->local.data, "--partition",
+                      absl::StrCat(config->local.partition, ",client=", i, ",of=", clients,
+                                   ",seed=", config->local.partition_seed),
+                      "--name", name, "--give-up-after", "60"},
+                     run_dir + "/" + name + ".log")});
+  }
+
+  // Follow metrics.jsonl until the server exits.
+  const auto start = std::chrono::steady_clock::now();
+  std::ifstream metrics;
+  std::string partial;
+  nlohmann::json last;
+  int64_t total_up = 0, total_down = 0;
+  auto drain = [&] {
+    if (!metrics.is_open()) {
+      metrics.open(run_dir + "/metrics.jsonl");
+      if (!metrics.is_open()) return;
+    }
+    std::string line;
+    while (std::getline(metrics, line)) {
+      if (metrics.eof()) {  // incomplete last line: keep it for the next read
+        partial += line;
+        metrics.clear();
+        return;
+      }
+      line = partial + line;
+      partial.clear();
+      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) continue;
+      last = j;
+      total_up += j.value("bytes_up", int64_t{0});
+      total_down += j.value("bytes_down", int64_t{0});
+      std::cout << absl::StrFormat(
+                       "round %3d/%d  acc %6.2f%%  test loss %.4f  train loss %.4f  "
+                       "up %9s  down %9s  %6.1fs  (%d clients, %d failed)",
+                       j.value("round", 0), rounds, 100 * j.value("test_accuracy", 0.0),
+                       j.value("test_loss", 0.0), j.value("train_loss", 0.0),
+                       Bytes(j.value("bytes_up", 0.0)), Bytes(j.value("bytes_down", 0.0)),
+                       j.value("wall_s", 0.0), j.value("participants", 0),
+                       j.value("failures", 0))
+                << "\n"
+                << std::flush;
+    }
+    metrics.clear();
+  };
+  while (procs[0].exit_code == -1 && !g_interrupted) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    Reap(procs);
+    drain();
+  }
+  drain();
+  if (g_interrupted) {
+    std::cout << "cleave local: interrupted; stopping every process\n";
+    StopAll(procs, std::chrono::seconds(5));
+    std::cout << "the last committed round is checkpointed in " << run_dir << "\n";
+    return 130;
+  }
+  // The server told clients the run ended; give them a moment to exit on their own.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < until) {
+    Reap(procs);
+    bool all = true;
+    for (auto& c : procs) all = all && c.exit_code != -1;
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  StopAll(procs, std::chrono::seconds(2));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int code = procs[0].exit_code;
+  int failed_clients = 0;
+  for (size_t i = 1; i < procs.size(); ++i) failed_clients += procs[i].exit_code != 0;
+  if (code != 0) {
+    std::cout << "cleave local: the server exited with code " << code << "; see " << run_dir
+              << "/server.log\n";
+    return 1;
+  }
+  std::cout << absl::StrFormat(
+      "done: %d rounds in %.0fs; final test accuracy %.2f%%, test loss %.4f; %s up, %s down\n",
+      last.value("round", 0), secs, 100 * last.value("test_accuracy", 0.0),
+      last.value("test_loss", 0.0), Bytes(total_up), Bytes(total_down));
+  if (failed_clients > 0) {
+    std::cout << failed_clients << " client(s) exited with an error; see " << run_dir
+              << "/client-*.log\n";
+  }
+  std::cout << "run directory: " << run_dir << " (metrics.jsonl, server.log, checkpoint.pb)\n";
+  return 0;
+}
+
+}  // namespace cleave

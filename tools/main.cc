@@ -1,0 +1,64 @@
+// cleave: the operator's tool.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <climits>
+#include <filesystem>
+#include <iostream>
+
+#include "cleave/v1/cleave.grpc.pb.h"
+#include "tools/local.h"
+
+namespace {
+
+std::string SelfDir() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = 0;
+  return std::filesystem::path(buf).parent_path().string();
+}
+
+int Status(const std::string& server) {
+  auto stub = cleave::v1::Coordinator::NewStub(
+      grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  cleave::v1::StatusReply reply;
+  grpc::Status s = stub->GetStatus(&ctx, cleave::v1::StatusRequest(), &reply);
+  if (!s.ok()) {
+    std::cerr << "cleave status: " << server << ": " << s.error_message() << "\n";
+    return 1;
+  }
+  std::cout << "run " << reply.run_id() << ": round " << reply.round() << "/"
+            << reply.total_rounds() << ", " << reply.phase() << ", "
+            << reply.connected_clients() << " clients connected, last test accuracy "
+            << reply.last_test_accuracy() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cleave: run and inspect federations"};
+  app.require_subcommand(1);
+
+  cleave::LocalOptions local;
+  auto* l = app.add_subcommand("local", "run a server and N clients as processes on loopback");
+  l->add_option("--config", local.config_path, "job config (YAML)")->required();
+  l->add_option("--clients", local.clients, "number of clients (default: local.clients)");
+  l->add_option("--run-dir", local.run_dir, "run directory (default: runs/<name>-<time>)");
+  l->add_option("--rounds", local.rounds, "override run.rounds");
+
+  std::string server;
+  auto* st = app.add_subcommand("status", "ask a running server how it is doing");
+  st->add_option("--server", server, "HOST:PORT")->required();
+
+  CLI11_PARSE(app, argc, argv);
+  if (l->parsed()) {
+    local.bin_dir = SelfDir();
+    return cleave::RunLocal(local);
+  }
+  return Status(server);
+}
