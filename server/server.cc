@@ -67,6 +67,7 @@ std::string MetricsJson(const RoundMetrics& m) {
 }
 
 class ControlReactor;
+class UploadReactor;
 
 enum class TaskState { kAssigned, kDone, kFailed };
 
@@ -82,7 +83,8 @@ struct Session {
   std::string name;
   std::string token;
   int64_t num_examples = 0;
-  std::shared_ptr<ControlReactor> reactor;  // null once the stream is gone
+  std::shared_ptr<ControlReactor> reactor;
+  bool ready = false;  // Welcome queued: tasks may follow it
   Clock::time_point last_seen;
 };
 
@@ -93,7 +95,11 @@ struct Session {
 class Server::Impl final : public v1::Coordinator::CallbackService {
  public:
   explicit Impl(ServerOptions o)
-      : opts_(std::move(o)), cfg_(opts_.config), rng_(cfg_.run.seed), pool_(cfg_.server.worker_threads) {}
+      : opts_(std::move(o)),
+        cfg_(opts_.config),
+        rng_(cfg_.run.seed),
+        upload_slots_free_(cfg_.server.worker_threads),
+        pool_(cfg_.server.worker_threads) {}
 
   ~Impl() override;
   Status Init();
@@ -103,6 +109,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
 
   // --- called by reactors ---
   Status Join(ControlReactor* r, const v1::Join& join, v1::Welcome* welcome);
+  // After the Welcome is queued: the client may now be given tasks.
+  void Ready(ControlReactor* r);
   void Heartbeat(ControlReactor* r);
   void Ack(ControlReactor* r, const v1::TaskAck& ack);
   void ControlDone(ControlReactor* r);
@@ -114,6 +122,12 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   void CountDown(int64_t n) { bytes_down_ += n; }
   void CountUp(int64_t n) { bytes_up_ += n; }
   ThreadPool& pool() { return pool_; }
+  // Upload admission: true if `r` may read its payload now; otherwise `r` is queued and
+  // resumed when a slot frees. CancelWaitingUpload removes a queued `r` (true if it was
+  // queued). ReleaseUploadSlot is called once by each reactor that held a slot.
+  bool AcquireUploadSlot(UploadReactor* r);
+  bool CancelWaitingUpload(UploadReactor* r);
+  void ReleaseUploadSlot();
   int chunk_bytes() const { return cfg_.server.chunk_bytes; }
 
   // --- gRPC service ---
@@ -193,6 +207,10 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::string phase_ = "starting";
   double last_accuracy_ = 0;
 
+  std::mutex upload_mu_;
+  int upload_slots_free_;
+  std::deque<UploadReactor*> upload_waiters_;
+
   ThreadPool pool_;  // last member: its workers finish before the state above dies
 };
 
@@ -262,6 +280,7 @@ class ControlReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
       v1::ServerMessage msg;
       *msg.mutable_welcome() = welcome;
       Send(std::move(msg));
+      impl_->Ready(this);
     } else {
       switch (in_.kind_case()) {
         case v1::ClientMessage::kHeartbeat:
@@ -430,8 +449,11 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
         return;
       }
       expected_ = *expected;
-      payload_.reserve(expected_);
       have_header_ = true;
+      // Hold at most server.worker_threads payloads in memory at once: without a slot,
+      // stop reading and let HTTP/2 flow control hold the client back until Resume().
+      if (!impl_->AcquireUploadSlot(this)) return;
+      payload_.reserve(expected_);
     } else {
       if (in_.kind_case() != v1::UploadChunk::kData) {
         Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a second upload header"));
@@ -450,7 +472,24 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
     StartRead(&in_);
   }
 
-  void OnDone() override { delete this; }
+  // Called by the server when this waiting upload gets its slot.
+  void Resume() {
+    payload_.reserve(expected_);
+    StartRead(&in_);
+  }
+
+  void OnCancel() override {
+    if (impl_->CancelWaitingUpload(this)) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "upload cancelled while queued"));
+    }
+  }
+
+  void OnDone() override {
+    if (has_slot) impl_->ReleaseUploadSlot();
+    delete this;
+  }
+
+  bool has_slot = false;  // written by the server under its upload mutex
 
  private:
   Server::Impl* impl_;
@@ -502,6 +541,40 @@ grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* c
 // ---------------------------------------------------------------------------------
 // Reactor callbacks into the shared state.
 
+bool Server::Impl::AcquireUploadSlot(UploadReactor* r) {
+  std::lock_guard<std::mutex> l(upload_mu_);
+  if (upload_slots_free_ > 0) {
+    --upload_slots_free_;
+    r->has_slot = true;
+    return true;
+  }
+  upload_waiters_.push_back(r);
+  return false;
+}
+
+bool Server::Impl::CancelWaitingUpload(UploadReactor* r) {
+  std::lock_guard<std::mutex> l(upload_mu_);
+  auto it = std::find(upload_waiters_.begin(), upload_waiters_.end(), r);
+  if (it == upload_waiters_.end()) return false;
+  upload_waiters_.erase(it);
+  return true;
+}
+
+void Server::Impl::ReleaseUploadSlot() {
+  UploadReactor* next = nullptr;
+  {
+    std::lock_guard<std::mutex> l(upload_mu_);
+    if (upload_waiters_.empty()) {
+      ++upload_slots_free_;
+      return;
+    }
+    next = upload_waiters_.front();  // the slot passes straight to the next upload
+    upload_waiters_.pop_front();
+    next->has_slot = true;
+  }
+  next->Resume();
+}
+
 Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* welcome) {
   if (join.protocol_version() != 1) {
     return absl::FailedPreconditionError(
@@ -526,8 +599,15 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* 
   welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
   spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
   sessions_[s.id] = std::move(s);
-  cv_.notify_all();
   return absl::OkStatus();
+}
+
+void Server::Impl::Ready(ControlReactor* r) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = sessions_.find(r->client_id());
+  if (it == sessions_.end()) return;
+  it->second.ready = true;
+  cv_.notify_all();
 }
 
 void Server::Impl::Heartbeat(ControlReactor* r) {
@@ -735,14 +815,14 @@ void Server::Impl::PublishModelLocked() {
 
 int Server::Impl::ConnectedLocked() const {
   int n = 0;
-  for (const auto& [id, s] : sessions_) n += s.reactor != nullptr;
+  for (const auto& [id, s] : sessions_) n += s.ready;
   return n;
 }
 
 std::vector<std::string> Server::Impl::AvailableLocked() const {
   std::vector<std::string> ids;
   for (const auto& [id, s] : sessions_) {
-    if (s.reactor != nullptr) ids.push_back(id);
+    if (s.ready) ids.push_back(id);
   }
   // Sort numerically (c2 before c10) so sampling is reproducible and readable.
   std::sort(ids.begin(), ids.end(), [](const std::string& a, const std::string& b) {

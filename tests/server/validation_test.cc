@@ -217,6 +217,52 @@ TEST_F(ServerFixture, ControlStreamMustStartWithJoin) {
   EXPECT_NE(st.error_message().find("protocol version"), std::string::npos);
 }
 
+// More concurrent uploads than worker slots: the extra ones wait (flow control) and
+// every update is still aggregated exactly once.
+TEST_F(ServerFixture, QueuedUploadsAreAllAggregated) {
+  StartServer(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 6, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120, worker_threads: 1, chunk_bytes: 1024}
+)");
+  const ParameterSet initial = server_->GlobalModel();
+  std::vector<std::unique_ptr<TestPeer>> peers;
+  std::vector<v1::Task> tasks;
+  for (int i = 0; i < 6; ++i) {
+    peers.push_back(std::make_unique<TestPeer>(address_, 10 * (i + 1)));
+    ASSERT_TRUE(peers.back()->Join());
+  }
+  for (auto& p : peers) {
+    auto t = p->NextTask();
+    ASSERT_TRUE(t);
+    tasks.push_back(*t);
+  }
+  std::vector<std::thread> uploads;
+  std::vector<Status> results(6);
+  for (int i = 0; i < 6; ++i) {
+    uploads.emplace_back([&, i] {
+      auto r = UploadPayload(peers[i]->stub(), peers[i]->Header(tasks[i], 10 * (i + 1)),
+                             Delta(initial, 0.001f * (i + 1)).Encode(), 1024);
+      results[i] = r.status();
+    });
+  }
+  for (auto& t : uploads) t.join();
+  for (const auto& r : results) EXPECT_TRUE(r.ok()) << r;
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  // Weighted mean of scale (i+1)*0.001 with weights 10(i+1): sum k^2 / sum k * 0.001.
+  const double scale = 0.001 * (1 + 4 + 9 + 16 + 25 + 36) / 21.0;
+  ParameterSet expected = Delta(initial, 1.0f);
+  ParameterSet after = server_->GlobalModel();
+  for (size_t i = 0; i < after.size(); ++i) {
+    for (size_t j = 0; j < after.tensors()[i].values.size(); j += 97) {
+      ASSERT_NEAR(after.tensors()[i].values[j],
+                  initial.tensors()[i].values[j] + scale * expected.tensors()[i].values[j], 1e-6);
+    }
+  }
+}
+
 // A 300 MB parameter set travels down and up in chunks below gRPC's 4 MiB limit.
 TEST_F(ServerFixture, TransfersA300MegabyteModel) {
   ParameterSet big;
