@@ -66,10 +66,15 @@ class FedAvgFamily : public Strategy {
   void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
     const float w = static_cast<float>(num_examples);
     auto& tensors = sum_.mutable_tensors();
+    alignas(64) float buf[kViewBlock];
     for (size_t i = 0; i < tensors.size(); ++i) {
-      float* acc = tensors[i].values.data();
       const TensorView& v = delta[i];
-      for (int64_t j = 0; j < v.numel; ++j) acc[j] += w * v.value(j);
+      for (int64_t b = 0; b < v.numel; b += kViewBlock) {
+        const int64_t n = std::min(kViewBlock, v.numel - b);
+        v.Read(b, n, buf);
+        float* acc = tensors[i].values.data() + b;
+        for (int64_t j = 0; j < n; ++j) acc[j] += w * buf[j];
+      }
     }
     total_weight_ += static_cast<double>(num_examples);
     ++count_;

@@ -78,7 +78,12 @@ struct TensorView {
   int64_t numel = 0;
 
   float value(int64_t i) const;
+  // Copies values [begin, begin + count) to `out` (aligned, unlike `data`).
+  void Read(int64_t begin, int64_t count, float* out) const;
 };
+
+// Values are processed in blocks of this many floats, copied to an aligned buffer.
+constexpr int64_t kViewBlock = 2048;
 
 // Parses the structure of an encoded parameter set without copying its values, with
 // the same checks as ParameterSet::Decode. The views live as long as `bytes`.

@@ -3,6 +3,8 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -13,6 +15,75 @@ namespace cleave {
 namespace {
 
 namespace nn = torch::nn;
+
+// relu(max_pool2d(x, 2)) == max_pool2d(relu(x), 2), fused: LibTorch's CPU
+// max_pool2d_with_indices dominates LeNet-5's forward pass at batch 64 on one thread
+// (docs/benchmarks.md). Forward keeps a byte per output naming the winning element
+// (4 = none: the max was <= 0, so ReLU's gradient is 0); backward scatters through it.
+// Odd sizes fall back to the stock ops, which floor the same way.
+struct ReluMaxPool2x2 : torch::autograd::Function<ReluMaxPool2x2> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x) {
+    x = x.contiguous();
+    const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
+    const int64_t oh = h / 2, ow = w / 2;
+    auto out = torch::empty({x.size(0), x.size(1), oh, ow}, x.options());
+    auto winner = torch::empty({x.size(0), x.size(1), oh, ow}, x.options().dtype(torch::kUInt8));
+    const float* in = x.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    uint8_t* k = winner.data_ptr<uint8_t>();
+    for (int64_t p = 0; p < planes; ++p) {
+      for (int64_t i = 0; i < oh; ++i) {
+        const float* r0 = in + (p * h + 2 * i) * w;
+        const float* r1 = r0 + w;
+        for (int64_t j = 0; j < ow; ++j) {
+          float m = 0;
+          uint8_t arg = 4;
+          if (r0[2 * j] > m) m = r0[2 * j], arg = 0;
+          if (r0[2 * j + 1] > m) m = r0[2 * j + 1], arg = 1;
+          if (r1[2 * j] > m) m = r1[2 * j], arg = 2;
+          if (r1[2 * j + 1] > m) m = r1[2 * j + 1], arg = 3;
+          *o++ = m;
+          *k++ = arg;
+        }
+      }
+    }
+    ctx->save_for_backward({winner});
+    ctx->saved_data["h"] = h;
+    ctx->saved_data["w"] = w;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto winner = ctx->get_saved_variables()[0];
+    const int64_t h = ctx->saved_data["h"].toInt(), w = ctx->saved_data["w"].toInt();
+    const auto g = grads[0].contiguous();
+    const int64_t planes = g.size(0) * g.size(1), oh = g.size(2), ow = g.size(3);
+    auto gx = torch::zeros({g.size(0), g.size(1), h, w}, g.options());
+    const float* go = g.data_ptr<float>();
+    const uint8_t* k = winner.data_ptr<uint8_t>();
+    float* out = gx.data_ptr<float>();
+    for (int64_t p = 0; p < planes; ++p) {
+      float* plane = out + p * h * w;
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j, ++go, ++k) {
+          if (*k < 4) plane[(2 * i + (*k >> 1)) * w + 2 * j + (*k & 1)] = *go;
+        }
+      }
+    }
+    return {gx};
+  }
+};
+
+struct ReluMaxPoolImpl : nn::Module {
+  torch::Tensor forward(torch::Tensor x) {
+    if (x.dim() != 4 || x.scalar_type() != torch::kFloat32 || x.size(2) % 2 || x.size(3) % 2) {
+      return torch::max_pool2d(torch::relu(x), 2);
+    }
+    return ReluMaxPool2x2::apply(x);
+  }
+};
+TORCH_MODULE(ReluMaxPool);
 
 // One stage of a staged model: a Sequential with a concrete forward() so that it can
 // sit inside the top-level Sequential.
@@ -29,20 +100,16 @@ nn::Sequential BuildMlp() {
 }
 
 nn::Sequential BuildLeNet5() {
-  return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 6, 5)), nn::ReLU(),
-                              nn::MaxPool2d(nn::MaxPool2dOptions(2))),
-                        Stage(nn::Conv2d(nn::Conv2dOptions(6, 16, 5)), nn::ReLU(),
-                              nn::MaxPool2d(nn::MaxPool2dOptions(2))),
+  return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 6, 5)), ReluMaxPool()),
+                        Stage(nn::Conv2d(nn::Conv2dOptions(6, 16, 5)), ReluMaxPool()),
                         Stage(nn::Flatten(), nn::Linear(256, 120), nn::ReLU()),
                         Stage(nn::Linear(120, 84), nn::ReLU()),
                         Stage(nn::Linear(84, 10)));
 }
 
 nn::Sequential BuildCnn() {
-  return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), nn::ReLU(),
-                              nn::MaxPool2d(nn::MaxPool2dOptions(2))),
-                        Stage(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), nn::ReLU(),
-                              nn::MaxPool2d(nn::MaxPool2dOptions(2))),
+  return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), ReluMaxPool()),
+                        Stage(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), ReluMaxPool()),
                         Stage(nn::Flatten(), nn::Linear(3136, 128), nn::ReLU()),
                         Stage(nn::Linear(128, 10)));
 }
@@ -196,15 +263,18 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
     auto gen = at::detail::createCPUGenerator(o.seed);
     const int64_t n = data.size;
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
+      // Shuffle once per epoch; batches are then contiguous views, not gathers.
       auto perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
-      double loss_sum = 0;
+      const auto xs = impl_->x.index_select(0, perm);
+      const auto ys = impl_->y.index_select(0, perm);
+      torch::Tensor loss_sum = torch::zeros({}, torch::kFloat64);
       for (int64_t b = 0; b < n; b += o.batch_size) {
-        auto idx = perm.slice(0, b, std::min(n, b + o.batch_size));
-        auto xb = impl_->x.index_select(0, idx);
-        auto yb = impl_->y.index_select(0, idx);
+        const int64_t e = std::min(n, b + o.batch_size);
+        auto xb = xs.slice(0, b, e);
+        auto yb = ys.slice(0, b, e);
         opt.zero_grad();
         auto loss = torch::nn::functional::cross_entropy(impl_->Forward(xb), yb);
-        loss_sum += loss.item<double>() * idx.size(0);
+        loss_sum += loss.detach() * static_cast<double>(e - b);
         if (o.proximal_mu > 0) {
           torch::Tensor prox = torch::zeros({}, torch::kFloat32);
           for (size_t i = 0; i < params.size(); ++i) {
@@ -215,7 +285,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
         loss.backward();
         opt.step();
       }
-      stats.loss = loss_sum / n;
+      stats.loss = loss_sum.item<double>() / n;
     }
     impl_->SetTraining(false);
   } catch (const c10::Error& e) {
@@ -272,6 +342,12 @@ int Model::num_stages() const {
 
 void SetTorchThreads(int threads) {
   at::set_num_threads(threads);
+  // LibTorch's BLAS here is OpenBLAS with its own thread pool, which
+  // at::set_num_threads does not reach; its idle threads spin and steal the core.
+  using SetBlasThreads = void (*)(int);
+  if (auto f = reinterpret_cast<SetBlasThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    f(threads);
+  }
   try {
     at::set_num_interop_threads(threads);
   } catch (const c10::Error&) {

@@ -126,5 +126,40 @@ TEST(ModelTest, TrainsATorchScriptModelExportedFromPython) {
   std::filesystem::remove(path);
 }
 
+// Our LeNet-5 (with its fused ReLU + max-pool) trains exactly like PyTorch's stock
+// LeNet-5 exported from Python, given the same weights and batch order.
+TEST(ModelTest, LeNet5MatchesStockPyTorchOps) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "cleave_model_test_lenet.pt").string();
+  const std::string cmd =
+      "/usr/bin/python3 -c \"import torch.nn as n, torch; S = n.Sequential; "
+      "m = S(S(n.Conv2d(1, 6, 5), n.ReLU(), n.MaxPool2d(2)), "
+      "S(n.Conv2d(6, 16, 5), n.ReLU(), n.MaxPool2d(2)), S(n.Flatten(), n.Linear(256, 120), "
+      "n.ReLU()), S(n.Linear(120, 84), n.ReLU()), S(n.Linear(84, 10))); "
+      "torch.jit.script(m).save('" + path + "')\"";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto ours = Build("lenet5", 11);
+  auto stock = Model::Create({"torchscript", *ReadFile(path), 0});
+  ASSERT_TRUE(stock.ok()) << stock.status();
+  ASSERT_TRUE((*stock)->SetParameters(ours->Parameters()).ok());
+  auto e1 = ours->Evaluate(Train(), 500);
+  auto e2 = (*stock)->Evaluate(Train(), 500);
+  EXPECT_NEAR(e1->loss, e2->loss, 1e-5);
+  LocalTrainOptions o;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.seed = 3;
+  ASSERT_TRUE(ours->Train(Train(), o).ok());
+  ASSERT_TRUE((*stock)->Train(Train(), o).ok());
+  ParameterSet a = ours->Parameters(), b = (*stock)->Parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
+      ASSERT_NEAR(a.tensors()[i].values[j], b.tensors()[i].values[j], 2e-4)
+          << a.tensors()[i].name << "[" << j << "]";
+    }
+  }
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace cleave
