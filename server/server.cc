@@ -791,6 +791,12 @@ Status Server::Impl::Start() {
   // Accept client keepalive pings (clients ping every 20 s while idle).
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Fixed HTTP/2 receive windows of 128 KiB per stream instead of BDP auto-tuning,
+  // which grows them to many MiB: a queued upload (see AcquireUploadSlot) then holds at
+  // most 128 KiB in gRPC's buffers. Costs upload speed only on long-RTT links
+  // (128 KiB per round trip); downloads are governed by the client's window.
+  b.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 128 << 10);
   grpc_server_ = b.BuildAndStart();
   if (!grpc_server_ || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", addr));
