@@ -1,6 +1,8 @@
 #include "server/server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -31,15 +33,26 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string RandomHex(std::mt19937_64& rng, int bytes) {
+// Hex of `bytes` bytes from OpenSSL's CSPRNG: session tokens must not be guessable.
+std::string RandomHex(int bytes) {
+  std::vector<unsigned char> buf(bytes);
+  if (RAND_bytes(buf.data(), bytes) != 1) {
+    spdlog::critical("OpenSSL RAND_bytes failed");
+    std::abort();
+  }
   static const char* kHex = "0123456789abcdef";
   std::string s;
-  for (int i = 0; i < bytes; ++i) {
-    auto b = static_cast<unsigned>(rng() & 0xff);
+  for (unsigned char b : buf) {
     s.push_back(kHex[b >> 4]);
     s.push_back(kHex[b & 15]);
   }
   return s;
+}
+
+// Constant-time comparison, so response timing does not leak a token byte by byte.
+bool TokenMatches(const std::string& expected, const std::string& given) {
+  return expected.size() == given.size() &&
+         CRYPTO_memcmp(expected.data(), given.data(), expected.size()) == 0;
 }
 
 int64_t UnixMs() {
@@ -191,7 +204,6 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   bool stopping_ = false;
   std::string run_id_;
   std::mt19937_64 rng_;            // client sampling (checkpointed)
-  std::mt19937_64 token_rng_{std::random_device{}()};
   std::map<std::string, Session> sessions_;
   std::map<std::string, std::shared_ptr<const std::string>> blobs_;
   ParameterSet global_;
@@ -589,7 +601,7 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* 
   Session s;
   s.id = absl::StrCat("c", next_client_++);
   s.name = join.name().empty() ? s.id : join.name();
-  s.token = RandomHex(token_rng_, 16);
+  s.token = RandomHex(16);
   s.num_examples = join.num_examples();
   s.reactor = r->shared();
   s.last_seen = Clock::now();
@@ -649,7 +661,7 @@ void Server::Impl::FailTasksOfLocked(const std::string& client_id, const std::st
 StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate) {
   std::lock_guard<std::mutex> l(mu_);
   auto s = sessions_.find(h.client_id());
-  if (s == sessions_.end() || s->second.token != h.session_token()) {
+  if (s == sessions_.end() || !TokenMatches(s->second.token, h.session_token())) {
     return absl::UnauthenticatedError("unknown client or wrong session token");
   }
   if (h.run_id() != run_id_) {
@@ -728,7 +740,7 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
 StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::FetchRequest& req) {
   std::lock_guard<std::mutex> l(mu_);
   auto s = sessions_.find(req.client_id());
-  if (s == sessions_.end() || s->second.token != req.session_token()) {
+  if (s == sessions_.end() || !TokenMatches(s->second.token, req.session_token())) {
     return absl::UnauthenticatedError("unknown client or wrong session token");
   }
   auto b = blobs_.find(req.digest());
@@ -769,7 +781,7 @@ Status Server::Impl::Init() {
     }
   }
   ASSIGN_OR_RETURN(strategy_, CreateStrategy(cfg_));
-  run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(token_rng_, 4));
+  run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
   if (!opts_.run_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(opts_.run_dir, ec);
