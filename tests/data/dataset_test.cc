@@ -52,7 +52,9 @@ void ExpectDisjoint(const std::vector<std::vector<int64_t>>& parts, size_t n, bo
     }
     total += p.size();
   }
-  if (complete) EXPECT_EQ(total, n);
+  if (complete) {
+    EXPECT_EQ(total, n);
+  }
 }
 
 TEST(PartitionTest, EverySchemeIsDisjointAndReproducible) {

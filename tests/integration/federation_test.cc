@@ -12,6 +12,7 @@
 #include "models/model.h"
 #include "server/server.h"
 #include "tests/server/test_peer.h"
+#include "tests/torchscript_export.h"
 
 namespace cleave {
 namespace {
@@ -211,14 +212,10 @@ TEST(FederationTest, ServerResumesFromItsRunDirectory) {
 }
 
 TEST(FederationTest, TrainsATorchScriptModelNamedInTheConfig) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "cleave_fed_script.pt").string();
-  const std::string cmd =
-      "/usr/bin/python3 -c \"import torch; torch.manual_seed(0); "
-      "m = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 5), torch.nn.ReLU(), "
-      "torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(576, 10)); "
-      "torch.jit.script(m).save('" + path + "')\"";
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string path = ExportTorchScript(
+      "cleave_fed_script.pt", "nn.Sequential(nn.Conv2d(1, 4, 5), nn.ReLU(), nn.MaxPool2d(2), "
+                              "nn.Flatten(), nn.Linear(576, 10))");
+  ASSERT_FALSE(path.empty());
   Federation f;
   f.Start("model: {name: torchscript, path: " + path +
               "}\ndata: {test_limit: 1000}\nrun: {rounds: 2}\nclients: {min: 2}\n"

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/files.h"
+#include "tests/torchscript_export.h"
 
 namespace cleave {
 namespace {
@@ -98,14 +99,10 @@ TEST(ModelTest, ProximalTermKeepsWeightsCloser) {
 }
 
 TEST(ModelTest, TrainsATorchScriptModelExportedFromPython) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "cleave_model_test_mlp.pt").string();
-  const std::string cmd =
-      "/usr/bin/python3 -c \"import torch; torch.manual_seed(0); "
-      "m = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), "
-      "torch.nn.ReLU(), torch.nn.Linear(32, 10)); "
-      "torch.jit.script(m).save('" + path + "')\"";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string path = ExportTorchScript(
+      "cleave_model_test_mlp.pt",
+      "nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))");
+  ASSERT_FALSE(path.empty());
   auto bytes = ReadFile(path);
   ASSERT_TRUE(bytes.ok());
   auto m = Model::Create({"torchscript", *bytes, 0});
@@ -129,15 +126,13 @@ TEST(ModelTest, TrainsATorchScriptModelExportedFromPython) {
 // Our LeNet-5 (with its fused ReLU + max-pool) trains exactly like PyTorch's stock
 // LeNet-5 exported from Python, given the same weights and batch order.
 TEST(ModelTest, LeNet5MatchesStockPyTorchOps) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "cleave_model_test_lenet.pt").string();
-  const std::string cmd =
-      "/usr/bin/python3 -c \"import torch.nn as n, torch; S = n.Sequential; "
-      "m = S(S(n.Conv2d(1, 6, 5), n.ReLU(), n.MaxPool2d(2)), "
-      "S(n.Conv2d(6, 16, 5), n.ReLU(), n.MaxPool2d(2)), S(n.Flatten(), n.Linear(256, 120), "
-      "n.ReLU()), S(n.Linear(120, 84), n.ReLU()), S(n.Linear(84, 10))); "
-      "torch.jit.script(m).save('" + path + "')\"";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string path = ExportTorchScript(
+      "cleave_model_test_lenet.pt",
+      "nn.Sequential(nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2)), "
+      "nn.Sequential(nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2)), "
+      "nn.Sequential(nn.Flatten(), nn.Linear(256, 120), nn.ReLU()), "
+      "nn.Sequential(nn.Linear(120, 84), nn.ReLU()), nn.Sequential(nn.Linear(84, 10)))");
+  ASSERT_FALSE(path.empty());
   auto ours = Build("lenet5", 11);
   auto stock = Model::Create({"torchscript", *ReadFile(path), 0});
   ASSERT_TRUE(stock.ok()) << stock.status();
