@@ -5,6 +5,7 @@
 #include <limits>
 #include <thread>
 
+#include "client/client.h"
 #include "client/transfer.h"
 #include "server/server.h"
 #include "tests/server/test_peer.h"
@@ -215,6 +216,49 @@ TEST_F(ServerFixture, ControlStreamMustStartWithJoin) {
   grpc::Status st = s2->Finish();
   EXPECT_EQ(st.error_code(), StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("protocol version"), std::string::npos);
+}
+
+// A client that stops heartbeating is dropped and its task fails well before the round
+// deadline; the round commits with the client that did its work.
+TEST_F(ServerFixture, SilentClientIsDroppedAndTheRoundCommits) {
+  StartServer(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 2, quorum: 0.5, round_deadline_s: 60}
+server: {heartbeat_s: 0.2, client_timeout_s: 1.0}
+)");
+  TestPeer silent(address_, 100);  // joins, then never heartbeats nor uploads
+  ASSERT_TRUE(silent.Join("silent"));
+  ClientOptions o;
+  o.server = address_;
+  o.train = *LoadFashionMnist("/usr/share/datasets/fashion-mnist", true, 300);
+  Client worker(std::move(o));
+  Status worker_status;
+  std::thread t([&] { worker_status = worker.Run(); });
+  runner_.join();
+  t.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_TRUE(worker_status.ok()) << worker_status;
+  auto h = server_->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 1);
+  EXPECT_EQ(h[0].failures, 1);
+  EXPECT_LT(h[0].wall_s, 20.0) << "the silent client must not hold the round to its deadline";
+}
+
+TEST_F(ServerFixture, ReportsStatus) {
+  StartServer(kTwoClients);
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  TestPeer a(address_, 10);
+  ASSERT_TRUE(a.Join());
+  grpc::ClientContext ctx;
+  v1::StatusReply reply;
+  ASSERT_TRUE(stub->GetStatus(&ctx, v1::StatusRequest(), &reply).ok());
+  EXPECT_EQ(reply.run_id(), a.welcome().run_id());
+  EXPECT_EQ(reply.total_rounds(), 1);
+  EXPECT_EQ(reply.connected_clients(), 1);
+  EXPECT_EQ(reply.phase(), "waiting for clients");
 }
 
 // More concurrent uploads than worker slots: the extra ones wait (flow control) and
