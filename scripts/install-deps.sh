@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything cleave needs to build, test and run the demo on Debian 12.
 # Idempotent: packages already present are skipped without touching apt.
+#   --no-test-tools   skip what only the tests need (used by deploy/Dockerfile)
 set -euo pipefail
 
 PACKAGES=(
@@ -9,8 +10,12 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libssl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist python3-torch
+  dataset-fashion-mnist
 )
+# Only the tests and benchmarks use these: TorchScript export and the PyTorch reference,
+# and validating deploy/docker-compose.yml.
+TEST_TOOLS=(python3-torch docker-compose)
+if [ "${1:-}" != "--no-test-tools" ]; then PACKAGES+=("${TEST_TOOLS[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 namespace cleave {
 namespace {
 
@@ -58,6 +60,18 @@ TEST(ConfigTest, ResolvesTorchScriptPathAgainstConfigDir) {
   auto c = JobConfig::Parse("model: {name: torchscript, path: m.pt}", "/etc/cleave");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->model.path, "/etc/cleave/m.pt");
+}
+
+TEST(ConfigTest, EveryShippedExampleLoads) {
+  int n = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(CLEAVE_SOURCE_DIR) + "/deploy/examples")) {
+    if (e.path().extension() != ".yaml") continue;
+    auto c = JobConfig::Load(e.path().string());
+    EXPECT_TRUE(c.ok()) << c.status();
+    ++n;
+  }
+  EXPECT_GE(n, 3);
 }
 
 }  // namespace
