@@ -128,6 +128,15 @@ TEST_F(LocalTest, CtrlCStopsEveryProcess) {
   ASSERT_TRUE(addr.ok());
   const std::string a = addr->substr(0, addr->size() - 1);
   EXPECT_EQ(ProcessesUsing(a), 5) << "cleave, the server and 3 clients";
+  // `cleave status` reaches the running server.
+  const std::string status_cmd = std::string(CLEAVE_BIN_DIR) + "/cleave status --server " + a;
+  FILE* p = popen(status_cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[512] = {0};
+  const size_t n = fread(buf, 1, sizeof(buf) - 1, p);
+  EXPECT_EQ(pclose(p), 0);
+  EXPECT_NE(std::string(buf, n).find("run e2e-"), std::string::npos) << buf;
+  EXPECT_NE(std::string(buf, n).find("/50"), std::string::npos) << buf;
   kill(pid, SIGINT);
   EXPECT_EQ(Wait(pid, 30), 130) << Output();
   EXPECT_EQ(ProcessesUsing(a), 0);
