@@ -257,7 +257,9 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   o.momentum = tc.momentum();
   o.weight_decay = tc.weight_decay();
   o.proximal_mu = tc.proximal_mu();
-  o.seed = tc.seed() ^ std::hash<std::string>{}(w.client_id());
+  // Batch order: the round's seed mixed with this client's name (stable across runs,
+  // unlike the id the server assigns in join order), so a seeded run repeats itself.
+  o.seed = tc.seed() ^ std::hash<std::string>{}(opts.name.empty() ? w.client_id() : opts.name);
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
   if (opts.crash_after_training && opts.crash_after_training(task.round())) {
     *crashed = true;

@@ -38,10 +38,10 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Starts `cleave local` with output to dir_/out.txt.
-  pid_t Start(const std::vector<std::string>& extra) {
+  // Starts `cleave local` on dir_/`run` with output to dir_/out.txt.
+  pid_t Start(const std::vector<std::string>& extra, const std::string& run = "run") {
     std::vector<std::string> argv = {std::string(CLEAVE_BIN_DIR) + "/cleave", "local", "--config",
-                                     config_, "--run-dir", (dir_ / "run").string()};
+                                     config_, "--run-dir", (dir_ / run).string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     pid_t pid = fork();
     if (pid == 0) {
@@ -115,6 +115,24 @@ TEST_F(LocalTest, RunsAFederationForTwoRounds) {
   auto addr = ReadFile((dir_ / "run" / "server.addr").string());
   ASSERT_TRUE(addr.ok());
   EXPECT_EQ(ProcessesUsing(addr->substr(0, addr->size() - 1)), 0);
+}
+
+// Same config, same seeds: the same federation (up to float summation order, since
+// updates are folded in as they arrive).
+TEST_F(LocalTest, ASeededRunRepeatsItself) {
+  std::vector<double> accuracy, loss;
+  for (const char* dir : {"a", "b"}) {
+    pid_t pid = Start({}, dir);
+    ASSERT_EQ(Wait(pid, 300), 0) << Output();
+    std::ifstream metrics(dir_ / dir / "metrics.jsonl");
+    std::string line, last;
+    while (std::getline(metrics, line)) last = line;
+    auto j = nlohmann::json::parse(last);
+    accuracy.push_back(j["test_accuracy"].get<double>());
+    loss.push_back(j["test_loss"].get<double>());
+  }
+  EXPECT_NEAR(accuracy[0], accuracy[1], 0.002);
+  EXPECT_NEAR(loss[0], loss[1], 0.002);
 }
 
 TEST_F(LocalTest, CtrlCStopsEveryProcess) {
