@@ -161,8 +161,6 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
     spdlog::info("joined run {} as {}", welcome.run_id(), welcome.client_id());
     heartbeat = std::thread([&] {
       const auto period = std::chrono::milliseconds(std::max(100, welcome.heartbeat_interval_ms()));
-      std::mutex m;
-      std::unique_lock<std::mutex> l(m);
       while (!hb_stop) {
         v1::ClientMessage hb;
         hb.mutable_heartbeat()->set_unix_ms(

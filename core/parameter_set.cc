@@ -3,7 +3,6 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <unordered_set>
 
@@ -227,12 +226,6 @@ StatusOr<std::vector<TensorView>> ParseParameterSet(std::string_view bytes,
   return views;
 }
 
-float TensorView::value(int64_t i) const {
-  float v;
-  std::memcpy(&v, data + i * sizeof(float), sizeof(float));
-  return v;
-}
-
 void TensorView::Read(int64_t begin, int64_t count, float* out) const {
   std::memcpy(out, data + begin * sizeof(float), count * sizeof(float));
 }
@@ -293,18 +286,6 @@ StatusOr<ParameterSet> ParameterSet::Decode(std::string_view bytes, int64_t max_
     ps.tensors_.push_back(std::move(t));
   }
   return ps;
-}
-
-Status ParameterSet::CheckFinite() const {
-  for (const auto& t : tensors_) {
-    for (size_t i = 0; i < t.values.size(); ++i) {
-      if (!std::isfinite(t.values[i])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor ", std::string(t.name), " has a non-finite value at index ", i));
-      }
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::string Sha256Hex(std::string_view bytes) {

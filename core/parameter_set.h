@@ -59,8 +59,6 @@ class ParameterSet {
   static StatusOr<ParameterSet> Decode(std::string_view bytes,
                                        int64_t max_elements = int64_t{1} << 31);
 
-  // OK when every value is finite; otherwise INVALID_ARGUMENT naming the tensor.
-  Status CheckFinite() const;
   // OK when `other` has exactly this set's layout; otherwise INVALID_ARGUMENT that
   // says what differs.
   Status CheckSameLayout(const ParameterSet& other) const;
@@ -70,14 +68,13 @@ class ParameterSet {
 };
 
 // A read-only view of one encoded tensor: `data` points into the encoded bytes
-// (possibly unaligned; read with value(i)).
+// (possibly unaligned; read with Read()).
 struct TensorView {
   std::string_view name;
   std::vector<int64_t> shape;
   const char* data = nullptr;
   int64_t numel = 0;
 
-  float value(int64_t i) const;
   // Copies values [begin, begin + count) to `out` (aligned, unlike `data`).
   void Read(int64_t begin, int64_t count, float* out) const;
 };

@@ -166,10 +166,6 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
     std::lock_guard<std::mutex> l(mu_);
     return history_;
   }
-  int connected_clients() const {
-    std::lock_guard<std::mutex> l(mu_);
-    return ConnectedLocked();
-  }
   int port() const { return port_; }
 
  private:
@@ -1142,6 +1138,5 @@ void Server::Stop() { impl_->Stop(); }
 ParameterSet Server::GlobalModel() const { return impl_->GlobalModel(); }
 int64_t Server::committed_round() const { return impl_->committed_round(); }
 std::vector<RoundMetrics> Server::History() const { return impl_->History(); }
-int Server::connected_clients() const { return impl_->connected_clients(); }
 
 }  // namespace cleave

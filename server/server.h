@@ -66,8 +66,6 @@ class Server {
   ParameterSet GlobalModel() const;
   int64_t committed_round() const;
   std::vector<RoundMetrics> History() const;
-  // Connected clients (joined, stream open).
-  int connected_clients() const;
 
   class Impl;
 
