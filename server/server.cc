@@ -179,7 +179,10 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l);
   Status Commit(RoundMetrics* m);
   Status LoadCheckpoint();
-  Status SaveCheckpoint(double elapsed_s);
+  // The serialized checkpoint of the last committed round.
+  std::string CheckpointLocked(double elapsed_s) const;
+  // Keeps only the metrics.jsonl lines of rounds <= committed_round_.
+  Status TrimMetrics();
   void EndRun(const std::string& reason);
   std::string Path(const std::string& name) const {
     return (std::filesystem::path(opts_.run_dir) / name).string();
@@ -875,10 +878,10 @@ bool Server::Impl::RoundResolvedLocked() const {
 
 StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   const int64_t round = committed_round_ + 1;
-  const auto start = Clock::now();
   // Wait for enough clients.
   phase_ = "waiting for clients";
-  const auto join_deadline = start + std::chrono::duration<double>(cfg_.clients.join_timeout_s);
+  const auto join_deadline =
+      Clock::now() + std::chrono::duration<double>(cfg_.clients.join_timeout_s);
   while (!stopping_ && ConnectedLocked() < cfg_.clients.min_clients) {
     if (Clock::now() > join_deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -890,6 +893,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   }
   if (stopping_) return absl::CancelledError("stopped");
 
+  const auto start = Clock::now();  // wall_s: from sampling to commit
   RoundPlan plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
   strategy_->BeginRound(global_);
   tasks_.clear();
@@ -976,31 +980,34 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
 }
 
 Status Server::Impl::Commit(RoundMetrics* m) {
-  // Called without mu_ held: evaluation takes a while and reactors must not wait.
-  ParameterSet global = GlobalModel();
+  // Called without mu_ held: evaluation and disk writes take a while, and reactors must
+  // not wait for them.
   if (opts_.evaluate) {
-    RETURN_IF_ERROR(model_->SetParameters(global));
+    RETURN_IF_ERROR(model_->SetParameters(GlobalModel()));
     ASSIGN_OR_RETURN(EvalStats ev, model_->Evaluate(test_, cfg_.server.eval_batch_size));
     m->test_accuracy = ev.accuracy;
     m->test_loss = ev.loss;
   }
-  std::lock_guard<std::mutex> l(mu_);
-  total_bytes_up_ += m->bytes_up;
-  total_bytes_down_ += m->bytes_down;
-  last_accuracy_ = m->test_accuracy;
-  history_.push_back(*m);
-  if (!opts_.run_dir.empty()) {
-    RETURN_IF_ERROR(AppendLine(Path("metrics.jsonl"), MetricsJson(*m)));
-    RETURN_IF_ERROR(SaveCheckpoint(m->elapsed_s));
+  std::string checkpoint;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    total_bytes_up_ += m->bytes_up;
+    total_bytes_down_ += m->bytes_down;
+    last_accuracy_ = m->test_accuracy;
+    history_.push_back(*m);
+    if (!opts_.run_dir.empty()) checkpoint = CheckpointLocked(m->elapsed_s);
   }
-  return absl::OkStatus();
+  if (opts_.run_dir.empty()) return absl::OkStatus();
+  // Metrics first: on resume, lines of rounds after the checkpoint are dropped.
+  RETURN_IF_ERROR(AppendLine(Path("metrics.jsonl"), MetricsJson(*m)));
+  return WriteFileAtomic(Path("checkpoint.pb"), checkpoint);
 }
 
-Status Server::Impl::SaveCheckpoint(double elapsed_s) {
+std::string Server::Impl::CheckpointLocked(double elapsed_s) const {
   v1::Checkpoint ck;
   ck.set_run_id(run_id_);
   ck.set_round(committed_round_);
-  ck.set_global_model(global_.Encode());
+  ck.set_global_model(*blobs_.at(model_digest_));  // the encoding published this round
   ck.set_strategy_state(strategy_->State().Encode());
   std::ostringstream rng;
   rng << rng_;
@@ -1008,7 +1015,7 @@ Status Server::Impl::SaveCheckpoint(double elapsed_s) {
   ck.set_bytes_up(total_bytes_up_);
   ck.set_bytes_down(total_bytes_down_);
   ck.set_wall_s(elapsed_s);
-  return WriteFileAtomic(Path("checkpoint.pb"), ck.SerializeAsString());
+  return ck.SerializeAsString();
 }
 
 Status Server::Impl::LoadCheckpoint() {
@@ -1034,7 +1041,23 @@ Status Server::Impl::LoadCheckpoint() {
   total_bytes_down_ = ck.bytes_down();
   prior_elapsed_s_ = ck.wall_s();
   spdlog::info("resuming run {} after round {}", run_id_, committed_round_);
-  return absl::OkStatus();
+  return TrimMetrics();
+}
+
+Status Server::Impl::TrimMetrics() {
+  const std::string path = Path("metrics.jsonl");
+  auto text = ReadFile(path);
+  if (!text.ok()) return absl::OkStatus();  // no metrics yet
+  std::string kept;
+  std::istringstream lines(*text);
+  for (std::string line; std::getline(lines, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || j.value("round", int64_t{0}) > committed_round_) continue;
+    kept += line + "\n";
+  }
+  if (kept.size() == text->size()) return absl::OkStatus();
+  spdlog::warn("dropping metrics of rounds after the checkpoint (round {})", committed_round_);
+  return WriteFileAtomic(path, kept);
 }
 
 Status Server::Impl::Run() {
