@@ -171,7 +171,9 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
  private:
   int ConnectedLocked() const;
   std::vector<std::string> AvailableLocked() const;
+  // Encodes global_ and makes it the model version clients fetch.
   void PublishModelLocked();
+  void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest);
   // Drops clients silent past server.client_timeout_s. Releases `l` while closing streams.
   void ExpireSilentClients(std::unique_lock<std::mutex>& l);
   void FailTasksOfLocked(const std::string& client_id, const std::string& why);
@@ -822,11 +824,15 @@ Status Server::Impl::Start() {
 }
 
 void Server::Impl::PublishModelLocked() {
+  auto blob = std::make_shared<const std::string>(global_.Encode());
+  PublishLocked(std::move(blob), Sha256Hex(*blob));
+}
+
+void Server::Impl::PublishLocked(std::shared_ptr<const std::string> blob, std::string digest) {
   for (auto it = blobs_.begin(); it != blobs_.end();) {  // drop the previous model version
     it = (it->first == model_desc_.torchscript_digest()) ? std::next(it) : blobs_.erase(it);
   }
-  auto blob = std::make_shared<const std::string>(global_.Encode());
-  model_digest_ = Sha256Hex(*blob);
+  model_digest_ = std::move(digest);
   blobs_[model_digest_] = std::move(blob);
 }
 
@@ -972,9 +978,23 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
                                            selected, " results, quorum is ", quorum));
   }
   m.train_loss = weight ? loss_sum / weight : 0;
-  RETURN_IF_ERROR(strategy_->FinishRound(m.failures, &global_));
+  // The server update, encoding and hashing of a large model take a while: do them on a
+  // copy without the lock. The round is closed (current_round_ == 0), so no upload
+  // touches the strategy meanwhile, and readers of global_ see the previous model.
+  ParameterSet next = global_;
+  l.unlock();
+  Status finished = strategy_->FinishRound(m.failures, &next);
+  std::shared_ptr<const std::string> blob;
+  std::string digest;
+  if (finished.ok()) {
+    blob = std::make_shared<const std::string>(next.Encode());
+    digest = Sha256Hex(*blob);
+  }
+  l.lock();
+  RETURN_IF_ERROR(finished);
+  global_ = std::move(next);
   committed_round_ = round;
-  PublishModelLocked();
+  PublishLocked(std::move(blob), std::move(digest));
   m.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   return m;
 }
