@@ -98,6 +98,19 @@ std::string Bytes(double b) {
   return absl::StrFormat("%.0f B", b);
 }
 
+// The last `n` lines of a file, each ending in a newline.
+std::string LastLines(const std::string& path, int n) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::string out;
+  for (size_t i = lines.size() > static_cast<size_t>(n) ? lines.size() - n : 0; i < lines.size();
+       ++i) {
+    out += "  " + lines[i] + "\n";
+  }
+  return out;
+}
+
 std::string Timestamp() {
   std::time_t t = std::time(nullptr);
   char buf[32];
@@ -229,10 +242,28 @@ int RunLocal(const LocalOptions& o) {
     }
     metrics.clear();
   };
+  // Clients that failed on their own (bad data path, crash): once too few are left for
+  // clients.min, the server would only wait out its join timeout, so stop now.
+  auto failed_clients = [&] {
+    std::vector<const Child*> failed;
+    for (size_t i = 1; i < procs.size(); ++i) {
+      if (procs[i].exit_code > 0) failed.push_back(&procs[i]);
+    }
+    return failed;
+  };
   while (procs[0].exit_code == -1 && !g_interrupted) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     Reap(procs);
     drain();
+    const auto failed = failed_clients();
+    if (clients - static_cast<int>(failed.size()) < config->clients.min_clients) {
+      std::cout << "cleave local: " << failed.size() << " of " << clients
+                << " clients failed, fewer than clients.min=" << config->clients.min_clients
+                << " remain; stopping. First failure (" << failed[0]->name << "):\n"
+                << LastLines(run_dir + "/" + failed[0]->name + ".log", 3);
+      StopAll(procs, std::chrono::seconds(5));
+      return 1;
+    }
   }
   drain();
   if (g_interrupted) {
@@ -254,8 +285,7 @@ int RunLocal(const LocalOptions& o) {
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int code = procs[0].exit_code;
-  int failed_clients = 0;
-  for (size_t i = 1; i < procs.size(); ++i) failed_clients += procs[i].exit_code != 0;
+  const size_t failed = failed_clients().size();
   if (code != 0) {
     std::cout << "cleave local: the server exited with code " << code << "; see " << run_dir
               << "/server.log\n";
@@ -265,8 +295,8 @@ int RunLocal(const LocalOptions& o) {
       "done: %d rounds in %.0fs; final test accuracy %.2f%%, test loss %.4f; %s up, %s down\n",
       last.value("round", 0), secs, 100 * last.value("test_accuracy", 0.0),
       last.value("test_loss", 0.0), Bytes(total_up), Bytes(total_down));
-  if (failed_clients > 0) {
-    std::cout << failed_clients << " client(s) exited with an error; see " << run_dir
+  if (failed > 0) {
+    std::cout << failed << " client(s) exited with an error; see " << run_dir
               << "/client-*.log\n";
   }
   std::cout << "run directory: " << run_dir << " (metrics.jsonl, server.log, checkpoint.pb)\n";

@@ -160,6 +160,19 @@ TEST_F(LocalTest, CtrlCStopsEveryProcess) {
   EXPECT_EQ(ProcessesUsing(a), 0);
 }
 
+TEST_F(LocalTest, ClientsThatCannotStartEndTheRunWithTheirError) {
+  std::string text = *ReadFile(config_);
+  text.replace(text.find("fashion-mnist,limit"), 13, "no-such-dir");
+  std::ofstream(config_) << text;
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid = Start({});
+  EXPECT_EQ(Wait(pid, 60), 1) << Output();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30))
+      << "must not wait for the server's join timeout";
+  EXPECT_NE(Output().find("clients failed"), std::string::npos) << Output();
+  EXPECT_NE(Output().find("no-such-dir"), std::string::npos) << Output();
+}
+
 TEST_F(LocalTest, BadConfigIsAClearError) {
   std::ofstream(config_) << "train: {lr: -1}\n";
   pid_t pid = Start({});
