@@ -2,7 +2,6 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
-#include <csignal>
 #include <iostream>
 #include <thread>
 
@@ -10,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "core/logging.h"
+#include "core/signals.h"
 #include "models/model.h"
 
 namespace {
@@ -35,8 +35,6 @@ cleave::Status ApplyPartition(const std::string& spec, cleave::Dataset* data) {
   *data = data->Subset((*split)[index]);
   return absl::OkStatus();
 }
-
-cleave::Client* g_client = nullptr;
 
 }  // namespace
 
@@ -77,10 +75,11 @@ int main(int argc, char** argv) {
   opts.train = *std::move(data);
   opts.give_up_after_s = give_up_after;
   cleave::Client client(std::move(opts));
-  g_client = &client;
-  std::signal(SIGINT, [](int) { g_client->Stop(); });
-  std::signal(SIGTERM, [](int) { g_client->Stop(); });
-  cleave::Status s = client.Run();
+  cleave::Status s;
+  {
+    cleave::SignalWatcher signals([&](int) { client.Stop(); });
+    s = client.Run();
+  }
   if (!s.ok()) {
     spdlog::error("{}", s.ToString());
     return s.code() == absl::StatusCode::kCancelled ? 130 : 1;

@@ -2,14 +2,13 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
-#include <atomic>
-#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <thread>
 
 #include "core/files.h"
 #include "core/logging.h"
+#include "core/signals.h"
 #include "models/model.h"
 #include "server/server.h"
 
@@ -25,13 +24,6 @@ int main(int argc, char** argv) {
   app.add_option("--torch-threads", torch_threads, "LibTorch threads for evaluation");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   CLI11_PARSE(app, argc, argv);
-
-  // Signals are taken by a dedicated thread; block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto config = cleave::JobConfig::Load(config_path);
   if (!config.ok()) {
@@ -63,19 +55,14 @@ int main(int argc, char** argv) {
     spdlog::error("{}", s.ToString());
     return 1;
   }
-  std::atomic<bool> finished{false};
-  std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (!finished) {
+  cleave::Status status;
+  {
+    cleave::SignalWatcher signals([&](int sig) {
       spdlog::warn("signal {}: stopping (the last committed round stays in the checkpoint)", sig);
       (*server)->Stop();
-    }
-  });
-  auto status = (*server)->Run();
-  finished = true;  // wake the signal thread if no signal came
-  pthread_kill(signal_thread.native_handle(), SIGTERM);
-  signal_thread.join();
+    });
+    status = (*server)->Run();
+  }
   if (!status.ok()) {
     spdlog::error("run ended: {}", status.ToString());
     return status.code() == absl::StatusCode::kCancelled ? 130 : 1;

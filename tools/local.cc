@@ -272,8 +272,10 @@ int RunLocal(const LocalOptions& o) {
     std::cout << "the last committed round is checkpointed in " << run_dir << "\n";
     return 130;
   }
-  // The server told clients the run ended; give them a moment to exit on their own.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // After a completed run the server told clients it ended: give them a moment to exit
+  // on their own. After a failed one they would only retry, so stop them now.
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(procs[0].exit_code == 0 ? 10 : 0);
   while (std::chrono::steady_clock::now() < until) {
     Reap(procs);
     bool all = true;

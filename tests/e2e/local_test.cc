@@ -40,9 +40,15 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
 
   // Starts `cleave local` on dir_/`run` with output to dir_/out.txt.
   pid_t Start(const std::vector<std::string>& extra, const std::string& run = "run") {
-    std::vector<std::string> argv = {std::string(CLEAVE_BIN_DIR) + "/cleave", "local", "--config",
-                                     config_, "--run-dir", (dir_ / run).string()};
+    std::vector<std::string> argv = {"cleave", "local", "--config", config_, "--run-dir",
+                                     (dir_ / run).string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
+    return Spawn(argv);
+  }
+
+  // Starts build/bin/`argv[0]` with output to dir_/out.txt.
+  pid_t Spawn(std::vector<std::string> argv) {
+    argv[0] = std::string(CLEAVE_BIN_DIR) + "/" + argv[0];
     pid_t pid = fork();
     if (pid == 0) {
       FILE* out = freopen((dir_ / "out.txt").c_str(), "w", stdout);
@@ -171,6 +177,27 @@ TEST_F(LocalTest, ClientsThatCannotStartEndTheRunWithTheirError) {
       << "must not wait for the server's join timeout";
   EXPECT_NE(Output().find("clients failed"), std::string::npos) << Output();
   EXPECT_NE(Output().find("no-such-dir"), std::string::npos) << Output();
+}
+
+// The daemons stop cleanly on SIGTERM, whichever of their threads the signal hits.
+TEST_F(LocalTest, ServerAndClientStopOnSigterm) {
+  const std::string run = (dir_ / "srv").string();
+  pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run, "--listen",
+                        "127.0.0.1:0"});
+  for (int i = 0; i < 300 && !fs::exists(run + "/server.addr"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(fs::exists(run + "/server.addr")) << Output();
+  kill(server, SIGTERM);
+  EXPECT_EQ(Wait(server, 20), 130) << Output();
+  EXPECT_NE(ReadFile(run + "/server.log")->find("stopping"), std::string::npos);
+
+  // A client retrying an absent server.
+  pid_t client = Spawn({"cleave-client", "--server", "127.0.0.1:1", "--data",
+                        "fmnist:/usr/share/datasets/fashion-mnist,limit=100"});
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  kill(client, SIGTERM);
+  EXPECT_EQ(Wait(client, 20), 130) << Output();
 }
 
 TEST_F(LocalTest, BadConfigIsAClearError) {
