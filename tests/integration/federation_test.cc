@@ -170,6 +170,34 @@ TEST(FederationTest, TooFewResultsDoNotCommit) {
   EXPECT_TRUE(f.server->History().empty());
 }
 
+// FedProx's mu travels with the task and holds clients near the global model: with a
+// strong proximal term the round moves the model far less than FedAvg does.
+TEST(FederationTest, FedProxMuReachesTheClients) {
+  auto moved = [](const std::string& strategy) {
+    Federation f;
+    f.Start(std::string(kBase) + "model: {name: mlp}\nrun: {rounds: 1, seed: 3}\n"
+                                 "clients: {min: 2, quorum: 1.0}\n" + strategy,
+            Options(2, 1000));
+    auto init = Model::Create({"mlp", "", 3});
+    const ParameterSet before = (*init)->Parameters();
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+    const ParameterSet after = f.server->GlobalModel();
+    double d = 0;
+    for (size_t i = 0; i < after.size(); ++i) {
+      for (size_t j = 0; j < after.tensors()[i].values.size(); ++j) {
+        const double x = after.tensors()[i].values[j] - before.tensors()[i].values[j];
+        d += x * x;
+      }
+    }
+    return d;
+  };
+  const double fedavg = moved("strategy: {name: fedavg}\n");
+  const double fedprox = moved("strategy: {name: fedprox, proximal_mu: 10.0}\n");
+  EXPECT_GT(fedavg, 0);
+  EXPECT_LT(fedprox, 0.5 * fedavg) << "fedavg moved " << fedavg << ", fedprox " << fedprox;
+}
+
 TEST(FederationTest, ServerResumesFromItsRunDirectory) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / "cleave_resume_test").string();
