@@ -139,6 +139,10 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // resumed when a slot frees. CancelWaitingUpload removes a queued `r` (true if it was
   // queued). ReleaseUploadSlot is called once by each reactor that held a slot.
   bool AcquireUploadSlot(UploadReactor* r);
+  void RegisterUpload(std::shared_ptr<UploadReactor> r);
+  void UnregisterUpload(UploadReactor* r);
+  // Cancels every upload still open (called when a round closes).
+  void CancelOpenUploads();
   bool CancelWaitingUpload(UploadReactor* r);
   void ReleaseUploadSlot();
   int chunk_bytes() const { return cfg_.server.chunk_bytes; }
@@ -223,6 +227,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::mutex upload_mu_;
   int upload_slots_free_;
   std::deque<UploadReactor*> upload_waiters_;
+  std::map<UploadReactor*, std::shared_ptr<UploadReactor>> open_uploads_;
 
   ThreadPool pool_;  // last member: its workers finish before the state above dies
 };
@@ -417,10 +422,25 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
 
 // ---------------------------------------------------------------------------------
 // Update upload: header first, then data; validated and aggregated on the worker pool.
+// Registered with the server while open, so that closing a round can cancel uploads
+// that stall (a client that sends a header and then nothing would otherwise hold an
+// upload slot for as long as its connection lives).
 class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
  public:
-  UploadReactor(Server::Impl* impl, v1::UploadReply* reply) : impl_(impl), reply_(reply) {
-    StartRead(&in_);
+  static UploadReactor* Create(Server::Impl* impl, grpc::CallbackServerContext* ctx,
+                               v1::UploadReply* reply) {
+    auto r = std::shared_ptr<UploadReactor>(new UploadReactor(impl, ctx, reply));
+    r->self_ = r;
+    impl->RegisterUpload(r);
+    r->StartRead(&r->in_);
+    return r.get();
+  }
+
+  // Cancels the call if it is still receiving data; one that has all its data finishes
+  // on its own once validated. Any thread.
+  void Cancel() {
+    std::lock_guard<std::mutex> l(done_mu_);
+    if (!done_ && !received_all_) ctx_->TryCancel();
   }
 
   void OnReadDone(bool ok) override {
@@ -434,6 +454,10 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
             grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat("upload ended after ", payload_.size(), " of ", expected_, " bytes")));
         return;
+      }
+      {
+        std::lock_guard<std::mutex> l(done_mu_);
+        received_all_ = true;
       }
       impl_->pool().Submit([this] {
         bool duplicate = false;
@@ -498,14 +522,27 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
   }
 
   void OnDone() override {
+    {
+      std::lock_guard<std::mutex> l(done_mu_);
+      done_ = true;
+    }
+    impl_->UnregisterUpload(this);
     if (has_slot) impl_->ReleaseUploadSlot();
-    delete this;
+    self_.reset();  // may delete this
   }
 
   bool has_slot = false;  // written by the server under its upload mutex
 
  private:
+  UploadReactor(Server::Impl* impl, grpc::CallbackServerContext* ctx, v1::UploadReply* reply)
+      : impl_(impl), ctx_(ctx), reply_(reply) {}
+
   Server::Impl* impl_;
+  grpc::CallbackServerContext* ctx_;
+  std::shared_ptr<UploadReactor> self_;
+  std::mutex done_mu_;
+  bool done_ = false;
+  bool received_all_ = false;
   v1::UploadReply* reply_;
   v1::UploadChunk in_;
   v1::UploadHeader header_;
@@ -529,9 +566,9 @@ grpc::ServerWriteReactor<v1::Chunk>* Server::Impl::Fetch(grpc::CallbackServerCon
   return new FetchReactor(this, *req);
 }
 
-grpc::ServerReadReactor<v1::UploadChunk>* Server::Impl::Upload(grpc::CallbackServerContext*,
+grpc::ServerReadReactor<v1::UploadChunk>* Server::Impl::Upload(grpc::CallbackServerContext* ctx,
                                                                v1::UploadReply* reply) {
-  return new UploadReactor(this, reply);
+  return UploadReactor::Create(this, ctx, reply);
 }
 
 grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* ctx,
@@ -563,6 +600,26 @@ bool Server::Impl::AcquireUploadSlot(UploadReactor* r) {
   }
   upload_waiters_.push_back(r);
   return false;
+}
+
+void Server::Impl::RegisterUpload(std::shared_ptr<UploadReactor> r) {
+  std::lock_guard<std::mutex> l(upload_mu_);
+  open_uploads_[r.get()] = std::move(r);
+}
+
+void Server::Impl::UnregisterUpload(UploadReactor* r) {
+  std::lock_guard<std::mutex> l(upload_mu_);
+  open_uploads_.erase(r);
+}
+
+void Server::Impl::CancelOpenUploads() {
+  std::vector<std::shared_ptr<UploadReactor>> open;
+  {
+    std::lock_guard<std::mutex> l(upload_mu_);
+    for (auto& [p, r] : open_uploads_) open.push_back(r);
+  }
+  // Outside upload_mu_: cancellation may run OnCancel inline, which takes it.
+  for (auto& r : open) r->Cancel();
 }
 
 bool Server::Impl::CancelWaitingUpload(UploadReactor* r) {
@@ -969,6 +1026,9 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     }
   }
   current_round_ = 0;
+  l.unlock();
+  CancelOpenUploads();  // late or stalled uploads of the round just closed
+  l.lock();
   const int selected = static_cast<int>(plan.clients.size());
   const int quorum = std::max(1, static_cast<int>(std::ceil(cfg_.clients.quorum * selected)));
   m.bytes_up = bytes_up_;

@@ -246,6 +246,52 @@ server: {heartbeat_s: 0.2, client_timeout_s: 1.0}
   EXPECT_LT(h[0].wall_s, 20.0) << "the silent client must not hold the round to its deadline";
 }
 
+// An upload that sends its header and then stalls is cancelled when the round closes,
+// instead of holding an upload slot for as long as its connection lives.
+TEST_F(ServerFixture, StalledUploadIsCancelledWhenTheRoundCloses) {
+  StartServer(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 2, quorum: 0.5, round_deadline_s: 3}
+server: {client_timeout_s: 60, worker_threads: 1}
+)");
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer staller(address_, 10), good(address_, 10);
+  ASSERT_TRUE(staller.Join());
+  ASSERT_TRUE(good.Join());
+  auto ts = staller.NextTask();
+  auto tg = good.NextTask();
+  ASSERT_TRUE(ts && tg);
+  const std::string payload = Delta(initial, 0.01f).Encode();
+
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::UploadReply reply;
+  auto w = staller.stub()->Upload(&ctx, &reply);
+  v1::UploadChunk m;
+  *m.mutable_header() = staller.Header(*ts, 10);
+  m.mutable_header()->set_total_size(static_cast<int64_t>(payload.size()));
+  ASSERT_TRUE(w->Write(m));
+  m.set_data(payload.substr(0, 1000));
+  ASSERT_TRUE(w->Write(m));  // ... and nothing more: it holds the only upload slot
+
+  // The honest upload waits behind it; both must end by the round's deadline.
+  Status good_status;
+  std::thread t([&] {
+    good_status = UploadPayload(good.stub(), good.Header(*tg, 10), payload).status();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  grpc::Status stalled = w->Finish();
+  t.join();
+  EXPECT_EQ(stalled.error_code(), StatusCode::CANCELLED) << stalled.error_message();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  EXPECT_FALSE(good_status.ok()) << "queued past the deadline: its round is gone";
+  server_->Stop();  // it would retry the round below quorum
+  runner_.join();
+  // Below quorum (0 of 2 results): the round did not commit.
+  EXPECT_EQ(server_->committed_round(), 0);
+}
+
 TEST_F(ServerFixture, ReportsStatus) {
   StartServer(kTwoClients);
   auto stub = v1::Coordinator::NewStub(
