@@ -255,6 +255,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   o.momentum = tc.momentum();
   o.weight_decay = tc.weight_decay();
   o.proximal_mu = tc.proximal_mu();
+  o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
   // Batch order: the round's seed mixed with this client's name (stable across runs,
   // unlike the id the server assigns in join order), so a seeded run repeats itself.
   o.seed = tc.seed() ^ std::hash<std::string>{}(opts.name.empty() ? w.client_id() : opts.name);

@@ -269,6 +269,10 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
       const auto ys = impl_->y.index_select(0, perm);
       torch::Tensor loss_sum = torch::zeros({}, torch::kFloat64);
       for (int64_t b = 0; b < n; b += o.batch_size) {
+        if (o.cancel != nullptr && o.cancel->load()) {
+          impl_->SetTraining(false);
+          return absl::CancelledError("training cancelled");
+        }
         const int64_t e = std::min(n, b + o.batch_size);
         auto xb = xs.slice(0, b, e);
         auto yb = ys.slice(0, b, e);

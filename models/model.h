@@ -11,6 +11,7 @@
 // returns a Status.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,6 +36,8 @@ struct LocalTrainOptions {
   double weight_decay = 0.0;
   double proximal_mu = 0.0;  // FedProx: adds mu/2 * ||w - w_start||^2 to the loss
   uint64_t seed = 0;         // batch order
+  // Checked before every batch: once it reads true, Train returns CANCELLED.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct TrainStats {

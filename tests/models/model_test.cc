@@ -76,6 +76,16 @@ TEST(ModelTest, TrainingLowersLossAndRaisesAccuracy) {
   EXPECT_GT(after->accuracy, 0.6);
 }
 
+TEST(ModelTest, TrainingStopsWhenCancelled) {
+  auto m = Build("mlp");
+  std::atomic<bool> cancel{true};
+  LocalTrainOptions o;
+  o.cancel = &cancel;
+  EXPECT_EQ(m->Train(Train(), o).status().code(), absl::StatusCode::kCancelled);
+  cancel = false;
+  EXPECT_TRUE(m->Train(Train(), o).ok());
+}
+
 TEST(ModelTest, ProximalTermKeepsWeightsCloser) {
   LocalTrainOptions o;
   o.lr = 0.1;
