@@ -256,9 +256,25 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
     if (o.proximal_mu > 0) {
       for (auto& p : params) anchor.push_back(p.detach().clone());
     }
-    torch::optim::SGD opt(params, torch::optim::SGDOptions(o.lr)
-                                      .momentum(o.momentum)
-                                      .weight_decay(o.weight_decay));
+    // SGD with momentum and weight decay, as torch.optim.SGD defines it (no dampening,
+    // no Nesterov; a zero buffer makes the first step buf = d_p), fused per parameter.
+    std::vector<torch::Tensor> momentum_buf;
+    for (auto& p : params) momentum_buf.push_back(torch::zeros_like(p));
+    auto sgd_step = [&] {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i) {
+        auto g = params[i].mutable_grad();
+        if (!g.defined()) continue;
+        if (o.weight_decay != 0) g.add_(params[i], o.weight_decay);
+        if (o.momentum != 0) {
+          momentum_buf[i].mul_(o.momentum).add_(g);
+          params[i].add_(momentum_buf[i], -o.lr);
+        } else {
+          params[i].add_(g, -o.lr);
+        }
+        g.zero_();  // ready for the next backward, instead of a separate zero_grad pass
+      }
+    };
     impl_->SetTraining(true);
     auto gen = at::detail::createCPUGenerator(o.seed);
     const int64_t n = data.size;
@@ -276,7 +292,6 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
         const int64_t e = std::min(n, b + o.batch_size);
         auto xb = xs.slice(0, b, e);
         auto yb = ys.slice(0, b, e);
-        opt.zero_grad();
         auto loss = torch::nn::functional::cross_entropy(impl_->Forward(xb), yb);
         loss_sum += loss.detach() * static_cast<double>(e - b);
         if (o.proximal_mu > 0) {
@@ -287,7 +302,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
           loss = loss + 0.5 * o.proximal_mu * prox;
         }
         loss.backward();
-        opt.step();
+        sgd_step();
       }
       stats.loss = loss_sum.item<double>() / n;
     }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -74,6 +75,65 @@ TEST(ModelTest, TrainingLowersLossAndRaisesAccuracy) {
   ASSERT_TRUE(after.ok());
   EXPECT_LT(after->loss, before->loss);
   EXPECT_GT(after->accuracy, 0.6);
+}
+
+// Two full-batch steps of a linear softmax model, recomputed by hand: pins down the
+// optimizer (torch.optim.SGD's momentum and weight decay) and the loss.
+TEST(ModelTest, SgdMatchesTheTorchOptimFormula) {
+  const std::string path =
+      ExportTorchScript("cleave_model_test_linear.pt",
+                        "nn.Sequential(nn.Flatten(), nn.Linear(784, 10, bias=False))");
+  ASSERT_FALSE(path.empty());
+  auto m = Model::Create({"torchscript", *ReadFile(path), 0});
+  ASSERT_TRUE(m.ok());
+  Dataset d = Train().Subset({0, 1, 2});
+  ParameterSet w = (*m)->Parameters();
+  for (auto& v : w.mutable_tensors()[0].values) v = 0;
+  ASSERT_TRUE((*m)->SetParameters(w).ok());
+  const double lr = 0.1, mom = 0.9, wd = 0.01;
+  LocalTrainOptions o;
+  o.epochs = 2;
+  o.batch_size = 3;  // one full batch per epoch: two steps
+  o.lr = lr;
+  o.momentum = mom;
+  o.weight_decay = wd;
+  ASSERT_TRUE((*m)->Train(d, o).ok());
+
+  // x normalised like the model's input; W is 10 x 784.
+  std::vector<std::vector<double>> x(3, std::vector<double>(784));
+  for (int n = 0; n < 3; ++n) {
+    for (int i = 0; i < 784; ++i) x[n][i] = (d.images[n * 784 + i] / 255.0 - d.mean) / d.stddev;
+  }
+  auto grad = [&](const std::vector<double>& W) {  // mean cross-entropy gradient
+    std::vector<double> g(W.size(), 0.0);
+    for (int n = 0; n < 3; ++n) {
+      double z[10], mx = -1e300, sum = 0;
+      for (int k = 0; k < 10; ++k) {
+        z[k] = 0;
+        for (int i = 0; i < 784; ++i) z[k] += W[k * 784 + i] * x[n][i];
+        mx = std::max(mx, z[k]);
+      }
+      for (double& v : z) sum += (v = std::exp(v - mx));
+      for (int k = 0; k < 10; ++k) {
+        const double p = z[k] / sum - (k == d.labels[n] ? 1.0 : 0.0);
+        for (int i = 0; i < 784; ++i) g[k * 784 + i] += p * x[n][i] / 3;
+      }
+    }
+    return g;
+  };
+  std::vector<double> W(7840, 0.0), buf(7840, 0.0);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<double> g = grad(W);
+    for (size_t j = 0; j < W.size(); ++j) {
+      g[j] += wd * W[j];
+      buf[j] = mom * buf[j] + g[j];
+      W[j] -= lr * buf[j];
+    }
+  }
+  const ParameterSet trained = (*m)->Parameters();
+  const auto& got = trained.tensors()[0].values;
+  for (size_t j = 0; j < W.size(); ++j) ASSERT_NEAR(got[j], W[j], 1e-5) << j;
+  std::filesystem::remove(path);
 }
 
 TEST(ModelTest, TrainingStopsWhenCancelled) {
