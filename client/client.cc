@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/emulation.h"
+#include "client/split_client.h"
 #include "client/transfer.h"
 #include "models/model.h"
 
@@ -33,6 +35,12 @@ v1::DeviceProfile LocalDevice() {
   return d;
 }
 
+// Batch order: the round's seed mixed with this client's name (stable across runs,
+// unlike the id the server assigns in join order), so a seeded run repeats itself.
+uint64_t BatchSeed(const v1::Task& task, const v1::Welcome& w, const std::string& name) {
+  return task.train().seed() ^ std::hash<std::string>{}(name.empty() ? w.client_id() : name);
+}
+
 bool Fatal(absl::StatusCode c) {
   return c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kFailedPrecondition ||
          c == absl::StatusCode::kUnauthenticated || c == absl::StatusCode::kPermissionDenied ||
@@ -42,12 +50,17 @@ bool Fatal(absl::StatusCode c) {
 }  // namespace
 
 struct Client::Impl {
-  explicit Impl(ClientOptions o) : opts(std::move(o)), jitter_rng(std::random_device{}()) {}
+  explicit Impl(ClientOptions o)
+      : opts(std::move(o)),
+        jitter_rng(std::random_device{}()),
+        emulator(opts.emulation.uplink_mbps, opts.emulation.downlink_mbps,
+                 opts.emulation.slowdown) {}
 
   ClientOptions opts;
   std::mt19937_64 jitter_rng;
   std::atomic<bool> stop{false};
   std::atomic<int> tasks_done{0};
+  DeviceEmulator emulator;
 
   std::mutex mu;  // guards ctx and the sleep below
   std::condition_variable cv;
@@ -64,6 +77,11 @@ struct Client::Impl {
   End Session(bool* joined, Status* why);
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack, bool* crashed);
+  // The model a task or welcome describes (fetching a TorchScript archive once).
+  StatusOr<ModelSpec> Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                           const v1::ModelDescription& d);
+  std::string script_digest;   // the archive held in script_bytes
+  std::string script_bytes;
   void Sleep(double seconds) {
     std::unique_lock<std::mutex> l(mu);
     cv.wait_for(l, std::chrono::duration<double>(seconds), [this] { return stop.load(); });
@@ -172,6 +190,19 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
         }
       }
     });
+    if (welcome.profile_batch_size() > 0) {  // split learning with cut: auto
+      auto spec = Spec(stub.get(), welcome, welcome.model());
+      auto profile = spec.ok() ? ProfileDevice(stub.get(), welcome, *spec, opts.train,
+                                               opts.memory_limit_bytes, &emulator)
+                               : StatusOr<v1::Profile>(spec.status());
+      if (profile.ok()) {
+        v1::ClientMessage m;
+        *m.mutable_profile() = *profile;
+        write(m);
+      } else {
+        spdlog::error("cannot profile this device: {}", profile.status().ToString());
+      }
+    }
     auto ack = [&](const v1::TaskAck& a) {
       v1::ClientMessage m;
       *m.mutable_ack() = a;
@@ -210,6 +241,21 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   return End::kRetry;
 }
 
+StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                      const v1::ModelDescription& d) {
+  ModelSpec spec;
+  spec.name = d.name();
+  if (spec.name == "torchscript") {
+    if (script_digest != d.torchscript_digest()) {
+      ASSIGN_OR_RETURN(script_bytes, FetchBlob(stub, w.client_id(), w.session_token(),
+                                               d.torchscript_digest(), 600, &emulator));
+      script_digest = d.torchscript_digest();
+    }
+    spec.torchscript = script_bytes;
+  }
+  return spec;
+}
+
 Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                 const v1::Task& task,
                                 const std::function<void(const v1::TaskAck&)>& ack,
@@ -222,27 +268,70 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     ack(a);
     return s;
   };
-  // (Re)build the model when its description changed.
-  const std::string key = task.model().name() + "/" + task.model().torchscript_digest();
-  if (!model || key != model_key) {
-    ModelSpec spec;
-    spec.name = task.model().name();
-    if (spec.name == "torchscript") {
-      auto archive = FetchBlob(stub, w.client_id(), w.session_token(),
-                               task.model().torchscript_digest());
-      if (!archive.ok()) return reject(archive.status());
-      spec.torchscript = *std::move(archive);
-    }
-    auto m = Model::Create(spec);
-    if (!m.ok()) return reject(m.status());
-    model = *std::move(m);
-    model_key = key;
-  }
-  auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest());
+  auto spec = Spec(stub, w, task.model());
+  if (!spec.ok()) return reject(spec.status());
+  auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest(), 600,
+                        &emulator);
   if (!blob.ok()) return reject(blob.status());
   auto global = ParameterSet::Decode(*blob);
   if (!global.ok()) return reject(global.status());
   blob->clear();
+  if (task.has_split()) {
+    a.set_accepted(true);
+    ack(a);
+    SplitTaskOptions so;
+    so.model = *spec;
+    so.seed = BatchSeed(task, w, opts.name);
+    so.emulator = &emulator;
+    so.cancel = &stop;
+    if (opts.crash_after_split_step) {
+      const int64_t round = task.round();
+      so.crash_after_step = [this, round](int64_t step) {
+        return opts.crash_after_split_step(round, step);
+      };
+    }
+    auto r = RunSplitTask(stub, w, task, *global, opts.train, so);
+    if (!r.ok() && r.status().code() == absl::StatusCode::kAborted && opts.crash_after_split_step) {
+      *crashed = true;
+      return r.status();
+    }
+    if (!r.ok()) return r.status();
+    ParameterSet delta = r->trained;
+    for (size_t i = 0; i < delta.size(); ++i) {
+      auto& d = delta.mutable_tensors()[i].values;
+      const auto& g = global->tensors()[i].values;
+      for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
+    }
+    v1::UploadHeader h;
+    h.set_run_id(task.run_id());
+    h.set_client_id(w.client_id());
+    h.set_session_token(w.session_token());
+    h.set_round(task.round());
+    h.set_task_id(task.task_id());
+    h.set_num_examples(r->examples);
+    h.set_train_loss(r->loss);
+    h.set_codec("fp32");
+    h.set_train_seconds(r->stats.wall_s() * r->stats.steps());
+    *h.mutable_split() = r->stats;
+    ASSIGN_OR_RETURN(v1::UploadReply reply,
+                     UploadPayload(stub, h, delta.Encode(), 1 << 20, 600, &emulator));
+    ++tasks_done;
+    spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step (client {:.1f}, "
+                 "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
+                 task.round(), task.split().cut(), r->stats.steps(), 1e3 * r->stats.wall_s(),
+                 1e3 * r->stats.client_compute_s(), 1e3 * r->stats.transfer_s(),
+                 1e3 * r->stats.server_compute_s(), r->loss,
+                 reply.duplicate() ? " (duplicate)" : "");
+    return absl::OkStatus();
+  }
+  // (Re)build the whole model when its description changed.
+  const std::string key = task.model().name() + "/" + task.model().torchscript_digest();
+  if (!model || key != model_key) {
+    auto m = Model::Create(*spec);
+    if (!m.ok()) return reject(m.status());
+    model = *std::move(m);
+    model_key = key;
+  }
   if (Status s = model->SetParameters(*global); !s.ok()) return reject(s);
   a.set_accepted(true);
   ack(a);
@@ -256,9 +345,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   o.weight_decay = tc.weight_decay();
   o.proximal_mu = tc.proximal_mu();
   o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
-  // Batch order: the round's seed mixed with this client's name (stable across runs,
-  // unlike the id the server assigns in join order), so a seeded run repeats itself.
-  o.seed = tc.seed() ^ std::hash<std::string>{}(opts.name.empty() ? w.client_id() : opts.name);
+  o.seed = BatchSeed(task, w, opts.name);
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
   if (opts.crash_after_training && opts.crash_after_training(task.round())) {
     *crashed = true;

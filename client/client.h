@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/config.h"
 #include "core/status.h"
 #include "data/dataset.h"
 
@@ -23,6 +24,13 @@ struct ClientOptions {
   // Test hook, called after local training: return true to simulate a crash (the
   // connection is dropped without an upload and Run() returns ABORTED).
   std::function<bool(int64_t round)> crash_after_training;
+  // Test hook for split tasks, called after each step: true simulates a crash mid-task.
+  std::function<bool(int64_t round, int64_t step)> crash_after_split_step;
+
+  // Device emulation (cleave-client --emulate-*) and the memory this device lends to
+  // training, declared to the server's cut policy (0 = no limit).
+  DeviceEmulation emulation;
+  int64_t memory_limit_bytes = 0;
 };
 
 class Client {

@@ -52,6 +52,20 @@ int main(int argc, char** argv) {
   app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)");
   app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  cleave::DeviceEmulation emulation;
+  int64_t memory_limit_mb = 0;
+  app.add_option("--emulate-uplink-mbps", emulation.uplink_mbps,
+                 "emulate an uplink of this many Mbit/s (token bucket; 0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--emulate-downlink-mbps", emulation.downlink_mbps,
+                 "emulate a downlink of this many Mbit/s (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--emulate-slowdown", emulation.slowdown,
+                 "emulate a device this many times slower at computing (>= 1)")
+      ->check(CLI::Range(1.0, 1000.0));
+  app.add_option("--memory-limit-mb", memory_limit_mb,
+                 "memory training may use here, for the server's cut choice (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   cleave::SetupLogging(name.empty() ? "client" : name, "", log_level);
@@ -74,6 +88,8 @@ int main(int argc, char** argv) {
   opts.name = name;
   opts.train = *std::move(data);
   opts.give_up_after_s = give_up_after;
+  opts.emulation = emulation;
+  opts.memory_limit_bytes = memory_limit_mb << 20;
   cleave::Client client(std::move(opts));
   cleave::Status s;
   {

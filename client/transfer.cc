@@ -26,7 +26,7 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
 
 StatusOr<std::string> FetchBlob(v1::Coordinator::StubInterface* stub, const std::string& client_id,
                                 const std::string& token, const std::string& digest,
-                                double deadline_s) {
+                                double deadline_s, DeviceEmulator* emulator) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, deadline_s);
   v1::FetchRequest req;
@@ -38,6 +38,7 @@ StatusOr<std::string> FetchBlob(v1::Coordinator::StubInterface* stub, const std:
   v1::Chunk chunk;
   int64_t total = -1;
   while (reader->Read(&chunk)) {
+    if (emulator) emulator->down.Consume(static_cast<int64_t>(chunk.ByteSizeLong()));
     if (chunk.offset() != static_cast<int64_t>(blob.size()) ||
         (total >= 0 && chunk.total_size() != total)) {
       ctx.TryCancel();
@@ -64,7 +65,8 @@ StatusOr<std::string> FetchBlob(v1::Coordinator::StubInterface* stub, const std:
 
 StatusOr<v1::UploadReply> UploadPayload(v1::Coordinator::StubInterface* stub,
                                         v1::UploadHeader header, const std::string& payload,
-                                        int chunk_bytes, double deadline_s) {
+                                        int chunk_bytes, double deadline_s,
+                                        DeviceEmulator* emulator) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, deadline_s);
   v1::UploadReply reply;
@@ -72,15 +74,43 @@ StatusOr<v1::UploadReply> UploadPayload(v1::Coordinator::StubInterface* stub,
   header.set_total_size(static_cast<int64_t>(payload.size()));
   v1::UploadChunk msg;
   *msg.mutable_header() = header;
-  bool ok = writer->Write(msg);
+  auto write = [&] {
+    if (emulator) emulator->up.Consume(static_cast<int64_t>(msg.ByteSizeLong()));
+    return writer->Write(msg);
+  };
+  bool ok = write();
   for (size_t off = 0; ok && off < payload.size(); off += chunk_bytes) {
     msg.set_data(payload.data() + off, std::min<size_t>(chunk_bytes, payload.size() - off));
-    ok = writer->Write(msg);
+    ok = write();
   }
   if (ok) writer->WritesDone();
   // A failed Write means the server already answered; Finish returns its status.
   RETURN_IF_ERROR(FromGrpc(writer->Finish(), "upload"));
   return reply;
+}
+
+StatusOr<double> ProbeUplink(v1::Coordinator::StubInterface* stub, const std::string& client_id,
+                             const std::string& token, int64_t bytes, DeviceEmulator* emulator) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, 120);
+  v1::ProbeReply reply;
+  const auto start = std::chrono::steady_clock::now();
+  auto writer = stub->Probe(&ctx, &reply);
+  v1::ProbeChunk msg;
+  msg.set_client_id(client_id);
+  msg.set_session_token(token);
+  const std::string pad(16 << 10, 'p');
+  bool ok = true;
+  for (int64_t sent = 0; ok && sent < bytes; sent += static_cast<int64_t>(pad.size())) {
+    msg.set_data(pad.data(), std::min<int64_t>(pad.size(), bytes - sent));
+    if (emulator) emulator->up.Consume(static_cast<int64_t>(msg.ByteSizeLong()));
+    ok = writer->Write(msg);
+    msg.clear_client_id();
+    msg.clear_session_token();
+  }
+  if (ok) writer->WritesDone();
+  RETURN_IF_ERROR(FromGrpc(writer->Finish(), "probe"));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace cleave

@@ -56,8 +56,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   JobConfig c;
   if (!root || root.IsNull()) return c;
   RETURN_IF_ERROR(CheckKeys(root, "config",
-                            {"run", "model", "data", "clients", "train", "strategy", "server",
-                             "local"}));
+                            {"run", "model", "data", "clients", "train", "strategy", "split",
+                             "server", "local"}));
   bool server_lr_set = false;
   if (auto s = root["run"]) {
     RETURN_IF_ERROR(CheckKeys(s, "run", {"name", "rounds", "seed"}));
@@ -106,6 +106,16 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "strategy", "beta2", &c.strategy.beta2));
     RETURN_IF_ERROR(Read(s, "strategy", "tau", &c.strategy.tau));
   }
+  if (auto s = root["split"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "split", {"mode", "cut", "tail", "window"}));
+    RETURN_IF_ERROR(Read(s, "split", "mode", &c.split.mode));
+    if (s["cut"] && s["cut"].IsScalar() && s["cut"].Scalar() != "auto") {
+      RETURN_IF_ERROR(Read(s, "split", "cut", &c.split.cut));
+      RETURN_IF_ERROR(Range(c.split.cut >= 1, "split.cut", "\"auto\" or a stage index >= 1"));
+    }
+    RETURN_IF_ERROR(Read(s, "split", "tail", &c.split.tail));
+    RETURN_IF_ERROR(Read(s, "split", "window", &c.split.window));
+  }
   if (auto s = root["server"]) {
     RETURN_IF_ERROR(CheckKeys(s, "server", {"listen", "heartbeat_s", "client_timeout_s",
                                             "max_model_elements", "chunk_bytes",
@@ -119,11 +129,30 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "server", "worker_threads", &c.server.worker_threads));
   }
   if (auto s = root["local"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients"}));
+    RETURN_IF_ERROR(
+        CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients", "profiles"}));
     RETURN_IF_ERROR(Read(s, "local", "data", &c.local.data));
     RETURN_IF_ERROR(Read(s, "local", "partition", &c.local.partition));
     RETURN_IF_ERROR(Read(s, "local", "partition_seed", &c.local.partition_seed));
     RETURN_IF_ERROR(Read(s, "local", "clients", &c.local.clients));
+    if (auto list = s["profiles"]) {
+      if (!list.IsSequence()) return absl::InvalidArgumentError("local.profiles must be a list");
+      for (const auto& p : list) {
+        const std::string sec = "local.profiles[]";
+        RETURN_IF_ERROR(
+            CheckKeys(p, sec, {"uplink_mbps", "downlink_mbps", "slowdown", "memory_limit_mb"}));
+        DeviceEmulation d;
+        RETURN_IF_ERROR(Read(p, sec, "uplink_mbps", &d.uplink_mbps));
+        RETURN_IF_ERROR(Read(p, sec, "downlink_mbps", &d.downlink_mbps));
+        RETURN_IF_ERROR(Read(p, sec, "slowdown", &d.slowdown));
+        RETURN_IF_ERROR(Read(p, sec, "memory_limit_mb", &d.memory_limit_mb));
+        RETURN_IF_ERROR(Range(d.uplink_mbps >= 0 && d.downlink_mbps >= 0,
+                              "local.profiles[].uplink_mbps/downlink_mbps", ">= 0"));
+        RETURN_IF_ERROR(Range(d.slowdown >= 1, "local.profiles[].slowdown", ">= 1"));
+        RETURN_IF_ERROR(Range(d.memory_limit_mb >= 0, "local.profiles[].memory_limit_mb", ">= 0"));
+        c.local.profiles.push_back(d);
+      }
+    }
   }
 
   const std::string& st = c.strategy.name;
@@ -137,10 +166,24 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (!server_lr_set && (st == "fedadam" || st == "fedyogi" || st == "fedadagrad")) {
     c.strategy.server_lr = 0.1;
   }
-  static const std::set<std::string> kModels = {"mlp", "lenet5", "cnn", "torchscript"};
+  static const std::set<std::string> kModels = {"mlp", "lenet5", "cnn", "vgg", "torchscript"};
   if (!kModels.count(c.model.name)) {
     return absl::InvalidArgumentError(absl::StrCat("model.name: unknown model '", c.model.name,
-                                                   "' (mlp, lenet5, cnn, torchscript)"));
+                                                   "' (mlp, lenet5, cnn, vgg, torchscript)"));
+  }
+  if (c.split.enabled()) {
+    static const std::set<std::string> kModes = {"sl", "sfl-v1", "sfl-v2", "ushaped"};
+    if (!kModes.count(c.split.mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "split.mode: unknown mode '", c.split.mode, "' (sl, sfl-v1, sfl-v2, ushaped)"));
+    }
+    if (st != "fedavg") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "strategy.name: split learning averages with fedavg; ", st, " is not supported"));
+    }
+    RETURN_IF_ERROR(Range(c.split.tail >= 1, "split.tail", ">= 1"));
+    RETURN_IF_ERROR(Range(c.split.window >= 1 && c.split.window <= 64, "split.window",
+                          "in [1, 64]"));
   }
   if (c.model.name == "torchscript") {
     if (c.model.path.empty()) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -65,11 +66,32 @@ struct ServerConfig {
   int worker_threads = 2;                // server.worker_threads: decode/aggregate pool
 };
 
+struct SplitConfig {
+  std::string mode;              // split.mode: "" (federated, the default) | sl | sfl-v1 |
+                                 //   sfl-v2 | ushaped
+  int cut = 0;                   // split.cut: "auto" (0) or the first server stage
+  int tail = 1;                  // split.tail: ushaped: last stages kept by the client
+  int window = 1;                // split.window: micro-batches in flight per client
+
+  bool enabled() const { return !mode.empty(); }
+};
+
+// A device to emulate (cleave-client --emulate-*): link speed, slower compute, memory.
+struct DeviceEmulation {
+  double uplink_mbps = 0;        // 0 = not limited
+  double downlink_mbps = 0;
+  double slowdown = 1;           // compute takes this many times longer
+  int64_t memory_limit_mb = 0;   // declared to the server's cut policy; 0 = none
+};
+
 struct LocalConfig {
   std::string data = "fmnist:/usr/share/datasets/fashion-mnist";  // local.data
   std::string partition = "iid";  // local.partition: iid | dirichlet:A | shards:S | labels:K
   uint64_t partition_seed = 42;   // local.partition_seed
   int clients = 10;               // local.clients: default for `cleave local --clients`
+  // local.profiles: device profiles given to the clients in turn (client i gets
+  // profiles[i % size]); empty = no emulation.
+  std::vector<DeviceEmulation> profiles;
 };
 
 struct JobConfig {
@@ -79,6 +101,7 @@ struct JobConfig {
   ClientsConfig clients;
   TrainConfig train;
   StrategyConfig strategy;
+  SplitConfig split;
   ServerConfig server;
   LocalConfig local;
 

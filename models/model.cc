@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "models/torch_stages.h"
 
 namespace cleave {
 namespace {
@@ -107,6 +108,21 @@ nn::Sequential BuildLeNet5() {
                         Stage(nn::Linear(84, 10)));
 }
 
+// A VGG-style network for 28x28 inputs with nine stages, so that where it is cut matters
+// for split learning: activation sizes and per-stage compute differ widely.
+nn::Sequential BuildVgg() {
+  auto conv = [](int in, int out) { return nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1)); };
+  return nn::Sequential(Stage(conv(1, 8), nn::ReLU()),              // 8x28x28
+                        Stage(conv(8, 16), ReluMaxPool()),          // 16x14x14
+                        Stage(conv(16, 32), nn::ReLU()),            // 32x14x14
+                        Stage(conv(32, 32), ReluMaxPool()),         // 32x7x7
+                        Stage(conv(32, 64), nn::ReLU()),            // 64x7x7
+                        Stage(conv(64, 64), ReluMaxPool()),         // 64x3x3
+                        Stage(nn::Flatten(), nn::Linear(576, 256), nn::ReLU()),
+                        Stage(nn::Linear(256, 128), nn::ReLU()),
+                        Stage(nn::Linear(128, 10)));
+}
+
 nn::Sequential BuildCnn() {
   return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), ReluMaxPool()),
                         Stage(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), ReluMaxPool()),
@@ -124,6 +140,15 @@ torch::Tensor ImagesToTensor(const Dataset& d) {
 torch::Tensor LabelsToTensor(const Dataset& d) {
   return torch::from_blob(const_cast<int64_t*>(d.labels.data()), {d.size}, torch::kInt64)
       .clone();
+}
+
+// The built-in model `name`; nullptr-holder for an unknown name.
+nn::Sequential BuildBuiltin(const std::string& name) {
+  if (name == "mlp") return BuildMlp();
+  if (name == "lenet5") return BuildLeNet5();
+  if (name == "cnn") return BuildCnn();
+  if (name == "vgg") return BuildVgg();
+  return nn::Sequential(nullptr);
 }
 
 }  // namespace
@@ -184,13 +209,8 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
       impl->script = std::make_unique<torch::jit::Module>(torch::jit::load(in));
     } else {
       torch::manual_seed(spec.seed);
-      if (spec.name == "mlp") {
-        impl->seq = BuildMlp();
-      } else if (spec.name == "lenet5") {
-        impl->seq = BuildLeNet5();
-      } else if (spec.name == "cnn") {
-        impl->seq = BuildCnn();
-      } else {
+      impl->seq = BuildBuiltin(spec.name);
+      if (!impl->seq) {
         return absl::InvalidArgumentError(absl::StrCat("unknown model '", spec.name, "'"));
       }
     }
@@ -357,6 +377,55 @@ int Model::num_stages() const {
     return n;
   }
   return static_cast<int>(impl_->seq->size());
+}
+
+StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
+  std::vector<TorchStage> stages;
+  try {
+    if (spec.name == "torchscript") {
+      std::istringstream in(spec.torchscript);
+      torch::jit::Module script = torch::jit::load(in);
+      for (const auto& child : script.named_children()) {
+        torch::jit::Module m = child.value;
+        const std::string prefix = child.name + ".";
+        TorchStage s;
+        s.parameters = [m, prefix] {
+          std::vector<std::pair<std::string, torch::Tensor>> out;
+          for (const auto& p : m.named_parameters(/*recurse=*/true)) {
+            out.emplace_back(prefix + p.name, p.value);
+          }
+          return out;
+        };
+        s.forward = [m](const torch::Tensor& x) mutable { return m.forward({x}).toTensor(); };
+        s.train = [m](bool on) mutable { m.train(on); };
+        stages.push_back(std::move(s));
+      }
+    } else {
+      torch::manual_seed(spec.seed);
+      nn::Sequential seq = BuildBuiltin(spec.name);
+      if (!seq) return absl::InvalidArgumentError(absl::StrCat("unknown model '", spec.name, "'"));
+      for (size_t i = 0; i < seq->size(); ++i) {
+        auto stage = std::dynamic_pointer_cast<StageImpl>(seq->ptr(i));
+        const std::string prefix = absl::StrCat(i, ".");
+        TorchStage s;
+        s.parameters = [stage, prefix] {
+          std::vector<std::pair<std::string, torch::Tensor>> out;
+          for (const auto& p : stage->named_parameters(/*recurse=*/true)) {
+            out.emplace_back(prefix + p.key(), p.value());
+          }
+          return out;
+        };
+        s.forward = [stage](const torch::Tensor& x) { return stage->forward(x); };
+        s.train = [stage](bool on) { stage->train(on); };
+        stages.push_back(std::move(s));
+      }
+    }
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load model ", spec.name, ": ", e.what_without_backtrace()));
+  }
+  if (stages.empty()) return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no stages"));
+  return stages;
 }
 
 void SetTorchThreads(int threads) {

@@ -5,6 +5,8 @@
 //   mlp     784-200-200-10 with ReLU (McMahan et al.'s 2NN)
 //   lenet5  conv 1->6 5x5, max-pool 2, conv 6->16 5x5, max-pool 2, fc 256->120->84->10, ReLU
 //   cnn     conv 1->32 3x3, pool, conv 32->64 3x3, pool, fc 3136->128->10, ReLU
+//   vgg     nine stages: conv 1->8, 8->16+pool, 16->32, 32->32+pool, 32->64, 64->64+pool
+//           (3x3, padding 1, ReLU), fc 576->256->128->10; for split learning
 //   torchscript  a TorchScript archive (e.g. torch.jit.script of an nn.Sequential)
 //
 // Not thread-safe: one Model per thread. LibTorch exceptions never escape: every call
@@ -23,7 +25,7 @@
 namespace cleave {
 
 struct ModelSpec {
-  std::string name;         // mlp | lenet5 | cnn | torchscript
+  std::string name;         // mlp | lenet5 | cnn | vgg | torchscript
   std::string torchscript;  // the archive's bytes, for name == "torchscript"
   uint64_t seed = 0;        // initialisation seed for built-in models
 };

@@ -14,7 +14,10 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
+#include <set>
+#include <cstring>
 #include <sstream>
 #include <thread>
 
@@ -25,6 +28,9 @@
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "models/model.h"
+#include "models/part.h"
+#include "split/cut_policy.h"
+#include "split/round.h"
 
 namespace cleave {
 
@@ -76,6 +82,16 @@ std::string MetricsJson(const RoundMetrics& m) {
                       {"bytes_down", m.bytes_down},
                       {"wall_s", m.wall_s},
                       {"elapsed_s", m.elapsed_s}};
+  if (m.split) {
+    j["activation_bytes_up"] = m.activation_bytes_up;
+    j["gradient_bytes_down"] = m.gradient_bytes_down;
+    j["labels_up"] = m.labels_up;
+    j["cuts"] = m.cuts;
+    j["step_s"] = m.step_s;
+    j["client_compute_s"] = m.client_compute_s;
+    j["transfer_s"] = m.transfer_s;
+    j["server_compute_s"] = m.server_compute_s;
+  }
   return j.dump();
 }
 
@@ -89,6 +105,22 @@ struct TaskRecord {
   TaskState state = TaskState::kAssigned;
   double train_loss = 0;
   int64_t num_examples = 0;
+  int64_t expected_size = 0;   // bytes of the update
+  // Split tasks: the client part the client was given (its upload is a delta from it).
+  bool split = false;
+  bool split_open = false;
+  int cut = 0;
+  ParameterSet part;
+  v1::SplitStats stats;
+};
+
+// What a split stream works on; fixed when the stream opens.
+struct SplitStreamTask {
+  std::string client_id;
+  std::string task_id;
+  std::shared_ptr<SplitRound> round;
+  int window = 1;
+  int64_t max_elements = 0;
 };
 
 struct Session {
@@ -99,6 +131,11 @@ struct Session {
   std::shared_ptr<ControlReactor> reactor;
   bool ready = false;  // Welcome queued: tasks may follow it
   Clock::time_point last_seen;
+  // Split learning with cut: auto.
+  bool has_profile = false;
+  v1::Profile profile;
+  CutFeedback feedback;
+  CutPrediction prediction;  // of the last round's cut
 };
 
 }  // namespace
@@ -134,6 +171,24 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   StatusOr<std::shared_ptr<const std::string>> FindBlob(const v1::FetchRequest& req);
   void CountDown(int64_t n) { bytes_down_ += n; }
   void CountUp(int64_t n) { bytes_up_ += n; }
+  // UNAUTHENTICATED unless `token` is the session token of connected client `client_id`.
+  Status Authenticate(const std::string& client_id, const std::string& token);
+  // Split learning.
+  Status SetProfile(ControlReactor* r, const v1::Profile& profile);
+  // Checks a SplitOpen against the current round's split tasks; one stream per task.
+  StatusOr<SplitStreamTask> OpenSplit(const v1::SplitOpen& open);
+  // A split stream failed (bad message, lost connection): its task fails.
+  void SplitEnded(const SplitStreamTask& task, const Status& why);
+  void CountSplitUp(int64_t bytes, int64_t labels) {
+    bytes_up_ += bytes;
+    split_up_ += bytes;
+    labels_up_ += labels;
+  }
+  void CountSplitDown(int64_t bytes) {
+    bytes_down_ += bytes;
+    split_down_ += bytes;
+  }
+  int64_t probe_size() const { return kProbeBytes; }
   ThreadPool& pool() { return pool_; }
   // Upload admission: true if `r` may read its payload now; otherwise `r` is queued and
   // resumed when a slot frees. CancelWaitingUpload removes a queued `r` (true if it was
@@ -157,6 +212,10 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::StatusRequest* req,
                                       v1::StatusReply* reply) override;
+  grpc::ServerBidiReactor<v1::SplitUp, v1::SplitDown>* Split(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerReadReactor<v1::ProbeChunk>* Probe(grpc::CallbackServerContext* ctx,
+                                                 v1::ProbeReply* reply) override;
 
   ParameterSet GlobalModel() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -173,8 +232,24 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   int port() const { return port_; }
 
  private:
+  static constexpr int64_t kProbeBytes = 256 << 10;
+
   int ConnectedLocked() const;
+  // Connected clients that may be given a task (split, cut: auto: once profiled).
   std::vector<std::string> AvailableLocked() const;
+  void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why);
+  // The task message for `cid` in `round` (split: publishes its client part); records it.
+  v1::ServerMessage MakeTaskLocked(int64_t round, const std::string& cid, const FitSettings& fit,
+                                   int64_t deadline_ms);
+  // Split learning: loads the mode, profiles the server's stages, publishes the probe.
+  Status InitSplit(const ModelSpec& spec);
+  bool NeedProfile() const { return split_mode_.has_value() && cfg_.split.cut == 0; }
+  CutProblem ProblemFor(const Session& s, int clients_in_round) const;
+  // Chooses each client's cut and starts the round's SplitRound. Returns the clients
+  // that can take part (a client no cut fits is left out).
+  StatusOr<std::vector<std::string>> BeginSplitRoundLocked(int64_t round,
+                                                           const std::vector<std::string>& clients,
+                                                           const FitSettings& fit);
   // Encodes global_ and makes it the model version clients fetch.
   void PublishModelLocked();
   void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest);
@@ -203,6 +278,16 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   Dataset test_;
   std::unique_ptr<Strategy> strategy_;
   v1::ModelDescription model_desc_;
+  ModelSpec model_spec_;
+
+  // Split learning (split.mode set); fixed after Init.
+  std::optional<SplitMode> split_mode_;
+  int num_stages_ = 0;
+  int tail_begin_ = 0;
+  int num_classes_ = 10;
+  std::vector<StageProfile> server_profile_;
+  std::vector<std::vector<int64_t>> stage_shapes_;  // per-sample input of stage s, s <= n
+  std::string probe_digest_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -216,11 +301,15 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   int64_t committed_round_ = 0;
   int64_t current_round_ = 0;  // round in progress; 0 when none
   std::map<std::string, TaskRecord> tasks_;  // tasks of the current round
+  std::deque<std::string> turns_;            // sl: clients still to take their turn
+  std::shared_ptr<SplitRound> split_round_;  // the current split round
+  std::set<std::string> pinned_blobs_;       // kept across rounds (TorchScript, probe)
   std::vector<RoundMetrics> history_;
   int64_t next_client_ = 1;
   int64_t total_bytes_up_ = 0, total_bytes_down_ = 0;
   double prior_elapsed_s_ = 0;  // wall time of the run before a resume
   std::atomic<int64_t> bytes_up_{0}, bytes_down_{0};
+  std::atomic<int64_t> split_up_{0}, split_down_{0}, labels_up_{0};
   std::string phase_ = "starting";
   double last_accuracy_ = 0;
 
@@ -235,24 +324,18 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
 namespace {
 
 // ---------------------------------------------------------------------------------
-// Control stream: one per client. Writes are queued; one write in flight at a time.
-// Owned by shared_ptr (sessions hold one) so the server may call Send/Close after the
-// stream ended; no gRPC operation is ever started while one of our mutexes is held,
+// A bidirectional stream whose writes are queued: one write in flight at a time.
+// Owned by shared_ptr (the server may hold one) so that Send/Close may be called after
+// the stream ended; no gRPC operation is ever started while one of our mutexes is held,
 // since gRPC may run the resulting reaction inline.
-class ControlReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage> {
+template <class In, class Out>
+class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
  public:
-  static ControlReactor* Create(Server::Impl* impl) {
-    auto r = std::shared_ptr<ControlReactor>(new ControlReactor(impl));
-    r->self_ = r;
-    r->StartRead(&r->in_);
-    return r.get();
-  }
-
   // Queues a message. Returns false if the stream is finishing.
-  bool Send(v1::ServerMessage msg, bool finish_after = false) {
+  bool Send(Out msg, bool finish_after = false) {
     bool start = false;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<std::mutex> l(wmu_);
       if (finishing_) return false;
       out_.push_back(std::move(msg));
       if (finish_after) finish_after_writes_ = true;
@@ -260,7 +343,7 @@ class ControlReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
       writing_ = true;
     }
     // Only OnWriteDone pops, and not before this write completes: front() is stable.
-    if (start) StartWrite(&out_.front());
+    if (start) this->StartWrite(&out_.front());
     return true;
   }
 
@@ -268,10 +351,67 @@ class ControlReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
   void Close(const grpc::Status& s) {
     bool now = false;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<std::mutex> l(wmu_);
       now = FinishLocked(s);
     }
-    if (now) Finish(s);
+    if (now) this->Finish(s);
+  }
+
+  void OnWriteDone(bool ok) override {
+    const Out* next = nullptr;
+    bool finish = false;
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> l(wmu_);
+      out_.pop_front();
+      if (!ok) {
+        out_.clear();
+        writing_ = false;
+        status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed");
+        finish = FinishLocked(status);
+      } else if (!out_.empty() && !finishing_) {
+        next = &out_.front();
+      } else {
+        writing_ = false;
+        if (finish_after_writes_ || finishing_) {
+          status = finishing_ ? pending_status_ : grpc::Status::OK;
+          finish = FinishLocked(status);
+        }
+      }
+    }
+    if (next != nullptr) this->StartWrite(next);
+    if (finish) this->Finish(status);
+  }
+
+ private:
+  // Returns true when the caller must call Finish(s) now (after releasing wmu_).
+  bool FinishLocked(const grpc::Status& s) {
+    if (finished_) return false;
+    if (!finishing_) pending_status_ = s;
+    finishing_ = true;
+    if (writing_) return false;  // OnWriteDone finishes
+    finished_ = true;
+    return true;
+  }
+
+  std::mutex wmu_;
+  std::deque<Out> out_;
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool finished_ = false;
+  bool finish_after_writes_ = false;
+  grpc::Status pending_status_;
+};
+
+// ---------------------------------------------------------------------------------
+// Control stream: one per client.
+class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMessage> {
+ public:
+  static ControlReactor* Create(Server::Impl* impl) {
+    auto r = std::shared_ptr<ControlReactor>(new ControlReactor(impl));
+    r->self_ = r;
+    r->StartRead(&r->in_);
+    return r.get();
   }
 
   std::shared_ptr<ControlReactor> shared() { return self_; }
@@ -308,6 +448,12 @@ class ControlReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
           impl_->Heartbeat(this);
           impl_->Ack(this, in_.ack());
           break;
+        case v1::ClientMessage::kProfile:
+          if (Status s = impl_->SetProfile(this, in_.profile()); !s.ok()) {
+            Close(ToGrpc(s));
+            return;
+          }
+          break;
         default:
           Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                              "unexpected message on the control stream after Join"));
@@ -315,32 +461,6 @@ class ControlReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
       }
     }
     StartRead(&in_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    const v1::ServerMessage* next = nullptr;
-    bool finish = false;
-    grpc::Status status;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      out_.pop_front();
-      if (!ok) {
-        out_.clear();
-        writing_ = false;
-        status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed");
-        finish = FinishLocked(status);
-      } else if (!out_.empty() && !finishing_) {
-        next = &out_.front();
-      } else {
-        writing_ = false;
-        if (finish_after_writes_ || finishing_) {
-          status = finishing_ ? pending_status_ : grpc::Status::OK;
-          finish = FinishLocked(status);
-        }
-      }
-    }
-    if (next != nullptr) StartWrite(next);
-    if (finish) Finish(status);
   }
 
   void OnDone() override {
@@ -351,27 +471,10 @@ class ControlReactor : public grpc::ServerBidiReactor<v1::ClientMessage, v1::Ser
  private:
   explicit ControlReactor(Server::Impl* impl) : impl_(impl) {}
 
-  // Returns true when the caller must call Finish(s) now (after releasing mu_).
-  bool FinishLocked(const grpc::Status& s) {
-    if (finished_) return false;
-    if (!finishing_) pending_status_ = s;
-    finishing_ = true;
-    if (writing_) return false;  // OnWriteDone finishes
-    finished_ = true;
-    return true;
-  }
-
   Server::Impl* impl_;
   std::shared_ptr<ControlReactor> self_;
   v1::ClientMessage in_;
   std::string client_id_;  // set after Join; read only by reactions
-  std::mutex mu_;
-  std::deque<v1::ServerMessage> out_;
-  bool writing_ = false;
-  bool finishing_ = false;
-  bool finished_ = false;
-  bool finish_after_writes_ = false;
-  grpc::Status pending_status_;
 };
 
 // ---------------------------------------------------------------------------------
@@ -551,6 +654,256 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
   std::string payload_;
 };
 
+// ---------------------------------------------------------------------------------
+// Split stream: one per split task. Messages are processed in order on the worker pool,
+// one at a time per stream, never inside a reaction; reading pauses while `window`+1
+// messages wait, so a client cannot queue unbounded work.
+class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
+ public:
+  static SplitReactor* Create(Server::Impl* impl) {
+    auto r = std::shared_ptr<SplitReactor>(new SplitReactor(impl));
+    r->self_ = r;
+    r->StartRead(&r->in_);
+    return r.get();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending (or the call is gone)
+      bool close_now = false;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        read_done_ = true;
+        close_now = !busy_ && !failed_;
+      }
+      if (!opened_) {
+        Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "split stream without SplitOpen"));
+      } else if (close_now) {
+        Close(grpc::Status::OK);
+      }
+      return;
+    }
+    if (!opened_) {
+      if (in_.kind_case() != v1::SplitUp::kOpen) {
+        Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                           "the first split message must be SplitOpen"));
+        return;
+      }
+      auto task = impl_->OpenSplit(in_.open());
+      if (!task.ok()) {
+        Close(ToGrpc(task.status()));
+        return;
+      }
+      task_ = *std::move(task);
+      opened_ = true;
+      v1::SplitDown ready;
+      ready.mutable_ready();
+      Send(std::move(ready));
+      StartRead(&in_);
+      return;
+    }
+    bool schedule = false, read_more = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      inbox_.push_back(std::move(in_));
+      ++outstanding_;
+      schedule = !busy_ && !failed_;
+      if (schedule) busy_ = true;
+      read_more = !failed_ && outstanding_ <= task_.window;
+      paused_ = !read_more;
+    }
+    if (schedule) {
+      auto self = self_;
+      impl_->pool().Submit([self] { self->Drain(); });
+    }
+    if (read_more) StartRead(&in_);
+  }
+
+  void OnCancel() override {
+    if (opened_) impl_->SplitEnded(task_, absl::CancelledError("split stream lost"));
+  }
+
+  void OnDone() override { self_.reset(); }  // may delete this
+
+ private:
+  explicit SplitReactor(Server::Impl* impl) : impl_(impl) {}
+
+  // Runs on the pool: processes queued messages until none is left.
+  void Drain() {
+    while (true) {
+      v1::SplitUp msg;
+      bool close = false;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (inbox_.empty()) {
+          busy_ = false;
+          close = read_done_;
+          if (!close) return;
+        } else {
+          msg = std::move(inbox_.front());
+          inbox_.pop_front();
+        }
+      }
+      if (close) {
+        Close(grpc::Status::OK);
+        return;
+      }
+      Status s = Process(msg);
+      bool resume = false;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        --outstanding_;
+        if (!s.ok()) failed_ = true;
+        if (s.ok() && paused_ && outstanding_ <= task_.window) {
+          paused_ = false;
+          resume = true;
+        }
+      }
+      if (!s.ok()) {
+        impl_->SplitEnded(task_, s);
+        Close(ToGrpc(s));
+        return;
+      }
+      if (resume) StartRead(&in_);
+    }
+  }
+
+  Status Process(const v1::SplitUp& msg) {
+    SplitRound& round = *task_.round;
+    const auto t0 = Clock::now();
+    auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+    v1::SplitDown out;
+    if (msg.kind_case() == v1::SplitUp::kBatch) {
+      const v1::SplitBatch& b = msg.batch();
+      if (b.seq() != next_seq_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "micro-batch ", b.seq(), " arrived, expected ", next_seq_, " (replayed or out of order)"));
+      }
+      ASSIGN_OR_RETURN(Activations act, FromWire(b.activations()));
+      RETURN_IF_ERROR(round.CheckActivations(task_.client_id, act));
+      std::vector<int64_t> labels(b.labels().begin(), b.labels().end());
+      RETURN_IF_ERROR(round.CheckLabels(act, labels));
+      impl_->CountSplitUp(b.activations().data().size() + 8 * labels.size(), labels.size());
+      ++next_seq_;
+      if (round.options().mode == SplitMode::kUShaped) {
+        ASSIGN_OR_RETURN(Activations mid, round.ForwardMiddle(task_.client_id, b.seq(), act));
+        pending_.insert(b.seq());
+        auto* f = out.mutable_forward();
+        f->set_seq(b.seq());
+        ToWire(mid, f->mutable_activations());
+        f->set_server_seconds(seconds());
+        impl_->CountSplitDown(f->activations().data().size());
+      } else {
+        ASSIGN_OR_RETURN(ModelPart::LossStep step,
+                         round.TrainStep(task_.client_id, act, labels));
+        auto* r = out.mutable_result();
+        r->set_seq(b.seq());
+        ToWire(step.grad_in, r->mutable_grad());
+        r->set_loss(step.loss);
+        r->set_server_seconds(seconds());
+        impl_->CountSplitDown(r->grad().data().size());
+      }
+    } else if (msg.kind_case() == v1::SplitUp::kGrad) {
+      const v1::SplitGrad& g = msg.grad();
+      if (round.options().mode != SplitMode::kUShaped) {
+        return absl::InvalidArgumentError("SplitGrad is only sent in U-shaped split learning");
+      }
+      if (!pending_.count(g.seq())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gradient for micro-batch ", g.seq(), ", which is not pending"));
+      }
+      ASSIGN_OR_RETURN(Activations grad, FromWire(g.grad()));
+      ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad));
+      pending_.erase(g.seq());
+      impl_->CountSplitUp(g.grad().data().size(), 0);
+      auto* r = out.mutable_result();
+      r->set_seq(g.seq());
+      ToWire(gin, r->mutable_grad());
+      r->set_server_seconds(seconds());
+      impl_->CountSplitDown(r->grad().data().size());
+    } else {
+      return absl::InvalidArgumentError("unexpected message on a split stream");
+    }
+    Send(std::move(out));
+    return absl::OkStatus();
+  }
+
+  StatusOr<Activations> FromWire(const v1::TensorData& t) const {
+    Activations a;
+    int64_t n = 1;
+    for (int64_t d : t.shape()) {
+      if (d <= 0 || n > task_.max_elements / d) {
+        return absl::InvalidArgumentError("tensor shape has a non-positive or oversized dimension");
+      }
+      n *= d;
+    }
+    if (t.shape().empty() || static_cast<int64_t>(t.data().size()) != n * 4) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor data of ", t.data().size(),
+                                                     " bytes does not match its shape"));
+    }
+    a.shape.assign(t.shape().begin(), t.shape().end());
+    a.values.resize(n);
+    std::memcpy(a.values.data(), t.data().data(), t.data().size());
+    return a;
+  }
+
+  static void ToWire(const Activations& a, v1::TensorData* t) {
+    for (int64_t d : a.shape) t->add_shape(d);
+    t->set_data(reinterpret_cast<const char*>(a.values.data()), a.values.size() * sizeof(float));
+  }
+
+  Server::Impl* impl_;
+  std::shared_ptr<SplitReactor> self_;
+  v1::SplitUp in_;
+  bool opened_ = false;  // reactions only
+  SplitStreamTask task_;
+  // Pool-side state (one Drain at a time).
+  int64_t next_seq_ = 1;
+  std::set<int64_t> pending_;
+  std::mutex mu_;
+  std::deque<v1::SplitUp> inbox_;
+  int outstanding_ = 0;
+  bool busy_ = false, paused_ = false, read_done_ = false, failed_ = false;
+};
+
+// ---------------------------------------------------------------------------------
+// Uplink probe: counts and discards what the client sends.
+class ProbeReactor : public grpc::ServerReadReactor<v1::ProbeChunk> {
+ public:
+  ProbeReactor(Server::Impl* impl, v1::ProbeReply* reply) : impl_(impl), reply_(reply) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      reply_->set_bytes(bytes_);
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (bytes_ == 0 && !authenticated_) {
+      if (Status s = impl_->Authenticate(in_.client_id(), in_.session_token()); !s.ok()) {
+        Finish(ToGrpc(s));
+        return;
+      }
+      authenticated_ = true;
+    }
+    bytes_ += static_cast<int64_t>(in_.data().size());
+    if (bytes_ > impl_->probe_size()) {
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "probe larger than probe_size"));
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  Server::Impl* impl_;
+  v1::ProbeReply* reply_;
+  v1::ProbeChunk in_;
+  int64_t bytes_ = 0;
+  bool authenticated_ = false;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -569,6 +922,16 @@ grpc::ServerWriteReactor<v1::Chunk>* Server::Impl::Fetch(grpc::CallbackServerCon
 grpc::ServerReadReactor<v1::UploadChunk>* Server::Impl::Upload(grpc::CallbackServerContext* ctx,
                                                                v1::UploadReply* reply) {
   return UploadReactor::Create(this, ctx, reply);
+}
+
+grpc::ServerBidiReactor<v1::SplitUp, v1::SplitDown>* Server::Impl::Split(
+    grpc::CallbackServerContext*) {
+  return SplitReactor::Create(this);
+}
+
+grpc::ServerReadReactor<v1::ProbeChunk>* Server::Impl::Probe(grpc::CallbackServerContext*,
+                                                             v1::ProbeReply* reply) {
+  return new ProbeReactor(this, reply);
 }
 
 grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* ctx,
@@ -667,6 +1030,12 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* 
   welcome->set_client_id(s.id);
   welcome->set_session_token(s.token);
   welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
+  if (NeedProfile()) {
+    *welcome->mutable_model() = model_desc_;
+    welcome->set_profile_batch_size(cfg_.train.batch_size);
+    welcome->set_probe_digest(probe_digest_);
+    welcome->set_probe_size(kProbeBytes);
+  }
   spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
   sessions_[s.id] = std::move(s);
   return absl::OkStatus();
@@ -691,8 +1060,7 @@ void Server::Impl::Ack(ControlReactor* r, const v1::TaskAck& ack) {
   auto it = tasks_.find(ack.task_id());
   if (it == tasks_.end() || it->second.client_id != r->client_id()) return;
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
-    spdlog::warn("client {} rejected task {}: {}", r->client_id(), ack.task_id(), ack.error());
-    it->second.state = TaskState::kFailed;
+    FailTaskLocked(it->first, it->second, absl::StrCat("rejected by the client: ", ack.error()));
     cv_.notify_all();
   }
 }
@@ -709,11 +1077,102 @@ void Server::Impl::ControlDone(ControlReactor* r) {
 
 void Server::Impl::FailTasksOfLocked(const std::string& client_id, const std::string& why) {
   for (auto& [id, t] : tasks_) {
-    if (t.client_id == client_id && t.state == TaskState::kAssigned) {
-      spdlog::warn("task {} of client {} failed: {}", id, client_id, why);
-      t.state = TaskState::kFailed;
+    if (t.client_id == client_id && t.state == TaskState::kAssigned) FailTaskLocked(id, t, why);
+  }
+}
+
+void Server::Impl::FailTaskLocked(const std::string& task_id, TaskRecord& t,
+                                  const std::string& why) {
+  spdlog::warn("task {} of client {} failed: {}", task_id, t.client_id, why);
+  t.state = TaskState::kFailed;
+  if (t.split && split_round_) split_round_->Fail(t.client_id);
+}
+
+Status Server::Impl::Authenticate(const std::string& client_id, const std::string& token) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto s = sessions_.find(client_id);
+  if (s == sessions_.end() || !TokenMatches(s->second.token, token)) {
+    return absl::UnauthenticatedError("unknown client or wrong session token");
+  }
+  return absl::OkStatus();
+}
+
+Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
+  if (!NeedProfile()) return absl::OkStatus();  // nothing to decide from it
+  if (p.stage_seconds_size() != num_stages_) {
+    return absl::InvalidArgumentError(absl::StrCat("profile has ", p.stage_seconds_size(),
+                                                   " stage times, the model ", num_stages_));
+  }
+  for (double t : p.stage_seconds()) {
+    if (!std::isfinite(t) || t < 0) {
+      return absl::InvalidArgumentError("profile stage times must be finite and >= 0");
     }
   }
+  for (double v : {p.uplink_bytes_per_s(), p.downlink_bytes_per_s(), p.rtt_s()}) {
+    if (!std::isfinite(v) || v < 0) {
+      return absl::InvalidArgumentError("profile link measurements must be finite and >= 0");
+    }
+  }
+  if (p.memory_limit_bytes() < 0) return absl::InvalidArgumentError("negative memory limit");
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = sessions_.find(r->client_id());
+  if (it == sessions_.end()) return absl::OkStatus();
+  it->second.profile = p;
+  it->second.has_profile = true;
+  spdlog::info("client {} profiled: {:.1f} ms per batch for the whole model, up {:.2f} MB/s, "
+               "down {:.2f} MB/s, memory limit {} MB",
+               it->first,
+               1e3 * std::accumulate(p.stage_seconds().begin(), p.stage_seconds().end(), 0.0),
+               p.uplink_bytes_per_s() / 1e6, p.downlink_bytes_per_s() / 1e6,
+               p.memory_limit_bytes() >> 20);
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto s = sessions_.find(open.client_id());
+  if (s == sessions_.end() || !TokenMatches(s->second.token, open.session_token())) {
+    return absl::UnauthenticatedError("unknown client or wrong session token");
+  }
+  if (open.run_id() != run_id_) {
+    return absl::FailedPreconditionError(absl::StrCat("split stream for run ", open.run_id(),
+                                                      ", this is run ", run_id_));
+  }
+  if (current_round_ == 0 || open.round() != current_round_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "split stream for round ", open.round(), ", the current round is ", current_round_));
+  }
+  auto t = tasks_.find(open.task_id());
+  if (t == tasks_.end() || t->second.client_id != open.client_id() || !t->second.split) {
+    return absl::FailedPreconditionError(absl::StrCat("no split task ", open.task_id(),
+                                                      " for client ", open.client_id()));
+  }
+  if (t->second.state != TaskState::kAssigned) {
+    return absl::FailedPreconditionError(absl::StrCat("task ", open.task_id(), " is over"));
+  }
+  if (t->second.split_open) {
+    return absl::AlreadyExistsError(absl::StrCat("task ", open.task_id(), " already has a split stream"));
+  }
+  t->second.split_open = true;
+  SplitStreamTask task;
+  task.client_id = open.client_id();
+  task.task_id = open.task_id();
+  task.round = split_round_;
+  task.window = cfg_.split.window;
+  task.max_elements = cfg_.server.max_model_elements;
+  return task;
+}
+
+void Server::Impl::SplitEnded(const SplitStreamTask& task, const Status& why) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto t = tasks_.find(task.task_id);
+  if (t == tasks_.end() || t->second.client_id != task.client_id || task.round != split_round_ ||
+      t->second.state != TaskState::kAssigned) {
+    return;
+  }
+  FailTaskLocked(t->first, t->second, absl::StrCat("split stream: ", why.ToString()));
+  cv_.notify_all();
 }
 
 StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate) {
@@ -755,10 +1214,18 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, boo
   if (!std::isfinite(h.train_loss())) {
     return absl::InvalidArgumentError("train_loss is not finite");
   }
-  const int64_t expected = static_cast<int64_t>(global_.EncodedSize());
+  const int64_t expected = t->second.expected_size;
   if (h.total_size() != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         "upload announces ", h.total_size(), " bytes; an update of this model has ", expected));
+  }
+  if (t->second.split) {
+    const auto& st = h.split();
+    for (double v : {st.client_compute_s(), st.transfer_s(), st.server_compute_s(), st.wall_s()}) {
+      if (!std::isfinite(v) || v < 0) {
+        return absl::InvalidArgumentError("split stats must be finite and >= 0");
+      }
+    }
   }
   return expected;
 }
@@ -783,8 +1250,22 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
     return absl::FailedPreconditionError(
         absl::StrCat("task ", h.task_id(), " was already counted as failed"));
   }
-  RETURN_IF_ERROR(CheckViews(global_, views));
-  strategy_->Accumulate(views, h.num_examples());
+  if (t->second.split) {
+    // The client's trained part: the part it was given plus its delta.
+    RETURN_IF_ERROR(CheckViews(t->second.part, views));
+    ParameterSet trained = t->second.part;
+    for (size_t i = 0; i < views.size(); ++i) {
+      auto& v = trained.mutable_tensors()[i].values;
+      std::vector<float> delta(v.size());
+      views[i].Read(0, views[i].numel, delta.data());
+      for (size_t j = 0; j < v.size(); ++j) v[j] += delta[j];
+    }
+    RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, h.num_examples()));
+    t->second.stats = h.split();
+  } else {
+    RETURN_IF_ERROR(CheckViews(global_, views));
+    strategy_->Accumulate(views, h.num_examples());
+  }
   t->second.state = TaskState::kDone;
   t->second.train_loss = h.train_loss();
   t->second.num_examples = h.num_examples();
@@ -820,8 +1301,10 @@ Status Server::Impl::Init() {
     blobs_[digest] = blob;
     model_desc_.set_torchscript_digest(digest);
     model_desc_.set_torchscript_size(static_cast<int64_t>(blob->size()));
+    pinned_blobs_.insert(digest);
   }
   model_desc_.set_name(cfg_.model.name);
+  model_spec_ = spec;
   ASSIGN_OR_RETURN(model_, Model::Create(spec));
   global_ = model_->Parameters();
   if (opts_.initial_model) {
@@ -839,6 +1322,7 @@ Status Server::Impl::Init() {
     }
   }
   ASSIGN_OR_RETURN(strategy_, CreateStrategy(cfg_));
+  RETURN_IF_ERROR(InitSplit(spec));
   run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
   if (!opts_.run_dir.empty()) {
     std::error_code ec;
@@ -850,6 +1334,39 @@ Status Server::Impl::Init() {
     }
   }
   PublishModelLocked();
+  return absl::OkStatus();
+}
+
+Status Server::Impl::InitSplit(const ModelSpec& spec) {
+  if (!cfg_.split.enabled()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(SplitMode mode, ParseSplitMode(cfg_.split.mode));
+  split_mode_ = mode;
+  num_stages_ = model_->num_stages();
+  tail_begin_ = mode == SplitMode::kUShaped ? num_stages_ - cfg_.split.tail : num_stages_;
+  if (tail_begin_ < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", cfg_.model.name, " has ", num_stages_, " stages: too few to cut",
+        mode == SplitMode::kUShaped ? absl::StrCat(" with split.tail ", cfg_.split.tail) : ""));
+  }
+  if (cfg_.split.cut >= tail_begin_) {
+    return absl::InvalidArgumentError(absl::StrCat("split.cut ", cfg_.split.cut, " is not in [1, ",
+                                                   tail_begin_ - 1, "] for model ",
+                                                   cfg_.model.name));
+  }
+  std::vector<int64_t> sample = {1, 28, 28};
+  if (test_.size > 0) {
+    sample = {test_.channels, test_.height, test_.width};
+    num_classes_ = test_.num_classes;
+  }
+  ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg_.train.batch_size, 3));
+  stage_shapes_ = {sample};
+  for (const auto& p : server_profile_) stage_shapes_.push_back(p.out_shape);
+  auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
+  probe_digest_ = Sha256Hex(*probe);
+  blobs_[probe_digest_] = probe;
+  pinned_blobs_.insert(probe_digest_);
+  spdlog::info("split learning: {}, {} stages, cut {}, window {}", cfg_.split.mode, num_stages_,
+               cfg_.split.cut ? std::to_string(cfg_.split.cut) : "auto", cfg_.split.window);
   return absl::OkStatus();
 }
 
@@ -887,7 +1404,7 @@ void Server::Impl::PublishModelLocked() {
 
 void Server::Impl::PublishLocked(std::shared_ptr<const std::string> blob, std::string digest) {
   for (auto it = blobs_.begin(); it != blobs_.end();) {  // drop the previous model version
-    it = (it->first == model_desc_.torchscript_digest()) ? std::next(it) : blobs_.erase(it);
+    it = pinned_blobs_.count(it->first) ? std::next(it) : blobs_.erase(it);
   }
   model_digest_ = std::move(digest);
   blobs_[model_digest_] = std::move(blob);
@@ -902,7 +1419,7 @@ int Server::Impl::ConnectedLocked() const {
 std::vector<std::string> Server::Impl::AvailableLocked() const {
   std::vector<std::string> ids;
   for (const auto& [id, s] : sessions_) {
-    if (s.ready) ids.push_back(id);
+    if (s.ready && (s.has_profile || !NeedProfile())) ids.push_back(id);
   }
   // Sort numerically (c2 before c10) so sampling is reproducible and readable.
   std::sort(ids.begin(), ids.end(), [](const std::string& a, const std::string& b) {
@@ -939,13 +1456,130 @@ bool Server::Impl::RoundResolvedLocked() const {
   return true;
 }
 
+v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string& cid,
+                                               const FitSettings& fit, int64_t deadline_ms) {
+  v1::ServerMessage msg;
+  v1::Task* task = msg.mutable_task();
+  task->set_run_id(run_id_);
+  task->set_round(round);
+  task->set_task_id(absl::StrCat("r", round, "-", cid));
+  *task->mutable_model() = model_desc_;
+  auto* tc = task->mutable_train();
+  tc->set_local_epochs(fit.local_epochs);
+  tc->set_batch_size(fit.batch_size);
+  tc->set_lr(fit.lr);
+  tc->set_momentum(fit.momentum);
+  tc->set_weight_decay(fit.weight_decay);
+  tc->set_proximal_mu(fit.proximal_mu);
+  tc->set_seed(cfg_.run.seed * 1000003 + round);
+  task->set_deadline_unix_ms(deadline_ms);
+  TaskRecord rec;
+  rec.client_id = cid;
+  if (split_round_) {
+    // The client part, published as a blob of its own (parts at the same cut are the
+    // same bytes, so they share one blob; in sl each turn has its own).
+    rec.split = true;
+    rec.cut = *split_round_->CutOf(cid);
+    rec.part = *split_round_->ClientPart(cid);
+    auto blob = std::make_shared<const std::string>(rec.part.Encode());
+    const std::string digest = Sha256Hex(*blob);
+    task->set_model_digest(digest);
+    task->set_model_size(static_cast<int64_t>(blob->size()));
+    blobs_[digest] = std::move(blob);
+    rec.expected_size = static_cast<int64_t>(rec.part.EncodedSize());
+    auto* st = task->mutable_split();
+    st->set_mode(cfg_.split.mode);
+    st->set_cut(rec.cut);
+    st->set_tail_begin(tail_begin_);
+    st->set_num_stages(num_stages_);
+    st->set_window(cfg_.split.window);
+  } else {
+    task->set_model_digest(model_digest_);
+    task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
+    rec.expected_size = static_cast<int64_t>(global_.EncodedSize());
+  }
+  tasks_[task->task_id()] = std::move(rec);
+  return msg;
+}
+
+CutProblem Server::Impl::ProblemFor(const Session& s, int clients_in_round) const {
+  CutProblem p;
+  p.client_stage_s.assign(s.profile.stage_seconds().begin(), s.profile.stage_seconds().end());
+  for (const auto& st : server_profile_) {
+    p.server_stage_s.push_back(st.seconds);
+    p.param_bytes.push_back(4 * st.param_elements);
+  }
+  p.input_bytes = {4 * NumElements(stage_shapes_[0])};
+  for (int i = 1; i <= num_stages_; ++i) p.out_bytes.push_back(4 * NumElements(stage_shapes_[i]));
+  p.batch = cfg_.train.batch_size;
+  p.window = cfg_.split.window;
+  // One shared server part runs one step at a time; per-client copies share the pool.
+  p.server_load = *split_mode_ == SplitMode::kSflV1
+                      ? std::max(1.0, static_cast<double>(clients_in_round) /
+                                          cfg_.server.worker_threads)
+                      : clients_in_round;
+  p.up_bps = s.profile.uplink_bytes_per_s();
+  p.down_bps = s.profile.downlink_bytes_per_s();
+  p.rtt_s = s.profile.rtt_s();
+  p.memory_limit_bytes = s.profile.memory_limit_bytes();
+  p.max_message_bytes = (4 << 20) - (64 << 10);  // gRPC's default limit, less framing
+  p.tail_begin = *split_mode_ == SplitMode::kUShaped ? tail_begin_ : -1;
+  return p;
+}
+
+StatusOr<std::vector<std::string>> Server::Impl::BeginSplitRoundLocked(
+    int64_t round, const std::vector<std::string>& clients, const FitSettings& fit) {
+  std::map<std::string, int> cuts;
+  std::vector<std::string> chosen;
+  // In sl the clients take turns, one at a time, so the server serves one at a time.
+  const int concurrent = *split_mode_ == SplitMode::kSl ? 1 : static_cast<int>(clients.size());
+  for (const auto& cid : clients) {
+    Session& s = sessions_[cid];
+    if (!s.has_profile) {  // a fixed cut needs no profile
+      cuts[cid] = cfg_.split.cut;
+      chosen.push_back(cid);
+      continue;
+    }
+    auto policy = cfg_.split.cut ? MakeFixedPolicy(cfg_.split.cut) : MakeCostModelPolicy();
+    auto choice = policy->Choose(s.feedback.Apply(ProblemFor(s, concurrent)));
+    if (!choice.ok()) {
+      spdlog::warn("round {}: client {} ({}) left out: {}", round, cid, s.name,
+                   std::string(choice.status().message()));
+      continue;
+    }
+    s.prediction = *choice;
+    cuts[cid] = choice->cut;
+    chosen.push_back(cid);
+    spdlog::info("round {}: client {} ({}) cut at {} by {}: predicted step {:.1f} ms (client "
+                 "{:.1f}, up {:.1f}, server {:.1f}, down {:.1f}), client memory {} KiB",
+                 round, cid, s.name, choice->cut, policy->name(), 1e3 * choice->step_s,
+                 1e3 * choice->client_s, 1e3 * choice->up_s, 1e3 * choice->server_s,
+                 1e3 * choice->down_s, choice->client_memory_bytes >> 10);
+  }
+  if (chosen.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no client to cut for"));
+  SplitRoundOptions o;
+  o.mode = *split_mode_;
+  o.model = model_spec_;
+  o.sgd.lr = fit.lr;
+  o.sgd.momentum = fit.momentum;
+  o.sgd.weight_decay = fit.weight_decay;
+  o.num_stages = num_stages_;
+  o.tail_begin = tail_begin_;
+  o.max_batch = fit.batch_size;
+  o.num_classes = num_classes_;
+  o.stage_input_shapes = stage_shapes_;
+  ASSIGN_OR_RETURN(auto split_round, SplitRound::Create(std::move(o), global_, cuts));
+  split_round_ = std::move(split_round);
+  return chosen;
+}
+
 StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   const int64_t round = committed_round_ + 1;
   // Wait for enough clients.
   phase_ = "waiting for clients";
   const auto join_deadline =
       Clock::now() + std::chrono::duration<double>(cfg_.clients.join_timeout_s);
-  while (!stopping_ && ConnectedLocked() < cfg_.clients.min_clients) {
+  while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
     if (Clock::now() > join_deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "only ", ConnectedLocked(), " of clients.min=", cfg_.clients.min_clients,
@@ -960,46 +1594,58 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   RoundPlan plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
   strategy_->BeginRound(global_);
   tasks_.clear();
+  turns_.clear();
   current_round_ = round;
   bytes_up_ = 0;
   bytes_down_ = 0;
+  split_up_ = 0;
+  split_down_ = 0;
+  labels_up_ = 0;
+  if (split_mode_) {
+    auto clients = BeginSplitRoundLocked(round, plan.clients, plan.fit);
+    if (!clients.ok()) {
+      current_round_ = 0;
+      return clients.status();
+    }
+    plan.clients = *std::move(clients);
+  }
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(cfg_.clients.round_deadline_s));
-  std::vector<std::pair<std::shared_ptr<ControlReactor>, v1::ServerMessage>> sends;
   const int64_t deadline_ms = UnixMs() + static_cast<int64_t>(cfg_.clients.round_deadline_s * 1000);
-  for (const std::string& cid : plan.clients) {
-    v1::ServerMessage msg;
-    v1::Task* task = msg.mutable_task();
-    task->set_run_id(run_id_);
-    task->set_round(round);
-    task->set_task_id(absl::StrCat("r", round, "-", cid));
-    *task->mutable_model() = model_desc_;
-    task->set_model_digest(model_digest_);
-    task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
-    auto* tc = task->mutable_train();
-    tc->set_local_epochs(plan.fit.local_epochs);
-    tc->set_batch_size(plan.fit.batch_size);
-    tc->set_lr(plan.fit.lr);
-    tc->set_momentum(plan.fit.momentum);
-    tc->set_weight_decay(plan.fit.weight_decay);
-    tc->set_proximal_mu(plan.fit.proximal_mu);
-    tc->set_seed(cfg_.run.seed * 1000003 + round);
-    task->set_deadline_unix_ms(deadline_ms);
-    TaskRecord rec;
-    rec.client_id = cid;
-    tasks_[task->task_id()] = rec;
-    sends.emplace_back(sessions_[cid].reactor, std::move(msg));
+  // sl: one client at a time, each continuing from the previous one's client part.
+  const bool in_turns = split_mode_ == SplitMode::kSl;
+  std::vector<std::string> first = plan.clients;
+  if (in_turns) {
+    turns_.assign(plan.clients.begin() + 1, plan.clients.end());
+    first.resize(1);
   }
-  l.unlock();  // never start gRPC operations under mu_
-  std::vector<std::string> unsent;
-  for (auto& [reactor, msg] : sends) {
-    if (!reactor->Send(msg)) unsent.push_back(msg.task().task_id());
-  }
-  l.lock();
-  for (const auto& id : unsent) tasks_[id].state = TaskState::kFailed;
+  auto send = [&](const std::vector<std::string>& cids) {
+    std::vector<std::pair<std::shared_ptr<ControlReactor>, v1::ServerMessage>> sends;
+    for (const std::string& cid : cids) {
+      sends.emplace_back(sessions_[cid].reactor, MakeTaskLocked(round, cid, plan.fit, deadline_ms));
+    }
+    l.unlock();  // never start gRPC operations under mu_
+    std::vector<std::string> unsent;
+    for (auto& [reactor, msg] : sends) {
+      if (!reactor->Send(msg)) unsent.push_back(msg.task().task_id());
+    }
+    l.lock();
+    for (const auto& id : unsent) {
+      auto& t = tasks_[id];
+      if (t.state == TaskState::kAssigned) FailTaskLocked(id, t, "control stream closed");
+    }
+  };
+  send(first);
   spdlog::info("round {}: {} clients selected", round, plan.clients.size());
   phase_ = "training";
-  while (!stopping_ && !RoundResolvedLocked() && Clock::now() < deadline) {
+  while (!stopping_ && Clock::now() < deadline) {
+    if (RoundResolvedLocked()) {
+      if (turns_.empty()) break;
+      std::string next = turns_.front();
+      turns_.pop_front();
+      if (sessions_.count(next)) send({next});
+      continue;
+    }
     cv_.wait_until(l, std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
     ExpireSilentClients(l);
   }
@@ -1012,11 +1658,13 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   m.round = round;
   double loss_sum = 0;
   int64_t weight = 0;
+  for (const auto& cid : turns_) {  // sl: clients whose turn never came
+    spdlog::warn("round {}: client {} never got its turn", round, cid);
+    ++m.failures;
+  }
+  turns_.clear();
   for (auto& [id, t] : tasks_) {
-    if (t.state == TaskState::kAssigned) {
-      spdlog::warn("round {}: task {} missed the deadline", round, id);
-      t.state = TaskState::kFailed;
-    }
+    if (t.state == TaskState::kAssigned) FailTaskLocked(id, t, "missed the round's deadline");
     if (t.state == TaskState::kDone) {
       ++m.participants;
       loss_sum += t.train_loss * t.num_examples;
@@ -1024,12 +1672,43 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     } else {
       ++m.failures;
     }
+    if (!t.split) continue;
+    auto s = sessions_.find(t.client_id);
+    const std::string name = s != sessions_.end() ? s->second.name : t.client_id;
+    m.cuts[name] = t.cut;
+    if (t.state != TaskState::kDone) continue;
+    m.step_s += t.stats.wall_s();
+    m.client_compute_s += t.stats.client_compute_s();
+    m.transfer_s += t.stats.transfer_s();
+    m.server_compute_s += t.stats.server_compute_s();
+    if (s != sessions_.end() && s->second.prediction.cut == t.cut) {
+      auto& session = s->second;
+      spdlog::info("round {}: client {} at cut {}: predicted step {:.1f} ms, measured {:.1f} ms "
+                   "(client {:.1f}, transfer {:.1f}, server {:.1f})",
+                   round, name, t.cut, 1e3 * session.prediction.step_s, 1e3 * t.stats.wall_s(),
+                   1e3 * t.stats.client_compute_s(), 1e3 * t.stats.transfer_s(),
+                   1e3 * t.stats.server_compute_s());
+      session.feedback.Observe(session.prediction, t.stats.client_compute_s(),
+                               t.stats.transfer_s(), t.stats.server_compute_s());
+    }
+  }
+  if (split_mode_) {
+    m.split = true;
+    m.activation_bytes_up = split_up_;
+    m.gradient_bytes_down = split_down_;
+    m.labels_up = labels_up_;
+    if (m.participants > 0) {
+      m.step_s /= m.participants;
+      m.client_compute_s /= m.participants;
+      m.transfer_s /= m.participants;
+      m.server_compute_s /= m.participants;
+    }
   }
   current_round_ = 0;
   l.unlock();
   CancelOpenUploads();  // late or stalled uploads of the round just closed
   l.lock();
-  const int selected = static_cast<int>(plan.clients.size());
+  const int selected = std::max<int>(1, plan.clients.size());
   const int quorum = std::max(1, static_cast<int>(std::ceil(cfg_.clients.quorum * selected)));
   m.bytes_up = bytes_up_;
   m.bytes_down = bytes_down_;
@@ -1042,8 +1721,16 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   // copy without the lock. The round is closed (current_round_ == 0), so no upload
   // touches the strategy meanwhile, and readers of global_ see the previous model.
   ParameterSet next = global_;
+  std::shared_ptr<SplitRound> split_round = std::move(split_round_);
   l.unlock();
-  Status finished = strategy_->FinishRound(m.failures, &next);
+  Status finished = absl::OkStatus();
+  if (split_round) {
+    auto aggregated = split_round->Aggregate();
+    finished = aggregated.status();
+    if (aggregated.ok()) next = *std::move(aggregated);
+  } else {
+    finished = strategy_->FinishRound(m.failures, &next);
+  }
   std::shared_ptr<const std::string> blob;
   std::string digest;
   if (finished.ok()) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,17 @@ struct RoundMetrics {
   int64_t bytes_down = 0;
   double wall_s = 0;
   double elapsed_s = 0;
+  // Split learning (split.mode set): what crossed the cut, the cut of each client (by
+  // name), and the mean step time of the participants split into its parts.
+  bool split = false;
+  int64_t activation_bytes_up = 0;   // activations, labels and (U-shaped) gradients up
+  int64_t gradient_bytes_down = 0;   // gradients and (U-shaped) activations down
+  int64_t labels_up = 0;             // labels the server received
+  std::map<std::string, int> cuts;
+  double step_s = 0;
+  double client_compute_s = 0;
+  double transfer_s = 0;
+  double server_compute_s = 0;
 };
 
 class Server {

@@ -167,7 +167,9 @@ int RunLocal(const LocalOptions& o) {
   procs.push_back({"server", Spawn(server_argv, run_dir + "/server.stderr.log")});
   std::cout << "cleave local: " << config->run.name << ", " << clients << " clients, " << rounds
             << " rounds, model " << config->model.name << ", strategy " << config->strategy.name
-            << ", partition " << config->local.partition << "\n"
+            << ", partition " << config->local.partition
+            << (config->split.enabled() ? ", split " + config->split.mode : std::string())
+            << "\n"
             << "run directory: " << run_dir << "\n"
             << std::flush;
 
@@ -196,12 +198,24 @@ int RunLocal(const LocalOptions& o) {
   }
   for (int i = 0; i < clients; ++i) {
     const std::string name = absl::StrCat("client-", i);
-    procs.push_back(
-        {name, Spawn({client_bin, "--server", addr, "--data", config->local.data, "--partition",
-                      absl::StrCat(config->local.partition, ",client=", i, ",of=", clients,
-                                   ",seed=", config->local.partition_seed),
-                      "--name", name, "--give-up-after", "60"},
-                     run_dir + "/" + name + ".log")});
+    std::vector<std::string> argv = {
+        client_bin, "--server", addr, "--data", config->local.data, "--partition",
+        absl::StrCat(config->local.partition, ",client=", i, ",of=", clients, ",seed=",
+                     config->local.partition_seed),
+        "--name", name, "--give-up-after", "60"};
+    if (!config->local.profiles.empty()) {  // device emulation, profiles in turn
+      const DeviceEmulation& d = config->local.profiles[i % config->local.profiles.size()];
+      for (const auto& [flag, value] :
+           std::vector<std::pair<std::string, std::string>>{
+               {"--emulate-uplink-mbps", absl::StrCat(d.uplink_mbps)},
+               {"--emulate-downlink-mbps", absl::StrCat(d.downlink_mbps)},
+               {"--emulate-slowdown", absl::StrCat(d.slowdown)},
+               {"--memory-limit-mb", absl::StrCat(d.memory_limit_mb)}}) {
+        argv.push_back(flag);
+        argv.push_back(value);
+      }
+    }
+    procs.push_back({name, Spawn(argv, run_dir + "/" + name + ".log")});
   }
 
   // Follow metrics.jsonl until the server exits.
@@ -236,9 +250,16 @@ int RunLocal(const LocalOptions& o) {
                        j.value("test_loss", 0.0), j.value("train_loss", 0.0),
                        Bytes(j.value("bytes_up", 0.0)), Bytes(j.value("bytes_down", 0.0)),
                        j.value("wall_s", 0.0), j.value("participants", 0),
-                       j.value("failures", 0))
-                << "\n"
-                << std::flush;
+                       j.value("failures", 0));
+      if (j.contains("cuts")) {
+        std::string cuts;
+        for (const auto& [client, cut] : j["cuts"].items()) {
+          absl::StrAppend(&cuts, cuts.empty() ? "" : ",", cut.get<int>());
+        }
+        std::cout << absl::StrFormat("  cuts [%s] step %.1f ms", cuts,
+                                     1e3 * j.value("step_s", 0.0));
+      }
+      std::cout << "\n" << std::flush;
     }
     metrics.clear();
   };

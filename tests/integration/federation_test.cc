@@ -11,77 +11,12 @@
 #include "core/files.h"
 #include "models/model.h"
 #include "server/server.h"
+#include "tests/integration/federation.h"
 #include "tests/server/test_peer.h"
 #include "tests/torchscript_export.h"
 
 namespace cleave {
 namespace {
-
-const char* kFmnist = "/usr/share/datasets/fashion-mnist";
-
-std::vector<Dataset> ClientData(int clients, int64_t examples) {
-  static Dataset all = *LoadFashionMnist(kFmnist, true, 6000);
-  auto parts = Partition(std::vector<int64_t>(all.labels.begin(), all.labels.begin() + examples),
-                         10, "iid", clients, 42);
-  EXPECT_TRUE(parts.ok());
-  std::vector<Dataset> out;
-  for (const auto& p : *parts) out.push_back(all.Subset(p));
-  return out;
-}
-
-struct Federation {
-  std::unique_ptr<Server> server;
-  std::thread server_thread;
-  Status server_status;
-  std::vector<std::unique_ptr<Client>> clients;
-  std::vector<std::thread> client_threads;
-  std::vector<Status> client_status;
-
-  void Start(const std::string& yaml, std::vector<ClientOptions> client_opts,
-             const std::string& run_dir = "") {
-    SetTorchThreads(1);
-    ServerOptions o;
-    o.config = TestConfig(yaml);
-    o.listen = "127.0.0.1:0";
-    o.run_dir = run_dir;
-    auto s = Server::Create(std::move(o));
-    ASSERT_TRUE(s.ok()) << s.status();
-    server = *std::move(s);
-    ASSERT_TRUE(server->Start().ok());
-    server_thread = std::thread([this] { server_status = server->Run(); });
-    client_status.resize(client_opts.size());
-    for (size_t i = 0; i < client_opts.size(); ++i) {
-      client_opts[i].server = "127.0.0.1:" + std::to_string(server->port());
-      client_opts[i].name = "client-" + std::to_string(i);
-      clients.push_back(std::make_unique<Client>(std::move(client_opts[i])));
-    }
-    for (size_t i = 0; i < clients.size(); ++i) {
-      client_threads.emplace_back([this, i] { client_status[i] = clients[i]->Run(); });
-    }
-  }
-
-  void Join() {
-    if (server_thread.joinable()) server_thread.join();
-    for (auto& t : client_threads) t.join();
-    client_threads.clear();
-  }
-
-  ~Federation() {
-    if (server) server->Stop();
-    for (auto& c : clients) c->Stop();
-    Join();
-  }
-};
-
-std::vector<ClientOptions> Options(int n, int64_t examples) {
-  std::vector<ClientOptions> out;
-  for (auto& d : ClientData(n, examples)) {
-    ClientOptions o;
-    o.train = std::move(d);
-    out.push_back(std::move(o));
-  }
-  return out;
-}
 
 constexpr char kBase[] = R"(
 data: {test_limit: 2000}

@@ -1,0 +1,45 @@
+// The client's side of a split-learning task: trains its stages of the model against
+// the server over one Split stream (see docs/split-learning.md).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+
+#include "cleave/v1/cleave.grpc.pb.h"
+#include "client/emulation.h"
+#include "core/parameter_set.h"
+#include "core/status.h"
+#include "data/dataset.h"
+#include "models/model.h"
+
+namespace cleave {
+
+struct SplitTaskResult {
+  ParameterSet trained;   // the client part after training (the layout of `part`)
+  int64_t examples = 0;   // per epoch
+  double loss = 0;        // mean loss over the last epoch
+  v1::SplitStats stats;
+};
+
+struct SplitTaskOptions {
+  ModelSpec model;
+  uint64_t seed = 0;                          // batch order
+  DeviceEmulator* emulator = nullptr;
+  const std::atomic<bool>* cancel = nullptr;  // checked before every micro-batch
+  // Test hook, called after each completed step: true drops the stream (a crash).
+  std::function<bool(int64_t step)> crash_after_step;
+};
+
+// Runs `task` (task.split() set) from `part`, the client part the server published.
+StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::Welcome& welcome,
+                                       const v1::Task& task, const ParameterSet& part,
+                                       const Dataset& data, const SplitTaskOptions& options);
+
+// Measures this device for the server's cut policy: every stage's time (scaled by the
+// emulated slowdown) and the link, with the probe blob and the Probe call.
+StatusOr<v1::Profile> ProfileDevice(v1::Coordinator::Stub* stub, const v1::Welcome& welcome,
+                                    const ModelSpec& model, const Dataset& data,
+                                    int64_t memory_limit_bytes, DeviceEmulator* emulator);
+
+}  // namespace cleave

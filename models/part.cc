@@ -1,0 +1,332 @@
+#include "models/part.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "models/torch_stages.h"
+
+namespace cleave {
+namespace {
+
+torch::Tensor ToTensor(const Activations& a) {
+  return torch::from_blob(const_cast<float*>(a.values.data()), a.shape, torch::kFloat32).clone();
+}
+
+Activations FromTensor(const torch::Tensor& t) {
+  auto c = t.detach().contiguous();
+  Activations a;
+  a.shape.assign(c.sizes().begin(), c.sizes().end());
+  a.values.resize(c.numel());
+  std::memcpy(a.values.data(), c.data_ptr<float>(), c.numel() * sizeof(float));
+  return a;
+}
+
+Status CheckActivations(const Activations& a) {
+  if (a.shape.empty() || NumElements(a.shape) != static_cast<int64_t>(a.values.size())) {
+    return absl::InvalidArgumentError("activations: shape and value count disagree");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices) {
+  Activations a;
+  a.shape = {static_cast<int64_t>(indices.size()), data.channels, data.height, data.width};
+  const int64_t n = data.example_bytes();
+  a.values.resize(indices.size() * n);
+  float* out = a.values.data();
+  for (int64_t i : indices) {
+    const uint8_t* px = data.images.data() + i * n;
+    for (int64_t j = 0; j < n; ++j) *out++ = (px[j] / 255.0f - data.mean) / data.stddev;
+  }
+  return a;
+}
+
+struct ModelPart::Impl {
+  std::vector<TorchStage> stages;  // [begin, end) only
+  int begin = 0, end = 0;
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  std::vector<size_t> first_param;  // per stage: index of its first tensor in params
+  std::vector<torch::Tensor> momentum;
+  SgdSettings sgd;
+  struct Pending {
+    torch::Tensor input, output;
+    int from = 0;
+    // The weights its forward pass used, saved when a step changes them before its
+    // backward pass (weight stashing); empty while they are still the live weights.
+    std::vector<torch::Tensor> stash;
+  };
+  std::map<int64_t, Pending> pending;
+
+  StatusOr<int> From(int from) const {
+    if (from < 0) return begin;
+    if (from < begin || from >= end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", from, " is not in this part [", begin, ", ", end, ")"));
+    }
+    return from;
+  }
+
+  torch::Tensor Run(torch::Tensor x, int from) const {
+    for (int i = from; i < end; ++i) x = stages[i - begin].forward(x);
+    return x;
+  }
+
+  // One SGD step with the accumulated gradients, which it then zeroes. Updates go through
+  // .data(), which has its own version counter, so the graphs of micro-batches still
+  // pending stay usable (they see the new weights).
+  void Step(int from) {
+    torch::NoGradGuard no_grad;
+    for (auto& [id, p] : pending) {  // keep what their forward passes saw
+      if (!p.stash.empty()) continue;
+      for (auto& [name, t] : params) p.stash.push_back(t.detach().clone());
+    }
+    for (size_t i = first_param[from - begin]; i < params.size(); ++i) {
+      auto& p = params[i].second;
+      auto g = p.mutable_grad();
+      if (!g.defined()) continue;
+      auto w = p.data();
+      if (sgd.weight_decay != 0) g.add_(w, sgd.weight_decay);
+      if (sgd.momentum != 0) {
+        momentum[i].mul_(sgd.momentum).add_(g);
+        w.add_(momentum[i], -sgd.lr);
+      } else {
+        w.add_(g, -sgd.lr);
+      }
+      g.zero_();
+    }
+  }
+
+  static torch::Tensor Input(const Activations& in, int from) {
+    auto x = ToTensor(in);
+    if (from > 0) x.requires_grad_(true);
+    return x;
+  }
+
+  static Activations InputGrad(const torch::Tensor& x) {
+    if (!x.requires_grad() || !x.grad().defined()) return {};
+    return FromTensor(x.grad());
+  }
+};
+
+ModelPart::ModelPart(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ModelPart::~ModelPart() = default;
+
+StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, int begin,
+                                                       int end) {
+  ASSIGN_OR_RETURN(std::vector<TorchStage> all, BuildTorchStages(spec));
+  const int n = static_cast<int>(all.size());
+  if (begin < 0 || begin >= end || end > n) {
+    return absl::InvalidArgumentError(absl::StrCat("stages [", begin, ", ", end, ") of model ",
+                                                   spec.name, ", which has ", n, " stages"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->begin = begin;
+  impl->end = end;
+  // Keep only this part's stages: the others' parameters are freed (unless TorchScript
+  // keeps them alive in its module tree).
+  impl->stages.assign(std::make_move_iterator(all.begin() + begin),
+                      std::make_move_iterator(all.begin() + end));
+  for (auto& s : impl->stages) {
+    impl->first_param.push_back(impl->params.size());
+    for (auto& p : s.parameters()) impl->params.push_back(std::move(p));
+    s.train(true);
+  }
+  for (auto& [name, p] : impl->params) impl->momentum.push_back(torch::zeros_like(p));
+  return std::unique_ptr<ModelPart>(new ModelPart(std::move(impl)));
+}
+
+int ModelPart::begin() const { return impl_->begin; }
+int ModelPart::end() const { return impl_->end; }
+size_t ModelPart::pending() const { return impl_->pending.size(); }
+void ModelPart::DropPending() { impl_->pending.clear(); }
+
+ParameterSet ModelPart::Parameters() const {
+  ParameterSet ps;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : impl_->params) {
+    auto c = p.detach().contiguous();
+    Tensor t;
+    t.name = name;
+    t.shape.assign(c.sizes().begin(), c.sizes().end());
+    t.values.resize(c.numel());
+    std::memcpy(t.values.data(), c.data_ptr<float>(), c.numel() * sizeof(float));
+    ps.Add(std::move(t)).IgnoreError();  // names are unique
+  }
+  return ps;
+}
+
+Status ModelPart::LoadFrom(const ParameterSet& params, bool partial) {
+  for (const auto& [name, p] : impl_->params) {
+    const Tensor* src = params.Find(name);
+    std::vector<int64_t> shape(p.sizes().begin(), p.sizes().end());
+    if (src == nullptr ? !partial : src->shape != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", name, src == nullptr ? " is missing" : " has another shape"));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : impl_->params) {
+    const Tensor* src = params.Find(name);
+    if (src == nullptr) continue;
+    p.data().copy_(torch::from_blob(const_cast<float*>(src->values.data()), p.sizes(),
+                                    torch::kFloat32));
+  }
+  return absl::OkStatus();
+}
+
+void ModelPart::ResetOptimizer(const SgdSettings& sgd) {
+  impl_->sgd = sgd;
+  impl_->pending.clear();
+  torch::NoGradGuard no_grad;
+  for (auto& m : impl_->momentum) m.zero_();
+  for (auto& [name, p] : impl_->params) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+StatusOr<Activations> ModelPart::Forward(int64_t id, const Activations& in, int from) {
+  RETURN_IF_ERROR(CheckActivations(in));
+  ASSIGN_OR_RETURN(from, impl_->From(from));
+  if (impl_->pending.count(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("micro-batch ", id, " is already pending"));
+  }
+  try {
+    auto x = Impl::Input(in, from);
+    auto y = impl_->Run(x, from);
+    Activations out = FromTensor(y);
+    impl_->pending[id] = {x, y, from};
+    return out;
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward failed: ", e.what_without_backtrace()));
+  }
+}
+
+StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_out) {
+  RETURN_IF_ERROR(CheckActivations(grad_out));
+  auto it = impl_->pending.find(id);
+  if (it == impl_->pending.end()) {
+    return absl::NotFoundError(absl::StrCat("no pending micro-batch ", id));
+  }
+  Impl::Pending p = std::move(it->second);
+  impl_->pending.erase(it);
+  std::vector<int64_t> shape(p.output.sizes().begin(), p.output.sizes().end());
+  if (shape != grad_out.shape) {
+    return absl::InvalidArgumentError("gradient shape differs from the output's");
+  }
+  try {
+    // Back-propagate through the weights the forward pass used, then step the live ones.
+    std::vector<torch::Tensor> live;
+    if (!p.stash.empty()) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < impl_->params.size(); ++i) {
+        auto w = impl_->params[i].second.data();
+        live.push_back(w.clone());
+        w.copy_(p.stash[i]);
+      }
+    }
+    p.output.backward(ToTensor(grad_out));
+    if (!live.empty()) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < impl_->params.size(); ++i) impl_->params[i].second.data().copy_(live[i]);
+    }
+    impl_->Step(p.from);
+    return Impl::InputGrad(p.input);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("backward failed: ", e.what_without_backtrace()));
+  }
+}
+
+StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
+                                                       const std::vector<int64_t>& labels,
+                                                       int from) {
+  RETURN_IF_ERROR(CheckActivations(in));
+  ASSIGN_OR_RETURN(from, impl_->From(from));
+  if (static_cast<int64_t>(labels.size()) != in.batch()) {
+    return absl::InvalidArgumentError("one label per sample is needed");
+  }
+  try {
+    auto x = Impl::Input(in, from);
+    auto logits = impl_->Run(x, from);
+    auto y = torch::from_blob(const_cast<int64_t*>(labels.data()),
+                              {static_cast<int64_t>(labels.size())}, torch::kInt64);
+    auto loss = torch::nn::functional::cross_entropy(logits, y);
+    loss.backward();
+    impl_->Step(from);
+    LossStep r;
+    r.loss = loss.item<double>();
+    r.correct = logits.argmax(1).eq(y).sum().item<int64_t>();
+    r.grad_in = Impl::InputGrad(x);
+    return r;
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training step failed: ", e.what_without_backtrace()));
+  }
+}
+
+StatusOr<Activations> ModelPart::Infer(const Activations& in) const {
+  RETURN_IF_ERROR(CheckActivations(in));
+  try {
+    torch::NoGradGuard no_grad;
+    return FromTensor(impl_->Run(ToTensor(in), impl_->begin));
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("forward failed: ", e.what_without_backtrace()));
+  }
+}
+
+StatusOr<std::vector<int>> ParameterStages(const ModelSpec& spec) {
+  ASSIGN_OR_RETURN(std::vector<TorchStage> stages, BuildTorchStages(spec));
+  std::vector<int> out;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    out.insert(out.end(), stages[i].parameters().size(), static_cast<int>(i));
+  }
+  return out;
+}
+
+StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
+                                                  const std::vector<int64_t>& sample_shape,
+                                                  int batch, int reps) {
+  ASSIGN_OR_RETURN(std::vector<TorchStage> stages, BuildTorchStages(spec));
+  std::vector<StageProfile> out;
+  try {
+    std::vector<int64_t> shape = {batch};
+    shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+    torch::Tensor x = torch::randn(shape);
+    for (auto& s : stages) {
+      StageProfile p;
+      for (auto& [name, t] : s.parameters()) p.param_elements += t.numel();
+      std::vector<double> times;
+      torch::Tensor y;
+      for (int r = 0; r <= reps; ++r) {  // r = 0 warms up
+        auto xi = x.detach().requires_grad_(true);
+        const auto t0 = std::chrono::steady_clock::now();
+        y = s.forward(xi);
+        y.backward(torch::ones_like(y));
+        const double dt =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) times.push_back(dt);
+      }
+      std::sort(times.begin(), times.end());
+      p.seconds = times[times.size() / 2];
+      p.out_elements = y.numel() / batch;
+      p.out_shape.assign(y.sizes().begin() + 1, y.sizes().end());
+      for (auto& [name, t] : s.parameters()) {
+        if (t.grad().defined()) t.mutable_grad().zero_();
+      }
+      x = y.detach();
+      out.push_back(p);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot profile ", spec.name, ": ",
+                                                   e.what_without_backtrace()));
+  }
+  return out;
+}
+
+}  // namespace cleave

@@ -1,0 +1,116 @@
+// A part of a cut model: the stages [begin, end) of a staged model, trained one
+// micro-batch at a time. Split learning runs one part on the client and another on the
+// server; what crosses the cut is a batch of activations one way and their gradients
+// the other.
+//
+// Parameters keep the names they have in the whole model ("3.0.weight"), so parts of
+// the same model are subsets of one ParameterSet and average stage by stage.
+//
+// Training: Forward(id) keeps the autograd graph of micro-batch `id` until Backward(id)
+// supplies the gradient of the part's output, back-propagates, and takes one SGD step
+// (momentum and weight decay as torch.optim.SGD). Several micro-batches may be pending
+// at once (a window). A step taken while others are pending first saves the weights
+// their forward passes used, and their backward passes run through those (weight
+// stashing, as in PipeDream): each gradient is the exact gradient at the weights that
+// produced the activations, applied to the live weights one or more steps later.
+// Without stashing, momentum SGD diverges in pipelined U-shaped training.
+// TrainWithLoss is the last part's whole step: forward, cross-entropy, backward, step.
+//
+// Not thread-safe: one caller at a time. LibTorch exceptions never escape.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/parameter_set.h"
+#include "core/status.h"
+#include "data/dataset.h"
+#include "models/model.h"
+
+namespace cleave {
+
+// A batch of activations or activation gradients: float32, shape [batch, ...].
+struct Activations {
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+
+  int64_t batch() const { return shape.empty() ? 0 : shape[0]; }
+};
+
+struct SgdSettings {
+  double lr = 0.05;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+};
+
+// The examples `indices` of `data` as the input of a model's first stage (normalised).
+Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices);
+
+class ModelPart {
+ public:
+  // The stages [begin, end) of the model `spec`, 0 <= begin < end <= number of stages.
+  static StatusOr<std::unique_ptr<ModelPart>> Create(const ModelSpec& spec, int begin, int end);
+  ~ModelPart();
+
+  int begin() const;
+  int end() const;
+
+  // This part's parameters (whole-model names, model order).
+  ParameterSet Parameters() const;
+  // Copies in this part's tensors, looked up by name in `params` (the whole model or
+  // just this part). INVALID_ARGUMENT when one is missing (unless `partial`: then only
+  // those present are copied) or has another shape.
+  Status LoadFrom(const ParameterSet& params, bool partial = false);
+  // Sets the optimizer and clears its momentum and any pending micro-batch.
+  void ResetOptimizer(const SgdSettings& sgd);
+
+  // Runs stages [from, end()) on `in` (from < 0: begin()) and keeps what Backward(id)
+  // needs. Starting later than begin() lets clients cut at different stages share one
+  // server part; only the stages that ran are stepped.
+  StatusOr<Activations> Forward(int64_t id, const Activations& in, int from = -1);
+  // Back-propagates `grad_out` (the gradient of the loss with respect to Forward(id)'s
+  // output), takes one SGD step and returns the gradient with respect to the input
+  // (empty when the micro-batch started at stage 0). NOT_FOUND for an unknown id.
+  StatusOr<Activations> Backward(int64_t id, const Activations& grad_out);
+
+  struct LossStep {
+    double loss = 0;       // mean cross-entropy of the micro-batch
+    int64_t correct = 0;   // correct top-1 predictions
+    Activations grad_in;   // empty for a part that starts at stage 0
+  };
+  // Forward from stage `from` (as Forward), mean cross-entropy against `labels`,
+  // backward, SGD step.
+  StatusOr<LossStep> TrainWithLoss(const Activations& in, const std::vector<int64_t>& labels,
+                                   int from = -1);
+
+  // Output of the part without keeping anything for backward.
+  StatusOr<Activations> Infer(const Activations& in) const;
+
+  size_t pending() const;
+  void DropPending();
+
+ private:
+  struct Impl;
+  explicit ModelPart(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The stage each of the model's parameter tensors belongs to, in model order.
+StatusOr<std::vector<int>> ParameterStages(const ModelSpec& spec);
+
+// What a stage costs on this machine.
+struct StageProfile {
+  double seconds = 0;          // forward + backward of one batch
+  int64_t out_elements = 0;    // output elements per sample (what crosses a cut after it)
+  int64_t param_elements = 0;  // trainable parameters
+  std::vector<int64_t> out_shape;  // output shape of one sample
+};
+
+// Times every stage of `spec` (forward and backward, median of `reps` after a warm-up)
+// on a random batch of `batch` samples shaped `sample_shape` (e.g. {1, 28, 28}).
+StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
+                                                  const std::vector<int64_t>& sample_shape,
+                                                  int batch, int reps);
+
+}  // namespace cleave

@@ -1,0 +1,149 @@
+#include "split/cut_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave {
+namespace {
+
+double Sum(const std::vector<double>& v, int from, int to) {
+  return std::accumulate(v.begin() + from, v.begin() + to, 0.0);
+}
+
+int64_t SumBytes(const std::vector<int64_t>& v, int from, int to) {
+  return std::accumulate(v.begin() + from, v.begin() + to, int64_t{0});
+}
+
+double Seconds(int64_t bytes, double bps) { return bps > 0 ? bytes / bps : 0.0; }
+
+}  // namespace
+
+CutPrediction PredictStep(const CutProblem& p, int cut) {
+  const int n = p.num_stages();
+  const int server_end = p.tail_begin > 0 ? p.tail_begin : n;
+  const bool ushaped = p.tail_begin > 0;
+  CutPrediction r;
+  r.cut = cut;
+  r.client_s = Sum(p.client_stage_s, 0, cut) + (ushaped ? Sum(p.client_stage_s, server_end, n) : 0);
+  r.server_s = Sum(p.server_stage_s, cut, server_end) * std::max(1.0, p.server_load);
+  const int64_t act = p.out_bytes[cut - 1] * p.batch;
+  int64_t up = act, down = act;
+  int round_trips = 1;
+  if (ushaped) {  // server output down, its gradient up; labels stay on the client
+    const int64_t mid = p.out_bytes[server_end - 1] * p.batch;
+    up += mid;
+    down += mid;
+    round_trips = 2;
+  } else {
+    up += int64_t{8} * p.batch;  // labels
+  }
+  r.up_s = Seconds(up, p.up_bps);
+  r.down_s = Seconds(down, p.down_bps);
+  const double chain = r.client_s + r.up_s + r.server_s + r.down_s + round_trips * p.rtt_s;
+  const int w = std::max(1, p.window);
+  r.step_s = w == 1 ? chain
+                    : std::max({r.client_s, r.up_s, r.server_s, r.down_s, chain / w});
+
+  // Client memory: parameters, gradients and momentum of its stages, plus the input and
+  // every stage output autograd keeps, for each micro-batch in flight.
+  int64_t params = SumBytes(p.param_bytes, 0, cut);
+  int64_t saved = SumBytes(p.input_bytes, 0, static_cast<int>(p.input_bytes.size())) +
+                  SumBytes(p.out_bytes, 0, cut);
+  if (ushaped) {
+    params += SumBytes(p.param_bytes, server_end, n);
+    saved += SumBytes(p.out_bytes, server_end - 1, n);
+  }
+  r.client_memory_bytes = 3 * params + int64_t{w} * p.batch * saved;
+  r.message_bytes = std::max(act, ushaped ? p.out_bytes[server_end - 1] * p.batch : 0);
+  if (p.memory_limit_bytes > 0 && r.client_memory_bytes > p.memory_limit_bytes) {
+    r.fits = false;
+    r.why_not = absl::StrCat("needs ", r.client_memory_bytes, " bytes of client memory, limit ",
+                             p.memory_limit_bytes);
+  } else if (r.message_bytes > p.max_message_bytes) {
+    r.fits = false;
+    r.why_not = absl::StrCat("a micro-batch of activations is ", r.message_bytes,
+                             " bytes, the message limit ", p.max_message_bytes);
+  }
+  return r;
+}
+
+namespace {
+
+class CostModelPolicy : public CutPolicy {
+ public:
+  std::string name() const override { return "cost-model"; }
+  StatusOr<CutPrediction> Choose(const CutProblem& p) override {
+    const int server_end = p.tail_begin > 0 ? p.tail_begin : p.num_stages();
+    const int last = p.max_cut > 0 ? std::min(p.max_cut, server_end - 1) : server_end - 1;
+    bool any = false;
+    CutPrediction best;
+    std::string why;
+    for (int c = std::max(1, p.min_cut); c <= last; ++c) {
+      CutPrediction r = PredictStep(p, c);
+      if (!r.fits) {
+        why = r.why_not;
+        continue;
+      }
+      if (!any || r.step_s < best.step_s) best = r;
+      any = true;
+    }
+    if (!any) {
+      return absl::FailedPreconditionError(absl::StrCat("no cut fits this client: ", why));
+    }
+    return best;
+  }
+};
+
+class FixedPolicy : public CutPolicy {
+ public:
+  explicit FixedPolicy(int cut) : cut_(cut) {}
+  std::string name() const override { return absl::StrCat("fixed-", cut_); }
+  StatusOr<CutPrediction> Choose(const CutProblem& p) override {
+    const int server_end = p.tail_begin > 0 ? p.tail_begin : p.num_stages();
+    if (cut_ < 1 || cut_ >= server_end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("split.cut ", cut_, " is not in [1, ", server_end - 1, "]"));
+    }
+    CutPrediction r = PredictStep(p, cut_);
+    if (!r.fits) {
+      return absl::FailedPreconditionError(absl::StrCat("cut ", cut_, ": ", r.why_not));
+    }
+    return r;
+  }
+
+ private:
+  int cut_;
+};
+
+}  // namespace
+
+std::unique_ptr<CutPolicy> MakeCostModelPolicy() { return std::make_unique<CostModelPolicy>(); }
+std::unique_ptr<CutPolicy> MakeFixedPolicy(int cut) { return std::make_unique<FixedPolicy>(cut); }
+
+void CutFeedback::Observe(const CutPrediction& predicted, double client_s, double transfer_s,
+                          double server_s, double smoothing) {
+  auto update = [&](double& scale, double measured, double predicted_s) {
+    // The prediction was made with `scale` applied; the raw model predicts predicted_s/scale.
+    if (!(predicted_s > 1e-9) || !(measured >= 0) || !std::isfinite(measured)) return;
+    const double ratio = std::clamp(measured / (predicted_s / scale), 0.01, 100.0);
+    scale = observations == 0 ? ratio : (1 - smoothing) * scale + smoothing * ratio;
+  };
+  update(client_scale, client_s, predicted.client_s);
+  update(transfer_scale, transfer_s, predicted.up_s + predicted.down_s);
+  update(server_scale, server_s, predicted.server_s);
+  ++observations;
+}
+
+CutProblem CutFeedback::Apply(CutProblem p) const {
+  for (double& s : p.client_stage_s) s *= client_scale;
+  for (double& s : p.server_stage_s) s *= server_scale;
+  if (p.up_bps > 0) p.up_bps /= transfer_scale;
+  if (p.down_bps > 0) p.down_bps /= transfer_scale;
+  p.rtt_s *= transfer_scale;
+  return p;
+}
+
+}  // namespace cleave

@@ -1,0 +1,87 @@
+// Where to cut a client's model: a cost model of one split-training step, and policies
+// that choose a cut from it. No LibTorch here: profiles come in as numbers.
+//
+// A step is one micro-batch. With the client holding stages [0, cut) (and, U-shaped,
+// [tail_begin, n)) and the server the rest, one step costs
+//   client  = sum of the client's stage times (forward + backward)
+//   up      = activations (+ labels, or U-shaped the tail's input gradient) / uplink
+//   server  = sum of the server's stage times x server_load (clients per server worker)
+//   down    = activation gradients (U-shaped: + the server's output) / downlink
+// and takes client + up + server + down + round trips with a window of 1. With W
+// micro-batches in flight the resources overlap: the step takes the slowest of them,
+// or the whole chain divided by W, whichever is larger.
+// A cut is feasible when the client's memory (parameters, gradients, momentum, and the
+// activations autograd keeps for W micro-batches) fits its limit and a micro-batch of
+// activations fits one message.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cleave {
+
+struct CutProblem {
+  std::vector<double> client_stage_s;  // per stage: forward + backward of one batch, client
+  std::vector<double> server_stage_s;  // per stage: the same on the server
+  std::vector<int64_t> input_bytes;    // the model's input, per sample
+  std::vector<int64_t> out_bytes;      // per stage: output bytes per sample on the wire
+                                       //   (after compression)
+  std::vector<int64_t> param_bytes;    // per stage
+  int batch = 64;
+  int window = 1;
+  double server_load = 1;              // >= 1: how many clients share a server worker
+  double up_bps = 0;                   // bytes/s; 0 = unknown (treated as free)
+  double down_bps = 0;
+  double rtt_s = 0;
+  int64_t memory_limit_bytes = 0;      // 0 = no limit
+  int64_t max_message_bytes = 4 << 20;
+  int tail_begin = -1;                 // U-shaped: first stage of the client's tail; -1 = none
+  int min_cut = 1;                     // candidate cuts: [min_cut, max_cut]
+  int max_cut = -1;                    // -1 = last stage the server may start at
+
+  int num_stages() const { return static_cast<int>(client_stage_s.size()); }
+};
+
+struct CutPrediction {
+  int cut = 0;
+  double client_s = 0, up_s = 0, server_s = 0, down_s = 0;
+  double step_s = 0;
+  int64_t client_memory_bytes = 0;
+  int64_t message_bytes = 0;  // largest message of a step
+  bool fits = true;           // memory and message size allow this cut
+  std::string why_not;        // when !fits
+};
+
+// The cost model above for one cut (1 <= cut < server end).
+CutPrediction PredictStep(const CutProblem& p, int cut);
+
+class CutPolicy {
+ public:
+  virtual ~CutPolicy() = default;
+  virtual std::string name() const = 0;
+  // FAILED_PRECONDITION when no cut is feasible.
+  virtual StatusOr<CutPrediction> Choose(const CutProblem& p) = 0;
+};
+
+// The cut with the least predicted step time among the feasible ones (ties: the
+// shallower cut, which keeps less on the device).
+std::unique_ptr<CutPolicy> MakeCostModelPolicy();
+// Always `cut` (a fixed split.cut); FAILED_PRECONDITION if it does not fit.
+std::unique_ptr<CutPolicy> MakeFixedPolicy(int cut);
+
+// Corrections learned from measured steps: each component's measured / predicted ratio,
+// smoothed exponentially. Applied to a problem before choosing again.
+struct CutFeedback {
+  double client_scale = 1, transfer_scale = 1, server_scale = 1;
+  int observations = 0;
+
+  void Observe(const CutPrediction& predicted, double client_s, double transfer_s,
+               double server_s, double smoothing = 0.5);
+  CutProblem Apply(CutProblem p) const;
+};
+
+}  // namespace cleave

@@ -1,0 +1,294 @@
+#include "split/round.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace cleave {
+
+StatusOr<SplitMode> ParseSplitMode(const std::string& name) {
+  if (name == "sl") return SplitMode::kSl;
+  if (name == "sfl-v1") return SplitMode::kSflV1;
+  if (name == "sfl-v2") return SplitMode::kSflV2;
+  if (name == "ushaped") return SplitMode::kUShaped;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown split mode '", name, "' (sl, sfl-v1, sfl-v2, ushaped)"));
+}
+
+const char* SplitModeName(SplitMode mode) {
+  switch (mode) {
+    case SplitMode::kSl: return "sl";
+    case SplitMode::kSflV1: return "sfl-v1";
+    case SplitMode::kSflV2: return "sfl-v2";
+    case SplitMode::kUShaped: return "ushaped";
+  }
+  return "?";
+}
+
+struct SplitRound::ClientState {
+  int cut = 0;
+  std::unique_ptr<ModelPart> copy;  // sfl-v1: this client's server copy
+  bool finished = false, failed = false;
+  int64_t weight = 0;
+  ParameterSet part;  // the finished client's trained part
+};
+
+SplitRound::SplitRound(SplitRoundOptions options, ParameterSet global, std::vector<int> stage_of)
+    : opts_(std::move(options)), global_(std::move(global)), stage_of_(std::move(stage_of)) {}
+SplitRound::~SplitRound() = default;
+
+StatusOr<std::unique_ptr<SplitRound>> SplitRound::Create(SplitRoundOptions options,
+                                                         const ParameterSet& global,
+                                                         const std::map<std::string, int>& cuts) {
+  ASSIGN_OR_RETURN(std::vector<int> stage_of, ParameterStages(options.model));
+  if (stage_of.size() != global.size()) {
+    return absl::InvalidArgumentError("the global model does not match the model's stages");
+  }
+  const int server_end = options.tail_begin;
+  if (cuts.empty()) return absl::InvalidArgumentError("a split round needs clients");
+  std::unique_ptr<SplitRound> r(new SplitRound(std::move(options), global, std::move(stage_of)));
+  const auto& o = r->opts_;
+  r->min_cut_ = server_end;
+  for (const auto& [id, cut] : cuts) {
+    if (cut < 1 || cut >= server_end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cut ", cut, " for ", id, " is not in [1, ", server_end - 1, "]"));
+    }
+    r->min_cut_ = std::min(r->min_cut_, cut);
+    auto c = std::make_unique<ClientState>();
+    c->cut = cut;
+    if (o.mode == SplitMode::kSflV1) {
+      ASSIGN_OR_RETURN(c->copy, ModelPart::Create(o.model, cut, server_end));
+      RETURN_IF_ERROR(c->copy->LoadFrom(global));
+      c->copy->ResetOptimizer(o.sgd);
+    }
+    r->clients_[id] = std::move(c);
+  }
+  if (o.mode != SplitMode::kSflV1) {
+    ASSIGN_OR_RETURN(r->shared_, ModelPart::Create(o.model, r->min_cut_, server_end));
+    RETURN_IF_ERROR(r->shared_->LoadFrom(global));
+    r->shared_->ResetOptimizer(o.sgd);
+  }
+  r->current_ = global;
+  return r;
+}
+
+StatusOr<SplitRound::ClientState*> SplitRound::Find(const std::string& client) const {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) {
+    return absl::NotFoundError(absl::StrCat("client ", client, " has no split task this round"));
+  }
+  return it->second.get();
+}
+
+StatusOr<int> SplitRound::CutOf(const std::string& client) const {
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, Find(client));
+  return c->cut;
+}
+
+bool SplitRound::ClientHolds(int cut, int stage) const {
+  return stage < cut || stage >= opts_.tail_begin;
+}
+
+StatusOr<ParameterSet> SplitRound::ClientPart(const std::string& client) const {
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, Find(client));
+  ParameterSet source = current_;
+  if (opts_.mode == SplitMode::kSl) {
+    // The shared part holds the latest values of the stages it covers.
+    ParameterSet server = shared_->Parameters();
+    for (auto& t : source.mutable_tensors()) {
+      if (const Tensor* s = server.Find(t.name)) t.values = s->values;
+    }
+  }
+  ParameterSet part;
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (ClientHolds(c->cut, stage_of_[i])) RETURN_IF_ERROR(part.Add(source.tensors()[i]));
+  }
+  return part;
+}
+
+Status SplitRound::CheckActivations(const std::string& client, const Activations& a) const {
+  int cut;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ASSIGN_OR_RETURN(ClientState * c, Find(client));
+    cut = c->cut;
+  }
+  const auto& sample = opts_.stage_input_shapes[cut];
+  std::vector<int64_t> expected = {a.batch()};
+  expected.insert(expected.end(), sample.begin(), sample.end());
+  if (a.shape != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "activations shaped [", absl::StrJoin(a.shape, ","), "], expected [B,",
+        absl::StrJoin(sample, ","), "] at cut ", cut));
+  }
+  if (a.batch() < 1 || a.batch() > opts_.max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batch of ", a.batch(), " samples, expected 1..", opts_.max_batch));
+  }
+  if (static_cast<int64_t>(a.values.size()) != NumElements(a.shape)) {
+    return absl::InvalidArgumentError("activation values do not match their shape");
+  }
+  for (float v : a.values) {
+    if (!std::isfinite(v)) return absl::InvalidArgumentError("activations are not all finite");
+  }
+  return absl::OkStatus();
+}
+
+Status SplitRound::CheckLabels(const Activations& a, const std::vector<int64_t>& labels) const {
+  if (opts_.mode == SplitMode::kUShaped) {
+    if (!labels.empty()) {
+      return absl::InvalidArgumentError("labels must not be sent in U-shaped split learning");
+    }
+    return absl::OkStatus();
+  }
+  if (static_cast<int64_t>(labels.size()) != a.batch()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(labels.size(), " labels for ", a.batch(), " samples"));
+  }
+  for (int64_t y : labels) {
+    if (y < 0 || y >= opts_.num_classes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label ", y, " is not in [0, ", opts_.num_classes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
+                                                    const Activations& a,
+                                                    const std::vector<int64_t>& labels) {
+  if (opts_.mode == SplitMode::kUShaped) {
+    return absl::FailedPreconditionError("U-shaped rounds take ForwardMiddle/BackwardMiddle");
+  }
+  ClientState* c;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ASSIGN_OR_RETURN(c, Find(client));
+    if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+  }
+  if (c->copy) return c->copy->TrainWithLoss(a, labels);  // this client's own copy
+  std::lock_guard<std::mutex> l(mu_);  // the shared part: one step at a time
+  return shared_->TrainWithLoss(a, labels, c->cut);
+}
+
+StatusOr<Activations> SplitRound::ForwardMiddle(const std::string& client, int64_t seq,
+                                                const Activations& a) {
+  if (opts_.mode != SplitMode::kUShaped) {
+    return absl::FailedPreconditionError("only U-shaped rounds have a middle part");
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, Find(client));
+  if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+  // Pending micro-batches of all clients share the part: key them by client too.
+  return shared_->Forward(static_cast<int64_t>(std::hash<std::string>{}(client) << 20) ^ seq, a,
+                          c->cut);
+}
+
+StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int64_t seq,
+                                                 const Activations& grad) {
+  if (opts_.mode != SplitMode::kUShaped) {
+    return absl::FailedPreconditionError("only U-shaped rounds have a middle part");
+  }
+  for (float v : grad.values) {
+    if (!std::isfinite(v)) return absl::InvalidArgumentError("gradients are not all finite");
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, Find(client));
+  if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+  return shared_->Backward(static_cast<int64_t>(std::hash<std::string>{}(client) << 20) ^ seq,
+                           grad);
+}
+
+Status SplitRound::Finish(const std::string& client, const ParameterSet& part, int64_t weight) {
+  ASSIGN_OR_RETURN(ParameterSet layout, ClientPart(client));
+  RETURN_IF_ERROR(layout.CheckSameLayout(part));
+  if (weight <= 0) return absl::InvalidArgumentError("a client's weight must be > 0");
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, Find(client));
+  if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+  c->finished = true;
+  c->weight = weight;
+  if (opts_.mode == SplitMode::kSl) {
+    // The next client continues from this one's part; the shared part learns the
+    // stages it also covers.
+    for (const auto& t : part.tensors()) {
+      for (auto& g : current_.mutable_tensors()) {
+        if (g.name == t.name) g.values = t.values;
+      }
+    }
+    RETURN_IF_ERROR(shared_->LoadFrom(part, /*partial=*/true));
+  } else {
+    c->part = part;
+  }
+  return absl::OkStatus();
+}
+
+void SplitRound::Fail(const std::string& client) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = clients_.find(client);
+  if (it == clients_.end() || it->second->finished) return;
+  it->second->failed = true;
+  it->second->copy.reset();
+}
+
+int SplitRound::finished() const {
+  std::lock_guard<std::mutex> l(mu_);
+  int n = 0;
+  for (const auto& [id, c] : clients_) n += c->finished;
+  return n;
+}
+
+StatusOr<ParameterSet> SplitRound::Aggregate() {
+  std::lock_guard<std::mutex> l(mu_);
+  ParameterSet next = global_;
+  if (opts_.mode == SplitMode::kSl) {
+    next = current_;
+    ParameterSet server = shared_->Parameters();
+    for (auto& t : next.mutable_tensors()) {
+      if (const Tensor* s = server.Find(t.name)) t.values = s->values;
+    }
+    return next;
+  }
+  const size_t n = global_.size();
+  std::vector<std::vector<double>> sum(n);
+  std::vector<double> weight(n, 0.0);
+  auto add = [&](size_t i, const std::vector<float>& v, double w) {
+    if (sum[i].empty()) sum[i].assign(v.size(), 0.0);
+    for (size_t j = 0; j < v.size(); ++j) sum[i][j] += w * v[j];
+    weight[i] += w;
+  };
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < n; ++i) index[global_.tensors()[i].name] = i;
+  std::vector<double> shared_weight(n, 0.0);
+  for (const auto& [id, c] : clients_) {
+    if (!c->finished) continue;
+    for (const auto& t : c->part.tensors()) add(index.at(t.name), t.values, c->weight);
+    if (c->copy) {
+      const ParameterSet server = c->copy->Parameters();
+      for (const auto& t : server.tensors()) add(index.at(t.name), t.values, c->weight);
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        if (!ClientHolds(c->cut, stage_of_[i])) shared_weight[i] += c->weight;
+      }
+    }
+  }
+  if (shared_) {
+    const ParameterSet server = shared_->Parameters();
+    for (const auto& t : server.tensors()) {
+      const size_t i = index.at(t.name);
+      if (shared_weight[i] > 0) add(i, t.values, shared_weight[i]);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (weight[i] == 0) continue;
+    auto& v = next.mutable_tensors()[i].values;
+    for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<float>(sum[i][j] / weight[i]);
+  }
+  return next;
+}
+
+}  // namespace cleave

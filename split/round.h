@@ -1,0 +1,114 @@
+// The server's side of one split-learning round: the server part(s) of the model, the
+// per-micro-batch steps, and how the round's results become the next global model.
+//
+// Modes (split.mode):
+//   sl       clients take turns; each trains the client part as the previous one left
+//            it, against one server part (updated as batches arrive).
+//   sfl-v1   clients in parallel; one server-part copy per client; at the end the client
+//            parts and the server copies are averaged (FedAvg, weighted by examples).
+//   sfl-v2   clients in parallel against one shared server part, updated as batches
+//            arrive; the client parts are averaged.
+//   ushaped  like sfl-v2, but the client keeps the first stages and the last ones with
+//            the loss; the server holds the middle and never sees a label.
+// Clients may be cut at different stages. A shared server part then starts at the
+// smallest cut and runs each client's micro-batches from that client's cut.
+//
+// Averaging is per tensor: every holder that trained a tensor this round contributes
+// it, weighted by examples: each finished client for its own stages, and the server
+// for its stages (a per-client copy with that client's weight; the shared part with
+// the total weight of the finished clients whose micro-batches ran through it). A
+// tensor nobody trained keeps its value.
+//
+// Thread-safe. Calls for one client must not overlap (its stream serialises them).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/parameter_set.h"
+#include "core/status.h"
+#include "models/part.h"
+
+namespace cleave {
+
+enum class SplitMode { kSl, kSflV1, kSflV2, kUShaped };
+
+StatusOr<SplitMode> ParseSplitMode(const std::string& name);
+const char* SplitModeName(SplitMode mode);
+
+struct SplitRoundOptions {
+  SplitMode mode = SplitMode::kSflV2;
+  ModelSpec model;
+  SgdSettings sgd;
+  int num_stages = 0;
+  int tail_begin = 0;    // U-shaped: the client's tail is [tail_begin, n); else n
+  int max_batch = 64;    // largest micro-batch accepted
+  int num_classes = 10;
+  // Per-sample input shape of every stage s in [0, n] (s = n: the model's output).
+  std::vector<std::vector<int64_t>> stage_input_shapes;
+};
+
+class SplitRound {
+ public:
+  // `cuts`: client id -> cut (the client holds stages [0, cut)).
+  static StatusOr<std::unique_ptr<SplitRound>> Create(SplitRoundOptions options,
+                                                      const ParameterSet& global,
+                                                      const std::map<std::string, int>& cuts);
+  ~SplitRound();
+
+  const SplitRoundOptions& options() const { return opts_; }
+  // NOT_FOUND for a client not in this round.
+  StatusOr<int> CutOf(const std::string& client) const;
+
+  // What `client` trains: stages [0, cut) and, U-shaped, [tail_begin, n). In sl, as the
+  // clients before it left them.
+  StatusOr<ParameterSet> ClientPart(const std::string& client) const;
+
+  // Checks a micro-batch arriving from `client` at its cut: shape [B, <the stage's input
+  // shape>] with 1 <= B <= max_batch, finite values; and, unless U-shaped, B labels in
+  // [0, num_classes). INVALID_ARGUMENT saying what is wrong.
+  Status CheckActivations(const std::string& client, const Activations& a) const;
+  Status CheckLabels(const Activations& a, const std::vector<int64_t>& labels) const;
+
+  // sl / sfl: the server's step on a checked micro-batch; returns the loss and the
+  // gradient of the activations.
+  StatusOr<ModelPart::LossStep> TrainStep(const std::string& client, const Activations& a,
+                                          const std::vector<int64_t>& labels);
+  // U-shaped: the middle's forward (kept under `seq` for its backward), and its backward
+  // from the gradient of its output (checked here) with one SGD step.
+  StatusOr<Activations> ForwardMiddle(const std::string& client, int64_t seq,
+                                      const Activations& a);
+  StatusOr<Activations> BackwardMiddle(const std::string& client, int64_t seq,
+                                       const Activations& grad);
+
+  // The client's trained part (weights, the layout of ClientPart), weighted by `weight`.
+  Status Finish(const std::string& client, const ParameterSet& part, int64_t weight);
+  // The client's task failed: its part is not averaged, its server copy is dropped.
+  void Fail(const std::string& client);
+  int finished() const;
+
+  // The next global model (after every client finished or failed).
+  StatusOr<ParameterSet> Aggregate();
+
+ private:
+  struct ClientState;
+  SplitRound(SplitRoundOptions options, ParameterSet global, std::vector<int> stage_of);
+  StatusOr<ClientState*> Find(const std::string& client) const;
+  bool ClientHolds(int cut, int stage) const;
+
+  const SplitRoundOptions opts_;
+  const ParameterSet global_;
+  const std::vector<int> stage_of_;  // stage of each tensor of global_
+  int min_cut_ = 0;
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<ClientState>> clients_;
+  std::unique_ptr<ModelPart> shared_;  // sl, sfl-v2, ushaped
+  ParameterSet current_;               // sl: the model as the last finished client left it
+};
+
+}  // namespace cleave

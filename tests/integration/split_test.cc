@@ -1,0 +1,143 @@
+// Split learning end to end: a server and clients in one process over real gRPC.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "models/model.h"
+#include "tests/integration/federation.h"
+
+namespace cleave {
+namespace {
+
+constexpr char kSplitBase[] = R"(
+data: {test_limit: 1000}
+server: {heartbeat_s: 0.5, client_timeout_s: 30}
+)";
+
+// The largest absolute difference between two sets of the same layout.
+double MaxDiff(const ParameterSet& a, const ParameterSet& b) {
+  EXPECT_TRUE(a.SameLayout(b));
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
+      d = std::max<double>(d, std::abs(a.tensors()[i].values[j] - b.tensors()[i].values[j]));
+    }
+  }
+  return d;
+}
+
+struct Exactness {
+  std::string mode;
+  int cut;
+};
+
+class SplitExactnessTest : public ::testing::TestWithParam<Exactness> {};
+
+// One split step (one client, one batch) gives the parameters one step of the uncut
+// model gives on the same batch.
+TEST_P(SplitExactnessTest, OneStepEqualsTheUncutModel) {
+  const auto [mode, cut] = GetParam();
+  auto data = ClientData(1, 32)[0];
+  ASSERT_EQ(data.size, 32);
+  auto reference = Model::Create({"lenet5", "", 7});
+  ASSERT_TRUE(reference.ok());
+  const ParameterSet before = (*reference)->Parameters();
+  LocalTrainOptions t;
+  t.epochs = 1;
+  t.batch_size = 32;
+  t.lr = 0.1;
+  t.momentum = 0.9;
+  t.weight_decay = 1e-3;
+  ASSERT_TRUE((*reference)->Train(data, t).ok());
+  const ParameterSet expected = (*reference)->Parameters();
+
+  Federation f;
+  std::vector<ClientOptions> opts(1);
+  opts[0].train = data;
+  f.Start(std::string(kSplitBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 7}\n" +
+              "clients: {min: 1}\n" +
+              "train: {local_epochs: 1, batch_size: 32, lr: 0.1, momentum: 0.9, "
+              "weight_decay: 0.001}\n" +
+              "split: {mode: " + mode + ", cut: " + std::to_string(cut) + "}\n",
+          std::move(opts));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  const ParameterSet got = f.server->GlobalModel();
+  EXPECT_GT(MaxDiff(before, got), 1e-3) << "the step changed nothing";
+  EXPECT_LT(MaxDiff(expected, got), 1e-5);
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].cuts.at("client-0"), cut);
+}
+
+std::vector<Exactness> AllModesAndCuts() {
+  std::vector<Exactness> out;
+  for (const char* mode : {"sl", "sfl-v1", "sfl-v2"}) {
+    for (int cut = 1; cut <= 4; ++cut) out.push_back({mode, cut});
+  }
+  for (int cut = 1; cut <= 3; ++cut) out.push_back({"ushaped", cut});  // tail: stage 4
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, SplitExactnessTest, ::testing::ValuesIn(AllModesAndCuts()),
+    [](const ::testing::TestParamInfo<Exactness>& i) {
+      std::string name = i.param.mode + "_cut" + std::to_string(i.param.cut);
+      for (char& c : name) {
+        if (c == '-') c = '_';
+      }
+      return name;
+    });
+
+}  // namespace
+}  // namespace cleave
+
+namespace cleave {
+namespace {
+
+class SplitModeTest : public ::testing::TestWithParam<std::string> {};
+
+// Every mode learns: accuracy rises over two rounds, and what crossed the cut is counted.
+TEST_P(SplitModeTest, ThreeClientsTwoRoundsAccuracyRises) {
+  const std::string mode = GetParam();
+  auto init = Model::Create({"lenet5", "", 3});
+  ASSERT_TRUE(init.ok());
+  Dataset test = *LoadFashionMnist(kFmnist, false, 1000);
+  const double initial = (*init)->Evaluate(test, 1000)->accuracy;
+
+  Federation f;
+  f.Start(std::string(kSplitBase) + "model: {name: lenet5}\nrun: {rounds: 2, seed: 3}\n" +
+              "clients: {min: 3, quorum: 1.0}\n" +
+              "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.5}\n" +
+              "split: {mode: " + mode + ", cut: auto, window: 2}\n",
+          Options(3, 6000));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 2u);
+  for (const auto& m : h) {
+    EXPECT_EQ(m.participants, 3);
+    EXPECT_TRUE(m.split);
+    EXPECT_EQ(m.cuts.size(), 3u);
+    EXPECT_GT(m.activation_bytes_up, 0);
+    EXPECT_GT(m.gradient_bytes_down, 0);
+    EXPECT_GT(m.step_s, 0);
+    EXPECT_EQ(m.labels_up, mode == "ushaped" ? 0 : 6000) << "labels of one epoch";
+  }
+  EXPECT_GT(h[0].test_accuracy, initial + 0.2) << "initial " << initial;
+  EXPECT_GT(h[1].test_accuracy, h[0].test_accuracy);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SplitModeTest,
+                         ::testing::Values("sl", "sfl-v1", "sfl-v2", "ushaped"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string name = i.param;
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace cleave
