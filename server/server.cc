@@ -347,7 +347,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
     return true;
   }
 
-  // Ends the stream with `s` once the write in flight (if any) is done.
+  // Ends the stream with `s` once the messages already queued are written.
   void Close(const grpc::Status& s) {
     bool now = false;
     {
@@ -369,7 +369,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
         writing_ = false;
         status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed");
         finish = FinishLocked(status);
-      } else if (!out_.empty() && !finishing_) {
+      } else if (!out_.empty()) {  // also when finishing: what was queued goes first
         next = &out_.front();
       } else {
         writing_ = false;

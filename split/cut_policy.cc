@@ -56,7 +56,8 @@ CutPrediction PredictStep(const CutProblem& p, int cut) {
     params += SumBytes(p.param_bytes, server_end, n);
     saved += SumBytes(p.out_bytes, server_end - 1, n);
   }
-  r.client_memory_bytes = 3 * params + int64_t{w} * p.batch * saved;
+  // Weight stashing keeps one more copy of the weights per extra micro-batch in flight.
+  r.client_memory_bytes = (3 + int64_t{w} - 1) * params + int64_t{w} * p.batch * saved;
   r.message_bytes = std::max(act, ushaped ? p.out_bytes[server_end - 1] * p.batch : 0);
   if (p.memory_limit_bytes > 0 && r.client_memory_bytes > p.memory_limit_bytes) {
     r.fits = false;

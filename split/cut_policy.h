@@ -10,8 +10,9 @@
 // and takes client + up + server + down + round trips with a window of 1. With W
 // micro-batches in flight the resources overlap: the step takes the slowest of them,
 // or the whole chain divided by W, whichever is larger.
-// A cut is feasible when the client's memory (parameters, gradients, momentum, and the
-// activations autograd keeps for W micro-batches) fits its limit and a micro-batch of
+// A cut is feasible when the client's memory (parameters, gradients, momentum, W - 1
+// stashed copies of the weights, and the activations autograd keeps for W micro-batches)
+// fits its limit and a micro-batch of
 // activations fits one message.
 #pragma once
 

@@ -141,3 +141,34 @@ INSTANTIATE_TEST_SUITE_P(Modes, SplitModeTest,
 
 }  // namespace
 }  // namespace cleave
+
+namespace cleave {
+namespace {
+
+// A client that drops its connection in the middle of its split task fails only that
+// task: the others finish, and the round commits without it.
+TEST(SplitFailureTest, AClientThatDisconnectsMidStepFailsOnlyItsTask) {
+  auto opts = Options(3, 1500);
+  opts[1].crash_after_split_step = [](int64_t round, int64_t step) { return step == 5; };
+  Federation f;
+  f.Start(std::string(kSplitBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 4}\n" +
+              "clients: {min: 3, quorum: 0.5}\n" +
+              "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.5}\n" +
+              "split: {mode: sfl-v2, cut: 2, window: 2}\n",
+          std::move(opts));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  EXPECT_TRUE(f.client_status[0].ok()) << f.client_status[0];
+  EXPECT_EQ(f.client_status[1].code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(f.client_status[2].ok()) << f.client_status[2];
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 2);
+  EXPECT_EQ(h[0].failures, 1);
+  EXPECT_LT(h[0].wall_s, 20) << "the failure was noticed, not waited out";
+  EXPECT_EQ(f.clients[0]->tasks_completed(), 1);
+  EXPECT_EQ(f.clients[2]->tasks_completed(), 1);
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,110 @@
+#include "split/round.h"
+
+#include <gtest/gtest.h>
+
+#include "models/model.h"
+
+namespace cleave {
+namespace {
+
+// mlp: stage 0 holds tensors 0-1, stage 1 tensors 2-3, stage 2 tensors 4-5.
+class SplitRoundTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = Model::Create({"mlp", "", 1});
+    ASSERT_TRUE(m.ok());
+    global_ = (*m)->Parameters();
+  }
+
+  std::unique_ptr<SplitRound> Make(SplitMode mode, std::map<std::string, int> cuts) {
+    SplitRoundOptions o;
+    o.mode = mode;
+    o.model = {"mlp", "", 1};
+    o.num_stages = 3;
+    o.tail_begin = 3;
+    o.stage_input_shapes = {{1, 28, 28}, {200}, {200}, {10}};
+    auto r = SplitRound::Create(o, global_, cuts);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : nullptr;
+  }
+
+  // `client`'s part with every value raised by `by`.
+  ParameterSet Trained(SplitRound& r, const std::string& client, float by) {
+    ParameterSet p = *r.ClientPart(client);
+    for (auto& t : p.mutable_tensors()) {
+      for (float& v : t.values) v += by;
+    }
+    return p;
+  }
+
+  // next - global for tensor i, which must be the same for every value.
+  double Shift(const ParameterSet& next, size_t i) {
+    const auto& a = next.tensors()[i].values;
+    const auto& g = global_.tensors()[i].values;
+    const double d = a[0] - g[0];
+    for (size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j] - g[j], d, 1e-5) << i << " " << j;
+    return d;
+  }
+
+  ParameterSet global_;
+};
+
+TEST_F(SplitRoundTest, ClientPartsHoldTheStagesBeforeTheCut) {
+  auto r = Make(SplitMode::kSflV2, {{"a", 1}, {"b", 2}});
+  EXPECT_EQ(r->ClientPart("a")->size(), 2u);
+  EXPECT_EQ(r->ClientPart("b")->size(), 4u);
+  EXPECT_EQ(r->ClientPart("b")->tensors()[2].name, "1.0.weight");
+  EXPECT_EQ(r->ClientPart("z").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(SplitRound::Create({}, global_, {{"a", 3}}).ok());
+}
+
+// Per tensor, the weighted mean over every holder. Nothing trained on the server here,
+// so its copies equal the global model.
+TEST_F(SplitRoundTest, SflV1AveragesClientPartsWithTheServerCopies) {
+  auto r = Make(SplitMode::kSflV1, {{"a", 1}, {"b", 2}});
+  ASSERT_TRUE(r->Finish("a", Trained(*r, "a", 1.0f), 1).ok());
+  ASSERT_TRUE(r->Finish("b", Trained(*r, "b", 2.0f), 3).ok());
+  auto next = r->Aggregate();
+  ASSERT_TRUE(next.ok());
+  EXPECT_NEAR(Shift(*next, 0), (1 * 1.0 + 3 * 2.0) / 4, 1e-6);  // both clients
+  EXPECT_NEAR(Shift(*next, 2), (1 * 0.0 + 3 * 2.0) / 4, 1e-6);  // a's server copy, b
+  EXPECT_NEAR(Shift(*next, 4), 0.0, 1e-6);                      // both server copies
+}
+
+TEST_F(SplitRoundTest, SflV2WeighsTheSharedPartByTheClientsItServed) {
+  auto r = Make(SplitMode::kSflV2, {{"a", 1}, {"b", 2}, {"c", 1}});
+  ASSERT_TRUE(r->Finish("a", Trained(*r, "a", 1.0f), 1).ok());
+  ASSERT_TRUE(r->Finish("b", Trained(*r, "b", 2.0f), 3).ok());
+  r->Fail("c");
+  EXPECT_EQ(r->Finish("c", Trained(*r, "c", 9.0f), 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r->finished(), 2);
+  auto next = r->Aggregate();
+  ASSERT_TRUE(next.ok());
+  EXPECT_NEAR(Shift(*next, 1), 1.75, 1e-6);
+  // Stage 1: b holds it (weight 3); the shared part ran a's micro-batches (weight 1).
+  EXPECT_NEAR(Shift(*next, 3), (3 * 2.0 + 1 * 0.0) / 4, 1e-6);
+  EXPECT_NEAR(Shift(*next, 5), 0.0, 1e-6);
+}
+
+TEST_F(SplitRoundTest, SlHandsTheClientPartOn) {
+  auto r = Make(SplitMode::kSl, {{"a", 1}, {"b", 2}});
+  ASSERT_TRUE(r->Finish("a", Trained(*r, "a", 1.0f), 10).ok());
+  // b starts from a's stage 0 and the server's stage 1.
+  ParameterSet b = *r->ClientPart("b");
+  EXPECT_NEAR(b.tensors()[0].values[0] - global_.tensors()[0].values[0], 1.0, 1e-6);
+  EXPECT_NEAR(b.tensors()[2].values[0] - global_.tensors()[2].values[0], 0.0, 1e-6);
+  ASSERT_TRUE(r->Finish("b", Trained(*r, "b", 2.0f), 1).ok());
+  auto next = r->Aggregate();
+  ASSERT_TRUE(next.ok());
+  EXPECT_NEAR(Shift(*next, 0), 3.0, 1e-5);  // a's +1, then b's +2: not averaged
+  EXPECT_NEAR(Shift(*next, 2), 2.0, 1e-5);
+}
+
+TEST_F(SplitRoundTest, FinishChecksTheLayout) {
+  auto r = Make(SplitMode::kSflV2, {{"a", 1}});
+  EXPECT_EQ(r->Finish("a", global_, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r->Finish("a", Trained(*r, "a", 1.0f), 0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cleave
