@@ -54,6 +54,38 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("model: {name: torchscript}", "model.path");
   expect_error("server: {chunk_bytes: 8000000}", "server.chunk_bytes");
   expect_error("run: [1, 2", "YAML");
+  expect_error("split: {mode: splitfed}", "split.mode");
+  expect_error("split: {mode: sl, cut: 0}", "split.cut");
+  expect_error("split: {mode: sl, cut: deep}", "split.cut");
+  expect_error("split: {mode: sl, window: 0}", "split.window");
+  expect_error("split: {mode: ushaped, tail: 0}", "split.tail");
+  expect_error("split: {mode: sl}\nstrategy: {name: fedadam}", "fedadam is not supported");
+  expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");
+  expect_error("local: {profiles: [{uplink: 3}]}", "local.profiles[].uplink");
+}
+
+TEST(ConfigTest, ReadsSplitAndDeviceProfiles) {
+  auto c = JobConfig::Parse(
+      "split: {mode: ushaped, cut: 3, tail: 2, window: 4}\n"
+      "local: {profiles: [{uplink_mbps: 2, downlink_mbps: 8, slowdown: 3, "
+      "memory_limit_mb: 64}, {}]}\n",
+      "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->split.enabled());
+  EXPECT_EQ(c->split.mode, "ushaped");
+  EXPECT_EQ(c->split.cut, 3);
+  EXPECT_EQ(c->split.tail, 2);
+  EXPECT_EQ(c->split.window, 4);
+  ASSERT_EQ(c->local.profiles.size(), 2u);
+  EXPECT_EQ(c->local.profiles[0].uplink_mbps, 2);
+  EXPECT_EQ(c->local.profiles[0].downlink_mbps, 8);
+  EXPECT_EQ(c->local.profiles[0].slowdown, 3);
+  EXPECT_EQ(c->local.profiles[0].memory_limit_mb, 64);
+  EXPECT_EQ(c->local.profiles[1].slowdown, 1);
+  auto automatic = JobConfig::Parse("split: {mode: sfl-v1, cut: auto}", "");
+  ASSERT_TRUE(automatic.ok());
+  EXPECT_EQ(automatic->split.cut, 0);
+  EXPECT_FALSE(JobConfig::Parse("", "")->split.enabled());
 }
 
 TEST(ConfigTest, ResolvesTorchScriptPathAgainstConfigDir) {
@@ -71,7 +103,7 @@ TEST(ConfigTest, EveryShippedExampleLoads) {
     EXPECT_TRUE(c.ok()) << c.status();
     ++n;
   }
-  EXPECT_GE(n, 3);
+  EXPECT_GE(n, 7);
 }
 
 }  // namespace

@@ -59,7 +59,9 @@ TEST(CutPolicyTest, ACutOverTheMemoryLimitIsNeverChosen) {
   // Of the cuts that fit, it is still the fastest.
   for (int cut = 1; cut < 6; ++cut) {
     const CutPrediction r = PredictStep(p, cut);
-    if (r.fits) EXPECT_LE(c->step_s, r.step_s);
+    if (r.fits) {
+      EXPECT_LE(c->step_s, r.step_s);
+    }
   }
   p.memory_limit_bytes = 1000;  // nothing fits
   EXPECT_EQ(MakeCostModelPolicy()->Choose(p).status().code(),
