@@ -112,15 +112,26 @@ nn::Sequential BuildLeNet5() {
 // for split learning: activation sizes and per-stage compute differ widely.
 nn::Sequential BuildVgg() {
   auto conv = [](int in, int out) { return nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1)); };
-  return nn::Sequential(Stage(conv(1, 8), nn::ReLU()),              // 8x28x28
-                        Stage(conv(8, 16), ReluMaxPool()),          // 16x14x14
-                        Stage(conv(16, 32), nn::ReLU()),            // 32x14x14
-                        Stage(conv(32, 32), ReluMaxPool()),         // 32x7x7
-                        Stage(conv(32, 64), nn::ReLU()),            // 64x7x7
-                        Stage(conv(64, 64), ReluMaxPool()),         // 64x3x3
-                        Stage(nn::Flatten(), nn::Linear(576, 256), nn::ReLU()),
-                        Stage(nn::Linear(256, 128), nn::ReLU()),
-                        Stage(nn::Linear(128, 10)));
+  nn::Sequential seq(Stage(conv(1, 8), nn::ReLU()),         // 8x28x28
+                     Stage(conv(8, 16), ReluMaxPool()),     // 16x14x14
+                     Stage(conv(16, 32), nn::ReLU()),       // 32x14x14
+                     Stage(conv(32, 32), ReluMaxPool()),    // 32x7x7
+                     Stage(conv(32, 64), nn::ReLU()),       // 64x7x7
+                     Stage(conv(64, 64), ReluMaxPool()),    // 64x3x3
+                     Stage(nn::Flatten(), nn::Linear(576, 256), nn::ReLU()),
+                     Stage(nn::Linear(256, 128), nn::ReLU()),
+                     Stage(nn::Linear(128, 10)));
+  // He initialisation (as torchvision's VGG): with LibTorch's default, nine plain layers
+  // start with vanishing activations and the loss does not move.
+  torch::NoGradGuard no_grad;
+  for (auto& p : seq->named_parameters(/*recurse=*/true)) {
+    if (p.key().find("weight") != std::string::npos) {
+      torch::nn::init::kaiming_normal_(p.value(), 0, torch::kFanIn, torch::kReLU);
+    } else {
+      p.value().zero_();
+    }
+  }
+  return seq;
 }
 
 nn::Sequential BuildCnn() {

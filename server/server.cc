@@ -233,6 +233,9 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
 
  private:
   static constexpr int64_t kProbeBytes = 256 << 10;
+  // Activations of one micro-batch travel in one message: gRPC's default 4 MiB limit,
+  // less room for framing.
+  static constexpr int64_t kMaxSplitMessage = (4 << 20) - (64 << 10);
 
   int ConnectedLocked() const;
   // Connected clients that may be given a task (split, cut: auto: once profiled).
@@ -1361,6 +1364,23 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
   ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg_.train.batch_size, 3));
   stage_shapes_ = {sample};
   for (const auto& p : server_profile_) stage_shapes_.push_back(p.out_shape);
+  if (cfg_.split.cut > 0 && server_profile_.size() == static_cast<size_t>(num_stages_)) {
+    // A fixed cut must let a micro-batch's activations through one message.
+    CutProblem p;
+    p.client_stage_s.assign(num_stages_, 0);
+    p.server_stage_s.assign(num_stages_, 0);
+    p.input_bytes = {4 * NumElements(stage_shapes_[0])};
+    for (int i = 1; i <= num_stages_; ++i) p.out_bytes.push_back(4 * NumElements(stage_shapes_[i]));
+    p.param_bytes.assign(num_stages_, 0);
+    p.batch = cfg_.train.batch_size;
+    p.tail_begin = mode == SplitMode::kUShaped ? tail_begin_ : -1;
+    p.max_message_bytes = kMaxSplitMessage;
+    const CutPrediction r = PredictStep(p, cfg_.split.cut);
+    if (!r.fits) {
+      return absl::InvalidArgumentError(absl::StrCat("split.cut ", cfg_.split.cut, ": ", r.why_not,
+                                                     "; lower train.batch_size or cut deeper"));
+    }
+  }
   auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
   probe_digest_ = Sha256Hex(*probe);
   blobs_[probe_digest_] = probe;
@@ -1522,7 +1542,7 @@ CutProblem Server::Impl::ProblemFor(const Session& s, int clients_in_round) cons
   p.down_bps = s.profile.downlink_bytes_per_s();
   p.rtt_s = s.profile.rtt_s();
   p.memory_limit_bytes = s.profile.memory_limit_bytes();
-  p.max_message_bytes = (4 << 20) - (64 << 10);  // gRPC's default limit, less framing
+  p.max_message_bytes = kMaxSplitMessage;
   p.tail_begin = *split_mode_ == SplitMode::kUShaped ? tail_begin_ : -1;
   return p;
 }
