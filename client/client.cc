@@ -77,6 +77,12 @@ struct Client::Impl {
   End Session(bool* joined, Status* why);
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack, bool* crashed);
+  // Uploads `trained` - `base` as the result of `task`.
+  StatusOr<v1::UploadReply> UploadUpdate(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                         const v1::Task& task, ParameterSet trained,
+                                         const ParameterSet& base, int64_t examples,
+                                         double loss, double seconds,
+                                         const v1::SplitStats* split);
   // The model a task or welcome describes (fetching a TorchScript archive once).
   StatusOr<ModelSpec> Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                            const v1::ModelDescription& d);
@@ -241,6 +247,29 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   return End::kRetry;
 }
 
+StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
+    v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
+    ParameterSet trained, const ParameterSet& base, int64_t examples, double loss,
+    double seconds, const v1::SplitStats* split) {
+  for (size_t i = 0; i < trained.size(); ++i) {  // the update is the delta from `base`
+    auto& d = trained.mutable_tensors()[i].values;
+    const auto& g = base.tensors()[i].values;
+    for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
+  }
+  v1::UploadHeader h;
+  h.set_run_id(task.run_id());
+  h.set_client_id(w.client_id());
+  h.set_session_token(w.session_token());
+  h.set_round(task.round());
+  h.set_task_id(task.task_id());
+  h.set_num_examples(examples);
+  h.set_train_loss(loss);
+  h.set_codec("fp32");
+  h.set_train_seconds(seconds);
+  if (split) *h.mutable_split() = *split;
+  return UploadPayload(stub, h, trained.Encode(), 1 << 20, 600, &emulator);
+}
+
 StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                       const v1::ModelDescription& d) {
   ModelSpec spec;
@@ -296,25 +325,9 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
       return r.status();
     }
     if (!r.ok()) return r.status();
-    ParameterSet delta = r->trained;
-    for (size_t i = 0; i < delta.size(); ++i) {
-      auto& d = delta.mutable_tensors()[i].values;
-      const auto& g = global->tensors()[i].values;
-      for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
-    }
-    v1::UploadHeader h;
-    h.set_run_id(task.run_id());
-    h.set_client_id(w.client_id());
-    h.set_session_token(w.session_token());
-    h.set_round(task.round());
-    h.set_task_id(task.task_id());
-    h.set_num_examples(r->examples);
-    h.set_train_loss(r->loss);
-    h.set_codec("fp32");
-    h.set_train_seconds(r->stats.wall_s() * r->stats.steps());
-    *h.mutable_split() = r->stats;
     ASSIGN_OR_RETURN(v1::UploadReply reply,
-                     UploadPayload(stub, h, delta.Encode(), 1 << 20, 600, &emulator));
+                     UploadUpdate(stub, w, task, r->trained, *global, r->examples, r->loss,
+                                  r->stats.wall_s() * r->stats.steps(), &r->stats));
     ++tasks_done;
     spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step (client {:.1f}, "
                  "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
@@ -351,24 +364,9 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     *crashed = true;
     return absl::AbortedError("simulated crash");
   }
-  // The update is the delta from the global model.
-  ParameterSet delta = model->Parameters();
-  for (size_t i = 0; i < delta.size(); ++i) {
-    auto& d = delta.mutable_tensors()[i].values;
-    const auto& g = global->tensors()[i].values;
-    for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
-  }
-  v1::UploadHeader h;
-  h.set_run_id(task.run_id());
-  h.set_client_id(w.client_id());
-  h.set_session_token(w.session_token());
-  h.set_round(task.round());
-  h.set_task_id(task.task_id());
-  h.set_num_examples(stats.examples);
-  h.set_train_loss(stats.loss);
-  h.set_codec("fp32");
-  h.set_train_seconds(stats.seconds);
-  ASSIGN_OR_RETURN(v1::UploadReply reply, UploadPayload(stub, h, delta.Encode()));
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadUpdate(stub, w, task, model->Parameters(), *global, stats.examples,
+                                stats.loss, stats.seconds, nullptr));
   ++tasks_done;
   spdlog::info("round {}: trained {} examples in {:.1f}s (loss {:.4f}), update uploaded{}",
                task.round(), stats.examples, stats.seconds, stats.loss,

@@ -241,6 +241,11 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // Connected clients that may be given a task (split, cut: auto: once profiled).
   std::vector<std::string> AvailableLocked() const;
   void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why);
+  // The session of a message about a task of the current round: identity (token), run
+  // and round checked; UNAUTHENTICATED or FAILED_PRECONDITION naming `what` otherwise.
+  StatusOr<const Session*> CheckSenderLocked(const std::string& what, const std::string& client_id,
+                                             const std::string& token, const std::string& run_id,
+                                             int64_t round) const;
   // The task message for `cid` in `round` (split: publishes its client part); records it.
   v1::ServerMessage MakeTaskLocked(int64_t round, const std::string& cid, const FitSettings& fit,
                                    int64_t deadline_ms);
@@ -696,8 +701,11 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         Close(ToGrpc(task.status()));
         return;
       }
-      task_ = *std::move(task);
-      opened_ = true;
+      {
+        std::lock_guard<std::mutex> l(mu_);  // OnCancel may read them on another thread
+        task_ = *std::move(task);
+        opened_ = true;
+      }
       v1::SplitDown ready;
       ready.mutable_ready();
       Send(std::move(ready));
@@ -722,7 +730,13 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   }
 
   void OnCancel() override {
-    if (opened_) impl_->SplitEnded(task_, absl::CancelledError("split stream lost"));
+    SplitStreamTask task;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!opened_) return;
+      task = task_;
+    }
+    impl_->SplitEnded(task, absl::CancelledError("split stream lost"));
   }
 
   void OnDone() override { self_.reset(); }  // may delete this
@@ -857,8 +871,8 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   Server::Impl* impl_;
   std::shared_ptr<SplitReactor> self_;
   v1::SplitUp in_;
-  bool opened_ = false;  // reactions only
-  SplitStreamTask task_;
+  bool opened_ = false;   // written under mu_ once, by a reaction
+  SplitStreamTask task_;  // fixed when opened_ is set
   // Pool-side state (one Drain at a time).
   int64_t next_seq_ = 1;
   std::set<int64_t> pending_;
@@ -1134,18 +1148,9 @@ Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
 
 StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open) {
   std::lock_guard<std::mutex> l(mu_);
-  auto s = sessions_.find(open.client_id());
-  if (s == sessions_.end() || !TokenMatches(s->second.token, open.session_token())) {
-    return absl::UnauthenticatedError("unknown client or wrong session token");
-  }
-  if (open.run_id() != run_id_) {
-    return absl::FailedPreconditionError(absl::StrCat("split stream for run ", open.run_id(),
-                                                      ", this is run ", run_id_));
-  }
-  if (current_round_ == 0 || open.round() != current_round_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "split stream for round ", open.round(), ", the current round is ", current_round_));
-  }
+  RETURN_IF_ERROR(CheckSenderLocked("split stream", open.client_id(), open.session_token(),
+                                    open.run_id(), open.round())
+                      .status());
   auto t = tasks_.find(open.task_id());
   if (t == tasks_.end() || t->second.client_id != open.client_id() || !t->second.split) {
     return absl::FailedPreconditionError(absl::StrCat("no split task ", open.task_id(),
@@ -1178,20 +1183,30 @@ void Server::Impl::SplitEnded(const SplitStreamTask& task, const Status& why) {
   cv_.notify_all();
 }
 
-StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto s = sessions_.find(h.client_id());
-  if (s == sessions_.end() || !TokenMatches(s->second.token, h.session_token())) {
+StatusOr<const Session*> Server::Impl::CheckSenderLocked(const std::string& what,
+                                                         const std::string& client_id,
+                                                         const std::string& token,
+                                                         const std::string& run_id,
+                                                         int64_t round) const {
+  auto s = sessions_.find(client_id);
+  if (s == sessions_.end() || !TokenMatches(s->second.token, token)) {
     return absl::UnauthenticatedError("unknown client or wrong session token");
   }
-  if (h.run_id() != run_id_) {
-    return absl::FailedPreconditionError(absl::StrCat("upload for run ", h.run_id(),
-                                                      ", this is run ", run_id_));
+  if (run_id != run_id_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " for run ", run_id, ", this is run ", run_id_));
   }
-  if (current_round_ == 0 || h.round() != current_round_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "upload for round ", h.round(), ", the current round is ", current_round_));
+  if (current_round_ == 0 || round != current_round_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " for round ", round, ", the current round is ", current_round_));
   }
+  return &s->second;
+}
+
+StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate) {
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(const Session* s, CheckSenderLocked("upload", h.client_id(),
+                                                       h.session_token(), h.run_id(), h.round()));
   auto t = tasks_.find(h.task_id());
   if (t == tasks_.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
@@ -1209,10 +1224,10 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, boo
   if (h.codec() != "fp32") {
     return absl::InvalidArgumentError(absl::StrCat("unsupported codec '", h.codec(), "'"));
   }
-  if (h.num_examples() <= 0 || h.num_examples() > s->second.num_examples) {
+  if (h.num_examples() <= 0 || h.num_examples() > s->num_examples) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_examples ", h.num_examples(), " is not in [1, ",
-                     s->second.num_examples, "] (the client's declared data size)"));
+        absl::StrCat("num_examples ", h.num_examples(), " is not in [1, ", s->num_examples,
+                     "] (the client's declared data size)"));
   }
   if (!std::isfinite(h.train_loss())) {
     return absl::InvalidArgumentError("train_loss is not finite");

@@ -26,6 +26,15 @@ const char* SplitModeName(SplitMode mode) {
   return "?";
 }
 
+namespace {
+
+// Pending micro-batches of every client share the middle part: key them by client too.
+int64_t PendingId(const std::string& client, int64_t seq) {
+  return static_cast<int64_t>(std::hash<std::string>{}(client) << 24) ^ seq;
+}
+
+}  // namespace
+
 struct SplitRound::ClientState {
   int cut = 0;
   std::unique_ptr<ModelPart> copy;  // sfl-v1: this client's server copy
@@ -98,6 +107,7 @@ StatusOr<ParameterSet> SplitRound::ClientPart(const std::string& client) const {
   ParameterSet source = current_;
   if (opts_.mode == SplitMode::kSl) {
     // The shared part holds the latest values of the stages it covers.
+    std::lock_guard<std::mutex> sl(shared_mu_);
     ParameterSet server = shared_->Parameters();
     for (auto& t : source.mutable_tensors()) {
       if (const Tensor* s = server.Find(t.name)) t.values = s->values;
@@ -171,7 +181,7 @@ StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
     if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
   }
   if (c->copy) return c->copy->TrainWithLoss(a, labels);  // this client's own copy
-  std::lock_guard<std::mutex> l(mu_);  // the shared part: one step at a time
+  std::lock_guard<std::mutex> l(shared_mu_);  // the shared part: one step at a time
   return shared_->TrainWithLoss(a, labels, c->cut);
 }
 
@@ -180,12 +190,15 @@ StatusOr<Activations> SplitRound::ForwardMiddle(const std::string& client, int64
   if (opts_.mode != SplitMode::kUShaped) {
     return absl::FailedPreconditionError("only U-shaped rounds have a middle part");
   }
-  std::lock_guard<std::mutex> l(mu_);
-  ASSIGN_OR_RETURN(ClientState * c, Find(client));
-  if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
-  // Pending micro-batches of all clients share the part: key them by client too.
-  return shared_->Forward(static_cast<int64_t>(std::hash<std::string>{}(client) << 20) ^ seq, a,
-                          c->cut);
+  int cut;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ASSIGN_OR_RETURN(ClientState * c, Find(client));
+    if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+    cut = c->cut;
+  }
+  std::lock_guard<std::mutex> l(shared_mu_);
+  return shared_->Forward(PendingId(client, seq), a, cut);
 }
 
 StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int64_t seq,
@@ -196,11 +209,13 @@ StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int6
   for (float v : grad.values) {
     if (!std::isfinite(v)) return absl::InvalidArgumentError("gradients are not all finite");
   }
-  std::lock_guard<std::mutex> l(mu_);
-  ASSIGN_OR_RETURN(ClientState * c, Find(client));
-  if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
-  return shared_->Backward(static_cast<int64_t>(std::hash<std::string>{}(client) << 20) ^ seq,
-                           grad);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ASSIGN_OR_RETURN(ClientState * c, Find(client));
+    if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+  }
+  std::lock_guard<std::mutex> l(shared_mu_);
+  return shared_->Backward(PendingId(client, seq), grad);
 }
 
 Status SplitRound::Finish(const std::string& client, const ParameterSet& part, int64_t weight) {
@@ -220,6 +235,7 @@ Status SplitRound::Finish(const std::string& client, const ParameterSet& part, i
         if (g.name == t.name) g.values = t.values;
       }
     }
+    std::lock_guard<std::mutex> sl(shared_mu_);
     RETURN_IF_ERROR(shared_->LoadFrom(part, /*partial=*/true));
   } else {
     c->part = part;
@@ -231,8 +247,8 @@ void SplitRound::Fail(const std::string& client) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = clients_.find(client);
   if (it == clients_.end() || it->second->finished) return;
+  // The copy stays until the round ends: a step on it may still be running.
   it->second->failed = true;
-  it->second->copy.reset();
 }
 
 int SplitRound::finished() const {
@@ -244,6 +260,7 @@ int SplitRound::finished() const {
 
 StatusOr<ParameterSet> SplitRound::Aggregate() {
   std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<std::mutex> sl(shared_mu_);
   ParameterSet next = global_;
   if (opts_.mode == SplitMode::kSl) {
     next = current_;

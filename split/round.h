@@ -105,10 +105,13 @@ class SplitRound {
   const std::vector<int> stage_of_;  // stage of each tensor of global_
   int min_cut_ = 0;
 
+  // Lock order: mu_ (the clients' states, current_), then shared_mu_ (the shared part,
+  // held for a whole step so that steps of different clients do not interleave).
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<ClientState>> clients_;
-  std::unique_ptr<ModelPart> shared_;  // sl, sfl-v2, ushaped
   ParameterSet current_;               // sl: the model as the last finished client left it
+  mutable std::mutex shared_mu_;
+  std::unique_ptr<ModelPart> shared_;  // sl, sfl-v2, ushaped
 };
 
 }  // namespace cleave

@@ -79,15 +79,18 @@ std::vector<Exactness> AllModesAndCuts() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Modes, SplitExactnessTest, ::testing::ValuesIn(AllModesAndCuts()),
-    [](const ::testing::TestParamInfo<Exactness>& i) {
-      std::string name = i.param.mode + "_cut" + std::to_string(i.param.cut);
-      for (char& c : name) {
-        if (c == '-') c = '_';
-      }
-      return name;
-    });
+// "sfl-v1" is not a test name; "sfl_v1" is.
+std::string TestName(std::string s) {
+  for (char& c : s) {
+    if (c == '-') c = '_';
+  }
+  return s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SplitExactnessTest, ::testing::ValuesIn(AllModesAndCuts()),
+                         [](const ::testing::TestParamInfo<Exactness>& i) {
+                           return TestName(i.param.mode + "_cut" + std::to_string(i.param.cut));
+                         });
 
 }  // namespace
 }  // namespace cleave
@@ -132,11 +135,7 @@ TEST_P(SplitModeTest, ThreeClientsTwoRoundsAccuracyRises) {
 INSTANTIATE_TEST_SUITE_P(Modes, SplitModeTest,
                          ::testing::Values("sl", "sfl-v1", "sfl-v2", "ushaped"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
-                           std::string name = i.param;
-                           for (char& c : name) {
-                             if (c == '-') c = '_';
-                           }
-                           return name;
+                           return TestName(i.param);
                          });
 
 }  // namespace
