@@ -1617,8 +1617,9 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
     if (Clock::now() > join_deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "only ", ConnectedLocked(), " of clients.min=", cfg_.clients.min_clients,
-          " clients connected within ", cfg_.clients.join_timeout_s, "s"));
+          "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
+          " clients connected", NeedProfile() ? " and profiled" : "", " within ",
+          cfg_.clients.join_timeout_s, "s"));
     }
     cv_.wait_for(l, std::chrono::milliseconds(200));
     ExpireSilentClients(l);
@@ -1673,12 +1674,18 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   send(first);
   spdlog::info("round {}: {} clients selected", round, plan.clients.size());
   phase_ = "training";
+  int lost_turns = 0;  // sl: clients gone before their turn came
   while (!stopping_ && Clock::now() < deadline) {
     if (RoundResolvedLocked()) {
       if (turns_.empty()) break;
       std::string next = turns_.front();
       turns_.pop_front();
-      if (sessions_.count(next)) send({next});
+      if (sessions_.count(next)) {
+        send({next});
+      } else {
+        spdlog::warn("round {}: client {} left before its turn", round, next);
+        ++lost_turns;
+      }
       continue;
     }
     cv_.wait_until(l, std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
@@ -1691,6 +1698,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   // Close the round: anything still assigned is a straggler and counts as failed.
   RoundMetrics m;
   m.round = round;
+  m.failures = lost_turns;
   double loss_sum = 0;
   int64_t weight = 0;
   for (const auto& cid : turns_) {  // sl: clients whose turn never came
