@@ -16,7 +16,6 @@ class TokenBucket {
   explicit TokenBucket(double bytes_per_s = 0, double burst_bytes = 16 << 10);
   // Blocks until `bytes` may pass.
   void Consume(int64_t bytes);
-  double rate() const { return rate_; }
 
  private:
   const double rate_;

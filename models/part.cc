@@ -144,7 +144,6 @@ StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, in
 int ModelPart::begin() const { return impl_->begin; }
 int ModelPart::end() const { return impl_->end; }
 size_t ModelPart::pending() const { return impl_->pending.size(); }
-void ModelPart::DropPending() { impl_->pending.clear(); }
 
 ParameterSet ModelPart::Parameters() const {
   ParameterSet ps;
@@ -200,7 +199,7 @@ StatusOr<Activations> ModelPart::Forward(int64_t id, const Activations& in, int 
     auto x = Impl::Input(in, from);
     auto y = impl_->Run(x, from);
     Activations out = FromTensor(y);
-    impl_->pending[id] = {x, y, from};
+    impl_->pending[id] = {x, y, from, {}};
     return out;
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(
@@ -267,16 +266,6 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("training step failed: ", e.what_without_backtrace()));
-  }
-}
-
-StatusOr<Activations> ModelPart::Infer(const Activations& in) const {
-  RETURN_IF_ERROR(CheckActivations(in));
-  try {
-    torch::NoGradGuard no_grad;
-    return FromTensor(impl_->Run(ToTensor(in), impl_->begin));
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(absl::StrCat("forward failed: ", e.what_without_backtrace()));
   }
 }
 

@@ -84,11 +84,7 @@ class ModelPart {
   StatusOr<LossStep> TrainWithLoss(const Activations& in, const std::vector<int64_t>& labels,
                                    int from = -1);
 
-  // Output of the part without keeping anything for backward.
-  StatusOr<Activations> Infer(const Activations& in) const;
-
   size_t pending() const;
-  void DropPending();
 
  private:
   struct Impl;

@@ -78,11 +78,10 @@ class CostModelPolicy : public CutPolicy {
   std::string name() const override { return "cost-model"; }
   StatusOr<CutPrediction> Choose(const CutProblem& p) override {
     const int server_end = p.tail_begin > 0 ? p.tail_begin : p.num_stages();
-    const int last = p.max_cut > 0 ? std::min(p.max_cut, server_end - 1) : server_end - 1;
     bool any = false;
     CutPrediction best;
     std::string why;
-    for (int c = std::max(1, p.min_cut); c <= last; ++c) {
+    for (int c = 1; c < server_end; ++c) {
       CutPrediction r = PredictStep(p, c);
       if (!r.fits) {
         why = r.why_not;

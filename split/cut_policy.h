@@ -41,8 +41,6 @@ struct CutProblem {
   int64_t memory_limit_bytes = 0;      // 0 = no limit
   int64_t max_message_bytes = 4 << 20;
   int tail_begin = -1;                 // U-shaped: first stage of the client's tail; -1 = none
-  int min_cut = 1;                     // candidate cuts: [min_cut, max_cut]
-  int max_cut = -1;                    // -1 = last stage the server may start at
 
   int num_stages() const { return static_cast<int>(client_stage_s.size()); }
 };
