@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/emulation.h"
+#include "compression/codec.h"
 #include "client/split_client.h"
 #include "client/transfer.h"
 #include "models/model.h"
@@ -88,6 +89,10 @@ struct Client::Impl {
                            const v1::ModelDescription& d);
   std::string script_digest;   // the archive held in script_bytes
   std::string script_bytes;
+  // The update codec and its state (error-feedback residuals, one per tensor), kept
+  // across rounds while the codec and the tensors it encodes stay the same.
+  std::unique_ptr<Codec> update_codec;
+  std::string update_codec_key;
   void Sleep(double seconds) {
     std::unique_lock<std::mutex> l(mu);
     cv.wait_for(l, std::chrono::duration<double>(seconds), [this] { return stop.load(); });
@@ -171,6 +176,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   join->set_name(opts.name);
   *join->mutable_device() = LocalDevice();
   join->add_codecs("fp32");
+  for (const auto& family : SupportedCodecFamilies()) join->add_codecs(family);
   join->set_num_examples(opts.train.size);
   join->set_protocol_version(1);
 
@@ -264,10 +270,21 @@ StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
   h.set_task_id(task.task_id());
   h.set_num_examples(examples);
   h.set_train_loss(loss);
-  h.set_codec("fp32");
   h.set_train_seconds(seconds);
   if (split) *h.mutable_split() = *split;
-  return UploadPayload(stub, h, trained.Encode(), 1 << 20, 600, &emulator);
+  const std::string& spec = task.update_codec();
+  if (spec.empty() || CodecFamily(spec) == "none") {
+    h.set_codec("fp32");
+    return UploadPayload(stub, h, trained.Encode(), 1 << 20, 600, &emulator);
+  }
+  std::string key = spec;
+  for (const auto& t : trained.tensors()) absl::StrAppend(&key, "|", t.name);
+  if (!update_codec || key != update_codec_key) {
+    ASSIGN_OR_RETURN(update_codec, MakeCodec(spec, std::hash<std::string>{}(opts.name)));
+    update_codec_key = std::move(key);
+  }
+  h.set_codec(spec);
+  return UploadPayload(stub, h, EncodeTensors(*update_codec, trained), 1 << 20, 600, &emulator);
 }
 
 StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,

@@ -97,6 +97,7 @@ class NoneCodec : public Codec {
   void Encode(int, const float* in, int64_t n, std::string* out) override {
     out->append(reinterpret_cast<const char*>(in), n * sizeof(float));
   }
+  int64_t EncodedSize(int64_t n) const override { return 4 * n; }
   Status Decode(std::string_view bytes, int64_t n, float* out) const override {
     RETURN_IF_ERROR(Length(bytes, 4 * n, name()));
     std::vector<float> v(n);
@@ -115,6 +116,7 @@ class HalfCodec : public Codec {
   void Encode(int, const float* in, int64_t n, std::string* out) override {
     for (int64_t i = 0; i < n; ++i) Put(out, bf16_ ? FloatToBf16(in[i]) : FloatToHalf(in[i]));
   }
+  int64_t EncodedSize(int64_t n) const override { return 2 * n; }
   Status Decode(std::string_view bytes, int64_t n, float* out) const override {
     RETURN_IF_ERROR(Length(bytes, 2 * n, name()));
     std::vector<float> v(n);
@@ -148,6 +150,7 @@ class Int8Codec : public Codec {
       out->push_back(static_cast<char>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f))));
     }
   }
+  int64_t EncodedSize(int64_t n) const override { return 4 + n; }
   Status Decode(std::string_view bytes, int64_t n, float* out) const override {
     RETURN_IF_ERROR(Length(bytes, 4 + n, name()));
     const float scale = Get<float>(bytes.data());
@@ -174,11 +177,16 @@ class TopKCodec : public Codec {
   explicit TopKCodec(double fraction) : fraction_(fraction) {}
   std::string name() const override { return absl::StrCat("topk:", fraction_); }
 
+  int64_t K(int64_t n) const {
+    return n == 0 ? 0 : std::clamp<int64_t>(std::ceil(fraction_ * n), 1, n);
+  }
+  int64_t EncodedSize(int64_t n) const override { return 4 + 8 * K(n); }
+
   void Encode(int slot, const float* in, int64_t n, std::string* out) override {
     std::vector<float>& v = residual_[slot];
     v.resize(n, 0.0f);
     for (int64_t i = 0; i < n; ++i) v[i] += in[i];  // what is owed: input + residual
-    const int64_t k = n == 0 ? 0 : std::clamp<int64_t>(std::ceil(fraction_ * n), 1, n);
+    const int64_t k = K(n);
     std::vector<uint32_t> idx(n);
     std::iota(idx.begin(), idx.end(), 0u);
     std::nth_element(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
@@ -229,6 +237,50 @@ class TopKCodec : public Codec {
 };
 
 }  // namespace
+
+std::string CodecFamily(const std::string& spec) {
+  if (spec == "fp32") return "none";
+  if (spec.rfind("topk:", 0) == 0) return "topk";
+  return spec;
+}
+
+std::vector<std::string> SupportedCodecFamilies() {
+  return {"none", "fp16", "bf16", "int8", "int8:sr", "topk"};
+}
+
+std::string EncodeTensors(Codec& codec, const ParameterSet& values) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& t = values.tensors()[i];
+    codec.Encode(static_cast<int>(i), t.values.data(), static_cast<int64_t>(t.values.size()), &out);
+  }
+  return out;
+}
+
+int64_t EncodedTensorsSize(const Codec& codec, const ParameterSet& layout) {
+  int64_t n = 0;
+  for (const auto& t : layout.tensors()) n += codec.EncodedSize(t.numel());
+  return n;
+}
+
+StatusOr<ParameterSet> DecodeTensors(const Codec& codec, std::string_view bytes,
+                                     const ParameterSet& layout) {
+  if (static_cast<int64_t>(bytes.size()) != EncodedTensorsSize(codec, layout)) {
+    return absl::InvalidArgumentError(absl::StrCat(codec.name(), " update of ", bytes.size(),
+                                                   " bytes, expected ",
+                                                   EncodedTensorsSize(codec, layout)));
+  }
+  ParameterSet out = layout.ZerosLike();
+  size_t offset = 0;
+  for (auto& t : out.mutable_tensors()) {
+    const int64_t size = codec.EncodedSize(t.numel());
+    if (Status s = codec.Decode(bytes.substr(offset, size), t.numel(), t.values.data()); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": ", s.message()));
+    }
+    offset += size;
+  }
+  return out;
+}
 
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed) {
   if (spec == "none" || spec == "fp32") return std::unique_ptr<Codec>(new NoneCodec());

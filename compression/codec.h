@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/parameter_set.h"
 #include "core/status.h"
 
 namespace cleave {
@@ -39,6 +40,8 @@ class Codec {
   virtual void Encode(int slot, const float* in, int64_t n, std::string* out) = 0;
   // Decodes `bytes`, which must be exactly one encoding of n values, into out[0, n).
   virtual Status Decode(std::string_view bytes, int64_t n, float* out) const = 0;
+  // The exact size of an encoding of n values.
+  virtual int64_t EncodedSize(int64_t n) const = 0;
 
   // The residual of `slot` (error feedback); empty for codecs without one.
   virtual std::vector<float> Residual(int slot) const { return {}; }
@@ -46,6 +49,21 @@ class Codec {
 
 // The codec `spec` names (see above); `seed` drives stochastic rounding.
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed = 0);
+
+// The codec family a spec belongs to ("topk:0.01" -> "topk"), as clients advertise them.
+std::string CodecFamily(const std::string& spec);
+// The families this build supports.
+std::vector<std::string> SupportedCodecFamilies();
+
+// An update (or any parameter set) compressed tensor by tensor: the concatenated
+// encodings of `values`' tensors, in order; slot i is tensor i.
+std::string EncodeTensors(Codec& codec, const ParameterSet& values);
+// Its exact size for tensors of `layout`'s shapes.
+int64_t EncodedTensorsSize(const Codec& codec, const ParameterSet& layout);
+// Decodes EncodeTensors' output into a set with `layout`'s names and shapes. Any
+// malformed part is INVALID_ARGUMENT naming the tensor.
+StatusOr<ParameterSet> DecodeTensors(const Codec& codec, std::string_view bytes,
+                                     const ParameterSet& layout);
 
 // IEEE half and bfloat16 conversions (round to nearest even), exposed for tests.
 uint16_t FloatToHalf(float f);

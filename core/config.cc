@@ -57,7 +57,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (!root || root.IsNull()) return c;
   RETURN_IF_ERROR(CheckKeys(root, "config",
                             {"run", "model", "data", "clients", "train", "strategy", "split",
-                             "server", "local"}));
+                             "compression", "server", "local"}));
   bool server_lr_set = false;
   if (auto s = root["run"]) {
     RETURN_IF_ERROR(CheckKeys(s, "run", {"name", "rounds", "seed"}));
@@ -115,6 +115,10 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     }
     RETURN_IF_ERROR(Read(s, "split", "tail", &c.split.tail));
     RETURN_IF_ERROR(Read(s, "split", "window", &c.split.window));
+  }
+  if (auto s = root["compression"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "compression", {"update"}));
+    RETURN_IF_ERROR(Read(s, "compression", "update", &c.compression.update));
   }
   if (auto s = root["server"]) {
     RETURN_IF_ERROR(CheckKeys(s, "server", {"listen", "heartbeat_s", "client_timeout_s",

@@ -56,6 +56,10 @@ struct StrategyConfig {
   double tau = 1e-3;             // strategy.tau: adaptivity, added to sqrt(v)
 };
 
+struct CompressionConfig {
+  std::string update = "none";   // compression.update: codec of client updates
+};
+
 struct ServerConfig {
   std::string listen = "0.0.0.0:7070";   // server.listen
   double heartbeat_s = 2.0;              // server.heartbeat_s: client heartbeat interval
@@ -102,6 +106,7 @@ struct JobConfig {
   TrainConfig train;
   StrategyConfig strategy;
   SplitConfig split;
+  CompressionConfig compression;
   ServerConfig server;
   LocalConfig local;
 

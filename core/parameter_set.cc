@@ -288,6 +288,19 @@ StatusOr<ParameterSet> ParameterSet::Decode(std::string_view bytes, int64_t max_
   return ps;
 }
 
+std::vector<TensorView> ViewsOf(const ParameterSet& set) {
+  std::vector<TensorView> views;
+  for (const auto& t : set.tensors()) {
+    TensorView v;
+    v.name = t.name;
+    v.shape = t.shape;
+    v.data = reinterpret_cast<const char*>(t.values.data());
+    v.numel = static_cast<int64_t>(t.values.size());
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
 std::string Sha256Hex(std::string_view bytes) {
   unsigned char md[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), md);

@@ -91,6 +91,9 @@ StatusOr<std::vector<TensorView>> ParseParameterSet(std::string_view bytes,
 // finite; otherwise INVALID_ARGUMENT saying what is wrong.
 Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& views);
 
+// Views of `set`'s tensors (valid while `set` lives and is not changed).
+std::vector<TensorView> ViewsOf(const ParameterSet& set);
+
 // Hex SHA-256 of `bytes`: the content address of a blob.
 std::string Sha256Hex(std::string_view bytes);
 

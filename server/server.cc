@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/strategy.h"
+#include "compression/codec.h"
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "core/files.h"
 #include "core/thread_pool.h"
@@ -106,6 +107,7 @@ struct TaskRecord {
   double train_loss = 0;
   int64_t num_examples = 0;
   int64_t expected_size = 0;   // bytes of the update
+  std::string codec = "fp32";  // its codec: fp32 (a parameter-set encoding) or a Codec spec
   // Split tasks: the client part the client was given (its upload is a delta from it).
   bool split = false;
   bool split_open = false;
@@ -287,6 +289,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::unique_ptr<Strategy> strategy_;
   v1::ModelDescription model_desc_;
   ModelSpec model_spec_;
+  std::unique_ptr<Codec> update_codec_;  // compression.update, unless none (decoding only)
 
   // Split learning (split.mode set); fixed after Init.
   std::optional<SplitMode> split_mode_;
@@ -1034,6 +1037,14 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* 
     return absl::InvalidArgumentError("Join.num_examples must be > 0");
   }
   if (join.name().size() > 256) return absl::InvalidArgumentError("client name too long");
+  if (update_codec_) {
+    const std::string family = CodecFamily(cfg_.compression.update);
+    if (std::find(join.codecs().begin(), join.codecs().end(), family) == join.codecs().end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this run compresses updates with ", cfg_.compression.update,
+          ", which the client does not support"));
+    }
+  }
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
   Session s;
@@ -1221,8 +1232,9 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, boo
     return absl::FailedPreconditionError(
         absl::StrCat("task ", h.task_id(), " was already counted as failed"));
   }
-  if (h.codec() != "fp32") {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported codec '", h.codec(), "'"));
+  if (h.codec() != t->second.codec) {
+    return absl::InvalidArgumentError(absl::StrCat("update codec '", h.codec(), "', the task asked for '",
+                                                   t->second.codec, "'"));
   }
   if (h.num_examples() <= 0 || h.num_examples() > s->num_examples) {
     return absl::InvalidArgumentError(
@@ -1250,9 +1262,25 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, boo
 
 Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payload,
                                    bool* duplicate) {
-  // Structure checks need no lock; the payload is ours.
-  ASSIGN_OR_RETURN(std::vector<TensorView> views,
-                   ParseParameterSet(payload, cfg_.server.max_model_elements));
+  // Structure checks need no lock; the payload is ours. A compressed update is decoded
+  // into one dense copy here (one per upload slot, so server memory stays O(model)).
+  ParameterSet decoded;
+  std::vector<TensorView> views;
+  if (h.codec() == "fp32") {
+    ASSIGN_OR_RETURN(views, ParseParameterSet(payload, cfg_.server.max_model_elements));
+  } else {
+    const ParameterSet* layout = nullptr;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto t = tasks_.find(h.task_id());
+      if (t == tasks_.end()) return absl::FailedPreconditionError("the round closed");
+      layout = t->second.split ? &t->second.part : &global_;
+      // Decoding is O(model) under the lock, like the validation and accumulation of
+      // an fp32 update below.
+      ASSIGN_OR_RETURN(decoded, DecodeTensors(*update_codec_, payload, *layout));
+    }
+    views = ViewsOf(decoded);
+  }
   std::lock_guard<std::mutex> l(mu_);
   // Re-check under the lock: the round may have closed while we were reading.
   auto t = tasks_.find(h.task_id());
@@ -1340,6 +1368,14 @@ Status Server::Impl::Init() {
     }
   }
   ASSIGN_OR_RETURN(strategy_, CreateStrategy(cfg_));
+  if (CodecFamily(cfg_.compression.update) != "none") {
+    auto codec = MakeCodec(cfg_.compression.update);
+    if (!codec.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("compression.update: ", codec.status().message()));
+    }
+    update_codec_ = *std::move(codec);
+  }
   RETURN_IF_ERROR(InitSplit(spec));
   run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
   if (!opts_.run_dir.empty()) {
@@ -1532,6 +1568,11 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     task->set_model_digest(model_digest_);
     task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
     rec.expected_size = static_cast<int64_t>(global_.EncodedSize());
+  }
+  if (update_codec_) {
+    rec.codec = cfg_.compression.update;
+    rec.expected_size = EncodedTensorsSize(*update_codec_, rec.split ? rec.part : global_);
+    task->set_update_codec(rec.codec);
   }
   tasks_[task->task_id()] = std::move(rec);
   return msg;

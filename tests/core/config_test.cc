@@ -62,6 +62,7 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("split: {mode: sl}\nstrategy: {name: fedadam}", "fedadam is not supported");
   expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");
   expect_error("local: {profiles: [{uplink: 3}]}", "local.profiles[].uplink");
+  expect_error("compression: {uplink: int8}", "compression.uplink");
 }
 
 TEST(ConfigTest, ReadsSplitAndDeviceProfiles) {
@@ -103,7 +104,7 @@ TEST(ConfigTest, EveryShippedExampleLoads) {
     EXPECT_TRUE(c.ok()) << c.status();
     ++n;
   }
-  EXPECT_GE(n, 7);
+  EXPECT_GE(n, 8);
 }
 
 }  // namespace

@@ -197,6 +197,34 @@ TEST(FederationTest, TrainsATorchScriptModelNamedInTheConfig) {
   std::filesystem::remove(path);
 }
 
+// Compressed updates (compression.update) cross the wire in a fraction of the bytes,
+// and the federation still learns.
+TEST(FederationTest, CompressedUpdatesLearnInFewerBytes) {
+  auto run = [](const std::string& codec) {
+    Federation f;
+    f.Start(std::string(kBase) + "model: {name: lenet5}\nrun: {rounds: 2, seed: 42}\n" +
+                "clients: {min: 3, quorum: 1.0}\ncompression: {update: \"" + codec + "\"}\n",
+            Options(3, 3000));
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << codec << ": " << f.server_status;
+    return f.server->History();
+  };
+  const auto fp32 = run("none");
+  const auto int8 = run("int8");
+  const auto topk = run("topk:0.01");
+  ASSERT_EQ(fp32.size(), 2u);
+  ASSERT_EQ(int8.size(), 2u);
+  ASSERT_EQ(topk.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(int8[r].participants, 3);
+    EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / int8[r].bytes_up, 3.9);
+    EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / topk[r].bytes_up, 30);
+  }
+  EXPECT_GT(int8[1].test_accuracy, 0.6);
+  EXPECT_NEAR(int8[1].test_accuracy, fp32[1].test_accuracy, 0.05);
+  EXPECT_GT(topk[1].test_accuracy, topk[0].test_accuracy) << "error feedback carries it on";
+}
+
 TEST(ClientTest, GivesUpWhenTheServerNeverAnswers) {
   ClientOptions o;
   o.server = "127.0.0.1:1";  // nothing listens there

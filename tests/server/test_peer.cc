@@ -15,12 +15,13 @@ TestPeer::~TestPeer() {
   if (stream_) stream_->Finish();
 }
 
-bool TestPeer::Join(const std::string& name) {
+bool TestPeer::Join(const std::string& name, const std::vector<std::string>& codecs) {
   stream_ = stub_->Control(&ctx_);
   v1::ClientMessage m;
   m.mutable_join()->set_name(name);
   m.mutable_join()->set_num_examples(num_examples_);
   m.mutable_join()->set_protocol_version(1);
+  for (const auto& c : codecs) m.mutable_join()->add_codecs(c);
   v1::ServerMessage reply;
   if (!stream_->Write(m) || !stream_->Read(&reply) || !reply.has_welcome()) return false;
   welcome_ = reply.welcome();

@@ -23,8 +23,8 @@ class TestPeer {
   TestPeer(const std::string& address, int64_t num_examples);
   ~TestPeer();
 
-  // Sends Join and waits for Welcome. False on failure.
-  bool Join(const std::string& name = "peer");
+  // Sends Join (advertising `codecs`) and waits for Welcome. False on failure.
+  bool Join(const std::string& name = "peer", const std::vector<std::string>& codecs = {"fp32"});
   // The next task from the server, or nullopt after `timeout_s`.
   std::optional<v1::Task> NextTask(double timeout_s = 30);
   // True once the server sent RunEnded (waits up to timeout_s).

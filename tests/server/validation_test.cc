@@ -7,6 +7,7 @@
 
 #include "client/client.h"
 #include "client/transfer.h"
+#include "compression/codec.h"
 #include "server/server.h"
 #include "tests/server/test_peer.h"
 
@@ -389,6 +390,58 @@ server: {client_timeout_s: 300}
   ParameterSet after = server_->GlobalModel();
   EXPECT_FLOAT_EQ(after.tensors()[0].values[12345], 0.345f + 2.0f);
   EXPECT_FLOAT_EQ(after.tensors()[0].values[12346], 0.346f);
+}
+
+// compression.update: int8. A client that cannot encode it is refused at Join; a bad
+// compressed update is refused before it touches the aggregate; a good one is decoded and
+// averaged.
+TEST_F(ServerFixture, CompressedUpdatesAreCheckedThenDecodedAndAveraged) {
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 1, round_deadline_s: 60}\n"
+              "compression: {update: int8}\n");
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer old(address_, 100);
+  EXPECT_FALSE(old.Join("old", {"fp32"}));
+  TestPeer a(address_, 100);
+  ASSERT_TRUE(a.Join("a", {"fp32", "int8"}));
+  auto task = a.NextTask();
+  ASSERT_TRUE(task);
+  EXPECT_EQ(task->update_codec(), "int8");
+
+  const ParameterSet delta = Delta(initial, 0.01f);
+  auto codec = *MakeCodec("int8");
+  const std::string good = EncodeTensors(*codec, delta);
+  EXPECT_EQ(static_cast<int64_t>(good.size()), initial.total_elements() + 4 * 6);
+  auto upload = [&](const std::string& codec_name, const std::string& bytes) {
+    v1::UploadHeader h = a.Header(*task, 100);
+    h.set_codec(codec_name);
+    h.set_total_size(static_cast<int64_t>(bytes.size()));
+    return a.RawUpload(h, Chunks(bytes));
+  };
+  auto s = upload("fp32", initial.Encode());
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("the task asked for 'int8'"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(upload("int8", good.substr(1)).error_code(), StatusCode::INVALID_ARGUMENT);
+  std::string nan_scale = good;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&nan_scale[0], &nan, 4);
+  s = upload("int8", nan_scale);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("scale"), std::string::npos) << s.error_message();
+  s = upload("int8", good);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  // One update: the new model is the initial one plus the decoded delta, exactly.
+  auto decoded = DecodeTensors(*codec, good, initial);
+  ASSERT_TRUE(decoded.ok());
+  const ParameterSet after = server_->GlobalModel();
+  for (size_t i = 0; i < after.size(); ++i) {
+    for (size_t j = 0; j < after.tensors()[i].values.size(); ++j) {
+      ASSERT_FLOAT_EQ(after.tensors()[i].values[j],
+                      initial.tensors()[i].values[j] + decoded->tensors()[i].values[j]);
+    }
+  }
 }
 
 }  // namespace
