@@ -234,7 +234,16 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
         ctx.TryCancel();
         break;
       }
-      if (!s.ok()) spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
+      if (!s.ok()) {
+        spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
+        // Tell the server at once, so that the round need not wait for its deadline (a
+        // task already uploaded or failed there ignores this).
+        v1::TaskAck failed;
+        failed.set_task_id(msg.task().task_id());
+        failed.set_accepted(false);
+        failed.set_error(std::string(s.message()));
+        ack(failed);
+      }
     }
   }
   hb_stop = true;

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/transfer.h"
+#include "compression/codec.h"
 #include "models/part.h"
 
 namespace cleave {
@@ -27,12 +28,19 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-void ToWire(const Activations& a, v1::TensorData* t) {
+// A tensor and the codec it travels with (`spec` "" = float32).
+struct WireCodec {
+  std::string spec;
+  std::unique_ptr<Codec> codec;
+};
+
+void ToWire(const Activations& a, WireCodec& c, v1::TensorData* t) {
   for (int64_t d : a.shape) t->add_shape(d);
-  t->set_data(reinterpret_cast<const char*>(a.values.data()), a.values.size() * sizeof(float));
+  t->set_codec(c.spec);
+  t->set_data(EncodeValues(c.codec.get(), a.values));
 }
 
-StatusOr<Activations> FromWire(const v1::TensorData& t) {
+StatusOr<Activations> FromWire(const v1::TensorData& t, const WireCodec& c) {
   Activations a;
   a.shape.assign(t.shape().begin(), t.shape().end());
   int64_t n = 1;
@@ -40,11 +48,15 @@ StatusOr<Activations> FromWire(const v1::TensorData& t) {
     if (d <= 0) return absl::DataLossError("the server sent a tensor with a bad shape");
     n *= d;
   }
-  if (a.shape.empty() || static_cast<int64_t>(t.data().size()) != 4 * n) {
-    return absl::DataLossError("the server sent a tensor whose data does not match its shape");
+  if (a.shape.empty() || t.codec() != c.spec) {
+    return absl::DataLossError("the server sent a tensor without a shape or in another codec");
   }
-  a.values.resize(n);
-  std::memcpy(a.values.data(), t.data().data(), t.data().size());
+  auto values = DecodeValues(c.codec.get(), t.data(), n);
+  if (!values.ok()) {
+    return absl::DataLossError(absl::StrCat("the server sent a bad tensor: ",
+                                            values.status().message()));
+  }
+  a.values = *std::move(values);
   return a;
 }
 
@@ -122,6 +134,9 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
   sgd.weight_decay = task.train().weight_decay();
   head->ResetOptimizer(sgd);
   if (tail) tail->ResetOptimizer(sgd);
+  WireCodec acts{st.activation_codec(), nullptr}, grads{st.gradient_codec(), nullptr};
+  ASSIGN_OR_RETURN(acts.codec, MakeStatelessCodec(acts.spec, o.seed));
+  ASSIGN_OR_RETURN(grads.codec, MakeStatelessCodec(grads.spec, o.seed + 1));
 
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::time_point(
@@ -188,14 +203,14 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
         server += f.server_seconds();
         auto it = inflight.find(f.seq());
         if (!tail || it == inflight.end()) return absl::DataLossError("unexpected SplitForward");
-        ASSIGN_OR_RETURN(Activations act, FromWire(f.activations()));
+        ASSIGN_OR_RETURN(Activations act, FromWire(f.activations(), acts));
         ASSIGN_OR_RETURN(ModelPart::LossStep step,
                          timed([&] { return tail->TrainWithLoss(act, it->second); }));
         loss_sum += step.loss * act.batch();
         loss_n += act.batch();
         v1::SplitUp up;
         up.mutable_grad()->set_seq(f.seq());
-        ToWire(step.grad_in, up.mutable_grad()->mutable_grad());
+        ToWire(step.grad_in, grads, up.mutable_grad()->mutable_grad());
         writer.Push(std::move(up));
         continue;
       }
@@ -204,7 +219,7 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
       server += r.server_seconds();
       auto it = inflight.find(r.seq());
       if (it == inflight.end()) return absl::DataLossError("gradient for an unknown micro-batch");
-      ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad()));
+      ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad(), grads));
       if (!tail) {
         loss_sum += r.loss() * grad.batch();
         loss_n += grad.batch();
@@ -237,7 +252,7 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
       v1::SplitUp up;
       auto* mb = up.mutable_batch();
       mb->set_seq(seq);
-      ToWire(*act, mb->mutable_activations());
+      ToWire(*act, acts, mb->mutable_activations());
       if (!ushaped) {
         for (int64_t y : labels) mb->add_labels(y);
       }

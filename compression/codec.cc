@@ -239,7 +239,7 @@ class TopKCodec : public Codec {
 }  // namespace
 
 std::string CodecFamily(const std::string& spec) {
-  if (spec == "fp32") return "none";
+  if (spec.empty() || spec == "fp32") return "none";
   if (spec.rfind("topk:", 0) == 0) return "topk";
   return spec;
 }
@@ -280,6 +280,32 @@ StatusOr<ParameterSet> DecodeTensors(const Codec& codec, std::string_view bytes,
     offset += size;
   }
   return out;
+}
+
+std::string EncodeValues(Codec* codec, const std::vector<float>& values) {
+  if (codec == nullptr) {
+    return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  }
+  std::string out;
+  codec->Encode(0, values.data(), static_cast<int64_t>(values.size()), &out);
+  return out;
+}
+
+StatusOr<std::vector<float>> DecodeValues(const Codec* codec, std::string_view bytes, int64_t n) {
+  static const NoneCodec kNone;
+  std::vector<float> v(n);
+  RETURN_IF_ERROR((codec ? codec : &kNone)->Decode(bytes, n, v.data()));
+  return v;
+}
+
+StatusOr<std::unique_ptr<Codec>> MakeStatelessCodec(const std::string& spec, uint64_t seed) {
+  if (CodecFamily(spec) == "none") return std::unique_ptr<Codec>();
+  if (CodecFamily(spec) == "topk") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "codec ", spec, " keeps a residual across calls; activations and gradients change "
+        "every batch (use fp16, bf16, int8 or int8:sr)"));
+  }
+  return MakeCodec(spec, seed);
 }
 
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed) {

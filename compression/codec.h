@@ -50,7 +50,8 @@ class Codec {
 // The codec `spec` names (see above); `seed` drives stochastic rounding.
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed = 0);
 
-// The codec family a spec belongs to ("topk:0.01" -> "topk"), as clients advertise them.
+// The codec family a spec belongs to ("topk:0.01" -> "topk"; "", "fp32" -> "none"), as
+// clients advertise them.
 std::string CodecFamily(const std::string& spec);
 // The families this build supports.
 std::vector<std::string> SupportedCodecFamilies();
@@ -64,6 +65,15 @@ int64_t EncodedTensorsSize(const Codec& codec, const ParameterSet& layout);
 // malformed part is INVALID_ARGUMENT naming the tensor.
 StatusOr<ParameterSet> DecodeTensors(const Codec& codec, std::string_view bytes,
                                      const ParameterSet& layout);
+
+// One tensor's values as `codec` encodes them (nullptr: raw float32), and back. Decode
+// checks the length (`n` values) and, through the codec, everything else.
+std::string EncodeValues(Codec* codec, const std::vector<float>& values);
+StatusOr<std::vector<float>> DecodeValues(const Codec* codec, std::string_view bytes, int64_t n);
+
+// A codec for split activations or gradients: a new batch every call, so no codec that
+// keeps state across calls (top-k). nullptr for "none".
+StatusOr<std::unique_ptr<Codec>> MakeStatelessCodec(const std::string& spec, uint64_t seed);
 
 // IEEE half and bfloat16 conversions (round to nearest even), exposed for tests.
 uint16_t FloatToHalf(float f);

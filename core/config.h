@@ -58,6 +58,8 @@ struct StrategyConfig {
 
 struct CompressionConfig {
   std::string update = "none";   // compression.update: codec of client updates
+  std::string activations = "none";  // compression.activations: split activations
+  std::string gradients = "none";    // compression.gradients: split activation gradients
 };
 
 struct ServerConfig {

@@ -123,6 +123,7 @@ struct SplitStreamTask {
   std::shared_ptr<SplitRound> round;
   int window = 1;
   int64_t max_elements = 0;
+  std::string act_codec, grad_codec;  // "" = float32
 };
 
 struct Session {
@@ -191,6 +192,10 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
     split_down_ += bytes;
   }
   int64_t probe_size() const { return kProbeBytes; }
+  // The codec name split tensors carry for a compression.* value ("" = float32).
+  static std::string SplitCodec(const std::string& spec) {
+    return CodecFamily(spec) == "none" ? "" : spec;
+  }
   ThreadPool& pool() { return pool_; }
   // Upload admission: true if `r` may read its payload now; otherwise `r` is queued and
   // resumed when a slot frees. CancelWaitingUpload removes a queued `r` (true if it was
@@ -704,6 +709,8 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         Close(ToGrpc(task.status()));
         return;
       }
+      act_codec_ = MakeStatelessCodec(task->act_codec, 1).value();  // checked at start
+      grad_codec_ = MakeStatelessCodec(task->grad_codec, 2).value();
       {
         std::lock_guard<std::mutex> l(mu_);  // OnCancel may read them on another thread
         task_ = *std::move(task);
@@ -798,7 +805,8 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         return absl::InvalidArgumentError(absl::StrCat(
             "micro-batch ", b.seq(), " arrived, expected ", next_seq_, " (replayed or out of order)"));
       }
-      ASSIGN_OR_RETURN(Activations act, FromWire(b.activations()));
+      ASSIGN_OR_RETURN(Activations act,
+                       FromWire(b.activations(), task_.act_codec, act_codec_.get()));
       RETURN_IF_ERROR(round.CheckActivations(task_.client_id, act));
       std::vector<int64_t> labels(b.labels().begin(), b.labels().end());
       RETURN_IF_ERROR(round.CheckLabels(act, labels));
@@ -809,7 +817,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         pending_.insert(b.seq());
         auto* f = out.mutable_forward();
         f->set_seq(b.seq());
-        ToWire(mid, f->mutable_activations());
+        ToWire(mid, task_.act_codec, act_codec_.get(), f->mutable_activations());
         f->set_server_seconds(seconds());
         impl_->CountSplitDown(f->activations().data().size());
       } else {
@@ -817,7 +825,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
                          round.TrainStep(task_.client_id, act, labels));
         auto* r = out.mutable_result();
         r->set_seq(b.seq());
-        ToWire(step.grad_in, r->mutable_grad());
+        ToWire(step.grad_in, task_.grad_codec, grad_codec_.get(), r->mutable_grad());
         r->set_loss(step.loss);
         r->set_server_seconds(seconds());
         impl_->CountSplitDown(r->grad().data().size());
@@ -831,13 +839,13 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         return absl::InvalidArgumentError(
             absl::StrCat("gradient for micro-batch ", g.seq(), ", which is not pending"));
       }
-      ASSIGN_OR_RETURN(Activations grad, FromWire(g.grad()));
+      ASSIGN_OR_RETURN(Activations grad, FromWire(g.grad(), task_.grad_codec, grad_codec_.get()));
       ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad));
       pending_.erase(g.seq());
       impl_->CountSplitUp(g.grad().data().size(), 0);
       auto* r = out.mutable_result();
       r->set_seq(g.seq());
-      ToWire(gin, r->mutable_grad());
+      ToWire(gin, task_.grad_codec, grad_codec_.get(), r->mutable_grad());
       r->set_server_seconds(seconds());
       impl_->CountSplitDown(r->grad().data().size());
     } else {
@@ -847,8 +855,13 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
     return absl::OkStatus();
   }
 
-  StatusOr<Activations> FromWire(const v1::TensorData& t) const {
-    Activations a;
+  // `spec` is the codec the task set for this kind of tensor ("" = float32).
+  StatusOr<Activations> FromWire(const v1::TensorData& t, const std::string& spec,
+                                 const Codec* codec) const {
+    if (t.codec() != spec) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor encoded as '", t.codec(),
+                                                     "', the task set '", spec, "'"));
+    }
     int64_t n = 1;
     for (int64_t d : t.shape()) {
       if (d <= 0 || n > task_.max_elements / d) {
@@ -856,19 +869,23 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       }
       n *= d;
     }
-    if (t.shape().empty() || static_cast<int64_t>(t.data().size()) != n * 4) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor data of ", t.data().size(),
-                                                     " bytes does not match its shape"));
+    if (t.shape().empty()) return absl::InvalidArgumentError("tensor without a shape");
+    auto values = DecodeValues(codec, t.data(), n);
+    if (!values.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor data does not match its shape: ", values.status().message()));
     }
+    Activations a;
     a.shape.assign(t.shape().begin(), t.shape().end());
-    a.values.resize(n);
-    std::memcpy(a.values.data(), t.data().data(), t.data().size());
+    a.values = *std::move(values);
     return a;
   }
 
-  static void ToWire(const Activations& a, v1::TensorData* t) {
+  static void ToWire(const Activations& a, const std::string& spec, Codec* codec,
+                     v1::TensorData* t) {
     for (int64_t d : a.shape) t->add_shape(d);
-    t->set_data(reinterpret_cast<const char*>(a.values.data()), a.values.size() * sizeof(float));
+    t->set_codec(spec);
+    t->set_data(EncodeValues(codec, a.values));
   }
 
   Server::Impl* impl_;
@@ -879,6 +896,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   // Pool-side state (one Drain at a time).
   int64_t next_seq_ = 1;
   std::set<int64_t> pending_;
+  std::unique_ptr<Codec> act_codec_, grad_codec_;  // this stream's (stochastic rounding)
   std::mutex mu_;
   std::deque<v1::SplitUp> inbox_;
   int outstanding_ = 0;
@@ -1179,6 +1197,8 @@ StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open) {
   task.task_id = open.task_id();
   task.round = split_round_;
   task.window = cfg_.split.window;
+  task.act_codec = SplitCodec(cfg_.compression.activations);
+  task.grad_codec = SplitCodec(cfg_.compression.gradients);
   task.max_elements = cfg_.server.max_model_elements;
   return task;
 }
@@ -1376,6 +1396,13 @@ Status Server::Impl::Init() {
     }
     update_codec_ = *std::move(codec);
   }
+  for (const auto& [key, codec] : {std::pair{"activations", cfg_.compression.activations},
+                                   std::pair{"gradients", cfg_.compression.gradients}}) {
+    if (auto c = MakeStatelessCodec(codec, 0); !c.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("compression.", key, ": ", c.status().message()));
+    }
+  }
   RETURN_IF_ERROR(InitSplit(spec));
   run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
   if (!opts_.run_dir.empty()) {
@@ -1564,6 +1591,8 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     st->set_tail_begin(tail_begin_);
     st->set_num_stages(num_stages_);
     st->set_window(cfg_.split.window);
+    st->set_activation_codec(SplitCodec(cfg_.compression.activations));
+    st->set_gradient_codec(SplitCodec(cfg_.compression.gradients));
   } else {
     task->set_model_digest(model_digest_);
     task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
@@ -1600,6 +1629,12 @@ CutProblem Server::Impl::ProblemFor(const Session& s, int clients_in_round) cons
   p.memory_limit_bytes = s.profile.memory_limit_bytes();
   p.max_message_bytes = kMaxSplitMessage;
   p.tail_begin = *split_mode_ == SplitMode::kUShaped ? tail_begin_ : -1;
+  auto factor = [](const std::string& spec) {
+    auto codec = MakeStatelessCodec(spec, 0);
+    return codec.ok() && *codec ? (*codec)->EncodedSize(1 << 20) / double{4 << 20} : 1.0;
+  };
+  p.activation_bytes_factor = factor(cfg_.compression.activations);
+  p.gradient_bytes_factor = factor(cfg_.compression.gradients);
   return p;
 }
 

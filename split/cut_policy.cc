@@ -17,7 +17,7 @@ int64_t SumBytes(const std::vector<int64_t>& v, int from, int to) {
   return std::accumulate(v.begin() + from, v.begin() + to, int64_t{0});
 }
 
-double Seconds(int64_t bytes, double bps) { return bps > 0 ? bytes / bps : 0.0; }
+double Seconds(double bytes, double bps) { return bps > 0 ? bytes / bps : 0.0; }
 
 }  // namespace
 
@@ -30,15 +30,15 @@ CutPrediction PredictStep(const CutProblem& p, int cut) {
   r.client_s = Sum(p.client_stage_s, 0, cut) + (ushaped ? Sum(p.client_stage_s, server_end, n) : 0);
   r.server_s = Sum(p.server_stage_s, cut, server_end) * std::max(1.0, p.server_load);
   const int64_t act = p.out_bytes[cut - 1] * p.batch;
-  int64_t up = act, down = act;
+  double up = act * p.activation_bytes_factor, down = act * p.gradient_bytes_factor;
   int round_trips = 1;
   if (ushaped) {  // server output down, its gradient up; labels stay on the client
     const int64_t mid = p.out_bytes[server_end - 1] * p.batch;
-    up += mid;
-    down += mid;
+    up += mid * p.gradient_bytes_factor;
+    down += mid * p.activation_bytes_factor;
     round_trips = 2;
   } else {
-    up += int64_t{8} * p.batch;  // labels
+    up += 8.0 * p.batch;  // labels
   }
   r.up_s = Seconds(up, p.up_bps);
   r.down_s = Seconds(down, p.down_bps);
@@ -58,6 +58,7 @@ CutPrediction PredictStep(const CutProblem& p, int cut) {
   }
   // Weight stashing keeps one more copy of the weights per extra micro-batch in flight.
   r.client_memory_bytes = (3 + int64_t{w} - 1) * params + int64_t{w} * p.batch * saved;
+  // Message size is judged uncompressed: a codec never makes a tensor larger.
   r.message_bytes = std::max(act, ushaped ? p.out_bytes[server_end - 1] * p.batch : 0);
   if (p.memory_limit_bytes > 0 && r.client_memory_bytes > p.memory_limit_bytes) {
     r.fits = false;

@@ -41,6 +41,8 @@ struct CutProblem {
   int64_t memory_limit_bytes = 0;      // 0 = no limit
   int64_t max_message_bytes = 4 << 20;
   int tail_begin = -1;                 // U-shaped: first stage of the client's tail; -1 = none
+  double activation_bytes_factor = 1;  // encoded / float32 size of activations on the wire
+  double gradient_bytes_factor = 1;    // the same for activation gradients
 
   int num_stages() const { return static_cast<int>(client_stage_s.size()); }
 };

@@ -104,7 +104,7 @@ TEST(ConfigTest, EveryShippedExampleLoads) {
     EXPECT_TRUE(c.ok()) << c.status();
     ++n;
   }
-  EXPECT_GE(n, 8);
+  EXPECT_GE(n, 9);
 }
 
 }  // namespace

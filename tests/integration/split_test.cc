@@ -128,8 +128,11 @@ TEST_P(SplitModeTest, ThreeClientsTwoRoundsAccuracyRises) {
     EXPECT_GT(m.step_s, 0);
     EXPECT_EQ(m.labels_up, mode == "ushaped" ? 0 : 6000) << "labels of one epoch";
   }
+  // Shared server parts see the clients' batches in arrival order, so runs differ a
+  // little: both rounds must be far above the initial model, and training goes on.
   EXPECT_GT(h[0].test_accuracy, initial + 0.2) << "initial " << initial;
-  EXPECT_GT(h[1].test_accuracy, h[0].test_accuracy);
+  EXPECT_GT(h[1].test_accuracy, initial + 0.3) << "initial " << initial;
+  EXPECT_LT(h[1].train_loss, h[0].train_loss);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SplitModeTest,
@@ -167,6 +170,42 @@ TEST(SplitFailureTest, AClientThatDisconnectsMidStepFailsOnlyItsTask) {
   EXPECT_LT(h[0].wall_s, 20) << "the failure was noticed, not waited out";
   EXPECT_EQ(f.clients[0]->tasks_completed(), 1);
   EXPECT_EQ(f.clients[2]->tasks_completed(), 1);
+}
+
+}  // namespace
+}  // namespace cleave
+
+namespace cleave {
+namespace {
+
+// int8 activations and gradients: about a quarter of the bytes across the cut, and the
+// federation learns as well.
+TEST(SplitCompressionTest, Int8ActivationsAndGradientsLearnInAQuarterOfTheBytes) {
+  auto run = [](const std::string& codec) {
+    Federation f;
+    f.Start(std::string(kSplitBase) + "model: {name: lenet5}\nrun: {rounds: 2, seed: 3}\n" +
+                "clients: {min: 3, quorum: 1.0}\n" +
+                "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.5}\n" +
+                "split: {mode: sfl-v2, cut: 2}\n" + "compression: {activations: " + codec +
+                ", gradients: " + codec + "}\n",
+            Options(3, 3000));
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << codec << ": " << f.server_status;
+    return f.server->History();
+  };
+  const auto fp32 = run("none");
+  const auto int8 = run("int8");
+  ASSERT_EQ(fp32.size(), 2u);
+  ASSERT_EQ(int8.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(int8[r].participants, 3);
+    // Labels (8 bytes a sample) are not compressed: 256 x 4 + 8 vs 256 + 8 bytes a sample.
+    EXPECT_GE(static_cast<double>(fp32[r].activation_bytes_up) / int8[r].activation_bytes_up, 3.5);
+    EXPECT_GE(static_cast<double>(fp32[r].gradient_bytes_down) / int8[r].gradient_bytes_down, 3.9);
+  }
+  // Batches reach the shared part in arrival order, so two runs differ a little anyway.
+  EXPECT_GT(int8[1].test_accuracy, 0.5);
+  EXPECT_NEAR(int8[1].test_accuracy, fp32[1].test_accuracy, 0.1);
 }
 
 }  // namespace
