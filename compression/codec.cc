@@ -293,8 +293,11 @@ std::string EncodeValues(Codec* codec, const std::vector<float>& values) {
 
 StatusOr<std::vector<float>> DecodeValues(const Codec* codec, std::string_view bytes, int64_t n) {
   static const NoneCodec kNone;
+  const Codec& c = codec ? *codec : kNone;
+  // Checked before allocating: the shape comes from the same untrusted message.
+  RETURN_IF_ERROR(Length(bytes, c.EncodedSize(n), c.name()));
   std::vector<float> v(n);
-  RETURN_IF_ERROR((codec ? codec : &kNone)->Decode(bytes, n, v.data()));
+  RETURN_IF_ERROR(c.Decode(bytes, n, v.data()));
   return v;
 }
 
