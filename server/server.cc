@@ -303,6 +303,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   int num_classes_ = 10;
   std::vector<StageProfile> server_profile_;
   std::vector<std::vector<int64_t>> stage_shapes_;  // per-sample input of stage s, s <= n
+  CutProblem model_problem_;  // the cost model's model- and server-side inputs
   std::string probe_digest_;
 
   mutable std::mutex mu_;
@@ -1442,17 +1443,26 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
   ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg_.train.batch_size, 3));
   stage_shapes_ = {sample};
   for (const auto& p : server_profile_) stage_shapes_.push_back(p.out_shape);
-  if (cfg_.split.cut > 0 && server_profile_.size() == static_cast<size_t>(num_stages_)) {
-    // A fixed cut must let a micro-batch's activations through one message.
-    CutProblem p;
-    p.client_stage_s.assign(num_stages_, 0);
-    p.server_stage_s.assign(num_stages_, 0);
-    p.input_bytes = {4 * NumElements(stage_shapes_[0])};
-    for (int i = 1; i <= num_stages_; ++i) p.out_bytes.push_back(4 * NumElements(stage_shapes_[i]));
-    p.param_bytes.assign(num_stages_, 0);
-    p.batch = cfg_.train.batch_size;
-    p.tail_begin = mode == SplitMode::kUShaped ? tail_begin_ : -1;
-    p.max_message_bytes = kMaxSplitMessage;
+  // What the cost model needs from the model and this server; ProblemFor adds a client.
+  CutProblem& p = model_problem_;
+  p.client_stage_s.assign(num_stages_, 0.0);
+  for (const auto& st : server_profile_) {
+    p.server_stage_s.push_back(st.seconds);
+    p.param_bytes.push_back(4 * st.param_elements);
+  }
+  p.input_bytes = {4 * NumElements(stage_shapes_[0])};
+  for (int i = 1; i <= num_stages_; ++i) p.out_bytes.push_back(4 * NumElements(stage_shapes_[i]));
+  p.batch = cfg_.train.batch_size;
+  p.window = cfg_.split.window;
+  p.max_message_bytes = kMaxSplitMessage;
+  p.tail_begin = mode == SplitMode::kUShaped ? tail_begin_ : -1;
+  auto factor = [](const std::string& spec) {  // encoded / float32 bytes
+    auto codec = MakeStatelessCodec(spec, 0);
+    return codec.ok() && *codec ? (*codec)->EncodedSize(1 << 20) / double{4 << 20} : 1.0;
+  };
+  p.activation_bytes_factor = factor(cfg_.compression.activations);
+  p.gradient_bytes_factor = factor(cfg_.compression.gradients);
+  if (cfg_.split.cut > 0) {  // a fixed cut must let a micro-batch through one message
     const CutPrediction r = PredictStep(p, cfg_.split.cut);
     if (!r.fits) {
       return absl::InvalidArgumentError(absl::StrCat("split.cut ", cfg_.split.cut, ": ", r.why_not,
@@ -1608,16 +1618,8 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
 }
 
 CutProblem Server::Impl::ProblemFor(const Session& s, int clients_in_round) const {
-  CutProblem p;
+  CutProblem p = model_problem_;
   p.client_stage_s.assign(s.profile.stage_seconds().begin(), s.profile.stage_seconds().end());
-  for (const auto& st : server_profile_) {
-    p.server_stage_s.push_back(st.seconds);
-    p.param_bytes.push_back(4 * st.param_elements);
-  }
-  p.input_bytes = {4 * NumElements(stage_shapes_[0])};
-  for (int i = 1; i <= num_stages_; ++i) p.out_bytes.push_back(4 * NumElements(stage_shapes_[i]));
-  p.batch = cfg_.train.batch_size;
-  p.window = cfg_.split.window;
   // One shared server part runs one step at a time; per-client copies share the pool.
   p.server_load = *split_mode_ == SplitMode::kSflV1
                       ? std::max(1.0, static_cast<double>(clients_in_round) /
@@ -1627,14 +1629,6 @@ CutProblem Server::Impl::ProblemFor(const Session& s, int clients_in_round) cons
   p.down_bps = s.profile.downlink_bytes_per_s();
   p.rtt_s = s.profile.rtt_s();
   p.memory_limit_bytes = s.profile.memory_limit_bytes();
-  p.max_message_bytes = kMaxSplitMessage;
-  p.tail_begin = *split_mode_ == SplitMode::kUShaped ? tail_begin_ : -1;
-  auto factor = [](const std::string& spec) {
-    auto codec = MakeStatelessCodec(spec, 0);
-    return codec.ok() && *codec ? (*codec)->EncodedSize(1 << 20) / double{4 << 20} : 1.0;
-  };
-  p.activation_bytes_factor = factor(cfg_.compression.activations);
-  p.gradient_bytes_factor = factor(cfg_.compression.gradients);
   return p;
 }
 
