@@ -82,4 +82,15 @@ inline std::vector<ClientOptions> Options(int n, int64_t examples) {
   return out;
 }
 
+// Runs a federation to its end and returns the server's metrics (the test fails if the
+// run does not complete).
+inline std::vector<RoundMetrics> RunToEnd(const std::string& yaml,
+                                          std::vector<ClientOptions> clients) {
+  Federation f;
+  f.Start(yaml, std::move(clients));
+  f.Join();
+  EXPECT_TRUE(f.server_status.ok()) << f.server_status << "\n" << yaml;
+  return f.server->History();
+}
+
 }  // namespace cleave
