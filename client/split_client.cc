@@ -37,7 +37,7 @@ struct WireCodec {
 void ToWire(const Activations& a, WireCodec& c, v1::TensorData* t) {
   for (int64_t d : a.shape) t->add_shape(d);
   t->set_codec(c.spec);
-  t->set_data(EncodeValues(c.codec.get(), a.values));
+  t->set_data(EncodeValues(c.codec.get(), a.values, a.shape));
 }
 
 StatusOr<Activations> FromWire(const v1::TensorData& t, const WireCodec& c) {
@@ -45,13 +45,15 @@ StatusOr<Activations> FromWire(const v1::TensorData& t, const WireCodec& c) {
   a.shape.assign(t.shape().begin(), t.shape().end());
   int64_t n = 1;
   for (int64_t d : a.shape) {
-    if (d <= 0) return absl::DataLossError("the server sent a tensor with a bad shape");
+    if (d <= 0 || n > (int64_t{1} << 31) / d) {
+      return absl::DataLossError("the server sent a tensor with a bad shape");
+    }
     n *= d;
   }
   if (a.shape.empty() || t.codec() != c.spec) {
     return absl::DataLossError("the server sent a tensor without a shape or in another codec");
   }
-  auto values = DecodeValues(c.codec.get(), t.data(), n);
+  auto values = DecodeValues(c.codec.get(), t.data(), a.shape);
   if (!values.ok()) {
     return absl::DataLossError(absl::StrCat("the server sent a bad tensor: ",
                                             values.status().message()));

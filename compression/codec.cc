@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -76,6 +78,8 @@ T Get(const char* p) {
   return v;
 }
 
+int64_t Rows(const Shape& shape) { return shape.size() >= 2 ? shape[0] : 1; }
+
 Status Length(std::string_view bytes, int64_t expected, const std::string& codec) {
   if (static_cast<int64_t>(bytes.size()) != expected) {
     return absl::InvalidArgumentError(absl::StrCat(codec, " encoding of ", bytes.size(),
@@ -84,109 +88,306 @@ Status Length(std::string_view bytes, int64_t expected, const std::string& codec
   return absl::OkStatus();
 }
 
-Status Finite(const std::vector<float>& v, const std::string& codec) {
-  for (float x : v) {
-    if (!std::isfinite(x)) return absl::InvalidArgumentError(codec + " values are not all finite");
+// OK when the `count` float32 values at `p` are finite (`what` names them).
+Status FiniteFloats(const char* p, int64_t count, const std::string& what) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(Get<float>(p + 4 * i))) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", i, " is not finite"));
+    }
   }
   return absl::OkStatus();
 }
 
+// A scale that decodes levels up to `max_level` to finite values.
+Status CheckScale(float scale, float max_level, const std::string& codec) {
+  if (!std::isfinite(scale) || scale < 0 || !std::isfinite(scale * max_level)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(codec, " scale ", scale, " is not a finite number >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+// Little-endian bit fields of `bits` (1..8) bits each.
+class BitWriter {
+ public:
+  BitWriter(std::string* out, int bits) : out_(out), bits_(bits) {}
+  void Put(uint32_t field) {
+    acc_ |= static_cast<uint64_t>(field) << filled_;
+    filled_ += bits_;
+    while (filled_ >= 8) {
+      out_->push_back(static_cast<char>(acc_ & 0xff));
+      acc_ >>= 8;
+      filled_ -= 8;
+    }
+  }
+  void Flush() {
+    if (filled_ > 0) out_->push_back(static_cast<char>(acc_ & 0xff));
+    acc_ = 0;
+    filled_ = 0;
+  }
+
+ private:
+  std::string* out_;
+  const int bits_;
+  uint64_t acc_ = 0;
+  int filled_ = 0;
+};
+
+int64_t PackedSize(int64_t n, int bits) { return (n * bits + 7) / 8; }
+
+uint32_t Field(const char* p, int64_t i, int bits, int64_t size) {
+  const int64_t bit = i * bits;
+  uint32_t word = static_cast<uint8_t>(p[bit / 8]);
+  if (bit / 8 + 1 < size) word |= static_cast<uint32_t>(static_cast<uint8_t>(p[bit / 8 + 1])) << 8;
+  return (word >> (bit % 8)) & ((1u << bits) - 1);
+}
+
+// The unused bits after n fields must be zero: one value has one encoding.
+Status PaddingIsZero(const char* p, int64_t n, int bits, int64_t size, const std::string& codec) {
+  const int64_t used = n * bits;
+  if (used % 8 != 0 && (static_cast<uint8_t>(p[size - 1]) >> (used % 8)) != 0) {
+    return absl::InvalidArgumentError(codec + " padding bits are not zero");
+  }
+  return absl::OkStatus();
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 class NoneCodec : public Codec {
  public:
-  std::string name() const override { return "none"; }
-  void Encode(int, const float* in, int64_t n, std::string* out) override {
-    out->append(reinterpret_cast<const char*>(in), n * sizeof(float));
+  NoneCodec() : Codec("none") {}
+  void Encode(int, const float* in, const Shape& shape, std::string* out) override {
+    out->append(reinterpret_cast<const char*>(in), NumElements(shape) * sizeof(float));
   }
-  int64_t EncodedSize(int64_t n) const override { return 4 * n; }
-  Status Decode(std::string_view bytes, int64_t n, float* out) const override {
-    RETURN_IF_ERROR(Length(bytes, 4 * n, name()));
-    std::vector<float> v(n);
-    std::memcpy(v.data(), bytes.data(), bytes.size());
-    RETURN_IF_ERROR(Finite(v, name()));
-    std::copy(v.begin(), v.end(), out);
-    return absl::OkStatus();
+  int64_t EncodedSize(const Shape& shape) const override { return 4 * NumElements(shape); }
+  Status Check(std::string_view bytes, const Shape& shape) const override {
+    RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    return FiniteFloats(bytes.data(), NumElements(shape), "value");
+  }
+  void DecodeRange(std::string_view bytes, const Shape&, int64_t begin, int64_t count,
+                   float* out) const override {
+    std::memcpy(out, bytes.data() + 4 * begin, 4 * count);
   }
 };
 
 // fp16 and bf16: two bytes a value.
 class HalfCodec : public Codec {
  public:
-  explicit HalfCodec(bool bf16) : bf16_(bf16) {}
-  std::string name() const override { return bf16_ ? "bf16" : "fp16"; }
-  void Encode(int, const float* in, int64_t n, std::string* out) override {
+  explicit HalfCodec(bool bf16) : Codec(bf16 ? "bf16" : "fp16"), bf16_(bf16) {}
+  void Encode(int, const float* in, const Shape& shape, std::string* out) override {
+    const int64_t n = NumElements(shape);
     for (int64_t i = 0; i < n; ++i) Put(out, bf16_ ? FloatToBf16(in[i]) : FloatToHalf(in[i]));
   }
-  int64_t EncodedSize(int64_t n) const override { return 2 * n; }
-  Status Decode(std::string_view bytes, int64_t n, float* out) const override {
-    RETURN_IF_ERROR(Length(bytes, 2 * n, name()));
-    std::vector<float> v(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const auto h = Get<uint16_t>(bytes.data() + 2 * i);
-      v[i] = bf16_ ? Bf16ToFloat(h) : HalfToFloat(h);
+  int64_t EncodedSize(const Shape& shape) const override { return 2 * NumElements(shape); }
+  Status Check(std::string_view bytes, const Shape& shape) const override {
+    RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    const uint16_t exp_mask = bf16_ ? 0x7f80 : 0x7c00;
+    for (int64_t i = 0; i < NumElements(shape); ++i) {
+      if ((Get<uint16_t>(bytes.data() + 2 * i) & exp_mask) == exp_mask) {
+        return absl::InvalidArgumentError(absl::StrCat(name(), " value ", i, " is not finite"));
+      }
     }
-    RETURN_IF_ERROR(Finite(v, name()));
-    std::copy(v.begin(), v.end(), out);
     return absl::OkStatus();
+  }
+  void DecodeRange(std::string_view bytes, const Shape&, int64_t begin, int64_t count,
+                   float* out) const override {
+    const char* p = bytes.data() + 2 * begin;
+    for (int64_t i = 0; i < count; ++i) {
+      const auto h = Get<uint16_t>(p + 2 * i);
+      out[i] = bf16_ ? Bf16ToFloat(h) : HalfToFloat(h);
+    }
   }
 
  private:
   const bool bf16_;
 };
 
-// int8 with one scale per tensor.
+// int8: `groups` float32 scales (one, or one per row), then a signed byte per value.
 class Int8Codec : public Codec {
  public:
-  Int8Codec(bool stochastic, uint64_t seed) : stochastic_(stochastic), rng_(seed) {}
-  std::string name() const override { return stochastic_ ? "int8:sr" : "int8"; }
-  void Encode(int, const float* in, int64_t n, std::string* out) override {
-    float max = 0;
-    for (int64_t i = 0; i < n; ++i) max = std::max(max, std::abs(in[i]));
-    const float scale = max / 127.0f;
-    Put(out, scale);
-    std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    for (int64_t i = 0; i < n; ++i) {
-      float q = scale > 0 ? in[i] / scale : 0.0f;
-      q = stochastic_ ? std::floor(q + u(rng_)) : std::nearbyint(q);
-      out->push_back(static_cast<char>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f))));
-    }
+  Int8Codec(std::string name, bool stochastic, bool per_row, uint64_t seed)
+      : Codec(std::move(name)), stochastic_(stochastic), per_row_(per_row), rng_(seed) {}
+
+  int64_t Groups(const Shape& shape) const { return per_row_ ? Rows(shape) : 1; }
+  int64_t EncodedSize(const Shape& shape) const override {
+    return 4 * Groups(shape) + NumElements(shape);
   }
-  int64_t EncodedSize(int64_t n) const override { return 4 + n; }
-  Status Decode(std::string_view bytes, int64_t n, float* out) const override {
-    RETURN_IF_ERROR(Length(bytes, 4 + n, name()));
-    const float scale = Get<float>(bytes.data());
-    if (!std::isfinite(scale) || scale < 0) {
-      return absl::InvalidArgumentError("int8 scale is not a finite number >= 0");
+
+  void Encode(int, const float* in, const Shape& shape, std::string* out) override {
+    const int64_t n = NumElements(shape), groups = Groups(shape);
+    const int64_t per = groups == 0 ? 0 : n / groups;
+    std::vector<float> scales(groups);
+    for (int64_t g = 0; g < groups; ++g) {
+      float max = 0;
+      for (int64_t i = g * per; i < (g + 1) * per; ++i) max = std::max(max, std::abs(in[i]));
+      scales[g] = max / 127.0f;
+      Put(out, scales[g]);
     }
-    for (int64_t i = 0; i < n; ++i) {
-      if (static_cast<int8_t>(bytes[4 + i]) == -128) {
-        return absl::InvalidArgumentError("int8 value -128 is outside [-127, 127]");
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (int64_t g = 0; g < groups; ++g) {
+      const float scale = scales[g];
+      for (int64_t i = g * per; i < (g + 1) * per; ++i) {
+        float q = scale > 0 ? in[i] / scale : 0.0f;
+        q = stochastic_ ? std::floor(q + u(rng_)) : std::nearbyint(q);
+        out->push_back(static_cast<char>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f))));
       }
     }
-    for (int64_t i = 0; i < n; ++i) out[i] = scale * static_cast<int8_t>(bytes[4 + i]);
+  }
+
+  Status Check(std::string_view bytes, const Shape& shape) const override {
+    RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    const int64_t groups = Groups(shape);
+    for (int64_t g = 0; g < groups; ++g) {
+      RETURN_IF_ERROR(CheckScale(Get<float>(bytes.data() + 4 * g), 127.0f, name()));
+    }
+    for (int64_t i = 4 * groups; i < static_cast<int64_t>(bytes.size()); ++i) {
+      if (static_cast<int8_t>(bytes[i]) == -128) {
+        return absl::InvalidArgumentError(name() + " value -128 is outside [-127, 127]");
+      }
+    }
     return absl::OkStatus();
   }
 
+  void DecodeRange(std::string_view bytes, const Shape& shape, int64_t begin, int64_t count,
+                   float* out) const override {
+    if (count == 0) return;
+    const int64_t groups = Groups(shape), n = NumElements(shape);
+    const int64_t per = n / groups;
+    const char* q = bytes.data() + 4 * groups;
+    for (int64_t i = begin; i < begin + count;) {
+      const int64_t g = i / per, end = std::min(begin + count, (g + 1) * per);
+      const float scale = Get<float>(bytes.data() + 4 * g);
+      for (; i < end; ++i) out[i - begin] = scale * static_cast<int8_t>(q[i]);
+    }
+  }
+
  private:
-  const bool stochastic_;
+  const bool stochastic_, per_row_;
   std::mt19937_64 rng_;
 };
 
-// Top-k with error feedback: u32 k, k u32 indices (increasing), k float32 values.
-class TopKCodec : public Codec {
+// QSGD: per bucket of kBucket values a float32 norm, then the values' fields (level + S,
+// in 0..2S) packed in `bits_` bits each.
+class QsgdCodec : public Codec {
  public:
-  explicit TopKCodec(double fraction) : fraction_(fraction) {}
-  std::string name() const override { return absl::StrCat("topk:", fraction_); }
+  static constexpr int64_t kBucket = 512;
+  QsgdCodec(std::string name, int levels, uint64_t seed)
+      : Codec(std::move(name)), s_(levels), bits_(BitsFor(levels)), rng_(seed) {}
 
-  int64_t K(int64_t n) const {
-    return n == 0 ? 0 : std::clamp<int64_t>(std::ceil(fraction_ * n), 1, n);
+  static int BitsFor(int levels) {
+    int b = 1;
+    while ((1 << b) < 2 * levels + 1) ++b;
+    return b;
   }
-  int64_t EncodedSize(int64_t n) const override { return 4 + 8 * K(n); }
+  static int64_t Buckets(int64_t n) { return (n + kBucket - 1) / kBucket; }
+  int64_t EncodedSize(const Shape& shape) const override {
+    const int64_t n = NumElements(shape);
+    return 4 * Buckets(n) + PackedSize(n, bits_);
+  }
 
-  void Encode(int slot, const float* in, int64_t n, std::string* out) override {
+  void Encode(int, const float* in, const Shape& shape, std::string* out) override {
+    const int64_t n = NumElements(shape);
+    std::vector<float> norms(Buckets(n));
+    for (int64_t b = 0; b < Buckets(n); ++b) {
+      double sq = 0;
+      for (int64_t i = b * kBucket; i < std::min(n, (b + 1) * kBucket); ++i) sq += double{in[i]} * in[i];
+      norms[b] = static_cast<float>(std::sqrt(sq));
+      Put(out, norms[b]);
+    }
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    BitWriter w(out, bits_);
+    for (int64_t i = 0; i < n; ++i) {
+      const float norm = norms[i / kBucket];
+      int level = 0;
+      if (norm > 0) {
+        const double p = std::min(1.0, std::abs(double{in[i]}) / norm) * s_;
+        level = static_cast<int>(std::floor(p));
+        if (level < s_ && u(rng_) < p - level) ++level;
+        if (in[i] < 0) level = -level;
+      }
+      w.Put(static_cast<uint32_t>(level + s_));
+    }
+    w.Flush();
+  }
+
+  Status Check(std::string_view bytes, const Shape& shape) const override {
+    RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    const int64_t n = NumElements(shape), nb = Buckets(n);
+    for (int64_t b = 0; b < nb; ++b) {
+      RETURN_IF_ERROR(CheckScale(Get<float>(bytes.data() + 4 * b), 1.0f, name() + " norm"));
+    }
+    const char* p = bytes.data() + 4 * nb;
+    const int64_t size = bytes.size() - 4 * nb;
+    for (int64_t i = 0; i < n; ++i) {
+      if (Field(p, i, bits_, size) > static_cast<uint32_t>(2 * s_)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name(), " value ", i, " has a level beyond ", s_));
+      }
+    }
+    return n == 0 ? absl::OkStatus() : PaddingIsZero(p, n, bits_, size, name());
+  }
+
+  void DecodeRange(std::string_view bytes, const Shape& shape, int64_t begin, int64_t count,
+                   float* out) const override {
+    const int64_t nb = Buckets(NumElements(shape));
+    const char* p = bytes.data() + 4 * nb;
+    const int64_t size = bytes.size() - 4 * nb;
+    for (int64_t i = begin; i < begin + count; ++i) {
+      const float norm = Get<float>(bytes.data() + 4 * (i / kBucket));
+      const int level = static_cast<int>(Field(p, i, bits_, size)) - s_;
+      out[i - begin] = norm * static_cast<float>(level) / static_cast<float>(s_);
+    }
+  }
+
+ private:
+  const int s_, bits_;
+  std::mt19937_64 rng_;
+};
+
+// Codecs with error feedback: Encode adds the slot's residual to its input first, and
+// keeps what the encoding does not carry.
+class ErrorFeedbackCodec : public Codec {
+ public:
+  using Codec::Codec;
+  std::vector<float> Residual(int slot) const override {
+    auto it = residual_.find(slot);
+    return it == residual_.end() ? std::vector<float>() : it->second;
+  }
+  bool stateful() const override { return true; }
+
+ protected:
+  // The slot's residual plus `in`: what is owed. The caller leaves in it what stays owed.
+  std::vector<float>& Owed(int slot, const float* in, int64_t n) {
     std::vector<float>& v = residual_[slot];
     v.resize(n, 0.0f);
-    for (int64_t i = 0; i < n; ++i) v[i] += in[i];  // what is owed: input + residual
-    const int64_t k = K(n);
+    for (int64_t i = 0; i < n; ++i) v[i] += in[i];
+    return v;
+  }
+
+ private:
+  std::map<int, std::vector<float>> residual_;
+};
+
+int64_t KOf(double fraction, int64_t n) {
+  return n == 0 ? 0 : std::clamp<int64_t>(static_cast<int64_t>(std::ceil(fraction * n)), 1, n);
+}
+
+// Top-k: u32 k, k u32 indices (increasing), k float32 values.
+class TopKCodec : public ErrorFeedbackCodec {
+ public:
+  TopKCodec(std::string name, double fraction) : ErrorFeedbackCodec(std::move(name)), fraction_(fraction) {}
+  int64_t EncodedSize(const Shape& shape) const override {
+    return 4 + 8 * KOf(fraction_, NumElements(shape));
+  }
+
+  void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
+    const int64_t n = NumElements(shape), k = KOf(fraction_, n);
+    std::vector<float>& v = Owed(slot, in, n);
     std::vector<uint32_t> idx(n);
     std::iota(idx.begin(), idx.end(), 0u);
     std::nth_element(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
@@ -202,130 +403,480 @@ class TopKCodec : public Codec {
     }
   }
 
-  Status Decode(std::string_view bytes, int64_t n, float* out) const override {
-    if (bytes.size() < 4) return absl::InvalidArgumentError("topk encoding without a count");
+  Status Check(std::string_view bytes, const Shape& shape) const override {
+    const int64_t n = NumElements(shape);
+    if (bytes.size() < 4) return absl::InvalidArgumentError(name() + " encoding without a count");
     const int64_t k = Get<uint32_t>(bytes.data());
-    if (k > n) {
-      return absl::InvalidArgumentError(absl::StrCat("topk sends ", k, " of ", n, " values"));
+    if (k > n) return absl::InvalidArgumentError(absl::StrCat(name(), " sends ", k, " of ", n, " values"));
+    if (k != KOf(fraction_, n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), " sends ", k, " values, expected ", KOf(fraction_, n)));
     }
-    RETURN_IF_ERROR(Length(bytes, 4 + 8 * k, "topk"));
+    RETURN_IF_ERROR(Length(bytes, 4 + 8 * k, name()));
     const char* p = bytes.data() + 4;
-    std::vector<std::pair<uint32_t, float>> entries(k);
     for (int64_t j = 0; j < k; ++j) {
       const uint32_t i = Get<uint32_t>(p + 4 * j);
-      const float value = Get<float>(p + 4 * k + 4 * j);
-      if (i >= n || (j > 0 && i <= entries[j - 1].first)) {
+      if (i >= n || (j > 0 && i <= Get<uint32_t>(p + 4 * (j - 1)))) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "topk index ", i, " is out of range or not increasing (n = ", n, ")"));
+            name(), " index ", i, " is out of range or not increasing (n = ", n, ")"));
       }
-      if (!std::isfinite(value)) return absl::InvalidArgumentError("topk value is not finite");
-      entries[j] = {i, value};
     }
-    std::fill(out, out + n, 0.0f);
-    for (const auto& [i, value] : entries) out[i] = value;
-    return absl::OkStatus();
+    return FiniteFloats(p + 4 * k, k, name() + " value");
   }
 
-  std::vector<float> Residual(int slot) const override {
-    auto it = residual_.find(slot);
-    return it == residual_.end() ? std::vector<float>() : it->second;
+  void DecodeRange(std::string_view bytes, const Shape&, int64_t begin, int64_t count,
+                   float* out) const override {
+    const int64_t k = Get<uint32_t>(bytes.data());
+    const char* idx = bytes.data() + 4;
+    const char* values = idx + 4 * k;
+    std::fill(out, out + count, 0.0f);
+    // The first index >= begin (indices increase).
+    int64_t lo = 0, hi = k;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (Get<uint32_t>(idx + 4 * mid) < begin) lo = mid + 1; else hi = mid;
+    }
+    for (int64_t j = lo; j < k; ++j) {
+      const int64_t i = Get<uint32_t>(idx + 4 * j);
+      if (i >= begin + count) break;
+      out[i - begin] = Get<float>(values + 4 * j);
+    }
   }
 
  private:
   const double fraction_;
-  std::map<int, std::vector<float>> residual_;
 };
+
+// Random-k: u64 seed, then k float32 values, value j at Position(seed, j) in stride j.
+class RandKCodec : public ErrorFeedbackCodec {
+ public:
+  RandKCodec(std::string name, double fraction, uint64_t seed)
+      : ErrorFeedbackCodec(std::move(name)), fraction_(fraction), rng_(seed) {}
+  int64_t EncodedSize(const Shape& shape) const override {
+    return 8 + 4 * KOf(fraction_, NumElements(shape));
+  }
+
+  // Stride j is [j n / k, (j + 1) n / k); never empty since k <= n.
+  static int64_t Position(uint64_t seed, int64_t j, int64_t n, int64_t k) {
+    const int64_t start = j * n / k, len = (j + 1) * n / k - start;
+    return start + static_cast<int64_t>(SplitMix64(seed ^ SplitMix64(j)) % len);
+  }
+
+  void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
+    const int64_t n = NumElements(shape), k = KOf(fraction_, n);
+    std::vector<float>& v = Owed(slot, in, n);
+    const uint64_t seed = rng_();
+    Put(out, seed);
+    for (int64_t j = 0; j < k; ++j) {
+      float& x = v[Position(seed, j, n, k)];
+      Put(out, x);
+      x = 0.0f;
+    }
+  }
+
+  Status Check(std::string_view bytes, const Shape& shape) const override {
+    RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    return FiniteFloats(bytes.data() + 8, KOf(fraction_, NumElements(shape)), name() + " value");
+  }
+
+  void DecodeRange(std::string_view bytes, const Shape& shape, int64_t begin, int64_t count,
+                   float* out) const override {
+    const int64_t n = NumElements(shape), k = KOf(fraction_, n);
+    const uint64_t seed = Get<uint64_t>(bytes.data());
+    std::fill(out, out + count, 0.0f);
+    if (count == 0) return;
+    // The strides that hold positions begin and begin + count - 1: stride j starts at or
+    // before i when j <= ceil((i + 1) k / n) - 1.
+    auto stride_of = [&](int64_t i) { return ((i + 1) * k + n - 1) / n - 1; };
+    for (int64_t j = stride_of(begin); j <= stride_of(begin + count - 1); ++j) {
+      const int64_t i = Position(seed, j, n, k);
+      if (i >= begin && i < begin + count) out[i - begin] = Get<float>(bytes.data() + 8 + 4 * j);
+    }
+  }
+
+ private:
+  const double fraction_;
+  std::mt19937_64 rng_;
+};
+
+// Scaled sign: float32 scale (mean |x| of what is owed), then one bit a value (1 =
+// negative), the last byte zero-padded.
+class SignCodec : public ErrorFeedbackCodec {
+ public:
+  SignCodec() : ErrorFeedbackCodec("sign") {}
+  int64_t EncodedSize(const Shape& shape) const override {
+    return 4 + PackedSize(NumElements(shape), 1);
+  }
+
+  void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
+    const int64_t n = NumElements(shape);
+    std::vector<float>& v = Owed(slot, in, n);
+    double l1 = 0;
+    for (float x : v) l1 += std::abs(x);
+    const float scale = n == 0 ? 0.0f : static_cast<float>(l1 / n);
+    Put(out, scale);
+    BitWriter w(out, 1);
+    for (float& x : v) {
+      const bool negative = x < 0;
+      w.Put(negative);
+      x -= negative ? -scale : scale;
+    }
+    w.Flush();
+  }
+
+  Status Check(std::string_view bytes, const Shape& shape) const override {
+    RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    RETURN_IF_ERROR(CheckScale(Get<float>(bytes.data()), 1.0f, name()));
+    const int64_t n = NumElements(shape);
+    return n == 0 ? absl::OkStatus() : PaddingIsZero(bytes.data() + 4, n, 1, bytes.size() - 4, name());
+  }
+
+  void DecodeRange(std::string_view bytes, const Shape&, int64_t begin, int64_t count,
+                   float* out) const override {
+    const float scale = Get<float>(bytes.data());
+    const char* bits = bytes.data() + 4;
+    for (int64_t i = begin; i < begin + count; ++i) {
+      out[i - begin] = (bits[i / 8] >> (i % 8)) & 1 ? -scale : scale;
+    }
+  }
+};
+
+// PowerSGD: P (rows x r) then Q (cols x r), row-major float32; the tensor is P Q^T.
+// Tensors where that is not smaller than rows x cols are float32.
+class PowerSgdCodec : public ErrorFeedbackCodec {
+ public:
+  PowerSgdCodec(std::string name, int rank, uint64_t seed)
+      : ErrorFeedbackCodec(std::move(name)), r_(rank), rng_(seed) {}
+
+  bool LowRank(const Shape& shape) const {
+    if (shape.size() < 2) return false;
+    const int64_t rows = Rows(shape), cols = NumElements(shape) / std::max<int64_t>(rows, 1);
+    return r_ * (rows + cols) < rows * cols;
+  }
+  int64_t EncodedSize(const Shape& shape) const override {
+    if (!LowRank(shape)) return 4 * NumElements(shape);
+    return 4 * r_ * (Rows(shape) + NumElements(shape) / Rows(shape));
+  }
+
+  void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
+    const int64_t n = NumElements(shape);
+    if (!LowRank(shape)) {
+      out->append(reinterpret_cast<const char*>(in), 4 * n);
+      return;
+    }
+    const int64_t rows = Rows(shape), cols = n / rows;
+    std::vector<float>& m = Owed(slot, in, n);
+    std::vector<float>& q = warm_[slot];
+    if (q.empty()) q.assign(cols * r_, 0.0f);
+    std::normal_distribution<float> normal;
+    for (int c = 0; c < r_; ++c) {  // a fresh start for columns that collapsed to zero
+      bool zero = true;
+      for (int64_t j = 0; j < cols && zero; ++j) zero = q[j * r_ + c] == 0.0f;
+      if (zero) {
+        for (int64_t j = 0; j < cols; ++j) q[j * r_ + c] = normal(rng_);
+      }
+    }
+    // P = M Q, columns orthonormalised (Gram-Schmidt); Q = M^T P.
+    std::vector<double> p(rows * r_, 0.0);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const double x = m[i * cols + j];
+        for (int c = 0; c < r_; ++c) p[i * r_ + c] += x * q[j * r_ + c];
+      }
+    }
+    for (int c = 0; c < r_; ++c) {
+      for (int d = 0; d < c; ++d) {
+        double dot = 0;
+        for (int64_t i = 0; i < rows; ++i) dot += p[i * r_ + c] * p[i * r_ + d];
+        for (int64_t i = 0; i < rows; ++i) p[i * r_ + c] -= dot * p[i * r_ + d];
+      }
+      double norm = 0;
+      for (int64_t i = 0; i < rows; ++i) norm += p[i * r_ + c] * p[i * r_ + c];
+      norm = std::sqrt(norm);
+      for (int64_t i = 0; i < rows; ++i) p[i * r_ + c] = norm > 1e-12 ? p[i * r_ + c] / norm : 0.0;
+    }
+    std::vector<double> qn(cols * r_, 0.0);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const double x = m[i * cols + j];
+        for (int c = 0; c < r_; ++c) qn[j * r_ + c] += x * p[i * r_ + c];
+      }
+    }
+    const size_t at = out->size();
+    for (double x : p) Put(out, static_cast<float>(x));
+    for (int64_t j = 0; j < cols * r_; ++j) {
+      q[j] = static_cast<float>(qn[j]);
+      Put(out, q[j]);
+    }
+    // What the decoder will compute, exactly: the rest stays owed.
+    std::vector<float> sent(n);
+    DecodeRange(std::string_view(*out).substr(at), shape, 0, n, sent.data());
+    for (int64_t i = 0; i < n; ++i) m[i] -= sent[i];
+  }
+
+  Status Check(std::string_view bytes, const Shape& shape) const override {
+    RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    return FiniteFloats(bytes.data(), bytes.size() / 4, name() + " value");
+  }
+
+  void DecodeRange(std::string_view bytes, const Shape& shape, int64_t begin, int64_t count,
+                   float* out) const override {
+    if (!LowRank(shape)) {
+      std::memcpy(out, bytes.data() + 4 * begin, 4 * count);
+      return;
+    }
+    const int64_t rows = Rows(shape), cols = NumElements(shape) / rows;
+    const char* p = bytes.data();
+    const char* q = p + 4 * rows * r_;
+    for (int64_t k = begin; k < begin + count; ++k) {
+      const int64_t i = k / cols, j = k % cols;
+      float sum = 0;
+      for (int c = 0; c < r_; ++c) sum += Get<float>(p + 4 * (i * r_ + c)) * Get<float>(q + 4 * (j * r_ + c));
+      out[k - begin] = sum;
+    }
+  }
+
+ private:
+  const int r_;
+  std::mt19937_64 rng_;
+  std::map<int, std::vector<float>> warm_;  // each slot's last Q
+};
+
+const Codec& Float32() {
+  static const NoneCodec kNone;
+  return kNone;
+}
 
 }  // namespace
 
+Status Codec::Decode(std::string_view bytes, const Shape& shape, float* out) const {
+  RETURN_IF_ERROR(Check(bytes, shape));
+  const int64_t n = NumElements(shape);
+  std::vector<float> v(n);
+  DecodeRange(bytes, shape, 0, n, v.data());
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(name(), " value ", i, " decodes to ", v[i]));
+    }
+  }
+  std::copy(v.begin(), v.end(), out);
+  return absl::OkStatus();
+}
+
 std::string CodecFamily(const std::string& spec) {
   if (spec.empty() || spec == "fp32") return "none";
-  if (spec.rfind("topk:", 0) == 0) return "topk";
-  return spec;
+  return spec.substr(0, spec.find(':'));
 }
 
 std::vector<std::string> SupportedCodecFamilies() {
-  return {"none", "fp16", "bf16", "int8", "int8:sr", "topk"};
+  return {"none", "fp16", "bf16", "int8", "qsgd", "topk", "randk", "sign", "powersgd"};
 }
 
 std::string EncodeTensors(Codec& codec, const ParameterSet& values) {
   std::string out;
   for (size_t i = 0; i < values.size(); ++i) {
     const auto& t = values.tensors()[i];
-    codec.Encode(static_cast<int>(i), t.values.data(), static_cast<int64_t>(t.values.size()), &out);
+    codec.Encode(static_cast<int>(i), t.values.data(), t.shape, &out);
   }
   return out;
 }
 
 int64_t EncodedTensorsSize(const Codec& codec, const ParameterSet& layout) {
   int64_t n = 0;
-  for (const auto& t : layout.tensors()) n += codec.EncodedSize(t.numel());
+  for (const auto& t : layout.tensors()) n += codec.EncodedSize(t.shape);
   return n;
+}
+
+StatusOr<std::vector<TensorView>> ViewEncodedTensors(const Codec& codec, std::string_view bytes,
+                                                     const ParameterSet& layout) {
+  if (static_cast<int64_t>(bytes.size()) != EncodedTensorsSize(codec, layout)) {
+    return absl::InvalidArgumentError(absl::StrCat(codec.name(), " encoding of ", bytes.size(),
+                                                   " bytes, expected ",
+                                                   EncodedTensorsSize(codec, layout)));
+  }
+  std::vector<TensorView> views;
+  size_t offset = 0;
+  for (const auto& t : layout.tensors()) {
+    const int64_t size = codec.EncodedSize(t.shape);
+    const std::string_view part = bytes.substr(offset, size);
+    if (Status s = codec.Check(part, t.shape); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": ", s.message()));
+    }
+    TensorView v;
+    v.name = t.name;
+    v.shape = t.shape;
+    v.data = part.data();
+    v.numel = t.numel();
+    v.decoder = &codec;
+    v.encoded_size = size;
+    views.push_back(std::move(v));
+    offset += size;
+  }
+  return views;
 }
 
 StatusOr<ParameterSet> DecodeTensors(const Codec& codec, std::string_view bytes,
                                      const ParameterSet& layout) {
-  if (static_cast<int64_t>(bytes.size()) != EncodedTensorsSize(codec, layout)) {
-    return absl::InvalidArgumentError(absl::StrCat(codec.name(), " update of ", bytes.size(),
-                                                   " bytes, expected ",
-                                                   EncodedTensorsSize(codec, layout)));
-  }
+  ASSIGN_OR_RETURN(std::vector<TensorView> views, ViewEncodedTensors(codec, bytes, layout));
+  RETURN_IF_ERROR(CheckViews(layout, views));  // finite
   ParameterSet out = layout.ZerosLike();
-  size_t offset = 0;
-  for (auto& t : out.mutable_tensors()) {
-    const int64_t size = codec.EncodedSize(t.numel());
-    if (Status s = codec.Decode(bytes.substr(offset, size), t.numel(), t.values.data()); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": ", s.message()));
+  for (size_t i = 0; i < views.size(); ++i) {
+    views[i].Read(0, views[i].numel, out.mutable_tensors()[i].values.data());
+  }
+  return out;
+}
+
+namespace {
+constexpr char kCompressedMagic[4] = {'C', 'L', 'V', 'C'};
+}
+
+std::string EncodeCompressedSet(Codec& codec, const ParameterSet& values) {
+  std::string out(kCompressedMagic, 4);
+  Put<uint32_t>(&out, 1);
+  const std::string spec = codec.name();
+  Put<uint32_t>(&out, spec.size());
+  out += spec;
+  Put<uint32_t>(&out, values.size());
+  for (const auto& t : values.tensors()) {
+    Put<uint32_t>(&out, t.name.size());
+    out += t.name;
+    Put<uint32_t>(&out, t.shape.size());
+    for (int64_t d : t.shape) Put<int64_t>(&out, d);
+  }
+  out += EncodeTensors(codec, values);
+  return out;
+}
+
+StatusOr<ParameterSet> DecodeCompressedSet(std::string_view bytes, const std::string& expected_spec,
+                                           int64_t max_elements) {
+  size_t at = 0;
+  auto take = [&](size_t n) -> StatusOr<std::string_view> {
+    if (bytes.size() - at < n) return absl::InvalidArgumentError("compressed set is truncated");
+    std::string_view s = bytes.substr(at, n);
+    at += n;
+    return s;
+  };
+  auto u32 = [&]() -> StatusOr<uint32_t> {
+    ASSIGN_OR_RETURN(std::string_view s, take(4));
+    return Get<uint32_t>(s.data());
+  };
+  ASSIGN_OR_RETURN(std::string_view magic, take(4));
+  if (magic != std::string_view(kCompressedMagic, 4)) {
+    return absl::InvalidArgumentError("not a compressed parameter set (bad magic)");
+  }
+  ASSIGN_OR_RETURN(uint32_t version, u32());
+  if (version != 1) return absl::InvalidArgumentError(absl::StrCat("compressed set version ", version));
+  ASSIGN_OR_RETURN(uint32_t spec_len, u32());
+  if (spec_len > 64) return absl::InvalidArgumentError("compressed set codec name too long");
+  ASSIGN_OR_RETURN(std::string_view spec, take(spec_len));
+  if (spec != expected_spec) {
+    return absl::InvalidArgumentError(absl::StrCat("compressed set encoded with '", std::string(spec),
+                                                   "', expected '", expected_spec, "'"));
+  }
+  ASSIGN_OR_RETURN(auto codec, MakeStatelessCodec(std::string(spec), 0));
+  if (!codec) return absl::InvalidArgumentError("a compressed set needs a codec");
+  ASSIGN_OR_RETURN(uint32_t count, u32());
+  ParameterSet layout;
+  int64_t total = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    ASSIGN_OR_RETURN(uint32_t name_len, u32());
+    if (name_len > 4096) return absl::InvalidArgumentError("tensor name too long");
+    ASSIGN_OR_RETURN(std::string_view name, take(name_len));
+    ASSIGN_OR_RETURN(uint32_t ndim, u32());
+    if (ndim > 8) return absl::InvalidArgumentError(absl::StrCat("tensor with ", ndim, " dimensions"));
+    Tensor t;
+    t.name = std::string(name);
+    int64_t numel = 1;
+    for (uint32_t d = 0; d < ndim; ++d) {
+      ASSIGN_OR_RETURN(std::string_view dim, take(8));
+      const auto v = Get<int64_t>(dim.data());
+      if (v < 0 || (v > 0 && numel > (max_elements - total) / v)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", t.name, ": a negative dimension or more than ", max_elements, " values"));
+      }
+      numel *= v;
+      t.shape.push_back(v);
     }
-    offset += size;
+    total += numel;
+    t.values.assign(numel, 0.0f);
+    RETURN_IF_ERROR(layout.Add(std::move(t)));
   }
-  return out;
+  return DecodeTensors(*codec, bytes.substr(at), layout);
 }
 
-std::string EncodeValues(Codec* codec, const std::vector<float>& values) {
-  if (codec == nullptr) {
-    return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-  }
+std::string EncodeValues(Codec* codec, const std::vector<float>& values, const Shape& shape) {
   std::string out;
-  codec->Encode(0, values.data(), static_cast<int64_t>(values.size()), &out);
+  NoneCodec float32;
+  (codec ? *codec : float32).Encode(0, values.data(), shape, &out);
   return out;
 }
 
-StatusOr<std::vector<float>> DecodeValues(const Codec* codec, std::string_view bytes, int64_t n) {
-  static const NoneCodec kNone;
-  const Codec& c = codec ? *codec : kNone;
+StatusOr<std::vector<float>> DecodeValues(const Codec* codec, std::string_view bytes,
+                                          const Shape& shape) {
+  const Codec& c = codec ? *codec : Float32();
   // Checked before allocating: the shape comes from the same untrusted message.
-  RETURN_IF_ERROR(Length(bytes, c.EncodedSize(n), c.name()));
-  std::vector<float> v(n);
-  RETURN_IF_ERROR(c.Decode(bytes, n, v.data()));
+  RETURN_IF_ERROR(Length(bytes, c.EncodedSize(shape), c.name()));
+  std::vector<float> v(NumElements(shape));
+  RETURN_IF_ERROR(c.Decode(bytes, shape, v.data()));
   return v;
 }
 
 StatusOr<std::unique_ptr<Codec>> MakeStatelessCodec(const std::string& spec, uint64_t seed) {
   if (CodecFamily(spec) == "none") return std::unique_ptr<Codec>();
-  if (CodecFamily(spec) == "topk") {
+  ASSIGN_OR_RETURN(auto codec, MakeCodec(spec, seed));
+  if (codec->stateful()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "codec ", spec, " keeps a residual across calls; activations and gradients change "
-        "every batch (use fp16, bf16, int8 or int8:sr)"));
+        "codec ", spec, " keeps state across calls (error feedback) and cannot encode "
+        "something new every call (use fp16, bf16, int8[:channel][:sr] or qsgd:S)"));
   }
-  return MakeCodec(spec, seed);
+  return codec;
 }
 
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed) {
-  if (spec == "none" || spec == "fp32") return std::unique_ptr<Codec>(new NoneCodec());
-  if (spec == "fp16") return std::unique_ptr<Codec>(new HalfCodec(false));
-  if (spec == "bf16") return std::unique_ptr<Codec>(new HalfCodec(true));
-  if (spec == "int8") return std::unique_ptr<Codec>(new Int8Codec(false, seed));
-  if (spec == "int8:sr") return std::unique_ptr<Codec>(new Int8Codec(true, seed));
-  if (spec.rfind("topk:", 0) == 0) {
+  const std::string family = CodecFamily(spec);
+  const std::string arg = spec.find(':') == std::string::npos ? "" : spec.substr(spec.find(':') + 1);
+  auto fraction = [&]() -> StatusOr<double> {
     double f = 0;
-    if (!absl::SimpleAtod(spec.substr(5), &f) || !(f > 0 && f <= 1)) {
+    if (!absl::SimpleAtod(arg, &f) || !(f > 0 && f <= 1)) {
       return absl::InvalidArgumentError(absl::StrCat("codec ", spec, ": F must be in (0, 1]"));
     }
-    return std::unique_ptr<Codec>(new TopKCodec(f));
+    return f;
+  };
+  auto integer = [&](int lo, int hi) -> StatusOr<int> {
+    int v = 0;
+    if (!absl::SimpleAtoi(arg, &v) || v < lo || v > hi) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("codec ", spec, ": the parameter must be an integer in [", lo, ", ", hi, "]"));
+    }
+    return v;
+  };
+  if (family == "none") return std::unique_ptr<Codec>(new NoneCodec());
+  if (spec == "fp16") return std::unique_ptr<Codec>(new HalfCodec(false));
+  if (spec == "bf16") return std::unique_ptr<Codec>(new HalfCodec(true));
+  if (spec == "sign") return std::unique_ptr<Codec>(new SignCodec());
+  if (spec == "int8" || spec == "int8:sr" || spec == "int8:channel" || spec == "int8:channel:sr") {
+    return std::unique_ptr<Codec>(new Int8Codec(spec, spec.find(":sr") != std::string::npos,
+                                                spec.find(":channel") != std::string::npos, seed));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown codec '", spec, "' (none, fp16, bf16, int8, int8:sr, topk:F)"));
+  if (family == "qsgd") {
+    ASSIGN_OR_RETURN(int levels, integer(1, 127));
+    return std::unique_ptr<Codec>(new QsgdCodec(spec, levels, seed));
+  }
+  if (family == "topk") {
+    ASSIGN_OR_RETURN(double f, fraction());
+    return std::unique_ptr<Codec>(new TopKCodec(spec, f));
+  }
+  if (family == "randk") {
+    ASSIGN_OR_RETURN(double f, fraction());
+    return std::unique_ptr<Codec>(new RandKCodec(spec, f, seed));
+  }
+  if (family == "powersgd") {
+    ASSIGN_OR_RETURN(int rank, integer(1, 64));
+    return std::unique_ptr<Codec>(new PowerSgdCodec(spec, rank, seed));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown codec '", spec,
+      "' (none, fp16, bf16, int8[:channel][:sr], qsgd:S, topk:F, randk:F, sign, powersgd:R)"));
 }
 
 }  // namespace cleave

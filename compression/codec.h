@@ -1,27 +1,39 @@
-// Codecs: a float span to bytes and back, for updates, model broadcasts and split-learning
-// activations and gradients (issue 4; not yet wired into the wire or the server).
+// Codecs: a float tensor to bytes and back, for updates (compression.update), model
+// broadcasts (compression.broadcast) and split-learning activations and gradients.
 //
-// Spec strings (MakeCodec):
-//   none        float32 as is (4 bytes a value)
-//   fp16        IEEE half precision, round to nearest even (2 bytes)
-//   bf16        bfloat16, round to nearest even (2 bytes)
-//   int8        one float32 scale (max |x| / 127) and a signed byte per value, rounded to
-//               nearest: error at most half a step (scale / 2)
-//   int8:sr     the same with stochastic rounding: unbiased, error under one step
-//   topk:F      the ceil(F * n) values of largest magnitude (0 < F <= 1) as (index, value)
-//               pairs, with error feedback: what is not sent is kept in a residual and
-//               added to the next call for the same slot
+// Spec strings (MakeCodec); "rows" is a tensor's first dimension (a weight's output
+// channels), "cols" the product of the others:
+//   none            float32 as is (4 bytes a value)
+//   fp16            IEEE half precision, round to nearest even (2 bytes)
+//   bf16            bfloat16, round to nearest even (2 bytes)
+//   int8            a float32 scale (max |x| / 127) and a signed byte per value, rounded
+//                   to nearest: error at most half a step (scale / 2)
+//   int8:sr         the same with stochastic rounding: unbiased, error under one step
+//   int8:channel    one scale per row (tensors of 2+ dimensions; 1-D tensors get one)
+//   int8:channel:sr per-row scales and stochastic rounding
+//   qsgd:S          QSGD with S levels (1..127): per bucket of 512 values a float32 L2
+//                   norm, and per value a sign and a level in 0..S, stochastically
+//                   rounded (unbiased), packed in ceil(log2(2S + 1)) bits
+//   topk:F          the ceil(F * n) values of largest magnitude (0 < F <= 1) as (index,
+//                   value) pairs, with error feedback
+//   randk:F         as many values, one at a random position in each of k equal strides
+//                   of the tensor; only the positions' u64 seed travels. Error feedback
+//   sign            scaled sign (EF-signSGD): one float32 scale (mean |x|) and one bit a
+//                   value, with error feedback
+//   powersgd:R      PowerSGD rank R (1..64): one power iteration on the rows x cols
+//                   matrix, warm-started from the previous call's Q, sends P (rows x R,
+//                   orthonormal columns) and Q (cols x R); error feedback. Tensors where
+//                   rank R would not save bytes (1-D, small) are sent as float32
 //
-// Encode keeps per-slot state (the residual) for codecs that need it: a slot is one
-// tensor of one client. Decode is stateless and checks everything: a malformed encoding
-// is INVALID_ARGUMENT and `out` is left untouched.
-// Not thread-safe: one Codec per client and direction.
+// With error feedback the codec keeps a residual per slot (one tensor of one client):
+// what was not sent is added to the next call's input, so nothing is lost, only delayed.
+// Decoding is stateless and checks everything first: a malformed encoding is
+// INVALID_ARGUMENT and nothing is written. Not thread-safe: one Codec per client and
+// direction (encoding); decoding methods are const and may run concurrently.
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,48 +43,81 @@
 
 namespace cleave {
 
-class Codec {
- public:
-  virtual ~Codec() = default;
-  virtual std::string name() const = 0;
+using Shape = std::vector<int64_t>;
 
-  // Appends the encoding of in[0, n) to `out`.
-  virtual void Encode(int slot, const float* in, int64_t n, std::string* out) = 0;
-  // Decodes `bytes`, which must be exactly one encoding of n values, into out[0, n).
-  virtual Status Decode(std::string_view bytes, int64_t n, float* out) const = 0;
-  // The exact size of an encoding of n values.
-  virtual int64_t EncodedSize(int64_t n) const = 0;
+class Codec : public RangeDecoder {
+ public:
+  std::string name() const { return name_; }
+
+  // Appends the encoding of in[0, NumElements(shape)) to `out`.
+  virtual void Encode(int slot, const float* in, const Shape& shape, std::string* out) = 0;
+  // The exact size of an encoding of a tensor of `shape`.
+  virtual int64_t EncodedSize(const Shape& shape) const = 0;
+  // OK when `bytes` is exactly one well-formed encoding of a tensor of `shape`.
+  virtual Status Check(std::string_view bytes, const Shape& shape) const = 0;
+  // Values [begin, begin + count) of an encoding that passed Check.
+  void DecodeRange(std::string_view bytes, const Shape& shape, int64_t begin, int64_t count,
+                   float* out) const override = 0;
+
+  // Check, then all values into out[0, n), which must all be finite. On error `out` is
+  // untouched.
+  Status Decode(std::string_view bytes, const Shape& shape, float* out) const;
 
   // The residual of `slot` (error feedback); empty for codecs without one.
   virtual std::vector<float> Residual(int slot) const { return {}; }
+  // True when Encode keeps state across calls (a residual or a warm start).
+  virtual bool stateful() const { return false; }
+
+ protected:
+  explicit Codec(std::string name) : name_(std::move(name)) {}
+
+ private:
+  const std::string name_;
 };
 
-// The codec `spec` names (see above); `seed` drives stochastic rounding.
+// The codec `spec` names (see above); `seed` drives its randomness (stochastic
+// rounding, random positions, PowerSGD's first Q).
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed = 0);
 
-// The codec family a spec belongs to ("topk:0.01" -> "topk"; "", "fp32" -> "none"), as
-// clients advertise them.
+// The codec family a spec belongs to: the part before the first ':' ("topk:0.01" ->
+// "topk"; "", "fp32" -> "none"), as clients advertise them.
 std::string CodecFamily(const std::string& spec);
 // The families this build supports.
 std::vector<std::string> SupportedCodecFamilies();
 
-// An update (or any parameter set) compressed tensor by tensor: the concatenated
-// encodings of `values`' tensors, in order; slot i is tensor i.
+// A parameter set compressed tensor by tensor: the concatenated encodings of `values`'
+// tensors, in order; slot i is tensor i.
 std::string EncodeTensors(Codec& codec, const ParameterSet& values);
 // Its exact size for tensors of `layout`'s shapes.
 int64_t EncodedTensorsSize(const Codec& codec, const ParameterSet& layout);
-// Decodes EncodeTensors' output into a set with `layout`'s names and shapes. Any
-// malformed part is INVALID_ARGUMENT naming the tensor.
+// Checks every tensor's encoding in EncodeTensors' output and returns views that decode
+// block by block (valid while `bytes`, `codec` and `layout` live). Any malformed part is
+// INVALID_ARGUMENT naming the tensor.
+StatusOr<std::vector<TensorView>> ViewEncodedTensors(const Codec& codec, std::string_view bytes,
+                                                     const ParameterSet& layout);
+// The same, decoded into a set with `layout`'s names and shapes; values must be finite.
 StatusOr<ParameterSet> DecodeTensors(const Codec& codec, std::string_view bytes,
                                      const ParameterSet& layout);
 
-// One tensor's values as `codec` encodes them (nullptr: raw float32), and back. Decode
-// checks the length (`n` values) and, through the codec, everything else.
-std::string EncodeValues(Codec* codec, const std::vector<float>& values);
-StatusOr<std::vector<float>> DecodeValues(const Codec* codec, std::string_view bytes, int64_t n);
+// A compressed model broadcast, self-describing (docs/protocol.md):
+//   "CLVC" u32 version=1, u32 spec_len, spec, u32 count, per tensor: u32 name_len, name,
+//   u32 ndim, i64 dims[ndim]; then EncodeTensors' output.
+std::string EncodeCompressedSet(Codec& codec, const ParameterSet& values);
+// Decodes it with the codec it names, which must be `expected_spec`; at most
+// `max_elements` values in total; every value must be finite.
+StatusOr<ParameterSet> DecodeCompressedSet(std::string_view bytes, const std::string& expected_spec,
+                                           int64_t max_elements);
 
-// A codec for split activations or gradients: a new batch every call, so no codec that
-// keeps state across calls (top-k). nullptr for "none".
+// One tensor's values as `codec` encodes them (nullptr: raw float32), and back. Decode
+// checks the length against the shape before allocating and, through the codec,
+// everything else.
+std::string EncodeValues(Codec* codec, const std::vector<float>& values, const Shape& shape);
+StatusOr<std::vector<float>> DecodeValues(const Codec* codec, std::string_view bytes,
+                                          const Shape& shape);
+
+// A codec for what changes completely every call (split activations and gradients, a
+// model broadcast shared by all clients): no codec that keeps state across calls (topk,
+// randk, sign, powersgd). nullptr for "none".
 StatusOr<std::unique_ptr<Codec>> MakeStatelessCodec(const std::string& spec, uint64_t seed);
 
 // IEEE half and bfloat16 conversions (round to nearest even), exposed for tests.

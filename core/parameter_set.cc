@@ -227,6 +227,10 @@ StatusOr<std::vector<TensorView>> ParseParameterSet(std::string_view bytes,
 }
 
 void TensorView::Read(int64_t begin, int64_t count, float* out) const {
+  if (decoder != nullptr) {
+    decoder->DecodeRange(std::string_view(data, encoded_size), shape, begin, count, out);
+    return;
+  }
   std::memcpy(out, data + begin * sizeof(float), count * sizeof(float));
 }
 
@@ -235,10 +239,12 @@ namespace {
 // Index of the first non-finite value in `v`, or -1. Tests exponent bits (all ones
 // means Inf or NaN) on raw words so the loop vectorizes.
 int64_t FirstNonFinite(const TensorView& v) {
+  alignas(64) float values[kViewBlock];
   alignas(64) uint32_t buf[kViewBlock];
   for (int64_t b = 0; b < v.numel; b += kViewBlock) {
     const int64_t n = std::min(kViewBlock, v.numel - b);
-    std::memcpy(buf, v.data + b * sizeof(float), n * sizeof(float));
+    v.Read(b, n, values);
+    std::memcpy(buf, values, n * sizeof(float));
     uint32_t bad = 0;
     for (int64_t j = 0; j < n; ++j) bad |= (buf[j] & 0x7f800000u) == 0x7f800000u;
     if (bad) {

@@ -67,13 +67,27 @@ class ParameterSet {
   std::vector<Tensor> tensors_;
 };
 
+// Decodes ranges of one tensor's compressed encoding (a compression codec), so that
+// compressed updates are read block by block like fp32 ones, never decoded whole.
+class RangeDecoder {
+ public:
+  virtual ~RangeDecoder() = default;
+  // Values [begin, begin + count) of a tensor of `shape` whose encoding `bytes` has
+  // already been checked.
+  virtual void DecodeRange(std::string_view bytes, const std::vector<int64_t>& shape,
+                           int64_t begin, int64_t count, float* out) const = 0;
+};
+
 // A read-only view of one encoded tensor: `data` points into the encoded bytes
-// (possibly unaligned; read with Read()).
+// (possibly unaligned; read with Read()). Raw float32 values unless `decoder` is set,
+// in which case data[0, encoded_size) is a checked encoding that `decoder` reads.
 struct TensorView {
   std::string_view name;
   std::vector<int64_t> shape;
   const char* data = nullptr;
   int64_t numel = 0;
+  const RangeDecoder* decoder = nullptr;
+  int64_t encoded_size = 0;
 
   // Copies values [begin, begin + count) to `out` (aligned, unlike `data`).
   void Read(int64_t begin, int64_t count, float* out) const;

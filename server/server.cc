@@ -871,13 +871,13 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       n *= d;
     }
     if (t.shape().empty()) return absl::InvalidArgumentError("tensor without a shape");
-    auto values = DecodeValues(codec, t.data(), n);
+    Activations a;
+    a.shape.assign(t.shape().begin(), t.shape().end());
+    auto values = DecodeValues(codec, t.data(), a.shape);
     if (!values.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor data does not match its shape: ", values.status().message()));
     }
-    Activations a;
-    a.shape.assign(t.shape().begin(), t.shape().end());
     a.values = *std::move(values);
     return a;
   }
@@ -886,7 +886,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
                      v1::TensorData* t) {
     for (int64_t d : a.shape) t->add_shape(d);
     t->set_codec(spec);
-    t->set_data(EncodeValues(codec, a.values));
+    t->set_data(EncodeValues(codec, a.values, a.shape));
   }
 
   Server::Impl* impl_;
@@ -1283,24 +1283,10 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, boo
 
 Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payload,
                                    bool* duplicate) {
-  // Structure checks need no lock; the payload is ours. A compressed update is decoded
-  // into one dense copy here (one per upload slot, so server memory stays O(model)).
-  ParameterSet decoded;
+  // Structure checks need no lock; the payload is ours.
   std::vector<TensorView> views;
   if (h.codec() == "fp32") {
     ASSIGN_OR_RETURN(views, ParseParameterSet(payload, cfg_.server.max_model_elements));
-  } else {
-    const ParameterSet* layout = nullptr;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      auto t = tasks_.find(h.task_id());
-      if (t == tasks_.end()) return absl::FailedPreconditionError("the round closed");
-      layout = t->second.split ? &t->second.part : &global_;
-      // Decoding is O(model) under the lock, like the validation and accumulation of
-      // an fp32 update below.
-      ASSIGN_OR_RETURN(decoded, DecodeTensors(*update_codec_, payload, *layout));
-    }
-    views = ViewsOf(decoded);
   }
   std::lock_guard<std::mutex> l(mu_);
   // Re-check under the lock: the round may have closed while we were reading.
@@ -1317,9 +1303,15 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
     return absl::FailedPreconditionError(
         absl::StrCat("task ", h.task_id(), " was already counted as failed"));
   }
+  const ParameterSet& layout = t->second.split ? t->second.part : global_;
+  if (h.codec() != "fp32") {
+    // Checked here, then read block by block through the codec like an fp32 update:
+    // no decoded copy is made. O(model) under the lock, as is accumulating.
+    ASSIGN_OR_RETURN(views, ViewEncodedTensors(*update_codec_, payload, layout));
+  }
+  RETURN_IF_ERROR(CheckViews(layout, views));
   if (t->second.split) {
     // The client's trained part: the part it was given plus its delta.
-    RETURN_IF_ERROR(CheckViews(t->second.part, views));
     ParameterSet trained = t->second.part;
     for (size_t i = 0; i < views.size(); ++i) {
       auto& v = trained.mutable_tensors()[i].values;
@@ -1330,7 +1322,6 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
     RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, h.num_examples()));
     t->second.stats = h.split();
   } else {
-    RETURN_IF_ERROR(CheckViews(global_, views));
     strategy_->Accumulate(views, h.num_examples());
   }
   t->second.state = TaskState::kDone;
@@ -1458,7 +1449,7 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
   p.tail_begin = mode == SplitMode::kUShaped ? tail_begin_ : -1;
   auto factor = [](const std::string& spec) {  // encoded / float32 bytes
     auto codec = MakeStatelessCodec(spec, 0);
-    return codec.ok() && *codec ? (*codec)->EncodedSize(1 << 20) / double{4 << 20} : 1.0;
+    return codec.ok() && *codec ? (*codec)->EncodedSize({1 << 20}) / double{4 << 20} : 1.0;
   };
   p.activation_bytes_factor = factor(cfg_.compression.activations);
   p.gradient_bytes_factor = factor(cfg_.compression.gradients);

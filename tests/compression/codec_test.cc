@@ -2,12 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <numeric>
 #include <set>
+
+#include "absl/strings/str_cat.h"
 
 namespace cleave {
 namespace {
@@ -26,14 +29,38 @@ std::unique_ptr<Codec> Make(const std::string& spec, uint64_t seed = 1) {
   return *std::move(c);
 }
 
-std::vector<float> RoundTrip(Codec& c, const std::vector<float>& in, int slot = 0) {
+Shape Flat(const std::vector<float>& v) { return {static_cast<int64_t>(v.size())}; }
+
+std::string Encode(Codec& c, const std::vector<float>& in, const Shape& shape, int slot = 0) {
   std::string bytes;
-  c.Encode(slot, in.data(), in.size(), &bytes);
+  c.Encode(slot, in.data(), shape, &bytes);
+  EXPECT_EQ(static_cast<int64_t>(bytes.size()), c.EncodedSize(shape)) << c.name();
+  return bytes;
+}
+
+std::vector<float> RoundTrip(Codec& c, const std::vector<float>& in, const Shape& shape,
+                             int slot = 0) {
+  const std::string bytes = Encode(c, in, shape, slot);
   std::vector<float> out(in.size(), -1.0f);
-  Status s = c.Decode(bytes, in.size(), out.data());
-  EXPECT_TRUE(s.ok()) << s;
+  Status s = c.Decode(bytes, shape, out.data());
+  EXPECT_TRUE(s.ok()) << c.name() << ": " << s;
   return out;
 }
+
+std::vector<float> RoundTrip(Codec& c, const std::vector<float>& in, int slot = 0) {
+  return RoundTrip(c, in, Flat(in), slot);
+}
+
+float MaxAbs(const float* v, int64_t n) {
+  float max = 0;
+  for (int64_t i = 0; i < n; ++i) max = std::max(max, std::abs(v[i]));
+  return max;
+}
+
+// Every codec, with its parameters.
+const std::vector<std::string> kAllSpecs = {
+    "none", "fp16", "bf16", "int8", "int8:sr", "int8:channel", "int8:channel:sr", "qsgd:1",
+    "qsgd:4", "qsgd:127", "topk:0.1", "randk:0.1", "sign", "powersgd:1", "powersgd:3"};
 
 TEST(CodecTest, HalfAndBfloatConversionsRoundToNearestEven) {
   EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
@@ -64,9 +91,7 @@ TEST(CodecTest, RoundTripsStayWithinTheirBounds) {
       ASSERT_LE(std::abs(out[i] - in[i]), relative * std::abs(in[i]) + 1e-7) << spec << " " << i;
     }
   }
-  float max = 0;
-  for (float x : in) max = std::max(max, std::abs(x));
-  const float step = max / 127;
+  const float step = MaxAbs(in.data(), in.size()) / 127;
   auto nearest = Make("int8");
   auto out = RoundTrip(*nearest, in);
   for (size_t i = 0; i < in.size(); ++i) ASSERT_LE(std::abs(out[i] - in[i]), step / 2 * 1.0001f);
@@ -75,28 +100,76 @@ TEST(CodecTest, RoundTripsStayWithinTheirBounds) {
   for (size_t i = 0; i < in.size(); ++i) ASSERT_LT(std::abs(out[i] - in[i]), step * 1.0001f);
 }
 
-TEST(CodecTest, StochasticRoundingIsUnbiased) {
-  const auto in = Random(64, 2);
-  float max = 0;
-  for (float x : in) max = std::max(max, std::abs(x));
-  const double step = max / 127.0;
-  auto c = Make("int8:sr", 7);
+TEST(CodecTest, PerChannelInt8ScalesEachRowByItsOwnMaximum) {
+  // 4 rows of 250 whose magnitudes differ by 1000x: each row's error is bounded by half
+  // of its own step, far below what one scale for the tensor allows.
+  const Shape shape = {4, 5, 50};
+  std::vector<float> in = Random(1000, 4);
+  for (int64_t i = 0; i < 1000; ++i) in[i] *= std::pow(10.0f, static_cast<float>(i / 250) - 2);
+  auto c = Make("int8:channel");
+  EXPECT_EQ(c->EncodedSize(shape), 4 * 4 + 1000);
+  const auto out = RoundTrip(*c, in, shape);
+  for (int64_t row = 0; row < 4; ++row) {
+    const float step = MaxAbs(in.data() + 250 * row, 250) / 127;
+    for (int64_t i = 250 * row; i < 250 * (row + 1); ++i) {
+      ASSERT_LE(std::abs(out[i] - in[i]), step / 2 * 1.0001f) << i;
+    }
+  }
+  EXPECT_GT(std::abs(RoundTrip(*Make("int8"), in, shape)[3] - in[3]), 10 * std::abs(out[3] - in[3]) + 1e-6)
+      << "one scale for the tensor should lose the small row";
+  auto bias = Make("int8:channel");  // a 1-D tensor has one scale
+  EXPECT_EQ(bias->EncodedSize({10}), 4 + 10);
+}
+
+TEST(CodecTest, QsgdErrorIsBelowOneLevelOfItsBucketNorm) {
+  const auto in = Random(1300, 5);  // buckets of 512, 512, 276
+  for (int s : {1, 4, 127}) {
+    auto c = Make(absl::StrCat("qsgd:", s));
+    const int bits = s == 1 ? 2 : s == 4 ? 4 : 8;
+    EXPECT_EQ(c->EncodedSize(Flat(in)), 3 * 4 + (1300 * bits + 7) / 8) << s;
+    const auto out = RoundTrip(*c, in);
+    for (int64_t b = 0; b < 3; ++b) {
+      double sq = 0;
+      for (int64_t i = 512 * b; i < std::min<int64_t>(1300, 512 * (b + 1)); ++i) sq += in[i] * in[i];
+      const double level = std::sqrt(sq) / s;
+      for (int64_t i = 512 * b; i < std::min<int64_t>(1300, 512 * (b + 1)); ++i) {
+        ASSERT_LT(std::abs(out[i] - in[i]), level * 1.0001) << s << " " << i;
+        ASSERT_TRUE(out[i] == 0 || (out[i] > 0) == (in[i] > 0)) << "sign kept " << i;
+      }
+    }
+  }
+}
+
+// Each error lies in (-step, step), so has variance <= step^2 / 4: the mean of `reps`
+// round trips is within 5 standard deviations (step / (2 sqrt(reps))) of the input.
+void ExpectUnbiased(const std::string& spec, const std::vector<float>& in, const Shape& shape,
+                    const std::vector<double>& step) {
+  auto c = Make(spec, 7);
   const int reps = 4000;
   std::vector<double> mean(in.size(), 0.0);
   for (int r = 0; r < reps; ++r) {
-    const auto out = RoundTrip(*c, in);
+    const auto out = RoundTrip(*c, in, shape);
     for (size_t i = 0; i < in.size(); ++i) mean[i] += out[i] / reps;
   }
-  // Each error lies in (-step, step) with variance <= step^2 / 4: the mean of `reps` is
-  // within 5 standard deviations (step / (2 sqrt(reps))) of the input.
-  const double bound = 5 * step / (2 * std::sqrt(static_cast<double>(reps)));
-  double worst_nearest_bias = 0;
+  double worst_nearest_bias = 0;  // how far a deterministic rounding would be off
   for (size_t i = 0; i < in.size(); ++i) {
-    EXPECT_NEAR(mean[i], in[i], bound) << i;
+    const double bound = 5 * step[i] / (2 * std::sqrt(static_cast<double>(reps)));
+    ASSERT_NEAR(mean[i], in[i], bound) << spec << " " << i;
     worst_nearest_bias = std::max(
-        worst_nearest_bias, std::abs(std::nearbyint(in[i] / step) * step - in[i]));
+        worst_nearest_bias, std::abs(std::nearbyint(in[i] / step[i]) * step[i] - in[i]) / bound);
   }
-  EXPECT_GT(worst_nearest_bias, bound) << "the test could not tell rounding to nearest apart";
+  EXPECT_GT(worst_nearest_bias, 1) << spec << ": the test could not tell rounding to nearest apart";
+}
+
+TEST(CodecTest, StochasticRoundingIsUnbiased) {
+  const auto in = Random(64, 2);
+  ExpectUnbiased("int8:sr", in, Flat(in), std::vector<double>(64, MaxAbs(in.data(), 64) / 127.0));
+  std::vector<double> row_steps(64);
+  for (int i = 0; i < 64; ++i) row_steps[i] = MaxAbs(in.data() + 16 * (i / 16), 16) / 127.0;
+  ExpectUnbiased("int8:channel:sr", in, {4, 16}, row_steps);
+  double sq = 0;
+  for (float x : in) sq += x * x;
+  ExpectUnbiased("qsgd:4", in, Flat(in), std::vector<double>(64, std::sqrt(sq) / 4));
 }
 
 TEST(CodecTest, TopKKeepsExactlyTheLargestMagnitudes) {
@@ -114,84 +187,252 @@ TEST(CodecTest, TopKKeepsExactlyTheLargestMagnitudes) {
       EXPECT_EQ(out[i], 0.0f) << i;
     }
   }
-  std::string bytes;
-  Make("topk:0.01")->Encode(0, in.data(), in.size(), &bytes);
-  EXPECT_EQ(bytes.size(), 4u + 10 * 8);
+  EXPECT_EQ(c->EncodedSize(Flat(in)), 4 + 10 * 8);
+}
+
+TEST(CodecTest, RandKSendsOneValueFromEachStride) {
+  const auto in = Random(1003, 6);  // k = 101 strides of 9 or 10 values
+  auto c = Make("randk:0.1", 11);
+  EXPECT_EQ(c->EncodedSize(Flat(in)), 8 + 4 * 101);
+  std::set<int64_t> first;
+  for (int call = 0; call < 2; ++call) {
+    auto fresh = Make("randk:0.1", 11 + call);  // no residual: what is sent is the input
+    const auto out = RoundTrip(*fresh, in);
+    int64_t sent = 0;
+    for (int64_t j = 0; j < 101; ++j) {
+      int in_stride = 0;
+      for (int64_t i = j * 1003 / 101; i < (j + 1) * 1003 / 101; ++i) {
+        if (out[i] != 0) {
+          ++in_stride;
+          EXPECT_EQ(out[i], in[i]);
+          if (call == 0) {
+            first.insert(i);
+          } else {
+            sent += first.count(i);
+          }
+        }
+      }
+      ASSERT_EQ(in_stride, 1) << "stride " << j;
+    }
+    if (call == 1) {
+      EXPECT_LT(sent, 50) << "another seed picks other positions";
+    }
+  }
+}
+
+TEST(CodecTest, PowerSgdRecoversALowRankMatrixAndSendsSmallTensorsWhole) {
+  // M = A B^T with rank 3: one power iteration spans A's columns, so P Q^T = M.
+  const int64_t rows = 40, cols = 30;
+  const auto a = Random(rows * 3, 8), b = Random(cols * 3, 9);
+  std::vector<float> m(rows * cols, 0.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int c = 0; c < 3; ++c) m[i * cols + j] += a[i * 3 + c] * b[j * 3 + c];
+    }
+  }
+  auto c = Make("powersgd:3");
+  const Shape shape = {rows, 5, 6};
+  EXPECT_EQ(c->EncodedSize(shape), 4 * 3 * (rows + cols));
+  const auto out = RoundTrip(*c, m, shape);
+  for (int64_t i = 0; i < rows * cols; ++i) ASSERT_NEAR(out[i], m[i], 1e-4 * (1 + std::abs(m[i]))) << i;
+  auto rank1 = Make("powersgd:1");
+  const auto approx = RoundTrip(*rank1, m, shape);
+  double err = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) err += std::abs(approx[i] - m[i]);
+  EXPECT_GT(err, 1.0) << "rank 1 cannot carry a rank-3 matrix in one call";
+  // 1-D and small tensors travel as float32, exactly.
+  const auto bias = Random(50, 10);
+  EXPECT_EQ(c->EncodedSize({50}), 200);
+  EXPECT_EQ(RoundTrip(*c, bias, {50}), bias);
+  EXPECT_EQ(c->EncodedSize({4, 4}), 64);
 }
 
 TEST(CodecTest, ErrorFeedbackConservesMass) {
-  auto c = Make("topk:0.05");
-  const int64_t n = 400;
-  std::vector<double> inputs(n, 0.0), sent(n, 0.0);
-  for (int call = 0; call < 5; ++call) {
-    const auto in = Random(n, 10 + call);
-    for (int64_t i = 0; i < n; ++i) inputs[i] += in[i];
-    const auto out = RoundTrip(*c, in, /*slot=*/3);
-    for (int64_t i = 0; i < n; ++i) sent[i] += out[i];
+  for (const std::string spec : {"topk:0.05", "randk:0.05", "sign", "powersgd:2"}) {
+    auto c = Make(spec);
+    const Shape shape = {20, 20};
+    const int64_t n = 400;
+    std::vector<double> inputs(n, 0.0), sent(n, 0.0);
+    for (int call = 0; call < 5; ++call) {
+      const auto in = Random(n, 10 + call);
+      for (int64_t i = 0; i < n; ++i) inputs[i] += in[i];
+      const auto out = RoundTrip(*c, in, shape, /*slot=*/3);
+      for (int64_t i = 0; i < n; ++i) sent[i] += out[i];
+    }
+    const auto residual = c->Residual(3);
+    ASSERT_EQ(residual.size(), static_cast<size_t>(n)) << spec;
+    double owed = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(sent[i] + residual[i], inputs[i], 1e-4) << spec << " " << i;
+      owed += std::abs(residual[i]);
+    }
+    EXPECT_GT(owed, 0) << spec << " compresses, so something stays owed";
+    EXPECT_TRUE(c->Residual(4).empty()) << "slots are separate";
   }
-  const auto residual = c->Residual(3);
-  ASSERT_EQ(residual.size(), static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(sent[i] + residual[i], inputs[i], 1e-5) << i;
-  EXPECT_TRUE(c->Residual(4).empty()) << "slots are separate";
+}
+
+TEST(CodecTest, RangesDecodeLikeTheWhole) {
+  const Shape shape = {37, 3, 11};  // 1221 values
+  const auto in = Random(1221, 12);
+  for (const auto& spec : kAllSpecs) {
+    auto c = Make(spec);
+    const std::string bytes = Encode(*c, in, shape);
+    std::vector<float> whole(1221);
+    ASSERT_TRUE(c->Decode(bytes, shape, whole.data()).ok()) << spec;
+    std::mt19937 rng(1);
+    for (int trial = 0; trial < 20; ++trial) {
+      const int64_t begin = rng() % 1221, count = rng() % (1222 - begin);
+      std::vector<float> part(count);
+      c->DecodeRange(bytes, shape, begin, count, part.data());
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(part[i], whole[begin + i]) << spec << " " << begin + i;
+    }
+  }
 }
 
 // A malformed encoding is refused with a clear status and leaves `out` as it was.
 TEST(CodecTest, MalformedEncodingsAreRejected) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  auto expect_bad = [](const std::string& spec, const std::string& bytes, int64_t n,
-                       const std::string& needle) {
+  const Shape shape = {4};
+  auto expect_bad = [&](const std::string& spec, const std::string& bytes, const std::string& needle) {
     auto c = Make(spec);
-    std::vector<float> out(n, 42.0f);
-    Status s = c->Decode(bytes, n, out.data());
+    std::vector<float> out(4, 42.0f);
+    Status s = c->Decode(bytes, shape, out.data());
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << spec << ": " << s;
     EXPECT_NE(s.message().find(needle), std::string::npos) << spec << ": " << s;
     for (float v : out) ASSERT_EQ(v, 42.0f) << spec << ": output touched";
   };
-  auto encode = [](const std::string& spec, const std::vector<float>& v) {
-    std::string b;
-    Make(spec)->Encode(0, v.data(), v.size(), &b);
-    return b;
-  };
   const std::vector<float> v = {1, -2, 3, -4};
-  for (const char* spec : {"none", "fp16", "bf16", "int8", "topk:0.5"}) {
-    std::string b = encode(spec, v);
-    expect_bad(spec, b.substr(0, b.size() - 1), 4, "expected");
-    expect_bad(spec, b + "x", 4, "expected");
+  auto encode = [&](const std::string& spec) { return Encode(*Make(spec), v, shape); };
+  for (const auto& spec : kAllSpecs) {
+    if (spec == "topk:0.1") continue;  // a count comes first: below
+    std::string b = encode(spec);
+    expect_bad(spec, b.substr(0, b.size() - 1), "expected");
+    expect_bad(spec, b + "x", "expected");
   }
-  std::string b = encode("none", v);
+  std::string b = encode("none");
   std::memcpy(&b[4], &nan, 4);
-  expect_bad("none", b, 4, "not all finite");
-  b = encode("int8", v);
-  std::memcpy(&b[0], &nan, 4);
-  expect_bad("int8", b, 4, "scale");
-  b = encode("int8", v);
+  expect_bad("none", b, "not finite");
+  for (const char* spec : {"fp16", "bf16"}) {
+    b = encode(spec);
+    b[3] = static_cast<char>(0x7f);  // value 1: exponent all ones
+    b[2] = static_cast<char>(0xff);
+    expect_bad(spec, b, "not finite");
+  }
+  for (const char* spec : {"int8", "int8:channel", "sign", "qsgd:4"}) {
+    b = encode(spec);
+    std::memcpy(&b[0], &nan, 4);
+    expect_bad(spec, b, "not a finite number");
+  }
+  b = encode("int8");
+  const float huge = 1e38f;  // finite, but 127 steps of it are not
+  std::memcpy(&b[0], &huge, 4);
+  expect_bad("int8", b, "scale");
+  b = encode("int8");
   b[5] = static_cast<char>(-128);
-  expect_bad("int8", b, 4, "-128");
+  expect_bad("int8", b, "-128");
+  // qsgd:4, 4 bits a value: a field of 9 is level 5 > 4; unused bits must be zero.
+  b = encode("qsgd:4");
+  b[4] = static_cast<char>(0x09 | (b[4] & 0xf0));
+  expect_bad("qsgd:4", b, "level beyond 4");
+  {  // 4 values x 2 bits fill a byte: 3 values leave 2 unused bits
+    auto c = Make("qsgd:1");
+    std::string three;
+    c->Encode(0, v.data(), {3}, &three);
+    three.back() = static_cast<char>(three.back() | 0x80);
+    std::vector<float> out(3);
+    EXPECT_NE(c->Decode(three, {3}, out.data()).message().find("padding"), std::string_view::npos);
+  }
+  {
+    auto c = Make("sign");
+    std::string three;
+    c->Encode(0, v.data(), {3}, &three);
+    three.back() = static_cast<char>(three.back() | 0x80);
+    std::vector<float> out(3);
+    EXPECT_NE(c->Decode(three, {3}, out.data()).message().find("padding"), std::string_view::npos);
+  }
+  b = encode("randk:0.1");  // [seed u64][one value]
+  std::memcpy(&b[8], &nan, 4);
+  expect_bad("randk:0.1", b, "not finite");
+  {
+    auto c = Make("powersgd:1");
+    const std::vector<float> m = Random(100, 13);
+    std::string pq = Encode(*c, m, {10, 10});
+    std::memcpy(&pq[8], &nan, 4);
+    std::vector<float> out(100, 42.0f);
+    EXPECT_EQ(c->Decode(pq, {10, 10}, out.data()).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(out[0], 42.0f);
+    // Finite factors whose product overflows.
+    std::string big(4 * 20, '\0');
+    const float f = 1e30f;
+    for (int i = 0; i < 20; ++i) std::memcpy(&big[4 * i], &f, 4);
+    EXPECT_NE(c->Decode(big, {10, 10}, out.data()).message().find("decodes to inf"), std::string_view::npos);
+  }
   // topk: [k=2][idx 1][idx 3][v][v]
-  b = encode("topk:0.5", v);
+  b = encode("topk:0.5");
   std::string bad = b;
   const uint32_t out_of_range = 4;
   std::memcpy(&bad[8], &out_of_range, 4);
-  expect_bad("topk:0.5", bad, 4, "out of range");
+  expect_bad("topk:0.5", bad, "out of range");
   bad = b;
   std::memcpy(&bad[8], &b[4], 4);  // the same index twice
-  expect_bad("topk:0.5", bad, 4, "not increasing");
+  expect_bad("topk:0.5", bad, "not increasing");
   bad = b;
   const uint32_t too_many = 5;
   std::memcpy(&bad[0], &too_many, 4);
-  expect_bad("topk:0.5", bad, 4, "5 of 4");
+  expect_bad("topk:0.5", bad, "5 of 4");
+  bad = b;
+  const uint32_t fewer = 1;
+  std::memcpy(&bad[0], &fewer, 4);
+  expect_bad("topk:0.5", bad.substr(0, 12), "expected 2");
   bad = b;
   std::memcpy(&bad[12], &nan, 4);
-  expect_bad("topk:0.5", bad, 4, "not finite");
-  expect_bad("topk:0.5", "", 4, "count");
+  expect_bad("topk:0.5", bad, "not finite");
+  expect_bad("topk:0.5", "", "count");
+}
+
+TEST(CodecTest, CompressedSetsDescribeThemselvesAndAreChecked) {
+  ParameterSet set;
+  ASSERT_TRUE(set.Add({"w", {3, 4}, Random(12, 14)}).ok());
+  ASSERT_TRUE(set.Add({"b", {3}, Random(3, 15)}).ok());
+  auto c = Make("int8:channel");
+  const std::string bytes = EncodeCompressedSet(*c, set);
+  auto decoded = DecodeCompressedSet(bytes, "int8:channel", 1000);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_TRUE(decoded->SameLayout(set));
+  auto direct = DecodeTensors(*c, bytes.substr(bytes.size() - EncodedTensorsSize(*c, set)), set);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(decoded->tensors()[0].values, direct->tensors()[0].values);
+  auto code = [](const StatusOr<ParameterSet>& s) { return s.status().code(); };
+  EXPECT_EQ(code(DecodeCompressedSet(bytes, "int8", 1000)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(DecodeCompressedSet(bytes, "int8:channel", 14)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(DecodeCompressedSet(bytes.substr(0, 30), "int8:channel", 1000)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(DecodeCompressedSet("CLVP" + bytes.substr(4), "int8:channel", 1000)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(DecodeCompressedSet(bytes + "x", "int8:channel", 1000)),
+            absl::StatusCode::kInvalidArgument);
+  auto topk = Make("topk:0.5");
+  EXPECT_EQ(code(DecodeCompressedSet(EncodeCompressedSet(*topk, set), "topk:0.5", 1000)),
+            absl::StatusCode::kInvalidArgument)
+      << "a broadcast cannot use a codec with per-client state";
 }
 
 TEST(CodecTest, UnknownSpecsAreRefused) {
-  EXPECT_EQ(MakeCodec("zip").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeCodec("topk:0").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeCodec("topk:1.5").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeCodec("topk:x").status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* spec : {"zip", "topk:0", "topk:1.5", "topk:x", "randk:0", "qsgd:0", "qsgd:128",
+                           "qsgd", "powersgd:0", "powersgd:65", "int8:foo", "sign:2"}) {
+    EXPECT_EQ(MakeCodec(spec).status().code(), absl::StatusCode::kInvalidArgument) << spec;
+  }
   EXPECT_EQ(Make("fp32")->name(), "none");
+  for (const char* spec : {"topk:0.1", "randk:0.1", "sign", "powersgd:2"}) {
+    EXPECT_EQ(MakeStatelessCodec(spec, 0).status().code(), absl::StatusCode::kInvalidArgument) << spec;
+  }
+  for (const char* spec : {"fp16", "int8:channel:sr", "qsgd:8"}) {
+    EXPECT_TRUE(MakeStatelessCodec(spec, 0).ok()) << spec;
+  }
+  for (const auto& spec : kAllSpecs) {
+    const auto families = SupportedCodecFamilies();
+    EXPECT_NE(std::find(families.begin(), families.end(), CodecFamily(spec)), families.end()) << spec;
+  }
 }
 
 }  // namespace

@@ -135,7 +135,7 @@ TEST_F(SplitValidationTest, BadMicroBatchesAreRejected) {
   std::vector<BadBatch> cases = {
       {"replayed", [] { return Batch(1, 8, 8); }, "expected 2"},
       {"skipped", [] { return Batch(3, 8, 8); }, "expected 2"},
-      {"NaN", [&] { return Batch(2, 8, 8, nan); }, "not all finite"},
+      {"NaN", [&] { return Batch(2, 8, 8, nan); }, "is not finite"},
       {"too large", [] { return Batch(2, 9, 9); }, "expected 1..8"},
       {"too few labels", [] { return Batch(2, 8, 7); }, "7 labels for 8 samples"},
       {"label out of range",
