@@ -328,7 +328,9 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest(), 600,
                         &emulator);
   if (!blob.ok()) return reject(blob.status());
-  auto global = ParameterSet::Decode(*blob);
+  auto global = task.model_codec().empty()
+                    ? ParameterSet::Decode(*blob)
+                    : DecodeCompressedSet(*blob, task.model_codec(), int64_t{1} << 31);
   if (!global.ok()) return reject(global.status());
   blob->clear();
   if (task.has_split()) {

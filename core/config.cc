@@ -117,8 +117,9 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "split", "window", &c.split.window));
   }
   if (auto s = root["compression"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "compression", {"update", "activations", "gradients"}));
+    RETURN_IF_ERROR(CheckKeys(s, "compression", {"update", "broadcast", "activations", "gradients"}));
     RETURN_IF_ERROR(Read(s, "compression", "update", &c.compression.update));
+    RETURN_IF_ERROR(Read(s, "compression", "broadcast", &c.compression.broadcast));
     RETURN_IF_ERROR(Read(s, "compression", "activations", &c.compression.activations));
     RETURN_IF_ERROR(Read(s, "compression", "gradients", &c.compression.gradients));
   }

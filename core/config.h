@@ -58,6 +58,7 @@ struct StrategyConfig {
 
 struct CompressionConfig {
   std::string update = "none";   // compression.update: codec of client updates
+  std::string broadcast = "none";  // compression.broadcast: codec of the model sent down
   std::string activations = "none";  // compression.activations: split activations
   std::string gradients = "none";    // compression.gradients: split activation gradients
 };

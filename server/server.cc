@@ -295,6 +295,12 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   v1::ModelDescription model_desc_;
   ModelSpec model_spec_;
   std::unique_ptr<Codec> update_codec_;  // compression.update, unless none (decoding only)
+  // compression.broadcast, unless none; used by one thread at a time (start, round end).
+  std::unique_ptr<Codec> broadcast_codec_;
+  // The blob a model (or client part) is sent down as: fp32, or compression.broadcast.
+  std::string ModelBlob(const ParameterSet& model) {
+    return broadcast_codec_ ? EncodeCompressedSet(*broadcast_codec_, model) : model.Encode();
+  }
 
   // Split learning (split.mode set); fixed after Init.
   std::optional<SplitMode> split_mode_;
@@ -1056,12 +1062,15 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* 
     return absl::InvalidArgumentError("Join.num_examples must be > 0");
   }
   if (join.name().size() > 256) return absl::InvalidArgumentError("client name too long");
-  if (update_codec_) {
-    const std::string family = CodecFamily(cfg_.compression.update);
-    if (std::find(join.codecs().begin(), join.codecs().end(), family) == join.codecs().end()) {
+  for (const auto& [what, spec] : {std::pair{"updates", cfg_.compression.update},
+                                   std::pair{"the model broadcast", cfg_.compression.broadcast},
+                                   std::pair{"activations", cfg_.compression.activations},
+                                   std::pair{"gradients", cfg_.compression.gradients}}) {
+    const std::string family = CodecFamily(spec);
+    if (family != "none" &&
+        std::find(join.codecs().begin(), join.codecs().end(), family) == join.codecs().end()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "this run compresses updates with ", cfg_.compression.update,
-          ", which the client does not support"));
+          "this run compresses ", what, " with ", spec, ", which the client does not support"));
     }
   }
   std::lock_guard<std::mutex> l(mu_);
@@ -1388,6 +1397,12 @@ Status Server::Impl::Init() {
     }
     update_codec_ = *std::move(codec);
   }
+  if (auto c = MakeStatelessCodec(cfg_.compression.broadcast, cfg_.run.seed); !c.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compression.broadcast: ", c.status().message()));
+  } else {
+    broadcast_codec_ = *std::move(c);
+  }
   for (const auto& [key, codec] : {std::pair{"activations", cfg_.compression.activations},
                                    std::pair{"gradients", cfg_.compression.gradients}}) {
     if (auto c = MakeStatelessCodec(codec, 0); !c.ok()) {
@@ -1497,7 +1512,7 @@ Status Server::Impl::Start() {
 }
 
 void Server::Impl::PublishModelLocked() {
-  auto blob = std::make_shared<const std::string>(global_.Encode());
+  auto blob = std::make_shared<const std::string>(ModelBlob(global_));
   PublishLocked(std::move(blob), Sha256Hex(*blob));
 }
 
@@ -1580,7 +1595,7 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     rec.split = true;
     rec.cut = *split_round_->CutOf(cid);
     rec.part = *split_round_->ClientPart(cid);
-    auto blob = std::make_shared<const std::string>(rec.part.Encode());
+    auto blob = std::make_shared<const std::string>(ModelBlob(rec.part));
     const std::string digest = Sha256Hex(*blob);
     task->set_model_digest(digest);
     task->set_model_size(static_cast<int64_t>(blob->size()));
@@ -1599,6 +1614,7 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
     rec.expected_size = static_cast<int64_t>(global_.EncodedSize());
   }
+  if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
   if (update_codec_) {
     rec.codec = cfg_.compression.update;
     rec.expected_size = EncodedTensorsSize(*update_codec_, rec.split ? rec.part : global_);
@@ -1838,7 +1854,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   std::shared_ptr<const std::string> blob;
   std::string digest;
   if (finished.ok()) {
-    blob = std::make_shared<const std::string>(next.Encode());
+    blob = std::make_shared<const std::string>(ModelBlob(next));
     digest = Sha256Hex(*blob);
   }
   l.lock();
@@ -1878,7 +1894,7 @@ std::string Server::Impl::CheckpointLocked(double elapsed_s) const {
   v1::Checkpoint ck;
   ck.set_run_id(run_id_);
   ck.set_round(committed_round_);
-  ck.set_global_model(*blobs_.at(model_digest_));  // the encoding published this round
+  ck.set_global_model(global_.Encode());  // exact, whatever the broadcast codec
   ck.set_strategy_state(strategy_->State().Encode());
   std::ostringstream rng;
   rng << rng_;

@@ -181,13 +181,15 @@ namespace {
 // int8 activations and gradients: about a quarter of the bytes across the cut, and the
 // federation learns as well. sfl-v1, whose runs repeat themselves (each client has its own
 // server copy), so that the two runs differ by the codec alone.
+// The client parts also travel down and back up as int8.
 TEST(SplitCompressionTest, Int8ActivationsAndGradientsLearnInAQuarterOfTheBytes) {
   auto run = [](const std::string& codec) {
     return RunToEnd(std::string(kSplitBase) + "model: {name: lenet5}\nrun: {rounds: 2, seed: 3}\n" +
                         "clients: {min: 3, quorum: 1.0}\n" +
                         "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.5}\n" +
                         "split: {mode: sfl-v1, cut: 2}\n" + "compression: {activations: " +
-                        codec + ", gradients: " + codec + "}\n",
+                        codec + ", gradients: " + codec + ", update: " + codec +
+                        ", broadcast: " + codec + "}\n",
                     Options(3, 3000));
   };
   const auto fp32 = run("none");

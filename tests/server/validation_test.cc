@@ -392,25 +392,64 @@ server: {client_timeout_s: 300}
   EXPECT_FLOAT_EQ(after.tensors()[0].values[12346], 0.346f);
 }
 
-// compression.update: int8. A client that cannot encode it is refused at Join; a bad
-// compressed update is refused before it touches the aggregate; a good one is decoded and
-// averaged.
+// A job whose codecs cannot serve their direction is refused at start, saying which key.
+TEST(ServerConfigTest, CodecsThatCannotServeTheirDirectionAreRefused) {
+  for (const auto& [compression, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"{update: zip}", "compression.update: unknown codec"},
+           {"{update: \"qsgd:500\"}", "compression.update"},
+           {"{broadcast: \"topk:0.1\"}", "compression.broadcast: codec topk:0.1 keeps state"},
+           {"{broadcast: sign}", "compression.broadcast"},
+           {"{activations: \"powersgd:2\"}", "compression.activations"},
+           {"{gradients: \"randk:0.5\"}", "compression.gradients"}}) {
+    ServerOptions o;
+    o.config = TestConfig("model: {name: mlp}\ncompression: " + compression + "\n");
+    o.listen = "127.0.0.1:0";
+    auto s = Server::Create(std::move(o));
+    ASSERT_FALSE(s.ok()) << compression;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << compression;
+    EXPECT_NE(s.status().message().find(needle), std::string::npos) << s.status();
+  }
+}
+
+// compression.update: topk, compression.broadcast: int8. A client that cannot decode or
+// encode either is refused at Join; the model comes down as a compressed set; a bad
+// compressed update is refused before it touches the aggregate; a good one is read
+// through its codec and averaged.
 TEST_F(ServerFixture, CompressedUpdatesAreCheckedThenDecodedAndAveraged) {
   StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 1, round_deadline_s: 60}\n"
-              "compression: {update: int8}\n");
+              "compression: {update: \"topk:0.1\", broadcast: int8}\n");
   const ParameterSet initial = server_->GlobalModel();
   TestPeer old(address_, 100);
-  EXPECT_FALSE(old.Join("old", {"fp32"}));
+  EXPECT_FALSE(old.Join("old", {"fp32", "int8"}));
+  TestPeer no_int8(address_, 100);
+  EXPECT_FALSE(no_int8.Join("no-int8", {"fp32", "topk"}));
   TestPeer a(address_, 100);
-  ASSERT_TRUE(a.Join("a", {"fp32", "int8"}));
+  ASSERT_TRUE(a.Join("a", {"fp32", "topk", "int8"}));
   auto task = a.NextTask();
   ASSERT_TRUE(task);
-  EXPECT_EQ(task->update_codec(), "int8");
+  EXPECT_EQ(task->update_codec(), "topk:0.1");
+  EXPECT_EQ(task->model_codec(), "int8");
+
+  // The model as it came down: int8, within half a step of the server's.
+  auto blob = FetchBlob(a.stub(), a.welcome().client_id(), a.welcome().session_token(),
+                        task->model_digest(), 10, nullptr);
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_LT(blob->size(), initial.EncodedSize() / 3.9);
+  auto received = DecodeCompressedSet(*blob, "int8", 1 << 24);
+  ASSERT_TRUE(received.ok()) << received.status();
+  for (size_t i = 0; i < initial.size(); ++i) {
+    const auto& v = initial.tensors()[i].values;
+    float max = 0;
+    for (float x : v) max = std::max(max, std::abs(x));
+    for (size_t j = 0; j < v.size(); ++j) {
+      ASSERT_LE(std::abs(received->tensors()[i].values[j] - v[j]), max / 127 / 2 * 1.0001f);
+    }
+  }
 
   const ParameterSet delta = Delta(initial, 0.01f);
-  auto codec = *MakeCodec("int8");
+  auto codec = *MakeCodec("topk:0.1");
   const std::string good = EncodeTensors(*codec, delta);
-  EXPECT_EQ(static_cast<int64_t>(good.size()), initial.total_elements() + 4 * 6);
+  EXPECT_EQ(static_cast<int64_t>(good.size()), EncodedTensorsSize(*codec, initial));
   auto upload = [&](const std::string& codec_name, const std::string& bytes) {
     v1::UploadHeader h = a.Header(*task, 100);
     h.set_codec(codec_name);
@@ -419,21 +458,30 @@ TEST_F(ServerFixture, CompressedUpdatesAreCheckedThenDecodedAndAveraged) {
   };
   auto s = upload("fp32", initial.Encode());
   EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("the task asked for 'int8'"), std::string::npos)
+  EXPECT_NE(s.error_message().find("the task asked for 'topk:0.1'"), std::string::npos)
       << s.error_message();
-  EXPECT_EQ(upload("int8", good.substr(1)).error_code(), StatusCode::INVALID_ARGUMENT);
-  std::string nan_scale = good;
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::memcpy(&nan_scale[0], &nan, 4);
-  s = upload("int8", nan_scale);
+  EXPECT_EQ(upload("topk:0.1", good.substr(1)).error_code(), StatusCode::INVALID_ARGUMENT);
+  // The first tensor's encoding: [k][k increasing indices][k values].
+  const uint32_t k = *reinterpret_cast<const uint32_t*>(good.data());
+  std::string out_of_range = good;
+  const uint32_t big = 1u << 30;
+  std::memcpy(&out_of_range[4 + 4 * (k - 1)], &big, 4);
+  s = upload("topk:0.1", out_of_range);
   EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(s.error_message().find("scale"), std::string::npos) << s.error_message();
-  s = upload("int8", good);
+  EXPECT_NE(s.error_message().find("out of range"), std::string::npos) << s.error_message();
+  std::string nan_value = good;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&nan_value[4 + 4 * k], &nan, 4);
+  s = upload("topk:0.1", nan_value);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("not finite"), std::string::npos) << s.error_message();
+  s = upload("topk:0.1", good);
   ASSERT_TRUE(s.ok()) << s.error_message();
   runner_.join();
   ASSERT_TRUE(run_status_.ok()) << run_status_;
-  // One update: the new model is the initial one plus the decoded delta, exactly.
-  auto decoded = DecodeTensors(*codec, good, initial);
+  // One update: the new model is the initial one (exact, not the int8 copy) plus the
+  // decoded delta, exactly.
+  auto decoded = DecodeTensors(*MakeCodec("topk:0.1").value(), good, initial);
   ASSERT_TRUE(decoded.ok());
   const ParameterSet after = server_->GlobalModel();
   for (size_t i = 0; i < after.size(); ++i) {
