@@ -81,6 +81,11 @@ std::string MetricsJson(const RoundMetrics& m) {
                       {"failures", m.failures},
                       {"bytes_up", m.bytes_up},
                       {"bytes_down", m.bytes_down},
+                      {"bytes_up_fp32", m.bytes_up_fp32},
+                      {"bytes_down_fp32", m.bytes_down_fp32},
+                      {"compression_up", m.bytes_up ? double(m.bytes_up_fp32) / m.bytes_up : 1.0},
+                      {"compression_down",
+                       m.bytes_down ? double(m.bytes_down_fp32) / m.bytes_down : 1.0},
                       {"wall_s", m.wall_s},
                       {"elapsed_s", m.elapsed_s}};
   if (m.split) {
@@ -98,6 +103,21 @@ std::string MetricsJson(const RoundMetrics& m) {
 
 class ControlReactor;
 class UploadReactor;
+
+// What a message takes on the transport: its protobuf encoding, gRPC's 5-byte message
+// prefix and a 9-byte HTTP/2 frame header per started 16 KiB DATA frame. Checked against
+// the bytes a TCP proxy counts (tests/integration/traffic_test.cc).
+int64_t WireSize(const google::protobuf::MessageLite& m) {
+  const int64_t n = static_cast<int64_t>(m.ByteSizeLong()) + 5;
+  return n + 9 * ((n + 16383) / 16384);
+}
+// Each call's HTTP/2 HEADERS frames (method, path, content type, deadline; then status
+// and trailers), HPACK-compressed after a connection's first call, plus the stream's
+// share of flow-control frames: measured on loopback, see traffic_test.cc.
+constexpr int64_t kCallBytesUp = 60, kCallBytesDown = 40;
+// A client's first call also opens its connection: the HTTP/2 preface, SETTINGS and
+// headers not yet in the HPACK table.
+constexpr int64_t kConnectionBytesUp = 220;
 
 enum class TaskState { kAssigned, kDone, kFailed };
 
@@ -171,9 +191,20 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   StatusOr<int64_t> CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate);
   // Validates and aggregates a complete upload (runs on the worker pool).
   Status ProcessUpload(const v1::UploadHeader& h, std::string payload, bool* duplicate);
-  StatusOr<std::shared_ptr<const std::string>> FindBlob(const v1::FetchRequest& req);
-  void CountDown(int64_t n) { bytes_down_ += n; }
-  void CountUp(int64_t n) { bytes_up_ += n; }
+  // The blob a Fetch asks for, and what its fp32 encoding would take.
+  StatusOr<std::shared_ptr<const std::string>> FindBlob(const v1::FetchRequest& req,
+                                                        int64_t* fp32_size);
+  // Transport bytes (WireSize) of the round, and what compression saved against fp32.
+  void CountDown(int64_t n) {
+    bytes_down_ += n;
+    lifetime_down_ += n;
+  }
+  void CountUp(int64_t n) {
+    bytes_up_ += n;
+    lifetime_up_ += n;
+  }
+  void SavedDown(int64_t n) { saved_down_ += n; }
+  void SavedUp(int64_t n) { saved_up_ += n; }
   // UNAUTHENTICATED unless `token` is the session token of connected client `client_id`.
   Status Authenticate(const std::string& client_id, const std::string& token);
   // Split learning.
@@ -182,13 +213,13 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   StatusOr<SplitStreamTask> OpenSplit(const v1::SplitOpen& open);
   // A split stream failed (bad message, lost connection): its task fails.
   void SplitEnded(const SplitStreamTask& task, const Status& why);
-  void CountSplitUp(int64_t bytes, int64_t labels) {
-    bytes_up_ += bytes;
+  void CountSplitUp(int64_t bytes) {
+    CountUp(bytes);
     split_up_ += bytes;
-    labels_up_ += labels;
   }
+  void CountLabels(int64_t labels) { labels_up_ += labels; }
   void CountSplitDown(int64_t bytes) {
-    bytes_down_ += bytes;
+    CountDown(bytes);
     split_down_ += bytes;
   }
   int64_t probe_size() const { return kProbeBytes; }
@@ -237,6 +268,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
     return history_;
   }
   int port() const { return port_; }
+  std::pair<int64_t, int64_t> TransportBytes() const { return {lifetime_up_, lifetime_down_}; }
 
  private:
   static constexpr int64_t kProbeBytes = 256 << 10;
@@ -319,6 +351,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::mt19937_64 rng_;            // client sampling (checkpointed)
   std::map<std::string, Session> sessions_;
   std::map<std::string, std::shared_ptr<const std::string>> blobs_;
+  // The fp32 encoding size of model and part blobs (by digest), for compression ratios.
+  std::map<std::string, int64_t> fp32_sizes_;
   ParameterSet global_;
   std::string model_digest_;
   int64_t committed_round_ = 0;
@@ -333,6 +367,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   double prior_elapsed_s_ = 0;  // wall time of the run before a resume
   std::atomic<int64_t> bytes_up_{0}, bytes_down_{0};
   std::atomic<int64_t> split_up_{0}, split_down_{0}, labels_up_{0};
+  std::atomic<int64_t> saved_up_{0}, saved_down_{0};
+  std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};
   std::string phase_ = "starting";
   double last_accuracy_ = 0;
 
@@ -360,6 +396,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
     {
       std::lock_guard<std::mutex> l(wmu_);
       if (finishing_) return false;
+      Queued(msg);
       out_.push_back(std::move(msg));
       if (finish_after) finish_after_writes_ = true;
       start = !writing_;
@@ -417,6 +454,9 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
     return true;
   }
 
+  // Called for each message queued (with wmu_ held): to count it.
+  virtual void Queued(const Out& msg) = 0;
+
   std::mutex wmu_;
   std::deque<Out> out_;
   bool writing_ = false;
@@ -433,6 +473,8 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
   static ControlReactor* Create(Server::Impl* impl) {
     auto r = std::shared_ptr<ControlReactor>(new ControlReactor(impl));
     r->self_ = r;
+    impl->CountUp(kCallBytesUp);
+    impl->CountDown(kCallBytesDown);
     r->StartRead(&r->in_);
     return r.get();
   }
@@ -445,12 +487,14 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
       Close(grpc::Status::OK);
       return;
     }
+    impl_->CountUp(WireSize(in_));
     if (client_id_.empty()) {
       if (in_.kind_case() != v1::ClientMessage::kJoin) {
         Close(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                            "the first message on the control stream must be Join"));
         return;
       }
+      impl_->CountUp(kConnectionBytesUp);
       v1::Welcome welcome;
       Status s = impl_->Join(this, in_.join(), &welcome);
       if (!s.ok()) {
@@ -493,6 +537,7 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
 
  private:
   explicit ControlReactor(Server::Impl* impl) : impl_(impl) {}
+  void Queued(const v1::ServerMessage& msg) override { impl_->CountDown(WireSize(msg)); }
 
   Server::Impl* impl_;
   std::shared_ptr<ControlReactor> self_;
@@ -505,7 +550,9 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
 class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
  public:
   FetchReactor(Server::Impl* impl, const v1::FetchRequest& req) : impl_(impl) {
-    auto blob = impl_->FindBlob(req);
+    impl_->CountUp(kCallBytesUp + WireSize(req));
+    impl_->CountDown(kCallBytesDown);
+    auto blob = impl_->FindBlob(req, &fp32_size_);
     if (!blob.ok()) {
       Finish(ToGrpc(blob.status()));
       return;
@@ -528,6 +575,7 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
   void WriteNext() {
     const int64_t total = static_cast<int64_t>(blob_->size());
     if (offset_ >= total) {
+      impl_->SavedDown(fp32_size_ - total);
       Finish(grpc::Status::OK);
       return;
     }
@@ -536,12 +584,13 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
     chunk_.set_total_size(total);
     chunk_.set_data(blob_->data() + offset_, n);
     offset_ += n;
-    impl_->CountDown(n);
+    impl_->CountDown(WireSize(chunk_));
     StartWrite(&chunk_);
   }
 
   Server::Impl* impl_;
   std::shared_ptr<const std::string> blob_;
+  int64_t fp32_size_ = 0;  // what the blob would be as fp32
   int64_t offset_ = 0;
   v1::Chunk chunk_;
 };
@@ -557,6 +606,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
                                v1::UploadReply* reply) {
     auto r = std::shared_ptr<UploadReactor>(new UploadReactor(impl, ctx, reply));
     r->self_ = r;
+    impl->CountUp(kCallBytesUp);
+    impl->CountDown(kCallBytesDown);
     impl->RegisterUpload(r);
     r->StartRead(&r->in_);
     return r.get();
@@ -593,6 +644,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
       });
       return;
     }
+    impl_->CountUp(WireSize(in_));
     if (!have_header_) {
       if (in_.kind_case() != v1::UploadChunk::kHeader) {
         Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -623,7 +675,6 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
         return;
       }
       const std::string& d = in_.data();
-      impl_->CountUp(static_cast<int64_t>(d.size()));
       if (static_cast<int64_t>(payload_.size() + d.size()) > expected_) {
         Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrCat("upload is larger than the announced ", expected_,
@@ -686,6 +737,8 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   static SplitReactor* Create(Server::Impl* impl) {
     auto r = std::shared_ptr<SplitReactor>(new SplitReactor(impl));
     r->self_ = r;
+    impl->CountSplitUp(kCallBytesUp);
+    impl->CountSplitDown(kCallBytesDown);
     r->StartRead(&r->in_);
     return r.get();
   }
@@ -705,6 +758,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       }
       return;
     }
+    impl_->CountSplitUp(WireSize(in_));
     if (!opened_) {
       if (in_.kind_case() != v1::SplitUp::kOpen) {
         Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -760,6 +814,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
 
  private:
   explicit SplitReactor(Server::Impl* impl) : impl_(impl) {}
+  void Queued(const v1::SplitDown& msg) override { impl_->CountSplitDown(WireSize(msg)); }
 
   // Runs on the pool: processes queued messages until none is left.
   void Drain() {
@@ -817,7 +872,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       RETURN_IF_ERROR(round.CheckActivations(task_.client_id, act));
       std::vector<int64_t> labels(b.labels().begin(), b.labels().end());
       RETURN_IF_ERROR(round.CheckLabels(act, labels));
-      impl_->CountSplitUp(b.activations().data().size() + 8 * labels.size(), labels.size());
+      impl_->CountLabels(static_cast<int64_t>(labels.size()));
       ++next_seq_;
       if (round.options().mode == SplitMode::kUShaped) {
         ASSIGN_OR_RETURN(Activations mid, round.ForwardMiddle(task_.client_id, b.seq(), act));
@@ -826,7 +881,6 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         f->set_seq(b.seq());
         ToWire(mid, task_.act_codec, act_codec_.get(), f->mutable_activations());
         f->set_server_seconds(seconds());
-        impl_->CountSplitDown(f->activations().data().size());
       } else {
         ASSIGN_OR_RETURN(ModelPart::LossStep step,
                          round.TrainStep(task_.client_id, act, labels));
@@ -835,7 +889,6 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         ToWire(step.grad_in, task_.grad_codec, grad_codec_.get(), r->mutable_grad());
         r->set_loss(step.loss);
         r->set_server_seconds(seconds());
-        impl_->CountSplitDown(r->grad().data().size());
       }
     } else if (msg.kind_case() == v1::SplitUp::kGrad) {
       const v1::SplitGrad& g = msg.grad();
@@ -849,12 +902,10 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       ASSIGN_OR_RETURN(Activations grad, FromWire(g.grad(), task_.grad_codec, grad_codec_.get()));
       ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad));
       pending_.erase(g.seq());
-      impl_->CountSplitUp(g.grad().data().size(), 0);
       auto* r = out.mutable_result();
       r->set_seq(g.seq());
       ToWire(gin, task_.grad_codec, grad_codec_.get(), r->mutable_grad());
       r->set_server_seconds(seconds());
-      impl_->CountSplitDown(r->grad().data().size());
     } else {
       return absl::InvalidArgumentError("unexpected message on a split stream");
     }
@@ -885,14 +936,16 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
           absl::StrCat("tensor data does not match its shape: ", values.status().message()));
     }
     a.values = *std::move(values);
+    impl_->SavedUp(4 * n - static_cast<int64_t>(t.data().size()));
     return a;
   }
 
-  static void ToWire(const Activations& a, const std::string& spec, Codec* codec,
-                     v1::TensorData* t) {
+  void ToWire(const Activations& a, const std::string& spec, Codec* codec,
+              v1::TensorData* t) const {
     for (int64_t d : a.shape) t->add_shape(d);
     t->set_codec(spec);
     t->set_data(EncodeValues(codec, a.values, a.shape));
+    impl_->SavedDown(4 * static_cast<int64_t>(a.values.size()) - static_cast<int64_t>(t->data().size()));
   }
 
   Server::Impl* impl_;
@@ -915,15 +968,19 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
 class ProbeReactor : public grpc::ServerReadReactor<v1::ProbeChunk> {
  public:
   ProbeReactor(Server::Impl* impl, v1::ProbeReply* reply) : impl_(impl), reply_(reply) {
+    impl_->CountUp(kCallBytesUp);
+    impl_->CountDown(kCallBytesDown);
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       reply_->set_bytes(bytes_);
+      impl_->CountDown(WireSize(*reply_));
       Finish(grpc::Status::OK);
       return;
     }
+    impl_->CountUp(WireSize(in_));
     if (bytes_ == 0 && !authenticated_) {
       if (Status s = impl_->Authenticate(in_.client_id(), in_.session_token()); !s.ok()) {
         Finish(ToGrpc(s));
@@ -980,7 +1037,7 @@ grpc::ServerReadReactor<v1::ProbeChunk>* Server::Impl::Probe(grpc::CallbackServe
 }
 
 grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* ctx,
-                                                  const v1::StatusRequest*,
+                                                  const v1::StatusRequest* req,
                                                   v1::StatusReply* reply) {
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -991,6 +1048,8 @@ grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* c
     reply->set_phase(phase_);
     reply->set_last_test_accuracy(last_accuracy_);
   }
+  CountUp(kCallBytesUp + WireSize(*req));
+  CountDown(kCallBytesDown + WireSize(*reply));
   auto* r = ctx->DefaultReactor();
   r->Finish(grpc::Status::OK);
   return r;
@@ -1333,6 +1392,9 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   } else {
     strategy_->Accumulate(views, h.num_examples());
   }
+  if (h.codec() != "fp32") {
+    SavedUp(static_cast<int64_t>(layout.EncodedSize()) - static_cast<int64_t>(payload.size()));
+  }
   t->second.state = TaskState::kDone;
   t->second.train_loss = h.train_loss();
   t->second.num_examples = h.num_examples();
@@ -1343,7 +1405,8 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   return absl::OkStatus();
 }
 
-StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::FetchRequest& req) {
+StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::FetchRequest& req,
+                                                                   int64_t* fp32_size) {
   std::lock_guard<std::mutex> l(mu_);
   auto s = sessions_.find(req.client_id());
   if (s == sessions_.end() || !TokenMatches(s->second.token, req.session_token())) {
@@ -1353,6 +1416,8 @@ StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::Fe
   if (b == blobs_.end()) {
     return absl::NotFoundError(absl::StrCat("no blob ", req.digest(), " (stale model version?)"));
   }
+  auto f = fp32_sizes_.find(req.digest());
+  *fp32_size = f == fp32_sizes_.end() ? static_cast<int64_t>(b->second->size()) : f->second;
   return b->second;
 }
 
@@ -1520,6 +1585,8 @@ void Server::Impl::PublishLocked(std::shared_ptr<const std::string> blob, std::s
   for (auto it = blobs_.begin(); it != blobs_.end();) {  // drop the previous model version
     it = pinned_blobs_.count(it->first) ? std::next(it) : blobs_.erase(it);
   }
+  fp32_sizes_.clear();
+  fp32_sizes_[digest] = static_cast<int64_t>(global_.EncodedSize());  // global_ is the new model
   model_digest_ = std::move(digest);
   blobs_[model_digest_] = std::move(blob);
 }
@@ -1600,6 +1667,7 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     task->set_model_digest(digest);
     task->set_model_size(static_cast<int64_t>(blob->size()));
     blobs_[digest] = std::move(blob);
+    fp32_sizes_[digest] = static_cast<int64_t>(rec.part.EncodedSize());
     rec.expected_size = static_cast<int64_t>(rec.part.EncodedSize());
     auto* st = task->mutable_split();
     st->set_mode(cfg_.split.mode);
@@ -1714,6 +1782,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   split_up_ = 0;
   split_down_ = 0;
   labels_up_ = 0;
+  saved_up_ = 0;
+  saved_down_ = 0;
   if (split_mode_) {
     auto clients = BeginSplitRoundLocked(round, plan.clients, plan.fit);
     if (!clients.ok()) {
@@ -1832,6 +1902,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   const int quorum = std::max(1, static_cast<int>(std::ceil(cfg_.clients.quorum * selected)));
   m.bytes_up = bytes_up_;
   m.bytes_down = bytes_down_;
+  m.bytes_up_fp32 = m.bytes_up + saved_up_;
+  m.bytes_down_fp32 = m.bytes_down + saved_down_;
   if (m.participants < quorum) {
     return absl::AbortedError(absl::StrCat("round ", round, ": ", m.participants, " of ",
                                            selected, " results, quorum is ", quorum));
@@ -2048,5 +2120,6 @@ void Server::Stop() { impl_->Stop(); }
 ParameterSet Server::GlobalModel() const { return impl_->GlobalModel(); }
 int64_t Server::committed_round() const { return impl_->committed_round(); }
 std::vector<RoundMetrics> Server::History() const { return impl_->History(); }
+std::pair<int64_t, int64_t> Server::TransportBytes() const { return impl_->TransportBytes(); }
 
 }  // namespace cleave

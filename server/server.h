@@ -43,8 +43,12 @@ struct RoundMetrics {
   double train_loss = 0;
   int participants = 0;
   int failures = 0;
+  // Bytes that crossed the transport this round (WireSize: protobuf, gRPC and HTTP/2
+  // framing, per-call headers), and what they would have been with every payload fp32.
   int64_t bytes_up = 0;
   int64_t bytes_down = 0;
+  int64_t bytes_up_fp32 = 0;
+  int64_t bytes_down_fp32 = 0;
   double wall_s = 0;
   double elapsed_s = 0;
   // Split learning (split.mode set): what crossed the cut, the cut of each client (by
@@ -78,6 +82,9 @@ class Server {
   ParameterSet GlobalModel() const;
   int64_t committed_round() const;
   std::vector<RoundMetrics> History() const;
+  // Transport bytes counted since start, up and down (the sums behind bytes_up and
+  // bytes_down, including traffic outside rounds).
+  std::pair<int64_t, int64_t> TransportBytes() const;
 
   class Impl;
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +36,8 @@ struct Federation {
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::thread> client_threads;
   std::vector<Status> client_status;
+  // Where clients dial, given the server's port (default: the server itself).
+  std::function<std::string(int port)> dial;
 
   void Start(const std::string& yaml, std::vector<ClientOptions> client_opts,
              const std::string& run_dir = "") {
@@ -50,7 +53,8 @@ struct Federation {
     server_thread = std::thread([this] { server_status = server->Run(); });
     client_status.resize(client_opts.size());
     for (size_t i = 0; i < client_opts.size(); ++i) {
-      client_opts[i].server = "127.0.0.1:" + std::to_string(server->port());
+      client_opts[i].server =
+          dial ? dial(server->port()) : "127.0.0.1:" + std::to_string(server->port());
       client_opts[i].name = "client-" + std::to_string(i);
       clients.push_back(std::make_unique<Client>(std::move(client_opts[i])));
     }

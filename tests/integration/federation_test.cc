@@ -218,7 +218,7 @@ TEST(FederationTest, CompressedUpdatesLearnInFewerBytes) {
     EXPECT_EQ(int8[r].participants, 3);
     EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / int8[r].bytes_up, 3.9);
     EXPECT_GE(static_cast<double>(fp32[r].bytes_down) / int8[r].bytes_down, 3.9);
-    EXPECT_EQ(topk[r].bytes_down, fp32[r].bytes_down);
+    EXPECT_NEAR(static_cast<double>(topk[r].bytes_down) / fp32[r].bytes_down, 1.0, 0.01);
     EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / powersgd[r].bytes_up, 2);
     EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / topk[r].bytes_up, 30);
   }
