@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compression/kernels.h"
 
 namespace cleave {
 
@@ -158,6 +161,19 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Grows `out` by `n` bytes and returns where they start.
+char* Grow(std::string* out, int64_t n) {
+  const size_t at = out->size();
+  out->resize(at + n);
+  return out->data() + at;
+}
+
+// A fresh 32-bit seed for one call's stochastic rounding.
+uint32_t CallSeed(std::mt19937_64& rng) {
+  const uint64_t x = rng();
+  return static_cast<uint32_t>(x ^ (x >> 32));
+}
+
 class NoneCodec : public Codec {
  public:
   NoneCodec() : Codec("none") {}
@@ -167,6 +183,7 @@ class NoneCodec : public Codec {
   int64_t EncodedSize(const Shape& shape) const override { return 4 * NumElements(shape); }
   Status Check(std::string_view bytes, const Shape& shape) const override {
     RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    if (kernels::AllFinite(bytes.data(), NumElements(shape))) return absl::OkStatus();
     return FiniteFloats(bytes.data(), NumElements(shape), "value");
   }
   void DecodeRange(std::string_view bytes, const Shape&, int64_t begin, int64_t count,
@@ -181,13 +198,16 @@ class HalfCodec : public Codec {
   explicit HalfCodec(bool bf16) : Codec(bf16 ? "bf16" : "fp16"), bf16_(bf16) {}
   void Encode(int, const float* in, const Shape& shape, std::string* out) override {
     const int64_t n = NumElements(shape);
-    for (int64_t i = 0; i < n; ++i) Put(out, bf16_ ? FloatToBf16(in[i]) : FloatToHalf(in[i]));
+    char* p = Grow(out, 2 * n);
+    bf16_ ? kernels::ToBf16(in, n, p) : kernels::ToHalf(in, n, p);
   }
   int64_t EncodedSize(const Shape& shape) const override { return 2 * NumElements(shape); }
   Status Check(std::string_view bytes, const Shape& shape) const override {
     RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
     const uint16_t exp_mask = bf16_ ? 0x7f80 : 0x7c00;
-    for (int64_t i = 0; i < NumElements(shape); ++i) {
+    const int64_t n = NumElements(shape);
+    if (kernels::NoneMasked16(bytes.data(), n, exp_mask)) return absl::OkStatus();
+    for (int64_t i = 0; i < n; ++i) {
       if ((Get<uint16_t>(bytes.data() + 2 * i) & exp_mask) == exp_mask) {
         return absl::InvalidArgumentError(absl::StrCat(name(), " value ", i, " is not finite"));
       }
@@ -197,10 +217,7 @@ class HalfCodec : public Codec {
   void DecodeRange(std::string_view bytes, const Shape&, int64_t begin, int64_t count,
                    float* out) const override {
     const char* p = bytes.data() + 2 * begin;
-    for (int64_t i = 0; i < count; ++i) {
-      const auto h = Get<uint16_t>(p + 2 * i);
-      out[i] = bf16_ ? Bf16ToFloat(h) : HalfToFloat(h);
-    }
+    bf16_ ? kernels::FromBf16(p, count, out) : kernels::FromHalf(p, count, out);
   }
 
  private:
@@ -221,20 +238,18 @@ class Int8Codec : public Codec {
   void Encode(int, const float* in, const Shape& shape, std::string* out) override {
     const int64_t n = NumElements(shape), groups = Groups(shape);
     const int64_t per = groups == 0 ? 0 : n / groups;
-    std::vector<float> scales(groups);
+    char* p = Grow(out, EncodedSize(shape));
+    auto* q = reinterpret_cast<int8_t*>(p + 4 * groups);
+    const uint32_t seed = stochastic_ ? CallSeed(rng_) : 0;
     for (int64_t g = 0; g < groups; ++g) {
-      float max = 0;
-      for (int64_t i = g * per; i < (g + 1) * per; ++i) max = std::max(max, std::abs(in[i]));
-      scales[g] = max / 127.0f;
-      Put(out, scales[g]);
-    }
-    std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    for (int64_t g = 0; g < groups; ++g) {
-      const float scale = scales[g];
-      for (int64_t i = g * per; i < (g + 1) * per; ++i) {
-        float q = scale > 0 ? in[i] / scale : 0.0f;
-        q = stochastic_ ? std::floor(q + u(rng_)) : std::nearbyint(q);
-        out->push_back(static_cast<char>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f))));
+      const float* x = in + g * per;
+      const float scale = kernels::MaxAbs(x, per) / 127.0f;
+      std::memcpy(p + 4 * g, &scale, 4);
+      if (stochastic_) {
+        kernels::QuantizeStochastic(x, per, scale, seed + static_cast<uint32_t>(g) * 0x85ebca6bu,
+                                    q + g * per);
+      } else {
+        kernels::QuantizeNearest(x, per, scale, q + g * per);
       }
     }
   }
@@ -245,10 +260,9 @@ class Int8Codec : public Codec {
     for (int64_t g = 0; g < groups; ++g) {
       RETURN_IF_ERROR(CheckScale(Get<float>(bytes.data() + 4 * g), 127.0f, name()));
     }
-    for (int64_t i = 4 * groups; i < static_cast<int64_t>(bytes.size()); ++i) {
-      if (static_cast<int8_t>(bytes[i]) == -128) {
-        return absl::InvalidArgumentError(name() + " value -128 is outside [-127, 127]");
-      }
+    if (kernels::AnyMinus128(reinterpret_cast<const int8_t*>(bytes.data() + 4 * groups),
+                             NumElements(shape))) {
+      return absl::InvalidArgumentError(name() + " value -128 is outside [-127, 127]");
     }
     return absl::OkStatus();
   }
@@ -256,13 +270,12 @@ class Int8Codec : public Codec {
   void DecodeRange(std::string_view bytes, const Shape& shape, int64_t begin, int64_t count,
                    float* out) const override {
     if (count == 0) return;
-    const int64_t groups = Groups(shape), n = NumElements(shape);
-    const int64_t per = n / groups;
-    const char* q = bytes.data() + 4 * groups;
+    const int64_t groups = Groups(shape), per = NumElements(shape) / groups;
+    const auto* q = reinterpret_cast<const int8_t*>(bytes.data() + 4 * groups);
     for (int64_t i = begin; i < begin + count;) {
       const int64_t g = i / per, end = std::min(begin + count, (g + 1) * per);
-      const float scale = Get<float>(bytes.data() + 4 * g);
-      for (; i < end; ++i) out[i - begin] = scale * static_cast<int8_t>(q[i]);
+      kernels::Dequantize(q + i, end - i, Get<float>(bytes.data() + 4 * g), out + (i - begin));
+      i = end;
     }
   }
 
@@ -270,6 +283,50 @@ class Int8Codec : public Codec {
   const bool stochastic_, per_row_;
   std::mt19937_64 rng_;
 };
+
+// Fields of `bits` bits (1..8), little-endian bit order.
+void Pack(const uint8_t* fields, int64_t n, int bits, char* out) {
+  auto* o = reinterpret_cast<uint8_t*>(out);
+  const int per = 8 / bits;
+  if (bits == 8) {
+    std::memcpy(o, fields, n);
+  } else if (bits == 4) {
+    for (int64_t b = 0; b < n / 2; ++b) o[b] = static_cast<uint8_t>(fields[2 * b] | fields[2 * b + 1] << 4);
+    if (n % 2) o[n / 2] = fields[n - 1];
+  } else if (bits == 2 || bits == 1) {
+    for (int64_t b = 0; b < (n + per - 1) / per; ++b) {
+      uint8_t byte = 0;
+      for (int j = 0; j < per && b * per + j < n; ++j) byte |= fields[b * per + j] << (j * bits);
+      o[b] = byte;
+    }
+  } else {
+    std::string packed;
+    BitWriter w(&packed, bits);
+    for (int64_t i = 0; i < n; ++i) w.Put(fields[i]);
+    w.Flush();
+    std::memcpy(o, packed.data(), packed.size());
+  }
+}
+
+void Unpack(const char* p, int64_t size, int bits, int64_t first, int64_t n, uint8_t* fields) {
+  const auto* b = reinterpret_cast<const uint8_t*>(p);
+  if (bits == 8) {
+    std::memcpy(fields, b + first, n);
+  } else if (bits == 4) {
+    int64_t i = 0;
+    if (first % 2 && n > 0) fields[i++] = b[first >> 1] >> 4;
+    for (; i + 2 <= n; i += 2) {
+      const uint8_t byte = b[(first + i) >> 1];
+      fields[i] = byte & 15;
+      fields[i + 1] = byte >> 4;
+    }
+    if (i < n) fields[i] = b[(first + i) >> 1] & 15;
+  } else if (bits == 2) {
+    for (int64_t i = 0; i < n; ++i) fields[i] = (b[(first + i) >> 2] >> (((first + i) & 3) * 2)) & 3;
+  } else {
+    for (int64_t i = 0; i < n; ++i) fields[i] = static_cast<uint8_t>(Field(p, first + i, bits, size));
+  }
+}
 
 // QSGD: per bucket of kBucket values a float32 norm, then the values' fields (level + S,
 // in 0..2S) packed in `bits_` bits each.
@@ -291,28 +348,18 @@ class QsgdCodec : public Codec {
   }
 
   void Encode(int, const float* in, const Shape& shape, std::string* out) override {
-    const int64_t n = NumElements(shape);
-    std::vector<float> norms(Buckets(n));
-    for (int64_t b = 0; b < Buckets(n); ++b) {
-      double sq = 0;
-      for (int64_t i = b * kBucket; i < std::min(n, (b + 1) * kBucket); ++i) sq += double{in[i]} * in[i];
-      norms[b] = static_cast<float>(std::sqrt(sq));
-      Put(out, norms[b]);
+    const int64_t n = NumElements(shape), nb = Buckets(n);
+    char* p = Grow(out, EncodedSize(shape));
+    std::vector<uint8_t> fields(n);
+    const uint32_t seed = CallSeed(rng_);
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t first = b * kBucket, len = std::min(n, first + kBucket) - first;
+      const float norm = static_cast<float>(std::sqrt(kernels::SumSquares(in + first, len)));
+      std::memcpy(p + 4 * b, &norm, 4);
+      kernels::QsgdFields(in + first, len, norm, s_, seed, static_cast<uint32_t>(first),
+                          fields.data() + first);
     }
-    std::uniform_real_distribution<double> u(0.0, 1.0);
-    BitWriter w(out, bits_);
-    for (int64_t i = 0; i < n; ++i) {
-      const float norm = norms[i / kBucket];
-      int level = 0;
-      if (norm > 0) {
-        const double p = std::min(1.0, std::abs(double{in[i]}) / norm) * s_;
-        level = static_cast<int>(std::floor(p));
-        if (level < s_ && u(rng_) < p - level) ++level;
-        if (in[i] < 0) level = -level;
-      }
-      w.Put(static_cast<uint32_t>(level + s_));
-    }
-    w.Flush();
+    Pack(fields.data(), n, bits_, p + 4 * nb);
   }
 
   Status Check(std::string_view bytes, const Shape& shape) const override {
@@ -323,10 +370,19 @@ class QsgdCodec : public Codec {
     }
     const char* p = bytes.data() + 4 * nb;
     const int64_t size = bytes.size() - 4 * nb;
-    for (int64_t i = 0; i < n; ++i) {
-      if (Field(p, i, bits_, size) > static_cast<uint32_t>(2 * s_)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name(), " value ", i, " has a level beyond ", s_));
+    std::vector<uint8_t> fields(std::min<int64_t>(n, kViewBlock));
+    for (int64_t first = 0; first < n; first += kViewBlock) {
+      const int64_t len = std::min(kViewBlock, n - first);
+      Unpack(p, size, bits_, first, len, fields.data());
+      uint8_t max = 0;
+      for (int64_t i = 0; i < len; ++i) max = std::max(max, fields[i]);
+      if (max > 2 * s_) {
+        for (int64_t i = 0; i < len; ++i) {
+          if (fields[i] > 2 * s_) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(name(), " value ", first + i, " has a level beyond ", s_));
+          }
+        }
       }
     }
     return n == 0 ? absl::OkStatus() : PaddingIsZero(p, n, bits_, size, name());
@@ -336,11 +392,13 @@ class QsgdCodec : public Codec {
                    float* out) const override {
     const int64_t nb = Buckets(NumElements(shape));
     const char* p = bytes.data() + 4 * nb;
-    const int64_t size = bytes.size() - 4 * nb;
-    for (int64_t i = begin; i < begin + count; ++i) {
-      const float norm = Get<float>(bytes.data() + 4 * (i / kBucket));
-      const int level = static_cast<int>(Field(p, i, bits_, size)) - s_;
-      out[i - begin] = norm * static_cast<float>(level) / static_cast<float>(s_);
+    std::vector<uint8_t> fields(count);
+    Unpack(p, bytes.size() - 4 * nb, bits_, begin, count, fields.data());
+    for (int64_t i = begin; i < begin + count;) {
+      const int64_t b = i / kBucket, end = std::min(begin + count, (b + 1) * kBucket);
+      kernels::QsgdValues(fields.data() + (i - begin), end - i, Get<float>(bytes.data() + 4 * b),
+                          s_, out + (i - begin));
+      i = end;
     }
   }
 
@@ -361,11 +419,16 @@ class ErrorFeedbackCodec : public Codec {
   bool stateful() const override { return true; }
 
  protected:
-  // The slot's residual plus `in`: what is owed. The caller leaves in it what stays owed.
-  std::vector<float>& Owed(int slot, const float* in, int64_t n) {
+  // The slot's residual, n values.
+  std::vector<float>& Slot(int slot, int64_t n) {
     std::vector<float>& v = residual_[slot];
     v.resize(n, 0.0f);
-    for (int64_t i = 0; i < n; ++i) v[i] += in[i];
+    return v;
+  }
+  // The slot's residual plus `in`: what is owed. The caller leaves in it what stays owed.
+  std::vector<float>& Owed(int slot, const float* in, int64_t n) {
+    std::vector<float>& v = Slot(slot, n);
+    kernels::Add(v.data(), in, n);
     return v;
   }
 
@@ -375,6 +438,57 @@ class ErrorFeedbackCodec : public Codec {
 
 int64_t KOf(double fraction, int64_t n) {
   return n == 0 ? 0 : std::clamp<int64_t>(static_cast<int64_t>(std::ceil(fraction * n)), 1, n);
+}
+
+// Adds `in` to `v` (what is owed) and returns the indices of the k values of largest
+// magnitude in the sum, increasing. A threshold from a strided sample keeps the
+// candidates few; if it keeps fewer than k, all values are candidates.
+// `mask` is scratch space.
+std::vector<uint32_t> AddAndFindTop(std::vector<float>& v, const float* in, int64_t k,
+                                    std::vector<uint8_t>& mask) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  std::vector<uint32_t> idx;
+  if (n > (1 << 16) && 8 * k < n) {
+    const int64_t m = 1 << 12, stride = n / m;
+    std::vector<float> sample(m);
+    for (int64_t j = 0; j < m; ++j) sample[j] = std::abs(v[j * stride] + in[j * stride]);
+    // Aim for twice k candidates (and at least 64 sampled above the threshold).
+    const int64_t want = std::min<int64_t>(m - 1, std::max<int64_t>(64, 2 * k * m / n));
+    std::nth_element(sample.begin(), sample.begin() + want, sample.end(), std::greater<float>());
+    mask.resize((n + 7) / 8);
+    kernels::AddAboveMask(v.data(), in, n, sample[want], mask.data());
+    idx.reserve(4 * k);
+    for (int64_t b = 0; b < static_cast<int64_t>(mask.size()); ++b) {
+      for (uint8_t bits = mask[b]; bits != 0; bits &= bits - 1) {
+        idx.push_back(static_cast<uint32_t>(8 * b + __builtin_ctz(bits)));
+      }
+    }
+  } else {
+    kernels::Add(v.data(), in, n);
+  }
+  if (static_cast<int64_t>(idx.size()) < k) {
+    idx.resize(n);
+    std::iota(idx.begin(), idx.end(), 0u);
+  }
+  if (k == 0) return {};
+  // The k-th largest magnitude among the candidates; then, in index order, every
+  // candidate above it and as many equal to it as make k.
+  std::vector<float> mags(idx.size());
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const float m = std::abs(v[idx[j]]);
+    mags[j] = m == m ? m : std::numeric_limits<float>::infinity();  // NaN first: it must show
+  }
+  std::vector<float> order = mags;
+  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), std::greater<float>());
+  const float kth = order[k - 1];
+  int64_t ties = k;
+  for (float m : mags) ties -= m > kth;
+  std::vector<uint32_t> top;
+  top.reserve(k);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    if (mags[j] > kth || (mags[j] == kth && ties-- > 0)) top.push_back(idx[j]);
+  }
+  return top;
 }
 
 // Top-k: u32 k, k u32 indices (increasing), k float32 values.
@@ -387,19 +501,15 @@ class TopKCodec : public ErrorFeedbackCodec {
 
   void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
     const int64_t n = NumElements(shape), k = KOf(fraction_, n);
-    std::vector<float>& v = Owed(slot, in, n);
-    std::vector<uint32_t> idx(n);
-    std::iota(idx.begin(), idx.end(), 0u);
-    std::nth_element(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
-      return std::abs(v[a]) > std::abs(v[b]);
-    });
-    idx.resize(k);
-    std::sort(idx.begin(), idx.end());
-    Put(out, static_cast<uint32_t>(k));
-    for (uint32_t i : idx) Put(out, i);
-    for (uint32_t i : idx) {
-      Put(out, v[i]);
-      v[i] = 0.0f;  // sent: nothing of it is owed any more
+    std::vector<float>& v = Slot(slot, n);
+    const std::vector<uint32_t> idx = AddAndFindTop(v, in, k, mask_);
+    char* p = Grow(out, 4 + 8 * k);
+    const auto count = static_cast<uint32_t>(k);
+    std::memcpy(p, &count, 4);
+    std::memcpy(p + 4, idx.data(), 4 * k);
+    for (int64_t j = 0; j < k; ++j) {
+      std::memcpy(p + 4 + 4 * k + 4 * j, &v[idx[j]], 4);
+      v[idx[j]] = 0.0f;  // sent: nothing of it is owed any more
     }
   }
 
@@ -445,6 +555,7 @@ class TopKCodec : public ErrorFeedbackCodec {
 
  private:
   const double fraction_;
+  std::vector<uint8_t> mask_;  // scratch, kept across calls
 };
 
 // Random-k: u64 seed, then k float32 values, value j at Position(seed, j) in stride j.
@@ -466,10 +577,11 @@ class RandKCodec : public ErrorFeedbackCodec {
     const int64_t n = NumElements(shape), k = KOf(fraction_, n);
     std::vector<float>& v = Owed(slot, in, n);
     const uint64_t seed = rng_();
-    Put(out, seed);
+    char* p = Grow(out, 8 + 4 * k);
+    std::memcpy(p, &seed, 8);
     for (int64_t j = 0; j < k; ++j) {
       float& x = v[Position(seed, j, n, k)];
-      Put(out, x);
+      std::memcpy(p + 8 + 4 * j, &x, 4);
       x = 0.0f;
     }
   }
@@ -511,17 +623,10 @@ class SignCodec : public ErrorFeedbackCodec {
   void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
     const int64_t n = NumElements(shape);
     std::vector<float>& v = Owed(slot, in, n);
-    double l1 = 0;
-    for (float x : v) l1 += std::abs(x);
-    const float scale = n == 0 ? 0.0f : static_cast<float>(l1 / n);
-    Put(out, scale);
-    BitWriter w(out, 1);
-    for (float& x : v) {
-      const bool negative = x < 0;
-      w.Put(negative);
-      x -= negative ? -scale : scale;
-    }
-    w.Flush();
+    const float scale = n == 0 ? 0.0f : static_cast<float>(kernels::SumAbs(v.data(), n) / n);
+    char* p = Grow(out, EncodedSize(shape));
+    std::memcpy(p, &scale, 4);
+    kernels::SignEncode(v.data(), n, scale, reinterpret_cast<uint8_t*>(p + 4));
   }
 
   Status Check(std::string_view bytes, const Shape& shape) const override {
@@ -533,16 +638,13 @@ class SignCodec : public ErrorFeedbackCodec {
 
   void DecodeRange(std::string_view bytes, const Shape&, int64_t begin, int64_t count,
                    float* out) const override {
-    const float scale = Get<float>(bytes.data());
-    const char* bits = bytes.data() + 4;
-    for (int64_t i = begin; i < begin + count; ++i) {
-      out[i - begin] = (bits[i / 8] >> (i % 8)) & 1 ? -scale : scale;
-    }
+    kernels::SignDecode(reinterpret_cast<const uint8_t*>(bytes.data() + 4), begin, count,
+                        Get<float>(bytes.data()), out);
   }
 };
 
-// PowerSGD: P (rows x r) then Q (cols x r), row-major float32; the tensor is P Q^T.
-// Tensors where that is not smaller than rows x cols are float32.
+// PowerSGD: P (rows x r, row-major) then Q^T (r x cols, row-major), float32; the tensor
+// is P Q^T. Tensors where that is not smaller than rows x cols are float32.
 class PowerSgdCodec : public ErrorFeedbackCodec {
  public:
   PowerSgdCodec(std::string name, int rank, uint64_t seed)
@@ -566,56 +668,54 @@ class PowerSgdCodec : public ErrorFeedbackCodec {
     }
     const int64_t rows = Rows(shape), cols = n / rows;
     std::vector<float>& m = Owed(slot, in, n);
-    std::vector<float>& q = warm_[slot];
-    if (q.empty()) q.assign(cols * r_, 0.0f);
+    std::vector<float>& qt = warm_[slot];  // Q^T, r x cols: the warm start
+    if (qt.empty()) qt.assign(r_ * cols, 0.0f);
     std::normal_distribution<float> normal;
     for (int c = 0; c < r_; ++c) {  // a fresh start for columns that collapsed to zero
-      bool zero = true;
-      for (int64_t j = 0; j < cols && zero; ++j) zero = q[j * r_ + c] == 0.0f;
-      if (zero) {
-        for (int64_t j = 0; j < cols; ++j) q[j * r_ + c] = normal(rng_);
+      float* q = qt.data() + c * cols;
+      if (std::all_of(q, q + cols, [](float x) { return x == 0.0f; })) {
+        for (int64_t j = 0; j < cols; ++j) q[j] = normal(rng_);
       }
     }
-    // P = M Q, columns orthonormalised (Gram-Schmidt); Q = M^T P.
-    std::vector<double> p(rows * r_, 0.0);
+    // P = M Q, columns orthonormalised (Gram-Schmidt, in double); Q^T = P^T M.
+    std::vector<double> pd(rows * r_);
     for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) {
-        const double x = m[i * cols + j];
-        for (int c = 0; c < r_; ++c) p[i * r_ + c] += x * q[j * r_ + c];
+      for (int c = 0; c < r_; ++c) {
+        pd[i * r_ + c] = kernels::Dot(m.data() + i * cols, qt.data() + c * cols, cols);
       }
     }
     for (int c = 0; c < r_; ++c) {
       for (int d = 0; d < c; ++d) {
         double dot = 0;
-        for (int64_t i = 0; i < rows; ++i) dot += p[i * r_ + c] * p[i * r_ + d];
-        for (int64_t i = 0; i < rows; ++i) p[i * r_ + c] -= dot * p[i * r_ + d];
+        for (int64_t i = 0; i < rows; ++i) dot += pd[i * r_ + c] * pd[i * r_ + d];
+        for (int64_t i = 0; i < rows; ++i) pd[i * r_ + c] -= dot * pd[i * r_ + d];
       }
       double norm = 0;
-      for (int64_t i = 0; i < rows; ++i) norm += p[i * r_ + c] * p[i * r_ + c];
+      for (int64_t i = 0; i < rows; ++i) norm += pd[i * r_ + c] * pd[i * r_ + c];
       norm = std::sqrt(norm);
-      for (int64_t i = 0; i < rows; ++i) p[i * r_ + c] = norm > 1e-12 ? p[i * r_ + c] / norm : 0.0;
+      for (int64_t i = 0; i < rows; ++i) pd[i * r_ + c] = norm > 1e-12 ? pd[i * r_ + c] / norm : 0.0;
     }
-    std::vector<double> qn(cols * r_, 0.0);
+    std::vector<float> p(pd.begin(), pd.end());
+    std::fill(qt.begin(), qt.end(), 0.0f);
     for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) {
-        const double x = m[i * cols + j];
-        for (int c = 0; c < r_; ++c) qn[j * r_ + c] += x * p[i * r_ + c];
+      for (int c = 0; c < r_; ++c) {
+        kernels::Axpy(qt.data() + c * cols, p[i * r_ + c], m.data() + i * cols, cols);
       }
     }
-    const size_t at = out->size();
-    for (double x : p) Put(out, static_cast<float>(x));
-    for (int64_t j = 0; j < cols * r_; ++j) {
-      q[j] = static_cast<float>(qn[j]);
-      Put(out, q[j]);
+    char* o = Grow(out, EncodedSize(shape));
+    std::memcpy(o, p.data(), 4 * p.size());
+    std::memcpy(o + 4 * p.size(), qt.data(), 4 * qt.size());
+    // What the decoder will compute, exactly (the same kernel): the rest stays owed.
+    std::vector<float> sent(cols);
+    for (int64_t i = 0; i < rows; ++i) {
+      Row(p.data() + i * r_, o + 4 * p.size(), cols, 0, cols, sent.data());
+      kernels::Subtract(m.data() + i * cols, sent.data(), cols);
     }
-    // What the decoder will compute, exactly: the rest stays owed.
-    std::vector<float> sent(n);
-    DecodeRange(std::string_view(*out).substr(at), shape, 0, n, sent.data());
-    for (int64_t i = 0; i < n; ++i) m[i] -= sent[i];
   }
 
   Status Check(std::string_view bytes, const Shape& shape) const override {
     RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
+    if (kernels::AllFinite(bytes.data(), bytes.size() / 4)) return absl::OkStatus();
     return FiniteFloats(bytes.data(), bytes.size() / 4, name() + " value");
   }
 
@@ -626,20 +726,26 @@ class PowerSgdCodec : public ErrorFeedbackCodec {
       return;
     }
     const int64_t rows = Rows(shape), cols = NumElements(shape) / rows;
-    const char* p = bytes.data();
-    const char* q = p + 4 * rows * r_;
-    for (int64_t k = begin; k < begin + count; ++k) {
-      const int64_t i = k / cols, j = k % cols;
-      float sum = 0;
-      for (int c = 0; c < r_; ++c) sum += Get<float>(p + 4 * (i * r_ + c)) * Get<float>(q + 4 * (j * r_ + c));
-      out[k - begin] = sum;
+    const char* qt = bytes.data() + 4 * rows * r_;
+    float p[64];
+    for (int64_t k = begin; k < begin + count;) {
+      const int64_t i = k / cols, j0 = k % cols, j1 = std::min(cols, j0 + (begin + count - k));
+      std::memcpy(p, bytes.data() + 4 * i * r_, 4 * r_);
+      Row(p, qt, cols, j0, j1, out + (k - begin));
+      k += j1 - j0;
     }
   }
 
  private:
+  // out[j - j0] = sum_c p[c] Q^T[c][j] for j in [j0, j1).
+  void Row(const float* p, const char* qt, int64_t cols, int64_t j0, int64_t j1, float* out) const {
+    std::fill(out, out + (j1 - j0), 0.0f);
+    for (int c = 0; c < r_; ++c) kernels::AxpyUnaligned(out, p[c], qt + 4 * (c * cols + j0), j1 - j0);
+  }
+
   const int r_;
   std::mt19937_64 rng_;
-  std::map<int, std::vector<float>> warm_;  // each slot's last Q
+  std::map<int, std::vector<float>> warm_;  // each slot's last Q^T
 };
 
 const Codec& Float32() {
