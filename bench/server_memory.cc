@@ -2,7 +2,9 @@
 // The server runs in this process; 100 clients run in a forked child over loopback,
 // uploading all at once. Reported: peak RSS above the idle server (model loaded,
 // listening), in multiples of the model size. Target: <= 4x.
-//   bench_server_memory [--params N] [--clients C]
+//   bench_server_memory [--params N] [--clients C] [--codec SPEC]
+// With --codec the updates are compressed (compression.update = SPEC) and aggregated
+// straight from their encodings.
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +18,7 @@
 #include <thread>
 
 #include "client/transfer.h"
+#include "compression/codec.h"
 #include "server/server.h"
 
 using namespace cleave;
@@ -36,7 +39,7 @@ int64_t RssBytes() {
 }
 
 // The child: `clients` peers join, wait for their task, then all upload at once.
-int RunClients(int port, int clients, int64_t params) {
+int RunClients(int port, int clients, int64_t params, const std::string& codec) {
   const std::string addr = "127.0.0.1:" + std::to_string(port);
   struct Peer {
     std::unique_ptr<v1::Coordinator::Stub> stub;
@@ -53,6 +56,7 @@ int RunClients(int port, int clients, int64_t params) {
     v1::ClientMessage m;
     m.mutable_join()->set_num_examples(1);
     m.mutable_join()->set_protocol_version(1);
+    for (const auto& family : SupportedCodecFamilies()) m.mutable_join()->add_codecs(family);
     v1::ServerMessage r;
     if (!p->stream->Write(m) || !p->stream->Read(&r) || !r.has_welcome()) return 1;
     p->welcome = r.welcome();
@@ -65,7 +69,8 @@ int RunClients(int port, int clients, int64_t params) {
   }
   ParameterSet delta;
   delta.Add({"w", {params}, std::vector<float>(params, 1e-3f)}).IgnoreError();
-  const std::string payload = delta.Encode();
+  const std::string payload =
+      codec == "fp32" ? delta.Encode() : EncodeTensors(**MakeCodec(codec, 1), delta);
   std::atomic<int> failed{0};
   std::vector<std::thread> threads;
   for (auto& p : peers) {
@@ -77,7 +82,7 @@ int RunClients(int port, int clients, int64_t params) {
       h.set_round(peer->task.round());
       h.set_task_id(peer->task.task_id());
       h.set_num_examples(1);
-      h.set_codec("fp32");
+      h.set_codec(codec);
       if (!UploadPayload(peer->stub.get(), h, payload).ok()) ++failed;
     });
   }
@@ -91,9 +96,11 @@ int RunClients(int port, int clients, int64_t params) {
 int main(int argc, char** argv) {
   int64_t params = 10'000'000;
   int clients = 100;
+  std::string codec = "fp32";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--params")) params = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--clients")) clients = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--codec")) codec = argv[i + 1];
   }
   int pipefd[2];
   if (pipe(pipefd) != 0) return 1;
@@ -102,7 +109,7 @@ int main(int argc, char** argv) {
     close(pipefd[1]);
     int port = 0;
     if (read(pipefd[0], &port, sizeof(port)) != sizeof(port)) _exit(9);
-    _exit(RunClients(port, clients, params));
+    _exit(RunClients(port, clients, params, codec));
   }
   close(pipefd[0]);
 
@@ -113,7 +120,8 @@ int main(int argc, char** argv) {
   auto cfg = JobConfig::Parse("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: " +
                                   std::to_string(clients) +
                                   ", quorum: 1.0, round_deadline_s: 600, join_timeout_s: 600}\n"
-                                  "server: {client_timeout_s: 600}\n",
+                                  "server: {client_timeout_s: 600}\n" +
+                                  (codec == "fp32" ? "" : "compression: {update: \"" + codec + "\"}\n"),
                               "");
   o.config = *cfg;
   o.listen = "127.0.0.1:0";
@@ -142,9 +150,9 @@ int main(int argc, char** argv) {
   waitpid(child, &status, 0);
   const auto& h = server->History();
   const float w = server->GlobalModel().tensors()[0].values[params / 2];
-  std::printf("model: %lld params (%.0f MB); %d clients, one update each, uploaded at once\n",
-              static_cast<long long>(params), model_bytes / 1e6, clients);
-  std::printf("run: %s, %d updates aggregated in %.1fs; w = %.6f (expected 0.501000)\n",
+  std::printf("model: %lld params (%.0f MB); %d clients, one %s update each, uploaded at once\n",
+              static_cast<long long>(params), model_bytes / 1e6, clients, codec.c_str());
+  std::printf("run: %s, %d updates aggregated in %.1fs; w = %.6f (fp32: 0.501000)\n",
               s.ok() ? "ok" : s.ToString().c_str(), h.empty() ? 0 : h[0].participants, secs, w);
   std::printf("idle RSS %.0f MB, peak RSS %.0f MB\n", idle / 1e6, peak / 1e6);
   std::printf("peak above idle: %.2fx the model size (target <= 4)\n",
