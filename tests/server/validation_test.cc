@@ -228,14 +228,23 @@ model: {name: mlp}
 clients: {min: 2, quorum: 0.5, round_deadline_s: 60}
 server: {heartbeat_s: 0.2, client_timeout_s: 1.0}
 )");
-  TestPeer silent(address_, 100);  // joins, then never heartbeats nor uploads
-  ASSERT_TRUE(silent.Join("silent"));
   ClientOptions o;
   o.server = address_;
   o.train = *LoadFashionMnist("/usr/share/datasets/fashion-mnist", true, 300);
   Client worker(std::move(o));
   Status worker_status;
   std::thread t([&] { worker_status = worker.Run(); });
+  // The worker first: the silent client must still be there when the round starts.
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  v1::StatusReply status;
+  for (int i = 0; i < 1000 && status.connected_clients() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->GetStatus(&ctx, v1::StatusRequest(), &status).ok());
+  }
+  TestPeer silent(address_, 100);  // joins, then never heartbeats nor uploads
+  ASSERT_TRUE(silent.Join("silent"));
   runner_.join();
   t.join();
   ASSERT_TRUE(run_status_.ok()) << run_status_;
