@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cleave/v1/cleave.grpc.pb.h"
+#include "privacy/certs.h"
 #include "tools/local.h"
 
 namespace {
@@ -55,7 +56,33 @@ int main(int argc, char** argv) {
   auto* st = app.add_subcommand("status", "ask a running server how it is doing");
   st->add_option("--server", server, "HOST:PORT")->required();
 
+  auto* certs = app.add_subcommand("certs", "provision a federation's TLS identities");
+  certs->require_subcommand(1);
+  std::string certs_dir, client_name;
+  cleave::CertOptions cert_opts;
+  auto* init = certs->add_subcommand("init", "create DIR with a new root CA and the server's certificate");
+  init->add_option("dir", certs_dir, "federation directory")->required();
+  init->add_option("--san", cert_opts.server_names,
+                   "the server's host names and IP addresses (default: localhost 127.0.0.1 ::1)");
+  init->add_option("--federation", cert_opts.federation, "a name for the CA's subject");
+  auto* issue = certs->add_subcommand("issue", "issue a client certificate whose identity is NAME");
+  issue->add_option("dir", certs_dir, "federation directory")->required();
+  issue->add_option("name", client_name, "the client's name (its identity)")->required();
+
   CLI11_PARSE(app, argc, argv);
+  if (certs->parsed()) {
+    const bool is_init = init->parsed();
+    cleave::Status s = is_init ? cleave::InitFederation(certs_dir, cert_opts)
+                               : cleave::IssueClientCert(certs_dir, client_name, cert_opts);
+    if (!s.ok()) {
+      std::cerr << "cleave certs: " << s.message() << "\n";
+      return 1;
+    }
+    std::cout << (is_init ? "federation CA and server certificate in " + certs_dir
+                          : "client certificate for " + client_name + " in " + certs_dir + "/clients")
+              << "\n";
+    return 0;
+  }
   if (l->parsed()) {
     local.bin_dir = SelfDir();
     return cleave::RunLocal(local);
