@@ -4,7 +4,7 @@
 # every codec, then int8 activations and gradients in sfl-v2. Prints a Markdown table.
 #   bench/compression/accuracy.sh [ROUNDS=10] [CODEC ...]
 # Runs one federation at a time (about 20 s a round on 2 cores); run directories go to
-# runs/bench-compression/.
+# runs/bench-compression-ROUNDS/. SPLIT=0 skips the two sfl-v2 runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-10}
@@ -13,7 +13,8 @@ codecs=("$@")
 if [ ${#codecs[@]} -eq 0 ]; then
   codecs=(none fp16 bf16 int8 int8:channel int8:sr qsgd:4 topk:0.01 randk:0.01 sign powersgd:2)
 fi
-out=runs/bench-compression
+out=runs/bench-compression-$rounds
+split=${SPLIT:-1}
 mkdir -p "$out"
 
 run() {  # run NAME BASE_CONFIG COMPRESSION_YAML
@@ -27,18 +28,19 @@ run() {  # run NAME BASE_CONFIG COMPRESSION_YAML
 for c in "${codecs[@]}"; do
   run "fedavg-${c//:/-}" deploy/examples/fmnist-niid-bench.yaml "{update: \"$c\"}"
 done
-run sfl-v2-none bench/split/fmnist-niid-sfl-v2.yaml "{}"
-run sfl-v2-int8 bench/split/fmnist-niid-sfl-v2.yaml "{activations: int8, gradients: int8}"
+if [ "$split" = 1 ]; then
+  run sfl-v2-none bench/split/fmnist-niid-sfl-v2.yaml "{}"
+  run sfl-v2-int8 bench/split/fmnist-niid-sfl-v2.yaml "{activations: int8, gradients: int8}"
+fi
 
-python3 - "$out" "$rounds" "${codecs[@]}" <<'PY'
+python3 - "$out" "$rounds" "$split" "${codecs[@]}" <<'PY'
 import json, sys
-out, rounds, codecs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, rounds, split, codecs = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4:]
 def load(name):
     return [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")]
 def row(label, name, base, key_up="bytes_up"):
     m = load(name)
     up = sum(r[key_up] for r in m) / len(m)
-    fp32 = sum(r[key_up + "_fp32"] if key_up == "bytes_up" else 0 for r in m) / len(m)
     acc = 100 * m[-1]["test_accuracy"]
     ref = 100 * load(base)[-1]["test_accuracy"]
     base_up = sum(r[key_up] for r in load(base)) / len(load(base))
@@ -48,8 +50,9 @@ print("| codec (compression.update) | MB up per round | fewer bytes than fp32 | 
 print("| --- | --- | --- | --- | --- |")
 for c in codecs:
     row(c, "fedavg-" + c.replace(":", "-"), "fedavg-none")
-print("\n| sfl-v2 | MB of activations up per round | fewer bytes than fp32 | test accuracy % | vs fp32 (points) |")
-print("| --- | --- | --- | --- | --- |")
-for c in ["none", "int8"]:
-    row(c, "sfl-v2-" + c, "sfl-v2-none", "activation_bytes_up")
+if split:
+    print("\n| sfl-v2 | MB of activations up per round | fewer bytes than fp32 | test accuracy % | vs fp32 (points) |")
+    print("| --- | --- | --- | --- | --- |")
+    for c in ["none", "int8"]:
+        row(c, "sfl-v2-" + c, "sfl-v2-none", "activation_bytes_up")
 PY

@@ -197,7 +197,11 @@ TEST_F(LocalTest, ServerAndClientStopOnSigterm) {
   // A client retrying an absent server.
   pid_t client = Spawn({"cleave-client", "--server", "127.0.0.1:1", "--data",
                         "fmnist:/usr/share/datasets/fashion-mnist,limit=100"});
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // Once it retries it has its signal handlers (a fixed wait raced a slow start).
+  for (int i = 0; i < 300 && Output().find("reconnecting in") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(Output().find("reconnecting in"), std::string::npos) << Output();
   kill(client, SIGTERM);
   EXPECT_EQ(Wait(client, 20), 130) << Output();
 }
