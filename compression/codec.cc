@@ -824,11 +824,11 @@ StatusOr<std::vector<TensorView>> ViewEncodedTensors(const Codec& codec, std::st
 StatusOr<ParameterSet> DecodeTensors(const Codec& codec, std::string_view bytes,
                                      const ParameterSet& layout) {
   ASSIGN_OR_RETURN(std::vector<TensorView> views, ViewEncodedTensors(codec, bytes, layout));
-  RETURN_IF_ERROR(CheckViews(layout, views));  // finite
   ParameterSet out = layout.ZerosLike();
   for (size_t i = 0; i < views.size(); ++i) {
     views[i].Read(0, views[i].numel, out.mutable_tensors()[i].values.data());
   }
+  RETURN_IF_ERROR(CheckViews(layout, ViewsOf(out)));  // every decoded value finite
   return out;
 }
 

@@ -78,9 +78,11 @@ StatusOr<Cert> MakeCert(EVP_PKEY* key, const std::string& cn, X509* issuer, EVP_
   return cert;
 }
 
-std::string KeyPem(EVP_PKEY* key) {
+// What `write` puts into a memory BIO.
+template <typename Write>
+std::string Pem(Write write) {
   BIO* bio = BIO_new(BIO_s_mem());
-  PEM_write_bio_PrivateKey(bio, key, nullptr, nullptr, 0, nullptr, nullptr);
+  write(bio);
   char* data = nullptr;
   const long n = BIO_get_mem_data(bio, &data);
   std::string pem(data, n);
@@ -88,14 +90,12 @@ std::string KeyPem(EVP_PKEY* key) {
   return pem;
 }
 
+std::string KeyPem(EVP_PKEY* key) {
+  return Pem([&](BIO* b) { PEM_write_bio_PrivateKey(b, key, nullptr, nullptr, 0, nullptr, nullptr); });
+}
+
 std::string CertPem(X509* cert) {
-  BIO* bio = BIO_new(BIO_s_mem());
-  PEM_write_bio_X509(bio, cert);
-  char* data = nullptr;
-  const long n = BIO_get_mem_data(bio, &data);
-  std::string pem(data, n);
-  BIO_free(bio);
-  return pem;
+  return Pem([&](BIO* b) { PEM_write_bio_X509(b, cert); });
 }
 
 // Writes a private key readable by its owner only (0600 from the start: it is never
