@@ -240,16 +240,19 @@ namespace {
 // means Inf or NaN) on raw words so the loop vectorizes.
 int64_t FirstNonFinite(const TensorView& v) {
   alignas(64) float values[kViewBlock];
-  alignas(64) uint32_t buf[kViewBlock];
+  auto bad = [&](int64_t j) {  // exponent bits all ones
+    uint32_t w;
+    std::memcpy(&w, values + j, 4);
+    return (w & 0x7f800000u) == 0x7f800000u;
+  };
   for (int64_t b = 0; b < v.numel; b += kViewBlock) {
     const int64_t n = std::min(kViewBlock, v.numel - b);
-    v.Read(b, n, values);
-    std::memcpy(buf, values, n * sizeof(float));
-    uint32_t bad = 0;
-    for (int64_t j = 0; j < n; ++j) bad |= (buf[j] & 0x7f800000u) == 0x7f800000u;
-    if (bad) {
+    v.Read(b, n, values);  // decodes a compressed view
+    uint32_t any = 0;
+    for (int64_t j = 0; j < n; ++j) any |= bad(j);
+    if (any) {
       for (int64_t j = 0; j < n; ++j) {
-        if ((buf[j] & 0x7f800000u) == 0x7f800000u) return b + j;
+        if (bad(j)) return b + j;
       }
     }
   }
