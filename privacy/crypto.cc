@@ -70,9 +70,14 @@ constexpr size_t kChunk = 7;  // bytes per field element (56 bits < 61)
 
 }  // namespace
 
+StatusOr<Bytes> RandomBytes(size_t n) {
+  Bytes out(n, '\0');
+  if (n > 0 && RAND_bytes(U(out), static_cast<int>(n)) != 1) return Fail("RAND_bytes");
+  return out;
+}
+
 StatusOr<X25519KeyPair> X25519Generate() {
-  Bytes priv(32, '\0');
-  if (RAND_bytes(U(priv), 32) != 1) return Fail("RAND_bytes");
+  ASSIGN_OR_RETURN(Bytes priv, RandomBytes(32));
   ASSIGN_OR_RETURN(Bytes pub, X25519PublicKey(priv));
   return X25519KeyPair{std::move(priv), std::move(pub)};
 }

@@ -16,6 +16,9 @@ namespace cleave::crypto {
 
 using Bytes = std::string;  // binary
 
+// `n` bytes from OpenSSL's CSPRNG.
+StatusOr<Bytes> RandomBytes(size_t n);
+
 // X25519: a fresh key pair, and the shared secret of our private key and their public
 // key (32 bytes each). An all-zero shared secret (a low-order public key) is an error.
 struct X25519KeyPair {

@@ -1,0 +1,74 @@
+// SecAgg+ (Bell et al., CCS 2020) as a computation, without the network: the neighbour
+// graph, quantization of clipped updates into Z_M, masking with pairwise and self masks,
+// Shamir shares of each client's mask secrets for its neighbours, and the server's
+// unmasking when some clients drop out. The wire protocol (issue 5) moves these values;
+// tests/privacy/secagg_test.cc checks that masks cancel exactly.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "core/status.h"
+#include "privacy/crypto.h"
+
+namespace cleave::secagg {
+
+using crypto::Bytes;
+
+struct Params {
+  int k = 4;        // neighbours per client (SecAgg+'s graph degree; all others if >= n-1)
+  int t = 3;        // shares needed to recover a client's secret (t <= k)
+  double clip = 1;  // each coordinate is clipped to [-clip, clip]
+  int bits = 16;    // quantization levels: 2^bits over [-clip, clip]
+  uint64_t modulus = uint64_t{1} << 32;  // the group Z_M the sums live in (any M >= 2)
+  Bytes context;    // binds keys to run and round ("run|round")
+};
+
+// A k-regular neighbour graph on clients 0..n-1: a ring over a seeded random
+// permutation, each client joined to the k/2 nearest on each side (k rounded up to even,
+// capped at n - 1). Symmetric.
+std::vector<std::set<int>> NeighbourGraph(int n, int k, uint64_t seed);
+
+// Clips to [-clip, clip], maps to [0, 2^bits - 1] with stochastic rounding (unbiased),
+// into Z_M (M must exceed the number of clients times 2^bits for sums not to wrap). Dequantize inverts a sum of `count` such vectors.
+std::vector<uint64_t> Quantize(const std::vector<float>& x, const Params& p, std::mt19937_64& rng);
+std::vector<double> DequantizeSum(const std::vector<uint64_t>& sum, int count, const Params& p);
+
+// One client's secrets and public keys for a round.
+struct ClientKeys {
+  crypto::X25519KeyPair mask_key;  // pairwise masks: agreed with each neighbour
+  Bytes self_seed;                 // 32 bytes: the self mask b_u
+};
+StatusOr<ClientKeys> NewClientKeys();
+
+// The shares client `u` gives neighbour v: of its self seed and of its mask private key.
+struct SharesFor {
+  crypto::Share self_seed, mask_key;
+};
+// u's shares for each of its neighbours (x = position among them, 1-based).
+StatusOr<std::map<int, SharesFor>> ShareSecrets(int u, const ClientKeys& keys,
+                                                const std::set<int>& neighbours, const Params& p);
+
+// y_u = x_u + PRG(b_u) + sum over neighbours v > u of PRG(s_uv) - sum over v < u, mod M;
+// `public_keys` holds every client's mask public key.
+StatusOr<std::vector<uint64_t>> Mask(int u, const std::vector<uint64_t>& x, const ClientKeys& keys,
+                                     const std::set<int>& neighbours,
+                                     const std::map<int, Bytes>& public_keys, const Params& p);
+
+// The server: the sum of the survivors' x, given their masked inputs, and for each
+// survivor u the self-seed shares its surviving neighbours returned, and for each
+// dropped client v the mask-key shares its surviving neighbours returned. Never both
+// kinds for one client. FAILED_PRECONDITION when some client has fewer than t shares.
+struct Unmasking {
+  std::map<int, std::vector<uint64_t>> masked;          // survivors' y_u
+  std::map<int, std::vector<crypto::Share>> self_seed;  // survivor u -> shares of b_u
+  std::map<int, std::vector<crypto::Share>> mask_key;   // dropped v -> shares of its key
+};
+StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<std::set<int>>& graph,
+                                       const std::map<int, Bytes>& public_keys, size_t length,
+                                       const Params& p);
+
+}  // namespace cleave::secagg
