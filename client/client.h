@@ -31,6 +31,11 @@ struct ClientOptions {
   // training, declared to the server's cut policy (0 = no limit).
   DeviceEmulation emulation;
   int64_t memory_limit_bytes = 0;
+
+  // TLS (cleave-client --ca --cert --key): the federation CA to verify the server with,
+  // and this client's certificate and key for mutual TLS (its CN is its identity).
+  // Plaintext when `tls_ca` is empty.
+  std::string tls_ca, tls_cert, tls_key;
 };
 
 class Client {

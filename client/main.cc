@@ -48,7 +48,11 @@ int main(int argc, char** argv) {
   app.add_option("--partition", partition,
                  "use one part of the data: SCHEME,client=I,of=N[,seed=S] with SCHEME iid, "
                  "dirichlet:A, shards:S or labels:K");
-  app.add_option("--name", name, "client name shown by the server");
+  app.add_option("--name", name, "client name shown by the server (with --cert: its CN)");
+  std::string tls_ca, tls_cert, tls_key;
+  app.add_option("--ca", tls_ca, "federation CA certificate: speak TLS and verify the server");
+  app.add_option("--cert", tls_cert, "this client's certificate, for mutual TLS")->needs("--ca");
+  app.add_option("--key", tls_key, "this client's private key")->needs("--cert");
   app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)");
   app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
@@ -67,6 +71,10 @@ int main(int argc, char** argv) {
                  "memory training may use here, for the server's cut choice (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
+  if (tls_cert.empty() != tls_key.empty()) {
+    std::cerr << "--cert and --key go together\n";
+    return 2;
+  }
 
   cleave::SetupLogging(name.empty() ? "client" : name, "", log_level);
   cleave::SetTorchThreads(torch_threads);
@@ -90,6 +98,10 @@ int main(int argc, char** argv) {
   opts.give_up_after_s = give_up_after;
   opts.emulation = emulation;
   opts.memory_limit_bytes = memory_limit_mb << 20;
+  opts.tls_ca = tls_ca;
+  opts.tls_cert = tls_cert;
+  opts.tls_key = tls_key;
+  if (tls_ca.empty()) spdlog::warn("no --ca: talking to the server in plaintext");
   cleave::Client client(std::move(opts));
   cleave::Status s;
   {

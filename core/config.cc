@@ -57,7 +57,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (!root || root.IsNull()) return c;
   RETURN_IF_ERROR(CheckKeys(root, "config",
                             {"run", "model", "data", "clients", "train", "strategy", "split",
-                             "compression", "server", "local"}));
+                             "compression", "server", "local", "tls"}));
   bool server_lr_set = false;
   if (auto s = root["run"]) {
     RETURN_IF_ERROR(CheckKeys(s, "run", {"name", "rounds", "seed"}));
@@ -134,6 +134,21 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "server", "chunk_bytes", &c.server.chunk_bytes));
     RETURN_IF_ERROR(Read(s, "server", "eval_batch_size", &c.server.eval_batch_size));
     RETURN_IF_ERROR(Read(s, "server", "worker_threads", &c.server.worker_threads));
+  }
+  if (auto s = root["tls"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "tls", {"cert", "key", "ca", "mutual", "reload_s"}));
+    RETURN_IF_ERROR(Read(s, "tls", "cert", &c.tls.cert));
+    RETURN_IF_ERROR(Read(s, "tls", "key", &c.tls.key));
+    RETURN_IF_ERROR(Read(s, "tls", "ca", &c.tls.ca));
+    RETURN_IF_ERROR(Read(s, "tls", "mutual", &c.tls.mutual));
+    RETURN_IF_ERROR(Read(s, "tls", "reload_s", &c.tls.reload_s));
+    if (c.tls.cert.empty() != c.tls.key.empty()) {
+      return absl::InvalidArgumentError("tls.cert and tls.key go together");
+    }
+    if (c.tls.mutual && (c.tls.cert.empty() || c.tls.ca.empty())) {
+      return absl::InvalidArgumentError("tls.mutual needs tls.cert, tls.key and tls.ca");
+    }
+    if (c.tls.reload_s < 1) return absl::InvalidArgumentError("tls.reload_s must be >= 1");
   }
   if (auto s = root["local"]) {
     RETURN_IF_ERROR(

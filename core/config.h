@@ -73,6 +73,15 @@ struct ServerConfig {
   int worker_threads = 2;                // server.worker_threads: decode/aggregate pool
 };
 
+// TLS on the server's port (issue 5; plaintext when cert is empty).
+struct TlsConfig {
+  std::string cert;      // tls.cert: the server's certificate chain (PEM)
+  std::string key;       // tls.key: its private key (PEM)
+  std::string ca;        // tls.ca: the federation CA that client certificates must chain to
+  bool mutual = false;   // tls.mutual: require a client certificate; its CN is the identity
+  int reload_s = 60;     // tls.reload_s: how often the files are re-read
+};
+
 struct SplitConfig {
   std::string mode;              // split.mode: "" (federated, the default) | sl | sfl-v1 |
                                  //   sfl-v2 | ushaped
@@ -110,6 +119,7 @@ struct JobConfig {
   StrategyConfig strategy;
   SplitConfig split;
   CompressionConfig compression;
+  TlsConfig tls;
   ServerConfig server;
   LocalConfig local;
 

@@ -1,6 +1,8 @@
 #include "server/server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <malloc.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -67,6 +69,14 @@ int64_t UnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// The CN of the call's verified client certificate; empty without mutual TLS.
+std::string PeerIdentity(const grpc::CallbackServerContext* ctx) {
+  const auto auth = ctx->auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return "";
+  const auto cn = auth->FindPropertyValues("x509_common_name");
+  return cn.empty() ? "" : std::string(cn[0].data(), cn[0].size());
 }
 
 grpc::Status ToGrpc(const Status& s) {
@@ -150,6 +160,7 @@ struct SplitStreamTask {
 struct Session {
   std::string id;
   std::string name;
+  std::string identity;  // the CN of its client certificate (mutual TLS), else empty
   std::string token;
   int64_t num_examples = 0;
   std::shared_ptr<ControlReactor> reactor;
@@ -178,22 +189,27 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   ~Impl() override;
   Status Init();
   Status Start();
+  std::shared_ptr<grpc::ServerCredentials> ServerCredentials() const;
   Status Run();
   void Stop();
 
   // --- called by reactors ---
-  Status Join(ControlReactor* r, const v1::Join& join, v1::Welcome* welcome);
+  // `peer`: the CN of the client's certificate (mutual TLS), which becomes its name.
+  Status Join(ControlReactor* r, const v1::Join& join, const std::string& peer,
+              v1::Welcome* welcome);
   // After the Welcome is queued: the client may now be given tasks.
   void Ready(ControlReactor* r);
   void Heartbeat(ControlReactor* r);
   void Ack(ControlReactor* r, const v1::TaskAck& ack);
   void ControlDone(ControlReactor* r);
   // Checks an upload header; on success returns the exact expected payload size.
-  StatusOr<int64_t> CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate);
+  StatusOr<int64_t> CheckUploadHeader(const v1::UploadHeader& h, const std::string& peer,
+                                      bool* duplicate);
   // Validates and aggregates a complete upload (runs on the worker pool).
   Status ProcessUpload(const v1::UploadHeader& h, std::string payload, bool* duplicate);
   // The blob a Fetch asks for, and what its fp32 encoding would take.
   StatusOr<std::shared_ptr<const std::string>> FindBlob(const v1::FetchRequest& req,
+                                                        const std::string& peer,
                                                         int64_t* fp32_size);
   // Transport bytes (WireSize) of the round, and what compression saved against fp32.
   void CountDown(int64_t n) {
@@ -207,11 +223,14 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   void SavedDown(int64_t n) { saved_down_ += n; }
   void SavedUp(int64_t n) { saved_up_ += n; }
   // UNAUTHENTICATED unless `token` is the session token of connected client `client_id`.
-  Status Authenticate(const std::string& client_id, const std::string& token);
+  // With mutual TLS also PERMISSION_DENIED unless `peer` (the call's certificate CN) is
+  // the identity the client joined with.
+  Status Authenticate(const std::string& client_id, const std::string& token,
+                      const std::string& peer);
   // Split learning.
   Status SetProfile(ControlReactor* r, const v1::Profile& profile);
   // Checks a SplitOpen against the current round's split tasks; one stream per task.
-  StatusOr<SplitStreamTask> OpenSplit(const v1::SplitOpen& open);
+  StatusOr<SplitStreamTask> OpenSplit(const v1::SplitOpen& open, const std::string& peer);
   // A split stream failed (bad message, lost connection): its task fails.
   void SplitEnded(const SplitStreamTask& task, const Status& why);
   void CountSplitUp(int64_t bytes) {
@@ -284,8 +303,11 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // The session of a message about a task of the current round: identity (token), run
   // and round checked; UNAUTHENTICATED or FAILED_PRECONDITION naming `what` otherwise.
   StatusOr<const Session*> CheckSenderLocked(const std::string& what, const std::string& client_id,
-                                             const std::string& token, const std::string& run_id,
-                                             int64_t round) const;
+                                             const std::string& token, const std::string& peer,
+                                             const std::string& run_id, int64_t round) const;
+  // The session `client_id` with `token`, called from certificate `peer`.
+  StatusOr<const Session*> SessionLocked(const std::string& client_id, const std::string& token,
+                                         const std::string& peer) const;
   // The task message for `cid` in `round` (split: publishes its client part); records it.
   v1::ServerMessage MakeTaskLocked(int64_t round, const std::string& cid, const FitSettings& fit,
                                    int64_t deadline_ms);
@@ -471,8 +493,8 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
 // Control stream: one per client.
 class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMessage> {
  public:
-  static ControlReactor* Create(Server::Impl* impl) {
-    auto r = std::shared_ptr<ControlReactor>(new ControlReactor(impl));
+  static ControlReactor* Create(Server::Impl* impl, std::string peer) {
+    auto r = std::shared_ptr<ControlReactor>(new ControlReactor(impl, std::move(peer)));
     r->self_ = r;
     impl->CountUp(kCallBytesUp);
     impl->CountDown(kCallBytesDown);
@@ -497,7 +519,7 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
       }
       impl_->CountUp(kConnectionBytesUp);
       v1::Welcome welcome;
-      Status s = impl_->Join(this, in_.join(), &welcome);
+      Status s = impl_->Join(this, in_.join(), peer_, &welcome);
       if (!s.ok()) {
         Close(ToGrpc(s));
         return;
@@ -537,12 +559,13 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
   }
 
  private:
-  explicit ControlReactor(Server::Impl* impl) : impl_(impl) {}
+  ControlReactor(Server::Impl* impl, std::string peer) : impl_(impl), peer_(std::move(peer)) {}
   void Queued(const v1::ServerMessage& msg) override { impl_->CountDown(WireSize(msg)); }
 
   Server::Impl* impl_;
   std::shared_ptr<ControlReactor> self_;
   v1::ClientMessage in_;
+  const std::string peer_;  // the client certificate's CN (mutual TLS)
   std::string client_id_;  // set after Join; read only by reactions
 };
 
@@ -550,10 +573,11 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
 // Blob download: one chunk written at a time.
 class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
  public:
-  FetchReactor(Server::Impl* impl, const v1::FetchRequest& req) : impl_(impl) {
+  FetchReactor(Server::Impl* impl, const v1::FetchRequest& req, const std::string& peer)
+      : impl_(impl) {
     impl_->CountUp(kCallBytesUp + WireSize(req));
     impl_->CountDown(kCallBytesDown);
-    auto blob = impl_->FindBlob(req, &fp32_size_);
+    auto blob = impl_->FindBlob(req, peer, &fp32_size_);
     if (!blob.ok()) {
       Finish(ToGrpc(blob.status()));
       return;
@@ -654,7 +678,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
       }
       header_ = in_.header();
       bool duplicate = false;
-      auto expected = impl_->CheckUploadHeader(header_, &duplicate);
+      auto expected = impl_->CheckUploadHeader(header_, peer_, &duplicate);
       if (!expected.ok()) {
         Finish(ToGrpc(expected.status()));
         return;
@@ -713,10 +737,11 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
 
  private:
   UploadReactor(Server::Impl* impl, grpc::CallbackServerContext* ctx, v1::UploadReply* reply)
-      : impl_(impl), ctx_(ctx), reply_(reply) {}
+      : impl_(impl), ctx_(ctx), peer_(PeerIdentity(ctx)), reply_(reply) {}
 
   Server::Impl* impl_;
   grpc::CallbackServerContext* ctx_;
+  const std::string peer_;
   std::shared_ptr<UploadReactor> self_;
   std::mutex done_mu_;
   bool done_ = false;
@@ -735,8 +760,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
 // messages wait, so a client cannot queue unbounded work.
 class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
  public:
-  static SplitReactor* Create(Server::Impl* impl) {
-    auto r = std::shared_ptr<SplitReactor>(new SplitReactor(impl));
+  static SplitReactor* Create(Server::Impl* impl, std::string peer) {
+    auto r = std::shared_ptr<SplitReactor>(new SplitReactor(impl, std::move(peer)));
     r->self_ = r;
     impl->CountSplitUp(kCallBytesUp);
     impl->CountSplitDown(kCallBytesDown);
@@ -766,7 +791,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
                            "the first split message must be SplitOpen"));
         return;
       }
-      auto task = impl_->OpenSplit(in_.open());
+      auto task = impl_->OpenSplit(in_.open(), peer_);
       if (!task.ok()) {
         Close(ToGrpc(task.status()));
         return;
@@ -814,7 +839,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   void OnDone() override { self_.reset(); }  // may delete this
 
  private:
-  explicit SplitReactor(Server::Impl* impl) : impl_(impl) {}
+  SplitReactor(Server::Impl* impl, std::string peer) : impl_(impl), peer_(std::move(peer)) {}
   void Queued(const v1::SplitDown& msg) override { impl_->CountSplitDown(WireSize(msg)); }
 
   // Runs on the pool: processes queued messages until none is left.
@@ -950,6 +975,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   }
 
   Server::Impl* impl_;
+  const std::string peer_;
   std::shared_ptr<SplitReactor> self_;
   v1::SplitUp in_;
   bool opened_ = false;   // written under mu_ once, by a reaction
@@ -968,7 +994,8 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
 // Uplink probe: counts and discards what the client sends.
 class ProbeReactor : public grpc::ServerReadReactor<v1::ProbeChunk> {
  public:
-  ProbeReactor(Server::Impl* impl, v1::ProbeReply* reply) : impl_(impl), reply_(reply) {
+  ProbeReactor(Server::Impl* impl, v1::ProbeReply* reply, std::string peer)
+      : impl_(impl), reply_(reply), peer_(std::move(peer)) {
     impl_->CountUp(kCallBytesUp);
     impl_->CountDown(kCallBytesDown);
     StartRead(&in_);
@@ -983,7 +1010,7 @@ class ProbeReactor : public grpc::ServerReadReactor<v1::ProbeChunk> {
     }
     impl_->CountUp(WireSize(in_));
     if (bytes_ == 0 && !authenticated_) {
-      if (Status s = impl_->Authenticate(in_.client_id(), in_.session_token()); !s.ok()) {
+      if (Status s = impl_->Authenticate(in_.client_id(), in_.session_token(), peer_); !s.ok()) {
         Finish(ToGrpc(s));
         return;
       }
@@ -1002,6 +1029,7 @@ class ProbeReactor : public grpc::ServerReadReactor<v1::ProbeChunk> {
  private:
   Server::Impl* impl_;
   v1::ProbeReply* reply_;
+  const std::string peer_;
   v1::ProbeChunk in_;
   int64_t bytes_ = 0;
   bool authenticated_ = false;
@@ -1013,13 +1041,13 @@ class ProbeReactor : public grpc::ServerReadReactor<v1::ProbeChunk> {
 // Service entry points.
 
 grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Server::Impl::Control(
-    grpc::CallbackServerContext*) {
-  return ControlReactor::Create(this);
+    grpc::CallbackServerContext* ctx) {
+  return ControlReactor::Create(this, PeerIdentity(ctx));
 }
 
-grpc::ServerWriteReactor<v1::Chunk>* Server::Impl::Fetch(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<v1::Chunk>* Server::Impl::Fetch(grpc::CallbackServerContext* ctx,
                                                          const v1::FetchRequest* req) {
-  return new FetchReactor(this, *req);
+  return new FetchReactor(this, *req, PeerIdentity(ctx));
 }
 
 grpc::ServerReadReactor<v1::UploadChunk>* Server::Impl::Upload(grpc::CallbackServerContext* ctx,
@@ -1028,13 +1056,13 @@ grpc::ServerReadReactor<v1::UploadChunk>* Server::Impl::Upload(grpc::CallbackSer
 }
 
 grpc::ServerBidiReactor<v1::SplitUp, v1::SplitDown>* Server::Impl::Split(
-    grpc::CallbackServerContext*) {
-  return SplitReactor::Create(this);
+    grpc::CallbackServerContext* ctx) {
+  return SplitReactor::Create(this, PeerIdentity(ctx));
 }
 
-grpc::ServerReadReactor<v1::ProbeChunk>* Server::Impl::Probe(grpc::CallbackServerContext*,
+grpc::ServerReadReactor<v1::ProbeChunk>* Server::Impl::Probe(grpc::CallbackServerContext* ctx,
                                                              v1::ProbeReply* reply) {
-  return new ProbeReactor(this, reply);
+  return new ProbeReactor(this, reply, PeerIdentity(ctx));
 }
 
 grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* ctx,
@@ -1113,7 +1141,8 @@ void Server::Impl::ReleaseUploadSlot() {
   next->Resume();
 }
 
-Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* welcome) {
+Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::string& peer,
+                          v1::Welcome* welcome) {
   if (join.protocol_version() != 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("unsupported protocol version ", join.protocol_version(), " (server: 1)"));
@@ -1122,6 +1151,14 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* 
     return absl::InvalidArgumentError("Join.num_examples must be > 0");
   }
   if (join.name().size() > 256) return absl::InvalidArgumentError("client name too long");
+  if (cfg_.tls.mutual) {
+    // The identity is the verified certificate's; a client cannot join as another.
+    if (peer.empty()) return absl::UnauthenticatedError("no verified client certificate");
+    if (!join.name().empty() && join.name() != peer) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "Join names '", join.name(), "' but the client certificate is for '", peer, "'"));
+    }
+  }
   for (const auto& [what, spec] : {std::pair{"updates", cfg_.compression.update},
                                    std::pair{"the model broadcast", cfg_.compression.broadcast},
                                    std::pair{"activations", cfg_.compression.activations},
@@ -1137,7 +1174,8 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, v1::Welcome* 
   if (stopping_) return absl::UnavailableError("the server is shutting down");
   Session s;
   s.id = absl::StrCat("c", next_client_++);
-  s.name = join.name().empty() ? s.id : join.name();
+  s.identity = cfg_.tls.mutual ? peer : "";
+  s.name = !s.identity.empty() ? s.identity : join.name().empty() ? s.id : join.name();
   s.token = RandomHex(16);
   s.num_examples = join.num_examples();
   s.reactor = r->shared();
@@ -1204,13 +1242,25 @@ void Server::Impl::FailTaskLocked(const std::string& task_id, TaskRecord& t,
   if (t.split && split_round_) split_round_->Fail(t.client_id);
 }
 
-Status Server::Impl::Authenticate(const std::string& client_id, const std::string& token) {
+Status Server::Impl::Authenticate(const std::string& client_id, const std::string& token,
+                                  const std::string& peer) {
   std::lock_guard<std::mutex> l(mu_);
+  return SessionLocked(client_id, token, peer).status();
+}
+
+StatusOr<const Session*> Server::Impl::SessionLocked(const std::string& client_id,
+                                                     const std::string& token,
+                                                     const std::string& peer) const {
   auto s = sessions_.find(client_id);
   if (s == sessions_.end() || !TokenMatches(s->second.token, token)) {
     return absl::UnauthenticatedError("unknown client or wrong session token");
   }
-  return absl::OkStatus();
+  if (s->second.identity != peer) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "client ", client_id, " joined as '", s->second.identity,
+        "'; this call's certificate is '", peer, "'"));
+  }
+  return &s->second;
 }
 
 Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
@@ -1245,9 +1295,10 @@ Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
   return absl::OkStatus();
 }
 
-StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open) {
+StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open,
+                                                  const std::string& peer) {
   std::lock_guard<std::mutex> l(mu_);
-  RETURN_IF_ERROR(CheckSenderLocked("split stream", open.client_id(), open.session_token(),
+  RETURN_IF_ERROR(CheckSenderLocked("split stream", open.client_id(), open.session_token(), peer,
                                     open.run_id(), open.round())
                       .status());
   auto t = tasks_.find(open.task_id());
@@ -1287,12 +1338,10 @@ void Server::Impl::SplitEnded(const SplitStreamTask& task, const Status& why) {
 StatusOr<const Session*> Server::Impl::CheckSenderLocked(const std::string& what,
                                                          const std::string& client_id,
                                                          const std::string& token,
+                                                         const std::string& peer,
                                                          const std::string& run_id,
                                                          int64_t round) const {
-  auto s = sessions_.find(client_id);
-  if (s == sessions_.end() || !TokenMatches(s->second.token, token)) {
-    return absl::UnauthenticatedError("unknown client or wrong session token");
-  }
+  ASSIGN_OR_RETURN(const Session* s, SessionLocked(client_id, token, peer));
   if (run_id != run_id_) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " for run ", run_id, ", this is run ", run_id_));
@@ -1301,13 +1350,14 @@ StatusOr<const Session*> Server::Impl::CheckSenderLocked(const std::string& what
     return absl::FailedPreconditionError(
         absl::StrCat(what, " for round ", round, ", the current round is ", current_round_));
   }
-  return &s->second;
+  return s;
 }
 
-StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h, bool* duplicate) {
+StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
+                                                  const std::string& peer, bool* duplicate) {
   std::lock_guard<std::mutex> l(mu_);
-  ASSIGN_OR_RETURN(const Session* s, CheckSenderLocked("upload", h.client_id(),
-                                                       h.session_token(), h.run_id(), h.round()));
+  ASSIGN_OR_RETURN(const Session* s, CheckSenderLocked("upload", h.client_id(), h.session_token(),
+                                                       peer, h.run_id(), h.round()));
   auto t = tasks_.find(h.task_id());
   if (t == tasks_.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
@@ -1407,12 +1457,10 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
 }
 
 StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::FetchRequest& req,
+                                                                   const std::string& peer,
                                                                    int64_t* fp32_size) {
   std::lock_guard<std::mutex> l(mu_);
-  auto s = sessions_.find(req.client_id());
-  if (s == sessions_.end() || !TokenMatches(s->second.token, req.session_token())) {
-    return absl::UnauthenticatedError("unknown client or wrong session token");
-  }
+  RETURN_IF_ERROR(SessionLocked(req.client_id(), req.session_token(), peer).status());
   auto b = blobs_.find(req.digest());
   if (b == blobs_.end()) {
     return absl::NotFoundError(absl::StrCat("no blob ", req.digest(), " (stale model version?)"));
@@ -1550,10 +1598,34 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
+std::shared_ptr<grpc::ServerCredentials> Server::Impl::ServerCredentials() const {
+  const TlsConfig& t = cfg_.tls;
+  if (t.cert.empty()) {
+    spdlog::warn("TLS is off (no tls.cert): clients and their updates travel in plaintext");
+    return grpc::InsecureServerCredentials();
+  }
+  // Re-reads the files every reload_s seconds: renewed certificates need no restart.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      t.key, t.cert, t.ca, t.reload_s);
+  grpc::experimental::TlsServerCredentialsOptions o(provider);
+  o.watch_identity_key_cert_pairs();
+  if (!t.ca.empty()) o.watch_root_certs();
+  o.set_cert_request_type(t.mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  spdlog::info("TLS on: {}{}", t.cert, t.mutual ? ", client certificates required (mutual TLS)" : "");
+  return grpc::experimental::TlsServerCredentials(o);
+}
+
 Status Server::Impl::Start() {
   const std::string addr = opts_.listen.empty() ? cfg_.server.listen : opts_.listen;
+  for (const auto& [key, path] : {std::pair{"tls.cert", cfg_.tls.cert},
+                                  std::pair{"tls.key", cfg_.tls.key}, std::pair{"tls.ca", cfg_.tls.ca}}) {
+    if (!path.empty() && !ReadFile(path).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": cannot read ", path));
+    }
+  }
   grpc::ServerBuilder b;
-  b.AddListeningPort(addr, grpc::InsecureServerCredentials(), &port_);
+  b.AddListeningPort(addr, ServerCredentials(), &port_);
   b.RegisterService(this);
   // Accept client keepalive pings (clients ping every 20 s while idle).
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);

@@ -4,8 +4,10 @@
 
 namespace cleave {
 
-TestPeer::TestPeer(const std::string& address, int64_t num_examples)
-    : channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+TestPeer::TestPeer(const std::string& address, int64_t num_examples,
+                   std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : channel_(grpc::CreateChannel(
+          address, credentials ? credentials : grpc::InsecureChannelCredentials())),
       stub_(v1::Coordinator::NewStub(channel_)),
       num_examples_(num_examples) {}
 

@@ -20,7 +20,8 @@ namespace cleave {
 
 class TestPeer {
  public:
-  TestPeer(const std::string& address, int64_t num_examples);
+  TestPeer(const std::string& address, int64_t num_examples,
+           std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   ~TestPeer();
 
   // Sends Join (advertising `codecs`) and waits for Welcome. False on failure.

@@ -1,0 +1,189 @@
+// TLS on the wire and identity binding (issue 5): the server takes a client's identity
+// from its verified certificate; no client can join or act as another.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "client/client.h"
+#include "client/transfer.h"
+#include "core/config.h"
+#include "core/files.h"
+#include "data/dataset.h"
+#include "privacy/certs.h"
+#include "server/server.h"
+#include "tests/server/test_peer.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+using grpc::StatusCode;
+
+// Channel credentials from a federation directory: `name`'s certificate unless empty,
+// and the CA to verify the server with (`dir`'s unless `server_ca` is given).
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const fs::path& dir, const std::string& name,
+                                                      const fs::path& server_ca = {}) {
+  const std::string ca = server_ca.empty() ? (dir / "ca.crt").string() : server_ca.string();
+  auto provider = name.empty()
+                      ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(ca, 1)
+                      : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                            (dir / "clients" / (name + ".key")).string(),
+                            (dir / "clients" / (name + ".crt")).string(), ca, 1);
+  grpc::experimental::TlsChannelCredentialsOptions o;
+  o.set_certificate_provider(provider);
+  o.watch_root_certs();
+  if (!name.empty()) o.watch_identity_key_cert_pairs();
+  return grpc::experimental::TlsCredentials(o);
+}
+
+// Joins with `name` over `creds`; returns the stream's status when refused.
+grpc::Status TryJoin(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> creds,
+                     const std::string& name) {
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address, creds));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = stub->Control(&ctx);
+  v1::ClientMessage m;
+  m.mutable_join()->set_name(name);
+  m.mutable_join()->set_num_examples(10);
+  m.mutable_join()->set_protocol_version(1);
+  v1::ServerMessage reply;
+  if (stream->Write(m) && stream->Read(&reply) && reply.has_welcome()) {
+    ctx.TryCancel();
+    stream->Finish();
+    return grpc::Status::OK;
+  }
+  return stream->Finish();
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("cleave-tls-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    ASSERT_TRUE(InitFederation(dir_.string()).ok());
+    for (const char* n : {"alice", "bob"}) ASSERT_TRUE(IssueClientCert(dir_.string(), n).ok());
+    CertOptions other;
+    other.federation = "other";
+    ASSERT_TRUE(InitFederation((dir_ / "other").string(), other).ok());
+    ASSERT_TRUE(IssueClientCert((dir_ / "other").string(), "alice").ok());
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    if (runner_.joinable()) runner_.join();
+    fs::remove_all(dir_);
+  }
+
+  void StartServer(const std::string& yaml, const std::string& ca = "") {
+    ServerOptions o;
+    o.config = *JobConfig::Parse(
+        yaml + "tls: {cert: " + (dir_ / "server.crt").string() + ", key: " +
+            (dir_ / "server.key").string() + ", ca: " + (ca.empty() ? (dir_ / "ca.crt").string() : ca) +
+            ", mutual: true, reload_s: 1}\n",
+        "");
+    o.listen = "127.0.0.1:0";
+    o.evaluate = false;
+    auto s = Server::Create(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    ASSERT_TRUE(server_->Start().ok());
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+    runner_ = std::thread([this] { run_status_ = server_->Run(); });
+  }
+
+  fs::path dir_;
+  std::unique_ptr<Server> server_;
+  std::string address_;
+  std::thread runner_;
+  Status run_status_;
+};
+
+TEST_F(TlsTest, OnlyEnrolledClientsJoinAndOnlyAsThemselves) {
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 3}\n");
+  EXPECT_TRUE(TryJoin(address_, Credentials(dir_, "alice"), "alice").ok());
+  EXPECT_TRUE(TryJoin(address_, Credentials(dir_, "alice"), "").ok()) << "the name is the CN";
+  auto s = TryJoin(address_, Credentials(dir_, "bob"), "alice");
+  EXPECT_EQ(s.error_code(), StatusCode::PERMISSION_DENIED) << s.error_message();
+  // No certificate, another federation's certificate, or plaintext: no connection at all.
+  EXPECT_EQ(TryJoin(address_, Credentials(dir_, ""), "alice").error_code(), StatusCode::UNAVAILABLE);
+  EXPECT_EQ(TryJoin(address_, Credentials(dir_ / "other", "alice", dir_ / "ca.crt"), "alice")
+                .error_code(),
+            StatusCode::UNAVAILABLE);
+  EXPECT_EQ(TryJoin(address_, grpc::InsecureChannelCredentials(), "alice").error_code(),
+            StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, NoClientCanActWithAnothersSession) {
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 1, round_deadline_s: 30}\n");
+  TestPeer alice(address_, 10, Credentials(dir_, "alice"));
+  ASSERT_TRUE(alice.Join("alice"));
+  auto task = alice.NextTask();
+  ASSERT_TRUE(task);
+  // Bob holds alice's client id and session token, but not her certificate.
+  TestPeer bob(address_, 10, Credentials(dir_, "bob"));
+  auto blob = FetchBlob(bob.stub(), alice.welcome().client_id(), alice.welcome().session_token(),
+                        task->model_digest(), 10, nullptr);
+  EXPECT_EQ(blob.status().code(), absl::StatusCode::kPermissionDenied) << blob.status();
+  const v1::UploadHeader h = alice.Header(*task, 10);
+  auto upload = bob.RawUpload(h, {});
+  EXPECT_EQ(upload.error_code(), StatusCode::PERMISSION_DENIED) << upload.error_message();
+  // Alice herself can.
+  EXPECT_TRUE(FetchBlob(alice.stub(), alice.welcome().client_id(), alice.welcome().session_token(),
+                        task->model_digest(), 10, nullptr)
+                  .ok());
+}
+
+// The files are re-read while the server runs: a CA added to tls.ca lets its clients in.
+TEST_F(TlsTest, CertificatesReloadWithoutARestart) {
+  const fs::path trusted = dir_ / "trusted.crt";
+  fs::copy_file(dir_ / "ca.crt", trusted);
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 5}\n", trusted.string());
+  // Alice of the other federation, who trusts this server's CA.
+  auto other = [&] { return Credentials(dir_ / "other", "alice", dir_ / "ca.crt"); };
+  EXPECT_EQ(TryJoin(address_, other(), "alice").error_code(), StatusCode::UNAVAILABLE);
+  {
+    std::ofstream f(trusted, std::ios::app);
+    f << *ReadFile((dir_ / "other" / "ca.crt").string());
+  }
+  bool joined = false;
+  for (int i = 0; i < 50 && !joined; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    joined = TryJoin(address_, other(), "alice").ok();
+  }
+  EXPECT_TRUE(joined) << "the new CA was not picked up";
+}
+
+TEST_F(TlsTest, AFederationTrainsOverMutualTls) {
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 2, quorum: 1.0}\n");
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::thread> threads;
+  std::vector<Status> status(2);
+  const Dataset data = *LoadFashionMnist("/usr/share/datasets/fashion-mnist", true, 400);
+  for (int i = 0; i < 2; ++i) {
+    const std::string name = i == 0 ? "alice" : "bob";
+    ClientOptions o;
+    o.server = address_;
+    o.name = name;
+    o.train = data;
+    o.tls_ca = (dir_ / "ca.crt").string();
+    o.tls_cert = (dir_ / "clients" / (name + ".crt")).string();
+    o.tls_key = (dir_ / "clients" / (name + ".key")).string();
+    clients.push_back(std::make_unique<Client>(std::move(o)));
+  }
+  for (int i = 0; i < 2; ++i) threads.emplace_back([&, i] { status[i] = clients[i]->Run(); });
+  runner_.join();
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  for (const auto& s : status) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_EQ(server_->History().size(), 1u);
+  EXPECT_EQ(server_->History()[0].participants, 2);
+}
+
+}  // namespace
+}  // namespace cleave
