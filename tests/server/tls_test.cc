@@ -17,6 +17,7 @@
 #include "data/dataset.h"
 #include "privacy/certs.h"
 #include "server/server.h"
+#include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
 
 namespace cleave {
@@ -62,7 +63,7 @@ grpc::Status TryJoin(const std::string& address, std::shared_ptr<grpc::ChannelCr
   return stream->Finish();
 }
 
-class TlsTest : public ::testing::Test {
+class TlsTest : public RunningServerTest {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("cleave-tls-" + std::to_string(getpid()));
@@ -75,8 +76,7 @@ class TlsTest : public ::testing::Test {
     ASSERT_TRUE(IssueClientCert((dir_ / "other").string(), "alice").ok());
   }
   void TearDown() override {
-    if (server_) server_->Stop();
-    if (runner_.joinable()) runner_.join();
+    RunningServerTest::TearDown();
     fs::remove_all(dir_);
   }
 
@@ -87,21 +87,10 @@ class TlsTest : public ::testing::Test {
             (dir_ / "server.key").string() + ", ca: " + (ca.empty() ? (dir_ / "ca.crt").string() : ca) +
             ", mutual: true, reload_s: 1}\n",
         "");
-    o.listen = "127.0.0.1:0";
-    o.evaluate = false;
-    auto s = Server::Create(std::move(o));
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = *std::move(s);
-    ASSERT_TRUE(server_->Start().ok());
-    address_ = "127.0.0.1:" + std::to_string(server_->port());
-    runner_ = std::thread([this] { run_status_ = server_->Run(); });
+    StartServerWith(std::move(o));
   }
 
   fs::path dir_;
-  std::unique_ptr<Server> server_;
-  std::string address_;
-  std::thread runner_;
-  Status run_status_;
 };
 
 TEST_F(TlsTest, OnlyEnrolledClientsJoinAndOnlyAsThemselves) {

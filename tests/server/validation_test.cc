@@ -9,6 +9,7 @@
 #include "client/transfer.h"
 #include "compression/codec.h"
 #include "server/server.h"
+#include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
 
 namespace cleave {
@@ -16,31 +17,14 @@ namespace {
 
 using grpc::StatusCode;
 
-class ServerFixture : public ::testing::Test {
+class ServerFixture : public RunningServerTest {
  protected:
   void StartServer(const std::string& yaml, std::optional<ParameterSet> initial = std::nullopt) {
     ServerOptions o;
     o.config = TestConfig(yaml);
-    o.listen = "127.0.0.1:0";
-    o.evaluate = false;
     o.initial_model = std::move(initial);
-    auto s = Server::Create(std::move(o));
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = *std::move(s);
-    ASSERT_TRUE(server_->Start().ok());
-    address_ = "127.0.0.1:" + std::to_string(server_->port());
-    runner_ = std::thread([this] { run_status_ = server_->Run(); });
+    StartServerWith(std::move(o));
   }
-
-  void TearDown() override {
-    if (server_) server_->Stop();
-    if (runner_.joinable()) runner_.join();
-  }
-
-  std::unique_ptr<Server> server_;
-  std::string address_;
-  std::thread runner_;
-  Status run_status_;
 };
 
 // A delta with the global model's layout: value(i) = scale * ((i % 7) - 3).

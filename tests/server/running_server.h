@@ -1,0 +1,40 @@
+// A test fixture with a real server on a free loopback port, run on its own thread.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "server/server.h"
+
+namespace cleave {
+
+class RunningServerTest : public ::testing::Test {
+ protected:
+  // Creates and starts the server (listening on 127.0.0.1:0, evaluation off) and runs
+  // it on runner_; Run's status lands in run_status_.
+  void StartServerWith(ServerOptions o) {
+    o.listen = "127.0.0.1:0";
+    o.evaluate = false;
+    auto s = Server::Create(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    ASSERT_TRUE(server_->Start().ok());
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+    runner_ = std::thread([this] { run_status_ = server_->Run(); });
+  }
+
+  void TearDown() override {
+    if (server_) server_->Stop();
+    if (runner_.joinable()) runner_.join();
+  }
+
+  std::unique_ptr<Server> server_;
+  std::string address_;
+  std::thread runner_;
+  Status run_status_;
+};
+
+}  // namespace cleave
