@@ -1,5 +1,7 @@
 // cleave: the operator's tool.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -21,9 +23,23 @@ std::string SelfDir() {
   return std::filesystem::path(buf).parent_path().string();
 }
 
-int Status(const std::string& server) {
-  auto stub = cleave::v1::Coordinator::NewStub(
-      grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+// TLS credentials from the federation CA and, for mutual TLS, a client certificate.
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca, const std::string& cert,
+                                                      const std::string& key) {
+  if (ca.empty()) return grpc::InsecureChannelCredentials();
+  auto provider = cert.empty()
+                      ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(ca, 60)
+                      : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                            key, cert, ca, 60);
+  grpc::experimental::TlsChannelCredentialsOptions o;
+  o.set_certificate_provider(provider);
+  o.watch_root_certs();
+  if (!cert.empty()) o.watch_identity_key_cert_pairs();
+  return grpc::experimental::TlsCredentials(o);
+}
+
+int Status(const std::string& server, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  auto stub = cleave::v1::Coordinator::NewStub(grpc::CreateChannel(server, credentials));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   cleave::v1::StatusReply reply;
@@ -55,6 +71,10 @@ int main(int argc, char** argv) {
   std::string server;
   auto* st = app.add_subcommand("status", "ask a running server how it is doing");
   st->add_option("--server", server, "HOST:PORT")->required();
+  std::string ca, cert, key;
+  st->add_option("--ca", ca, "federation CA certificate: speak TLS");
+  st->add_option("--cert", cert, "a client certificate, for a mutual-TLS server")->needs("--ca");
+  st->add_option("--key", key, "its private key")->needs("--cert");
 
   auto* certs = app.add_subcommand("certs", "provision a federation's TLS identities");
   certs->require_subcommand(1);
@@ -87,5 +107,9 @@ int main(int argc, char** argv) {
     local.bin_dir = SelfDir();
     return cleave::RunLocal(local);
   }
-  return Status(server);
+  if (cert.empty() != key.empty()) {
+    std::cerr << "cleave status: --cert and --key go together\n";
+    return 2;
+  }
+  return Status(server, Credentials(ca, cert, key));
 }
