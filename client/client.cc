@@ -1,8 +1,6 @@
 #include "client/client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/security/tls_certificate_provider.h>
-#include <grpcpp/security/tls_credentials_options.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -19,6 +17,7 @@
 #include "client/split_client.h"
 #include "client/transfer.h"
 #include "models/model.h"
+#include "privacy/tls.h"
 
 namespace cleave {
 
@@ -78,7 +77,6 @@ struct Client::Impl {
 
   Status Run();
   End Session(bool* joined, Status* why);
-  std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() const;
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack, bool* crashed);
   // Uploads `trained` - `base` as the result of `task`.
@@ -153,28 +151,13 @@ Status Client::Impl::Run() {
   return absl::CancelledError("stopped");
 }
 
-std::shared_ptr<grpc::ChannelCredentials> Client::Impl::ChannelCredentials() const {
-  if (opts.tls_ca.empty()) return grpc::InsecureChannelCredentials();
-  // Files are re-read every minute: renewed certificates need no restart.
-  auto provider = opts.tls_cert.empty()
-                      ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-                            opts.tls_ca, 60)
-                      : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-                            opts.tls_key, opts.tls_cert, opts.tls_ca, 60);
-  grpc::experimental::TlsChannelCredentialsOptions o;
-  o.set_certificate_provider(provider);
-  o.watch_root_certs();
-  if (!opts.tls_cert.empty()) o.watch_identity_key_cert_pairs();
-  o.set_verify_server_certs(true);
-  return grpc::experimental::TlsCredentials(o);
-}
-
 Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto channel = grpc::CreateCustomChannel(opts.server, ChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(
+      opts.server, ClientCredentials(opts.tls_ca, opts.tls_cert, opts.tls_key), args);
   auto stub = v1::Coordinator::NewStub(channel);
 
   grpc::ClientContext ctx;

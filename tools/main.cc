@@ -1,7 +1,5 @@
 // cleave: the operator's tool.
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/security/tls_certificate_provider.h>
-#include <grpcpp/security/tls_credentials_options.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -11,6 +9,7 @@
 
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "privacy/certs.h"
+#include "privacy/tls.h"
 #include "tools/local.h"
 
 namespace {
@@ -21,21 +20,6 @@ std::string SelfDir() {
   if (n <= 0) return ".";
   buf[n] = 0;
   return std::filesystem::path(buf).parent_path().string();
-}
-
-// TLS credentials from the federation CA and, for mutual TLS, a client certificate.
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca, const std::string& cert,
-                                                      const std::string& key) {
-  if (ca.empty()) return grpc::InsecureChannelCredentials();
-  auto provider = cert.empty()
-                      ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(ca, 60)
-                      : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-                            key, cert, ca, 60);
-  grpc::experimental::TlsChannelCredentialsOptions o;
-  o.set_certificate_provider(provider);
-  o.watch_root_certs();
-  if (!cert.empty()) o.watch_identity_key_cert_pairs();
-  return grpc::experimental::TlsCredentials(o);
 }
 
 int Status(const std::string& server, std::shared_ptr<grpc::ChannelCredentials> credentials) {
@@ -111,5 +95,5 @@ int main(int argc, char** argv) {
     std::cerr << "cleave status: --cert and --key go together\n";
     return 2;
   }
-  return Status(server, Credentials(ca, cert, key));
+  return Status(server, cleave::ClientCredentials(ca, cert, key));
 }

@@ -1,8 +1,6 @@
 // TLS on the wire and identity binding (issue 5): the server takes a client's identity
 // from its verified certificate; no client can join or act as another.
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/security/tls_certificate_provider.h>
-#include <grpcpp/security/tls_credentials_options.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,6 +14,7 @@
 #include "core/files.h"
 #include "data/dataset.h"
 #include "privacy/certs.h"
+#include "privacy/tls.h"
 #include "server/server.h"
 #include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
@@ -30,17 +29,10 @@ using grpc::StatusCode;
 // and the CA to verify the server with (`dir`'s unless `server_ca` is given).
 std::shared_ptr<grpc::ChannelCredentials> Credentials(const fs::path& dir, const std::string& name,
                                                       const fs::path& server_ca = {}) {
-  const std::string ca = server_ca.empty() ? (dir / "ca.crt").string() : server_ca.string();
-  auto provider = name.empty()
-                      ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(ca, 1)
-                      : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-                            (dir / "clients" / (name + ".key")).string(),
-                            (dir / "clients" / (name + ".crt")).string(), ca, 1);
-  grpc::experimental::TlsChannelCredentialsOptions o;
-  o.set_certificate_provider(provider);
-  o.watch_root_certs();
-  if (!name.empty()) o.watch_identity_key_cert_pairs();
-  return grpc::experimental::TlsCredentials(o);
+  const fs::path ca = server_ca.empty() ? dir / "ca.crt" : server_ca;
+  if (name.empty()) return ClientCredentials(ca.string(), "", "", 1);
+  return ClientCredentials(ca.string(), (dir / "clients" / (name + ".crt")).string(),
+                           (dir / "clients" / (name + ".key")).string(), 1);
 }
 
 // Joins with `name` over `creds`; returns the stream's status when refused.

@@ -1,0 +1,26 @@
+#include "privacy/tls.h"
+
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
+namespace cleave {
+
+std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& ca,
+                                                            const std::string& cert,
+                                                            const std::string& key,
+                                                            unsigned reload_s) {
+  if (ca.empty()) return grpc::InsecureChannelCredentials();
+  auto provider =
+      cert.empty()
+          ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(ca, reload_s)
+          : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(key, cert, ca,
+                                                                                 reload_s);
+  grpc::experimental::TlsChannelCredentialsOptions o;
+  o.set_certificate_provider(provider);
+  o.watch_root_certs();
+  if (!cert.empty()) o.watch_identity_key_cert_pairs();
+  o.set_verify_server_certs(true);
+  return grpc::experimental::TlsCredentials(o);
+}
+
+}  // namespace cleave

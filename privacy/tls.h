@@ -1,0 +1,20 @@
+// gRPC channel credentials for a federation member (cleave-client, cleave status, tests).
+#pragma once
+
+#include <grpcpp/security/credentials.h>
+
+#include <memory>
+#include <string>
+
+namespace cleave {
+
+// TLS that verifies the server against the federation CA at `ca`, presenting the
+// certificate `cert` with key `key` when given (mutual TLS). The files are re-read
+// every `reload_s` seconds, so renewed certificates need no restart. Plaintext when `ca`
+// is empty.
+std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& ca,
+                                                            const std::string& cert,
+                                                            const std::string& key,
+                                                            unsigned reload_s = 60);
+
+}  // namespace cleave
