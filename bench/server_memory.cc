@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
                               "");
   o.config = *cfg;
   o.listen = "127.0.0.1:0";
+  o.insecure = true;
   o.evaluate = false;
   o.initial_model = std::move(model);
   auto server = *Server::Create(std::move(o));

@@ -53,6 +53,7 @@ std::vector<RoundMetrics> Run(const std::string& split, const Device& d, int rou
   ServerOptions so;
   so.config = *config;
   so.listen = "127.0.0.1:0";
+  so.insecure = true;
   auto server = Server::Create(std::move(so));
   if (!server.ok() || !(*server)->Start().ok()) {
     std::fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
@@ -63,6 +64,7 @@ std::vector<RoundMetrics> Run(const std::string& split, const Device& d, int rou
   co.name = "device";
   co.train = *LoadFashionMnist(kFmnist, true, examples);
   co.emulation = d.emulation;
+  co.insecure = true;
   Client client(std::move(co));
   std::thread ct([&] { client.Run().IgnoreError(); });
   Status s = (*server)->Run();
@@ -141,6 +143,7 @@ long PeakRssKb(const std::string& split, const std::string& model, int batch) {
   ServerOptions so;
   so.config = *JobConfig::Parse(yaml, "");
   so.listen = "127.0.0.1:0";
+  so.insecure = true;
   auto server = Server::Create(std::move(so));
   if (!server.ok() || !(*server)->Start().ok()) std::exit(1);
   char self[4096] = {0};
@@ -149,7 +152,7 @@ long PeakRssKb(const std::string& split, const std::string& model, int batch) {
   bin = bin.substr(0, bin.rfind('/')) + "/cleave-client";
   std::vector<std::string> argv = {bin, "--server", absl::StrCat("127.0.0.1:", (*server)->port()),
                                    "--data", absl::StrCat("fmnist:", kFmnist, ",limit=2000"),
-                                   "--log-level", "warn"};
+                                   "--insecure", "--log-level", "warn"};
   pid_t pid = fork();
   if (pid == 0) {  // exec at once: nothing of this process's gRPC runs in the child
     std::vector<char*> args;

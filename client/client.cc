@@ -113,6 +113,13 @@ void Client::Stop() {
 }
 
 Status Client::Impl::Run() {
+  if (opts.tls_ca.empty() && !opts.insecure) {
+    return absl::FailedPreconditionError(
+        "no CA to verify the server with (--ca); plaintext needs --insecure");
+  }
+  if (!opts.token.empty() && opts.tls_ca.empty()) {
+    return absl::FailedPreconditionError("a bearer token is only sent over TLS (--ca)");
+  }
   double backoff = opts.initial_backoff_s;
   auto last_contact = Clock::now();
   while (!stop) {
@@ -157,7 +164,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   auto channel = grpc::CreateCustomChannel(
-      opts.server, ClientCredentials(opts.tls_ca, opts.tls_cert, opts.tls_key), args);
+      opts.server, ClientCredentials(opts.tls_ca, opts.tls_cert, opts.tls_key, 60, opts.token), args);
   auto stub = v1::Coordinator::NewStub(channel);
 
   grpc::ClientContext ctx;

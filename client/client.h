@@ -34,8 +34,11 @@ struct ClientOptions {
 
   // TLS (cleave-client --ca --cert --key): the federation CA to verify the server with,
   // and this client's certificate and key for mutual TLS (its CN is its identity).
-  // Plaintext when `tls_ca` is empty.
   std::string tls_ca, tls_cert, tls_key;
+  // Plaintext instead (cleave-client --insecure); without it Run() refuses an empty tls_ca.
+  bool insecure = false;
+  // Bearer token sent on every call (auth.token_file on the server); needs TLS.
+  std::string token;
 };
 
 class Client {

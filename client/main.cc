@@ -5,9 +5,11 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
+#include "core/files.h"
 #include "core/logging.h"
 #include "core/signals.h"
 #include "models/model.h"
@@ -53,6 +55,13 @@ int main(int argc, char** argv) {
   app.add_option("--ca", tls_ca, "federation CA certificate: speak TLS and verify the server");
   app.add_option("--cert", tls_cert, "this client's certificate, for mutual TLS")->needs("--ca");
   app.add_option("--key", tls_key, "this client's private key")->needs("--cert");
+  bool insecure = false;
+  std::string token_file;
+  app.add_flag("--insecure", insecure, "talk to the server in plaintext (no --ca)")
+      ->excludes("--ca");
+  app.add_option("--token-file", token_file,
+                 "bearer token to present on every call (the server's auth.token_file)")
+      ->needs("--ca");
   app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)");
   app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
@@ -74,6 +83,20 @@ int main(int argc, char** argv) {
   if (tls_cert.empty() != tls_key.empty()) {
     std::cerr << "--cert and --key go together\n";
     return 2;
+  }
+  if (tls_ca.empty() && !insecure) {
+    std::cerr << "cleave-client: give --ca (the federation CA) to talk TLS, or --insecure for "
+                 "plaintext\n";
+    return 2;
+  }
+  std::string token;
+  if (!token_file.empty()) {
+    auto text = cleave::ReadFile(token_file);
+    if (!text.ok()) {
+      std::cerr << "cleave-client: --token-file: " << text.status().message() << "\n";
+      return 2;
+    }
+    token = std::string(absl::StripAsciiWhitespace(*text));
   }
 
   cleave::SetupLogging(name.empty() ? "client" : name, "", log_level);
@@ -101,7 +124,9 @@ int main(int argc, char** argv) {
   opts.tls_ca = tls_ca;
   opts.tls_cert = tls_cert;
   opts.tls_key = tls_key;
-  if (tls_ca.empty()) spdlog::warn("no --ca: talking to the server in plaintext");
+  opts.insecure = insecure;
+  opts.token = token;
+  if (insecure) spdlog::warn("--insecure: talking to the server in plaintext");
   cleave::Client client(std::move(opts));
   cleave::Status s;
   {

@@ -57,7 +57,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (!root || root.IsNull()) return c;
   RETURN_IF_ERROR(CheckKeys(root, "config",
                             {"run", "model", "data", "clients", "train", "strategy", "split",
-                             "compression", "server", "local", "tls"}));
+                             "compression", "server", "local", "tls", "auth"}));
   bool server_lr_set = false;
   if (auto s = root["run"]) {
     RETURN_IF_ERROR(CheckKeys(s, "run", {"name", "rounds", "seed"}));
@@ -145,10 +145,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     if (c.tls.cert.empty() != c.tls.key.empty()) {
       return absl::InvalidArgumentError("tls.cert and tls.key go together");
     }
-    if (c.tls.mutual && (c.tls.cert.empty() || c.tls.ca.empty())) {
-      return absl::InvalidArgumentError("tls.mutual needs tls.cert, tls.key and tls.ca");
-    }
     if (c.tls.reload_s < 1) return absl::InvalidArgumentError("tls.reload_s must be >= 1");
+  }
+  if (auto s = root["auth"]) {
+    RETURN_IF_ERROR(CheckKeys(s, "auth", {"token_file"}));
+    RETURN_IF_ERROR(Read(s, "auth", "token_file", &c.auth.token_file));
   }
   if (auto s = root["local"]) {
     RETURN_IF_ERROR(

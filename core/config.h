@@ -73,13 +73,19 @@ struct ServerConfig {
   int worker_threads = 2;                // server.worker_threads: decode/aggregate pool
 };
 
-// TLS on the server's port (issue 5; plaintext when cert is empty).
+// TLS on the server's port. Without a certificate the server refuses to start unless
+// told --insecure (ServerOptions::insecure).
 struct TlsConfig {
   std::string cert;      // tls.cert: the server's certificate chain (PEM)
   std::string key;       // tls.key: its private key (PEM)
   std::string ca;        // tls.ca: the federation CA that client certificates must chain to
   bool mutual = false;   // tls.mutual: require a client certificate; its CN is the identity
   int reload_s = 60;     // tls.reload_s: how often the files are re-read
+};
+
+// Optional bearer token on every call, for deployments whose proxy ends TLS.
+struct AuthConfig {
+  std::string token_file;  // auth.token_file: the token clients must present ("" = off)
 };
 
 struct SplitConfig {
@@ -120,6 +126,7 @@ struct JobConfig {
   SplitConfig split;
   CompressionConfig compression;
   TlsConfig tls;
+  AuthConfig auth;
   ServerConfig server;
   LocalConfig local;
 

@@ -8,7 +8,8 @@ namespace cleave {
 std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& ca,
                                                             const std::string& cert,
                                                             const std::string& key,
-                                                            unsigned reload_s) {
+                                                            unsigned reload_s,
+                                                            const std::string& token) {
   if (ca.empty()) return grpc::InsecureChannelCredentials();
   auto provider =
       cert.empty()
@@ -20,7 +21,9 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& c
   o.watch_root_certs();
   if (!cert.empty()) o.watch_identity_key_cert_pairs();
   o.set_verify_server_certs(true);
-  return grpc::experimental::TlsCredentials(o);
+  auto tls = grpc::experimental::TlsCredentials(o);
+  if (token.empty()) return tls;
+  return grpc::CompositeChannelCredentials(tls, grpc::AccessTokenCredentials(token));
 }
 
 }  // namespace cleave

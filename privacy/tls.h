@@ -10,11 +10,13 @@ namespace cleave {
 
 // TLS that verifies the server against the federation CA at `ca`, presenting the
 // certificate `cert` with key `key` when given (mutual TLS). The files are re-read
-// every `reload_s` seconds, so renewed certificates need no restart. Plaintext when `ca`
-// is empty.
+// every `reload_s` seconds, so renewed certificates need no restart. A non-empty `token`
+// goes with every call as "authorization: Bearer TOKEN" (gRPC sends it only over TLS).
+// Plaintext when `ca` is empty.
 std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& ca,
                                                             const std::string& cert,
                                                             const std::string& key,
-                                                            unsigned reload_s = 60);
+                                                            unsigned reload_s = 60,
+                                                            const std::string& token = "");
 
 }  // namespace cleave

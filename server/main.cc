@@ -17,10 +17,16 @@ int main(int argc, char** argv) {
   std::string config_path, listen, run_dir, log_level = "info";
   int64_t rounds = 0;
   int torch_threads = 1;
+  bool insecure = false;
+  std::string tls_cert, tls_key, tls_ca;
   app.add_option("--config", config_path, "job config (YAML)")->required();
   app.add_option("--listen", listen, "address to listen on (default: server.listen)");
   app.add_option("--run-dir", run_dir, "run directory (default: runs/<run.name>)");
   app.add_option("--rounds", rounds, "override run.rounds");
+  app.add_option("--tls-cert", tls_cert, "override tls.cert (server certificate chain)");
+  app.add_option("--tls-key", tls_key, "override tls.key")->needs("--tls-cert");
+  app.add_option("--tls-ca", tls_ca, "override tls.ca (the CA client certificates chain to)");
+  app.add_flag("--insecure", insecure, "serve plaintext when no certificate is configured");
   app.add_option("--torch-threads", torch_threads, "LibTorch threads for evaluation");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   CLI11_PARSE(app, argc, argv);
@@ -31,6 +37,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (rounds > 0) config->run.rounds = rounds;
+  if (!tls_cert.empty()) {
+    config->tls.cert = tls_cert;
+    config->tls.key = tls_key;
+  }
+  if (!tls_ca.empty()) config->tls.ca = tls_ca;
+  if (tls_cert.empty() != tls_key.empty()) {
+    std::cerr << "cleave-server: --tls-cert and --tls-key go together\n";
+    return 2;
+  }
+  if (insecure && !config->tls.cert.empty()) {
+    std::cerr << "cleave-server: --insecure with a TLS certificate configured; drop one\n";
+    return 2;
+  }
   if (run_dir.empty()) run_dir = "runs/" + config->run.name;
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
@@ -45,6 +64,7 @@ int main(int argc, char** argv) {
   opts.config = *config;
   opts.listen = listen;
   opts.run_dir = run_dir;
+  opts.insecure = insecure;
   opts.config_text = cleave::ReadFile(config_path).value_or("");
   auto server = cleave::Server::Create(std::move(opts));
   if (!server.ok()) {

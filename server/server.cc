@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "aggregation/strategy.h"
 #include "compression/codec.h"
@@ -78,6 +79,14 @@ std::string PeerIdentity(const grpc::CallbackServerContext* ctx) {
   const auto cn = auth->FindPropertyValues("x509_common_name");
   return cn.empty() ? "" : std::string(cn[0].data(), cn[0].size());
 }
+
+// A reactor that ends its call at once with `status` (a call refused before any work).
+template <class Reactor>
+class Refusal final : public Reactor {
+ public:
+  explicit Refusal(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
 
 grpc::Status ToGrpc(const Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
@@ -190,6 +199,9 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   Status Init();
   Status Start();
   std::shared_ptr<grpc::ServerCredentials> ServerCredentials() const;
+  // auth.token_file: OK when off or when the call carries "authorization: Bearer TOKEN"
+  // (compared in constant time); UNAUTHENTICATED otherwise.
+  grpc::Status CheckBearer(const grpc::CallbackServerContext* ctx) const;
   Status Run();
   void Stop();
 
@@ -371,6 +383,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::condition_variable cv_;
   bool stopping_ = false;
   std::string run_id_;
+  std::string bearer_;  // "Bearer TOKEN" from auth.token_file; empty = no token check
   std::mt19937_64 rng_;            // client sampling (checkpointed)
   std::map<std::string, Session> sessions_;
   std::map<std::string, std::shared_ptr<const std::string>> blobs_;
@@ -1040,34 +1053,62 @@ class ProbeReactor : public grpc::ServerReadReactor<v1::ProbeChunk> {
 // ---------------------------------------------------------------------------------
 // Service entry points.
 
+grpc::Status Server::Impl::CheckBearer(const grpc::CallbackServerContext* ctx) const {
+  if (bearer_.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "no bearer token (auth.token_file)");
+  }
+  if (!TokenMatches(bearer_, std::string(it->second.data(), it->second.size()))) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong bearer token");
+  }
+  return grpc::Status::OK;
+}
+
 grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Server::Impl::Control(
     grpc::CallbackServerContext* ctx) {
+  using R = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
+  if (auto s = CheckBearer(ctx); !s.ok()) return new Refusal<R>(s);
   return ControlReactor::Create(this, PeerIdentity(ctx));
 }
 
 grpc::ServerWriteReactor<v1::Chunk>* Server::Impl::Fetch(grpc::CallbackServerContext* ctx,
                                                          const v1::FetchRequest* req) {
+  using R = grpc::ServerWriteReactor<v1::Chunk>;
+  if (auto s = CheckBearer(ctx); !s.ok()) return new Refusal<R>(s);
   return new FetchReactor(this, *req, PeerIdentity(ctx));
 }
 
 grpc::ServerReadReactor<v1::UploadChunk>* Server::Impl::Upload(grpc::CallbackServerContext* ctx,
                                                                v1::UploadReply* reply) {
+  using R = grpc::ServerReadReactor<v1::UploadChunk>;
+  if (auto s = CheckBearer(ctx); !s.ok()) return new Refusal<R>(s);
   return UploadReactor::Create(this, ctx, reply);
 }
 
 grpc::ServerBidiReactor<v1::SplitUp, v1::SplitDown>* Server::Impl::Split(
     grpc::CallbackServerContext* ctx) {
+  using R = grpc::ServerBidiReactor<v1::SplitUp, v1::SplitDown>;
+  if (auto s = CheckBearer(ctx); !s.ok()) return new Refusal<R>(s);
   return SplitReactor::Create(this, PeerIdentity(ctx));
 }
 
 grpc::ServerReadReactor<v1::ProbeChunk>* Server::Impl::Probe(grpc::CallbackServerContext* ctx,
                                                              v1::ProbeReply* reply) {
+  using R = grpc::ServerReadReactor<v1::ProbeChunk>;
+  if (auto s = CheckBearer(ctx); !s.ok()) return new Refusal<R>(s);
   return new ProbeReactor(this, reply, PeerIdentity(ctx));
 }
 
 grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* ctx,
                                                   const v1::StatusRequest* req,
                                                   v1::StatusReply* reply) {
+  auto* r = ctx->DefaultReactor();
+  if (auto s = CheckBearer(ctx); !s.ok()) {
+    r->Finish(s);
+    return r;
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     reply->set_run_id(run_id_);
@@ -1079,7 +1120,6 @@ grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* c
   }
   CountUp(kCallBytesUp + WireSize(*req));
   CountDown(kCallBytesDown + WireSize(*reply));
-  auto* r = ctx->DefaultReactor();
   r->Finish(grpc::Status::OK);
   return r;
 }
@@ -1474,6 +1514,24 @@ StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::Fe
 // Setup, rounds, checkpoints.
 
 Status Server::Impl::Init() {
+  if (cfg_.tls.cert.empty() && !opts_.insecure) {
+    return absl::FailedPreconditionError(
+        "TLS is required: set tls.cert and tls.key (`cleave certs init DIR` makes them) or "
+        "run with --insecure for plaintext");
+  }
+  if (cfg_.tls.mutual && (cfg_.tls.cert.empty() || cfg_.tls.ca.empty())) {
+    return absl::InvalidArgumentError("tls.mutual needs tls.cert, tls.key and tls.ca");
+  }
+  if (!cfg_.auth.token_file.empty()) {
+    ASSIGN_OR_RETURN(std::string token, ReadFile(cfg_.auth.token_file));
+    token = std::string(absl::StripAsciiWhitespace(token));
+    if (token.size() < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "auth.token_file: ", cfg_.auth.token_file, " holds ", token.size(),
+          " characters; a bearer token needs at least 16"));
+    }
+    bearer_ = "Bearer " + token;
+  }
   ModelSpec spec{cfg_.model.name, "", cfg_.run.seed};
   if (cfg_.model.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
@@ -1601,7 +1659,8 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
 std::shared_ptr<grpc::ServerCredentials> Server::Impl::ServerCredentials() const {
   const TlsConfig& t = cfg_.tls;
   if (t.cert.empty()) {
-    spdlog::warn("TLS is off (no tls.cert): clients and their updates travel in plaintext");
+    spdlog::warn("--insecure: TLS is off; clients, their updates and any bearer token travel "
+                 "in plaintext");
     return grpc::InsecureServerCredentials();
   }
   // Re-reads the files every reload_s seconds: renewed certificates need no restart.

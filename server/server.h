@@ -28,6 +28,9 @@ struct ServerOptions {
   std::string run_dir;
   // The job config's text, copied to run_dir/config.yaml.
   std::string config_text;
+  // Serve plaintext when config.tls has no certificate (cleave-server --insecure).
+  // Otherwise a config without tls.cert is refused.
+  bool insecure = false;
   // Evaluate the global model on data.test after each round.
   bool evaluate = true;
   // Replaces the model's initial parameters (tests and benchmarks with models larger

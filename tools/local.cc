@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "core/config.h"
 #include "core/files.h"
+#include "privacy/certs.h"
 
 namespace cleave {
 namespace {
@@ -150,6 +151,30 @@ int RunLocal(const LocalOptions& o) {
     }
   }
 
+  // TLS identities for the run: the server's certificate and, with tls.mutual, one per
+  // client (CN = its name).
+  const std::string certs = run_dir + "/certs";
+  if (o.insecure && config->tls.mutual) {
+    std::cerr << "cleave local: " << o.config_path << " sets tls.mutual; drop --insecure\n";
+    return 2;
+  }
+  if (!o.insecure) {
+    if (!config->tls.cert.empty()) {
+      std::cout << "cleave local: using certificates made for the run in " << certs
+                << " instead of tls.cert/tls.key/tls.ca\n";
+    }
+    Status s = fs::exists(certs + "/ca.crt") ? absl::OkStatus() : InitFederation(certs);
+    for (int i = 0; s.ok() && config->tls.mutual && i < clients; ++i) {
+      const std::string name = absl::StrCat("client-", i);
+      if (!fs::exists(certs + "/clients/" + name + ".crt")) s = IssueClientCert(certs, name);
+    }
+    if (!s.ok()) {
+      std::cerr << "cleave local: provisioning certificates in " << certs << ": " << s.message()
+                << "\n";
+      return 1;
+    }
+  }
+
   struct sigaction sa {};
   sa.sa_handler = [](int) { g_interrupted = 1; };
   sigaction(SIGINT, &sa, nullptr);
@@ -164,11 +189,19 @@ int RunLocal(const LocalOptions& o) {
     server_argv.push_back("--rounds");
     server_argv.push_back(std::to_string(o.rounds));
   }
+  if (o.insecure) {
+    server_argv.push_back("--insecure");
+  } else {
+    for (const char* f : {"--tls-cert", "server.crt", "--tls-key", "server.key", "--tls-ca", "ca.crt"}) {
+      server_argv.push_back(f[0] == '-' ? f : certs + "/" + f);
+    }
+  }
   procs.push_back({"server", Spawn(server_argv, run_dir + "/server.stderr.log")});
   std::cout << "cleave local: " << config->run.name << ", " << clients << " clients, " << rounds
             << " rounds, model " << config->model.name << ", strategy " << config->strategy.name
             << ", partition " << config->local.partition
             << (config->split.enabled() ? ", split " + config->split.mode : std::string())
+            << (o.insecure ? ", plaintext" : config->tls.mutual ? ", mutual TLS" : ", TLS")
             << "\n"
             << "run directory: " << run_dir << "\n"
             << std::flush;
@@ -203,6 +236,18 @@ int RunLocal(const LocalOptions& o) {
         absl::StrCat(config->local.partition, ",client=", i, ",of=", clients, ",seed=",
                      config->local.partition_seed),
         "--name", name, "--give-up-after", "60"};
+    if (o.insecure) {
+      argv.push_back("--insecure");
+    } else {
+      argv.insert(argv.end(), {"--ca", certs + "/ca.crt"});
+      if (config->tls.mutual) {
+        argv.insert(argv.end(), {"--cert", certs + "/clients/" + name + ".crt", "--key",
+                                 certs + "/clients/" + name + ".key"});
+      }
+      if (!config->auth.token_file.empty()) {
+        argv.insert(argv.end(), {"--token-file", config->auth.token_file});
+      }
+    }
     if (!config->local.profiles.empty()) {  // device emulation, profiles in turn
       const DeviceEmulation& d = config->local.profiles[i % config->local.profiles.size()];
       for (const auto& [flag, value] :

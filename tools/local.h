@@ -11,6 +11,10 @@ struct LocalOptions {
   std::string run_dir;    // empty = runs/<run.name>-<timestamp>
   int64_t rounds = 0;     // 0 = run.rounds from the config
   std::string bin_dir;    // where cleave-server and cleave-client are
+  // Plaintext on loopback. Otherwise the federation speaks TLS with a CA and certificates
+  // made for the run in RUN_DIR/certs (reused when the run is resumed); with tls.mutual
+  // every client gets its own certificate.
+  bool insecure = false;
 };
 
 // Starts the server and the clients, prints one line per round, and stops every process

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <iostream>
 
+#include "absl/strings/ascii.h"
 #include "cleave/v1/cleave.grpc.pb.h"
+#include "core/files.h"
 #include "privacy/certs.h"
 #include "privacy/tls.h"
 #include "tools/local.h"
@@ -51,6 +53,8 @@ int main(int argc, char** argv) {
   l->add_option("--clients", local.clients, "number of clients (default: local.clients)");
   l->add_option("--run-dir", local.run_dir, "run directory (default: runs/<name>-<time>)");
   l->add_option("--rounds", local.rounds, "override run.rounds");
+  l->add_flag("--insecure", local.insecure,
+              "plaintext on loopback instead of TLS with certificates made for the run");
 
   std::string server;
   auto* st = app.add_subcommand("status", "ask a running server how it is doing");
@@ -59,6 +63,12 @@ int main(int argc, char** argv) {
   st->add_option("--ca", ca, "federation CA certificate: speak TLS");
   st->add_option("--cert", cert, "a client certificate, for a mutual-TLS server")->needs("--ca");
   st->add_option("--key", key, "its private key")->needs("--cert");
+  bool status_insecure = false;
+  std::string token_file;
+  st->add_flag("--insecure", status_insecure, "plaintext (a server run with --insecure)")
+      ->excludes("--ca");
+  st->add_option("--token-file", token_file, "bearer token (the server's auth.token_file)")
+      ->needs("--ca");
 
   auto* certs = app.add_subcommand("certs", "provision a federation's TLS identities");
   certs->require_subcommand(1);
@@ -95,5 +105,18 @@ int main(int argc, char** argv) {
     std::cerr << "cleave status: --cert and --key go together\n";
     return 2;
   }
-  return Status(server, cleave::ClientCredentials(ca, cert, key));
+  if (ca.empty() && !status_insecure) {
+    std::cerr << "cleave status: give --ca (the federation CA), or --insecure for plaintext\n";
+    return 2;
+  }
+  std::string token;
+  if (!token_file.empty()) {
+    auto text = cleave::ReadFile(token_file);
+    if (!text.ok()) {
+      std::cerr << "cleave status: --token-file: " << text.status().message() << "\n";
+      return 2;
+    }
+    token = std::string(absl::StripAsciiWhitespace(*text));
+  }
+  return Status(server, cleave::ClientCredentials(ca, cert, key, 60, token));
 }

@@ -63,7 +63,7 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");
   expect_error("local: {profiles: [{uplink: 3}]}", "local.profiles[].uplink");
   expect_error("compression: {uplink: int8}", "compression.uplink");
-  expect_error("tls: {mutual: true}", "tls.mutual needs");
+  expect_error("auth: {token: abc}", "auth.token");
   expect_error("tls: {cert: s.crt}", "tls.cert and tls.key");
   expect_error("tls: {cert: s.crt, key: s.key, reload_s: 0}", "tls.reload_s");
   expect_error("tls: {certificate: s.crt}", "tls.certificate");

@@ -106,6 +106,10 @@ TEST_F(LocalTest, RunsAFederationForTwoRounds) {
   EXPECT_NE(out.find("round   1/2"), std::string::npos) << out;
   EXPECT_NE(out.find("round   2/2"), std::string::npos) << out;
   EXPECT_NE(out.find("done: 2 rounds"), std::string::npos) << out;
+  // TLS by default, with a CA and server certificate made for the run.
+  EXPECT_NE(out.find(", TLS\n"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "certs" / "ca.crt"));
+  EXPECT_NE(ReadFile((dir_ / "run" / "server.log").string())->find("TLS on"), std::string::npos);
 
   std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
   std::vector<nlohmann::json> rows;
@@ -154,8 +158,9 @@ TEST_F(LocalTest, CtrlCStopsEveryProcess) {
   ASSERT_TRUE(addr.ok());
   const std::string a = addr->substr(0, addr->size() - 1);
   EXPECT_EQ(ProcessesUsing(a), 5) << "cleave, the server and 3 clients";
-  // `cleave status` reaches the running server.
-  const std::string status_cmd = std::string(CLEAVE_BIN_DIR) + "/cleave status --server " + a;
+  // `cleave status` reaches the running server, over TLS with the run's CA.
+  const std::string status_cmd = std::string(CLEAVE_BIN_DIR) + "/cleave status --server " + a +
+                                 " --ca " + (dir_ / "run" / "certs" / "ca.crt").string();
   FILE* p = popen(status_cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   char buf[512] = {0};
@@ -185,7 +190,7 @@ TEST_F(LocalTest, ClientsThatCannotStartEndTheRunWithTheirError) {
 TEST_F(LocalTest, ServerAndClientStopOnSigterm) {
   const std::string run = (dir_ / "srv").string();
   pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run, "--listen",
-                        "127.0.0.1:0"});
+                        "127.0.0.1:0", "--insecure"});
   for (int i = 0; i < 300 && !fs::exists(run + "/server.addr"); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -195,7 +200,7 @@ TEST_F(LocalTest, ServerAndClientStopOnSigterm) {
   EXPECT_NE(ReadFile(run + "/server.log")->find("stopping"), std::string::npos);
 
   // A client retrying an absent server.
-  pid_t client = Spawn({"cleave-client", "--server", "127.0.0.1:1", "--data",
+  pid_t client = Spawn({"cleave-client", "--server", "127.0.0.1:1", "--insecure", "--data",
                         "fmnist:/usr/share/datasets/fashion-mnist,limit=100"});
   // Once it retries it has its signal handlers (a fixed wait raced a slow start).
   for (int i = 0; i < 300 && Output().find("reconnecting in") == std::string::npos; ++i) {
@@ -204,6 +209,21 @@ TEST_F(LocalTest, ServerAndClientStopOnSigterm) {
   ASSERT_NE(Output().find("reconnecting in"), std::string::npos) << Output();
   kill(client, SIGTERM);
   EXPECT_EQ(Wait(client, 20), 130) << Output();
+}
+
+// TLS is the default: plaintext is refused unless asked for with --insecure.
+TEST_F(LocalTest, PlaintextOnlyWithInsecure) {
+  pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir",
+                        (dir_ / "srv").string(), "--listen", "127.0.0.1:0"});
+  EXPECT_EQ(Wait(server, 60), 1);
+  EXPECT_NE(Output().find("TLS is required"), std::string::npos) << Output();
+  pid_t client = Spawn({"cleave-client", "--server", "127.0.0.1:1", "--data",
+                        "fmnist:/usr/share/datasets/fashion-mnist,limit=100"});
+  EXPECT_EQ(Wait(client, 60), 2);
+  EXPECT_NE(Output().find("--insecure"), std::string::npos) << Output();
+  pid_t status = Spawn({"cleave", "status", "--server", "127.0.0.1:1"});
+  EXPECT_EQ(Wait(status, 60), 2);
+  EXPECT_NE(Output().find("--insecure"), std::string::npos) << Output();
 }
 
 TEST_F(LocalTest, BadConfigIsAClearError) {

@@ -46,6 +46,7 @@ struct Federation {
     o.config = TestConfig(yaml);
     o.listen = "127.0.0.1:0";
     o.run_dir = run_dir;
+    o.insecure = true;
     auto s = Server::Create(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status();
     server = *std::move(s);
@@ -56,6 +57,7 @@ struct Federation {
       client_opts[i].server =
           dial ? dial(server->port()) : "127.0.0.1:" + std::to_string(server->port());
       client_opts[i].name = "client-" + std::to_string(i);
+      client_opts[i].insecure = true;
       clients.push_back(std::make_unique<Client>(std::move(client_opts[i])));
     }
     for (size_t i = 0; i < clients.size(); ++i) {

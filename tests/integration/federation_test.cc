@@ -153,6 +153,7 @@ TEST(FederationTest, ServerResumesFromItsRunDirectory) {
   o.config = TestConfig(yaml + "run: {rounds: 2, seed: 5}\n");
   o.listen = "127.0.0.1:0";
   o.run_dir = dir;
+  o.insecure = true;
   auto resumed = Server::Create(o);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ((*resumed)->committed_round(), 1);
@@ -235,6 +236,7 @@ TEST(ClientTest, GivesUpWhenTheServerNeverAnswers) {
   o.initial_backoff_s = 0.05;
   o.max_backoff_s = 0.2;
   o.give_up_after_s = 1;
+  o.insecure = true;
   Client c(std::move(o));
   const auto start = std::chrono::steady_clock::now();
   Status s = c.Run();
@@ -247,6 +249,7 @@ TEST(ClientTest, ReconnectsUntilTheServerComesUp) {
   ServerOptions o;
   o.config = TestConfig(std::string(kBase) + "run: {rounds: 1}\nclients: {min: 1}\n");
   o.listen = "127.0.0.1:0";
+  o.insecure = true;
   auto probe = Server::Create(o);
   ASSERT_TRUE(probe.ok());
   ASSERT_TRUE((*probe)->Start().ok());
@@ -257,6 +260,7 @@ TEST(ClientTest, ReconnectsUntilTheServerComesUp) {
   co.server = "127.0.0.1:" + std::to_string(port);
   co.train = ClientData(1, 500)[0];
   co.initial_backoff_s = 0.1;
+  co.insecure = true;
   Client client(std::move(co));
   Status client_status;
   std::thread t([&] { client_status = client.Run(); });

@@ -18,6 +18,7 @@ class RunningServerTest : public ::testing::Test {
   void StartServerWith(ServerOptions o) {
     o.listen = "127.0.0.1:0";
     o.evaluate = false;
+    if (o.config.tls.cert.empty()) o.insecure = true;
     auto s = Server::Create(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);

@@ -37,6 +37,7 @@ class SplitValidationTest : public ::testing::Test {
                           "train: {batch_size: 8}\nsplit: {mode: " + mode + ", cut: 2}\n"
                           "data: {test_limit: 100}\n");
     o.listen = "127.0.0.1:0";
+    o.insecure = true;
     auto s = Server::Create(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);

@@ -2,6 +2,7 @@
 // from its verified certificate; no client can join or act as another.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <openssl/ssl.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -72,13 +73,15 @@ class TlsTest : public RunningServerTest {
     fs::remove_all(dir_);
   }
 
-  void StartServer(const std::string& yaml, const std::string& ca = "") {
+  void StartServer(const std::string& yaml, const std::string& ca = "", bool mutual = true) {
     ServerOptions o;
-    o.config = *JobConfig::Parse(
+    auto config = JobConfig::Parse(
         yaml + "tls: {cert: " + (dir_ / "server.crt").string() + ", key: " +
             (dir_ / "server.key").string() + ", ca: " + (ca.empty() ? (dir_ / "ca.crt").string() : ca) +
-            ", mutual: true, reload_s: 1}\n",
+            ", mutual: " + (mutual ? "true" : "false") + ", reload_s: 1}\n",
         "");
+    ASSERT_TRUE(config.ok()) << config.status();
+    o.config = *config;
     StartServerWith(std::move(o));
   }
 
@@ -164,6 +167,74 @@ TEST_F(TlsTest, AFederationTrainsOverMutualTls) {
   for (const auto& s : status) EXPECT_TRUE(s.ok()) << s;
   ASSERT_EQ(server_->History().size(), 1u);
   EXPECT_EQ(server_->History()[0].participants, 2);
+}
+
+// Plaintext only when asked for; mutual TLS only with a CA to check clients against.
+TEST(TlsConfigTest, TheServerRefusesPlaintextUnlessInsecure) {
+  ServerOptions o;
+  o.config = *JobConfig::Parse("model: {name: mlp}\n", "");
+  o.evaluate = false;
+  auto refused = Server::Create(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("--insecure"), std::string::npos);
+  o.insecure = true;
+  EXPECT_TRUE(Server::Create(o).ok());
+  o.insecure = false;
+  o.config = *JobConfig::Parse("model: {name: mlp}\ntls: {cert: s.crt, key: s.key, mutual: true}\n", "");
+  EXPECT_EQ(Server::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ClientOptions c;
+  c.server = "127.0.0.1:1";
+  EXPECT_EQ(Client(c).Run().code(), absl::StatusCode::kFailedPrecondition);
+  c.insecure = true;
+  c.token = "a-token-in-plaintext";
+  EXPECT_EQ(Client(c).Run().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The server speaks TLS 1.3 to a client that offers it (gRPC 1.51 has no way to refuse
+// 1.2, so this checks what is negotiated).
+TEST_F(TlsTest, NegotiatesTls13) {
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 5}\n", "", false);
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  ASSERT_NE(ctx, nullptr);
+  ASSERT_EQ(SSL_CTX_load_verify_locations(ctx, (dir_ / "ca.crt").c_str(), nullptr), 1);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  static const unsigned char kH2[] = {2, 'h', '2'};
+  SSL_CTX_set_alpn_protos(ctx, kH2, sizeof(kH2));
+  BIO* bio = BIO_new_ssl_connect(ctx);
+  ASSERT_NE(bio, nullptr);
+  BIO_set_conn_hostname(bio, address_.c_str());
+  SSL* ssl = nullptr;
+  BIO_get_ssl(bio, &ssl);
+  SSL_set_tlsext_host_name(ssl, "localhost");
+  ASSERT_EQ(BIO_do_handshake(bio), 1);
+  EXPECT_EQ(SSL_get_verify_result(ssl), X509_V_OK);
+  EXPECT_EQ(SSL_version(ssl), TLS1_3_VERSION) << SSL_get_version(ssl);
+  BIO_free_all(bio);
+  SSL_CTX_free(ctx);
+}
+
+// auth.token_file: every call must carry the bearer token; compared in constant time.
+TEST_F(TlsTest, BearerTokenIsRequiredWhenConfigured) {
+  const std::string token = "0123456789abcdef0123";
+  std::ofstream(dir_ / "token") << token << "\n";
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 5}\nauth: {token_file: " +
+                  (dir_ / "token").string() + "}\n",
+              "", false);
+  const std::string ca = (dir_ / "ca.crt").string();
+  EXPECT_TRUE(TryJoin(address_, ClientCredentials(ca, "", "", 1, token), "alice").ok());
+  auto none = TryJoin(address_, ClientCredentials(ca, "", "", 1), "alice");
+  EXPECT_EQ(none.error_code(), StatusCode::UNAUTHENTICATED) << none.error_message();
+  auto wrong = TryJoin(address_, ClientCredentials(ca, "", "", 1, token + "x"), "alice");
+  EXPECT_EQ(wrong.error_code(), StatusCode::UNAUTHENTICATED) << wrong.error_message();
+  // Every RPC, not only Join.
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address_, ClientCredentials(ca, "", "", 1)));
+  grpc::ClientContext ctx;
+  v1::StatusReply reply;
+  EXPECT_EQ(stub->GetStatus(&ctx, v1::StatusRequest(), &reply).error_code(),
+            StatusCode::UNAUTHENTICATED);
+  auto blob = FetchBlob(stub.get(), "c0", "token", "digest", 10, nullptr);
+  EXPECT_EQ(blob.status().code(), absl::StatusCode::kUnauthenticated) << blob.status();
 }
 
 }  // namespace

@@ -215,6 +215,7 @@ server: {heartbeat_s: 0.2, client_timeout_s: 1.0}
   ClientOptions o;
   o.server = address_;
   o.train = *LoadFashionMnist("/usr/share/datasets/fashion-mnist", true, 300);
+  o.insecure = true;
   Client worker(std::move(o));
   Status worker_status;
   std::thread t([&] { worker_status = worker.Run(); });
@@ -402,6 +403,7 @@ TEST(ServerConfigTest, CodecsThatCannotServeTheirDirectionAreRefused) {
     ServerOptions o;
     o.config = TestConfig("model: {name: mlp}\ncompression: " + compression + "\n");
     o.listen = "127.0.0.1:0";
+    o.insecure = true;
     auto s = Server::Create(std::move(o));
     ASSERT_FALSE(s.ok()) << compression;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << compression;
