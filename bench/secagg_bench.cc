@@ -94,15 +94,20 @@ int main(int argc, char** argv) {
     const double server_plain = Since(t0);
     Unmasking in;
     for (int u = 0; u < n; ++u) {
-      if (!dropped.count(u)) in.masked[u] = masked[u];
       for (int v : graph[u]) {
         if (dropped.count(v)) continue;
         if (dropped.count(u)) in.mask_key[u].push_back(shares[u][v].mask_key);
         else in.self_seed[u].push_back(shares[u][v].self_seed);
       }
     }
-    t0 = Clock::now();
-    auto sum = Unmask(in, graph, public_keys, params, p);
+    t0 = Clock::now();  // the server sums the masked inputs as they arrive, then unmasks
+    in.masked_sum.assign(params, 0);
+    for (int u = 0; u < n; ++u) {
+      if (dropped.count(u)) continue;
+      in.survivors.insert(u);
+      AddMod(in.masked_sum, masked[u], p.modulus);
+    }
+    auto sum = Unmask(in, graph, public_keys, p);
     const double server_secagg = Since(t0);
     if (!sum.ok() || *sum != plain) {
       std::fprintf(stderr, "n = %d: unmasked sum is wrong: %s\n", n, sum.status().ToString().c_str());

@@ -8,12 +8,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/emulation.h"
 #include "compression/codec.h"
+#include "client/secagg_client.h"
 #include "client/split_client.h"
 #include "client/transfer.h"
 #include "models/model.h"
@@ -77,8 +79,10 @@ struct Client::Impl {
 
   Status Run();
   End Session(bool* joined, Status* why);
+  // `next` reads the task's later control messages (secure aggregation).
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
-                    const std::function<void(const v1::TaskAck&)>& ack, bool* crashed);
+                    const std::function<void(const v1::TaskAck&)>& ack,
+                    const NextMessage& next, bool* crashed);
   // Uploads `trained` - `base` as the result of `task`.
   StatusOr<v1::UploadReply> UploadUpdate(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                          const v1::Task& task, ParameterSet trained,
@@ -185,6 +189,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   join->set_name(opts.name);
   *join->mutable_device() = LocalDevice();
   join->add_codecs("fp32");
+  join->add_codecs("secagg");
   for (const auto& family : SupportedCodecFamilies()) join->add_codecs(family);
   join->set_num_examples(opts.train.size);
   join->set_protocol_version(1);
@@ -229,7 +234,15 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
       *m.mutable_ack() = a;
       write(m);
     };
-    while (stream->Read(&msg)) {
+    // A message read on a task's behalf that belongs to what comes after it.
+    std::optional<v1::ServerMessage> pending;
+    auto read = [&](v1::ServerMessage* m) {
+      if (!pending) return stream->Read(m);
+      *m = *std::move(pending);
+      pending.reset();
+      return true;
+    };
+    while (read(&msg)) {
       if (msg.has_run_ended()) {
         spdlog::info("run {} ended: {}", msg.run_ended().run_id(), msg.run_ended().reason());
         end = End::kRunEnded;
@@ -237,7 +250,21 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
       }
       if (!msg.has_task()) continue;
       bool crashed = false;
-      Status s = HandleTask(stub.get(), welcome, msg.task(), ack, &crashed);
+      const std::string task_id = msg.task().task_id();
+      NextMessage next = [&](v1::ServerMessage* m) -> Status {
+        if (!stream->Read(m)) return absl::UnavailableError("the control stream closed");
+        const std::string& about = m->has_secagg_neighbours() ? m->secagg_neighbours().task_id()
+                                   : m->has_secagg_relay()    ? m->secagg_relay().task_id()
+                                   : m->has_secagg_unmask()   ? m->secagg_unmask().task_id()
+                                                              : std::string();
+        if (about == task_id) return absl::OkStatus();
+        if (m->has_task() || m->has_run_ended()) {
+          pending = *m;
+          return absl::AbortedError("the server closed the round");
+        }
+        return absl::FailedPreconditionError("unexpected control message during the task");
+      };
+      Status s = HandleTask(stub.get(), welcome, msg.task(), ack, next, &crashed);
       if (crashed) {
         end = End::kCrashed;
         ctx.TryCancel();
@@ -323,7 +350,7 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
 Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                 const v1::Task& task,
                                 const std::function<void(const v1::TaskAck&)>& ack,
-                                bool* crashed) {
+                                const NextMessage& next, bool* crashed) {
   v1::TaskAck a;
   a.set_task_id(task.task_id());
   auto reject = [&](const Status& s) {
@@ -385,6 +412,10 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   if (Status s = model->SetParameters(*global); !s.ok()) return reject(s);
   a.set_accepted(true);
   ack(a);
+  std::optional<SecAggClient> secagg;
+  if (task.has_secagg()) {
+    ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(stub, w, task, next));
+  }
 
   const auto& tc = task.train();
   LocalTrainOptions o;
@@ -401,9 +432,20 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     *crashed = true;
     return absl::AbortedError("simulated crash");
   }
-  ASSIGN_OR_RETURN(v1::UploadReply reply,
-                   UploadUpdate(stub, w, task, model->Parameters(), *global, stats.examples,
-                                stats.loss, stats.seconds, nullptr));
+  v1::UploadReply reply;
+  if (secagg) {
+    ParameterSet delta = model->Parameters();
+    for (size_t i = 0; i < delta.size(); ++i) {
+      auto& d = delta.mutable_tensors()[i].values;
+      const auto& g = global->tensors()[i].values;
+      for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
+    }
+    ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, delta, stats.examples, stats.loss,
+                                           stats.seconds, &emulator, next));
+  } else {
+    ASSIGN_OR_RETURN(reply, UploadUpdate(stub, w, task, model->Parameters(), *global,
+                                         stats.examples, stats.loss, stats.seconds, nullptr));
+  }
   ++tasks_done;
   spdlog::info("round {}: trained {} examples in {:.1f}s (loss {:.4f}), update uploaded{}",
                task.round(), stats.examples, stats.seconds, stats.loss,

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -57,7 +58,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (!root || root.IsNull()) return c;
   RETURN_IF_ERROR(CheckKeys(root, "config",
                             {"run", "model", "data", "clients", "train", "strategy", "split",
-                             "compression", "server", "local", "tls", "auth"}));
+                             "compression", "server", "local", "tls", "auth",
+                             "secure_aggregation"}));
   bool server_lr_set = false;
   if (auto s = root["run"]) {
     RETURN_IF_ERROR(CheckKeys(s, "run", {"name", "rounds", "seed"}));
@@ -151,6 +153,27 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(CheckKeys(s, "auth", {"token_file"}));
     RETURN_IF_ERROR(Read(s, "auth", "token_file", &c.auth.token_file));
   }
+  if (auto s = root["secure_aggregation"]) {
+    const std::string sec = "secure_aggregation";
+    auto& a = c.secure_aggregation;
+    RETURN_IF_ERROR(CheckKeys(s, sec, {"enabled", "k", "t", "clip", "bits", "modulus",
+                                       "stage_timeout_s"}));
+    a.enabled = true;
+    RETURN_IF_ERROR(Read(s, sec, "enabled", &a.enabled));
+    RETURN_IF_ERROR(Read(s, sec, "k", &a.k));
+    RETURN_IF_ERROR(Read(s, sec, "t", &a.t));
+    RETURN_IF_ERROR(Read(s, sec, "clip", &a.clip));
+    RETURN_IF_ERROR(Read(s, sec, "bits", &a.bits));
+    RETURN_IF_ERROR(Read(s, sec, "modulus", &a.modulus));
+    RETURN_IF_ERROR(Read(s, sec, "stage_timeout_s", &a.stage_timeout_s));
+    RETURN_IF_ERROR(Range(a.k >= 2, "secure_aggregation.k", ">= 2"));
+    RETURN_IF_ERROR(Range(a.t >= 2 && a.t <= a.k, "secure_aggregation.t", "in [2, k]"));
+    RETURN_IF_ERROR(Range(a.clip > 0 && std::isfinite(a.clip), "secure_aggregation.clip", "> 0"));
+    RETURN_IF_ERROR(Range(a.bits >= 1 && a.bits <= 32, "secure_aggregation.bits", "in [1, 32]"));
+    RETURN_IF_ERROR(Range(a.modulus > (uint64_t{1} << a.bits), "secure_aggregation.modulus",
+                          "> 2^bits (and > clients x (2^bits - 1) for sums not to wrap)"));
+    RETURN_IF_ERROR(Range(a.stage_timeout_s > 0, "secure_aggregation.stage_timeout_s", "> 0"));
+  }
   if (auto s = root["local"]) {
     RETURN_IF_ERROR(
         CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients", "profiles"}));
@@ -207,6 +230,16 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Range(c.split.tail >= 1, "split.tail", ">= 1"));
     RETURN_IF_ERROR(Range(c.split.window >= 1 && c.split.window <= 64, "split.window",
                           "in [1, 64]"));
+  }
+  if (c.secure_aggregation.enabled) {
+    if (c.split.enabled()) {
+      return absl::InvalidArgumentError(
+          "secure_aggregation: not with split learning (the server holds activations)");
+    }
+    if (c.compression.update != "none") {
+      return absl::InvalidArgumentError(
+          "secure_aggregation: the update travels quantized and masked; drop compression.update");
+    }
   }
   if (c.model.name == "torchscript") {
     if (c.model.path.empty()) {

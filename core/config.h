@@ -83,6 +83,18 @@ struct TlsConfig {
   int reload_s = 60;     // tls.reload_s: how often the files are re-read
 };
 
+// Secure aggregation (SecAgg+, Bell et al. 2020): the server learns only the sum of the
+// round's surviving updates. See docs/security.md.
+struct SecureAggregationConfig {
+  bool enabled = false;     // secure_aggregation.enabled (true when the section is given)
+  int k = 6;                // secure_aggregation.k: neighbours per client
+  int t = 4;                // secure_aggregation.t: shares needed to recover a secret
+  double clip = 1.0;        // secure_aggregation.clip: coordinates clipped to [-clip, clip]
+  int bits = 16;            // secure_aggregation.bits: quantization levels 2^bits
+  uint64_t modulus = uint64_t{1} << 32;  // secure_aggregation.modulus: the group Z_M
+  double stage_timeout_s = 30;  // secure_aggregation.stage_timeout_s: per key/share/unmask stage
+};
+
 // Optional bearer token on every call, for deployments whose proxy ends TLS.
 struct AuthConfig {
   std::string token_file;  // auth.token_file: the token clients must present ("" = off)
@@ -127,6 +139,7 @@ struct JobConfig {
   CompressionConfig compression;
   TlsConfig tls;
   AuthConfig auth;
+  SecureAggregationConfig secure_aggregation;
   ServerConfig server;
   LocalConfig local;
 

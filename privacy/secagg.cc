@@ -79,6 +79,7 @@ std::vector<double> DequantizeSum(const std::vector<uint64_t>& sum, int count, c
 StatusOr<ClientKeys> NewClientKeys() {
   ClientKeys k;
   ASSIGN_OR_RETURN(k.mask_key, crypto::X25519Generate());
+  ASSIGN_OR_RETURN(k.enc_key, crypto::X25519Generate());
   ASSIGN_OR_RETURN(k.self_seed, crypto::RandomBytes(32));
   return k;
 }
@@ -101,6 +102,80 @@ StatusOr<std::map<int, SharesFor>> ShareSecrets(int u, const ClientKeys& keys,
   return out;
 }
 
+namespace {
+
+void PutU32(Bytes& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+uint64_t GetLe(const Bytes& in, size_t pos, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<unsigned char>(in[pos + i])} << (8 * i);
+  return v;
+}
+
+// x (4 bytes), count (4), count field elements (8 each), for each of the two shares.
+Bytes EncodeShares(const SharesFor& s) {
+  Bytes out;
+  for (const crypto::Share* sh : {&s.self_seed, &s.mask_key}) {
+    PutU32(out, sh->x);
+    PutU32(out, static_cast<uint32_t>(sh->y.size()));
+    for (uint64_t y : sh->y) {
+      for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(y >> (8 * i)));
+    }
+  }
+  return out;
+}
+
+StatusOr<SharesFor> DecodeShares(const Bytes& in) {
+  SharesFor s;
+  size_t pos = 0;
+  for (crypto::Share* sh : {&s.self_seed, &s.mask_key}) {
+    if (in.size() < pos + 8) return absl::InvalidArgumentError("truncated shares");
+    sh->x = static_cast<uint32_t>(GetLe(in, pos, 4));
+    const uint64_t count = GetLe(in, pos + 4, 4);
+    pos += 8;
+    if (count > 64 || in.size() < pos + 8 * count) return absl::InvalidArgumentError("bad shares");
+    for (uint64_t i = 0; i < count; ++i, pos += 8) sh->y.push_back(GetLe(in, pos, 8));
+  }
+  if (pos != in.size()) return absl::InvalidArgumentError("trailing bytes after shares");
+  return s;
+}
+
+// Key and associated data for shares sent from `from` to `to`.
+StatusOr<std::pair<Bytes, Bytes>> ShareKey(int from, int to, const Bytes& private_key,
+                                           const Bytes& peer_public, const Params& p) {
+  ASSIGN_OR_RETURN(Bytes shared, crypto::X25519Shared(private_key, peer_public));
+  ASSIGN_OR_RETURN(Bytes key, crypto::HkdfSha256(shared, p.context,
+                                                 absl::StrCat("cleave secagg shares ",
+                                                              std::min(from, to), " ",
+                                                              std::max(from, to)),
+                                                 32));
+  return std::pair{key, absl::StrCat(p.context, "|shares from ", from, " to ", to)};
+}
+
+}  // namespace
+
+StatusOr<Bytes> SealShares(int from, int to, const SharesFor& shares, const Bytes& enc_private_key,
+                           const Bytes& to_enc_public_key, const Params& p) {
+  ASSIGN_OR_RETURN(auto key, ShareKey(from, to, enc_private_key, to_enc_public_key, p));
+  ASSIGN_OR_RETURN(Bytes nonce, crypto::RandomBytes(12));
+  ASSIGN_OR_RETURN(Bytes sealed, crypto::AeadSeal(key.first, nonce, key.second, EncodeShares(shares)));
+  return nonce + sealed;
+}
+
+StatusOr<SharesFor> OpenShares(int from, int to, const Bytes& sealed, const Bytes& enc_private_key,
+                               const Bytes& from_enc_public_key, const Params& p) {
+  if (sealed.size() < 12 + 16) return absl::InvalidArgumentError("sealed shares too short");
+  ASSIGN_OR_RETURN(auto key, ShareKey(from, to, enc_private_key, from_enc_public_key, p));
+  ASSIGN_OR_RETURN(Bytes plain,
+                   crypto::AeadOpen(key.first, sealed.substr(0, 12), key.second, sealed.substr(12)));
+  return DecodeShares(plain);
+}
+
+void AddMod(std::vector<uint64_t>& sum, const std::vector<uint64_t>& y, uint64_t modulus) {
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = AddMod(sum[i], y[i], modulus);
+}
+
 StatusOr<std::vector<uint64_t>> Mask(int u, const std::vector<uint64_t>& x, const ClientKeys& keys,
                                      const std::set<int>& neighbours,
                                      const std::map<int, Bytes>& public_keys, const Params& p) {
@@ -116,18 +191,15 @@ StatusOr<std::vector<uint64_t>> Mask(int u, const std::vector<uint64_t>& x, cons
 }
 
 StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<std::set<int>>& graph,
-                                       const std::map<int, Bytes>& public_keys, size_t length,
-                                       const Params& p) {
+                                       const std::map<int, Bytes>& public_keys, const Params& p) {
   for (const auto& [v, shares] : in.mask_key) {
-    if (in.masked.count(v) || in.self_seed.count(v)) {
+    if (in.survivors.count(v) || in.self_seed.count(v)) {
       return absl::InvalidArgumentError(
           absl::StrCat("client ", v, ": a survivor's mask key must never be reconstructed"));
     }
   }
-  std::vector<uint64_t> sum(length, 0);
-  for (const auto& [u, y] : in.masked) {
-    if (y.size() != length) return absl::InvalidArgumentError("masked input of the wrong length");
-    for (size_t i = 0; i < length; ++i) sum[i] = AddMod(sum[i], y[i], p.modulus);
+  std::vector<uint64_t> sum = in.masked_sum;
+  for (int u : in.survivors) {
     // Remove u's self mask.
     auto shares = in.self_seed.find(u);
     if (shares == in.self_seed.end() || static_cast<int>(shares->second.size()) < p.t) {
@@ -140,9 +212,9 @@ StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<st
   // Remove the pairwise masks survivors shared with dropped clients (those between two
   // survivors cancel).
   for (int v = 0; v < static_cast<int>(graph.size()); ++v) {
-    if (in.masked.count(v)) continue;
+    if (in.survivors.count(v)) continue;
     bool touches_survivor = false;
-    for (int u : graph[v]) touches_survivor |= in.masked.count(u) > 0;
+    for (int u : graph[v]) touches_survivor |= in.survivors.count(u) > 0;
     if (!touches_survivor) continue;
     auto shares = in.mask_key.find(v);
     if (shares == in.mask_key.end() || static_cast<int>(shares->second.size()) < p.t) {
@@ -151,7 +223,7 @@ StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<st
     }
     ASSIGN_OR_RETURN(Bytes key, crypto::ShamirCombine(shares->second, p.t, 32));
     for (int u : graph[v]) {
-      if (!in.masked.count(u)) continue;
+      if (!in.survivors.count(u)) continue;
       ASSIGN_OR_RETURN(Bytes seed, PairSeed(u, v, key, public_keys.at(u), p));
       // u added PRG(s_uv) when v > u and subtracted it when v < u: undo that.
       RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/v > u, p));

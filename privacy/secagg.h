@@ -1,7 +1,8 @@
 // SecAgg+ (Bell et al., CCS 2020) as a computation, without the network: the neighbour
 // graph, quantization of clipped updates into Z_M, masking with pairwise and self masks,
 // Shamir shares of each client's mask secrets for its neighbours, and the server's
-// unmasking when some clients drop out. The wire protocol (issue 5) moves these values;
+// unmasking when some clients drop out, and the sealing of the shares the server relays.
+// The wire protocol (server/secagg_round.h, the client) moves these values;
 // tests/privacy/secagg_test.cc checks that masks cancel exactly.
 #pragma once
 
@@ -40,6 +41,7 @@ std::vector<double> DequantizeSum(const std::vector<uint64_t>& sum, int count, c
 // One client's secrets and public keys for a round.
 struct ClientKeys {
   crypto::X25519KeyPair mask_key;  // pairwise masks: agreed with each neighbour
+  crypto::X25519KeyPair enc_key;   // encrypts the shares sent through the server
   Bytes self_seed;                 // 32 bytes: the self mask b_u
 };
 StatusOr<ClientKeys> NewClientKeys();
@@ -52,23 +54,36 @@ struct SharesFor {
 StatusOr<std::map<int, SharesFor>> ShareSecrets(int u, const ClientKeys& keys,
                                                 const std::set<int>& neighbours, const Params& p);
 
+// The shares `from` gives `to`, sealed with AES-256-GCM under HKDF(X25519(our enc key,
+// their enc public key)) bound to the context and the pair, with the context and the
+// direction as associated data: a ciphertext opened by anyone else, for another pair,
+// round or direction, or altered, fails. Output: 12-byte random nonce || ciphertext || tag.
+StatusOr<Bytes> SealShares(int from, int to, const SharesFor& shares, const Bytes& enc_private_key,
+                           const Bytes& to_enc_public_key, const Params& p);
+StatusOr<SharesFor> OpenShares(int from, int to, const Bytes& sealed, const Bytes& enc_private_key,
+                               const Bytes& from_enc_public_key, const Params& p);
+
 // y_u = x_u + PRG(b_u) + sum over neighbours v > u of PRG(s_uv) - sum over v < u, mod M;
 // `public_keys` holds every client's mask public key.
 StatusOr<std::vector<uint64_t>> Mask(int u, const std::vector<uint64_t>& x, const ClientKeys& keys,
                                      const std::set<int>& neighbours,
                                      const std::map<int, Bytes>& public_keys, const Params& p);
 
-// The server: the sum of the survivors' x, given their masked inputs, and for each
-// survivor u the self-seed shares its surviving neighbours returned, and for each
-// dropped client v the mask-key shares its surviving neighbours returned. Never both
-// kinds for one client. FAILED_PRECONDITION when some client has fewer than t shares.
+// The server: the sum of the survivors' x, given the sum of their masked inputs (mod M),
+// and for each survivor u the self-seed shares its surviving neighbours returned, and
+// for each dropped client v the mask-key shares its surviving neighbours returned. Never
+// both kinds for one client. `graph` holds the edges survivors masked with (a client's
+// neighbours that reached the masking stage). FAILED_PRECONDITION when some client has
+// fewer than t shares.
 struct Unmasking {
-  std::map<int, std::vector<uint64_t>> masked;          // survivors' y_u
+  std::set<int> survivors;                              // whose y_u are in masked_sum
+  std::vector<uint64_t> masked_sum;                     // sum of the survivors' y_u
   std::map<int, std::vector<crypto::Share>> self_seed;  // survivor u -> shares of b_u
   std::map<int, std::vector<crypto::Share>> mask_key;   // dropped v -> shares of its key
 };
+// sum += y (mod M), element by element.
+void AddMod(std::vector<uint64_t>& sum, const std::vector<uint64_t>& y, uint64_t modulus);
 StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<std::set<int>>& graph,
-                                       const std::map<int, Bytes>& public_keys, size_t length,
-                                       const Params& p);
+                                       const std::map<int, Bytes>& public_keys, const Params& p);
 
 }  // namespace cleave::secagg

@@ -1,4 +1,5 @@
 #include "server/server.h"
+#include "server/secagg_round.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/tls_certificate_provider.h>
@@ -79,6 +80,9 @@ std::string PeerIdentity(const grpc::CallbackServerContext* ctx) {
   const auto cn = auth->FindPropertyValues("x509_common_name");
   return cn.empty() ? "" : std::string(cn[0].data(), cn[0].size());
 }
+
+// The codec name of a masked secure-aggregation input in UploadHeader.codec.
+constexpr char kSecAggCodec[] = "secagg";
 
 // A reactor that ends its call at once with `status` (a call refused before any work).
 template <class Reactor>
@@ -239,6 +243,10 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // the identity the client joined with.
   Status Authenticate(const std::string& client_id, const std::string& token,
                       const std::string& peer);
+  // A secure-aggregation stage message of a task of the current round (keys, shares or
+  // revealed shares); refused without any change unless it is exactly what the stage
+  // expects from that client.
+  Status SecAggSubmit(const v1::SecAggRequest& req, const std::string& peer);
   // Split learning.
   Status SetProfile(ControlReactor* r, const v1::Profile& profile);
   // Checks a SplitOpen against the current round's split tasks; one stream per task.
@@ -286,6 +294,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* ctx) override;
   grpc::ServerReadReactor<v1::ProbeChunk>* Probe(grpc::CallbackServerContext* ctx,
                                                  v1::ProbeReply* reply) override;
+  grpc::ServerUnaryReactor* SecAgg(grpc::CallbackServerContext* ctx, const v1::SecAggRequest* req,
+                                   v1::SecAggReply* reply) override;
 
   ParameterSet GlobalModel() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -339,6 +349,15 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   void ExpireSilentClients(std::unique_lock<std::mutex>& l);
   void FailTasksOfLocked(const std::string& client_id, const std::string& why);
   bool RoundResolvedLocked() const;
+  // Secure aggregation: starts the round's SecAggRound for `clients`.
+  Status BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients);
+  // Drives secagg_'s stages until its unmasking closes (OK) or the round cannot go on;
+  // masked inputs are due by `training_deadline`, each other stage within
+  // secure_aggregation.stage_timeout_s. Releases `l` while sending.
+  Status RunSecAggStagesLocked(std::unique_lock<std::mutex>& l, Clock::time_point training_deadline);
+  // Unmasks the round's sum and folds it into the strategy as one update weighted by
+  // the survivors' `total_examples`.
+  Status AccumulateSecAgg(const SecAggRound& round, int64_t total_examples, const ParameterSet& layout);
   StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l);
   Status Commit(RoundMetrics* m);
   Status LoadCheckpoint();
@@ -384,6 +403,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   bool stopping_ = false;
   std::string run_id_;
   std::string bearer_;  // "Bearer TOKEN" from auth.token_file; empty = no token check
+  // The current round's secure aggregation (secure_aggregation.enabled), else null.
+  std::unique_ptr<SecAggRound> secagg_;
   std::mt19937_64 rng_;            // client sampling (checkpointed)
   std::map<std::string, Session> sessions_;
   std::map<std::string, std::shared_ptr<const std::string>> blobs_;
@@ -1101,6 +1122,20 @@ grpc::ServerReadReactor<v1::ProbeChunk>* Server::Impl::Probe(grpc::CallbackServe
   return new ProbeReactor(this, reply, PeerIdentity(ctx));
 }
 
+grpc::ServerUnaryReactor* Server::Impl::SecAgg(grpc::CallbackServerContext* ctx,
+                                               const v1::SecAggRequest* req,
+                                               v1::SecAggReply* reply) {
+  auto* r = ctx->DefaultReactor();
+  if (auto s = CheckBearer(ctx); !s.ok()) {
+    r->Finish(s);
+    return r;
+  }
+  CountUp(kCallBytesUp + WireSize(*req));
+  CountDown(kCallBytesDown + WireSize(*reply));
+  r->Finish(ToGrpc(SecAggSubmit(*req, PeerIdentity(ctx))));
+  return r;
+}
+
 grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* ctx,
                                                   const v1::StatusRequest* req,
                                                   v1::StatusReply* reply) {
@@ -1265,6 +1300,7 @@ void Server::Impl::ControlDone(ControlReactor* r) {
   if (it == sessions_.end() || it->second.reactor.get() != r) return;
   spdlog::info("client {} disconnected", it->first);
   FailTasksOfLocked(it->first, "disconnected");
+  if (secagg_) secagg_->Drop(it->first);
   sessions_.erase(it);
   cv_.notify_all();
 }
@@ -1280,6 +1316,7 @@ void Server::Impl::FailTaskLocked(const std::string& task_id, TaskRecord& t,
   spdlog::warn("task {} of client {} failed: {}", task_id, t.client_id, why);
   t.state = TaskState::kFailed;
   if (t.split && split_round_) split_round_->Fail(t.client_id);
+  if (secagg_) secagg_->Drop(t.client_id);
 }
 
 Status Server::Impl::Authenticate(const std::string& client_id, const std::string& token,
@@ -1301,6 +1338,36 @@ StatusOr<const Session*> Server::Impl::SessionLocked(const std::string& client_i
         "'; this call's certificate is '", peer, "'"));
   }
   return &s->second;
+}
+
+Status Server::Impl::SecAggSubmit(const v1::SecAggRequest& req, const std::string& peer) {
+  std::lock_guard<std::mutex> l(mu_);
+  RETURN_IF_ERROR(CheckSenderLocked("secure-aggregation message", req.client_id(),
+                                    req.session_token(), peer, req.run_id(), req.round())
+                      .status());
+  if (!secagg_) return absl::FailedPreconditionError("this round has no secure aggregation");
+  auto t = tasks_.find(req.task_id());
+  if (t == tasks_.end() || t->second.client_id != req.client_id()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "task ", req.task_id(), " was not given to client ", req.client_id(), " this round"));
+  }
+  if (t->second.state == TaskState::kFailed) {
+    return absl::FailedPreconditionError(absl::StrCat("task ", req.task_id(), " has failed"));
+  }
+  Status s;
+  switch (req.stage_case()) {
+    case v1::SecAggRequest::kKeys: s = secagg_->AddKeys(req.client_id(), req.keys()); break;
+    case v1::SecAggRequest::kShares: s = secagg_->AddShares(req.client_id(), req.shares()); break;
+    case v1::SecAggRequest::kReveal: s = secagg_->AddReveal(req.client_id(), req.reveal()); break;
+    default: return absl::InvalidArgumentError("a secure-aggregation message without a stage");
+  }
+  if (s.ok()) {
+    cv_.notify_all();
+  } else {
+    spdlog::warn("round {}: secure-aggregation message from {} refused: {}", current_round_,
+                 req.client_id(), s.ToString());
+  }
+  return s;
 }
 
 Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
@@ -1463,25 +1530,32 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
         absl::StrCat("task ", h.task_id(), " was already counted as failed"));
   }
   const ParameterSet& layout = t->second.split ? t->second.part : global_;
-  if (h.codec() != "fp32") {
-    // Checked here, then read block by block through the codec like an fp32 update:
-    // no decoded copy is made. O(model) under the lock, as is accumulating.
-    ASSIGN_OR_RETURN(views, ViewEncodedTensors(*update_codec_, payload, layout));
-  }
-  RETURN_IF_ERROR(CheckViews(layout, views));
-  if (t->second.split) {
-    // The client's trained part: the part it was given plus its delta.
-    ParameterSet trained = t->second.part;
-    for (size_t i = 0; i < views.size(); ++i) {
-      auto& v = trained.mutable_tensors()[i].values;
-      std::vector<float> delta(v.size());
-      views[i].Read(0, views[i].numel, delta.data());
-      for (size_t j = 0; j < v.size(); ++j) v[j] += delta[j];
-    }
-    RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, h.num_examples()));
-    t->second.stats = h.split();
+  if (h.codec() == kSecAggCodec) {
+    // A masked input: checked and added into the round's sum mod M. The strategy gets
+    // the round's unmasked sum when the last stage closes.
+    RETURN_IF_ERROR(secagg_ ? secagg_->AddMasked(h.client_id(), payload)
+                            : absl::FailedPreconditionError("no secure aggregation this round"));
   } else {
-    strategy_->Accumulate(views, h.num_examples());
+    if (h.codec() != "fp32") {
+      // Checked here, then read block by block through the codec like an fp32 update:
+      // no decoded copy is made. O(model) under the lock, as is accumulating.
+      ASSIGN_OR_RETURN(views, ViewEncodedTensors(*update_codec_, payload, layout));
+    }
+    RETURN_IF_ERROR(CheckViews(layout, views));
+    if (t->second.split) {
+      // The client's trained part: the part it was given plus its delta.
+      ParameterSet trained = t->second.part;
+      for (size_t i = 0; i < views.size(); ++i) {
+        auto& v = trained.mutable_tensors()[i].values;
+        std::vector<float> delta(v.size());
+        views[i].Read(0, views[i].numel, delta.data());
+        for (size_t j = 0; j < v.size(); ++j) v[j] += delta[j];
+      }
+      RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, h.num_examples()));
+      t->second.stats = h.split();
+    } else {
+      strategy_->Accumulate(views, h.num_examples());
+    }
   }
   if (h.codec() != "fp32") {
     SavedUp(static_cast<int64_t>(layout.EncodedSize()) - static_cast<int64_t>(payload.size()));
@@ -1820,6 +1894,11 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     rec.expected_size = EncodedTensorsSize(*update_codec_, rec.split ? rec.part : global_);
     task->set_update_codec(rec.codec);
   }
+  if (secagg_) {
+    rec.codec = kSecAggCodec;
+    rec.expected_size = secagg_->PayloadSize();
+    *task->mutable_secagg() = secagg_->TaskMessage();
+  }
   tasks_[task->task_id()] = std::move(rec);
   return msg;
 }
@@ -1924,6 +2003,12 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     }
     plan.clients = *std::move(clients);
   }
+  if (cfg_.secure_aggregation.enabled) {
+    if (Status s = BeginSecAggLocked(round, plan.clients); !s.ok()) {
+      current_round_ = 0;
+      return s;
+    }
+  }
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(cfg_.clients.round_deadline_s));
   const int64_t deadline_ms = UnixMs() + static_cast<int64_t>(cfg_.clients.round_deadline_s * 1000);
@@ -1954,7 +2039,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   spdlog::info("round {}: {} clients selected", round, plan.clients.size());
   phase_ = "training";
   int lost_turns = 0;  // sl: clients gone before their turn came
-  while (!stopping_ && Clock::now() < deadline) {
+  Status secagg_status = secagg_ ? RunSecAggStagesLocked(l, deadline) : absl::OkStatus();
+  while (!secagg_ && !stopping_ && Clock::now() < deadline) {
     if (RoundResolvedLocked()) {
       if (turns_.empty()) break;
       std::string next = turns_.front();
@@ -2027,9 +2113,11 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     }
   }
   current_round_ = 0;
+  std::unique_ptr<SecAggRound> secagg = std::move(secagg_);
   l.unlock();
   CancelOpenUploads();  // late or stalled uploads of the round just closed
   l.lock();
+  RETURN_IF_ERROR(secagg_status);  // nothing of an aborted secure aggregation is used
   const int selected = std::max<int>(1, plan.clients.size());
   const int quorum = std::max(1, static_cast<int>(std::ceil(cfg_.clients.quorum * selected)));
   m.bytes_up = bytes_up_;
@@ -2053,7 +2141,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     finished = aggregated.status();
     if (aggregated.ok()) next = *std::move(aggregated);
   } else {
-    finished = strategy_->FinishRound(m.failures, &next);
+    if (secagg) finished = AccumulateSecAgg(*secagg, weight, next);
+    if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
   }
   std::shared_ptr<const std::string> blob;
   std::string digest;
@@ -2068,6 +2157,88 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   PublishLocked(std::move(blob), std::move(digest));
   m.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   return m;
+}
+
+Status Server::Impl::BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients) {
+  const auto& c = cfg_.secure_aggregation;
+  const uint64_t levels = (uint64_t{1} << c.bits) - 1;
+  if (levels * clients.size() >= c.modulus) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "secure_aggregation.modulus ", c.modulus, " is too small for ", clients.size(),
+        " clients of 2^", c.bits, " levels each: sums would wrap"));
+  }
+  int64_t max_weight = 1;
+  for (const auto& cid : clients) max_weight = std::max(max_weight, sessions_[cid].num_examples);
+  secagg_ = std::make_unique<SecAggRound>(c, absl::StrCat(run_id_, "|round ", round), clients,
+                                          global_.total_elements(), max_weight, rng_());
+  return absl::OkStatus();
+}
+
+Status Server::Impl::RunSecAggStagesLocked(std::unique_lock<std::mutex>& l,
+                                           Clock::time_point training_deadline) {
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(cfg_.secure_aggregation.stage_timeout_s));
+  auto stage_deadline = Clock::now() + timeout;
+  while (secagg_->stage() != SecAggRound::Stage::kDone) {
+    if (stopping_) return absl::CancelledError("stopped");
+    const bool training = secagg_->stage() == SecAggRound::Stage::kMasked;
+    const auto until = training ? training_deadline : stage_deadline;
+    if (!secagg_->StageComplete() && Clock::now() < until) {
+      cv_.wait_until(l, std::min(until, Clock::now() + std::chrono::milliseconds(500)));
+      ExpireSilentClients(l);
+      continue;
+    }
+    const char* closing = SecAggRound::StageName(secagg_->stage());
+    auto next = secagg_->CloseStage();
+    if (!next.ok()) {
+      spdlog::warn("round {}: {}", current_round_, std::string(next.status().message()));
+      return next.status();
+    }
+    spdlog::info("round {}: secure aggregation stage '{}' closed; '{}' next for {} clients",
+                 current_round_, closing, SecAggRound::StageName(secagg_->stage()), next->size());
+    phase_ = absl::StrCat("secure aggregation: ", SecAggRound::StageName(secagg_->stage()));
+    std::vector<std::pair<std::string, std::shared_ptr<ControlReactor>>> to;
+    for (auto& [cid, msg] : *next) {
+      const std::string task_id = absl::StrCat("r", current_round_, "-", cid);
+      if (msg.has_secagg_neighbours()) msg.mutable_secagg_neighbours()->set_task_id(task_id);
+      if (msg.has_secagg_relay()) msg.mutable_secagg_relay()->set_task_id(task_id);
+      if (msg.has_secagg_unmask()) msg.mutable_secagg_unmask()->set_task_id(task_id);
+      auto s = sessions_.find(cid);
+      if (s == sessions_.end()) {
+        secagg_->Drop(cid);
+      } else {
+        to.emplace_back(cid, s->second.reactor);
+      }
+    }
+    l.unlock();  // never start gRPC operations under mu_
+    std::vector<std::string> unsent;
+    for (auto& [cid, reactor] : to) {
+      if (!reactor->Send((*next)[cid])) unsent.push_back(cid);
+    }
+    l.lock();
+    for (const auto& cid : unsent) {
+      if (secagg_) secagg_->Drop(cid);
+    }
+    stage_deadline = Clock::now() + timeout;
+  }
+  return absl::OkStatus();
+}
+
+Status Server::Impl::AccumulateSecAgg(const SecAggRound& round, int64_t total_examples,
+                                      const ParameterSet& layout) {
+  ASSIGN_OR_RETURN(SecAggRound::Result r, round.Finish());
+  if (total_examples <= 0) return absl::AbortedError("secure aggregation: no survivors' weight");
+  // Clients sent n_u / max_weight * x_u: the weighted mean is the sum over the survivors'
+  // total weight in the same units.
+  const double scale = static_cast<double>(round.TaskMessage().max_weight()) / total_examples;
+  ParameterSet mean = layout;
+  size_t i = 0;
+  for (auto& t : mean.mutable_tensors()) {
+    for (float& v : t.values) v = static_cast<float>(r.sum[i++] * scale);
+  }
+  strategy_->Accumulate(ViewsOf(mean), total_examples);
+  spdlog::info("secure aggregation: unmasked the sum of {} updates", r.survivors.size());
+  return absl::OkStatus();
 }
 
 Status Server::Impl::Commit(RoundMetrics* m) {

@@ -64,6 +64,12 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("local: {profiles: [{uplink: 3}]}", "local.profiles[].uplink");
   expect_error("compression: {uplink: int8}", "compression.uplink");
   expect_error("auth: {token: abc}", "auth.token");
+  expect_error("secure_aggregation: {k: 4, t: 5}", "secure_aggregation.t");
+  expect_error("secure_aggregation: {t: 1}", "secure_aggregation.t");
+  expect_error("secure_aggregation: {bits: 16, modulus: 1000}", "secure_aggregation.modulus");
+  expect_error("secure_aggregation: {clip: 0}", "secure_aggregation.clip");
+  expect_error("secure_aggregation: {}\nsplit: {mode: sfl-v2}", "split learning");
+  expect_error("secure_aggregation: {}\ncompression: {update: int8}", "compression.update");
   expect_error("tls: {cert: s.crt}", "tls.cert and tls.key");
   expect_error("tls: {cert: s.crt, key: s.key, reload_s: 0}", "tls.reload_s");
   expect_error("tls: {certificate: s.crt}", "tls.certificate");

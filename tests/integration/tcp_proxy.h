@@ -80,7 +80,8 @@ class TcpProxy {
       const ssize_t n = read(in, buf.data(), buf.size());
       if (n <= 0) break;
       for (ssize_t done = 0; done < n;) {
-        const ssize_t w = write(out, buf.data() + done, n - done);
+        // MSG_NOSIGNAL: a peer that already closed must not SIGPIPE the test process.
+        const ssize_t w = send(out, buf.data() + done, n - done, MSG_NOSIGNAL);
         if (w <= 0) {
           shutdown(in, SHUT_RDWR);
           return;

@@ -15,6 +15,7 @@ struct Federation {
   // shares[u][v]: what u gave neighbour v.
   std::vector<std::map<int, SharesFor>> shares;
   std::vector<std::vector<uint64_t>> inputs;
+  std::map<int, std::vector<uint64_t>> masked;  // by Collect
 
   Federation(int clients, Params params, size_t length) : p(std::move(params)), n(clients) {
     graph = NeighbourGraph(n, p.k, 7);
@@ -34,8 +35,12 @@ struct Federation {
   // self-seed shares of survivors and mask-key shares of the dropped.
   Unmasking Collect(const std::set<int>& dropped) {
     Unmasking in;
+    in.masked_sum.assign(inputs[0].size(), 0);
     for (int u = 0; u < n; ++u) {
-      if (!dropped.count(u)) in.masked[u] = *Mask(u, inputs[u], keys[u], graph[u], public_keys, p);
+      if (dropped.count(u)) continue;
+      masked[u] = *Mask(u, inputs[u], keys[u], graph[u], public_keys, p);
+      in.survivors.insert(u);
+      AddMod(in.masked_sum, masked[u], p.modulus);
     }
     for (int u = 0; u < n; ++u) {
       for (int v : graph[u]) {
@@ -84,8 +89,8 @@ TEST(SecAggTest, NeighbourGraphIsSymmetricAndKRegular) {
 TEST(SecAggTest, MasksCancelExactlyWithoutDropouts) {
   Federation f(10, Default(), 1000);
   auto in = f.Collect({});
-  for (const auto& [u, y] : in.masked) EXPECT_NE(y, f.inputs[u]) << "masked";
-  auto sum = Unmask(in, f.graph, f.public_keys, 1000, f.p);
+  for (const auto& [u, y] : f.masked) EXPECT_NE(y, f.inputs[u]) << "masked";
+  auto sum = Unmask(in, f.graph, f.public_keys, f.p);
   ASSERT_TRUE(sum.ok()) << sum.status();
   EXPECT_EQ(*sum, f.PlainSum({}));
 }
@@ -93,7 +98,7 @@ TEST(SecAggTest, MasksCancelExactlyWithoutDropouts) {
 TEST(SecAggTest, DropoutsBelowTheThresholdGiveTheSurvivorsSumExactly) {
   Federation f(10, Default(), 1000);
   for (const std::set<int>& dropped : {std::set<int>{3}, std::set<int>{0, 6}}) {
-    auto sum = Unmask(f.Collect(dropped), f.graph, f.public_keys, 1000, f.p);
+    auto sum = Unmask(f.Collect(dropped), f.graph, f.public_keys, f.p);
     ASSERT_TRUE(sum.ok()) << sum.status();
     EXPECT_EQ(*sum, f.PlainSum(dropped));
     EXPECT_NE(*sum, f.PlainSum({}));
@@ -106,14 +111,47 @@ TEST(SecAggTest, TooManyDropoutsAbortAndSurvivorsKeysStaySecret) {
   std::set<int> dropped = {0};
   auto it = f.graph[0].begin();
   for (int i = 0; i < 4; ++i) dropped.insert(*it++);
-  auto sum = Unmask(f.Collect(dropped), f.graph, f.public_keys, 100, f.p);
+  auto sum = Unmask(f.Collect(dropped), f.graph, f.public_keys, f.p);
   EXPECT_EQ(sum.status().code(), absl::StatusCode::kFailedPrecondition) << sum.status();
   // The server never gets both secrets of one client.
   auto in = f.Collect({5});
   const int survivor = *f.graph[5].begin();
   in.mask_key[survivor] = in.self_seed[survivor];
-  EXPECT_EQ(Unmask(in, f.graph, f.public_keys, 100, f.p).status().code(),
+  EXPECT_EQ(Unmask(in, f.graph, f.public_keys, f.p).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The shares relayed by the server open only for their addressee, from their sender, in
+// their round; any altered byte is refused.
+TEST(SecAggTest, SealedSharesOpenOnlyForTheirPairAndRound) {
+  Federation f(4, Default(), 10);
+  const SharesFor& s = f.shares[0][*f.graph[0].begin()];
+  const int to = *f.graph[0].begin();
+  const auto& k0 = f.keys[0];
+  const auto& kt = f.keys[to];
+  auto sealed = SealShares(0, to, s, k0.enc_key.private_key, kt.enc_key.public_key, f.p);
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  auto opened = OpenShares(0, to, *sealed, kt.enc_key.private_key, k0.enc_key.public_key, f.p);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->self_seed.x, s.self_seed.x);
+  EXPECT_EQ(opened->self_seed.y, s.self_seed.y);
+  EXPECT_EQ(opened->mask_key.y, s.mask_key.y);
+  // Tampered.
+  for (size_t pos : {size_t{0}, size_t{20}, sealed->size() - 1}) {
+    Bytes bad = *sealed;
+    bad[pos] ^= 1;
+    EXPECT_FALSE(OpenShares(0, to, bad, kt.enc_key.private_key, k0.enc_key.public_key, f.p).ok());
+  }
+  // Misrouted: claimed as from another sender, or opened by a third client.
+  const int other = to == 1 ? 2 : 1;
+  EXPECT_FALSE(OpenShares(other, to, *sealed, kt.enc_key.private_key,
+                          f.keys[other].enc_key.public_key, f.p).ok());
+  EXPECT_FALSE(OpenShares(0, other, *sealed, f.keys[other].enc_key.private_key,
+                          k0.enc_key.public_key, f.p).ok());
+  // Replayed into another round.
+  Params next = f.p;
+  next.context = "run r1|round 4";
+  EXPECT_FALSE(OpenShares(0, to, *sealed, kt.enc_key.private_key, k0.enc_key.public_key, next).ok());
 }
 
 TEST(SecAggTest, QuantizationIsUnbiasedWithinTheClippingRange) {

@@ -492,5 +492,66 @@ TEST_F(ServerFixture, CompressedUpdatesAreCheckedThenDecodedAndAveraged) {
   }
 }
 
+// Secure-aggregation stage messages pass the same gate as uploads: the session's
+// identity, the run, the round, the task; a replay or a message out of stage is refused.
+TEST_F(ServerFixture, SecureAggregationMessagesAreCheckedBeforeAnyState) {
+  StartServer(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 3, round_deadline_s: 30}
+secure_aggregation: {k: 2, t: 2, stage_timeout_s: 20}
+)");
+  TestPeer a(address_, 100), b(address_, 100), c(address_, 100);
+  ASSERT_TRUE(a.Join("a", {"fp32", "secagg"}));
+  ASSERT_TRUE(b.Join("b", {"fp32", "secagg"}));
+  ASSERT_TRUE(c.Join("c", {"fp32", "secagg"}));
+  auto ta = a.NextTask();
+  auto tb = b.NextTask();
+  ASSERT_TRUE(ta && tb);
+  ASSERT_TRUE(ta->has_secagg());
+  EXPECT_EQ(ta->secagg().t(), 2);
+  auto call = [&](TestPeer& p, const v1::Task& t, auto edit) {
+    v1::SecAggRequest r;
+    r.set_run_id(t.run_id());
+    r.set_client_id(p.welcome().client_id());
+    r.set_session_token(p.welcome().session_token());
+    r.set_round(t.round());
+    r.set_task_id(t.task_id());
+    // 32-byte keys, distinct per peer (the server checks sizes and uniqueness only).
+    const char id = p.welcome().client_id().back();
+    r.mutable_keys()->set_mask_public_key(std::string(31, 'm') + id);
+    r.mutable_keys()->set_enc_public_key(std::string(31, 'e') + id);
+    edit(r);
+    grpc::ClientContext ctx;
+    v1::SecAggReply reply;
+    return p.stub()->SecAgg(&ctx, r, &reply).error_code();
+  };
+  auto same = [](v1::SecAggRequest&) {};
+  EXPECT_EQ(call(a, *ta, [](v1::SecAggRequest& r) { r.set_session_token("guess"); }),
+            StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call(a, *ta, [](v1::SecAggRequest& r) { r.set_round(r.round() + 1); }),
+            StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(call(a, *ta, [](v1::SecAggRequest& r) { r.set_run_id("another-run"); }),
+            StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(call(a, *ta, [&](v1::SecAggRequest& r) { r.set_task_id(tb->task_id()); }),
+            StatusCode::FAILED_PRECONDITION)
+      << "b's task";
+  EXPECT_EQ(call(a, *ta, [](v1::SecAggRequest& r) { r.mutable_shares(); }),
+            StatusCode::FAILED_PRECONDITION)
+      << "shares while keys are due";
+  EXPECT_EQ(call(a, *ta, [](v1::SecAggRequest& r) { r.clear_keys(); }),
+            StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(call(a, *ta, same), StatusCode::OK);
+  EXPECT_EQ(call(a, *ta, same), StatusCode::ALREADY_EXISTS) << "a replay";
+  EXPECT_EQ(call(b, *tb, [&](v1::SecAggRequest& r) {
+              *r.mutable_keys() = v1::SecAggKeys();
+              r.mutable_keys()->set_mask_public_key(std::string(32, 'x'));
+              r.mutable_keys()->set_enc_public_key(std::string(32, 'x'));
+            }),
+            StatusCode::INVALID_ARGUMENT)
+      << "the same key twice";
+  EXPECT_EQ(call(b, *tb, same), StatusCode::OK) << "refusals changed nothing";
+}
+
 }  // namespace
 }  // namespace cleave

@@ -1,0 +1,199 @@
+#include "client/secagg_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "client/transfer.h"
+#include "privacy/secagg.h"
+
+namespace cleave {
+namespace {
+
+// One stage message to the server.
+Status Call(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
+            const std::function<void(v1::SecAggRequest*)>& fill) {
+  v1::SecAggRequest req;
+  req.set_run_id(task.run_id());
+  req.set_client_id(w.client_id());
+  req.set_session_token(w.session_token());
+  req.set_round(task.round());
+  req.set_task_id(task.task_id());
+  fill(&req);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::SecAggReply reply;
+  return FromGrpc(stub->SecAgg(&ctx, req, &reply), "secure aggregation");
+}
+
+Status CheckParams(const v1::SecAggTask& s) {
+  const bool ok = s.t() >= 2 && s.k() >= s.t() && s.bits() >= 1 && s.bits() <= 32 &&
+                  s.modulus() > (uint64_t{1} << s.bits()) && s.clip() > 0 &&
+                  std::isfinite(s.clip()) && s.max_weight() >= 1;
+  return ok ? absl::OkStatus()
+            : absl::InvalidArgumentError("the task's secure-aggregation parameters are invalid");
+}
+
+void ToShare(int owner, const crypto::Share& s, v1::SecAggShare* out) {
+  out->set_owner(owner);
+  out->set_x(s.x);
+  for (uint64_t y : s.y) out->add_y(y);
+}
+
+}  // namespace
+
+struct SecAggClient::State {
+  secagg::Params params;
+  int64_t max_weight = 1;
+  secagg::ClientKeys keys;
+  int index = -1;
+  std::map<int, crypto::Bytes> mask_keys, enc_keys;  // the neighbours' public keys
+  std::map<int, secagg::SharesFor> held;             // shares the neighbours gave us
+};
+
+SecAggClient::SecAggClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
+SecAggClient::~SecAggClient() = default;
+SecAggClient::SecAggClient(SecAggClient&&) noexcept = default;
+SecAggClient& SecAggClient::operator=(SecAggClient&&) noexcept = default;
+
+StatusOr<SecAggClient> SecAggClient::Prepare(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                             const v1::Task& task, const NextMessage& next) {
+  const v1::SecAggTask& sa = task.secagg();
+  RETURN_IF_ERROR(CheckParams(sa));
+  auto st = std::make_unique<State>();
+  st->params.k = sa.k();
+  st->params.t = sa.t();
+  st->params.clip = sa.clip();
+  st->params.bits = sa.bits();
+  st->params.modulus = sa.modulus();
+  st->params.context = absl::StrCat(task.run_id(), "|round ", task.round());
+  st->max_weight = sa.max_weight();
+
+  // Stage 1: fresh keys for this round.
+  ASSIGN_OR_RETURN(st->keys, secagg::NewClientKeys());
+  RETURN_IF_ERROR(Call(stub, w, task, [&](v1::SecAggRequest* r) {
+    r->mutable_keys()->set_mask_public_key(st->keys.mask_key.public_key);
+    r->mutable_keys()->set_enc_public_key(st->keys.enc_key.public_key);
+  }));
+
+  // Stage 2: shares of our secrets, sealed for each neighbour.
+  v1::ServerMessage m;
+  RETURN_IF_ERROR(next(&m));
+  if (!m.has_secagg_neighbours()) {
+    return absl::FailedPreconditionError("expected the secure-aggregation neighbours");
+  }
+  const auto& nb = m.secagg_neighbours();
+  st->index = nb.index();
+  std::set<int> neighbours;
+  for (const auto& p : nb.peers()) {
+    if (p.index() == st->index || p.mask_public_key().size() != 32 ||
+        p.enc_public_key().size() != 32 || !neighbours.insert(p.index()).second) {
+      return absl::InvalidArgumentError("malformed neighbour list");
+    }
+    st->mask_keys[p.index()] = p.mask_public_key();
+    st->enc_keys[p.index()] = p.enc_public_key();
+  }
+  if (static_cast<int>(neighbours.size()) < st->params.t) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        neighbours.size(), " neighbours; the threshold t = ", st->params.t, " needs more"));
+  }
+  ASSIGN_OR_RETURN(auto shares, secagg::ShareSecrets(st->index, st->keys, neighbours, st->params));
+  v1::SecAggShares out;
+  for (int v : neighbours) {
+    auto* c = out.add_shares();
+    c->set_from(st->index);
+    c->set_to(v);
+    ASSIGN_OR_RETURN(*c->mutable_sealed(),
+                     secagg::SealShares(st->index, v, shares[v], st->keys.enc_key.private_key,
+                                        st->enc_keys[v], st->params));
+  }
+  RETURN_IF_ERROR(Call(stub, w, task, [&](v1::SecAggRequest* r) { *r->mutable_shares() = out; }));
+
+  // The shares our neighbours sent: we mask with exactly these neighbours.
+  RETURN_IF_ERROR(next(&m));
+  if (!m.has_secagg_relay()) {
+    return absl::FailedPreconditionError("expected the relayed secure-aggregation shares");
+  }
+  for (const auto& c : m.secagg_relay().shares()) {
+    if (c.to() != st->index || !neighbours.count(c.from()) || st->held.count(c.from())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("relayed share from ", c.from(), " to ", c.to(), " is misrouted"));
+    }
+    ASSIGN_OR_RETURN(st->held[c.from()],
+                     secagg::OpenShares(c.from(), st->index, c.sealed(),
+                                        st->keys.enc_key.private_key, st->enc_keys[c.from()],
+                                        st->params));
+  }
+  return SecAggClient(std::move(st));
+}
+
+StatusOr<v1::UploadReply> SecAggClient::Submit(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                               const v1::Task& task, const ParameterSet& delta,
+                                               int64_t examples, double loss, double seconds,
+                                               DeviceEmulator* emulator, const NextMessage& next) {
+  State& st = *state_;
+  // Stage 3: clip, scale by our weight, quantize (stochastic rounding), mask.
+  const double ratio = std::min(1.0, static_cast<double>(examples) / st.max_weight);
+  std::vector<float> x;
+  x.reserve(delta.total_elements());
+  for (const auto& t : delta.tensors()) {
+    for (float v : t.values) {
+      const float c = std::isfinite(v) ? std::clamp<float>(v, -st.params.clip, st.params.clip) : 0;
+      x.push_back(static_cast<float>(c * ratio));
+    }
+  }
+  ASSIGN_OR_RETURN(crypto::Bytes seed, crypto::RandomBytes(8));
+  uint64_t s = 0;
+  for (char c : seed) s = (s << 8) | static_cast<unsigned char>(c);
+  std::mt19937_64 rng(s);
+  std::set<int> mask_with;
+  for (const auto& [v, shares] : st.held) mask_with.insert(v);
+  ASSIGN_OR_RETURN(std::vector<uint64_t> y,
+                   secagg::Mask(st.index, secagg::Quantize(x, st.params, rng), st.keys, mask_with,
+                                st.mask_keys, st.params));
+  const int width = st.params.modulus <= (uint64_t{1} << 32) ? 4 : 8;
+  std::string payload(y.size() * width, '\0');
+  for (size_t i = 0; i < y.size(); ++i) {
+    for (int b = 0; b < width; ++b) payload[i * width + b] = static_cast<char>(y[i] >> (8 * b));
+  }
+  v1::UploadHeader h;
+  h.set_run_id(task.run_id());
+  h.set_client_id(w.client_id());
+  h.set_session_token(w.session_token());
+  h.set_round(task.round());
+  h.set_task_id(task.task_id());
+  h.set_num_examples(examples);
+  h.set_train_loss(loss);
+  h.set_train_seconds(seconds);
+  h.set_codec("secagg");
+  ASSIGN_OR_RETURN(v1::UploadReply reply, UploadPayload(stub, h, payload, 1 << 20, 600, emulator));
+
+  // Stage 4: reveal, per neighbour we masked with, one share: never both of one client.
+  v1::ServerMessage m;
+  RETURN_IF_ERROR(next(&m));
+  if (!m.has_secagg_unmask()) {
+    return absl::FailedPreconditionError("expected the secure-aggregation unmasking request");
+  }
+  const auto& req = m.secagg_unmask();
+  std::set<int> survivors(req.survivors().begin(), req.survivors().end());
+  std::set<int> dropped(req.dropped().begin(), req.dropped().end());
+  std::set<int> listed = survivors;
+  listed.insert(dropped.begin(), dropped.end());
+  if (listed.size() != survivors.size() + dropped.size() || listed != mask_with ||
+      static_cast<int>(req.survivors_size() + req.dropped_size()) != static_cast<int>(listed.size())) {
+    return absl::InvalidArgumentError(
+        "the unmasking request must name each neighbour we masked with exactly once, as "
+        "survivor or dropped");
+  }
+  RETURN_IF_ERROR(Call(stub, w, task, [&](v1::SecAggRequest* r) {
+    auto* rev = r->mutable_reveal();
+    for (int v : survivors) ToShare(v, st.held[v].self_seed, rev->add_self_seed());
+    for (int v : dropped) ToShare(v, st.held[v].mask_key, rev->add_mask_key());
+  }));
+  state_.reset();  // this round's secrets are spent
+  return reply;
+}
+
+}  // namespace cleave

@@ -1,0 +1,46 @@
+// The client's side of SecAgg+ (Task.secagg set); server/secagg_round.h has the
+// stages. Before training the client advertises fresh keys and sends sealed shares of
+// its secrets to the neighbours the server names; after training it uploads its update
+// clipped, scaled by its weight, quantized and masked, and answers the unmasking
+// request: for each neighbour the self-seed share if it survived, the mask-key share if
+// it dropped, never both.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "cleave/v1/cleave.grpc.pb.h"
+#include "client/emulation.h"
+#include "core/parameter_set.h"
+#include "core/status.h"
+
+namespace cleave {
+
+// The next control-stream message about this task. ABORTED when the server moved on (a
+// new task or the end of the run arrived instead; the caller keeps that message).
+using NextMessage = std::function<Status(v1::ServerMessage*)>;
+
+class SecAggClient {
+ public:
+  ~SecAggClient();
+  SecAggClient(SecAggClient&&) noexcept;
+  SecAggClient& operator=(SecAggClient&&) noexcept;
+
+  // Stages 1 and 2.
+  static StatusOr<SecAggClient> Prepare(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                        const v1::Task& task, const NextMessage& next);
+  // Stages 3 and 4: `delta` is the trained model minus the global one.
+  StatusOr<v1::UploadReply> Submit(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                   const v1::Task& task, const ParameterSet& delta,
+                                   int64_t examples, double loss, double seconds,
+                                   DeviceEmulator* emulator, const NextMessage& next);
+
+ private:
+  struct State;
+  explicit SecAggClient(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace cleave
