@@ -1245,6 +1245,11 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
           "this run compresses ", what, " with ", spec, ", which the client does not support"));
     }
   }
+  if (cfg_.secure_aggregation.enabled &&
+      std::find(join.codecs().begin(), join.codecs().end(), kSecAggCodec) == join.codecs().end()) {
+    return absl::FailedPreconditionError(
+        "this run uses secure aggregation, which the client does not support");
+  }
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
   Session s;
