@@ -1250,8 +1250,24 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
     return absl::FailedPreconditionError(
         "this run uses secure aggregation, which the client does not support");
   }
-  std::lock_guard<std::mutex> l(mu_);
+  std::unique_lock<std::mutex> l(mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
+  // One session per identity: a device that reconnects replaces its old session (whose
+  // open task fails), so one certificate can never stand for two clients.
+  std::shared_ptr<ControlReactor> replaced;
+  if (cfg_.tls.mutual) {
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+      if (it->second.identity != peer) continue;
+      spdlog::info("client {} ({}) is replaced by a new connection of the same certificate",
+                   it->first, peer);
+      FailTasksOfLocked(it->first, "replaced by a new connection");
+      if (secagg_) secagg_->Drop(it->first);
+      replaced = it->second.reactor;
+      sessions_.erase(it);
+      cv_.notify_all();
+      break;
+    }
+  }
   Session s;
   s.id = absl::StrCat("c", next_client_++);
   s.identity = cfg_.tls.mutual ? peer : "";
@@ -1272,6 +1288,11 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
   }
   spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
   sessions_[s.id] = std::move(s);
+  l.unlock();  // never start gRPC operations under mu_
+  if (replaced) {
+    replaced->Close(grpc::Status(grpc::StatusCode::ABORTED,
+                                 "replaced by a newer connection with the same certificate"));
+  }
   return absl::OkStatus();
 }
 

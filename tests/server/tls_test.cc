@@ -123,6 +123,26 @@ TEST_F(TlsTest, NoClientCanActWithAnothersSession) {
                   .ok());
 }
 
+// One session per certificate: a second connection of the same identity replaces the
+// first, whose session token stops working.
+TEST_F(TlsTest, OneCertificateIsOneClient) {
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 5}\n");
+  TestPeer first(address_, 10, Credentials(dir_, "alice"));
+  ASSERT_TRUE(first.Join("alice"));
+  TestPeer second(address_, 10, Credentials(dir_, "alice"));
+  ASSERT_TRUE(second.Join("alice"));
+  TestPeer bob(address_, 10, Credentials(dir_, "bob"));
+  ASSERT_TRUE(bob.Join("bob"));
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address_, Credentials(dir_, "bob")));
+  grpc::ClientContext ctx;
+  v1::StatusReply reply;
+  ASSERT_TRUE(stub->GetStatus(&ctx, v1::StatusRequest(), &reply).ok());
+  EXPECT_EQ(reply.connected_clients(), 2) << "alice once, bob once";
+  auto stale = FetchBlob(first.stub(), first.welcome().client_id(),
+                         first.welcome().session_token(), std::string(64, '0'), 10, nullptr);
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kUnauthenticated) << stale.status();
+}
+
 // The files are re-read while the server runs: a CA added to tls.ca lets its clients in.
 TEST_F(TlsTest, CertificatesReloadWithoutARestart) {
   const fs::path trusted = dir_ / "trusted.crt";
