@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/dp.h"
 #include "aggregation/strategy.h"
 
 namespace cleave {
@@ -215,7 +216,11 @@ StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown strategy '", n, "'"));
   }
-  return std::unique_ptr<Strategy>(new FedAvgFamily(n, rule, config));
+  std::unique_ptr<Strategy> s(new FedAvgFamily(n, rule, config));
+  if (config.aggregation.rule != "mean") s = MakeRobustStrategy(std::move(s), config.aggregation);
+  // DP noise must not be predictable from the job's seed: it comes from the OS.
+  if (config.dp.enabled) s = MakeDpStrategy(std::move(s), config.dp, std::random_device{}());
+  return s;
 }
 
 }  // namespace cleave

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -41,6 +42,9 @@ struct FitSettings {
 struct RoundPlan {
   std::vector<std::string> clients;
   FitSettings fit;
+  // Set when the run must end before this round (e.g. its privacy budget would be
+  // exceeded); the server then ends the run as completed, saying why.
+  std::string stop_reason;
 };
 
 class Strategy {
@@ -63,10 +67,15 @@ class Strategy {
 
   virtual ParameterSet State() const = 0;
   virtual Status Restore(const ParameterSet& state) = 0;
+
+  // Extra per-round values for metrics.jsonl after FinishRound (e.g. epsilon).
+  virtual std::map<std::string, double> RoundStats() const { return {}; }
 };
 
 // Builds the strategy that `config.strategy.name` names (fedavg, fedprox, fedavgm,
-// fedadam, fedyogi, fedadagrad) with the job's training and client settings.
+// fedadam, fedyogi, fedadagrad) with the job's training and client settings, wrapped
+// in a robust rule (`aggregation.rule`) or DP-FedAvg (`dp`) when the job asks: the
+// wrapper reduces the round's updates to one, which the inner strategy then applies.
 StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config);
 
 }  // namespace cleave

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -45,6 +47,22 @@ uint64_t BatchSeed(const v1::Task& task, const v1::Welcome& w, const std::string
   return task.train().seed() ^ std::hash<std::string>{}(name.empty() ? w.client_id() : name);
 }
 
+// Distributed DP: clips `delta` to L2 norm dp.clip, then adds this client's share of
+// the noise, from a generator seeded by the OS (the server must not predict it).
+void AddDpNoise(const v1::DpTask& dp, ParameterSet* delta) {
+  double sq = 0;
+  for (const auto& t : delta->tensors()) {
+    for (float v : t.values) sq += static_cast<double>(v) * v;
+  }
+  const double norm = std::sqrt(sq);
+  const double scale = norm > dp.clip() ? dp.clip() / norm : 1.0;
+  std::mt19937_64 rng((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}());
+  std::normal_distribution<double> noise(0, dp.noise_stddev());
+  for (auto& t : delta->mutable_tensors()) {
+    for (float& v : t.values) v = static_cast<float>(v * scale + noise(rng));
+  }
+}
+
 bool Fatal(absl::StatusCode c) {
   return c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kFailedPrecondition ||
          c == absl::StatusCode::kUnauthenticated || c == absl::StatusCode::kPermissionDenied ||
@@ -80,6 +98,8 @@ struct Client::Impl {
   Status Run();
   End Session(bool* joined, Status* why);
   // `next` reads the task's later control messages (secure aggregation).
+  // Replaces the honest `delta` (trained from `global` with `o`) by the attack's update.
+  Status Attack(const ParameterSet& global, const LocalTrainOptions& o, ParameterSet* delta);
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack,
                     const NextMessage& next, bool* crashed);
@@ -104,7 +124,11 @@ struct Client::Impl {
   }
 };
 
-Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  if (impl_->opts.attack == "label-flip") {
+    for (auto& y : impl_->opts.train.labels) y = impl_->opts.train.num_classes - 1 - y;
+  }
+}
 Client::~Client() = default;
 Status Client::Run() { return impl_->Run(); }
 int Client::tasks_completed() const { return impl_->tasks_done; }
@@ -117,6 +141,10 @@ void Client::Stop() {
 }
 
 Status Client::Impl::Run() {
+  if (!opts.attack.empty() && std::find(std::begin(kAttacks), std::end(kAttacks), opts.attack) ==
+                                  std::end(kAttacks)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown attack '", opts.attack, "'"));
+  }
   if (opts.tls_ca.empty() && !opts.insecure) {
     return absl::FailedPreconditionError(
         "no CA to verify the server with (--ca); plaintext needs --insecure");
@@ -332,6 +360,61 @@ StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
   return UploadPayload(stub, h, EncodeTensors(*update_codec, trained), 1 << 20, 600, &emulator);
 }
 
+Status Client::Impl::Attack(const ParameterSet& global, const LocalTrainOptions& o,
+                            ParameterSet* delta) {
+  const std::string& a = opts.attack;
+  if (a == "sign-flip") {
+    for (auto& t : delta->mutable_tensors()) {
+      for (float& v : t.values) v = -v;
+    }
+    return absl::OkStatus();
+  }
+  if (a == "gaussian") {
+    std::mt19937_64 rng(std::random_device{}());
+    std::normal_distribution<float> noise(0, 1);
+    for (auto& t : delta->mutable_tensors()) {
+      for (float& v : t.values) v = noise(rng);
+    }
+    return absl::OkStatus();
+  }
+  if (a == "ipm") {  // our own honest update is our estimate of the benign mean
+    for (auto& t : delta->mutable_tensors()) {
+      for (float& v : t.values) v = -3.0f * v;
+    }
+    return absl::OkStatus();
+  }
+  // alie: mu is our honest update; sigma per coordinate is estimated from the updates of
+  // 4 shards of our data (each times 4, as if trained on all of it).
+  constexpr int kShards = 4;
+  std::vector<std::vector<int64_t>> shards(kShards);
+  for (int64_t i = 0; i < opts.train.size; ++i) shards[i % kShards].push_back(i);
+  std::vector<ParameterSet> ds;
+  for (const auto& idx : shards) {
+    RETURN_IF_ERROR(model->SetParameters(global));
+    RETURN_IF_ERROR(model->Train(opts.train.Subset(idx), o).status());
+    ParameterSet d = model->Parameters();
+    for (size_t i = 0; i < d.size(); ++i) {
+      auto& v = d.mutable_tensors()[i].values;
+      for (size_t j = 0; j < v.size(); ++j) v[j] = kShards * (v[j] - global.tensors()[i].values[j]);
+    }
+    ds.push_back(std::move(d));
+  }
+  for (size_t i = 0; i < delta->size(); ++i) {
+    auto& out = delta->mutable_tensors()[i].values;
+    for (size_t j = 0; j < out.size(); ++j) {
+      double mean = 0, sq = 0;
+      for (const auto& d : ds) mean += d.tensors()[i].values[j];
+      mean /= kShards;
+      for (const auto& d : ds) {
+        const double x = d.tensors()[i].values[j] - mean;
+        sq += x * x;
+      }
+      out[j] = static_cast<float>(out[j] - 1.5 * std::sqrt(sq / (kShards - 1)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                       const v1::ModelDescription& d) {
   ModelSpec spec;
@@ -433,17 +516,32 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     return absl::AbortedError("simulated crash");
   }
   v1::UploadReply reply;
-  if (secagg) {
-    ParameterSet delta = model->Parameters();
+  ParameterSet trained = model->Parameters();
+  if (secagg || (!opts.attack.empty() && opts.attack != "label-flip")) {
+    ParameterSet delta = std::move(trained);
     for (size_t i = 0; i < delta.size(); ++i) {
       auto& d = delta.mutable_tensors()[i].values;
       const auto& g = global->tensors()[i].values;
       for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
     }
-    ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, delta, stats.examples, stats.loss,
-                                           stats.seconds, &emulator, next));
-  } else {
-    ASSIGN_OR_RETURN(reply, UploadUpdate(stub, w, task, model->Parameters(), *global,
+    if (!opts.attack.empty() && opts.attack != "label-flip") {
+      RETURN_IF_ERROR(Attack(*global, o, &delta));
+    }
+    if (secagg) {
+      if (task.has_dp()) AddDpNoise(task.dp(), &delta);
+      ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, delta, stats.examples, stats.loss,
+                                             stats.seconds, &emulator, next));
+    } else {
+      trained = std::move(delta);  // global + delta, uploaded as a delta again
+      for (size_t i = 0; i < trained.size(); ++i) {
+        auto& d = trained.mutable_tensors()[i].values;
+        const auto& g = global->tensors()[i].values;
+        for (size_t j = 0; j < d.size(); ++j) d[j] += g[j];
+      }
+    }
+  }
+  if (!secagg) {
+    ASSIGN_OR_RETURN(reply, UploadUpdate(stub, w, task, std::move(trained), *global,
                                          stats.examples, stats.loss, stats.seconds, nullptr));
   }
   ++tasks_done;

@@ -62,6 +62,11 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file,
                  "bearer token to present on every call (the server's auth.token_file)")
       ->needs("--ca");
+  std::string attack;
+  app.add_option("--attack", attack,
+                 "simulate an attacker (experiments): sign-flip, gaussian, label-flip, alie, ipm")
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(cleave::kAttacks),
+                                                     std::end(cleave::kAttacks))));
   app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)");
   app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
@@ -125,6 +130,8 @@ int main(int argc, char** argv) {
   opts.tls_cert = tls_cert;
   opts.tls_key = tls_key;
   opts.insecure = insecure;
+  opts.attack = attack;
+  if (!attack.empty()) spdlog::warn("--attack {}: this client sends malicious updates", attack);
   opts.token = token;
   if (insecure) spdlog::warn("--insecure: talking to the server in plaintext");
   cleave::Client client(std::move(opts));

@@ -135,7 +135,15 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
   sgd.momentum = task.train().momentum();
   sgd.weight_decay = task.train().weight_decay();
   head->ResetOptimizer(sgd);
+  head->SetNoPeek(st.nopeek());
   if (tail) tail->ResetOptimizer(sgd);
+  if (!(st.activation_noise() >= 0) || !(st.nopeek() >= 0)) {
+    return absl::InvalidArgumentError("bad split privacy settings");
+  }
+  // Activation noise comes from the OS: the server must not be able to predict it.
+  std::mt19937_64 noise_rng((static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                            std::random_device{}());
+  std::normal_distribution<float> noise(0, static_cast<float>(st.activation_noise()));
   WireCodec acts{st.activation_codec(), nullptr}, grads{st.gradient_codec(), nullptr};
   ASSIGN_OR_RETURN(acts.codec, MakeStatelessCodec(acts.spec, o.seed));
   ASSIGN_OR_RETURN(grads.codec, MakeStatelessCodec(grads.spec, o.seed + 1));
@@ -251,6 +259,9 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
       for (int64_t i : idx) labels.push_back(data.labels[i]);
       auto act = timed([&] { return head->Forward(seq, InputBatch(data, idx)); });
       if (!act.ok()) return finish(act.status());
+      if (st.activation_noise() > 0) {
+        for (float& v : act->values) v += noise(noise_rng);
+      }
       v1::SplitUp up;
       auto* mb = up.mutable_batch();
       mb->set_seq(seq);

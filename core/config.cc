@@ -59,7 +59,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(CheckKeys(root, "config",
                             {"run", "model", "data", "clients", "train", "strategy", "split",
                              "compression", "server", "local", "tls", "auth",
-                             "secure_aggregation"}));
+                             "secure_aggregation", "dp", "aggregation"}));
   bool server_lr_set = false;
   if (auto s = root["run"]) {
     RETURN_IF_ERROR(CheckKeys(s, "run", {"name", "rounds", "seed"}));
@@ -109,7 +109,12 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "strategy", "tau", &c.strategy.tau));
   }
   if (auto s = root["split"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "split", {"mode", "cut", "tail", "window"}));
+    RETURN_IF_ERROR(
+        CheckKeys(s, "split", {"mode", "cut", "tail", "window", "activation_noise", "nopeek"}));
+    RETURN_IF_ERROR(Read(s, "split", "activation_noise", &c.split.activation_noise));
+    RETURN_IF_ERROR(Read(s, "split", "nopeek", &c.split.nopeek));
+    RETURN_IF_ERROR(Range(c.split.activation_noise >= 0, "split.activation_noise", ">= 0"));
+    RETURN_IF_ERROR(Range(c.split.nopeek >= 0, "split.nopeek", ">= 0"));
     RETURN_IF_ERROR(Read(s, "split", "mode", &c.split.mode));
     if (s["cut"] && s["cut"].IsScalar() && s["cut"].Scalar() != "auto") {
       RETURN_IF_ERROR(Read(s, "split", "cut", &c.split.cut));
@@ -174,9 +179,61 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                           "> 2^bits (and > clients x (2^bits - 1) for sums not to wrap)"));
     RETURN_IF_ERROR(Range(a.stage_timeout_s > 0, "secure_aggregation.stage_timeout_s", "> 0"));
   }
+  if (auto s = root["dp"]) {
+    auto& d = c.dp;
+    RETURN_IF_ERROR(CheckKeys(s, "dp", {"enabled", "noise_multiplier", "clip", "adaptive",
+                                        "target_quantile", "clip_lr", "clip_count_stddev",
+                                        "noise", "delta", "target_epsilon"}));
+    d.enabled = true;
+    RETURN_IF_ERROR(Read(s, "dp", "enabled", &d.enabled));
+    RETURN_IF_ERROR(Read(s, "dp", "noise_multiplier", &d.noise_multiplier));
+    RETURN_IF_ERROR(Read(s, "dp", "clip", &d.clip));
+    RETURN_IF_ERROR(Read(s, "dp", "adaptive", &d.adaptive));
+    RETURN_IF_ERROR(Read(s, "dp", "target_quantile", &d.target_quantile));
+    RETURN_IF_ERROR(Read(s, "dp", "clip_lr", &d.clip_lr));
+    RETURN_IF_ERROR(Read(s, "dp", "clip_count_stddev", &d.clip_count_stddev));
+    RETURN_IF_ERROR(Read(s, "dp", "noise", &d.noise));
+    RETURN_IF_ERROR(Read(s, "dp", "delta", &d.delta));
+    RETURN_IF_ERROR(Read(s, "dp", "target_epsilon", &d.target_epsilon));
+    RETURN_IF_ERROR(Range(d.noise_multiplier > 0, "dp.noise_multiplier", "> 0"));
+    RETURN_IF_ERROR(Range(d.clip > 0, "dp.clip", "> 0"));
+    RETURN_IF_ERROR(Range(d.target_quantile > 0 && d.target_quantile < 1, "dp.target_quantile",
+                          "in (0, 1)"));
+    RETURN_IF_ERROR(Range(d.clip_lr >= 0, "dp.clip_lr", ">= 0"));
+    RETURN_IF_ERROR(Range(d.clip_count_stddev >= 0, "dp.clip_count_stddev", ">= 0"));
+    RETURN_IF_ERROR(Range(d.noise == "central" || d.noise == "distributed", "dp.noise",
+                          "central or distributed"));
+    RETURN_IF_ERROR(Range(d.delta > 0 && d.delta < 1, "dp.delta", "in (0, 1)"));
+    RETURN_IF_ERROR(Range(d.target_epsilon >= 0, "dp.target_epsilon", ">= 0"));
+  }
+  if (auto s = root["aggregation"]) {
+    auto& a = c.aggregation;
+    RETURN_IF_ERROR(CheckKeys(s, "aggregation", {"rule", "f", "m", "max_norm"}));
+    RETURN_IF_ERROR(Read(s, "aggregation", "rule", &a.rule));
+    RETURN_IF_ERROR(Read(s, "aggregation", "f", &a.f));
+    RETURN_IF_ERROR(Read(s, "aggregation", "m", &a.m));
+    RETURN_IF_ERROR(Read(s, "aggregation", "max_norm", &a.max_norm));
+    static const std::set<std::string> kRules = {"mean", "median", "trimmed_mean", "krum",
+                                                 "multi_krum", "bulyan", "norm_bound"};
+    RETURN_IF_ERROR(Range(kRules.count(a.rule) > 0, "aggregation.rule",
+                          "mean, median, trimmed_mean, krum, multi_krum, bulyan or norm_bound"));
+    RETURN_IF_ERROR(Range(a.f >= 0, "aggregation.f", ">= 0"));
+    RETURN_IF_ERROR(Range(a.m >= 0, "aggregation.m", ">= 0"));
+    RETURN_IF_ERROR(Range(a.rule != "norm_bound" || a.max_norm > 0, "aggregation.max_norm",
+                          "> 0 for norm_bound"));
+  }
   if (auto s = root["local"]) {
     RETURN_IF_ERROR(
-        CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients", "profiles"}));
+        CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients", "profiles",
+                               "attack", "attackers"}));
+    RETURN_IF_ERROR(Read(s, "local", "attack", &c.local.attack));
+    RETURN_IF_ERROR(Read(s, "local", "attackers", &c.local.attackers));
+    static const std::set<std::string> kAttackNames = {"sign-flip", "gaussian", "label-flip",
+                                                       "alie", "ipm"};
+    RETURN_IF_ERROR(Range(c.local.attack.empty() || kAttackNames.count(c.local.attack) > 0,
+                          "local.attack", "sign-flip, gaussian, label-flip, alie or ipm"));
+    RETURN_IF_ERROR(Range(c.local.attackers >= 0 && (c.local.attackers == 0 || !c.local.attack.empty()),
+                          "local.attackers", ">= 0, with local.attack set"));
     RETURN_IF_ERROR(Read(s, "local", "data", &c.local.data));
     RETURN_IF_ERROR(Read(s, "local", "partition", &c.local.partition));
     RETURN_IF_ERROR(Read(s, "local", "partition_seed", &c.local.partition_seed));
@@ -230,6 +287,31 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Range(c.split.tail >= 1, "split.tail", ">= 1"));
     RETURN_IF_ERROR(Range(c.split.window >= 1 && c.split.window <= 64, "split.window",
                           "in [1, 64]"));
+  }
+  if (c.dp.enabled && c.dp.noise == "distributed") {
+    if (!c.secure_aggregation.enabled) {
+      return absl::InvalidArgumentError(
+          "dp.noise: distributed noise needs secure_aggregation (each share alone is too weak)");
+    }
+    if (c.dp.adaptive) {
+      return absl::InvalidArgumentError(
+          "dp.adaptive: adaptive clipping needs the clients' norms; use dp.noise: central");
+    }
+  }
+  if (c.dp.enabled && c.aggregation.rule != "mean") {
+    return absl::InvalidArgumentError(
+        "aggregation.rule: a robust rule and dp do not combine (dp averages clipped updates)");
+  }
+  if (c.secure_aggregation.enabled && c.aggregation.rule != "mean") {
+    return absl::InvalidArgumentError(
+        "aggregation.rule: robust rules need individual updates, which secure aggregation hides");
+  }
+  if (c.secure_aggregation.enabled && c.dp.enabled && c.dp.noise == "central") {
+    return absl::InvalidArgumentError(
+        "dp.noise: with secure aggregation the server cannot clip updates; use distributed");
+  }
+  if ((c.dp.enabled || c.aggregation.rule != "mean") && c.split.enabled()) {
+    return absl::InvalidArgumentError("dp and aggregation.rule apply to federated rounds, not split");
   }
   if (c.secure_aggregation.enabled) {
     if (c.split.enabled()) {

@@ -56,6 +56,30 @@ struct StrategyConfig {
   double tau = 1e-3;             // strategy.tau: adaptivity, added to sqrt(v)
 };
 
+// Differential privacy (DP-FedAvg): clipped client updates, Gaussian noise, an RDP
+// accountant. See docs/security.md.
+struct DpConfig {
+  bool enabled = false;           // dp.enabled (true when the section is given)
+  double noise_multiplier = 1.0;  // dp.noise_multiplier: z, noise std / clipping norm
+  double clip = 1.0;              // dp.clip: L2 clipping norm C (the initial one if adaptive)
+  bool adaptive = false;          // dp.adaptive: Andrew et al. 2021 quantile clipping
+  double target_quantile = 0.5;   // dp.target_quantile: gamma, the unclipped fraction sought
+  double clip_lr = 0.2;           // dp.clip_lr: eta_C
+  double clip_count_stddev = 0;   // dp.clip_count_stddev: sigma_b (0 = clients per round / 20)
+  std::string noise = "central";  // dp.noise: central (server) | distributed (clients)
+  double delta = 1e-5;            // dp.delta
+  double target_epsilon = 0;      // dp.target_epsilon: stop before exceeding it (0 = none)
+};
+
+// Byzantine-robust aggregation of the round's updates (instead of the weighted mean).
+struct AggregationConfig {
+  std::string rule = "mean";  // aggregation.rule: mean | median | trimmed_mean | krum |
+                              //   multi_krum | bulyan | norm_bound
+  int f = 0;                  // aggregation.f: attackers to tolerate
+  int m = 0;                  // aggregation.m: multi_krum's selection (0 = n - f)
+  double max_norm = 0;        // aggregation.max_norm: norm_bound's L2 bound
+};
+
 struct CompressionConfig {
   std::string update = "none";   // compression.update: codec of client updates
   std::string broadcast = "none";  // compression.broadcast: codec of the model sent down
@@ -106,6 +130,9 @@ struct SplitConfig {
   int cut = 0;                   // split.cut: "auto" (0) or the first server stage
   int tail = 1;                  // split.tail: ushaped: last stages kept by the client
   int window = 1;                // split.window: micro-batches in flight per client
+  double activation_noise = 0;   // split.activation_noise: std of Gaussian noise the client
+                                 //   adds to the activations it sends (0 = none)
+  double nopeek = 0;             // split.nopeek: NoPeek's distance-correlation weight alpha
 
   bool enabled() const { return !mode.empty(); }
 };
@@ -123,6 +150,8 @@ struct LocalConfig {
   std::string partition = "iid";  // local.partition: iid | dirichlet:A | shards:S | labels:K
   uint64_t partition_seed = 42;   // local.partition_seed
   int clients = 10;               // local.clients: default for `cleave local --clients`
+  std::string attack;             // local.attack: what the attackers do (cleave-client --attack)
+  int attackers = 0;              // local.attackers: the last this many clients attack
   // local.profiles: device profiles given to the clients in turn (client i gets
   // profiles[i % size]); empty = no emulation.
   std::vector<DeviceEmulation> profiles;
@@ -135,6 +164,8 @@ struct JobConfig {
   ClientsConfig clients;
   TrainConfig train;
   StrategyConfig strategy;
+  AggregationConfig aggregation;
+  DpConfig dp;
   SplitConfig split;
   CompressionConfig compression;
   TlsConfig tls;

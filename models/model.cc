@@ -7,7 +7,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <sstream>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "models/torch_stages.h"
@@ -168,9 +170,11 @@ struct Model::Impl {
   nn::Sequential seq{nullptr};                  // built-in models
   std::unique_ptr<torch::jit::Module> script;   // TorchScript models
 
-  // Cached tensors of the last dataset seen (clients train on one dataset all run long).
-  const Dataset* cached_for = nullptr;
-  int64_t cached_size = -1;
+  // Cached tensors of the last dataset seen (clients train on one dataset all run long),
+  // keyed by its contents: a dataset at the address of an earlier one (a temporary
+  // subset, say) is not mistaken for it.
+  size_t cached_key = 0;
+  bool cached = false;
   torch::Tensor x, y;
 
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const {
@@ -201,11 +205,17 @@ struct Model::Impl {
   }
 
   void PrepareData(const Dataset& d) {
-    if (cached_for == &d && cached_size == d.size) return;
+    const auto bytes = [](const auto& v) {
+      return std::string_view(reinterpret_cast<const char*>(v.data()),
+                              v.size() * sizeof(v[0]));
+    };
+    const size_t key = std::hash<std::string_view>{}(bytes(d.images)) * 31 +
+                       std::hash<std::string_view>{}(bytes(d.labels));
+    if (cached && cached_key == key) return;
     x = ImagesToTensor(d);
     y = LabelsToTensor(d);
-    cached_for = &d;
-    cached_size = d.size;
+    cached_key = key;
+    cached = true;
   }
 };
 

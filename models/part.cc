@@ -47,6 +47,26 @@ Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices)
   return a;
 }
 
+namespace {
+
+// Double-centred pairwise distances of the rows of x (flattened per row).
+torch::Tensor CentredDistances(const torch::Tensor& x) {
+  auto f = x.reshape({x.size(0), -1});
+  auto sq = (f * f).sum(1, true);
+  auto d2 = (sq + sq.t() - 2 * f.matmul(f.t())).clamp_min(1e-12);
+  auto d = d2.sqrt();
+  return d - d.mean(0, true) - d.mean(1, true) + d.mean();
+}
+
+// Sample distance correlation (Székely et al. 2007), differentiable in both arguments.
+torch::Tensor DistanceCorrelationTensor(const torch::Tensor& x, const torch::Tensor& z) {
+  auto a = CentredDistances(x), b = CentredDistances(z);
+  auto dcov_xz = (a * b).mean(), dcov_xx = (a * a).mean(), dcov_zz = (b * b).mean();
+  return (dcov_xz.clamp_min(0) / (dcov_xx * dcov_zz).sqrt().clamp_min(1e-12)).sqrt();
+}
+
+}  // namespace
+
 struct ModelPart::Impl {
   std::vector<TorchStage> stages;  // [begin, end) only
   int begin = 0, end = 0;
@@ -62,6 +82,7 @@ struct ModelPart::Impl {
     std::vector<torch::Tensor> stash;
   };
   std::map<int64_t, Pending> pending;
+  double nopeek = 0;
 
   StatusOr<int> From(int from) const {
     if (from < 0) return begin;
@@ -179,6 +200,20 @@ Status ModelPart::LoadFrom(const ParameterSet& params, bool partial) {
   return absl::OkStatus();
 }
 
+void ModelPart::SetNoPeek(double alpha) { impl_->nopeek = alpha; }
+
+StatusOr<double> DistanceCorrelation(const Activations& x, const Activations& z) {
+  if (x.batch() != z.batch() || x.batch() < 2) {
+    return absl::InvalidArgumentError("distance correlation needs two batches of >= 2 rows");
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    return DistanceCorrelationTensor(ToTensor(x), ToTensor(z)).item<double>();
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(e.what_without_backtrace());
+  }
+}
+
 void ModelPart::ResetOptimizer(const SgdSettings& sgd) {
   impl_->sgd = sgd;
   impl_->pending.clear();
@@ -230,7 +265,14 @@ StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_ou
         w.copy_(p.stash[i]);
       }
     }
-    p.output.backward(ToTensor(grad_out));
+    if (impl_->nopeek > 0 && p.from == 0) {
+      // grad_out back-propagated, plus the gradient of alpha · dCor(input, output).
+      auto total = (p.output * ToTensor(grad_out)).sum() +
+                   impl_->nopeek * DistanceCorrelationTensor(p.input.detach(), p.output);
+      total.backward();
+    } else {
+      p.output.backward(ToTensor(grad_out));
+    }
     if (!live.empty()) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < impl_->params.size(); ++i) impl_->params[i].second.data().copy_(live[i]);

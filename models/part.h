@@ -64,6 +64,10 @@ class ModelPart {
   Status LoadFrom(const ParameterSet& params, bool partial = false);
   // Sets the optimizer and clears its momentum and any pending micro-batch.
   void ResetOptimizer(const SgdSettings& sgd);
+  // NoPeek (Vepakomma et al. 2020): Backward of a micro-batch that started at stage 0
+  // also minimises alpha · dCor(input, output), the distance correlation between the
+  // raw input and the activations sent across the cut. 0 = off.
+  void SetNoPeek(double alpha);
 
   // Runs stages [from, end()) on `in` (from < 0: begin()) and keeps what Backward(id)
   // needs. Starting later than begin() lets clients cut at different stages share one
@@ -91,6 +95,9 @@ class ModelPart {
   explicit ModelPart(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The sample distance correlation of two batches (rows = samples), in [0, 1].
+StatusOr<double> DistanceCorrelation(const Activations& x, const Activations& z);
 
 // The stage each of the model's parameter tensors belongs to, in model order.
 StatusOr<std::vector<int>> ParameterStages(const ModelSpec& spec);

@@ -122,6 +122,7 @@ std::string MetricsJson(const RoundMetrics& m) {
     j["transfer_s"] = m.transfer_s;
     j["server_compute_s"] = m.server_compute_s;
   }
+  for (const auto& [k, v] : m.strategy_stats) j[k] = v;
   return j.dump();
 }
 
@@ -358,6 +359,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // Unmasks the round's sum and folds it into the strategy as one update weighted by
   // the survivors' `total_examples`.
   Status AccumulateSecAgg(const SecAggRound& round, int64_t total_examples, const ParameterSet& layout);
+  // Distributed DP: clipped, noised updates count equally.
+  bool UniformSecAggWeights() const { return cfg_.dp.enabled && cfg_.dp.noise == "distributed"; }
   StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l);
   Status Commit(RoundMetrics* m);
   Status LoadCheckpoint();
@@ -405,6 +408,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::string bearer_;  // "Bearer TOKEN" from auth.token_file; empty = no token check
   // The current round's secure aggregation (secure_aggregation.enabled), else null.
   std::unique_ptr<SecAggRound> secagg_;
+  int round_clients_ = 0;  // clients sampled for the current round
   std::mt19937_64 rng_;            // client sampling (checkpointed)
   std::map<std::string, Session> sessions_;
   std::map<std::string, std::shared_ptr<const std::string>> blobs_;
@@ -1909,6 +1913,8 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     st->set_window(cfg_.split.window);
     st->set_activation_codec(SplitCodec(cfg_.compression.activations));
     st->set_gradient_codec(SplitCodec(cfg_.compression.gradients));
+    st->set_activation_noise(cfg_.split.activation_noise);
+    st->set_nopeek(cfg_.split.nopeek);
   } else {
     task->set_model_digest(model_digest_);
     task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
@@ -1924,6 +1930,12 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     rec.codec = kSecAggCodec;
     rec.expected_size = secagg_->PayloadSize();
     *task->mutable_secagg() = secagg_->TaskMessage();
+  }
+  if (cfg_.dp.enabled && cfg_.dp.noise == "distributed") {
+    // Each client's share of the noise: n shares sum to N(0, (z C)^2).
+    task->mutable_dp()->set_clip(cfg_.dp.clip);
+    task->mutable_dp()->set_noise_stddev(cfg_.dp.noise_multiplier * cfg_.dp.clip /
+                                         std::sqrt(static_cast<double>(round_clients_)));
   }
   tasks_[task->task_id()] = std::move(rec);
   return msg;
@@ -2010,6 +2022,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
 
   const auto start = Clock::now();  // wall_s: from sampling to commit
   RoundPlan plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
+  if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
+  round_clients_ = std::max<int>(1, plan.clients.size());
   strategy_->BeginRound(global_);
   tasks_.clear();
   turns_.clear();
@@ -2169,6 +2183,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   } else {
     if (secagg) finished = AccumulateSecAgg(*secagg, weight, next);
     if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
+    if (finished.ok()) m.strategy_stats = strategy_->RoundStats();
   }
   std::shared_ptr<const std::string> blob;
   std::string digest;
@@ -2193,8 +2208,12 @@ Status Server::Impl::BeginSecAggLocked(int64_t round, const std::vector<std::str
         "secure_aggregation.modulus ", c.modulus, " is too small for ", clients.size(),
         " clients of 2^", c.bits, " levels each: sums would wrap"));
   }
+  // Updates are weighted by examples, except under DP, where every clipped update counts
+  // the same (max_weight 1: every client's scale is 1).
   int64_t max_weight = 1;
-  for (const auto& cid : clients) max_weight = std::max(max_weight, sessions_[cid].num_examples);
+  if (!UniformSecAggWeights()) {
+    for (const auto& cid : clients) max_weight = std::max(max_weight, sessions_[cid].num_examples);
+  }
   secagg_ = std::make_unique<SecAggRound>(c, absl::StrCat(run_id_, "|round ", round), clients,
                                           global_.total_elements(), max_weight, rng_());
   return absl::OkStatus();
@@ -2255,8 +2274,10 @@ Status Server::Impl::AccumulateSecAgg(const SecAggRound& round, int64_t total_ex
   ASSIGN_OR_RETURN(SecAggRound::Result r, round.Finish());
   if (total_examples <= 0) return absl::AbortedError("secure aggregation: no survivors' weight");
   // Clients sent n_u / max_weight * x_u: the weighted mean is the sum over the survivors'
-  // total weight in the same units.
-  const double scale = static_cast<double>(round.TaskMessage().max_weight()) / total_examples;
+  // total weight in the same units (or, with uniform weights, over their number).
+  const double scale = UniformSecAggWeights()
+                           ? 1.0 / r.survivors.size()
+                           : static_cast<double>(round.TaskMessage().max_weight()) / total_examples;
   ParameterSet mean = layout;
   size_t i = 0;
   for (auto& t : mean.mutable_tensors()) {
@@ -2362,6 +2383,7 @@ Status Server::Impl::Run() {
     last_accuracy_ = ev.accuracy;
   }
   Status result = absl::OkStatus();
+  std::string stop_reason;  // a strategy's reason to end the run early
   int failed_in_a_row = 0;
   while (true) {
     StatusOr<RoundMetrics> m;
@@ -2375,6 +2397,11 @@ Status Server::Impl::Run() {
       m = RunRound(l);
     }
     if (!m.ok()) {
+      if (m.status().code() == absl::StatusCode::kOutOfRange) {  // the strategy ended the run
+        spdlog::info("run ends early: {}", std::string(m.status().message()));
+        stop_reason = std::string(m.status().message());
+        break;
+      }
       if (m.status().code() == absl::StatusCode::kAborted && ++failed_in_a_row < 5) {
         spdlog::warn("{}; retrying the round", std::string(m.status().message()));
         continue;
@@ -2394,7 +2421,9 @@ Status Server::Impl::Run() {
         m->round, m->test_accuracy, m->test_loss, m->train_loss, m->participants, m->failures,
         m->bytes_up, m->bytes_down, m->wall_s);
   }
-  EndRun(result.ok() ? "completed" : std::string(result.message()));
+  EndRun(!result.ok() ? std::string(result.message())
+                      : stop_reason.empty() ? "completed"
+                                            : "completed early: " + stop_reason);
   return result;
 }
 

@@ -65,6 +65,8 @@ struct RoundMetrics {
   double client_compute_s = 0;
   double transfer_s = 0;
   double server_compute_s = 0;
+  // What the strategy adds (DP: epsilon, delta, dp_clip, dp_noise_std, ...).
+  std::map<std::string, double> strategy_stats;
 };
 
 class Server {

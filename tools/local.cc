@@ -202,6 +202,13 @@ int RunLocal(const LocalOptions& o) {
             << ", partition " << config->local.partition
             << (config->split.enabled() ? ", split " + config->split.mode : std::string())
             << (o.insecure ? ", plaintext" : config->tls.mutual ? ", mutual TLS" : ", TLS")
+            << (config->local.attackers > 0
+                    ? absl::StrCat(", ", config->local.attackers, " attackers (",
+                                   config->local.attack, ")")
+                    : std::string())
+            << (config->aggregation.rule != "mean" ? ", aggregation " + config->aggregation.rule
+                                                   : std::string())
+            << (config->dp.enabled ? ", DP" : "")
             << "\n"
             << "run directory: " << run_dir << "\n"
             << std::flush;
@@ -236,6 +243,9 @@ int RunLocal(const LocalOptions& o) {
         absl::StrCat(config->local.partition, ",client=", i, ",of=", clients, ",seed=",
                      config->local.partition_seed),
         "--name", name, "--give-up-after", "60"};
+    if (i >= clients - config->local.attackers) {
+      argv.insert(argv.end(), {"--attack", config->local.attack});
+    }
     if (o.insecure) {
       argv.push_back("--insecure");
     } else {
@@ -296,6 +306,9 @@ int RunLocal(const LocalOptions& o) {
                        Bytes(j.value("bytes_up", 0.0)), Bytes(j.value("bytes_down", 0.0)),
                        j.value("wall_s", 0.0), j.value("participants", 0),
                        j.value("failures", 0));
+      if (j.contains("epsilon")) {
+        std::cout << absl::StrFormat("  eps %.3f", j.value("epsilon", 0.0));
+      }
       if (j.contains("cuts")) {
         std::string cuts;
         for (const auto& [client, cut] : j["cuts"].items()) {

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "core/files.h"
+#include "privacy/accountant.h"
 #include "privacy/certs.h"
 #include "privacy/tls.h"
 #include "tools/local.h"
@@ -83,7 +84,29 @@ int main(int argc, char** argv) {
   issue->add_option("dir", certs_dir, "federation directory")->required();
   issue->add_option("name", client_name, "the client's name (its identity)")->required();
 
+  auto* privacy = app.add_subcommand("privacy", "plan a differential-privacy budget");
+  privacy->require_subcommand(1);
+  double z = 0, q = 0, delta = 1e-5;
+  int64_t steps = 0;
+  auto* epsilon = privacy->add_subcommand(
+      "epsilon", "epsilon of the sampled Gaussian mechanism (RDP accountant)");
+  epsilon->add_option("--noise-multiplier", z, "noise std / clipping norm")->required();
+  epsilon->add_option("--sampling-rate", q, "fraction of clients (or examples) per step")
+      ->required();
+  epsilon->add_option("--steps", steps, "rounds (or steps)")->required();
+  epsilon->add_option("--delta", delta, "delta (default 1e-5)");
+
   CLI11_PARSE(app, argc, argv);
+  if (privacy->parsed()) {
+    auto e = cleave::dp::ComputeEpsilon(q, z, steps, delta);
+    if (!e.ok()) {
+      std::cerr << "cleave privacy epsilon: " << e.status().message() << "\n";
+      return 2;
+    }
+    std::cout << "epsilon " << e->epsilon << " at delta " << delta << " (best RDP order "
+              << e->order << ")\n";
+    return 0;
+  }
   if (certs->parsed()) {
     const bool is_init = init->parsed();
     cleave::Status s = is_init ? cleave::InitFederation(certs_dir, cert_opts)

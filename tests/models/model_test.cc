@@ -226,5 +226,26 @@ TEST(ModelTest, LeNet5MatchesStockPyTorchOps) {
   std::filesystem::remove(path);
 }
 
+// A dataset at the address of an earlier one (here a loop's temporary subset) is not
+// mistaken for it by the model's cache of data tensors.
+TEST(ModelTest, TrainsOnTheDataItIsGivenNotACachedOne) {
+  auto m = Model::Create({"mlp", "", 1});
+  ASSERT_TRUE(m.ok());
+  const Dataset full = *LoadFashionMnist("/usr/share/datasets/fashion-mnist", true, 200);
+  const ParameterSet p0 = (*m)->Parameters();
+  std::vector<std::vector<float>> after;
+  for (int k = 0; k < 2; ++k) {
+    std::vector<int64_t> idx;
+    for (int64_t i = k * 100; i < (k + 1) * 100; ++i) idx.push_back(i);
+    const Dataset part = full.Subset(idx);
+    ASSERT_TRUE((*m)->SetParameters(p0).ok());
+    LocalTrainOptions o;
+    o.batch_size = 20;
+    ASSERT_TRUE((*m)->Train(part, o).ok());
+    after.push_back((*m)->Parameters().tensors()[0].values);
+  }
+  EXPECT_NE(after[0], after[1]);
+}
+
 }  // namespace
 }  // namespace cleave

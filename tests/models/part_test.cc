@@ -61,5 +61,41 @@ TEST(ModelPartTest, PendingMicroBatchesUseTheWeightsTheirForwardUsed) {
   EXPECT_EQ((*part)->Backward(2, g).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(DistanceCorrelationTest, KnownCases) {
+  const Activations x = Random({64, 5}, 1);
+  EXPECT_NEAR(*DistanceCorrelation(x, x), 1.0, 1e-5);
+  Activations affine = x;
+  for (auto& v : affine.values) v = 3 * v - 2;
+  EXPECT_NEAR(*DistanceCorrelation(x, affine), 1.0, 1e-5) << "invariant to scale and shift";
+  const Activations big = Random({256, 5}, 3);
+  EXPECT_LT(*DistanceCorrelation(big, Random({256, 5}, 4)), 0.3) << "independent samples";
+  EXPECT_FALSE(DistanceCorrelation(x, Random({32, 5}, 2)).ok());
+}
+
+// NoPeek: with only the distance-correlation term (zero gradient from the server), the
+// head learns to decorrelate its activations from its input; without it nothing moves.
+TEST(ModelPartTest, NoPeekLowersTheDistanceCorrelationOfTheActivations) {
+  auto dcor_after = [](double alpha) {
+    auto part = ModelPart::Create({"mlp", "", 1}, 0, 1);
+    EXPECT_TRUE(part.ok());
+    (*part)->ResetOptimizer({0.05, 0.9, 0.0});
+    (*part)->SetNoPeek(alpha);
+    const Activations x = Random({64, 1, 28, 28}, 5);
+    const double before = *DistanceCorrelation(x, *(*part)->Forward(0, x));
+    for (int step = 1; step <= 60; ++step) {
+      auto out = (*part)->Forward(step, x);
+      Activations zero = *out;
+      std::fill(zero.values.begin(), zero.values.end(), 0.0f);
+      EXPECT_TRUE((*part)->Backward(step, zero).ok());
+    }
+    const double after = *DistanceCorrelation(x, *(*part)->Forward(999, x));
+    return std::pair{before, after};
+  };
+  const auto [b0, a0] = dcor_after(0);
+  EXPECT_NEAR(a0, b0, 1e-6) << "no NoPeek, no gradient: unchanged";
+  const auto [b1, a1] = dcor_after(1.0);
+  EXPECT_LT(a1, b1 - 0.05) << "before " << b1;
+}
+
 }  // namespace
 }  // namespace cleave

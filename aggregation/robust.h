@@ -1,0 +1,41 @@
+// Byzantine-robust aggregation rules over the round's updates, each flattened to one
+// vector (all the same length). Unweighted, except `norm_bound`.
+//
+// Krum's score (Blanchard et al. 2017) of update i is the sum of squared Euclidean
+// distances to its max(1, n - f - 2) nearest other updates (the convention of Flower's
+// Krum); the lowest score wins, ties to the lower index. Multi-Krum averages the m
+// lowest-scoring updates. Bulyan (El Mhamdi et al. 2018) picks n - 2f updates by
+// repeated Krum, then averages per coordinate the n - 4f values closest to their median.
+// Unlike the mean these need every update at once: server memory O(n x model).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cleave::robust {
+
+using Updates = std::vector<std::vector<float>>;
+
+// OK when `rule` can run on n updates tolerating f attackers.
+Status CheckRule(const std::string& rule, int n, int f, int m);
+
+std::vector<float> Mean(const Updates& u);
+std::vector<float> Median(const Updates& u);
+// Per coordinate: drops the f largest and f smallest values, averages the rest.
+std::vector<float> TrimmedMean(const Updates& u, int f);
+// Indices of the m lowest Krum scores, best first.
+std::vector<int> KrumSelect(const Updates& u, int f, int m);
+std::vector<float> Krum(const Updates& u, int f);
+std::vector<float> MultiKrum(const Updates& u, int f, int m);
+std::vector<float> Bulyan(const Updates& u, int f);
+// Scales each update down to L2 norm <= max_norm, then the mean weighted by `weights`.
+std::vector<float> NormBound(const Updates& u, const std::vector<double>& weights, double max_norm);
+
+// The rule by name (mean, median, trimmed_mean, krum, multi_krum, bulyan, norm_bound).
+StatusOr<std::vector<float>> Aggregate(const std::string& rule, const Updates& u,
+                                       const std::vector<double>& weights, int f, int m,
+                                       double max_norm);
+
+}  // namespace cleave::robust

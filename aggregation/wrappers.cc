@@ -1,0 +1,277 @@
+// Strategies that reduce a round's updates to one their own way (DP-FedAvg, robust
+// rules) and hand it to an inner FedAvg-family strategy, which applies its server rule.
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "aggregation/dp.h"
+#include "aggregation/robust.h"
+#include "privacy/accountant.h"
+
+namespace cleave {
+namespace {
+
+double Norm(const std::vector<TensorView>& delta) {
+  double s = 0;
+  alignas(64) float buf[kViewBlock];
+  for (const auto& v : delta) {
+    for (int64_t b = 0; b < v.numel; b += kViewBlock) {
+      const int64_t n = std::min(kViewBlock, v.numel - b);
+      v.Read(b, n, buf);
+      for (int64_t j = 0; j < n; ++j) s += static_cast<double>(buf[j]) * buf[j];
+    }
+  }
+  return std::sqrt(s);
+}
+
+// out += scale * delta.
+void AddScaled(const std::vector<TensorView>& delta, double scale, ParameterSet* out) {
+  alignas(64) float buf[kViewBlock];
+  auto& ts = out->mutable_tensors();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const TensorView& v = delta[i];
+    for (int64_t b = 0; b < v.numel; b += kViewBlock) {
+      const int64_t n = std::min(kViewBlock, v.numel - b);
+      v.Read(b, n, buf);
+      float* acc = ts[i].values.data() + b;
+      for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<float>(scale * buf[j]);
+    }
+  }
+}
+
+// Splits `state` into the inner strategy's tensors and those whose names start with
+// `prefix` (prefix removed).
+std::pair<ParameterSet, ParameterSet> SplitState(const ParameterSet& state,
+                                                 const std::string& prefix) {
+  ParameterSet inner, own;
+  for (const auto& t : state.tensors()) {
+    if (t.name.rfind(prefix, 0) == 0) {
+      own.Add(Tensor{t.name.substr(prefix.size()), t.shape, t.values}).IgnoreError();
+    } else {
+      inner.Add(t).IgnoreError();
+    }
+  }
+  return {std::move(inner), std::move(own)};
+}
+
+class DpStrategy : public Strategy {
+ public:
+  DpStrategy(std::unique_ptr<Strategy> inner, DpConfig c, uint64_t seed)
+      : inner_(std::move(inner)),
+        c_(std::move(c)),
+        clip_(c_.clip),
+        rng_(seed),
+        orders_(dp::DefaultOrders()),
+        rdp_(orders_.size(), 0) {}
+
+  std::string name() const override { return inner_->name() + "+dp"; }
+
+  RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
+                           std::mt19937_64& rng) override {
+    RoundPlan plan = inner_->ConfigureRound(round, available, rng);
+    q_ = available.empty() ? 1.0 : static_cast<double>(plan.clients.size()) / available.size();
+    if (c_.target_epsilon > 0) {
+      auto next = RdpAfter(q_);
+      auto eps = next.ok() ? dp::EpsilonFromRdp(orders_, *next, c_.delta) : next.status();
+      if (!eps.ok() || eps->epsilon > c_.target_epsilon) {
+        plan.stop_reason = absl::StrCat(
+            "privacy budget: round ", round, " would bring epsilon to ",
+            eps.ok() ? eps->epsilon : INFINITY, " > dp.target_epsilon ", c_.target_epsilon);
+      }
+    }
+    return plan;
+  }
+
+  void BeginRound(const ParameterSet& global) override {
+    inner_->BeginRound(global);
+    sum_ = global.ZerosLike();
+    count_ = 0;
+    unclipped_ = 0;
+  }
+
+  void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
+    ++count_;
+    if (c_.noise == "distributed") {  // clipped and noised by the clients
+      inner_->Accumulate(delta, num_examples);
+      return;
+    }
+    const double norm = Norm(delta);
+    if (norm <= clip_) ++unclipped_;
+    AddScaled(delta, ClipFactor(norm, clip_), &sum_);
+  }
+
+  int accumulated() const override { return count_; }
+
+  Status FinishRound(int num_failures, ParameterSet* global) override {
+    if (count_ == 0) return inner_->FinishRound(num_failures, global);
+    double z_update = c_.noise_multiplier;
+    const double sigma_b =
+        c_.clip_count_stddev > 0 ? c_.clip_count_stddev : std::max(count_ / 20.0, c_.noise_multiplier);
+    if (c_.adaptive) {
+      ASSIGN_OR_RETURN(z_update, UpdateNoiseMultiplier(c_.noise_multiplier, sigma_b));
+    }
+    if (c_.noise == "central") {
+      noise_std_ = z_update * clip_ / count_;
+      std::normal_distribution<double> noise(0, noise_std_);
+      for (auto& t : sum_.mutable_tensors()) {
+        for (float& v : t.values) v = static_cast<float>(v / count_ + noise(rng_));
+      }
+      inner_->Accumulate(ViewsOf(sum_), count_);
+    } else {
+      noise_std_ = z_update * clip_ / count_;  // the sum of the clients' shares, averaged
+    }
+    RETURN_IF_ERROR(inner_->FinishRound(num_failures, global));
+    used_clip_ = clip_;
+    if (c_.adaptive) {
+      std::normal_distribution<double> count_noise(0, sigma_b);
+      unclipped_fraction_ = (unclipped_ + count_noise(rng_)) / count_;
+      clip_ *= std::exp(-c_.clip_lr * (unclipped_fraction_ - c_.target_quantile));
+    }
+    ASSIGN_OR_RETURN(rdp_, RdpAfter(q_));
+    ASSIGN_OR_RETURN(epsilon_, dp::EpsilonFromRdp(orders_, rdp_, c_.delta));
+    return absl::OkStatus();
+  }
+
+  ParameterSet State() const override {
+    ParameterSet s = inner_->State();
+    s.Add(Tensor{"dp/clip", {1}, {static_cast<float>(clip_)}}).IgnoreError();
+    // RDP values are kept as float pairs (hi, lo) so the restored sum stays exact enough.
+    std::vector<float> rdp;
+    for (double r : rdp_) {
+      const float hi = static_cast<float>(r);
+      rdp.push_back(hi);
+      rdp.push_back(static_cast<float>(r - hi));
+    }
+    s.Add(Tensor{"dp/rdp", {static_cast<int64_t>(rdp.size())}, rdp}).IgnoreError();
+    return s;
+  }
+
+  Status Restore(const ParameterSet& state) override {
+    auto [inner, own] = SplitState(state, "dp/");
+    RETURN_IF_ERROR(inner_->Restore(inner));
+    const Tensor* clip = own.Find("clip");
+    const Tensor* rdp = own.Find("rdp");
+    if (!clip || !rdp || clip->values.size() != 1 || rdp->values.size() != 2 * orders_.size()) {
+      return absl::InvalidArgumentError("the checkpoint lacks DP state (dp/clip, dp/rdp)");
+    }
+    clip_ = clip->values[0];
+    for (size_t i = 0; i < orders_.size(); ++i) {
+      rdp_[i] = static_cast<double>(rdp->values[2 * i]) + rdp->values[2 * i + 1];
+    }
+    auto eps = dp::EpsilonFromRdp(orders_, rdp_, c_.delta);
+    if (eps.ok()) epsilon_ = *eps;
+    return absl::OkStatus();
+  }
+
+  std::map<std::string, double> RoundStats() const override {
+    std::map<std::string, double> s = inner_->RoundStats();
+    s["epsilon"] = epsilon_.epsilon;
+    s["delta"] = c_.delta;
+    s["dp_clip"] = used_clip_;
+    s["dp_noise_std"] = noise_std_;
+    s["dp_sampling_rate"] = q_;
+    if (c_.adaptive) s["dp_unclipped_fraction"] = unclipped_fraction_;
+    return s;
+  }
+
+ private:
+  StatusOr<std::vector<double>> RdpAfter(double q) const {
+    ASSIGN_OR_RETURN(auto step, dp::ComputeRdp(q, c_.noise_multiplier, 1, orders_));
+    for (size_t i = 0; i < step.size(); ++i) step[i] += rdp_[i];
+    return step;
+  }
+
+  std::unique_ptr<Strategy> inner_;
+  DpConfig c_;
+  double clip_;
+  std::mt19937_64 rng_;
+  std::vector<double> orders_, rdp_;
+  double q_ = 1;
+  ParameterSet sum_;
+  int count_ = 0, unclipped_ = 0;
+  double used_clip_ = 0, noise_std_ = 0, unclipped_fraction_ = 0;
+  dp::Epsilon epsilon_;
+};
+
+class RobustStrategy : public Strategy {
+ public:
+  RobustStrategy(std::unique_ptr<Strategy> inner, AggregationConfig c)
+      : inner_(std::move(inner)), c_(std::move(c)) {}
+
+  std::string name() const override { return inner_->name() + "+" + c_.rule; }
+
+  RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
+                           std::mt19937_64& rng) override {
+    return inner_->ConfigureRound(round, available, rng);
+  }
+
+  void BeginRound(const ParameterSet& global) override {
+    inner_->BeginRound(global);
+    layout_ = global.ZerosLike();
+    updates_.clear();
+    weights_.clear();
+  }
+
+  void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
+    std::vector<float> flat;
+    for (const auto& v : delta) {
+      const size_t at = flat.size();
+      flat.resize(at + v.numel);
+      v.Read(0, v.numel, flat.data() + at);
+    }
+    updates_.push_back(std::move(flat));
+    weights_.push_back(static_cast<double>(num_examples));
+  }
+
+  int accumulated() const override { return static_cast<int>(updates_.size()); }
+
+  Status FinishRound(int num_failures, ParameterSet* global) override {
+    if (updates_.empty()) return inner_->FinishRound(num_failures, global);
+    ASSIGN_OR_RETURN(std::vector<float> agg, robust::Aggregate(c_.rule, updates_, weights_, c_.f,
+                                                               c_.m, c_.max_norm));
+    size_t at = 0;
+    for (auto& t : layout_.mutable_tensors()) {
+      std::copy(agg.begin() + at, agg.begin() + at + t.values.size(), t.values.begin());
+      at += t.values.size();
+    }
+    updates_.clear();
+    inner_->Accumulate(ViewsOf(layout_), 1);
+    return inner_->FinishRound(num_failures, global);
+  }
+
+  ParameterSet State() const override { return inner_->State(); }
+  Status Restore(const ParameterSet& state) override { return inner_->Restore(state); }
+  std::map<std::string, double> RoundStats() const override { return inner_->RoundStats(); }
+
+ private:
+  std::unique_ptr<Strategy> inner_;
+  AggregationConfig c_;
+  ParameterSet layout_;
+  robust::Updates updates_;
+  std::vector<double> weights_;
+};
+
+}  // namespace
+
+double ClipFactor(double norm, double clip) { return norm > clip ? clip / norm : 1.0; }
+
+StatusOr<double> UpdateNoiseMultiplier(double z, double sigma_b) {
+  if (!(2 * sigma_b > z)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adaptive clipping: dp.clip_count_stddev ", sigma_b,
+        " must exceed dp.noise_multiplier / 2 = ", z / 2));
+  }
+  return 1.0 / std::sqrt(1.0 / (z * z) - 1.0 / (4 * sigma_b * sigma_b));
+}
+
+std::unique_ptr<Strategy> MakeDpStrategy(std::unique_ptr<Strategy> inner, const DpConfig& config,
+                                         uint64_t seed) {
+  return std::make_unique<DpStrategy>(std::move(inner), config, seed);
+}
+
+std::unique_ptr<Strategy> MakeRobustStrategy(std::unique_ptr<Strategy> inner,
+                                             const AggregationConfig& config) {
+  return std::make_unique<RobustStrategy>(std::move(inner), config);
+}
+
+}  // namespace cleave
