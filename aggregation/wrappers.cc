@@ -90,11 +90,14 @@ class DpStrategy : public Strategy {
   }
 
   void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
-    ++count_;
-    if (c_.noise == "distributed") {  // clipped and noised by the clients
+    if (c_.noise == "distributed") {
+      // The unmasked mean of clipped, noised updates; its weight is how many clients it
+      // sums (the server's secure aggregation says so).
+      count_ += static_cast<int>(num_examples);
       inner_->Accumulate(delta, num_examples);
       return;
     }
+    ++count_;
     const double norm = Norm(delta);
     if (norm <= clip_) ++unclipped_;
     AddScaled(delta, ClipFactor(norm, clip_), &sum_);

@@ -2283,7 +2283,11 @@ Status Server::Impl::AccumulateSecAgg(const SecAggRound& round, int64_t total_ex
   for (auto& t : mean.mutable_tensors()) {
     for (float& v : t.values) v = static_cast<float>(r.sum[i++] * scale);
   }
-  strategy_->Accumulate(ViewsOf(mean), total_examples);
+  // Under distributed DP the weight is the number of clients in the sum (the DP
+  // strategy's n); otherwise their examples.
+  strategy_->Accumulate(ViewsOf(mean), UniformSecAggWeights()
+                                           ? static_cast<int64_t>(r.survivors.size())
+                                           : total_examples);
   spdlog::info("secure aggregation: unmasked the sum of {} updates", r.survivors.size());
   return absl::OkStatus();
 }

@@ -4,7 +4,9 @@
 # each robust rule, against the clean run. Prints a Markdown table of final accuracies.
 #   bench/robust/attacks.sh [ROUNDS=10]
 # One federation at a time (about 25 s each at 10 rounds); run directories go to
-# runs/bench-robust-ROUNDS/. RULES and ATTACKS (space-separated) narrow the grid.
+# runs/bench-robust-ROUNDS/. RULES and ATTACKS (space-separated) narrow the grid;
+# SKIP_DONE=1 keeps runs that already completed. The binaries are copied first, so a
+# rebuild meanwhile does not disturb the runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-10}
@@ -12,6 +14,9 @@ out=runs/bench-robust-$rounds
 rules=(${RULES:-mean median trimmed_mean krum multi_krum norm_bound bulyan})
 attacks=(${ATTACKS:-sign-flip gaussian label-flip alie ipm})
 mkdir -p "$out"
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
 
 base() {
   cat <<YAML
@@ -26,10 +31,14 @@ YAML
 
 run() {  # run NAME AGGREGATION_YAML LOCAL_YAML
   local dir="$out/$1"
+  if [ "${SKIP_DONE:-0}" = 1 ] && [ -f "$dir/metrics.jsonl" ] &&
+     [ "$(wc -l < "$dir/metrics.jsonl")" -ge "$rounds" ]; then
+    return
+  fi
   rm -rf "$dir"
   mkdir -p "$dir"
   { base; echo "aggregation: $2"; echo "local: $3"; } > "$dir.yaml"
-  ./build/bin/cleave local --config "$dir.yaml" --rounds "$rounds" --run-dir "$dir" > "$dir.log" 2>&1
+  "$bin/cleave" local --config "$dir.yaml" --rounds "$rounds" --run-dir "$dir" > "$dir.log" 2>&1
 }
 
 agg() {  # the aggregation section of a rule, tolerating 2 attackers where it can

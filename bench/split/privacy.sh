@@ -10,6 +10,9 @@ cd "$(dirname "$0")/../.."
 rounds=${1:-5}
 out=runs/bench-split-privacy-$rounds
 mkdir -p "$out"
+bin=$(mktemp -d)  # a copy of the binaries: a rebuild meanwhile does not disturb the runs
+trap 'rm -rf "$bin"' EXIT
+cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
 variants=("none|{}" "noise-0.1|{activation_noise: 0.1}" "noise-0.5|{activation_noise: 0.5}"
           "nopeek-0.1|{nopeek: 0.1}" "nopeek-0.5|{nopeek: 0.5}")
 for v in "${variants[@]}"; do
@@ -29,7 +32,7 @@ train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
 split: {mode: sfl-v2, cut: 2${opts:+, $opts}}
 local: {partition: "dirichlet:0.5", partition_seed: 42, clients: 10}
 YAML
-  ./build/bin/cleave local --config "$dir.yaml" --rounds "$rounds" --run-dir "$dir" > "$dir.log" 2>&1
+  "$bin/cleave" local --config "$dir.yaml" --rounds "$rounds" --run-dir "$dir" > "$dir.log" 2>&1
 done
 python3 - "$out" "$rounds" <<'PY'
 import json, sys

@@ -60,5 +60,34 @@ TEST(SecureAggregationTest, TheModelIsPlainFedAvgsUpToQuantization) {
   }
 }
 
+// Distributed DP: clients clip and add their share of the noise before masking; the
+// server averages the unmasked sum with equal weights and accounts the round.
+TEST(SecureAggregationTest, DistributedDpNoiseThroughSecureAggregation) {
+  Federation f;
+  f.Start(std::string(kJob) + kSecAgg +
+              "dp: {noise: distributed, noise_multiplier: 1.0, clip: 0.5}\n",
+          Options(5, 5000));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 5);
+  EXPECT_GT(h[0].strategy_stats.at("epsilon"), 0);
+  EXPECT_NEAR(h[0].strategy_stats.at("dp_noise_std"), 1.0 * 0.5 / 5, 1e-12);
+  // The model moved by about the noise: per coordinate std z C / n = 0.1 (the clipped
+  // updates add at most C / sqrt(numel) per coordinate on average).
+  const ParameterSet initial = (*Model::Create({"mlp", "", 3}))->Parameters();
+  const ParameterSet after = f.server->GlobalModel();
+  double sq = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < after.size(); ++i) {
+    for (size_t j = 0; j < after.tensors()[i].values.size(); ++j, ++n) {
+      const double d = after.tensors()[i].values[j] - initial.tensors()[i].values[j];
+      sq += d * d;
+    }
+  }
+  EXPECT_NEAR(std::sqrt(sq / n), 0.1, 0.01);
+}
+
 }  // namespace
 }  // namespace cleave
