@@ -96,15 +96,7 @@ int RunPeers(int port, int clients, int64_t params, bool secure, const std::stri
         s = sa.ok() ? sa->Submit(stub.get(), w, task, delta, 100, 0.5, 1, nullptr, next).status()
                     : sa.status();
       } else {
-        v1::UploadHeader h;
-        h.set_run_id(task.run_id());
-        h.set_client_id(w.client_id());
-        h.set_session_token(w.session_token());
-        h.set_round(task.round());
-        h.set_task_id(task.task_id());
-        h.set_num_examples(100);
-        h.set_codec("fp32");
-        s = UploadPayload(stub.get(), h, plain_payload).status();
+        s = UploadPayload(stub.get(), TaskUploadHeader(w, task, 100, "fp32"), plain_payload).status();
       }
       cpu[i] = ThreadCpuSeconds() - t0;
       if (!s.ok()) {

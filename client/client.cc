@@ -335,19 +335,13 @@ StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
     const auto& g = base.tensors()[i].values;
     for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
   }
-  v1::UploadHeader h;
-  h.set_run_id(task.run_id());
-  h.set_client_id(w.client_id());
-  h.set_session_token(w.session_token());
-  h.set_round(task.round());
-  h.set_task_id(task.task_id());
-  h.set_num_examples(examples);
+  const std::string& spec = task.update_codec();
+  const bool fp32 = spec.empty() || CodecFamily(spec) == "none";
+  v1::UploadHeader h = TaskUploadHeader(w, task, examples, fp32 ? "fp32" : spec);
   h.set_train_loss(loss);
   h.set_train_seconds(seconds);
   if (split) *h.mutable_split() = *split;
-  const std::string& spec = task.update_codec();
-  if (spec.empty() || CodecFamily(spec) == "none") {
-    h.set_codec("fp32");
+  if (fp32) {
     return UploadPayload(stub, h, trained.Encode(), 1 << 20, 600, &emulator);
   }
   std::string key = spec;
@@ -356,7 +350,6 @@ StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
     ASSIGN_OR_RETURN(update_codec, MakeCodec(spec, std::hash<std::string>{}(opts.name)));
     update_codec_key = std::move(key);
   }
-  h.set_codec(spec);
   return UploadPayload(stub, h, EncodeTensors(*update_codec, trained), 1 << 20, 600, &emulator);
 }
 

@@ -5,12 +5,11 @@
 #include <iostream>
 #include <thread>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
-#include "core/files.h"
 #include "core/logging.h"
+#include "privacy/tls.h"
 #include "core/signals.h"
 #include "models/model.h"
 
@@ -96,12 +95,12 @@ int main(int argc, char** argv) {
   }
   std::string token;
   if (!token_file.empty()) {
-    auto text = cleave::ReadFile(token_file);
-    if (!text.ok()) {
-      std::cerr << "cleave-client: --token-file: " << text.status().message() << "\n";
+    auto read = cleave::ReadBearerToken(token_file);
+    if (!read.ok()) {
+      std::cerr << "cleave-client: --token-file: " << read.status().message() << "\n";
       return 2;
     }
-    token = std::string(absl::StripAsciiWhitespace(*text));
+    token = *read;
   }
 
   cleave::SetupLogging(name.empty() ? "client" : name, "", log_level);

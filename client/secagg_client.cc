@@ -158,16 +158,9 @@ StatusOr<v1::UploadReply> SecAggClient::Submit(v1::Coordinator::Stub* stub, cons
   for (size_t i = 0; i < y.size(); ++i) {
     for (int b = 0; b < width; ++b) payload[i * width + b] = static_cast<char>(y[i] >> (8 * b));
   }
-  v1::UploadHeader h;
-  h.set_run_id(task.run_id());
-  h.set_client_id(w.client_id());
-  h.set_session_token(w.session_token());
-  h.set_round(task.round());
-  h.set_task_id(task.task_id());
-  h.set_num_examples(examples);
+  v1::UploadHeader h = TaskUploadHeader(w, task, examples, "secagg");
   h.set_train_loss(loss);
   h.set_train_seconds(seconds);
-  h.set_codec("secagg");
   ASSIGN_OR_RETURN(v1::UploadReply reply, UploadPayload(stub, h, payload, 1 << 20, 600, emulator));
 
   // Stage 4: reveal, per neighbour we masked with, one share: never both of one client.

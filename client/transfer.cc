@@ -63,6 +63,19 @@ StatusOr<std::string> FetchBlob(v1::Coordinator::StubInterface* stub, const std:
   return blob;
 }
 
+v1::UploadHeader TaskUploadHeader(const v1::Welcome& w, const v1::Task& task,
+                                  int64_t num_examples, const std::string& codec) {
+  v1::UploadHeader h;
+  h.set_run_id(task.run_id());
+  h.set_client_id(w.client_id());
+  h.set_session_token(w.session_token());
+  h.set_round(task.round());
+  h.set_task_id(task.task_id());
+  h.set_num_examples(num_examples);
+  h.set_codec(codec);
+  return h;
+}
+
 StatusOr<v1::UploadReply> UploadPayload(v1::Coordinator::StubInterface* stub,
                                         v1::UploadHeader header, const std::string& payload,
                                         int chunk_bytes, double deadline_s,

@@ -15,6 +15,11 @@ StatusOr<std::string> FetchBlob(v1::Coordinator::StubInterface* stub, const std:
                                 const std::string& token, const std::string& digest,
                                 double deadline_s = 600, DeviceEmulator* emulator = nullptr);
 
+// The header of an upload for `task` by the client `w` welcomed: ids, round, task,
+// `num_examples` and `codec` (total_size is set by UploadPayload).
+v1::UploadHeader TaskUploadHeader(const v1::Welcome& w, const v1::Task& task,
+                                  int64_t num_examples, const std::string& codec);
+
 // Uploads `payload` after `header` (whose total_size is set here) in chunks of
 // `chunk_bytes`. Returns the server's reply or its error status.
 StatusOr<v1::UploadReply> UploadPayload(v1::Coordinator::StubInterface* stub,

@@ -1,5 +1,8 @@
 #include "privacy/tls.h"
 
+#include "absl/strings/ascii.h"
+#include "core/files.h"
+
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
@@ -24,6 +27,13 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& c
   auto tls = grpc::experimental::TlsCredentials(o);
   if (token.empty()) return tls;
   return grpc::CompositeChannelCredentials(tls, grpc::AccessTokenCredentials(token));
+}
+
+StatusOr<std::string> ReadBearerToken(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  std::string token(absl::StripAsciiWhitespace(text));
+  if (token.empty()) return absl::InvalidArgumentError(path + " holds no token");
+  return token;
 }
 
 }  // namespace cleave

@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "core/status.h"
+
 namespace cleave {
 
 // TLS that verifies the server against the federation CA at `ca`, presenting the
@@ -18,5 +20,9 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& c
                                                             const std::string& key,
                                                             unsigned reload_s = 60,
                                                             const std::string& token = "");
+
+// The bearer token in file `path` (auth.token_file, --token-file), surrounding
+// whitespace removed; an empty one is an error.
+StatusOr<std::string> ReadBearerToken(const std::string& path);
 
 }  // namespace cleave

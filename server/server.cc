@@ -25,7 +25,6 @@
 #include <sstream>
 #include <thread>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "aggregation/strategy.h"
 #include "compression/codec.h"
@@ -35,6 +34,7 @@
 #include "data/dataset.h"
 #include "models/model.h"
 #include "models/part.h"
+#include "privacy/tls.h"
 #include "split/cut_policy.h"
 #include "split/round.h"
 
@@ -1627,8 +1627,7 @@ Status Server::Impl::Init() {
     return absl::InvalidArgumentError("tls.mutual needs tls.cert, tls.key and tls.ca");
   }
   if (!cfg_.auth.token_file.empty()) {
-    ASSIGN_OR_RETURN(std::string token, ReadFile(cfg_.auth.token_file));
-    token = std::string(absl::StripAsciiWhitespace(token));
+    ASSIGN_OR_RETURN(std::string token, ReadBearerToken(cfg_.auth.token_file));
     if (token.size() < 16) {
       return absl::InvalidArgumentError(absl::StrCat(
           "auth.token_file: ", cfg_.auth.token_file, " holds ", token.size(),

@@ -7,9 +7,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "absl/strings/ascii.h"
 #include "cleave/v1/cleave.grpc.pb.h"
-#include "core/files.h"
 #include "privacy/accountant.h"
 #include "privacy/certs.h"
 #include "privacy/tls.h"
@@ -134,12 +132,12 @@ int main(int argc, char** argv) {
   }
   std::string token;
   if (!token_file.empty()) {
-    auto text = cleave::ReadFile(token_file);
-    if (!text.ok()) {
-      std::cerr << "cleave status: --token-file: " << text.status().message() << "\n";
+    auto read = cleave::ReadBearerToken(token_file);
+    if (!read.ok()) {
+      std::cerr << "cleave status: --token-file: " << read.status().message() << "\n";
       return 2;
     }
-    token = std::string(absl::StripAsciiWhitespace(*text));
+    token = *read;
   }
   return Status(server, cleave::ClientCredentials(ca, cert, key, 60, token));
 }
