@@ -5,7 +5,10 @@
 #   bench/robust/attacks.sh [ROUNDS=10]
 # One federation at a time (about 25 s each at 10 rounds); run directories go to
 # runs/bench-robust-ROUNDS/. RULES and ATTACKS (space-separated) narrow the grid;
-# SKIP_DONE=1 keeps runs that already completed. The binaries are copied first, so a
+# SKIP_DONE=1 keeps runs that already completed; TABLE_ONLY=1 only prints the table of
+# the runs already there. MAX_NORM (norm_bound, default 2.0) and M (multi_krum, default
+# n - f) set those rules' parameters; runs with other values get their own directories
+# (e.g. sign-flip-norm_bound-5.0). The binaries are copied first, so a
 # rebuild meanwhile does not disturb the runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,28 +47,43 @@ run() {  # run NAME AGGREGATION_YAML LOCAL_YAML
     echo "$1: cleave local failed, see $dir.log" >&2
 }
 
+max_norm=${MAX_NORM:-2.0}
+m=${M:-0}
 agg() {  # the aggregation section of a rule, tolerating 2 attackers where it can
   case "$1" in
     mean) echo "{rule: mean}" ;;
-    norm_bound) echo "{rule: norm_bound, max_norm: 2.0}" ;;
+    norm_bound) echo "{rule: norm_bound, max_norm: $max_norm}" ;;
+    multi_krum) echo "{rule: multi_krum, f: 2, m: $m}" ;;
     bulyan) echo "{rule: bulyan, f: 1}" ;;  # n >= 4f + 3: with 10 clients f = 1 at most
     *) echo "{rule: $1, f: 2}" ;;
   esac
 }
+name() {  # the run directory of attack $1 with rule $2
+  case "$2" in
+    norm_bound) [ "$max_norm" = 2.0 ] && echo "$1-$2" || echo "$1-$2-$max_norm" ;;
+    multi_krum) [ "$m" = 0 ] && echo "$1-$2" || echo "$1-$2-m$m" ;;
+    *) echo "$1-$2" ;;
+  esac
+}
 
-local_clean='{partition: "dirichlet:0.5", partition_seed: 42, clients: 10}'
-run clean "$(agg mean)" "$local_clean"
-for a in "${attacks[@]}"; do
-  for r in "${rules[@]}"; do
-    run "$a-$r" "$(agg "$r")" \
-      "{partition: \"dirichlet:0.5\", partition_seed: 42, clients: 10, attack: $a, attackers: 2}"
+if [ "${TABLE_ONLY:-0}" != 1 ]; then
+  run clean "$(agg mean)" '{partition: "dirichlet:0.5", partition_seed: 42, clients: 10}'
+  for a in "${attacks[@]}"; do
+    for r in "${rules[@]}"; do
+      run "$(name "$a" "$r")" "$(agg "$r")" \
+        "{partition: \"dirichlet:0.5\", partition_seed: 42, clients: 10, attack: $a, attackers: 2}"
+    done
   done
-done
+fi
 
-python3 - "$out" "$rounds" "${#rules[@]}" "${rules[@]}" "${attacks[@]}" <<'PY'
+names=()
+for a in "${attacks[@]}"; do for r in "${rules[@]}"; do names+=("$(name "$a" "$r")"); done; done
+python3 - "$out" "$rounds" "${#rules[@]}" "${rules[@]}" "${attacks[@]}" -- "${names[@]}" <<'PY'
 import json, sys
 out, rounds, nr = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rules, attacks = sys.argv[4:4 + nr], sys.argv[4 + nr:]
+rest = sys.argv[4 + nr:]
+rules, attacks, names = sys.argv[4:4 + nr], rest[:rest.index("--")], rest[rest.index("--") + 1:]
+run = {(a, r): names[i * len(rules) + j] for i, a in enumerate(attacks) for j, r in enumerate(rules)}
 def rows(name):
     try:
         return [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")]
@@ -81,10 +99,11 @@ def cell(name):  # a run that ended early is marked with the last round it commi
     return f"{acc(name):.2f} (failed after round {len(r)})" if r else "failed"
 clean = acc("clean")
 print(f"Final test accuracy (%) after {rounds} rounds; clean run (mean, no attackers): {clean:.2f}.\n")
-print("| attack (2 of 10) | " + " | ".join(rules) + " | best rule vs clean (points) |")
+print("| attack (2 of 10) | " + " | ".join(rules) + " | best robust rule vs clean (points) |")
 print("| --- |" + " --- |" * (len(rules) + 1))
 for a in attacks:
-    done = [acc(f"{a}-{r}") for r in rules if len(rows(f"{a}-{r}")) >= rounds]
-    best = max(done, default=float("nan"))
-    print(f"| {a} | " + " | ".join(cell(f"{a}-{r}") for r in rules) + f" | {best - clean:+.2f} |")
+    done = {r: acc(run[a, r]) for r in rules if r != "mean" and len(rows(run[a, r])) >= rounds}
+    best = max(done, key=done.get) if done else None
+    gap = f"{done[best] - clean:+.2f} ({best})" if best else "n/a"
+    print(f"| {a} | " + " | ".join(cell(run[a, r]) for r in rules) + f" | {gap} |")
 PY
