@@ -149,9 +149,30 @@ std::vector<float> NormBound(const Updates& u, const std::vector<double>& weight
   return out;
 }
 
+std::vector<float> FlTrust(const Updates& u, const std::vector<float>& reference) {
+  const std::vector<float> zero(reference.size(), 0);
+  const double ref_norm = std::sqrt(SquaredDistance(reference, zero));
+  std::vector<double> acc(reference.size(), 0);
+  double total = 0;
+  for (const auto& x : u) {
+    const double norm = std::sqrt(SquaredDistance(x, zero));
+    if (norm == 0 || ref_norm == 0) continue;
+    double dot = 0;
+    for (size_t j = 0; j < x.size(); ++j) dot += static_cast<double>(x[j]) * reference[j];
+    const double trust = std::max(0.0, dot / (norm * ref_norm));
+    for (size_t j = 0; j < x.size(); ++j) acc[j] += trust * ref_norm / norm * x[j];
+    total += trust;
+  }
+  std::vector<float> out(reference.size(), 0);
+  if (total > 0) {
+    for (size_t j = 0; j < out.size(); ++j) out[j] = static_cast<float>(acc[j] / total);
+  }
+  return out;
+}
+
 StatusOr<std::vector<float>> Aggregate(const std::string& rule, const Updates& u,
                                        const std::vector<double>& weights, int f, int m,
-                                       double max_norm) {
+                                       double max_norm, const std::vector<float>& reference) {
   const int n = static_cast<int>(u.size());
   if (m == 0) m = n - f;
   RETURN_IF_ERROR(CheckRule(rule, n, f, m));
@@ -162,6 +183,12 @@ StatusOr<std::vector<float>> Aggregate(const std::string& rule, const Updates& u
   if (rule == "multi_krum") return MultiKrum(u, f, m);
   if (rule == "bulyan") return Bulyan(u, f);
   if (rule == "norm_bound") return NormBound(u, weights, max_norm);
+  if (rule == "fltrust") {
+    if (reference.size() != u[0].size()) {
+      return absl::FailedPreconditionError("fltrust: no server update on the root data");
+    }
+    return FlTrust(u, reference);
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown aggregation rule '", rule, "'"));
 }
 

@@ -6,7 +6,8 @@
 // Krum); the lowest score wins, ties to the lower index. Multi-Krum averages the m
 // lowest-scoring updates. Bulyan (El Mhamdi et al. 2018) picks n - 2f updates by
 // repeated Krum, then averages per coordinate the n - 4f values closest to their median.
-// Unlike the mean these need every update at once: server memory O(n x model).
+// FLTrust weighs updates by their agreement with the server's own update on clean root
+// data. Unlike the mean these need every update at once: server memory O(n x model).
 #pragma once
 
 #include <string>
@@ -30,12 +31,18 @@ std::vector<int> KrumSelect(const Updates& u, int f, int m);
 std::vector<float> Krum(const Updates& u, int f);
 std::vector<float> MultiKrum(const Updates& u, int f, int m);
 std::vector<float> Bulyan(const Updates& u, int f);
+// FLTrust (Cao et al. 2021): each update is scaled to the norm of the server's own
+// update `reference` (trained on its clean root data) and weighted by its trust score
+// ReLU(cos(update, reference)); the weighted mean. All scores 0: the zero update.
+std::vector<float> FlTrust(const Updates& u, const std::vector<float>& reference);
 // Scales each update down to L2 norm <= max_norm, then the mean weighted by `weights`.
 std::vector<float> NormBound(const Updates& u, const std::vector<double>& weights, double max_norm);
 
-// The rule by name (mean, median, trimmed_mean, krum, multi_krum, bulyan, norm_bound).
+// The rule by name (mean, median, trimmed_mean, krum, multi_krum, bulyan, norm_bound,
+// fltrust; fltrust needs `reference`).
 StatusOr<std::vector<float>> Aggregate(const std::string& rule, const Updates& u,
                                        const std::vector<double>& weights, int f, int m,
-                                       double max_norm);
+                                       double max_norm,
+                                       const std::vector<float>& reference = {});
 
 }  // namespace cleave::robust

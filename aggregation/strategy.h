@@ -68,6 +68,10 @@ class Strategy {
   virtual ParameterSet State() const = 0;
   virtual Status Restore(const ParameterSet& state) = 0;
 
+  // FLTrust: the server's own update this round, trained on its root data; given before
+  // FinishRound.
+  virtual void SetReference(const ParameterSet& server_update) { (void)server_update; }
+
   // Extra per-round values for metrics.jsonl after FinishRound (e.g. epsilon).
   virtual std::map<std::string, double> RoundStats() const { return {}; }
 };

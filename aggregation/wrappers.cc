@@ -230,8 +230,10 @@ class RobustStrategy : public Strategy {
 
   Status FinishRound(int num_failures, ParameterSet* global) override {
     if (updates_.empty()) return inner_->FinishRound(num_failures, global);
-    ASSIGN_OR_RETURN(std::vector<float> agg, robust::Aggregate(c_.rule, updates_, weights_, c_.f,
-                                                               c_.m, c_.max_norm));
+    ASSIGN_OR_RETURN(std::vector<float> agg,
+                     robust::Aggregate(c_.rule, updates_, weights_, c_.f, c_.m, c_.max_norm,
+                                       reference_));
+    reference_.clear();
     size_t at = 0;
     for (auto& t : layout_.mutable_tensors()) {
       std::copy(agg.begin() + at, agg.begin() + at + t.values.size(), t.values.begin());
@@ -240,6 +242,13 @@ class RobustStrategy : public Strategy {
     updates_.clear();
     inner_->Accumulate(ViewsOf(layout_), 1);
     return inner_->FinishRound(num_failures, global);
+  }
+
+  void SetReference(const ParameterSet& server_update) override {
+    reference_.clear();
+    for (const auto& t : server_update.tensors()) {
+      reference_.insert(reference_.end(), t.values.begin(), t.values.end());
+    }
   }
 
   ParameterSet State() const override { return inner_->State(); }
@@ -252,6 +261,7 @@ class RobustStrategy : public Strategy {
   ParameterSet layout_;
   robust::Updates updates_;
   std::vector<double> weights_;
+  std::vector<float> reference_;  // fltrust: the server's update this round, flattened
 };
 
 }  // namespace

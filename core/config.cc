@@ -208,15 +208,20 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   if (auto s = root["aggregation"]) {
     auto& a = c.aggregation;
-    RETURN_IF_ERROR(CheckKeys(s, "aggregation", {"rule", "f", "m", "max_norm"}));
+    RETURN_IF_ERROR(CheckKeys(s, "aggregation", {"rule", "f", "m", "max_norm", "root_data"}));
+    RETURN_IF_ERROR(Read(s, "aggregation", "root_data", &a.root_data));
     RETURN_IF_ERROR(Read(s, "aggregation", "rule", &a.rule));
     RETURN_IF_ERROR(Read(s, "aggregation", "f", &a.f));
     RETURN_IF_ERROR(Read(s, "aggregation", "m", &a.m));
     RETURN_IF_ERROR(Read(s, "aggregation", "max_norm", &a.max_norm));
-    static const std::set<std::string> kRules = {"mean", "median", "trimmed_mean", "krum",
-                                                 "multi_krum", "bulyan", "norm_bound"};
+    static const std::set<std::string> kRules = {"mean",   "median",     "trimmed_mean",
+                                                 "krum",   "multi_krum", "bulyan",
+                                                 "norm_bound", "fltrust"};
     RETURN_IF_ERROR(Range(kRules.count(a.rule) > 0, "aggregation.rule",
-                          "mean, median, trimmed_mean, krum, multi_krum, bulyan or norm_bound"));
+                          "mean, median, trimmed_mean, krum, multi_krum, bulyan, norm_bound "
+                          "or fltrust"));
+    RETURN_IF_ERROR(Range(a.rule != "fltrust" || !a.root_data.empty(), "aggregation.root_data",
+                          "set for fltrust (e.g. fmnist:DIR,limit=100)"));
     RETURN_IF_ERROR(Range(a.f >= 0, "aggregation.f", ">= 0"));
     RETURN_IF_ERROR(Range(a.m >= 0, "aggregation.m", ">= 0"));
     RETURN_IF_ERROR(Range(a.rule != "norm_bound" || a.max_norm > 0, "aggregation.max_norm",

@@ -74,10 +74,11 @@ struct DpConfig {
 // Byzantine-robust aggregation of the round's updates (instead of the weighted mean).
 struct AggregationConfig {
   std::string rule = "mean";  // aggregation.rule: mean | median | trimmed_mean | krum |
-                              //   multi_krum | bulyan | norm_bound
+                              //   multi_krum | bulyan | norm_bound | fltrust
   int f = 0;                  // aggregation.f: attackers to tolerate
   int m = 0;                  // aggregation.m: multi_krum's selection (0 = n - f)
   double max_norm = 0;        // aggregation.max_norm: norm_bound's L2 bound
+  std::string root_data;      // aggregation.root_data: FLTrust's clean server data set
 };
 
 struct CompressionConfig {

@@ -359,6 +359,9 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // Unmasks the round's sum and folds it into the strategy as one update weighted by
   // the survivors' `total_examples`.
   Status AccumulateSecAgg(const SecAggRound& round, int64_t total_examples, const ParameterSet& layout);
+  // FLTrust: trains `global` on the root data with the round's settings and hands the
+  // change to the strategy. Runs on the round thread without mu_ (it owns model_ then).
+  Status SetFlTrustReference(const ParameterSet& global, const FitSettings& fit);
   // Distributed DP: clipped, noised updates count equally.
   bool UniformSecAggWeights() const { return cfg_.dp.enabled && cfg_.dp.noise == "distributed"; }
   StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l);
@@ -409,6 +412,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // The current round's secure aggregation (secure_aggregation.enabled), else null.
   std::unique_ptr<SecAggRound> secagg_;
   int round_clients_ = 0;  // clients sampled for the current round
+  Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
   std::mt19937_64 rng_;            // client sampling (checkpointed)
   std::map<std::string, Session> sessions_;
   std::map<std::string, std::shared_ptr<const std::string>> blobs_;
@@ -1664,6 +1668,14 @@ Status Server::Impl::Init() {
     }
   }
   ASSIGN_OR_RETURN(strategy_, CreateStrategy(cfg_));
+  if (cfg_.aggregation.rule == "fltrust") {
+    auto root = LoadDataSpec(cfg_.aggregation.root_data, /*train=*/true);
+    if (!root.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("aggregation.root_data: ", root.status().message()));
+    }
+    root_ = *std::move(root);
+  }
   if (CodecFamily(cfg_.compression.update) != "none") {
     auto codec = MakeCodec(cfg_.compression.update);
     if (!codec.ok()) {
@@ -2181,6 +2193,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     if (aggregated.ok()) next = *std::move(aggregated);
   } else {
     if (secagg) finished = AccumulateSecAgg(*secagg, weight, next);
+    if (finished.ok() && root_.size > 0) finished = SetFlTrustReference(next, plan.fit);
     if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
     if (finished.ok()) m.strategy_stats = strategy_->RoundStats();
   }
@@ -2288,6 +2301,25 @@ Status Server::Impl::AccumulateSecAgg(const SecAggRound& round, int64_t total_ex
                                            ? static_cast<int64_t>(r.survivors.size())
                                            : total_examples);
   spdlog::info("secure aggregation: unmasked the sum of {} updates", r.survivors.size());
+  return absl::OkStatus();
+}
+
+Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSettings& fit) {
+  RETURN_IF_ERROR(model_->SetParameters(global));
+  LocalTrainOptions o;
+  o.epochs = fit.local_epochs;
+  o.batch_size = fit.batch_size;
+  o.lr = fit.lr;
+  o.momentum = fit.momentum;
+  o.weight_decay = fit.weight_decay;
+  o.seed = cfg_.run.seed;
+  RETURN_IF_ERROR(model_->Train(root_, o).status());
+  ParameterSet update = model_->Parameters();
+  for (size_t i = 0; i < update.size(); ++i) {
+    auto& v = update.mutable_tensors()[i].values;
+    for (size_t j = 0; j < v.size(); ++j) v[j] -= global.tensors()[i].values[j];
+  }
+  strategy_->SetReference(update);
   return absl::OkStatus();
 }
 

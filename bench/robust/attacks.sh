@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-10}
 out=runs/bench-robust-$rounds
-rules=(${RULES:-mean median trimmed_mean krum multi_krum norm_bound bulyan})
+rules=(${RULES:-mean median trimmed_mean krum multi_krum norm_bound bulyan fltrust})
 attacks=(${ATTACKS:-sign-flip gaussian label-flip alie ipm})
 mkdir -p "$out"
 bin=$(mktemp -d)
@@ -55,6 +55,7 @@ agg() {  # the aggregation section of a rule, tolerating 2 attackers where it ca
     norm_bound) echo "{rule: norm_bound, max_norm: $max_norm}" ;;
     multi_krum) echo "{rule: multi_krum, f: 2, m: $m}" ;;
     bulyan) echo "{rule: bulyan, f: 1}" ;;  # n >= 4f + 3: with 10 clients f = 1 at most
+    fltrust) echo "{rule: fltrust, root_data: \"fmnist:/usr/share/datasets/fashion-mnist,limit=100\"}" ;;
     *) echo "{rule: $1, f: 2}" ;;
   esac
 }

@@ -42,6 +42,23 @@ TEST(RobustTest, RulesResistOutliersAndTheMeanDoesNot) {
   EXPECT_GT((*nb)[0], 0.3);
 }
 
+// FLTrust: updates pointing away from the server's own update get no trust; the rest
+// are scaled to its norm and weighted by their cosine.
+TEST(RobustTest, FlTrustKnownAnswers) {
+  auto a = robust::FlTrust({{1, 0}, {0, 1}, {-1, 0}}, {2, 0});
+  EXPECT_NEAR(a[0], 2.0, 1e-6);
+  EXPECT_NEAR(a[1], 0.0, 1e-6);
+  auto b = robust::FlTrust({{1, 1}, {2, 0}}, {1, 0});
+  const double c = 1 / std::sqrt(2.0);
+  EXPECT_NEAR(b[0], (c * c + 1) / (c + 1), 1e-6);
+  EXPECT_NEAR(b[1], (c * c) / (c + 1), 1e-6);
+  auto none = robust::FlTrust({{-1, 0}}, {1, 0});
+  EXPECT_EQ(none, (std::vector<float>{0, 0})) << "no trusted update: no step";
+  EXPECT_EQ(robust::Aggregate("fltrust", {{1, 0}}, {1}, 0, 0, 0).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "no server update given";
+}
+
 TEST(RobustTest, BulyanAveragesTheValuesClosestToTheMedian) {
   // n = 7, f = 1: Krum picks theta = 5, then beta = 3 values per coordinate around the median.
   Updates u = {{0}, {1}, {2}, {3}, {4}, {100}, {-100}};

@@ -70,6 +70,16 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("secure_aggregation: {clip: 0}", "secure_aggregation.clip");
   expect_error("secure_aggregation: {}\nsplit: {mode: sfl-v2}", "split learning");
   expect_error("secure_aggregation: {}\ncompression: {update: int8}", "compression.update");
+  expect_error("dp: {noise_multiplier: 0}", "dp.noise_multiplier");
+  expect_error("dp: {noise: local}", "dp.noise");
+  expect_error("dp: {noise: distributed}", "needs secure_aggregation");
+  expect_error("dp: {}\naggregation: {rule: median}", "do not combine");
+  expect_error("aggregation: {rule: average}", "aggregation.rule");
+  expect_error("aggregation: {rule: fltrust}", "aggregation.root_data");
+  expect_error("aggregation: {rule: norm_bound}", "aggregation.max_norm");
+  expect_error("aggregation: {rule: median}\nsecure_aggregation: {}", "secure aggregation hides");
+  expect_error("local: {attack: poison, attackers: 1}", "local.attack");
+  expect_error("split: {mode: sfl-v2, nopeek: -1}", "split.nopeek");
   expect_error("tls: {cert: s.crt}", "tls.cert and tls.key");
   expect_error("tls: {cert: s.crt, key: s.key, reload_s: 0}", "tls.reload_s");
   expect_error("tls: {certificate: s.crt}", "tls.certificate");
