@@ -359,8 +359,9 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // Unmasks the round's sum and folds it into the strategy as one update weighted by
   // the survivors' `total_examples`.
   Status AccumulateSecAgg(const SecAggRound& round, int64_t total_examples, const ParameterSet& layout);
-  // FLTrust: trains `global` on the root data with the round's settings and hands the
-  // change to the strategy. Runs on the round thread without mu_ (it owns model_ then).
+  // FLTrust: trains `global` on the root data with the round's local settings (as the
+  // paper does) and hands the change to the strategy. Runs on the round thread without
+  // mu_ (it owns model_ then).
   Status SetFlTrustReference(const ParameterSet& global, const FitSettings& fit);
   // Distributed DP: clipped, noised updates count equally.
   bool UniformSecAggWeights() const { return cfg_.dp.enabled && cfg_.dp.noise == "distributed"; }
@@ -2319,6 +2320,12 @@ Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSe
     auto& v = update.mutable_tensors()[i].values;
     for (size_t j = 0; j < v.size(); ++j) v[j] -= global.tensors()[i].values[j];
   }
+  double sq = 0;
+  for (const auto& t : update.tensors()) {
+    for (float v : t.values) sq += static_cast<double>(v) * v;
+  }
+  spdlog::info("fltrust: server update on {} root examples, {} epochs, norm {:.4f}", root_.size,
+               o.epochs, std::sqrt(sq));
   strategy_->SetReference(update);
   return absl::OkStatus();
 }

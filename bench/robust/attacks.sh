@@ -55,7 +55,7 @@ agg() {  # the aggregation section of a rule, tolerating 2 attackers where it ca
     norm_bound) echo "{rule: norm_bound, max_norm: $max_norm}" ;;
     multi_krum) echo "{rule: multi_krum, f: 2, m: $m}" ;;
     bulyan) echo "{rule: bulyan, f: 1}" ;;  # n >= 4f + 3: with 10 clients f = 1 at most
-    fltrust) echo "{rule: fltrust, root_data: \"fmnist:/usr/share/datasets/fashion-mnist,limit=100\"}" ;;
+    fltrust) echo "{rule: fltrust, root_data: \"fmnist:/usr/share/datasets/fashion-mnist,limit=1000\"}" ;;
     *) echo "{rule: $1, f: 2}" ;;
   esac
 }
