@@ -230,11 +230,11 @@ TEST_F(LocalTest, PlaintextOnlyWithInsecure) {
 // plain FedAvg on the same seeds.
 TEST_F(LocalTest, MutualTlsAndSecureAggregationMatchPlainFedAvg) {
   const std::string base = R"(
-run: {name: e2e-secagg, rounds: 3, seed: 5}
+run: {name: e2e-secagg, rounds: 4, seed: 5}
 model: {name: mlp}
-data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 2000}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist"}
 clients: {min: 5, quorum: 1.0, round_deadline_s: 60}
-train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
+train: {local_epochs: 1, batch_size: 32, lr: 0.02, momentum: 0.9}
 local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=10000", partition: iid, clients: 5}
 tls: {mutual: true}
 )";
