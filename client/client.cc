@@ -63,6 +63,16 @@ void AddDpNoise(const v1::DpTask& dp, ParameterSet* delta) {
   }
 }
 
+// trained - base, tensor by tensor (the same layout).
+ParameterSet Delta(ParameterSet trained, const ParameterSet& base) {
+  for (size_t i = 0; i < trained.size(); ++i) {
+    auto& d = trained.mutable_tensors()[i].values;
+    const auto& g = base.tensors()[i].values;
+    for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
+  }
+  return trained;
+}
+
 bool Fatal(absl::StatusCode c) {
   return c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kFailedPrecondition ||
          c == absl::StatusCode::kUnauthenticated || c == absl::StatusCode::kPermissionDenied ||
@@ -103,11 +113,10 @@ struct Client::Impl {
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack,
                     const NextMessage& next, bool* crashed);
-  // Uploads `trained` - `base` as the result of `task`.
+  // Uploads `delta` (trained minus global) as the result of `task`.
   StatusOr<v1::UploadReply> UploadUpdate(v1::Coordinator::Stub* stub, const v1::Welcome& w,
-                                         const v1::Task& task, ParameterSet trained,
-                                         const ParameterSet& base, int64_t examples,
-                                         double loss, double seconds,
+                                         const v1::Task& task, const ParameterSet& delta,
+                                         int64_t examples, double loss, double seconds,
                                          const v1::SplitStats* split);
   // The model a task or welcome describes (fetching a TorchScript archive once).
   StatusOr<ModelSpec> Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
@@ -328,13 +337,8 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
 
 StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
     v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
-    ParameterSet trained, const ParameterSet& base, int64_t examples, double loss,
-    double seconds, const v1::SplitStats* split) {
-  for (size_t i = 0; i < trained.size(); ++i) {  // the update is the delta from `base`
-    auto& d = trained.mutable_tensors()[i].values;
-    const auto& g = base.tensors()[i].values;
-    for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
-  }
+    const ParameterSet& delta, int64_t examples, double loss, double seconds,
+    const v1::SplitStats* split) {
   const std::string& spec = task.update_codec();
   const bool fp32 = spec.empty() || CodecFamily(spec) == "none";
   v1::UploadHeader h = TaskUploadHeader(w, task, examples, fp32 ? "fp32" : spec);
@@ -342,15 +346,15 @@ StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
   h.set_train_seconds(seconds);
   if (split) *h.mutable_split() = *split;
   if (fp32) {
-    return UploadPayload(stub, h, trained.Encode(), 1 << 20, 600, &emulator);
+    return UploadPayload(stub, h, delta.Encode(), 1 << 20, 600, &emulator);
   }
   std::string key = spec;
-  for (const auto& t : trained.tensors()) absl::StrAppend(&key, "|", t.name);
+  for (const auto& t : delta.tensors()) absl::StrAppend(&key, "|", t.name);
   if (!update_codec || key != update_codec_key) {
     ASSIGN_OR_RETURN(update_codec, MakeCodec(spec, std::hash<std::string>{}(opts.name)));
     update_codec_key = std::move(key);
   }
-  return UploadPayload(stub, h, EncodeTensors(*update_codec, trained), 1 << 20, 600, &emulator);
+  return UploadPayload(stub, h, EncodeTensors(*update_codec, delta), 1 << 20, 600, &emulator);
 }
 
 Status Client::Impl::Attack(const ParameterSet& global, const LocalTrainOptions& o,
@@ -385,10 +389,9 @@ Status Client::Impl::Attack(const ParameterSet& global, const LocalTrainOptions&
   for (const auto& idx : shards) {
     RETURN_IF_ERROR(model->SetParameters(global));
     RETURN_IF_ERROR(model->Train(opts.train.Subset(idx), o).status());
-    ParameterSet d = model->Parameters();
-    for (size_t i = 0; i < d.size(); ++i) {
-      auto& v = d.mutable_tensors()[i].values;
-      for (size_t j = 0; j < v.size(); ++j) v[j] = kShards * (v[j] - global.tensors()[i].values[j]);
+    ParameterSet d = Delta(model->Parameters(), global);
+    for (auto& t : d.mutable_tensors()) {
+      for (float& v : t.values) v *= kShards;
     }
     ds.push_back(std::move(d));
   }
@@ -466,8 +469,8 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     }
     if (!r.ok()) return r.status();
     ASSIGN_OR_RETURN(v1::UploadReply reply,
-                     UploadUpdate(stub, w, task, r->trained, *global, r->examples, r->loss,
-                                  r->stats.wall_s() * r->stats.steps(), &r->stats));
+                     UploadUpdate(stub, w, task, Delta(r->trained, *global), r->examples,
+                                  r->loss, r->stats.wall_s() * r->stats.steps(), &r->stats));
     ++tasks_done;
     spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step (client {:.1f}, "
                  "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
@@ -508,34 +511,18 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     *crashed = true;
     return absl::AbortedError("simulated crash");
   }
-  v1::UploadReply reply;
-  ParameterSet trained = model->Parameters();
-  if (secagg || (!opts.attack.empty() && opts.attack != "label-flip")) {
-    ParameterSet delta = std::move(trained);
-    for (size_t i = 0; i < delta.size(); ++i) {
-      auto& d = delta.mutable_tensors()[i].values;
-      const auto& g = global->tensors()[i].values;
-      for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
-    }
-    if (!opts.attack.empty() && opts.attack != "label-flip") {
-      RETURN_IF_ERROR(Attack(*global, o, &delta));
-    }
-    if (secagg) {
-      if (task.has_dp()) AddDpNoise(task.dp(), &delta);
-      ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, delta, stats.examples, stats.loss,
-                                             stats.seconds, &emulator, next));
-    } else {
-      trained = std::move(delta);  // global + delta, uploaded as a delta again
-      for (size_t i = 0; i < trained.size(); ++i) {
-        auto& d = trained.mutable_tensors()[i].values;
-        const auto& g = global->tensors()[i].values;
-        for (size_t j = 0; j < d.size(); ++j) d[j] += g[j];
-      }
-    }
+  ParameterSet delta = Delta(model->Parameters(), *global);
+  if (!opts.attack.empty() && opts.attack != "label-flip") {
+    RETURN_IF_ERROR(Attack(*global, o, &delta));
   }
-  if (!secagg) {
-    ASSIGN_OR_RETURN(reply, UploadUpdate(stub, w, task, std::move(trained), *global,
-                                         stats.examples, stats.loss, stats.seconds, nullptr));
+  v1::UploadReply reply;
+  if (secagg) {
+    if (task.has_dp()) AddDpNoise(task.dp(), &delta);
+    ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, delta, stats.examples, stats.loss,
+                                           stats.seconds, &emulator, next));
+  } else {
+    ASSIGN_OR_RETURN(reply, UploadUpdate(stub, w, task, delta, stats.examples, stats.loss,
+                                         stats.seconds, nullptr));
   }
   ++tasks_done;
   spdlog::info("round {}: trained {} examples in {:.1f}s (loss {:.4f}), update uploaded{}",
