@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/files.h"
+#include "privacy/certs.h"
 
 namespace cleave {
 namespace {
@@ -224,6 +225,37 @@ TEST_F(LocalTest, PlaintextOnlyWithInsecure) {
   pid_t status = Spawn({"cleave", "status", "--server", "127.0.0.1:1"});
   EXPECT_EQ(Wait(status, 60), 2);
   EXPECT_NE(Output().find("--insecure"), std::string::npos) << Output();
+}
+
+// A bearer token (auth.token_file) through real binaries: cleave local hands it to its
+// clients (--token-file, over TLS); a client without it is refused.
+TEST_F(LocalTest, BearerTokenThroughRealProcesses) {
+  const std::string token = (dir_ / "token").string();
+  std::ofstream(token) << "an-example-bearer-token-0123\n";
+  std::string text = *ReadFile(config_);
+  text.replace(text.find("run: {name: e2e, rounds: 2}"), 27, "run: {name: e2e, rounds: 1}");
+  std::ofstream(config_) << text << "auth: {token_file: " << token << "}\n";
+  ASSERT_EQ(Wait(Start({}), 300), 0) << Output();
+  EXPECT_NE(Output().find("done: 1 rounds"), std::string::npos) << Output();
+  // Without the token, `cleave status` against a server of this job is refused.
+  const std::string run = (dir_ / "srv").string();
+  ASSERT_EQ(InitFederation((dir_ / "fed").string()), absl::OkStatus());
+  pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run, "--listen",
+                        "127.0.0.1:0", "--tls-cert", (dir_ / "fed" / "server.crt").string(),
+                        "--tls-key", (dir_ / "fed" / "server.key").string()});
+  for (int i = 0; i < 300 && !fs::exists(run + "/server.addr"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::string addr = *ReadFile(run + "/server.addr");
+  const std::string ca = (dir_ / "fed" / "ca.crt").string();
+  pid_t refused = Spawn({"cleave", "status", "--server", addr.substr(0, addr.size() - 1), "--ca", ca});
+  EXPECT_EQ(Wait(refused, 30), 1);
+  EXPECT_NE(Output().find("bearer token"), std::string::npos) << Output();
+  pid_t allowed = Spawn({"cleave", "status", "--server", addr.substr(0, addr.size() - 1), "--ca", ca,
+                         "--token-file", token});
+  EXPECT_EQ(Wait(allowed, 30), 0) << Output();
+  kill(server, SIGTERM);
+  Wait(server, 20);
 }
 
 // The end-to-end check: mutual TLS and SecAgg+ through `cleave local`, against
