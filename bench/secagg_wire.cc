@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/spawn.h"
 #include "client/secagg_client.h"
 #include "client/transfer.h"
 #include "server/server.h"
@@ -141,14 +142,7 @@ Row RunRound(const std::string& self, int clients, int64_t params, bool secure, 
                                    std::to_string(server->port()), "--params",
                                    std::to_string(params), "--secure", secure ? "1" : "0",
                                    "--out", out};
-  pid_t pid = fork();
-  if (pid == 0) {  // exec at once: nothing of this process's gRPC runs in the child
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
+  const pid_t pid = SpawnExec(argv);
   const double cpu0 = ProcessCpuSeconds();
   Status s = server->Run();
   const double server_cpu = ProcessCpuSeconds() - cpu0;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/spawn.h"
 #include "client/client.h"
 #include "core/config.h"
 #include "data/dataset.h"
@@ -153,14 +154,7 @@ long PeakRssKb(const std::string& split, const std::string& model, int batch) {
   std::vector<std::string> argv = {bin, "--server", absl::StrCat("127.0.0.1:", (*server)->port()),
                                    "--data", absl::StrCat("fmnist:", kFmnist, ",limit=2000"),
                                    "--insecure", "--log-level", "warn"};
-  pid_t pid = fork();
-  if (pid == 0) {  // exec at once: nothing of this process's gRPC runs in the child
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
+  const pid_t pid = SpawnExec(argv);
   (*server)->Run().IgnoreError();
   int status = 0;
   rusage ru{};

@@ -174,8 +174,10 @@ StatusOr<v1::UploadReply> SecAggClient::Submit(v1::Coordinator::Stub* stub, cons
   std::set<int> dropped(req.dropped().begin(), req.dropped().end());
   std::set<int> listed = survivors;
   listed.insert(dropped.begin(), dropped.end());
-  if (listed.size() != survivors.size() + dropped.size() || listed != mask_with ||
-      static_cast<int>(req.survivors_size() + req.dropped_size()) != static_cast<int>(listed.size())) {
+  // Every neighbour we masked with, each once (a repeat, or one in both lists, would
+  // shrink `listed` below the number of entries).
+  if (listed != mask_with ||
+      static_cast<size_t>(req.survivors_size() + req.dropped_size()) != listed.size()) {
     return absl::InvalidArgumentError(
         "the unmasking request must name each neighbour we masked with exactly once, as "
         "survivor or dropped");

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "client/transfer.h"
+
 namespace cleave {
 
 TestPeer::TestPeer(const std::string& address, int64_t num_examples,
@@ -68,15 +70,8 @@ bool TestPeer::WaitRunEnded(double timeout_s) {
 }
 
 v1::UploadHeader TestPeer::Header(const v1::Task& task, int64_t num_examples) const {
-  v1::UploadHeader h;
-  h.set_run_id(task.run_id());
-  h.set_client_id(welcome_.client_id());
-  h.set_session_token(welcome_.session_token());
-  h.set_round(task.round());
-  h.set_task_id(task.task_id());
-  h.set_num_examples(num_examples);
+  v1::UploadHeader h = TaskUploadHeader(welcome_, task, num_examples, "fp32");
   h.set_train_loss(0.5);
-  h.set_codec("fp32");
   return h;
 }
 
