@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "models/fast_trainer.h"
 #include "models/torch_stages.h"
 
 namespace cleave {
@@ -19,74 +20,34 @@ namespace {
 
 namespace nn = torch::nn;
 
-// relu(max_pool2d(x, 2)) == max_pool2d(relu(x), 2), fused: LibTorch's CPU
-// max_pool2d_with_indices dominates LeNet-5's forward pass at batch 64 on one thread
-// (docs/benchmarks.md). Forward keeps a byte per output naming the winning element
-// (4 = none: the max was <= 0, so ReLU's gradient is 0); backward scatters through it.
-// Odd sizes fall back to the stock ops, which floor the same way.
+// The fused ReLU + 2x2 max-pool under autograd (for parts of split models and for
+// inference); Model::Train runs it through FastTrainer.
 struct ReluMaxPool2x2 : torch::autograd::Function<ReluMaxPool2x2> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x) {
-    x = x.contiguous();
-    const int64_t planes = x.size(0) * x.size(1), h = x.size(2), w = x.size(3);
-    const int64_t oh = h / 2, ow = w / 2;
-    auto out = torch::empty({x.size(0), x.size(1), oh, ow}, x.options());
-    auto winner = torch::empty({x.size(0), x.size(1), oh, ow}, x.options().dtype(torch::kUInt8));
-    const float* in = x.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    uint8_t* k = winner.data_ptr<uint8_t>();
-    for (int64_t p = 0; p < planes; ++p) {
-      for (int64_t i = 0; i < oh; ++i) {
-        const float* r0 = in + (p * h + 2 * i) * w;
-        const float* r1 = r0 + w;
-        for (int64_t j = 0; j < ow; ++j) {
-          float m = 0;
-          uint8_t arg = 4;
-          if (r0[2 * j] > m) m = r0[2 * j], arg = 0;
-          if (r0[2 * j + 1] > m) m = r0[2 * j + 1], arg = 1;
-          if (r1[2 * j] > m) m = r1[2 * j], arg = 2;
-          if (r1[2 * j + 1] > m) m = r1[2 * j + 1], arg = 3;
-          *o++ = m;
-          *k++ = arg;
-        }
-      }
-    }
+    torch::Tensor out, winner;
+    ReluMaxPool2x2Forward(x.contiguous(), out, winner);
     ctx->save_for_backward({winner});
-    ctx->saved_data["h"] = h;
-    ctx->saved_data["w"] = w;
+    ctx->saved_data["sizes"] = x.sizes();
     return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto winner = ctx->get_saved_variables()[0];
-    const int64_t h = ctx->saved_data["h"].toInt(), w = ctx->saved_data["w"].toInt();
-    const auto g = grads[0].contiguous();
-    const int64_t planes = g.size(0) * g.size(1), oh = g.size(2), ow = g.size(3);
-    auto gx = torch::zeros({g.size(0), g.size(1), h, w}, g.options());
-    const float* go = g.data_ptr<float>();
-    const uint8_t* k = winner.data_ptr<uint8_t>();
-    float* out = gx.data_ptr<float>();
-    for (int64_t p = 0; p < planes; ++p) {
-      float* plane = out + p * h * w;
-      for (int64_t i = 0; i < oh; ++i) {
-        for (int64_t j = 0; j < ow; ++j, ++go, ++k) {
-          if (*k < 4) plane[(2 * i + (*k >> 1)) * w + 2 * j + (*k & 1)] = *go;
-        }
-      }
-    }
-    return {gx};
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    return {ReluMaxPool2x2Backward(grads[0], ctx->get_saved_variables()[0], sizes)};
   }
 };
 
-struct ReluMaxPoolImpl : nn::Module {
-  torch::Tensor forward(torch::Tensor x) {
-    if (x.dim() != 4 || x.scalar_type() != torch::kFloat32 || x.size(2) % 2 || x.size(3) % 2) {
-      return torch::max_pool2d(torch::relu(x), 2);
-    }
-    return ReluMaxPool2x2::apply(x);
+}  // namespace
+
+torch::Tensor ReluMaxPoolImpl::forward(torch::Tensor x) {
+  if (x.dim() != 4 || x.scalar_type() != torch::kFloat32) {
+    return torch::max_pool2d(torch::relu(x), 2);
   }
-};
-TORCH_MODULE(ReluMaxPool);
+  return ReluMaxPool2x2::apply(x);
+}
+
+namespace {
 
 // One stage of a staged model: a Sequential with a concrete forward() so that it can
 // sit inside the top-level Sequential.
@@ -168,6 +129,7 @@ nn::Sequential BuildBuiltin(const std::string& name) {
 
 struct Model::Impl {
   nn::Sequential seq{nullptr};                  // built-in models
+  std::unique_ptr<FastTrainer> fast;            // seq's training step without autograd
   std::unique_ptr<torch::jit::Module> script;   // TorchScript models
 
   // Cached tensors of the last dataset seen (clients train on one dataset all run long),
@@ -234,6 +196,7 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
       if (!impl->seq) {
         return absl::InvalidArgumentError(absl::StrCat("unknown model '", spec.name, "'"));
       }
+      impl->fast = FastTrainer::Compile(impl->seq);
     }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(
@@ -306,6 +269,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
       for (size_t i = 0; i < params.size(); ++i) {
         auto g = params[i].mutable_grad();
         if (!g.defined()) continue;
+        if (o.proximal_mu > 0) g.add_(params[i] - anchor[i], o.proximal_mu);  // FedProx
         if (o.weight_decay != 0) g.add_(params[i], o.weight_decay);
         if (o.momentum != 0) {
           momentum_buf[i].mul_(o.momentum).add_(g);
@@ -324,7 +288,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
       auto perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
       const auto xs = impl_->x.index_select(0, perm);
       const auto ys = impl_->y.index_select(0, perm);
-      torch::Tensor loss_sum = torch::zeros({}, torch::kFloat64);
+      double loss_sum = 0;
       for (int64_t b = 0; b < n; b += o.batch_size) {
         if (o.cancel != nullptr && o.cancel->load()) {
           impl_->SetTraining(false);
@@ -333,19 +297,18 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
         const int64_t e = std::min(n, b + o.batch_size);
         auto xb = xs.slice(0, b, e);
         auto yb = ys.slice(0, b, e);
-        auto loss = torch::nn::functional::cross_entropy(impl_->Forward(xb), yb);
-        loss_sum += loss.detach() * static_cast<double>(e - b);
-        if (o.proximal_mu > 0) {
-          torch::Tensor prox = torch::zeros({}, torch::kFloat32);
-          for (size_t i = 0; i < params.size(); ++i) {
-            prox = prox + (params[i] - anchor[i]).pow(2).sum();
-          }
-          loss = loss + 0.5 * o.proximal_mu * prox;
+        double loss;
+        if (impl_->fast) {
+          loss = impl_->fast->ForwardBackward(xb, yb);
+        } else {
+          auto l = torch::nn::functional::cross_entropy(impl_->Forward(xb), yb);
+          l.backward();
+          loss = l.item<double>();
         }
-        loss.backward();
+        loss_sum += loss * static_cast<double>(e - b);
         sgd_step();
       }
-      stats.loss = loss_sum.item<double>() / n;
+      stats.loss = loss_sum / n;
     }
     impl_->SetTraining(false);
   } catch (const c10::Error& e) {

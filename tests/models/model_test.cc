@@ -193,29 +193,48 @@ TEST(ModelTest, TrainsATorchScriptModelExportedFromPython) {
   std::filesystem::remove(path);
 }
 
-// Our LeNet-5 (with its fused ReLU + max-pool) trains exactly like PyTorch's stock
-// LeNet-5 exported from Python, given the same weights and batch order.
-TEST(ModelTest, LeNet5MatchesStockPyTorchOps) {
-  const std::string path = ExportTorchScript(
-      "cleave_model_test_lenet.pt",
-      "nn.Sequential(nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2)), "
-      "nn.Sequential(nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2)), "
-      "nn.Sequential(nn.Flatten(), nn.Linear(256, 120), nn.ReLU()), "
-      "nn.Sequential(nn.Linear(120, 84), nn.ReLU()), nn.Sequential(nn.Linear(84, 10)))");
+// Every built-in model, trained by FastTrainer (no autograd; fused ReLU + max-pool),
+// trains like PyTorch's stock layers under autograd (the same model exported from
+// Python), given the same weights and batch order: same loss, same weights after an
+// epoch of SGD with momentum, weight decay and the FedProx term, up to float rounding.
+struct StockModel {
+  const char* name;
+  const char* python;  // the same layers, stock
+  int examples;
+  double lr;
+};
+
+void PrintTo(const StockModel& m, std::ostream* os) { *os << m.name; }
+
+class BuiltinMatchesStockTest : public ::testing::TestWithParam<StockModel> {};
+
+TEST_P(BuiltinMatchesStockTest, TrainsLikePyTorchsStockOps) {
+  const StockModel& m = GetParam();
+  const std::string path =
+      ExportTorchScript(std::string("cleave_model_test_") + m.name + ".pt", m.python);
   ASSERT_FALSE(path.empty());
-  auto ours = Build("lenet5", 11);
+  auto ours = Build(m.name, 11);
   auto stock = Model::Create({"torchscript", *ReadFile(path), 0});
+  std::filesystem::remove(path);
   ASSERT_TRUE(stock.ok()) << stock.status();
   ASSERT_TRUE((*stock)->SetParameters(ours->Parameters()).ok());
-  auto e1 = ours->Evaluate(Train(), 500);
-  auto e2 = (*stock)->Evaluate(Train(), 500);
+  std::vector<int64_t> idx(m.examples);
+  for (int i = 0; i < m.examples; ++i) idx[i] = i;
+  const Dataset data = Train().Subset(idx);
+  auto e1 = ours->Evaluate(data, 500);
+  auto e2 = (*stock)->Evaluate(data, 500);
   EXPECT_NEAR(e1->loss, e2->loss, 1e-5);
   LocalTrainOptions o;
-  o.lr = 0.05;
+  o.lr = m.lr;
   o.momentum = 0.9;
+  o.weight_decay = 1e-4;
+  o.proximal_mu = 0.01;
   o.seed = 3;
-  ASSERT_TRUE(ours->Train(Train(), o).ok());
-  ASSERT_TRUE((*stock)->Train(Train(), o).ok());
+  auto s1 = ours->Train(data, o);
+  auto s2 = (*stock)->Train(data, o);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
+  EXPECT_LT(s1->loss, e1->loss);  // it learned something
   ParameterSet a = ours->Parameters(), b = (*stock)->Parameters();
   for (size_t i = 0; i < a.size(); ++i) {
     for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
@@ -223,8 +242,44 @@ TEST(ModelTest, LeNet5MatchesStockPyTorchOps) {
           << a.tensors()[i].name << "[" << j << "]";
     }
   }
-  std::filesystem::remove(path);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, BuiltinMatchesStockTest,
+    ::testing::Values(
+        StockModel{"mlp",
+                   "nn.Sequential(nn.Sequential(nn.Flatten(), nn.Linear(784, 200), nn.ReLU()), "
+                   "nn.Sequential(nn.Linear(200, 200), nn.ReLU()), "
+                   "nn.Sequential(nn.Linear(200, 10)))",
+                   2000, 0.05},
+        StockModel{"lenet5",
+                   "nn.Sequential(nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2)), "
+                   "nn.Sequential(nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2)), "
+                   "nn.Sequential(nn.Flatten(), nn.Linear(256, 120), nn.ReLU()), "
+                   "nn.Sequential(nn.Linear(120, 84), nn.ReLU()), "
+                   "nn.Sequential(nn.Linear(84, 10)))",
+                   2000, 0.05},
+        // Padding, 32 and 64 channels.
+        StockModel{"cnn",
+                   "nn.Sequential(nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), "
+                   "nn.MaxPool2d(2)), "
+                   "nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)), "
+                   "nn.Sequential(nn.Flatten(), nn.Linear(3136, 128), nn.ReLU()), "
+                   "nn.Sequential(nn.Linear(128, 10)))",
+                   512, 0.05},
+        // ReLU on its own, and pooling of odd sizes (7x7 -> 3x3).
+        StockModel{"vgg",
+                   "nn.Sequential(nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU()), "
+                   "nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)), "
+                   "nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU()), "
+                   "nn.Sequential(nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)), "
+                   "nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.ReLU()), "
+                   "nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)), "
+                   "nn.Sequential(nn.Flatten(), nn.Linear(576, 256), nn.ReLU()), "
+                   "nn.Sequential(nn.Linear(256, 128), nn.ReLU()), "
+                   "nn.Sequential(nn.Linear(128, 10)))",
+                   512, 0.01}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // A dataset at the address of an earlier one (here a loop's temporary subset) is not
 // mistaken for it by the model's cache of data tensors.
