@@ -27,5 +27,7 @@ std::unique_ptr<Strategy> MakeDpStrategy(std::unique_ptr<Strategy> inner, const 
                                          uint64_t seed);
 std::unique_ptr<Strategy> MakeRobustStrategy(std::unique_ptr<Strategy> inner,
                                              const AggregationConfig& config);
+// EF21's server side (compression.update topk:F:ef21); see wrappers.cc.
+std::unique_ptr<Strategy> MakeEstimateStrategy(std::unique_ptr<Strategy> inner);
 
 }  // namespace cleave

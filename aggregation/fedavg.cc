@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "aggregation/dp.h"
 #include "aggregation/strategy.h"
@@ -217,6 +218,7 @@ StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat("unknown strategy '", n, "'"));
   }
   std::unique_ptr<Strategy> s(new FedAvgFamily(n, rule, config));
+  if (absl::EndsWith(config.compression.update, ":ef21")) s = MakeEstimateStrategy(std::move(s));
   if (config.aggregation.rule != "mean") s = MakeRobustStrategy(std::move(s), config.aggregation);
   // DP noise must not be predictable from the job's seed: it comes from the OS.
   if (config.dp.enabled) s = MakeDpStrategy(std::move(s), config.dp, std::random_device{}());

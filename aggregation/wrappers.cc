@@ -264,6 +264,86 @@ class RobustStrategy : public Strategy {
   std::vector<float> reference_;  // fltrust: the server's update this round, flattened
 };
 
+// EF21 (Richtarik, Sokolov, Fatkhullin 2021) on the server: clients upload compressed
+// increments c_i = C(delta_i - h_i) of an estimate h_i of their update that both sides
+// track (h_i += c_i). The server keeps the weighted mean of the estimates, H, adds the
+// round's mean increment, and hands H to the inner strategy as the round's update:
+// the model moves by the full estimate every round, not only by what was just sent.
+// With a client missing a round, H keeps that client's last estimate in it.
+class EstimateStrategy : public Strategy {
+ public:
+  explicit EstimateStrategy(std::unique_ptr<Strategy> inner) : inner_(std::move(inner)) {}
+
+  std::string name() const override { return inner_->name() + "+ef21"; }
+
+  RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
+                           std::mt19937_64& rng) override {
+    return inner_->ConfigureRound(round, available, rng);
+  }
+
+  void BeginRound(const ParameterSet& global) override {
+    inner_->BeginRound(global);
+    sum_ = global.ZerosLike();
+    if (estimate_.size() == 0) estimate_ = global.ZerosLike();
+    weight_ = 0;
+    count_ = 0;
+  }
+
+  void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
+    AddScaled(delta, static_cast<double>(num_examples), &sum_);
+    weight_ += num_examples;
+    ++count_;
+  }
+
+  int accumulated() const override { return count_; }
+
+  Status FinishRound(int num_failures, ParameterSet* global) override {
+    if (count_ == 0) return inner_->FinishRound(num_failures, global);
+    auto& est = estimate_.mutable_tensors();
+    const auto& model = sum_.tensors();
+    bool same = est.size() == model.size();
+    for (size_t i = 0; same && i < est.size(); ++i) {
+      same = est[i].name == model[i].name && est[i].values.size() == model[i].values.size();
+    }
+    if (!same) {
+      return absl::FailedPreconditionError(
+          "the EF21 estimate (from the checkpoint) does not match the model's tensors");
+    }
+    for (size_t i = 0; i < est.size(); ++i) {
+      const auto& add = sum_.tensors()[i].values;
+      for (size_t j = 0; j < add.size(); ++j) {
+        est[i].values[j] += static_cast<float>(add[j] / weight_);
+      }
+    }
+    inner_->Accumulate(ViewsOf(estimate_), 1);
+    return inner_->FinishRound(num_failures, global);
+  }
+
+  ParameterSet State() const override {
+    ParameterSet s = inner_->State();
+    for (const auto& t : estimate_.tensors()) {
+      s.Add(Tensor{"ef21/" + t.name, t.shape, t.values}).IgnoreError();
+    }
+    return s;
+  }
+
+  Status Restore(const ParameterSet& state) override {
+    auto [inner, own] = SplitState(state, "ef21/");
+    RETURN_IF_ERROR(inner_->Restore(inner));
+    estimate_ = std::move(own);
+    return absl::OkStatus();
+  }
+
+  std::map<std::string, double> RoundStats() const override { return inner_->RoundStats(); }
+
+ private:
+  std::unique_ptr<Strategy> inner_;
+  ParameterSet estimate_;  // H, empty until the first round
+  ParameterSet sum_;       // this round's weighted sum of increments
+  double weight_ = 0;
+  int count_ = 0;
+};
+
 }  // namespace
 
 double ClipFactor(double norm, double clip) { return norm > clip ? clip / norm : 1.0; }
@@ -285,6 +365,10 @@ std::unique_ptr<Strategy> MakeDpStrategy(std::unique_ptr<Strategy> inner, const 
 std::unique_ptr<Strategy> MakeRobustStrategy(std::unique_ptr<Strategy> inner,
                                              const AggregationConfig& config) {
   return std::make_unique<RobustStrategy>(std::move(inner), config);
+}
+
+std::unique_ptr<Strategy> MakeEstimateStrategy(std::unique_ptr<Strategy> inner) {
+  return std::make_unique<EstimateStrategy>(std::move(inner));
 }
 
 }  // namespace cleave

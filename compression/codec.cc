@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "compression/kernels.h"
@@ -494,7 +495,8 @@ std::vector<uint32_t> AddAndFindTop(std::vector<float>& v, const float* in, int6
 // Top-k: u32 k, k u32 indices (increasing), k float32 values.
 class TopKCodec : public ErrorFeedbackCodec {
  public:
-  TopKCodec(std::string name, double fraction) : ErrorFeedbackCodec(std::move(name)), fraction_(fraction) {}
+  TopKCodec(std::string name, double fraction, bool ef21)
+      : ErrorFeedbackCodec(std::move(name)), fraction_(fraction), ef21_(ef21) {}
   int64_t EncodedSize(const Shape& shape) const override {
     return 4 + 8 * KOf(fraction_, NumElements(shape));
   }
@@ -502,14 +504,28 @@ class TopKCodec : public ErrorFeedbackCodec {
   void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
     const int64_t n = NumElements(shape), k = KOf(fraction_, n);
     std::vector<float>& v = Slot(slot, n);
-    const std::vector<uint32_t> idx = AddAndFindTop(v, in, k, mask_);
+    // Classic error feedback: v is the residual, and the top k of residual + in are sent.
+    // EF21: v is the estimate h of this client's update that the server tracks too (the
+    // sum of all sent so far); the top k of in - h are sent and added to h.
+    std::vector<float>* owed = &v;
+    if (ef21_) {
+      scratch_.resize(n);
+      for (int64_t i = 0; i < n; ++i) scratch_[i] = -v[i];
+      owed = &scratch_;
+    }
+    const std::vector<uint32_t> idx = AddAndFindTop(*owed, in, k, mask_);
     char* p = Grow(out, 4 + 8 * k);
     const auto count = static_cast<uint32_t>(k);
     std::memcpy(p, &count, 4);
     std::memcpy(p + 4, idx.data(), 4 * k);
     for (int64_t j = 0; j < k; ++j) {
-      std::memcpy(p + 4 + 4 * k + 4 * j, &v[idx[j]], 4);
-      v[idx[j]] = 0.0f;  // sent: nothing of it is owed any more
+      const float sent = (*owed)[idx[j]];
+      std::memcpy(p + 4 + 4 * k + 4 * j, &sent, 4);
+      if (ef21_) {
+        v[idx[j]] += sent;
+      } else {
+        v[idx[j]] = 0.0f;  // sent: nothing of it is owed any more
+      }
     }
   }
 
@@ -555,7 +571,9 @@ class TopKCodec : public ErrorFeedbackCodec {
 
  private:
   const double fraction_;
-  std::vector<uint8_t> mask_;  // scratch, kept across calls
+  const bool ef21_;
+  std::vector<uint8_t> mask_;   // scratch, kept across calls
+  std::vector<float> scratch_;  // EF21: in - h
 };
 
 // Random-k: u64 seed, then k float32 values, value j at Position(seed, j) in stride j.
@@ -940,7 +958,7 @@ StatusOr<std::unique_ptr<Codec>> MakeStatelessCodec(const std::string& spec, uin
 
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed) {
   const std::string family = CodecFamily(spec);
-  const std::string arg = spec.find(':') == std::string::npos ? "" : spec.substr(spec.find(':') + 1);
+  std::string arg = spec.find(':') == std::string::npos ? "" : spec.substr(spec.find(':') + 1);
   auto fraction = [&]() -> StatusOr<double> {
     double f = 0;
     if (!absl::SimpleAtod(arg, &f) || !(f > 0 && f <= 1)) {
@@ -969,8 +987,10 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t see
     return std::unique_ptr<Codec>(new QsgdCodec(spec, levels, seed));
   }
   if (family == "topk") {
+    const bool ef21 = absl::EndsWith(arg, ":ef21");
+    if (ef21) arg.resize(arg.size() - 5);
     ASSIGN_OR_RETURN(double f, fraction());
-    return std::unique_ptr<Codec>(new TopKCodec(spec, f));
+    return std::unique_ptr<Codec>(new TopKCodec(spec, f, ef21));
   }
   if (family == "randk") {
     ASSIGN_OR_RETURN(double f, fraction());
@@ -982,7 +1002,8 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t see
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown codec '", spec,
-      "' (none, fp16, bf16, int8[:channel][:sr], qsgd:S, topk:F, randk:F, sign, powersgd:R)"));
+      "' (none, fp16, bf16, int8[:channel][:sr], qsgd:S, topk:F[:ef21], randk:F, sign, "
+      "powersgd:R)"));
 }
 
 }  // namespace cleave

@@ -16,6 +16,10 @@
 //                   rounded (unbiased), packed in ceil(log2(2S + 1)) bits
 //   topk:F          the ceil(F * n) values of largest magnitude (0 < F <= 1) as (index,
 //                   value) pairs, with error feedback
+//   topk:F:ef21     the same encoding with EF21's feedback (Richtarik et al. 2021): the
+//                   slot holds h, the sum of all sent, and the top k of (in - h) are
+//                   sent, so each upload is an increment of h; the server keeps the
+//                   mean of the clients' h and applies it every round (CreateStrategy)
 //   randk:F         as many values, one at a random position in each of k equal strides
 //                   of the tensor; only the positions' u64 seed travels. Error feedback
 //   sign            scaled sign (EF-signSGD): one float32 scale (mean |x|) and one bit a
@@ -63,7 +67,8 @@ class Codec : public RangeDecoder {
   // untouched.
   Status Decode(std::string_view bytes, const Shape& shape, float* out) const;
 
-  // The residual of `slot` (error feedback); empty for codecs without one.
+  // The residual of `slot` (error feedback; for topk:F:ef21 the estimate h); empty for
+  // codecs without one.
   virtual std::vector<float> Residual(int slot) const { return {}; }
   // True when Encode keeps state across calls (a residual or a warm start).
   virtual bool stateful() const { return false; }

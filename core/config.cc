@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace cleave {
@@ -317,6 +318,17 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   if ((c.dp.enabled || c.aggregation.rule != "mean") && c.split.enabled()) {
     return absl::InvalidArgumentError("dp and aggregation.rule apply to federated rounds, not split");
+  }
+  if (absl::EndsWith(c.compression.update, ":ef21")) {
+    if (c.dp.enabled || c.aggregation.rule != "mean") {
+      return absl::InvalidArgumentError(
+          "compression.update: EF21 uploads increments of an estimate, not updates, which dp "
+          "and robust rules need; use topk without :ef21");
+    }
+    if (c.split.enabled()) {
+      return absl::InvalidArgumentError(
+          "compression.update: :ef21 applies to federated rounds, not split learning");
+    }
   }
   if (c.secure_aggregation.enabled) {
     if (c.split.enabled()) {

@@ -101,7 +101,8 @@ namespace {
 // (docs/benchmarks.md): with one input channel im2col + BLAS wins everything; with more,
 // oneDNN wins the forward pass, and the weight gradient computed as oneDNN's forward
 // convolution of the transposed input with the transposed output gradient beats both
-// backward kernels; im2col + BLAS wins the input gradient. Both kernels compute the same sums; only rounding differs.
+// backward kernels; im2col + BLAS wins the input gradient. Both kernels compute the same
+// sums; only rounding differs.
 bool UseOneDnn() { return at::hasMKLDNN(); }
 
 torch::Tensor ConvForward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
@@ -145,6 +146,7 @@ double CrossEntropy(const torch::Tensor& logits, const torch::Tensor& labels, to
   float* g = grad.data_ptr<float>();
   double total = 0;
   for (int64_t i = 0; i < n; ++i, z += c, g += c) {
+    TORCH_CHECK(y[i] >= 0 && y[i] < c, "label ", y[i], " out of range for ", c, " classes");
     float mx = z[0];
     for (int64_t k = 1; k < c; ++k) mx = std::max(mx, z[k]);
     double sum = 0;
@@ -183,7 +185,7 @@ double FastTrainer::ForwardBackward(const torch::Tensor& x, const torch::Tensor&
         break;
       }
       case Layer::kFlatten:
-        a = a.view({a.size(0), -1});
+        a = a.reshape({a.size(0), -1});
         break;
     }
     l.output = a;
@@ -215,7 +217,7 @@ double FastTrainer::ForwardBackward(const torch::Tensor& x, const torch::Tensor&
         g = ReluMaxPool2x2Backward(g, l.winner, l.input.sizes());
         break;
       case Layer::kFlatten:
-        g = g.view(l.input.sizes());
+        g = g.reshape(l.input.sizes());
         break;
     }
   }

@@ -3,7 +3,7 @@
 # 0.5, LeNet-5; deploy/examples/fmnist-niid-bench.yaml), the same number of rounds for
 # every codec, then int8 activations and gradients in sfl-v2. Prints a Markdown table.
 #   bench/compression/accuracy.sh [ROUNDS=10] [CODEC ...]
-# Runs one federation at a time (about 20 s a round on 2 cores); run directories go to
+# Runs one federation at a time (about 12 s a round on 2 cores); run directories go to
 # runs/bench-compression-ROUNDS/. SPLIT=0 skips the two sfl-v2 runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,7 +11,8 @@ rounds=${1:-10}
 shift || true
 codecs=("$@")
 if [ ${#codecs[@]} -eq 0 ]; then
-  codecs=(none fp16 bf16 int8 int8:channel int8:sr qsgd:4 topk:0.01 randk:0.01 sign powersgd:2)
+  codecs=(none fp16 bf16 int8 int8:channel int8:sr qsgd:4 topk:0.01 topk:0.01:ef21 randk:0.01 sign
+          powersgd:2)
 fi
 out=runs/bench-compression-$rounds
 split=${SPLIT:-1}

@@ -154,6 +154,59 @@ TEST(AdaptiveTest, RestoreRejectsForeignState) {
   EXPECT_FALSE(s->Restore(bad).ok());
 }
 
+// EF21's server side: uploads are increments of each client's estimate; the model moves
+// by the weighted mean estimate H every round, and H survives a restart.
+TEST(Ef21Test, TheModelMovesByTheMeanEstimateEveryRound) {
+  const std::string yaml = "compression: {update: \"topk:0.5:ef21\"}";
+  auto s = Make(yaml);
+  EXPECT_EQ(s->name(), "fedavg+ef21");
+  ParameterSet x = Vec(0, 0);
+  Round(*s, &x);  // H = (2.5, 0.5)
+  ExpectNear(x, 2.5, 0.5);
+  s->BeginRound(x);  // no increments: H stays, and so does the model
+  Add(*s, Vec(0, 0), 1);
+  ASSERT_TRUE(s->FinishRound(0, &x).ok());
+  ExpectNear(x, 5.0, 1.0);
+  s->BeginRound(x);  // one client (the other failed): H += (4, -4)
+  Add(*s, Vec(4, -4), 2);
+  ASSERT_TRUE(s->FinishRound(1, &x).ok());
+  ExpectNear(x, 5.0 + 6.5, 1.0 - 3.5);
+
+  auto restored = Make(yaml);
+  ASSERT_TRUE(restored->Restore(s->State()).ok());
+  ParameterSet a = x, b = x;
+  for (auto* strategy : {s.get(), restored.get()}) {
+    ParameterSet* m = strategy == s.get() ? &a : &b;
+    strategy->BeginRound(*m);
+    Add(*strategy, Vec(1, 1), 1);
+    ASSERT_TRUE(strategy->FinishRound(0, m).ok());
+  }
+  ExpectNear(a, 11.5 + 7.5, -2.5 - 2.5);
+  EXPECT_EQ(a.tensors()[0].values, b.tensors()[0].values);
+}
+
+TEST(Ef21Test, AForeignEstimateIsRefused) {
+  const std::string yaml = "compression: {update: \"topk:0.5:ef21\"}";
+  auto s = Make(yaml);
+  ParameterSet foreign;
+  ASSERT_TRUE(foreign.Add({"ef21/w", {3}, {1, 2, 3}}).ok());
+  ASSERT_TRUE(s->Restore(foreign).ok());
+  ParameterSet x = Vec(1, 2);
+  s->BeginRound(x);
+  Add(*s, Vec(1, 1), 1);
+  EXPECT_EQ(s->FinishRound(0, &x).code(), absl::StatusCode::kFailedPrecondition);
+  ExpectNear(x, 1, 2);
+}
+
+TEST(Ef21Test, NoResultsKeepTheModel) {
+  auto s = Make("compression: {update: \"topk:0.5:ef21\"}");
+  ParameterSet x = Vec(1, 2);
+  Round(*s, &x);
+  s->BeginRound(x);
+  EXPECT_EQ(s->FinishRound(2, &x).code(), absl::StatusCode::kFailedPrecondition);
+  ExpectNear(x, 3.5, 2.5);
+}
+
 TEST(FedProxTest, SendsProximalTermToClients) {
   auto s = Make("strategy: {name: fedprox, proximal_mu: 0.01}");
   std::mt19937_64 rng(1);

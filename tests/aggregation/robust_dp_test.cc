@@ -81,7 +81,9 @@ TEST(DpTest, ClippingNeverIncreasesANorm) {
     EXPECT_LE(f, 1.0);
     EXPECT_LE(norm * f, std::max(norm, 0.0) + 1e-12);
     EXPECT_LE(norm * f, 1.0 + 1e-12);
-    if (norm <= 1.0) EXPECT_EQ(f, 1.0) << "within the bound: untouched";
+    if (norm <= 1.0) {
+      EXPECT_EQ(f, 1.0) << "within the bound: untouched";
+    }
   }
   EXPECT_TRUE(UpdateNoiseMultiplier(1.0, 0.4).status().code() == absl::StatusCode::kInvalidArgument);
   EXPECT_NEAR(*UpdateNoiseMultiplier(1.0, 1.0), 1 / std::sqrt(0.75), 1e-12);

@@ -190,6 +190,29 @@ TEST(CodecTest, TopKKeepsExactlyTheLargestMagnitudes) {
   EXPECT_EQ(c->EncodedSize(Flat(in)), 4 + 10 * 8);
 }
 
+// EF21: the codec keeps h, the sum of all it sent, and sends the top k of in - h.
+TEST(CodecTest, TopKEf21SendsTheTopOfWhatItsEstimateMisses) {
+  auto c = Make("topk:0.05:ef21");
+  const int64_t n = 400, k = 20;
+  std::vector<float> h(n, 0.0f);
+  for (int call = 0; call < 4; ++call) {
+    const auto in = Random(n, 20 + call);
+    std::vector<float> miss(n);
+    for (int64_t i = 0; i < n; ++i) miss[i] = -h[i] + in[i];
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return std::abs(miss[a]) > std::abs(miss[b]); });
+    const std::set<int> top(order.begin(), order.begin() + k);
+    const auto out = RoundTrip(*c, in, /*slot=*/2);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out[i], top.count(i) ? miss[i] : 0.0f) << "call " << call << " index " << i;
+      h[i] += out[i];
+    }
+    EXPECT_EQ(c->Residual(2), h) << "the codec's estimate is the sum of what it sent";
+  }
+}
+
 TEST(CodecTest, RandKSendsOneValueFromEachStride) {
   const auto in = Random(1003, 6);  // k = 101 strides of 9 or 10 values
   auto c = Make("randk:0.1", 11);
@@ -413,7 +436,7 @@ TEST(CodecTest, CompressedSetsDescribeThemselvesAndAreChecked) {
 }
 
 TEST(CodecTest, UnknownSpecsAreRefused) {
-  for (const char* spec : {"zip", "topk:0", "topk:1.5", "topk:x", "randk:0", "qsgd:0", "qsgd:128",
+  for (const char* spec : {"zip", "topk:0", "topk:1.5", "topk:x", "topk:0.1:ef22", "topk:ef21", "randk:0", "qsgd:0", "qsgd:128",
                            "qsgd", "powersgd:0", "powersgd:65", "int8:foo", "sign:2"}) {
     EXPECT_EQ(MakeCodec(spec).status().code(), absl::StatusCode::kInvalidArgument) << spec;
   }

@@ -70,6 +70,9 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("secure_aggregation: {clip: 0}", "secure_aggregation.clip");
   expect_error("secure_aggregation: {}\nsplit: {mode: sfl-v2}", "split learning");
   expect_error("secure_aggregation: {}\ncompression: {update: int8}", "compression.update");
+  expect_error("compression: {update: \"topk:0.01:ef21\"}\ndp: {}", "EF21");
+  expect_error("compression: {update: \"topk:0.01:ef21\"}\naggregation: {rule: median}", "EF21");
+  expect_error("compression: {update: \"topk:0.01:ef21\"}\nsplit: {mode: sfl-v2}", "not split");
   expect_error("dp: {noise_multiplier: 0}", "dp.noise_multiplier");
   expect_error("dp: {noise: local}", "dp.noise");
   expect_error("dp: {noise: distributed}", "needs secure_aggregation");
