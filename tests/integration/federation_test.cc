@@ -200,7 +200,8 @@ TEST(FederationTest, TrainsATorchScriptModelNamedInTheConfig) {
 
 // Compressed updates (compression.update) cross the wire in a fraction of the bytes,
 // and the federation still learns.
-// int8 both ways (updates up, the model down), top-k updates, PowerSGD updates.
+// int8 both ways (updates up, the model down), top-k updates (classic error feedback and
+// EF21), PowerSGD updates.
 TEST(FederationTest, CompressedUpdatesLearnInFewerBytes) {
   auto run = [](const std::string& update, const std::string& broadcast) {
     return RunToEnd(std::string(kBase) + "model: {name: lenet5}\nrun: {rounds: 2, seed: 42}\n" +
@@ -211,10 +212,12 @@ TEST(FederationTest, CompressedUpdatesLearnInFewerBytes) {
   const auto fp32 = run("none", "none");
   const auto int8 = run("int8", "int8");
   const auto topk = run("topk:0.01", "none");
+  const auto ef21 = run("topk:0.01:ef21", "none");
   const auto powersgd = run("powersgd:2", "none");
   ASSERT_EQ(fp32.size(), 2u);
   ASSERT_EQ(int8.size(), 2u);
   ASSERT_EQ(topk.size(), 2u);
+  ASSERT_EQ(ef21.size(), 2u);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(int8[r].participants, 3);
     EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / int8[r].bytes_up, 3.9);
@@ -222,10 +225,13 @@ TEST(FederationTest, CompressedUpdatesLearnInFewerBytes) {
     EXPECT_NEAR(static_cast<double>(topk[r].bytes_down) / fp32[r].bytes_down, 1.0, 0.01);
     EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / powersgd[r].bytes_up, 2);
     EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / topk[r].bytes_up, 30);
+    EXPECT_NEAR(static_cast<double>(ef21[r].bytes_up) / topk[r].bytes_up, 1.0, 0.01);
   }
   EXPECT_GT(int8[1].test_accuracy, 0.5);
   EXPECT_NEAR(int8[1].test_accuracy, fp32[1].test_accuracy, 0.05);
   EXPECT_GT(topk[1].test_accuracy, topk[0].test_accuracy) << "error feedback carries it on";
+  EXPECT_NEAR(ef21[0].test_accuracy, topk[0].test_accuracy, 0.01) << "the same first round";
+  EXPECT_GT(ef21[1].test_accuracy, ef21[0].test_accuracy) << "the estimate carries it on";
   EXPECT_GT(powersgd[1].test_accuracy, 0.3) << "chance is 0.1";
 }
 
