@@ -8,7 +8,8 @@ namespace cleave::kernels {
 
 // out[p][i][j] = max(0, the 2x2 window at (2i, 2j) of plane p) for `planes` planes of
 // h x w (odd sizes floor); winner names the window element that won (0..3, row-major)
-// or 4 when none was above zero. Ties go to the first.
+// or 4 when none was above zero. Ties go to the first. (int32 rather than a byte: GCC
+// then vectorises the loop with the floats.)
 void ReluMaxPool2x2(const float* in, int64_t planes, int64_t h, int64_t w, float* out,
                     int32_t* winner);
 
