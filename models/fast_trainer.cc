@@ -89,9 +89,10 @@ std::unique_ptr<FastTrainer> FastTrainer::Compile(const nn::Sequential& seq) {
     }
     t->layers_.push_back(std::move(l));
   }
-  const bool trainable = std::any_of(t->layers_.begin(), t->layers_.end(),
-                                     [](const Layer& l) { return l.weight.defined(); });
-  if (!trainable) return nullptr;
+  const auto first = std::find_if(t->layers_.begin(), t->layers_.end(),
+                                  [](const Layer& l) { return l.weight.defined(); });
+  if (first == t->layers_.end()) return nullptr;  // nothing to train
+  t->first_trainable_ = static_cast<size_t>(first - t->layers_.begin());
   return t;
 }
 
@@ -193,11 +194,9 @@ double FastTrainer::ForwardBackward(const torch::Tensor& x, const torch::Tensor&
   torch::Tensor g;
   const double loss = CrossEntropy(a, y, g);
   // Layers before the first with parameters need no gradient (nor does the batch).
-  size_t first_trainable = 0;
-  while (!layers_[first_trainable].weight.defined()) ++first_trainable;
-  for (size_t i = layers_.size(); i-- > first_trainable;) {
+  for (size_t i = layers_.size(); i-- > first_trainable_;) {
     Layer& l = layers_[i];
-    const bool need_input_grad = i > first_trainable;
+    const bool need_input_grad = i > first_trainable_;
     switch (l.kind) {
       case Layer::kConv:
         ConvWeightGrad(g, l.input, l.weight, l.kh, l.kw, l.ph, l.pw);

@@ -29,6 +29,7 @@ class FastTrainer {
 
  private:
   std::vector<Layer> layers_;
+  size_t first_trainable_ = 0;  // the first layer with parameters
 };
 
 // relu(max_pool2d(x, 2)) == max_pool2d(relu(x), 2), fused: LibTorch's CPU
