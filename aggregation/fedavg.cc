@@ -13,10 +13,25 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "aggregation/accumulate.h"
 #include "aggregation/dp.h"
 #include "aggregation/strategy.h"
 
 namespace cleave {
+
+void AddScaled(const std::vector<TensorView>& delta, float scale, ParameterSet* out) {
+  alignas(64) float buf[kViewBlock];
+  auto& ts = out->mutable_tensors();
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const TensorView& v = delta[i];
+    for (int64_t b = 0; b < v.numel; b += kViewBlock) {
+      const int64_t n = std::min(kViewBlock, v.numel - b);
+      v.Read(b, n, buf);
+      float* acc = ts[i].values.data() + b;
+      for (int64_t j = 0; j < n; ++j) acc[j] += scale * buf[j];
+    }
+  }
+}
 namespace {
 
 enum class ServerRule { kSgd, kMomentum, kAdagrad, kAdam, kYogi };
@@ -66,18 +81,7 @@ class FedAvgFamily : public Strategy {
   }
 
   void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
-    const float w = static_cast<float>(num_examples);
-    auto& tensors = sum_.mutable_tensors();
-    alignas(64) float buf[kViewBlock];
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const TensorView& v = delta[i];
-      for (int64_t b = 0; b < v.numel; b += kViewBlock) {
-        const int64_t n = std::min(kViewBlock, v.numel - b);
-        v.Read(b, n, buf);
-        float* acc = tensors[i].values.data() + b;
-        for (int64_t j = 0; j < n; ++j) acc[j] += w * buf[j];
-      }
-    }
+    AddScaled(delta, static_cast<float>(num_examples), &sum_);
     total_weight_ += static_cast<double>(num_examples);
     ++count_;
   }

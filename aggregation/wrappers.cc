@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/accumulate.h"
 #include "aggregation/dp.h"
 #include "aggregation/robust.h"
 #include "privacy/accountant.h"
@@ -22,21 +23,6 @@ double Norm(const std::vector<TensorView>& delta) {
     }
   }
   return std::sqrt(s);
-}
-
-// out += scale * delta.
-void AddScaled(const std::vector<TensorView>& delta, double scale, ParameterSet* out) {
-  alignas(64) float buf[kViewBlock];
-  auto& ts = out->mutable_tensors();
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const TensorView& v = delta[i];
-    for (int64_t b = 0; b < v.numel; b += kViewBlock) {
-      const int64_t n = std::min(kViewBlock, v.numel - b);
-      v.Read(b, n, buf);
-      float* acc = ts[i].values.data() + b;
-      for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<float>(scale * buf[j]);
-    }
-  }
 }
 
 // Splits `state` into the inner strategy's tensors and those whose names start with
@@ -100,7 +86,7 @@ class DpStrategy : public Strategy {
     ++count_;
     const double norm = Norm(delta);
     if (norm <= clip_) ++unclipped_;
-    AddScaled(delta, ClipFactor(norm, clip_), &sum_);
+    AddScaled(delta, static_cast<float>(ClipFactor(norm, clip_)), &sum_);
   }
 
   int accumulated() const override { return count_; }
@@ -290,7 +276,7 @@ class EstimateStrategy : public Strategy {
   }
 
   void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
-    AddScaled(delta, static_cast<double>(num_examples), &sum_);
+    AddScaled(delta, static_cast<float>(num_examples), &sum_);
     weight_ += num_examples;
     ++count_;
   }
