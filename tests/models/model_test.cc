@@ -196,7 +196,9 @@ TEST(ModelTest, TrainsATorchScriptModelExportedFromPython) {
 // Every built-in model, trained by FastTrainer (no autograd; fused ReLU + max-pool),
 // trains like PyTorch's stock layers under autograd (the same model exported from
 // Python), given the same weights and batch order: same loss, same weights after an
-// epoch of SGD with momentum, weight decay and the FedProx term, up to float rounding.
+// epoch of SGD with momentum, weight decay and the FedProx term, up to float rounding
+// (each tensor's change within 0.5 % of the stock change; a wrong ReLU gradient or pool
+// winner is off by far more).
 struct StockModel {
   const char* name;
   const char* python;  // the same layers, stock
@@ -217,7 +219,8 @@ TEST_P(BuiltinMatchesStockTest, TrainsLikePyTorchsStockOps) {
   auto stock = Model::Create({"torchscript", *ReadFile(path), 0});
   std::filesystem::remove(path);
   ASSERT_TRUE(stock.ok()) << stock.status();
-  ASSERT_TRUE((*stock)->SetParameters(ours->Parameters()).ok());
+  const ParameterSet start = ours->Parameters();
+  ASSERT_TRUE((*stock)->SetParameters(start).ok());
   std::vector<int64_t> idx(m.examples);
   for (int i = 0; i < m.examples; ++i) idx[i] = i;
   const Dataset data = Train().Subset(idx);
@@ -235,12 +238,22 @@ TEST_P(BuiltinMatchesStockTest, TrainsLikePyTorchsStockOps) {
   ASSERT_TRUE(s1.ok() && s2.ok());
   EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
   EXPECT_LT(s1->loss, e1->loss);  // it learned something
+  // Float rounding differs between the two paths (summation order in the kernels) and
+  // grows over an epoch of steps, the more the faster the processor's kernels reorder:
+  // compare each tensor's change from the common start, relative to that change.
   ParameterSet a = ours->Parameters(), b = (*stock)->Parameters();
   for (size_t i = 0; i < a.size(); ++i) {
-    for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
-      ASSERT_NEAR(a.tensors()[i].values[j], b.tensors()[i].values[j], 2e-4)
-          << a.tensors()[i].name << "[" << j << "]";
+    const auto& w0 = start.tensors()[i].values;
+    const auto& wa = a.tensors()[i].values;
+    const auto& wb = b.tensors()[i].values;
+    double max_change = 0, max_diff = 0;
+    for (size_t j = 0; j < wa.size(); ++j) {
+      max_change = std::max(max_change, std::abs(double(wb[j]) - w0[j]));
+      max_diff = std::max(max_diff, std::abs(double(wa[j]) - wb[j]));
     }
+    EXPECT_GT(max_change, 0) << a.tensors()[i].name << " did not train";
+    EXPECT_LE(max_diff, 0.005 * max_change + 1e-7)
+        << a.tensors()[i].name << ": largest change " << max_change;
   }
 }
 
@@ -258,7 +271,7 @@ INSTANTIATE_TEST_SUITE_P(
                    "nn.Sequential(nn.Flatten(), nn.Linear(256, 120), nn.ReLU()), "
                    "nn.Sequential(nn.Linear(120, 84), nn.ReLU()), "
                    "nn.Sequential(nn.Linear(84, 10)))",
-                   2000, 0.05},
+                   256, 0.05},
         // Padding, 32 and 64 channels.
         StockModel{"cnn",
                    "nn.Sequential(nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), "
