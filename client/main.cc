@@ -66,9 +66,11 @@ int main(int argc, char** argv) {
                  "simulate an attacker (experiments): sign-flip, gaussian, label-flip, alie, ipm")
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(cleave::kAttacks),
                                                      std::end(cleave::kAttacks))));
-  app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)");
+  app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember(cleave::LogLevels()));
   cleave::DeviceEmulation emulation;
   int64_t memory_limit_mb = 0;
   app.add_option("--emulate-uplink-mbps", emulation.uplink_mbps,
@@ -103,7 +105,10 @@ int main(int argc, char** argv) {
     token = *read;
   }
 
-  cleave::SetupLogging(name.empty() ? "client" : name, "", log_level);
+  if (auto s = cleave::SetupLogging(name.empty() ? "client" : name, "", log_level); !s.ok()) {
+    std::cerr << "cleave-client: " << s.message() << "\n";
+    return 2;
+  }
   cleave::SetTorchThreads(torch_threads);
   auto data = cleave::LoadDataSpec(data_spec, /*train=*/true);
   if (!data.ok()) {

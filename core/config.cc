@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -26,16 +27,28 @@ Status Read(const YAML::Node& section, const std::string& sec, const std::string
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(sec, ".", key, ": ", e.msg));
   }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(*out)) {
+      return absl::InvalidArgumentError(absl::StrCat(sec, ".", key, " must be a finite number"));
+    }
+  }
   return absl::OkStatus();
 }
 
 Status CheckKeys(const YAML::Node& section, const std::string& sec,
                  const std::set<std::string>& known) {
   if (!section.IsMap()) return absl::InvalidArgumentError(absl::StrCat(sec, " must be a map"));
+  std::set<std::string> seen;  // yaml-cpp keeps duplicate keys; a lookup sees only one
   for (const auto& kv : section) {
+    if (!kv.first.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat(sec, ": keys must be plain names"));
+    }
     const std::string key = kv.first.as<std::string>();
     if (!known.count(key)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown config key ", sec, ".", key));
+    }
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate config key ", sec, ".", key));
     }
   }
   return absl::OkStatus();
@@ -134,7 +147,16 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (auto s = root["server"]) {
     RETURN_IF_ERROR(CheckKeys(s, "server", {"listen", "heartbeat_s", "client_timeout_s",
                                             "max_model_elements", "chunk_bytes",
-                                            "eval_batch_size", "worker_threads"}));
+                                            "eval_batch_size", "worker_threads", "evaluate",
+                                            "max_update_abs", "upload_idle_timeout_s",
+                                            "handshake_timeout_s", "max_connections",
+                                            "max_sessions"}));
+    RETURN_IF_ERROR(Read(s, "server", "evaluate", &c.server.evaluate));
+    RETURN_IF_ERROR(Read(s, "server", "max_update_abs", &c.server.max_update_abs));
+    RETURN_IF_ERROR(Read(s, "server", "upload_idle_timeout_s", &c.server.upload_idle_timeout_s));
+    RETURN_IF_ERROR(Read(s, "server", "handshake_timeout_s", &c.server.handshake_timeout_s));
+    RETURN_IF_ERROR(Read(s, "server", "max_connections", &c.server.max_connections));
+    RETURN_IF_ERROR(Read(s, "server", "max_sessions", &c.server.max_sessions));
     RETURN_IF_ERROR(Read(s, "server", "listen", &c.server.listen));
     RETURN_IF_ERROR(Read(s, "server", "heartbeat_s", &c.server.heartbeat_s));
     RETURN_IF_ERROR(Read(s, "server", "client_timeout_s", &c.server.client_timeout_s));
@@ -144,7 +166,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "server", "worker_threads", &c.server.worker_threads));
   }
   if (auto s = root["tls"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "tls", {"cert", "key", "ca", "mutual", "reload_s"}));
+    RETURN_IF_ERROR(CheckKeys(s, "tls", {"cert", "key", "ca", "mutual", "reload_s", "revoked"}));
+    RETURN_IF_ERROR(Read(s, "tls", "revoked", &c.tls.revoked));
     RETURN_IF_ERROR(Read(s, "tls", "cert", &c.tls.cert));
     RETURN_IF_ERROR(Read(s, "tls", "key", &c.tls.key));
     RETURN_IF_ERROR(Read(s, "tls", "ca", &c.tls.ca));
@@ -154,6 +177,9 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       return absl::InvalidArgumentError("tls.cert and tls.key go together");
     }
     if (c.tls.reload_s < 1) return absl::InvalidArgumentError("tls.reload_s must be >= 1");
+    if (!c.tls.revoked.empty() && !c.tls.mutual) {
+      return absl::InvalidArgumentError("tls.revoked names device identities: it needs tls.mutual");
+    }
   }
   if (auto s = root["auth"]) {
     RETURN_IF_ERROR(CheckKeys(s, "auth", {"token_file"}));
@@ -209,7 +235,18 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   if (auto s = root["aggregation"]) {
     auto& a = c.aggregation;
-    RETURN_IF_ERROR(CheckKeys(s, "aggregation", {"rule", "f", "m", "max_norm", "root_data"}));
+    RETURN_IF_ERROR(CheckKeys(s, "aggregation", {"rule", "f", "m", "max_norm", "root_data",
+                                                 "weighting", "max_weight_ratio",
+                                                 "max_client_examples"}));
+    RETURN_IF_ERROR(Read(s, "aggregation", "weighting", &a.weighting));
+    RETURN_IF_ERROR(Read(s, "aggregation", "max_weight_ratio", &a.max_weight_ratio));
+    RETURN_IF_ERROR(Read(s, "aggregation", "max_client_examples", &a.max_client_examples));
+    RETURN_IF_ERROR(Range(a.weighting == "examples" || a.weighting == "equal",
+                          "aggregation.weighting", "examples or equal"));
+    RETURN_IF_ERROR(Range(a.max_weight_ratio == 0 || a.max_weight_ratio >= 1,
+                          "aggregation.max_weight_ratio", "0 (no cap) or >= 1"));
+    RETURN_IF_ERROR(Range(a.max_client_examples >= 0, "aggregation.max_client_examples",
+                          ">= 0 (0 = no cap)"));
     RETURN_IF_ERROR(Read(s, "aggregation", "root_data", &a.root_data));
     RETURN_IF_ERROR(Read(s, "aggregation", "rule", &a.rule));
     RETURN_IF_ERROR(Read(s, "aggregation", "f", &a.f));
@@ -379,6 +416,13 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                         "server.chunk_bytes", "in [1024, 2 MiB] (gRPC's limit is 4 MiB)"));
   RETURN_IF_ERROR(Range(c.server.eval_batch_size >= 1, "server.eval_batch_size", ">= 1"));
   RETURN_IF_ERROR(Range(c.server.worker_threads >= 1, "server.worker_threads", ">= 1"));
+  RETURN_IF_ERROR(Range(c.server.max_update_abs > 0, "server.max_update_abs", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.upload_idle_timeout_s > 0, "server.upload_idle_timeout_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.handshake_timeout_s > 0, "server.handshake_timeout_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.max_connections >= 0, "server.max_connections",
+                        ">= 0 (0 = derived from the open-file limit)"));
+  RETURN_IF_ERROR(Range(c.server.max_sessions >= 0, "server.max_sessions",
+                        ">= 0 (0 = derived from the open-file limit)"));
   RETURN_IF_ERROR(Range(c.local.clients >= 1, "local.clients", ">= 1"));
   return c;
 }

@@ -79,6 +79,12 @@ struct AggregationConfig {
   int m = 0;                  // aggregation.m: multi_krum's selection (0 = n - f)
   double max_norm = 0;        // aggregation.max_norm: norm_bound's L2 bound
   std::string root_data;      // aggregation.root_data: FLTrust's clean server data set
+  // What a client's update weighs: the example count it declares (bounded below) or 1.
+  std::string weighting = "examples";  // aggregation.weighting: examples | equal
+  // A client's weight is at most this multiple of the median declared example count of
+  // the round's sampled clients (0 = no such cap).
+  double max_weight_ratio = 3;         // aggregation.max_weight_ratio
+  int64_t max_client_examples = 0;     // aggregation.max_client_examples: absolute cap (0 = none)
 };
 
 struct CompressionConfig {
@@ -96,6 +102,12 @@ struct ServerConfig {
   int chunk_bytes = 1 << 20;             // server.chunk_bytes: download/upload chunk size
   int eval_batch_size = 1000;            // server.eval_batch_size
   int worker_threads = 2;                // server.worker_threads: decode/aggregate pool
+  bool evaluate = true;                  // server.evaluate: evaluate on data.test each round
+  double max_update_abs = 1e4;           // server.max_update_abs: bound on |update value|
+  double upload_idle_timeout_s = 30;     // server.upload_idle_timeout_s: stalled upload = failed
+  double handshake_timeout_s = 10;       // server.handshake_timeout_s: TLS/HTTP/2 handshake
+  int max_connections = 0;               // server.max_connections: 0 = from the fd limit
+  int max_sessions = 0;                  // server.max_sessions: 0 = from the fd limit
 };
 
 // TLS on the server's port. Without a certificate the server refuses to start unless
@@ -106,6 +118,7 @@ struct TlsConfig {
   std::string ca;        // tls.ca: the federation CA that client certificates must chain to
   bool mutual = false;   // tls.mutual: require a client certificate; its CN is the identity
   int reload_s = 60;     // tls.reload_s: how often the files are re-read
+  std::string revoked;   // tls.revoked: revoked device identities, one CN a line (re-read too)
 };
 
 // Secure aggregation (SecAgg+, Bell et al. 2020): the server learns only the sum of the

@@ -2,12 +2,20 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "core/status.h"
 
 namespace cleave {
 
-// Installs the default logger. `file` empty = stderr only. `level`: trace, debug, info,
-// warn, error. Safe to call more than once (the last call wins).
-void SetupLogging(const std::string& name, const std::string& file = "",
-                  const std::string& level = "info");
+// The levels SetupLogging accepts, in order: trace, debug, info, warn, error.
+const std::vector<std::string>& LogLevels();
+
+// Installs the default logger. `file` empty = stderr only. `level`: one of LogLevels().
+// INVALID_ARGUMENT for another level and FAILED_PRECONDITION when `file` cannot be
+// opened (a read-only run directory), leaving the previous logger in place. Safe to
+// call more than once (the last call wins).
+Status SetupLogging(const std::string& name, const std::string& file = "",
+                    const std::string& level = "info");
 
 }  // namespace cleave

@@ -3,6 +3,7 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <unordered_set>
 
@@ -236,14 +237,16 @@ void TensorView::Read(int64_t begin, int64_t count, float* out) const {
 
 namespace {
 
-// Index of the first non-finite value in `v`, or -1. Tests exponent bits (all ones
-// means Inf or NaN) on raw words so the loop vectorizes.
-int64_t FirstNonFinite(const TensorView& v) {
+// Index of the first value in `v` that is not finite or whose magnitude exceeds the
+// bound whose bit pattern is `max_bits`, or -1. For non-negative floats the bit patterns
+// order as the values do, and Inf and NaN lie above every finite one, so one integer
+// compare on the raw words tests both and the loop vectorizes.
+int64_t FirstOutOfRange(const TensorView& v, uint32_t max_bits) {
   alignas(64) float values[kViewBlock];
-  auto bad = [&](int64_t j) {  // exponent bits all ones
+  auto bad = [&](int64_t j) {
     uint32_t w;
     std::memcpy(&w, values + j, 4);
-    return (w & 0x7f800000u) == 0x7f800000u;
+    return (w & 0x7fffffffu) > max_bits;
   };
   for (int64_t b = 0; b < v.numel; b += kViewBlock) {
     const int64_t n = std::min(kViewBlock, v.numel - b);
@@ -261,12 +264,16 @@ int64_t FirstNonFinite(const TensorView& v) {
 
 }  // namespace
 
-Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& views) {
+Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& views,
+                  float max_abs) {
   const auto& tensors = layout.tensors();
   if (views.size() != tensors.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected ", tensors.size(), " tensors, got ", views.size()));
   }
+  if (!(max_abs >= 0)) max_abs = 0;
+  uint32_t max_bits;
+  std::memcpy(&max_bits, &max_abs, 4);
   for (size_t i = 0; i < views.size(); ++i) {
     const TensorView& v = views[i];
     if (v.name != tensors[i].name) {
@@ -278,9 +285,16 @@ Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& vie
                                                      ShapeString(tensors[i].shape), ", got ",
                                                      ShapeString(v.shape)));
     }
-    if (const int64_t j = FirstNonFinite(v); j >= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", std::string(v.name), " has a non-finite value at index ", j));
+    if (const int64_t j = FirstOutOfRange(v, max_bits); j >= 0) {
+      float x;
+      v.Read(j, 1, &x);
+      if (!std::isfinite(x)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", std::string(v.name), " has a non-finite value at index ", j));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", std::string(v.name), " has ", x,
+                                                     " at index ", j, ", beyond the bound ",
+                                                     max_abs));
     }
   }
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -102,8 +103,9 @@ StatusOr<std::vector<TensorView>> ParseParameterSet(std::string_view bytes,
                                                     int64_t max_elements = int64_t{1} << 31);
 
 // OK when `views` have exactly `layout`'s names, order and shapes and every value is
-// finite; otherwise INVALID_ARGUMENT saying what is wrong.
-Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& views);
+// finite with magnitude <= max_abs; otherwise INVALID_ARGUMENT saying what is wrong.
+Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& views,
+                  float max_abs = std::numeric_limits<float>::max());
 
 // Views of `set`'s tensors (valid while `set` lives and is not changed).
 std::vector<TensorView> ViewsOf(const ParameterSet& set);

@@ -22,13 +22,15 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "job config (YAML)")->required();
   app.add_option("--listen", listen, "address to listen on (default: server.listen)");
   app.add_option("--run-dir", run_dir, "run directory (default: runs/<run.name>)");
-  app.add_option("--rounds", rounds, "override run.rounds");
+  app.add_option("--rounds", rounds, "override run.rounds")->check(CLI::PositiveNumber);
   app.add_option("--tls-cert", tls_cert, "override tls.cert (server certificate chain)");
   app.add_option("--tls-key", tls_key, "override tls.key")->needs("--tls-cert");
   app.add_option("--tls-ca", tls_ca, "override tls.ca (the CA client certificates chain to)");
   app.add_flag("--insecure", insecure, "serve plaintext when no certificate is configured");
-  app.add_option("--torch-threads", torch_threads, "LibTorch threads for evaluation");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--torch-threads", torch_threads, "LibTorch threads for evaluation")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember(cleave::LogLevels()));
   CLI11_PARSE(app, argc, argv);
 
   auto config = cleave::JobConfig::Load(config_path);
@@ -57,7 +59,10 @@ int main(int argc, char** argv) {
     std::cerr << "cleave-server: cannot create " << run_dir << ": " << ec.message() << "\n";
     return 2;
   }
-  cleave::SetupLogging("server", run_dir + "/server.log", log_level);
+  if (auto s = cleave::SetupLogging("server", run_dir + "/server.log", log_level); !s.ok()) {
+    std::cerr << "cleave-server: " << s.message() << "\n";
+    return 2;
+  }
   cleave::SetTorchThreads(torch_threads);
 
   cleave::ServerOptions opts;

@@ -49,9 +49,10 @@ int main(int argc, char** argv) {
   cleave::LocalOptions local;
   auto* l = app.add_subcommand("local", "run a server and N clients as processes on loopback");
   l->add_option("--config", local.config_path, "job config (YAML)")->required();
-  l->add_option("--clients", local.clients, "number of clients (default: local.clients)");
+  l->add_option("--clients", local.clients, "number of clients (default: local.clients)")
+      ->check(CLI::PositiveNumber);
   l->add_option("--run-dir", local.run_dir, "run directory (default: runs/<name>-<time>)");
-  l->add_option("--rounds", local.rounds, "override run.rounds");
+  l->add_option("--rounds", local.rounds, "override run.rounds")->check(CLI::PositiveNumber);
   l->add_flag("--insecure", local.insecure,
               "plaintext on loopback instead of TLS with certificates made for the run");
 

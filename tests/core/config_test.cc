@@ -86,6 +86,42 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("tls: {cert: s.crt}", "tls.cert and tls.key");
   expect_error("tls: {cert: s.crt, key: s.key, reload_s: 0}", "tls.reload_s");
   expect_error("tls: {certificate: s.crt}", "tls.certificate");
+  // Values that YAML reads as numbers but no setting means.
+  expect_error("train: {lr: .inf}", "train.lr must be a finite number");
+  expect_error("train: {lr: .nan}", "train.lr must be a finite number");
+  expect_error("clients: {round_deadline_s: -.inf}", "clients.round_deadline_s");
+  expect_error("run: {rounds: 0}", "run.rounds");
+  expect_error("run: {rounds: -4}", "run.rounds");
+  // A key given twice: yaml-cpp would silently keep one of them.
+  expect_error("train: {lr: 0.1, lr: 5}", "duplicate config key train.lr");
+  expect_error("train: {lr: 0.1}\ntrain: {momentum: 0}", "duplicate config key config.train");
+  expect_error("aggregation: {weighting: trust}", "aggregation.weighting");
+  expect_error("aggregation: {max_weight_ratio: 0.5}", "aggregation.max_weight_ratio");
+  expect_error("aggregation: {max_client_examples: -1}", "aggregation.max_client_examples");
+  expect_error("server: {max_update_abs: 0}", "server.max_update_abs");
+  expect_error("server: {upload_idle_timeout_s: 0}", "server.upload_idle_timeout_s");
+  expect_error("server: {max_sessions: -1}", "server.max_sessions");
+  expect_error("tls: {cert: s.crt, key: s.key, revoked: r.txt}", "needs tls.mutual");
+}
+
+TEST(ConfigTest, ReadsHostileClientDefenses) {
+  auto c = JobConfig::Parse(R"(
+aggregation: {weighting: equal, max_weight_ratio: 0, max_client_examples: 500}
+server: {evaluate: false, max_update_abs: 100, upload_idle_timeout_s: 5, max_sessions: 9}
+)", "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->aggregation.weighting, "equal");
+  EXPECT_EQ(c->aggregation.max_weight_ratio, 0);
+  EXPECT_EQ(c->aggregation.max_client_examples, 500);
+  EXPECT_FALSE(c->server.evaluate);
+  EXPECT_EQ(c->server.max_update_abs, 100);
+  EXPECT_EQ(c->server.upload_idle_timeout_s, 5);
+  EXPECT_EQ(c->server.max_sessions, 9);
+  auto d = JobConfig::Parse("", "");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->aggregation.weighting, "examples");
+  EXPECT_EQ(d->aggregation.max_weight_ratio, 3);
+  EXPECT_TRUE(d->server.evaluate);
 }
 
 TEST(ConfigTest, ReadsSplitAndDeviceProfiles) {

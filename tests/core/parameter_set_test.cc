@@ -1,4 +1,5 @@
 #include "core/parameter_set.h"
+#include "core/printable.h"
 
 #include <gtest/gtest.h>
 
@@ -128,6 +129,27 @@ TEST(ParameterSetTest, CheckViewsFindsLayoutAndNonFiniteProblems) {
 TEST(ParameterSetTest, Sha256MatchesKnownVector) {
   EXPECT_EQ(Sha256Hex("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(CheckViewsTest, BoundsMagnitudesAndRefusesNonFiniteValues) {
+  ParameterSet ps;
+  ASSERT_TRUE(ps.Add({"w", {4}, {1.0f, -2.0f, 3.0f, -4.0f}}).ok());
+  EXPECT_TRUE(CheckViews(ps, ViewsOf(ps)).ok());
+  EXPECT_TRUE(CheckViews(ps, ViewsOf(ps), 4.0f).ok()) << "the bound itself is allowed";
+  auto over = CheckViews(ps, ViewsOf(ps), 3.5f);
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(over.message().find("index 3"), std::string::npos) << over;
+  ps.mutable_tensors()[0].values[1] = -std::numeric_limits<float>::infinity();
+  auto inf = CheckViews(ps, ViewsOf(ps), 1e30f);
+  EXPECT_NE(inf.message().find("non-finite value at index 1"), std::string::npos) << inf;
+  ps.mutable_tensors()[0].values[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(CheckViews(ps, ViewsOf(ps)).ok());
+}
+
+TEST(PrintableTest, EscapesAndBoundsUntrustedText) {
+  EXPECT_EQ(Printable("client-7"), "client-7");
+  EXPECT_EQ(Printable(std::string("a\nb\0c\\", 6)), "a\\x0ab\\x00c\\x5c");
+  EXPECT_EQ(Printable(std::string(100, 'x'), 4), "xxxx...(100 bytes)");
 }
 
 }  // namespace
