@@ -4,6 +4,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include <memory>
+#include <set>
 #include <string>
 
 #include "core/status.h"
@@ -20,6 +21,24 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& c
                                                             const std::string& key,
                                                             unsigned reload_s = 60,
                                                             const std::string& token = "");
+
+// The server's TLS material as read from its files: what FileWatcherCertificateProvider
+// is given, once CheckServerTls has accepted it.
+struct TlsMaterial {
+  std::string cert_chain;  // PEM
+  std::string key;         // PEM
+  std::string ca;          // PEM bundle; empty without tls.ca
+};
+
+// Reads and checks the server's certificate chain, private key and (optional) CA bundle:
+// every file readable and PEM-parseable, the key matching the certificate. On failure
+// INVALID_ARGUMENT naming the file and what is wrong with it.
+StatusOr<TlsMaterial> ReadServerTls(const std::string& cert, const std::string& key,
+                                    const std::string& ca);
+
+// A revocation list (tls.revoked): one device identity (its certificate's CN) per line;
+// blank lines and lines starting with '#' are ignored. `cleave certs revoke` appends to it.
+StatusOr<std::set<std::string>> ReadRevocationList(const std::string& path);
 
 // The bearer token in file `path` (auth.token_file, --token-file), surrounding
 // whitespace removed; an empty one is an error.

@@ -21,15 +21,18 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/strategy.h"
+#include "aggregation/weighting.h"
 #include "compression/codec.h"
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "core/files.h"
+#include "core/printable.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "models/model.h"
@@ -150,7 +153,7 @@ struct TaskRecord {
   std::string client_id;
   TaskState state = TaskState::kAssigned;
   double train_loss = 0;
-  int64_t num_examples = 0;
+  int64_t num_examples = 0;   // the update's weight (RoundWeights), once done
   int64_t expected_size = 0;   // bytes of the update
   std::string codec = "fp32";  // its codec: fp32 (a parameter-set encoding) or a Codec spec
   // Split tasks: the client part the client was given (its upload is a delta from it).
@@ -203,7 +206,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   ~Impl() override;
   Status Init();
   Status Start();
-  std::shared_ptr<grpc::ServerCredentials> ServerCredentials() const;
+  // The port's credentials: plaintext (--insecure) or TLS from the staged material.
+  StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials();
   // auth.token_file: OK when off or when the call carries "authorization: Bearer TOKEN"
   // (compared in constant time); UNAUTHENTICATED otherwise.
   grpc::Status CheckBearer(const grpc::CallbackServerContext* ctx) const;
@@ -275,6 +279,11 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   bool AcquireUploadSlot(UploadReactor* r);
   void RegisterUpload(std::shared_ptr<UploadReactor> r);
   void UnregisterUpload(UploadReactor* r);
+  // One upload in progress per client: `r` (whose header passed) becomes `client_id`'s
+  // upload, and an older one still open is cancelled.
+  void ClaimUpload(const std::string& client_id, UploadReactor* r);
+  // A refused upload, logged with the sender's identity (names escaped and bounded).
+  void LogRefusedUpload(const v1::UploadHeader& h, const Status& why);
   // Cancels every upload still open (called when a round closes).
   void CancelOpenUploads();
   bool CancelWaitingUpload(UploadReactor* r);
@@ -346,8 +355,11 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // Encodes global_ and makes it the model version clients fetch.
   void PublishModelLocked();
   void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest);
-  // Drops clients silent past server.client_timeout_s. Releases `l` while closing streams.
-  void ExpireSilentClients(std::unique_lock<std::mutex>& l);
+  // Drops clients silent past server.client_timeout_s, and cancels uploads that made no
+  // progress for server.upload_idle_timeout_s while they could (failing their task, so a
+  // stalling client holds an upload slot at most once per round). Releases `l` while
+  // closing streams.
+  void ExpireSilent(std::unique_lock<std::mutex>& l);
   void FailTasksOfLocked(const std::string& client_id, const std::string& why);
   bool RoundResolvedLocked() const;
   // Secure aggregation: starts the round's SecAggRound for `clients`.
@@ -364,7 +376,10 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // mu_ (it owns model_ then).
   Status SetFlTrustReference(const ParameterSet& global, const FitSettings& fit);
   // Distributed DP: clipped, noised updates count equally.
-  bool UniformSecAggWeights() const { return cfg_.dp.enabled && cfg_.dp.noise == "distributed"; }
+  // Distributed DP and aggregation.weighting: equal: every masked update counts the same.
+  bool UniformSecAggWeights() const {
+    return (cfg_.dp.enabled && cfg_.dp.noise == "distributed") || round_weights_.equal();
+  }
   StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l);
   Status Commit(RoundMetrics* m);
   Status LoadCheckpoint();
@@ -373,6 +388,14 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // Keeps only the metrics.jsonl lines of rounds <= committed_round_.
   Status TrimMetrics();
   void EndRun(const std::string& reason);
+  // TLS: copies checked material into tls_dir_ (a new version directory behind the
+  // symlink tls_dir_/current, so that gRPC's file watcher reads key and certificate as
+  // one consistent pair).
+  Status StageTls(const TlsMaterial& m);
+  // Every tls.reload_s: re-checks the TLS files (a bad one is logged and the current
+  // material kept) and re-reads tls.revoked, ending the sessions of revoked identities.
+  void ReloadTlsLoop();
+  void ApplyRevocations(std::set<std::string> revoked);
   std::string Path(const std::string& name) const {
     return (std::filesystem::path(opts_.run_dir) / name).string();
   }
@@ -410,9 +433,16 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   bool stopping_ = false;
   std::string run_id_;
   std::string bearer_;  // "Bearer TOKEN" from auth.token_file; empty = no token check
+  std::set<std::string> revoked_;  // tls.revoked: identities refused at once
+  // TLS staging (see StageTls); owned by Start and then the reload thread.
+  std::string tls_dir_;
+  int tls_version_ = 0;
+  TlsMaterial tls_material_;
+  std::thread tls_thread_;
   // The current round's secure aggregation (secure_aggregation.enabled), else null.
   std::unique_ptr<SecAggRound> secagg_;
   int round_clients_ = 0;  // clients sampled for the current round
+  RoundWeights round_weights_;  // the current round's bound on declared example counts
   Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
   std::mt19937_64 rng_;            // client sampling (checkpointed)
   std::map<std::string, Session> sessions_;
@@ -442,6 +472,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   int upload_slots_free_;
   std::deque<UploadReactor*> upload_waiters_;
   std::map<UploadReactor*, std::shared_ptr<UploadReactor>> open_uploads_;
+  std::map<std::string, UploadReactor*> upload_of_client_;  // see ClaimUpload
 
   ThreadPool pool_;  // last member: its workers finish before the state above dies
 };
@@ -688,7 +719,17 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
     if (!done_ && !received_all_) ctx_->TryCancel();
   }
 
+  // True, once, when the call has waited for its client longer than `limit` (the time
+  // it spends queued for an upload slot does not count). Any thread.
+  bool ExpireIfIdle(Clock::duration limit, Clock::time_point now) {
+    if (queued_.load() || received_all_flag_.load()) return false;
+    if (now - Clock::time_point(Clock::duration(last_progress_.load())) <= limit) return false;
+    return !expired_.exchange(true);
+  }
+  const v1::UploadHeader* header() const { return have_header_flag_.load() ? &header_ : nullptr; }
+
   void OnReadDone(bool ok) override {
+    Touch();
     if (!ok) {  // client finished writing
       if (!have_header_) {
         Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "upload without a header"));
@@ -704,9 +745,11 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
         std::lock_guard<std::mutex> l(done_mu_);
         received_all_ = true;
       }
+      received_all_flag_ = true;
       impl_->pool().Submit([this] {
         bool duplicate = false;
         Status s = impl_->ProcessUpload(header_, std::move(payload_), &duplicate);
+        if (!s.ok()) impl_->LogRefusedUpload(header_, s);
         reply_->set_duplicate(duplicate);
         Finish(ToGrpc(s));
       });
@@ -723,6 +766,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
       bool duplicate = false;
       auto expected = impl_->CheckUploadHeader(header_, peer_, &duplicate);
       if (!expected.ok()) {
+        impl_->LogRefusedUpload(header_, expected.status());
         Finish(ToGrpc(expected.status()));
         return;
       }
@@ -733,9 +777,13 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
       }
       expected_ = *expected;
       have_header_ = true;
+      have_header_flag_ = true;
+      impl_->ClaimUpload(header_.client_id(), this);
       // Hold at most server.worker_threads payloads in memory at once: without a slot,
       // stop reading and let HTTP/2 flow control hold the client back until Resume().
+      queued_ = true;
       if (!impl_->AcquireUploadSlot(this)) return;
+      queued_ = false;
       payload_.reserve(expected_);
     } else {
       if (in_.kind_case() != v1::UploadChunk::kData) {
@@ -756,6 +804,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
 
   // Called by the server when this waiting upload gets its slot.
   void Resume() {
+    Touch();
+    queued_ = false;
     payload_.reserve(expected_);
     StartRead(&in_);
   }
@@ -780,7 +830,11 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
 
  private:
   UploadReactor(Server::Impl* impl, grpc::CallbackServerContext* ctx, v1::UploadReply* reply)
-      : impl_(impl), ctx_(ctx), peer_(PeerIdentity(ctx)), reply_(reply) {}
+      : impl_(impl), ctx_(ctx), peer_(PeerIdentity(ctx)), reply_(reply) {
+    Touch();
+  }
+
+  void Touch() { last_progress_ = Clock::now().time_since_epoch().count(); }
 
   Server::Impl* impl_;
   grpc::CallbackServerContext* ctx_;
@@ -795,6 +849,12 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
   bool have_header_ = false;
   int64_t expected_ = 0;
   std::string payload_;
+  // Read by the server's expiry check from another thread.
+  std::atomic<Clock::rep> last_progress_{0};  // when the client last sent something
+  std::atomic<bool> queued_{false};           // waiting for an upload slot
+  std::atomic<bool> received_all_flag_{false};
+  std::atomic<bool> have_header_flag_{false};  // header_ is set and stays unchanged
+  std::atomic<bool> expired_{false};
 };
 
 // ---------------------------------------------------------------------------------
@@ -1190,6 +1250,39 @@ void Server::Impl::RegisterUpload(std::shared_ptr<UploadReactor> r) {
 void Server::Impl::UnregisterUpload(UploadReactor* r) {
   std::lock_guard<std::mutex> l(upload_mu_);
   open_uploads_.erase(r);
+  if (const v1::UploadHeader* h = r->header()) {
+    auto it = upload_of_client_.find(h->client_id());
+    if (it != upload_of_client_.end() && it->second == r) upload_of_client_.erase(it);
+  }
+}
+
+void Server::Impl::ClaimUpload(const std::string& client_id, UploadReactor* r) {
+  std::shared_ptr<UploadReactor> older;
+  {
+    std::lock_guard<std::mutex> l(upload_mu_);
+    UploadReactor*& current = upload_of_client_[client_id];
+    if (current != nullptr && current != r) {
+      auto it = open_uploads_.find(current);
+      if (it != open_uploads_.end()) older = it->second;
+    }
+    current = r;
+  }
+  if (older) {  // outside upload_mu_: cancelling may run OnCancel inline
+    spdlog::warn("client {} opened a second upload; cancelling its older one",
+                 Printable(client_id));
+    older->Cancel();
+  }
+}
+
+void Server::Impl::LogRefusedUpload(const v1::UploadHeader& h, const Status& why) {
+  std::string name;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = sessions_.find(h.client_id());
+    name = it != sessions_.end() ? it->second.name : "not connected";
+  }
+  spdlog::warn("upload from client {} ({}) for round {} refused: {}", Printable(h.client_id()),
+               name, h.round(), Printable(why.ToString(), 300));
 }
 
 void Server::Impl::CancelOpenUploads() {
@@ -1235,12 +1328,17 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
     return absl::InvalidArgumentError("Join.num_examples must be > 0");
   }
   if (join.name().size() > 256) return absl::InvalidArgumentError("client name too long");
+  if (Printable(join.name(), 256) != join.name()) {  // it goes into logs and metrics
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client name '", Printable(join.name()), "' has bytes outside printable ASCII"));
+  }
   if (cfg_.tls.mutual) {
     // The identity is the verified certificate's; a client cannot join as another.
     if (peer.empty()) return absl::UnauthenticatedError("no verified client certificate");
     if (!join.name().empty() && join.name() != peer) {
       return absl::PermissionDeniedError(absl::StrCat(
-          "Join names '", join.name(), "' but the client certificate is for '", peer, "'"));
+          "Join names '", Printable(join.name()), "' but the client certificate is for '",
+          Printable(peer), "'"));
     }
   }
   for (const auto& [what, spec] : {std::pair{"updates", cfg_.compression.update},
@@ -1261,6 +1359,11 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
   }
   std::unique_lock<std::mutex> l(mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
+  if (cfg_.tls.mutual && revoked_.count(peer)) {
+    spdlog::warn("refused a Join from revoked certificate '{}'", Printable(peer));
+    return absl::PermissionDeniedError(absl::StrCat("the certificate of '", Printable(peer),
+                                                    "' is revoked"));
+  }
   // One session per identity: a device that reconnects replaces its old session (whose
   // open task fails), so one certificate can never stand for two clients.
   std::shared_ptr<ControlReactor> replaced;
@@ -1324,7 +1427,7 @@ void Server::Impl::Ack(ControlReactor* r, const v1::TaskAck& ack) {
   auto it = tasks_.find(ack.task_id());
   if (it == tasks_.end() || it->second.client_id != r->client_id()) return;
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
-    FailTaskLocked(it->first, it->second, absl::StrCat("rejected by the client: ", ack.error()));
+    FailTaskLocked(it->first, it->second, absl::StrCat("rejected by the client: ", Printable(ack.error(), 200)));
     cv_.notify_all();
   }
 }
@@ -1367,6 +1470,9 @@ StatusOr<const Session*> Server::Impl::SessionLocked(const std::string& client_i
   if (s == sessions_.end() || !TokenMatches(s->second.token, token)) {
     return absl::UnauthenticatedError("unknown client or wrong session token");
   }
+  if (!peer.empty() && revoked_.count(peer)) {
+    return absl::PermissionDeniedError("certificate revoked");
+  }
   if (s->second.identity != peer) {
     return absl::PermissionDeniedError(absl::StrCat(
         "client ", client_id, " joined as '", s->second.identity,
@@ -1387,7 +1493,7 @@ Status Server::Impl::SecAggSubmit(const v1::SecAggRequest& req, const std::strin
         "task ", req.task_id(), " was not given to client ", req.client_id(), " this round"));
   }
   if (t->second.state == TaskState::kFailed) {
-    return absl::FailedPreconditionError(absl::StrCat("task ", req.task_id(), " has failed"));
+    return absl::FailedPreconditionError(absl::StrCat("task ", Printable(req.task_id()), " has failed"));
   }
   Status s;
   switch (req.stage_case()) {
@@ -1445,14 +1551,14 @@ StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open,
                       .status());
   auto t = tasks_.find(open.task_id());
   if (t == tasks_.end() || t->second.client_id != open.client_id() || !t->second.split) {
-    return absl::FailedPreconditionError(absl::StrCat("no split task ", open.task_id(),
+    return absl::FailedPreconditionError(absl::StrCat("no split task ", Printable(open.task_id()),
                                                       " for client ", open.client_id()));
   }
   if (t->second.state != TaskState::kAssigned) {
-    return absl::FailedPreconditionError(absl::StrCat("task ", open.task_id(), " is over"));
+    return absl::FailedPreconditionError(absl::StrCat("task ", Printable(open.task_id()), " is over"));
   }
   if (t->second.split_open) {
-    return absl::AlreadyExistsError(absl::StrCat("task ", open.task_id(), " already has a split stream"));
+    return absl::AlreadyExistsError(absl::StrCat("task ", Printable(open.task_id()), " already has a split stream"));
   }
   t->second.split_open = true;
   SplitStreamTask task;
@@ -1486,7 +1592,7 @@ StatusOr<const Session*> Server::Impl::CheckSenderLocked(const std::string& what
   ASSIGN_OR_RETURN(const Session* s, SessionLocked(client_id, token, peer));
   if (run_id != run_id_) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, " for run ", run_id, ", this is run ", run_id_));
+        absl::StrCat(what, " for run ", Printable(run_id), ", this is run ", run_id_));
   }
   if (current_round_ == 0 || round != current_round_) {
     return absl::FailedPreconditionError(
@@ -1503,7 +1609,7 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
   auto t = tasks_.find(h.task_id());
   if (t == tasks_.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("task ", h.task_id(), " was not given to client ", h.client_id(),
+        absl::StrCat("task ", Printable(h.task_id()), " was not given to client ", Printable(h.client_id()),
                      " in round ", current_round_));
   }
   if (t->second.state == TaskState::kDone) {
@@ -1512,10 +1618,10 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
   }
   if (t->second.state == TaskState::kFailed) {
     return absl::FailedPreconditionError(
-        absl::StrCat("task ", h.task_id(), " was already counted as failed"));
+        absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
   }
   if (h.codec() != t->second.codec) {
-    return absl::InvalidArgumentError(absl::StrCat("update codec '", h.codec(), "', the task asked for '",
+    return absl::InvalidArgumentError(absl::StrCat("update codec '", Printable(h.codec()), "', the task asked for '",
                                                    t->second.codec, "'"));
   }
   if (h.num_examples() <= 0 || h.num_examples() > s->num_examples) {
@@ -1562,9 +1668,10 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   }
   if (t->second.state == TaskState::kFailed) {
     return absl::FailedPreconditionError(
-        absl::StrCat("task ", h.task_id(), " was already counted as failed"));
+        absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
   }
   const ParameterSet& layout = t->second.split ? t->second.part : global_;
+  const int64_t weight = round_weights_.Weight(h.num_examples());
   if (h.codec() == kSecAggCodec) {
     // A masked input: checked and added into the round's sum mod M. The strategy gets
     // the round's unmasked sum when the last stage closes.
@@ -1576,7 +1683,9 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
       // no decoded copy is made. O(model) under the lock, as is accumulating.
       ASSIGN_OR_RETURN(views, ViewEncodedTensors(*update_codec_, payload, layout));
     }
-    RETURN_IF_ERROR(CheckViews(layout, views));
+    // Bounded values: with bounded weights no sum of updates can overflow, so no upload
+    // can make the model non-finite.
+    RETURN_IF_ERROR(CheckViews(layout, views, static_cast<float>(cfg_.server.max_update_abs)));
     if (t->second.split) {
       // The client's trained part: the part it was given plus its delta.
       ParameterSet trained = t->second.part;
@@ -1586,10 +1695,10 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
         views[i].Read(0, views[i].numel, delta.data());
         for (size_t j = 0; j < v.size(); ++j) v[j] += delta[j];
       }
-      RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, h.num_examples()));
+      RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, weight));
       t->second.stats = h.split();
     } else {
-      strategy_->Accumulate(views, h.num_examples());
+      strategy_->Accumulate(views, weight);
     }
   }
   if (h.codec() != "fp32") {
@@ -1597,9 +1706,9 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   }
   t->second.state = TaskState::kDone;
   t->second.train_loss = h.train_loss();
-  t->second.num_examples = h.num_examples();
-  spdlog::info("round {}: update from {} accepted ({} examples, loss {:.4f}, {:.1f}s)",
-               current_round_, h.client_id(), h.num_examples(), h.train_loss(),
+  t->second.num_examples = weight;
+  spdlog::info("round {}: update from {} accepted ({} examples, weight {}, loss {:.4f}, {:.1f}s)",
+               current_round_, h.client_id(), h.num_examples(), weight, h.train_loss(),
                h.train_seconds());
   cv_.notify_all();
   return absl::OkStatus();
@@ -1612,7 +1721,7 @@ StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::Fe
   RETURN_IF_ERROR(SessionLocked(req.client_id(), req.session_token(), peer).status());
   auto b = blobs_.find(req.digest());
   if (b == blobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no blob ", req.digest(), " (stale model version?)"));
+    return absl::NotFoundError(absl::StrCat("no blob ", Printable(req.digest()), " (stale model version?)"));
   }
   auto f = fp32_sizes_.find(req.digest());
   *fp32_size = f == fp32_sizes_.end() ? static_cast<int64_t>(b->second->size()) : f->second;
@@ -1772,16 +1881,31 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::ServerCredentials> Server::Impl::ServerCredentials() const {
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> Server::Impl::ServerCredentials() {
   const TlsConfig& t = cfg_.tls;
   if (t.cert.empty()) {
     spdlog::warn("--insecure: TLS is off; clients, their updates and any bearer token travel "
                  "in plaintext");
     return grpc::InsecureServerCredentials();
   }
-  // Re-reads the files every reload_s seconds: renewed certificates need no restart.
+  // Refuse to serve with material no client could handshake with; then serve a checked
+  // copy, which ReloadTlsLoop replaces only by material that passes the same checks.
+  ASSIGN_OR_RETURN(tls_material_, ReadServerTls(t.cert, t.key, t.ca));
+  if (!t.revoked.empty()) {
+    ASSIGN_OR_RETURN(revoked_, ReadRevocationList(t.revoked));
+  }
+  if (opts_.run_dir.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "cleave-tls-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) return absl::InternalError("cannot create a TLS staging directory");
+    tls_dir_ = tmpl;
+  } else {
+    tls_dir_ = Path("tls");
+  }
+  RETURN_IF_ERROR(StageTls(tls_material_));
+  const std::string cur = tls_dir_ + "/current/";
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      t.key, t.cert, t.ca, t.reload_s);
+      cur + "key.pem", cur + "cert.pem", t.ca.empty() ? "" : cur + "ca.pem",
+      std::max(1, t.reload_s / 2));
   grpc::experimental::TlsServerCredentialsOptions o(provider);
   o.watch_identity_key_cert_pairs();
   if (!t.ca.empty()) o.watch_root_certs();
@@ -1791,16 +1915,96 @@ std::shared_ptr<grpc::ServerCredentials> Server::Impl::ServerCredentials() const
   return grpc::experimental::TlsServerCredentials(o);
 }
 
+Status Server::Impl::StageTls(const TlsMaterial& m) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(tls_dir_) / absl::StrCat("v", ++tls_version_);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+  fs::permissions(tls_dir_, fs::perms::owner_all, ec);
+  RETURN_IF_ERROR(WriteFileAtomic((dir / "cert.pem").string(), m.cert_chain));
+  RETURN_IF_ERROR(WriteFileAtomic((dir / "key.pem").string(), m.key));
+  fs::permissions(dir / "key.pem", fs::perms::owner_read | fs::perms::owner_write, ec);
+  if (!m.ca.empty()) RETURN_IF_ERROR(WriteFileAtomic((dir / "ca.pem").string(), m.ca));
+  const fs::path link = fs::path(tls_dir_) / "current", tmp = fs::path(tls_dir_) / "current.tmp";
+  fs::remove(tmp, ec);
+  fs::create_directory_symlink(dir.filename(), tmp, ec);
+  if (!ec) fs::rename(tmp, link, ec);  // atomic: the watcher sees the old or the new pair
+  if (ec) return absl::InternalError(absl::StrCat("cannot switch ", link.string(), ": ", ec.message()));
+  fs::remove_all(fs::path(tls_dir_) / absl::StrCat("v", tls_version_ - 2), ec);
+  return absl::OkStatus();
+}
+
+void Server::Impl::ReloadTlsLoop() {
+  const TlsConfig& t = cfg_.tls;
+  std::unique_lock<std::mutex> l(mu_);
+  while (!cv_.wait_for(l, std::chrono::seconds(t.reload_s), [this] { return stopping_; })) {
+    l.unlock();
+    auto m = ReadServerTls(t.cert, t.key, t.ca);
+    if (!m.ok()) {
+      spdlog::error("TLS reload: keeping the current certificate and key: {}",
+                    std::string(m.status().message()));
+    } else if (m->cert_chain != tls_material_.cert_chain || m->key != tls_material_.key ||
+               m->ca != tls_material_.ca) {
+      if (Status s = StageTls(*m); !s.ok()) {
+        spdlog::error("TLS reload: {}", s.ToString());
+      } else {
+        tls_material_ = *std::move(m);
+        spdlog::info("TLS reload: new certificate material from {}", t.cert);
+      }
+    }
+    if (!t.revoked.empty()) {
+      auto revoked = ReadRevocationList(t.revoked);
+      if (!revoked.ok()) {
+        spdlog::error("TLS reload: keeping the current revocation list: {}",
+                      std::string(revoked.status().message()));
+      } else {
+        ApplyRevocations(*std::move(revoked));
+      }
+    }
+    l.lock();
+  }
+}
+
+void Server::Impl::ApplyRevocations(std::set<std::string> revoked) {
+  std::vector<std::shared_ptr<ControlReactor>> cut;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& name : revoked) {
+      if (!revoked_.count(name)) spdlog::warn("revocation list: '{}' is revoked", Printable(name));
+    }
+    revoked_ = std::move(revoked);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (it->second.identity.empty() || !revoked_.count(it->second.identity)) {
+        ++it;
+        continue;
+      }
+      spdlog::warn("client {} ({}): certificate revoked; ending its session", it->first,
+                   it->second.identity);
+      FailTasksOfLocked(it->first, "certificate revoked");
+      if (secagg_) secagg_->Drop(it->first);
+      cut.push_back(std::move(it->second.reactor));
+      it = sessions_.erase(it);
+    }
+    cv_.notify_all();
+  }
+  for (auto& r : cut) {  // never start gRPC operations under mu_
+    r->Close(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "certificate revoked"));
+  }
+}
+
 Status Server::Impl::Start() {
   const std::string addr = opts_.listen.empty() ? cfg_.server.listen : opts_.listen;
-  for (const auto& [key, path] : {std::pair{"tls.cert", cfg_.tls.cert},
-                                  std::pair{"tls.key", cfg_.tls.key}, std::pair{"tls.ca", cfg_.tls.ca}}) {
-    if (!path.empty() && !ReadFile(path).ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(key, ": cannot read ", path));
-    }
-  }
+  ASSIGN_OR_RETURN(auto credentials, ServerCredentials());
   grpc::ServerBuilder b;
-  b.AddListeningPort(addr, ServerCredentials(), &port_);
+  b.AddListeningPort(addr, credentials, &port_);
+  // Two servers on one port would split the federation between them (gRPC sets
+  // SO_REUSEPORT by default): binding a port in use must fail.
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A connection that does not finish its TLS and HTTP/2 handshakes in time is closed,
+  // so idle connections cannot pile up before authentication.
+  b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                       static_cast<int>(cfg_.server.handshake_timeout_s * 1000));
   b.RegisterService(this);
   // Accept client keepalive pings (clients ping every 20 s while idle).
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
@@ -1813,8 +2017,10 @@ Status Server::Impl::Start() {
   b.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 128 << 10);
   grpc_server_ = b.BuildAndStart();
   if (!grpc_server_ || port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", addr));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", addr, ": address in use, or not an address of this machine"));
   }
+  if (!cfg_.tls.cert.empty()) tls_thread_ = std::thread([this] { ReloadTlsLoop(); });
   spdlog::info("run {} listening on port {}", run_id_, port_);
   if (!opts_.run_dir.empty()) {
     const std::string host = addr.substr(0, addr.rfind(':'));
@@ -1857,9 +2063,31 @@ std::vector<std::string> Server::Impl::AvailableLocked() const {
   return ids;
 }
 
-void Server::Impl::ExpireSilentClients(std::unique_lock<std::mutex>& l) {
+void Server::Impl::ExpireSilent(std::unique_lock<std::mutex>& l) {
   const auto limit = std::chrono::duration<double>(cfg_.server.client_timeout_s);
   const auto now = Clock::now();
+  std::vector<std::shared_ptr<UploadReactor>> stalled;
+  {
+    const auto idle = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(cfg_.server.upload_idle_timeout_s));
+    std::lock_guard<std::mutex> u(upload_mu_);
+    for (auto& [p, r] : open_uploads_) {
+      if (r->ExpireIfIdle(idle, now)) stalled.push_back(r);
+    }
+  }
+  for (auto& r : stalled) {
+    const v1::UploadHeader* h = r->header();
+    spdlog::warn("upload from client {} made no progress for {:.0f}s: cancelling it",
+                 h ? Printable(h->client_id()) : "(no header yet)",
+                 cfg_.server.upload_idle_timeout_s);
+    if (h == nullptr) continue;
+    auto t = tasks_.find(h->task_id());
+    if (t != tasks_.end() && t->second.client_id == h->client_id() &&
+        t->second.state == TaskState::kAssigned) {
+      FailTaskLocked(t->first, t->second, "its upload stalled");
+      cv_.notify_all();
+    }
+  }
   std::vector<std::shared_ptr<ControlReactor>> silent;
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (now - it->second.last_seen > limit) {
@@ -1872,9 +2100,10 @@ void Server::Impl::ExpireSilentClients(std::unique_lock<std::mutex>& l) {
       ++it;
     }
   }
-  if (silent.empty()) return;
+  if (silent.empty() && stalled.empty()) return;
   l.unlock();
   for (auto& r : silent) r->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "heartbeat timeout"));
+  for (auto& r : stalled) r->Cancel();
   l.lock();
 }
 
@@ -2028,7 +2257,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
           cfg_.clients.join_timeout_s, "s"));
     }
     cv_.wait_for(l, std::chrono::milliseconds(200));
-    ExpireSilentClients(l);
+    ExpireSilent(l);
   }
   if (stopping_) return absl::CancelledError("stopped");
 
@@ -2036,6 +2265,11 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   RoundPlan plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
   if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
   round_clients_ = std::max<int>(1, plan.clients.size());
+  {
+    std::vector<int64_t> declared;
+    for (const auto& cid : plan.clients) declared.push_back(sessions_[cid].num_examples);
+    round_weights_ = RoundWeights(cfg_.aggregation, declared);
+  }
   strategy_->BeginRound(global_);
   tasks_.clear();
   turns_.clear();
@@ -2106,7 +2340,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
       continue;
     }
     cv_.wait_until(l, std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
-    ExpireSilentClients(l);
+    ExpireSilent(l);
   }
   if (stopping_) {
     current_round_ = 0;
@@ -2198,6 +2432,14 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
     if (finished.ok()) m.strategy_stats = strategy_->RoundStats();
   }
+  if (finished.ok()) {
+    // Never commit (nor checkpoint, nor send) a model that is not finite, whatever
+    // produced it: the round fails and is retried from the previous model.
+    if (Status finite = CheckViews(next, ViewsOf(next)); !finite.ok()) {
+      finished = absl::AbortedError(absl::StrCat("round ", round, ": the aggregate is not usable (",
+                                                 finite.message(), "); not committed"));
+    }
+  }
   std::shared_ptr<const std::string> blob;
   std::string digest;
   if (finished.ok()) {
@@ -2225,7 +2467,9 @@ Status Server::Impl::BeginSecAggLocked(int64_t round, const std::vector<std::str
   // the same (max_weight 1: every client's scale is 1).
   int64_t max_weight = 1;
   if (!UniformSecAggWeights()) {
-    for (const auto& cid : clients) max_weight = std::max(max_weight, sessions_[cid].num_examples);
+    for (const auto& cid : clients) {
+      max_weight = std::max(max_weight, round_weights_.Weight(sessions_[cid].num_examples));
+    }
   }
   secagg_ = std::make_unique<SecAggRound>(c, absl::StrCat(run_id_, "|round ", round), clients,
                                           global_.total_elements(), max_weight, rng_());
@@ -2243,7 +2487,7 @@ Status Server::Impl::RunSecAggStagesLocked(std::unique_lock<std::mutex>& l,
     const auto until = training ? training_deadline : stage_deadline;
     if (!secagg_->StageComplete() && Clock::now() < until) {
       cv_.wait_until(l, std::min(until, Clock::now() + std::chrono::milliseconds(500)));
-      ExpireSilentClients(l);
+      ExpireSilent(l);
       continue;
     }
     const char* closing = SecAggRound::StageName(secagg_->stage());
@@ -2376,6 +2620,9 @@ Status Server::Impl::LoadCheckpoint() {
   v1::Checkpoint ck;
   if (!ck.ParseFromString(bytes)) return absl::DataLossError(absl::StrCat(path, " is corrupt"));
   ASSIGN_OR_RETURN(ParameterSet global, ParameterSet::Decode(ck.global_model()));
+  if (Status finite = CheckViews(global, ViewsOf(global)); !finite.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": the model is not usable: ", finite.message()));
+  }
   if (!global.SameLayout(global_)) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name));
@@ -2500,6 +2747,11 @@ Server::~Server() { impl_->Stop(); }
 
 Server::Impl::~Impl() {
   Stop();
+  if (tls_thread_.joinable()) tls_thread_.join();
+  if (opts_.run_dir.empty() && !tls_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(tls_dir_, ec);
+  }
   // Cancels calls still open after a grace period and waits for every reactor's OnDone,
   // while the worker pool (destroyed first among the members) can still finish uploads.
   if (grpc_server_) {
@@ -2514,6 +2766,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   // then depends on which thread freed what (bench_server_memory --codec int8: 3.8-4.5x
   // the model, 3.7x with this).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  if (!options.config.server.evaluate) options.evaluate = false;  // no test set on the server
   auto impl = std::make_unique<Impl>(std::move(options));
   RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "aggregation/strategy.h"
+#include "aggregation/weighting.h"
 
 namespace cleave {
 namespace {
@@ -234,6 +235,28 @@ TEST(SelectionTest, SamplesDistinctClientsReproducibly) {
   EXPECT_EQ(half->ConfigureRound(1, all, r1).clients.size(), 5u);
   auto many = Make("clients: {per_round: 50}");
   EXPECT_EQ(many->ConfigureRound(1, all, r1).clients.size(), 10u);
+}
+
+// The weight bound every strategy sees (aggregation/weighting.h).
+TEST(RoundWeightsTest, CapsAtAMultipleOfTheMedianDeclaredCount) {
+  AggregationConfig c;  // examples, ratio 3
+  RoundWeights w(c, {100, 1000000000000, 200});
+  EXPECT_EQ(w.cap(), 600);
+  EXPECT_EQ(w.Weight(150), 150);
+  EXPECT_EQ(w.Weight(1000000000000), 600);
+  EXPECT_EQ(w.Weight(0), 1) << "a weight is at least 1";
+  RoundWeights even(c, {100, 200, 300, 1000});  // median 250
+  EXPECT_EQ(even.cap(), 750);
+  c.max_client_examples = 400;
+  EXPECT_EQ(RoundWeights(c, {100, 200, 300, 1000}).cap(), 400);
+  c.max_weight_ratio = 0;
+  c.max_client_examples = 0;
+  EXPECT_EQ(RoundWeights(c, {100, 1000000000000}).Weight(1000000000000), 1000000000000)
+      << "no cap when the operator turns both off";
+  c.weighting = "equal";
+  RoundWeights eq(c, {100, 200});
+  EXPECT_TRUE(eq.equal());
+  EXPECT_EQ(eq.Weight(12345), 1);
 }
 
 }  // namespace

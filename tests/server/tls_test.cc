@@ -259,3 +259,93 @@ TEST_F(TlsTest, BearerTokenIsRequiredWhenConfigured) {
 
 }  // namespace
 }  // namespace cleave
+
+namespace cleave {
+namespace {
+
+// Unusable TLS material stops the server before it says it listens, naming the file.
+TEST_F(TlsTest, TheServerRefusesToStartWithUnusableTlsMaterial) {
+  auto start = [&](const fs::path& cert, const fs::path& key) {
+    ServerOptions o;
+    o.config = *JobConfig::Parse("model: {name: mlp}\ntls: {cert: " + cert.string() +
+                                     ", key: " + key.string() + "}\n",
+                                 "");
+    o.evaluate = false;
+    o.listen = "127.0.0.1:0";
+    auto s = Server::Create(o);
+    if (!s.ok()) return s.status();
+    return (*s)->Start();
+  };
+  const Status mismatch = start(dir_ / "server.crt", dir_ / "clients" / "alice.key");
+  EXPECT_EQ(mismatch.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mismatch.message().find("alice.key does not match the certificate"), std::string::npos)
+      << mismatch;
+  const fs::path garbage = dir_ / "garbage.crt";
+  ASSERT_TRUE(WriteFileAtomic(garbage.string(), "-----BEGIN CERTIFICATE-----\nnot base64!\n"
+                                                "-----END CERTIFICATE-----\n")
+                  .ok());
+  const Status bad_cert = start(garbage, dir_ / "server.key");
+  EXPECT_EQ(bad_cert.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_cert.message().find("garbage.crt"), std::string::npos) << bad_cert;
+  ASSERT_TRUE(WriteFileAtomic(garbage.string(), "hello").ok());
+  EXPECT_NE(start(garbage, dir_ / "server.key").message().find("holds no PEM certificate"),
+            std::string::npos);
+  EXPECT_TRUE(start(dir_ / "server.crt", dir_ / "server.key").ok());
+}
+
+// A second server on a port in use fails instead of sharing the port (SO_REUSEPORT).
+TEST(ListenTest, ASecondServerOnAPortInUseFails) {
+  ServerOptions o;
+  o.config = *JobConfig::Parse("model: {name: mlp}\n", "");
+  o.evaluate = false;
+  o.insecure = true;
+  o.listen = "127.0.0.1:0";
+  auto first = Server::Create(o);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Start().ok());
+  o.listen = "127.0.0.1:" + std::to_string((*first)->port());
+  auto second = Server::Create(o);
+  ASSERT_TRUE(second.ok());
+  const Status s = (*second)->Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("address in use"), std::string::npos) << s;
+}
+
+// A device written into tls.revoked loses its live session within a reload period and
+// cannot join again; the others stay.
+TEST_F(TlsTest, RevocationEndsALiveSession) {
+  const fs::path revoked = dir_ / "revoked.txt";
+  ASSERT_TRUE(WriteFileAtomic(revoked.string(), "# revoked devices\n").ok());
+  ServerOptions o;
+  auto config = JobConfig::Parse(
+      "run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 5}\n"
+      "tls: {cert: " + (dir_ / "server.crt").string() + ", key: " + (dir_ / "server.key").string() +
+          ", ca: " + (dir_ / "ca.crt").string() + ", mutual: true, reload_s: 1, revoked: " +
+          revoked.string() + "}\n",
+      "");
+  ASSERT_TRUE(config.ok()) << config.status();
+  o.config = *config;
+  StartServerWith(std::move(o));
+  TestPeer alice(address_, 10, Credentials(dir_, "alice"));
+  TestPeer bob(address_, 10, Credentials(dir_, "bob"));
+  ASSERT_TRUE(alice.Join("alice"));
+  ASSERT_TRUE(bob.Join("bob"));
+  ASSERT_TRUE(WriteFileAtomic(revoked.string(), "# revoked devices\nalice\n").ok());
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address_, Credentials(dir_, "bob")));
+  int connected = 2;
+  for (int i = 0; i < 100 && connected != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    grpc::ClientContext ctx;
+    v1::StatusReply reply;
+    ASSERT_TRUE(stub->GetStatus(&ctx, v1::StatusRequest(), &reply).ok());
+    connected = reply.connected_clients();
+  }
+  EXPECT_EQ(connected, 1) << "alice's session was not ended";
+  const auto again = TryJoin(address_, Credentials(dir_, "alice"), "alice");
+  EXPECT_EQ(again.error_code(), StatusCode::PERMISSION_DENIED) << again.error_message();
+  EXPECT_NE(again.error_message().find("revoked"), std::string::npos);
+  EXPECT_TRUE(TryJoin(address_, Credentials(dir_, "bob"), "bob").ok());
+}
+
+}  // namespace
+}  // namespace cleave

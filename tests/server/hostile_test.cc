@@ -1,0 +1,269 @@
+// Hostile enrolled devices against a real server over gRPC (issue 13): each test plays
+// one attack with a hand-driven TestPeer and then checks the federation's health: the
+// attack is refused with a clear status, honest results still commit, and the model is
+// exactly what the honest updates (with bounded weights) make of it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <thread>
+#include <unistd.h>
+
+#include "client/transfer.h"
+#include "cleave/v1/cleave.pb.h"
+#include "core/files.h"
+#include "server/server.h"
+#include "tests/server/running_server.h"
+#include "tests/server/test_peer.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+using grpc::StatusCode;
+
+class HostileTest : public RunningServerTest {
+ protected:
+  void StartServer(const std::string& yaml, const std::string& run_dir = "") {
+    ServerOptions o;
+    o.config = TestConfig(yaml);
+    o.run_dir = run_dir;
+    StartServerWith(std::move(o));
+  }
+  // Stops the server once its run thread is done or `timeout_s` passed.
+  void WaitForRun(double timeout_s = 60) {
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    while (server_->committed_round() < 1 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    server_->Stop();
+    runner_.join();
+  }
+};
+
+// A delta with `layout`'s shapes, every value `v`.
+ParameterSet Filled(const ParameterSet& layout, float v) {
+  ParameterSet d = layout.ZerosLike();
+  for (auto& t : d.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), v);
+  return d;
+}
+
+Status Upload(TestPeer& peer, const v1::Task& task, int64_t num_examples, const ParameterSet& d) {
+  return UploadPayload(peer.stub(), peer.Header(task, num_examples), d.Encode()).status();
+}
+
+// Every value of `model` equals `initial` + `shift`, to float precision.
+void ExpectShiftedBy(const ParameterSet& initial, const ParameterSet& model, double shift) {
+  ASSERT_TRUE(model.SameLayout(initial));
+  for (size_t i = 0; i < model.size(); ++i) {
+    const auto& a = initial.tensors()[i].values;
+    const auto& b = model.tensors()[i].values;
+    for (size_t j = 0; j < a.size(); ++j) {
+      ASSERT_NEAR(b[j], a[j] + shift, 1e-5 + 1e-6 * std::abs(a[j])) << model.tensors()[i].name;
+    }
+  }
+}
+
+constexpr char kThreeClients[] = R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 3, quorum: 0.3, round_deadline_s: 60}
+server: {client_timeout_s: 120}
+)";
+
+// Finite values of 1e36 used to overflow the weighted sum and commit an infinite model.
+TEST_F(HostileTest, HugeValuesAreRefusedAndTheRoundCommitsWithoutThem) {
+  StartServer(kThreeClients);
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 100);
+  auto evil = std::make_unique<TestPeer>(address_, 100);
+  ASSERT_TRUE(a.Join("a") && b.Join("b") && evil->Join("evil"));
+  auto ta = a.NextTask(), tb = b.NextTask(), te = evil->NextTask();
+  ASSERT_TRUE(ta && tb && te);
+  const Status refused = Upload(*evil, *te, 100, Filled(initial, 1e36f));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("beyond the bound"), std::string::npos) << refused;
+  evil.reset();  // it leaves: its task fails and the round need not wait for its deadline
+  ASSERT_TRUE(Upload(a, *ta, 100, Filled(initial, 0.01f)).ok());
+  ASSERT_TRUE(Upload(b, *tb, 100, Filled(initial, 0.03f)).ok());
+  WaitForRun();
+  ASSERT_EQ(server_->committed_round(), 1);
+  ExpectShiftedBy(initial, server_->GlobalModel(), 0.02);
+  EXPECT_EQ(server_->History()[0].failures, 1);
+}
+
+// Bounded values can still overflow when the bound is raised to the float limit: the
+// aggregate is then checked, and a non-finite one is neither committed nor checkpointed.
+TEST_F(HostileTest, ANonFiniteAggregateIsNeverCommitted) {
+  const fs::path dir = fs::temp_directory_path() / ("cleave-hostile-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  StartServer(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120, max_update_abs: 3.0e38}
+)",
+              dir.string());
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 100);
+  ASSERT_TRUE(a.Join("a") && b.Join("b"));
+  auto ta = a.NextTask(), tb = b.NextTask();
+  ASSERT_TRUE(ta && tb);
+  ASSERT_TRUE(Upload(a, *ta, 100, Filled(initial, 3e38f)).ok());
+  ASSERT_TRUE(Upload(b, *tb, 100, Filled(initial, 3e38f)).ok());
+  // The round fails and is retried; give it a moment, then stop.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  server_->Stop();
+  runner_.join();
+  EXPECT_EQ(server_->committed_round(), 0);
+  ExpectShiftedBy(initial, server_->GlobalModel(), 0);
+  EXPECT_FALSE(fs::exists(dir / "checkpoint.pb"));
+  fs::remove_all(dir);
+}
+
+// A server restarted on a run directory whose checkpoint holds a non-finite model refuses
+// to resume it, naming the file.
+TEST(HostileCheckpointTest, APoisonedCheckpointIsRefused) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("cleave-poisoned-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ServerOptions o;
+  o.config = TestConfig("model: {name: mlp}\n");
+  o.insecure = true;
+  o.evaluate = false;
+  o.run_dir = dir.string();
+  {
+    auto s = Server::Create(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ParameterSet model = (*s)->GlobalModel();
+    model.mutable_tensors()[1].values[3] = std::numeric_limits<float>::infinity();
+    v1::Checkpoint ck;
+    ck.set_run_id("r");
+    ck.set_round(3);
+    ck.set_global_model(model.Encode());
+    ck.set_strategy_state(ParameterSet().Encode());
+    ASSERT_TRUE(WriteFileAtomic((dir / "checkpoint.pb").string(), ck.SerializeAsString()).ok());
+  }
+  auto s = Server::Create(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.status().message().find("checkpoint.pb"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("non-finite"), std::string::npos) << s.status();
+  fs::remove_all(dir);
+}
+
+// A client that declares 10^12 examples (at Join and in its upload) weighs at most
+// aggregation.max_weight_ratio (3) times the round's median declared count.
+TEST_F(HostileTest, ASelfDeclaredWeightIsCappedAtAMultipleOfTheMedian) {
+  StartServer(kThreeClients);
+  const ParameterSet initial = server_->GlobalModel();
+  const int64_t huge = 1000000000000;
+  TestPeer a(address_, 100), b(address_, 200), evil(address_, huge);
+  ASSERT_TRUE(a.Join("a") && b.Join("b") && evil.Join("evil"));
+  auto ta = a.NextTask(), tb = b.NextTask(), te = evil.NextTask();
+  ASSERT_TRUE(ta && tb && te);
+  ASSERT_TRUE(Upload(a, *ta, 100, Filled(initial, 0.01f)).ok());
+  ASSERT_TRUE(Upload(b, *tb, 200, Filled(initial, 0.04f)).ok());
+  ASSERT_TRUE(Upload(evil, *te, huge, Filled(initial, 1.0f)).ok());
+  WaitForRun();
+  ASSERT_EQ(server_->committed_round(), 1);
+  // Median of (100, 200, 10^12) is 200: evil weighs 600, not 10^12.
+  ExpectShiftedBy(initial, server_->GlobalModel(), (100 * 0.01 + 200 * 0.04 + 600 * 1.0) / 900);
+}
+
+TEST_F(HostileTest, EqualWeightingIgnoresDeclaredCounts) {
+  StartServer(std::string(kThreeClients) + "aggregation: {weighting: equal}\n");
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 200), c(address_, 5000);
+  ASSERT_TRUE(a.Join("a") && b.Join("b") && c.Join("c"));
+  auto ta = a.NextTask(), tb = b.NextTask(), tc = c.NextTask();
+  ASSERT_TRUE(ta && tb && tc);
+  ASSERT_TRUE(Upload(a, *ta, 100, Filled(initial, 0.01f)).ok());
+  ASSERT_TRUE(Upload(b, *tb, 200, Filled(initial, 0.02f)).ok());
+  ASSERT_TRUE(Upload(c, *tc, 5000, Filled(initial, 0.06f)).ok());
+  WaitForRun();
+  ASSERT_EQ(server_->committed_round(), 1);
+  ExpectShiftedBy(initial, server_->GlobalModel(), 0.03);
+}
+
+// A participant opens two uploads for its own task, sends a header and a few bytes on
+// each and goes silent, with one upload slot on the server. Its second upload replaces
+// its first, the stalled one is cancelled after server.upload_idle_timeout_s, its task
+// fails, and the honest upload queued behind it goes through: the round commits with it.
+TEST_F(HostileTest, StalledUploadsCannotStarveHonestOnes) {
+  StartServer(R"(
+run: {rounds: 2}
+model: {name: mlp}
+clients: {min: 2, quorum: 0.5, round_deadline_s: 120}
+server: {client_timeout_s: 120, worker_threads: 1, upload_idle_timeout_s: 1}
+)");
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer staller(address_, 10), good(address_, 10);
+  ASSERT_TRUE(staller.Join("staller") && good.Join("good"));
+  auto ts = staller.NextTask(), tg = good.NextTask();
+  ASSERT_TRUE(ts && tg);
+  const std::string payload = Filled(initial, 0.5f).Encode();
+
+  struct Stall {
+    grpc::ClientContext ctx;
+    v1::UploadReply reply;
+    std::unique_ptr<grpc::ClientWriter<v1::UploadChunk>> w;
+  };
+  std::vector<std::unique_ptr<Stall>> stalls;
+  for (int i = 0; i < 2; ++i) {
+    auto st = std::make_unique<Stall>();
+    st->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    st->w = staller.stub()->Upload(&st->ctx, &st->reply);
+    v1::UploadChunk m;
+    *m.mutable_header() = staller.Header(*ts, 10);
+    m.mutable_header()->set_total_size(static_cast<int64_t>(payload.size()));
+    ASSERT_TRUE(st->w->Write(m));
+    m.set_data(payload.substr(0, 1000));
+    ASSERT_TRUE(st->w->Write(m));
+    stalls.push_back(std::move(st));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const Status honest = Upload(good, *tg, 10, Filled(initial, 0.02f));
+  EXPECT_TRUE(honest.ok()) << honest;
+  for (auto& st : stalls) {
+    const grpc::Status s = st->w->Finish();
+    EXPECT_EQ(s.error_code(), StatusCode::CANCELLED) << s.error_message();
+  }
+  // The staller's task failed: it cannot come back with a third upload this round.
+  const Status again = Upload(staller, *ts, 10, Filled(initial, 0.5f));
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  WaitForRun();
+  ASSERT_EQ(server_->committed_round(), 1);
+  ExpectShiftedBy(initial, server_->GlobalModel(), 0.02);
+  EXPECT_EQ(server_->History()[0].participants, 1);
+  EXPECT_EQ(server_->History()[0].failures, 1);
+}
+
+// Names, ids and digests a client sends come back bounded and escaped.
+TEST_F(HostileTest, AttackerStringsAreBoundedAndEscapedInErrors) {
+  StartServer(kThreeClients);
+  TestPeer a(address_, 10);
+  EXPECT_FALSE(a.Join(std::string("bad\nname\0x", 10)));
+  TestPeer b(address_, 10);
+  ASSERT_TRUE(b.Join("b"));
+  v1::FetchRequest req;
+  req.set_client_id(b.welcome().client_id());
+  req.set_session_token(b.welcome().session_token());
+  req.set_digest("ab\n" + std::string(100000, 'f'));
+  grpc::ClientContext ctx;
+  auto reader = b.stub()->Fetch(&ctx, req);
+  v1::Chunk chunk;
+  while (reader->Read(&chunk)) {
+  }
+  const grpc::Status s = reader->Finish();
+  ASSERT_EQ(s.error_code(), StatusCode::NOT_FOUND);
+  EXPECT_LT(s.error_message().size(), 300u) << "the 100 KB digest is not echoed whole";
+  EXPECT_EQ(s.error_message().find('\n'), std::string::npos);
+  EXPECT_NE(s.error_message().find("\\x0a"), std::string::npos) << s.error_message();
+}
+
+}  // namespace
+}  // namespace cleave
