@@ -232,11 +232,16 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   join->set_protocol_version(1);
 
   End end = End::kRetry;
+  // True once a read failed: the server ended the stream, and Finish returns its status
+  // (cancelling first would replace the server's reason by CANCELLED).
+  bool server_ended = false;
   v1::ServerMessage msg;
   v1::Welcome welcome;
   std::atomic<bool> hb_stop{false};
   std::thread heartbeat;
-  if (write(join_msg) && stream->Read(&msg) && msg.has_welcome()) {
+  const bool wrote_join = write(join_msg);
+  server_ended = !(wrote_join && stream->Read(&msg));
+  if (!server_ended && msg.has_welcome()) {
     welcome = msg.welcome();
     *joined = true;
     spdlog::info("joined run {} as {}", welcome.run_id(), welcome.client_id());
@@ -274,7 +279,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
     // A message read on a task's behalf that belongs to what comes after it.
     std::optional<v1::ServerMessage> pending;
     auto read = [&](v1::ServerMessage* m) {
-      if (!pending) return stream->Read(m);
+      if (!pending) return !(server_ended = !stream->Read(m));
       *m = *std::move(pending);
       pending.reset();
       return true;
@@ -320,7 +325,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
     }
   }
   hb_stop = true;
-  if (end != End::kRunEnded && end != End::kCrashed) ctx.TryCancel();
+  if (end != End::kRunEnded && end != End::kCrashed && !server_ended) ctx.TryCancel();
   if (heartbeat.joinable()) heartbeat.join();
   grpc::Status gs = stream->Finish();
   {

@@ -149,13 +149,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                                             "max_model_elements", "chunk_bytes",
                                             "eval_batch_size", "worker_threads", "evaluate",
                                             "max_update_abs", "upload_idle_timeout_s",
-                                            "handshake_timeout_s", "max_connections",
-                                            "max_sessions"}));
+                                            "handshake_timeout_s", "max_sessions"}));
     RETURN_IF_ERROR(Read(s, "server", "evaluate", &c.server.evaluate));
     RETURN_IF_ERROR(Read(s, "server", "max_update_abs", &c.server.max_update_abs));
     RETURN_IF_ERROR(Read(s, "server", "upload_idle_timeout_s", &c.server.upload_idle_timeout_s));
     RETURN_IF_ERROR(Read(s, "server", "handshake_timeout_s", &c.server.handshake_timeout_s));
-    RETURN_IF_ERROR(Read(s, "server", "max_connections", &c.server.max_connections));
     RETURN_IF_ERROR(Read(s, "server", "max_sessions", &c.server.max_sessions));
     RETURN_IF_ERROR(Read(s, "server", "listen", &c.server.listen));
     RETURN_IF_ERROR(Read(s, "server", "heartbeat_s", &c.server.heartbeat_s));
@@ -419,8 +417,6 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.server.max_update_abs > 0, "server.max_update_abs", "> 0"));
   RETURN_IF_ERROR(Range(c.server.upload_idle_timeout_s > 0, "server.upload_idle_timeout_s", "> 0"));
   RETURN_IF_ERROR(Range(c.server.handshake_timeout_s > 0, "server.handshake_timeout_s", "> 0"));
-  RETURN_IF_ERROR(Range(c.server.max_connections >= 0, "server.max_connections",
-                        ">= 0 (0 = derived from the open-file limit)"));
   RETURN_IF_ERROR(Range(c.server.max_sessions >= 0, "server.max_sessions",
                         ">= 0 (0 = derived from the open-file limit)"));
   RETURN_IF_ERROR(Range(c.local.clients >= 1, "local.clients", ">= 1"));

@@ -106,7 +106,6 @@ struct ServerConfig {
   double max_update_abs = 1e4;           // server.max_update_abs: bound on |update value|
   double upload_idle_timeout_s = 30;     // server.upload_idle_timeout_s: stalled upload = failed
   double handshake_timeout_s = 10;       // server.handshake_timeout_s: TLS/HTTP/2 handshake
-  int max_connections = 0;               // server.max_connections: 0 = from the fd limit
   int max_sessions = 0;                  // server.max_sessions: 0 = from the fd limit
 };
 

@@ -33,10 +33,15 @@ Status WriteAll(int fd, std::string_view data, const std::string& path) {
 }  // namespace
 
 StatusOr<std::string> ReadFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {  // an ifstream would read it as empty
+    return absl::FailedPreconditionError(absl::StrCat(path, " is a directory, not a file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error while reading ", path));
   return ss.str();
 }
 
@@ -68,6 +73,57 @@ Status AppendLine(const std::string& path, std::string_view line) {
   if (s.ok() && ::fsync(fd) != 0) s = Errno("fsync", path);
   ::close(fd);
   return s;
+}
+
+StatusOr<std::unique_ptr<RunFiles>> RunFiles::Open(const std::string& dir, const std::string& log,
+                                                   const std::string& state) {
+  std::unique_ptr<RunFiles> f(new RunFiles(dir, log, state));
+  f->dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (f->dir_fd_ < 0) return Errno("open", dir);
+  f->log_fd_ = ::openat(f->dir_fd_, log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (f->log_fd_ < 0) return Errno("open", dir + "/" + log);
+  RETURN_IF_ERROR(f->OpenSpare());
+  return f;
+}
+
+RunFiles::~RunFiles() {
+  for (int fd : {spare_fd_, log_fd_, dir_fd_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+Status RunFiles::OpenSpare() {
+  const std::string tmp = state_ + ".tmp";
+  spare_fd_ = ::openat(dir_fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (spare_fd_ < 0) return Errno("open", dir_ + "/" + tmp);
+  return absl::OkStatus();
+}
+
+Status RunFiles::AppendLog(std::string_view line) {
+  std::string buf(line);
+  buf.push_back('\n');
+  const std::string path = dir_ + "/" + log_;
+  RETURN_IF_ERROR(WriteAll(log_fd_, buf, path));
+  if (::fsync(log_fd_) != 0) return Errno("fsync", path);
+  return absl::OkStatus();
+}
+
+Status RunFiles::ReplaceState(std::string_view data) {
+  const std::string tmp = state_ + ".tmp";
+  const std::string path = dir_ + "/" + tmp;
+  if (spare_fd_ < 0) RETURN_IF_ERROR(OpenSpare());  // the last reopening failed
+  if (::ftruncate(spare_fd_, 0) != 0) return Errno("truncate", path);
+  if (::lseek(spare_fd_, 0, SEEK_SET) < 0) return Errno("seek", path);
+  RETURN_IF_ERROR(WriteAll(spare_fd_, data, path));
+  if (::fsync(spare_fd_) != 0) return Errno("fsync", path);
+  if (::renameat(dir_fd_, tmp.c_str(), dir_fd_, state_.c_str()) != 0) return Errno("rename", path);
+  ::fsync(dir_fd_);
+  // The spare is now the state file; the next replacement gets a new spare, opened in
+  // the descriptor this one frees.
+  ::close(spare_fd_);
+  spare_fd_ = -1;
+  OpenSpare().IgnoreError();  // retried by the next ReplaceState
+  return absl::OkStatus();
 }
 
 }  // namespace cleave

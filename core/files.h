@@ -1,6 +1,7 @@
 // Small file helpers with Status errors.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -14,5 +15,30 @@ StatusOr<std::string> ReadFile(const std::string& path);
 Status WriteFileAtomic(const std::string& path, std::string_view data);
 // Appends one line (a '\n' is added) and flushes it to disk.
 Status AppendLine(const std::string& path, std::string_view line);
+
+// The files a run keeps writing, held open from the start: a process whose descriptors
+// run out (thousands of connections) can still append a line and replace its state.
+// `log` is appended to (AppendLine's contract); `state` is replaced atomically like
+// WriteFileAtomic does, through a spare file `state.tmp` that is opened ahead of each
+// replacement (right after the previous one closes its descriptor). Not thread-safe.
+class RunFiles {
+ public:
+  static StatusOr<std::unique_ptr<RunFiles>> Open(const std::string& dir, const std::string& log,
+                                                  const std::string& state);
+  ~RunFiles();
+  RunFiles(const RunFiles&) = delete;
+  RunFiles& operator=(const RunFiles&) = delete;
+
+  Status AppendLog(std::string_view line);
+  Status ReplaceState(std::string_view data);
+
+ private:
+  RunFiles(std::string dir, std::string log, std::string state)
+      : dir_(std::move(dir)), log_(std::move(log)), state_(std::move(state)) {}
+  Status OpenSpare();
+
+  const std::string dir_, log_, state_;
+  int dir_fd_ = -1, log_fd_ = -1, spare_fd_ = -1;
+};
 
 }  // namespace cleave

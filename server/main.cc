@@ -1,6 +1,7 @@
 // cleave-server: the coordinator daemon.
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <filesystem>
 #include <iostream>
@@ -51,6 +52,15 @@ int main(int argc, char** argv) {
   if (insecure && !config->tls.cert.empty()) {
     std::cerr << "cleave-server: --insecure with a TLS certificate configured; drop one\n";
     return 2;
+  }
+  {
+    // Connections cost descriptors: use all the hard limit allows (sessions are capped
+    // below it, see server.max_sessions).
+    rlimit r{};
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+      r.rlim_cur = r.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &r);
+    }
   }
   if (run_dir.empty()) run_dir = "runs/" + config->run.name;
   std::error_code ec;

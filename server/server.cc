@@ -5,6 +5,7 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <malloc.h>
+#include <sys/resource.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <spdlog/spdlog.h>
@@ -387,7 +388,10 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::string CheckpointLocked(double elapsed_s) const;
   // Keeps only the metrics.jsonl lines of rounds <= committed_round_.
   Status TrimMetrics();
+  // Tells every client the run ended (RunEnded): they exit.
   void EndRun(const std::string& reason);
+  // Closes every control stream with UNAVAILABLE: clients reconnect (server stopped).
+  void DisconnectClients();
   // TLS: copies checked material into tls_dir_ (a new version directory behind the
   // symlink tls_dir_/current, so that gRPC's file watcher reads key and certificate as
   // one consistent pair).
@@ -433,6 +437,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   bool stopping_ = false;
   std::string run_id_;
   std::string bearer_;  // "Bearer TOKEN" from auth.token_file; empty = no token check
+  std::unique_ptr<RunFiles> run_files_;  // metrics.jsonl and checkpoint.pb (with a run dir)
+  int max_sessions_ = 0;  // server.max_sessions, or derived from the descriptor limit
   std::set<std::string> revoked_;  // tls.revoked: identities refused at once
   // TLS staging (see StageTls); owned by Start and then the reload thread.
   std::string tls_dir_;
@@ -580,8 +586,12 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
   const std::string& client_id() const { return client_id_; }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client closed its side or the call is gone
-      Close(grpc::Status::OK);
+    if (!ok) {
+      // A client closes its control stream by cancelling it (then this status goes
+      // nowhere); a read also fails on bytes that do not decode as a ClientMessage.
+      Close(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         "control stream: a message did not decode, or the client half-closed "
+                         "the stream (it must stay open while the client takes part)"));
       return;
     }
     impl_->CountUp(WireSize(in_));
@@ -763,6 +773,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
         return;
       }
       header_ = in_.header();
+      // protocol.md: codec "none" is fp32.
+      if (header_.codec() == "none") header_.set_codec("fp32");
       bool duplicate = false;
       auto expected = impl_->CheckUploadHeader(header_, peer_, &duplicate);
       if (!expected.ok()) {
@@ -1359,6 +1371,17 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
   }
   std::unique_lock<std::mutex> l(mu_);
   if (stopping_) return absl::UnavailableError("the server is shutting down");
+  if (static_cast<int>(sessions_.size()) >= max_sessions_) {
+    // A device reconnecting with its certificate replaces its session (below): it may.
+    const bool replaces = cfg_.tls.mutual && std::any_of(sessions_.begin(), sessions_.end(),
+                                                         [&](const auto& kv) {
+                                                           return kv.second.identity == peer;
+                                                         });
+    if (!replaces) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds its maximum of ", max_sessions_, " sessions (server.max_sessions)"));
+    }
+  }
   if (cfg_.tls.mutual && revoked_.count(peer)) {
     spdlog::warn("refused a Join from revoked certificate '{}'", Printable(peer));
     return absl::PermissionDeniedError(absl::StrCat("the certificate of '", Printable(peer),
@@ -1817,6 +1840,9 @@ Status Server::Impl::Init() {
     if (!opts_.config_text.empty()) {
       RETURN_IF_ERROR(WriteFileAtomic(Path("config.yaml"), opts_.config_text));
     }
+    // Held open from now on, so that running out of descriptors (connections) cannot
+    // stop a round from being recorded.
+    ASSIGN_OR_RETURN(run_files_, RunFiles::Open(opts_.run_dir, "metrics.jsonl", "checkpoint.pb"));
   }
   PublishModelLocked();
   return absl::OkStatus();
@@ -1995,6 +2021,18 @@ void Server::Impl::ApplyRevocations(std::set<std::string> revoked) {
 
 Status Server::Impl::Start() {
   const std::string addr = opts_.listen.empty() ? cfg_.server.listen : opts_.listen;
+  {
+    // Every session holds a connection (a descriptor); keep room for files, threads and
+    // connections still handshaking.
+    rlimit r{};
+    const int64_t fds = getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur != RLIM_INFINITY
+                            ? static_cast<int64_t>(r.rlim_cur)
+                            : 1 << 20;
+    const int derived = static_cast<int>(std::clamp<int64_t>((fds - 64) / 2, 1, 1 << 20));
+    std::lock_guard<std::mutex> l(mu_);
+    max_sessions_ = cfg_.server.max_sessions > 0 ? cfg_.server.max_sessions : derived;
+    spdlog::info("up to {} sessions ({} descriptors)", max_sessions_, fds);
+  }
   ASSIGN_OR_RETURN(auto credentials, ServerCredentials());
   grpc::ServerBuilder b;
   b.AddListeningPort(addr, credentials, &port_);
@@ -2005,6 +2043,9 @@ Status Server::Impl::Start() {
   // so idle connections cannot pile up before authentication.
   b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                        static_cast<int>(cfg_.server.handshake_timeout_s * 1000));
+  // ... and one that carries no call for a minute (a client keeps its control stream
+  // open, so only abandoned connections go).
+  b.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 60000);
   b.RegisterService(this);
   // Accept client keepalive pings (clients ping every 20 s while idle).
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
@@ -2594,8 +2635,8 @@ Status Server::Impl::Commit(RoundMetrics* m) {
   }
   if (opts_.run_dir.empty()) return absl::OkStatus();
   // Metrics first: on resume, lines of rounds after the checkpoint are dropped.
-  RETURN_IF_ERROR(AppendLine(Path("metrics.jsonl"), MetricsJson(*m)));
-  return WriteFileAtomic(Path("checkpoint.pb"), checkpoint);
+  RETURN_IF_ERROR(run_files_->AppendLog(MetricsJson(*m)));
+  return run_files_->ReplaceState(checkpoint);
 }
 
 std::string Server::Impl::CheckpointLocked(double elapsed_s) const {
@@ -2617,9 +2658,16 @@ Status Server::Impl::LoadCheckpoint() {
   const std::string path = Path("checkpoint.pb");
   if (!std::filesystem::exists(path)) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  // Every error names the file: the operator must know what to inspect or remove.
+  auto in_file = [&](const Status& s) {
+    return Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  };
   v1::Checkpoint ck;
+  if (bytes.empty()) return absl::DataLossError(absl::StrCat(path, " is empty"));
   if (!ck.ParseFromString(bytes)) return absl::DataLossError(absl::StrCat(path, " is corrupt"));
-  ASSIGN_OR_RETURN(ParameterSet global, ParameterSet::Decode(ck.global_model()));
+  auto decoded = ParameterSet::Decode(ck.global_model());
+  if (!decoded.ok()) return in_file(decoded.status());
+  ParameterSet global = *std::move(decoded);
   if (Status finite = CheckViews(global, ViewsOf(global)); !finite.ok()) {
     return absl::DataLossError(absl::StrCat(path, ": the model is not usable: ", finite.message()));
   }
@@ -2627,8 +2675,9 @@ Status Server::Impl::LoadCheckpoint() {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name));
   }
-  ASSIGN_OR_RETURN(ParameterSet state, ParameterSet::Decode(ck.strategy_state()));
-  RETURN_IF_ERROR(strategy_->Restore(state));
+  auto state = ParameterSet::Decode(ck.strategy_state());
+  if (!state.ok()) return in_file(state.status());
+  if (Status s = strategy_->Restore(*state); !s.ok()) return in_file(s);
   std::istringstream rng(ck.rng_state());
   rng >> rng_;
   if (rng.fail()) return absl::DataLossError(absl::StrCat(path, ": bad RNG state"));
@@ -2710,10 +2759,30 @@ Status Server::Impl::Run() {
         m->round, m->test_accuracy, m->test_loss, m->train_loss, m->participants, m->failures,
         m->bytes_up, m->bytes_down, m->wall_s);
   }
-  EndRun(!result.ok() ? std::string(result.message())
-                      : stop_reason.empty() ? "completed"
-                                            : "completed early: " + stop_reason);
+  if (result.code() == absl::StatusCode::kCancelled) {
+    // Stopped, not finished: a server restarted on the same run directory resumes the
+    // run, so its clients should keep trying to reconnect rather than exit.
+    DisconnectClients();
+  } else {
+    EndRun(!result.ok() ? std::string(result.message())
+                        : stop_reason.empty() ? "completed"
+                                              : "completed early: " + stop_reason);
+  }
   return result;
+}
+
+void Server::Impl::DisconnectClients() {
+  std::vector<std::shared_ptr<ControlReactor>> reactors;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    phase_ = "stopped";
+    for (auto& [id, s] : sessions_) reactors.push_back(s.reactor);
+  }
+  for (auto& r : reactors) {
+    r->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the server is stopping; reconnect to resume the run"));
+  }
 }
 
 void Server::Impl::EndRun(const std::string& reason) {

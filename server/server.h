@@ -3,7 +3,8 @@
 //
 // Lifecycle: Create() validates options and loads the model and test data; Start()
 // binds the port (port 0 picks a free one) and serves; Run() drives the rounds until
-// the run ends or Stop() is called, then tells clients the run ended and stops serving.
+// the run ends, then tells clients the run ended (they exit), or until Stop() is called,
+// then closes their streams as UNAVAILABLE (they reconnect, to a restarted server).
 // Stop() may be called from any thread (e.g. a signal handler thread). Other methods
 // are thread-safe.
 #pragma once

@@ -1,13 +1,18 @@
 // `cleave local` as a user runs it: real processes, real ports, real files.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -49,12 +54,18 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
     return Spawn(argv);
   }
 
-  // Starts build/bin/`argv[0]` with output to dir_/out.txt.
-  pid_t Spawn(std::vector<std::string> argv) {
+  // Starts build/bin/`argv[0]` with output to dir_/`out` (default out.txt), and with
+  // at most `max_fds` descriptors when that is not 0.
+  pid_t Spawn(std::vector<std::string> argv, const std::string& out_name = "out.txt",
+              rlim_t max_fds = 0) {
     argv[0] = std::string(CLEAVE_BIN_DIR) + "/" + argv[0];
     pid_t pid = fork();
     if (pid == 0) {
-      FILE* out = freopen((dir_ / "out.txt").c_str(), "w", stdout);
+      if (max_fds > 0) {
+        const rlimit r{max_fds, max_fds};
+        setrlimit(RLIMIT_NOFILE, &r);
+      }
+      FILE* out = freopen((dir_ / out_name).c_str(), "w", stdout);
       (void)out;
       dup2(1, 2);
       std::vector<char*> args;
@@ -345,6 +356,146 @@ local:
   ASSERT_TRUE(log.ok());
   EXPECT_NE(log->find("by cost-model: predicted step"), std::string::npos);
   EXPECT_NE(log->find("measured"), std::string::npos);
+}
+
+// The rounds metrics.jsonl of run directory `run` records, in order.
+std::vector<int> RecordedRounds(const fs::path& run) {
+  std::vector<int> rounds;
+  std::ifstream metrics(run / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    rounds.push_back(nlohmann::json::parse(line)["round"].get<int>());
+  }
+  return rounds;
+}
+
+// "127.0.0.1:PORT" from a server's run directory, once it listens (empty after 30 s).
+std::string WaitForAddress(const fs::path& run) {
+  for (int i = 0; i < 300; ++i) {
+    auto addr = ReadFile((run / "server.addr").string());
+    if (addr.ok() && !addr->empty()) return addr->substr(0, addr->find('\n'));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
+}
+
+// Waves of connections that never send the HTTP/2 preface, more in all than the
+// server's 512 descriptors, arrive before any authentication: the handshake timeout
+// closes each wave before the next, so the server never runs out (gRPC 1.51 stops
+// accepting for good after one failed accept), the honest clients get in, and the run
+// completes.
+TEST_F(LocalTest, IdleConnectionsCannotExhaustTheServersDescriptors) {
+  std::ofstream(config_) << R"(
+run: {name: e2e, rounds: 2}
+model: {name: mlp}
+server: {evaluate: false, handshake_timeout_s: 1}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60, join_timeout_s: 60}
+train: {batch_size: 32}
+)";
+  const fs::path run = dir_ / "srv";
+  pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run.string(), "--listen",
+                        "127.0.0.1:0", "--insecure"},
+                       "server.txt", 512);
+  const std::string addr = WaitForAddress(run);
+  ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / "server.txt").string()).value_or("");
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  std::vector<int> idle;  // kept open on this side until the end
+  for (int wave = 0; wave < 4; ++wave) {
+    for (int i = 0; i < 200; ++i) {
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+      idle.push_back(fd);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  }
+  std::vector<pid_t> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(Spawn({"cleave-client", "--server", addr, "--insecure", "--data",
+                             "fmnist:/usr/share/datasets/fashion-mnist,limit=1000", "--partition",
+                             "iid,client=" + std::to_string(i) + ",of=2", "--give-up-after", "90"},
+                            "client" + std::to_string(i) + ".txt"));
+  }
+  const int rc = Wait(server, 150);
+  for (int fd : idle) close(fd);
+  for (pid_t c : clients) Wait(c, 30);
+  const std::string log = ReadFile((run / "server.log").string()).value_or("");
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1, 2})) << log;
+}
+
+// Chaos: clients killed and restarted, the server killed with SIGKILL and stopped with
+// SIGTERM, each time restarted on its run directory. Clients under no supervisor keep
+// reconnecting to a stopped server (only a finished run ends them), every round is
+// committed exactly once, and the checkpoint holds the last one.
+TEST_F(LocalTest, ARunSurvivesKilledClientsAndServerRestarts) {
+  std::ofstream(config_) << R"(
+run: {name: chaos, rounds: 5}
+model: {name: mlp}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60, join_timeout_s: 120}
+server: {heartbeat_s: 0.5, client_timeout_s: 3}
+train: {batch_size: 32}
+)";
+  const fs::path run = dir_ / "srv";
+  auto start_server = [&](const std::string& listen, int n) {
+    return Spawn({"cleave-server", "--config", config_, "--run-dir", run.string(), "--listen",
+                  listen, "--insecure"},
+                 "server" + std::to_string(n) + ".txt");
+  };
+  pid_t server = start_server("127.0.0.1:0", 0);
+  const std::string addr = WaitForAddress(run);
+  ASSERT_FALSE(addr.empty());
+  fs::remove(run / "server.addr");
+  int spawned = 0;
+  auto start_client = [&](int i) {
+    return Spawn({"cleave-client", "--server", addr, "--insecure", "--data",
+                  "fmnist:/usr/share/datasets/fashion-mnist,limit=600", "--partition",
+                  "iid,client=" + std::to_string(i) + ",of=2", "--give-up-after", "120"},
+                 "client" + std::to_string(spawned++) + ".txt");
+  };
+  std::vector<pid_t> clients = {start_client(0), start_client(1)};
+  auto wait_rounds = [&](size_t n) {
+    for (int i = 0; i < 1200 && RecordedRounds(run).size() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return RecordedRounds(run).size() >= n;
+  };
+  std::mt19937 rng(static_cast<unsigned>(getpid()));
+  // A client dies mid-run and comes back.
+  ASSERT_TRUE(wait_rounds(1));
+  const int victim = static_cast<int>(rng() % 2);
+  kill(clients[victim], SIGKILL);
+  Wait(clients[victim], 10);
+  clients[victim] = start_client(victim);
+  // The server dies without warning and comes back on the same address and run dir.
+  ASSERT_TRUE(wait_rounds(2));
+  kill(server, SIGKILL);
+  Wait(server, 10);
+  server = start_server(addr, 1);
+  ASSERT_FALSE(WaitForAddress(run).empty());
+  fs::remove(run / "server.addr");
+  // Now it is stopped cleanly; the clients must not take that for the end of the run.
+  ASSERT_TRUE(wait_rounds(3));
+  kill(server, SIGTERM);
+  EXPECT_EQ(Wait(server, 30), 130);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (pid_t c : clients) EXPECT_EQ(waitpid(c, nullptr, WNOHANG), 0) << "a client exited";
+  server = start_server(addr, 2);
+  const int rc = Wait(server, 300);
+  const std::string log = ReadFile((run / "server.log").string()).value_or("");
+  ASSERT_EQ(rc, 0) << log;
+  for (pid_t c : clients) EXPECT_EQ(Wait(c, 30), 0);
+  EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1, 2, 3, 4, 5})) << log;
+  EXPECT_NE(log.find("resuming run"), std::string::npos);
+  // The checkpoint holds the last round: a server started on it resumes after round 5
+  // and has nothing left to do.
+  pid_t again = start_server("127.0.0.1:0", 3);
+  EXPECT_EQ(Wait(again, 60), 0);
+  EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1, 2, 3, 4, 5}))
+      << "a finished run, resumed, commits nothing more";
 }
 
 }  // namespace

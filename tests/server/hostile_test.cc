@@ -155,6 +155,30 @@ TEST(HostileCheckpointTest, APoisonedCheckpointIsRefused) {
   fs::remove_all(dir);
 }
 
+// A checkpoint that is empty or a directory is an error that names it.
+TEST(HostileCheckpointTest, AnEmptyOrDirectoryCheckpointIsNamed) {
+  const fs::path dir = fs::temp_directory_path() / ("cleave-empty-ck-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ServerOptions o;
+  o.config = TestConfig("model: {name: mlp}\n");
+  o.insecure = true;
+  o.evaluate = false;
+  o.run_dir = dir.string();
+  ASSERT_TRUE(WriteFileAtomic((dir / "checkpoint.pb").string(), "").ok());
+  auto empty = Server::Create(o);
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(empty.status().message().find("checkpoint.pb is empty"), std::string::npos)
+      << empty.status();
+  fs::remove(dir / "checkpoint.pb");
+  fs::create_directories(dir / "checkpoint.pb");
+  auto directory = Server::Create(o);
+  EXPECT_FALSE(directory.ok());
+  EXPECT_NE(directory.status().message().find("checkpoint.pb is a directory"), std::string::npos)
+      << directory.status();
+  fs::remove_all(dir);
+}
+
 // A client that declares 10^12 examples (at Join and in its upload) weighs at most
 // aggregation.max_weight_ratio (3) times the round's median declared count.
 TEST_F(HostileTest, ASelfDeclaredWeightIsCappedAtAMultipleOfTheMedian) {
@@ -183,7 +207,9 @@ TEST_F(HostileTest, EqualWeightingIgnoresDeclaredCounts) {
   ASSERT_TRUE(ta && tb && tc);
   ASSERT_TRUE(Upload(a, *ta, 100, Filled(initial, 0.01f)).ok());
   ASSERT_TRUE(Upload(b, *tb, 200, Filled(initial, 0.02f)).ok());
-  ASSERT_TRUE(Upload(c, *tc, 5000, Filled(initial, 0.06f)).ok());
+  v1::UploadHeader h = c.Header(*tc, 5000);
+  h.set_codec("none");  // protocol.md: the same as fp32
+  ASSERT_TRUE(UploadPayload(c.stub(), h, Filled(initial, 0.06f).Encode()).ok());
   WaitForRun();
   ASSERT_EQ(server_->committed_round(), 1);
   ExpectShiftedBy(initial, server_->GlobalModel(), 0.03);
@@ -240,6 +266,27 @@ server: {client_timeout_s: 120, worker_threads: 1, upload_idle_timeout_s: 1}
   ExpectShiftedBy(initial, server_->GlobalModel(), 0.02);
   EXPECT_EQ(server_->History()[0].participants, 1);
   EXPECT_EQ(server_->History()[0].failures, 1);
+}
+
+// server.max_sessions bounds how many clients hold a session at once.
+TEST_F(HostileTest, SessionsAreCapped) {
+  StartServer("model: {name: mlp}\nclients: {min: 5}\nserver: {max_sessions: 2}\n");
+  TestPeer a(address_, 10), b(address_, 10), c(address_, 10);
+  ASSERT_TRUE(a.Join("a") && b.Join("b"));
+  EXPECT_FALSE(c.Join("c"));
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Control(&ctx);
+  v1::ClientMessage m;
+  m.mutable_join()->set_num_examples(10);
+  m.mutable_join()->set_protocol_version(1);
+  stream->Write(m);
+  v1::ServerMessage reply;
+  EXPECT_FALSE(stream->Read(&reply));
+  const grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("server.max_sessions"), std::string::npos);
 }
 
 // Names, ids and digests a client sends come back bounded and escaped.

@@ -293,6 +293,34 @@ TEST_F(TlsTest, TheServerRefusesToStartWithUnusableTlsMaterial) {
   EXPECT_TRUE(start(dir_ / "server.crt", dir_ / "server.key").ok());
 }
 
+// A client refused for good (another device's name under mutual TLS, a missing bearer
+// token) prints the server's reason and stops at once instead of reconnecting.
+TEST_F(TlsTest, TheClientReportsAPermanentRefusalAndStops) {
+  const std::string token = "0123456789abcdef0123";
+  std::ofstream(dir_ / "token") << token << "\n";
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 5}\nauth: {token_file: " +
+              (dir_ / "token").string() + "}\n");
+  const Dataset data = *LoadFashionMnist("/usr/share/datasets/fashion-mnist", true, 100);
+  auto run = [&](const std::string& name, const std::string& with_token) {
+    ClientOptions o;
+    o.server = address_;
+    o.name = name;
+    o.train = data;
+    o.token = with_token;
+    o.tls_ca = (dir_ / "ca.crt").string();
+    o.tls_cert = (dir_ / "clients" / "alice.crt").string();
+    o.tls_key = (dir_ / "clients" / "alice.key").string();
+    o.give_up_after_s = 600;  // a retry loop would hold the test for ten minutes
+    return Client(std::move(o)).Run();
+  };
+  const Status wrong_name = run("bob", token);
+  EXPECT_EQ(wrong_name.code(), absl::StatusCode::kPermissionDenied) << wrong_name;
+  EXPECT_NE(wrong_name.message().find("certificate is for 'alice'"), std::string::npos)
+      << wrong_name;
+  const Status no_token = run("alice", "");
+  EXPECT_EQ(no_token.code(), absl::StatusCode::kUnauthenticated) << no_token;
+}
+
 // A second server on a port in use fails instead of sharing the port (SO_REUSEPORT).
 TEST(ListenTest, ASecondServerOnAPortInUseFails) {
   ServerOptions o;

@@ -1,5 +1,6 @@
 // Every kind of bad upload gets a clear status and leaves the round's aggregate alone;
 // the round then commits exactly the FedAvg of the good uploads.
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -201,6 +202,34 @@ TEST_F(ServerFixture, ControlStreamMustStartWithJoin) {
   grpc::Status st = s2->Finish();
   EXPECT_EQ(st.error_code(), StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("protocol version"), std::string::npos);
+}
+
+// Bytes that do not decode as a ClientMessage end the control stream with
+// INVALID_ARGUMENT, not OK.
+TEST_F(ServerFixture, UndecodableControlMessageIsInvalidArgument) {
+  StartServer(kTwoClients);
+  grpc::GenericStub generic(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(&ctx, "/cleave.v1.Coordinator/Control", &cq);
+  void* tag;
+  bool ok;
+  auto next = [&] { return cq.Next(&tag, &ok) && ok; };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(next());
+  const std::string junk = "\xff\xff\xff\xff not a protobuf";
+  grpc::Slice slice(junk);
+  grpc::ByteBuffer buffer(&slice, 1);
+  call->Write(buffer, reinterpret_cast<void*>(2));
+  next();
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(3));
+  while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(3)) {
+  }
+  EXPECT_EQ(status.error_code(), StatusCode::INVALID_ARGUMENT) << status.error_message();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 // A client that stops heartbeating is dropped and its task fails well before the round
