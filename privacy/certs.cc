@@ -10,9 +10,11 @@
 
 #include <filesystem>
 #include <memory>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
+#include "privacy/tls.h"
 
 namespace cleave {
 namespace {
@@ -140,6 +142,19 @@ std::string SanList(const std::vector<std::string>& names) {
 }
 
 }  // namespace
+
+Status RevokeClient(const std::string& dir, const std::string& name) {
+  if (!ValidClientName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a client name"));
+  }
+  const std::string path = dir + "/revoked.txt";
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    ASSIGN_OR_RETURN(std::set<std::string> revoked, ReadRevocationList(path));
+    if (revoked.count(name)) return absl::OkStatus();
+  }
+  return AppendLine(path, name);
+}
 
 bool ValidClientName(const std::string& name) {
   if (name.empty() || name.size() > 64 || name[0] == '.') return false;

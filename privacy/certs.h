@@ -32,6 +32,12 @@ Status InitFederation(const std::string& dir, const CertOptions& options = {});
 Status IssueClientCert(const std::string& dir, const std::string& name,
                        const CertOptions& options = {});
 
+// Revokes `name`'s identity: appends it to `dir`/revoked.txt (the file tls.revoked
+// names; the server re-reads it every tls.reload_s and ends the device's live session).
+// A revoked name stays revoked: a replacement device needs a new name. INVALID_ARGUMENT
+// for a name no certificate could have; OK if it is already revoked.
+Status RevokeClient(const std::string& dir, const std::string& name);
+
 // The names a client may use: 1-64 characters of [A-Za-z0-9._-], not starting with '.'.
 bool ValidClientName(const std::string& name);
 

@@ -82,6 +82,10 @@ int main(int argc, char** argv) {
   auto* issue = certs->add_subcommand("issue", "issue a client certificate whose identity is NAME");
   issue->add_option("dir", certs_dir, "federation directory")->required();
   issue->add_option("name", client_name, "the client's name (its identity)")->required();
+  auto* revoke = certs->add_subcommand(
+      "revoke", "revoke NAME: add it to DIR/revoked.txt (the server's tls.revoked)");
+  revoke->add_option("dir", certs_dir, "federation directory")->required();
+  revoke->add_option("name", client_name, "the client's name")->required();
 
   auto* privacy = app.add_subcommand("privacy", "plan a differential-privacy budget");
   privacy->require_subcommand(1);
@@ -104,6 +108,16 @@ int main(int argc, char** argv) {
     }
     std::cout << "epsilon " << e->epsilon << " at delta " << delta << " (best RDP order "
               << e->order << ")\n";
+    return 0;
+  }
+  if (revoke->parsed()) {
+    if (cleave::Status s = cleave::RevokeClient(certs_dir, client_name); !s.ok()) {
+      std::cerr << "cleave certs revoke: " << s.message() << "\n";
+      return 1;
+    }
+    std::cout << client_name << " revoked in " << certs_dir
+              << "/revoked.txt; a server with tls.revoked set to it ends its session within "
+                 "tls.reload_s\n";
     return 0;
   }
   if (certs->parsed()) {

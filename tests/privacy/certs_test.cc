@@ -1,4 +1,5 @@
 #include "privacy/certs.h"
+#include "privacy/tls.h"
 
 #include <gtest/gtest.h>
 #include <openssl/pem.h>
@@ -7,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <set>
 #include <memory>
 
 #include "core/files.h"
@@ -124,6 +126,18 @@ TEST_F(CertsTest, NothingIsSilentlyReplacedAndBadNamesAreRefused) {
   }
   EXPECT_FALSE(fs::exists(dir_ / "server.crt.key"));
   EXPECT_EQ(IssueClientCert((dir_ / "missing").string(), "b").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CertsTest, RevokeAppendsTheNameOnce) {
+  ASSERT_TRUE(InitFederation(dir_.string()).ok());
+  ASSERT_TRUE(RevokeClient(dir_.string(), "dev-3").ok());
+  ASSERT_TRUE(RevokeClient(dir_.string(), "dev-7").ok());
+  ASSERT_TRUE(RevokeClient(dir_.string(), "dev-3").ok());
+  EXPECT_EQ(*ReadFile((dir_ / "revoked.txt").string()), "dev-3\ndev-7\n");
+  auto list = ReadRevocationList((dir_ / "revoked.txt").string());
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(*list, (std::set<std::string>{"dev-3", "dev-7"}));
+  EXPECT_EQ(RevokeClient(dir_.string(), "../x").code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
