@@ -1,5 +1,6 @@
 #include "compression/kernels.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -13,7 +14,14 @@ namespace cleave::kernels {
 #define CLEAVE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 
 namespace {
-const bool kF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+// F16C from CPUID (clang's __builtin_cpu_supports does not know "f16c"); AVX also
+// through the builtin, which checks that the OS saves the YMM registers.
+bool HasF16c() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  return (c & bit_F16C) && (c & bit_AVX) && __builtin_cpu_supports("avx");
+}
+const bool kF16c = HasF16c();
 }
 
 CLEAVE_CLONES bool AllFinite(const char* p, int64_t n) {

@@ -13,8 +13,9 @@ PACKAGES=(
   dataset-fashion-mnist
 )
 # Only the tests and benchmarks use these: TorchScript export and the PyTorch reference,
-# and validating deploy/docker-compose.yml.
-TEST_TOOLS=(python3-torch docker-compose)
+# validating deploy/docker-compose.yml, and clang with libFuzzer and the sanitizer
+# runtimes for the fuzz targets (scripts/fuzz.sh).
+TEST_TOOLS=(python3-torch docker-compose clang-14 libclang-rt-14-dev)
 if [ "${1:-}" != "--no-test-tools" ]; then PACKAGES+=("${TEST_TOOLS[@]}"); fi
 
 missing=()

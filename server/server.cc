@@ -1,4 +1,5 @@
 #include "server/server.h"
+#include "server/checkpoint.h"
 #include "server/secagg_round.h"
 
 #include <grpcpp/grpcpp.h>
@@ -2640,18 +2641,16 @@ Status Server::Impl::Commit(RoundMetrics* m) {
 }
 
 std::string Server::Impl::CheckpointLocked(double elapsed_s) const {
-  v1::Checkpoint ck;
-  ck.set_run_id(run_id_);
-  ck.set_round(committed_round_);
-  ck.set_global_model(global_.Encode());  // exact, whatever the broadcast codec
-  ck.set_strategy_state(strategy_->State().Encode());
-  std::ostringstream rng;
-  rng << rng_;
-  ck.set_rng_state(rng.str());
-  ck.set_bytes_up(total_bytes_up_);
-  ck.set_bytes_down(total_bytes_down_);
-  ck.set_wall_s(elapsed_s);
-  return ck.SerializeAsString();
+  Checkpoint ck;
+  ck.run_id = run_id_;
+  ck.round = committed_round_;
+  ck.global = global_;  // exact, whatever the broadcast codec
+  ck.strategy_state = strategy_->State();
+  ck.rng = rng_;
+  ck.bytes_up = total_bytes_up_;
+  ck.bytes_down = total_bytes_down_;
+  ck.wall_s = elapsed_s;
+  return EncodeCheckpoint(ck);
 }
 
 Status Server::Impl::LoadCheckpoint() {
@@ -2662,31 +2661,21 @@ Status Server::Impl::LoadCheckpoint() {
   auto in_file = [&](const Status& s) {
     return Status(s.code(), absl::StrCat(path, ": ", s.message()));
   };
-  v1::Checkpoint ck;
-  if (bytes.empty()) return absl::DataLossError(absl::StrCat(path, " is empty"));
-  if (!ck.ParseFromString(bytes)) return absl::DataLossError(absl::StrCat(path, " is corrupt"));
-  auto decoded = ParameterSet::Decode(ck.global_model());
+  auto decoded = DecodeCheckpoint(bytes);
   if (!decoded.ok()) return in_file(decoded.status());
-  ParameterSet global = *std::move(decoded);
-  if (Status finite = CheckViews(global, ViewsOf(global)); !finite.ok()) {
-    return absl::DataLossError(absl::StrCat(path, ": the model is not usable: ", finite.message()));
-  }
-  if (!global.SameLayout(global_)) {
+  Checkpoint& ck = *decoded;
+  if (!ck.global.SameLayout(global_)) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name));
   }
-  auto state = ParameterSet::Decode(ck.strategy_state());
-  if (!state.ok()) return in_file(state.status());
-  if (Status s = strategy_->Restore(*state); !s.ok()) return in_file(s);
-  std::istringstream rng(ck.rng_state());
-  rng >> rng_;
-  if (rng.fail()) return absl::DataLossError(absl::StrCat(path, ": bad RNG state"));
-  global_ = std::move(global);
-  run_id_ = ck.run_id();
-  committed_round_ = ck.round();
-  total_bytes_up_ = ck.bytes_up();
-  total_bytes_down_ = ck.bytes_down();
-  prior_elapsed_s_ = ck.wall_s();
+  if (Status s = strategy_->Restore(ck.strategy_state); !s.ok()) return in_file(s);
+  global_ = std::move(ck.global);
+  rng_ = ck.rng;
+  run_id_ = ck.run_id;
+  committed_round_ = ck.round;
+  total_bytes_up_ = ck.bytes_up;
+  total_bytes_down_ = ck.bytes_down;
+  prior_elapsed_s_ = ck.wall_s;
   spdlog::info("resuming run {} after round {}", run_id_, committed_round_);
   return TrimMetrics();
 }

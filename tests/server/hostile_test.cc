@@ -168,7 +168,7 @@ TEST(HostileCheckpointTest, AnEmptyOrDirectoryCheckpointIsNamed) {
   ASSERT_TRUE(WriteFileAtomic((dir / "checkpoint.pb").string(), "").ok());
   auto empty = Server::Create(o);
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(empty.status().message().find("checkpoint.pb is empty"), std::string::npos)
+  EXPECT_NE(empty.status().message().find("checkpoint.pb: empty file"), std::string::npos)
       << empty.status();
   fs::remove(dir / "checkpoint.pb");
   fs::create_directories(dir / "checkpoint.pb");
