@@ -29,7 +29,8 @@ Status SetupLogging(const std::string& name, const std::string& file, const std:
     try {  // spdlog reports a file it cannot open by throwing
       sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(file));
     } catch (const spdlog::spdlog_ex& e) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot open the log ", file, ": ", e.what()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot open the log ", file, ": ", e.what()));
     }
   }
   auto logger = std::make_shared<spdlog::logger>(name, sinks.begin(), sinks.end());

@@ -3,10 +3,13 @@
 // framing of the SecAgg target's operations.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "core/parameter_set.h"
+#include "server/secagg_round.h"
 
 namespace cleave::fuzz {
 
@@ -42,6 +45,22 @@ inline const std::vector<std::string>& Codecs() {
 enum SecAggOp { kKeys, kShares, kMasked, kReveal, kDrop, kClose, kOps };
 constexpr int kSecAggClients = 4;
 constexpr int64_t kSecAggLength = 16;
+
+inline std::vector<std::string> SecAggClients() {
+  std::vector<std::string> clients;
+  for (int i = 0; i < kSecAggClients; ++i) clients.push_back("c" + std::to_string(i));
+  return clients;
+}
+
+// The round the SecAgg target plays: SecAggClients(), 2 neighbours, 2 shares to recover.
+inline std::unique_ptr<SecAggRound> MakeSecAggRound() {
+  SecureAggregationConfig c;
+  c.k = 2;
+  c.t = 2;
+  c.bits = 8;
+  c.modulus = uint64_t{1} << 16;
+  return std::make_unique<SecAggRound>(c, "fuzz", SecAggClients(), kSecAggLength, 100, 1);
+}
 
 inline std::string SecAggRecord(int op, int client, const std::string& message) {
   std::string r;

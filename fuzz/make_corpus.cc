@@ -38,14 +38,9 @@ std::string RandomBytes(std::mt19937_64& rng, size_t n) {
 // valid) messages, recorded in the SecAgg target's framing.
 std::string SecAggSession() {
   std::mt19937_64 rng(5);
-  SecureAggregationConfig c;
-  c.k = 2;
-  c.t = 2;
-  c.bits = 8;
-  c.modulus = uint64_t{1} << 16;
-  std::vector<std::string> clients;
-  for (int i = 0; i < fuzz::kSecAggClients; ++i) clients.push_back("c" + std::to_string(i));
-  SecAggRound round(c, "fuzz", clients, fuzz::kSecAggLength, 100, 1);
+  const std::vector<std::string> clients = fuzz::SecAggClients();
+  std::unique_ptr<SecAggRound> owner = fuzz::MakeSecAggRound();
+  SecAggRound& round = *owner;
   std::string session;
   for (int i = 0; i < fuzz::kSecAggClients; ++i) {
     v1::SecAggKeys k;
@@ -102,7 +97,8 @@ int main(int argc, char** argv) {
     const std::string tag(1, static_cast<char>(i));
     Seed("codec_fuzz", "update-" + std::to_string(i), tag + EncodeTensors(**codec, layout));
     if ((*codec)->stateful()) continue;
-    Seed("codec_fuzz", "broadcast-" + std::to_string(i), tag + EncodeCompressedSet(**codec, layout));
+    Seed("codec_fuzz", "broadcast-" + std::to_string(i),
+         tag + EncodeCompressedSet(**codec, layout));
   }
 
   Checkpoint ck;

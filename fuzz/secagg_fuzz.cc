@@ -13,14 +13,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cleave;
-  SecureAggregationConfig c;
-  c.k = 2;
-  c.t = 2;
-  c.bits = 8;
-  c.modulus = uint64_t{1} << 16;
-  std::vector<std::string> clients;
-  for (int i = 0; i < fuzz::kSecAggClients; ++i) clients.push_back("c" + std::to_string(i));
-  SecAggRound round(c, "fuzz", clients, fuzz::kSecAggLength, 100, 1);
+  const std::vector<std::string> clients = fuzz::SecAggClients();
+  std::unique_ptr<SecAggRound> owner = fuzz::MakeSecAggRound();
+  SecAggRound& round = *owner;
   size_t at = 0;
   while (at + 4 <= size) {
     const int op = data[at] % fuzz::kOps;

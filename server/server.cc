@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -23,7 +24,6 @@
 #include <numeric>
 #include <random>
 #include <set>
-#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -1451,7 +1451,8 @@ void Server::Impl::Ack(ControlReactor* r, const v1::TaskAck& ack) {
   auto it = tasks_.find(ack.task_id());
   if (it == tasks_.end() || it->second.client_id != r->client_id()) return;
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
-    FailTaskLocked(it->first, it->second, absl::StrCat("rejected by the client: ", Printable(ack.error(), 200)));
+    FailTaskLocked(it->first, it->second,
+                   absl::StrCat("rejected by the client: ", Printable(ack.error(), 200)));
     cv_.notify_all();
   }
 }
@@ -1513,11 +1514,13 @@ Status Server::Impl::SecAggSubmit(const v1::SecAggRequest& req, const std::strin
   if (!secagg_) return absl::FailedPreconditionError("this round has no secure aggregation");
   auto t = tasks_.find(req.task_id());
   if (t == tasks_.end() || t->second.client_id != req.client_id()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "task ", req.task_id(), " was not given to client ", req.client_id(), " this round"));
+    return absl::FailedPreconditionError(absl::StrCat("task ", Printable(req.task_id()),
+                                                      " was not given to client ",
+                                                      Printable(req.client_id()), " this round"));
   }
   if (t->second.state == TaskState::kFailed) {
-    return absl::FailedPreconditionError(absl::StrCat("task ", Printable(req.task_id()), " has failed"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("task ", Printable(req.task_id()), " has failed"));
   }
   Status s;
   switch (req.stage_case()) {
@@ -1576,13 +1579,15 @@ StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open,
   auto t = tasks_.find(open.task_id());
   if (t == tasks_.end() || t->second.client_id != open.client_id() || !t->second.split) {
     return absl::FailedPreconditionError(absl::StrCat("no split task ", Printable(open.task_id()),
-                                                      " for client ", open.client_id()));
+                                                      " for client ", Printable(open.client_id())));
   }
   if (t->second.state != TaskState::kAssigned) {
-    return absl::FailedPreconditionError(absl::StrCat("task ", Printable(open.task_id()), " is over"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("task ", Printable(open.task_id()), " is over"));
   }
   if (t->second.split_open) {
-    return absl::AlreadyExistsError(absl::StrCat("task ", Printable(open.task_id()), " already has a split stream"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("task ", Printable(open.task_id()), " already has a split stream"));
   }
   t->second.split_open = true;
   SplitStreamTask task;
@@ -1633,8 +1638,8 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
   auto t = tasks_.find(h.task_id());
   if (t == tasks_.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("task ", Printable(h.task_id()), " was not given to client ", Printable(h.client_id()),
-                     " in round ", current_round_));
+        absl::StrCat("task ", Printable(h.task_id()), " was not given to client ",
+                     Printable(h.client_id()), " in round ", current_round_));
   }
   if (t->second.state == TaskState::kDone) {
     *duplicate = true;
@@ -1645,8 +1650,8 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
         absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
   }
   if (h.codec() != t->second.codec) {
-    return absl::InvalidArgumentError(absl::StrCat("update codec '", Printable(h.codec()), "', the task asked for '",
-                                                   t->second.codec, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update codec '", Printable(h.codec()), "', the task asked for '", t->second.codec, "'"));
   }
   if (h.num_examples() <= 0 || h.num_examples() > s->num_examples) {
     return absl::InvalidArgumentError(
@@ -1745,7 +1750,8 @@ StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::Fe
   RETURN_IF_ERROR(SessionLocked(req.client_id(), req.session_token(), peer).status());
   auto b = blobs_.find(req.digest());
   if (b == blobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no blob ", Printable(req.digest()), " (stale model version?)"));
+    return absl::NotFoundError(
+        absl::StrCat("no blob ", Printable(req.digest()), " (stale model version?)"));
   }
   auto f = fp32_sizes_.find(req.digest());
   *fp32_size = f == fp32_sizes_.end() ? static_cast<int64_t>(b->second->size()) : f->second;
@@ -1923,7 +1929,9 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> Server::Impl::ServerCredentia
   }
   if (opts_.run_dir.empty()) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "cleave-tls-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) return absl::InternalError("cannot create a TLS staging directory");
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      return absl::InternalError("cannot create a TLS staging directory");
+    }
     tls_dir_ = tmpl;
   } else {
     tls_dir_ = Path("tls");
@@ -1947,7 +1955,9 @@ Status Server::Impl::StageTls(const TlsMaterial& m) {
   const fs::path dir = fs::path(tls_dir_) / absl::StrCat("v", ++tls_version_);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+  }
   fs::permissions(tls_dir_, fs::perms::owner_all, ec);
   RETURN_IF_ERROR(WriteFileAtomic((dir / "cert.pem").string(), m.cert_chain));
   RETURN_IF_ERROR(WriteFileAtomic((dir / "key.pem").string(), m.key));
@@ -1957,7 +1967,9 @@ Status Server::Impl::StageTls(const TlsMaterial& m) {
   fs::remove(tmp, ec);
   fs::create_directory_symlink(dir.filename(), tmp, ec);
   if (!ec) fs::rename(tmp, link, ec);  // atomic: the watcher sees the old or the new pair
-  if (ec) return absl::InternalError(absl::StrCat("cannot switch ", link.string(), ": ", ec.message()));
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot switch ", link.string(), ": ", ec.message()));
+  }
   fs::remove_all(fs::path(tls_dir_) / absl::StrCat("v", tls_version_ - 2), ec);
   return absl::OkStatus();
 }
@@ -2806,14 +2818,14 @@ Server::~Server() { impl_->Stop(); }
 Server::Impl::~Impl() {
   Stop();
   if (tls_thread_.joinable()) tls_thread_.join();
-  if (opts_.run_dir.empty() && !tls_dir_.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(tls_dir_, ec);
-  }
   // Cancels calls still open after a grace period and waits for every reactor's OnDone,
   // while the worker pool (destroyed first among the members) can still finish uploads.
   if (grpc_server_) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  if (opts_.run_dir.empty() && !tls_dir_.empty()) {  // a temporary staging directory
+    std::error_code ec;
+    std::filesystem::remove_all(tls_dir_, ec);
   }
 }
 

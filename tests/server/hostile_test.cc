@@ -123,11 +123,8 @@ server: {client_timeout_s: 120, max_update_abs: 3.0e38}
   fs::remove_all(dir);
 }
 
-// A server restarted on a run directory whose checkpoint holds a non-finite model refuses
-// to resume it, naming the file.
-TEST(HostileCheckpointTest, APoisonedCheckpointIsRefused) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("cleave-poisoned-" + std::to_string(getpid()));
+// Options for a plaintext server on run directory `dir` (made empty).
+ServerOptions OnRunDir(const fs::path& dir) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   ServerOptions o;
@@ -135,6 +132,15 @@ TEST(HostileCheckpointTest, APoisonedCheckpointIsRefused) {
   o.insecure = true;
   o.evaluate = false;
   o.run_dir = dir.string();
+  return o;
+}
+
+// A server restarted on a run directory whose checkpoint holds a non-finite model refuses
+// to resume it, naming the file.
+TEST(HostileCheckpointTest, APoisonedCheckpointIsRefused) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("cleave-poisoned-" + std::to_string(getpid()));
+  const ServerOptions o = OnRunDir(dir);
   {
     auto s = Server::Create(o);
     ASSERT_TRUE(s.ok()) << s.status();
@@ -158,13 +164,7 @@ TEST(HostileCheckpointTest, APoisonedCheckpointIsRefused) {
 // A checkpoint that is empty or a directory is an error that names it.
 TEST(HostileCheckpointTest, AnEmptyOrDirectoryCheckpointIsNamed) {
   const fs::path dir = fs::temp_directory_path() / ("cleave-empty-ck-" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  ServerOptions o;
-  o.config = TestConfig("model: {name: mlp}\n");
-  o.insecure = true;
-  o.evaluate = false;
-  o.run_dir = dir.string();
+  const ServerOptions o = OnRunDir(dir);
   ASSERT_TRUE(WriteFileAtomic((dir / "checkpoint.pb").string(), "").ok());
   auto empty = Server::Create(o);
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kDataLoss);
