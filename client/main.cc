@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
+#include "core/cli.h"
 #include "core/logging.h"
 #include "privacy/tls.h"
 #include "core/signals.h"
@@ -85,7 +86,7 @@ int main(int argc, char** argv) {
   app.add_option("--memory-limit-mb", memory_limit_mb,
                  "memory training may use here, for the server's cut choice (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if (tls_cert.empty() != tls_key.empty()) {
     std::cerr << "--cert and --key go together\n";
     return 2;

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <thread>
 
+#include "core/cli.h"
 #include "core/files.h"
 #include "core/logging.h"
 #include "core/signals.h"
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "job config (YAML)")->required();
   app.add_option("--listen", listen, "address to listen on (default: server.listen)");
   app.add_option("--run-dir", run_dir, "run directory (default: runs/<run.name>)");
-  app.add_option("--rounds", rounds, "override run.rounds")->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "override run.rounds")->check(cleave::AtLeastOne());
   app.add_option("--tls-cert", tls_cert, "override tls.cert (server certificate chain)");
   app.add_option("--tls-key", tls_key, "override tls.key")->needs("--tls-cert");
   app.add_option("--tls-ca", tls_ca, "override tls.ca (the CA client certificates chain to)");
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember(cleave::LogLevels()));
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   auto config = cleave::JobConfig::Load(config_path);
   if (!config.ok()) {

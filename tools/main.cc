@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/cli.h"
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "privacy/accountant.h"
 #include "privacy/certs.h"
@@ -50,9 +51,9 @@ int main(int argc, char** argv) {
   auto* l = app.add_subcommand("local", "run a server and N clients as processes on loopback");
   l->add_option("--config", local.config_path, "job config (YAML)")->required();
   l->add_option("--clients", local.clients, "number of clients (default: local.clients)")
-      ->check(CLI::PositiveNumber);
+      ->check(cleave::AtLeastOne());
   l->add_option("--run-dir", local.run_dir, "run directory (default: runs/<name>-<time>)");
-  l->add_option("--rounds", local.rounds, "override run.rounds")->check(CLI::PositiveNumber);
+  l->add_option("--rounds", local.rounds, "override run.rounds")->check(cleave::AtLeastOne());
   l->add_flag("--insecure", local.insecure,
               "plaintext on loopback instead of TLS with certificates made for the run");
 
@@ -99,7 +100,7 @@ int main(int argc, char** argv) {
   epsilon->add_option("--steps", steps, "rounds (or steps)")->required();
   epsilon->add_option("--delta", delta, "delta (default 1e-5)");
 
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if (privacy->parsed()) {
     auto e = cleave::dp::ComputeEpsilon(q, z, steps, delta);
     if (!e.ok()) {

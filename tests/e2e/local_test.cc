@@ -223,6 +223,35 @@ TEST_F(LocalTest, ServerAndClientStopOnSigterm) {
   EXPECT_EQ(Wait(client, 20), 130) << Output();
 }
 
+// Bad command-line values and an unwritable run directory end each binary with exit
+// code 2 and a message, never with an uncaught exception.
+TEST_F(LocalTest, BadArgumentsAreClearErrors) {
+  auto expect = [&](std::vector<std::string> argv, const std::string& needle) {
+    const std::string what = argv[0] + " " + argv.back();
+    EXPECT_EQ(Wait(Spawn(argv), 60), 2) << what << ": " << Output();
+    EXPECT_NE(Output().find(needle), std::string::npos) << what << ": " << Output();
+  };
+  const std::string run = (dir_ / "srv").string();
+  const std::vector<std::string> server = {"cleave-server", "--config", config_, "--run-dir", run,
+                                           "--insecure"};
+  auto with = [](std::vector<std::string> argv, std::vector<std::string> more) {
+    argv.insert(argv.end(), more.begin(), more.end());
+    return argv;
+  };
+  expect(with(server, {"--torch-threads", "-3"}), "--torch-threads");
+  expect(with(server, {"--log-level", "bogus"}), "--log-level");
+  expect(with(server, {"--rounds", "0"}), "--rounds");
+  expect(with(server, {"--rounds", "-4"}), "--rounds");
+  expect({"cleave-client", "--server", "127.0.0.1:1", "--insecure", "--data", "fmnist:/x",
+          "--torch-threads", "-3"},
+         "--torch-threads");
+  expect({"cleave", "local", "--config", config_, "--clients", "0"}, "--clients");
+  // A run directory where the server cannot write its log (here: server.log is a
+  // directory; a read-only mount fails the same way).
+  fs::create_directories(dir_ / "srv" / "server.log");
+  expect(server, "cannot open the log");
+}
+
 // TLS is the default: plaintext is refused unless asked for with --insecure.
 TEST_F(LocalTest, PlaintextOnlyWithInsecure) {
   pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir",
