@@ -2,7 +2,7 @@
 // count (at Join and in each upload); nothing on the server can check it, so a device
 // that declares 10^12 examples would otherwise own FedAvg's weighted mean. The server
 // bounds every declared count before any strategy, robust rule, DP wrapper, split round
-// or secure aggregation sees it (docs/security.md, "What a device can do").
+// or secure aggregation sees it (docs/security.md, "What a hostile enrolled device can and cannot do").
 //
 // Policy (aggregation.weighting, aggregation.max_weight_ratio,
 // aggregation.max_client_examples):
