@@ -862,7 +862,9 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
   bool have_header_ = false;
   int64_t expected_ = 0;
   std::string payload_;
-  // Read by the server's expiry check from another thread.
+  // Read by the server's expiry check from another thread, which holds upload_mu_: it
+  // must not take done_mu_ (Cancel holds done_mu_ while TryCancel may run OnCancel, which
+  // takes upload_mu_), hence atomics beside the fields done_mu_ guards.
   std::atomic<Clock::rep> last_progress_{0};  // when the client last sent something
   std::atomic<bool> queued_{false};           // waiting for an upload slot
   std::atomic<bool> received_all_flag_{false};
