@@ -39,12 +39,18 @@ enum class ServerRule { kSgd, kMomentum, kAdagrad, kAdam, kYogi };
 class FedAvgFamily : public Strategy {
  public:
   FedAvgFamily(std::string name, ServerRule rule, const JobConfig& c)
-      : name_(std::move(name)), rule_(rule), clients_(c.clients), s_(c.strategy) {
+      : name_(std::move(name)), rule_(rule), clients_(c.clients), s_(c.strategy),
+        train_(c.train), rounds_(c.run.rounds) {
     fit_.local_epochs = c.train.local_epochs;
+    fit_.local_steps = c.train.local_steps;
     fit_.batch_size = c.train.batch_size;
+    fit_.optimizer = c.train.optimizer;
     fit_.lr = c.train.lr;
     fit_.momentum = c.train.momentum;
+    fit_.nesterov = c.train.nesterov;
     fit_.weight_decay = c.train.weight_decay;
+    fit_.clip_norm = c.train.clip_norm;
+    fit_.label_smoothing = c.train.label_smoothing;
     fit_.proximal_mu = name_ == "fedprox" ? c.strategy.proximal_mu : 0.0;
   }
 
@@ -54,6 +60,7 @@ class FedAvgFamily : public Strategy {
                            std::mt19937_64& rng) override {
     RoundPlan plan;
     plan.fit = fit_;
+    plan.fit.lr = ScheduledLr(train_, round, rounds_);
     const int n = static_cast<int>(available.size());
     int k = clients_.per_round > 0 ? clients_.per_round
                                    : static_cast<int>(std::ceil(clients_.fraction * n));
@@ -194,6 +201,8 @@ class FedAvgFamily : public Strategy {
   const ServerRule rule_;
   const ClientsConfig clients_;
   const StrategyConfig s_;
+  const TrainConfig train_;
+  const int64_t rounds_;
   FitSettings fit_;
 
   ParameterSet sum_;  // running sum of weight * delta for the current round

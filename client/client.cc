@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/emulation.h"
 #include "compression/codec.h"
 #include "client/secagg_client.h"
@@ -117,7 +118,8 @@ struct Client::Impl {
   StatusOr<v1::UploadReply> UploadUpdate(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                          const v1::Task& task, const ParameterSet& delta,
                                          int64_t examples, double loss, double seconds,
-                                         const v1::SplitStats* split);
+                                         const v1::SplitStats* split,
+                                         const v1::ClientEvaluation* evaluation = nullptr);
   // The model a task or welcome describes (fetching a TorchScript archive once).
   StatusOr<ModelSpec> Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                            const v1::ModelDescription& d);
@@ -343,13 +345,14 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
 StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
     v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
     const ParameterSet& delta, int64_t examples, double loss, double seconds,
-    const v1::SplitStats* split) {
+    const v1::SplitStats* split, const v1::ClientEvaluation* evaluation) {
   const std::string& spec = task.update_codec();
   const bool fp32 = spec.empty() || CodecFamily(spec) == "none";
   v1::UploadHeader h = TaskUploadHeader(w, task, examples, fp32 ? "fp32" : spec);
   h.set_train_loss(loss);
   h.set_train_seconds(seconds);
   if (split) *h.mutable_split() = *split;
+  if (evaluation) *h.mutable_evaluation() = *evaluation;
   if (fp32) {
     return UploadPayload(stub, h, delta.Encode(), 1 << 20, 600, &emulator);
   }
@@ -420,6 +423,8 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
                                       const v1::ModelDescription& d) {
   ModelSpec spec;
   spec.name = d.name();
+  if (d.input_shape_size() > 0) spec.input_shape.assign(d.input_shape().begin(), d.input_shape().end());
+  if (d.num_classes() > 0) spec.num_classes = d.num_classes();
   if (spec.name == "torchscript") {
     if (script_digest != d.torchscript_digest()) {
       ASSIGN_OR_RETURN(script_bytes, FetchBlob(stub, w.client_id(), w.session_token(),
@@ -445,6 +450,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   };
   auto spec = Spec(stub, w, task.model());
   if (!spec.ok()) return reject(spec.status());
+  if (Status s = CheckDataFitsModel(opts.train, *spec, "local data"); !s.ok()) return reject(s);
   auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest(), 600,
                         &emulator);
   if (!blob.ok()) return reject(blob.status());
@@ -486,7 +492,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     return absl::OkStatus();
   }
   // (Re)build the whole model when its description changed.
-  const std::string key = task.model().name() + "/" + task.model().torchscript_digest();
+  const std::string key = task.model().DebugString();
   if (!model || key != model_key) {
     auto m = Model::Create(*spec);
     if (!m.ok()) return reject(m.status());
@@ -496,6 +502,18 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   if (Status s = model->SetParameters(*global); !s.ok()) return reject(s);
   a.set_accepted(true);
   ack(a);
+  // Federated evaluation: the global model on the held-out data, before training.
+  std::optional<v1::ClientEvaluation> evaluation;
+  if (opts.holdout.size > 0 && !task.has_secagg()) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, 1000));
+    evaluation.emplace();
+    evaluation->set_examples(e.examples);
+    evaluation->set_accuracy(e.accuracy);
+    evaluation->set_loss(e.loss);
+    evaluation->set_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   std::optional<SecAggClient> secagg;
   if (task.has_secagg()) {
     ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(stub, w, task, next));
@@ -509,6 +527,11 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   o.momentum = tc.momentum();
   o.weight_decay = tc.weight_decay();
   o.proximal_mu = tc.proximal_mu();
+  if (!tc.optimizer().empty()) o.optimizer = tc.optimizer();
+  o.nesterov = tc.nesterov();
+  o.local_steps = tc.local_steps();
+  o.clip_norm = tc.clip_norm();
+  o.label_smoothing = tc.label_smoothing();
   o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
   o.seed = BatchSeed(task, w, opts.name);
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
@@ -527,12 +550,16 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
                                            stats.seconds, &emulator, next));
   } else {
     ASSIGN_OR_RETURN(reply, UploadUpdate(stub, w, task, delta, stats.examples, stats.loss,
-                                         stats.seconds, nullptr));
+                                         stats.seconds, nullptr,
+                                         evaluation ? &*evaluation : nullptr));
   }
   ++tasks_done;
-  spdlog::info("round {}: trained {} examples in {:.1f}s (loss {:.4f}), update uploaded{}",
-               task.round(), stats.examples, stats.seconds, stats.loss,
-               reply.duplicate() ? " (duplicate)" : "");
+  spdlog::info("round {}: {}trained {} examples in {:.1f}s (loss {:.4f}), update uploaded{}",
+               task.round(),
+               evaluation ? absl::StrFormat("global model %.4f accurate on %d held-out examples; ",
+                                            evaluation->accuracy(), evaluation->examples())
+                          : "",
+               stats.examples, stats.seconds, stats.loss, reply.duplicate() ? " (duplicate)" : "");
   return absl::OkStatus();
 }
 

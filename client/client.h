@@ -18,6 +18,10 @@ struct ClientOptions {
   std::string server;              // host:port
   std::string name;                // shown in the server's logs
   Dataset train;                   // local training data
+  // Held-out local data (cleave-client --holdout): each whole-model task first measures
+  // the global model on it and reports that with the update (federated evaluation).
+  // Empty = none. Not with secure aggregation (one client's numbers would show).
+  Dataset holdout;
   double initial_backoff_s = 0.5;  // first reconnect delay; doubles up to max_backoff_s
   double max_backoff_s = 30;
   double give_up_after_s = 600;    // unreachable this long: Run() returns UNAVAILABLE

@@ -5,8 +5,6 @@
 #include <iostream>
 #include <thread>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "core/cli.h"
 #include "core/logging.h"
@@ -14,42 +12,24 @@
 #include "core/signals.h"
 #include "models/model.h"
 
-namespace {
-
-// "--partition SCHEME,client=I,of=N[,seed=S]", e.g. "dirichlet:0.5,client=3,of=10,seed=42".
-cleave::Status ApplyPartition(const std::string& spec, cleave::Dataset* data) {
-  std::vector<std::string> parts = absl::StrSplit(spec, ',');
-  int64_t index = -1, count = 0;
-  uint64_t seed = 42;
-  for (size_t i = 1; i < parts.size(); ++i) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
-    bool ok = (kv.first == "client" && absl::SimpleAtoi(kv.second, &index)) ||
-              (kv.first == "of" && absl::SimpleAtoi(kv.second, &count)) ||
-              (kv.first == "seed" && absl::SimpleAtoi(kv.second, &seed));
-    if (!ok) return absl::InvalidArgumentError("bad partition option '" + parts[i] + "'");
-  }
-  if (count < 1 || index < 0 || index >= count) {
-    return absl::InvalidArgumentError("--partition needs client=I,of=N with 0 <= I < N");
-  }
-  auto split = cleave::Partition(data->labels, data->num_classes, parts[0],
-                                 static_cast<int>(count), seed);
-  if (!split.ok()) return split.status();
-  *data = data->Subset((*split)[index]);
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   CLI::App app{"cleave-client: a federated-learning edge client"};
   std::string server, data_spec, partition, name, log_level = "info";
   int torch_threads = 1;
   double give_up_after = 600;
   app.add_option("--server", server, "coordinator address HOST:PORT")->required();
-  app.add_option("--data", data_spec, "local data: fmnist:DIR[,limit=N]")->required();
+  app.add_option("--data", data_spec,
+                 "local data: SOURCE:PATH[,OPTION...], e.g. idx:DIR, folder:DIR,size=32, "
+                 "csv:FILE,label=y (docs/configuration.md)")
+      ->required();
   app.add_option("--partition", partition,
                  "use one part of the data: SCHEME,client=I,of=N[,seed=S] with SCHEME iid, "
-                 "dirichlet:A, shards:S or labels:K");
+                 "dirichlet:A, shards:S, labels:K or natural (the data's own groups)");
+  double holdout = 0;
+  app.add_option("--holdout", holdout,
+                 "keep this fraction of the local data to evaluate the global model on "
+                 "(federated evaluation)")
+      ->check(CLI::Range(0.0, 0.9));
   app.add_option("--name", name, "client name shown by the server (with --cert: its CN)");
   std::string tls_ca, tls_cert, tls_key;
   app.add_option("--ca", tls_ca, "federation CA certificate: speak TLS and verify the server");
@@ -117,17 +97,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!partition.empty()) {
-    if (auto s = ApplyPartition(partition, &*data); !s.ok()) {
+    if (auto s = cleave::TakePartition(partition, &*data); !s.ok()) {
       std::cerr << "cleave-client: " << s.message() << "\n";
       return 2;
     }
   }
-  spdlog::info("{} local training examples", data->size);
+  cleave::Dataset held_out = cleave::TakeHoldout(&*data, holdout, /*seed=*/7);
+  spdlog::info("{} local training examples{}", data->size,
+               held_out.size > 0 ? ", " + std::to_string(held_out.size) + " held out" : "");
 
   cleave::ClientOptions opts;
   opts.server = server;
   opts.name = name;
   opts.train = *std::move(data);
+  opts.holdout = std::move(held_out);
   opts.give_up_after_s = give_up_after;
   opts.emulation = emulation;
   opts.memory_limit_bytes = memory_limit_mb << 20;

@@ -311,7 +311,7 @@ StatusOr<v1::Profile> ProfileDevice(v1::Coordinator::Stub* stub, const v1::Welco
                                     int64_t memory_limit_bytes, DeviceEmulator* emulator) {
   v1::Profile p;
   ASSIGN_OR_RETURN(std::vector<StageProfile> stages,
-                   ProfileStages(model, {data.channels, data.height, data.width},
+                   ProfileStages(model, data.shape,
                                  w.profile_batch_size(), 3));
   const double slowdown = emulator ? emulator->slowdown : 1.0;
   for (const auto& s : stages) p.add_stage_seconds(s.seconds * slowdown);

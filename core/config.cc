@@ -82,14 +82,17 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "run", "seed", &c.run.seed));
   }
   if (auto s = root["model"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "model", {"name", "path"}));
+    RETURN_IF_ERROR(CheckKeys(s, "model", {"name", "path", "input", "classes"}));
     RETURN_IF_ERROR(Read(s, "model", "name", &c.model.name));
     RETURN_IF_ERROR(Read(s, "model", "path", &c.model.path));
+    RETURN_IF_ERROR(Read(s, "model", "input", &c.model.input));
+    RETURN_IF_ERROR(Read(s, "model", "classes", &c.model.classes));
   }
   if (auto s = root["data"]) {
     RETURN_IF_ERROR(CheckKeys(s, "data", {"test", "test_limit"}));
     RETURN_IF_ERROR(Read(s, "data", "test", &c.data.test));
     RETURN_IF_ERROR(Read(s, "data", "test_limit", &c.data.test_limit));
+    if (c.data.test.empty()) c.server.evaluate = false;  // a coordinator without data
   }
   if (auto s = root["clients"]) {
     RETURN_IF_ERROR(CheckKeys(s, "clients", {"min", "per_round", "fraction", "quorum",
@@ -102,9 +105,22 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "clients", "join_timeout_s", &c.clients.join_timeout_s));
   }
   if (auto s = root["train"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "train",
-                              {"local_epochs", "batch_size", "lr", "momentum", "weight_decay"}));
+    RETURN_IF_ERROR(CheckKeys(
+        s, "train",
+        {"local_epochs", "local_steps", "batch_size", "optimizer", "lr", "momentum", "nesterov",
+         "weight_decay", "clip_norm", "label_smoothing", "schedule", "warmup_rounds",
+         "step_rounds", "step_gamma", "lr_min"}));
     RETURN_IF_ERROR(Read(s, "train", "local_epochs", &c.train.local_epochs));
+    RETURN_IF_ERROR(Read(s, "train", "local_steps", &c.train.local_steps));
+    RETURN_IF_ERROR(Read(s, "train", "optimizer", &c.train.optimizer));
+    RETURN_IF_ERROR(Read(s, "train", "nesterov", &c.train.nesterov));
+    RETURN_IF_ERROR(Read(s, "train", "clip_norm", &c.train.clip_norm));
+    RETURN_IF_ERROR(Read(s, "train", "label_smoothing", &c.train.label_smoothing));
+    RETURN_IF_ERROR(Read(s, "train", "schedule", &c.train.schedule));
+    RETURN_IF_ERROR(Read(s, "train", "warmup_rounds", &c.train.warmup_rounds));
+    RETURN_IF_ERROR(Read(s, "train", "step_rounds", &c.train.step_rounds));
+    RETURN_IF_ERROR(Read(s, "train", "step_gamma", &c.train.step_gamma));
+    RETURN_IF_ERROR(Read(s, "train", "lr_min", &c.train.lr_min));
     RETURN_IF_ERROR(Read(s, "train", "batch_size", &c.train.batch_size));
     RETURN_IF_ERROR(Read(s, "train", "lr", &c.train.lr));
     RETURN_IF_ERROR(Read(s, "train", "momentum", &c.train.momentum));
@@ -265,7 +281,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   if (auto s = root["local"]) {
     RETURN_IF_ERROR(
-        CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients", "profiles",
+        CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients", "holdout", "profiles",
                                "attack", "attackers"}));
     RETURN_IF_ERROR(Read(s, "local", "attack", &c.local.attack));
     RETURN_IF_ERROR(Read(s, "local", "attackers", &c.local.attackers));
@@ -279,6 +295,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "local", "partition", &c.local.partition));
     RETURN_IF_ERROR(Read(s, "local", "partition_seed", &c.local.partition_seed));
     RETURN_IF_ERROR(Read(s, "local", "clients", &c.local.clients));
+    RETURN_IF_ERROR(Read(s, "local", "holdout", &c.local.holdout));
     if (auto list = s["profiles"]) {
       if (!list.IsSequence()) return absl::InvalidArgumentError("local.profiles must be a list");
       for (const auto& p : list) {
@@ -310,11 +327,14 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (!server_lr_set && (st == "fedadam" || st == "fedyogi" || st == "fedadagrad")) {
     c.strategy.server_lr = 0.1;
   }
-  static const std::set<std::string> kModels = {"mlp", "lenet5", "cnn", "vgg", "torchscript"};
-  if (!kModels.count(c.model.name)) {
-    return absl::InvalidArgumentError(absl::StrCat("model.name: unknown model '", c.model.name,
-                                                   "' (mlp, lenet5, cnn, vgg, torchscript)"));
+  // model.name is checked where models are built (Model::Create names the built-ins).
+  RETURN_IF_ERROR(Range(!c.model.input.empty() && c.model.input.size() <= 3, "model.input",
+                        "[C, H, W] or [features]"));
+  for (int64_t d : c.model.input) {
+    RETURN_IF_ERROR(Range(d >= 1 && d <= 65536, "model.input", "a list of sizes in [1, 65536]"));
   }
+  RETURN_IF_ERROR(Range(c.model.classes >= 1 && c.model.classes <= 1000000, "model.classes",
+                        "in [1, 1000000]"));
   if (c.split.enabled()) {
     static const std::set<std::string> kModes = {"sl", "sfl-v1", "sfl-v2", "ushaped"};
     if (!kModes.count(c.split.mode)) {
@@ -325,6 +345,10 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       return absl::InvalidArgumentError(absl::StrCat(
           "strategy.name: split learning averages with fedavg; ", st, " is not supported"));
     }
+    RETURN_IF_ERROR(Range(c.train.optimizer == "sgd" && !c.train.nesterov && c.train.clip_norm == 0 &&
+                              c.train.label_smoothing == 0 && c.train.local_steps == 0,
+                          "train", "plain sgd with split learning (no nesterov, clip_norm, "
+                          "label_smoothing or local_steps yet)"));
     RETURN_IF_ERROR(Range(c.split.tail >= 1, "split.tail", ">= 1"));
     RETURN_IF_ERROR(Range(c.split.window >= 1 && c.split.window <= 64, "split.window",
                           "in [1, 64]"));
@@ -397,6 +421,21 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum",
                         "in [0, 1)"));
   RETURN_IF_ERROR(Range(c.train.weight_decay >= 0, "train.weight_decay", ">= 0"));
+  const TrainConfig& t = c.train;
+  RETURN_IF_ERROR(Range(t.local_steps >= 0, "train.local_steps", ">= 0 (0 = use local_epochs)"));
+  RETURN_IF_ERROR(Range(t.optimizer == "sgd" || t.optimizer == "adam" || t.optimizer == "adamw",
+                        "train.optimizer", "sgd, adam or adamw"));
+  RETURN_IF_ERROR(Range(!t.nesterov || (t.optimizer == "sgd" && t.momentum > 0), "train.nesterov",
+                        "used with optimizer sgd and momentum > 0"));
+  RETURN_IF_ERROR(Range(t.clip_norm >= 0, "train.clip_norm", ">= 0 (0 = no clipping)"));
+  RETURN_IF_ERROR(Range(t.label_smoothing >= 0 && t.label_smoothing < 1, "train.label_smoothing",
+                        "in [0, 1)"));
+  RETURN_IF_ERROR(Range(t.schedule == "constant" || t.schedule == "step" || t.schedule == "cosine",
+                        "train.schedule", "constant, step or cosine"));
+  RETURN_IF_ERROR(Range(t.warmup_rounds >= 0, "train.warmup_rounds", ">= 0"));
+  RETURN_IF_ERROR(Range(t.step_rounds >= 1, "train.step_rounds", ">= 1"));
+  RETURN_IF_ERROR(Range(t.step_gamma > 0 && t.step_gamma <= 1, "train.step_gamma", "in (0, 1]"));
+  RETURN_IF_ERROR(Range(t.lr_min >= 0 && t.lr_min <= t.lr, "train.lr_min", "in [0, train.lr]"));
   RETURN_IF_ERROR(Range(c.strategy.proximal_mu >= 0, "strategy.proximal_mu", ">= 0"));
   RETURN_IF_ERROR(Range(c.strategy.server_lr > 0, "strategy.server_lr", "> 0"));
   RETURN_IF_ERROR(Range(c.strategy.server_momentum >= 0 && c.strategy.server_momentum < 1,
@@ -420,6 +459,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.server.max_sessions >= 0, "server.max_sessions",
                         ">= 0 (0 = derived from the open-file limit)"));
   RETURN_IF_ERROR(Range(c.local.clients >= 1, "local.clients", ">= 1"));
+  RETURN_IF_ERROR(Range(c.local.holdout >= 0 && c.local.holdout <= 0.9, "local.holdout", "in [0, 0.9]"));
   return c;
 }
 
@@ -434,6 +474,18 @@ StatusOr<JobConfig> JobConfig::Load(const std::string& path) {
     return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   }
   return c;
+}
+
+double ScheduledLr(const TrainConfig& t, int64_t round, int64_t rounds) {
+  const int64_t r = round - 1;  // 0-based
+  if (r < t.warmup_rounds) return t.lr * static_cast<double>(r + 1) / t.warmup_rounds;
+  const int64_t k = r - t.warmup_rounds;
+  if (t.schedule == "step") return t.lr * std::pow(t.step_gamma, static_cast<double>(k / t.step_rounds));
+  if (t.schedule == "cosine") {
+    const int64_t total = std::max<int64_t>(1, rounds - t.warmup_rounds);
+    return t.lr_min + (t.lr - t.lr_min) * (1 + std::cos(M_PI * static_cast<double>(k) / total)) / 2;
+  }
+  return t.lr;
 }
 
 }  // namespace cleave

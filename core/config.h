@@ -18,12 +18,15 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string name = "lenet5";   // model.name: mlp | lenet5 | cnn | torchscript
+  std::string name = "lenet5";   // model.name: mlp | lenet5 | cnn | vgg | resnet | torchscript
   std::string path;              // model.path: TorchScript archive, for name=torchscript
+  std::vector<int64_t> input = {1, 28, 28};  // model.input: one example's shape
+  int classes = 10;              // model.classes: outputs (labels are in [0, classes))
 };
 
 struct DataConfig {
-  std::string test = "fmnist:/usr/share/datasets/fashion-mnist";  // data.test (server eval)
+  // data.test: the server's test set (a data spec); "" = none, no server evaluation
+  std::string test = "fmnist:/usr/share/datasets/fashion-mnist";
   int64_t test_limit = 0;        // data.test_limit: evaluate on the first N; 0 = all
 };
 
@@ -38,11 +41,29 @@ struct ClientsConfig {
 
 struct TrainConfig {
   int local_epochs = 1;          // train.local_epochs
+  int64_t local_steps = 0;       // train.local_steps: batches per task instead of epochs (0 = off)
   int batch_size = 64;           // train.batch_size
-  double lr = 0.05;              // train.lr
-  double momentum = 0.9;         // train.momentum
-  double weight_decay = 0.0;     // train.weight_decay
+  std::string optimizer = "sgd"; // train.optimizer: sgd | adam | adamw
+  double lr = 0.05;              // train.lr (the schedule's starting rate)
+  double momentum = 0.9;         // train.momentum (sgd)
+  bool nesterov = false;         // train.nesterov (sgd with momentum)
+  double weight_decay = 0.0;     // train.weight_decay (adamw: decoupled)
+  double clip_norm = 0;          // train.clip_norm: the gradient's global L2 norm bound (0 = off)
+  double label_smoothing = 0;    // train.label_smoothing
+  // The learning rate of each round (ScheduledLr): warm-up, then the schedule.
+  std::string schedule = "constant";  // train.schedule: constant | step | cosine
+  int warmup_rounds = 0;         // train.warmup_rounds: linear warm-up from lr / W
+  int step_rounds = 10;          // train.step_rounds: step: multiply by step_gamma this often
+  double step_gamma = 0.1;       // train.step_gamma
+  double lr_min = 0;             // train.lr_min: cosine's final rate
 };
+
+// The learning rate clients train with in `round` (1-based) of a run of `rounds`.
+// Warm-up: lr * r / W for the first W rounds (torch.optim.lr_scheduler.LinearLR from
+// 1/W); then, counting rounds from the end of the warm-up (k = 0, 1, ...): constant lr;
+// step: lr * gamma^(k / step_rounds) (StepLR); cosine: lr_min + (lr - lr_min)(1 +
+// cos(pi k / K)) / 2 over the K = rounds - W remaining rounds (CosineAnnealingLR).
+double ScheduledLr(const TrainConfig& t, int64_t round, int64_t rounds);
 
 struct StrategyConfig {
   std::string name = "fedavg";   // strategy.name: fedavg | fedprox | fedavgm | fedadam |
@@ -163,6 +184,9 @@ struct LocalConfig {
   std::string partition = "iid";  // local.partition: iid | dirichlet:A | shards:S | labels:K
   uint64_t partition_seed = 42;   // local.partition_seed
   int clients = 10;               // local.clients: default for `cleave local --clients`
+  // local.holdout: the fraction of its data each client keeps to evaluate the global
+  // model (federated evaluation, cleave-client --holdout); 0 = none
+  double holdout = 0;
   std::string attack;             // local.attack: what the attackers do (cleave-client --attack)
   int attackers = 0;              // local.attackers: the last this many clients attack
   // local.profiles: device profiles given to the clients in turn (client i gets

@@ -3,19 +3,204 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
-#include <memory>
+#include <functional>
+#include <numeric>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "data/sources.h"
 
 namespace cleave {
+
+int64_t Dataset::example_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t Dataset::example_bytes() const {
+  return example_elements() * (type == ExampleType::kUint8 ? 1 : int64_t{sizeof(float)});
+}
+
+Dataset Dataset::Subset(const std::vector<int64_t>& indices) const {
+  Dataset d = *this;
+  d.size = static_cast<int64_t>(indices.size());
+  const int64_t eb = example_bytes();
+  d.bytes.resize(indices.size() * eb);
+  d.labels.resize(indices.size());
+  if (!groups.empty()) d.groups.resize(indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) {
+    std::memcpy(&d.bytes[i * eb], &bytes[indices[i] * eb], eb);
+    d.labels[i] = labels[indices[i]];
+    if (!groups.empty()) d.groups[i] = groups[indices[i]];
+  }
+  return d;
+}
+
 namespace {
 
-StatusOr<std::string> ReadGzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+// Example i's raw values as floats (pixels / 255).
+void RawValues(const Dataset& d, int64_t i, float* out) {
+  const int64_t n = d.example_elements();
+  if (d.type == ExampleType::kUint8) {
+    const uint8_t* px = d.bytes.data() + i * n;
+    for (int64_t j = 0; j < n; ++j) out[j] = px[j] / 255.0f;
+  } else {
+    std::memcpy(out, d.bytes.data() + i * n * sizeof(float), n * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void Dataset::Normalised(int64_t i, float* out) const {
+  RawValues(*this, i, out);
+  if (mean.empty()) return;
+  const int64_t n = example_elements();
+  const int64_t inner = n / shape[0];  // elements per channel (or 1 per feature)
+  for (int64_t j = 0; j < n; ++j) {
+    const size_t c = mean.size() == 1 ? 0 : static_cast<size_t>(j / inner);
+    out[j] = (out[j] - mean[c]) / stddev[c];
+  }
+}
+
+void Dataset::Standardise() {
+  const int64_t n = example_elements(), channels = shape[0], inner = n / channels;
+  std::vector<double> sum(channels), sq(channels);
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < size; ++i) {
+    RawValues(*this, i, x.data());
+    for (int64_t j = 0; j < n; ++j) {
+      sum[j / inner] += x[j];
+      sq[j / inner] += double{x[j]} * x[j];
+    }
+  }
+  mean.assign(channels, 0.0f);
+  stddev.assign(channels, 1.0f);
+  const double count = static_cast<double>(size) * inner;
+  for (int64_t c = 0; c < channels && count > 0; ++c) {
+    const double m = sum[c] / count, var = sq[c] / count - m * m;
+    mean[c] = static_cast<float>(m);
+    if (var > 1e-12) stddev[c] = static_cast<float>(std::sqrt(var));
+  }
+  standardised = true;
+}
+
+// ---- Spec options ----
+
+StatusOr<SpecOptions> SpecOptions::Parse(const std::vector<std::string>& items,
+                                         const std::string& spec) {
+  SpecOptions o;
+  o.spec_ = spec;
+  for (const std::string& item : items) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    if (kv.first.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("empty option in data spec '", spec, "'"));
+    }
+    if (item.find('=') == std::string::npos) kv.second = "1";
+    if (!o.values_.emplace(kv.first, kv.second).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("option '", kv.first, "' given twice in data spec '", spec, "'"));
+    }
+  }
+  return o;
+}
+
+bool SpecOptions::Has(const std::string& key) { return values_.count(key) > 0; }
+
+std::string SpecOptions::String(const std::string& key, const std::string& fallback) {
+  return Has(key) ? values_.at(key) : fallback;
+}
+
+StatusOr<int64_t> SpecOptions::Int(const std::string& key, int64_t fallback, int64_t min,
+                                   int64_t max) {
+  if (!Has(key)) return fallback;
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(values_.at(key), &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(absl::StrCat("data option ", key, "=", values_.at(key),
+                                                   ": expected a whole number in [", min, ", ",
+                                                   max, "] (", spec_, ")"));
+  }
+  return v;
+}
+
+StatusOr<std::vector<float>> SpecOptions::Floats(const std::string& key,
+                                                 std::vector<float> fallback, bool positive) {
+  if (!Has(key)) return fallback;
+  std::vector<float> out;
+  for (absl::string_view part : absl::StrSplit(values_.at(key), '/')) {
+    float v = 0;
+    if (!absl::SimpleAtof(part, &v) || !std::isfinite(v) || (positive && !(v > 0))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data option ", key, "=", values_.at(key), ": expected ",
+                       positive ? "positive " : "", "numbers separated by '/' (", spec_, ")"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+Status SpecOptions::CheckKnown(const std::vector<std::string>& known) const {
+  for (const auto& [key, value] : values_) {
+    if (std::find(known.begin(), known.end(), key) == known.end() &&
+        std::find(kCommonOptions.begin(), kCommonOptions.end(), key) == kCommonOptions.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown option '", key, "' in data spec '", spec_, "' (this source takes ",
+          absl::StrJoin(known, ", "), known.empty() ? "" : ", ",
+          absl::StrJoin(kCommonOptions, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status ApplyCommonOptions(SpecOptions& o, Dataset& d) {
+  ASSIGN_OR_RETURN(int64_t limit, o.Int("limit", 0, 0, INT64_MAX));
+  if (limit > 0 && limit < d.size) {
+    d.size = limit;
+    d.bytes.resize(limit * d.example_bytes());
+    d.labels.resize(limit);
+    if (!d.groups.empty()) d.groups.resize(limit);
+  }
+  if (o.Has("standardise")) {
+    d.Standardise();
+  } else {
+    ASSIGN_OR_RETURN(d.mean, o.Floats("mean", d.mean, /*positive=*/false));
+    ASSIGN_OR_RETURN(d.stddev, o.Floats("std", d.stddev, /*positive=*/true));
+    if (d.mean.empty() && !d.stddev.empty()) d.mean = {0.0f};
+    if (d.stddev.empty() && !d.mean.empty()) d.stddev = {1.0f};
+  }
+  for (const auto* v : {&d.mean, &d.stddev}) {
+    if (v->size() > 1 && static_cast<int64_t>(v->size()) != d.shape[0]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mean/std: give one value or ", d.shape[0], " (one per channel or feature)"));
+    }
+  }
+  const bool image = d.shape.size() == 3;
+  ASSIGN_OR_RETURN(d.augment.crop_padding, o.Int("crop", 0, 0, 64));
+  d.augment.flip = o.Has("flip");
+  if (d.augment.enabled() && !image) {
+    return absl::InvalidArgumentError("crop and flip apply to images only");
+  }
+  return absl::OkStatus();
+}
+
+// ---- IDX (MNIST, Fashion-MNIST) ----
+
+namespace {
+
+// Reads a gzip file or, when `path`.gz is absent, the uncompressed `path`.
+StatusOr<std::string> ReadMaybeGzip(const std::string& path) {
+  std::string chosen = path + ".gz";
+  gzFile f = gzopen(chosen.c_str(), "rb");
+  if (f == nullptr) {
+    chosen = path;
+    f = gzopen(chosen.c_str(), "rb");  // zlib reads an uncompressed file as it is
+  }
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path, "(.gz)"));
   std::string out;
   char buf[1 << 16];
   int n;
@@ -24,7 +209,7 @@ StatusOr<std::string> ReadGzip(const std::string& path) {
   const char* msg = gzerror(f, &err);
   gzclose(f);
   if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
-    return absl::DataLossError(absl::StrCat("corrupt gzip ", path, ": ", msg));
+    return absl::DataLossError(absl::StrCat("corrupt gzip ", chosen, ": ", msg));
   }
   return out;
 }
@@ -36,64 +221,146 @@ uint32_t BigEndian32(const std::string& b, size_t off) {
 
 }  // namespace
 
-Dataset Dataset::Subset(const std::vector<int64_t>& indices) const {
-  Dataset d = *this;
-  d.size = static_cast<int64_t>(indices.size());
-  const int64_t eb = example_bytes();
-  d.images.resize(indices.size() * eb);
-  d.labels.resize(indices.size());
-  for (size_t i = 0; i < indices.size(); ++i) {
-    std::memcpy(&d.images[i * eb], &images[indices[i] * eb], eb);
-    d.labels[i] = labels[indices[i]];
-  }
-  return d;
-}
-
-StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train, int64_t limit) {
+StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, SpecOptions&) {
   const std::string prefix = dir + (train ? "/train" : "/t10k");
-  ASSIGN_OR_RETURN(std::string img, ReadGzip(prefix + "-images-idx3-ubyte.gz"));
-  ASSIGN_OR_RETURN(std::string lab, ReadGzip(prefix + "-labels-idx1-ubyte.gz"));
+  const std::string img_path = prefix + "-images-idx3-ubyte", lab_path = prefix + "-labels-idx1-ubyte";
+  ASSIGN_OR_RETURN(std::string img, ReadMaybeGzip(img_path));
+  ASSIGN_OR_RETURN(std::string lab, ReadMaybeGzip(lab_path));
   if (img.size() < 16 || BigEndian32(img, 0) != 0x803) {
-    return absl::DataLossError(absl::StrCat(prefix, "-images: not an IDX3 ubyte file"));
+    return absl::DataLossError(absl::StrCat(img_path, ": not an IDX3 ubyte file"));
   }
   if (lab.size() < 8 || BigEndian32(lab, 0) != 0x801) {
-    return absl::DataLossError(absl::StrCat(prefix, "-labels: not an IDX1 ubyte file"));
+    return absl::DataLossError(absl::StrCat(lab_path, ": not an IDX1 ubyte file"));
   }
   const int64_t n = BigEndian32(img, 4);
   const int64_t rows = BigEndian32(img, 8), cols = BigEndian32(img, 12);
-  if (BigEndian32(lab, 4) != n) return absl::DataLossError("image and label counts differ");
+  if (BigEndian32(lab, 4) != n) {
+    return absl::DataLossError(absl::StrCat(prefix, ": image and label counts differ"));
+  }
   if (static_cast<int64_t>(img.size()) != 16 + n * rows * cols ||
       static_cast<int64_t>(lab.size()) != 8 + n) {
     return absl::DataLossError(absl::StrCat(prefix, ": IDX sizes do not match the header"));
   }
   Dataset d;
-  d.size = (limit > 0 && limit < n) ? limit : n;
-  d.height = static_cast<int>(rows);
-  d.width = static_cast<int>(cols);
-  d.mean = 0.2860f;  // Fashion-MNIST training-set statistics
-  d.stddev = 0.3530f;
-  d.images.assign(img.begin() + 16, img.begin() + 16 + d.size * rows * cols);
-  d.labels.resize(d.size);
-  for (int64_t i = 0; i < d.size; ++i) {
+  d.size = n;
+  d.shape = {1, rows, cols};
+  d.mean = {0.2860f};  // Fashion-MNIST training-set statistics
+  d.stddev = {0.3530f};
+  d.bytes.assign(img.begin() + 16, img.end());
+  d.labels.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
     d.labels[i] = static_cast<unsigned char>(lab[8 + i]);
-    if (d.labels[i] >= d.num_classes) return absl::DataLossError("label out of range");
+    if (d.labels[i] >= d.num_classes) {
+      return absl::DataLossError(absl::StrCat(lab_path, ": entry ", i, ": label ", d.labels[i],
+                                              " is not in [0, ", d.num_classes, ")"));
+    }
   }
   return d;
 }
 
+StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train, int64_t limit) {
+  return LoadDataSpec(limit > 0 ? absl::StrCat("idx:", dir, ",limit=", limit) : "idx:" + dir,
+                      train);
+}
+
+// ---- Specs ----
+
+namespace {
+
+using Loader = std::function<StatusOr<Dataset>(const std::string& path, bool train, SpecOptions&)>;
+
+struct Source {
+  const char* name;
+  std::vector<std::string> options;  // besides kCommonOptions
+  Loader load;
+};
+
+const std::vector<std::string> kTableOptions = {"label", "header", "skip", "classes", "group",
+                                                "drop"};
+
+// Every data source, in one place: LoadDataSpec, DataSourceNames and the messages use it.
+const std::vector<Source>& Sources() {
+  static const auto* sources = new std::vector<Source>{
+      {"idx", {}, LoadIdx},
+      {"fmnist", {}, LoadIdx},
+      {"folder", {"channels", "size", "groups"}, LoadImageFolder},
+      {"cifar10", {},
+       [](const std::string& p, bool t, SpecOptions& o) { return LoadCifar(p, t, 10, o); }},
+      {"cifar100", {"labels"},
+       [](const std::string& p, bool t, SpecOptions& o) { return LoadCifar(p, t, 100, o); }},
+      {"csv", kTableOptions,
+       [](const std::string& p, bool, SpecOptions& o) { return LoadTable(p, ',', o); }},
+      {"tsv", kTableOptions,
+       [](const std::string& p, bool, SpecOptions& o) { return LoadTable(p, '\t', o); }},
+  };
+  return *sources;
+}
+
+}  // namespace
+
+std::vector<std::string> DataSourceNames() {
+  std::vector<std::string> names;
+  for (const auto& s : Sources()) names.push_back(s.name);
+  return names;
+}
+
 StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train) {
+  std::vector<std::string> items = absl::StrSplit(spec, ',');
+  const size_t colon = items[0].find(':');
+  const std::string name = items[0].substr(0, colon);
+  const Source* source = nullptr;
+  for (const auto& s : Sources()) {
+    if (name == s.name) source = &s;
+  }
+  if (source == nullptr || colon == std::string::npos || colon + 1 == items[0].size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown data spec '", spec, "' (expected SOURCE:PATH[,OPTION...] with SOURCE ",
+                     absl::StrJoin(DataSourceNames(), ", "), ")"));
+  }
+  const std::string path = items[0].substr(colon + 1);
+  ASSIGN_OR_RETURN(SpecOptions options,
+                   SpecOptions::Parse(std::vector<std::string>(items.begin() + 1, items.end()),
+                                      spec));
+  RETURN_IF_ERROR(options.CheckKnown(source->options));
+  ASSIGN_OR_RETURN(Dataset d, source->load(path, train, options));
+  RETURN_IF_ERROR(ApplyCommonOptions(options, d));
+  if (d.size == 0) return absl::InvalidArgumentError(absl::StrCat("no examples in ", path));
+  return d;
+}
+
+Dataset TakeHoldout(Dataset* data, double fraction, uint64_t seed) {
+  if (!(fraction > 0) || data->size < 2) return Dataset();
+  std::vector<int64_t> order(data->size);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(order.begin(), order.end(), rng);
+  const int64_t k = std::clamp<int64_t>(std::llround(fraction * data->size), 1, data->size - 1);
+  std::vector<int64_t> held(order.begin(), order.begin() + k), kept(order.begin() + k, order.end());
+  std::sort(held.begin(), held.end());
+  std::sort(kept.begin(), kept.end());
+  Dataset holdout = data->Subset(held);
+  *data = data->Subset(kept);
+  return holdout;
+}
+
+Status TakePartition(const std::string& spec, Dataset* data) {
   std::vector<std::string> parts = absl::StrSplit(spec, ',');
-  const std::string& head = parts[0];
-  int64_t limit = 0;
+  int64_t index = -1, count = 0;
+  uint64_t seed = 42;
   for (size_t i = 1; i < parts.size(); ++i) {
     std::pair<std::string, std::string> kv = absl::StrSplit(parts[i], absl::MaxSplits('=', 1));
-    if (kv.first != "limit" || !absl::SimpleAtoi(kv.second, &limit) || limit < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("bad data option '", parts[i], "' in ", spec));
-    }
+    const bool ok = (kv.first == "client" && absl::SimpleAtoi(kv.second, &index)) ||
+                    (kv.first == "of" && absl::SimpleAtoi(kv.second, &count)) ||
+                    (kv.first == "seed" && absl::SimpleAtoi(kv.second, &seed));
+    if (!ok) return absl::InvalidArgumentError("bad partition option '" + parts[i] + "'");
   }
-  if (head.rfind("fmnist:", 0) == 0) return LoadFashionMnist(head.substr(7), train, limit);
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown data spec '", spec, "' (expected fmnist:DIR[,limit=N])"));
+  if (count < 1 || count > 1000000 || index < 0 || index >= count) {
+    return absl::InvalidArgumentError("a partition needs client=I,of=N with 0 <= I < N");
+  }
+  ASSIGN_OR_RETURN(auto split, PartitionDataset(*data, parts[0], static_cast<int>(count), seed));
+  *data = data->Subset(split[index]);
+  if (data->standardised) data->Standardise();
+  return absl::OkStatus();
 }
 
 }  // namespace cleave

@@ -1,6 +1,6 @@
-// In-memory image-classification datasets (uint8 pixels, int64 labels) and the
-// partitioners that make reproducible federated splits of them. No LibTorch here;
-// models/ turns a Dataset into tensors.
+// In-memory datasets (examples of any shape, stored as 8-bit values or floats, with
+// integer class labels) and the partitioners that make reproducible federated splits of
+// them. No LibTorch here; models/ turns a Dataset into tensors.
 #pragma once
 
 #include <cstdint>
@@ -11,28 +11,71 @@
 
 namespace cleave {
 
-struct Dataset {
-  int64_t size = 0;
-  int channels = 1;
-  int height = 28;
-  int width = 28;
-  int num_classes = 10;
-  float mean = 0.0f;  // normalisation applied to pixel/255
-  float stddev = 1.0f;
-  std::vector<uint8_t> images;  // size * channels * height * width
-  std::vector<int64_t> labels;  // size
-
-  int64_t example_bytes() const { return int64_t{channels} * height * width; }
-  // The examples at `indices`, in that order. Indices must be < size.
-  Dataset Subset(const std::vector<int64_t>& indices) const;
+enum class ExampleType {
+  kUint8,    // pixels: a model sees value / 255, then normalised
+  kFloat32,  // features: a model sees the value, then normalised
 };
 
-// Reads Fashion-MNIST (IDX files, gzip) from `dir`: train-*.gz when `train`, else
-// t10k-*.gz. `limit` > 0 keeps the first `limit` examples.
-StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train, int64_t limit = 0);
+// Random augmentation applied by the client to each training batch (not to evaluation):
+// a random crop after zero-padding (after normalisation, so the padding is the mean)
+// and a random horizontal flip. Image examples ([C, H, W]) only.
+struct Augmentation {
+  int crop_padding = 0;  // 0 = no crop
+  bool flip = false;
 
-// A data spec: "fmnist:DIR" or "fmnist:DIR,limit=N".
+  bool enabled() const { return crop_padding > 0 || flip; }
+};
+
+struct Dataset {
+  int64_t size = 0;
+  ExampleType type = ExampleType::kUint8;
+  std::vector<int64_t> shape = {1, 28, 28};  // one example: [C, H, W] or [features]
+  int num_classes = 10;                      // labels are in [0, num_classes)
+  // What a model sees is (x - mean[c]) / stddev[c], x the value (pixels / 255), c the
+  // index along the example's first dimension (the channel, or the feature). Each holds
+  // one value for all, or shape[0] values; empty = no normalisation.
+  std::vector<float> mean, stddev;
+  std::vector<uint8_t> bytes;   // size * example_bytes(), row-major, examples in order
+  std::vector<int64_t> labels;  // size
+  // The natural partition key, where the data has one (a folder, a file, a column):
+  // groups[i] indexes group_names. Empty when the source has none.
+  std::vector<int32_t> groups;
+  std::vector<std::string> group_names;
+  Augmentation augment;
+  // The normalisation is this data's own statistics (Standardise), to be recomputed
+  // when a part of it is taken (TakePartition): statistics stay local to a client.
+  bool standardised = false;
+
+  int64_t example_elements() const;
+  int64_t example_bytes() const;
+  // The examples at `indices`, in that order. Indices must be < size.
+  Dataset Subset(const std::vector<int64_t>& indices) const;
+  // Writes example `i`'s normalised values (example_elements() floats) to `out`.
+  void Normalised(int64_t i, float* out) const;
+  // Sets mean and stddev per feature (or channel) from these examples' own values: the
+  // local standardisation of a tabular data set (a feature with no spread gets stddev 1).
+  void Standardise();
+};
+
+// Loads a data spec (docs/configuration.md, "Data sources"):
+//   SOURCE:PATH[,OPTION...]  with SOURCE one of idx, fmnist (= idx), folder, cifar10,
+//   cifar100, csv, tsv. `train` picks the training or the test part of sources that
+//   have both (IDX train-* or t10k-*, CIFAR data_batch_* or test_batch, a folder's
+//   train/ or test/ subfolder when it has them). Errors name the file and the entry.
 StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train);
+// Keeps this client's part of `data`: `spec` is "SCHEME,client=I,of=N[,seed=S]" with
+// SCHEME a PartitionDataset scheme, e.g. "dirichlet:0.5,client=3,of=10,seed=42".
+// Standardised data is standardised again on the part.
+Status TakePartition(const std::string& spec, Dataset* data);
+// Moves a seeded random `fraction` of `data`'s examples (at least one when fraction > 0,
+// never all) into the returned held-out set.
+Dataset TakeHoldout(Dataset* data, double fraction, uint64_t seed);
+// The source names LoadDataSpec knows, for messages and docs.
+std::vector<std::string> DataSourceNames();
+
+// Reads Fashion-MNIST or MNIST (IDX files, gzip or not) from `dir`: train-*  when
+// `train`, else t10k-*. `limit` > 0 keeps the first `limit` examples.
+StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train, int64_t limit = 0);
 
 // Splits example indices among `num_clients` clients. `spec` is one of
 //   iid             shuffled, equal shares
@@ -46,5 +89,11 @@ StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train);
 StatusOr<std::vector<std::vector<int64_t>>> Partition(const std::vector<int64_t>& labels,
                                                       int num_classes, const std::string& spec,
                                                       int num_clients, uint64_t seed);
+// As above, plus `natural`: the data's own groups (Dataset::groups), in the order of
+// their names, dealt to the clients in turn (client i gets groups i, i + n, ...).
+// INVALID_ARGUMENT when the data has no groups or fewer groups than clients.
+StatusOr<std::vector<std::vector<int64_t>>> PartitionDataset(const Dataset& data,
+                                                             const std::string& spec,
+                                                             int num_clients, uint64_t seed);
 
 }  // namespace cleave

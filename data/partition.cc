@@ -163,4 +163,29 @@ StatusOr<std::vector<std::vector<int64_t>>> Partition(const std::vector<int64_t>
       "unknown partition '", spec, "' (iid, dirichlet:A, shards:S, labels:K)"));
 }
 
+StatusOr<std::vector<std::vector<int64_t>>> PartitionDataset(const Dataset& data,
+                                                             const std::string& spec,
+                                                             int num_clients, uint64_t seed) {
+  if (spec != "natural") return Partition(data.labels, data.num_classes, spec, num_clients, seed);
+  if (data.groups.empty()) {
+    return absl::InvalidArgumentError(
+        "partition natural: this data has no groups (folder ...,groups or csv ...,group=COLUMN)");
+  }
+  const int num_groups = static_cast<int>(data.group_names.size());
+  if (num_groups < num_clients) {
+    return absl::InvalidArgumentError(absl::StrCat("partition natural: ", num_groups,
+                                                   " groups cannot feed ", num_clients, " clients"));
+  }
+  // Groups in the order of their names, dealt in turn.
+  std::vector<int> order(num_groups);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return data.group_names[a] < data.group_names[b]; });
+  std::vector<int> client_of(num_groups);
+  for (int r = 0; r < num_groups; ++r) client_of[order[r]] = r % num_clients;
+  Parts parts(num_clients);
+  for (int64_t i = 0; i < data.size; ++i) parts[client_of[data.groups[i]]].push_back(i);
+  return parts;
+}
+
 }  // namespace cleave

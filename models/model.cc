@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "models/fast_trainer.h"
 #include "models/torch_stages.h"
 
@@ -57,33 +58,60 @@ struct StageImpl : nn::SequentialImpl {
 };
 TORCH_MODULE(Stage);
 
-nn::Sequential BuildMlp() {
-  return nn::Sequential(Stage(nn::Flatten(), nn::Linear(784, 200), nn::ReLU()),
-                        Stage(nn::Linear(200, 200), nn::ReLU()),
-                        Stage(nn::Linear(200, 10)));
+int64_t Product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
-nn::Sequential BuildLeNet5() {
-  return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 6, 5)), ReluMaxPool()),
-                        Stage(nn::Conv2d(nn::Conv2dOptions(6, 16, 5)), ReluMaxPool()),
-                        Stage(nn::Flatten(), nn::Linear(256, 120), nn::ReLU()),
-                        Stage(nn::Linear(120, 84), nn::ReLU()),
-                        Stage(nn::Linear(84, 10)));
+// The number of elements `features` outputs per example of `shape`.
+int64_t FlatSize(nn::Sequential& features, const std::vector<int64_t>& shape) {
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> batch = {1};
+  batch.insert(batch.end(), shape.begin(), shape.end());
+  return features->forward(torch::zeros(batch)).numel();
 }
 
-// A VGG-style network for 28x28 inputs with nine stages, so that where it is cut matters
+// Layers are built one statement at a time, first to last: each draws its initial
+// weights from the seeded generator in turn. (Built as the arguments of one call, their
+// order would be the compiler's: GCC builds them last to first, clang first to last.)
+
+nn::Sequential BuildMlp(const ModelSpec& s) {
+  nn::Sequential seq;
+  seq->push_back(Stage(nn::Flatten(), nn::Linear(Product(s.input_shape), 200), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(200, 200), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(200, s.num_classes)));
+  return seq;
+}
+
+nn::Sequential BuildLeNet5(const ModelSpec& s) {
+  nn::Sequential seq;
+  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 6, 5)), ReluMaxPool()));
+  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(6, 16, 5)), ReluMaxPool()));
+  const int64_t flat = FlatSize(seq, s.input_shape);
+  seq->push_back(Stage(nn::Flatten(), nn::Linear(flat, 120), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(120, 84), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(84, s.num_classes)));
+  return seq;
+}
+
+// A VGG-style network for small images with nine stages, so that where it is cut matters
 // for split learning: activation sizes and per-stage compute differ widely.
-nn::Sequential BuildVgg() {
-  auto conv = [](int in, int out) { return nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1)); };
-  nn::Sequential seq(Stage(conv(1, 8), nn::ReLU()),         // 8x28x28
-                     Stage(conv(8, 16), ReluMaxPool()),     // 16x14x14
-                     Stage(conv(16, 32), nn::ReLU()),       // 32x14x14
-                     Stage(conv(32, 32), ReluMaxPool()),    // 32x7x7
-                     Stage(conv(32, 64), nn::ReLU()),       // 64x7x7
-                     Stage(conv(64, 64), ReluMaxPool()),    // 64x3x3
-                     Stage(nn::Flatten(), nn::Linear(576, 256), nn::ReLU()),
-                     Stage(nn::Linear(256, 128), nn::ReLU()),
-                     Stage(nn::Linear(128, 10)));
+nn::Sequential BuildVgg(const ModelSpec& s) {
+  auto conv = [](int64_t in, int64_t out) {
+    return nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1));
+  };
+  nn::Sequential seq;                                            // for 28x28 inputs:
+  seq->push_back(Stage(conv(s.input_shape[0], 8), nn::ReLU()));  // 8x28x28
+  seq->push_back(Stage(conv(8, 16), ReluMaxPool()));              // 16x14x14
+  seq->push_back(Stage(conv(16, 32), nn::ReLU()));                // 32x14x14
+  seq->push_back(Stage(conv(32, 32), ReluMaxPool()));             // 32x7x7
+  seq->push_back(Stage(conv(32, 64), nn::ReLU()));                // 64x7x7
+  seq->push_back(Stage(conv(64, 64), ReluMaxPool()));             // 64x3x3
+  const int64_t flat = FlatSize(seq, s.input_shape);
+  seq->push_back(Stage(nn::Flatten(), nn::Linear(flat, 256), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(256, 128), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(128, s.num_classes)));
   // He initialisation (as torchvision's VGG): with LibTorch's default, nine plain layers
   // start with vanishing activations and the loss does not move.
   torch::NoGradGuard no_grad;
@@ -97,18 +125,132 @@ nn::Sequential BuildVgg() {
   return seq;
 }
 
-nn::Sequential BuildCnn() {
-  return nn::Sequential(Stage(nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), ReluMaxPool()),
-                        Stage(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), ReluMaxPool()),
-                        Stage(nn::Flatten(), nn::Linear(3136, 128), nn::ReLU()),
-                        Stage(nn::Linear(128, 10)));
+nn::Sequential BuildCnn(const ModelSpec& s) {
+  nn::Sequential seq;
+  seq->push_back(
+      Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 32, 3).padding(1)), ReluMaxPool()));
+  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), ReluMaxPool()));
+  const int64_t flat = FlatSize(seq, s.input_shape);
+  seq->push_back(Stage(nn::Flatten(), nn::Linear(flat, 128), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(128, s.num_classes)));
+  return seq;
 }
 
-// Pixels to a normalised float tensor [n, c, h, w].
-torch::Tensor ImagesToTensor(const Dataset& d) {
-  auto u8 = torch::from_blob(const_cast<uint8_t*>(d.images.data()),
-                             {d.size, d.channels, d.height, d.width}, torch::kUInt8);
-  return ((u8.to(torch::kFloat32) / 255.0f) - d.mean) / d.stddev;
+// He et al.'s basic block: conv-BN-ReLU-conv-BN plus the input (a 1x1 conv + BN when
+// the shape changes), then ReLU.
+struct BasicBlockImpl : nn::Module {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
+      : conv1(register_module(
+            "conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
+        bn1(register_module("bn1", nn::BatchNorm2d(out))),
+        conv2(register_module("conv2",
+                              nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
+        bn2(register_module("bn2", nn::BatchNorm2d(out))) {
+    if (stride != 1 || in != out) {
+      shortcut = register_module(
+          "shortcut",
+          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                         nn::BatchNorm2d(out)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto y = bn2(conv2(torch::relu(bn1(conv1(x)))));
+    return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
+  }
+  nn::Conv2d conv1;
+  nn::BatchNorm2d bn1;
+  nn::Conv2d conv2;
+  nn::BatchNorm2d bn2;
+  nn::Sequential shortcut{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+nn::Sequential BuildResNet(const ModelSpec& s) {
+  nn::Sequential seq;
+  seq->push_back(
+      Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 16, 3).padding(1).bias(false)),
+            nn::BatchNorm2d(16), nn::ReLU()));
+  seq->push_back(Stage(BasicBlock(16, 16, 1)));
+  seq->push_back(Stage(BasicBlock(16, 32, 2)));
+  seq->push_back(Stage(BasicBlock(32, 64, 2)));
+  seq->push_back(Stage(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)), nn::Flatten(),
+                       nn::Linear(64, s.num_classes)));
+  torch::NoGradGuard no_grad;  // He initialisation of the convolutions, as torchvision's
+  for (auto& p : seq->named_parameters(/*recurse=*/true)) {
+    if (p.value().dim() == 4) {
+      torch::nn::init::kaiming_normal_(p.value(), 0, torch::kFanOut, torch::kReLU);
+    }
+  }
+  return seq;
+}
+
+struct Builtin {
+  const char* name;
+  nn::Sequential (*build)(const ModelSpec&);
+  bool images;  // needs [C, H, W] inputs
+};
+
+// Every built-in model, in one place: BuiltinModelNames, the config's validation and
+// the factory read it.
+constexpr Builtin kBuiltins[] = {
+    {"mlp", BuildMlp, false}, {"lenet5", BuildLeNet5, true}, {"cnn", BuildCnn, true},
+    {"vgg", BuildVgg, true},  {"resnet", BuildResNet, true},
+};
+
+// The built-in model `spec` names. INVALID_ARGUMENT for an unknown name or an input
+// shape it cannot take.
+StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec) {
+  for (const Builtin& b : kBuiltins) {
+    if (spec.name != b.name) continue;
+    const std::string shape = absl::StrJoin(spec.input_shape, "x");
+    if (spec.input_shape.empty() || Product(spec.input_shape) <= 0 || spec.num_classes < 1 ||
+        (b.images && spec.input_shape.size() != 3)) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", b.name, " cannot take input ", shape,
+                                                     " with ", spec.num_classes, " classes",
+                                                     b.images ? " (it needs [C, H, W])" : ""));
+    }
+    torch::manual_seed(spec.seed);
+    try {
+      return b.build(spec);
+    } catch (const c10::Error& e) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", b.name, " cannot take input ",
+                                                     shape, " (too small?): ",
+                                                     e.what_without_backtrace()));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown model '", spec.name, "' (",
+                                                 absl::StrJoin(BuiltinModelNames(), ", "),
+                                                 ", torchscript)"));
+}
+
+// Appends the floating-point buffers (BatchNorm's running statistics; not its integer
+// batch counter) to `out`: the tensors FedAvg averages besides the parameters.
+template <typename Named>
+void AppendFloatBuffers(const Named& buffers, const std::string& prefix,
+                        std::vector<std::pair<std::string, torch::Tensor>>& out) {
+  for (const auto& b : buffers) {
+    if (b.value().is_floating_point()) out.emplace_back(prefix + b.key(), b.value());
+  }
+}
+
+// A batch of examples as the model's input: normalised floats [n, shape...].
+torch::Tensor ExamplesToTensor(const Dataset& d) {
+  std::vector<int64_t> sizes = {d.size};
+  sizes.insert(sizes.end(), d.shape.begin(), d.shape.end());
+  torch::Tensor x;
+  if (d.type == ExampleType::kUint8) {
+    x = torch::from_blob(const_cast<uint8_t*>(d.bytes.data()), sizes, torch::kUInt8)
+            .to(torch::kFloat32) / 255.0f;
+  } else {
+    x = torch::from_blob(const_cast<uint8_t*>(d.bytes.data()), sizes, torch::kFloat32).clone();
+  }
+  if (d.mean.empty()) return x;
+  if (d.mean.size() == 1) return (x - d.mean[0]) / d.stddev[0];
+  std::vector<int64_t> per_channel(sizes.size(), 1);
+  per_channel[1] = static_cast<int64_t>(d.mean.size());  // 1 or shape[0]
+  auto mean = torch::tensor(d.mean).view(per_channel);
+  auto stddev = torch::tensor(d.stddev).view(per_channel);
+  return (x - mean) / stddev;
 }
 
 torch::Tensor LabelsToTensor(const Dataset& d) {
@@ -116,13 +258,25 @@ torch::Tensor LabelsToTensor(const Dataset& d) {
       .clone();
 }
 
-// The built-in model `name`; nullptr-holder for an unknown name.
-nn::Sequential BuildBuiltin(const std::string& name) {
-  if (name == "mlp") return BuildMlp();
-  if (name == "lenet5") return BuildLeNet5();
-  if (name == "cnn") return BuildCnn();
-  if (name == "vgg") return BuildVgg();
-  return nn::Sequential(nullptr);
+// Random crop (after zero padding) and horizontal flip of a batch of images [n, c, h, w].
+torch::Tensor Augment(const torch::Tensor& x, const Augmentation& a, at::Generator& gen) {
+  auto out = x;
+  const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
+  if (a.crop_padding > 0) {
+    const int64_t p = a.crop_padding;
+    auto padded = torch::constant_pad_nd(x, {p, p, p, p}, 0);
+    auto offsets = torch::randint(0, 2 * p + 1, {n, 2}, gen, torch::kInt64);
+    const auto* o = offsets.data_ptr<int64_t>();
+    out = torch::empty_like(x);
+    for (int64_t i = 0; i < n; ++i) {
+      out[i].copy_(padded[i].narrow(1, o[2 * i], h).narrow(2, o[2 * i + 1], w));
+    }
+  }
+  if (a.flip) {
+    auto flip = torch::rand({n, 1, 1, 1}, gen) < 0.5;
+    out = torch::where(flip, out.flip({3}), out);
+  }
+  return out;
 }
 
 }  // namespace
@@ -139,16 +293,21 @@ struct Model::Impl {
   bool cached = false;
   torch::Tensor x, y;
 
+  // Parameters, then floating-point buffers (AppendFloatBuffers).
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     if (script) {
       for (const auto& p : script->named_parameters(/*recurse=*/true)) {
         out.emplace_back(p.name, p.value);
       }
+      for (const auto& b : script->named_buffers(/*recurse=*/true)) {
+        if (b.value.is_floating_point()) out.emplace_back(b.name, b.value);
+      }
     } else {
       for (const auto& p : seq->named_parameters(/*recurse=*/true)) {
         out.emplace_back(p.key(), p.value());
       }
+      AppendFloatBuffers(seq->named_buffers(/*recurse=*/true), "", out);
     }
     return out;
   }
@@ -171,10 +330,11 @@ struct Model::Impl {
       return std::string_view(reinterpret_cast<const char*>(v.data()),
                               v.size() * sizeof(v[0]));
     };
-    const size_t key = std::hash<std::string_view>{}(bytes(d.images)) * 31 +
-                       std::hash<std::string_view>{}(bytes(d.labels));
+    const std::hash<std::string_view> hash;
+    const size_t key = ((hash(bytes(d.bytes)) * 31 + hash(bytes(d.labels))) * 31 +
+                        hash(bytes(d.mean))) * 31 + hash(bytes(d.stddev));
     if (cached && cached_key == key) return;
-    x = ImagesToTensor(d);
+    x = ExamplesToTensor(d);
     y = LabelsToTensor(d);
     cached_key = key;
     cached = true;
@@ -191,11 +351,7 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
       std::istringstream in(spec.torchscript);
       impl->script = std::make_unique<torch::jit::Module>(torch::jit::load(in));
     } else {
-      torch::manual_seed(spec.seed);
-      impl->seq = BuildBuiltin(spec.name);
-      if (!impl->seq) {
-        return absl::InvalidArgumentError(absl::StrCat("unknown model '", spec.name, "'"));
-      }
+      ASSIGN_OR_RETURN(impl->seq, BuildBuiltin(spec));
       impl->fast = FastTrainer::Compile(impl->seq);
     }
   } catch (const c10::Error& e) {
@@ -248,68 +404,141 @@ Status Model::SetParameters(const ParameterSet& params) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// One optimizer step on `params` with their accumulated gradients (which it zeroes), as
+// torch.optim defines SGD, Adam and AdamW, after the FedProx term and gradient clipping
+// (torch.nn.utils.clip_grad_norm_). Fused per parameter.
+class LocalOptimizer {
+ public:
+  LocalOptimizer(std::vector<torch::Tensor> params, const LocalTrainOptions& o)
+      : params_(std::move(params)), o_(o) {
+    for (auto& p : params_) {
+      if (o.proximal_mu > 0) anchor_.push_back(p.detach().clone());
+      first_.push_back(torch::zeros_like(p));
+      if (o.optimizer != "sgd") second_.push_back(torch::zeros_like(p));
+    }
+  }
+
+  void Step() {
+    torch::NoGradGuard no_grad;
+    ++steps_;
+    std::vector<torch::Tensor> grads(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      grads[i] = params_[i].mutable_grad();
+      if (grads[i].defined() && o_.proximal_mu > 0) {
+        grads[i].add_(params_[i] - anchor_[i], o_.proximal_mu);  // FedProx
+      }
+    }
+    if (o_.clip_norm > 0) {
+      double sq = 0;
+      for (const auto& g : grads) {
+        if (g.defined()) sq += g.pow(2).sum().item<double>();
+      }
+      const double coef = o_.clip_norm / (std::sqrt(sq) + 1e-6);
+      if (coef < 1) {
+        for (auto& g : grads) {
+          if (g.defined()) g.mul_(coef);
+        }
+      }
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto& g = grads[i];
+      if (!g.defined()) continue;
+      auto& p = params_[i];
+      if (o_.optimizer == "sgd") {
+        if (o_.weight_decay != 0) g.add_(p, o_.weight_decay);
+        if (o_.momentum != 0) {
+          first_[i].mul_(o_.momentum).add_(g);  // a zero buffer makes the first step g
+          if (o_.nesterov) {
+            g.add_(first_[i], o_.momentum);
+            p.add_(g, -o_.lr);
+          } else {
+            p.add_(first_[i], -o_.lr);
+          }
+        } else {
+          p.add_(g, -o_.lr);
+        }
+      } else {
+        constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
+        if (o_.optimizer == "adamw") {
+          p.mul_(1 - o_.lr * o_.weight_decay);
+        } else if (o_.weight_decay != 0) {
+          g.add_(p, o_.weight_decay);
+        }
+        first_[i].mul_(kBeta1).add_(g, 1 - kBeta1);
+        second_[i].mul_(kBeta2).addcmul_(g, g, 1 - kBeta2);
+        const double bias1 = 1 - std::pow(kBeta1, steps_), bias2 = 1 - std::pow(kBeta2, steps_);
+        auto denom = (second_[i].sqrt() / std::sqrt(bias2)).add_(kEps);
+        p.addcdiv_(first_[i], denom, -o_.lr / bias1);
+      }
+      g.zero_();  // ready for the next backward, instead of a separate zero_grad pass
+    }
+  }
+
+ private:
+  std::vector<torch::Tensor> params_, anchor_, first_, second_;
+  const LocalTrainOptions& o_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
 StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& o) {
   if (data.size == 0) return absl::FailedPreconditionError("no training data");
+  if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw") {
+    return absl::InvalidArgumentError("unknown optimizer '" + o.optimizer + "' (sgd, adam, adamw)");
+  }
   const auto start = std::chrono::steady_clock::now();
   TrainStats stats;
   try {
     impl_->PrepareData(data);
-    std::vector<torch::Tensor> params;
-    for (auto& [name, t] : impl_->NamedParameters()) params.push_back(t);
-    std::vector<torch::Tensor> anchor;
-    if (o.proximal_mu > 0) {
-      for (auto& p : params) anchor.push_back(p.detach().clone());
+    std::vector<torch::Tensor> params;  // the trainable tensors (buffers have no gradient)
+    for (auto& [name, t] : impl_->NamedParameters()) {
+      if (t.requires_grad()) params.push_back(t);
     }
-    // SGD with momentum and weight decay, as torch.optim.SGD defines it (no dampening,
-    // no Nesterov; a zero buffer makes the first step buf = d_p), fused per parameter.
-    std::vector<torch::Tensor> momentum_buf;
-    for (auto& p : params) momentum_buf.push_back(torch::zeros_like(p));
-    auto sgd_step = [&] {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) {
-        auto g = params[i].mutable_grad();
-        if (!g.defined()) continue;
-        if (o.proximal_mu > 0) g.add_(params[i] - anchor[i], o.proximal_mu);  // FedProx
-        if (o.weight_decay != 0) g.add_(params[i], o.weight_decay);
-        if (o.momentum != 0) {
-          momentum_buf[i].mul_(o.momentum).add_(g);
-          params[i].add_(momentum_buf[i], -o.lr);
-        } else {
-          params[i].add_(g, -o.lr);
-        }
-        g.zero_();  // ready for the next backward, instead of a separate zero_grad pass
-      }
-    };
+    LocalOptimizer optimizer(params, o);
+    // FastTrainer's loss is plain cross-entropy.
+    const bool fast = impl_->fast && o.label_smoothing == 0;
+    const auto ce = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
     impl_->SetTraining(true);
     auto gen = at::detail::createCPUGenerator(o.seed);
     const int64_t n = data.size;
-    for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    const int64_t total_steps =
+        o.local_steps > 0 ? o.local_steps : int64_t{o.epochs} * ((n + o.batch_size - 1) / o.batch_size);
+    int64_t steps = 0;
+    double loss_sum = 0;
+    int64_t loss_count = 0;
+    while (steps < total_steps) {
       // Shuffle once per epoch; batches are then contiguous views, not gathers.
       auto perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
       const auto xs = impl_->x.index_select(0, perm);
       const auto ys = impl_->y.index_select(0, perm);
-      double loss_sum = 0;
-      for (int64_t b = 0; b < n; b += o.batch_size) {
+      loss_sum = 0;  // the loss reported is the last (possibly partial) epoch's
+      loss_count = 0;
+      for (int64_t b = 0; b < n && steps < total_steps; b += o.batch_size, ++steps) {
         if (o.cancel != nullptr && o.cancel->load()) {
           impl_->SetTraining(false);
           return absl::CancelledError("training cancelled");
         }
         const int64_t e = std::min(n, b + o.batch_size);
         auto xb = xs.slice(0, b, e);
+        if (data.augment.enabled()) xb = Augment(xb, data.augment, gen);
         auto yb = ys.slice(0, b, e);
         double loss;
-        if (impl_->fast) {
+        if (fast) {
           loss = impl_->fast->ForwardBackward(xb, yb);
         } else {
-          auto l = torch::nn::functional::cross_entropy(impl_->Forward(xb), yb);
+          auto l = torch::nn::functional::cross_entropy(impl_->Forward(xb), yb, ce);
           l.backward();
           loss = l.item<double>();
         }
         loss_sum += loss * static_cast<double>(e - b);
-        sgd_step();
+        loss_count += e - b;
+        optimizer.Step();
       }
-      stats.loss = loss_sum / n;
     }
+    stats.loss = loss_sum / std::max<int64_t>(1, loss_count);
     impl_->SetTraining(false);
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("training failed: ", e.what_without_backtrace()));
@@ -363,6 +592,29 @@ int Model::num_stages() const {
   return static_cast<int>(impl_->seq->size());
 }
 
+Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& what) {
+  if (data.shape != spec.input_shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": examples are ", absl::StrJoin(data.shape, "x"), " but the model takes ",
+                     absl::StrJoin(spec.input_shape, "x"), " (model.input; resize with the data "
+                     "spec's size=HxW and channels=)"));
+  }
+  int64_t max_label = -1;
+  for (int64_t l : data.labels) max_label = std::max(max_label, l);
+  if (max_label >= spec.num_classes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": label ", max_label,
+                                                   " but the model has ", spec.num_classes,
+                                                   " classes (model.classes)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> BuiltinModelNames() {
+  std::vector<std::string> names;
+  for (const Builtin& b : kBuiltins) names.push_back(b.name);
+  return names;
+}
+
 StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
   std::vector<TorchStage> stages;
   try {
@@ -378,6 +630,9 @@ StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
           for (const auto& p : m.named_parameters(/*recurse=*/true)) {
             out.emplace_back(prefix + p.name, p.value);
           }
+          for (const auto& b : m.named_buffers(/*recurse=*/true)) {
+            if (b.value.is_floating_point()) out.emplace_back(prefix + b.name, b.value);
+          }
           return out;
         };
         s.forward = [m](const torch::Tensor& x) mutable { return m.forward({x}).toTensor(); };
@@ -385,9 +640,7 @@ StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
         stages.push_back(std::move(s));
       }
     } else {
-      torch::manual_seed(spec.seed);
-      nn::Sequential seq = BuildBuiltin(spec.name);
-      if (!seq) return absl::InvalidArgumentError(absl::StrCat("unknown model '", spec.name, "'"));
+      ASSIGN_OR_RETURN(nn::Sequential seq, BuildBuiltin(spec));
       for (size_t i = 0; i < seq->size(); ++i) {
         auto stage = std::dynamic_pointer_cast<StageImpl>(seq->ptr(i));
         const std::string prefix = absl::StrCat(i, ".");
@@ -397,6 +650,7 @@ StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
           for (const auto& p : stage->named_parameters(/*recurse=*/true)) {
             out.emplace_back(prefix + p.key(), p.value());
           }
+          AppendFloatBuffers(stage->named_buffers(/*recurse=*/true), prefix, out);
           return out;
         };
         s.forward = [stage](const torch::Tensor& x) { return stage->forward(x); };

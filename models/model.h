@@ -1,13 +1,20 @@
 // A trainable model behind a LibTorch-free interface. Every model is a list of stages
 // (top-level children run in order) so that split learning can cut it.
 //
-// Built-in models (all for 1x28x28 inputs, 10 classes):
-//   mlp     784-200-200-10 with ReLU (McMahan et al.'s 2NN)
-//   lenet5  conv 1->6 5x5, max-pool 2, conv 6->16 5x5, max-pool 2, fc 256->120->84->10, ReLU
-//   cnn     conv 1->32 3x3, pool, conv 32->64 3x3, pool, fc 3136->128->10, ReLU
-//   vgg     nine stages: conv 1->8, 8->16+pool, 16->32, 32->32+pool, 32->64, 64->64+pool
-//           (3x3, padding 1, ReLU), fc 576->256->128->10; for split learning
-//   torchscript  a TorchScript archive (e.g. torch.jit.script of an nn.Sequential)
+// Built-in models, for inputs shaped `ModelSpec::input_shape` ([C, H, W] images or
+// [features] tables) and `num_classes` outputs:
+//   mlp     flatten, 200, 200, classes with ReLU (McMahan et al.'s 2NN; also for tables)
+//   lenet5  conv C->6 5x5, max-pool 2, conv 6->16 5x5, max-pool 2, fc ->120->84->classes
+//   cnn     conv C->32 3x3, pool, conv 32->64 3x3, pool, fc ->128->classes, ReLU
+//   vgg     nine stages: conv C->8, 8->16+pool, 16->32, 32->32+pool, 32->64, 64->64+pool
+//           (3x3, padding 1, ReLU), fc ->256->128->classes; for split learning
+//   resnet  a small ResNet for 32x32 RGB (He et al.'s CIFAR ResNet-8): conv C->16 + BN,
+//           three basic blocks (16, 32 stride 2, 64 stride 2), global average pool, fc;
+//           five stages. BatchNorm's running statistics travel with the parameters.
+//   torchscript  a TorchScript archive: any scripted module for whole-model federated
+//           learning; its top-level children are the stages for split learning
+// A model's tensors are its parameters and its floating-point buffers (BatchNorm's
+// running mean and variance), so FedAvg averages the statistics with the weights.
 //
 // Not thread-safe: one Model per thread. LibTorch exceptions never escape: every call
 // returns a Status.
@@ -17,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/parameter_set.h"
 #include "core/status.h"
@@ -25,17 +33,30 @@
 namespace cleave {
 
 struct ModelSpec {
-  std::string name;         // mlp | lenet5 | cnn | vgg | torchscript
+  std::string name;         // mlp | lenet5 | cnn | vgg | resnet | torchscript
   std::string torchscript;  // the archive's bytes, for name == "torchscript"
   uint64_t seed = 0;        // initialisation seed for built-in models
+  std::vector<int64_t> input_shape = {1, 28, 28};  // one example, for built-in models
+  int num_classes = 10;                            // outputs, for built-in models
 };
+
+// The built-in model names (without torchscript), for validation and messages.
+std::vector<std::string> BuiltinModelNames();
 
 struct LocalTrainOptions {
   int epochs = 1;
+  int64_t local_steps = 0;   // > 0: exactly this many batches instead of `epochs`
   int batch_size = 64;
+  // sgd (momentum, nesterov, weight decay as torch.optim.SGD), adam (torch.optim.Adam:
+  // L2 weight decay added to the gradient) or adamw (decoupled weight decay); Adam's
+  // betas (0.9, 0.999) and eps 1e-8. Optimizer state starts afresh with every call.
+  std::string optimizer = "sgd";
   double lr = 0.05;
   double momentum = 0.0;
+  bool nesterov = false;
   double weight_decay = 0.0;
+  double clip_norm = 0.0;        // > 0: clip the gradient's global L2 norm to this
+  double label_smoothing = 0.0;  // cross-entropy's label smoothing, in [0, 1)
   double proximal_mu = 0.0;  // FedProx: adds mu/2 * ||w - w_start||^2 to the loss
   uint64_t seed = 0;         // batch order
   // Checked before every batch: once it reads true, Train returns CANCELLED.
@@ -60,12 +81,13 @@ class Model {
   static StatusOr<std::unique_ptr<Model>> Create(const ModelSpec& spec);
   ~Model();
 
-  // Trainable parameters in a stable order (the order of named_parameters()).
+  // The model's tensors in a stable order: named_parameters(), then the floating-point
+  // named_buffers().
   ParameterSet Parameters() const;
   // Copies `params` in. INVALID_ARGUMENT unless the layout equals Parameters()'s.
   Status SetParameters(const ParameterSet& params);
 
-  // Trains with SGD on `data` (cross-entropy loss).
+  // Trains on `data` (cross-entropy loss) with the options' optimizer.
   StatusOr<TrainStats> Train(const Dataset& data, const LocalTrainOptions& options);
   // Accuracy and mean cross-entropy on `data`.
   StatusOr<EvalStats> Evaluate(const Dataset& data, int batch_size) const;
@@ -77,6 +99,10 @@ class Model {
   explicit Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// OK when `data`'s examples have the model's input shape and its labels are below the
+// model's class count; else INVALID_ARGUMENT naming `what` (the data's origin) and both.
+Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& what);
 
 // Sets LibTorch's intra-op thread count for this process.
 void SetTorchThreads(int threads);

@@ -36,13 +36,14 @@ Status CheckActivations(const Activations& a) {
 
 Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices) {
   Activations a;
-  a.shape = {static_cast<int64_t>(indices.size()), data.channels, data.height, data.width};
-  const int64_t n = data.example_bytes();
+  a.shape = {static_cast<int64_t>(indices.size())};
+  a.shape.insert(a.shape.end(), data.shape.begin(), data.shape.end());
+  const int64_t n = data.example_elements();
   a.values.resize(indices.size() * n);
   float* out = a.values.data();
   for (int64_t i : indices) {
-    const uint8_t* px = data.images.data() + i * n;
-    for (int64_t j = 0; j < n; ++j) *out++ = (px[j] / 255.0f - data.mean) / data.stddev;
+    data.Normalised(i, out);
+    out += n;
   }
   return a;
 }

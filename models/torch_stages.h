@@ -16,7 +16,8 @@
 namespace cleave {
 
 struct TorchStage {
-  // Parameter names of this stage as they appear in the whole model ("3.0.weight").
+  // This stage's tensors (parameters, then floating-point buffers such as BatchNorm's
+  // running statistics) named as in the whole model ("3.0.weight").
   std::function<std::vector<std::pair<std::string, torch::Tensor>>()> parameters;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<void(bool)> train;

@@ -103,8 +103,6 @@ grpc::Status ToGrpc(const Status& s) {
 
 std::string MetricsJson(const RoundMetrics& m) {
   nlohmann::json j = {{"round", m.round},
-                      {"test_accuracy", m.test_accuracy},
-                      {"test_loss", m.test_loss},
                       {"train_loss", m.train_loss},
                       {"participants", m.participants},
                       {"failures", m.failures},
@@ -117,6 +115,10 @@ std::string MetricsJson(const RoundMetrics& m) {
                        m.bytes_down ? double(m.bytes_down_fp32) / m.bytes_down : 1.0},
                       {"wall_s", m.wall_s},
                       {"elapsed_s", m.elapsed_s}};
+  if (m.evaluated) {
+    j["test_accuracy"] = m.test_accuracy;
+    j["test_loss"] = m.test_loss;
+  }
   if (m.split) {
     j["activation_bytes_up"] = m.activation_bytes_up;
     j["gradient_bytes_down"] = m.gradient_bytes_down;
@@ -126,6 +128,14 @@ std::string MetricsJson(const RoundMetrics& m) {
     j["client_compute_s"] = m.client_compute_s;
     j["transfer_s"] = m.transfer_s;
     j["server_compute_s"] = m.server_compute_s;
+  }
+  if (m.client_eval.clients > 0) {
+    const auto& e = m.client_eval;
+    j["client_eval"] = {{"clients", e.clients},           {"examples", e.examples},
+                        {"accuracy", e.accuracy},         {"loss", e.loss},
+                        {"accuracy_min", e.accuracy_min}, {"accuracy_median", e.accuracy_median},
+                        {"accuracy_max", e.accuracy_max}, {"seconds", e.seconds},
+                        {"train_seconds", e.train_seconds}};
   }
   for (const auto& [k, v] : m.strategy_stats) j[k] = v;
   return j.dump();
@@ -164,7 +174,37 @@ struct TaskRecord {
   int cut = 0;
   ParameterSet part;
   v1::SplitStats stats;
+  // Federated evaluation reported with the upload; examples = 0 when none.
+  v1::ClientEvaluation evaluation;
+  double train_seconds = 0;
 };
+
+// The round's federated evaluation from the tasks that reported one.
+RoundMetrics::ClientEvaluations SummariseEvaluations(const std::vector<const TaskRecord*>& tasks) {
+  RoundMetrics::ClientEvaluations e;
+  if (tasks.empty()) return e;
+  std::vector<double> accuracies;
+  for (const TaskRecord* t : tasks) {
+    const auto& r = t->evaluation;
+    ++e.clients;
+    e.examples += r.examples();
+    e.accuracy += r.accuracy() * r.examples();
+    e.loss += r.loss() * r.examples();
+    e.seconds += r.seconds();
+    e.train_seconds += t->train_seconds;
+    accuracies.push_back(r.accuracy());
+  }
+  e.accuracy /= e.examples;
+  e.loss /= e.examples;
+  e.seconds /= e.clients;
+  e.train_seconds /= e.clients;
+  std::sort(accuracies.begin(), accuracies.end());
+  const size_t n = accuracies.size();
+  e.accuracy_min = accuracies.front();
+  e.accuracy_max = accuracies.back();
+  e.accuracy_median = n % 2 ? accuracies[n / 2] : (accuracies[n / 2 - 1] + accuracies[n / 2]) / 2;
+  return e;
+}
 
 // What a split stream works on; fixed when the stream opens.
 struct SplitStreamTask {
@@ -1663,6 +1703,18 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
   if (!std::isfinite(h.train_loss())) {
     return absl::InvalidArgumentError("train_loss is not finite");
   }
+  if (h.has_evaluation()) {
+    // Held-out data is at most 90 % of a client's data (--holdout <= 0.9): 9x its
+    // declared training examples.
+    const auto& e = h.evaluation();
+    if (e.examples() < 1 || e.examples() > 9 * s->num_examples || !(e.accuracy() >= 0) ||
+        !(e.accuracy() <= 1) || !std::isfinite(e.loss()) || e.loss() < 0 ||
+        !std::isfinite(e.seconds()) || e.seconds() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "evaluation: examples must be in [1, ", 9 * s->num_examples,
+          "], accuracy in [0, 1], loss and seconds finite and >= 0"));
+    }
+  }
   const int64_t expected = t->second.expected_size;
   if (h.total_size() != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1738,6 +1790,8 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   t->second.state = TaskState::kDone;
   t->second.train_loss = h.train_loss();
   t->second.num_examples = weight;
+  t->second.evaluation = h.evaluation();
+  t->second.train_seconds = h.train_seconds();
   spdlog::info("round {}: update from {} accepted ({} examples, weight {}, loss {:.4f}, {:.1f}s)",
                current_round_, h.client_id(), h.num_examples(), weight, h.train_loss(),
                h.train_seconds());
@@ -1781,7 +1835,7 @@ Status Server::Impl::Init() {
     }
     bearer_ = "Bearer " + token;
   }
-  ModelSpec spec{cfg_.model.name, "", cfg_.run.seed};
+  ModelSpec spec{cfg_.model.name, "", cfg_.run.seed, cfg_.model.input, cfg_.model.classes};
   if (cfg_.model.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
     auto blob = std::make_shared<const std::string>(spec.torchscript);
@@ -1792,8 +1846,12 @@ Status Server::Impl::Init() {
     pinned_blobs_.insert(digest);
   }
   model_desc_.set_name(cfg_.model.name);
+  for (int64_t d : spec.input_shape) model_desc_.add_input_shape(d);
+  model_desc_.set_num_classes(spec.num_classes);
   model_spec_ = spec;
-  ASSIGN_OR_RETURN(model_, Model::Create(spec));
+  auto model = Model::Create(spec);
+  if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
+  model_ = *std::move(model);
   global_ = model_->Parameters();
   if (opts_.initial_model) {
     if (opts_.evaluate && !opts_.initial_model->SameLayout(global_)) {
@@ -1802,7 +1860,10 @@ Status Server::Impl::Init() {
     global_ = *opts_.initial_model;
   }
   if (opts_.evaluate) {
-    ASSIGN_OR_RETURN(test_, LoadDataSpec(cfg_.data.test, /*train=*/false));
+    auto test = LoadDataSpec(cfg_.data.test, /*train=*/false);
+    if (!test.ok()) return absl::InvalidArgumentError(absl::StrCat("data.test: ", test.status().message()));
+    test_ = *std::move(test);
+    RETURN_IF_ERROR(CheckDataFitsModel(test_, spec, "data.test"));
     if (cfg_.data.test_limit > 0 && cfg_.data.test_limit < test_.size) {
       std::vector<int64_t> idx(cfg_.data.test_limit);
       for (int64_t i = 0; i < cfg_.data.test_limit; ++i) idx[i] = i;
@@ -1817,6 +1878,7 @@ Status Server::Impl::Init() {
           absl::StrCat("aggregation.root_data: ", root.status().message()));
     }
     root_ = *std::move(root);
+    RETURN_IF_ERROR(CheckDataFitsModel(root_, spec, "aggregation.root_data"));
   }
   if (CodecFamily(cfg_.compression.update) != "none") {
     auto codec = MakeCodec(cfg_.compression.update);
@@ -1873,11 +1935,8 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
                                                    tail_begin_ - 1, "] for model ",
                                                    cfg_.model.name));
   }
-  std::vector<int64_t> sample = {1, 28, 28};
-  if (test_.size > 0) {
-    sample = {test_.channels, test_.height, test_.width};
-    num_classes_ = test_.num_classes;
-  }
+  const std::vector<int64_t> sample = spec.input_shape;
+  num_classes_ = spec.num_classes;
   ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg_.train.batch_size, 3));
   stage_shapes_ = {sample};
   for (const auto& p : server_profile_) stage_shapes_.push_back(p.out_shape);
@@ -2185,6 +2244,11 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
   tc->set_momentum(fit.momentum);
   tc->set_weight_decay(fit.weight_decay);
   tc->set_proximal_mu(fit.proximal_mu);
+  tc->set_optimizer(fit.optimizer);
+  tc->set_nesterov(fit.nesterov);
+  tc->set_local_steps(fit.local_steps);
+  tc->set_clip_norm(fit.clip_norm);
+  tc->set_label_smoothing(fit.label_smoothing);
   tc->set_seed(cfg_.run.seed * 1000003 + round);
   task->set_deadline_unix_ms(deadline_ms);
   TaskRecord rec;
@@ -2413,12 +2477,14 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     ++m.failures;
   }
   turns_.clear();
+  std::vector<const TaskRecord*> evaluated;
   for (auto& [id, t] : tasks_) {
     if (t.state == TaskState::kAssigned) FailTaskLocked(id, t, "missed the round's deadline");
     if (t.state == TaskState::kDone) {
       ++m.participants;
       loss_sum += t.train_loss * t.num_examples;
       weight += t.num_examples;
+      if (t.evaluation.examples() > 0) evaluated.push_back(&t);
     } else {
       ++m.failures;
     }
@@ -2442,6 +2508,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
                                t.stats.transfer_s(), t.stats.server_compute_s());
     }
   }
+  m.client_eval = SummariseEvaluations(evaluated);
   if (split_mode_) {
     m.split = true;
     m.activation_bytes_up = split_up_;
@@ -2609,10 +2676,15 @@ Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSe
   RETURN_IF_ERROR(model_->SetParameters(global));
   LocalTrainOptions o;
   o.epochs = fit.local_epochs;
+  o.local_steps = fit.local_steps;
   o.batch_size = fit.batch_size;
+  o.optimizer = fit.optimizer;
   o.lr = fit.lr;
   o.momentum = fit.momentum;
+  o.nesterov = fit.nesterov;
   o.weight_decay = fit.weight_decay;
+  o.clip_norm = fit.clip_norm;
+  o.label_smoothing = fit.label_smoothing;
   o.seed = cfg_.run.seed;
   RETURN_IF_ERROR(model_->Train(root_, o).status());
   ParameterSet update = model_->Parameters();
@@ -2636,6 +2708,7 @@ Status Server::Impl::Commit(RoundMetrics* m) {
   if (opts_.evaluate) {
     RETURN_IF_ERROR(model_->SetParameters(GlobalModel()));
     ASSIGN_OR_RETURN(EvalStats ev, model_->Evaluate(test_, cfg_.server.eval_batch_size));
+    m->evaluated = true;
     m->test_accuracy = ev.accuracy;
     m->test_loss = ev.loss;
   }

@@ -42,6 +42,7 @@ struct ServerOptions {
 // What one committed round produced; also one line of metrics.jsonl.
 struct RoundMetrics {
   int64_t round = 0;
+  bool evaluated = false;  // on data.test by the server (server.evaluate)
   double test_accuracy = 0;
   double test_loss = 0;
   double train_loss = 0;
@@ -66,6 +67,18 @@ struct RoundMetrics {
   double client_compute_s = 0;
   double transfer_s = 0;
   double server_compute_s = 0;
+  // Federated evaluation: the round's global model measured by the participants on
+  // their held-out data (cleave-client --holdout), before they trained on it. Accuracy
+  // and loss are weighted by examples; min/median/max are over clients.
+  struct ClientEvaluations {
+    int clients = 0;
+    int64_t examples = 0;
+    double accuracy = 0, loss = 0;
+    double accuracy_min = 0, accuracy_median = 0, accuracy_max = 0;
+    double seconds = 0;        // mean per client
+    double train_seconds = 0;  // mean training time of the same clients, for scale
+  };
+  ClientEvaluations client_eval;
   // What the strategy adds (DP: epsilon, delta, dp_clip, dp_noise_std, ...).
   std::map<std::string, double> strategy_stats;
 };

@@ -99,6 +99,22 @@ std::string Bytes(double b) {
   return absl::StrFormat("%.0f B", b);
 }
 
+// A metrics line's accuracy: the server's test set, else the clients' held-out data
+// (federated evaluation, with the spread over clients), else none.
+std::string AccuracyText(const nlohmann::json& j) {
+  if (j.contains("test_accuracy")) {
+    return absl::StrFormat("test acc %6.2f%%  test loss %.4f", 100 * j.value("test_accuracy", 0.0),
+                           j.value("test_loss", 0.0));
+  }
+  if (j.contains("client_eval")) {
+    const auto& e = j["client_eval"];
+    return absl::StrFormat("client acc %6.2f%% (min %.2f%%, max %.2f%%)",
+                           100 * e.value("accuracy", 0.0), 100 * e.value("accuracy_min", 0.0),
+                           100 * e.value("accuracy_max", 0.0));
+  }
+  return "no evaluation";
+}
+
 // The last `n` lines of a file, each ending in a newline.
 std::string LastLines(const std::string& path, int n) {
   std::ifstream in(path);
@@ -243,6 +259,9 @@ int RunLocal(const LocalOptions& o) {
         absl::StrCat(config->local.partition, ",client=", i, ",of=", clients, ",seed=",
                      config->local.partition_seed),
         "--name", name, "--give-up-after", "60"};
+    if (config->local.holdout > 0) {
+      argv.insert(argv.end(), {"--holdout", absl::StrCat(config->local.holdout)});
+    }
     if (i >= clients - config->local.attackers) {
       argv.insert(argv.end(), {"--attack", config->local.attack});
     }
@@ -299,10 +318,9 @@ int RunLocal(const LocalOptions& o) {
       total_up += j.value("bytes_up", int64_t{0});
       total_down += j.value("bytes_down", int64_t{0});
       std::cout << absl::StrFormat(
-                       "round %3d/%d  acc %6.2f%%  test loss %.4f  train loss %.4f  "
-                       "up %9s  down %9s  %6.1fs  (%d clients, %d failed)",
-                       j.value("round", 0), rounds, 100 * j.value("test_accuracy", 0.0),
-                       j.value("test_loss", 0.0), j.value("train_loss", 0.0),
+                       "round %3d/%d  %s  train loss %.4f  up %9s  down %9s  %6.1fs  "
+                       "(%d clients, %d failed)",
+                       j.value("round", 0), rounds, AccuracyText(j), j.value("train_loss", 0.0),
                        Bytes(j.value("bytes_up", 0.0)), Bytes(j.value("bytes_down", 0.0)),
                        j.value("wall_s", 0.0), j.value("participants", 0),
                        j.value("failures", 0));
@@ -372,10 +390,9 @@ int RunLocal(const LocalOptions& o) {
               << "/server.log\n";
     return 1;
   }
-  std::cout << absl::StrFormat(
-      "done: %d rounds in %.0fs; final test accuracy %.2f%%, test loss %.4f; %s up, %s down\n",
-      last.value("round", 0), secs, 100 * last.value("test_accuracy", 0.0),
-      last.value("test_loss", 0.0), Bytes(total_up), Bytes(total_down));
+  std::cout << absl::StrFormat("done: %d rounds in %.0fs; final %s; %s up, %s down\n",
+                               last.value("round", 0), secs, AccuracyText(last), Bytes(total_up),
+                               Bytes(total_down));
   if (failed > 0) {
     std::cout << failed << " client(s) exited with an error; see " << run_dir
               << "/client-*.log\n";

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <filesystem>
 
 namespace cleave {
@@ -102,6 +104,46 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("server: {upload_idle_timeout_s: 0}", "server.upload_idle_timeout_s");
   expect_error("server: {max_sessions: -1}", "server.max_sessions");
   expect_error("tls: {cert: s.crt, key: s.key, revoked: r.txt}", "needs tls.mutual");
+  // Models, data and local training (issue 14).
+  expect_error("model: {input: []}", "model.input");
+  expect_error("model: {input: [3, 0, 32]}", "model.input");
+  expect_error("model: {input: [1, 2, 3, 4]}", "model.input");
+  expect_error("model: {classes: 0}", "model.classes");
+  expect_error("local: {holdout: 0.95}", "local.holdout");
+  expect_error("train: {optimizer: lbfgs}", "train.optimizer");
+  expect_error("train: {nesterov: true, momentum: 0}", "train.nesterov");
+  expect_error("train: {optimizer: adam, nesterov: true}", "train.nesterov");
+  expect_error("train: {clip_norm: -1}", "train.clip_norm");
+  expect_error("train: {label_smoothing: 1}", "train.label_smoothing");
+  expect_error("train: {local_steps: -5}", "train.local_steps");
+  expect_error("train: {schedule: exponential}", "train.schedule");
+  expect_error("train: {step_gamma: 0}", "train.step_gamma");
+  expect_error("train: {lr: 0.1, lr_min: 0.2}", "train.lr_min");
+  expect_error("split: {mode: sl}\ntrain: {optimizer: adam}", "plain sgd with split learning");
+}
+
+TEST(ConfigTest, ModelDataAndTrainingKeys) {
+  auto c = JobConfig::Parse(R"(
+model: {name: resnet, input: [3, 32, 32], classes: 100}
+data: {test: ""}
+train: {optimizer: adamw, lr: 0.001, weight_decay: 0.05, local_steps: 50, clip_norm: 1.0,
+        label_smoothing: 0.1, schedule: cosine, warmup_rounds: 2, lr_min: 0.0001}
+local: {data: "cifar100:/data/c,labels=coarse", holdout: 0.1}
+)", "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.input, (std::vector<int64_t>{3, 32, 32}));
+  EXPECT_EQ(c->model.classes, 100);
+  EXPECT_FALSE(c->server.evaluate) << "no test set, no server evaluation";
+  EXPECT_EQ(c->train.optimizer, "adamw");
+  EXPECT_EQ(c->train.local_steps, 50);
+  EXPECT_DOUBLE_EQ(c->local.holdout, 0.1);
+  // The warm-up rises linearly to lr; the cosine then falls towards lr_min over the 8
+  // rounds left (as CosineAnnealingLR with T_max 8: lr_min would be the 9th).
+  EXPECT_DOUBLE_EQ(ScheduledLr(c->train, 1, 10), 0.0005);
+  EXPECT_DOUBLE_EQ(ScheduledLr(c->train, 2, 10), 0.001);
+  EXPECT_DOUBLE_EQ(ScheduledLr(c->train, 3, 10), 0.001);
+  EXPECT_NEAR(ScheduledLr(c->train, 10, 10), 0.0001 + 0.0009 * (1 + std::cos(M_PI * 7 / 8)) / 2,
+              1e-15);
 }
 
 TEST(ConfigTest, ReadsHostileClientDefenses) {

@@ -15,7 +15,8 @@ TEST(FashionMnistTest, LoadsTrainAndTest) {
   auto train = LoadFashionMnist(kFmnist, true);
   ASSERT_TRUE(train.ok()) << train.status();
   EXPECT_EQ(train->size, 60000);
-  EXPECT_EQ(train->images.size(), 60000u * 784);
+  EXPECT_EQ(train->bytes.size(), 60000u * 784);
+  EXPECT_EQ(train->shape, (std::vector<int64_t>{1, 28, 28}));
   auto test = LoadFashionMnist(kFmnist, false, 500);
   ASSERT_TRUE(test.ok());
   EXPECT_EQ(test->size, 500);
@@ -26,6 +27,7 @@ TEST(FashionMnistTest, LoadsTrainAndTest) {
 
 TEST(FashionMnistTest, DataSpecErrors) {
   EXPECT_EQ(LoadDataSpec("mnist:/x", true).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadDataSpec("idx:", true).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadDataSpec(std::string("fmnist:") + kFmnist + ",limt=5", true).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LoadDataSpec("fmnist:/nonexistent", true).status().code(),
@@ -135,15 +137,15 @@ TEST(PartitionTest, RejectsBadSpecs) {
 TEST(DatasetTest, SubsetCopiesExamplesInOrder) {
   Dataset d;
   d.size = 3;
-  d.channels = 1;
-  d.height = 1;
-  d.width = 2;
-  d.images = {1, 2, 3, 4, 5, 6};
+  d.shape = {1, 1, 2};
+  d.bytes = {1, 2, 3, 4, 5, 6};
   d.labels = {7, 8, 9};
+  d.groups = {0, 1, 0};
   Dataset s = d.Subset({2, 0});
   EXPECT_EQ(s.size, 2);
-  EXPECT_EQ(s.images, (std::vector<uint8_t>{5, 6, 1, 2}));
+  EXPECT_EQ(s.bytes, (std::vector<uint8_t>{5, 6, 1, 2}));
   EXPECT_EQ(s.labels, (std::vector<int64_t>{9, 7}));
+  EXPECT_EQ(s.groups, (std::vector<int32_t>{0, 0}));
 }
 
 }  // namespace

