@@ -44,6 +44,7 @@ class FedAvgFamily : public Strategy {
     fit_.local_epochs = c.train.local_epochs;
     fit_.local_steps = c.train.local_steps;
     fit_.batch_size = c.train.batch_size;
+    fit_.loss = c.train.loss;
     fit_.optimizer = c.train.optimizer;
     fit_.lr = c.train.lr;
     fit_.momentum = c.train.momentum;

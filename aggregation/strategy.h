@@ -35,6 +35,7 @@ struct FitSettings {
   int local_epochs = 1;
   int64_t local_steps = 0;
   int batch_size = 64;
+  std::string loss = "cross_entropy";
   std::string optimizer = "sgd";
   double lr = 0.05;
   double momentum = 0.0;

@@ -1,4 +1,6 @@
-"""The PyTorch side of bench_train_throughput: the same LeNet-5 loop, one thread."""
+"""The PyTorch side of bench_train_throughput: the same LeNet-5 loop, one thread.
+   train_reference.py N EPOCHS BATCH [eval]: with `eval`, EPOCHS passes of evaluation
+   (no_grad, loss and accuracy) in batches of BATCH instead of training."""
 import sys, time, gzip, struct
 import torch
 import torch.nn as nn
@@ -19,6 +21,19 @@ model = nn.Sequential(
     nn.Sequential(nn.Flatten(), nn.Linear(256, 120), nn.ReLU()),
     nn.Sequential(nn.Linear(120, 84), nn.ReLU()),
     nn.Sequential(nn.Linear(84, 10)))
+if len(sys.argv) > 4 and sys.argv[4] == "eval":
+    model.eval()
+    start = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(epochs):
+            total, correct = 0.0, 0
+            for b in range(0, n, batch):
+                out = model(x[b:b + batch])
+                total += nn.functional.cross_entropy(out, y[b:b + batch], reduction="sum").item()
+                correct += (out.argmax(1) == y[b:b + batch]).sum().item()
+    elapsed = time.perf_counter() - start
+    print(f"{n * epochs / elapsed:.1f} {total / n:.4f}")
+    sys.exit(0)
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-5)
 model.train()
 start = time.perf_counter()

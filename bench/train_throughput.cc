@@ -1,6 +1,9 @@
 // Client local-training throughput (LeNet-5, batch 64, one thread) against the same loop
-// in PyTorch on /usr/bin/python3, in the same run.
-//   bench_train_throughput [--examples N] [--epochs E] [--reps R]
+// in PyTorch on /usr/bin/python3, in the same run; then evaluation (batches of 256, as
+// the client's federated evaluation and the server run it) against PyTorch's, and
+// against training per example.
+//   bench_train_throughput [--examples N] [--epochs E] [--reps R] [--eval-batch B]
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,10 +15,11 @@ using namespace cleave;
 
 namespace {
 
-double PyTorchSamplesPerSecond(int64_t n, int epochs, int batch) {
+double PyTorchSamplesPerSecond(int64_t n, int epochs, int batch, bool eval = false) {
   const std::string cmd = "/usr/bin/python3 " + std::string(CLEAVE_SOURCE_DIR) +
                           "/bench/train_reference.py " + std::to_string(n) + " " +
-                          std::to_string(epochs) + " " + std::to_string(batch);
+                          std::to_string(epochs) + " " + std::to_string(batch) +
+                          (eval ? " eval" : "");
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return 0;
   double rate = 0, loss = 0;
@@ -28,11 +32,12 @@ double PyTorchSamplesPerSecond(int64_t n, int epochs, int batch) {
 
 int main(int argc, char** argv) {
   int64_t n = 20000;
-  int epochs = 1, reps = 3;
+  int epochs = 1, reps = 3, eval_batch = 256;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--examples")) n = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--epochs")) epochs = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--eval-batch")) eval_batch = std::atoi(argv[i + 1]);
   }
   SetTorchThreads(1);
   auto data = LoadFashionMnist("/usr/share/datasets/fashion-mnist", true, n);
@@ -62,5 +67,21 @@ int main(int argc, char** argv) {
   std::printf("PyTorch (python3, reference)  %9.0f examples/s\n", best_ref);
   std::printf("cleave (LibTorch C++)         %9.0f examples/s\n", best_ours);
   std::printf("ratio: %.2f (target >= 1.5)\n", best_ref > 0 ? best_ours / best_ref : 0.0);
+
+  double best_eval = 0, best_ref_eval = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int e = 0; e < epochs; ++e) {
+      if (!model->Evaluate(*data, eval_batch).ok()) return 1;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best_eval = std::max(best_eval, n * epochs / s);
+    best_ref_eval = std::max(best_ref_eval, PyTorchSamplesPerSecond(n, epochs, eval_batch, true));
+  }
+  std::printf("evaluation, batch %d:\n", eval_batch);
+  std::printf("PyTorch (python3, reference)  %9.0f examples/s\n", best_ref_eval);
+  std::printf("cleave (LibTorch C++)         %9.0f examples/s\n", best_eval);
+  std::printf("ratio: %.2f; one example evaluated costs %.2f of one trained\n",
+              best_ref_eval > 0 ? best_eval / best_ref_eval : 0.0, best_ours / best_eval);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "client/emulation.h"
 #include "compression/codec.h"
+#include "core/printable.h"
 #include "client/secagg_client.h"
 #include "client/split_client.h"
 #include "client/transfer.h"
@@ -30,6 +31,10 @@ namespace v1 = ::cleave::v1;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Federated evaluation's batch: small enough for a model's activations to stay in cache
+// (docs/benchmarks.md, "Local training throughput").
+constexpr int kEvalBatch = 256;
 
 v1::DeviceProfile LocalDevice() {
   v1::DeviceProfile d;
@@ -102,6 +107,10 @@ struct Client::Impl {
   // Model state kept across tasks.
   std::unique_ptr<Model> model;
   std::string model_key;  // name + TorchScript digest the model was built from
+  // The model's personal tensors (ModelDescription.personal) as this client last trained
+  // them; empty until its first task. They never leave the client.
+  ParameterSet personal;
+  std::string loss_digest;  // the TorchScript loss `model` holds (TrainConfig.loss_digest)
 
   // Outcome of one connection.
   enum class End { kRunEnded, kRetry, kFatal, kCrashed, kStopped };
@@ -450,7 +459,10 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   };
   auto spec = Spec(stub, w, task.model());
   if (!spec.ok()) return reject(spec.status());
-  if (Status s = CheckDataFitsModel(opts.train, *spec, "local data"); !s.ok()) return reject(s);
+  const std::string loss = task.train().loss().empty() ? "cross_entropy" : task.train().loss();
+  if (Status s = CheckDataFitsModel(opts.train, *spec, loss, "local data"); !s.ok()) {
+    return reject(s);
+  }
   auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest(), 600,
                         &emulator);
   if (!blob.ok()) return reject(blob.status());
@@ -498,21 +510,57 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     if (!m.ok()) return reject(m.status());
     model = *std::move(m);
     model_key = key;
+    personal = ParameterSet();
+    loss_digest.clear();
+  }
+  if (loss == "torchscript" && loss_digest != task.train().loss_digest()) {
+    auto archive = FetchBlob(stub, w.client_id(), w.session_token(), task.train().loss_digest(), 600,
+                             &emulator);
+    if (!archive.ok()) return reject(archive.status());
+    if (Status s = model->SetTorchScriptLoss(*archive); !s.ok()) return reject(s);
+    loss_digest = task.train().loss_digest();
+  }
+  // Personal layers: this client's own values replace the global model's (the server's
+  // initial values, until the client has trained them).
+  const std::vector<std::string> personal_names(task.model().personal().begin(),
+                                                task.model().personal().end());
+  for (const std::string& n : personal_names) {
+    if (global->Find(n) == nullptr) {
+      return reject(absl::InvalidArgumentError(
+          absl::StrCat("personal tensor '", Printable(n), "' is not in the model")));
+    }
+  }
+  if (personal.size() > 0) {
+    if (Status s = Overwrite(personal, &*global); !s.ok()) return reject(s);
   }
   if (Status s = model->SetParameters(*global); !s.ok()) return reject(s);
+  if (task.evaluate_only() && opts.holdout.size == 0) {
+    return reject(absl::FailedPreconditionError("no held-out data to evaluate on (--holdout)"));
+  }
   a.set_accepted(true);
   ack(a);
   // Federated evaluation: the global model on the held-out data, before training.
   std::optional<v1::ClientEvaluation> evaluation;
   if (opts.holdout.size > 0 && !task.has_secagg()) {
     const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, 1000));
+    ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, kEvalBatch, loss));
     evaluation.emplace();
     evaluation->set_examples(e.examples);
     evaluation->set_accuracy(e.accuracy);
     evaluation->set_loss(e.loss);
+    for (const auto& [k, v] : e.metrics) (*evaluation->mutable_metrics())[k] = v;
     evaluation->set_seconds(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  if (task.evaluate_only()) {  // the final evaluation: no training, an empty update
+    ASSIGN_OR_RETURN(v1::UploadReply reply,
+                     UploadUpdate(stub, w, task, ParameterSet(), opts.train.size, 0, 0, nullptr,
+                                  &*evaluation));
+    ++tasks_done;
+    spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})",
+                 task.round(), evaluation->accuracy(), evaluation->examples(),
+                 reply.duplicate() ? ", duplicate" : "");
+    return absl::OkStatus();
   }
   std::optional<SecAggClient> secagg;
   if (task.has_secagg()) {
@@ -528,6 +576,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   o.weight_decay = tc.weight_decay();
   o.proximal_mu = tc.proximal_mu();
   if (!tc.optimizer().empty()) o.optimizer = tc.optimizer();
+  o.loss = loss;
   o.nesterov = tc.nesterov();
   o.local_steps = tc.local_steps();
   o.clip_norm = tc.clip_norm();
@@ -539,10 +588,13 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     *crashed = true;
     return absl::AbortedError("simulated crash");
   }
-  ParameterSet delta = Delta(model->Parameters(), *global);
+  ParameterSet trained = model->Parameters();
+  if (!personal_names.empty()) personal = Only(trained, personal_names);
+  ParameterSet delta = Delta(std::move(trained), *global);
   if (!opts.attack.empty() && opts.attack != "label-flip") {
     RETURN_IF_ERROR(Attack(*global, o, &delta));
   }
+  if (!personal_names.empty()) delta = Without(delta, personal_names);  // stays here
   v1::UploadReply reply;
   if (secagg) {
     if (task.has_dp()) AddDpNoise(task.dp(), &delta);

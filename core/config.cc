@@ -82,11 +82,12 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "run", "seed", &c.run.seed));
   }
   if (auto s = root["model"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "model", {"name", "path", "input", "classes"}));
+    RETURN_IF_ERROR(CheckKeys(s, "model", {"name", "path", "input", "classes", "personal"}));
     RETURN_IF_ERROR(Read(s, "model", "name", &c.model.name));
     RETURN_IF_ERROR(Read(s, "model", "path", &c.model.path));
     RETURN_IF_ERROR(Read(s, "model", "input", &c.model.input));
     RETURN_IF_ERROR(Read(s, "model", "classes", &c.model.classes));
+    RETURN_IF_ERROR(Read(s, "model", "personal", &c.model.personal));
   }
   if (auto s = root["data"]) {
     RETURN_IF_ERROR(CheckKeys(s, "data", {"test", "test_limit"}));
@@ -107,12 +108,15 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (auto s = root["train"]) {
     RETURN_IF_ERROR(CheckKeys(
         s, "train",
-        {"local_epochs", "local_steps", "batch_size", "optimizer", "lr", "momentum", "nesterov",
+        {"local_epochs", "local_steps", "batch_size", "loss", "loss_path", "optimizer", "lr",
+         "momentum", "nesterov",
          "weight_decay", "clip_norm", "label_smoothing", "schedule", "warmup_rounds",
          "step_rounds", "step_gamma", "lr_min"}));
     RETURN_IF_ERROR(Read(s, "train", "local_epochs", &c.train.local_epochs));
     RETURN_IF_ERROR(Read(s, "train", "local_steps", &c.train.local_steps));
     RETURN_IF_ERROR(Read(s, "train", "optimizer", &c.train.optimizer));
+    RETURN_IF_ERROR(Read(s, "train", "loss", &c.train.loss));
+    RETURN_IF_ERROR(Read(s, "train", "loss_path", &c.train.loss_path));
     RETURN_IF_ERROR(Read(s, "train", "nesterov", &c.train.nesterov));
     RETURN_IF_ERROR(Read(s, "train", "clip_norm", &c.train.clip_norm));
     RETURN_IF_ERROR(Read(s, "train", "label_smoothing", &c.train.label_smoothing));
@@ -164,9 +168,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(CheckKeys(s, "server", {"listen", "heartbeat_s", "client_timeout_s",
                                             "max_model_elements", "chunk_bytes",
                                             "eval_batch_size", "worker_threads", "evaluate",
+                                            "final_evaluation",
                                             "max_update_abs", "upload_idle_timeout_s",
                                             "handshake_timeout_s", "max_sessions"}));
     RETURN_IF_ERROR(Read(s, "server", "evaluate", &c.server.evaluate));
+    RETURN_IF_ERROR(Read(s, "server", "final_evaluation", &c.server.final_evaluation));
     RETURN_IF_ERROR(Read(s, "server", "max_update_abs", &c.server.max_update_abs));
     RETURN_IF_ERROR(Read(s, "server", "upload_idle_timeout_s", &c.server.upload_idle_timeout_s));
     RETURN_IF_ERROR(Read(s, "server", "handshake_timeout_s", &c.server.handshake_timeout_s));
@@ -335,6 +341,18 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   RETURN_IF_ERROR(Range(c.model.classes >= 1 && c.model.classes <= 1000000, "model.classes",
                         "in [1, 1000000]"));
+  for (const std::string& p : c.model.personal) {
+    RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
+  }
+  if (!c.model.personal.empty()) {
+    RETURN_IF_ERROR(Range(!c.split.enabled(), "model.personal",
+                          "empty with split learning (personal layers are for whole-model "
+                          "federated learning)"));
+    RETURN_IF_ERROR(Range(!c.server.evaluate, "model.personal",
+                          "used without server-side evaluation: the server holds no client's "
+                          "personal layers (set data.test: \"\" or server.evaluate: false and "
+                          "measure with federated evaluation, local.holdout)"));
+  }
   if (c.split.enabled()) {
     static const std::set<std::string> kModes = {"sl", "sfl-v1", "sfl-v2", "ushaped"};
     if (!kModes.count(c.split.mode)) {
@@ -346,9 +364,10 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
           "strategy.name: split learning averages with fedavg; ", st, " is not supported"));
     }
     RETURN_IF_ERROR(Range(c.train.optimizer == "sgd" && !c.train.nesterov && c.train.clip_norm == 0 &&
-                              c.train.label_smoothing == 0 && c.train.local_steps == 0,
-                          "train", "plain sgd with split learning (no nesterov, clip_norm, "
-                          "label_smoothing or local_steps yet)"));
+                              c.train.label_smoothing == 0 && c.train.local_steps == 0 &&
+                              c.train.loss == "cross_entropy",
+                          "train", "plain sgd and cross_entropy with split learning (no nesterov, "
+                          "clip_norm, label_smoothing, local_steps or other losses yet)"));
     RETURN_IF_ERROR(Range(c.split.tail >= 1, "split.tail", ">= 1"));
     RETURN_IF_ERROR(Range(c.split.window >= 1 && c.split.window <= 64, "split.window",
                           "in [1, 64]"));
@@ -423,6 +442,18 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.train.weight_decay >= 0, "train.weight_decay", ">= 0"));
   const TrainConfig& t = c.train;
   RETURN_IF_ERROR(Range(t.local_steps >= 0, "train.local_steps", ">= 0 (0 = use local_epochs)"));
+  RETURN_IF_ERROR(Range(t.loss == "cross_entropy" || t.loss == "bce" || t.loss == "mse" ||
+                            t.loss == "mae" || t.loss == "torchscript",
+                        "train.loss", "cross_entropy, bce, mse, mae or torchscript"));
+  RETURN_IF_ERROR(Range(t.loss == "cross_entropy" || t.loss == "torchscript" || c.model.classes == 1,
+                        "model.classes", "1 with train.loss " + t.loss + " (one output)"));
+  RETURN_IF_ERROR(Range(t.loss_path.empty() == (t.loss != "torchscript"), "train.loss_path",
+                        "set exactly when train.loss is torchscript"));
+  if (!t.loss_path.empty() && std::filesystem::path(t.loss_path).is_relative() && !base_dir.empty()) {
+    c.train.loss_path = (std::filesystem::path(base_dir) / t.loss_path).string();
+  }
+  RETURN_IF_ERROR(Range(t.label_smoothing == 0 || t.loss == "cross_entropy", "train.label_smoothing",
+                        "0 unless train.loss is cross_entropy"));
   RETURN_IF_ERROR(Range(t.optimizer == "sgd" || t.optimizer == "adam" || t.optimizer == "adamw",
                         "train.optimizer", "sgd, adam or adamw"));
   RETURN_IF_ERROR(Range(!t.nesterov || (t.optimizer == "sgd" && t.momentum > 0), "train.nesterov",

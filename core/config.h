@@ -22,6 +22,9 @@ struct ModelConfig {
   std::string path;              // model.path: TorchScript archive, for name=torchscript
   std::vector<int64_t> input = {1, 28, 28};  // model.input: one example's shape
   int classes = 10;              // model.classes: outputs (labels are in [0, classes))
+  // model.personal: globs over tensor names (FedPer / FedBN): tensors that stay on each
+  // device, never uploaded or averaged
+  std::vector<std::string> personal;
 };
 
 struct DataConfig {
@@ -43,6 +46,10 @@ struct TrainConfig {
   int local_epochs = 1;          // train.local_epochs
   int64_t local_steps = 0;       // train.local_steps: batches per task instead of epochs (0 = off)
   int batch_size = 64;           // train.batch_size
+  // train.loss: cross_entropy (classification) | bce (binary, one output) | mse | mae
+  // (regression, one output, a table's `regression` targets) | torchscript (loss_path)
+  std::string loss = "cross_entropy";
+  std::string loss_path;  // train.loss_path: the TorchScript loss's archive
   std::string optimizer = "sgd"; // train.optimizer: sgd | adam | adamw
   double lr = 0.05;              // train.lr (the schedule's starting rate)
   double momentum = 0.9;         // train.momentum (sgd)
@@ -121,9 +128,12 @@ struct ServerConfig {
   double client_timeout_s = 15.0;        // server.client_timeout_s: silent client = gone
   int64_t max_model_elements = 1LL << 28;// server.max_model_elements: upload size limit
   int chunk_bytes = 1 << 20;             // server.chunk_bytes: download/upload chunk size
-  int eval_batch_size = 1000;            // server.eval_batch_size
+  int eval_batch_size = 256;             // server.eval_batch_size
   int worker_threads = 2;                // server.worker_threads: decode/aggregate pool
   bool evaluate = true;                  // server.evaluate: evaluate on data.test each round
+  // server.final_evaluation: after the last round, clients that hold data out measure
+  // the final model (federated evaluation of the model the run ends with)
+  bool final_evaluation = true;
   double max_update_abs = 1e4;           // server.max_update_abs: bound on |update value|
   double upload_idle_timeout_s = 30;     // server.upload_idle_timeout_s: stalled upload = failed
   double handshake_timeout_s = 10;       // server.handshake_timeout_s: TLS/HTTP/2 handshake

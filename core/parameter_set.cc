@@ -1,5 +1,6 @@
 #include "core/parameter_set.h"
 
+#include <fnmatch.h>
 #include <openssl/sha.h>
 
 #include <algorithm>
@@ -335,6 +336,64 @@ std::string Sha256Hex(std::string_view bytes) {
     out.push_back(kHex[c & 15]);
   }
   return out;
+}
+
+StatusOr<std::vector<std::string>> MatchTensorNames(const ParameterSet& set,
+                                                    const std::vector<std::string>& patterns) {
+  std::vector<bool> hit(set.size(), false);
+  for (const std::string& p : patterns) {
+    bool any = false;
+    for (size_t i = 0; i < set.size(); ++i) {
+      if (fnmatch(p.c_str(), set.tensors()[i].name.c_str(), 0) == 0) hit[i] = any = true;
+    }
+    if (!any) {
+      std::string names;
+      for (const Tensor& t : set.tensors()) absl::StrAppend(&names, names.empty() ? "" : " ", t.name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", p, "' matches no tensor of the model (it has: ", names, ")"));
+    }
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < set.size(); ++i) {
+    if (hit[i]) out.push_back(set.tensors()[i].name);
+  }
+  return out;
+}
+
+namespace {
+ParameterSet Select(const ParameterSet& set, const std::vector<std::string>& names, bool keep) {
+  const std::unordered_set<std::string> named(names.begin(), names.end());
+  ParameterSet out;
+  for (const Tensor& t : set.tensors()) {
+    if (named.count(t.name) == static_cast<size_t>(keep)) out.mutable_tensors().push_back(t);
+  }
+  return out;
+}
+}  // namespace
+
+ParameterSet Only(const ParameterSet& set, const std::vector<std::string>& names) {
+  return Select(set, names, true);
+}
+
+ParameterSet Without(const ParameterSet& set, const std::vector<std::string>& names) {
+  return Select(set, names, false);
+}
+
+Status Overwrite(const ParameterSet& part, ParameterSet* set) {
+  std::vector<Tensor*> targets;
+  for (const Tensor& t : part.tensors()) {
+    Tensor* target = nullptr;
+    for (Tensor& u : set->mutable_tensors()) {
+      if (u.name == t.name) target = &u;
+    }
+    if (target == nullptr || target->shape != t.shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", t.name, target ? " has another shape" : " is not in the model"));
+    }
+    targets.push_back(target);
+  }
+  for (size_t i = 0; i < targets.size(); ++i) targets[i]->values = part.tensors()[i].values;
+  return absl::OkStatus();
 }
 
 }  // namespace cleave

@@ -110,6 +110,19 @@ Status CheckViews(const ParameterSet& layout, const std::vector<TensorView>& vie
 // Views of `set`'s tensors (valid while `set` lives and is not changed).
 std::vector<TensorView> ViewsOf(const ParameterSet& set);
 
+// Personal layers (FedPer / FedBN) select tensors by name.
+// The names of `set`'s tensors that match one of `patterns` (shell globs, fnmatch(3):
+// `head.*`, `*.running_*`), in `set`'s order. INVALID_ARGUMENT when a pattern matches
+// nothing, listing the names there are.
+StatusOr<std::vector<std::string>> MatchTensorNames(const ParameterSet& set,
+                                                    const std::vector<std::string>& patterns);
+// `set` with (Only) or without (Without) the tensors named in `names`, order kept.
+ParameterSet Only(const ParameterSet& set, const std::vector<std::string>& names);
+ParameterSet Without(const ParameterSet& set, const std::vector<std::string>& names);
+// Copies each tensor of `part` over the tensor of the same name in `set`.
+// INVALID_ARGUMENT (and `set` unchanged) when one is absent or shaped differently.
+Status Overwrite(const ParameterSet& part, ParameterSet* set);
+
 // Hex SHA-256 of `bytes`: the content address of a blob.
 std::string Sha256Hex(std::string_view bytes);
 

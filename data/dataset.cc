@@ -34,10 +34,12 @@ Dataset Dataset::Subset(const std::vector<int64_t>& indices) const {
   d.bytes.resize(indices.size() * eb);
   d.labels.resize(indices.size());
   if (!groups.empty()) d.groups.resize(indices.size());
+  if (!targets.empty()) d.targets.resize(indices.size());
   for (size_t i = 0; i < indices.size(); ++i) {
     std::memcpy(&d.bytes[i * eb], &bytes[indices[i] * eb], eb);
     d.labels[i] = labels[indices[i]];
     if (!groups.empty()) d.groups[i] = groups[indices[i]];
+    if (!targets.empty()) d.targets[i] = targets[indices[i]];
   }
   return d;
 }
@@ -164,6 +166,7 @@ Status ApplyCommonOptions(SpecOptions& o, Dataset& d) {
     d.bytes.resize(limit * d.example_bytes());
     d.labels.resize(limit);
     if (!d.groups.empty()) d.groups.resize(limit);
+    if (!d.targets.empty()) d.targets.resize(limit);
   }
   if (o.Has("standardise")) {
     d.Standardise();
@@ -276,7 +279,7 @@ struct Source {
 };
 
 const std::vector<std::string> kTableOptions = {"label", "header", "skip", "classes", "group",
-                                                "drop"};
+                                                "drop", "regression"};
 
 // Every data source, in one place: LoadDataSpec, DataSourceNames and the messages use it.
 const std::vector<Source>& Sources() {

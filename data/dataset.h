@@ -1,5 +1,5 @@
 // In-memory datasets (examples of any shape, stored as 8-bit values or floats, with
-// integer class labels) and the partitioners that make reproducible federated splits of
+// integer class labels or real-valued regression targets) and the partitioners that make reproducible federated splits of
 // them. No LibTorch here; models/ turns a Dataset into tensors.
 #pragma once
 
@@ -36,7 +36,10 @@ struct Dataset {
   // one value for all, or shape[0] values; empty = no normalisation.
   std::vector<float> mean, stddev;
   std::vector<uint8_t> bytes;   // size * example_bytes(), row-major, examples in order
-  std::vector<int64_t> labels;  // size
+  std::vector<int64_t> labels;  // size (all 0 for regression data)
+  // Regression data (a table's `regression` option): the target of each example; empty
+  // for classification. Only iid and natural partitions apply to it.
+  std::vector<float> targets;
   // The natural partition key, where the data has one (a folder, a file, a column):
   // groups[i] indexes group_names. Empty when the source has none.
   std::vector<int32_t> groups;

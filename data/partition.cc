@@ -166,6 +166,10 @@ StatusOr<std::vector<std::vector<int64_t>>> Partition(const std::vector<int64_t>
 StatusOr<std::vector<std::vector<int64_t>>> PartitionDataset(const Dataset& data,
                                                              const std::string& spec,
                                                              int num_clients, uint64_t seed) {
+  if (!data.targets.empty() && spec != "natural" && spec != "iid") {
+    return absl::InvalidArgumentError("partition " + spec +
+                                      ": regression data has no classes to skew (iid or natural)");
+  }
   if (spec != "natural") return Partition(data.labels, data.num_classes, spec, num_clients, seed);
   if (data.groups.empty()) {
     return absl::InvalidArgumentError(

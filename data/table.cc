@@ -51,6 +51,8 @@ StatusOr<Dataset> LoadTable(const std::string& path, char sep, SpecOptions& o) {
   ASSIGN_OR_RETURN(int64_t skip, o.Int("skip", 0, 0, INT64_MAX));
   ASSIGN_OR_RETURN(int64_t header, o.Int("header", 1, 0, 1));
   ASSIGN_OR_RETURN(int64_t classes, o.Int("classes", 0, 0, 1 << 20));
+  const bool regression = o.Has("regression");
+  if (regression && classes > 0) return absl::InvalidArgumentError("regression data has no classes");
   const std::string label_name = o.String("label", "");
   const std::string group_name = o.String("group", "");
   std::vector<std::string> drop;
@@ -132,6 +134,16 @@ StatusOr<Dataset> LoadTable(const std::string& path, char sep, SpecOptions& o) {
         return absl::InvalidArgumentError(
             absl::StrCat(where(l), ": column '", Printable(names[c]), "' is empty (missing value)"));
       }
+      if (c == static_cast<size_t>(label_col) && regression) {
+        double target = 0;
+        if (!absl::SimpleAtod(field, &target) || !std::isfinite(target)) {
+          return absl::InvalidArgumentError(absl::StrCat(where(l), ": target '", Printable(field),
+                                                         "' is not a finite number"));
+        }
+        d.targets.push_back(static_cast<float>(target));
+        d.labels.push_back(0);
+        continue;
+      }
       if (c == static_cast<size_t>(label_col)) {
         int64_t label = 0;
         if (!absl::SimpleAtoi(field, &label) || label < 0 || (classes > 0 && label >= classes)) {
@@ -153,7 +165,7 @@ StatusOr<Dataset> LoadTable(const std::string& path, char sep, SpecOptions& o) {
     }
     ++d.size;
   }
-  d.num_classes = classes > 0 ? static_cast<int>(classes) : static_cast<int>(max_label + 1);
+  d.num_classes = regression ? 1 : classes > 0 ? static_cast<int>(classes) : static_cast<int>(max_label + 1);
   d.bytes.resize(values.size() * sizeof(float));
   std::memcpy(d.bytes.data(), values.data(), d.bytes.size());
   return d;

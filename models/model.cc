@@ -285,13 +285,14 @@ struct Model::Impl {
   nn::Sequential seq{nullptr};                  // built-in models
   std::unique_ptr<FastTrainer> fast;            // seq's training step without autograd
   std::unique_ptr<torch::jit::Module> script;   // TorchScript models
+  std::unique_ptr<torch::jit::Module> loss_script;  // SetTorchScriptLoss
 
   // Cached tensors of the last dataset seen (clients train on one dataset all run long),
   // keyed by its contents: a dataset at the address of an earlier one (a temporary
   // subset, say) is not mistaken for it.
   size_t cached_key = 0;
   bool cached = false;
-  torch::Tensor x, y;
+  torch::Tensor x, y, t;  // examples, labels, regression targets (undefined if none)
 
   // Parameters, then floating-point buffers (AppendFloatBuffers).
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const {
@@ -331,11 +332,15 @@ struct Model::Impl {
                               v.size() * sizeof(v[0]));
     };
     const std::hash<std::string_view> hash;
-    const size_t key = ((hash(bytes(d.bytes)) * 31 + hash(bytes(d.labels))) * 31 +
-                        hash(bytes(d.mean))) * 31 + hash(bytes(d.stddev));
+    const size_t key = (((hash(bytes(d.bytes)) * 31 + hash(bytes(d.labels))) * 31 +
+                         hash(bytes(d.mean))) * 31 + hash(bytes(d.stddev))) * 31 +
+                       hash(bytes(d.targets));
     if (cached && cached_key == key) return;
     x = ExamplesToTensor(d);
     y = LabelsToTensor(d);
+    t = d.targets.empty() ? torch::Tensor()
+                          : torch::from_blob(const_cast<float*>(d.targets.data()), {d.size},
+                                             torch::kFloat32).clone();
     cached_key = key;
     cached = true;
   }
@@ -404,7 +409,59 @@ Status Model::SetParameters(const ParameterSet& params) {
   return absl::OkStatus();
 }
 
+Status Model::SetTorchScriptLoss(const std::string& archive) {
+  try {
+    std::istringstream in(archive);
+    auto loss = std::make_unique<torch::jit::Module>(torch::jit::load(in));
+    const auto forward = loss->find_method("forward");
+    if (!forward || forward->function().getSchema().arguments().size() != 3) {
+      return absl::InvalidArgumentError(
+          "the TorchScript loss needs forward(self, output, target) returning a scalar");
+    }
+    loss->eval();
+    impl_->loss_script = std::move(loss);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load the TorchScript loss: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
+
+// The batch's `loss` of `out` against its labels `y` (int64) or targets `t` (float):
+// the mean over the batch, or the sum when `sum`. `script` is the torchscript loss.
+torch::Tensor Loss(const std::string& loss, torch::jit::Module* script, const torch::Tensor& out,
+                   const torch::Tensor& y, const torch::Tensor& t, double label_smoothing,
+                   bool sum = false) {
+  namespace F = torch::nn::functional;
+  if (loss == "torchscript") {
+    TORCH_CHECK(script != nullptr, "no TorchScript loss loaded");
+    auto mean = script->forward({out, t.defined() ? t : y}).toTensor();
+    TORCH_CHECK(mean.numel() == 1 && mean.is_floating_point(),
+                "the TorchScript loss must return a floating-point scalar, not a tensor of shape ",
+                mean.sizes());
+    return sum ? mean.reshape({}) * out.size(0) : mean.reshape({});
+  }
+  if (loss == "bce") {
+    auto o = F::BinaryCrossEntropyWithLogitsFuncOptions();
+    if (sum) o.reduction(torch::kSum);
+    return F::binary_cross_entropy_with_logits(out.reshape({-1}), y.to(torch::kFloat32), o);
+  }
+  if (loss == "mse") {
+    auto o = F::MSELossFuncOptions();
+    if (sum) o.reduction(torch::kSum);
+    return F::mse_loss(out.reshape({-1}), t, o);
+  }
+  if (loss == "mae") {
+    auto o = F::L1LossFuncOptions();
+    if (sum) o.reduction(torch::kSum);
+    return F::l1_loss(out.reshape({-1}), t, o);
+  }
+  auto o = F::CrossEntropyFuncOptions().label_smoothing(label_smoothing);
+  if (sum) o.reduction(torch::kSum);
+  return F::cross_entropy(out, y, o);
+}
 
 // One optimizer step on `params` with their accumulated gradients (which it zeroes), as
 // torch.optim defines SGD, Adam and AdamW, after the FedProx term and gradient clipping
@@ -489,6 +546,12 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
   if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw") {
     return absl::InvalidArgumentError("unknown optimizer '" + o.optimizer + "' (sgd, adam, adamw)");
   }
+  if (std::find(kLosses.begin(), kLosses.end(), o.loss) == kLosses.end()) {
+    return absl::InvalidArgumentError("unknown loss '" + o.loss + "'");
+  }
+  if (o.loss != "torchscript" && (o.loss == "mse" || o.loss == "mae") != !data.targets.empty()) {
+    return absl::InvalidArgumentError("loss " + o.loss + " does not suit this data's labels");
+  }
   const auto start = std::chrono::steady_clock::now();
   TrainStats stats;
   try {
@@ -499,8 +562,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
     }
     LocalOptimizer optimizer(params, o);
     // FastTrainer's loss is plain cross-entropy.
-    const bool fast = impl_->fast && o.label_smoothing == 0;
-    const auto ce = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing);
+    const bool fast = impl_->fast && o.loss == "cross_entropy" && o.label_smoothing == 0;
     impl_->SetTraining(true);
     auto gen = at::detail::createCPUGenerator(o.seed);
     const int64_t n = data.size;
@@ -514,6 +576,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
       auto perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
       const auto xs = impl_->x.index_select(0, perm);
       const auto ys = impl_->y.index_select(0, perm);
+      const auto ts = impl_->t.defined() ? impl_->t.index_select(0, perm) : torch::Tensor();
       loss_sum = 0;  // the loss reported is the last (possibly partial) epoch's
       loss_count = 0;
       for (int64_t b = 0; b < n && steps < total_steps; b += o.batch_size, ++steps) {
@@ -529,7 +592,8 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
         if (fast) {
           loss = impl_->fast->ForwardBackward(xb, yb);
         } else {
-          auto l = torch::nn::functional::cross_entropy(impl_->Forward(xb), yb, ce);
+          auto l = Loss(o.loss, impl_->loss_script.get(), impl_->Forward(xb), yb,
+                        ts.defined() ? ts.slice(0, b, e) : ts, o.label_smoothing);
           l.backward();
           loss = l.item<double>();
         }
@@ -552,28 +616,90 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
   return stats;
 }
 
-StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size) const {
+StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
+                                    const std::string& loss) const {
   if (data.size == 0) return absl::FailedPreconditionError("no evaluation data");
+  if (std::find(kLosses.begin(), kLosses.end(), loss) == kLosses.end()) {
+    return absl::InvalidArgumentError("unknown loss '" + loss + "'");
+  }
+  const bool regression = !data.targets.empty();
+  if (loss != "torchscript" && (loss == "mse" || loss == "mae") != regression) {
+    return absl::InvalidArgumentError("loss " + loss + " does not suit this data's labels");
+  }
   EvalStats s;
   try {
     torch::NoGradGuard no_grad;
     impl_->PrepareData(data);
     impl_->SetTraining(false);
-    int64_t correct = 0;
-    double loss_sum = 0;
+    double loss_sum = 0, abs_sum = 0, sq_sum = 0;
+    int64_t correct = 0, top5 = 0, tp = 0, fp = 0, fn = 0;
+    bool binary_task = false;
+    std::vector<int64_t> class_correct, class_total;
     for (int64_t b = 0; b < data.size; b += batch_size) {
       const int64_t e = std::min(data.size, b + batch_size);
-      auto logits = impl_->Forward(impl_->x.slice(0, b, e));
+      auto out = impl_->Forward(impl_->x.slice(0, b, e));
       auto yb = impl_->y.slice(0, b, e);
-      loss_sum += torch::nn::functional::cross_entropy(
-                      logits, yb,
-                      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                      .item<double>();
-      correct += logits.argmax(1).eq(yb).sum().item<int64_t>();
+      auto tb = regression ? impl_->t.slice(0, b, e) : torch::Tensor();
+      loss_sum += Loss(loss, impl_->loss_script.get(), out, yb, tb, 0, /*sum=*/true).item<double>();
+      // A TorchScript loss's task follows from the data and the model's outputs.
+      const bool binary = !regression && (loss == "bce" || (loss == "torchscript" && out.dim() <= 2 &&
+                                                            out.numel() == out.size(0)));
+      if (regression) {
+        TORCH_CHECK(out.numel() == tb.numel(), "regression needs one output per example, not ",
+                    out.sizes());
+        auto err = out.reshape({-1}) - tb;
+        abs_sum += err.abs().sum().item<double>();
+        sq_sum += (err * err).sum().item<double>();
+      } else if (binary) {
+        binary_task = true;
+        auto pred = out.reshape({-1}).gt(0).to(torch::kInt64);
+        correct += pred.eq(yb).sum().item<int64_t>();
+        tp += (pred * yb).sum().item<int64_t>();
+        fp += (pred * (1 - yb)).sum().item<int64_t>();
+        fn += ((1 - pred) * yb).sum().item<int64_t>();
+      } else {
+        TORCH_CHECK(out.dim() == 2, "classification needs outputs of shape [N, classes], not ",
+                    out.sizes());
+        auto pred = out.argmax(1);
+        auto hit = pred.eq(yb);
+        correct += hit.sum().item<int64_t>();
+        const int64_t classes = out.size(1);
+        if (classes >= 5) {
+          top5 += std::get<1>(out.topk(5, 1)).eq(yb.unsqueeze(1)).any(1).sum().item<int64_t>();
+        }
+        class_total.resize(classes);
+        class_correct.resize(classes);
+        auto totals = torch::bincount(yb, {}, classes);
+        auto hits = torch::bincount(yb.masked_select(hit), {}, classes);
+        for (int64_t c = 0; c < classes; ++c) {
+          class_total[c] += totals[c].item<int64_t>();
+          class_correct[c] += hits[c].item<int64_t>();
+        }
+      }
     }
+    const double n = static_cast<double>(data.size);
     s.examples = data.size;
-    s.accuracy = static_cast<double>(correct) / data.size;
-    s.loss = loss_sum / data.size;
+    s.loss = loss_sum / n;
+    if (regression) {
+      s.metrics["mae"] = abs_sum / n;
+      s.metrics["rmse"] = std::sqrt(sq_sum / n);
+    } else {
+      s.accuracy = correct / n;
+    }
+    if (binary_task) {
+      const double precision = tp + fp > 0 ? double(tp) / (tp + fp) : 0;
+      const double recall = tp + fn > 0 ? double(tp) / (tp + fn) : 0;
+      s.metrics["precision"] = precision;
+      s.metrics["recall"] = recall;
+      s.metrics["f1"] = precision + recall > 0 ? 2 * precision * recall / (precision + recall) : 0;
+    }
+    if (!regression && !binary_task) {
+      if (class_total.size() >= 5) s.metrics["top5_accuracy"] = top5 / n;
+      for (size_t c = 0; c < class_total.size(); ++c) {
+        s.per_class_accuracy.push_back(class_total[c] > 0 ? double(class_correct[c]) / class_total[c]
+                                                          : std::nan(""));
+      }
+    }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("evaluation failed: ", e.what_without_backtrace()));
   }
@@ -592,16 +718,34 @@ int Model::num_stages() const {
   return static_cast<int>(impl_->seq->size());
 }
 
-Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& what) {
+Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& loss,
+                          const std::string& what) {
   if (data.shape != spec.input_shape) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": examples are ", absl::StrJoin(data.shape, "x"), " but the model takes ",
                      absl::StrJoin(spec.input_shape, "x"), " (model.input; resize with the data "
                      "spec's size=HxW and channels=)"));
   }
+  const bool regression = loss == "mse" || loss == "mae";
+  if (loss != "torchscript" && regression != !data.targets.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, regression ? ": loss " + loss + " needs regression targets (a table's `regression` option)"
+                         : ": regression targets need loss mse or mae, not " + loss));
+  }
+  if (loss != "cross_entropy" && loss != "torchscript" && spec.num_classes != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("loss ", loss, " needs a model with one output "
+                                                   "(model.classes: 1), not ", spec.num_classes));
+  }
   int64_t max_label = -1;
   for (int64_t l : data.labels) max_label = std::max(max_label, l);
-  if (max_label >= spec.num_classes) {
+  if (loss == "bce" && max_label > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": label ", max_label, " but loss bce takes labels 0 and 1"));
+  }
+  // Class labels (a TorchScript loss's too, for a model with several outputs).
+  const bool classes = loss == "cross_entropy" ||
+                       (loss == "torchscript" && data.targets.empty() && spec.num_classes > 1);
+  if (classes && max_label >= spec.num_classes) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": label ", max_label,
                                                    " but the model has ", spec.num_classes,
                                                    " classes (model.classes)"));

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +56,7 @@ struct LocalTrainOptions {
   double momentum = 0.0;
   bool nesterov = false;
   double weight_decay = 0.0;
+  std::string loss = "cross_entropy";  // one of kLosses
   double clip_norm = 0.0;        // > 0: clip the gradient's global L2 norm to this
   double label_smoothing = 0.0;  // cross-entropy's label smoothing, in [0, 1)
   double proximal_mu = 0.0;  // FedProx: adds mu/2 * ||w - w_start||^2 to the loss
@@ -70,10 +72,20 @@ struct TrainStats {
 };
 
 struct EvalStats {
-  double accuracy = 0;
-  double loss = 0;
+  double accuracy = 0;  // classification and binary
+  double loss = 0;      // the mean of the task's loss
   int64_t examples = 0;
+  // The task's other metrics: classification: top5_accuracy (5 classes or more);
+  // binary: precision, recall, f1 (of class 1); regression: mae, rmse.
+  std::map<std::string, double> metrics;
+  std::vector<double> per_class_accuracy;  // classification: per label (NaN: none in data)
 };
+
+// The losses Train and Evaluate know: cross_entropy (classification, `classes` outputs),
+// bce (binary: one logit, labels 0 or 1), mse and mae (regression: one output,
+// Dataset::targets), torchscript (the module SetTorchScriptLoss loaded).
+inline const std::vector<std::string> kLosses = {"cross_entropy", "bce", "mse", "mae",
+                                                 "torchscript"};
 
 class Model {
  public:
@@ -87,10 +99,19 @@ class Model {
   // Copies `params` in. INVALID_ARGUMENT unless the layout equals Parameters()'s.
   Status SetParameters(const ParameterSet& params);
 
-  // Trains on `data` (cross-entropy loss) with the options' optimizer.
+  // Loads the loss for loss "torchscript": a scripted module whose forward(output,
+  // target) returns the batch's mean loss as a scalar, `target` being the labels (int64)
+  // or, for regression data, the targets (float32). INVALID_ARGUMENT when the archive
+  // does not load or its forward does not take two arguments.
+  Status SetTorchScriptLoss(const std::string& archive);
+
+  // Trains on `data` with the options' loss and optimizer.
   StatusOr<TrainStats> Train(const Dataset& data, const LocalTrainOptions& options);
-  // Accuracy and mean cross-entropy on `data`.
-  StatusOr<EvalStats> Evaluate(const Dataset& data, int batch_size) const;
+  // The mean `loss` and the task's metrics on `data`. The task follows from the loss and
+  // the data: regression (targets), binary (bce, or torchscript with one output) or
+  // classification.
+  StatusOr<EvalStats> Evaluate(const Dataset& data, int batch_size,
+                               const std::string& loss = "cross_entropy") const;
 
   int num_stages() const;
 
@@ -100,9 +121,13 @@ class Model {
   std::unique_ptr<Impl> impl_;
 };
 
-// OK when `data`'s examples have the model's input shape and its labels are below the
-// model's class count; else INVALID_ARGUMENT naming `what` (the data's origin) and both.
-Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& what);
+// OK when `data`'s examples have the model's input shape and its labels or targets suit
+// `loss` and the model's outputs (cross_entropy: labels below num_classes; bce: one
+// output, labels 0 or 1; mse, mae: one output, regression targets; torchscript: labels
+// below num_classes when that is > 1, else anything); else
+// INVALID_ARGUMENT naming `what` (the data's origin) and both.
+Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& loss,
+                          const std::string& what);
 
 // Sets LibTorch's intra-op thread count for this process.
 void SetTorchThreads(int threads);

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "aggregation/strategy.h"
 #include "aggregation/weighting.h"
 #include "compression/codec.h"
@@ -115,9 +116,20 @@ std::string MetricsJson(const RoundMetrics& m) {
                        m.bytes_down ? double(m.bytes_down_fp32) / m.bytes_down : 1.0},
                       {"wall_s", m.wall_s},
                       {"elapsed_s", m.elapsed_s}};
+  if (m.evaluation_only) {
+    j.erase("train_loss");
+    j["evaluation_only"] = true;
+  }
   if (m.evaluated) {
     j["test_accuracy"] = m.test_accuracy;
     j["test_loss"] = m.test_loss;
+    for (const auto& [k, v] : m.test_metrics) j["test_" + k] = v;
+    if (!m.test_per_class_accuracy.empty()) {
+      auto& per_class = j["test_per_class_accuracy"] = nlohmann::json::array();
+      for (double a : m.test_per_class_accuracy) {
+        per_class.push_back(std::isnan(a) ? nlohmann::json(nullptr) : nlohmann::json(a));
+      }
+    }
   }
   if (m.split) {
     j["activation_bytes_up"] = m.activation_bytes_up;
@@ -134,8 +146,12 @@ std::string MetricsJson(const RoundMetrics& m) {
     j["client_eval"] = {{"clients", e.clients},           {"examples", e.examples},
                         {"accuracy", e.accuracy},         {"loss", e.loss},
                         {"accuracy_min", e.accuracy_min}, {"accuracy_median", e.accuracy_median},
-                        {"accuracy_max", e.accuracy_max}, {"seconds", e.seconds},
+                        {"accuracy_max", e.accuracy_max}, {"loss_min", e.loss_min},
+                        {"loss_median", e.loss_median}, {"loss_max", e.loss_max},
+                        {"seconds", e.seconds},
                         {"train_seconds", e.train_seconds}};
+    for (const auto& [k, v] : e.metrics) j["client_eval"][k] = v;
+    if (m.evaluation_only) j["client_eval"].erase("train_seconds");  // nothing trained
   }
   for (const auto& [k, v] : m.strategy_stats) j[k] = v;
   return j.dump();
@@ -177,13 +193,15 @@ struct TaskRecord {
   // Federated evaluation reported with the upload; examples = 0 when none.
   v1::ClientEvaluation evaluation;
   double train_seconds = 0;
+  bool evaluate_only = false;  // an evaluation task: its upload is an empty parameter set
 };
 
 // The round's federated evaluation from the tasks that reported one.
 RoundMetrics::ClientEvaluations SummariseEvaluations(const std::vector<const TaskRecord*>& tasks) {
   RoundMetrics::ClientEvaluations e;
   if (tasks.empty()) return e;
-  std::vector<double> accuracies;
+  std::vector<double> accuracies, losses;
+  std::map<std::string, int64_t> metric_examples;  // a client may omit a metric
   for (const TaskRecord* t : tasks) {
     const auto& r = t->evaluation;
     ++e.clients;
@@ -193,16 +211,26 @@ RoundMetrics::ClientEvaluations SummariseEvaluations(const std::vector<const Tas
     e.seconds += r.seconds();
     e.train_seconds += t->train_seconds;
     accuracies.push_back(r.accuracy());
+    losses.push_back(r.loss());
+    for (const auto& [k, v] : r.metrics()) {
+      e.metrics[k] += v * r.examples();
+      metric_examples[k] += r.examples();
+    }
   }
   e.accuracy /= e.examples;
   e.loss /= e.examples;
+  for (auto& [k, v] : e.metrics) v /= metric_examples[k];
   e.seconds /= e.clients;
   e.train_seconds /= e.clients;
-  std::sort(accuracies.begin(), accuracies.end());
-  const size_t n = accuracies.size();
-  e.accuracy_min = accuracies.front();
-  e.accuracy_max = accuracies.back();
-  e.accuracy_median = n % 2 ? accuracies[n / 2] : (accuracies[n / 2 - 1] + accuracies[n / 2]) / 2;
+  auto spread = [](std::vector<double> v, double* min, double* median, double* max) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    *min = v.front();
+    *max = v.back();
+    *median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  spread(accuracies, &e.accuracy_min, &e.accuracy_median, &e.accuracy_max);
+  spread(losses, &e.loss_min, &e.loss_median, &e.loss_max);
   return e;
 }
 
@@ -417,13 +445,19 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // paper does) and hands the change to the strategy. Runs on the round thread without
   // mu_ (it owns model_ then).
   Status SetFlTrustReference(const ParameterSet& global, const FitSettings& fit);
-  // Distributed DP: clipped, noised updates count equally.
   // Distributed DP and aggregation.weighting: equal: every masked update counts the same.
   bool UniformSecAggWeights() const {
     return (cfg_.dp.enabled && cfg_.dp.noise == "distributed") || round_weights_.equal();
   }
-  StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l);
+  // Runs the next round to its aggregate and publishes the new model (Commit then
+  // evaluates and persists it). `evaluate_only`: instead, the connected clients measure
+  // the last committed model on their held-out data (the final evaluation); nothing is
+  // aggregated and the model stays.
+  StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l, bool evaluate_only = false);
   Status Commit(RoundMetrics* m);
+  // After the last round: the final model's federated evaluation, when clients hold
+  // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
+  void FinalEvaluation(double elapsed_s);
   Status LoadCheckpoint();
   // The serialized checkpoint of the last committed round.
   std::string CheckpointLocked(double elapsed_s) const;
@@ -489,6 +523,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // The current round's secure aggregation (secure_aggregation.enabled), else null.
   std::unique_ptr<SecAggRound> secagg_;
   int round_clients_ = 0;  // clients sampled for the current round
+  bool evaluating_ = false;  // the current round is evaluation only
+  bool clients_evaluate_ = false;  // some client has reported a federated evaluation
   RoundWeights round_weights_;  // the current round's bound on declared example counts
   Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
   std::mt19937_64 rng_;            // client sampling (checkpointed)
@@ -497,7 +533,16 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // The fp32 encoding size of model and part blobs (by digest), for compression ratios.
   std::map<std::string, int64_t> fp32_sizes_;
   ParameterSet global_;
+  // model.personal's tensors: they stay on the devices. Updates, the strategy and secure
+  // aggregation see shared_layout_ (global_ without them); global_ keeps their initial
+  // values (clients start from them).
+  std::vector<std::string> personal_;
+  ParameterSet shared_layout_;  // its values are not kept up to date: a layout only
+  // The layout of an update (and of the strategy's sums).
+  const ParameterSet& UpdateLayout() const { return personal_.empty() ? global_ : shared_layout_; }
   std::string model_digest_;
+  std::string loss_digest_;  // the TorchScript loss's blob (train.loss: torchscript)
+  int64_t loss_size_ = 0;
   int64_t committed_round_ = 0;
   int64_t current_round_ = 0;  // round in progress; 0 when none
   std::map<std::string, TaskRecord> tasks_;  // tasks of the current round
@@ -1714,6 +1759,14 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
           "evaluation: examples must be in [1, ", 9 * s->num_examples,
           "], accuracy in [0, 1], loss and seconds finite and >= 0"));
     }
+    for (const auto& [k, v] : e.metrics()) {
+      const bool fraction = k == "top5_accuracy" || k == "precision" || k == "recall" || k == "f1";
+      if (!(fraction || k == "mae" || k == "rmse") || !std::isfinite(v) || v < 0 ||
+          (fraction && v > 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "evaluation: metric '", Printable(k), "' unknown or out of range"));
+      }
+    }
   }
   const int64_t expected = t->second.expected_size;
   if (h.total_size() != expected) {
@@ -1753,7 +1806,13 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
     return absl::FailedPreconditionError(
         absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
   }
-  const ParameterSet& layout = t->second.split ? t->second.part : global_;
+  static const ParameterSet kNothing;  // an evaluation task's upload
+  const ParameterSet& layout = t->second.split           ? t->second.part
+                               : t->second.evaluate_only ? kNothing
+                                                         : UpdateLayout();
+  if (t->second.evaluate_only && h.evaluation().examples() == 0) {
+    return absl::InvalidArgumentError("an evaluation task's upload must carry its evaluation");
+  }
   const int64_t weight = round_weights_.Weight(h.num_examples());
   if (h.codec() == kSecAggCodec) {
     // A masked input: checked and added into the round's sum mod M. The strategy gets
@@ -1780,7 +1839,7 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
       }
       RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, weight));
       t->second.stats = h.split();
-    } else {
+    } else if (!t->second.evaluate_only) {
       strategy_->Accumulate(views, weight);
     }
   }
@@ -1791,10 +1850,16 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   t->second.train_loss = h.train_loss();
   t->second.num_examples = weight;
   t->second.evaluation = h.evaluation();
+  if (h.evaluation().examples() > 0) clients_evaluate_ = true;
   t->second.train_seconds = h.train_seconds();
-  spdlog::info("round {}: update from {} accepted ({} examples, weight {}, loss {:.4f}, {:.1f}s)",
-               current_round_, h.client_id(), h.num_examples(), weight, h.train_loss(),
-               h.train_seconds());
+  if (t->second.evaluate_only) {
+    spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
+                 current_round_, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
+  } else {
+    spdlog::info("round {}: update from {} accepted ({} examples, weight {}, loss {:.4f}, {:.1f}s)",
+                 current_round_, h.client_id(), h.num_examples(), weight, h.train_loss(),
+                 h.train_seconds());
+  }
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -1853,17 +1918,42 @@ Status Server::Impl::Init() {
   if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
   model_ = *std::move(model);
   global_ = model_->Parameters();
+  if (cfg_.train.loss == "torchscript") {  // sent to clients as a blob, like a model archive
+    ASSIGN_OR_RETURN(std::string archive, ReadFile(cfg_.train.loss_path));
+    if (Status s = model_->SetTorchScriptLoss(archive); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("train.loss_path: ", s.message()));
+    }
+    auto blob = std::make_shared<const std::string>(std::move(archive));
+    loss_digest_ = Sha256Hex(*blob);
+    loss_size_ = static_cast<int64_t>(blob->size());
+    blobs_[loss_digest_] = std::move(blob);
+    pinned_blobs_.insert(loss_digest_);
+  }
   if (opts_.initial_model) {
     if (opts_.evaluate && !opts_.initial_model->SameLayout(global_)) {
       return absl::InvalidArgumentError("initial_model does not match the model's layout");
     }
     global_ = *opts_.initial_model;
   }
+  if (!cfg_.model.personal.empty()) {
+    auto personal = MatchTensorNames(global_, cfg_.model.personal);
+    if (!personal.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.personal: ", personal.status().message()));
+    }
+    personal_ = *std::move(personal);
+    if (personal_.size() == global_.size()) {
+      return absl::InvalidArgumentError("model.personal: matches every tensor; nothing is federated");
+    }
+    shared_layout_ = Without(global_, personal_);
+    for (const std::string& n : personal_) model_desc_.add_personal(n);
+    spdlog::info("personal layers: {} of {} tensors stay on the clients ({})", personal_.size(),
+                 global_.size(), absl::StrJoin(personal_, " "));
+  }
   if (opts_.evaluate) {
     auto test = LoadDataSpec(cfg_.data.test, /*train=*/false);
     if (!test.ok()) return absl::InvalidArgumentError(absl::StrCat("data.test: ", test.status().message()));
     test_ = *std::move(test);
-    RETURN_IF_ERROR(CheckDataFitsModel(test_, spec, "data.test"));
+    RETURN_IF_ERROR(CheckDataFitsModel(test_, spec, cfg_.train.loss, "data.test"));
     if (cfg_.data.test_limit > 0 && cfg_.data.test_limit < test_.size) {
       std::vector<int64_t> idx(cfg_.data.test_limit);
       for (int64_t i = 0; i < cfg_.data.test_limit; ++i) idx[i] = i;
@@ -1878,7 +1968,7 @@ Status Server::Impl::Init() {
           absl::StrCat("aggregation.root_data: ", root.status().message()));
     }
     root_ = *std::move(root);
-    RETURN_IF_ERROR(CheckDataFitsModel(root_, spec, "aggregation.root_data"));
+    RETURN_IF_ERROR(CheckDataFitsModel(root_, spec, cfg_.train.loss, "aggregation.root_data"));
   }
   if (CodecFamily(cfg_.compression.update) != "none") {
     auto codec = MakeCodec(cfg_.compression.update);
@@ -2245,6 +2335,9 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
   tc->set_weight_decay(fit.weight_decay);
   tc->set_proximal_mu(fit.proximal_mu);
   tc->set_optimizer(fit.optimizer);
+  tc->set_loss(fit.loss);
+  tc->set_loss_digest(loss_digest_);
+  tc->set_loss_size(loss_size_);
   tc->set_nesterov(fit.nesterov);
   tc->set_local_steps(fit.local_steps);
   tc->set_clip_norm(fit.clip_norm);
@@ -2253,6 +2346,17 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
   task->set_deadline_unix_ms(deadline_ms);
   TaskRecord rec;
   rec.client_id = cid;
+  if (evaluating_) {
+    task->set_task_id(absl::StrCat("e", round, "-", cid));
+    task->set_evaluate_only(true);
+    task->set_model_digest(model_digest_);
+    task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
+    if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
+    rec.evaluate_only = true;
+    rec.expected_size = static_cast<int64_t>(ParameterSet().EncodedSize());
+    tasks_[task->task_id()] = std::move(rec);
+    return msg;
+  }
   if (split_round_) {
     // The client part, published as a blob of its own (parts at the same cut are the
     // same bytes, so they share one blob; in sl each turn has its own).
@@ -2279,12 +2383,12 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
   } else {
     task->set_model_digest(model_digest_);
     task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
-    rec.expected_size = static_cast<int64_t>(global_.EncodedSize());
+    rec.expected_size = static_cast<int64_t>(UpdateLayout().EncodedSize());
   }
   if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
   if (update_codec_) {
     rec.codec = cfg_.compression.update;
-    rec.expected_size = EncodedTensorsSize(*update_codec_, rec.split ? rec.part : global_);
+    rec.expected_size = EncodedTensorsSize(*update_codec_, rec.split ? rec.part : UpdateLayout());
     task->set_update_codec(rec.codec);
   }
   if (secagg_) {
@@ -2363,8 +2467,9 @@ StatusOr<std::vector<std::string>> Server::Impl::BeginSplitRoundLocked(
   return chosen;
 }
 
-StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
-  const int64_t round = committed_round_ + 1;
+StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
+                                              bool evaluate_only) {
+  const int64_t round = evaluate_only ? committed_round_ : committed_round_ + 1;
   // Wait for enough clients.
   phase_ = "waiting for clients";
   const auto join_deadline =
@@ -2382,7 +2487,13 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   if (stopping_) return absl::CancelledError("stopped");
 
   const auto start = Clock::now();  // wall_s: from sampling to commit
-  RoundPlan plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
+  RoundPlan plan;
+  if (evaluate_only) {  // every connected client; the strategy's state is left alone
+    plan.clients = AvailableLocked();
+    plan.fit.loss = cfg_.train.loss;
+  } else {
+    plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
+  }
   if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
   round_clients_ = std::max<int>(1, plan.clients.size());
   {
@@ -2390,7 +2501,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     for (const auto& cid : plan.clients) declared.push_back(sessions_[cid].num_examples);
     round_weights_ = RoundWeights(cfg_.aggregation, declared);
   }
-  strategy_->BeginRound(global_);
+  if (!evaluate_only) strategy_->BeginRound(UpdateLayout());
+  evaluating_ = evaluate_only;
   tasks_.clear();
   turns_.clear();
   current_round_ = round;
@@ -2443,7 +2555,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   };
   send(first);
   spdlog::info("round {}: {} clients selected", round, plan.clients.size());
-  phase_ = "training";
+  phase_ = evaluate_only ? "evaluating" : "training";
   int lost_turns = 0;  // sl: clients gone before their turn came
   Status secagg_status = secagg_ ? RunSecAggStagesLocked(l, deadline) : absl::OkStatus();
   while (!secagg_ && !stopping_ && Clock::now() < deadline) {
@@ -2462,6 +2574,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     cv_.wait_until(l, std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
     ExpireSilent(l);
   }
+  evaluating_ = false;
   if (stopping_) {
     current_round_ = 0;
     return absl::CancelledError("stopped");
@@ -2533,15 +2646,21 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
   m.bytes_down = bytes_down_;
   m.bytes_up_fp32 = m.bytes_up + saved_up_;
   m.bytes_down_fp32 = m.bytes_down + saved_down_;
-  if (m.participants < quorum) {
+  if (m.participants < quorum && !evaluate_only) {
     return absl::AbortedError(absl::StrCat("round ", round, ": ", m.participants, " of ",
                                            selected, " results, quorum is ", quorum));
+  }
+  if (evaluate_only) {  // clients without held-out data decline; any result counts
+    if (m.participants == 0) return absl::AbortedError("no client evaluated the model");
+    m.evaluation_only = true;
+    m.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+    return m;
   }
   m.train_loss = weight ? loss_sum / weight : 0;
   // The server update, encoding and hashing of a large model take a while: do them on a
   // copy without the lock. The round is closed (current_round_ == 0), so no upload
   // touches the strategy meanwhile, and readers of global_ see the previous model.
-  ParameterSet next = global_;
+  ParameterSet next = personal_.empty() ? global_ : Without(global_, personal_);
   std::shared_ptr<SplitRound> split_round = std::move(split_round_);
   l.unlock();
   Status finished = absl::OkStatus();
@@ -2551,9 +2670,14 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l) {
     if (aggregated.ok()) next = *std::move(aggregated);
   } else {
     if (secagg) finished = AccumulateSecAgg(*secagg, weight, next);
-    if (finished.ok() && root_.size > 0) finished = SetFlTrustReference(next, plan.fit);
+    if (finished.ok() && root_.size > 0) finished = SetFlTrustReference(global_, plan.fit);
     if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
     if (finished.ok()) m.strategy_stats = strategy_->RoundStats();
+    if (finished.ok() && !personal_.empty()) {  // the shared tensors into the whole model
+      ParameterSet whole = global_;
+      finished = Overwrite(next, &whole);
+      next = std::move(whole);
+    }
   }
   if (finished.ok()) {
     // Never commit (nor checkpoint, nor send) a model that is not finite, whatever
@@ -2595,7 +2719,7 @@ Status Server::Impl::BeginSecAggLocked(int64_t round, const std::vector<std::str
     }
   }
   secagg_ = std::make_unique<SecAggRound>(c, absl::StrCat(run_id_, "|round ", round), clients,
-                                          global_.total_elements(), max_weight, rng_());
+                                          UpdateLayout().total_elements(), max_weight, rng_());
   return absl::OkStatus();
 }
 
@@ -2679,6 +2803,7 @@ Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSe
   o.local_steps = fit.local_steps;
   o.batch_size = fit.batch_size;
   o.optimizer = fit.optimizer;
+  o.loss = fit.loss;
   o.lr = fit.lr;
   o.momentum = fit.momentum;
   o.nesterov = fit.nesterov;
@@ -2687,10 +2812,11 @@ Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSe
   o.label_smoothing = fit.label_smoothing;
   o.seed = cfg_.run.seed;
   RETURN_IF_ERROR(model_->Train(root_, o).status());
-  ParameterSet update = model_->Parameters();
+  ParameterSet update = Without(model_->Parameters(), personal_);
+  const ParameterSet base = Without(global, personal_);
   for (size_t i = 0; i < update.size(); ++i) {
     auto& v = update.mutable_tensors()[i].values;
-    for (size_t j = 0; j < v.size(); ++j) v[j] -= global.tensors()[i].values[j];
+    for (size_t j = 0; j < v.size(); ++j) v[j] -= base.tensors()[i].values[j];
   }
   double sq = 0;
   for (const auto& t : update.tensors()) {
@@ -2702,15 +2828,50 @@ Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSe
   return absl::OkStatus();
 }
 
+void Server::Impl::FinalEvaluation(double elapsed_s) {
+  StatusOr<RoundMetrics> m;
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    // Not in split rounds nor under secure aggregation: clients report no evaluation
+    // there (one client's numbers would show what masking hides).
+    if (!cfg_.server.final_evaluation || !clients_evaluate_ || split_mode_ ||
+        cfg_.secure_aggregation.enabled || stopping_) {
+      return;
+    }
+    spdlog::info("final evaluation of round {}'s model by the clients", committed_round_);
+    m = RunRound(l, /*evaluate_only=*/true);
+  }
+  if (!m.ok()) {
+    spdlog::warn("final evaluation: {}", std::string(m.status().message()));
+    return;
+  }
+  m->elapsed_s = elapsed_s;
+  spdlog::info("final evaluation: accuracy {:.4f}, loss {:.4f} on {} examples of {} clients",
+               m->client_eval.accuracy, m->client_eval.loss, m->client_eval.examples,
+               m->client_eval.clients);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    total_bytes_up_ += m->bytes_up;
+    total_bytes_down_ += m->bytes_down;
+    history_.push_back(*m);
+  }
+  if (opts_.run_dir.empty()) return;
+  if (Status s = run_files_->AppendLog(MetricsJson(*m)); !s.ok()) {
+    spdlog::warn("final evaluation not recorded: {}", std::string(s.message()));
+  }
+}
+
 Status Server::Impl::Commit(RoundMetrics* m) {
   // Called without mu_ held: evaluation and disk writes take a while, and reactors must
   // not wait for them.
   if (opts_.evaluate) {
     RETURN_IF_ERROR(model_->SetParameters(GlobalModel()));
-    ASSIGN_OR_RETURN(EvalStats ev, model_->Evaluate(test_, cfg_.server.eval_batch_size));
+    ASSIGN_OR_RETURN(EvalStats ev, model_->Evaluate(test_, cfg_.server.eval_batch_size, cfg_.train.loss));
     m->evaluated = true;
     m->test_accuracy = ev.accuracy;
     m->test_loss = ev.loss;
+    m->test_metrics = ev.metrics;
+    m->test_per_class_accuracy = ev.per_class_accuracy;
   }
   std::string checkpoint;
   {
@@ -2791,7 +2952,8 @@ Status Server::Impl::Run() {
   if (committed_round_ == 0 && opts_.evaluate) {  // baseline: the initial model
     RoundMetrics m0;
     RETURN_IF_ERROR(model_->SetParameters(GlobalModel()));
-    ASSIGN_OR_RETURN(EvalStats ev, model_->Evaluate(test_, cfg_.server.eval_batch_size));
+    ASSIGN_OR_RETURN(EvalStats ev,
+                     model_->Evaluate(test_, cfg_.server.eval_batch_size, cfg_.train.loss));
     spdlog::info("initial model: test accuracy {:.4f}, loss {:.4f}", ev.accuracy, ev.loss);
     std::lock_guard<std::mutex> l(mu_);
     last_accuracy_ = ev.accuracy;
@@ -2835,6 +2997,7 @@ Status Server::Impl::Run() {
         m->round, m->test_accuracy, m->test_loss, m->train_loss, m->participants, m->failures,
         m->bytes_up, m->bytes_down, m->wall_s);
   }
+  if (result.ok()) FinalEvaluation(elapsed());
   if (result.code() == absl::StatusCode::kCancelled) {
     // Stopped, not finished: a server restarted on the same run directory resumes the
     // run, so its clients should keep trying to reconnect rather than exit.

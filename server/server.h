@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/parameter_set.h"
@@ -42,9 +43,14 @@ struct ServerOptions {
 // What one committed round produced; also one line of metrics.jsonl.
 struct RoundMetrics {
   int64_t round = 0;
+  // The final evaluation: clients measured the model of `round` (already committed);
+  // nothing was trained or aggregated.
+  bool evaluation_only = false;
   bool evaluated = false;  // on data.test by the server (server.evaluate)
   double test_accuracy = 0;
   double test_loss = 0;
+  std::map<std::string, double> test_metrics;  // EvalStats::metrics
+  std::vector<double> test_per_class_accuracy;
   double train_loss = 0;
   int participants = 0;
   int failures = 0;
@@ -75,8 +81,10 @@ struct RoundMetrics {
     int64_t examples = 0;
     double accuracy = 0, loss = 0;
     double accuracy_min = 0, accuracy_median = 0, accuracy_max = 0;
+    double loss_min = 0, loss_median = 0, loss_max = 0;
     double seconds = 0;        // mean per client
     double train_seconds = 0;  // mean training time of the same clients, for scale
+    std::map<std::string, double> metrics;  // the loss's other metrics, weighted means
   };
   ClientEvaluations client_eval;
   // What the strategy adds (DP: epsilon, delta, dp_clip, dp_noise_std, ...).

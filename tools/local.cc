@@ -99,9 +99,18 @@ std::string Bytes(double b) {
   return absl::StrFormat("%.0f B", b);
 }
 
-// A metrics line's accuracy: the server's test set, else the clients' held-out data
-// (federated evaluation, with the spread over clients), else none.
+// A metrics line's accuracy (RMSE for regression): the server's test set, else the
+// clients' held-out data (federated evaluation, with the spread over clients), else none.
 std::string AccuracyText(const nlohmann::json& j) {
+  if (j.contains("test_rmse")) {
+    return absl::StrFormat("test rmse %.4f  test mae %.4f", j.value("test_rmse", 0.0),
+                           j.value("test_mae", 0.0));
+  }
+  if (j.contains("client_eval") && j["client_eval"].contains("rmse")) {
+    const auto& e = j["client_eval"];
+    return absl::StrFormat("client rmse %.4f (loss min %.4f, max %.4f)", e.value("rmse", 0.0),
+                           e.value("loss_min", 0.0), e.value("loss_max", 0.0));
+  }
   if (j.contains("test_accuracy")) {
     return absl::StrFormat("test acc %6.2f%%  test loss %.4f", 100 * j.value("test_accuracy", 0.0),
                            j.value("test_loss", 0.0));
@@ -317,6 +326,13 @@ int RunLocal(const LocalOptions& o) {
       last = j;
       total_up += j.value("bytes_up", int64_t{0});
       total_down += j.value("bytes_down", int64_t{0});
+      if (j.value("evaluation_only", false)) {
+        std::cout << absl::StrFormat("final model  %s  (%d clients evaluated it, %d failed)\n",
+                                     AccuracyText(j), j.value("participants", 0),
+                                     j.value("failures", 0))
+                  << std::flush;
+        continue;
+      }
       std::cout << absl::StrFormat(
                        "round %3d/%d  %s  train loss %.4f  up %9s  down %9s  %6.1fs  "
                        "(%d clients, %d failed)",

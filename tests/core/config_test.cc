@@ -119,7 +119,28 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("train: {schedule: exponential}", "train.schedule");
   expect_error("train: {step_gamma: 0}", "train.step_gamma");
   expect_error("train: {lr: 0.1, lr_min: 0.2}", "train.lr_min");
-  expect_error("split: {mode: sl}\ntrain: {optimizer: adam}", "plain sgd with split learning");
+  expect_error("split: {mode: sl}\ntrain: {optimizer: adam}", "plain sgd and cross_entropy");
+  expect_error("split: {mode: sl}\ntrain: {loss: bce}\nmodel: {classes: 1}",
+               "plain sgd and cross_entropy");
+  expect_error("train: {loss: hinge}", "train.loss");
+  expect_error("train: {loss: torchscript}", "train.loss_path");
+  expect_error("train: {loss_path: focal.pt}", "train.loss_path");
+  expect_error("train: {loss: mse}", "model.classes");  // regression has one output
+  expect_error("train: {loss: bce, label_smoothing: 0.1}\nmodel: {classes: 1}",
+               "train.label_smoothing");
+  // Personal layers: not with split learning, nor with a server that evaluates a model
+  // holding none of the clients' personal tensors.
+  expect_error("model: {personal: [\"fc.*\"]}", "without server-side evaluation");
+  expect_error("model: {personal: [\"fc.*\"]}\ndata: {test: \"\"}\nsplit: {mode: sl}",
+               "empty with split learning");
+  expect_error("model: {personal: [\"\"]}\ndata: {test: \"\"}", "model.personal");
+  auto personal = JobConfig::Parse("model: {personal: [\"fc.*\", \"*.bias\"]}\ndata: {test: \"\"}", "");
+  ASSERT_TRUE(personal.ok()) << personal.status();
+  EXPECT_EQ(personal->model.personal, (std::vector<std::string>{"fc.*", "*.bias"}));
+  // A TorchScript loss's path is relative to the config file, like a model's.
+  auto scripted = JobConfig::Parse("train: {loss: torchscript, loss_path: focal.pt}", "/etc/jobs");
+  ASSERT_TRUE(scripted.ok()) << scripted.status();
+  EXPECT_EQ(scripted->train.loss_path, "/etc/jobs/focal.pt");
 }
 
 TEST(ConfigTest, ModelDataAndTrainingKeys) {

@@ -146,6 +146,43 @@ TEST(CheckViewsTest, BoundsMagnitudesAndRefusesNonFiniteValues) {
   EXPECT_FALSE(CheckViews(ps, ViewsOf(ps)).ok());
 }
 
+TEST(PersonalTensorsTest, GlobsSelectSplitAndMergeByName) {
+  ParameterSet ps;
+  ASSERT_TRUE(ps.Add({"conv.weight", {2}, {1, 2}}).ok());
+  ASSERT_TRUE(ps.Add({"bn.running_mean", {1}, {3}}).ok());
+  ASSERT_TRUE(ps.Add({"head.weight", {2}, {4, 5}}).ok());
+  ASSERT_TRUE(ps.Add({"head.bias", {1}, {6}}).ok());
+  // In the set's order, each name once, whatever the order and overlap of the patterns.
+  auto names = MatchTensorNames(ps, {"head.*", "*.running_*", "head.bias"});
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_EQ(*names, (std::vector<std::string>{"bn.running_mean", "head.weight", "head.bias"}));
+  auto none = MatchTensorNames(ps, {"head.*", "fc.*"});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("'fc.*' matches no tensor"), std::string::npos);
+  EXPECT_NE(none.status().message().find("conv.weight bn.running_mean head.weight head.bias"),
+            std::string::npos) << none.status();
+
+  ParameterSet personal = Only(ps, *names), shared = Without(ps, *names);
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_EQ(shared.tensors()[0].name, "conv.weight");
+  ASSERT_EQ(personal.size(), 3u);
+  EXPECT_EQ(personal.tensors()[2].values, std::vector<float>{6});
+
+  ParameterSet other = ps.ZerosLike();
+  ASSERT_TRUE(Overwrite(personal, &other).ok());
+  EXPECT_EQ(other.tensors()[0].values, (std::vector<float>{0, 0})) << "shared tensors untouched";
+  EXPECT_EQ(other.tensors()[2].values, (std::vector<float>{4, 5}));
+  // A part that does not fit changes nothing, even where its first tensors would fit.
+  ParameterSet bad;
+  ASSERT_TRUE(bad.Add({"head.weight", {2}, {9, 9}}).ok());
+  ASSERT_TRUE(bad.Add({"head.bias", {2}, {9, 9}}).ok());
+  EXPECT_EQ(Overwrite(bad, &other).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other.tensors()[2].values, (std::vector<float>{4, 5}));
+  ParameterSet absent;
+  ASSERT_TRUE(absent.Add({"fc.bias", {1}, {1}}).ok());
+  EXPECT_EQ(Overwrite(absent, &other).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PrintableTest, EscapesAndBoundsUntrustedText) {
   EXPECT_EQ(Printable("client-7"), "client-7");
   EXPECT_EQ(Printable(std::string("a\nb\0c\\", 6)), "a\\x0ab\\x00c\\x5c");

@@ -232,6 +232,39 @@ TEST_F(SourcesTest, SklearnBreastCancerTable) {
   EXPECT_NE(part.mean, d->mean);
 }
 
+TEST_F(SourcesTest, SklearnRegressionTable) {
+  // sklearn's Boston file: a line of counts, a line of names, then rows, the target MEDV
+  // last. Its B column is a derived racial statistic that no model here should see.
+  const std::string spec =
+      "csv:" + kSklearn + "/boston_house_prices.csv,skip=1,label=MEDV,regression,drop=B";
+  auto d = LoadDataSpec(spec, true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->size, 506);
+  EXPECT_EQ(d->shape, (std::vector<int64_t>{12}));
+  EXPECT_EQ(d->num_classes, 1);
+  ASSERT_EQ(d->targets.size(), 506u);
+  EXPECT_FLOAT_EQ(d->targets[0], 24.0f);   // the file's first row
+  EXPECT_FLOAT_EQ(d->targets[505], 11.9f); // and its last
+  std::vector<float> x(12);
+  d->Normalised(0, x.data());
+  EXPECT_FLOAT_EQ(x[0], 0.00632f);  // CRIM
+  EXPECT_FLOAT_EQ(x[11], 4.98f);    // LSTAT (B dropped before it)
+  // Regression data has no classes to skew; a limit keeps targets with their rows.
+  Dataset part = *d;
+  EXPECT_NE(TakePartition("dirichlet:0.5,client=0,of=4", &part).message().find("regression"),
+            std::string::npos);
+  ASSERT_TRUE(TakePartition("iid,client=1,of=4,seed=2", &part).ok());
+  EXPECT_EQ(part.targets.size(), static_cast<size_t>(part.size));
+  auto limited = LoadDataSpec(spec + ",limit=7", true);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_EQ(limited->targets, std::vector<float>(d->targets.begin(), d->targets.begin() + 7));
+  const std::string bad = Write("r.csv", "a,y\n1,2.5\n2,inf\n");
+  EXPECT_NE(Error("csv:" + bad + ",label=y,regression").find("r.csv:3: target 'inf' is not a finite number"),
+            std::string::npos);
+  EXPECT_NE(Error("csv:" + bad + ",label=y,regression,classes=2").find("no classes"),
+            std::string::npos);
+}
+
 TEST_F(SourcesTest, CsvGroupColumnDropAndTsv) {
   const std::string p = Write("t.tsv",
                               "id\tsite\tage\t\"weight, kg\"\ty\n"

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -124,10 +125,10 @@ TEST_F(LocalTest, RunsAFederationForTwoRounds) {
 TEST_F(LocalTest, TabularFederationWithFederatedEvaluation) {
   std::ofstream(config_) << R"(
 run: {name: table, rounds: 4, seed: 1}
-model: {name: mlp, input: [30], classes: 2}
+model: {name: mlp, input: [30], classes: 1}
 data: {test: ""}
 clients: {min: 3, quorum: 1.0, round_deadline_s: 60}
-train: {local_epochs: 5, batch_size: 16, lr: 0.02, momentum: 0.9}
+train: {loss: bce, local_epochs: 5, batch_size: 16, lr: 0.02, momentum: 0.9}
 local:
   data: "csv:/usr/lib/python3/dist-packages/sklearn/datasets/data/breast_cancer.csv,header=0,skip=1,standardise"
   partition: "dirichlet:1.0"
@@ -139,7 +140,8 @@ local:
   std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
   std::vector<nlohmann::json> rows;
   for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
-  ASSERT_EQ(rows.size(), 4u);
+  ASSERT_EQ(rows.size(), 5u);  // four rounds, then the clients' evaluation of the final model
+  EXPECT_NE(Output().find("final model  client acc"), std::string::npos) << Output();
   for (const auto& row : rows) {
     EXPECT_FALSE(row.contains("test_accuracy")) << "the server holds no test set";
     ASSERT_TRUE(row.contains("client_eval")) << row;
@@ -148,13 +150,49 @@ local:
     EXPECT_NEAR(e["examples"].get<double>(), 0.25 * 569, 3);  // every client's hold-out
     EXPECT_LE(e["accuracy_min"].get<double>(), e["accuracy_median"].get<double>());
     EXPECT_LE(e["accuracy_median"].get<double>(), e["accuracy_max"].get<double>());
-    EXPECT_GT(e["train_seconds"].get<double>(), 0);
+    EXPECT_LE(e["loss_min"].get<double>(), e["loss"].get<double>());
+    EXPECT_LE(e["loss_median"].get<double>(), e["loss_max"].get<double>());
+    EXPECT_GE(e["loss_max"].get<double>(), e["loss"].get<double>());
+    EXPECT_EQ(e.contains("train_seconds"), !row.value("evaluation_only", false));
+    for (const char* k : {"precision", "recall", "f1"}) {  // binary metrics, weighted means
+      ASSERT_TRUE(e.contains(k)) << e;
+      EXPECT_GE(e[k].get<double>(), 0);
+      EXPECT_LE(e[k].get<double>(), 1);
+    }
   }
   // Round 1 measures the initial model; by round 4 the federation has learned (the
-  // majority class is 63 % of the table).
+  // majority class is 63 % of the table). The last line is the final model's.
+  EXPECT_EQ(rows.back()["round"], 4);
+  EXPECT_TRUE(rows.back().value("evaluation_only", false)) << rows.back();
+  EXPECT_FALSE(rows.back().contains("train_loss"));
   const auto& last = rows.back()["client_eval"];
   EXPECT_GT(last["accuracy"].get<double>(), 0.85) << rows.back();
   EXPECT_GT(last["accuracy"].get<double>(), rows.front()["client_eval"]["accuracy"].get<double>());
+  EXPECT_GT(last["f1"].get<double>(), 0.85) << rows.back();
+}
+
+// The regression example as shipped (Boston house prices, mse): the clients' RMSE on
+// their held-out rows falls well below the targets' spread.
+TEST_F(LocalTest, RegressionExampleReportsRmse) {
+  config_ = std::string(CLEAVE_SOURCE_DIR) + "/deploy/examples/table-house-prices.yaml";
+  ASSERT_EQ(Wait(Start({}), 300), 0) << Output();
+  EXPECT_NE(Output().find("client rmse"), std::string::npos) << Output();
+  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 21u);  // and the final evaluation
+  const auto& first = rows.front()["client_eval"];
+  const auto& last = rows.back()["client_eval"];
+  for (const char* k : {"mae", "rmse"}) ASSERT_TRUE(last.contains(k)) << last;
+  EXPECT_FALSE(last.contains("f1"));
+  // MEDV's standard deviation is 9.2 (predicting its mean scores that); the initial
+  // model predicts about 0 against a mean of 22.5.
+  EXPECT_GT(first["rmse"].get<double>(), 15) << first;
+  EXPECT_LT(last["rmse"].get<double>(), 4.5) << last;
+  EXPECT_LE(last["mae"].get<double>(), last["rmse"].get<double>());
+  // mse: the loss is the squared error, so the weighted mean of the clients' mean squared
+  // errors bounds the square of the weighted RMSE from above (Jensen).
+  EXPECT_GE(last["loss"].get<double>() + 1e-9, std::pow(last["rmse"].get<double>(), 2));
 }
 
 TEST_F(LocalTest, ASeededRunRepeatsItself) {
@@ -168,6 +206,12 @@ TEST_F(LocalTest, ASeededRunRepeatsItself) {
     auto j = nlohmann::json::parse(last);
     accuracy.push_back(j["test_accuracy"].get<double>());
     loss.push_back(j["test_loss"].get<double>());
+    // Classification's other metrics: top-5 and per class, one entry per label.
+    EXPECT_GE(j["test_top5_accuracy"].get<double>(), accuracy.back()) << j;
+    ASSERT_EQ(j["test_per_class_accuracy"].size(), 10u) << j;
+    double worst = 1;
+    for (const auto& a : j["test_per_class_accuracy"]) worst = std::min(worst, a.get<double>());
+    EXPECT_LT(worst, accuracy.back()) << "Fashion-MNIST's shirts trail the mean";
   }
   EXPECT_NEAR(accuracy[0], accuracy[1], 0.002);
   EXPECT_NEAR(loss[0], loss[1], 0.002);

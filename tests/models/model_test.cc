@@ -389,14 +389,113 @@ TEST(ModelTest, BuiltinsTakeTheInputShapeAndClasses) {
 
 TEST(ModelTest, DataMustFitTheModel) {
   ModelSpec spec{"lenet5", "", 1, {3, 32, 32}, 10};
-  auto s = CheckDataFitsModel(Train(), spec, "local data");
+  auto s = CheckDataFitsModel(Train(), spec, "cross_entropy", "local data");
   EXPECT_NE(s.message().find("local data: examples are 1x28x28 but the model takes 3x32x32"),
             std::string::npos) << s;
   spec = {"lenet5", "", 1, {1, 28, 28}, 5};
-  s = CheckDataFitsModel(Train(), spec, "data.test");
+  s = CheckDataFitsModel(Train(), spec, "cross_entropy", "data.test");
   EXPECT_NE(s.message().find("label 9 but the model has 5 classes"), std::string::npos) << s;
   spec.num_classes = 10;
-  EXPECT_TRUE(CheckDataFitsModel(Train(), spec, "x").ok());
+  EXPECT_TRUE(CheckDataFitsModel(Train(), spec, "cross_entropy", "x").ok());
+  // The loss must suit the labels and the model's outputs.
+  s = CheckDataFitsModel(Train(), spec, "bce", "local data");
+  EXPECT_NE(s.message().find("one output"), std::string::npos) << s;
+  spec.num_classes = 1;
+  s = CheckDataFitsModel(Train(), spec, "bce", "local data");
+  EXPECT_NE(s.message().find("label 9 but loss bce takes labels 0 and 1"), std::string::npos) << s;
+  s = CheckDataFitsModel(Train(), spec, "mse", "local data");
+  EXPECT_NE(s.message().find("needs regression targets"), std::string::npos) << s;
+}
+
+// The tables the factories use are the names the configuration reference documents:
+// a model, loss or data source added to one is documented or this fails.
+TEST(ModelTest, ConfigurationDocsNameEveryModelLossAndDataSource) {
+  auto docs = ReadFile(std::string(CLEAVE_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(docs.ok()) << docs.status();
+  auto section = [&](const std::string& row) {  // the table row of one key
+    const size_t at = docs->find("| `" + row + "` |");
+    EXPECT_NE(at, std::string::npos) << row;
+    return at == std::string::npos ? "" : docs->substr(at, docs->find('\n', at) - at);
+  };
+  const std::string models = section("model.name"), losses = section("train.loss");
+  for (const std::string& m : BuiltinModelNames()) {
+    EXPECT_NE(models.find("`" + m + "`"), std::string::npos) << "model " << m;
+  }
+  for (const std::string& l : kLosses) {
+    EXPECT_NE(losses.find("`" + l + "`"), std::string::npos) << "loss " << l;
+  }
+  const size_t begin = docs->find("### Data sources"), end = docs->find("Options every source");
+  ASSERT_LT(begin, end);
+  const std::string sources = docs->substr(begin, end - begin);
+  for (const std::string& d : DataSourceNames()) {
+    EXPECT_NE(sources.find("`" + d + "`"), std::string::npos) << "data source " << d;
+  }
+}
+
+TEST(ModelTest, ATorchScriptLossMustLoadTakeTwoTensorsAndGiveAScalar) {
+  auto m = Model::Create({"mlp", "", 1, {1, 28, 28}, 10});
+  ASSERT_TRUE(m.ok());
+  auto s = (*m)->SetTorchScriptLoss("not an archive");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("cannot load the TorchScript loss"), std::string::npos) << s;
+  const std::string one_arg = ExportTorchScript("cleave_relu_loss.pt", "nn.ReLU()");
+  ASSERT_FALSE(one_arg.empty());
+  s = (*m)->SetTorchScriptLoss(*ReadFile(one_arg));
+  std::filesystem::remove(one_arg);
+  EXPECT_NE(s.message().find("forward(self, output, target)"), std::string::npos) << s;
+  // No scalar: a per-example loss is refused when training, with what it returned.
+  const std::string per_example =
+      ExportTorchScript("cleave_ce_none.pt", "nn.CrossEntropyLoss(reduction='none')");
+  ASSERT_FALSE(per_example.empty());
+  ASSERT_TRUE((*m)->SetTorchScriptLoss(*ReadFile(per_example)).ok());
+  std::filesystem::remove(per_example);
+  LocalTrainOptions o;
+  o.loss = "torchscript";
+  auto t = (*m)->Train(Train(), o);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(t.status().message().find("must return a floating-point scalar"), std::string::npos)
+      << t.status();
+}
+
+// Real tables Debian ships: binary classification with bce (breast cancer) and
+// regression with mse (house prices) learn, and report their metrics.
+TEST(ModelTest, LearnsBinaryAndRegressionTables) {
+  const std::string dir = "/usr/lib/python3/dist-packages/sklearn/datasets/data";
+  LocalTrainOptions o;
+  o.optimizer = "adam";
+  o.lr = 0.01;
+  o.batch_size = 32;
+  o.epochs = 30;
+
+  auto cancer = LoadDataSpec("csv:" + dir + "/breast_cancer.csv,header=0,skip=1,standardise", true);
+  ASSERT_TRUE(cancer.ok()) << cancer.status();
+  auto b = Model::Create({"mlp", "", 1, {30}, 1});
+  ASSERT_TRUE(b.ok());
+  o.loss = "bce";
+  ASSERT_TRUE((*b)->Train(*cancer, o).ok());
+  auto eb = (*b)->Evaluate(*cancer, 100, "bce");
+  ASSERT_TRUE(eb.ok()) << eb.status();
+  EXPECT_GT(eb->accuracy, 0.97);  // a linear model separates 98 % of it
+  EXPECT_GT(eb->metrics.at("f1"), 0.97);
+  EXPECT_GT(eb->metrics.at("precision"), 0.95);
+
+  auto houses = LoadDataSpec(
+      "csv:" + dir + "/boston_house_prices.csv,skip=1,label=MEDV,regression,drop=B,standardise", true);
+  ASSERT_TRUE(houses.ok()) << houses.status();
+  double mean = 0, var = 0;
+  for (float t : houses->targets) mean += t / houses->size;
+  for (float t : houses->targets) var += (t - mean) * (t - mean) / houses->size;
+  auto r = Model::Create({"mlp", "", 1, {12}, 1});
+  ASSERT_TRUE(r.ok());
+  o.loss = "mse";
+  o.epochs = 100;
+  ASSERT_TRUE((*r)->Train(*houses, o).ok());
+  auto er = (*r)->Evaluate(*houses, 100, "mse");
+  ASSERT_TRUE(er.ok()) << er.status();
+  // Predicting the mean scores RMSE = stddev (9.2); least squares about 4.7.
+  EXPECT_LT(er->metrics.at("rmse"), 0.5 * std::sqrt(var));
+  EXPECT_NEAR(er->metrics.at("rmse") * er->metrics.at("rmse"), er->loss, 1e-3 * er->loss);
+  EXPECT_LT(er->metrics.at("mae"), er->metrics.at("rmse"));
 }
 
 // Tables (float features) train, and augmentation (crop, flip) runs on image batches.

@@ -1,12 +1,13 @@
-// Local training options and the round learning-rate schedule against PyTorch's own
-// torch.optim, clip_grad_norm_, label smoothing and lr_scheduler on the same inputs
-// (tests/models/optim_reference.py).
+// Local training options, losses and metrics, and the round learning-rate schedule
+// against PyTorch's own torch.optim, clip_grad_norm_, losses and lr_scheduler and
+// scikit-learn's metrics on the same inputs (tests/models/optim_reference.py).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "core/config.h"
 #include "core/files.h"
@@ -28,19 +29,22 @@ std::vector<double> ReadNumbers(const fs::path& path) {
   return out;
 }
 
-// The reference's data: x[i][j] = sin(0.37 i + 1.3 j), 32 x 20; y[i] = i mod 3.
-Dataset ReferenceData() {
+// The reference's data: x[i][j] = sin(0.37 i + 1.3 j), 32 x 20; labels i mod `classes`
+// (mod 2 for bce); regression targets 3 sin(0.5 i).
+Dataset ReferenceData(const std::string& loss, int classes) {
   Dataset d;
   d.type = ExampleType::kFloat32;
   d.size = 32;
   d.shape = {20};
-  d.num_classes = 3;
+  d.num_classes = std::max(classes, 2);
   d.mean.clear();
   d.stddev.clear();
+  const bool regression = loss == "mse" || loss == "mae" || loss == "ts_huber";
   std::vector<float> x;
   for (int i = 0; i < 32; ++i) {
     for (int j = 0; j < 20; ++j) x.push_back(static_cast<float>(std::sin(0.37 * i + 1.3 * j)));
-    d.labels.push_back(i % 3);
+    d.labels.push_back(regression ? 0 : i % d.num_classes);
+    if (regression) d.targets.push_back(static_cast<float>(3 * std::sin(0.5 * i)));
   }
   d.bytes.resize(x.size() * sizeof(float));
   std::memcpy(d.bytes.data(), x.data(), d.bytes.size());
@@ -53,7 +57,19 @@ struct OptimCase {
   double lr, momentum;
   bool nesterov;
   double weight_decay, clip, smoothing;
+  const char* loss = "cross_entropy";
+  int classes = 3;  // the model's outputs
+  // A loss the reference scripts (ts_focal, ts_huber) and cleave loads as "torchscript".
+  const char* script = nullptr;
 };
+
+std::map<std::string, double> ReadMetrics(const fs::path& path) {
+  std::ifstream in(path);
+  std::map<std::string, double> out;
+  std::string k;
+  for (double v; in >> k >> v;) out[k] = v;
+  return out;
+}
 
 void PrintTo(const OptimCase& c, std::ostream* os) { *os << c.name; }
 
@@ -67,10 +83,16 @@ TEST_P(OptimizerMatchesPyTorchTest, SameWeightsAfterFiveSteps) {
       Python("train " + (dir / "m.pt").string() + " " + (dir / "w.txt").string() + " " + c.optimizer + " " +
              std::to_string(c.lr) + " " + std::to_string(c.momentum) + " " + (c.nesterov ? "1" : "0") +
              " " + std::to_string(c.weight_decay) + " " + std::to_string(c.clip) + " " +
-             std::to_string(c.smoothing) + " 5");
+             std::to_string(c.smoothing) + " 5 " + (c.script ? c.script : c.loss) + " " +
+             std::to_string(c.classes));
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto m = Model::Create({"torchscript", *ReadFile((dir / "m.pt").string()), 0});
   ASSERT_TRUE(m.ok()) << m.status();
+  if (c.script != nullptr) {
+    auto archive = ReadFile((dir / "m.pt.loss.pt").string());
+    ASSERT_TRUE(archive.ok()) << archive.status();
+    ASSERT_TRUE((*m)->SetTorchScriptLoss(*archive).ok());
+  }
   LocalTrainOptions o;
   o.optimizer = c.optimizer;
   o.lr = c.lr;
@@ -79,12 +101,27 @@ TEST_P(OptimizerMatchesPyTorchTest, SameWeightsAfterFiveSteps) {
   o.weight_decay = c.weight_decay;
   o.clip_norm = c.clip;
   o.label_smoothing = c.smoothing;
+  o.loss = c.loss;
   o.batch_size = 32;  // full batch: the order of examples cannot matter
   o.local_steps = 5;
   const ParameterSet start = (*m)->Parameters();
-  ASSERT_TRUE((*m)->Train(ReferenceData(), o).ok());
+  const Dataset data = ReferenceData(c.script ? c.script : c.loss, c.classes);
+  auto trained_stats = (*m)->Train(data, o);
+  ASSERT_TRUE(trained_stats.ok()) << trained_stats.status();
   const std::vector<double> expected = ReadNumbers(dir / "w.txt");
+  const auto expected_metrics = ReadMetrics(dir / "w.txt.metrics");
   fs::remove_all(dir);
+  // The trained model's metrics against scikit-learn's on the reference's model.
+  auto eval = (*m)->Evaluate(data, 32, c.loss);
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  ASSERT_FALSE(expected_metrics.empty());
+  for (const auto& [k, v] : expected_metrics) {
+    const double ours = k == "loss" ? eval->loss : k == "accuracy" ? eval->accuracy : eval->metrics[k];
+    EXPECT_NEAR(ours, v, 1e-5) << k;
+  }
+  EXPECT_EQ(eval->metrics.size() + 1 + (expected_metrics.count("accuracy") ? 1 : 0),
+            expected_metrics.size())
+      << "a metric sklearn was not asked for, or one we do not report";
   std::vector<double> ours, initial;
   const ParameterSet trained = (*m)->Parameters();
   for (const auto& t : trained.tensors()) ours.insert(ours.end(), t.values.begin(), t.values.end());
@@ -106,7 +143,15 @@ INSTANTIATE_TEST_SUITE_P(
                       OptimCase{"sgd_clipped", "sgd", 0.5, 0, false, 0, 0.05, 0},
                       OptimCase{"sgd_label_smoothing", "sgd", 0.1, 0, false, 0, 0, 0.2},
                       OptimCase{"adam", "adam", 0.01, 0, false, 0.01, 0, 0},
-                      OptimCase{"adamw_clipped", "adamw", 0.01, 0, false, 0.1, 0.1, 0.1}),
+                      OptimCase{"adamw_clipped", "adamw", 0.01, 0, false, 0.1, 0.1, 0.1},
+                      OptimCase{"top5", "sgd", 0.1, 0.9, false, 0, 0, 0, "cross_entropy", 7},
+                      OptimCase{"bce", "sgd", 0.2, 0.9, false, 0, 0, 0, "bce", 1},
+                      OptimCase{"mse", "adam", 0.05, 0, false, 0, 0, 0, "mse", 1},
+                      OptimCase{"mae", "sgd", 0.05, 0.9, false, 0, 0, 0, "mae", 1},
+                      OptimCase{"torchscript_focal", "sgd", 0.5, 0.9, false, 0, 0, 0,
+                                "torchscript", 3, "ts_focal"},
+                      OptimCase{"torchscript_huber", "adam", 0.05, 0, false, 0, 0, 0,
+                                "torchscript", 1, "ts_huber"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 struct ScheduleCase {

@@ -3,6 +3,8 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -174,6 +176,87 @@ TEST_F(ServerFixture, RejectsBadUploadsAndAggregatesOnlyGoodOnes) {
                               (100.0 * da.tensors()[i].values[j] +
                                300.0 * db.tensors()[i].values[j]) / 400.0;
       ASSERT_NEAR(after.tensors()[i].values[j], expected, 1e-6) << i << "," << j;
+    }
+  }
+}
+
+// Federated evaluation is the client's word, but within range: unknown metric names,
+// fractions above 1, negative errors and impossible counts are refused, and so is an
+// evaluation task's upload without an evaluation or with a model-sized payload. The
+// final evaluation then leaves the committed model as it was.
+TEST_F(ServerFixture, EvaluationsAreCheckedAndTheFinalOneOnlyMeasures) {
+  StartServer(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 1, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120}
+)");
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer a(address_, 100);
+  ASSERT_TRUE(a.Join("a"));
+  auto task = a.NextTask();
+  ASSERT_TRUE(task);
+  const ParameterSet delta = Delta(initial, 0.01f);
+  const std::string update = delta.Encode();
+  auto upload = [&](const v1::Task& t, const std::string& payload,
+                    const std::function<void(v1::ClientEvaluation*)>& edit) {
+    v1::UploadHeader h = a.Header(t, 100);
+    h.set_total_size(static_cast<int64_t>(payload.size()));
+    if (edit) {
+      v1::ClientEvaluation* e = h.mutable_evaluation();
+      e->set_examples(20);
+      e->set_accuracy(0.5);
+      e->set_loss(0.7);
+      e->set_seconds(0.01);
+      edit(e);
+    }
+    return a.RawUpload(h, Chunks(payload));
+  };
+  const std::vector<std::pair<std::function<void(v1::ClientEvaluation*)>, std::string>> bad = {
+      {[](auto* e) { (*e->mutable_metrics())["bogus"] = 0.5; }, "metric 'bogus' unknown"},
+      {[](auto* e) { (*e->mutable_metrics())["f1"] = 1.5; }, "metric 'f1'"},
+      {[](auto* e) { (*e->mutable_metrics())["rmse"] = -1; }, "metric 'rmse'"},
+      {[](auto* e) { (*e->mutable_metrics())["mae"] = std::nan(""); }, "metric 'mae'"},
+      {[](auto* e) { e->set_accuracy(2); }, "accuracy in [0, 1]"},
+      {[](auto* e) { e->set_examples(901); }, "examples must be in [1, 900]"},
+  };
+  for (const auto& [edit, needle] : bad) {
+    grpc::Status s = upload(*task, update, edit);
+    EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << needle;
+    EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
+  }
+  ASSERT_TRUE(upload(*task, update, [](auto* e) { (*e->mutable_metrics())["f1"] = 0.8; }).ok());
+
+  // The final evaluation: the committed round's model, an empty upload with the numbers.
+  auto final_task = a.NextTask();
+  ASSERT_TRUE(final_task);
+  EXPECT_TRUE(final_task->evaluate_only());
+  EXPECT_EQ(final_task->round(), 1);
+  const std::string empty = ParameterSet().Encode();
+  grpc::Status s = upload(*final_task, empty, nullptr);
+  EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("must carry its evaluation"), std::string::npos)
+      << s.error_message();
+  s = upload(*final_task, update, [](auto*) {});
+  EXPECT_NE(s.error_message().find("announces " + std::to_string(update.size())),
+            std::string::npos) << s.error_message();
+  ASSERT_TRUE(upload(*final_task, empty, [](auto* e) { e->set_accuracy(0.75); }).ok());
+  EXPECT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  const auto h = server_->History();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_FALSE(h[0].evaluation_only);
+  EXPECT_DOUBLE_EQ(h[0].client_eval.metrics.at("f1"), 0.8);
+  ASSERT_TRUE(h[1].evaluation_only);
+  EXPECT_EQ(h[1].round, 1);
+  EXPECT_DOUBLE_EQ(h[1].client_eval.accuracy, 0.75);
+  // One client, its whole weight: the model is initial + delta, untouched since.
+  const ParameterSet final_model = server_->GlobalModel();
+  for (size_t i = 0; i < initial.size(); ++i) {
+    for (size_t j = 0; j < initial.tensors()[i].values.size(); ++j) {
+      ASSERT_NEAR(final_model.tensors()[i].values[j],
+                  initial.tensors()[i].values[j] + delta.tensors()[i].values[j], 1e-6);
     }
   }
 }
