@@ -35,8 +35,44 @@ Status Read(const YAML::Node& section, const std::string& sec, const std::string
   return absl::OkStatus();
 }
 
-Status CheckKeys(const YAML::Node& section, const std::string& sec,
-                 const std::set<std::string>& known) {
+// Every section and its keys: Parse refuses any other, JobConfig::Keys lists them, and a
+// test holds docs/configuration.md to documenting each.
+const std::map<std::string, std::vector<std::string>>& KnownKeys() {
+  static const auto* keys = new std::map<std::string, std::vector<std::string>>{
+      {"config", {"run", "model", "data", "clients", "train", "strategy", "split", "compression",
+                  "server", "local", "tls", "auth", "secure_aggregation", "dp", "aggregation"}},
+      {"run", {"name", "rounds", "seed"}},
+      {"model", {"name", "path", "input", "classes", "personal"}},
+      {"data", {"test", "test_limit"}},
+      {"clients", {"min", "per_round", "fraction", "quorum", "round_deadline_s", "join_timeout_s"}},
+      {"train", {"local_epochs", "local_steps", "batch_size", "loss", "loss_path", "optimizer",
+                 "lr", "momentum", "nesterov", "weight_decay", "clip_norm", "label_smoothing",
+                 "schedule", "warmup_rounds", "step_rounds", "step_gamma", "lr_min"}},
+      {"strategy", {"name", "proximal_mu", "server_lr", "server_momentum", "beta1", "beta2",
+                    "tau"}},
+      {"split", {"mode", "cut", "tail", "window", "activation_noise", "nopeek"}},
+      {"compression", {"update", "broadcast", "activations", "gradients"}},
+      {"server", {"listen", "heartbeat_s", "client_timeout_s", "max_model_elements", "chunk_bytes",
+                  "eval_batch_size", "worker_threads", "evaluate", "final_evaluation",
+                  "max_update_abs", "upload_idle_timeout_s", "handshake_timeout_s",
+                  "max_sessions"}},
+      {"tls", {"cert", "key", "ca", "mutual", "reload_s", "revoked"}},
+      {"auth", {"token_file"}},
+      {"secure_aggregation", {"enabled", "k", "t", "clip", "bits", "modulus", "stage_timeout_s"}},
+      {"dp", {"enabled", "noise_multiplier", "clip", "adaptive", "target_quantile", "clip_lr",
+              "clip_count_stddev", "noise", "delta", "target_epsilon"}},
+      {"aggregation", {"rule", "f", "m", "max_norm", "root_data", "weighting", "max_weight_ratio",
+                       "max_client_examples"}},
+      {"local", {"data", "partition", "partition_seed", "clients", "holdout", "profiles", "attack",
+                 "attackers"}},
+      {"local.profiles[]", {"uplink_mbps", "downlink_mbps", "slowdown", "memory_limit_mb"}},
+  };
+  return *keys;
+}
+
+Status CheckKeys(const YAML::Node& section, const std::string& sec) {
+  const std::vector<std::string>& names = KnownKeys().at(sec);
+  const std::set<std::string> known(names.begin(), names.end());
   if (!section.IsMap()) return absl::InvalidArgumentError(absl::StrCat(sec, " must be a map"));
   std::set<std::string> seen;  // yaml-cpp keeps duplicate keys; a lookup sees only one
   for (const auto& kv : section) {
@@ -70,19 +106,16 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   JobConfig c;
   if (!root || root.IsNull()) return c;
-  RETURN_IF_ERROR(CheckKeys(root, "config",
-                            {"run", "model", "data", "clients", "train", "strategy", "split",
-                             "compression", "server", "local", "tls", "auth",
-                             "secure_aggregation", "dp", "aggregation"}));
+  RETURN_IF_ERROR(CheckKeys(root, "config"));
   bool server_lr_set = false;
   if (auto s = root["run"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "run", {"name", "rounds", "seed"}));
+    RETURN_IF_ERROR(CheckKeys(s, "run"));
     RETURN_IF_ERROR(Read(s, "run", "name", &c.run.name));
     RETURN_IF_ERROR(Read(s, "run", "rounds", &c.run.rounds));
     RETURN_IF_ERROR(Read(s, "run", "seed", &c.run.seed));
   }
   if (auto s = root["model"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "model", {"name", "path", "input", "classes", "personal"}));
+    RETURN_IF_ERROR(CheckKeys(s, "model"));
     RETURN_IF_ERROR(Read(s, "model", "name", &c.model.name));
     RETURN_IF_ERROR(Read(s, "model", "path", &c.model.path));
     RETURN_IF_ERROR(Read(s, "model", "input", &c.model.input));
@@ -90,14 +123,13 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "model", "personal", &c.model.personal));
   }
   if (auto s = root["data"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "data", {"test", "test_limit"}));
+    RETURN_IF_ERROR(CheckKeys(s, "data"));
     RETURN_IF_ERROR(Read(s, "data", "test", &c.data.test));
     RETURN_IF_ERROR(Read(s, "data", "test_limit", &c.data.test_limit));
     if (c.data.test.empty()) c.server.evaluate = false;  // a coordinator without data
   }
   if (auto s = root["clients"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "clients", {"min", "per_round", "fraction", "quorum",
-                                             "round_deadline_s", "join_timeout_s"}));
+    RETURN_IF_ERROR(CheckKeys(s, "clients"));
     RETURN_IF_ERROR(Read(s, "clients", "min", &c.clients.min_clients));
     RETURN_IF_ERROR(Read(s, "clients", "per_round", &c.clients.per_round));
     RETURN_IF_ERROR(Read(s, "clients", "fraction", &c.clients.fraction));
@@ -106,12 +138,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "clients", "join_timeout_s", &c.clients.join_timeout_s));
   }
   if (auto s = root["train"]) {
-    RETURN_IF_ERROR(CheckKeys(
-        s, "train",
-        {"local_epochs", "local_steps", "batch_size", "loss", "loss_path", "optimizer", "lr",
-         "momentum", "nesterov",
-         "weight_decay", "clip_norm", "label_smoothing", "schedule", "warmup_rounds",
-         "step_rounds", "step_gamma", "lr_min"}));
+    RETURN_IF_ERROR(CheckKeys(s, "train"));
     RETURN_IF_ERROR(Read(s, "train", "local_epochs", &c.train.local_epochs));
     RETURN_IF_ERROR(Read(s, "train", "local_steps", &c.train.local_steps));
     RETURN_IF_ERROR(Read(s, "train", "optimizer", &c.train.optimizer));
@@ -131,8 +158,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "train", "weight_decay", &c.train.weight_decay));
   }
   if (auto s = root["strategy"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "strategy", {"name", "proximal_mu", "server_lr",
-                                              "server_momentum", "beta1", "beta2", "tau"}));
+    RETURN_IF_ERROR(CheckKeys(s, "strategy"));
     RETURN_IF_ERROR(Read(s, "strategy", "name", &c.strategy.name));
     RETURN_IF_ERROR(Read(s, "strategy", "proximal_mu", &c.strategy.proximal_mu));
     server_lr_set = static_cast<bool>(s["server_lr"]);
@@ -143,8 +169,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "strategy", "tau", &c.strategy.tau));
   }
   if (auto s = root["split"]) {
-    RETURN_IF_ERROR(
-        CheckKeys(s, "split", {"mode", "cut", "tail", "window", "activation_noise", "nopeek"}));
+    RETURN_IF_ERROR(CheckKeys(s, "split"));
     RETURN_IF_ERROR(Read(s, "split", "activation_noise", &c.split.activation_noise));
     RETURN_IF_ERROR(Read(s, "split", "nopeek", &c.split.nopeek));
     RETURN_IF_ERROR(Range(c.split.activation_noise >= 0, "split.activation_noise", ">= 0"));
@@ -158,19 +183,14 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "split", "window", &c.split.window));
   }
   if (auto s = root["compression"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "compression", {"update", "broadcast", "activations", "gradients"}));
+    RETURN_IF_ERROR(CheckKeys(s, "compression"));
     RETURN_IF_ERROR(Read(s, "compression", "update", &c.compression.update));
     RETURN_IF_ERROR(Read(s, "compression", "broadcast", &c.compression.broadcast));
     RETURN_IF_ERROR(Read(s, "compression", "activations", &c.compression.activations));
     RETURN_IF_ERROR(Read(s, "compression", "gradients", &c.compression.gradients));
   }
   if (auto s = root["server"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "server", {"listen", "heartbeat_s", "client_timeout_s",
-                                            "max_model_elements", "chunk_bytes",
-                                            "eval_batch_size", "worker_threads", "evaluate",
-                                            "final_evaluation",
-                                            "max_update_abs", "upload_idle_timeout_s",
-                                            "handshake_timeout_s", "max_sessions"}));
+    RETURN_IF_ERROR(CheckKeys(s, "server"));
     RETURN_IF_ERROR(Read(s, "server", "evaluate", &c.server.evaluate));
     RETURN_IF_ERROR(Read(s, "server", "final_evaluation", &c.server.final_evaluation));
     RETURN_IF_ERROR(Read(s, "server", "max_update_abs", &c.server.max_update_abs));
@@ -186,7 +206,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "server", "worker_threads", &c.server.worker_threads));
   }
   if (auto s = root["tls"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "tls", {"cert", "key", "ca", "mutual", "reload_s", "revoked"}));
+    RETURN_IF_ERROR(CheckKeys(s, "tls"));
     RETURN_IF_ERROR(Read(s, "tls", "revoked", &c.tls.revoked));
     RETURN_IF_ERROR(Read(s, "tls", "cert", &c.tls.cert));
     RETURN_IF_ERROR(Read(s, "tls", "key", &c.tls.key));
@@ -202,14 +222,13 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     }
   }
   if (auto s = root["auth"]) {
-    RETURN_IF_ERROR(CheckKeys(s, "auth", {"token_file"}));
+    RETURN_IF_ERROR(CheckKeys(s, "auth"));
     RETURN_IF_ERROR(Read(s, "auth", "token_file", &c.auth.token_file));
   }
   if (auto s = root["secure_aggregation"]) {
     const std::string sec = "secure_aggregation";
     auto& a = c.secure_aggregation;
-    RETURN_IF_ERROR(CheckKeys(s, sec, {"enabled", "k", "t", "clip", "bits", "modulus",
-                                       "stage_timeout_s"}));
+    RETURN_IF_ERROR(CheckKeys(s, sec));
     a.enabled = true;
     RETURN_IF_ERROR(Read(s, sec, "enabled", &a.enabled));
     RETURN_IF_ERROR(Read(s, sec, "k", &a.k));
@@ -228,9 +247,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   if (auto s = root["dp"]) {
     auto& d = c.dp;
-    RETURN_IF_ERROR(CheckKeys(s, "dp", {"enabled", "noise_multiplier", "clip", "adaptive",
-                                        "target_quantile", "clip_lr", "clip_count_stddev",
-                                        "noise", "delta", "target_epsilon"}));
+    RETURN_IF_ERROR(CheckKeys(s, "dp"));
     d.enabled = true;
     RETURN_IF_ERROR(Read(s, "dp", "enabled", &d.enabled));
     RETURN_IF_ERROR(Read(s, "dp", "noise_multiplier", &d.noise_multiplier));
@@ -255,9 +272,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   if (auto s = root["aggregation"]) {
     auto& a = c.aggregation;
-    RETURN_IF_ERROR(CheckKeys(s, "aggregation", {"rule", "f", "m", "max_norm", "root_data",
-                                                 "weighting", "max_weight_ratio",
-                                                 "max_client_examples"}));
+    RETURN_IF_ERROR(CheckKeys(s, "aggregation"));
     RETURN_IF_ERROR(Read(s, "aggregation", "weighting", &a.weighting));
     RETURN_IF_ERROR(Read(s, "aggregation", "max_weight_ratio", &a.max_weight_ratio));
     RETURN_IF_ERROR(Read(s, "aggregation", "max_client_examples", &a.max_client_examples));
@@ -286,9 +301,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                           "> 0 for norm_bound"));
   }
   if (auto s = root["local"]) {
-    RETURN_IF_ERROR(
-        CheckKeys(s, "local", {"data", "partition", "partition_seed", "clients", "holdout", "profiles",
-                               "attack", "attackers"}));
+    RETURN_IF_ERROR(CheckKeys(s, "local"));
     RETURN_IF_ERROR(Read(s, "local", "attack", &c.local.attack));
     RETURN_IF_ERROR(Read(s, "local", "attackers", &c.local.attackers));
     static const std::set<std::string> kAttackNames = {"sign-flip", "gaussian", "label-flip",
@@ -307,7 +320,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       for (const auto& p : list) {
         const std::string sec = "local.profiles[]";
         RETURN_IF_ERROR(
-            CheckKeys(p, sec, {"uplink_mbps", "downlink_mbps", "slowdown", "memory_limit_mb"}));
+            CheckKeys(p, sec));
         DeviceEmulation d;
         RETURN_IF_ERROR(Read(p, sec, "uplink_mbps", &d.uplink_mbps));
         RETURN_IF_ERROR(Read(p, sec, "downlink_mbps", &d.downlink_mbps));
@@ -492,6 +505,15 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.local.clients >= 1, "local.clients", ">= 1"));
   RETURN_IF_ERROR(Range(c.local.holdout >= 0 && c.local.holdout <= 0.9, "local.holdout", "in [0, 0.9]"));
   return c;
+}
+
+std::vector<std::string> JobConfig::Keys() {
+  std::vector<std::string> out;
+  for (const auto& [section, keys] : KnownKeys()) {
+    if (section == "config") continue;  // the sections themselves
+    for (const std::string& k : keys) out.push_back(section + "." + k);
+  }
+  return out;
 }
 
 StatusOr<JobConfig> JobConfig::Load(const std::string& path) {

@@ -224,6 +224,8 @@ struct JobConfig {
   // Parses YAML text. `base_dir` resolves relative paths (model.path).
   static StatusOr<JobConfig> Parse(const std::string& yaml_text, const std::string& base_dir);
   static StatusOr<JobConfig> Load(const std::string& path);
+  // Every key Parse accepts, as SECTION.KEY (local.profiles[].KEY for a profile's).
+  static std::vector<std::string> Keys();
 };
 
 }  // namespace cleave

@@ -4,7 +4,10 @@
 
 #include <cmath>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 namespace cleave {
 namespace {
@@ -227,6 +230,37 @@ TEST(ConfigTest, EveryShippedExampleLoads) {
     ++n;
   }
   EXPECT_GE(n, 9);
+}
+
+// docs/configuration.md has a row for every key Parse accepts (a profile's keys are
+// described in the local.profiles row), and Parse accepts every key documented there.
+TEST(ConfigTest, TheReferenceDocumentsEveryKey) {
+  std::ifstream in(std::string(CLEAVE_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(in) << "docs/configuration.md";
+  const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t profiles = docs.find("| `local.profiles` |");
+  ASSERT_NE(profiles, std::string::npos);
+  const std::string profiles_row = docs.substr(profiles, docs.find('\n', profiles) - profiles);
+  const std::vector<std::string> keys = JobConfig::Keys();
+  EXPECT_GT(keys.size(), 80u);
+  for (const std::string& key : keys) {
+    const std::string prefix = "local.profiles[].";
+    if (key.rfind(prefix, 0) == 0) {
+      EXPECT_NE(profiles_row.find("`" + key.substr(prefix.size()) + "`"), std::string::npos) << key;
+    } else {
+      EXPECT_NE(docs.find("| `" + key + "` |"), std::string::npos) << key << " is not documented";
+    }
+  }
+  // The other way: a documented row names a key that exists.
+  for (size_t at = docs.find("\n| `"); at != std::string::npos; at = docs.find("\n| `", at + 1)) {
+    const size_t begin = at + 4, end = docs.find('`', begin);
+    const std::string name = docs.substr(begin, end - begin);
+    const bool dotted = name.find('.') != std::string::npos && name.find(' ') == std::string::npos &&
+                        name.find(':') == std::string::npos;
+    if (!dotted || name.rfind("test_", 0) == 0) continue;  // not a key row
+    EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end())
+        << name << " is documented but not a key";
+  }
 }
 
 }  // namespace
