@@ -18,6 +18,8 @@
 #include "absl/strings/str_format.h"
 #include "client/emulation.h"
 #include "compression/codec.h"
+#include "core/files.h"
+#include "core/parameter_set.h"
 #include "core/printable.h"
 #include "client/secagg_client.h"
 #include "client/split_client.h"
@@ -35,6 +37,32 @@ namespace {
 // Federated evaluation's batch: small enough for a model's activations to stay in cache
 // (docs/benchmarks.md, "Local training throughput").
 constexpr int kEvalBatch = 256;
+
+// The personal tensors saved in `path` ("KEY\n" then a parameter set) if they were saved
+// for `key` (this run and model) and fit `global`; else none, with a warning when the
+// file exists but does not fit.
+ParameterSet LoadPersonal(const std::string& path, const std::string& key,
+                          const std::vector<std::string>& names, const ParameterSet& global) {
+  auto bytes = ReadFile(path);
+  if (!bytes.ok()) return ParameterSet();  // none saved yet
+  const size_t newline = bytes->find('\n');
+  if (newline == std::string::npos || bytes->compare(0, newline, key) != 0) {
+    spdlog::info("{} holds personal layers of another run or model; starting afresh", path);
+    return ParameterSet();
+  }
+  auto saved = ParameterSet::Decode(std::string_view(*bytes).substr(newline + 1));
+  ParameterSet probe = global;
+  Status fits = saved.ok() ? Overwrite(*saved, &probe) : saved.status();
+  if (fits.ok() && saved->size() != names.size()) {
+    fits = absl::InvalidArgumentError("other tensors than the model's personal ones");
+  }
+  if (!fits.ok()) {
+    spdlog::warn("ignoring {}: {}", path, fits.ToString());
+    return ParameterSet();
+  }
+  spdlog::info("personal layers restored from {}", path);
+  return *std::move(saved);
+}
 
 v1::DeviceProfile LocalDevice() {
   v1::DeviceProfile d;
@@ -530,6 +558,13 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
           absl::StrCat("personal tensor '", Printable(n), "' is not in the model")));
     }
   }
+  const std::string personal_file =
+      opts.state_dir.empty() ? "" : opts.state_dir + "/personal.pb";
+  const std::string personal_key =
+      Sha256Hex(task.run_id() + "|" + task.model().SerializeAsString());
+  if (personal.size() == 0 && !personal_names.empty() && !personal_file.empty()) {
+    personal = LoadPersonal(personal_file, personal_key, personal_names, *global);
+  }
   if (personal.size() > 0) {
     if (Status s = Overwrite(personal, &*global); !s.ok()) return reject(s);
   }
@@ -589,7 +624,15 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     return absl::AbortedError("simulated crash");
   }
   ParameterSet trained = model->Parameters();
-  if (!personal_names.empty()) personal = Only(trained, personal_names);
+  if (!personal_names.empty()) {
+    personal = Only(trained, personal_names);
+    if (!personal_file.empty()) {
+      if (Status s = WriteFileAtomic(personal_file, personal_key + "\n" + personal.Encode());
+          !s.ok()) {
+        spdlog::warn("personal layers not saved: {}", s.ToString());
+      }
+    }
+  }
   ParameterSet delta = Delta(std::move(trained), *global);
   if (!opts.attack.empty() && opts.attack != "label-flip") {
     RETURN_IF_ERROR(Attack(*global, o, &delta));

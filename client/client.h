@@ -22,6 +22,10 @@ struct ClientOptions {
   // the global model on it and reports that with the update (federated evaluation).
   // Empty = none. Not with secure aggregation (one client's numbers would show).
   Dataset holdout;
+  // Where this device keeps its personal layers (model.personal) across restarts
+  // (cleave-client --state-dir): DIR/personal.pb, tied to the run and the model. Empty =
+  // in memory only: a restarted client starts them again from the initial values.
+  std::string state_dir;
   double initial_backoff_s = 0.5;  // first reconnect delay; doubles up to max_backoff_s
   double max_backoff_s = 30;
   double give_up_after_s = 600;    // unreachable this long: Run() returns UNAVAILABLE

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -30,6 +31,10 @@ int main(int argc, char** argv) {
                  "keep this fraction of the local data to evaluate the global model on "
                  "(federated evaluation)")
       ->check(CLI::Range(0.0, 0.9));
+  std::string state_dir;
+  app.add_option("--state-dir", state_dir,
+                 "keep this device's personal layers (model.personal) in DIR/personal.pb "
+                 "across restarts");
   app.add_option("--name", name, "client name shown by the server (with --cert: its CN)");
   std::string tls_ca, tls_cert, tls_key;
   app.add_option("--ca", tls_ca, "federation CA certificate: speak TLS and verify the server");
@@ -111,6 +116,15 @@ int main(int argc, char** argv) {
   opts.name = name;
   opts.train = *std::move(data);
   opts.holdout = std::move(held_out);
+  if (!state_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(state_dir, ec);
+    if (ec) {
+      std::cerr << "cleave-client: --state-dir " << state_dir << ": " << ec.message() << "\n";
+      return 2;
+    }
+    opts.state_dir = state_dir;
+  }
   opts.give_up_after_s = give_up_after;
   opts.emulation = emulation;
   opts.memory_limit_bytes = memory_limit_mb << 20;

@@ -271,6 +271,9 @@ int RunLocal(const LocalOptions& o) {
     if (config->local.holdout > 0) {
       argv.insert(argv.end(), {"--holdout", absl::StrCat(config->local.holdout)});
     }
+    if (!config->model.personal.empty()) {  // kept across a resumed run's client restarts
+      argv.insert(argv.end(), {"--state-dir", run_dir + "/clients/" + name});
+    }
     if (i >= clients - config->local.attackers) {
       argv.insert(argv.end(), {"--attack", config->local.attack});
     }

@@ -1,5 +1,6 @@
 // A server and several clients in one process, over real gRPC on localhost.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -102,6 +103,59 @@ TEST(FederationTest, PersonalHeadsStayOnTheClientsAndFitTheirData) {
       << per.accuracy_min << " vs " << avg.accuracy_min;
   ASSERT_TRUE(fedper[4].evaluation_only);
   EXPECT_GT(fedper[4].client_eval.accuracy, fedavg[4].client_eval.accuracy + 0.2);
+}
+
+// Personal layers survive a restart of the whole federation when the clients keep a
+// state directory: after the server resumes its run, clients restored from disk measure
+// the model with their trained heads; clients without one start from the server's
+// initial (random) heads again.
+TEST(FederationTest, PersonalLayersSurviveRestartsInTheStateDirectory) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("cleave_personal_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  static const Dataset all = *LoadFashionMnist(kFmnist, true, 3000);
+  auto parts = Partition(all.labels, 10, "labels:2", 3, 11);
+  ASSERT_TRUE(parts.ok());
+  auto clients = [&](bool keep_state) {
+    std::vector<ClientOptions> out(3);
+    for (int i = 0; i < 3; ++i) {
+      out[i].train = all.Subset((*parts)[i]);
+      out[i].holdout = TakeHoldout(&out[i].train, 0.2, 50 + i);
+      if (keep_state) {
+        out[i].state_dir = (dir / ("client-" + std::to_string(i))).string();
+        fs::create_directories(out[i].state_dir);
+      }
+    }
+    return out;
+  };
+  auto run = [&](int rounds, const std::string& run_dir, bool keep_state) {
+    Federation f;
+    f.Start("data: {test: \"\"}\nmodel: {name: mlp, personal: [\"2.*\"]}\n"
+            "run: {rounds: " + std::to_string(rounds) + ", seed: 6}\n"
+            "clients: {min: 3, quorum: 1.0}\nserver: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+            "train: {batch_size: 32, lr: 0.05, momentum: 0.9}\n",
+            clients(keep_state), run_dir);
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+    return f.server->History();
+  };
+  // Three rounds, then the same run resumed for a fourth, twice: with and without the
+  // clients' saved state (each from a copy of the run directory after round 3).
+  ASSERT_FALSE(run(3, (dir / "run").string(), true).empty());
+  fs::copy(dir / "run", dir / "run-b", fs::copy_options::recursive);
+  const auto kept = run(4, (dir / "run").string(), true);
+  const auto lost = run(4, (dir / "run-b").string(), false);
+  fs::remove_all(dir);
+  ASSERT_FALSE(kept.empty());
+  ASSERT_FALSE(lost.empty());
+  const RoundMetrics& k4 = kept.front();  // round 4 measures round 3's model
+  const RoundMetrics& l4 = lost.front();
+  ASSERT_EQ(k4.round, 4);
+  ASSERT_EQ(l4.round, 4);
+  // (Measured: 0.99 restored, 0.76 with the initial heads.)
+  EXPECT_GT(k4.client_eval.accuracy, 0.9);
+  EXPECT_GT(k4.client_eval.accuracy, l4.client_eval.accuracy + 0.15)
+      << "restored " << k4.client_eval.accuracy << ", lost " << l4.client_eval.accuracy;
 }
 
 // After the last round the clients that hold data out measure the final model (the
