@@ -105,6 +105,35 @@ TEST(FederationTest, PersonalHeadsStayOnTheClientsAndFitTheirData) {
   EXPECT_GT(fedper[4].client_eval.accuracy, fedavg[4].client_eval.accuracy + 0.2);
 }
 
+// Personal layers with every strategy and defence that sums updates: server optimizers,
+// DP, a robust rule, FLTrust's server update, compressed and masked uploads. Each run
+// moves the shared tensors and leaves the personal ones as initialised.
+TEST(FederationTest, PersonalLayersWorkWithEveryStrategyAndDefence) {
+  const ParameterSet initial = (*Model::Create({"mlp", "", 8}))->Parameters();
+  for (const std::string extra :
+       {"strategy: {name: fedadam}", "strategy: {name: fedavgm}",
+        "dp: {noise_multiplier: 0.3, clip: 1.0}", "aggregation: {rule: median}",
+        "aggregation: {rule: fltrust, root_data: \"fmnist:/usr/share/datasets/fashion-mnist,"
+        "limit=100\"}",
+        "compression: {update: int8}", "secure_aggregation: {k: 4, t: 3, clip: 1.0, bits: 16}"}) {
+    Federation f;
+    f.Start("data: {test: \"\"}\nmodel: {name: mlp, personal: [\"2.*\"]}\n"
+            "run: {rounds: 2, seed: 8}\nclients: {min: 5, quorum: 1.0, round_deadline_s: 60}\n"
+            "server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+            "train: {batch_size: 32, lr: 0.05, momentum: 0.9}\n" + extra + "\n",
+            Options(5, 2500));
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << extra << ": " << f.server_status;
+    EXPECT_EQ(f.server->committed_round(), 2) << extra;
+    const ParameterSet global = f.server->GlobalModel();
+    for (size_t i = 0; i < global.size(); ++i) {
+      const bool head = global.tensors()[i].name.rfind("2.", 0) == 0;
+      EXPECT_EQ(global.tensors()[i].values == initial.tensors()[i].values, head)
+          << extra << ": " << global.tensors()[i].name;
+    }
+  }
+}
+
 // Personal layers survive a restart of the whole federation when the clients keep a
 // state directory: after the server resumes its run, clients restored from disk measure
 // the model with their trained heads; clients without one start from the server's
