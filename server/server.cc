@@ -19,6 +19,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -2664,11 +2665,16 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
   std::shared_ptr<SplitRound> split_round = std::move(split_round_);
   l.unlock();
   Status finished = absl::OkStatus();
+  // The strategy's state before it steps (server momentum, Adam moments, the DP
+  // accountant, error-feedback memory): a round that fails after the step leaves no
+  // trace in it.
+  std::optional<ParameterSet> strategy_before;
   if (split_round) {
     auto aggregated = split_round->Aggregate();
     finished = aggregated.status();
     if (aggregated.ok()) next = *std::move(aggregated);
   } else {
+    strategy_before = strategy_->State();
     if (secagg) finished = AccumulateSecAgg(*secagg, weight, next);
     if (finished.ok() && root_.size > 0) finished = SetFlTrustReference(global_, plan.fit);
     if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
@@ -2685,6 +2691,13 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
     if (Status finite = CheckViews(next, ViewsOf(next)); !finite.ok()) {
       finished = absl::AbortedError(absl::StrCat("round ", round, ": the aggregate is not usable (",
                                                  finite.message(), "); not committed"));
+    }
+  }
+  if (!finished.ok() && strategy_before) {
+    if (Status s = strategy_->Restore(*strategy_before); !s.ok()) {
+      finished = absl::InternalError(absl::StrCat(finished.message(),
+                                                  "; the strategy's state was not restored: ",
+                                                  s.message()));
     }
   }
   std::shared_ptr<const std::string> blob;

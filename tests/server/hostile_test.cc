@@ -123,6 +123,38 @@ server: {client_timeout_s: 120, max_update_abs: 3.0e38}
   fs::remove_all(dir);
 }
 
+// A failed round leaves no trace in the strategy's state: with server momentum an
+// overflowing round would otherwise leave an infinite velocity behind, and every later
+// round would fail too. Here the retried round commits exactly FedAvgM's first step.
+TEST_F(HostileTest, AFailedRoundLeavesTheServerOptimizerAsItWas) {
+  StartServer(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
+strategy: {name: fedavgm, server_lr: 1.0, server_momentum: 0.9}
+server: {client_timeout_s: 120, max_update_abs: 3.0e38}
+)");
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 100);
+  ASSERT_TRUE(a.Join("a") && b.Join("b"));
+  auto ta = a.NextTask(), tb = b.NextTask();
+  ASSERT_TRUE(ta && tb);
+  ASSERT_TRUE(Upload(a, *ta, 100, Filled(initial, 3e38f)).ok());
+  ASSERT_TRUE(Upload(b, *tb, 100, Filled(initial, 3e38f)).ok());
+  // The overflowing round fails; its retry gets honest updates.
+  ta = a.NextTask();
+  tb = b.NextTask();
+  ASSERT_TRUE(ta && tb);
+  EXPECT_EQ(ta->round(), 1);
+  ASSERT_TRUE(Upload(a, *ta, 100, Filled(initial, 0.01f)).ok());
+  ASSERT_TRUE(Upload(b, *tb, 100, Filled(initial, 0.03f)).ok());
+  ASSERT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_EQ(server_->committed_round(), 1);
+  ExpectShiftedBy(initial, server_->GlobalModel(), 0.02);  // v = 0.9 * 0 + 0.02
+}
+
 // Options for a plaintext server on run directory `dir` (made empty).
 ServerOptions OnRunDir(const fs::path& dir) {
   fs::remove_all(dir);
