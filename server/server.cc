@@ -462,7 +462,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   Status LoadCheckpoint();
   // The serialized checkpoint of the last committed round.
   std::string CheckpointLocked(double elapsed_s) const;
-  // Keeps only the metrics.jsonl lines of rounds <= committed_round_.
+  // Keeps only the metrics.jsonl lines of rounds <= committed_round_, and notes from them
+  // whether clients evaluate and which round's model had its final evaluation.
   Status TrimMetrics();
   // Tells every client the run ended (RunEnded): they exit.
   void EndRun(const std::string& reason);
@@ -526,6 +527,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   int round_clients_ = 0;  // clients sampled for the current round
   bool evaluating_ = false;  // the current round is evaluation only
   bool clients_evaluate_ = false;  // some client has reported a federated evaluation
+  int64_t final_evaluated_round_ = 0;  // the round whose model had its final evaluation
   RoundWeights round_weights_;  // the current round's bound on declared example counts
   Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
   std::mt19937_64 rng_;            // client sampling (checkpointed)
@@ -2847,8 +2849,10 @@ void Server::Impl::FinalEvaluation(double elapsed_s) {
     std::unique_lock<std::mutex> l(mu_);
     // Not in split rounds nor under secure aggregation: clients report no evaluation
     // there (one client's numbers would show what masking hides).
+    // A run restarted after its final evaluation does not repeat it.
     if (!cfg_.server.final_evaluation || !clients_evaluate_ || split_mode_ ||
-        cfg_.secure_aggregation.enabled || stopping_) {
+        cfg_.secure_aggregation.enabled || stopping_ ||
+        final_evaluated_round_ == committed_round_) {
       return;
     }
     spdlog::info("final evaluation of round {}'s model by the clients", committed_round_);
@@ -2867,6 +2871,7 @@ void Server::Impl::FinalEvaluation(double elapsed_s) {
     total_bytes_up_ += m->bytes_up;
     total_bytes_down_ += m->bytes_down;
     history_.push_back(*m);
+    final_evaluated_round_ = m->round;
   }
   if (opts_.run_dir.empty()) return;
   if (Status s = run_files_->AppendLog(MetricsJson(*m)); !s.ok()) {
@@ -2950,6 +2955,8 @@ Status Server::Impl::TrimMetrics() {
   for (std::string line; std::getline(lines, line);) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || j.value("round", int64_t{0}) > committed_round_) continue;
+    if (j.value("evaluation_only", false)) final_evaluated_round_ = j.value("round", int64_t{0});
+    if (j.contains("client_eval")) clients_evaluate_ = true;  // for the final evaluation
     kept += line + "\n";
   }
   if (kept.size() == text->size()) return absl::OkStatus();

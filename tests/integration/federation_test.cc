@@ -357,6 +357,60 @@ TEST(FederationTest, ClientsTrainWithTheTorchScriptLossTheServerSends) {
   EXPECT_EQ(h[1].test_accuracy, expected->accuracy);
 }
 
+// The final evaluation happens once per run: a finished run restarted on its run
+// directory does not repeat it, and a run whose server died after its last round but
+// before the final evaluation does it on restart.
+TEST(FederationTest, TheFinalEvaluationHappensOnceAcrossRestarts) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("cleave_final_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const std::string yaml =
+      "data: {test: \"\"}\nmodel: {name: mlp}\nrun: {rounds: 2, seed: 2}\n"
+      "clients: {min: 2, quorum: 1.0}\nserver: {heartbeat_s: 0.5, client_timeout_s: 30}\n";
+  // A finished run's server ends at once; its clients then find no server and give up.
+  auto clients = [](double give_up_after_s) {
+    auto opts = Options(2, 1000);
+    for (int i = 0; i < 2; ++i) {
+      opts[i].holdout = TakeHoldout(&opts[i].train, 0.2, i);
+      opts[i].give_up_after_s = give_up_after_s;
+      opts[i].initial_backoff_s = 0.1;
+    }
+    return opts;
+  };
+  auto evaluation_lines = [&] {
+    std::ifstream metrics(dir / "metrics.jsonl");
+    int lines = 0, evaluations = 0;
+    for (std::string line; std::getline(metrics, line); ++lines) {
+      evaluations += line.find("\"evaluation_only\":true") != std::string::npos;
+    }
+    return std::make_pair(lines, evaluations);
+  };
+  auto run = [&](double give_up_after_s = 600) {
+    Federation f;
+    f.Start(yaml, clients(give_up_after_s), dir.string());
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+    return f.server->History();
+  };
+  ASSERT_EQ(run().size(), 3u);
+  EXPECT_EQ(evaluation_lines(), std::make_pair(3, 1));
+  EXPECT_TRUE(run(0.5).empty()) << "a finished run: nothing again";
+  EXPECT_EQ(evaluation_lines(), std::make_pair(3, 1));
+  // The server died before the final evaluation's line was written.
+  std::ifstream in(dir / "metrics.jsonl");
+  std::string first, second;
+  std::getline(in, first);
+  std::getline(in, second);
+  in.close();
+  ASSERT_TRUE(WriteFileAtomic((dir / "metrics.jsonl").string(), first + "\n" + second + "\n").ok());
+  const auto h = run();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_TRUE(h[0].evaluation_only);
+  EXPECT_EQ(h[0].round, 2);
+  EXPECT_EQ(evaluation_lines(), std::make_pair(3, 1));
+  fs::remove_all(dir);
+}
+
 TEST(FederationTest, ServerResumesFromItsRunDirectory) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / "cleave_resume_test").string();
