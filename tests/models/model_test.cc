@@ -24,6 +24,27 @@ const Dataset& Train() {
   return d;
 }
 
+// `a` and the reference `b`, both trained from `start`, agree up to float rounding,
+// which grows over many steps: per tensor, within 0.5 % of the reference's largest
+// change (plus `slack`), and every tensor changed.
+void ExpectTrainedAlike(const ParameterSet& start, const ParameterSet& a, const ParameterSet& b,
+                        double slack) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& w0 = start.tensors()[i].values;
+    const auto& wa = a.tensors()[i].values;
+    const auto& wb = b.tensors()[i].values;
+    double max_change = 0, max_diff = 0;
+    for (size_t j = 0; j < wa.size(); ++j) {
+      max_change = std::max(max_change, std::abs(double(wb[j]) - w0[j]));
+      max_diff = std::max(max_diff, std::abs(double(wa[j]) - wb[j]));
+    }
+    EXPECT_GT(max_change, 0) << a.tensors()[i].name << " did not change";
+    EXPECT_LE(max_diff, 0.005 * max_change + slack)
+        << a.tensors()[i].name << ": largest change " << max_change;
+  }
+}
+
 TEST(ModelTest, LeNet5HasThePublishedShapes) {
   auto m = Build("lenet5");
   ParameterSet p = m->Parameters();
@@ -241,20 +262,7 @@ TEST_P(BuiltinMatchesStockTest, TrainsLikePyTorchsStockOps) {
   // Float rounding differs between the two paths (summation order in the kernels) and
   // grows over an epoch of steps, the more the faster the processor's kernels reorder:
   // compare each tensor's change from the common start, relative to that change.
-  ParameterSet a = ours->Parameters(), b = (*stock)->Parameters();
-  for (size_t i = 0; i < a.size(); ++i) {
-    const auto& w0 = start.tensors()[i].values;
-    const auto& wa = a.tensors()[i].values;
-    const auto& wb = b.tensors()[i].values;
-    double max_change = 0, max_diff = 0;
-    for (size_t j = 0; j < wa.size(); ++j) {
-      max_change = std::max(max_change, std::abs(double(wb[j]) - w0[j]));
-      max_diff = std::max(max_diff, std::abs(double(wa[j]) - wb[j]));
-    }
-    EXPECT_GT(max_change, 0) << a.tensors()[i].name << " did not train";
-    EXPECT_LE(max_diff, 0.005 * max_change + 1e-7)
-        << a.tensors()[i].name << ": largest change " << max_change;
-  }
+  ExpectTrainedAlike(start, ours->Parameters(), (*stock)->Parameters(), 1e-7);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -345,21 +353,7 @@ TEST(ModelTest, ResNetTrainsLikePyTorch) {
   auto s2 = (*stock)->Train(data, o);
   ASSERT_TRUE(s1.ok() && s2.ok());
   EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
-  ParameterSet a = (*ours)->Parameters(), b = (*stock)->Parameters();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    const auto& w0 = start.tensors()[i].values;
-    const auto& wa = a.tensors()[i].values;
-    const auto& wb = b.tensors()[i].values;
-    double max_change = 0, max_diff = 0;
-    for (size_t j = 0; j < wa.size(); ++j) {
-      max_change = std::max(max_change, std::abs(double(wb[j]) - w0[j]));
-      max_diff = std::max(max_diff, std::abs(double(wa[j]) - wb[j]));
-    }
-    EXPECT_GT(max_change, 0) << a.tensors()[i].name << " did not change";
-    EXPECT_LE(max_diff, 0.005 * max_change + 1e-6)
-        << a.tensors()[i].name << ": largest change " << max_change;
-  }
+  ExpectTrainedAlike(start, (*ours)->Parameters(), (*stock)->Parameters(), 1e-6);
   auto e1 = (*ours)->Evaluate(data, 64);
   auto e2 = (*stock)->Evaluate(data, 64);  // eval mode: the running statistics
   ASSERT_TRUE(e1.ok() && e2.ok());
