@@ -429,6 +429,18 @@ Status Model::SetTorchScriptLoss(const std::string& archive) {
 
 namespace {
 
+// OK when `loss` is one of kLosses and suits `data`: mse and mae need regression
+// targets, the other built-in losses labels (a TorchScript loss takes either).
+Status CheckLossSuitsData(const std::string& loss, const Dataset& data) {
+  if (std::find(kLosses.begin(), kLosses.end(), loss) == kLosses.end()) {
+    return absl::InvalidArgumentError("unknown loss '" + loss + "'");
+  }
+  if (loss != "torchscript" && (loss == "mse" || loss == "mae") != !data.targets.empty()) {
+    return absl::InvalidArgumentError("loss " + loss + " does not suit this data's labels");
+  }
+  return absl::OkStatus();
+}
+
 // The batch's `loss` of `out` against its labels `y` (int64) or targets `t` (float):
 // the mean over the batch, or the sum when `sum`. `script` is the torchscript loss.
 torch::Tensor Loss(const std::string& loss, torch::jit::Module* script, const torch::Tensor& out,
@@ -546,12 +558,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
   if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw") {
     return absl::InvalidArgumentError("unknown optimizer '" + o.optimizer + "' (sgd, adam, adamw)");
   }
-  if (std::find(kLosses.begin(), kLosses.end(), o.loss) == kLosses.end()) {
-    return absl::InvalidArgumentError("unknown loss '" + o.loss + "'");
-  }
-  if (o.loss != "torchscript" && (o.loss == "mse" || o.loss == "mae") != !data.targets.empty()) {
-    return absl::InvalidArgumentError("loss " + o.loss + " does not suit this data's labels");
-  }
+  RETURN_IF_ERROR(CheckLossSuitsData(o.loss, data));
   const auto start = std::chrono::steady_clock::now();
   TrainStats stats;
   try {
@@ -619,13 +626,8 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
 StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
                                     const std::string& loss) const {
   if (data.size == 0) return absl::FailedPreconditionError("no evaluation data");
-  if (std::find(kLosses.begin(), kLosses.end(), loss) == kLosses.end()) {
-    return absl::InvalidArgumentError("unknown loss '" + loss + "'");
-  }
+  RETURN_IF_ERROR(CheckLossSuitsData(loss, data));
   const bool regression = !data.targets.empty();
-  if (loss != "torchscript" && (loss == "mse" || loss == "mae") != regression) {
-    return absl::InvalidArgumentError("loss " + loss + " does not suit this data's labels");
-  }
   EvalStats s;
   try {
     torch::NoGradGuard no_grad;
