@@ -524,7 +524,9 @@ TEST(ModelTest, TrainsOnFeaturesAndAugmentedImages) {
   ASSERT_TRUE(r.ok());
   o.epochs = 2;
   o.batch_size = 32;
-  o.lr = 0.05;
+  // At lr 0.05 (momentum 0.9) this run diverged on an AVX-512 Xeon (0.12 -> 0.16);
+  // at 0.02 it reaches 0.64.
+  o.lr = 0.02;
   auto before = (*r)->Evaluate(images, 500);
   ASSERT_TRUE((*r)->Train(images, o).ok());
   auto after = (*r)->Evaluate(images, 500);
