@@ -55,7 +55,7 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
       {"server", {"listen", "heartbeat_s", "client_timeout_s", "max_model_elements", "chunk_bytes",
                   "eval_batch_size", "worker_threads", "evaluate", "final_evaluation",
                   "max_update_abs", "upload_idle_timeout_s", "handshake_timeout_s",
-                  "max_sessions"}},
+                  "max_sessions", "max_connections"}},
       {"tls", {"cert", "key", "ca", "mutual", "reload_s", "revoked"}},
       {"auth", {"token_file"}},
       {"secure_aggregation", {"enabled", "k", "t", "clip", "bits", "modulus", "stage_timeout_s"}},
@@ -197,6 +197,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "server", "upload_idle_timeout_s", &c.server.upload_idle_timeout_s));
     RETURN_IF_ERROR(Read(s, "server", "handshake_timeout_s", &c.server.handshake_timeout_s));
     RETURN_IF_ERROR(Read(s, "server", "max_sessions", &c.server.max_sessions));
+    RETURN_IF_ERROR(Read(s, "server", "max_connections", &c.server.max_connections));
     RETURN_IF_ERROR(Read(s, "server", "listen", &c.server.listen));
     RETURN_IF_ERROR(Read(s, "server", "heartbeat_s", &c.server.heartbeat_s));
     RETURN_IF_ERROR(Read(s, "server", "client_timeout_s", &c.server.client_timeout_s));
@@ -501,6 +502,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.server.upload_idle_timeout_s > 0, "server.upload_idle_timeout_s", "> 0"));
   RETURN_IF_ERROR(Range(c.server.handshake_timeout_s > 0, "server.handshake_timeout_s", "> 0"));
   RETURN_IF_ERROR(Range(c.server.max_sessions >= 0, "server.max_sessions",
+                        ">= 0 (0 = derived from the open-file limit)"));
+  RETURN_IF_ERROR(Range(c.server.max_connections >= 0, "server.max_connections",
                         ">= 0 (0 = derived from the open-file limit)"));
   RETURN_IF_ERROR(Range(c.local.clients >= 1, "local.clients", ">= 1"));
   RETURN_IF_ERROR(Range(c.local.holdout >= 0 && c.local.holdout <= 0.9, "local.holdout", "in [0, 0.9]"));

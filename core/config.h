@@ -138,6 +138,7 @@ struct ServerConfig {
   double upload_idle_timeout_s = 30;     // server.upload_idle_timeout_s: stalled upload = failed
   double handshake_timeout_s = 10;       // server.handshake_timeout_s: TLS/HTTP/2 handshake
   int max_sessions = 0;                  // server.max_sessions: 0 = from the fd limit
+  int max_connections = 0;               // server.max_connections: 0 = from the fd limit
 };
 
 // TLS on the server's port. Without a certificate the server refuses to start unless

@@ -1,4 +1,5 @@
 #include "server/server.h"
+#include "server/accept_gate.h"
 #include "server/checkpoint.h"
 #include "server/secagg_round.h"
 
@@ -35,6 +36,9 @@
 #include "aggregation/weighting.h"
 #include "compression/codec.h"
 #include "cleave/v1/cleave.grpc.pb.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "core/clock.h"
 #include "core/files.h"
 #include "core/printable.h"
 #include "core/thread_pool.h"
@@ -47,8 +51,6 @@
 
 namespace cleave {
 
-namespace v1 = ::cleave::v1;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -270,6 +272,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   explicit Impl(ServerOptions o)
       : opts_(std::move(o)),
         cfg_(opts_.config),
+        clock_(opts_.clock ? opts_.clock : Clock::Real()),
         rng_(cfg_.run.seed),
         upload_slots_free_(cfg_.server.worker_threads),
         pool_(cfg_.server.worker_threads) {}
@@ -344,15 +347,15 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
     return CodecFamily(spec) == "none" ? "" : spec;
   }
   ThreadPool& pool() { return pool_; }
-  // Upload admission: true if `r` may read its payload now; otherwise `r` is queued and
-  // resumed when a slot frees. CancelWaitingUpload removes a queued `r` (true if it was
-  // queued). ReleaseUploadSlot is called once by each reactor that held a slot.
-  bool AcquireUploadSlot(UploadReactor* r);
+  const Clock& clock() const { return *clock_; }
   void RegisterUpload(std::shared_ptr<UploadReactor> r);
   void UnregisterUpload(UploadReactor* r);
-  // One upload in progress per client: `r` (whose header passed) becomes `client_id`'s
-  // upload, and an older one still open is cancelled.
-  void ClaimUpload(const std::string& client_id, UploadReactor* r);
+  // `r`, whose header passed, becomes `client_id`'s one upload in progress (an older one
+  // still open is cancelled) and asks for an upload slot: true if it may read its
+  // payload now; otherwise it is queued and resumed when a slot frees.
+  // CancelWaitingUpload removes a queued `r` (true if it was queued). ReleaseUploadSlot
+  // is called once by each reactor that held a slot.
+  bool ClaimUpload(const std::string& client_id, UploadReactor* r);
   // A refused upload, logged with the sender's identity (names escaped and bounded).
   void LogRefusedUpload(const v1::UploadHeader& h, const Status& why);
   // Cancels every upload still open (called when a round closes).
@@ -379,19 +382,27 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
                                    v1::SecAggReply* reply) override;
 
   ParameterSet GlobalModel() const {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     return global_;
   }
   int64_t committed_round() const {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     return committed_round_;
   }
   std::vector<RoundMetrics> History() const {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     return history_;
   }
   int port() const { return port_; }
+  std::string RunId() const {
+    absl::MutexLock l(&mu_);
+    return run_id_;
+  }
   std::pair<int64_t, int64_t> TransportBytes() const { return {lifetime_up_, lifetime_down_}; }
+  Server::UploadCounts Uploads() const {
+    absl::MutexLock l(&upload_mu_);
+    return {static_cast<int>(upload_of_client_.size()), static_cast<int>(upload_waiters_.size())};
+  }
 
  private:
   static constexpr int64_t kProbeBytes = 256 << 10;
@@ -399,46 +410,54 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // less room for framing.
   static constexpr int64_t kMaxSplitMessage = (4 << 20) - (64 << 10);
 
-  int ConnectedLocked() const;
+  int ConnectedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Connected clients that may be given a task (split, cut: auto: once profiled).
-  std::vector<std::string> AvailableLocked() const;
-  void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why);
+  std::vector<std::string> AvailableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session of a message about a task of the current round: identity (token), run
   // and round checked; UNAUTHENTICATED or FAILED_PRECONDITION naming `what` otherwise.
   StatusOr<const Session*> CheckSenderLocked(const std::string& what, const std::string& client_id,
                                              const std::string& token, const std::string& peer,
-                                             const std::string& run_id, int64_t round) const;
+                                             const std::string& run_id, int64_t round) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session `client_id` with `token`, called from certificate `peer`.
   StatusOr<const Session*> SessionLocked(const std::string& client_id, const std::string& token,
-                                         const std::string& peer) const;
+                                         const std::string& peer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The task message for `cid` in `round` (split: publishes its client part); records it.
   v1::ServerMessage MakeTaskLocked(int64_t round, const std::string& cid, const FitSettings& fit,
-                                   int64_t deadline_ms);
+                                   int64_t deadline_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Split learning: loads the mode, profiles the server's stages, publishes the probe.
-  Status InitSplit(const ModelSpec& spec);
+  Status InitSplit(const ModelSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NeedProfile() const { return split_mode_.has_value() && cfg_.split.cut == 0; }
   CutProblem ProblemFor(const Session& s, int clients_in_round) const;
   // Chooses each client's cut and starts the round's SplitRound. Returns the clients
   // that can take part (a client no cut fits is left out).
   StatusOr<std::vector<std::string>> BeginSplitRoundLocked(int64_t round,
                                                            const std::vector<std::string>& clients,
-                                                           const FitSettings& fit);
+                                                           const FitSettings& fit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Encodes global_ and makes it the model version clients fetch.
-  void PublishModelLocked();
-  void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest);
+  void PublishModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops clients silent past server.client_timeout_s, and cancels uploads that made no
   // progress for server.upload_idle_timeout_s while they could (failing their task, so a
-  // stalling client holds an upload slot at most once per round). Releases `l` while
+  // stalling client holds an upload slot at most once per round). Releases mu_ while
   // closing streams.
-  void ExpireSilent(std::unique_lock<std::mutex>& l);
-  void FailTasksOfLocked(const std::string& client_id, const std::string& why);
-  bool RoundResolvedLocked() const;
+  void ExpireSilentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailTasksOfLocked(const std::string& client_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RoundResolvedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Secure aggregation: starts the round's SecAggRound for `clients`.
-  Status BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients);
+  Status BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drives secagg_'s stages until its unmasking closes (OK) or the round cannot go on;
   // masked inputs are due by `training_deadline`, each other stage within
-  // secure_aggregation.stage_timeout_s. Releases `l` while sending.
-  Status RunSecAggStagesLocked(std::unique_lock<std::mutex>& l, Clock::time_point training_deadline);
+  // secure_aggregation.stage_timeout_s. Releases mu_ while sending.
+  Status RunSecAggStagesLocked(Clock::time_point training_deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmasks the round's sum and folds it into the strategy as one update weighted by
   // the survivors' `total_examples`.
   Status AccumulateSecAgg(const SecAggRound& round, int64_t total_examples, const ParameterSet& layout);
@@ -448,23 +467,24 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   Status SetFlTrustReference(const ParameterSet& global, const FitSettings& fit);
   // Distributed DP and aggregation.weighting: equal: every masked update counts the same.
   bool UniformSecAggWeights() const {
-    return (cfg_.dp.enabled && cfg_.dp.noise == "distributed") || round_weights_.equal();
+    return (cfg_.dp.enabled && cfg_.dp.noise == "distributed") ||
+           cfg_.aggregation.weighting == "equal";
   }
   // Runs the next round to its aggregate and publishes the new model (Commit then
   // evaluates and persists it). `evaluate_only`: instead, the connected clients measure
   // the last committed model on their held-out data (the final evaluation); nothing is
   // aggregated and the model stays.
-  StatusOr<RoundMetrics> RunRound(std::unique_lock<std::mutex>& l, bool evaluate_only = false);
+  StatusOr<RoundMetrics> RunRound(bool evaluate_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status Commit(RoundMetrics* m);
   // After the last round: the final model's federated evaluation, when clients hold
   // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
   void FinalEvaluation(double elapsed_s);
-  Status LoadCheckpoint();
+  Status LoadCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The serialized checkpoint of the last committed round.
-  std::string CheckpointLocked(double elapsed_s) const;
+  std::string CheckpointLocked(double elapsed_s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps only the metrics.jsonl lines of rounds <= committed_round_, and notes from them
   // whether clients evaluate and which round's model had its final evaluation.
-  Status TrimMetrics();
+  Status TrimMetrics() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells every client the run ended (RunEnded): they exit.
   void EndRun(const std::string& reason);
   // Closes every control stream with UNAVAILABLE: clients reconnect (server stopped).
@@ -509,65 +529,83 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   CutProblem model_problem_;  // the cost model's model- and server-side inputs
   std::string probe_digest_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  std::string run_id_;
+  // Time for every deadline and timeout (ServerOptions::clock; the real one by default).
+  const std::shared_ptr<Clock> clock_;
+  // How often waits wake to expire silent clients and stalled uploads.
+  static constexpr Clock::duration kPoll = std::chrono::milliseconds(200);
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string run_id_ ABSL_GUARDED_BY(mu_);
   std::string bearer_;  // "Bearer TOKEN" from auth.token_file; empty = no token check
   std::unique_ptr<RunFiles> run_files_;  // metrics.jsonl and checkpoint.pb (with a run dir)
-  int max_sessions_ = 0;  // server.max_sessions, or derived from the descriptor limit
-  std::set<std::string> revoked_;  // tls.revoked: identities refused at once
+  // server.max_sessions, or derived from the descriptor limit
+  int max_sessions_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::string> revoked_ ABSL_GUARDED_BY(mu_);  // tls.revoked: identities refused at once
   // TLS staging (see StageTls); owned by Start and then the reload thread.
   std::string tls_dir_;
   int tls_version_ = 0;
   TlsMaterial tls_material_;
   std::thread tls_thread_;
   // The current round's secure aggregation (secure_aggregation.enabled), else null.
-  std::unique_ptr<SecAggRound> secagg_;
-  int round_clients_ = 0;  // clients sampled for the current round
-  bool evaluating_ = false;  // the current round is evaluation only
-  bool clients_evaluate_ = false;  // some client has reported a federated evaluation
-  int64_t final_evaluated_round_ = 0;  // the round whose model had its final evaluation
-  RoundWeights round_weights_;  // the current round's bound on declared example counts
+  std::unique_ptr<SecAggRound> secagg_ ABSL_GUARDED_BY(mu_);
+  int round_clients_ ABSL_GUARDED_BY(mu_) = 0;  // clients sampled for the current round
+  bool evaluating_ ABSL_GUARDED_BY(mu_) = false;  // the current round is evaluation only
+  // some client has reported a federated evaluation
+  bool clients_evaluate_ ABSL_GUARDED_BY(mu_) = false;
+  // the round whose model had its final evaluation
+  int64_t final_evaluated_round_ ABSL_GUARDED_BY(mu_) = 0;
+  // the current round's bound on declared example counts
+  RoundWeights round_weights_ ABSL_GUARDED_BY(mu_);
   Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
-  std::mt19937_64 rng_;            // client sampling (checkpointed)
-  std::map<std::string, Session> sessions_;
-  std::map<std::string, std::shared_ptr<const std::string>> blobs_;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);            // client sampling (checkpointed)
+  std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const std::string>> blobs_ ABSL_GUARDED_BY(mu_);
   // The fp32 encoding size of model and part blobs (by digest), for compression ratios.
-  std::map<std::string, int64_t> fp32_sizes_;
-  ParameterSet global_;
+  std::map<std::string, int64_t> fp32_sizes_ ABSL_GUARDED_BY(mu_);
+  ParameterSet global_ ABSL_GUARDED_BY(mu_);
   // model.personal's tensors: they stay on the devices. Updates, the strategy and secure
   // aggregation see shared_layout_ (global_ without them); global_ keeps their initial
   // values (clients start from them).
   std::vector<std::string> personal_;
   ParameterSet shared_layout_;  // its values are not kept up to date: a layout only
   // The layout of an update (and of the strategy's sums).
-  const ParameterSet& UpdateLayout() const { return personal_.empty() ? global_ : shared_layout_; }
-  std::string model_digest_;
+  const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return personal_.empty() ? global_ : shared_layout_;
+  }
+  // The Run thread is the only writer of global_ (under mu_), so it may read it without.
+  const ParameterSet& RunThreadGlobal() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return global_; }
+  std::string model_digest_ ABSL_GUARDED_BY(mu_);
   std::string loss_digest_;  // the TorchScript loss's blob (train.loss: torchscript)
   int64_t loss_size_ = 0;
-  int64_t committed_round_ = 0;
-  int64_t current_round_ = 0;  // round in progress; 0 when none
-  std::map<std::string, TaskRecord> tasks_;  // tasks of the current round
-  std::deque<std::string> turns_;            // sl: clients still to take their turn
-  std::shared_ptr<SplitRound> split_round_;  // the current split round
-  std::set<std::string> pinned_blobs_;       // kept across rounds (TorchScript, probe)
-  std::vector<RoundMetrics> history_;
-  int64_t next_client_ = 1;
-  int64_t total_bytes_up_ = 0, total_bytes_down_ = 0;
+  int64_t committed_round_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t current_round_ ABSL_GUARDED_BY(mu_) = 0;  // round in progress; 0 when none
+  std::map<std::string, TaskRecord> tasks_ ABSL_GUARDED_BY(mu_);  // tasks of the current round
+  // sl: clients still to take their turn
+  std::deque<std::string> turns_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SplitRound> split_round_ ABSL_GUARDED_BY(mu_);  // the current split round
+  // kept across rounds (TorchScript, probe)
+  std::set<std::string> pinned_blobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<RoundMetrics> history_ ABSL_GUARDED_BY(mu_);
+  int64_t next_client_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t total_bytes_up_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t total_bytes_down_ ABSL_GUARDED_BY(mu_) = 0;
   double prior_elapsed_s_ = 0;  // wall time of the run before a resume
   std::atomic<int64_t> bytes_up_{0}, bytes_down_{0};
   std::atomic<int64_t> split_up_{0}, split_down_{0}, labels_up_{0};
   std::atomic<int64_t> saved_up_{0}, saved_down_{0};
   std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};
-  std::string phase_ = "starting";
-  double last_accuracy_ = 0;
+  std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
+  double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
 
-  std::mutex upload_mu_;
-  int upload_slots_free_;
-  std::deque<UploadReactor*> upload_waiters_;
-  std::map<UploadReactor*, std::shared_ptr<UploadReactor>> open_uploads_;
-  std::map<std::string, UploadReactor*> upload_of_client_;  // see ClaimUpload
+  mutable absl::Mutex upload_mu_;
+  int upload_slots_free_ ABSL_GUARDED_BY(upload_mu_);
+  std::deque<UploadReactor*> upload_waiters_ ABSL_GUARDED_BY(upload_mu_);
+  std::map<UploadReactor*, std::shared_ptr<UploadReactor>> open_uploads_
+      ABSL_GUARDED_BY(upload_mu_);
+  // see ClaimUpload
+  std::map<std::string, UploadReactor*> upload_of_client_ ABSL_GUARDED_BY(upload_mu_);
 
   ThreadPool pool_;  // last member: its workers finish before the state above dies
 };
@@ -584,18 +622,18 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
  public:
   // Queues a message. Returns false if the stream is finishing.
   bool Send(Out msg, bool finish_after = false) {
-    bool start = false;
+    const Out* start = nullptr;
     {
-      std::lock_guard<std::mutex> l(wmu_);
+      absl::MutexLock l(&wmu_);
       if (finishing_) return false;
       Queued(msg);
       out_.push_back(std::move(msg));
       if (finish_after) finish_after_writes_ = true;
-      start = !writing_;
+      // Only OnWriteDone pops, and not before this write completes: the element stays.
+      if (!writing_) start = &out_.front();
       writing_ = true;
     }
-    // Only OnWriteDone pops, and not before this write completes: front() is stable.
-    if (start) this->StartWrite(&out_.front());
+    if (start != nullptr) this->StartWrite(start);
     return true;
   }
 
@@ -603,7 +641,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
   void Close(const grpc::Status& s) {
     bool now = false;
     {
-      std::lock_guard<std::mutex> l(wmu_);
+      absl::MutexLock l(&wmu_);
       now = FinishLocked(s);
     }
     if (now) this->Finish(s);
@@ -614,7 +652,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
     bool finish = false;
     grpc::Status status;
     {
-      std::lock_guard<std::mutex> l(wmu_);
+      absl::MutexLock l(&wmu_);
       out_.pop_front();
       if (!ok) {
         out_.clear();
@@ -637,7 +675,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
 
  private:
   // Returns true when the caller must call Finish(s) now (after releasing wmu_).
-  bool FinishLocked(const grpc::Status& s) {
+  bool FinishLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(wmu_) {
     if (finished_) return false;
     if (!finishing_) pending_status_ = s;
     finishing_ = true;
@@ -647,15 +685,15 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
   }
 
   // Called for each message queued (with wmu_ held): to count it.
-  virtual void Queued(const Out& msg) = 0;
+  virtual void Queued(const Out& msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(wmu_) = 0;
 
-  std::mutex wmu_;
-  std::deque<Out> out_;
-  bool writing_ = false;
-  bool finishing_ = false;
-  bool finished_ = false;
-  bool finish_after_writes_ = false;
-  grpc::Status pending_status_;
+  absl::Mutex wmu_;
+  std::deque<Out> out_ ABSL_GUARDED_BY(wmu_);
+  bool writing_ ABSL_GUARDED_BY(wmu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(wmu_) = false;
+  bool finished_ ABSL_GUARDED_BY(wmu_) = false;
+  bool finish_after_writes_ ABSL_GUARDED_BY(wmu_) = false;
+  grpc::Status pending_status_ ABSL_GUARDED_BY(wmu_);
 };
 
 // ---------------------------------------------------------------------------------
@@ -814,7 +852,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
   // Cancels the call if it is still receiving data; one that has all its data finishes
   // on its own once validated. Any thread.
   void Cancel() {
-    std::lock_guard<std::mutex> l(done_mu_);
+    absl::MutexLock l(&done_mu_);
     if (!done_ && !received_all_) ctx_->TryCancel();
   }
 
@@ -841,7 +879,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
         return;
       }
       {
-        std::lock_guard<std::mutex> l(done_mu_);
+        absl::MutexLock l(&done_mu_);
         received_all_ = true;
       }
       received_all_flag_ = true;
@@ -879,12 +917,9 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
       expected_ = *expected;
       have_header_ = true;
       have_header_flag_ = true;
-      impl_->ClaimUpload(header_.client_id(), this);
       // Hold at most server.worker_threads payloads in memory at once: without a slot,
       // stop reading and let HTTP/2 flow control hold the client back until Resume().
-      queued_ = true;
-      if (!impl_->AcquireUploadSlot(this)) return;
-      queued_ = false;
+      if (!impl_->ClaimUpload(header_.client_id(), this)) return;
       payload_.reserve(expected_);
     } else {
       if (in_.kind_case() != v1::UploadChunk::kData) {
@@ -903,10 +938,15 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
     StartRead(&in_);
   }
 
-  // Called by the server when this waiting upload gets its slot.
-  void Resume() {
+  // Called by the server (under its upload mutex) when this upload queues for a slot,
+  // and when it gets one: the time it waits queued is not idle time.
+  void Queue() { queued_ = true; }
+  void Granted() {
     Touch();
     queued_ = false;
+  }
+  // Called by the server when this waiting upload got its slot.
+  void Resume() {
     payload_.reserve(expected_);
     StartRead(&in_);
   }
@@ -919,7 +959,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
 
   void OnDone() override {
     {
-      std::lock_guard<std::mutex> l(done_mu_);
+      absl::MutexLock l(&done_mu_);
       done_ = true;
     }
     impl_->UnregisterUpload(this);
@@ -935,15 +975,15 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
     Touch();
   }
 
-  void Touch() { last_progress_ = Clock::now().time_since_epoch().count(); }
+  void Touch() { last_progress_ = impl_->clock().Now().time_since_epoch().count(); }
 
   Server::Impl* impl_;
   grpc::CallbackServerContext* ctx_;
   const std::string peer_;
   std::shared_ptr<UploadReactor> self_;
-  std::mutex done_mu_;
-  bool done_ = false;
-  bool received_all_ = false;
+  absl::Mutex done_mu_;
+  bool done_ ABSL_GUARDED_BY(done_mu_) = false;
+  bool received_all_ ABSL_GUARDED_BY(done_mu_) = false;
   v1::UploadReply* reply_;
   v1::UploadChunk in_;
   v1::UploadHeader header_;
@@ -953,7 +993,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
   // Read by the server's expiry check from another thread, which holds upload_mu_: it
   // must not take done_mu_ (Cancel holds done_mu_ while TryCancel may run OnCancel, which
   // takes upload_mu_), hence atomics beside the fields done_mu_ guards.
-  std::atomic<Clock::rep> last_progress_{0};  // when the client last sent something
+  std::atomic<Clock::duration::rep> last_progress_{0};  // when the client last sent something
   std::atomic<bool> queued_{false};           // waiting for an upload slot
   std::atomic<bool> received_all_flag_{false};
   std::atomic<bool> have_header_flag_{false};  // header_ is set and stays unchanged
@@ -979,7 +1019,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
     if (!ok) {  // the client finished sending (or the call is gone)
       bool close_now = false;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         read_done_ = true;
         close_now = !busy_ && !failed_;
       }
@@ -1005,7 +1045,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       act_codec_ = MakeStatelessCodec(task->act_codec, 1).value();  // checked at start
       grad_codec_ = MakeStatelessCodec(task->grad_codec, 2).value();
       {
-        std::lock_guard<std::mutex> l(mu_);  // OnCancel may read them on another thread
+        absl::MutexLock l(&mu_);  // OnCancel may read them on another thread
         task_ = *std::move(task);
         opened_ = true;
       }
@@ -1017,7 +1057,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
     }
     bool schedule = false, read_more = false;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       inbox_.push_back(std::move(in_));
       ++outstanding_;
       schedule = !busy_ && !failed_;
@@ -1035,7 +1075,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   void OnCancel() override {
     SplitStreamTask task;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       if (!opened_) return;
       task = task_;
     }
@@ -1054,7 +1094,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       v1::SplitUp msg;
       bool close = false;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         if (inbox_.empty()) {
           busy_ = false;
           close = read_done_;
@@ -1071,7 +1111,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       Status s = Process(msg);
       bool resume = false;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        absl::MutexLock l(&mu_);
         --outstanding_;
         if (!s.ok()) failed_ = true;
         if (s.ok() && paused_ && outstanding_ <= task_.window) {
@@ -1090,8 +1130,10 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
 
   Status Process(const v1::SplitUp& msg) {
     SplitRound& round = *task_.round;
-    const auto t0 = Clock::now();
-    auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+    const auto t0 = std::chrono::steady_clock::now();  // compute time, not a deadline
+    auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     v1::SplitDown out;
     if (msg.kind_case() == v1::SplitUp::kBatch) {
       const v1::SplitBatch& b = msg.batch();
@@ -1190,10 +1232,13 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   int64_t next_seq_ = 1;
   std::set<int64_t> pending_;
   std::unique_ptr<Codec> act_codec_, grad_codec_;  // this stream's (stochastic rounding)
-  std::mutex mu_;
-  std::deque<v1::SplitUp> inbox_;
-  int outstanding_ = 0;
-  bool busy_ = false, paused_ = false, read_done_ = false, failed_ = false;
+  absl::Mutex mu_;
+  std::deque<v1::SplitUp> inbox_ ABSL_GUARDED_BY(mu_);
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // ---------------------------------------------------------------------------------
@@ -1317,7 +1362,7 @@ grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* c
     return r;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     reply->set_run_id(run_id_);
     reply->set_round(current_round_ ? current_round_ : committed_round_);
     reply->set_total_rounds(cfg_.run.rounds);
@@ -1334,24 +1379,13 @@ grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* c
 // ---------------------------------------------------------------------------------
 // Reactor callbacks into the shared state.
 
-bool Server::Impl::AcquireUploadSlot(UploadReactor* r) {
-  std::lock_guard<std::mutex> l(upload_mu_);
-  if (upload_slots_free_ > 0) {
-    --upload_slots_free_;
-    r->has_slot = true;
-    return true;
-  }
-  upload_waiters_.push_back(r);
-  return false;
-}
-
 void Server::Impl::RegisterUpload(std::shared_ptr<UploadReactor> r) {
-  std::lock_guard<std::mutex> l(upload_mu_);
+  absl::MutexLock l(&upload_mu_);
   open_uploads_[r.get()] = std::move(r);
 }
 
 void Server::Impl::UnregisterUpload(UploadReactor* r) {
-  std::lock_guard<std::mutex> l(upload_mu_);
+  absl::MutexLock l(&upload_mu_);
   open_uploads_.erase(r);
   if (const v1::UploadHeader* h = r->header()) {
     auto it = upload_of_client_.find(h->client_id());
@@ -1359,28 +1393,38 @@ void Server::Impl::UnregisterUpload(UploadReactor* r) {
   }
 }
 
-void Server::Impl::ClaimUpload(const std::string& client_id, UploadReactor* r) {
+bool Server::Impl::ClaimUpload(const std::string& client_id, UploadReactor* r) {
   std::shared_ptr<UploadReactor> older;
+  bool has_slot = false;
   {
-    std::lock_guard<std::mutex> l(upload_mu_);
+    absl::MutexLock l(&upload_mu_);
     UploadReactor*& current = upload_of_client_[client_id];
     if (current != nullptr && current != r) {
       auto it = open_uploads_.find(current);
       if (it != open_uploads_.end()) older = it->second;
     }
     current = r;
+    if (upload_slots_free_ > 0) {
+      --upload_slots_free_;
+      r->has_slot = has_slot = true;
+      r->Granted();
+    } else {
+      r->Queue();
+      upload_waiters_.push_back(r);
+    }
   }
   if (older) {  // outside upload_mu_: cancelling may run OnCancel inline
     spdlog::warn("client {} opened a second upload; cancelling its older one",
                  Printable(client_id));
     older->Cancel();
   }
+  return has_slot;
 }
 
 void Server::Impl::LogRefusedUpload(const v1::UploadHeader& h, const Status& why) {
   std::string name;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     auto it = sessions_.find(h.client_id());
     name = it != sessions_.end() ? it->second.name : "not connected";
   }
@@ -1391,7 +1435,7 @@ void Server::Impl::LogRefusedUpload(const v1::UploadHeader& h, const Status& why
 void Server::Impl::CancelOpenUploads() {
   std::vector<std::shared_ptr<UploadReactor>> open;
   {
-    std::lock_guard<std::mutex> l(upload_mu_);
+    absl::MutexLock l(&upload_mu_);
     for (auto& [p, r] : open_uploads_) open.push_back(r);
   }
   // Outside upload_mu_: cancellation may run OnCancel inline, which takes it.
@@ -1399,7 +1443,7 @@ void Server::Impl::CancelOpenUploads() {
 }
 
 bool Server::Impl::CancelWaitingUpload(UploadReactor* r) {
-  std::lock_guard<std::mutex> l(upload_mu_);
+  absl::MutexLock l(&upload_mu_);
   auto it = std::find(upload_waiters_.begin(), upload_waiters_.end(), r);
   if (it == upload_waiters_.end()) return false;
   upload_waiters_.erase(it);
@@ -1409,7 +1453,7 @@ bool Server::Impl::CancelWaitingUpload(UploadReactor* r) {
 void Server::Impl::ReleaseUploadSlot() {
   UploadReactor* next = nullptr;
   {
-    std::lock_guard<std::mutex> l(upload_mu_);
+    absl::MutexLock l(&upload_mu_);
     if (upload_waiters_.empty()) {
       ++upload_slots_free_;
       return;
@@ -1417,6 +1461,7 @@ void Server::Impl::ReleaseUploadSlot() {
     next = upload_waiters_.front();  // the slot passes straight to the next upload
     upload_waiters_.pop_front();
     next->has_slot = true;
+    next->Granted();
   }
   next->Resume();
 }
@@ -1460,61 +1505,62 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
     return absl::FailedPreconditionError(
         "this run uses secure aggregation, which the client does not support");
   }
-  std::unique_lock<std::mutex> l(mu_);
-  if (stopping_) return absl::UnavailableError("the server is shutting down");
-  if (static_cast<int>(sessions_.size()) >= max_sessions_) {
-    // A device reconnecting with its certificate replaces its session (below): it may.
-    const bool replaces = cfg_.tls.mutual && std::any_of(sessions_.begin(), sessions_.end(),
-                                                         [&](const auto& kv) {
-                                                           return kv.second.identity == peer;
-                                                         });
-    if (!replaces) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the server holds its maximum of ", max_sessions_, " sessions (server.max_sessions)"));
-    }
-  }
-  if (cfg_.tls.mutual && revoked_.count(peer)) {
-    spdlog::warn("refused a Join from revoked certificate '{}'", Printable(peer));
-    return absl::PermissionDeniedError(absl::StrCat("the certificate of '", Printable(peer),
-                                                    "' is revoked"));
-  }
-  // One session per identity: a device that reconnects replaces its old session (whose
-  // open task fails), so one certificate can never stand for two clients.
   std::shared_ptr<ControlReactor> replaced;
-  if (cfg_.tls.mutual) {
-    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-      if (it->second.identity != peer) continue;
-      spdlog::info("client {} ({}) is replaced by a new connection of the same certificate",
-                   it->first, peer);
-      FailTasksOfLocked(it->first, "replaced by a new connection");
-      if (secagg_) secagg_->Drop(it->first);
-      replaced = it->second.reactor;
-      sessions_.erase(it);
-      cv_.notify_all();
-      break;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    if (static_cast<int>(sessions_.size()) >= max_sessions_) {
+      // A device reconnecting with its certificate replaces its session (below): it may.
+      const bool replaces = cfg_.tls.mutual && std::any_of(sessions_.begin(), sessions_.end(),
+                                                           [&](const auto& kv) {
+                                                             return kv.second.identity == peer;
+                                                           });
+      if (!replaces) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the server holds its maximum of ", max_sessions_, " sessions (server.max_sessions)"));
+      }
     }
-  }
-  Session s;
-  s.id = absl::StrCat("c", next_client_++);
-  s.identity = cfg_.tls.mutual ? peer : "";
-  s.name = !s.identity.empty() ? s.identity : join.name().empty() ? s.id : join.name();
-  s.token = RandomHex(16);
-  s.num_examples = join.num_examples();
-  s.reactor = r->shared();
-  s.last_seen = Clock::now();
-  welcome->set_run_id(run_id_);
-  welcome->set_client_id(s.id);
-  welcome->set_session_token(s.token);
-  welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
-  if (NeedProfile()) {
-    *welcome->mutable_model() = model_desc_;
-    welcome->set_profile_batch_size(cfg_.train.batch_size);
-    welcome->set_probe_digest(probe_digest_);
-    welcome->set_probe_size(kProbeBytes);
-  }
-  spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
-  sessions_[s.id] = std::move(s);
-  l.unlock();  // never start gRPC operations under mu_
+    if (cfg_.tls.mutual && revoked_.count(peer)) {
+      spdlog::warn("refused a Join from revoked certificate '{}'", Printable(peer));
+      return absl::PermissionDeniedError(absl::StrCat("the certificate of '", Printable(peer),
+                                                      "' is revoked"));
+    }
+    // One session per identity: a device that reconnects replaces its old session (whose
+    // open task fails), so one certificate can never stand for two clients.
+    if (cfg_.tls.mutual) {
+      for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+        if (it->second.identity != peer) continue;
+        spdlog::info("client {} ({}) is replaced by a new connection of the same certificate",
+                     it->first, peer);
+        FailTasksOfLocked(it->first, "replaced by a new connection");
+        if (secagg_) secagg_->Drop(it->first);
+        replaced = it->second.reactor;
+        sessions_.erase(it);
+        cv_.SignalAll();
+        break;
+      }
+    }
+    Session s;
+    s.id = absl::StrCat("c", next_client_++);
+    s.identity = cfg_.tls.mutual ? peer : "";
+    s.name = !s.identity.empty() ? s.identity : join.name().empty() ? s.id : join.name();
+    s.token = RandomHex(16);
+    s.num_examples = join.num_examples();
+    s.reactor = r->shared();
+    s.last_seen = clock_->Now();
+    welcome->set_run_id(run_id_);
+    welcome->set_client_id(s.id);
+    welcome->set_session_token(s.token);
+    welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
+    if (NeedProfile()) {
+      *welcome->mutable_model() = model_desc_;
+      welcome->set_profile_batch_size(cfg_.train.batch_size);
+      welcome->set_probe_digest(probe_digest_);
+      welcome->set_probe_size(kProbeBytes);
+    }
+    spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
+    sessions_[s.id] = std::move(s);
+  }  // never start gRPC operations under mu_
   if (replaced) {
     replaced->Close(grpc::Status(grpc::StatusCode::ABORTED,
                                  "replaced by a newer connection with the same certificate"));
@@ -1523,39 +1569,39 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
 }
 
 void Server::Impl::Ready(ControlReactor* r) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = sessions_.find(r->client_id());
   if (it == sessions_.end()) return;
   it->second.ready = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void Server::Impl::Heartbeat(ControlReactor* r) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = sessions_.find(r->client_id());
-  if (it != sessions_.end()) it->second.last_seen = Clock::now();
+  if (it != sessions_.end()) it->second.last_seen = clock_->Now();
 }
 
 void Server::Impl::Ack(ControlReactor* r, const v1::TaskAck& ack) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = tasks_.find(ack.task_id());
   if (it == tasks_.end() || it->second.client_id != r->client_id()) return;
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
     FailTaskLocked(it->first, it->second,
                    absl::StrCat("rejected by the client: ", Printable(ack.error(), 200)));
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
 void Server::Impl::ControlDone(ControlReactor* r) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = sessions_.find(r->client_id());
   if (it == sessions_.end() || it->second.reactor.get() != r) return;
   spdlog::info("client {} disconnected", it->first);
   FailTasksOfLocked(it->first, "disconnected");
   if (secagg_) secagg_->Drop(it->first);
   sessions_.erase(it);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void Server::Impl::FailTasksOfLocked(const std::string& client_id, const std::string& why) {
@@ -1574,7 +1620,7 @@ void Server::Impl::FailTaskLocked(const std::string& task_id, TaskRecord& t,
 
 Status Server::Impl::Authenticate(const std::string& client_id, const std::string& token,
                                   const std::string& peer) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return SessionLocked(client_id, token, peer).status();
 }
 
@@ -1597,7 +1643,7 @@ StatusOr<const Session*> Server::Impl::SessionLocked(const std::string& client_i
 }
 
 Status Server::Impl::SecAggSubmit(const v1::SecAggRequest& req, const std::string& peer) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   RETURN_IF_ERROR(CheckSenderLocked("secure-aggregation message", req.client_id(),
                                     req.session_token(), peer, req.run_id(), req.round())
                       .status());
@@ -1620,7 +1666,7 @@ Status Server::Impl::SecAggSubmit(const v1::SecAggRequest& req, const std::strin
     default: return absl::InvalidArgumentError("a secure-aggregation message without a stage");
   }
   if (s.ok()) {
-    cv_.notify_all();
+    cv_.SignalAll();
   } else {
     spdlog::warn("round {}: secure-aggregation message from {} refused: {}", current_round_,
                  req.client_id(), s.ToString());
@@ -1645,7 +1691,7 @@ Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
     }
   }
   if (p.memory_limit_bytes() < 0) return absl::InvalidArgumentError("negative memory limit");
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto it = sessions_.find(r->client_id());
   if (it == sessions_.end()) return absl::OkStatus();
   it->second.profile = p;
@@ -1656,13 +1702,13 @@ Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
                1e3 * std::accumulate(p.stage_seconds().begin(), p.stage_seconds().end(), 0.0),
                p.uplink_bytes_per_s() / 1e6, p.downlink_bytes_per_s() / 1e6,
                p.memory_limit_bytes() >> 20);
-  cv_.notify_all();
+  cv_.SignalAll();
   return absl::OkStatus();
 }
 
 StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open,
                                                   const std::string& peer) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   RETURN_IF_ERROR(CheckSenderLocked("split stream", open.client_id(), open.session_token(), peer,
                                     open.run_id(), open.round())
                       .status());
@@ -1692,14 +1738,14 @@ StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open,
 }
 
 void Server::Impl::SplitEnded(const SplitStreamTask& task, const Status& why) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   auto t = tasks_.find(task.task_id);
   if (t == tasks_.end() || t->second.client_id != task.client_id || task.round != split_round_ ||
       t->second.state != TaskState::kAssigned) {
     return;
   }
   FailTaskLocked(t->first, t->second, absl::StrCat("split stream: ", why.ToString()));
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 StatusOr<const Session*> Server::Impl::CheckSenderLocked(const std::string& what,
@@ -1722,7 +1768,7 @@ StatusOr<const Session*> Server::Impl::CheckSenderLocked(const std::string& what
 
 StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
                                                   const std::string& peer, bool* duplicate) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   ASSIGN_OR_RETURN(const Session* s, CheckSenderLocked("upload", h.client_id(), h.session_token(),
                                                        peer, h.run_id(), h.round()));
   auto t = tasks_.find(h.task_id());
@@ -1794,7 +1840,7 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   if (h.codec() == "fp32") {
     ASSIGN_OR_RETURN(views, ParseParameterSet(payload, cfg_.server.max_model_elements));
   }
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   // Re-check under the lock: the round may have closed while we were reading.
   auto t = tasks_.find(h.task_id());
   if (h.round() != current_round_ || t == tasks_.end() || t->second.client_id != h.client_id()) {
@@ -1863,14 +1909,14 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
                  current_round_, h.client_id(), h.num_examples(), weight, h.train_loss(),
                  h.train_seconds());
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return absl::OkStatus();
 }
 
 StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::FetchRequest& req,
                                                                    const std::string& peer,
                                                                    int64_t* fp32_size) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   RETURN_IF_ERROR(SessionLocked(req.client_id(), req.session_token(), peer).status());
   auto b = blobs_.find(req.digest());
   if (b == blobs_.end()) {
@@ -1886,6 +1932,7 @@ StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::Fe
 // Setup, rounds, checkpoints.
 
 Status Server::Impl::Init() {
+  absl::MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
   if (cfg_.tls.cert.empty() && !opts_.insecure) {
     return absl::FailedPreconditionError(
         "TLS is required: set tls.cert and tls.key (`cleave certs init DIR` makes them) or "
@@ -2079,7 +2126,9 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> Server::Impl::ServerCredentia
   // copy, which ReloadTlsLoop replaces only by material that passes the same checks.
   ASSIGN_OR_RETURN(tls_material_, ReadServerTls(t.cert, t.key, t.ca));
   if (!t.revoked.empty()) {
-    ASSIGN_OR_RETURN(revoked_, ReadRevocationList(t.revoked));
+    ASSIGN_OR_RETURN(std::set<std::string> revoked, ReadRevocationList(t.revoked));
+    absl::MutexLock l(&mu_);
+    revoked_ = std::move(revoked);
   }
   if (opts_.run_dir.empty()) {
     std::string tmpl = (std::filesystem::temp_directory_path() / "cleave-tls-XXXXXX").string();
@@ -2130,9 +2179,13 @@ Status Server::Impl::StageTls(const TlsMaterial& m) {
 
 void Server::Impl::ReloadTlsLoop() {
   const TlsConfig& t = cfg_.tls;
-  std::unique_lock<std::mutex> l(mu_);
-  while (!cv_.wait_for(l, std::chrono::seconds(t.reload_s), [this] { return stopping_; })) {
-    l.unlock();
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      const Clock::time_point next = clock_->Now() + Seconds(t.reload_s);
+      while (!stopping_ && clock_->Now() < next) clock_->WaitUntil(cv_, mu_, next);
+      if (stopping_) return;
+    }
     auto m = ReadServerTls(t.cert, t.key, t.ca);
     if (!m.ok()) {
       spdlog::error("TLS reload: keeping the current certificate and key: {}",
@@ -2155,14 +2208,13 @@ void Server::Impl::ReloadTlsLoop() {
         ApplyRevocations(*std::move(revoked));
       }
     }
-    l.lock();
   }
 }
 
 void Server::Impl::ApplyRevocations(std::set<std::string> revoked) {
   std::vector<std::shared_ptr<ControlReactor>> cut;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     for (const auto& name : revoked) {
       if (!revoked_.count(name)) spdlog::warn("revocation list: '{}' is revoked", Printable(name));
     }
@@ -2179,7 +2231,7 @@ void Server::Impl::ApplyRevocations(std::set<std::string> revoked) {
       cut.push_back(std::move(it->second.reactor));
       it = sessions_.erase(it);
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   for (auto& r : cut) {  // never start gRPC operations under mu_
     r->Close(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "certificate revoked"));
@@ -2196,9 +2248,16 @@ Status Server::Impl::Start() {
                             ? static_cast<int64_t>(r.rlim_cur)
                             : 1 << 20;
     const int derived = static_cast<int>(std::clamp<int64_t>((fds - 64) / 2, 1, 1 << 20));
-    std::lock_guard<std::mutex> l(mu_);
+    // Connections beyond the cap are closed at accept (accept_gate.h): the rest of the
+    // descriptors stay for run files, gRPC's own and the spare.
+    const int connections = cfg_.server.max_connections > 0
+                                ? cfg_.server.max_connections
+                                : static_cast<int>(std::clamp<int64_t>(fds - 128, 16, 1 << 20));
+    SetConnectionLimit(connections);
+    absl::MutexLock l(&mu_);
     max_sessions_ = cfg_.server.max_sessions > 0 ? cfg_.server.max_sessions : derived;
-    spdlog::info("up to {} sessions ({} descriptors)", max_sessions_, fds);
+    spdlog::info("up to {} sessions and {} connections ({} descriptors)", max_sessions_,
+                 connections, fds);
   }
   ASSIGN_OR_RETURN(auto credentials, ServerCredentials());
   grpc::ServerBuilder b;
@@ -2218,7 +2277,7 @@ Status Server::Impl::Start() {
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Fixed HTTP/2 receive windows of 128 KiB per stream instead of BDP auto-tuning,
-  // which grows them to many MiB: a queued upload (see AcquireUploadSlot) then holds at
+  // which grows them to many MiB: a queued upload (see ClaimUpload) then holds at
   // most 128 KiB in gRPC's buffers. Costs upload speed only on long-RTT links
   // (128 KiB per round trip); downloads are governed by the client's window.
   b.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
@@ -2229,7 +2288,7 @@ Status Server::Impl::Start() {
         "cannot listen on ", addr, ": address in use, or not an address of this machine"));
   }
   if (!cfg_.tls.cert.empty()) tls_thread_ = std::thread([this] { ReloadTlsLoop(); });
-  spdlog::info("run {} listening on port {}", run_id_, port_);
+  spdlog::info("run {} listening on port {}", RunId(), port_);
   if (!opts_.run_dir.empty()) {
     const std::string host = addr.substr(0, addr.rfind(':'));
     const std::string dial = (host == "0.0.0.0" || host == "[::]") ? "127.0.0.1" : host;
@@ -2271,14 +2330,13 @@ std::vector<std::string> Server::Impl::AvailableLocked() const {
   return ids;
 }
 
-void Server::Impl::ExpireSilent(std::unique_lock<std::mutex>& l) {
-  const auto limit = std::chrono::duration<double>(cfg_.server.client_timeout_s);
-  const auto now = Clock::now();
+void Server::Impl::ExpireSilentLocked() {
+  const auto limit = Seconds(cfg_.server.client_timeout_s);
+  const auto now = clock_->Now();
   std::vector<std::shared_ptr<UploadReactor>> stalled;
   {
-    const auto idle = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(cfg_.server.upload_idle_timeout_s));
-    std::lock_guard<std::mutex> u(upload_mu_);
+    const auto idle = Seconds(cfg_.server.upload_idle_timeout_s);
+    absl::MutexLock u(&upload_mu_);
     for (auto& [p, r] : open_uploads_) {
       if (r->ExpireIfIdle(idle, now)) stalled.push_back(r);
     }
@@ -2293,7 +2351,7 @@ void Server::Impl::ExpireSilent(std::unique_lock<std::mutex>& l) {
     if (t != tasks_.end() && t->second.client_id == h->client_id() &&
         t->second.state == TaskState::kAssigned) {
       FailTaskLocked(t->first, t->second, "its upload stalled");
-      cv_.notify_all();
+      cv_.SignalAll();
     }
   }
   std::vector<std::shared_ptr<ControlReactor>> silent;
@@ -2309,10 +2367,10 @@ void Server::Impl::ExpireSilent(std::unique_lock<std::mutex>& l) {
     }
   }
   if (silent.empty() && stalled.empty()) return;
-  l.unlock();
+  mu_.Unlock();
   for (auto& r : silent) r->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "heartbeat timeout"));
   for (auto& r : stalled) r->Cancel();
-  l.lock();
+  mu_.Lock();
 }
 
 bool Server::Impl::RoundResolvedLocked() const {
@@ -2470,26 +2528,24 @@ StatusOr<std::vector<std::string>> Server::Impl::BeginSplitRoundLocked(
   return chosen;
 }
 
-StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
-                                              bool evaluate_only) {
+StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
   const int64_t round = evaluate_only ? committed_round_ : committed_round_ + 1;
   // Wait for enough clients.
   phase_ = "waiting for clients";
-  const auto join_deadline =
-      Clock::now() + std::chrono::duration<double>(cfg_.clients.join_timeout_s);
+  const auto join_deadline = clock_->Now() + Seconds(cfg_.clients.join_timeout_s);
   while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
-    if (Clock::now() > join_deadline) {
+    if (clock_->Now() > join_deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
           " clients connected", NeedProfile() ? " and profiled" : "", " within ",
           cfg_.clients.join_timeout_s, "s"));
     }
-    cv_.wait_for(l, std::chrono::milliseconds(200));
-    ExpireSilent(l);
+    clock_->WaitUntil(cv_, mu_, std::min(join_deadline, clock_->Now() + kPoll));
+    ExpireSilentLocked();
   }
   if (stopping_) return absl::CancelledError("stopped");
 
-  const auto start = Clock::now();  // wall_s: from sampling to commit
+  const auto start = clock_->Now();  // wall_s: from sampling to commit
   RoundPlan plan;
   if (evaluate_only) {  // every connected client; the strategy's state is left alone
     plan.clients = AvailableLocked();
@@ -2530,8 +2586,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
       return s;
     }
   }
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(cfg_.clients.round_deadline_s));
+  const auto deadline = clock_->Now() + Seconds(cfg_.clients.round_deadline_s);
   const int64_t deadline_ms = UnixMs() + static_cast<int64_t>(cfg_.clients.round_deadline_s * 1000);
   // sl: one client at a time, each continuing from the previous one's client part.
   const bool in_turns = split_mode_ == SplitMode::kSl;
@@ -2540,17 +2595,17 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
     turns_.assign(plan.clients.begin() + 1, plan.clients.end());
     first.resize(1);
   }
-  auto send = [&](const std::vector<std::string>& cids) {
+  auto send = [&](const std::vector<std::string>& cids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::pair<std::shared_ptr<ControlReactor>, v1::ServerMessage>> sends;
     for (const std::string& cid : cids) {
       sends.emplace_back(sessions_[cid].reactor, MakeTaskLocked(round, cid, plan.fit, deadline_ms));
     }
-    l.unlock();  // never start gRPC operations under mu_
+    mu_.Unlock();  // never start gRPC operations under mu_
     std::vector<std::string> unsent;
     for (auto& [reactor, msg] : sends) {
       if (!reactor->Send(msg)) unsent.push_back(msg.task().task_id());
     }
-    l.lock();
+    mu_.Lock();
     for (const auto& id : unsent) {
       auto& t = tasks_[id];
       if (t.state == TaskState::kAssigned) FailTaskLocked(id, t, "control stream closed");
@@ -2560,8 +2615,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
   spdlog::info("round {}: {} clients selected", round, plan.clients.size());
   phase_ = evaluate_only ? "evaluating" : "training";
   int lost_turns = 0;  // sl: clients gone before their turn came
-  Status secagg_status = secagg_ ? RunSecAggStagesLocked(l, deadline) : absl::OkStatus();
-  while (!secagg_ && !stopping_ && Clock::now() < deadline) {
+  Status secagg_status = secagg_ ? RunSecAggStagesLocked(deadline) : absl::OkStatus();
+  while (!secagg_ && !stopping_ && clock_->Now() < deadline) {
     if (RoundResolvedLocked()) {
       if (turns_.empty()) break;
       std::string next = turns_.front();
@@ -2574,8 +2629,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
       }
       continue;
     }
-    cv_.wait_until(l, std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
-    ExpireSilent(l);
+    clock_->WaitUntil(cv_, mu_, std::min(deadline, clock_->Now() + kPoll));
+    ExpireSilentLocked();
   }
   evaluating_ = false;
   if (stopping_) {
@@ -2639,9 +2694,9 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
   }
   current_round_ = 0;
   std::unique_ptr<SecAggRound> secagg = std::move(secagg_);
-  l.unlock();
+  mu_.Unlock();
   CancelOpenUploads();  // late or stalled uploads of the round just closed
-  l.lock();
+  mu_.Lock();
   RETURN_IF_ERROR(secagg_status);  // nothing of an aborted secure aggregation is used
   const int selected = std::max<int>(1, plan.clients.size());
   const int quorum = std::max(1, static_cast<int>(std::ceil(cfg_.clients.quorum * selected)));
@@ -2656,7 +2711,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
   if (evaluate_only) {  // clients without held-out data decline; any result counts
     if (m.participants == 0) return absl::AbortedError("no client evaluated the model");
     m.evaluation_only = true;
-    m.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+    m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
     return m;
   }
   m.train_loss = weight ? loss_sum / weight : 0;
@@ -2665,7 +2720,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
   // touches the strategy meanwhile, and readers of global_ see the previous model.
   ParameterSet next = personal_.empty() ? global_ : Without(global_, personal_);
   std::shared_ptr<SplitRound> split_round = std::move(split_round_);
-  l.unlock();
+  mu_.Unlock();
   Status finished = absl::OkStatus();
   // The strategy's state before it steps (server momentum, Adam moments, the DP
   // accountant, error-feedback memory): a round that fails after the step leaves no
@@ -2678,11 +2733,13 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
   } else {
     strategy_before = strategy_->State();
     if (secagg) finished = AccumulateSecAgg(*secagg, weight, next);
-    if (finished.ok() && root_.size > 0) finished = SetFlTrustReference(global_, plan.fit);
+    if (finished.ok() && root_.size > 0) {
+      finished = SetFlTrustReference(RunThreadGlobal(), plan.fit);
+    }
     if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
     if (finished.ok()) m.strategy_stats = strategy_->RoundStats();
     if (finished.ok() && !personal_.empty()) {  // the shared tensors into the whole model
-      ParameterSet whole = global_;
+      ParameterSet whole = RunThreadGlobal();
       finished = Overwrite(next, &whole);
       next = std::move(whole);
     }
@@ -2708,12 +2765,12 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(std::unique_lock<std::mutex>& l,
     blob = std::make_shared<const std::string>(ModelBlob(next));
     digest = Sha256Hex(*blob);
   }
-  l.lock();
+  mu_.Lock();
   RETURN_IF_ERROR(finished);
   global_ = std::move(next);
   committed_round_ = round;
   PublishLocked(std::move(blob), std::move(digest));
-  m.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
   return m;
 }
 
@@ -2738,18 +2795,16 @@ Status Server::Impl::BeginSecAggLocked(int64_t round, const std::vector<std::str
   return absl::OkStatus();
 }
 
-Status Server::Impl::RunSecAggStagesLocked(std::unique_lock<std::mutex>& l,
-                                           Clock::time_point training_deadline) {
-  const auto timeout = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(cfg_.secure_aggregation.stage_timeout_s));
-  auto stage_deadline = Clock::now() + timeout;
+Status Server::Impl::RunSecAggStagesLocked(Clock::time_point training_deadline) {
+  const auto timeout = Seconds(cfg_.secure_aggregation.stage_timeout_s);
+  auto stage_deadline = clock_->Now() + timeout;
   while (secagg_->stage() != SecAggRound::Stage::kDone) {
     if (stopping_) return absl::CancelledError("stopped");
     const bool training = secagg_->stage() == SecAggRound::Stage::kMasked;
     const auto until = training ? training_deadline : stage_deadline;
-    if (!secagg_->StageComplete() && Clock::now() < until) {
-      cv_.wait_until(l, std::min(until, Clock::now() + std::chrono::milliseconds(500)));
-      ExpireSilent(l);
+    if (!secagg_->StageComplete() && clock_->Now() < until) {
+      clock_->WaitUntil(cv_, mu_, std::min(until, clock_->Now() + kPoll));
+      ExpireSilentLocked();
       continue;
     }
     const char* closing = SecAggRound::StageName(secagg_->stage());
@@ -2774,16 +2829,16 @@ Status Server::Impl::RunSecAggStagesLocked(std::unique_lock<std::mutex>& l,
         to.emplace_back(cid, s->second.reactor);
       }
     }
-    l.unlock();  // never start gRPC operations under mu_
+    mu_.Unlock();  // never start gRPC operations under mu_
     std::vector<std::string> unsent;
     for (auto& [cid, reactor] : to) {
       if (!reactor->Send((*next)[cid])) unsent.push_back(cid);
     }
-    l.lock();
+    mu_.Lock();
     for (const auto& cid : unsent) {
       if (secagg_) secagg_->Drop(cid);
     }
-    stage_deadline = Clock::now() + timeout;
+    stage_deadline = clock_->Now() + timeout;
   }
   return absl::OkStatus();
 }
@@ -2846,7 +2901,7 @@ Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSe
 void Server::Impl::FinalEvaluation(double elapsed_s) {
   StatusOr<RoundMetrics> m;
   {
-    std::unique_lock<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     // Not in split rounds nor under secure aggregation: clients report no evaluation
     // there (one client's numbers would show what masking hides).
     // A run restarted after its final evaluation does not repeat it.
@@ -2856,7 +2911,7 @@ void Server::Impl::FinalEvaluation(double elapsed_s) {
       return;
     }
     spdlog::info("final evaluation of round {}'s model by the clients", committed_round_);
-    m = RunRound(l, /*evaluate_only=*/true);
+    m = RunRound(/*evaluate_only=*/true);
   }
   if (!m.ok()) {
     spdlog::warn("final evaluation: {}", std::string(m.status().message()));
@@ -2867,7 +2922,7 @@ void Server::Impl::FinalEvaluation(double elapsed_s) {
                m->client_eval.accuracy, m->client_eval.loss, m->client_eval.examples,
                m->client_eval.clients);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     total_bytes_up_ += m->bytes_up;
     total_bytes_down_ += m->bytes_down;
     history_.push_back(*m);
@@ -2893,7 +2948,7 @@ Status Server::Impl::Commit(RoundMetrics* m) {
   }
   std::string checkpoint;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     total_bytes_up_ += m->bytes_up;
     total_bytes_down_ += m->bytes_down;
     last_accuracy_ = m->test_accuracy;
@@ -2965,17 +3020,17 @@ Status Server::Impl::TrimMetrics() {
 }
 
 Status Server::Impl::Run() {
-  const auto start = Clock::now();
+  const auto start = clock_->Now();
   auto elapsed = [&] {
-    return prior_elapsed_s_ + std::chrono::duration<double>(Clock::now() - start).count();
+    return prior_elapsed_s_ + std::chrono::duration<double>(clock_->Now() - start).count();
   };
-  if (committed_round_ == 0 && opts_.evaluate) {  // baseline: the initial model
+  if (committed_round() == 0 && opts_.evaluate) {  // baseline: the initial model
     RoundMetrics m0;
     RETURN_IF_ERROR(model_->SetParameters(GlobalModel()));
     ASSIGN_OR_RETURN(EvalStats ev,
                      model_->Evaluate(test_, cfg_.server.eval_batch_size, cfg_.train.loss));
     spdlog::info("initial model: test accuracy {:.4f}, loss {:.4f}", ev.accuracy, ev.loss);
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     last_accuracy_ = ev.accuracy;
   }
   Status result = absl::OkStatus();
@@ -2984,13 +3039,13 @@ Status Server::Impl::Run() {
   while (true) {
     StatusOr<RoundMetrics> m;
     {
-      std::unique_lock<std::mutex> l(mu_);
+      absl::MutexLock l(&mu_);
       if (stopping_) {
         result = absl::CancelledError("stopped before the last round");
         break;
       }
       if (committed_round_ >= cfg_.run.rounds) break;
-      m = RunRound(l);
+      m = RunRound();
     }
     if (!m.ok()) {
       if (m.status().code() == absl::StatusCode::kOutOfRange) {  // the strategy ended the run
@@ -3033,7 +3088,7 @@ Status Server::Impl::Run() {
 void Server::Impl::DisconnectClients() {
   std::vector<std::shared_ptr<ControlReactor>> reactors;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     stopping_ = true;
     phase_ = "stopped";
     for (auto& [id, s] : sessions_) reactors.push_back(s.reactor);
@@ -3048,7 +3103,7 @@ void Server::Impl::EndRun(const std::string& reason) {
   std::vector<std::shared_ptr<ControlReactor>> reactors;
   v1::ServerMessage msg;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    absl::MutexLock l(&mu_);
     stopping_ = true;
     phase_ = "ended";
     for (auto& [id, s] : sessions_) reactors.push_back(s.reactor);
@@ -3056,15 +3111,18 @@ void Server::Impl::EndRun(const std::string& reason) {
     msg.mutable_run_ended()->set_reason(reason);
   }
   for (auto& r : reactors) r->Send(msg, /*finish_after=*/true);
-  // Give clients a moment to read RunEnded, then stop serving.
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait_for(l, std::chrono::seconds(3), [this] { return sessions_.empty(); });
+  // Give clients a moment to read RunEnded, then stop serving: a grace period of real
+  // time for the network, not a protocol deadline.
+  absl::MutexLock l(&mu_);
+  const absl::Time until = absl::Now() + absl::Seconds(3);
+  while (!sessions_.empty() && !cv_.WaitWithDeadline(&mu_, until)) {
+  }
 }
 
 void Server::Impl::Stop() {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   stopping_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 // ---------------------------------------------------------------------------------
@@ -3108,5 +3166,6 @@ ParameterSet Server::GlobalModel() const { return impl_->GlobalModel(); }
 int64_t Server::committed_round() const { return impl_->committed_round(); }
 std::vector<RoundMetrics> Server::History() const { return impl_->History(); }
 std::pair<int64_t, int64_t> Server::TransportBytes() const { return impl_->TransportBytes(); }
+Server::UploadCounts Server::Uploads() const { return impl_->Uploads(); }
 
 }  // namespace cleave

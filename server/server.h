@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
@@ -38,6 +39,9 @@ struct ServerOptions {
   // Replaces the model's initial parameters (tests and benchmarks with models larger
   // than the zoo's). Requires evaluate = false unless the layout matches the model.
   std::optional<ParameterSet> initial_model;
+  // Time for every deadline and timeout (rounds, joins, heartbeats, idle uploads, SecAgg
+  // stages, TLS reloads); null = the real clock. Tests pass a FakeClock.
+  std::shared_ptr<Clock> clock;
 };
 
 // What one committed round produced; also one line of metrics.jsonl.
@@ -112,6 +116,13 @@ class Server {
   // Transport bytes counted since start, up and down (the sums behind bytes_up and
   // bytes_down, including traffic outside rounds).
   std::pair<int64_t, int64_t> TransportBytes() const;
+  // Uploads whose header was accepted and that have not ended, and how many of them wait
+  // for an upload slot (server.worker_threads).
+  struct UploadCounts {
+    int in_progress = 0;
+    int queued = 0;
+  };
+  UploadCounts Uploads() const;
 
   class Impl;
 

@@ -513,6 +513,59 @@ train: {batch_size: 32}
   EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1, 2})) << log;
 }
 
+// One burst of idle connections, more than the server's 256 descriptors, inside one
+// handshake timeout. gRPC 1.51 alone stops accepting for good after the first accept that
+// fails with EMFILE; the accept gate closes connections beyond server.max_connections
+// (and any it has no descriptor for), so once the handshake timeout has closed the idle
+// ones the honest clients get in and the run completes.
+TEST_F(LocalTest, ABurstBeyondTheDescriptorLimitDoesNotStopAccepting) {
+  std::ofstream(config_) << R"(
+run: {name: e2e, rounds: 1}
+model: {name: mlp}
+server: {evaluate: false, handshake_timeout_s: 2}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60, join_timeout_s: 90}
+train: {batch_size: 32}
+)";
+  const fs::path run = dir_ / "srv";
+  pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run.string(), "--listen",
+                        "127.0.0.1:0", "--insecure"},
+                       "server.txt", 256);
+  const std::string addr = WaitForAddress(run);
+  ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / "server.txt").string()).value_or("");
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  std::vector<int> idle;  // kept open on this side until the end
+  for (int i = 0; i < 400; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    idle.push_back(fd);
+  }
+  // The burst costs the server little memory: refused connections hold nothing.
+  std::ifstream status("/proc/" + std::to_string(server) + "/status");
+  int64_t peak_kib = 0;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) peak_kib = std::stoll(line.substr(6));
+  }
+  EXPECT_GT(peak_kib, 0);
+  EXPECT_LT(peak_kib, 512 * 1024) << "peak RSS in KiB during the burst";
+  std::vector<pid_t> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(Spawn({"cleave-client", "--server", addr, "--insecure", "--data",
+                             "fmnist:/usr/share/datasets/fashion-mnist,limit=1000", "--partition",
+                             "iid,client=" + std::to_string(i) + ",of=2", "--give-up-after", "90"},
+                            "client" + std::to_string(i) + ".txt"));
+  }
+  const int rc = Wait(server, 150);
+  for (int fd : idle) close(fd);
+  for (pid_t c : clients) Wait(c, 30);
+  const std::string log = ReadFile((run / "server.log").string()).value_or("");
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1})) << log;
+}
+
 // Chaos: clients killed and restarted, the server killed with SIGKILL and stopped with
 // SIGTERM, each time restarted on its run directory. Clients under no supervisor keep
 // reconnecting to a stopped server (only a finished run ends them), every round is

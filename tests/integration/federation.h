@@ -38,6 +38,8 @@ struct Federation {
   std::vector<Status> client_status;
   // Where clients dial, given the server's port (default: the server itself).
   std::function<std::string(int port)> dial;
+  // The server's clock (default: the real one).
+  std::shared_ptr<Clock> clock;
 
   void Start(const std::string& yaml, std::vector<ClientOptions> client_opts,
              const std::string& run_dir = "") {
@@ -47,6 +49,7 @@ struct Federation {
     o.listen = "127.0.0.1:0";
     o.run_dir = run_dir;
     o.insecure = true;
+    o.clock = clock;
     auto s = Server::Create(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status();
     server = *std::move(s);

@@ -4,6 +4,7 @@
 // exactly what the honest updates (with bounded weights) make of it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -25,10 +26,12 @@ using grpc::StatusCode;
 
 class HostileTest : public RunningServerTest {
  protected:
-  void StartServer(const std::string& yaml, const std::string& run_dir = "") {
+  void StartServer(const std::string& yaml, const std::string& run_dir = "",
+                   std::shared_ptr<Clock> clock = nullptr) {
     ServerOptions o;
     o.config = TestConfig(yaml);
     o.run_dir = run_dir;
+    o.clock = std::move(clock);
     StartServerWith(std::move(o));
   }
   // Stops the server once its run thread is done or `timeout_s` passed.
@@ -251,13 +254,16 @@ TEST_F(HostileTest, EqualWeightingIgnoresDeclaredCounts) {
 // each and goes silent, with one upload slot on the server. Its second upload replaces
 // its first, the stalled one is cancelled after server.upload_idle_timeout_s, its task
 // fails, and the honest upload queued behind it goes through: the round commits with it.
+// Time is a FakeClock: the idle timeout passes when the test says so.
 TEST_F(HostileTest, StalledUploadsCannotStarveHonestOnes) {
+  auto clock = std::make_shared<FakeClock>();
   StartServer(R"(
 run: {rounds: 2}
 model: {name: mlp}
-clients: {min: 2, quorum: 0.5, round_deadline_s: 120}
-server: {client_timeout_s: 120, worker_threads: 1, upload_idle_timeout_s: 1}
-)");
+clients: {min: 2, quorum: 0.5, round_deadline_s: 100000}
+server: {client_timeout_s: 100000, worker_threads: 1, upload_idle_timeout_s: 30}
+)",
+              "", clock);
   const ParameterSet initial = server_->GlobalModel();
   TestPeer staller(address_, 10), good(address_, 10);
   ASSERT_TRUE(staller.Join("staller") && good.Join("good"));
@@ -284,7 +290,15 @@ server: {client_timeout_s: 120, worker_threads: 1, upload_idle_timeout_s: 1}
     stalls.push_back(std::move(st));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  const Status honest = Upload(good, *tg, 10, Filled(initial, 0.02f));
+  // One upload in progress per client: the second replaced the first, and holds the slot.
+  ASSERT_TRUE(WaitForUploads(1, 0));
+  // The honest upload queues for the slot; 31 s of fake time later the stalled upload
+  // is cancelled (time spent queued does not count) and the honest one goes through.
+  Status honest;
+  std::thread t([&] { honest = Upload(good, *tg, 10, Filled(initial, 0.02f)); });
+  ASSERT_TRUE(WaitForUploads(2, 1));
+  clock->AdvanceSeconds(31);
+  t.join();
   EXPECT_TRUE(honest.ok()) << honest;
   for (auto& st : stalls) {
     const grpc::Status s = st->w->Finish();

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <chrono>
 #include <thread>
 
 #include "server/server.h"
@@ -25,6 +26,20 @@ class RunningServerTest : public ::testing::Test {
     ASSERT_TRUE(server_->Start().ok());
     address_ = "127.0.0.1:" + std::to_string(server_->port());
     runner_ = std::thread([this] { run_status_ = server_->Run(); });
+  }
+
+  // Waits (up to a minute of real time) until the server holds exactly these uploads:
+  // what a test checks before it moves a FakeClock past a timeout.
+  ::testing::AssertionResult WaitForUploads(int in_progress, int queued) {
+    Server::UploadCounts u;
+    for (int i = 0; i < 6000; ++i) {
+      u = server_->Uploads();
+      if (u.in_progress == in_progress && u.queued == queued) return ::testing::AssertionSuccess();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return ::testing::AssertionFailure() << "uploads in progress " << u.in_progress << ", queued "
+                                         << u.queued << "; expected " << in_progress << ", "
+                                         << queued;
   }
 
   void TearDown() override {
