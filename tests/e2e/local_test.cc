@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -65,6 +66,11 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
   }
 
   int Wait(pid_t pid, int timeout_s) { return testing::WaitForExit(pid, timeout_s); }
+
+  void ExpectRunSurvivesIdleConnections(
+      const std::string& yaml, rlim_t max_fds, int rounds,
+      const std::function<void(const std::string& addr, pid_t server, std::vector<int>* idle)>&
+          attack);
 
   std::string Output() { return ReadFile((dir_ / "out.txt").string()).value_or(""); }
 
@@ -465,39 +471,36 @@ std::string WaitForAddress(const fs::path& run) {
   return "";
 }
 
-// Waves of connections that never send the HTTP/2 preface, more in all than the
-// server's 512 descriptors, arrive before any authentication: the handshake timeout
-// closes each wave before the next, so the server never runs out (gRPC 1.51 stops
-// accepting for good after one failed accept), the honest clients get in, and the run
-// completes.
-TEST_F(LocalTest, IdleConnectionsCannotExhaustTheServersDescriptors) {
-  std::ofstream(config_) << R"(
-run: {name: e2e, rounds: 2}
-model: {name: mlp}
-server: {evaluate: false, handshake_timeout_s: 1}
-clients: {min: 2, quorum: 1.0, round_deadline_s: 60, join_timeout_s: 60}
-train: {batch_size: 32}
-)";
-  const fs::path run = dir_ / "srv";
-  pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run.string(), "--listen",
-                        "127.0.0.1:0", "--insecure"},
-                       "server.txt", 512);
-  const std::string addr = WaitForAddress(run);
-  ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / "server.txt").string()).value_or("");
+// `n` TCP connections to the server at "127.0.0.1:PORT" that never send a byte, added to
+// `idle` (the caller closes them).
+void OpenIdleConnections(const std::string& addr, int n, std::vector<int>* idle) {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
   inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  std::vector<int> idle;  // kept open on this side until the end
-  for (int wave = 0; wave < 4; ++wave) {
-    for (int i = 0; i < 200; ++i) {
-      const int fd = socket(AF_INET, SOCK_STREAM, 0);
-      ASSERT_GE(fd, 0);
-      ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-      idle.push_back(fd);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  for (int i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    idle->push_back(fd);
   }
+}
+
+// Starts a server on `yaml` with `max_fds` descriptors, lets `attack` open idle
+// connections to it (`attack` gets its address and pid), then two honest clients: the
+// run must complete with rounds 1..`rounds` recorded.
+void LocalTest::ExpectRunSurvivesIdleConnections(
+    const std::string& yaml, rlim_t max_fds, int rounds,
+    const std::function<void(const std::string&, pid_t, std::vector<int>*)>& attack) {
+  std::ofstream(config_) << yaml;
+  const fs::path run = dir_ / "srv";
+  pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run.string(), "--listen",
+                        "127.0.0.1:0", "--insecure"},
+                       "server.txt", max_fds);
+  const std::string addr = WaitForAddress(run);
+  ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / "server.txt").string()).value_or("");
+  std::vector<int> idle;  // kept open on this side until the end
+  attack(addr, server, &idle);
   std::vector<pid_t> clients;
   for (int i = 0; i < 2; ++i) {
     clients.push_back(Spawn({"cleave-client", "--server", addr, "--insecure", "--data",
@@ -510,7 +513,30 @@ train: {batch_size: 32}
   for (pid_t c : clients) Wait(c, 30);
   const std::string log = ReadFile((run / "server.log").string()).value_or("");
   ASSERT_EQ(rc, 0) << log;
-  EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1, 2})) << log;
+  std::vector<int> expected(rounds);
+  std::iota(expected.begin(), expected.end(), 1);
+  EXPECT_EQ(RecordedRounds(run), expected) << log;
+}
+
+// Waves of connections that never send the HTTP/2 preface, more in all than the
+// server's 512 descriptors, arrive before any authentication: the handshake timeout
+// closes each wave before the next, so the server never runs out, the honest clients
+// get in, and the run completes.
+TEST_F(LocalTest, IdleConnectionsCannotExhaustTheServersDescriptors) {
+  const auto waves = [](const std::string& addr, pid_t, std::vector<int>* idle) {
+    for (int wave = 0; wave < 4; ++wave) {
+      OpenIdleConnections(addr, 200, idle);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    }
+  };
+  ExpectRunSurvivesIdleConnections(R"(
+run: {name: e2e, rounds: 2}
+model: {name: mlp}
+server: {evaluate: false, handshake_timeout_s: 1}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60, join_timeout_s: 60}
+train: {batch_size: 32}
+)",
+                                   512, 2, waves);
 }
 
 // One burst of idle connections, more than the server's 256 descriptors, inside one
@@ -519,51 +545,25 @@ train: {batch_size: 32}
 // (and any it has no descriptor for), so once the handshake timeout has closed the idle
 // ones the honest clients get in and the run completes.
 TEST_F(LocalTest, ABurstBeyondTheDescriptorLimitDoesNotStopAccepting) {
-  std::ofstream(config_) << R"(
+  const auto burst = [](const std::string& addr, pid_t server, std::vector<int>* idle) {
+    OpenIdleConnections(addr, 400, idle);
+    // Refused connections hold nothing: the burst costs the server little memory.
+    std::ifstream status("/proc/" + std::to_string(server) + "/status");
+    int64_t peak_kib = 0;
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmHWM:", 0) == 0) peak_kib = std::stoll(line.substr(6));
+    }
+    EXPECT_GT(peak_kib, 0);
+    EXPECT_LT(peak_kib, 512 * 1024) << "peak RSS in KiB during the burst";
+  };
+  ExpectRunSurvivesIdleConnections(R"(
 run: {name: e2e, rounds: 1}
 model: {name: mlp}
 server: {evaluate: false, handshake_timeout_s: 2}
 clients: {min: 2, quorum: 1.0, round_deadline_s: 60, join_timeout_s: 90}
 train: {batch_size: 32}
-)";
-  const fs::path run = dir_ / "srv";
-  pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run.string(), "--listen",
-                        "127.0.0.1:0", "--insecure"},
-                       "server.txt", 256);
-  const std::string addr = WaitForAddress(run);
-  ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / "server.txt").string()).value_or("");
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1))));
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  std::vector<int> idle;  // kept open on this side until the end
-  for (int i = 0; i < 400; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-    idle.push_back(fd);
-  }
-  // The burst costs the server little memory: refused connections hold nothing.
-  std::ifstream status("/proc/" + std::to_string(server) + "/status");
-  int64_t peak_kib = 0;
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) peak_kib = std::stoll(line.substr(6));
-  }
-  EXPECT_GT(peak_kib, 0);
-  EXPECT_LT(peak_kib, 512 * 1024) << "peak RSS in KiB during the burst";
-  std::vector<pid_t> clients;
-  for (int i = 0; i < 2; ++i) {
-    clients.push_back(Spawn({"cleave-client", "--server", addr, "--insecure", "--data",
-                             "fmnist:/usr/share/datasets/fashion-mnist,limit=1000", "--partition",
-                             "iid,client=" + std::to_string(i) + ",of=2", "--give-up-after", "90"},
-                            "client" + std::to_string(i) + ".txt"));
-  }
-  const int rc = Wait(server, 150);
-  for (int fd : idle) close(fd);
-  for (pid_t c : clients) Wait(c, 30);
-  const std::string log = ReadFile((run / "server.log").string()).value_or("");
-  ASSERT_EQ(rc, 0) << log;
-  EXPECT_EQ(RecordedRounds(run), (std::vector<int>{1})) << log;
+)",
+                                   256, 1, burst);
 }
 
 // Chaos: clients killed and restarted, the server killed with SIGKILL and stopped with
