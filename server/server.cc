@@ -447,6 +447,11 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // stalling client holds an upload slot at most once per round). Releases mu_ while
   // closing streams.
   void ExpireSilentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits on cv_ until `until` or at most kPoll, so that the caller can expire silent
+  // clients and stalled uploads meanwhile.
+  void WaitLocked(Clock::time_point until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    clock_->WaitUntil(cv_, mu_, std::min(until, clock_->Now() + kPoll));
+  }
   void FailTasksOfLocked(const std::string& client_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RoundResolvedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -2540,7 +2545,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
           " clients connected", NeedProfile() ? " and profiled" : "", " within ",
           cfg_.clients.join_timeout_s, "s"));
     }
-    clock_->WaitUntil(cv_, mu_, std::min(join_deadline, clock_->Now() + kPoll));
+    WaitLocked(join_deadline);
     ExpireSilentLocked();
   }
   if (stopping_) return absl::CancelledError("stopped");
@@ -2629,7 +2634,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
       }
       continue;
     }
-    clock_->WaitUntil(cv_, mu_, std::min(deadline, clock_->Now() + kPoll));
+    WaitLocked(deadline);
     ExpireSilentLocked();
   }
   evaluating_ = false;
@@ -2803,7 +2808,7 @@ Status Server::Impl::RunSecAggStagesLocked(Clock::time_point training_deadline) 
     const bool training = secagg_->stage() == SecAggRound::Stage::kMasked;
     const auto until = training ? training_deadline : stage_deadline;
     if (!secagg_->StageComplete() && clock_->Now() < until) {
-      clock_->WaitUntil(cv_, mu_, std::min(until, clock_->Now() + kPoll));
+      WaitLocked(until);
       ExpireSilentLocked();
       continue;
     }

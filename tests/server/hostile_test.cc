@@ -4,7 +4,6 @@
 // exactly what the honest updates (with bounded weights) make of it.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <limits>
