@@ -1,6 +1,5 @@
 #include "core/clock.h"
 
-#include "absl/time/time.h"
 
 namespace cleave {
 namespace {
@@ -8,11 +7,10 @@ namespace {
 class RealClock final : public Clock {
  public:
   time_point Now() const override { return std::chrono::steady_clock::now(); }
-  void WaitUntil(absl::CondVar& cv, absl::Mutex& mu, time_point deadline) const override
+  void WaitUntil(CondVar& cv, Mutex& mu, time_point deadline) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const auto left = deadline - Now();
-    if (left <= duration::zero()) return;
-    cv.WaitWithTimeout(&mu, absl::FromChrono(left));
+    if (Now() >= deadline) return;
+    cv.WaitUntil(&mu, deadline);
   }
 };
 
@@ -24,17 +22,17 @@ std::shared_ptr<Clock> Clock::Real() {
 }
 
 Clock::time_point FakeClock::Now() const {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   return now_;
 }
 
-void FakeClock::WaitUntil(absl::CondVar& cv, absl::Mutex& mu, time_point deadline) const {
+void FakeClock::WaitUntil(CondVar& cv, Mutex& mu, time_point deadline) const {
   if (Now() >= deadline) return;
-  cv.WaitWithTimeout(&mu, absl::Milliseconds(1));
+  cv.WaitUntil(&mu, std::chrono::steady_clock::now() + std::chrono::milliseconds(1));
 }
 
 void FakeClock::Advance(duration d) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   now_ += d;
 }
 

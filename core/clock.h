@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 
 namespace cleave {
 
@@ -23,7 +23,7 @@ class Clock {
   virtual time_point Now() const = 0;
   // Blocks on `cv` (`mu` held, released while blocked) until it is signalled or this
   // clock reaches `deadline`. May return early: callers re-check what they wait for.
-  virtual void WaitUntil(absl::CondVar& cv, absl::Mutex& mu, time_point deadline) const
+  virtual void WaitUntil(CondVar& cv, Mutex& mu, time_point deadline) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
 
   // The process's steady clock (shared, stateless).
@@ -40,13 +40,13 @@ class FakeClock final : public Clock {
   time_point Now() const override;
   // Waits are cut into real slices of a millisecond, so a waiter notices Advance()
   // within one slice; the time it sees moves only by Advance().
-  void WaitUntil(absl::CondVar& cv, absl::Mutex& mu, time_point deadline) const override
+  void WaitUntil(CondVar& cv, Mutex& mu, time_point deadline) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void Advance(duration d);
   void AdvanceSeconds(double s) { Advance(Seconds(s)); }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   time_point now_ ABSL_GUARDED_BY(mu_){std::chrono::hours(1)};
 };
 

@@ -10,7 +10,7 @@
 #include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "core/mutex.h"
 
 namespace cleave {
 namespace {
@@ -18,13 +18,13 @@ namespace {
 class Gate {
  public:
   void SetLimit(int max_connections) {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     max_ = max_connections;
     if (spare_ < 0) spare_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
   AcceptStats Stats() {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     Prune();
     return {admitted_, refused_, static_cast<int>(open_.size())};
   }
@@ -43,7 +43,7 @@ class Gate {
 
  private:
   bool Admit(int fd) {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     if (max_ <= 0) return true;
     struct stat st {};
     if (fstat(fd, &st) != 0) return true;
@@ -69,7 +69,7 @@ class Gate {
   // The process has no descriptor for the pending connection: free the spare, take the
   // connection off the queue, close it, take the spare back. The listener stays usable.
   int OutOfDescriptors(int listener) {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     ++refused_;
     if (spare_ >= 0) {
       close(spare_);
@@ -81,7 +81,7 @@ class Gate {
     return -1;
   }
 
-  absl::Mutex mu_;
+  Mutex mu_;
   int max_ ABSL_GUARDED_BY(mu_) = 0;
   int spare_ ABSL_GUARDED_BY(mu_) = -1;
   std::unordered_map<int, ino_t> open_ ABSL_GUARDED_BY(mu_);

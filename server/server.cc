@@ -37,9 +37,9 @@
 #include "compression/codec.h"
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "core/clock.h"
 #include "core/files.h"
+#include "core/mutex.h"
 #include "core/printable.h"
 #include "core/thread_pool.h"
 #include "data/dataset.h"
@@ -382,25 +382,25 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
                                    v1::SecAggReply* reply) override;
 
   ParameterSet GlobalModel() const {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     return global_;
   }
   int64_t committed_round() const {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     return committed_round_;
   }
   std::vector<RoundMetrics> History() const {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     return history_;
   }
   int port() const { return port_; }
   std::string RunId() const {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     return run_id_;
   }
   std::pair<int64_t, int64_t> TransportBytes() const { return {lifetime_up_, lifetime_down_}; }
   Server::UploadCounts Uploads() const {
-    absl::MutexLock l(&upload_mu_);
+    MutexLock l(&upload_mu_);
     return {static_cast<int>(upload_of_client_.size()), static_cast<int>(upload_waiters_.size())};
   }
 
@@ -539,8 +539,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // How often waits wake to expire silent clients and stalled uploads.
   static constexpr Clock::duration kPoll = std::chrono::milliseconds(200);
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string run_id_ ABSL_GUARDED_BY(mu_);
   std::string bearer_;  // "Bearer TOKEN" from auth.token_file; empty = no token check
@@ -604,7 +604,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
   double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
 
-  mutable absl::Mutex upload_mu_;
+  mutable Mutex upload_mu_;
   int upload_slots_free_ ABSL_GUARDED_BY(upload_mu_);
   std::deque<UploadReactor*> upload_waiters_ ABSL_GUARDED_BY(upload_mu_);
   std::map<UploadReactor*, std::shared_ptr<UploadReactor>> open_uploads_
@@ -629,7 +629,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
   bool Send(Out msg, bool finish_after = false) {
     const Out* start = nullptr;
     {
-      absl::MutexLock l(&wmu_);
+      MutexLock l(&wmu_);
       if (finishing_) return false;
       Queued(msg);
       out_.push_back(std::move(msg));
@@ -646,7 +646,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
   void Close(const grpc::Status& s) {
     bool now = false;
     {
-      absl::MutexLock l(&wmu_);
+      MutexLock l(&wmu_);
       now = FinishLocked(s);
     }
     if (now) this->Finish(s);
@@ -657,7 +657,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
     bool finish = false;
     grpc::Status status;
     {
-      absl::MutexLock l(&wmu_);
+      MutexLock l(&wmu_);
       out_.pop_front();
       if (!ok) {
         out_.clear();
@@ -692,7 +692,7 @@ class QueuedBidiReactor : public grpc::ServerBidiReactor<In, Out> {
   // Called for each message queued (with wmu_ held): to count it.
   virtual void Queued(const Out& msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(wmu_) = 0;
 
-  absl::Mutex wmu_;
+  Mutex wmu_;
   std::deque<Out> out_ ABSL_GUARDED_BY(wmu_);
   bool writing_ ABSL_GUARDED_BY(wmu_) = false;
   bool finishing_ ABSL_GUARDED_BY(wmu_) = false;
@@ -857,7 +857,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
   // Cancels the call if it is still receiving data; one that has all its data finishes
   // on its own once validated. Any thread.
   void Cancel() {
-    absl::MutexLock l(&done_mu_);
+    MutexLock l(&done_mu_);
     if (!done_ && !received_all_) ctx_->TryCancel();
   }
 
@@ -884,7 +884,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
         return;
       }
       {
-        absl::MutexLock l(&done_mu_);
+        MutexLock l(&done_mu_);
         received_all_ = true;
       }
       received_all_flag_ = true;
@@ -964,7 +964,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
 
   void OnDone() override {
     {
-      absl::MutexLock l(&done_mu_);
+      MutexLock l(&done_mu_);
       done_ = true;
     }
     impl_->UnregisterUpload(this);
@@ -986,7 +986,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk> {
   grpc::CallbackServerContext* ctx_;
   const std::string peer_;
   std::shared_ptr<UploadReactor> self_;
-  absl::Mutex done_mu_;
+  Mutex done_mu_;
   bool done_ ABSL_GUARDED_BY(done_mu_) = false;
   bool received_all_ ABSL_GUARDED_BY(done_mu_) = false;
   v1::UploadReply* reply_;
@@ -1024,7 +1024,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
     if (!ok) {  // the client finished sending (or the call is gone)
       bool close_now = false;
       {
-        absl::MutexLock l(&mu_);
+        MutexLock l(&mu_);
         read_done_ = true;
         close_now = !busy_ && !failed_;
       }
@@ -1050,7 +1050,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       act_codec_ = MakeStatelessCodec(task->act_codec, 1).value();  // checked at start
       grad_codec_ = MakeStatelessCodec(task->grad_codec, 2).value();
       {
-        absl::MutexLock l(&mu_);  // OnCancel may read them on another thread
+        MutexLock l(&mu_);  // OnCancel may read them on another thread
         task_ = *std::move(task);
         opened_ = true;
       }
@@ -1062,7 +1062,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
     }
     bool schedule = false, read_more = false;
     {
-      absl::MutexLock l(&mu_);
+      MutexLock l(&mu_);
       inbox_.push_back(std::move(in_));
       ++outstanding_;
       schedule = !busy_ && !failed_;
@@ -1080,7 +1080,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   void OnCancel() override {
     SplitStreamTask task;
     {
-      absl::MutexLock l(&mu_);
+      MutexLock l(&mu_);
       if (!opened_) return;
       task = task_;
     }
@@ -1099,7 +1099,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       v1::SplitUp msg;
       bool close = false;
       {
-        absl::MutexLock l(&mu_);
+        MutexLock l(&mu_);
         if (inbox_.empty()) {
           busy_ = false;
           close = read_done_;
@@ -1116,7 +1116,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       Status s = Process(msg);
       bool resume = false;
       {
-        absl::MutexLock l(&mu_);
+        MutexLock l(&mu_);
         --outstanding_;
         if (!s.ok()) failed_ = true;
         if (s.ok() && paused_ && outstanding_ <= task_.window) {
@@ -1237,7 +1237,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   int64_t next_seq_ = 1;
   std::set<int64_t> pending_;
   std::unique_ptr<Codec> act_codec_, grad_codec_;  // this stream's (stochastic rounding)
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<v1::SplitUp> inbox_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
@@ -1367,7 +1367,7 @@ grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* c
     return r;
   }
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     reply->set_run_id(run_id_);
     reply->set_round(current_round_ ? current_round_ : committed_round_);
     reply->set_total_rounds(cfg_.run.rounds);
@@ -1385,12 +1385,12 @@ grpc::ServerUnaryReactor* Server::Impl::GetStatus(grpc::CallbackServerContext* c
 // Reactor callbacks into the shared state.
 
 void Server::Impl::RegisterUpload(std::shared_ptr<UploadReactor> r) {
-  absl::MutexLock l(&upload_mu_);
+  MutexLock l(&upload_mu_);
   open_uploads_[r.get()] = std::move(r);
 }
 
 void Server::Impl::UnregisterUpload(UploadReactor* r) {
-  absl::MutexLock l(&upload_mu_);
+  MutexLock l(&upload_mu_);
   open_uploads_.erase(r);
   if (const v1::UploadHeader* h = r->header()) {
     auto it = upload_of_client_.find(h->client_id());
@@ -1402,7 +1402,7 @@ bool Server::Impl::ClaimUpload(const std::string& client_id, UploadReactor* r) {
   std::shared_ptr<UploadReactor> older;
   bool has_slot = false;
   {
-    absl::MutexLock l(&upload_mu_);
+    MutexLock l(&upload_mu_);
     UploadReactor*& current = upload_of_client_[client_id];
     if (current != nullptr && current != r) {
       auto it = open_uploads_.find(current);
@@ -1429,7 +1429,7 @@ bool Server::Impl::ClaimUpload(const std::string& client_id, UploadReactor* r) {
 void Server::Impl::LogRefusedUpload(const v1::UploadHeader& h, const Status& why) {
   std::string name;
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     auto it = sessions_.find(h.client_id());
     name = it != sessions_.end() ? it->second.name : "not connected";
   }
@@ -1440,7 +1440,7 @@ void Server::Impl::LogRefusedUpload(const v1::UploadHeader& h, const Status& why
 void Server::Impl::CancelOpenUploads() {
   std::vector<std::shared_ptr<UploadReactor>> open;
   {
-    absl::MutexLock l(&upload_mu_);
+    MutexLock l(&upload_mu_);
     for (auto& [p, r] : open_uploads_) open.push_back(r);
   }
   // Outside upload_mu_: cancellation may run OnCancel inline, which takes it.
@@ -1448,7 +1448,7 @@ void Server::Impl::CancelOpenUploads() {
 }
 
 bool Server::Impl::CancelWaitingUpload(UploadReactor* r) {
-  absl::MutexLock l(&upload_mu_);
+  MutexLock l(&upload_mu_);
   auto it = std::find(upload_waiters_.begin(), upload_waiters_.end(), r);
   if (it == upload_waiters_.end()) return false;
   upload_waiters_.erase(it);
@@ -1458,7 +1458,7 @@ bool Server::Impl::CancelWaitingUpload(UploadReactor* r) {
 void Server::Impl::ReleaseUploadSlot() {
   UploadReactor* next = nullptr;
   {
-    absl::MutexLock l(&upload_mu_);
+    MutexLock l(&upload_mu_);
     if (upload_waiters_.empty()) {
       ++upload_slots_free_;
       return;
@@ -1512,7 +1512,7 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
   }
   std::shared_ptr<ControlReactor> replaced;
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
     if (static_cast<int>(sessions_.size()) >= max_sessions_) {
       // A device reconnecting with its certificate replaces its session (below): it may.
@@ -1574,7 +1574,7 @@ Status Server::Impl::Join(ControlReactor* r, const v1::Join& join, const std::st
 }
 
 void Server::Impl::Ready(ControlReactor* r) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = sessions_.find(r->client_id());
   if (it == sessions_.end()) return;
   it->second.ready = true;
@@ -1582,13 +1582,13 @@ void Server::Impl::Ready(ControlReactor* r) {
 }
 
 void Server::Impl::Heartbeat(ControlReactor* r) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = sessions_.find(r->client_id());
   if (it != sessions_.end()) it->second.last_seen = clock_->Now();
 }
 
 void Server::Impl::Ack(ControlReactor* r, const v1::TaskAck& ack) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = tasks_.find(ack.task_id());
   if (it == tasks_.end() || it->second.client_id != r->client_id()) return;
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
@@ -1599,7 +1599,7 @@ void Server::Impl::Ack(ControlReactor* r, const v1::TaskAck& ack) {
 }
 
 void Server::Impl::ControlDone(ControlReactor* r) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = sessions_.find(r->client_id());
   if (it == sessions_.end() || it->second.reactor.get() != r) return;
   spdlog::info("client {} disconnected", it->first);
@@ -1625,7 +1625,7 @@ void Server::Impl::FailTaskLocked(const std::string& task_id, TaskRecord& t,
 
 Status Server::Impl::Authenticate(const std::string& client_id, const std::string& token,
                                   const std::string& peer) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   return SessionLocked(client_id, token, peer).status();
 }
 
@@ -1648,7 +1648,7 @@ StatusOr<const Session*> Server::Impl::SessionLocked(const std::string& client_i
 }
 
 Status Server::Impl::SecAggSubmit(const v1::SecAggRequest& req, const std::string& peer) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   RETURN_IF_ERROR(CheckSenderLocked("secure-aggregation message", req.client_id(),
                                     req.session_token(), peer, req.run_id(), req.round())
                       .status());
@@ -1696,7 +1696,7 @@ Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
     }
   }
   if (p.memory_limit_bytes() < 0) return absl::InvalidArgumentError("negative memory limit");
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto it = sessions_.find(r->client_id());
   if (it == sessions_.end()) return absl::OkStatus();
   it->second.profile = p;
@@ -1713,7 +1713,7 @@ Status Server::Impl::SetProfile(ControlReactor* r, const v1::Profile& p) {
 
 StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open,
                                                   const std::string& peer) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   RETURN_IF_ERROR(CheckSenderLocked("split stream", open.client_id(), open.session_token(), peer,
                                     open.run_id(), open.round())
                       .status());
@@ -1743,7 +1743,7 @@ StatusOr<SplitStreamTask> Server::Impl::OpenSplit(const v1::SplitOpen& open,
 }
 
 void Server::Impl::SplitEnded(const SplitStreamTask& task, const Status& why) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   auto t = tasks_.find(task.task_id);
   if (t == tasks_.end() || t->second.client_id != task.client_id || task.round != split_round_ ||
       t->second.state != TaskState::kAssigned) {
@@ -1773,7 +1773,7 @@ StatusOr<const Session*> Server::Impl::CheckSenderLocked(const std::string& what
 
 StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
                                                   const std::string& peer, bool* duplicate) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   ASSIGN_OR_RETURN(const Session* s, CheckSenderLocked("upload", h.client_id(), h.session_token(),
                                                        peer, h.run_id(), h.round()));
   auto t = tasks_.find(h.task_id());
@@ -1845,7 +1845,7 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   if (h.codec() == "fp32") {
     ASSIGN_OR_RETURN(views, ParseParameterSet(payload, cfg_.server.max_model_elements));
   }
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   // Re-check under the lock: the round may have closed while we were reading.
   auto t = tasks_.find(h.task_id());
   if (h.round() != current_round_ || t == tasks_.end() || t->second.client_id != h.client_id()) {
@@ -1921,7 +1921,7 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
 StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::FetchRequest& req,
                                                                    const std::string& peer,
                                                                    int64_t* fp32_size) {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   RETURN_IF_ERROR(SessionLocked(req.client_id(), req.session_token(), peer).status());
   auto b = blobs_.find(req.digest());
   if (b == blobs_.end()) {
@@ -1937,7 +1937,7 @@ StatusOr<std::shared_ptr<const std::string>> Server::Impl::FindBlob(const v1::Fe
 // Setup, rounds, checkpoints.
 
 Status Server::Impl::Init() {
-  absl::MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
+  MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
   if (cfg_.tls.cert.empty() && !opts_.insecure) {
     return absl::FailedPreconditionError(
         "TLS is required: set tls.cert and tls.key (`cleave certs init DIR` makes them) or "
@@ -2132,7 +2132,7 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> Server::Impl::ServerCredentia
   ASSIGN_OR_RETURN(tls_material_, ReadServerTls(t.cert, t.key, t.ca));
   if (!t.revoked.empty()) {
     ASSIGN_OR_RETURN(std::set<std::string> revoked, ReadRevocationList(t.revoked));
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     revoked_ = std::move(revoked);
   }
   if (opts_.run_dir.empty()) {
@@ -2186,7 +2186,7 @@ void Server::Impl::ReloadTlsLoop() {
   const TlsConfig& t = cfg_.tls;
   while (true) {
     {
-      absl::MutexLock l(&mu_);
+      MutexLock l(&mu_);
       const Clock::time_point next = clock_->Now() + Seconds(t.reload_s);
       while (!stopping_ && clock_->Now() < next) clock_->WaitUntil(cv_, mu_, next);
       if (stopping_) return;
@@ -2219,7 +2219,7 @@ void Server::Impl::ReloadTlsLoop() {
 void Server::Impl::ApplyRevocations(std::set<std::string> revoked) {
   std::vector<std::shared_ptr<ControlReactor>> cut;
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     for (const auto& name : revoked) {
       if (!revoked_.count(name)) spdlog::warn("revocation list: '{}' is revoked", Printable(name));
     }
@@ -2259,7 +2259,7 @@ Status Server::Impl::Start() {
                                 ? cfg_.server.max_connections
                                 : static_cast<int>(std::clamp<int64_t>(fds - 128, 16, 1 << 20));
     SetConnectionLimit(connections);
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     max_sessions_ = cfg_.server.max_sessions > 0 ? cfg_.server.max_sessions : derived;
     spdlog::info("up to {} sessions and {} connections ({} descriptors)", max_sessions_,
                  connections, fds);
@@ -2341,7 +2341,7 @@ void Server::Impl::ExpireSilentLocked() {
   std::vector<std::shared_ptr<UploadReactor>> stalled;
   {
     const auto idle = Seconds(cfg_.server.upload_idle_timeout_s);
-    absl::MutexLock u(&upload_mu_);
+    MutexLock u(&upload_mu_);
     for (auto& [p, r] : open_uploads_) {
       if (r->ExpireIfIdle(idle, now)) stalled.push_back(r);
     }
@@ -2906,7 +2906,7 @@ Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSe
 void Server::Impl::FinalEvaluation(double elapsed_s) {
   StatusOr<RoundMetrics> m;
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     // Not in split rounds nor under secure aggregation: clients report no evaluation
     // there (one client's numbers would show what masking hides).
     // A run restarted after its final evaluation does not repeat it.
@@ -2927,7 +2927,7 @@ void Server::Impl::FinalEvaluation(double elapsed_s) {
                m->client_eval.accuracy, m->client_eval.loss, m->client_eval.examples,
                m->client_eval.clients);
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     total_bytes_up_ += m->bytes_up;
     total_bytes_down_ += m->bytes_down;
     history_.push_back(*m);
@@ -2953,7 +2953,7 @@ Status Server::Impl::Commit(RoundMetrics* m) {
   }
   std::string checkpoint;
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     total_bytes_up_ += m->bytes_up;
     total_bytes_down_ += m->bytes_down;
     last_accuracy_ = m->test_accuracy;
@@ -3035,7 +3035,7 @@ Status Server::Impl::Run() {
     ASSIGN_OR_RETURN(EvalStats ev,
                      model_->Evaluate(test_, cfg_.server.eval_batch_size, cfg_.train.loss));
     spdlog::info("initial model: test accuracy {:.4f}, loss {:.4f}", ev.accuracy, ev.loss);
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     last_accuracy_ = ev.accuracy;
   }
   Status result = absl::OkStatus();
@@ -3044,7 +3044,7 @@ Status Server::Impl::Run() {
   while (true) {
     StatusOr<RoundMetrics> m;
     {
-      absl::MutexLock l(&mu_);
+      MutexLock l(&mu_);
       if (stopping_) {
         result = absl::CancelledError("stopped before the last round");
         break;
@@ -3093,7 +3093,7 @@ Status Server::Impl::Run() {
 void Server::Impl::DisconnectClients() {
   std::vector<std::shared_ptr<ControlReactor>> reactors;
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     stopping_ = true;
     phase_ = "stopped";
     for (auto& [id, s] : sessions_) reactors.push_back(s.reactor);
@@ -3108,7 +3108,7 @@ void Server::Impl::EndRun(const std::string& reason) {
   std::vector<std::shared_ptr<ControlReactor>> reactors;
   v1::ServerMessage msg;
   {
-    absl::MutexLock l(&mu_);
+    MutexLock l(&mu_);
     stopping_ = true;
     phase_ = "ended";
     for (auto& [id, s] : sessions_) reactors.push_back(s.reactor);
@@ -3118,14 +3118,14 @@ void Server::Impl::EndRun(const std::string& reason) {
   for (auto& r : reactors) r->Send(msg, /*finish_after=*/true);
   // Give clients a moment to read RunEnded, then stop serving: a grace period of real
   // time for the network, not a protocol deadline.
-  absl::MutexLock l(&mu_);
-  const absl::Time until = absl::Now() + absl::Seconds(3);
-  while (!sessions_.empty() && !cv_.WaitWithDeadline(&mu_, until)) {
+  MutexLock l(&mu_);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (!sessions_.empty() && !cv_.WaitUntil(&mu_, until)) {
   }
 }
 
 void Server::Impl::Stop() {
-  absl::MutexLock l(&mu_);
+  MutexLock l(&mu_);
   stopping_ = true;
   cv_.SignalAll();
 }
