@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
+#include "client/transfer.h"
 #include "privacy/accountant.h"
 #include "tests/integration/federation.h"
+#include "tests/server/test_peer.h"
 
 namespace cleave {
 namespace {
@@ -65,6 +68,61 @@ TEST(AttackTest, AttackersSendWhatTheySay) {
     return o;
   }());
   EXPECT_EQ(bad.Run().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The weight-capture attack of issue 13 at the scale of accuracy: four honest devices on
+// Fashion-MNIST and one (a TestPeer) that declares 10^12 examples at Join and in every
+// upload, and uploads +1.0 in every coordinate each round.
+struct AttackedRun {
+  Status status;
+  std::vector<RoundMetrics> history;
+};
+
+AttackedRun RunWithWeightCapture(const std::string& aggregation) {
+  constexpr int64_t kHuge = 1000000000000;
+  Federation f;
+  f.Start(Job(3, 5) + aggregation, Options(4, 4000));
+  std::thread attacker([&f] {
+    TestPeer evil("127.0.0.1:" + std::to_string(f.server->port()), kHuge);
+    ASSERT_TRUE(evil.Join("evil"));
+    ParameterSet plus_one = f.server->GlobalModel().ZerosLike();
+    for (auto& t : plus_one.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), 1.0f);
+    const std::string payload = plus_one.Encode();
+    while (auto task = evil.NextTask(60)) {
+      EXPECT_TRUE(UploadPayload(evil.stub(), evil.Header(*task, kHuge), payload).ok());
+    }
+  });
+  f.Join();
+  attacker.join();
+  const ParameterSet model = f.server->GlobalModel();
+  for (const auto& t : model.tensors()) {
+    for (float v : t.values) EXPECT_TRUE(std::isfinite(v)) << t.name;
+  }
+  return {f.server_status, f.server->History()};
+}
+
+// Without the weight cap the attacker owns the mean: accuracy falls to chance in one
+// round and the honest clients' training then fails. A robust rule over the capped
+// weights outvotes it: every round commits with all five updates and the federation is
+// as accurate as without the attacker. (With the mean, +1.0 everywhere ruins the model
+// at any weight it is allowed; docs/security.md.)
+TEST(HostileFederationTest, ARobustRuleKeepsAccuracyAgainstWeightCapture) {
+  const auto clean = RunToEnd(Job(3, 4), Options(4, 4000));
+  ASSERT_EQ(clean.size(), 3u);
+  const double clean_accuracy = clean.back().test_accuracy;
+  EXPECT_GT(clean_accuracy, 0.75);
+
+  const AttackedRun uncapped = RunWithWeightCapture("aggregation: {max_weight_ratio: 0}\n");
+  ASSERT_FALSE(uncapped.history.empty());
+  EXPECT_LT(uncapped.history[0].test_accuracy, 0.2) << "the attack must be real";
+
+  for (const std::string rule : {"{rule: median}", "{rule: trimmed_mean, f: 1}"}) {
+    const AttackedRun r = RunWithWeightCapture("aggregation: " + rule + "\n");
+    EXPECT_TRUE(r.status.ok()) << rule << ": " << r.status;
+    ASSERT_EQ(r.history.size(), 3u) << rule;
+    for (const auto& m : r.history) EXPECT_EQ(m.participants, 5) << rule;
+    EXPECT_GT(r.history.back().test_accuracy, clean_accuracy - 0.03) << rule;
+  }
 }
 
 // A DP job's metrics carry the accountant's epsilon, and dp.target_epsilon ends the run
