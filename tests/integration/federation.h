@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "core/clock.h"
 #include "data/dataset.h"
 #include "models/model.h"
 #include "server/server.h"
@@ -33,13 +35,15 @@ struct Federation {
   std::unique_ptr<Server> server;
   std::thread server_thread;
   Status server_status;
+  std::atomic<bool> server_done{false};  // set once Run() returned
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::thread> client_threads;
   std::vector<Status> client_status;
   // Where clients dial, given the server's port (default: the server itself).
   std::function<std::string(int port)> dial;
-  // The server's clock (default: the real one).
-  std::shared_ptr<Clock> clock;
+  // The server's clock. The default stands still: no round deadline or heartbeat timeout
+  // passes, however slowly the machine (or a sanitizer) runs, unless a test moves it.
+  std::shared_ptr<Clock> clock = std::make_shared<FakeClock>();
 
   void Start(const std::string& yaml, std::vector<ClientOptions> client_opts,
              const std::string& run_dir = "") {
@@ -54,7 +58,10 @@ struct Federation {
     ASSERT_TRUE(s.ok()) << s.status();
     server = *std::move(s);
     ASSERT_TRUE(server->Start().ok());
-    server_thread = std::thread([this] { server_status = server->Run(); });
+    server_thread = std::thread([this] {
+      server_status = server->Run();
+      server_done = true;
+    });
     client_status.resize(client_opts.size());
     for (size_t i = 0; i < client_opts.size(); ++i) {
       client_opts[i].server =

@@ -297,8 +297,16 @@ TEST(FederationTest, TooFewResultsDoNotCommit) {
   f.Start(std::string(kBase) +
               "run: {rounds: 1}\nclients: {min: 2, quorum: 1.0, join_timeout_s: 2}\n",
           std::move(opts));
+  // Both crash: the round is retried, then no clients remain and the run fails once the
+  // join timeout has passed, which it does when both are gone and time moves on.
+  for (auto& t : f.client_threads) t.join();
+  f.client_threads.clear();
+  auto* clock = static_cast<FakeClock*>(f.clock.get());
+  for (int i = 0; i < 6000 && !f.server_done; ++i) {
+    clock->AdvanceSeconds(0.5);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   f.Join();
-  // Both crash: the round is retried, then no clients remain and the run fails.
   EXPECT_EQ(f.server_status.code(), absl::StatusCode::kDeadlineExceeded) << f.server_status;
   EXPECT_EQ(f.server->committed_round(), 0);
   EXPECT_TRUE(f.server->History().empty());

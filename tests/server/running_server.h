@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "core/clock.h"
 #include "server/server.h"
 
 namespace cleave {
@@ -15,9 +16,12 @@ namespace cleave {
 class RunningServerTest : public ::testing::Test {
  protected:
   // Creates and starts the server (listening on 127.0.0.1:0, evaluation off) and runs
-  // it on runner_; Run's status lands in run_status_.
+  // it on runner_; Run's status lands in run_status_. Without a clock of the test's own
+  // the server gets a FakeClock nobody moves: no deadline or timeout passes unless a test
+  // says so, however slowly the machine (or a sanitizer) runs.
   void StartServerWith(ServerOptions o) {
     o.listen = "127.0.0.1:0";
+    if (!o.clock) o.clock = std::make_shared<FakeClock>();
     o.evaluate = false;
     if (o.config.tls.cert.empty()) o.insecure = true;
     auto s = Server::Create(std::move(o));

@@ -82,10 +82,13 @@ class TlsTest : public RunningServerTest {
         "");
     ASSERT_TRUE(config.ok()) << config.status();
     o.config = *config;
+    o.clock = clock_;
     StartServerWith(std::move(o));
   }
 
   fs::path dir_;
+  // The server's clock: tests move it past tls.reload_s (1 s) to make it re-read files.
+  std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
 };
 
 TEST_F(TlsTest, OnlyEnrolledClientsJoinAndOnlyAsThemselves) {
@@ -157,6 +160,7 @@ TEST_F(TlsTest, CertificatesReloadWithoutARestart) {
   }
   bool joined = false;
   for (int i = 0; i < 50 && !joined; ++i) {
+    clock_->AdvanceSeconds(1);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     joined = TryJoin(address_, other(), "alice").ok();
   }
@@ -353,6 +357,7 @@ TEST_F(TlsTest, RevocationEndsALiveSession) {
       "");
   ASSERT_TRUE(config.ok()) << config.status();
   o.config = *config;
+  o.clock = clock_;
   StartServerWith(std::move(o));
   TestPeer alice(address_, 10, Credentials(dir_, "alice"));
   TestPeer bob(address_, 10, Credentials(dir_, "bob"));
@@ -362,6 +367,7 @@ TEST_F(TlsTest, RevocationEndsALiveSession) {
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address_, Credentials(dir_, "bob")));
   int connected = 2;
   for (int i = 0; i < 100 && connected != 1; ++i) {
+    clock_->AdvanceSeconds(1);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     grpc::ClientContext ctx;
     v1::StatusReply reply;
