@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "aggregation/accumulate.h"
+#include "aggregation/names.h"
 #include "aggregation/dp.h"
 #include "aggregation/strategy.h"
 
@@ -229,7 +230,7 @@ StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config) {
   } else if (n == "fedyogi") {
     rule = ServerRule::kYogi;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown strategy '", n, "'"));
+    return StrategyNames().Check(n);  // not one of them: the error naming them
   }
   std::unique_ptr<Strategy> s(new FedAvgFamily(n, rule, config));
   if (absl::EndsWith(config.compression.update, ":ef21")) s = MakeEstimateStrategy(std::move(s));

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/names.h"
 
 namespace cleave::robust {
 namespace {
@@ -189,7 +190,7 @@ StatusOr<std::vector<float>> Aggregate(const std::string& rule, const Updates& u
     }
     return FlTrust(u, reference);
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown aggregation rule '", rule, "'"));
+  return RuleNames().Check(rule);  // not one of them: the error naming them
 }
 
 }  // namespace cleave::robust

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/emulation.h"
+#include "client/names.h"
 #include "compression/codec.h"
 #include "core/files.h"
 #include "core/parameter_set.h"
@@ -189,10 +190,7 @@ void Client::Stop() {
 }
 
 Status Client::Impl::Run() {
-  if (!opts.attack.empty() && std::find(std::begin(kAttacks), std::end(kAttacks), opts.attack) ==
-                                  std::end(kAttacks)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown attack '", opts.attack, "'"));
-  }
+  if (!opts.attack.empty()) RETURN_IF_ERROR(AttackNames().Check(opts.attack));
   if (opts.tls_ca.empty() && !opts.insecure) {
     return absl::FailedPreconditionError(
         "no CA to verify the server with (--ca); plaintext needs --insecure");

@@ -49,16 +49,9 @@ struct ClientOptions {
   std::string token;
 
   // Attack simulation for robustness experiments (cleave-client --attack): what this
-  // client sends instead of its honest update. Empty = honest. See kAttacks.
+  // client sends instead of its honest update. Empty = honest. See client/names.h.
   std::string attack;
 };
-
-// sign-flip: -delta. gaussian: N(0, 1) per coordinate. label-flip: trains on labels
-// C-1-y. alie ("A Little Is Enough", tau = 1.5): mu - 1.5 sigma per coordinate. ipm
-// (inner-product manipulation, tau = 3): -3 mu. Attackers see no other client's update:
-// mu is their own honest update, sigma (alie) the per-coordinate std of the updates of
-// 4 shards of their data, each times 4.
-inline const char* const kAttacks[] = {"sign-flip", "gaussian", "label-flip", "alie", "ipm"};
 
 class Client {
  public:

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "client/client.h"
+#include "client/names.h"
 #include "core/cli.h"
 #include "core/logging.h"
 #include "privacy/tls.h"
@@ -49,9 +50,8 @@ int main(int argc, char** argv) {
       ->needs("--ca");
   std::string attack;
   app.add_option("--attack", attack,
-                 "simulate an attacker (experiments): sign-flip, gaussian, label-flip, alie, ipm")
-      ->check(CLI::IsMember(std::vector<std::string>(std::begin(cleave::kAttacks),
-                                                     std::end(cleave::kAttacks))));
+                 "simulate an attacker (experiments): " + cleave::AttackNames().List())
+      ->check(CLI::IsMember(cleave::AttackNames().names));
   app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");

@@ -13,6 +13,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+// The modules' name tables: header-only and torch-free, so core links none of them.
+#include "aggregation/names.h"
+#include "client/names.h"
+#include "models/names.h"
+#include "split/names.h"
 
 namespace cleave {
 namespace {
@@ -288,12 +293,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "aggregation", "f", &a.f));
     RETURN_IF_ERROR(Read(s, "aggregation", "m", &a.m));
     RETURN_IF_ERROR(Read(s, "aggregation", "max_norm", &a.max_norm));
-    static const std::set<std::string> kRules = {"mean",   "median",     "trimmed_mean",
-                                                 "krum",   "multi_krum", "bulyan",
-                                                 "norm_bound", "fltrust"};
-    RETURN_IF_ERROR(Range(kRules.count(a.rule) > 0, "aggregation.rule",
-                          "mean, median, trimmed_mean, krum, multi_krum, bulyan, norm_bound "
-                          "or fltrust"));
+    RETURN_IF_ERROR(RuleNames().Check(a.rule));
     RETURN_IF_ERROR(Range(a.rule != "fltrust" || !a.root_data.empty(), "aggregation.root_data",
                           "set for fltrust (e.g. fmnist:DIR,limit=100)"));
     RETURN_IF_ERROR(Range(a.f >= 0, "aggregation.f", ">= 0"));
@@ -305,10 +305,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(CheckKeys(s, "local"));
     RETURN_IF_ERROR(Read(s, "local", "attack", &c.local.attack));
     RETURN_IF_ERROR(Read(s, "local", "attackers", &c.local.attackers));
-    static const std::set<std::string> kAttackNames = {"sign-flip", "gaussian", "label-flip",
-                                                       "alie", "ipm"};
-    RETURN_IF_ERROR(Range(c.local.attack.empty() || kAttackNames.count(c.local.attack) > 0,
-                          "local.attack", "sign-flip, gaussian, label-flip, alie or ipm"));
+    if (!c.local.attack.empty()) RETURN_IF_ERROR(AttackNames().Check(c.local.attack));
     RETURN_IF_ERROR(Range(c.local.attackers >= 0 && (c.local.attackers == 0 || !c.local.attack.empty()),
                           "local.attackers", ">= 0, with local.attack set"));
     RETURN_IF_ERROR(Read(s, "local", "data", &c.local.data));
@@ -337,14 +334,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
 
   const std::string& st = c.strategy.name;
-  static const std::set<std::string> kStrategies = {"fedavg",  "fedprox", "fedavgm",
-                                                    "fedadam", "fedyogi", "fedadagrad"};
-  if (!kStrategies.count(st)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "strategy.name: unknown strategy '", st,
-        "' (fedavg, fedprox, fedavgm, fedadam, fedyogi, fedadagrad)"));
-  }
-  if (!server_lr_set && (st == "fedadam" || st == "fedyogi" || st == "fedadagrad")) {
+  RETURN_IF_ERROR(StrategyNames().Check(st));
+  if (!server_lr_set && AdaptiveServerOptimizer(st)) {
     c.strategy.server_lr = 0.1;
   }
   // model.name is checked where models are built (Model::Create names the built-ins).
@@ -368,11 +359,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                           "measure with federated evaluation, local.holdout)"));
   }
   if (c.split.enabled()) {
-    static const std::set<std::string> kModes = {"sl", "sfl-v1", "sfl-v2", "ushaped"};
-    if (!kModes.count(c.split.mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "split.mode: unknown mode '", c.split.mode, "' (sl, sfl-v1, sfl-v2, ushaped)"));
-    }
+    RETURN_IF_ERROR(SplitModeNames().Check(c.split.mode));
     if (st != "fedavg") {
       return absl::InvalidArgumentError(absl::StrCat(
           "strategy.name: split learning averages with fedavg; ", st, " is not supported"));
@@ -456,9 +443,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.train.weight_decay >= 0, "train.weight_decay", ">= 0"));
   const TrainConfig& t = c.train;
   RETURN_IF_ERROR(Range(t.local_steps >= 0, "train.local_steps", ">= 0 (0 = use local_epochs)"));
-  RETURN_IF_ERROR(Range(t.loss == "cross_entropy" || t.loss == "bce" || t.loss == "mse" ||
-                            t.loss == "mae" || t.loss == "torchscript",
-                        "train.loss", "cross_entropy, bce, mse, mae or torchscript"));
+  RETURN_IF_ERROR(LossNames().Check(t.loss));
   RETURN_IF_ERROR(Range(t.loss == "cross_entropy" || t.loss == "torchscript" || c.model.classes == 1,
                         "model.classes", "1 with train.loss " + t.loss + " (one output)"));
   RETURN_IF_ERROR(Range(t.loss_path.empty() == (t.loss != "torchscript"), "train.loss_path",
@@ -468,15 +453,13 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   RETURN_IF_ERROR(Range(t.label_smoothing == 0 || t.loss == "cross_entropy", "train.label_smoothing",
                         "0 unless train.loss is cross_entropy"));
-  RETURN_IF_ERROR(Range(t.optimizer == "sgd" || t.optimizer == "adam" || t.optimizer == "adamw",
-                        "train.optimizer", "sgd, adam or adamw"));
+  RETURN_IF_ERROR(OptimizerNames().Check(t.optimizer));
   RETURN_IF_ERROR(Range(!t.nesterov || (t.optimizer == "sgd" && t.momentum > 0), "train.nesterov",
                         "used with optimizer sgd and momentum > 0"));
   RETURN_IF_ERROR(Range(t.clip_norm >= 0, "train.clip_norm", ">= 0 (0 = no clipping)"));
   RETURN_IF_ERROR(Range(t.label_smoothing >= 0 && t.label_smoothing < 1, "train.label_smoothing",
                         "in [0, 1)"));
-  RETURN_IF_ERROR(Range(t.schedule == "constant" || t.schedule == "step" || t.schedule == "cosine",
-                        "train.schedule", "constant, step or cosine"));
+  RETURN_IF_ERROR(ScheduleNames().Check(t.schedule));
   RETURN_IF_ERROR(Range(t.warmup_rounds >= 0, "train.warmup_rounds", ">= 0"));
   RETURN_IF_ERROR(Range(t.step_rounds >= 1, "train.step_rounds", ">= 1"));
   RETURN_IF_ERROR(Range(t.step_gamma > 0 && t.step_gamma <= 1, "train.step_gamma", "in (0, 1]"));
@@ -530,6 +513,11 @@ StatusOr<JobConfig> JobConfig::Load(const std::string& path) {
     return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   }
   return c;
+}
+
+const NameTable& ScheduleNames() {
+  static const NameTable t{"train.schedule", {"constant", "step", "cosine"}};
+  return t;
 }
 
 double ScheduledLr(const TrainConfig& t, int64_t round, int64_t rounds) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/names.h"
 #include "core/status.h"
 
 namespace cleave {
@@ -71,6 +72,8 @@ struct TrainConfig {
 // step: lr * gamma^(k / step_rounds) (StepLR); cosine: lr_min + (lr - lr_min)(1 +
 // cos(pi k / K)) / 2 over the K = rounds - W remaining rounds (CosineAnnealingLR).
 double ScheduledLr(const TrainConfig& t, int64_t round, int64_t rounds);
+// The schedules ScheduledLr knows (core/names.h).
+const NameTable& ScheduleNames();
 
 struct StrategyConfig {
   std::string name = "fedavg";   // strategy.name: fedavg | fedprox | fedavgm | fedadam |

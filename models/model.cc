@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/fast_trainer.h"
+#include "models/names.h"
 #include "models/torch_stages.h"
 
 namespace cleave {
@@ -429,12 +430,10 @@ Status Model::SetTorchScriptLoss(const std::string& archive) {
 
 namespace {
 
-// OK when `loss` is one of kLosses and suits `data`: mse and mae need regression
+// OK when `loss` is one of LossNames() and suits `data`: mse and mae need regression
 // targets, the other built-in losses labels (a TorchScript loss takes either).
 Status CheckLossSuitsData(const std::string& loss, const Dataset& data) {
-  if (std::find(kLosses.begin(), kLosses.end(), loss) == kLosses.end()) {
-    return absl::InvalidArgumentError("unknown loss '" + loss + "'");
-  }
+  RETURN_IF_ERROR(LossNames().Check(loss));
   if (loss != "torchscript" && (loss == "mse" || loss == "mae") != !data.targets.empty()) {
     return absl::InvalidArgumentError("loss " + loss + " does not suit this data's labels");
   }
@@ -470,6 +469,7 @@ torch::Tensor Loss(const std::string& loss, torch::jit::Module* script, const to
     if (sum) o.reduction(torch::kSum);
     return F::l1_loss(out.reshape({-1}), t, o);
   }
+  TORCH_CHECK(loss == "cross_entropy", "loss ", loss, " is in LossNames() but not implemented");
   auto o = F::CrossEntropyFuncOptions().label_smoothing(label_smoothing);
   if (sum) o.reduction(torch::kSum);
   return F::cross_entropy(out, y, o);
@@ -555,9 +555,7 @@ class LocalOptimizer {
 
 StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& o) {
   if (data.size == 0) return absl::FailedPreconditionError("no training data");
-  if (o.optimizer != "sgd" && o.optimizer != "adam" && o.optimizer != "adamw") {
-    return absl::InvalidArgumentError("unknown optimizer '" + o.optimizer + "' (sgd, adam, adamw)");
-  }
+  RETURN_IF_ERROR(OptimizerNames().Check(o.optimizer));
   RETURN_IF_ERROR(CheckLossSuitsData(o.loss, data));
   const auto start = std::chrono::steady_clock::now();
   TrainStats stats;

@@ -56,7 +56,7 @@ struct LocalTrainOptions {
   double momentum = 0.0;
   bool nesterov = false;
   double weight_decay = 0.0;
-  std::string loss = "cross_entropy";  // one of kLosses
+  std::string loss = "cross_entropy";  // one of LossNames() (models/names.h)
   double clip_norm = 0.0;        // > 0: clip the gradient's global L2 norm to this
   double label_smoothing = 0.0;  // cross-entropy's label smoothing, in [0, 1)
   double proximal_mu = 0.0;  // FedProx: adds mu/2 * ||w - w_start||^2 to the loss
@@ -80,12 +80,6 @@ struct EvalStats {
   std::map<std::string, double> metrics;
   std::vector<double> per_class_accuracy;  // classification: per label (NaN: none in data)
 };
-
-// The losses Train and Evaluate know: cross_entropy (classification, `classes` outputs),
-// bce (binary: one logit, labels 0 or 1), mse and mae (regression: one output,
-// Dataset::targets), torchscript (the module SetTorchScriptLoss loaded).
-inline const std::vector<std::string> kLosses = {"cross_entropy", "bce", "mse", "mae",
-                                                 "torchscript"};
 
 class Model {
  public:

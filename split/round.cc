@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "split/names.h"
 
 namespace cleave {
 
@@ -12,8 +13,7 @@ StatusOr<SplitMode> ParseSplitMode(const std::string& name) {
   if (name == "sfl-v1") return SplitMode::kSflV1;
   if (name == "sfl-v2") return SplitMode::kSflV2;
   if (name == "ushaped") return SplitMode::kUShaped;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown split mode '", name, "' (sl, sfl-v1, sfl-v2, ushaped)"));
+  return SplitModeNames().Check(name);  // not one of them: the error naming them
 }
 
 const char* SplitModeName(SplitMode mode) {

@@ -4,7 +4,9 @@
 #include <cmath>
 
 #include "aggregation/dp.h"
+#include "aggregation/names.h"
 #include "aggregation/robust.h"
+#include "aggregation/strategy.h"
 #include "privacy/accountant.h"
 
 namespace cleave {
@@ -21,6 +23,29 @@ TEST(RobustTest, KnownAnswers) {
   EXPECT_EQ(robust::TrimmedMean(kThree, 1), (V{4, 5, 6}));
   EXPECT_EQ(robust::Krum(kThree, 1), (V{1, 2, 3}));
   EXPECT_EQ(robust::MultiKrum(kThree, 1, 2), (V{2.5, 3.5, 4.5}));
+}
+
+// The name tables (aggregation/names.h) and the factories agree: every name builds,
+// a name outside the table is refused with the table's error.
+TEST(AggregationNamesTest, EveryStrategyAndRuleInTheTableIsBuilt) {
+  for (const std::string& n : StrategyNames().names) {
+    JobConfig c;
+    c.strategy.name = n;
+    EXPECT_TRUE(CreateStrategy(c).ok()) << n;
+  }
+  JobConfig bogus;
+  bogus.strategy.name = "fedfoo";
+  EXPECT_NE(CreateStrategy(bogus).status().message().find("strategy.name: unknown 'fedfoo'"),
+            std::string::npos);
+  const Updates u = {{1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 7}, {7, 8}};
+  const std::vector<double> w(u.size(), 1.0);
+  for (const std::string& rule : RuleNames().names) {
+    auto a = robust::Aggregate(rule, u, w, 1, 0, 10.0, {1, 1});
+    EXPECT_TRUE(a.ok()) << rule << ": " << a.status();
+  }
+  EXPECT_NE(robust::Aggregate("average", u, w, 1, 0, 10.0, {1, 1}).status().message().find(
+                "aggregation.rule: unknown 'average'"),
+            std::string::npos);
 }
 
 TEST(RobustTest, RulesResistOutliersAndTheMeanDoesNot) {

@@ -9,6 +9,11 @@
 #include <fstream>
 #include <iterator>
 
+#include "aggregation/names.h"
+#include "client/names.h"
+#include "models/names.h"
+#include "split/names.h"
+
 namespace cleave {
 namespace {
 
@@ -234,6 +239,27 @@ TEST(ConfigTest, EveryShippedExampleLoads) {
 
 // docs/configuration.md has a row for every key Parse accepts (a profile's keys are
 // described in the local.profiles row), and Parse accepts every key documented there.
+// Each name table (core/names.h) against the docs row of its key: every name is
+// documented there, in backquotes.
+TEST(ConfigTest, TheReferenceNamesEveryChoice) {
+  std::ifstream in(std::string(CLEAVE_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(in) << "docs/configuration.md";
+  const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const NameTable* t : {&StrategyNames(), &RuleNames(), &OptimizerNames(), &LossNames(),
+                             &ScheduleNames(), &SplitModeNames(), &AttackNames()}) {
+    const size_t at = docs.find("| `" + t->key + "` |");
+    ASSERT_NE(at, std::string::npos) << t->key;
+    const std::string row = docs.substr(at, docs.find('\n', at) - at);
+    EXPECT_GE(t->names.size(), 2u) << t->key;
+    for (const std::string& n : t->names) {
+      EXPECT_NE(row.find("`" + n + "`"), std::string::npos) << t->key << ": " << n << " is not documented";
+    }
+    // And the config refuses what is not in the table, naming the table.
+    const Status s = t->Check("bogus-name");
+    EXPECT_NE(s.message().find(t->key + ": unknown 'bogus-name' (" + t->names[0]), std::string::npos) << s;
+  }
+}
+
 TEST(ConfigTest, TheReferenceDocumentsEveryKey) {
   std::ifstream in(std::string(CLEAVE_SOURCE_DIR) + "/docs/configuration.md");
   ASSERT_TRUE(in) << "docs/configuration.md";
