@@ -600,20 +600,8 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(stub, w, task, next));
   }
 
-  const auto& tc = task.train();
-  LocalTrainOptions o;
-  o.epochs = tc.local_epochs();
-  o.batch_size = tc.batch_size();
-  o.lr = tc.lr();
-  o.momentum = tc.momentum();
-  o.weight_decay = tc.weight_decay();
-  o.proximal_mu = tc.proximal_mu();
-  if (!tc.optimizer().empty()) o.optimizer = tc.optimizer();
+  LocalTrainOptions o = TrainOptions(task.train());
   o.loss = loss;
-  o.nesterov = tc.nesterov();
-  o.local_steps = tc.local_steps();
-  o.clip_norm = tc.clip_norm();
-  o.label_smoothing = tc.label_smoothing();
   o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
   o.seed = BatchSeed(task, w, opts.name);
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));

@@ -115,6 +115,23 @@ class Writer {
 
 }  // namespace
 
+LocalTrainOptions TrainOptions(const v1::TrainConfig& tc) {
+  LocalTrainOptions o;
+  o.epochs = tc.local_epochs();
+  o.local_steps = tc.local_steps();
+  o.batch_size = tc.batch_size();
+  if (!tc.optimizer().empty()) o.optimizer = tc.optimizer();
+  if (!tc.loss().empty()) o.loss = tc.loss();
+  o.lr = tc.lr();
+  o.momentum = tc.momentum();
+  o.nesterov = tc.nesterov();
+  o.weight_decay = tc.weight_decay();
+  o.clip_norm = tc.clip_norm();
+  o.label_smoothing = tc.label_smoothing();
+  o.proximal_mu = tc.proximal_mu();
+  return o;
+}
+
 StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                        const v1::Task& task, const ParameterSet& part,
                                        const Dataset& data, const SplitTaskOptions& o) {
@@ -130,13 +147,10 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
     ASSIGN_OR_RETURN(tail, ModelPart::Create(o.model, st.tail_begin(), st.num_stages()));
     RETURN_IF_ERROR(tail->LoadFrom(part));
   }
-  SgdSettings sgd;
-  sgd.lr = task.train().lr();
-  sgd.momentum = task.train().momentum();
-  sgd.weight_decay = task.train().weight_decay();
-  head->ResetOptimizer(sgd);
+  const LocalTrainOptions training = TrainOptions(task.train());
+  RETURN_IF_ERROR(head->ResetOptimizer(training));
   head->SetNoPeek(st.nopeek());
-  if (tail) tail->ResetOptimizer(sgd);
+  if (tail) RETURN_IF_ERROR(tail->ResetOptimizer(training));
   if (!(st.activation_noise() >= 0) || !(st.nopeek() >= 0)) {
     return absl::InvalidArgumentError("bad split privacy settings");
   }
@@ -248,11 +262,15 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
   std::vector<int64_t> order(data.size);
   std::iota(order.begin(), order.end(), 0);
   const int batch = std::max(1, task.train().batch_size());
-  for (int epoch = 0; epoch < task.train().local_epochs(); ++epoch) {
+  // local_steps > 0: exactly that many micro-batches (epochs as needed), else epochs.
+  const int64_t max_steps = task.train().local_steps();
+  int64_t sent = 0;
+  for (int epoch = 0; max_steps > 0 ? sent < max_steps : epoch < task.train().local_epochs();
+       ++epoch) {
     std::shuffle(order.begin(), order.end(), rng);
     loss_sum = 0;
     loss_n = 0;
-    for (int64_t b = 0; b < data.size; b += batch) {
+    for (int64_t b = 0; b < data.size && (max_steps <= 0 || sent < max_steps); b += batch, ++sent) {
       if (o.cancel && o.cancel->load()) return finish(absl::CancelledError("training cancelled"));
       std::vector<int64_t> idx(order.begin() + b, order.begin() + std::min(data.size, b + batch));
       std::vector<int64_t> labels;

@@ -31,6 +31,10 @@ struct SplitTaskOptions {
   std::function<bool(int64_t step)> crash_after_step;
 };
 
+// The local training a task's TrainConfig asks for (whole-model or split); the loss is
+// the built-in one it names, the caller sets a TorchScript loss, `cancel` and `seed`.
+LocalTrainOptions TrainOptions(const v1::TrainConfig& tc);
+
 // Runs `task` (task.split() set) from `part`, the client part the server published.
 StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::Welcome& welcome,
                                        const v1::Task& task, const ParameterSet& part,

@@ -364,11 +364,9 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       return absl::InvalidArgumentError(absl::StrCat(
           "strategy.name: split learning averages with fedavg; ", st, " is not supported"));
     }
-    RETURN_IF_ERROR(Range(c.train.optimizer == "sgd" && !c.train.nesterov && c.train.clip_norm == 0 &&
-                              c.train.label_smoothing == 0 && c.train.local_steps == 0 &&
-                              c.train.loss == "cross_entropy",
-                          "train", "plain sgd and cross_entropy with split learning (no nesterov, "
-                          "clip_norm, label_smoothing, local_steps or other losses yet)"));
+    RETURN_IF_ERROR(Range(c.train.loss == "cross_entropy", "train.loss",
+                          "cross_entropy with split learning (the server computes the loss "
+                          "from labels it receives as integers)"));
     RETURN_IF_ERROR(Range(c.split.tail >= 1, "split.tail", ">= 1"));
     RETURN_IF_ERROR(Range(c.split.window >= 1 && c.split.window <= 64, "split.window",
                           "in [1, 64]"));

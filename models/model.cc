@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "models/fast_trainer.h"
 #include "models/names.h"
+#include "models/optimizer_step.h"
 #include "models/torch_stages.h"
 
 namespace cleave {
@@ -476,16 +477,21 @@ torch::Tensor Loss(const std::string& loss, torch::jit::Module* script, const to
 }
 
 // One optimizer step on `params` with their accumulated gradients (which it zeroes), as
-// torch.optim defines SGD, Adam and AdamW, after the FedProx term and gradient clipping
-// (torch.nn.utils.clip_grad_norm_). Fused per parameter.
+// torch.optim defines SGD, Adam and AdamW (models/optimizer_step.h), after the FedProx
+// term and gradient clipping (torch.nn.utils.clip_grad_norm_). Fused per parameter.
 class LocalOptimizer {
  public:
   LocalOptimizer(std::vector<torch::Tensor> params, const LocalTrainOptions& o)
       : params_(std::move(params)), o_(o) {
+    settings_.optimizer = o.optimizer;
+    settings_.lr = o.lr;
+    settings_.momentum = o.momentum;
+    settings_.nesterov = o.nesterov;
+    settings_.weight_decay = o.weight_decay;
     for (auto& p : params_) {
       if (o.proximal_mu > 0) anchor_.push_back(p.detach().clone());
       first_.push_back(torch::zeros_like(p));
-      if (o.optimizer != "sgd") second_.push_back(torch::zeros_like(p));
+      second_.push_back(o.optimizer == "sgd" ? torch::Tensor() : torch::zeros_like(p));
     }
   }
 
@@ -499,55 +505,18 @@ class LocalOptimizer {
         grads[i].add_(params_[i] - anchor_[i], o_.proximal_mu);  // FedProx
       }
     }
-    if (o_.clip_norm > 0) {
-      double sq = 0;
-      for (const auto& g : grads) {
-        if (g.defined()) sq += g.pow(2).sum().item<double>();
-      }
-      const double coef = o_.clip_norm / (std::sqrt(sq) + 1e-6);
-      if (coef < 1) {
-        for (auto& g : grads) {
-          if (g.defined()) g.mul_(coef);
-        }
-      }
-    }
+    ClipGradNorm(grads, o_.clip_norm);
     for (size_t i = 0; i < params_.size(); ++i) {
-      auto& g = grads[i];
-      if (!g.defined()) continue;
-      auto& p = params_[i];
-      if (o_.optimizer == "sgd") {
-        if (o_.weight_decay != 0) g.add_(p, o_.weight_decay);
-        if (o_.momentum != 0) {
-          first_[i].mul_(o_.momentum).add_(g);  // a zero buffer makes the first step g
-          if (o_.nesterov) {
-            g.add_(first_[i], o_.momentum);
-            p.add_(g, -o_.lr);
-          } else {
-            p.add_(first_[i], -o_.lr);
-          }
-        } else {
-          p.add_(g, -o_.lr);
-        }
-      } else {
-        constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
-        if (o_.optimizer == "adamw") {
-          p.mul_(1 - o_.lr * o_.weight_decay);
-        } else if (o_.weight_decay != 0) {
-          g.add_(p, o_.weight_decay);
-        }
-        first_[i].mul_(kBeta1).add_(g, 1 - kBeta1);
-        second_[i].mul_(kBeta2).addcmul_(g, g, 1 - kBeta2);
-        const double bias1 = 1 - std::pow(kBeta1, steps_), bias2 = 1 - std::pow(kBeta2, steps_);
-        auto denom = (second_[i].sqrt() / std::sqrt(bias2)).add_(kEps);
-        p.addcdiv_(first_[i], denom, -o_.lr / bias1);
-      }
-      g.zero_();  // ready for the next backward, instead of a separate zero_grad pass
+      if (!grads[i].defined()) continue;
+      OptimizerStep(settings_, steps_, params_[i], grads[i], first_[i], second_[i]);
+      grads[i].zero_();  // ready for the next backward, instead of a separate zero_grad pass
     }
   }
 
  private:
   std::vector<torch::Tensor> params_, anchor_, first_, second_;
   const LocalTrainOptions& o_;
+  OptimizerSettings settings_;
   int64_t steps_ = 0;
 };
 

@@ -7,6 +7,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "models/names.h"
+#include "models/optimizer_step.h"
 #include "models/torch_stages.h"
 
 namespace cleave {
@@ -73,8 +75,11 @@ struct ModelPart::Impl {
   int begin = 0, end = 0;
   std::vector<std::pair<std::string, torch::Tensor>> params;
   std::vector<size_t> first_param;  // per stage: index of its first tensor in params
-  std::vector<torch::Tensor> momentum;
-  SgdSettings sgd;
+  // Optimizer state per tensor of params: momentum / first moment, second moment, steps.
+  std::vector<torch::Tensor> first, second;
+  std::vector<int64_t> steps;
+  double clip_norm = 0, label_smoothing = 0;
+  OptimizerSettings optimizer;
   struct Pending {
     torch::Tensor input, output;
     int from = 0;
@@ -99,27 +104,23 @@ struct ModelPart::Impl {
     return x;
   }
 
-  // One SGD step with the accumulated gradients, which it then zeroes. Updates go through
-  // .data(), which has its own version counter, so the graphs of micro-batches still
-  // pending stay usable (they see the new weights).
+  // One optimizer step with the accumulated gradients of the stages from `from` on,
+  // which it then zeroes. Updates go through .data(), which has its own version counter,
+  // so the graphs of micro-batches still pending stay usable (they see the new weights).
   void Step(int from) {
     torch::NoGradGuard no_grad;
     for (auto& [id, p] : pending) {  // keep what their forward passes saw
       if (!p.stash.empty()) continue;
       for (auto& [name, t] : params) p.stash.push_back(t.detach().clone());
     }
-    for (size_t i = first_param[from - begin]; i < params.size(); ++i) {
-      auto& p = params[i].second;
-      auto g = p.mutable_grad();
+    const size_t first_index = first_param[from - begin];
+    std::vector<torch::Tensor> grads;
+    for (size_t i = first_index; i < params.size(); ++i) grads.push_back(params[i].second.mutable_grad());
+    ClipGradNorm(grads, clip_norm);
+    for (size_t i = first_index; i < params.size(); ++i) {
+      auto& g = grads[i - first_index];
       if (!g.defined()) continue;
-      auto w = p.data();
-      if (sgd.weight_decay != 0) g.add_(w, sgd.weight_decay);
-      if (sgd.momentum != 0) {
-        momentum[i].mul_(sgd.momentum).add_(g);
-        w.add_(momentum[i], -sgd.lr);
-      } else {
-        w.add_(g, -sgd.lr);
-      }
+      OptimizerStep(optimizer, ++steps[i], params[i].second.data(), g, first[i], second[i]);
       g.zero_();
     }
   }
@@ -159,7 +160,11 @@ StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, in
     for (auto& p : s.parameters()) impl->params.push_back(std::move(p));
     s.train(true);
   }
-  for (auto& [name, p] : impl->params) impl->momentum.push_back(torch::zeros_like(p));
+  for (auto& [name, p] : impl->params) {
+    impl->first.push_back(torch::zeros_like(p));
+    impl->second.push_back(torch::zeros_like(p));
+  }
+  impl->steps.assign(impl->params.size(), 0);
   return std::unique_ptr<ModelPart>(new ModelPart(std::move(impl)));
 }
 
@@ -215,14 +220,24 @@ StatusOr<double> DistanceCorrelation(const Activations& x, const Activations& z)
   }
 }
 
-void ModelPart::ResetOptimizer(const SgdSettings& sgd) {
-  impl_->sgd = sgd;
+Status ModelPart::ResetOptimizer(const LocalTrainOptions& training) {
+  RETURN_IF_ERROR(OptimizerNames().Check(training.optimizer));
+  impl_->clip_norm = training.clip_norm;
+  impl_->label_smoothing = training.label_smoothing;
+  impl_->optimizer.optimizer = training.optimizer;
+  impl_->optimizer.lr = training.lr;
+  impl_->optimizer.momentum = training.momentum;
+  impl_->optimizer.nesterov = training.nesterov;
+  impl_->optimizer.weight_decay = training.weight_decay;
   impl_->pending.clear();
   torch::NoGradGuard no_grad;
-  for (auto& m : impl_->momentum) m.zero_();
+  for (auto& m : impl_->first) m.zero_();
+  for (auto& v : impl_->second) v.zero_();
+  std::fill(impl_->steps.begin(), impl_->steps.end(), 0);
   for (auto& [name, p] : impl_->params) {
     if (p.grad().defined()) p.mutable_grad().zero_();
   }
+  return absl::OkStatus();
 }
 
 StatusOr<Activations> ModelPart::Forward(int64_t id, const Activations& in, int from) {
@@ -298,7 +313,10 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
     auto logits = impl_->Run(x, from);
     auto y = torch::from_blob(const_cast<int64_t*>(labels.data()),
                               {static_cast<int64_t>(labels.size())}, torch::kInt64);
-    auto loss = torch::nn::functional::cross_entropy(logits, y);
+    auto loss = torch::nn::functional::cross_entropy(
+        logits, y,
+        torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
+            impl_->label_smoothing));
     loss.backward();
     impl_->Step(from);
     LossStep r;

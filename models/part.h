@@ -7,20 +7,24 @@
 // the same model are subsets of one ParameterSet and average stage by stage.
 //
 // Training: Forward(id) keeps the autograd graph of micro-batch `id` until Backward(id)
-// supplies the gradient of the part's output, back-propagates, and takes one SGD step
-// (momentum and weight decay as torch.optim.SGD). Several micro-batches may be pending
+// supplies the gradient of the part's output, back-propagates, and takes one optimizer
+// step (the job's optimizer: SGD, Adam or AdamW as torch.optim). Several micro-batches may be pending
 // at once (a window). A step taken while others are pending first saves the weights
 // their forward passes used, and their backward passes run through those (weight
 // stashing, as in PipeDream): each gradient is the exact gradient at the weights that
 // produced the activations, applied to the live weights one or more steps later.
 // Without stashing, momentum SGD diverges in pipelined U-shaped training.
 // TrainWithLoss is the last part's whole step: forward, cross-entropy, backward, step.
+// Optimizer state (momentum, Adam's moments and step count) is kept per tensor, so a
+// tensor's first update is its first step even when micro-batches start at later
+// stages.
 //
 // Not thread-safe: one caller at a time. LibTorch exceptions never escape.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/parameter_set.h"
@@ -38,11 +42,6 @@ struct Activations {
   int64_t batch() const { return shape.empty() ? 0 : shape[0]; }
 };
 
-struct SgdSettings {
-  double lr = 0.05;
-  double momentum = 0.0;
-  double weight_decay = 0.0;
-};
 
 // The examples `indices` of `data` as the input of a model's first stage (normalised).
 Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices);
@@ -62,8 +61,12 @@ class ModelPart {
   // just this part). INVALID_ARGUMENT when one is missing (unless `partial`: then only
   // those present are copied) or has another shape.
   Status LoadFrom(const ParameterSet& params, bool partial = false);
-  // Sets the optimizer and clears its momentum and any pending micro-batch.
-  void ResetOptimizer(const SgdSettings& sgd);
+  // Sets how the part steps, from whole-model training's options: optimizer, lr,
+  // momentum, nesterov, weight_decay, clip_norm (the norm of this part's own gradient:
+  // neither side of a cut sees the other's) and label_smoothing (TrainWithLoss's); the
+  // rest do not apply to a part. Clears the optimizer state and any pending micro-batch.
+  // INVALID_ARGUMENT for an unknown optimizer.
+  Status ResetOptimizer(const LocalTrainOptions& training);
   // NoPeek (Vepakomma et al. 2020): Backward of a micro-batch that started at stage 0
   // also minimises alpha · dCor(input, output), the distance correlation between the
   // raw input and the activations sent across the cut. 0 = off.
@@ -74,17 +77,17 @@ class ModelPart {
   // server part; only the stages that ran are stepped.
   StatusOr<Activations> Forward(int64_t id, const Activations& in, int from = -1);
   // Back-propagates `grad_out` (the gradient of the loss with respect to Forward(id)'s
-  // output), takes one SGD step and returns the gradient with respect to the input
+  // output), takes one optimizer step and returns the gradient with respect to the input
   // (empty when the micro-batch started at stage 0). NOT_FOUND for an unknown id.
   StatusOr<Activations> Backward(int64_t id, const Activations& grad_out);
 
   struct LossStep {
-    double loss = 0;       // mean cross-entropy of the micro-batch
+    double loss = 0;       // mean cross-entropy of the micro-batch (label-smoothed if set)
     int64_t correct = 0;   // correct top-1 predictions
     Activations grad_in;   // empty for a part that starts at stage 0
   };
   // Forward from stage `from` (as Forward), mean cross-entropy against `labels`,
-  // backward, SGD step.
+  // backward, optimizer step.
   StatusOr<LossStep> TrainWithLoss(const Activations& in, const std::vector<int64_t>& labels,
                                    int from = -1);
 

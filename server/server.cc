@@ -263,6 +263,26 @@ struct Session {
   CutPrediction prediction;  // of the last round's cut
 };
 
+// The round's local training settings as the server trains with them: FLTrust's
+// reference update and the server's parts of a cut model (clients get the same through
+// their task's TrainConfig).
+LocalTrainOptions ServerTraining(const FitSettings& fit, uint64_t seed) {
+  LocalTrainOptions o;
+  o.epochs = fit.local_epochs;
+  o.local_steps = fit.local_steps;
+  o.batch_size = fit.batch_size;
+  o.optimizer = fit.optimizer;
+  o.loss = fit.loss;
+  o.lr = fit.lr;
+  o.momentum = fit.momentum;
+  o.nesterov = fit.nesterov;
+  o.weight_decay = fit.weight_decay;
+  o.clip_norm = fit.clip_norm;
+  o.label_smoothing = fit.label_smoothing;
+  o.seed = seed;
+  return o;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -2520,9 +2540,7 @@ StatusOr<std::vector<std::string>> Server::Impl::BeginSplitRoundLocked(
   SplitRoundOptions o;
   o.mode = *split_mode_;
   o.model = model_spec_;
-  o.sgd.lr = fit.lr;
-  o.sgd.momentum = fit.momentum;
-  o.sgd.weight_decay = fit.weight_decay;
+  o.training = ServerTraining(fit, cfg_.run.seed);
   o.num_stages = num_stages_;
   o.tail_begin = tail_begin_;
   o.max_batch = fit.batch_size;
@@ -2873,19 +2891,7 @@ Status Server::Impl::AccumulateSecAgg(const SecAggRound& round, int64_t total_ex
 
 Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSettings& fit) {
   RETURN_IF_ERROR(model_->SetParameters(global));
-  LocalTrainOptions o;
-  o.epochs = fit.local_epochs;
-  o.local_steps = fit.local_steps;
-  o.batch_size = fit.batch_size;
-  o.optimizer = fit.optimizer;
-  o.loss = fit.loss;
-  o.lr = fit.lr;
-  o.momentum = fit.momentum;
-  o.nesterov = fit.nesterov;
-  o.weight_decay = fit.weight_decay;
-  o.clip_norm = fit.clip_norm;
-  o.label_smoothing = fit.label_smoothing;
-  o.seed = cfg_.run.seed;
+  const LocalTrainOptions o = ServerTraining(fit, cfg_.run.seed);
   RETURN_IF_ERROR(model_->Train(root_, o).status());
   ParameterSet update = Without(model_->Parameters(), personal_);
   const ParameterSet base = Without(global, personal_);

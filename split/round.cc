@@ -70,14 +70,14 @@ StatusOr<std::unique_ptr<SplitRound>> SplitRound::Create(SplitRoundOptions optio
     if (o.mode == SplitMode::kSflV1) {
       ASSIGN_OR_RETURN(c->copy, ModelPart::Create(o.model, cut, server_end));
       RETURN_IF_ERROR(c->copy->LoadFrom(global));
-      c->copy->ResetOptimizer(o.sgd);
+      RETURN_IF_ERROR(c->copy->ResetOptimizer(o.training));
     }
     r->clients_[id] = std::move(c);
   }
   if (o.mode != SplitMode::kSflV1) {
     ASSIGN_OR_RETURN(r->shared_, ModelPart::Create(o.model, r->min_cut_, server_end));
     RETURN_IF_ERROR(r->shared_->LoadFrom(global));
-    r->shared_->ResetOptimizer(o.sgd);
+    RETURN_IF_ERROR(r->shared_->ResetOptimizer(o.training));
   }
   r->current_ = global;
   return r;

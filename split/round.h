@@ -43,7 +43,7 @@ const char* SplitModeName(SplitMode mode);
 struct SplitRoundOptions {
   SplitMode mode = SplitMode::kSflV2;
   ModelSpec model;
-  SgdSettings sgd;
+  LocalTrainOptions training;  // how the server's parts step (ModelPart::ResetOptimizer)
   int num_stages = 0;
   int tail_begin = 0;    // U-shaped: the client's tail is [tail_begin, n); else n
   int max_batch = 64;    // largest micro-batch accepted

@@ -127,9 +127,12 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("train: {schedule: exponential}", "train.schedule");
   expect_error("train: {step_gamma: 0}", "train.step_gamma");
   expect_error("train: {lr: 0.1, lr_min: 0.2}", "train.lr_min");
-  expect_error("split: {mode: sl}\ntrain: {optimizer: adam}", "plain sgd and cross_entropy");
   expect_error("split: {mode: sl}\ntrain: {loss: bce}\nmodel: {classes: 1}",
-               "plain sgd and cross_entropy");
+               "cross_entropy with split learning");
+  EXPECT_TRUE(JobConfig::Parse("split: {mode: sl}\ntrain: {optimizer: adamw, clip_norm: 1, "
+                               "label_smoothing: 0.1, local_steps: 5}\n",
+                               "")
+                  .ok());
   expect_error("train: {loss: hinge}", "train.loss");
   expect_error("train: {loss: torchscript}", "train.loss_path");
   expect_error("train: {loss_path: focal.pt}", "train.loss_path");

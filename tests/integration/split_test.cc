@@ -70,6 +70,41 @@ TEST_P(SplitExactnessTest, OneStepEqualsTheUncutModel) {
   EXPECT_EQ(h[0].cuts.at("client-0"), cut);
 }
 
+// The same with AdamW, weight decay, label smoothing and local_steps (two full-batch
+// steps): each side of the cut keeps its own AdamW state, and together they step as the
+// uncut model does.
+TEST(SplitOptimizerTest, AdamWStepsEqualTheUncutModelInEveryMode) {
+  auto data = ClientData(1, 32)[0];
+  auto reference = Model::Create({"lenet5", "", 7});
+  ASSERT_TRUE(reference.ok());
+  const ParameterSet before = (*reference)->Parameters();
+  LocalTrainOptions t;
+  t.local_steps = 2;
+  t.batch_size = 32;
+  t.optimizer = "adamw";
+  t.lr = 0.003;
+  t.weight_decay = 0.01;
+  t.label_smoothing = 0.1;
+  ASSERT_TRUE((*reference)->Train(data, t).ok());
+  const ParameterSet expected = (*reference)->Parameters();
+  for (const std::string mode : {"sl", "sfl-v1", "sfl-v2", "ushaped"}) {
+    Federation f;
+    std::vector<ClientOptions> opts(1);
+    opts[0].train = data;
+    f.Start(std::string(kSplitBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 7}\n" +
+                "clients: {min: 1}\n" +
+                "train: {local_steps: 2, batch_size: 32, optimizer: adamw, lr: 0.003, "
+                "weight_decay: 0.01, label_smoothing: 0.1}\n" +
+                "split: {mode: " + mode + ", cut: 2}\n",
+            std::move(opts));
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << mode << ": " << f.server_status;
+    const ParameterSet got = f.server->GlobalModel();
+    EXPECT_GT(MaxDiff(before, got), 1e-3) << mode << ": the steps changed nothing";
+    EXPECT_LT(MaxDiff(expected, got), 1e-5) << mode;
+  }
+}
+
 std::vector<Exactness> AllModesAndCuts() {
   std::vector<Exactness> out;
   for (const char* mode : {"sl", "sfl-v1", "sfl-v2"}) {

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 #include <random>
+
+#include "models/names.h"
 
 namespace cleave {
 namespace {
@@ -18,6 +21,80 @@ Activations Random(std::vector<int64_t> shape, uint64_t seed) {
   return a;
 }
 
+void ExpectSameParameters(const ParameterSet& a, const ParameterSet& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a.tensors()[i].name, b.tensors()[i].name) << what;
+    for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
+      ASSERT_NEAR(a.tensors()[i].values[j], b.tensors()[i].values[j], 1e-5)
+          << what << ": " << a.tensors()[i].name << "[" << j << "]";
+    }
+  }
+}
+
+// Split learning trains with the job's optimizer: a part covering the whole model steps
+// exactly as whole-model training does (itself checked against torch.optim in
+// optim_test), for every optimizer with weight decay, gradient clipping and label
+// smoothing; and a model cut in two (Forward, TrainWithLoss, Backward) steps as the
+// whole part does, each side keeping its own optimizer state.
+TEST(ModelPartTest, EveryOptimizerStepsAsWholeModelTraining) {
+  constexpr int kExamples = 32, kSteps = 3;
+  Dataset data;
+  data.size = kExamples;
+  data.shape = {1, 28, 28};
+  const Activations pixels = Random({kExamples, 1, 28, 28}, 9);
+  for (float v : pixels.values) data.bytes.push_back(static_cast<uint8_t>(std::min(255.0f, std::abs(v) * 80)));
+  for (int i = 0; i < kExamples; ++i) data.labels.push_back(i % 10);
+  std::vector<int64_t> all(kExamples);
+  std::iota(all.begin(), all.end(), 0);
+  const Activations input = InputBatch(data, all);
+  const ModelSpec spec{"mlp", "", 4};
+  for (const std::string& optimizer : OptimizerNames().names) {
+    for (double clip : {0.0, 0.05}) {
+      const std::string what = optimizer + (clip > 0 ? " clipped" : "");
+      LocalTrainOptions t;
+      t.optimizer = optimizer;
+      t.lr = optimizer == "sgd" ? 0.1 : 0.003;
+      t.momentum = optimizer == "sgd" ? 0.9 : 0.0;
+      t.nesterov = optimizer == "sgd";
+      t.weight_decay = 0.01;
+      t.clip_norm = clip;
+      t.label_smoothing = 0.1;
+      t.local_steps = kSteps;
+      t.batch_size = kExamples;  // one full batch per step: the order does not matter
+      auto model = Model::Create(spec);
+      ASSERT_TRUE(model.ok()) << model.status();
+      ASSERT_TRUE((*model)->Train(data, t).ok()) << what;
+
+      auto whole = ModelPart::Create(spec, 0, 3);
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      ASSERT_TRUE((*whole)->ResetOptimizer(t).ok());
+      for (int s = 0; s < kSteps; ++s) ASSERT_TRUE((*whole)->TrainWithLoss(input, data.labels).ok());
+      ExpectSameParameters((*model)->Parameters(), (*whole)->Parameters(), what);
+      if (clip > 0) continue;  // clipping bounds each part's own norm: a cut model differs
+
+      auto head = ModelPart::Create(spec, 0, 1), tail = ModelPart::Create(spec, 1, 3);
+      ASSERT_TRUE(head.ok() && tail.ok());
+      ASSERT_TRUE((*head)->ResetOptimizer(t).ok() && (*tail)->ResetOptimizer(t).ok());
+      for (int s = 0; s < kSteps; ++s) {
+        auto act = (*head)->Forward(s, input);
+        ASSERT_TRUE(act.ok()) << act.status();
+        auto step = (*tail)->TrainWithLoss(*act, data.labels);
+        ASSERT_TRUE(step.ok()) << step.status();
+        ASSERT_TRUE((*head)->Backward(s, step->grad_in).ok());
+      }
+      ParameterSet cut = (*head)->Parameters();
+      const ParameterSet tail_params = (*tail)->Parameters();
+      for (const auto& tensor : tail_params.tensors()) ASSERT_TRUE(cut.Add(tensor).ok());
+      ExpectSameParameters((*whole)->Parameters(), cut, what + " cut at 1");
+    }
+  }
+  LocalTrainOptions bogus;
+  bogus.optimizer = "lbfgs";
+  EXPECT_EQ((*ModelPart::Create(spec, 0, 3))->ResetOptimizer(bogus).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // A micro-batch still pending when another one steps the part back-propagates through
 // the weights its forward pass used (weight stashing), and steps the live weights.
 TEST(ModelPartTest, PendingMicroBatchesUseTheWeightsTheirForwardUsed) {
@@ -26,7 +103,9 @@ TEST(ModelPartTest, PendingMicroBatchesUseTheWeightsTheirForwardUsed) {
   auto part = ModelPart::Create({"mlp", "", 1}, 2, 3);
   ASSERT_TRUE(part.ok()) << part.status();
   const double lr = 0.5;
-  (*part)->ResetOptimizer({lr, 0.0, 0.0});
+  LocalTrainOptions sgd;
+  sgd.lr = lr;
+  ASSERT_TRUE((*part)->ResetOptimizer(sgd).ok());
   const ParameterSet w0 = (*part)->Parameters();
   const Activations a = Random({4, 200}, 1), b = Random({4, 200}, 2);
   ASSERT_TRUE((*part)->Forward(1, a).ok());
@@ -78,7 +157,10 @@ TEST(ModelPartTest, NoPeekLowersTheDistanceCorrelationOfTheActivations) {
   auto dcor_after = [](double alpha) {
     auto part = ModelPart::Create({"mlp", "", 1}, 0, 1);
     EXPECT_TRUE(part.ok());
-    (*part)->ResetOptimizer({0.05, 0.9, 0.0});
+    LocalTrainOptions sgd;
+    sgd.lr = 0.05;
+    sgd.momentum = 0.9;
+    EXPECT_TRUE((*part)->ResetOptimizer(sgd).ok());
     (*part)->SetNoPeek(alpha);
     const Activations x = Random({64, 1, 28, 28}, 5);
     const double before = *DistanceCorrelation(x, *(*part)->Forward(0, x));
