@@ -601,7 +601,6 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   }
 
   LocalTrainOptions o = TrainOptions(task.train());
-  o.loss = loss;
   o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
   o.seed = BatchSeed(task, w, opts.name);
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));

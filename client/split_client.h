@@ -31,8 +31,8 @@ struct SplitTaskOptions {
   std::function<bool(int64_t step)> crash_after_step;
 };
 
-// The local training a task's TrainConfig asks for (whole-model or split); the loss is
-// the built-in one it names, the caller sets a TorchScript loss, `cancel` and `seed`.
+// The local training a task's TrainConfig asks for (whole-model or split); the caller
+// sets `cancel` and `seed`.
 LocalTrainOptions TrainOptions(const v1::TrainConfig& tc);
 
 // Runs `task` (task.split() set) from `part`, the client part the server published.

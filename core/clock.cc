@@ -1,6 +1,5 @@
 #include "core/clock.h"
 
-
 namespace cleave {
 namespace {
 

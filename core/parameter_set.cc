@@ -384,7 +384,10 @@ Status Overwrite(const ParameterSet& part, ParameterSet* set) {
   for (const Tensor& t : part.tensors()) {
     Tensor* target = nullptr;
     for (Tensor& u : set->mutable_tensors()) {
-      if (u.name == t.name) target = &u;
+      if (u.name == t.name) {
+        target = &u;
+        break;
+      }
     }
     if (target == nullptr || target->shape != t.shape) {
       return absl::InvalidArgumentError(

@@ -483,11 +483,6 @@ class LocalOptimizer {
  public:
   LocalOptimizer(std::vector<torch::Tensor> params, const LocalTrainOptions& o)
       : params_(std::move(params)), o_(o) {
-    settings_.optimizer = o.optimizer;
-    settings_.lr = o.lr;
-    settings_.momentum = o.momentum;
-    settings_.nesterov = o.nesterov;
-    settings_.weight_decay = o.weight_decay;
     for (auto& p : params_) {
       if (o.proximal_mu > 0) anchor_.push_back(p.detach().clone());
       first_.push_back(torch::zeros_like(p));
@@ -508,7 +503,7 @@ class LocalOptimizer {
     ClipGradNorm(grads, o_.clip_norm);
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!grads[i].defined()) continue;
-      OptimizerStep(settings_, steps_, params_[i], grads[i], first_[i], second_[i]);
+      OptimizerStep(o_, steps_, params_[i], grads[i], first_[i], second_[i]);
       grads[i].zero_();  // ready for the next backward, instead of a separate zero_grad pass
     }
   }
@@ -516,7 +511,6 @@ class LocalOptimizer {
  private:
   std::vector<torch::Tensor> params_, anchor_, first_, second_;
   const LocalTrainOptions& o_;
-  OptimizerSettings settings_;
   int64_t steps_ = 0;
 };
 

@@ -1,5 +1,6 @@
 // The optimizers and losses local training knows (core/names.h).
-// Model::Train builds exactly these; ModelNamesTest checks that it does.
+// Model::Train and ModelPart implement each: ModelPartTest.EveryOptimizerSteps... runs
+// every optimizer of the table, OptimizerMatchesPyTorchTest every loss against torch.
 #pragma once
 
 #include "core/names.h"

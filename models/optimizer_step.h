@@ -7,23 +7,17 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <string>
 #include <vector>
+
+#include "models/model.h"
 
 namespace cleave {
 
-struct OptimizerSettings {
-  std::string optimizer = "sgd";  // one of OptimizerNames() (models/names.h)
-  double lr = 0.05;
-  double momentum = 0.0;
-  bool nesterov = false;
-  double weight_decay = 0.0;
-};
-
-// Updates `p` in place from its gradient `g` (which it may change). `first` and
-// `second` are the tensor's state (zeros at the start; `second` unused by sgd);
-// `step` counts this tensor's updates including this one (Adam's bias correction).
-inline void OptimizerStep(const OptimizerSettings& o, int64_t step, torch::Tensor p,
+// Updates `p` in place from its gradient `g` (which it may change) with `o`'s optimizer,
+// lr, momentum, nesterov and weight_decay. `first` and `second` are the tensor's state
+// (zeros at the start; `second` unused by sgd); `step` counts this tensor's updates
+// including this one (Adam's bias correction).
+inline void OptimizerStep(const LocalTrainOptions& o, int64_t step, torch::Tensor p,
                           torch::Tensor g, torch::Tensor& first, torch::Tensor& second) {
   if (o.optimizer == "sgd") {
     if (o.weight_decay != 0) g.add_(p, o.weight_decay);

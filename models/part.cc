@@ -78,8 +78,7 @@ struct ModelPart::Impl {
   // Optimizer state per tensor of params: momentum / first moment, second moment, steps.
   std::vector<torch::Tensor> first, second;
   std::vector<int64_t> steps;
-  double clip_norm = 0, label_smoothing = 0;
-  OptimizerSettings optimizer;
+  LocalTrainOptions training;  // ResetOptimizer's
   struct Pending {
     torch::Tensor input, output;
     int from = 0;
@@ -116,11 +115,11 @@ struct ModelPart::Impl {
     const size_t first_index = first_param[from - begin];
     std::vector<torch::Tensor> grads;
     for (size_t i = first_index; i < params.size(); ++i) grads.push_back(params[i].second.mutable_grad());
-    ClipGradNorm(grads, clip_norm);
+    ClipGradNorm(grads, training.clip_norm);
     for (size_t i = first_index; i < params.size(); ++i) {
       auto& g = grads[i - first_index];
       if (!g.defined()) continue;
-      OptimizerStep(optimizer, ++steps[i], params[i].second.data(), g, first[i], second[i]);
+      OptimizerStep(training, ++steps[i], params[i].second.data(), g, first[i], second[i]);
       g.zero_();
     }
   }
@@ -222,13 +221,7 @@ StatusOr<double> DistanceCorrelation(const Activations& x, const Activations& z)
 
 Status ModelPart::ResetOptimizer(const LocalTrainOptions& training) {
   RETURN_IF_ERROR(OptimizerNames().Check(training.optimizer));
-  impl_->clip_norm = training.clip_norm;
-  impl_->label_smoothing = training.label_smoothing;
-  impl_->optimizer.optimizer = training.optimizer;
-  impl_->optimizer.lr = training.lr;
-  impl_->optimizer.momentum = training.momentum;
-  impl_->optimizer.nesterov = training.nesterov;
-  impl_->optimizer.weight_decay = training.weight_decay;
+  impl_->training = training;
   impl_->pending.clear();
   torch::NoGradGuard no_grad;
   for (auto& m : impl_->first) m.zero_();
@@ -316,7 +309,7 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
     auto loss = torch::nn::functional::cross_entropy(
         logits, y,
         torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
-            impl_->label_smoothing));
+            impl_->training.label_smoothing));
     loss.backward();
     impl_->Step(from);
     LossStep r;

@@ -7,9 +7,9 @@
 // the same model are subsets of one ParameterSet and average stage by stage.
 //
 // Training: Forward(id) keeps the autograd graph of micro-batch `id` until Backward(id)
-// supplies the gradient of the part's output, back-propagates, and takes one optimizer
-// step (the job's optimizer: SGD, Adam or AdamW as torch.optim). Several micro-batches may be pending
-// at once (a window). A step taken while others are pending first saves the weights
+// supplies the gradient of the part's output, back-propagates, and takes one step of
+// the job's optimizer (SGD, Adam or AdamW as torch.optim). Several micro-batches may be
+// pending at once (a window). A step taken while others are pending first saves the weights
 // their forward passes used, and their backward passes run through those (weight
 // stashing, as in PipeDream): each gradient is the exact gradient at the weights that
 // produced the activations, applied to the live weights one or more steps later.
@@ -24,7 +24,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "core/parameter_set.h"

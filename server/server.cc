@@ -15,13 +15,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -50,7 +48,6 @@
 #include "split/round.h"
 
 namespace cleave {
-
 
 namespace {
 
