@@ -240,8 +240,6 @@ TEST(ConfigTest, EveryShippedExampleLoads) {
   EXPECT_GE(n, 9);
 }
 
-// docs/configuration.md has a row for every key Parse accepts (a profile's keys are
-// described in the local.profiles row), and Parse accepts every key documented there.
 // Each name table (core/names.h) against the docs row of its key: every name is
 // documented there, in backquotes.
 TEST(ConfigTest, TheReferenceNamesEveryChoice) {
@@ -263,6 +261,8 @@ TEST(ConfigTest, TheReferenceNamesEveryChoice) {
   }
 }
 
+// docs/configuration.md has a row for every key Parse accepts (a profile's keys are
+// described in the local.profiles row), and Parse accepts every key documented there.
 TEST(ConfigTest, TheReferenceDocumentsEveryKey) {
   std::ifstream in(std::string(CLEAVE_SOURCE_DIR) + "/docs/configuration.md");
   ASSERT_TRUE(in) << "docs/configuration.md";
