@@ -402,7 +402,8 @@ TEST(ModelTest, DataMustFitTheModel) {
 }
 
 // The tables the factories use are the names the configuration reference documents:
-// a model, loss or data source added to one is documented or this fails.
+// a model or data source added to one is documented or this fails (losses and the other
+// name tables: ConfigTest.TheReferenceNamesEveryChoice).
 TEST(ModelTest, ConfigurationDocsNameEveryModelAndDataSource) {
   auto docs = ReadFile(std::string(CLEAVE_SOURCE_DIR) + "/docs/configuration.md");
   ASSERT_TRUE(docs.ok()) << docs.status();
