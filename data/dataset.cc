@@ -24,7 +24,7 @@ int64_t Dataset::example_elements() const {
 }
 
 int64_t Dataset::example_bytes() const {
-  return example_elements() * (type == ExampleType::kUint8 ? 1 : int64_t{sizeof(float)});
+  return example_elements() * (type == ExampleType::kUint8 ? 1 : int64_t{4});
 }
 
 Dataset Dataset::Subset(const std::vector<int64_t>& indices) const {
@@ -52,6 +52,12 @@ void RawValues(const Dataset& d, int64_t i, float* out) {
   if (d.type == ExampleType::kUint8) {
     const uint8_t* px = d.bytes.data() + i * n;
     for (int64_t j = 0; j < n; ++j) out[j] = px[j] / 255.0f;
+  } else if (d.type == ExampleType::kToken) {
+    int32_t id;
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(&id, d.bytes.data() + (i * n + j) * sizeof(id), sizeof(id));
+      out[j] = static_cast<float>(id);  // exact: ids are below 2^24
+    }
   } else {
     std::memcpy(out, d.bytes.data() + i * n * sizeof(float), n * sizeof(float));
   }
@@ -130,6 +136,18 @@ StatusOr<int64_t> SpecOptions::Int(const std::string& key, int64_t fallback, int
   return v;
 }
 
+StatusOr<double> SpecOptions::Double(const std::string& key, double fallback, double min,
+                                      double max) {
+  if (!Has(key)) return fallback;
+  double v = 0;
+  if (!absl::SimpleAtod(values_.at(key), &v) || !(v >= min && v <= max)) {
+    return absl::InvalidArgumentError(absl::StrCat("data option ", key, "=", values_.at(key),
+                                                   ": expected a number in [", min, ", ", max,
+                                                   "] (", spec_, ")"));
+  }
+  return v;
+}
+
 StatusOr<std::vector<float>> SpecOptions::Floats(const std::string& key,
                                                  std::vector<float> fallback, bool positive) {
   if (!Has(key)) return fallback;
@@ -167,6 +185,10 @@ Status ApplyCommonOptions(SpecOptions& o, Dataset& d) {
     d.labels.resize(limit);
     if (!d.groups.empty()) d.groups.resize(limit);
     if (!d.targets.empty()) d.targets.resize(limit);
+  }
+  if (d.type == ExampleType::kToken &&
+      (o.Has("standardise") || o.Has("mean") || o.Has("std"))) {
+    return absl::InvalidArgumentError("standardise, mean and std do not apply to text");
   }
   if (o.Has("standardise")) {
     d.Standardise();
@@ -295,6 +317,7 @@ const std::vector<Source>& Sources() {
        [](const std::string& p, bool, SpecOptions& o) { return LoadTable(p, ',', o); }},
       {"tsv", kTableOptions,
        [](const std::string& p, bool, SpecOptions& o) { return LoadTable(p, '\t', o); }},
+      {"text", {"tokenizer", "context", "test", "field"}, LoadText},
   };
   return *sources;
 }

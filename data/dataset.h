@@ -1,6 +1,7 @@
-// In-memory datasets (examples of any shape, stored as 8-bit values or floats, with
-// integer class labels or real-valued regression targets) and the partitioners that make reproducible federated splits of
-// them. No LibTorch here; models/ turns a Dataset into tensors.
+// In-memory datasets (examples of any shape, stored as 8-bit values, floats or token
+// ids, with integer class labels or real-valued regression targets) and the partitioners
+// that make reproducible federated splits of them. No LibTorch here; models/ turns a
+// Dataset into tensors.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,9 @@ namespace cleave {
 enum class ExampleType {
   kUint8,    // pixels: a model sees value / 255, then normalised
   kFloat32,  // features: a model sees the value, then normalised
+  // Text: each example is a sequence of shape[0] token ids (int32); a language model
+  // reads the first shape[0] - 1 and predicts each next one. No normalisation.
+  kToken,
 };
 
 // Random augmentation applied by the client to each training batch (not to evaluation):
@@ -30,7 +34,7 @@ struct Dataset {
   int64_t size = 0;
   ExampleType type = ExampleType::kUint8;
   std::vector<int64_t> shape = {1, 28, 28};  // one example: [C, H, W] or [features]
-  int num_classes = 10;                      // labels are in [0, num_classes)
+  int num_classes = 10;  // labels are in [0, num_classes); text: the vocabulary's size
   // What a model sees is (x - mean[c]) / stddev[c], x the value (pixels / 255), c the
   // index along the example's first dimension (the channel, or the feature). Each holds
   // one value for all, or shape[0] values; empty = no normalisation.
@@ -48,6 +52,10 @@ struct Dataset {
   // The normalisation is this data's own statistics (Standardise), to be recomputed
   // when a part of it is taken (TakePartition): statistics stay local to a client.
   bool standardised = false;
+  // Text: the tokenizer's spec ("byte", "spm:PATH") and the mean number of text bytes a
+  // token stands for (1 for bytes), which turns a loss per token into bits per byte.
+  std::string tokenizer;
+  double bytes_per_token = 0;
 
   int64_t example_elements() const;
   int64_t example_bytes() const;
@@ -62,7 +70,7 @@ struct Dataset {
 
 // Loads a data spec (docs/configuration.md, "Data sources"):
 //   SOURCE:PATH[,OPTION...]  with SOURCE one of idx, fmnist (= idx), folder, cifar10,
-//   cifar100, csv, tsv. `train` picks the training or the test part of sources that
+//   cifar100, csv, tsv, text. `train` picks the training or the test part of sources that
 //   have both (IDX train-* or t10k-*, CIFAR data_batch_* or test_batch, a folder's
 //   train/ or test/ subfolder when it has them). Errors name the file and the entry.
 StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train);
@@ -73,6 +81,10 @@ Status TakePartition(const std::string& spec, Dataset* data);
 // Moves a seeded random `fraction` of `data`'s examples (at least one when fraction > 0,
 // never all) into the returned held-out set.
 Dataset TakeHoldout(Dataset* data, double fraction, uint64_t seed);
+// The text files the text source reads under `path` (itself, when a file): sorted, each
+// once (a symbolic link to a file already listed is skipped), binary files (a NUL byte
+// in the first 8 KiB) left out. NOT_FOUND when there are none.
+StatusOr<std::vector<std::string>> TextFilesUnder(const std::string& path);
 // The source names LoadDataSpec knows, for messages and docs.
 std::vector<std::string> DataSourceNames();
 

@@ -170,6 +170,10 @@ StatusOr<std::vector<std::vector<int64_t>>> PartitionDataset(const Dataset& data
     return absl::InvalidArgumentError("partition " + spec +
                                       ": regression data has no classes to skew (iid or natural)");
   }
+  if (data.type == ExampleType::kToken && spec != "natural" && spec != "iid") {
+    return absl::InvalidArgumentError("partition " + spec +
+                                      ": text has no classes to skew (iid or natural: a file each)");
+  }
   if (spec != "natural") return Partition(data.labels, data.num_classes, spec, num_clients, seed);
   if (data.groups.empty()) {
     return absl::InvalidArgumentError(

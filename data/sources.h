@@ -24,6 +24,8 @@ class SpecOptions {
   std::string String(const std::string& key, const std::string& fallback);
   // An integer in [min, max]; INVALID_ARGUMENT otherwise.
   StatusOr<int64_t> Int(const std::string& key, int64_t fallback, int64_t min, int64_t max);
+  // A real number in [min, max]; INVALID_ARGUMENT otherwise.
+  StatusOr<double> Double(const std::string& key, double fallback, double min, double max);
   // "A" or "A/B/C": one value or one per channel/feature, each finite (> 0 if positive).
   StatusOr<std::vector<float>> Floats(const std::string& key, std::vector<float> fallback,
                                       bool positive);
@@ -46,5 +48,6 @@ StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, SpecOptions& o);
 StatusOr<Dataset> LoadCifar(const std::string& dir, bool train, int classes, SpecOptions& o);
 StatusOr<Dataset> LoadTable(const std::string& path, char separator, SpecOptions& o);
 StatusOr<Dataset> LoadImageFolder(const std::string& dir, bool train, SpecOptions& o);
+StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o);
 
 }  // namespace cleave

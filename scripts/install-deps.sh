@@ -11,6 +11,7 @@ PACKAGES=(
   libssl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libstb-dev dataset-fashion-mnist
+  libsentencepiece-dev sentencepiece fortunes
 )
 # Only the tests and benchmarks use these: TorchScript export and the PyTorch reference,
 # validating deploy/docker-compose.yml, and clang with libFuzzer and the sanitizer

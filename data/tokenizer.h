@@ -1,0 +1,40 @@
+// Tokenizers for text data: bytes (a vocabulary of 256, no model needed) or a
+// SentencePiece model (`cleave tokenizer train` makes one; so do Debian's spm_train).
+// Specs: "byte" or "spm:PATH".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cleave {
+
+class Tokenizer {
+ public:
+  // INVALID_ARGUMENT for an unknown spec, NOT_FOUND / DATA_LOSS for a model that does
+  // not load (naming the file).
+  static StatusOr<std::unique_ptr<Tokenizer>> Create(const std::string& spec);
+  virtual ~Tokenizer() = default;
+
+  virtual int vocab_size() const = 0;
+  // The ids of each text (one call for many: a SentencePiece model runs in a helper
+  // process, data/spm_bridge.h).
+  virtual StatusOr<std::vector<std::vector<int32_t>>> Encode(
+      const std::vector<std::string>& texts) const = 0;
+  // Ids outside the vocabulary are skipped.
+  virtual StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const = 0;
+  // What ends a document when documents are packed together: the model's end-of-text
+  // id, or the encoding of a blank line.
+  virtual std::vector<int32_t> DocumentSeparator() const = 0;
+};
+
+// Trains a SentencePiece model of `vocab_size` pieces on the text `files` (plain text;
+// SentencePiece reads each line as a sentence) and writes PREFIX.model and PREFIX.vocab.
+// `model_type`: unigram | bpe | char | word.
+Status TrainSentencePieceModel(const std::vector<std::string>& files, int vocab_size,
+                               const std::string& model_type, const std::string& prefix);
+
+}  // namespace cleave

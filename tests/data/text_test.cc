@@ -1,0 +1,164 @@
+// The text source and the tokenizers, on Debian's fortunes (real English in ~45
+// category files) and on files the tests write.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/files.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kFortunes = "/usr/share/games/fortunes";
+
+std::vector<int32_t> Ids(const Dataset& d, int64_t i) {
+  std::vector<int32_t> ids(d.shape[0]);
+  std::memcpy(ids.data(), d.bytes.data() + i * d.example_bytes(), d.example_bytes());
+  return ids;
+}
+
+class TextTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("cleave_text_test_" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  fs::path dir_;
+};
+
+// The fortunes folder: every category file once (its .u8 links and binary .dat indexes
+// skipped), each its own group; a file's last tenth of windows is its test part; the
+// windows are the file's bytes in order, `context` apart.
+TEST_F(TextTest, FortunesAreANaturalFederationOfFiles) {
+  auto train = LoadDataSpec(std::string("text:") + kFortunes + ",context=64", true);
+  auto test = LoadDataSpec(std::string("text:") + kFortunes + ",context=64", false);
+  ASSERT_TRUE(train.ok() && test.ok()) << train.status() << test.status();
+  EXPECT_EQ(train->type, ExampleType::kToken);
+  EXPECT_EQ(train->shape, (std::vector<int64_t>{65}));
+  EXPECT_EQ(train->num_classes, 256);
+  EXPECT_EQ(train->bytes_per_token, 1.0);
+  EXPECT_GE(train->group_names.size(), 40u);
+  for (const std::string& name : train->group_names) {
+    EXPECT_EQ(name.find(".dat"), std::string::npos);
+    EXPECT_EQ(name.find(".u8"), std::string::npos);
+  }
+  EXPECT_EQ(test->group_names, train->group_names);
+  // One file end to end: its windows tile it.
+  auto text = ReadFile(std::string(kFortunes) + "/wisdom");
+  ASSERT_TRUE(text.ok());
+  const int64_t windows = (static_cast<int64_t>(text->size()) - 1) / 64;
+  const int64_t held = std::llround(0.1 * windows);
+  int group = -1;
+  for (size_t g = 0; g < train->group_names.size(); ++g) {
+    if (train->group_names[g] == "wisdom") group = static_cast<int>(g);
+  }
+  ASSERT_GE(group, 0);
+  std::vector<int64_t> mine;
+  for (int64_t i = 0; i < train->size; ++i) {
+    if (train->groups[i] == group) mine.push_back(i);
+  }
+  ASSERT_EQ(static_cast<int64_t>(mine.size()), windows - held);
+  for (int64_t w : {int64_t{0}, static_cast<int64_t>(mine.size()) - 1}) {
+    const auto ids = Ids(*train, mine[w]);
+    for (int j = 0; j < 65; ++j) {
+      ASSERT_EQ(ids[j], static_cast<unsigned char>((*text)[w * 64 + j])) << w << " " << j;
+    }
+  }
+  // Natural partition: a client holds whole files.
+  auto parts = PartitionDataset(*train, "natural", 10, 1);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  std::set<int32_t> seen;
+  for (const auto& part : *parts) {
+    std::set<int32_t> groups;
+    for (int64_t i : part) groups.insert(train->groups[i]);
+    for (int32_t g : groups) EXPECT_TRUE(seen.insert(g).second) << "group on two clients";
+  }
+  EXPECT_FALSE(PartitionDataset(*train, "dirichlet:0.5", 10, 1).ok());
+  EXPECT_TRUE(PartitionDataset(*train, "iid", 10, 1).ok());
+}
+
+TEST_F(TextTest, JsonlRecordsAreDocuments) {
+  const std::string path = Write("docs.jsonl", "{\"text\": \"abcdefgh\"}\n\n{\"body\": \"x\", \"text\": \"ij\"}\n");
+  auto d = LoadDataSpec("text:" + path + ",context=4,test=0", true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // "abcdefgh" + "\n\n" + "ij": 12 tokens, windows of 5 tokens 4 apart: 2.
+  ASSERT_EQ(d->size, 2);
+  EXPECT_EQ(Ids(*d, 1), (std::vector<int32_t>{'e', 'f', 'g', 'h', '\n'}));
+  EXPECT_EQ(d->group_names, (std::vector<std::string>{"docs.jsonl"}));
+  auto other = LoadDataSpec("text:" + path + ",context=4,test=0,field=body", true);
+  EXPECT_FALSE(other.ok());  // the first record has no "body"
+  EXPECT_NE(std::string(other.status().message()).find("docs.jsonl:1: expected an object with a string \"body\""),
+            std::string::npos) << other.status();
+  Write("docs.jsonl", "{\"text\": \"abc\"}\n{\"text\": \n");
+  auto broken = LoadDataSpec("text:" + path, true);
+  EXPECT_NE(std::string(broken.status().message()).find("docs.jsonl:2: not a JSON value"),
+            std::string::npos) << broken.status();
+}
+
+TEST_F(TextTest, ErrorsNameWhatIsWrong) {
+  const std::string path = Write("short.txt", "tiny");
+  auto too_short = LoadDataSpec("text:" + path + ",context=8", true);
+  EXPECT_NE(std::string(too_short.status().message()).find("holds no training sequence of 9 tokens"),
+            std::string::npos) << too_short.status();
+  EXPECT_EQ(LoadDataSpec("text:" + path + ",tokenizer=wordpiece", true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadDataSpec("text:" + path + ",tokenizer=spm:/nonexistent.model", true).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadDataSpec("text:" + path + ",tokenizer=spm:" + path, true).status().code(),
+            absl::StatusCode::kDataLoss);  // not a SentencePiece model
+  EXPECT_FALSE(LoadDataSpec("text:" + path + ",test=2", true).ok());
+  EXPECT_FALSE(LoadDataSpec("text:" + path + ",standardise", true).ok());
+  EXPECT_EQ(LoadDataSpec("text:/nonexistent", true).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A SentencePiece model trained on one category encodes another into fewer tokens than
+// bytes and decodes it back exactly; as a data spec's tokenizer its vocabulary is the
+// data's.
+TEST_F(TextTest, SentencePieceTrainsEncodesAndDecodesExactly) {
+  const std::string prefix = (dir_ / "spm").string();
+  ASSERT_TRUE(TrainSentencePieceModel({std::string(kFortunes) + "/wisdom"}, 1024, "unigram", prefix).ok());
+  auto tok = Tokenizer::Create("spm:" + prefix + ".model");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->vocab_size(), 1024);
+  auto text = ReadFile(std::string(kFortunes) + "/education");
+  ASSERT_TRUE(text.ok());
+  auto ids = (*tok)->Encode({*text});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_LT((*ids)[0].size() * 3, text->size() * 2) << "fewer tokens than bytes";
+  auto back = (*tok)->Decode((*ids)[0]);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, *text);
+  auto d = LoadDataSpec(std::string("text:") + kFortunes + "/education,context=32,tokenizer=spm:" +
+                            prefix + ".model", true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->num_classes, 1024);
+  EXPECT_GT(d->bytes_per_token, 1.5);
+  EXPECT_FALSE(TrainSentencePieceModel({std::string(kFortunes) + "/wisdom"}, 4, "unigram", prefix).ok());
+}
+
+TEST(ByteTokenizerTest, RoundTripsEveryByte) {
+  auto tok = Tokenizer::Create("byte");
+  ASSERT_TRUE(tok.ok());
+  std::string all;
+  for (int c = 0; c < 256; ++c) all.push_back(static_cast<char>(c));
+  auto ids = (*tok)->Encode({all});
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ((*ids)[0][255], 255);
+  EXPECT_EQ(*(*tok)->Decode((*ids)[0]), all);
+}
+
+}  // namespace
+}  // namespace cleave
