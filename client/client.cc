@@ -460,6 +460,10 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
   spec.name = d.name();
   if (d.input_shape_size() > 0) spec.input_shape.assign(d.input_shape().begin(), d.input_shape().end());
   if (d.num_classes() > 0) spec.num_classes = d.num_classes();
+  if (d.has_gpt()) {
+    spec.gpt = {d.gpt().vocab(), d.gpt().context(), d.gpt().layers(), d.gpt().heads(),
+                d.gpt().dim(), d.gpt().tie()};
+  }
   if (spec.name == "torchscript") {
     if (script_digest != d.torchscript_digest()) {
       ASSIGN_OR_RETURN(script_bytes, FetchBlob(stub, w.client_id(), w.session_token(),

@@ -47,7 +47,8 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
       {"config", {"run", "model", "data", "clients", "train", "strategy", "split", "compression",
                   "server", "local", "tls", "auth", "secure_aggregation", "dp", "aggregation"}},
       {"run", {"name", "rounds", "seed"}},
-      {"model", {"name", "path", "input", "classes", "personal"}},
+      {"model", {"name", "path", "input", "classes", "personal", "gpt", "weights"}},
+      {"model.gpt", {"vocab", "context", "layers", "heads", "dim", "tie"}},
       {"data", {"test", "test_limit"}},
       {"clients", {"min", "per_round", "fraction", "quorum", "round_deadline_s", "join_timeout_s"}},
       {"train", {"local_epochs", "local_steps", "batch_size", "loss", "loss_path", "optimizer",
@@ -126,6 +127,17 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "model", "input", &c.model.input));
     RETURN_IF_ERROR(Read(s, "model", "classes", &c.model.classes));
     RETURN_IF_ERROR(Read(s, "model", "personal", &c.model.personal));
+    RETURN_IF_ERROR(Read(s, "model", "weights", &c.model.weights));
+    if (auto g = s["gpt"]) {
+      const std::string sec = "model.gpt";
+      RETURN_IF_ERROR(CheckKeys(g, sec));
+      RETURN_IF_ERROR(Read(g, sec, "vocab", &c.model.gpt.vocab));
+      RETURN_IF_ERROR(Read(g, sec, "context", &c.model.gpt.context));
+      RETURN_IF_ERROR(Read(g, sec, "layers", &c.model.gpt.layers));
+      RETURN_IF_ERROR(Read(g, sec, "heads", &c.model.gpt.heads));
+      RETURN_IF_ERROR(Read(g, sec, "dim", &c.model.gpt.dim));
+      RETURN_IF_ERROR(Read(g, sec, "tie", &c.model.gpt.tie));
+    }
   }
   if (auto s = root["data"]) {
     RETURN_IF_ERROR(CheckKeys(s, "data"));
@@ -346,6 +358,18 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   RETURN_IF_ERROR(Range(c.model.classes >= 1 && c.model.classes <= 1000000, "model.classes",
                         "in [1, 1000000]"));
+  const GptConfig& g = c.model.gpt;
+  RETURN_IF_ERROR(Range(g.vocab >= 2 && g.vocab <= (1 << 24), "model.gpt.vocab", "in [2, 16777216]"));
+  RETURN_IF_ERROR(Range(g.context >= 1 && g.context <= 65536, "model.gpt.context", "in [1, 65536]"));
+  RETURN_IF_ERROR(Range(g.layers >= 1 && g.layers <= 256, "model.gpt.layers", "in [1, 256]"));
+  RETURN_IF_ERROR(Range(g.heads >= 1 && g.heads <= 256, "model.gpt.heads", "in [1, 256]"));
+  RETURN_IF_ERROR(Range(g.dim >= 1 && g.dim <= 65536 && g.dim % g.heads == 0, "model.gpt.dim",
+                        "in [1, 65536] and divisible by model.gpt.heads"));
+  if (c.model.name == "gpt" && c.split.enabled()) {
+    RETURN_IF_ERROR(Range(!g.tie, "model.gpt.tie",
+                          "false with split learning (a tied head shares the embedding's "
+                          "weight across the cut)"));
+  }
   for (const std::string& p : c.model.personal) {
     RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
   }
@@ -423,6 +447,10 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     }
     std::filesystem::path p(c.model.path);
     if (p.is_relative() && !base_dir.empty()) c.model.path = (base_dir / p).string();
+  }
+  if (!c.model.weights.empty() && std::filesystem::path(c.model.weights).is_relative() &&
+      !base_dir.empty()) {
+    c.model.weights = (std::filesystem::path(base_dir) / c.model.weights).string();
   }
   RETURN_IF_ERROR(Range(c.run.rounds >= 1, "run.rounds", ">= 1"));
   RETURN_IF_ERROR(Range(c.clients.min_clients >= 1, "clients.min", ">= 1"));

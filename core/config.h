@@ -18,14 +18,29 @@ struct RunConfig {
   uint64_t seed = 42;            // run.seed: client sampling and model init
 };
 
+// The built-in decoder's size (model.gpt; models/gpt.h).
+struct GptConfig {
+  int64_t vocab = 256;    // model.gpt.vocab: the tokenizer's vocabulary
+  int64_t context = 128;  // model.gpt.context: the longest sequence, in tokens
+  int layers = 4;         // model.gpt.layers
+  int heads = 4;          // model.gpt.heads
+  int64_t dim = 128;      // model.gpt.dim: the residual stream's width, divisible by heads
+  bool tie = false;       // model.gpt.tie: the head reuses the token embedding (as GPT-2)
+};
+
 struct ModelConfig {
-  std::string name = "lenet5";   // model.name: mlp | lenet5 | cnn | vgg | resnet | torchscript
+  std::string name = "lenet5";   // model.name: mlp | lenet5 | cnn | vgg | resnet | gpt |
+                                 //   torchscript
   std::string path;              // model.path: TorchScript archive, for name=torchscript
   std::vector<int64_t> input = {1, 28, 28};  // model.input: one example's shape
   int classes = 10;              // model.classes: outputs (labels are in [0, classes))
   // model.personal: globs over tensor names (FedPer / FedBN): tensors that stay on each
   // device, never uploaded or averaged
   std::vector<std::string> personal;
+  GptConfig gpt{};               // model.gpt, for name=gpt
+  // model.weights: the starting weights, a safetensors file (GPT-2's layout for gpt,
+  // the model's own tensor names otherwise); "" = initialised from run.seed
+  std::string weights;
 };
 
 struct DataConfig {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/fast_trainer.h"
+#include "models/gpt.h"
 #include "models/names.h"
 #include "models/optimizer_step.h"
 #include "models/torch_stages.h"
@@ -186,18 +187,32 @@ nn::Sequential BuildResNet(const ModelSpec& s) {
   return seq;
 }
 
+enum class Input { kAny, kImages, kTokens };
+
 struct Builtin {
   const char* name;
   nn::Sequential (*build)(const ModelSpec&);
-  bool images;  // needs [C, H, W] inputs
+  Input input;  // kImages: [C, H, W]; kTokens: text, sized by ModelSpec::gpt
 };
 
 // Every built-in model, in one place: BuiltinModelNames, the config's validation and
 // the factory read it.
 constexpr Builtin kBuiltins[] = {
-    {"mlp", BuildMlp, false}, {"lenet5", BuildLeNet5, true}, {"cnn", BuildCnn, true},
-    {"vgg", BuildVgg, true},  {"resnet", BuildResNet, true},
+    {"mlp", BuildMlp, Input::kAny},       {"lenet5", BuildLeNet5, Input::kImages},
+    {"cnn", BuildCnn, Input::kImages},    {"vgg", BuildVgg, Input::kImages},
+    {"resnet", BuildResNet, Input::kImages}, {"gpt", BuildGpt, Input::kTokens},
 };
+
+Status CheckGptSpec(const GptConfig& g) {
+  if (g.vocab < 2 || g.vocab > (1 << 24) || g.context < 1 || g.layers < 1 || g.heads < 1 ||
+      g.dim < 1 || g.dim % g.heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model gpt cannot have vocab ", g.vocab, ", context ", g.context, ", ", g.layers,
+        " layers, ", g.heads, " heads of width ", g.dim,
+        " (vocab in [2, 2^24], the rest >= 1, dim divisible by heads)"));
+  }
+  return absl::OkStatus();
+}
 
 // The built-in model `spec` names. INVALID_ARGUMENT for an unknown name or an input
 // shape it cannot take.
@@ -205,11 +220,13 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec) {
   for (const Builtin& b : kBuiltins) {
     if (spec.name != b.name) continue;
     const std::string shape = absl::StrJoin(spec.input_shape, "x");
-    if (spec.input_shape.empty() || Product(spec.input_shape) <= 0 || spec.num_classes < 1 ||
-        (b.images && spec.input_shape.size() != 3)) {
-      return absl::InvalidArgumentError(absl::StrCat("model ", b.name, " cannot take input ", shape,
-                                                     " with ", spec.num_classes, " classes",
-                                                     b.images ? " (it needs [C, H, W])" : ""));
+    if (b.input == Input::kTokens) {
+      RETURN_IF_ERROR(CheckGptSpec(spec.gpt));
+    } else if (spec.input_shape.empty() || Product(spec.input_shape) <= 0 || spec.num_classes < 1 ||
+               (b.input == Input::kImages && spec.input_shape.size() != 3)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model ", b.name, " cannot take input ", shape, " with ", spec.num_classes,
+                       " classes", b.input == Input::kImages ? " (it needs [C, H, W])" : ""));
     }
     torch::manual_seed(spec.seed);
     try {
@@ -235,11 +252,16 @@ void AppendFloatBuffers(const Named& buffers, const std::string& prefix,
   }
 }
 
-// A batch of examples as the model's input: normalised floats [n, shape...].
+// A batch of examples as the model's input: normalised floats [n, shape...]; for text,
+// the token ids (int64 [n, length]).
 torch::Tensor ExamplesToTensor(const Dataset& d) {
   std::vector<int64_t> sizes = {d.size};
   sizes.insert(sizes.end(), d.shape.begin(), d.shape.end());
   torch::Tensor x;
+  if (d.type == ExampleType::kToken) {
+    return torch::from_blob(const_cast<uint8_t*>(d.bytes.data()), sizes, torch::kInt32)
+        .to(torch::kInt64);
+  }
   if (d.type == ExampleType::kUint8) {
     x = torch::from_blob(const_cast<uint8_t*>(d.bytes.data()), sizes, torch::kUInt8)
             .to(torch::kFloat32) / 255.0f;
@@ -294,7 +316,9 @@ struct Model::Impl {
   // subset, say) is not mistaken for it.
   size_t cached_key = 0;
   bool cached = false;
-  torch::Tensor x, y, t;  // examples, labels, regression targets (undefined if none)
+  // Examples, labels, regression targets (undefined if none). Text: x holds each
+  // sequence but its last token, y (int64 [n, length - 1]) each next token.
+  torch::Tensor x, y, t;
 
   // Parameters, then floating-point buffers (AppendFloatBuffers).
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const {
@@ -340,6 +364,11 @@ struct Model::Impl {
     if (cached && cached_key == key) return;
     x = ExamplesToTensor(d);
     y = LabelsToTensor(d);
+    if (d.type == ExampleType::kToken) {
+      const int64_t length = x.size(1);
+      y = x.slice(1, 1, length).contiguous();
+      x = x.slice(1, 0, length - 1).contiguous();
+    }
     t = d.targets.empty() ? torch::Tensor()
                           : torch::from_blob(const_cast<float*>(d.targets.data()), {d.size},
                                              torch::kFloat32).clone();
@@ -473,6 +502,9 @@ torch::Tensor Loss(const std::string& loss, torch::jit::Module* script, const to
   TORCH_CHECK(loss == "cross_entropy", "loss ", loss, " is in LossNames() but not implemented");
   auto o = F::CrossEntropyFuncOptions().label_smoothing(label_smoothing);
   if (sum) o.reduction(torch::kSum);
+  if (out.dim() == 3) {  // next-token prediction: [n, T, vocab] against [n, T]
+    return F::cross_entropy(out.reshape({-1, out.size(2)}), y.reshape({-1}), o);
+  }
   return F::cross_entropy(out, y, o);
 }
 
@@ -589,13 +621,14 @@ StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
   if (data.size == 0) return absl::FailedPreconditionError("no evaluation data");
   RETURN_IF_ERROR(CheckLossSuitsData(loss, data));
   const bool regression = !data.targets.empty();
+  const bool text = data.type == ExampleType::kToken;
   EvalStats s;
   try {
     torch::NoGradGuard no_grad;
     impl_->PrepareData(data);
     impl_->SetTraining(false);
     double loss_sum = 0, abs_sum = 0, sq_sum = 0;
-    int64_t correct = 0, top5 = 0, tp = 0, fp = 0, fn = 0;
+    int64_t correct = 0, top5 = 0, tp = 0, fp = 0, fn = 0, tokens = 0;
     bool binary_task = false;
     std::vector<int64_t> class_correct, class_total;
     for (int64_t b = 0; b < data.size; b += batch_size) {
@@ -604,6 +637,12 @@ StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
       auto yb = impl_->y.slice(0, b, e);
       auto tb = regression ? impl_->t.slice(0, b, e) : torch::Tensor();
       loss_sum += Loss(loss, impl_->loss_script.get(), out, yb, tb, 0, /*sum=*/true).item<double>();
+      if (text) {  // next-token prediction: every position counts
+        TORCH_CHECK(out.dim() == 3, "text needs outputs of shape [N, T, vocab], not ", out.sizes());
+        correct += out.argmax(2).eq(yb).sum().item<int64_t>();
+        tokens += yb.numel();
+        continue;
+      }
       // A TorchScript loss's task follows from the data and the model's outputs.
       const bool binary = !regression && (loss == "bce" || (loss == "torchscript" && out.dim() <= 2 &&
                                                             out.numel() == out.size(0)));
@@ -643,6 +682,15 @@ StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
     const double n = static_cast<double>(data.size);
     s.examples = data.size;
     s.loss = loss_sum / n;
+    if (text) {  // the loss and accuracy per token; perplexity; bits per byte of text
+      s.loss = loss_sum / static_cast<double>(tokens);
+      s.accuracy = static_cast<double>(correct) / static_cast<double>(tokens);
+      s.metrics["perplexity"] = std::exp(s.loss);
+      s.metrics["bits_per_byte"] =
+          s.loss / std::log(2.0) / (data.bytes_per_token > 0 ? data.bytes_per_token : 1);
+      s.metrics["tokens"] = static_cast<double>(tokens);
+      return s;
+    }
     if (regression) {
       s.metrics["mae"] = abs_sum / n;
       s.metrics["rmse"] = std::sqrt(sq_sum / n);
@@ -669,6 +717,87 @@ StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
   return s;
 }
 
+namespace {
+
+// The context and vocabulary of a language model's embedding stage; FAILED_PRECONDITION
+// for other models.
+StatusOr<std::pair<int64_t, int64_t>> TextModelSizes(const nn::Sequential& seq) {
+  if (seq.is_empty() || seq->size() < 2) {
+    return absl::FailedPreconditionError("only a language model (model gpt) reads token ids");
+  }
+  const auto named = seq->ptr(0)->named_parameters();
+  if (!named.contains("wpe.weight") || !named.contains("wte.weight")) {
+    return absl::FailedPreconditionError("only a language model (model gpt) reads token ids");
+  }
+  return std::make_pair(named["wpe.weight"].size(0), named["wte.weight"].size(0));
+}
+
+Status CheckIds(const std::vector<int32_t>& ids, int64_t vocab, const char* what) {
+  if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat("the ", what, " is empty"));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " token ", i, " is id ", ids[i],
+                                                     ", outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids) {
+  ASSIGN_OR_RETURN(auto sizes, TextModelSizes(impl_->seq));
+  RETURN_IF_ERROR(CheckIds(ids, sizes.second, "input"));
+  if (static_cast<int64_t>(ids.size()) > sizes.first) {
+    return absl::InvalidArgumentError(absl::StrCat(ids.size(), " tokens exceed the context of ",
+                                                   sizes.first));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    impl_->SetTraining(false);
+    auto x = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end())).unsqueeze(0);
+    auto out = impl_->Forward(x).contiguous();
+    return std::vector<float>(out.data_ptr<float>(), out.data_ptr<float>() + out.numel());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("forward failed: ", e.what_without_backtrace()));
+  }
+}
+
+StatusOr<std::vector<int32_t>> Model::Generate(const std::vector<int32_t>& prompt, int tokens,
+                                               double temperature, int top_k, uint64_t seed) {
+  ASSIGN_OR_RETURN(auto sizes, TextModelSizes(impl_->seq));
+  const auto [context, vocab] = sizes;
+  RETURN_IF_ERROR(CheckIds(prompt, vocab, "prompt"));
+  std::vector<int32_t> out;
+  try {
+    torch::NoGradGuard no_grad;
+    impl_->SetTraining(false);
+    auto gen = at::detail::createCPUGenerator(seed);
+    std::vector<int64_t> ids(prompt.begin(), prompt.end());
+    for (int i = 0; i < tokens; ++i) {
+      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - context);
+      auto x = torch::tensor(std::vector<int64_t>(ids.begin() + start, ids.end())).unsqueeze(0);
+      auto logits = impl_->Forward(x)[0][-1];
+      int64_t next;
+      if (temperature <= 0) {
+        next = logits.argmax().item<int64_t>();
+      } else {
+        logits = logits / temperature;
+        if (top_k > 0 && top_k < vocab) {
+          const auto kth = std::get<0>(logits.topk(top_k))[-1];
+          logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+        }
+        next = torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<int64_t>();
+      }
+      ids.push_back(next);
+      out.push_back(static_cast<int32_t>(next));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("generation failed: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
 int Model::num_stages() const {
   if (impl_->script) {
     int n = 0;
@@ -681,8 +810,51 @@ int Model::num_stages() const {
   return static_cast<int>(impl_->seq->size());
 }
 
+namespace {
+
+Status CheckTextFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& loss,
+                          const std::string& what) {
+  if (spec.name != "gpt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": text needs a language model (model.name: gpt), not ", spec.name));
+  }
+  if (loss != "cross_entropy") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": text trains with loss cross_entropy (next token), not ", loss));
+  }
+  if (data.num_classes != spec.gpt.vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the tokenizer ", data.tokenizer, " has a vocabulary of ", data.num_classes,
+        " but the model's is ", spec.gpt.vocab, " (model.gpt.vocab)"));
+  }
+  const int64_t length = data.shape.empty() ? 0 : data.shape[0] - 1;
+  if (length < 1 || length > spec.gpt.context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": sequences of ", length, " tokens do not fit the model's context of ",
+        spec.gpt.context, " (the data's context= or model.gpt.context)"));
+  }
+  const int64_t n = data.size * data.example_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t id;
+    std::memcpy(&id, data.bytes.data() + i * sizeof(id), sizeof(id));
+    if (id < 0 || id >= spec.gpt.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": sequence ", i / data.example_elements(), " token ", i % data.example_elements(),
+          " is id ", id, ", outside the vocabulary [0, ", spec.gpt.vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& loss,
                           const std::string& what) {
+  if (data.type == ExampleType::kToken) return CheckTextFitsModel(data, spec, loss, what);
+  if (spec.name == "gpt") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": model gpt needs text (a text:PATH data spec)"));
+  }
   if (data.shape != spec.input_shape) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": examples are ", absl::StrJoin(data.shape, "x"), " but the model takes ",
@@ -749,19 +921,21 @@ StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
     } else {
       ASSIGN_OR_RETURN(nn::Sequential seq, BuildBuiltin(spec));
       for (size_t i = 0; i < seq->size(); ++i) {
-        auto stage = std::dynamic_pointer_cast<StageImpl>(seq->ptr(i));
+        nn::AnyModule stage = *(seq->begin() + i);  // a Stage, or a module of the decoder
         const std::string prefix = absl::StrCat(i, ".");
         TorchStage s;
         s.parameters = [stage, prefix] {
           std::vector<std::pair<std::string, torch::Tensor>> out;
-          for (const auto& p : stage->named_parameters(/*recurse=*/true)) {
+          for (const auto& p : stage.ptr()->named_parameters(/*recurse=*/true)) {
             out.emplace_back(prefix + p.key(), p.value());
           }
-          AppendFloatBuffers(stage->named_buffers(/*recurse=*/true), prefix, out);
+          AppendFloatBuffers(stage.ptr()->named_buffers(/*recurse=*/true), prefix, out);
           return out;
         };
-        s.forward = [stage](const torch::Tensor& x) { return stage->forward(x); };
-        s.train = [stage](bool on) { stage->train(on); };
+        s.forward = [stage](const torch::Tensor& x) mutable {
+          return stage.forward<torch::Tensor>(x);
+        };
+        s.train = [stage](bool on) { stage.ptr()->train(on); };
         stages.push_back(std::move(s));
       }
     }

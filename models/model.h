@@ -11,6 +11,8 @@
 //   resnet  a small ResNet for 32x32 RGB (He et al.'s CIFAR ResNet-8): conv C->16 + BN,
 //           three basic blocks (16, 32 stride 2, 64 stride 2), global average pool, fc;
 //           five stages. BatchNorm's running statistics travel with the parameters.
+//   gpt     a GPT-2-style decoder for text (models/gpt.h), sized by ModelSpec::gpt; its
+//           stages are the embedding, each block and the head. Token data only.
 //   torchscript  a TorchScript archive: any scripted module for whole-model federated
 //           learning; its top-level children are the stages for split learning
 // A model's tensors are its parameters and its floating-point buffers (BatchNorm's
@@ -27,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
 #include "data/dataset.h"
@@ -34,11 +37,12 @@
 namespace cleave {
 
 struct ModelSpec {
-  std::string name;         // mlp | lenet5 | cnn | vgg | resnet | torchscript
+  std::string name;         // mlp | lenet5 | cnn | vgg | resnet | gpt | torchscript
   std::string torchscript;  // the archive's bytes, for name == "torchscript"
   uint64_t seed = 0;        // initialisation seed for built-in models
   std::vector<int64_t> input_shape = {1, 28, 28};  // one example, for built-in models
   int num_classes = 10;                            // outputs, for built-in models
+  GptConfig gpt{};                                 // for name == "gpt"
 };
 
 // The built-in model names (without torchscript), for validation and messages.
@@ -72,11 +76,13 @@ struct TrainStats {
 };
 
 struct EvalStats {
-  double accuracy = 0;  // classification and binary
-  double loss = 0;      // the mean of the task's loss
+  double accuracy = 0;  // classification and binary; text: of the next token
+  double loss = 0;      // the mean of the task's loss; text: per predicted token
   int64_t examples = 0;
   // The task's other metrics: classification: top5_accuracy (5 classes or more);
-  // binary: precision, recall, f1 (of class 1); regression: mae, rmse.
+  // binary: precision, recall, f1 (of class 1); regression: mae, rmse; text:
+  // perplexity (exp loss), bits_per_byte (loss / ln 2 / Dataset::bytes_per_token),
+  // tokens (predicted).
   std::map<std::string, double> metrics;
   std::vector<double> per_class_accuracy;  // classification: per label (NaN: none in data)
 };
@@ -109,6 +115,18 @@ class Model {
 
   int num_stages() const;
 
+  // Text models: the logits [ids.size(), vocab] (row-major) of the next token after
+  // each prefix of `ids`. Errors as Generate's.
+  StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& ids);
+  // Text models: extends `prompt` (token ids) by `tokens` ids sampled one at a time
+  // from the model's next-token distribution at `temperature` (0: the most likely
+  // token), restricted to the `top_k` most likely when top_k > 0, seeded by `seed`.
+  // Only the last `context` tokens are fed back. Returns the new ids only.
+  // FAILED_PRECONDITION for a model that is not a language model, INVALID_ARGUMENT for
+  // an empty prompt or ids outside the vocabulary.
+  StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, int tokens,
+                                          double temperature, int top_k, uint64_t seed);
+
  private:
   struct Impl;
   explicit Model(std::unique_ptr<Impl> impl);
@@ -116,7 +134,9 @@ class Model {
 };
 
 // OK when `data`'s examples have the model's input shape and its labels or targets suit
-// `loss` and the model's outputs (cross_entropy: labels below num_classes; bce: one
+// `loss` and the model's outputs (text: model gpt, loss cross_entropy, the tokenizer's
+// vocabulary the model's, sequences no longer than its context, every id in the
+// vocabulary) (cross_entropy: labels below num_classes; bce: one
 // output, labels 0 or 1; mse, mae: one output, regression targets; torchscript: labels
 // below num_classes when that is > 1, else anything); else
 // INVALID_ARGUMENT naming `what` (the data's origin) and both.

@@ -41,11 +41,16 @@ Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices)
   a.shape = {static_cast<int64_t>(indices.size())};
   a.shape.insert(a.shape.end(), data.shape.begin(), data.shape.end());
   const int64_t n = data.example_elements();
-  a.values.resize(indices.size() * n);
+  // Text: a language model reads each sequence but its last token (as floats).
+  const int64_t kept = data.type == ExampleType::kToken ? n - 1 : n;
+  if (data.type == ExampleType::kToken) a.shape.back() = kept;
+  a.values.resize(indices.size() * kept);
+  std::vector<float> example(n);
   float* out = a.values.data();
   for (int64_t i : indices) {
-    data.Normalised(i, out);
-    out += n;
+    data.Normalised(i, example.data());
+    std::copy(example.begin(), example.begin() + kept, out);
+    out += kept;
   }
   return a;
 }

@@ -42,7 +42,8 @@ struct Activations {
 };
 
 
-// The examples `indices` of `data` as the input of a model's first stage (normalised).
+// The examples `indices` of `data` as the input of a model's first stage (normalised;
+// text: each sequence's token ids but the last, as floats).
 Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices);
 
 class ModelPart {

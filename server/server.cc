@@ -43,6 +43,7 @@
 #include "data/dataset.h"
 #include "models/model.h"
 #include "models/part.h"
+#include "models/safetensors.h"
 #include "privacy/tls.h"
 #include "split/cut_policy.h"
 #include "split/round.h"
@@ -1972,7 +1973,8 @@ Status Server::Impl::Init() {
     }
     bearer_ = "Bearer " + token;
   }
-  ModelSpec spec{cfg_.model.name, "", cfg_.run.seed, cfg_.model.input, cfg_.model.classes};
+  ModelSpec spec{cfg_.model.name, "", cfg_.run.seed, cfg_.model.input, cfg_.model.classes,
+                 cfg_.model.gpt};
   if (cfg_.model.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
     auto blob = std::make_shared<const std::string>(spec.torchscript);
@@ -1985,11 +1987,27 @@ Status Server::Impl::Init() {
   model_desc_.set_name(cfg_.model.name);
   for (int64_t d : spec.input_shape) model_desc_.add_input_shape(d);
   model_desc_.set_num_classes(spec.num_classes);
+  if (spec.name == "gpt") {
+    v1::GptDescription* g = model_desc_.mutable_gpt();
+    g->set_vocab(spec.gpt.vocab);
+    g->set_context(spec.gpt.context);
+    g->set_layers(spec.gpt.layers);
+    g->set_heads(spec.gpt.heads);
+    g->set_dim(spec.gpt.dim);
+    g->set_tie(spec.gpt.tie);
+  }
   model_spec_ = spec;
   auto model = Model::Create(spec);
   if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
   model_ = *std::move(model);
   global_ = model_->Parameters();
+  if (!cfg_.model.weights.empty()) {
+    auto weights = LoadWeights(cfg_.model.weights, cfg_.model.name, global_);
+    if (!weights.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.weights: ", weights.status().message()));
+    }
+    global_ = *std::move(weights);
+  }
   if (cfg_.train.loss == "torchscript") {  // sent to clients as a blob, like a model archive
     ASSIGN_OR_RETURN(std::string archive, ReadFile(cfg_.train.loss_path));
     if (Status s = model_->SetTorchScriptLoss(archive); !s.ok()) {

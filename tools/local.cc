@@ -99,9 +99,14 @@ std::string Bytes(double b) {
   return absl::StrFormat("%.0f B", b);
 }
 
-// A metrics line's accuracy (RMSE for regression): the server's test set, else the
-// clients' held-out data (federated evaluation, with the spread over clients), else none.
+// A metrics line's accuracy (RMSE for regression, perplexity for text): the server's
+// test set, else the clients' held-out data (federated evaluation, with the spread over
+// clients), else none.
 std::string AccuracyText(const nlohmann::json& j) {
+  if (j.contains("test_perplexity")) {
+    return absl::StrFormat("test ppl %.3f  bits/byte %.3f", j.value("test_perplexity", 0.0),
+                           j.value("test_bits_per_byte", 0.0));
+  }
   if (j.contains("test_rmse")) {
     return absl::StrFormat("test rmse %.4f  test mae %.4f", j.value("test_rmse", 0.0),
                            j.value("test_mae", 0.0));

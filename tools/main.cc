@@ -12,6 +12,7 @@
 #include "privacy/accountant.h"
 #include "privacy/certs.h"
 #include "privacy/tls.h"
+#include "tools/lm.h"
 #include "tools/local.h"
 
 namespace {
@@ -100,7 +101,47 @@ int main(int argc, char** argv) {
   epsilon->add_option("--steps", steps, "rounds (or steps)")->required();
   epsilon->add_option("--delta", delta, "delta (default 1e-5)");
 
+  auto* tokenizer = app.add_subcommand("tokenizer", "text tokenizers for language models");
+  tokenizer->require_subcommand(1);
+  cleave::TokenizerTrainOptions tok;
+  auto* tok_train = tokenizer->add_subcommand("train", "train a SentencePiece model on text");
+  tok_train->add_option("--input", tok.inputs, "text files or directories of them")->required();
+  tok_train->add_option("--vocab", tok.vocab, "pieces in the vocabulary (default 4096)")
+      ->check(CLI::Range(8, 1 << 20));
+  tok_train->add_option("--type", tok.type, "unigram (default), bpe, char or word")
+      ->check(CLI::IsMember({"unigram", "bpe", "char", "word"}));
+  tok_train->add_option("--out", tok.out, "writes OUT.model and OUT.vocab")->required();
+
+  // A trained model: a run directory, or a config and a checkpoint given apart.
+  auto add_model_source = [](CLI::App* cmd, cleave::ModelSource& src) {
+    cmd->add_option("run_dir", src.run_dir, "a run directory (its config.yaml and checkpoint.pb)");
+    cmd->add_option("--config", src.config, "the job config (default: RUN_DIR/config.yaml)");
+    cmd->add_option("--checkpoint", src.checkpoint,
+                    "a checkpoint.pb or a .safetensors file (default: RUN_DIR/checkpoint.pb)");
+  };
+  cleave::GenerateOptions gen;
+  auto* generate = app.add_subcommand("generate", "sample text from a trained language model");
+  add_model_source(generate, gen.model);
+  generate->add_option("--prompt", gen.prompt, "the text to continue")->required();
+  generate->add_option("--tokens", gen.tokens, "tokens to sample (default 200)")
+      ->check(cleave::AtLeastOne());
+  generate->add_option("--temperature", gen.temperature, "sampling temperature; 0 = greedy (default 0.8)")
+      ->check(CLI::Range(0.0, 100.0));
+  generate->add_option("--top-k", gen.top_k, "sample among the k most likely (default 40; 0 = all)")
+      ->check(CLI::NonNegativeNumber);
+  generate->add_option("--seed", gen.seed, "sampling seed");
+  generate->add_option("--tokenizer", gen.tokenizer,
+                       "byte or spm:MODEL (default: the config's local.data tokenizer=)");
+  cleave::ExportOptions exp;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write a trained model as safetensors (GPT-2's layout for model gpt)");
+  add_model_source(export_cmd, exp.model);
+  export_cmd->add_option("--out", exp.out, "the .safetensors file to write")->required();
+
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (tok_train->parsed()) return cleave::RunTokenizerTrain(tok);
+  if (generate->parsed()) return cleave::RunGenerate(gen);
+  if (export_cmd->parsed()) return cleave::RunExport(exp);
   if (privacy->parsed()) {
     auto e = cleave::dp::ComputeEpsilon(q, z, steps, delta);
     if (!e.ok()) {

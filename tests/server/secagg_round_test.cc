@@ -239,7 +239,9 @@ TEST_F(SecAggRoundTest, RefusedSubmissionsChangeNothing) {
   EXPECT_EQ(round_->AddMasked(c0.name, outside).code(), absl::StatusCode::kInvalidArgument);
   const int lost = 5;  // drops after sharing: its mask-key shares will be asked for
   for (int i = 0; i < 6; ++i) {
-    if (i != lost) ASSERT_TRUE(round_->AddMasked(clients_[i].name, Masked(clients_[i])).ok());
+    if (i != lost) {
+      ASSERT_TRUE(round_->AddMasked(clients_[i].name, Masked(clients_[i])).ok());
+    }
   }
   EXPECT_EQ(round_->AddMasked(c0.name, Masked(c0)).code(), absl::StatusCode::kAlreadyExists);
   round_->Drop(clients_[lost].name);
@@ -261,7 +263,9 @@ TEST_F(SecAggRoundTest, RefusedSubmissionsChangeNothing) {
   missing.mutable_mask_key()->Clear();
   EXPECT_EQ(round_->AddReveal(holder->name, missing).code(), absl::StatusCode::kInvalidArgument);
   for (auto& c : clients_) {
-    if (unmask_.count(c.name)) ASSERT_TRUE(round_->AddReveal(c.name, Reveal(c)).ok());
+    if (unmask_.count(c.name)) {
+      ASSERT_TRUE(round_->AddReveal(c.name, Reveal(c)).ok());
+    }
   }
   EXPECT_EQ(round_->AddReveal(holder->name, reveal).code(), absl::StatusCode::kAlreadyExists);
   Close();

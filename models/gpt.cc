@@ -1,0 +1,148 @@
+#include "models/gpt.h"
+
+#include <cmath>
+#include <limits>
+
+namespace cleave {
+namespace {
+
+namespace nn = torch::nn;
+
+// GPT-2's Conv1D: a linear layer whose weight is [in, out].
+struct Conv1DImpl : nn::Module {
+  Conv1DImpl(int64_t in, int64_t out)
+      : weight(register_parameter("weight", torch::empty({in, out}))),
+        bias(register_parameter("bias", torch::zeros({out}))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto flat = torch::addmm(bias, x.reshape({-1, weight.size(0)}), weight);
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(1);
+    return flat.view(sizes);
+  }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Conv1D);
+
+struct GptEmbeddingImpl : nn::Module {
+  GptEmbeddingImpl(int64_t vocab, int64_t context, int64_t dim)
+      : wte(register_module("wte", nn::Embedding(vocab, dim))),
+        wpe(register_module("wpe", nn::Embedding(context, dim))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t t = x.size(1);
+    TORCH_CHECK(t <= wpe->weight.size(0), "a sequence of ", t, " tokens is longer than the context (",
+                wpe->weight.size(0), ")");
+    auto ids = x.to(torch::kInt64);
+    const int64_t vocab = wte->weight.size(0);
+    TORCH_CHECK(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < vocab,
+                "token ids must be in [0, ", vocab, ")");
+    return wte(ids) + wpe(torch::arange(t, torch::kInt64));
+  }
+  nn::Embedding wte, wpe;
+};
+TORCH_MODULE(GptEmbedding);
+
+struct AttentionImpl : nn::Module {
+  AttentionImpl(int64_t dim, int64_t heads)
+      : heads(heads),
+        c_attn(register_module("c_attn", Conv1D(dim, 3 * dim))),
+        c_proj(register_module("c_proj", Conv1D(dim, dim))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads;
+    auto qkv = c_attn(x).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});  // 3 b h t hd
+    auto q = qkv[0], k = qkv[1], v = qkv[2];
+    auto att = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(double(hd)));
+    att = torch::softmax(att + CausalMask(t), -1);
+    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
+    return c_proj(y);
+  }
+  // 0 on and below the diagonal, -inf above: position i attends to positions <= i.
+  const torch::Tensor& CausalMask(int64_t t) {
+    if (!mask.defined() || mask.size(0) != t) {
+      mask = torch::full({t, t}, -std::numeric_limits<float>::infinity()).triu(1);
+    }
+    return mask;
+  }
+  int64_t heads;
+  Conv1D c_attn, c_proj;
+  torch::Tensor mask;  // not a buffer: it is not part of the model's state
+};
+TORCH_MODULE(Attention);
+
+struct MlpImpl : nn::Module {
+  explicit MlpImpl(int64_t dim)
+      : c_fc(register_module("c_fc", Conv1D(dim, 4 * dim))),
+        c_proj(register_module("c_proj", Conv1D(4 * dim, dim))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x), "tanh")); }
+  Conv1D c_fc, c_proj;
+};
+TORCH_MODULE(Mlp);
+
+nn::LayerNormOptions Norm(int64_t dim) { return nn::LayerNormOptions({dim}).eps(1e-5); }
+
+struct BlockImpl : nn::Module {
+  BlockImpl(int64_t dim, int64_t heads)
+      : ln_1(register_module("ln_1", nn::LayerNorm(Norm(dim)))),
+        attn(register_module("attn", Attention(dim, heads))),
+        ln_2(register_module("ln_2", nn::LayerNorm(Norm(dim)))),
+        mlp(register_module("mlp", Mlp(dim))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attn(ln_1(x));
+    return x + mlp(ln_2(x));
+  }
+  nn::LayerNorm ln_1;
+  Attention attn;
+  nn::LayerNorm ln_2;
+  Mlp mlp;
+};
+TORCH_MODULE(Block);
+
+// The untied head's weight, [vocab, dim] as nn.Linear without bias.
+struct LmHeadImpl : nn::Module {
+  LmHeadImpl(int64_t vocab, int64_t dim)
+      : weight(register_parameter("weight", torch::empty({vocab, dim}))) {}
+  torch::Tensor weight;
+};
+TORCH_MODULE(LmHead);
+
+struct HeadImpl : nn::Module {
+  // `tied`: the embedding's wte weight, used as the head's and not registered here.
+  HeadImpl(int64_t vocab, int64_t dim, torch::Tensor tied)
+      : ln_f(register_module("ln_f", nn::LayerNorm(Norm(dim)))) {
+    weight = tied.defined() ? tied : register_module("lm_head", LmHead(vocab, dim))->weight;
+  }
+  torch::Tensor forward(torch::Tensor x) { return torch::matmul(ln_f(x), weight.t()); }
+  nn::LayerNorm ln_f;
+  torch::Tensor weight;
+};
+TORCH_MODULE(Head);
+
+}  // namespace
+
+nn::Sequential BuildGpt(const ModelSpec& spec) {
+  const GptConfig& g = spec.gpt;
+  nn::Sequential seq;
+  GptEmbedding embed(g.vocab, g.context, g.dim);
+  seq->push_back(embed);
+  for (int i = 0; i < g.layers; ++i) seq->push_back(Block(g.dim, g.heads));
+  seq->push_back(Head(g.vocab, g.dim, g.tie ? embed->wte->weight : torch::Tensor()));
+  // GPT-2's initialisation, in model order: N(0, 0.02) weights, zero biases, unit
+  // LayerNorm gains; the projections into the residual stream N(0, 0.02 / sqrt(2 L)).
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * g.layers);
+  for (auto& p : seq->named_parameters(/*recurse=*/true)) {
+    const std::string& name = p.key();
+    const bool norm = name.find(".ln_") != std::string::npos;
+    if (norm) {
+      name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 ? p.value().zero_()
+                                                                        : p.value().fill_(1);
+    } else if (p.value().dim() == 1) {
+      p.value().zero_();
+    } else {
+      const bool residual = name.find("c_proj.weight") != std::string::npos;
+      p.value().normal_(0, residual ? residual_std : 0.02);
+    }
+  }
+  return seq;
+}
+
+}  // namespace cleave

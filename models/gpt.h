@@ -1,0 +1,27 @@
+// Internal to models/ (includes LibTorch): the built-in GPT-style decoder, GPT-2's
+// architecture (Radford et al. 2019): token + position embedding, pre-norm blocks of
+// causal multi-head self-attention and a GELU MLP with residual connections, a final
+// LayerNorm and the language-model head. Its stages are the embedding, each block and
+// the head, so split learning can cut it between any two of them.
+//
+// Tensor names and shapes are GPT-2's (Hugging Face's GPT2LMHeadModel) behind a stage
+// prefix: "0.wte.weight" [vocab, dim], "0.wpe.weight" [context, dim]; block i is stage
+// i + 1 with "ln_1", "attn.c_attn" (weight [dim, 3 dim]: GPT-2's Conv1D stores
+// weights input-major), "attn.c_proj", "ln_2", "mlp.c_fc" [dim, 4 dim], "mlp.c_proj";
+// stage layers + 1 holds "ln_f" and, untied, "lm_head.weight" [vocab, dim]. Tied, the
+// head multiplies by the embedding's wte and holds no tensor of its own.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "models/model.h"
+
+namespace cleave {
+
+// The decoder `spec.gpt` sizes, initialised as GPT-2 (normal, std 0.02; the residual
+// projections scaled by 1/sqrt(2 layers)) from the current torch seed. Inputs are
+// [batch, T] token ids (any dtype: split learning carries them as floats), T <=
+// context; the output is [batch, T, vocab] logits.
+torch::nn::Sequential BuildGpt(const ModelSpec& spec);
+
+}  // namespace cleave

@@ -1,0 +1,275 @@
+#include "models/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/files.h"
+
+namespace cleave {
+namespace {
+
+using Json = nlohmann::json;
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      uint32_t m = mant;
+      do {
+        ++e;
+        m <<= 1;
+      } while ((m & 0x400) == 0);
+      bits = sign | ((127 - 15 - e) << 23) | ((m & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Bytes per element of the dtypes this reads; 0 for any other.
+size_t DtypeSize(const std::string& dtype) {
+  if (dtype == "F32") return 4;
+  if (dtype == "F16" || dtype == "BF16") return 2;
+  if (dtype == "F64") return 8;
+  return 0;
+}
+
+void Convert(const std::string& dtype, const char* src, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype == "F32") {
+      std::memcpy(&out[i], src + 4 * i, 4);
+    } else if (dtype == "F64") {
+      double d;
+      std::memcpy(&d, src + 8 * i, 8);
+      out[i] = static_cast<float>(d);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      if (dtype == "F16") {
+        out[i] = HalfToFloat(h);
+      } else {  // BF16: the top half of a float32
+        const uint32_t bits = uint32_t{h} << 16;
+        std::memcpy(&out[i], &bits, 4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what) {
+  auto loss = [&](const std::string& m) { return absl::DataLossError(what + ": " + m); };
+  if (bytes.size() < 8) return loss("not a safetensors file (shorter than its 8-byte header size)");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  if (n > bytes.size() - 8) {
+    return loss(absl::StrCat("header of ", n, " bytes but the file holds ", bytes.size() - 8,
+                             " after its size (truncated?)"));
+  }
+  const Json header = Json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) return loss("the header is not a JSON object");
+  const std::string_view data = bytes.substr(8 + n);
+  // Tensors in the order of their data (the header's key order is not kept by JSON).
+  struct Entry {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = absl::StrCat("tensor ", name);
+    if (!info.is_object() || !info.contains("dtype") || !info["dtype"].is_string() ||
+        !info.contains("shape") || !info["shape"].is_array() || !info.contains("data_offsets") ||
+        !info["data_offsets"].is_array() || info["data_offsets"].size() != 2) {
+      return loss(where + ": needs dtype, shape and data_offsets [begin, end]");
+    }
+    Entry e{name, info["dtype"].get<std::string>(), {}, 0, 0};
+    if (DtypeSize(e.dtype) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", where, " has dtype ", e.dtype,
+                                                     " (F32, F16, BF16 or F64 are read)"));
+    }
+    for (const auto& d : info["shape"]) {
+      if (!d.is_number_unsigned()) return loss(where + ": shape must be non-negative integers");
+      e.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = info["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return loss(where + ": data_offsets must be non-negative integers");
+    }
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    const int64_t numel = NumElements(e.shape);
+    if (numel < 0 || numel > (int64_t{1} << 40) || e.begin > e.end ||
+        e.end - e.begin != static_cast<uint64_t>(numel) * DtypeSize(e.dtype)) {
+      return loss(absl::StrCat(where, ": data_offsets [", e.begin, ", ", e.end, ") do not hold ",
+                               absl::StrJoin(e.shape, "x"), " ", e.dtype, " values"));
+    }
+    if (e.end > data.size()) {
+      return loss(absl::StrCat(where, " ends at byte ", e.end, " of the data but the file holds ",
+                               data.size(), " (truncated?)"));
+    }
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  ParameterSet out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (i > 0 && e.begin < entries[i - 1].end) {
+      return loss(absl::StrCat("tensors ", entries[i - 1].name, " and ", e.name, " overlap"));
+    }
+    Tensor t;
+    t.name = e.name;
+    t.shape = e.shape;
+    t.values.resize(NumElements(e.shape));
+    Convert(e.dtype, data.data() + e.begin, t.numel(), t.values.data());
+    RETURN_IF_ERROR(out.Add(std::move(t)));
+  }
+  return out;
+}
+
+std::string SerializeSafetensors(const ParameterSet& params,
+                                 const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const Tensor& t : params.tensors()) {
+    const uint64_t bytes = t.values.size() * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((uint64_t{text.size()} >> (8 * i)) & 0xff);
+  out += text;
+  out.reserve(out.size() + offset);
+  for (const Tensor& t : params.tensors()) {
+    out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+  }
+  return out;
+}
+
+namespace {
+
+// "0.wte.weight" -> "wte.weight", "3.attn.c_attn.bias" -> "h.2.attn.c_attn.bias",
+// "{last}.ln_f.weight" -> "ln_f.weight"; `last` is the head's stage.
+std::string Gpt2Name(const std::string& name, int last) {
+  const size_t dot = name.find('.');
+  int stage = 0;
+  if (dot == std::string::npos || !absl::SimpleAtoi(name.substr(0, dot), &stage)) return name;
+  const std::string rest = name.substr(dot + 1);
+  if (stage == 0 || stage == last) return rest;
+  return absl::StrCat("h.", stage - 1, ".", rest);
+}
+
+int LastStage(const ParameterSet& model) {
+  int last = 0;
+  for (const Tensor& t : model.tensors()) {
+    int stage = 0;
+    if (absl::SimpleAtoi(t.name.substr(0, t.name.find('.')), &stage)) last = std::max(last, stage);
+  }
+  return last;
+}
+
+}  // namespace
+
+ParameterSet ToGpt2Layout(const ParameterSet& model) {
+  const int last = LastStage(model);
+  ParameterSet out;
+  for (Tensor t : model.tensors()) {
+    t.name = Gpt2Name(t.name, last);
+    out.Add(std::move(t)).IgnoreError();  // the mapping is one to one
+  }
+  return out;
+}
+
+StatusOr<ParameterSet> FromGpt2Layout(const ParameterSet& file, const ParameterSet& layout,
+                                      const std::string& what) {
+  const int last = LastStage(layout);
+  std::unordered_map<std::string, size_t> index;  // GPT-2 name -> tensor of `layout`
+  for (size_t i = 0; i < layout.size(); ++i) index[Gpt2Name(layout.tensors()[i].name, last)] = i;
+  std::vector<const Tensor*> found(layout.size(), nullptr);
+  for (const Tensor& t : file.tensors()) {
+    std::string name = t.name;
+    if (absl::StartsWith(name, "transformer.")) name = name.substr(12);
+    if (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")) continue;
+    const auto it = index.find(name);
+    if (it == index.end()) {
+      if (name == "lm_head.weight") continue;  // tied: the head is wte
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": tensor ", t.name, " has no place in model gpt with ", last - 1,
+          " layers (model.gpt.layers, and GPT-2's tensor names)"));
+    }
+    const Tensor& want = layout.tensors()[it->second];
+    if (t.shape != want.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": tensor ", t.name, " is ", absl::StrJoin(t.shape, "x"), " but the model's is ",
+          absl::StrJoin(want.shape, "x"), " (model.gpt's vocab, context and dim)"));
+    }
+    found[it->second] = &t;
+  }
+  ParameterSet out;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const std::string& name = layout.tensors()[i].name;
+    const Tensor* src = found[i];
+    if (src == nullptr && Gpt2Name(name, last) == "lm_head.weight") {
+      src = found[index.at("wte.weight")];  // GPT-2 ties its head to wte
+    }
+    if (src == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": no tensor ", Gpt2Name(name, last), " (the model's ", name, ")"));
+    }
+    Tensor t = *src;
+    t.name = name;
+    RETURN_IF_ERROR(out.Add(std::move(t)));
+  }
+  return out;
+}
+
+StatusOr<ParameterSet> LoadWeights(const std::string& path, const std::string& model_name,
+                                   const ParameterSet& layout) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  ASSIGN_OR_RETURN(ParameterSet file, ParseSafetensors(bytes, path));
+  if (model_name == "gpt") return FromGpt2Layout(file, layout, path);
+  ParameterSet out;
+  for (const Tensor& want : layout.tensors()) {
+    const Tensor* t = file.Find(want.name);
+    if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", want.name));
+    if (t->shape != want.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor ", want.name, " is ", absl::StrJoin(t->shape, "x"), " but the model's is ",
+          absl::StrJoin(want.shape, "x")));
+    }
+    RETURN_IF_ERROR(out.Add(*t));
+  }
+  if (file.size() != layout.size()) {
+    for (const Tensor& t : file.tensors()) {
+      if (layout.Find(t.name) == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": tensor ", t.name, " is not one of model ", model_name, "'s"));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace cleave

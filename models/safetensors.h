@@ -1,0 +1,46 @@
+// Safetensors (Hugging Face's tensor file format) and GPT-2's tensor layout, so that a
+// GPT-2-family checkpoint can be fine-tuned and a trained decoder exported.
+//
+// A safetensors file: u64 little-endian N, an N-byte JSON header mapping each tensor's
+// name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets into the data that
+// follows; an optional "__metadata__" maps strings to strings), then the data.
+// No LibTorch here.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "core/parameter_set.h"
+#include "core/status.h"
+
+namespace cleave {
+
+// The tensors of a safetensors file, in the header's order, as float32 (F32, F16, BF16
+// and F64 are read). DATA_LOSS for a truncated or inconsistent file, INVALID_ARGUMENT
+// for another dtype; each names `what` (the file) and the tensor.
+StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what);
+// `params` as an F32 safetensors file with `metadata`.
+std::string SerializeSafetensors(const ParameterSet& params,
+                                 const std::map<std::string, std::string>& metadata = {});
+
+// Model gpt's tensors (models/gpt.h) under GPT-2's names: "wte.weight", "h.0.ln_1.weight",
+// ..., "ln_f.bias", and "lm_head.weight" when untied.
+ParameterSet ToGpt2Layout(const ParameterSet& model);
+// The inverse, checked against the model's own tensors `layout` (Model::Parameters()):
+// every name known (with or without GPT2LMHeadModel's "transformer." prefix; GPT-2's
+// attention mask buffers "*.attn.bias" and "*.attn.masked_bias" are skipped, and so is
+// "lm_head.weight" for a tied model), every shape the model's, every tensor present
+// (an untied head missing from the file starts as a copy of wte, as GPT-2 ties them).
+// INVALID_ARGUMENT naming `what` and the tensor otherwise.
+StatusOr<ParameterSet> FromGpt2Layout(const ParameterSet& file, const ParameterSet& layout,
+                                      const std::string& what);
+
+// The model's starting weights from the safetensors file at `path` (model.weights):
+// for model gpt in GPT-2's layout (FromGpt2Layout), for any other under the model's
+// own tensor names (what `cleave export` writes), every tensor of `layout` present with
+// its shape and no other. Errors name the file and the tensor.
+StatusOr<ParameterSet> LoadWeights(const std::string& path, const std::string& model_name,
+                                   const ParameterSet& layout);
+
+}  // namespace cleave

@@ -1,0 +1,131 @@
+#include "tools/lm.h"
+
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/config.h"
+#include "core/files.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "models/model.h"
+#include "models/safetensors.h"
+#include "server/checkpoint.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+
+int Fail(const std::string& command, const Status& s, int code = 1) {
+  std::cerr << "cleave " << command << ": " << s.message() << "\n";
+  return code;
+}
+
+struct Loaded {
+  JobConfig config;
+  std::unique_ptr<Model> model;
+};
+
+// The model a ModelSource names, built from its config and loaded with its weights.
+StatusOr<Loaded> LoadModel(const ModelSource& src) {
+  std::string config = src.config, checkpoint = src.checkpoint;
+  if (!src.run_dir.empty()) {
+    if (config.empty()) config = src.run_dir + "/config.yaml";
+    if (checkpoint.empty()) checkpoint = src.run_dir + "/checkpoint.pb";
+  }
+  if (config.empty() || checkpoint.empty()) {
+    return absl::InvalidArgumentError("give a run directory, or --config and --checkpoint");
+  }
+  Loaded out;
+  ASSIGN_OR_RETURN(out.config, JobConfig::Load(config));
+  const ModelConfig& m = out.config.model;
+  ModelSpec spec{m.name, "", out.config.run.seed, m.input, m.classes, m.gpt};
+  if (m.name == "torchscript") {
+    ASSIGN_OR_RETURN(spec.torchscript, ReadFile(m.path));
+  }
+  ASSIGN_OR_RETURN(out.model, Model::Create(spec));
+  ParameterSet weights;
+  if (absl::EndsWith(checkpoint, ".safetensors")) {
+    ASSIGN_OR_RETURN(weights, LoadWeights(checkpoint, m.name, out.model->Parameters()));
+  } else {
+    ASSIGN_OR_RETURN(std::string bytes, ReadFile(checkpoint));
+    auto ck = DecodeCheckpoint(bytes);
+    if (!ck.ok()) return Status(ck.status().code(), absl::StrCat(checkpoint, ": ", ck.status().message()));
+    weights = std::move(ck->global);
+  }
+  if (Status s = out.model->SetParameters(weights); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(checkpoint, " does not hold the model ", config, " describes: ", s.message()));
+  }
+  return out;
+}
+
+// The tokenizer= option of a data spec, or "byte".
+std::string TokenizerOf(const std::string& data_spec) {
+  for (absl::string_view option : absl::StrSplit(data_spec, ',')) {
+    if (absl::StartsWith(option, "tokenizer=")) return std::string(option.substr(10));
+  }
+  return "byte";
+}
+
+}  // namespace
+
+int RunTokenizerTrain(const TokenizerTrainOptions& o) {
+  std::vector<std::string> files;
+  for (const std::string& input : o.inputs) {
+    auto found = TextFilesUnder(input);
+    if (!found.ok()) return Fail("tokenizer train", found.status(), 2);
+    files.insert(files.end(), found->begin(), found->end());
+  }
+  if (Status s = TrainSentencePieceModel(files, o.vocab, o.type, o.out); !s.ok()) {
+    return Fail("tokenizer train", s);
+  }
+  std::cout << "SentencePiece model of " << o.vocab << " pieces from " << files.size()
+            << " files: " << o.out << ".model (use it as tokenizer=spm:" << o.out
+            << ".model and model.gpt.vocab: " << o.vocab << ")\n";
+  return 0;
+}
+
+int RunGenerate(const GenerateOptions& o) {
+  auto loaded = LoadModel(o.model);
+  if (!loaded.ok()) return Fail("generate", loaded.status(), 2);
+  const std::string spec = o.tokenizer.empty() ? TokenizerOf(loaded->config.local.data) : o.tokenizer;
+  auto tokenizer = Tokenizer::Create(spec);
+  if (!tokenizer.ok()) return Fail("generate", tokenizer.status(), 2);
+  if ((*tokenizer)->vocab_size() != loaded->config.model.gpt.vocab) {
+    return Fail("generate",
+                absl::InvalidArgumentError(absl::StrCat(
+                    "the tokenizer ", spec, " has a vocabulary of ", (*tokenizer)->vocab_size(),
+                    " but the model's is ", loaded->config.model.gpt.vocab)),
+                2);
+  }
+  auto prompt = (*tokenizer)->Encode({o.prompt});
+  if (!prompt.ok()) return Fail("generate", prompt.status());
+  auto ids = loaded->model->Generate((*prompt)[0], o.tokens, o.temperature, o.top_k, o.seed);
+  if (!ids.ok()) return Fail("generate", ids.status());
+  auto text = (*tokenizer)->Decode(*ids);
+  if (!text.ok()) return Fail("generate", text.status());
+  std::cout << o.prompt << *text << "\n";
+  return 0;
+}
+
+int RunExport(const ExportOptions& o) {
+  auto loaded = LoadModel(o.model);
+  if (!loaded.ok()) return Fail("export", loaded.status(), 2);
+  ParameterSet params = loaded->model->Parameters();
+  const bool gpt = loaded->config.model.name == "gpt";
+  if (gpt) params = ToGpt2Layout(params);
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"producer", "cleave"}, {"model", loaded->config.model.name}};
+  if (Status s = WriteFileAtomic(o.out, SerializeSafetensors(params, metadata)); !s.ok()) {
+    return Fail("export", s);
+  }
+  std::cout << params.size() << " tensors (" << params.total_elements() << " values) in " << o.out
+            << (gpt ? " in GPT-2's layout" : "") << "\n";
+  return 0;
+}
+
+}  // namespace cleave
