@@ -3,6 +3,9 @@
 // Optimization", 2021; Hsu et al. 2019 for server momentum):
 //   fedavg, fedprox  x += eta * D
 //   fedavgm          v = beta * v + D;                     x += eta * v
+//   diloco           v = beta * v + D;                     x += eta * (D + beta * v)
+//                    (Nesterov momentum: torch.optim.SGD(nesterov=True) on the
+//                    pseudo-gradient -D, the outer step of Douillard et al. 2023)
 //   fedadagrad       m = b1 m + (1-b1) D; v = v + D^2;       x += eta * m / (sqrt(v) + tau)
 //   fedadam          m = b1 m + (1-b1) D; v = b2 v + (1-b2) D^2; (same step)
 //   fedyogi          m = b1 m + (1-b1) D; v = v - (1-b2) D^2 sign(v - D^2); (same step)
@@ -35,7 +38,7 @@ void AddScaled(const std::vector<TensorView>& delta, float scale, ParameterSet* 
 }
 namespace {
 
-enum class ServerRule { kSgd, kMomentum, kAdagrad, kAdam, kYogi };
+enum class ServerRule { kSgd, kMomentum, kNesterov, kAdagrad, kAdam, kYogi };
 
 class FedAvgFamily : public Strategy {
  public:
@@ -126,6 +129,10 @@ class FedAvgFamily : public Strategy {
           case ServerRule::kMomentum:
             m[j] = beta * m[j] + d;
             x[j] += eta * m[j];
+            break;
+          case ServerRule::kNesterov:
+            m[j] = beta * m[j] + d;
+            x[j] += eta * (d + beta * m[j]);
             break;
           case ServerRule::kAdagrad:
           case ServerRule::kAdam:
@@ -223,6 +230,8 @@ StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config) {
     rule = ServerRule::kSgd;
   } else if (n == "fedavgm") {
     rule = ServerRule::kMomentum;
+  } else if (n == "diloco") {
+    rule = ServerRule::kNesterov;
   } else if (n == "fedadagrad") {
     rule = ServerRule::kAdagrad;
   } else if (n == "fedadam") {

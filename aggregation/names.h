@@ -8,7 +8,8 @@ namespace cleave {
 
 inline const NameTable& StrategyNames() {
   static const NameTable t{"strategy.name",
-                           {"fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad"}};
+                           {"fedavg", "fedprox", "fedavgm", "diloco", "fedadam", "fedyogi",
+                            "fedadagrad"}};
   return t;
 }
 

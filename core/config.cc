@@ -350,6 +350,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   if (!server_lr_set && AdaptiveServerOptimizer(st)) {
     c.strategy.server_lr = 0.1;
   }
+  if (!server_lr_set && st == "diloco") c.strategy.server_lr = 0.7;  // the DiLoCo paper's
   // model.name is checked where models are built (Model::Create names the built-ins).
   RETURN_IF_ERROR(Range(!c.model.input.empty() && c.model.input.size() <= 3, "model.input",
                         "[C, H, W] or [features]"));

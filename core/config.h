@@ -91,12 +91,12 @@ double ScheduledLr(const TrainConfig& t, int64_t round, int64_t rounds);
 const NameTable& ScheduleNames();
 
 struct StrategyConfig {
-  std::string name = "fedavg";   // strategy.name: fedavg | fedprox | fedavgm | fedadam |
-                                 //   fedyogi | fedadagrad
+  std::string name = "fedavg";   // strategy.name: fedavg | fedprox | fedavgm | diloco |
+                                 //   fedadam | fedyogi | fedadagrad
   double proximal_mu = 0.0;      // strategy.proximal_mu (fedprox)
   double server_lr = 1.0;        // strategy.server_lr (eta; default 1.0 for fedavg/fedavgm,
-                                 //   0.1 for the adaptive ones when absent)
-  double server_momentum = 0.9;  // strategy.server_momentum (fedavgm)
+                                 //   0.7 for diloco, 0.1 for the adaptive ones when absent)
+  double server_momentum = 0.9;  // strategy.server_momentum (fedavgm, diloco)
   double beta1 = 0.9;            // strategy.beta1 (fedadam, fedyogi, fedadagrad)
   double beta2 = 0.99;           // strategy.beta2 (fedadam, fedyogi)
   double tau = 1e-3;             // strategy.tau: adaptivity, added to sqrt(v)

@@ -89,6 +89,21 @@ TEST(FedAvgMTest, ServerMomentum) {
   ExpectNear(x, 3.5 + 0.9 * 2.5 + 2.5, 2.5 + 0.9 * 0.5 + 0.5);
 }
 
+// DiLoCo's outer step: torch.optim.SGD(lr, momentum, nesterov=True) on the
+// pseudo-gradient g = -D: b = beta b + g; x -= lr (g + beta b).
+TEST(DiLoCoTest, OuterNesterovStep) {
+  auto s = Make("strategy: {name: diloco}");  // lr 0.7, momentum 0.9 by default
+  ParameterSet x = Vec(1, 2);
+  double x0 = 1, b = 0;
+  for (int r = 0; r < 3; ++r) {
+    Round(*s, &x);  // D = 2.5 for the first coordinate
+    const double g = -2.5;
+    b = 0.9 * b + g;
+    x0 -= 0.7 * (g + 0.9 * b);
+    EXPECT_NEAR(x.tensors()[0].values[0], x0, 1e-5) << "round " << r;
+  }
+}
+
 // Reddi et al. step with m0 = 0, v0 = tau^2, eta = 0.1, b1 = 0.9, b2 = 0.99, tau = 1e-3.
 TEST(AdaptiveTest, FedAdamTwoRounds) {
   auto s = Make("strategy: {name: fedadam}");
@@ -129,7 +144,7 @@ TEST(AdaptiveTest, FedAdagradAccumulatesSquares) {
 }
 
 TEST(AdaptiveTest, StateRestoreContinuesExactly) {
-  for (const std::string name : {"fedavgm", "fedadam", "fedyogi", "fedadagrad"}) {
+  for (const std::string name : {"fedavgm", "diloco", "fedadam", "fedyogi", "fedadagrad"}) {
     SCOPED_TRACE(name);
     auto a = Make("strategy: {name: " + name + "}");
     ParameterSet xa = Vec(1, 2);
