@@ -140,6 +140,9 @@ struct Client::Impl {
   // them; empty until its first task. They never leave the client.
   ParameterSet personal;
   std::string loss_digest;  // the TorchScript loss `model` holds (TrainConfig.loss_digest)
+  // The frozen tensors of a LoRA model (Task.base_digest), fetched once.
+  std::string base_digest;
+  ParameterSet base;
 
   // Outcome of one connection.
   enum class End { kRunEnded, kRetry, kFatal, kCrashed, kStopped };
@@ -464,6 +467,11 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
     spec.gpt = {d.gpt().vocab(), d.gpt().context(), d.gpt().layers(), d.gpt().heads(),
                 d.gpt().dim(), d.gpt().tie()};
   }
+  if (d.lora().rank() > 0) {
+    spec.lora = {d.lora().rank(), d.lora().alpha(),
+                 std::vector<std::string>(d.lora().targets().begin(), d.lora().targets().end()),
+                 d.lora().dropout()};
+  }
   if (spec.name == "torchscript") {
     if (script_digest != d.torchscript_digest()) {
       ASSIGN_OR_RETURN(script_bytes, FetchBlob(stub, w.client_id(), w.session_token(),
@@ -542,6 +550,28 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     model_key = key;
     personal = ParameterSet();
     loss_digest.clear();
+  }
+  // A model with a frozen base: the blob holds the rest; put them together in the
+  // model's order.
+  if (!task.base_digest().empty()) {
+    if (base_digest != task.base_digest()) {
+      auto bytes = FetchBlob(stub, w.client_id(), w.session_token(), task.base_digest(), 600,
+                             &emulator);
+      if (!bytes.ok()) return reject(bytes.status());
+      auto decoded = ParameterSet::Decode(*bytes);
+      if (!decoded.ok()) return reject(decoded.status());
+      base = *std::move(decoded);
+      base_digest = task.base_digest();
+    }
+    ParameterSet whole = model->Parameters();
+    if (base.size() + global->size() != whole.size()) {
+      return reject(absl::InvalidArgumentError(absl::StrCat(
+          "the model's base (", base.size(), " tensors) and its blob (", global->size(),
+          ") do not make up the model (", whole.size(), ")")));
+    }
+    if (Status s = Overwrite(base, &whole); !s.ok()) return reject(s);
+    if (Status s = Overwrite(*global, &whole); !s.ok()) return reject(s);
+    *global = std::move(whole);
   }
   if (loss == "torchscript" && loss_digest != task.train().loss_digest()) {
     auto archive = FetchBlob(stub, w.client_id(), w.session_token(), task.train().loss_digest(), 600,
@@ -627,6 +657,9 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     RETURN_IF_ERROR(Attack(*global, o, &delta));
   }
   if (!personal_names.empty()) delta = Without(delta, personal_names);  // stays here
+  if (const auto frozen = model->FrozenTensors(); !frozen.empty()) {
+    delta = Without(delta, frozen);  // never trained: not part of an update
+  }
   v1::UploadReply reply;
   if (secagg) {
     if (task.has_dp()) AddDpNoise(task.dp(), &delta);

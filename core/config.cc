@@ -47,7 +47,8 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
       {"config", {"run", "model", "data", "clients", "train", "strategy", "split", "compression",
                   "server", "local", "tls", "auth", "secure_aggregation", "dp", "aggregation"}},
       {"run", {"name", "rounds", "seed"}},
-      {"model", {"name", "path", "input", "classes", "personal", "gpt", "weights"}},
+      {"model", {"name", "path", "input", "classes", "personal", "gpt", "weights", "lora"}},
+      {"model.lora", {"rank", "alpha", "targets", "dropout"}},
       {"model.gpt", {"vocab", "context", "layers", "heads", "dim", "tie"}},
       {"data", {"test", "test_limit"}},
       {"clients", {"min", "per_round", "fraction", "quorum", "round_deadline_s", "join_timeout_s"}},
@@ -137,6 +138,14 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       RETURN_IF_ERROR(Read(g, sec, "heads", &c.model.gpt.heads));
       RETURN_IF_ERROR(Read(g, sec, "dim", &c.model.gpt.dim));
       RETURN_IF_ERROR(Read(g, sec, "tie", &c.model.gpt.tie));
+    }
+    if (auto l = s["lora"]) {
+      const std::string sec = "model.lora";
+      RETURN_IF_ERROR(CheckKeys(l, sec));
+      RETURN_IF_ERROR(Read(l, sec, "rank", &c.model.lora.rank));
+      RETURN_IF_ERROR(Read(l, sec, "alpha", &c.model.lora.alpha));
+      RETURN_IF_ERROR(Read(l, sec, "targets", &c.model.lora.targets));
+      RETURN_IF_ERROR(Read(l, sec, "dropout", &c.model.lora.dropout));
     }
   }
   if (auto s = root["data"]) {
@@ -366,6 +375,21 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(g.heads >= 1 && g.heads <= 256, "model.gpt.heads", "in [1, 256]"));
   RETURN_IF_ERROR(Range(g.dim >= 1 && g.dim <= 65536 && g.dim % g.heads == 0, "model.gpt.dim",
                         "in [1, 65536] and divisible by model.gpt.heads"));
+  const LoraConfig& lora = c.model.lora;
+  RETURN_IF_ERROR(Range(lora.rank >= 0 && lora.rank <= 4096, "model.lora.rank", "in [0, 4096]"));
+  RETURN_IF_ERROR(Range(lora.alpha > 0, "model.lora.alpha", "> 0"));
+  RETURN_IF_ERROR(Range(lora.dropout >= 0 && lora.dropout < 1, "model.lora.dropout", "in [0, 1)"));
+  RETURN_IF_ERROR(Range(!lora.targets.empty(), "model.lora.targets",
+                        "a list of " + LoraTargetNames().List()));
+  for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
+  if (lora.enabled()) {
+    RETURN_IF_ERROR(Range(c.model.name == "gpt", "model.lora", "used with model.name: gpt"));
+    RETURN_IF_ERROR(Range(!c.split.enabled(), "model.lora",
+                          "off with split learning for now (it is whole-model federated "
+                          "fine-tuning)"));
+    RETURN_IF_ERROR(Range(c.model.personal.empty(), "model.lora",
+                          "off with model.personal (the adapters are what is federated)"));
+  }
   if (c.model.name == "gpt" && c.split.enabled()) {
     RETURN_IF_ERROR(Range(!g.tie, "model.gpt.tie",
                           "false with split learning (a tied head shares the embedding's "
@@ -518,6 +542,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.local.clients >= 1, "local.clients", ">= 1"));
   RETURN_IF_ERROR(Range(c.local.holdout >= 0 && c.local.holdout <= 0.9, "local.holdout", "in [0, 0.9]"));
   return c;
+}
+
+const NameTable& LoraTargetNames() {
+  static const NameTable t{"model.lora.targets", {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}};
+  return t;
 }
 
 std::vector<std::string> JobConfig::Keys() {

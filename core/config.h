@@ -28,6 +28,22 @@ struct GptConfig {
   bool tie = false;       // model.gpt.tie: the head reuses the token embedding (as GPT-2)
 };
 
+// LoRA adapters (Hu et al. 2021) on the decoder's projections (model.lora): W x + b
+// becomes W x + b + (alpha / rank) B A x, with A and B trained and everything else
+// frozen; only the adapters are trained, uploaded, aggregated and checkpointed.
+struct LoraConfig {
+  int rank = 0;          // model.lora.rank: 0 = no adapters
+  double alpha = 16;     // model.lora.alpha: the adapters' scale is alpha / rank
+  // model.lora.targets: the projections that get adapters (GPT-2's module names)
+  std::vector<std::string> targets = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+  double dropout = 0;    // model.lora.dropout: on the adapters' input, in training
+
+  bool enabled() const { return rank > 0; }
+};
+
+// The projections LoRA can adapt.
+const NameTable& LoraTargetNames();
+
 struct ModelConfig {
   std::string name = "lenet5";   // model.name: mlp | lenet5 | cnn | vgg | resnet | gpt |
                                  //   torchscript
@@ -38,6 +54,7 @@ struct ModelConfig {
   // device, never uploaded or averaged
   std::vector<std::string> personal;
   GptConfig gpt{};               // model.gpt, for name=gpt
+  LoraConfig lora{};             // model.lora, for name=gpt
   // model.weights: the starting weights, a safetensors file (GPT-2's layout for gpt,
   // the model's own tensor names otherwise); "" = initialised from run.seed
   std::string weights;

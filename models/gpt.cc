@@ -1,25 +1,42 @@
 #include "models/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace cleave {
 namespace {
 
 namespace nn = torch::nn;
 
-// GPT-2's Conv1D: a linear layer whose weight is [in, out].
+// GPT-2's Conv1D: a linear layer whose weight is [in, out]; with a LoRA adapter,
+// x W + b + scale (dropout(x) A) B with A [in, rank] and B [rank, out].
 struct Conv1DImpl : nn::Module {
   Conv1DImpl(int64_t in, int64_t out)
       : weight(register_parameter("weight", torch::empty({in, out}))),
         bias(register_parameter("bias", torch::zeros({out}))) {}
+  void AddLora(int64_t rank, double scale_, double dropout_) {
+    lora_a = register_parameter("lora_A", torch::empty({weight.size(0), rank}));
+    lora_b = register_parameter("lora_B", torch::zeros({rank, weight.size(1)}));
+    scale = scale_;
+    dropout = dropout_;
+  }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto flat = torch::addmm(bias, x.reshape({-1, weight.size(0)}), weight);
+    auto flat_x = x.reshape({-1, weight.size(0)});
+    auto flat = torch::addmm(bias, flat_x, weight);
+    if (lora_a.defined()) {
+      auto in = dropout > 0 ? torch::dropout(flat_x, dropout, is_training()) : flat_x;
+      flat = flat + torch::matmul(torch::matmul(in, lora_a), lora_b).mul_(scale);
+    }
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(1);
     return flat.view(sizes);
   }
   torch::Tensor weight, bias;
+  torch::Tensor lora_a, lora_b;  // undefined without an adapter
+  double scale = 0, dropout = 0;
 };
 TORCH_MODULE(Conv1D);
 
@@ -123,7 +140,11 @@ nn::Sequential BuildGpt(const ModelSpec& spec) {
   nn::Sequential seq;
   GptEmbedding embed(g.vocab, g.context, g.dim);
   seq->push_back(embed);
-  for (int i = 0; i < g.layers; ++i) seq->push_back(Block(g.dim, g.heads));
+  std::vector<Block> blocks;
+  for (int i = 0; i < g.layers; ++i) {
+    blocks.push_back(Block(g.dim, g.heads));
+    seq->push_back(blocks.back());
+  }
   seq->push_back(Head(g.vocab, g.dim, g.tie ? embed->wte->weight : torch::Tensor()));
   // GPT-2's initialisation, in model order: N(0, 0.02) weights, zero biases, unit
   // LayerNorm gains; the projections into the residual stream N(0, 0.02 / sqrt(2 L)).
@@ -132,6 +153,7 @@ nn::Sequential BuildGpt(const ModelSpec& spec) {
   for (auto& p : seq->named_parameters(/*recurse=*/true)) {
     const std::string& name = p.key();
     const bool norm = name.find(".ln_") != std::string::npos;
+    if (name.find(".lora_") != std::string::npos) continue;  // none yet; see below
     if (norm) {
       name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0 ? p.value().zero_()
                                                                         : p.value().fill_(1);
@@ -140,6 +162,28 @@ nn::Sequential BuildGpt(const ModelSpec& spec) {
     } else {
       const bool residual = name.find("c_proj.weight") != std::string::npos;
       p.value().normal_(0, residual ? residual_std : 0.02);
+    }
+  }
+  // LoRA after the base, so that the base is initialised the same with or without
+  // adapters: A as nn.Linear's default (PEFT's kaiming_uniform, a = sqrt(5): uniform
+  // within 1 / sqrt(in)), B zero, so the adapted model starts as the base. Every other
+  // tensor is frozen.
+  const LoraConfig& lora = spec.lora;
+  if (lora.enabled()) {
+    for (auto& block : blocks) {
+      const std::pair<const char*, Conv1D> targets[] = {{"attn.c_attn", block->attn->c_attn},
+                                                          {"attn.c_proj", block->attn->c_proj},
+                                                          {"mlp.c_fc", block->mlp->c_fc},
+                                                          {"mlp.c_proj", block->mlp->c_proj}};
+      for (auto [name, conv] : targets) {
+        if (std::find(lora.targets.begin(), lora.targets.end(), name) == lora.targets.end()) continue;
+        conv->AddLora(lora.rank, lora.alpha / lora.rank, lora.dropout);
+        const double bound = 1.0 / std::sqrt(static_cast<double>(conv->weight.size(0)));
+        conv->lora_a.uniform_(-bound, bound);
+      }
+    }
+    for (auto& p : seq->named_parameters(/*recurse=*/true)) {
+      if (p.key().find(".lora_") == std::string::npos) p.value().requires_grad_(false);
     }
   }
   return seq;

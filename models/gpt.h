@@ -9,7 +9,10 @@
 // i + 1 with "ln_1", "attn.c_attn" (weight [dim, 3 dim]: GPT-2's Conv1D stores
 // weights input-major), "attn.c_proj", "ln_2", "mlp.c_fc" [dim, 4 dim], "mlp.c_proj";
 // stage layers + 1 holds "ln_f" and, untied, "lm_head.weight" [vocab, dim]. Tied, the
-// head multiplies by the embedding's wte and holds no tensor of its own.
+// head multiplies by the embedding's wte and holds no tensor of its own. With LoRA
+// (spec.lora), each targeted projection also holds "lora_A" [in, rank] and "lora_B"
+// [rank, out] ("1.attn.c_attn.lora_A"), and every other tensor is frozen
+// (requires_grad false).
 #pragma once
 
 #include <torch/torch.h>

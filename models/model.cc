@@ -203,7 +203,13 @@ constexpr Builtin kBuiltins[] = {
     {"resnet", BuildResNet, Input::kImages}, {"gpt", BuildGpt, Input::kTokens},
 };
 
-Status CheckGptSpec(const GptConfig& g) {
+Status CheckGptSpec(const GptConfig& g, const LoraConfig& lora) {
+  if (lora.rank < 0 || lora.rank > 4096 || !(lora.alpha > 0) || !(lora.dropout >= 0 && lora.dropout < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA rank ", lora.rank, ", alpha ", lora.alpha,
+                                                   ", dropout ", lora.dropout, " (rank in [0, 4096], "
+                                                   "alpha > 0, dropout in [0, 1))"));
+  }
+  for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
   if (g.vocab < 2 || g.vocab > (1 << 24) || g.context < 1 || g.layers < 1 || g.heads < 1 ||
       g.dim < 1 || g.dim % g.heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -221,7 +227,7 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec) {
     if (spec.name != b.name) continue;
     const std::string shape = absl::StrJoin(spec.input_shape, "x");
     if (b.input == Input::kTokens) {
-      RETURN_IF_ERROR(CheckGptSpec(spec.gpt));
+      RETURN_IF_ERROR(CheckGptSpec(spec.gpt, spec.lora));
     } else if (spec.input_shape.empty() || Product(spec.input_shape) <= 0 || spec.num_classes < 1 ||
                (b.input == Input::kImages && spec.input_shape.size() != 3)) {
       return absl::InvalidArgumentError(
@@ -794,6 +800,15 @@ StatusOr<std::vector<int32_t>> Model::Generate(const std::vector<int32_t>& promp
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("generation failed: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
+std::vector<std::string> Model::FrozenTensors() const {
+  std::vector<std::string> out;
+  if (impl_->script) return out;
+  for (const auto& p : impl_->seq->named_parameters(/*recurse=*/true)) {
+    if (!p.value().requires_grad()) out.push_back(p.key());
   }
   return out;
 }

@@ -43,6 +43,7 @@ struct ModelSpec {
   std::vector<int64_t> input_shape = {1, 28, 28};  // one example, for built-in models
   int num_classes = 10;                            // outputs, for built-in models
   GptConfig gpt{};                                 // for name == "gpt"
+  LoraConfig lora{};                               // adapters, for name == "gpt"
 };
 
 // The built-in model names (without torchscript), for validation and messages.
@@ -114,6 +115,10 @@ class Model {
                                const std::string& loss = "cross_entropy") const;
 
   int num_stages() const;
+
+  // The tensors training leaves as they are (a LoRA model's base weights), in model
+  // order; empty when every tensor trains. Updates leave them out.
+  std::vector<std::string> FrozenTensors() const;
 
   // Text models: the logits [ids.size(), vocab] (row-major) of the next token after
   // each prefix of `ids`. Errors as Generate's.

@@ -234,6 +234,7 @@ StatusOr<ParameterSet> FromGpt2Layout(const ParameterSet& file, const ParameterS
     if (src == nullptr && Gpt2Name(name, last) == "lm_head.weight") {
       src = found[index.at("wte.weight")];  // GPT-2 ties its head to wte
     }
+    if (src == nullptr && absl::StrContains(name, ".lora_")) src = &layout.tensors()[i];
     if (src == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": no tensor ", Gpt2Name(name, last), " (the model's ", name, ")"));
@@ -241,6 +242,32 @@ StatusOr<ParameterSet> FromGpt2Layout(const ParameterSet& file, const ParameterS
     Tensor t = *src;
     t.name = name;
     RETURN_IF_ERROR(out.Add(std::move(t)));
+  }
+  return out;
+}
+
+ParameterSet MergeLora(const ParameterSet& model, double scale) {
+  ParameterSet out;
+  for (const Tensor& t : model.tensors()) {
+    if (absl::StrContains(t.name, ".lora_")) continue;
+    Tensor merged = t;
+    const std::string prefix = absl::EndsWith(t.name, ".weight")
+                                   ? t.name.substr(0, t.name.size() - 7)
+                                   : std::string();
+    const Tensor* a = prefix.empty() ? nullptr : model.Find(prefix + ".lora_A");
+    const Tensor* b = prefix.empty() ? nullptr : model.Find(prefix + ".lora_B");
+    if (a != nullptr && b != nullptr && t.shape.size() == 2) {
+      const int64_t in = t.shape[0], cols = t.shape[1], rank = a->shape[1];
+      for (int64_t i = 0; i < in; ++i) {
+        for (int64_t k = 0; k < rank; ++k) {
+          const double aik = scale * a->values[i * rank + k];
+          const float* brow = &b->values[k * cols];
+          float* wrow = &merged.values[i * cols];
+          for (int64_t j = 0; j < cols; ++j) wrow[j] += static_cast<float>(aik * brow[j]);
+        }
+      }
+    }
+    out.Add(std::move(merged)).IgnoreError();  // names from a parameter set are unique
   }
   return out;
 }

@@ -31,10 +31,16 @@ ParameterSet ToGpt2Layout(const ParameterSet& model);
 // every name known (with or without GPT2LMHeadModel's "transformer." prefix; GPT-2's
 // attention mask buffers "*.attn.bias" and "*.attn.masked_bias" are skipped, and so is
 // "lm_head.weight" for a tied model), every shape the model's, every tensor present
-// (an untied head missing from the file starts as a copy of wte, as GPT-2 ties them).
+// (an untied head missing from the file starts as a copy of wte, as GPT-2 ties them;
+// LoRA adapters missing from it keep their values in `layout`).
 // INVALID_ARGUMENT naming `what` and the tensor otherwise.
 StatusOr<ParameterSet> FromGpt2Layout(const ParameterSet& file, const ParameterSet& layout,
                                       const std::string& what);
+
+// The model with its LoRA adapters merged into the weights they adapt (W += scale A B
+// for each "P.lora_A", "P.lora_B" beside "P.weight") and left out: the plain model's
+// tensors. `model` unchanged when it has no adapters.
+ParameterSet MergeLora(const ParameterSet& model, double scale);
 
 // The model's starting weights from the safetensors file at `path` (model.weights):
 // for model gpt in GPT-2's layout (FromGpt2Layout), for any other under the model's

@@ -588,14 +588,26 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // The fp32 encoding size of model and part blobs (by digest), for compression ratios.
   std::map<std::string, int64_t> fp32_sizes_ ABSL_GUARDED_BY(mu_);
   ParameterSet global_ ABSL_GUARDED_BY(mu_);
-  // model.personal's tensors: they stay on the devices. Updates, the strategy and secure
-  // aggregation see shared_layout_ (global_ without them); global_ keeps their initial
+  // model.personal's tensors: they stay on the devices. global_ keeps their initial
   // values (clients start from them).
   std::vector<std::string> personal_;
+  // The frozen tensors (a LoRA model's base): never trained, so never in an update nor
+  // in the model blob of a round; clients fetch them once, as the pinned base blob.
+  // Checkpoints hold the rest: the base follows from the config (seed, model.weights).
+  std::vector<std::string> frozen_;
+  std::string base_digest_;
+  int64_t base_size_ = 0;
+  // What updates leave out: personal_ and frozen_. Updates, the strategy and secure
+  // aggregation see shared_layout_ (global_ without them).
+  std::vector<std::string> not_updated_;
   ParameterSet shared_layout_;  // its values are not kept up to date: a layout only
   // The layout of an update (and of the strategy's sums).
   const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return personal_.empty() ? global_ : shared_layout_;
+    return not_updated_.empty() ? global_ : shared_layout_;
+  }
+  // What a round's model blob and a checkpoint hold: the model without its frozen base.
+  ParameterSet Published(const ParameterSet& model) const {
+    return frozen_.empty() ? model : Without(model, frozen_);
   }
   // The Run thread is the only writer of global_ (under mu_), so it may read it without.
   const ParameterSet& RunThreadGlobal() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return global_; }
@@ -1974,7 +1986,7 @@ Status Server::Impl::Init() {
     bearer_ = "Bearer " + token;
   }
   ModelSpec spec{cfg_.model.name, "", cfg_.run.seed, cfg_.model.input, cfg_.model.classes,
-                 cfg_.model.gpt};
+                 cfg_.model.gpt, cfg_.model.lora};
   if (cfg_.model.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
     auto blob = std::make_shared<const std::string>(spec.torchscript);
@@ -1995,6 +2007,13 @@ Status Server::Impl::Init() {
     g->set_heads(spec.gpt.heads);
     g->set_dim(spec.gpt.dim);
     g->set_tie(spec.gpt.tie);
+  }
+  if (spec.lora.enabled()) {
+    v1::LoraDescription* l = model_desc_.mutable_lora();
+    l->set_rank(spec.lora.rank);
+    l->set_alpha(spec.lora.alpha);
+    for (const std::string& t : spec.lora.targets) l->add_targets(t);
+    l->set_dropout(spec.lora.dropout);
   }
   model_spec_ = spec;
   auto model = Model::Create(spec);
@@ -2034,11 +2053,27 @@ Status Server::Impl::Init() {
     if (personal_.size() == global_.size()) {
       return absl::InvalidArgumentError("model.personal: matches every tensor; nothing is federated");
     }
-    shared_layout_ = Without(global_, personal_);
+    not_updated_ = personal_;
     for (const std::string& n : personal_) model_desc_.add_personal(n);
     spdlog::info("personal layers: {} of {} tensors stay on the clients ({})", personal_.size(),
                  global_.size(), absl::StrJoin(personal_, " "));
   }
+  frozen_ = model_->FrozenTensors();
+  if (!frozen_.empty()) {
+    not_updated_.insert(not_updated_.end(), frozen_.begin(), frozen_.end());
+    auto base = std::make_shared<const std::string>(Only(global_, frozen_).Encode());
+    base_digest_ = Sha256Hex(*base);
+    base_size_ = static_cast<int64_t>(base->size());
+    blobs_[base_digest_] = std::move(base);
+    pinned_blobs_.insert(base_digest_);
+    const ParameterSet trained = Without(global_, frozen_);
+    spdlog::info("LoRA: {} adapter tensors ({} values, {:.2f} % of the model) train; {} are "
+                 "frozen and sent once ({} bytes)",
+                 trained.size(), trained.total_elements(),
+                 100.0 * trained.total_elements() / global_.total_elements(), frozen_.size(),
+                 base_size_);
+  }
+  if (!not_updated_.empty()) shared_layout_ = Without(global_, not_updated_);
   if (opts_.evaluate) {
     auto test = LoadDataSpec(cfg_.data.test, /*train=*/false);
     if (!test.ok()) return absl::InvalidArgumentError(absl::StrCat("data.test: ", test.status().message()));
@@ -2338,7 +2373,7 @@ Status Server::Impl::Start() {
 }
 
 void Server::Impl::PublishModelLocked() {
-  auto blob = std::make_shared<const std::string>(ModelBlob(global_));
+  auto blob = std::make_shared<const std::string>(ModelBlob(Published(global_)));
   PublishLocked(std::move(blob), Sha256Hex(*blob));
 }
 
@@ -2347,7 +2382,8 @@ void Server::Impl::PublishLocked(std::shared_ptr<const std::string> blob, std::s
     it = pinned_blobs_.count(it->first) ? std::next(it) : blobs_.erase(it);
   }
   fp32_sizes_.clear();
-  fp32_sizes_[digest] = static_cast<int64_t>(global_.EncodedSize());  // global_ is the new model
+  // global_ is the new model
+  fp32_sizes_[digest] = static_cast<int64_t>(Published(global_).EncodedSize());
   model_digest_ = std::move(digest);
   blobs_[model_digest_] = std::move(blob);
 }
@@ -2450,6 +2486,8 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
   if (evaluating_) {
     task->set_task_id(absl::StrCat("e", round, "-", cid));
     task->set_evaluate_only(true);
+    task->set_base_digest(base_digest_);
+    task->set_base_size(base_size_);
     task->set_model_digest(model_digest_);
     task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
     if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
@@ -2482,6 +2520,8 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     st->set_activation_noise(cfg_.split.activation_noise);
     st->set_nopeek(cfg_.split.nopeek);
   } else {
+    task->set_base_digest(base_digest_);
+    task->set_base_size(base_size_);
     task->set_model_digest(model_digest_);
     task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
     rec.expected_size = static_cast<int64_t>(UpdateLayout().EncodedSize());
@@ -2756,7 +2796,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
   // The server update, encoding and hashing of a large model take a while: do them on a
   // copy without the lock. The round is closed (current_round_ == 0), so no upload
   // touches the strategy meanwhile, and readers of global_ see the previous model.
-  ParameterSet next = personal_.empty() ? global_ : Without(global_, personal_);
+  ParameterSet next = not_updated_.empty() ? global_ : Without(global_, not_updated_);
   std::shared_ptr<SplitRound> split_round = std::move(split_round_);
   mu_.Unlock();
   Status finished = absl::OkStatus();
@@ -2776,7 +2816,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
     }
     if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
     if (finished.ok()) m.strategy_stats = strategy_->RoundStats();
-    if (finished.ok() && !personal_.empty()) {  // the shared tensors into the whole model
+    if (finished.ok() && !not_updated_.empty()) {  // the shared tensors into the whole model
       ParameterSet whole = RunThreadGlobal();
       finished = Overwrite(next, &whole);
       next = std::move(whole);
@@ -2800,7 +2840,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
   std::shared_ptr<const std::string> blob;
   std::string digest;
   if (finished.ok()) {
-    blob = std::make_shared<const std::string>(ModelBlob(next));
+    blob = std::make_shared<const std::string>(ModelBlob(Published(next)));
     digest = Sha256Hex(*blob);
   }
   mu_.Lock();
@@ -2908,8 +2948,8 @@ Status Server::Impl::SetFlTrustReference(const ParameterSet& global, const FitSe
   RETURN_IF_ERROR(model_->SetParameters(global));
   const LocalTrainOptions o = ServerTraining(fit, cfg_.run.seed);
   RETURN_IF_ERROR(model_->Train(root_, o).status());
-  ParameterSet update = Without(model_->Parameters(), personal_);
-  const ParameterSet base = Without(global, personal_);
+  ParameterSet update = Without(model_->Parameters(), not_updated_);
+  const ParameterSet base = Without(global, not_updated_);
   for (size_t i = 0; i < update.size(); ++i) {
     auto& v = update.mutable_tensors()[i].values;
     for (size_t j = 0; j < v.size(); ++j) v[j] -= base.tensors()[i].values[j];
@@ -2991,7 +3031,7 @@ std::string Server::Impl::CheckpointLocked(double elapsed_s) const {
   Checkpoint ck;
   ck.run_id = run_id_;
   ck.round = committed_round_;
-  ck.global = global_;  // exact, whatever the broadcast codec
+  ck.global = Published(global_);  // exact, whatever the broadcast codec
   ck.strategy_state = strategy_->State();
   ck.rng = rng_;
   ck.bytes_up = total_bytes_up_;
@@ -3011,12 +3051,17 @@ Status Server::Impl::LoadCheckpoint() {
   auto decoded = DecodeCheckpoint(bytes);
   if (!decoded.ok()) return in_file(decoded.status());
   Checkpoint& ck = *decoded;
-  if (!ck.global.SameLayout(global_)) {
+  if (!ck.global.SameLayout(Published(global_))) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name));
+        absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name,
+                     frozen_.empty() ? "" : " with these LoRA adapters"));
   }
   if (Status s = strategy_->Restore(ck.strategy_state); !s.ok()) return in_file(s);
-  global_ = std::move(ck.global);
+  if (frozen_.empty()) {
+    global_ = std::move(ck.global);
+  } else {
+    RETURN_IF_ERROR(in_file(Overwrite(ck.global, &global_)));  // the adapters on the base
+  }
   rng_ = ck.rng;
   run_id_ = ck.run_id;
   committed_round_ = ck.round;

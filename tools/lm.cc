@@ -42,24 +42,32 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
   Loaded out;
   ASSIGN_OR_RETURN(out.config, JobConfig::Load(config));
   const ModelConfig& m = out.config.model;
-  ModelSpec spec{m.name, "", out.config.run.seed, m.input, m.classes, m.gpt};
+  ModelSpec spec{m.name, "", out.config.run.seed, m.input, m.classes, m.gpt, m.lora};
   if (m.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(m.path));
   }
   ASSIGN_OR_RETURN(out.model, Model::Create(spec));
-  ParameterSet weights;
+  // The model the run started from (its frozen base, for LoRA), then the trained tensors.
+  ParameterSet weights = out.model->Parameters();
+  if (!m.weights.empty()) {
+    ASSIGN_OR_RETURN(weights, LoadWeights(m.weights, m.name, weights));
+  }
   if (absl::EndsWith(checkpoint, ".safetensors")) {
-    ASSIGN_OR_RETURN(weights, LoadWeights(checkpoint, m.name, out.model->Parameters()));
+    ASSIGN_OR_RETURN(weights, LoadWeights(checkpoint, m.name, weights));
   } else {
     ASSIGN_OR_RETURN(std::string bytes, ReadFile(checkpoint));
     auto ck = DecodeCheckpoint(bytes);
     if (!ck.ok()) return Status(ck.status().code(), absl::StrCat(checkpoint, ": ", ck.status().message()));
-    weights = std::move(ck->global);
+    // A LoRA run checkpoints its adapters only.
+    const ParameterSet expected = Without(weights, out.model->FrozenTensors());
+    Status fits = ck->global.SameLayout(expected) ? Overwrite(ck->global, &weights)
+                                                   : absl::InvalidArgumentError("another layout");
+    if (!fits.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(checkpoint, " does not hold the model ", config,
+                                                     " describes: ", fits.message()));
+    }
   }
-  if (Status s = out.model->SetParameters(weights); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(checkpoint, " does not hold the model ", config, " describes: ", s.message()));
-  }
+  RETURN_IF_ERROR(out.model->SetParameters(weights));
   return out;
 }
 
@@ -116,6 +124,8 @@ int RunExport(const ExportOptions& o) {
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return Fail("export", loaded.status(), 2);
   ParameterSet params = loaded->model->Parameters();
+  const LoraConfig& lora = loaded->config.model.lora;
+  if (lora.enabled()) params = MergeLora(params, lora.alpha / lora.rank);  // a plain GPT-2
   const bool gpt = loaded->config.model.name == "gpt";
   if (gpt) params = ToGpt2Layout(params);
   const std::map<std::string, std::string> metadata = {
@@ -124,7 +134,8 @@ int RunExport(const ExportOptions& o) {
     return Fail("export", s);
   }
   std::cout << params.size() << " tensors (" << params.total_elements() << " values) in " << o.out
-            << (gpt ? " in GPT-2's layout" : "") << "\n";
+            << (gpt ? " in GPT-2's layout" : "") << (lora.enabled() ? ", LoRA adapters merged" : "")
+            << "\n";
   return 0;
 }
 

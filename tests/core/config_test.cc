@@ -178,6 +178,38 @@ local: {data: "cifar100:/data/c,labels=coarse", holdout: 0.1}
               1e-15);
 }
 
+TEST(ConfigTest, ReadsLanguageModelKeys) {
+  auto c = JobConfig::Parse(R"(
+model:
+  name: gpt
+  gpt: {vocab: 512, context: 64, layers: 2, heads: 2, dim: 32, tie: true}
+  weights: base.safetensors
+  lora: {rank: 8, alpha: 32, targets: [attn.c_attn], dropout: 0.1}
+strategy: {name: diloco}
+)", "/jobs");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.gpt.vocab, 512);
+  EXPECT_TRUE(c->model.gpt.tie);
+  EXPECT_EQ(c->model.weights, "/jobs/base.safetensors");
+  EXPECT_EQ(c->model.lora.rank, 8);
+  EXPECT_EQ(c->model.lora.targets, (std::vector<std::string>{"attn.c_attn"}));
+  EXPECT_DOUBLE_EQ(c->strategy.server_lr, 0.7);
+  for (const auto& [yaml, error] : std::vector<std::pair<std::string, std::string>>{
+           {"model: {name: gpt, gpt: {dim: 30, heads: 4}}", "model.gpt.dim must be"},
+           {"model: {name: gpt, gpt: {vocab: 1}}", "model.gpt.vocab must be"},
+           {"model: {name: gpt, gpt: {tie: true}}\nsplit: {mode: sfl-v2}", "model.gpt.tie must be false"},
+           {"model: {name: lenet5, lora: {rank: 4}}", "model.lora must be used with model.name: gpt"},
+           {"model: {name: gpt, lora: {rank: 4}}\nsplit: {mode: sl}", "model.lora must be off with split learning"},
+           {"model: {name: gpt, lora: {rank: 4, targets: [attn.q]}}", "model.lora.targets: unknown 'attn.q'"},
+           {"model: {name: gpt, lora: {rank: 4, dropout: 1}}", "model.lora.dropout must be in [0, 1)"},
+           {"model: {name: gpt, gpt: {layers: 2, depth: 3}}", "unknown config key model.gpt.depth"},
+       }) {
+    auto bad = JobConfig::Parse(yaml, "");
+    ASSERT_FALSE(bad.ok()) << yaml;
+    EXPECT_NE(bad.status().message().find(error), std::string::npos) << bad.status();
+  }
+}
+
 TEST(ConfigTest, ReadsHostileClientDefenses) {
   auto c = JobConfig::Parse(R"(
 aggregation: {weighting: equal, max_weight_ratio: 0, max_client_examples: 500}
@@ -247,7 +279,8 @@ TEST(ConfigTest, TheReferenceNamesEveryChoice) {
   ASSERT_TRUE(in) << "docs/configuration.md";
   const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const NameTable* t : {&StrategyNames(), &RuleNames(), &OptimizerNames(), &LossNames(),
-                             &ScheduleNames(), &SplitModeNames(), &AttackNames()}) {
+                             &ScheduleNames(), &SplitModeNames(), &AttackNames(),
+                             &LoraTargetNames()}) {
     const size_t at = docs.find("| `" + t->key + "` |");
     ASSERT_NE(at, std::string::npos) << t->key;
     const std::string row = docs.substr(at, docs.find('\n', at) - at);

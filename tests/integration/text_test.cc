@@ -2,8 +2,13 @@
 // client a share of the category files (the text source's natural partition).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
+#include "core/files.h"
 #include "data/dataset.h"
 #include "models/model.h"
+#include "models/safetensors.h"
+#include "server/checkpoint.h"
 #include "tests/integration/federation.h"
 
 namespace cleave {
@@ -25,13 +30,12 @@ std::vector<ClientOptions> TextClients(int n) {
   return out;
 }
 
-constexpr char kGpt[] = R"(
-model: {name: gpt, gpt: {vocab: 256, context: 32, layers: 2, heads: 4, dim: 64}}
+constexpr char kFederation[] = R"(
 data: {test: "text:/usr/share/games/fortunes,context=32", test_limit: 256}
-train: {optimizer: adamw, lr: 0.003, weight_decay: 0.01, local_steps: 30, batch_size: 16}
 clients: {min: 3, quorum: 1.0}
 server: {heartbeat_s: 0.5, client_timeout_s: 30}
 )";
+constexpr char kGpt[] = "name: gpt, gpt: {vocab: 256, context: 32, layers: 2, heads: 4, dim: 64}";
 
 // FedAvg of a decoder over three clients' categories: the server's held-out perplexity
 // starts near a uniform guess (256) and falls every round.
@@ -45,7 +49,10 @@ TEST(TextFederationTest, FortunesCategoriesFederateADecoder) {
   auto test = LoadDataSpec("text:/usr/share/games/fortunes,context=32,limit=256", false);
   ASSERT_TRUE(test.ok());
   const double initial = (*init)->Evaluate(*test, 64)->metrics.at("perplexity");
-  const auto h = RunToEnd(std::string(kGpt) + "run: {rounds: 3, seed: 7}\n", TextClients(3));
+  const auto h = RunToEnd(std::string(kFederation) + "model: {" + kGpt + "}\n" +
+                              "train: {optimizer: adamw, lr: 0.003, weight_decay: 0.01, "
+                              "local_steps: 30, batch_size: 16}\nrun: {rounds: 3, seed: 7}\n",
+                          TextClients(3));
   ASSERT_EQ(h.size(), 3u);
   double last = initial;
   for (const auto& m : h) {
@@ -58,6 +65,75 @@ TEST(TextFederationTest, FortunesCategoriesFederateADecoder) {
   EXPECT_GT(initial, 200);
   EXPECT_LT(last, 25) << "initial " << initial;
   EXPECT_GT(h[0].bytes_up, 3 * 4 * (*init)->Parameters().total_elements());
+}
+
+// LoRA fine-tuning of a base pretrained centrally on one category (model.weights, a
+// GPT-2-layout safetensors file): clients upload and download adapters only (the frozen
+// base travels once, in the first round), the held-out perplexity falls below the
+// base's, the checkpoint holds the adapters, and a restarted server resumes exactly
+// on the base it rebuilds.
+TEST(TextFederationTest, LoraFineTunesAPretrainedBaseMovingOnlyAdapters) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "cleave_lora_federation";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ModelSpec spec;
+  spec.name = "gpt";
+  spec.seed = 7;
+  spec.gpt = {256, 32, 2, 4, 64, false};
+  auto base = Model::Create(spec);
+  ASSERT_TRUE(base.ok());
+  LocalTrainOptions o;
+  o.optimizer = "adamw";
+  o.lr = 3e-3;
+  o.batch_size = 16;
+  o.local_steps = 100;
+  ASSERT_TRUE((*base)->Train(*LoadDataSpec("text:/usr/share/games/fortunes/wisdom,context=32", true), o).ok());
+  const std::string weights = (dir / "base.safetensors").string();
+  ASSERT_TRUE(WriteFileAtomic(weights, SerializeSafetensors(ToGpt2Layout((*base)->Parameters()))).ok());
+  auto test = LoadDataSpec("text:/usr/share/games/fortunes,context=32,limit=256", false);
+  const double base_ppl = (*base)->Evaluate(*test, 64)->metrics.at("perplexity");
+  const int64_t full_bytes = (*base)->Parameters().total_elements() * 4;
+
+  const std::string yaml = std::string(kFederation) + "model: {" + kGpt + ", weights: " + weights +
+                           ", lora: {rank: 2, alpha: 4}}\ntrain: {optimizer: adamw, lr: 0.01, "
+                           "local_steps: 30, batch_size: 16}\n";
+  std::vector<RoundMetrics> h;
+  {
+    Federation f;
+    f.Start(yaml + "run: {rounds: 2, seed: 7}\n", TextClients(3), (dir / "run").string());
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+    h = f.server->History();
+  }
+  ASSERT_EQ(h.size(), 2u);
+  for (const auto& m : h) {
+    EXPECT_LT(m.bytes_up, 3 * full_bytes / 20) << "round " << m.round << ": adapters only";
+  }
+  EXPECT_GT(h[0].bytes_down, 3 * full_bytes) << "the base, once";
+  EXPECT_LT(h[1].bytes_down, 3 * full_bytes / 20) << "then adapters only";
+  EXPECT_LT(h[1].test_metrics.at("perplexity"), base_ppl);
+  auto bytes = ReadFile((dir / "run" / "checkpoint.pb").string());
+  ASSERT_TRUE(bytes.ok());
+  auto ck = DecodeCheckpoint(*bytes);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_EQ(ck->global.size(), 2u * 4 * 2);  // A and B of 4 projections in 2 blocks
+  for (const Tensor& t : ck->global.tensors()) EXPECT_NE(t.name.find(".lora_"), std::string::npos);
+
+  ServerOptions so;
+  so.config = TestConfig(yaml + "run: {rounds: 3, seed: 7}\n");
+  so.listen = "127.0.0.1:0";
+  so.run_dir = (dir / "run").string();
+  so.insecure = true;
+  auto resumed = Server::Create(std::move(so));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->committed_round(), 2);
+  const ParameterSet model = (*resumed)->GlobalModel();
+  for (const Tensor& t : ck->global.tensors()) EXPECT_EQ(model.Find(t.name)->values, t.values);
+  EXPECT_EQ(model.Find("1.attn.c_attn.weight")->values,
+            (*base)->Parameters().Find("1.attn.c_attn.weight")->values);
+  resumed->reset();
+  fs::remove_all(dir);
 }
 
 }  // namespace

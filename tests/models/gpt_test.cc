@@ -289,5 +289,51 @@ TEST(GptTest, LearnsEnglish) {
   EXPECT_EQ(more->size(), 20u);
 }
 
+// LoRA: the adapted model starts as its base (B = 0; the base initialised as without
+// adapters), trains only its adapters (every base tensor frozen, unchanged by
+// training), and its merged weights give a plain model the same logits.
+TEST(GptTest, LoraTrainsOnlyItsAdaptersAndMergesIntoThePlainModel) {
+  ModelSpec plain_spec = Gpt(false);
+  ModelSpec spec = plain_spec;
+  spec.lora = {/*rank=*/4, /*alpha=*/8, {"attn.c_attn", "mlp.c_proj"}, /*dropout=*/0};
+  auto plain = Model::Create(plain_spec);
+  auto lora = Model::Create(spec);
+  ASSERT_TRUE(plain.ok() && lora.ok()) << lora.status();
+  const ParameterSet base = (*plain)->Parameters(), start = (*lora)->Parameters();
+  EXPECT_EQ(start.size(), base.size() + 2 * 2 * 2);  // A and B on 2 targets in 2 blocks
+  const std::vector<std::string> frozen = (*lora)->FrozenTensors();
+  EXPECT_EQ(frozen.size(), base.size());
+  EXPECT_TRUE((*plain)->FrozenTensors().empty());
+  for (const Tensor& t : base.tensors()) EXPECT_EQ(start.Find(t.name)->values, t.values) << t.name;
+  EXPECT_EQ(start.Find("1.attn.c_attn.lora_A")->shape, (std::vector<int64_t>{32, 4}));
+  EXPECT_EQ(start.Find("2.mlp.c_proj.lora_B")->shape, (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(start.Find("1.attn.c_proj.lora_A"), nullptr);  // not a target
+  const std::vector<int32_t> ids = RandomIds(16, 61, 9);
+  EXPECT_EQ(*(*lora)->Logits(ids), *(*plain)->Logits(ids));
+
+  LocalTrainOptions o;
+  o.optimizer = "adamw";
+  o.lr = 1e-2;
+  o.batch_size = 4;
+  o.local_steps = 10;
+  o.weight_decay = 0.1;  // decays the adapters only: frozen tensors take no step at all
+  ASSERT_TRUE((*lora)->Train(Sequences(RandomIds(17 * 8, 61, 4), 17, 61), o).ok());
+  const ParameterSet trained = (*lora)->Parameters();
+  for (const Tensor& t : base.tensors()) EXPECT_EQ(trained.Find(t.name)->values, t.values) << t.name;
+  EXPECT_NE(trained.Find("1.attn.c_attn.lora_B")->values, start.Find("1.attn.c_attn.lora_B")->values);
+
+  const ParameterSet merged = MergeLora(trained, 8.0 / 4);
+  ASSERT_TRUE(merged.SameLayout(base));
+  ASSERT_TRUE((*plain)->SetParameters(merged).ok());
+  auto a = (*lora)->Logits(ids), b = (*plain)->Logits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (size_t i = 0; i < a->size(); ++i) ASSERT_NEAR((*a)[i], (*b)[i], 1e-5) << i;
+  // A GPT-2 checkpoint loads under adapters, which keep their starting values.
+  auto loaded = FromGpt2Layout(ToGpt2Layout(merged), start, "merged.safetensors");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->Find("1.attn.c_attn.lora_A")->values, start.Find("1.attn.c_attn.lora_A")->values);
+  EXPECT_EQ(loaded->Find("1.attn.c_attn.weight")->values, merged.Find("1.attn.c_attn.weight")->values);
+}
+
 }  // namespace
 }  // namespace cleave
