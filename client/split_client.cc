@@ -140,6 +140,13 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
   if (st.cut() < 1 || st.window() < 1 || (ushaped && st.tail_begin() <= st.cut())) {
     return absl::InvalidArgumentError("bad split task");
   }
+  // The server checks every micro-batch against the model's shapes: a language model's
+  // activations are [B, context, dim].
+  if (data.type == ExampleType::kToken && data.shape[0] - 1 != o.model.gpt.context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split learning takes sequences of model.gpt.context (", o.model.gpt.context,
+        ") tokens; the data's are ", data.shape[0] - 1, " (its context= option)"));
+  }
   ASSIGN_OR_RETURN(auto head, ModelPart::Create(o.model, 0, st.cut()));
   RETURN_IF_ERROR(head->LoadFrom(part));
   std::unique_ptr<ModelPart> tail;
@@ -273,8 +280,7 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
     for (int64_t b = 0; b < data.size && (max_steps <= 0 || sent < max_steps); b += batch, ++sent) {
       if (o.cancel && o.cancel->load()) return finish(absl::CancelledError("training cancelled"));
       std::vector<int64_t> idx(order.begin() + b, order.begin() + std::min(data.size, b + batch));
-      std::vector<int64_t> labels;
-      for (int64_t i : idx) labels.push_back(data.labels[i]);
+      std::vector<int64_t> labels = BatchLabels(data, idx);
       auto act = timed([&] { return head->Forward(seq, InputBatch(data, idx)); });
       if (!act.ok()) return finish(act.status());
       if (st.activation_noise() > 0) {
@@ -328,9 +334,11 @@ StatusOr<v1::Profile> ProfileDevice(v1::Coordinator::Stub* stub, const v1::Welco
                                     const ModelSpec& model, const Dataset& data,
                                     int64_t memory_limit_bytes, DeviceEmulator* emulator) {
   v1::Profile p;
+  // Text: a language model reads each sequence but its last token.
+  std::vector<int64_t> sample = data.shape;
+  if (data.type == ExampleType::kToken) sample = {data.shape[0] - 1};
   ASSIGN_OR_RETURN(std::vector<StageProfile> stages,
-                   ProfileStages(model, data.shape,
-                                 w.profile_batch_size(), 3));
+                   ProfileStages(model, sample, w.profile_batch_size(), 3));
   const double slowdown = emulator ? emulator->slowdown : 1.0;
   for (const auto& s : stages) p.add_stage_seconds(s.seconds * slowdown);
   p.set_batch_size(w.profile_batch_size());

@@ -36,6 +36,23 @@ Status CheckActivations(const Activations& a) {
 
 }  // namespace
 
+std::vector<int64_t> BatchLabels(const Dataset& data, const std::vector<int64_t>& indices) {
+  std::vector<int64_t> labels;
+  if (data.type != ExampleType::kToken) {
+    for (int64_t i : indices) labels.push_back(data.labels[i]);
+    return labels;
+  }
+  const int64_t n = data.example_elements();
+  for (int64_t i : indices) {
+    for (int64_t j = 1; j < n; ++j) {
+      int32_t id;
+      std::memcpy(&id, data.bytes.data() + (i * n + j) * sizeof(id), sizeof(id));
+      labels.push_back(id);
+    }
+  }
+  return labels;
+}
+
 Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices) {
   Activations a;
   a.shape = {static_cast<int64_t>(indices.size())};
@@ -303,12 +320,15 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
                                                        int from) {
   RETURN_IF_ERROR(CheckActivations(in));
   ASSIGN_OR_RETURN(from, impl_->From(from));
-  if (static_cast<int64_t>(labels.size()) != in.batch()) {
-    return absl::InvalidArgumentError("one label per sample is needed");
-  }
   try {
     auto x = Impl::Input(in, from);
     auto logits = impl_->Run(x, from);
+    if (logits.dim() == 3) logits = logits.reshape({-1, logits.size(2)});  // a label per token
+    if (static_cast<int64_t>(labels.size()) != logits.size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          labels.size(), " labels for ", logits.size(0), " predictions (one per sample, or per "
+          "token for a language model)"));
+    }
     auto y = torch::from_blob(const_cast<int64_t*>(labels.data()),
                               {static_cast<int64_t>(labels.size())}, torch::kInt64);
     auto loss = torch::nn::functional::cross_entropy(
@@ -345,7 +365,10 @@ StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
   try {
     std::vector<int64_t> shape = {batch};
     shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-    torch::Tensor x = torch::randn(shape);
+    // A language model reads token ids (as floats, the way split learning carries them).
+    torch::Tensor x = spec.name == "gpt"
+                          ? torch::randint(0, spec.gpt.vocab, shape).to(torch::kFloat32)
+                          : torch::randn(shape);
     for (auto& s : stages) {
       StageProfile p;
       for (auto& [name, t] : s.parameters()) p.param_elements += t.numel();

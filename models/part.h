@@ -46,6 +46,10 @@ struct Activations {
 // text: each sequence's token ids but the last, as floats).
 Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices);
 
+// What the examples `indices` of `data` are trained to predict, in order: their labels;
+// text: each sequence's next tokens (length - 1 per sequence).
+std::vector<int64_t> BatchLabels(const Dataset& data, const std::vector<int64_t>& indices);
+
 class ModelPart {
  public:
   // The stages [begin, end) of the model `spec`, 0 <= begin < end <= number of stages.
@@ -83,11 +87,12 @@ class ModelPart {
 
   struct LossStep {
     double loss = 0;       // mean cross-entropy of the micro-batch (label-smoothed if set)
-    int64_t correct = 0;   // correct top-1 predictions
+    int64_t correct = 0;   // correct top-1 predictions (per token for a language model)
     Activations grad_in;   // empty for a part that starts at stage 0
   };
-  // Forward from stage `from` (as Forward), mean cross-entropy against `labels`,
-  // backward, optimizer step.
+  // Forward from stage `from` (as Forward), mean cross-entropy against `labels` (one
+  // per sample; for outputs [B, T, classes], one per token, B * T), backward, optimizer
+  // step.
   StatusOr<LossStep> TrainWithLoss(const Activations& in, const std::vector<int64_t>& labels,
                                    int from = -1);
 

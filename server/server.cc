@@ -2150,8 +2150,10 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
                                                    tail_begin_ - 1, "] for model ",
                                                    cfg_.model.name));
   }
-  const std::vector<int64_t> sample = spec.input_shape;
-  num_classes_ = spec.num_classes;
+  // A language model reads model.gpt.context token ids and predicts one of vocab.
+  const bool text = spec.name == "gpt";
+  const std::vector<int64_t> sample = text ? std::vector<int64_t>{spec.gpt.context} : spec.input_shape;
+  num_classes_ = text ? static_cast<int>(spec.gpt.vocab) : spec.num_classes;
   ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg_.train.batch_size, 3));
   stage_shapes_ = {sample};
   for (const auto& p : server_profile_) stage_shapes_.push_back(p.out_shape);

@@ -155,9 +155,14 @@ Status SplitRound::CheckLabels(const Activations& a, const std::vector<int64_t>&
     }
     return absl::OkStatus();
   }
-  if (static_cast<int64_t>(labels.size()) != a.batch()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(labels.size(), " labels for ", a.batch(), " samples"));
+  // A language model's output is [T, vocab] per sample: a label for each token.
+  const auto& out = opts_.stage_input_shapes.back();
+  const int64_t per_sample = out.size() == 2 ? out[0] : 1;
+  if (static_cast<int64_t>(labels.size()) != a.batch() * per_sample) {
+    return absl::InvalidArgumentError(absl::StrCat(labels.size(), " labels for ", a.batch(),
+                                                   " samples", per_sample > 1
+                                                       ? absl::StrCat(" of ", per_sample, " tokens")
+                                                       : ""));
   }
   for (int64_t y : labels) {
     if (y < 0 || y >= opts_.num_classes) {

@@ -70,7 +70,8 @@ class SplitRound {
 
   // Checks a micro-batch arriving from `client` at its cut: shape [B, <the stage's input
   // shape>] with 1 <= B <= max_batch, finite values; and, unless U-shaped, B labels in
-  // [0, num_classes). INVALID_ARGUMENT saying what is wrong.
+  // [0, num_classes) (B * T for a language model, whose output is [T, vocab] per
+  // sample: one per token). INVALID_ARGUMENT saying what is wrong.
   Status CheckActivations(const std::string& client, const Activations& a) const;
   Status CheckLabels(const Activations& a, const std::vector<int64_t>& labels) const;
 

@@ -244,3 +244,52 @@ TEST(SplitCompressionTest, Int8ActivationsAndGradientsLearnInAQuarterOfTheBytes)
 
 }  // namespace
 }  // namespace cleave
+
+namespace cleave {
+namespace {
+
+class SplitTextTest : public ::testing::TestWithParam<std::string> {};
+
+// The decoder cut between device and server learns English in every mode: fortunes
+// categories as clients, token labels crossing the cut except in U-shaped learning,
+// where the device keeps the head and the next tokens never leave it.
+TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
+  const std::string mode = GetParam();
+  static const Dataset all = *LoadDataSpec("text:/usr/share/games/fortunes,context=32", true);
+  auto parts = PartitionDataset(all, "natural", 3, 1);
+  ASSERT_TRUE(parts.ok());
+  std::vector<ClientOptions> clients;
+  for (const auto& p : *parts) {
+    ClientOptions o;
+    o.train = all.Subset(p);
+    clients.push_back(std::move(o));
+  }
+  Federation f;
+  f.Start("server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+          "model: {name: gpt, gpt: {vocab: 256, context: 32, layers: 2, heads: 4, dim: 64}}\n"
+              "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 256}\n"
+              "run: {rounds: 2, seed: 3}\nclients: {min: 3, quorum: 1.0}\n"
+              "train: {optimizer: adamw, lr: 0.003, local_steps: 25, batch_size: 16}\n"
+              "split: {mode: " + mode + ", cut: auto, window: 2}\n",
+          std::move(clients));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 2u);
+  for (const auto& m : h) {
+    EXPECT_EQ(m.participants, 3);
+    EXPECT_EQ(m.labels_up, mode == "ushaped" ? 0 : 3 * 25 * 16 * 32) << "a label per token";
+  }
+  EXPECT_LT(h[0].test_metrics.at("perplexity"), 100);  // from about 256
+  EXPECT_LT(h[1].test_metrics.at("perplexity"), h[0].test_metrics.at("perplexity"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SplitTextTest,
+                         ::testing::Values("sl", "sfl-v1", "sfl-v2", "ushaped"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           return TestName(i.param);
+                         });
+
+}  // namespace
+}  // namespace cleave
