@@ -16,7 +16,8 @@ using namespace cleave;
 namespace {
 
 double PyTorchSamplesPerSecond(int64_t n, int epochs, int batch, bool eval = false) {
-  const std::string cmd = "/usr/bin/python3 " + std::string(CLEAVE_SOURCE_DIR) +
+  // One thread on both sides: torch.set_num_threads does not reach OpenBLAS's own pool.
+  const std::string cmd = "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 " + std::string(CLEAVE_SOURCE_DIR) +
                           "/bench/train_reference.py " + std::to_string(n) + " " +
                           std::to_string(epochs) + " " + std::to_string(batch) +
                           (eval ? " eval" : "");

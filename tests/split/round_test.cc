@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "models/model.h"
 
 namespace cleave {
@@ -104,6 +106,50 @@ TEST_F(SplitRoundTest, FinishChecksTheLayout) {
   auto r = Make(SplitMode::kSflV2, {{"a", 1}});
   EXPECT_EQ(r->Finish("a", global_, 1).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r->Finish("a", Trained(*r, "a", 1.0f), 0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cleave
+
+namespace cleave {
+namespace {
+
+// A language model's micro-batch carries a label per token (B x T), each a token id
+// below the vocabulary's size; anything else is refused, and a refused batch trains
+// nothing.
+TEST(SplitRoundTextTest, LabelsArePerTokenAndInTheVocabulary) {
+  ModelSpec spec;
+  spec.name = "gpt";
+  spec.seed = 1;
+  spec.gpt = {/*vocab=*/50, /*context=*/8, /*layers=*/2, /*heads=*/2, /*dim=*/16, false};
+  auto m = Model::Create(spec);
+  ASSERT_TRUE(m.ok());
+  SplitRoundOptions o;
+  o.mode = SplitMode::kSflV2;
+  o.model = spec;
+  o.num_stages = 4;
+  o.tail_begin = 4;
+  o.num_classes = 50;
+  o.stage_input_shapes = {{8}, {8, 16}, {8, 16}, {8, 16}, {8, 50}};
+  auto r = SplitRound::Create(o, (*m)->Parameters(), {{"a", 1}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  Activations a;
+  a.shape = {2, 8, 16};
+  a.values.assign(2 * 8 * 16, 0.1f);
+  ASSERT_TRUE((*r)->CheckActivations("a", a).ok());
+  std::vector<int64_t> labels(16, 7);
+  EXPECT_TRUE((*r)->CheckLabels(a, labels).ok());
+  auto short_labels = (*r)->CheckLabels(a, std::vector<int64_t>(2, 7));
+  EXPECT_NE(short_labels.message().find("2 labels for 2 samples of 8 tokens"), std::string::npos)
+      << short_labels;
+  labels[5] = 50;
+  EXPECT_NE((*r)->CheckLabels(a, labels).message().find("label 50 is not in [0, 50)"),
+            std::string::npos);
+  labels[5] = 3;
+  auto step = (*r)->TrainStep("a", a, labels);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(step->grad_in.shape, a.shape);
+  EXPECT_NEAR(step->loss, std::log(50.0), 0.5);  // about uniform at the start
 }
 
 }  // namespace

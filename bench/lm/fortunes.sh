@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Language-model federations on Debian's fortunes: a decoder (model gpt: 4 blocks of
+# width 128, context 64, bytes as tokens) pretrained centrally on half of the
+# categories, then fine-tuned on the other half, each variant seeing the same number of
+# tokens (ROUNDS rounds of 4 clients x 25 steps x 16 sequences, or one client x 100
+# steps). Reports the held-out perplexity (the tail of every fine-tuning file) and the
+# bytes moved. Variants: no fine-tuning, central full and LoRA fine-tuning, FedAvg full
+# and LoRA, split learning (sfl-v2, U-shaped; full model, with int8 activations and
+# gradients too), and FedAvg with SGD against DiLoCo at equal rounds (equal bytes).
+#   bench/lm/fortunes.sh [ROUNDS=5]
+# One federation at a time; everything goes to runs/bench-lm-fortunes-ROUNDS/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-5}
+out=$PWD/runs/bench-lm-fortunes-$rounds
+rm -rf "$out"
+mkdir -p "$out/pretrain" "$out/finetune"
+bin=$(mktemp -d)  # a copy of the binaries: a rebuild meanwhile does not disturb the runs
+trap 'rm -rf "$bin"' EXIT
+cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client build/bin/cleave-spm "$bin"/
+# Alternate categories (sorted by name) between pretraining and fine-tuning.
+i=0
+for f in $(ls /usr/share/games/fortunes | grep -v '\.' | sort); do
+  [ -f "/usr/share/games/fortunes/$f" ] || continue
+  if [ $((i % 2)) = 0 ]; then ln -s "/usr/share/games/fortunes/$f" "$out/pretrain/$f"; else
+    ln -s "/usr/share/games/fortunes/$f" "$out/finetune/$f"; fi
+  i=$((i + 1))
+done
+model="name: gpt, gpt: {vocab: 256, context: 64, layers: 4, heads: 4, dim: 128}"
+common="data: {test: \"text:$out/finetune,context=64\", test_limit: 1024}"
+
+run() {  # NAME CLIENTS ROUNDS MODEL-EXTRA TRAIN SPLIT-AND-MORE
+  local name=$1 clients=$2 r=$3 extra=$4 train=$5 more=$6 data=${7:-finetune}
+  cat > "$out/$name.yaml" <<YAML
+run: {name: $name, rounds: $r, seed: 1}
+model: {$model$extra}
+$common
+clients: {min: $clients, quorum: 1.0, round_deadline_s: 1800}
+train: {$train}
+local: {data: "text:$out/$data,context=64", partition: natural, clients: $clients}
+$more
+YAML
+  "$bin/cleave" local --insecure --config "$out/$name.yaml" --run-dir "$out/$name" > "$out/$name.log" 2>&1 ||
+    { echo "$name failed: see $out/$name.log"; tail -5 "$out/$name.log"; }
+}
+
+adamw="optimizer: adamw, lr: 0.002, weight_decay: 0.01, clip_norm: 1.0, batch_size: 16"
+# Pretraining: one client on the other half, 4 x 300 steps of 32 sequences.
+run pretrain 1 4 "" "optimizer: adamw, lr: 0.002, weight_decay: 0.01, clip_norm: 1.0, batch_size: 32, local_steps: 300" "" pretrain
+"$bin/cleave" export "$out/pretrain" --out "$out/base.safetensors" > /dev/null
+base=", weights: $out/base.safetensors"
+lora="$base, lora: {rank: 8, alpha: 16}"
+run central-full 1 "$rounds" "$base" "$adamw, local_steps: 100" ""
+run central-lora 1 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 100" ""
+run fedavg-full 4 "$rounds" "$base" "$adamw, local_steps: 25" ""
+run fedavg-lora 4 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 25" ""
+run sfl-v2 4 "$rounds" "$base" "$adamw, local_steps: 25" "split: {mode: sfl-v2, cut: 2}"
+run sfl-v2-int8 4 "$rounds" "$base" "$adamw, local_steps: 25" \
+  "split: {mode: sfl-v2, cut: 2}
+compression: {activations: int8, gradients: int8}"
+run ushaped 4 "$rounds" "$base" "$adamw, local_steps: 25" "split: {mode: ushaped, cut: 2, tail: 1}"
+run fedavg-sgd 4 "$rounds" "$base" "optimizer: sgd, lr: 0.1, momentum: 0.9, clip_norm: 1.0, batch_size: 16, local_steps: 100" ""
+run diloco 4 "$rounds" "$base" "$adamw, local_steps: 100" "strategy: {name: diloco}"
+
+python3 - "$out" "$rounds" <<'PY'
+import json, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def lines(name):
+    return [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl") if '"evaluation_only"' not in l]
+def row(name, label, note=""):
+    try:
+        ms = lines(name)
+    except OSError:
+        print(f"| {label} | (failed) | | | {note} |")
+        return
+    last = ms[-1]
+    up = sum(m["bytes_up"] for m in ms)
+    down = sum(m["bytes_down"] for m in ms)
+    act = sum(m.get("split", {}).get("activation_bytes_up", 0) + m.get("split", {}).get("gradient_bytes_down", 0) for m in ms)
+    ppl = last["test_perplexity"]
+    print(f"| {label} | {ppl:.3f} | {last['test_bits_per_byte']:.3f} | {(up + down) / 1e6:.1f} | {note} |")
+    return ppl
+print(f"Held-out perplexity on the fine-tuning categories after {rounds} rounds (bytes: up + down, all rounds).\n")
+print("| variant | perplexity | bits/byte | MB moved | |")
+print("| --- | --- | --- | --- | --- |")
+import math, re
+initial = re.search(r"initial model: test accuracy [0-9.]+, loss ([0-9.]+)", open(f"{out}/fedavg-full/server.log").read())
+if initial:
+    loss = float(initial.group(1))
+    print(f"| no fine-tuning (the pretrained base) | {math.exp(loss):.3f} | {loss / math.log(2):.3f} | 0 | |")
+for name, label in [("central-full", "central, full model"), ("central-lora", "central, LoRA r=8"),
+                    ("fedavg-full", "FedAvg, full model"), ("fedavg-lora", "FedAvg-LoRA r=8"),
+                    ("sfl-v2", "sfl-v2, full model, cut 2"), ("sfl-v2-int8", "sfl-v2, int8 activations and gradients"),
+                    ("ushaped", "U-shaped, full model, cut 2, tail 1"),
+                    ("fedavg-sgd", "FedAvg, SGD inner, 100 steps"), ("diloco", "DiLoCo, AdamW inner, 100 steps")]:
+    row(name, label)
+PY
