@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "data/gpt2_bpe.h"
 #include "data/spm_bridge.h"
 
 namespace cleave {
@@ -56,6 +57,32 @@ class SentencePieceTokenizer : public Tokenizer {
   SpmProcessor p_;
 };
 
+class Gpt2Tokenizer : public Tokenizer {
+ public:
+  explicit Gpt2Tokenizer(std::unique_ptr<Gpt2Bpe> bpe) : bpe_(std::move(bpe)) {}
+  int vocab_size() const override { return bpe_->vocab_size(); }
+  StatusOr<std::vector<std::vector<int32_t>>> Encode(
+      const std::vector<std::string>& texts) const override {
+    std::vector<std::vector<int32_t>> out;
+    for (const std::string& t : texts) {
+      ASSIGN_OR_RETURN(std::vector<int32_t> ids, bpe_->Encode(t));
+      out.push_back(std::move(ids));
+    }
+    return out;
+  }
+  StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
+    return bpe_->Decode(ids);
+  }
+  std::vector<int32_t> DocumentSeparator() const override {
+    if (bpe_->eos_id() >= 0) return {bpe_->eos_id()};
+    auto ids = bpe_->Encode("\n\n");
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  }
+
+ private:
+  std::unique_ptr<Gpt2Bpe> bpe_;
+};
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(const std::string& spec) {
@@ -69,8 +96,12 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(const std::string& spec) 
     ASSIGN_OR_RETURN(SpmProcessor p, SpmProcessor::Load(path));
     return std::unique_ptr<Tokenizer>(new SentencePieceTokenizer(std::move(p)));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown tokenizer '", spec, "' (byte or spm:MODEL_FILE)"));
+  if (spec.rfind("gpt2:", 0) == 0 && spec.size() > 5) {
+    ASSIGN_OR_RETURN(auto bpe, Gpt2Bpe::Load(spec.substr(5)));
+    return std::unique_ptr<Tokenizer>(new Gpt2Tokenizer(std::move(bpe)));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown tokenizer '", spec, "' (byte, spm:MODEL_FILE or gpt2:DIR with vocab.json and merges.txt)"));
 }
 
 Status TrainSentencePieceModel(const std::vector<std::string>& files, int vocab_size,

@@ -1,6 +1,7 @@
-// Tokenizers for text data: bytes (a vocabulary of 256, no model needed) or a
-// SentencePiece model (`cleave tokenizer train` makes one; so do Debian's spm_train).
-// Specs: "byte" or "spm:PATH".
+// Tokenizers for text data: bytes (a vocabulary of 256, no model needed), a
+// SentencePiece model (`cleave tokenizer train` makes one; so do Debian's spm_train),
+// or GPT-2's byte-level BPE (a checkpoint's vocab.json and merges.txt,
+// data/gpt2_bpe.h). Specs: "byte", "spm:PATH" or "gpt2:DIR".
 #pragma once
 
 #include <cstdint>

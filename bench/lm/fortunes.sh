@@ -8,12 +8,12 @@
 # and LoRA, split learning (sfl-v2, U-shaped; full model, with int8 activations and
 # gradients too), and FedAvg with SGD against DiLoCo at equal rounds (equal bytes).
 #   bench/lm/fortunes.sh [ROUNDS=5]
-# One federation at a time; everything goes to runs/bench-lm-fortunes-ROUNDS/.
+# One federation at a time; everything goes to runs/bench-lm-fortunes-ROUNDS/ (a
+# pretrained base already there, base.safetensors, is reused).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-5}
 out=$PWD/runs/bench-lm-fortunes-$rounds
-rm -rf "$out"
 mkdir -p "$out/pretrain" "$out/finetune"
 bin=$(mktemp -d)  # a copy of the binaries: a rebuild meanwhile does not disturb the runs
 trap 'rm -rf "$bin"' EXIT
@@ -22,8 +22,8 @@ cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client build/bin/cl
 i=0
 for f in $(ls /usr/share/games/fortunes | grep -v '\.' | sort); do
   [ -f "/usr/share/games/fortunes/$f" ] || continue
-  if [ $((i % 2)) = 0 ]; then ln -s "/usr/share/games/fortunes/$f" "$out/pretrain/$f"; else
-    ln -s "/usr/share/games/fortunes/$f" "$out/finetune/$f"; fi
+  if [ $((i % 2)) = 0 ]; then ln -sf "/usr/share/games/fortunes/$f" "$out/pretrain/$f"; else
+    ln -sf "/usr/share/games/fortunes/$f" "$out/finetune/$f"; fi
   i=$((i + 1))
 done
 model="name: gpt, gpt: {vocab: 256, context: 64, layers: 4, heads: 4, dim: 128}"
@@ -31,6 +31,7 @@ common="data: {test: \"text:$out/finetune,context=64\", test_limit: 1024}"
 
 run() {  # NAME CLIENTS ROUNDS MODEL-EXTRA TRAIN SPLIT-AND-MORE
   local name=$1 clients=$2 r=$3 extra=$4 train=$5 more=$6 data=${7:-finetune}
+  rm -rf "$out/$name"
   cat > "$out/$name.yaml" <<YAML
 run: {name: $name, rounds: $r, seed: 1}
 model: {$model$extra}
@@ -44,23 +45,25 @@ YAML
     { echo "$name failed: see $out/$name.log"; tail -5 "$out/$name.log"; }
 }
 
-adamw="optimizer: adamw, lr: 0.002, weight_decay: 0.01, clip_norm: 1.0, batch_size: 16"
+adamw="optimizer: adamw, weight_decay: 0.01, clip_norm: 1.0, batch_size: 16"
 # Pretraining: one client on the other half, 4 x 300 steps of 32 sequences.
-run pretrain 1 4 "" "optimizer: adamw, lr: 0.002, weight_decay: 0.01, clip_norm: 1.0, batch_size: 32, local_steps: 300" "" pretrain
-"$bin/cleave" export "$out/pretrain" --out "$out/base.safetensors" > /dev/null
+if [ ! -f "$out/base.safetensors" ]; then
+  run pretrain 1 4 "" "optimizer: adamw, lr: 0.002, weight_decay: 0.01, clip_norm: 1.0, batch_size: 32, local_steps: 300" "" pretrain
+  "$bin/cleave" export "$out/pretrain" --out "$out/base.safetensors" > /dev/null
+fi
 base=", weights: $out/base.safetensors"
 lora="$base, lora: {rank: 8, alpha: 16}"
-run central-full 1 "$rounds" "$base" "$adamw, local_steps: 100" ""
+run central-full 1 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 100" ""
 run central-lora 1 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 100" ""
-run fedavg-full 4 "$rounds" "$base" "$adamw, local_steps: 25" ""
+run fedavg-full 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" ""
 run fedavg-lora 4 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 25" ""
-run sfl-v2 4 "$rounds" "$base" "$adamw, local_steps: 25" "split: {mode: sfl-v2, cut: 2}"
-run sfl-v2-int8 4 "$rounds" "$base" "$adamw, local_steps: 25" \
+run sfl-v2 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" "split: {mode: sfl-v2, cut: 2}"
+run sfl-v2-int8 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" \
   "split: {mode: sfl-v2, cut: 2}
 compression: {activations: int8, gradients: int8}"
-run ushaped 4 "$rounds" "$base" "$adamw, local_steps: 25" "split: {mode: ushaped, cut: 2, tail: 1}"
+run ushaped 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" "split: {mode: ushaped, cut: 2, tail: 1}"
 run fedavg-sgd 4 "$rounds" "$base" "optimizer: sgd, lr: 0.1, momentum: 0.9, clip_norm: 1.0, batch_size: 16, local_steps: 100" ""
-run diloco 4 "$rounds" "$base" "$adamw, local_steps: 100" "strategy: {name: diloco}"
+run diloco 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 100" "strategy: {name: diloco}"
 
 python3 - "$out" "$rounds" <<'PY'
 import json, sys

@@ -7,8 +7,11 @@
 #include <fstream>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "core/files.h"
 #include "data/dataset.h"
+#include "data/gpt2_bpe.h"
 #include "data/tokenizer.h"
 
 namespace cleave {
@@ -158,6 +161,74 @@ TEST(ByteTokenizerTest, RoundTripsEveryByte) {
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ((*ids)[0][255], 255);
   EXPECT_EQ(*(*tok)->Decode((*ids)[0]), all);
+}
+
+}  // namespace
+}  // namespace cleave
+
+namespace cleave {
+namespace {
+
+// GPT-2's pre-tokenization: contractions, an optional space before a run of letters,
+// digits or other characters, and runs of spaces that leave their last space to the
+// next word.
+TEST(Gpt2BpeTest, PreTokenizesAsGpt2sPattern) {
+  EXPECT_EQ(Gpt2Bpe::PreTokenize("I'm   here, don't\n\nok 42!!"),
+            (std::vector<std::string>{"I", "'m", "  ", " here", ",", " don", "'t", "\n", "\n",
+                                      "ok", " 42", "!!"}));  // \s+(?!\S) backtracks to "\n"
+  EXPECT_EQ(Gpt2Bpe::PreTokenize("  x \n"), (std::vector<std::string>{" ", " x", " \n"}));
+  EXPECT_EQ(Gpt2Bpe::PreTokenize("café"), (std::vector<std::string>{"café"}));
+}
+
+// BPE with GPT-2's byte symbols (a space is "Ġ", U+0120) and ranked merges: the best
+// ranked pair merges first, everywhere; ids come from vocab.json; decoding gives the
+// bytes back, for any text (every byte is a symbol).
+TEST(Gpt2BpeTest, MergesByRankAndRoundTrips) {
+  // The 256 byte symbols get ids 0..255 in byte order; then the merges' results.
+  nlohmann::json vocab = nlohmann::json::object();
+  auto symbol = [](int b) {
+    int next = 256;
+    for (int c = 0; c < b; ++c) {
+      const bool printable = (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE;
+      if (!printable) ++next;
+    }
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const uint32_t cp = printable ? b : next;
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    return s;
+  };
+  for (int b = 0; b < 256; ++b) vocab[symbol(b)] = b;
+  vocab["he"] = 256;
+  vocab["ll"] = 257;
+  vocab["hell"] = 258;
+  vocab["\xC4\xA0w"] = 259;  // "Ġw": " w"
+  vocab["<|endoftext|>"] = 260;
+  auto bpe = Gpt2Bpe::FromStrings(vocab.dump(), "#version: 0.2\nh e\nl l\nhe ll\n\xC4\xA0 w\n", "t");
+  ASSERT_TRUE(bpe.ok()) << bpe.status();
+  EXPECT_EQ((*bpe)->vocab_size(), 261);
+  EXPECT_EQ((*bpe)->eos_id(), 260);
+  auto ids = (*bpe)->Encode("hello world");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, (std::vector<int32_t>{258, 'o', 259, 'o', 'r', 'l', 'd'}));
+  EXPECT_EQ((*bpe)->Decode(*ids), "hello world");
+  auto text = ReadFile(std::string(kFortunes) + "/art");
+  ASSERT_TRUE(text.ok());
+  auto all = (*bpe)->Encode(*text);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ((*bpe)->Decode(*all), *text);
+  EXPECT_FALSE(Gpt2Bpe::FromStrings("[1, 2]", "", "t").ok());
+  auto bad = Gpt2Bpe::FromStrings(vocab.dump(), "#version: 0.2\nh e\nl l x\n", "t");
+  EXPECT_NE(bad.status().message().find("merges.txt:3"), std::string::npos) << bad.status();
+  // A vocabulary without the byte symbols cannot encode everything, and says so.
+  auto small = Gpt2Bpe::FromStrings(R"({"a": 0})", "", "t");
+  ASSERT_TRUE(small.ok());
+  EXPECT_FALSE((*small)->Encode("ab").ok());
 }
 
 }  // namespace
