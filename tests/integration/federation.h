@@ -98,6 +98,22 @@ inline std::vector<ClientOptions> Options(int n, int64_t examples) {
   return out;
 }
 
+// Clients holding the `data_spec`'s training part, partitioned naturally (a text
+// source's files, a folder's groups) among `n`.
+inline std::vector<ClientOptions> NaturalClients(const std::string& data_spec, int n) {
+  auto all = LoadDataSpec(data_spec, true);
+  EXPECT_TRUE(all.ok()) << all.status();
+  auto parts = PartitionDataset(*all, "natural", n, 1);
+  EXPECT_TRUE(parts.ok()) << parts.status();
+  std::vector<ClientOptions> out;
+  for (const auto& p : *parts) {
+    ClientOptions o;
+    o.train = all->Subset(p);
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
 // Runs a federation to its end and returns the server's metrics (the test fails if the
 // run does not complete).
 inline std::vector<RoundMetrics> RunToEnd(const std::string& yaml,

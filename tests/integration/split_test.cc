@@ -14,6 +14,8 @@ data: {test_limit: 1000}
 server: {heartbeat_s: 0.5, client_timeout_s: 30}
 )";
 
+const std::vector<std::string> kSplitModes = {"sl", "sfl-v1", "sfl-v2", "ushaped"};
+
 // The largest absolute difference between two sets of the same layout.
 double MaxDiff(const ParameterSet& a, const ParameterSet& b) {
   EXPECT_TRUE(a.SameLayout(b));
@@ -122,6 +124,8 @@ std::string TestName(std::string s) {
   return s;
 }
 
+std::string ModeName(const ::testing::TestParamInfo<std::string>& i) { return TestName(i.param); }
+
 INSTANTIATE_TEST_SUITE_P(Modes, SplitExactnessTest, ::testing::ValuesIn(AllModesAndCuts()),
                          [](const ::testing::TestParamInfo<Exactness>& i) {
                            return TestName(i.param.mode + "_cut" + std::to_string(i.param.cut));
@@ -171,11 +175,7 @@ TEST_P(SplitModeTest, ThreeClientsTwoRoundsAccuracyRises) {
   EXPECT_LT(h[1].train_loss, h[0].train_loss);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SplitModeTest,
-                         ::testing::Values("sl", "sfl-v1", "sfl-v2", "ushaped"),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           return TestName(i.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, SplitModeTest, ::testing::ValuesIn(kSplitModes), ModeName);
 
 }  // namespace
 }  // namespace cleave
@@ -255,15 +255,6 @@ class SplitTextTest : public ::testing::TestWithParam<std::string> {};
 // where the device keeps the head and the next tokens never leave it.
 TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
   const std::string mode = GetParam();
-  static const Dataset all = *LoadDataSpec("text:/usr/share/games/fortunes,context=32", true);
-  auto parts = PartitionDataset(all, "natural", 3, 1);
-  ASSERT_TRUE(parts.ok());
-  std::vector<ClientOptions> clients;
-  for (const auto& p : *parts) {
-    ClientOptions o;
-    o.train = all.Subset(p);
-    clients.push_back(std::move(o));
-  }
   Federation f;
   f.Start("server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
           "model: {name: gpt, gpt: {vocab: 256, context: 32, layers: 2, heads: 4, dim: 64}}\n"
@@ -271,7 +262,7 @@ TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
               "run: {rounds: 2, seed: 3}\nclients: {min: 3, quorum: 1.0}\n"
               "train: {optimizer: adamw, lr: 0.003, local_steps: 25, batch_size: 16}\n"
               "split: {mode: " + mode + ", cut: auto, window: 2}\n",
-          std::move(clients));
+          NaturalClients("text:/usr/share/games/fortunes,context=32", 3));
   f.Join();
   ASSERT_TRUE(f.server_status.ok()) << f.server_status;
   for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
@@ -285,11 +276,7 @@ TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
   EXPECT_LT(h[1].test_metrics.at("perplexity"), h[0].test_metrics.at("perplexity"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SplitTextTest,
-                         ::testing::Values("sl", "sfl-v1", "sfl-v2", "ushaped"),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           return TestName(i.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, SplitTextTest, ::testing::ValuesIn(kSplitModes), ModeName);
 
 }  // namespace
 }  // namespace cleave

@@ -16,35 +16,25 @@ namespace {
 
 constexpr char kText[] = "text:/usr/share/games/fortunes,context=32";
 
-std::vector<ClientOptions> TextClients(int n) {
-  auto all = LoadDataSpec(kText, true);
-  EXPECT_TRUE(all.ok()) << all.status();
-  auto parts = PartitionDataset(*all, "natural", n, 1);
-  EXPECT_TRUE(parts.ok()) << parts.status();
-  std::vector<ClientOptions> out;
-  for (const auto& p : *parts) {
-    ClientOptions o;
-    o.train = all->Subset(p);
-    out.push_back(std::move(o));
-  }
-  return out;
-}
-
 constexpr char kFederation[] = R"(
 data: {test: "text:/usr/share/games/fortunes,context=32", test_limit: 256}
 clients: {min: 3, quorum: 1.0}
 server: {heartbeat_s: 0.5, client_timeout_s: 30}
 )";
+// The model of these federations, as the config names it and as a ModelSpec.
 constexpr char kGpt[] = "name: gpt, gpt: {vocab: 256, context: 32, layers: 2, heads: 4, dim: 64}";
-
-// FedAvg of a decoder over three clients' categories: the server's held-out perplexity
-// starts near a uniform guess (256) and falls every round.
-TEST(TextFederationTest, FortunesCategoriesFederateADecoder) {
+ModelSpec Gpt() {
   ModelSpec spec;
   spec.name = "gpt";
   spec.seed = 7;
   spec.gpt = {256, 32, 2, 4, 64, false};
-  auto init = Model::Create(spec);
+  return spec;
+}
+
+// FedAvg of a decoder over three clients' categories: the server's held-out perplexity
+// starts near a uniform guess (256) and falls every round.
+TEST(TextFederationTest, FortunesCategoriesFederateADecoder) {
+  auto init = Model::Create(Gpt());
   ASSERT_TRUE(init.ok());
   auto test = LoadDataSpec("text:/usr/share/games/fortunes,context=32,limit=256", false);
   ASSERT_TRUE(test.ok());
@@ -52,7 +42,7 @@ TEST(TextFederationTest, FortunesCategoriesFederateADecoder) {
   const auto h = RunToEnd(std::string(kFederation) + "model: {" + kGpt + "}\n" +
                               "train: {optimizer: adamw, lr: 0.003, weight_decay: 0.01, "
                               "local_steps: 30, batch_size: 16}\nrun: {rounds: 3, seed: 7}\n",
-                          TextClients(3));
+                          NaturalClients(kText, 3));
   ASSERT_EQ(h.size(), 3u);
   double last = initial;
   for (const auto& m : h) {
@@ -77,11 +67,7 @@ TEST(TextFederationTest, LoraFineTunesAPretrainedBaseMovingOnlyAdapters) {
   const fs::path dir = fs::temp_directory_path() / "cleave_lora_federation";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  ModelSpec spec;
-  spec.name = "gpt";
-  spec.seed = 7;
-  spec.gpt = {256, 32, 2, 4, 64, false};
-  auto base = Model::Create(spec);
+  auto base = Model::Create(Gpt());
   ASSERT_TRUE(base.ok());
   LocalTrainOptions o;
   o.optimizer = "adamw";
@@ -101,7 +87,7 @@ TEST(TextFederationTest, LoraFineTunesAPretrainedBaseMovingOnlyAdapters) {
   std::vector<RoundMetrics> h;
   {
     Federation f;
-    f.Start(yaml + "run: {rounds: 2, seed: 7}\n", TextClients(3), (dir / "run").string());
+    f.Start(yaml + "run: {rounds: 2, seed: 7}\n", NaturalClients(kText, 3), (dir / "run").string());
     f.Join();
     ASSERT_TRUE(f.server_status.ok()) << f.server_status;
     h = f.server->History();
