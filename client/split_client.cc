@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "proto/split_chunks.h"
 #include "client/transfer.h"
 #include "compression/codec.h"
 #include "models/part.h"
@@ -69,9 +70,10 @@ class Writer {
       : stream_(stream), emu_(emu), thread_([this] { Loop(); }) {}
   ~Writer() { Close(); }
 
+  // Queues `msg`, its tensor in chunks when large (proto/split_chunks.h).
   void Push(v1::SplitUp msg) {
     std::lock_guard<std::mutex> l(mu_);
-    queue_.push_back(std::move(msg));
+    for (auto& m : Chunked(std::move(msg))) queue_.push_back(std::move(m));
     cv_.notify_one();
   }
   // Sends what is queued, then half-closes the stream. Returns false if a write failed.
@@ -220,15 +222,20 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
   int64_t loss_n = 0;
   // Reads until one micro-batch completes (its activation gradient arrived and the
   // client part stepped).
+  ChunkAssembler<v1::SplitDown> assembler(size_t{4} << 30);
   auto receive = [&]() -> Status {
     while (true) {
-      v1::SplitDown msg;
+      v1::SplitDown piece;
       const auto t0 = Clock::now();
-      if (!stream->Read(&msg)) {
+      if (!stream->Read(&piece)) {
         return finish(absl::UnavailableError("split stream: the server ended it early"));
       }
       wait += Since(t0);
-      if (o.emulator) o.emulator->down.Consume(static_cast<int64_t>(msg.ByteSizeLong()));
+      if (o.emulator) o.emulator->down.Consume(static_cast<int64_t>(piece.ByteSizeLong()));
+      auto whole = assembler.Add(std::move(piece));
+      if (!whole.ok()) return absl::DataLossError(whole.status().message());
+      if (!whole->has_value()) continue;  // a tensor in chunks: read on
+      v1::SplitDown msg = std::move(**whole);
       if (msg.has_forward()) {  // U-shaped: finish the forward pass and the loss here
         const auto& f = msg.forward();
         server += f.server_seconds();

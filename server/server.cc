@@ -45,6 +45,7 @@
 #include "models/part.h"
 #include "models/safetensors.h"
 #include "privacy/tls.h"
+#include "proto/split_chunks.h"
 #include "split/cut_policy.h"
 #include "split/round.h"
 
@@ -424,9 +425,6 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
 
  private:
   static constexpr int64_t kProbeBytes = 256 << 10;
-  // Activations of one micro-batch travel in one message: gRPC's default 4 MiB limit,
-  // less room for framing.
-  static constexpr int64_t kMaxSplitMessage = (4 << 20) - (64 << 10);
 
   int ConnectedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Connected clients that may be given a task (split, cut: auto: once profiled).
@@ -1079,6 +1077,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
       }
       act_codec_ = MakeStatelessCodec(task->act_codec, 1).value();  // checked at start
       grad_codec_ = MakeStatelessCodec(task->grad_codec, 2).value();
+      assembler_.emplace(static_cast<size_t>(4 * task->max_elements));
       {
         MutexLock l(&mu_);  // OnCancel may read them on another thread
         task_ = *std::move(task);
@@ -1143,7 +1142,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         Close(grpc::Status::OK);
         return;
       }
-      Status s = Process(msg);
+      Status s = Process(std::move(msg));
       bool resume = false;
       {
         MutexLock l(&mu_);
@@ -1163,7 +1162,12 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
     }
   }
 
-  Status Process(const v1::SplitUp& msg) {
+  // A message of the stream: a whole one is processed; a tensor in chunks waits for
+  // its last chunk.
+  Status Process(v1::SplitUp in) {
+    ASSIGN_OR_RETURN(std::optional<v1::SplitUp> whole, assembler_->Add(std::move(in)));
+    if (!whole) return absl::OkStatus();
+    const v1::SplitUp& msg = *whole;
     SplitRound& round = *task_.round;
     const auto t0 = std::chrono::steady_clock::now();  // compute time, not a deadline
     auto seconds = [&] {
@@ -1218,7 +1222,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
     } else {
       return absl::InvalidArgumentError("unexpected message on a split stream");
     }
-    Send(std::move(out));
+    for (auto& m : Chunked(std::move(out))) Send(std::move(m));
     return absl::OkStatus();
   }
 
@@ -1267,6 +1271,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
   int64_t next_seq_ = 1;
   std::set<int64_t> pending_;
   std::unique_ptr<Codec> act_codec_, grad_codec_;  // this stream's (stochastic rounding)
+  std::optional<ChunkAssembler<v1::SplitUp>> assembler_;  // set when opened
   Mutex mu_;
   std::deque<v1::SplitUp> inbox_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
@@ -2168,7 +2173,9 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
   for (int i = 1; i <= num_stages_; ++i) p.out_bytes.push_back(4 * NumElements(stage_shapes_[i]));
   p.batch = cfg_.train.batch_size;
   p.window = cfg_.split.window;
-  p.max_message_bytes = kMaxSplitMessage;
+  // Tensors travel in chunks (proto/split_chunks.h): a micro-batch is bounded by the
+  // largest tensor the server takes, not by a message.
+  p.max_message_bytes = 4 * cfg_.server.max_model_elements;
   p.tail_begin = mode == SplitMode::kUShaped ? tail_begin_ : -1;
   auto factor = [](const std::string& spec) {  // encoded / float32 bytes
     auto codec = MakeStatelessCodec(spec, 0);

@@ -278,5 +278,29 @@ TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, SplitTextTest, ::testing::ValuesIn(kSplitModes), ModeName);
 
+// Tensors over gRPC's 4 MiB message limit (640 sequences of 64 tokens of width 32:
+// 5.2 MB a micro-batch) cross the cut in chunks: U-shaped learning sends all four kinds
+// (activations up, the middle's output down, its gradient up, the cut's gradient down).
+TEST(SplitLargeTensorsTest, MicroBatchesOverOneMessageTravelInChunks) {
+  for (const std::string mode : {"ushaped"}) {
+    Federation f;
+    f.Start("server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+            "model: {name: gpt, gpt: {vocab: 256, context: 64, layers: 2, heads: 2, dim: 32}}\n"
+            "data: {test: \"text:/usr/share/games/fortunes/wisdom,context=64\", test_limit: 8}\n"
+            "run: {rounds: 1, seed: 3}\nclients: {min: 1, quorum: 1.0}\n"
+            "train: {optimizer: adamw, lr: 0.003, local_steps: 1, batch_size: 640}\n"
+            "split: {mode: " + mode + ", cut: 1, window: 1, tail: 1}\n",
+            NaturalClients("text:/usr/share/games/fortunes/wisdom,context=64", 1));
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+    for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+    const auto h = f.server->History();
+    ASSERT_EQ(h.size(), 1u);
+    EXPECT_EQ(h[0].participants, 1);
+    EXPECT_GT(h[0].activation_bytes_up, int64_t{4} << 20) << "one micro-batch of 5.2 MB";
+    EXPECT_GT(h[0].gradient_bytes_down, int64_t{4} << 20);
+  }
+}
+
 }  // namespace
 }  // namespace cleave
