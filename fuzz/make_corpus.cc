@@ -11,6 +11,7 @@
 #include "compression/codec.h"
 #include "core/files.h"
 #include "fuzz/fuzz_inputs.h"
+#include "models/safetensors.h"
 #include "server/checkpoint.h"
 #include "server/secagg_round.h"
 
@@ -138,6 +139,36 @@ int main(int argc, char** argv) {
   Seed("upload_fuzz", "data", chunk.SerializeAsString());
 
   Seed("secagg_fuzz", "session", SecAggSession());
+
+  Seed("safetensors_fuzz", "layout", SerializeSafetensors(layout, {{"format", "pt"}}));
+
+  // A micro-batch whose tensor goes on in two chunks, then a whole one.
+  std::string stream;
+  auto record = [&stream](const v1::SplitUp& m) {
+    const std::string bytes = m.SerializeAsString();
+    stream.push_back(static_cast<char>(bytes.size() & 0xff));
+    stream.push_back(static_cast<char>(bytes.size() >> 8));
+    stream += bytes;
+  };
+  v1::SplitUp batch;
+  batch.mutable_batch()->set_seq(1);
+  batch.mutable_batch()->add_labels(4);
+  batch.mutable_batch()->mutable_activations()->add_shape(1);
+  batch.mutable_batch()->mutable_activations()->add_shape(6);
+  batch.mutable_batch()->mutable_activations()->set_data(std::string(8, '\1'));
+  batch.mutable_batch()->mutable_activations()->set_more(true);
+  record(batch);
+  for (bool last : {false, true}) {
+    v1::SplitUp c;
+    c.mutable_chunk()->set_seq(1);
+    c.mutable_chunk()->set_data(std::string(8, '\2'));
+    c.mutable_chunk()->set_last(last);
+    record(c);
+  }
+  batch.mutable_batch()->set_seq(2);
+  batch.mutable_batch()->mutable_activations()->set_more(false);
+  record(batch);
+  Seed("split_chunks_fuzz", "chunks", stream);
   std::cout << "make_corpus: " << written << " seeds in " << out_dir.string() << "\n";
   return 0;
 }

@@ -106,9 +106,17 @@ StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::strin
       return absl::InvalidArgumentError(absl::StrCat(what, ": ", where, " has dtype ", e.dtype,
                                                      " (F32, F16, BF16 or F64 are read)"));
     }
+    // Counted with care: the shape is untrusted, and its product must not overflow.
+    constexpr uint64_t kMaxElements = uint64_t{1} << 40;
+    uint64_t numel = 1;
     for (const auto& d : info["shape"]) {
       if (!d.is_number_unsigned()) return loss(where + ": shape must be non-negative integers");
-      e.shape.push_back(d.get<int64_t>());
+      const uint64_t n = d.get<uint64_t>();
+      if (n > kMaxElements || (n != 0 && numel > kMaxElements / n)) {
+        return loss(where + ": more than 2^40 elements");
+      }
+      numel *= n;
+      e.shape.push_back(static_cast<int64_t>(n));
     }
     const auto& off = info["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
@@ -116,9 +124,7 @@ StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::strin
     }
     e.begin = off[0].get<uint64_t>();
     e.end = off[1].get<uint64_t>();
-    const int64_t numel = NumElements(e.shape);
-    if (numel < 0 || numel > (int64_t{1} << 40) || e.begin > e.end ||
-        e.end - e.begin != static_cast<uint64_t>(numel) * DtypeSize(e.dtype)) {
+    if (e.begin > e.end || e.end - e.begin != numel * DtypeSize(e.dtype)) {
       return loss(absl::StrCat(where, ": data_offsets [", e.begin, ", ", e.end, ") do not hold ",
                                absl::StrJoin(e.shape, "x"), " ", e.dtype, " values"));
     }

@@ -173,6 +173,10 @@ TEST(GptTest, RefusesMalformedCheckpoints) {
   expect_error(ParseSafetensors(raw(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
                                 "x.safetensors"),
                "do not hold 3 F32");
+  expect_error(ParseSafetensors(raw(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],)"
+                                    R"("data_offsets":[0,0]}})", 0),
+                                "x.safetensors"),
+               "more than 2^40 elements");
   expect_error(ParseSafetensors(raw(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                                     R"("v":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
                                 "x.safetensors"),
