@@ -1850,8 +1850,10 @@ StatusOr<int64_t> Server::Impl::CheckUploadHeader(const v1::UploadHeader& h,
     }
     for (const auto& [k, v] : e.metrics()) {
       const bool fraction = k == "top5_accuracy" || k == "precision" || k == "recall" || k == "f1";
-      if (!(fraction || k == "mae" || k == "rmse") || !std::isfinite(v) || v < 0 ||
-          (fraction && v > 1)) {
+      // Text: perplexity is exp(loss) >= 1; bits per byte and tokens counted are >= 0.
+      const bool text = k == "perplexity" || k == "bits_per_byte" || k == "tokens";
+      if (!(fraction || text || k == "mae" || k == "rmse") || !std::isfinite(v) || v < 0 ||
+          (fraction && v > 1) || (k == "perplexity" && v < 1)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "evaluation: metric '", Printable(k), "' unknown or out of range"));
       }

@@ -57,6 +57,29 @@ TEST(TextFederationTest, FortunesCategoriesFederateADecoder) {
   EXPECT_GT(h[0].bytes_up, 3 * 4 * (*init)->Parameters().total_elements());
 }
 
+// Federated evaluation of a language model: each client measures the global model on
+// text it holds out, and the round reports the clients' perplexity (a weighted mean)
+// and the spread of their losses: categories differ, so clients do.
+TEST(TextFederationTest, ClientsReportTheirHeldOutPerplexity) {
+  std::vector<ClientOptions> clients = NaturalClients(kText, 3);
+  for (size_t i = 0; i < clients.size(); ++i) {
+    clients[i].holdout = TakeHoldout(&clients[i].train, 0.05, 11 + i);
+  }
+  const auto h = RunToEnd(std::string("data: {test: \"\"}\nclients: {min: 3, quorum: 1.0}\n") +
+                              "server: {heartbeat_s: 0.5, client_timeout_s: 30, final_evaluation: false}\n"
+                              "model: {" + kGpt + "}\n" +
+                              "train: {optimizer: adamw, lr: 0.003, local_steps: 30, batch_size: 16}\n"
+                              "run: {rounds: 2, seed: 7}\n",
+                          std::move(clients));
+  ASSERT_EQ(h.size(), 2u);
+  const auto& e = h[1].client_eval;  // the model of round 1, measured before round 2
+  EXPECT_EQ(e.clients, 3);
+  ASSERT_TRUE(e.metrics.count("perplexity")) << "the clients' metrics";
+  EXPECT_LT(e.metrics.at("perplexity"), h[0].client_eval.metrics.at("perplexity"));
+  EXPECT_LT(e.loss_min, e.loss_max);
+  EXPECT_GT(e.loss_min, 0);
+}
+
 // LoRA fine-tuning of a base pretrained centrally on one category (model.weights, a
 // GPT-2-layout safetensors file): clients upload and download adapters only (the frozen
 // base travels once, in the first round), the held-out perplexity falls below the

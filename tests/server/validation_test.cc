@@ -219,6 +219,7 @@ server: {client_timeout_s: 120}
       {[](auto* e) { (*e->mutable_metrics())["f1"] = 1.5; }, "metric 'f1'"},
       {[](auto* e) { (*e->mutable_metrics())["rmse"] = -1; }, "metric 'rmse'"},
       {[](auto* e) { (*e->mutable_metrics())["mae"] = std::nan(""); }, "metric 'mae'"},
+      {[](auto* e) { (*e->mutable_metrics())["perplexity"] = 0.5; }, "metric 'perplexity'"},
       {[](auto* e) { e->set_accuracy(2); }, "accuracy in [0, 1]"},
       {[](auto* e) { e->set_examples(901); }, "examples must be in [1, 900]"},
   };
