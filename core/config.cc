@@ -384,9 +384,6 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
   if (lora.enabled()) {
     RETURN_IF_ERROR(Range(c.model.name == "gpt", "model.lora", "used with model.name: gpt"));
-    RETURN_IF_ERROR(Range(!c.split.enabled(), "model.lora",
-                          "off with split learning for now (it is whole-model federated "
-                          "fine-tuning)"));
     RETURN_IF_ERROR(Range(c.model.personal.empty(), "model.lora",
                           "off with model.personal (the adapters are what is federated)"));
   }

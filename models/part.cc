@@ -296,7 +296,10 @@ StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_ou
         w.copy_(p.stash[i]);
       }
     }
-    if (impl_->nopeek > 0 && p.from == 0) {
+    if (!p.output.requires_grad()) {
+      // Nothing before the output trains (every tensor frozen, the input not a
+      // gradient's concern): no backward pass, and the step below changes nothing.
+    } else if (impl_->nopeek > 0 && p.from == 0) {
       // grad_out back-propagated, plus the gradient of alpha · dCor(input, output).
       auto total = (p.output * ToTensor(grad_out)).sum() +
                    impl_->nopeek * DistanceCorrelationTensor(p.input.detach(), p.output);
@@ -378,7 +381,7 @@ StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
         auto xi = x.detach().requires_grad_(true);
         const auto t0 = std::chrono::steady_clock::now();
         y = s.forward(xi);
-        y.backward(torch::ones_like(y));
+        if (y.requires_grad()) y.backward(torch::ones_like(y));  // else a frozen stage
         const double dt =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r > 0) times.push_back(dt);

@@ -2075,7 +2075,7 @@ Status Server::Impl::Init() {
     pinned_blobs_.insert(base_digest_);
     const ParameterSet trained = Without(global_, frozen_);
     spdlog::info("LoRA: {} adapter tensors ({} values, {:.2f} % of the model) train; {} are "
-                 "frozen and sent once ({} bytes)",
+                 "frozen ({} bytes, sent once in federated rounds)",
                  trained.size(), trained.total_elements(),
                  100.0 * trained.total_elements() / global_.total_elements(), frozen_.size(),
                  base_size_);

@@ -62,6 +62,8 @@ run sfl-v2-int8 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" \
   "split: {mode: sfl-v2, cut: 2}
 compression: {activations: int8, gradients: int8}"
 run ushaped 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" "split: {mode: ushaped, cut: 2, tail: 1}"
+run sfl-v2-lora 4 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 25" "split: {mode: sfl-v2, cut: 2}"
+run ushaped-lora 4 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 25" "split: {mode: ushaped, cut: 2, tail: 1}"
 run fedavg-sgd 4 "$rounds" "$base" "optimizer: sgd, lr: 0.1, momentum: 0.9, clip_norm: 1.0, batch_size: 16, local_steps: 100" ""
 run diloco 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 100" "strategy: {name: diloco}"
 
@@ -95,6 +97,7 @@ for name, label in [("central-full", "central, full model"), ("central-lora", "c
                     ("fedavg-full", "FedAvg, full model"), ("fedavg-lora", "FedAvg-LoRA r=8"),
                     ("sfl-v2", "sfl-v2, full model, cut 2"), ("sfl-v2-int8", "sfl-v2, int8 activations and gradients"),
                     ("ushaped", "U-shaped, full model, cut 2, tail 1"),
+                    ("sfl-v2-lora", "sfl-v2-LoRA r=8, cut 2"), ("ushaped-lora", "U-shaped-LoRA r=8, cut 2, tail 1"),
                     ("fedavg-sgd", "FedAvg, SGD inner, 100 steps"), ("diloco", "DiLoCo, AdamW inner, 100 steps")]:
     row(name, label)
 PY

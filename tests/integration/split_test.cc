@@ -278,6 +278,36 @@ TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, SplitTextTest, ::testing::ValuesIn(kSplitModes), ModeName);
 
+// LoRA in split learning: the client's adapters are averaged, the server's are shared
+// (sfl-v2, U-shaped) or per client (sfl-v1); every adapter trains and every frozen
+// tensor ends the run as it started, on both sides of the cut.
+TEST(SplitTextTest, LoraAdaptersTrainOnBothSidesOfTheCut) {
+  for (const std::string mode : {"sfl-v1", "sfl-v2", "ushaped"}) {
+    SCOPED_TRACE(mode);
+    Federation f;
+    f.Start("server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+            "model: {name: gpt, gpt: {vocab: 256, context: 32, layers: 2, heads: 4, dim: 64},"
+            " lora: {rank: 4, alpha: 8}}\n"
+            "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 128}\n"
+            "run: {rounds: 1, seed: 3}\nclients: {min: 2, quorum: 1.0}\n"
+            "train: {optimizer: adamw, lr: 0.01, local_steps: 15, batch_size: 16}\n"
+            "split: {mode: " + mode + ", cut: 2, window: 2, tail: 1}\n",
+            NaturalClients("text:/usr/share/games/fortunes,context=32", 2));
+    const ParameterSet start = f.server->GlobalModel();
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+    const ParameterSet end = f.server->GlobalModel();
+    int changed = 0;
+    for (const Tensor& t : start.tensors()) {
+      const bool adapter = t.name.find(".lora_") != std::string::npos;
+      const bool same = end.Find(t.name)->values == t.values;
+      if (!adapter) EXPECT_TRUE(same) << t.name << " is frozen";
+      if (adapter && !same) ++changed;
+    }
+    EXPECT_EQ(changed, 2 * 4 * 2) << "A and B of the 4 projections of both blocks trained";
+  }
+}
+
 // Tensors over gRPC's 4 MiB message limit (640 sequences of 64 tokens of width 32:
 // 5.2 MB a micro-batch) cross the cut in chunks: U-shaped learning sends all four kinds
 // (activations up, the middle's output down, its gradient up, the cut's gradient down).
