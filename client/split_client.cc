@@ -15,10 +15,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "proto/split_chunks.h"
 #include "client/transfer.h"
 #include "compression/codec.h"
 #include "models/part.h"
+#include "proto/split_chunks.h"
 
 namespace cleave {
 namespace {

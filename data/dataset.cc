@@ -27,6 +27,13 @@ int64_t Dataset::example_bytes() const {
   return example_elements() * (type == ExampleType::kUint8 ? 1 : int64_t{4});
 }
 
+int32_t Dataset::token(int64_t example, int64_t position) const {
+  int32_t id;
+  std::memcpy(&id, bytes.data() + (example * example_elements() + position) * sizeof(id),
+              sizeof(id));
+  return id;
+}
+
 Dataset Dataset::Subset(const std::vector<int64_t>& indices) const {
   Dataset d = *this;
   d.size = static_cast<int64_t>(indices.size());
@@ -53,11 +60,7 @@ void RawValues(const Dataset& d, int64_t i, float* out) {
     const uint8_t* px = d.bytes.data() + i * n;
     for (int64_t j = 0; j < n; ++j) out[j] = px[j] / 255.0f;
   } else if (d.type == ExampleType::kToken) {
-    int32_t id;
-    for (int64_t j = 0; j < n; ++j) {
-      std::memcpy(&id, d.bytes.data() + (i * n + j) * sizeof(id), sizeof(id));
-      out[j] = static_cast<float>(id);  // exact: ids are below 2^24
-    }
+    for (int64_t j = 0; j < n; ++j) out[j] = static_cast<float>(d.token(i, j));  // exact: < 2^24
   } else {
     std::memcpy(out, d.bytes.data() + i * n * sizeof(float), n * sizeof(float));
   }

@@ -59,6 +59,8 @@ struct Dataset {
 
   int64_t example_elements() const;
   int64_t example_bytes() const;
+  // Text: the id at `position` of sequence `example`.
+  int32_t token(int64_t example, int64_t position) const;
   // The examples at `indices`, in that order. Indices must be < size.
   Dataset Subset(const std::vector<int64_t>& indices) const;
   // Writes example `i`'s normalised values (example_elements() floats) to `out`.

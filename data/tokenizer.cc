@@ -29,7 +29,6 @@ class ByteTokenizer : public Tokenizer {
     }
     return out;
   }
-  std::vector<int32_t> DocumentSeparator() const override { return {'\n', '\n'}; }
 };
 
 class SentencePieceTokenizer : public Tokenizer {
@@ -47,11 +46,7 @@ class SentencePieceTokenizer : public Tokenizer {
     }
     return p_.Decode(in);
   }
-  std::vector<int32_t> DocumentSeparator() const override {
-    if (p_.eos_id() >= 0) return {p_.eos_id()};
-    auto ids = p_.Encode({"\n\n"});
-    return ids.ok() ? (*ids)[0] : std::vector<int32_t>{};
-  }
+  int eos_id() const override { return p_.eos_id(); }
 
  private:
   SpmProcessor p_;
@@ -73,17 +68,19 @@ class Gpt2Tokenizer : public Tokenizer {
   StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const override {
     return bpe_->Decode(ids);
   }
-  std::vector<int32_t> DocumentSeparator() const override {
-    if (bpe_->eos_id() >= 0) return {bpe_->eos_id()};
-    auto ids = bpe_->Encode("\n\n");
-    return ids.ok() ? *ids : std::vector<int32_t>{};
-  }
+  int eos_id() const override { return bpe_->eos_id(); }
 
  private:
   std::unique_ptr<Gpt2Bpe> bpe_;
 };
 
 }  // namespace
+
+std::vector<int32_t> Tokenizer::DocumentSeparator() const {
+  if (eos_id() >= 0) return {eos_id()};
+  auto ids = Encode({"\n\n"});
+  return ids.ok() ? (*ids)[0] : std::vector<int32_t>{};
+}
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(const std::string& spec) {
   if (spec == "byte") return std::unique_ptr<Tokenizer>(new ByteTokenizer());

@@ -27,9 +27,11 @@ class Tokenizer {
       const std::vector<std::string>& texts) const = 0;
   // Ids outside the vocabulary are skipped.
   virtual StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const = 0;
-  // What ends a document when documents are packed together: the model's end-of-text
-  // id, or the encoding of a blank line.
-  virtual std::vector<int32_t> DocumentSeparator() const = 0;
+  // The vocabulary's end-of-text id, or -1 when it has none.
+  virtual int eos_id() const { return -1; }
+  // What ends a document when documents are packed together: the end-of-text id, or
+  // the encoding of a blank line.
+  std::vector<int32_t> DocumentSeparator() const;
 };
 
 // Trains a SentencePiece model of `vocab_size` pieces on the text `files` (plain text;

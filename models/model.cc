@@ -848,14 +848,14 @@ Status CheckTextFitsModel(const Dataset& data, const ModelSpec& spec, const std:
         what, ": sequences of ", length, " tokens do not fit the model's context of ",
         spec.gpt.context, " (the data's context= or model.gpt.context)"));
   }
-  const int64_t n = data.size * data.example_elements();
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t id;
-    std::memcpy(&id, data.bytes.data() + i * sizeof(id), sizeof(id));
-    if (id < 0 || id >= spec.gpt.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": sequence ", i / data.example_elements(), " token ", i % data.example_elements(),
-          " is id ", id, ", outside the vocabulary [0, ", spec.gpt.vocab, ")"));
+  for (int64_t i = 0; i < data.size; ++i) {
+    for (int64_t j = 0; j < data.example_elements(); ++j) {
+      const int32_t id = data.token(i, j);
+      if (id < 0 || id >= spec.gpt.vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": sequence ", i, " token ", j, " is id ",
+                                                       id, ", outside the vocabulary [0, ",
+                                                       spec.gpt.vocab, ")"));
+      }
     }
   }
   return absl::OkStatus();
@@ -901,6 +901,11 @@ Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std:
                                                    " classes (model.classes)"));
   }
   return absl::OkStatus();
+}
+
+ModelSpec ModelSpecOf(const JobConfig& c) {
+  const ModelConfig& m = c.model;
+  return {m.name, "", c.run.seed, m.input, m.classes, m.gpt, m.lora};
 }
 
 std::vector<std::string> BuiltinModelNames() {

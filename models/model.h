@@ -46,6 +46,10 @@ struct ModelSpec {
   LoraConfig lora{};                               // adapters, for name == "gpt"
 };
 
+// The model a job describes (its model section, initialised from run.seed); for
+// torchscript the caller reads model.path into `torchscript`.
+ModelSpec ModelSpecOf(const JobConfig& config);
+
 // The built-in model names (without torchscript), for validation and messages.
 std::vector<std::string> BuiltinModelNames();
 

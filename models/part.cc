@@ -44,11 +44,7 @@ std::vector<int64_t> BatchLabels(const Dataset& data, const std::vector<int64_t>
   }
   const int64_t n = data.example_elements();
   for (int64_t i : indices) {
-    for (int64_t j = 1; j < n; ++j) {
-      int32_t id;
-      std::memcpy(&id, data.bytes.data() + (i * n + j) * sizeof(id), sizeof(id));
-      labels.push_back(id);
-    }
+    for (int64_t j = 1; j < n; ++j) labels.push_back(data.token(i, j));
   }
   return labels;
 }

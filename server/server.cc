@@ -1992,8 +1992,7 @@ Status Server::Impl::Init() {
     }
     bearer_ = "Bearer " + token;
   }
-  ModelSpec spec{cfg_.model.name, "", cfg_.run.seed, cfg_.model.input, cfg_.model.classes,
-                 cfg_.model.gpt, cfg_.model.lora};
+  ModelSpec spec = ModelSpecOf(cfg_);
   if (cfg_.model.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
     auto blob = std::make_shared<const std::string>(spec.torchscript);

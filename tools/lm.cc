@@ -42,7 +42,7 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
   Loaded out;
   ASSIGN_OR_RETURN(out.config, JobConfig::Load(config));
   const ModelConfig& m = out.config.model;
-  ModelSpec spec{m.name, "", out.config.run.seed, m.input, m.classes, m.gpt, m.lora};
+  ModelSpec spec = ModelSpecOf(out.config);
   if (m.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(m.path));
   }
