@@ -603,9 +603,12 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return not_updated_.empty() ? global_ : shared_layout_;
   }
-  // What a round's model blob and a checkpoint hold: the model without its frozen base.
-  ParameterSet Published(const ParameterSet& model) const {
-    return frozen_.empty() ? model : Without(model, frozen_);
+  // What a round's model blob and a checkpoint hold: the model without its frozen base;
+  // `model` itself (no copy) when nothing is frozen, else that part of it in `scratch`.
+  const ParameterSet& Published(const ParameterSet& model, ParameterSet& scratch) const {
+    if (frozen_.empty()) return model;
+    scratch = Without(model, frozen_);
+    return scratch;
   }
   // The Run thread is the only writer of global_ (under mu_), so it may read it without.
   const ParameterSet& RunThreadGlobal() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return global_; }
@@ -2383,7 +2386,8 @@ Status Server::Impl::Start() {
 }
 
 void Server::Impl::PublishModelLocked() {
-  auto blob = std::make_shared<const std::string>(ModelBlob(Published(global_)));
+  ParameterSet scratch;
+  auto blob = std::make_shared<const std::string>(ModelBlob(Published(global_, scratch)));
   PublishLocked(std::move(blob), Sha256Hex(*blob));
 }
 
@@ -2392,8 +2396,9 @@ void Server::Impl::PublishLocked(std::shared_ptr<const std::string> blob, std::s
     it = pinned_blobs_.count(it->first) ? std::next(it) : blobs_.erase(it);
   }
   fp32_sizes_.clear();
-  // global_ is the new model
-  fp32_sizes_[digest] = static_cast<int64_t>(Published(global_).EncodedSize());
+  // The fp32 size of what the blob of the new model (global_) holds.
+  ParameterSet scratch;
+  fp32_sizes_[digest] = static_cast<int64_t>(Published(global_, scratch).EncodedSize());
   model_digest_ = std::move(digest);
   blobs_[model_digest_] = std::move(blob);
 }
@@ -2850,7 +2855,8 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
   std::shared_ptr<const std::string> blob;
   std::string digest;
   if (finished.ok()) {
-    blob = std::make_shared<const std::string>(ModelBlob(Published(next)));
+    ParameterSet scratch;
+    blob = std::make_shared<const std::string>(ModelBlob(Published(next, scratch)));
     digest = Sha256Hex(*blob);
   }
   mu_.Lock();
@@ -3041,7 +3047,8 @@ std::string Server::Impl::CheckpointLocked(double elapsed_s) const {
   Checkpoint ck;
   ck.run_id = run_id_;
   ck.round = committed_round_;
-  ck.global = Published(global_);  // exact, whatever the broadcast codec
+  ParameterSet scratch;
+  ck.global = Published(global_, scratch);  // exact, whatever the broadcast codec
   ck.strategy_state = strategy_->State();
   ck.rng = rng_;
   ck.bytes_up = total_bytes_up_;
@@ -3061,7 +3068,8 @@ Status Server::Impl::LoadCheckpoint() {
   auto decoded = DecodeCheckpoint(bytes);
   if (!decoded.ok()) return in_file(decoded.status());
   Checkpoint& ck = *decoded;
-  if (!ck.global.SameLayout(Published(global_))) {
+  ParameterSet scratch;
+  if (!ck.global.SameLayout(Published(global_, scratch))) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name,
                      frozen_.empty() ? "" : " with these LoRA adapters"));
