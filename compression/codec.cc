@@ -226,26 +226,46 @@ class HalfCodec : public Codec {
 };
 
 // int8: `groups` float32 scales (one, or one per row), then a signed byte per value.
+// One scale per group of values: the whole tensor (int8), each row (int8:channel) or each
+// vector along the last dimension (int8:token: a token's activation in [batch, tokens,
+// dim]). Per-token scales are many, one per `dim` values, so they travel as bfloat16,
+// rounded up so that no value exceeds 127 steps.
 class Int8Codec : public Codec {
  public:
-  Int8Codec(std::string name, bool stochastic, bool per_row, uint64_t seed)
-      : Codec(std::move(name)), stochastic_(stochastic), per_row_(per_row), rng_(seed) {}
+  enum class Grouping { kTensor, kRow, kLastDim };
+  Int8Codec(std::string name, bool stochastic, Grouping grouping, uint64_t seed)
+      : Codec(std::move(name)), stochastic_(stochastic), grouping_(grouping), rng_(seed) {}
 
-  int64_t Groups(const Shape& shape) const { return per_row_ ? Rows(shape) : 1; }
+  int64_t Groups(const Shape& shape) const {
+    switch (grouping_) {
+      case Grouping::kTensor: return 1;
+      case Grouping::kRow: return Rows(shape);
+      case Grouping::kLastDim:
+        return shape.size() < 2 || shape.back() == 0 ? 1 : NumElements(shape) / shape.back();
+    }
+    return 1;
+  }
+  int ScaleBytes() const { return grouping_ == Grouping::kLastDim ? 2 : 4; }
   int64_t EncodedSize(const Shape& shape) const override {
-    return 4 * Groups(shape) + NumElements(shape);
+    return ScaleBytes() * Groups(shape) + NumElements(shape);
   }
 
   void Encode(int, const float* in, const Shape& shape, std::string* out) override {
     const int64_t n = NumElements(shape), groups = Groups(shape);
     const int64_t per = groups == 0 ? 0 : n / groups;
     char* p = Grow(out, EncodedSize(shape));
-    auto* q = reinterpret_cast<int8_t*>(p + 4 * groups);
+    auto* q = reinterpret_cast<int8_t*>(p + ScaleBytes() * groups);
     const uint32_t seed = stochastic_ ? CallSeed(rng_) : 0;
     for (int64_t g = 0; g < groups; ++g) {
       const float* x = in + g * per;
-      const float scale = kernels::MaxAbs(x, per) / 127.0f;
-      std::memcpy(p + 4 * g, &scale, 4);
+      float scale = kernels::MaxAbs(x, per) / 127.0f;
+      if (ScaleBytes() == 2) {
+        const uint16_t b = Bf16Up(scale);
+        std::memcpy(p + 2 * g, &b, 2);
+        scale = Bf16ToFloat(b);
+      } else {
+        std::memcpy(p + 4 * g, &scale, 4);
+      }
       if (stochastic_) {
         kernels::QuantizeStochastic(x, per, scale, seed + static_cast<uint32_t>(g) * 0x85ebca6bu,
                                     q + g * per);
@@ -258,10 +278,8 @@ class Int8Codec : public Codec {
   Status Check(std::string_view bytes, const Shape& shape) const override {
     RETURN_IF_ERROR(Length(bytes, EncodedSize(shape), name()));
     const int64_t groups = Groups(shape);
-    for (int64_t g = 0; g < groups; ++g) {
-      RETURN_IF_ERROR(CheckScale(Get<float>(bytes.data() + 4 * g), 127.0f, name()));
-    }
-    if (kernels::AnyMinus128(reinterpret_cast<const int8_t*>(bytes.data() + 4 * groups),
+    for (int64_t g = 0; g < groups; ++g) RETURN_IF_ERROR(CheckScale(Scale(bytes, g), 127.0f, name()));
+    if (kernels::AnyMinus128(reinterpret_cast<const int8_t*>(bytes.data() + ScaleBytes() * groups),
                              NumElements(shape))) {
       return absl::InvalidArgumentError(name() + " value -128 is outside [-127, 127]");
     }
@@ -272,16 +290,28 @@ class Int8Codec : public Codec {
                    float* out) const override {
     if (count == 0) return;
     const int64_t groups = Groups(shape), per = NumElements(shape) / groups;
-    const auto* q = reinterpret_cast<const int8_t*>(bytes.data() + 4 * groups);
+    const auto* q = reinterpret_cast<const int8_t*>(bytes.data() + ScaleBytes() * groups);
     for (int64_t i = begin; i < begin + count;) {
       const int64_t g = i / per, end = std::min(begin + count, (g + 1) * per);
-      kernels::Dequantize(q + i, end - i, Get<float>(bytes.data() + 4 * g), out + (i - begin));
+      kernels::Dequantize(q + i, end - i, Scale(bytes, g), out + (i - begin));
       i = end;
     }
   }
 
  private:
-  const bool stochastic_, per_row_;
+  float Scale(std::string_view bytes, int64_t g) const {
+    return ScaleBytes() == 2 ? Bf16ToFloat(Get<uint16_t>(bytes.data() + 2 * g))
+                             : Get<float>(bytes.data() + 4 * g);
+  }
+  // The smallest bfloat16 >= s (s finite and >= 0).
+  static uint16_t Bf16Up(float s) {
+    uint32_t bits;
+    std::memcpy(&bits, &s, 4);
+    return static_cast<uint16_t>((bits >> 16) + ((bits & 0xffffu) != 0 ? 1 : 0));
+  }
+
+  const bool stochastic_;
+  const Grouping grouping_;
   std::mt19937_64 rng_;
 };
 
@@ -951,7 +981,7 @@ StatusOr<std::unique_ptr<Codec>> MakeStatelessCodec(const std::string& spec, uin
   if (codec->stateful()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "codec ", spec, " keeps state across calls (error feedback) and cannot encode "
-        "something new every call (use fp16, bf16, int8[:channel][:sr] or qsgd:S)"));
+        "something new every call (use fp16, bf16, int8[:channel|:token][:sr] or qsgd:S)"));
   }
   return codec;
 }
@@ -978,9 +1008,12 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t see
   if (spec == "fp16") return std::unique_ptr<Codec>(new HalfCodec(false));
   if (spec == "bf16") return std::unique_ptr<Codec>(new HalfCodec(true));
   if (spec == "sign") return std::unique_ptr<Codec>(new SignCodec());
-  if (spec == "int8" || spec == "int8:sr" || spec == "int8:channel" || spec == "int8:channel:sr") {
-    return std::unique_ptr<Codec>(new Int8Codec(spec, spec.find(":sr") != std::string::npos,
-                                                spec.find(":channel") != std::string::npos, seed));
+  if (family == "int8" && (arg.empty() || arg == "sr" || arg == "channel" || arg == "channel:sr" ||
+                           arg == "token" || arg == "token:sr")) {
+    const auto grouping = absl::StartsWith(arg, "channel") ? Int8Codec::Grouping::kRow
+                          : absl::StartsWith(arg, "token") ? Int8Codec::Grouping::kLastDim
+                                                           : Int8Codec::Grouping::kTensor;
+    return std::unique_ptr<Codec>(new Int8Codec(spec, absl::EndsWith(arg, "sr"), grouping, seed));
   }
   if (family == "qsgd") {
     ASSIGN_OR_RETURN(int levels, integer(1, 127));
@@ -1002,7 +1035,7 @@ StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t see
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown codec '", spec,
-      "' (none, fp16, bf16, int8[:channel][:sr], qsgd:S, topk:F[:ef21], randk:F, sign, "
+      "' (none, fp16, bf16, int8[:channel|:token][:sr], qsgd:S, topk:F[:ef21], randk:F, sign, "
       "powersgd:R)"));
 }
 

@@ -11,6 +11,10 @@
 //   int8:sr         the same with stochastic rounding: unbiased, error under one step
 //   int8:channel    one scale per row (tensors of 2+ dimensions; 1-D tensors get one)
 //   int8:channel:sr per-row scales and stochastic rounding
+//   int8:token      one scale per vector along the last dimension (each token of
+//                   [batch, tokens, dim] activations), as bfloat16 rounded up: error at
+//                   most half of that token's step; 1-D tensors get one
+//   int8:token:sr   per-token scales and stochastic rounding
 //   qsgd:S          QSGD with S levels (1..127): per bucket of 512 values a float32 L2
 //                   norm, and per value a sign and a level in 0..S, stochastically
 //                   rounded (unbiased), packed in ceil(log2(2S + 1)) bits

@@ -36,7 +36,7 @@ inline const std::vector<std::string>& Codecs() {
   static const std::vector<std::string> kCodecs = {
       "fp16",  "bf16",       "int8",      "int8:sr",     "int8:channel", "int8:channel:sr",
       "qsgd:4", "qsgd:16",   "topk:0.1",  "topk:0.1:ef21", "randk:0.2",  "sign",
-      "powersgd:2"};
+      "powersgd:2", "int8:token"};
   return kCodecs;
 }
 

@@ -6,13 +6,18 @@
 # steps). Reports the held-out perplexity (the tail of every fine-tuning file) and the
 # bytes moved. Variants: no fine-tuning, central full and LoRA fine-tuning, FedAvg full
 # and LoRA, split learning (sfl-v2, U-shaped; full model, with int8 activations and
-# gradients too), and FedAvg with SGD against DiLoCo at equal rounds (equal bytes).
-#   bench/lm/fortunes.sh [ROUNDS=5]
+# gradients too, one scale per tensor and per token), and FedAvg with SGD against
+# DiLoCo at equal rounds (equal bytes).
+#   bench/lm/fortunes.sh [ROUNDS=5] [VARIANT...]
+# With VARIANTs (the names below, e.g. sfl-v2 sfl-v2-int8-token) only those run; the
+# table shows what the run directory holds (earlier results too).
 # One federation at a time; everything goes to runs/bench-lm-fortunes-ROUNDS/ (a
 # pretrained base already there, base.safetensors, is reused).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-5}
+shift || true
+only=" $* "
 out=$PWD/runs/bench-lm-fortunes-$rounds
 mkdir -p "$out/pretrain" "$out/finetune"
 bin=$(mktemp -d)  # a copy of the binaries: a rebuild meanwhile does not disturb the runs
@@ -31,6 +36,7 @@ common="data: {test: \"text:$out/finetune,context=64\", test_limit: 1024}"
 
 run() {  # NAME CLIENTS ROUNDS MODEL-EXTRA TRAIN SPLIT-AND-MORE
   local name=$1 clients=$2 r=$3 extra=$4 train=$5 more=$6 data=${7:-finetune}
+  [ "$only" = "  " ] || [ "$name" = pretrain ] || [[ "$only" == *" $name "* ]] || return 0
   rm -rf "$out/$name"
   cat > "$out/$name.yaml" <<YAML
 run: {name: $name, rounds: $r, seed: 1}
@@ -61,6 +67,9 @@ run sfl-v2 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" "split: {mod
 run sfl-v2-int8 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" \
   "split: {mode: sfl-v2, cut: 2}
 compression: {activations: int8, gradients: int8}"
+run sfl-v2-int8-token 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" \
+  "split: {mode: sfl-v2, cut: 2}
+compression: {activations: int8:token, gradients: int8:token}"
 run ushaped 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 25" "split: {mode: ushaped, cut: 2, tail: 1}"
 run sfl-v2-lora 4 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 25" "split: {mode: sfl-v2, cut: 2}"
 run ushaped-lora 4 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 25" "split: {mode: ushaped, cut: 2, tail: 1}"
@@ -76,7 +85,7 @@ def row(name, label, note=""):
     try:
         ms = lines(name)
     except OSError:
-        print(f"| {label} | (failed) | | | {note} |")
+        print(f"| {label} | (no result) | | | {note} |")
         return
     last = ms[-1]
     up = sum(m["bytes_up"] for m in ms)
@@ -96,6 +105,7 @@ if initial:
 for name, label in [("central-full", "central, full model"), ("central-lora", "central, LoRA r=8"),
                     ("fedavg-full", "FedAvg, full model"), ("fedavg-lora", "FedAvg-LoRA r=8"),
                     ("sfl-v2", "sfl-v2, full model, cut 2"), ("sfl-v2-int8", "sfl-v2, int8 activations and gradients"),
+                    ("sfl-v2-int8-token", "sfl-v2, int8 per token row (int8:token)"),
                     ("ushaped", "U-shaped, full model, cut 2, tail 1"),
                     ("sfl-v2-lora", "sfl-v2-LoRA r=8, cut 2"), ("ushaped-lora", "U-shaped-LoRA r=8, cut 2, tail 1"),
                     ("fedavg-sgd", "FedAvg, SGD inner, 100 steps"), ("diloco", "DiLoCo, AdamW inner, 100 steps")]:

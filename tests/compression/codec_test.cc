@@ -59,8 +59,8 @@ float MaxAbs(const float* v, int64_t n) {
 
 // Every codec, with its parameters.
 const std::vector<std::string> kAllSpecs = {
-    "none", "fp16", "bf16", "int8", "int8:sr", "int8:channel", "int8:channel:sr", "qsgd:1",
-    "qsgd:4", "qsgd:127", "topk:0.1", "randk:0.1", "sign", "powersgd:1", "powersgd:3"};
+    "none", "fp16", "bf16", "int8", "int8:sr", "int8:channel", "int8:channel:sr", "int8:token",
+    "int8:token:sr", "qsgd:1", "qsgd:4", "qsgd:127", "topk:0.1", "randk:0.1", "sign", "powersgd:1", "powersgd:3"};
 
 TEST(CodecTest, HalfAndBfloatConversionsRoundToNearestEven) {
   EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
@@ -121,6 +121,42 @@ TEST(CodecTest, PerChannelInt8ScalesEachRowByItsOwnMaximum) {
   EXPECT_EQ(bias->EncodedSize({10}), 4 + 10);
 }
 
+TEST(CodecTest, PerTokenInt8ScalesEachLastDimensionVectorByItsOwnMaximum) {
+  // Activations [2 sequences, 3 tokens, 40 dims] whose tokens' magnitudes span 1e-3..1e2:
+  // each token's error is within half of its own step, whose bfloat16 scale is rounded
+  // up (at most 2^-7 above max / 127) so that no value is clipped.
+  const Shape shape = {2, 3, 40};
+  std::vector<float> in = Random(240, 6);
+  for (int64_t i = 0; i < 240; ++i) in[i] *= std::pow(10.0f, static_cast<float>(i / 40) - 3);
+  auto c = Make("int8:token");
+  EXPECT_EQ(c->EncodedSize(shape), 2 * 6 + 240);
+  std::string bytes;
+  c->Encode(0, in.data(), shape, &bytes);
+  const auto out = RoundTrip(*c, in, shape);
+  for (int64_t t = 0; t < 6; ++t) {
+    const float exact = MaxAbs(in.data() + 40 * t, 40) / 127;
+    uint16_t b;
+    std::memcpy(&b, bytes.data() + 2 * t, 2);
+    const float scale = Bf16ToFloat(b);
+    ASSERT_GE(scale, exact) << t;
+    ASSERT_LE(scale, exact * (1 + std::ldexp(1.0f, -7))) << t;
+    for (int64_t i = 40 * t; i < 40 * (t + 1); ++i) {
+      ASSERT_LE(std::abs(out[i] - in[i]), scale / 2 * 1.0001f) << i;
+    }
+  }
+  // Per sequence (int8:channel) loses the small tokens of each sequence.
+  EXPECT_GT(std::abs(RoundTrip(*Make("int8:channel"), in, shape)[5] - in[5]),
+            10 * std::abs(out[5] - in[5]) + 1e-7);
+  EXPECT_EQ(c->EncodedSize({10}), 2 + 10);  // a 1-D tensor has one scale
+  EXPECT_EQ(c->EncodedSize({4, 0}), 2);     // no values: one (zero) scale
+  // A NaN or negative scale is refused.
+  for (uint16_t bad : {uint16_t{0x7fc0}, uint16_t{0xbf80}, uint16_t{0x7f80}}) {
+    std::string b2 = bytes;
+    std::memcpy(b2.data() + 2, &bad, 2);
+    EXPECT_EQ(c->Check(b2, shape).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(CodecTest, QsgdErrorIsBelowOneLevelOfItsBucketNorm) {
   const auto in = Random(1300, 5);  // buckets of 512, 512, 276
   for (int s : {1, 4, 127}) {
@@ -167,6 +203,14 @@ TEST(CodecTest, StochasticRoundingIsUnbiased) {
   std::vector<double> row_steps(64);
   for (int i = 0; i < 64; ++i) row_steps[i] = MaxAbs(in.data() + 16 * (i / 16), 16) / 127.0;
   ExpectUnbiased("int8:channel:sr", in, {4, 16}, row_steps);
+  // Per token of [2, 4, 8]: groups of 8, scales rounded up to bfloat16.
+  std::vector<double> token_steps(64);
+  for (int i = 0; i < 64; ++i) {
+    const float exact = MaxAbs(in.data() + 8 * (i / 8), 8) / 127.0f;
+    const float nearest = Bf16ToFloat(FloatToBf16(exact));
+    token_steps[i] = nearest >= exact ? nearest : Bf16ToFloat(FloatToBf16(exact) + 1);
+  }
+  ExpectUnbiased("int8:token:sr", in, {2, 4, 8}, token_steps);
   double sq = 0;
   for (float x : in) sq += x * x;
   ExpectUnbiased("qsgd:4", in, Flat(in), std::vector<double>(64, std::sqrt(sq) / 4));
