@@ -1,5 +1,7 @@
 #include "models/part.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,6 +15,13 @@
 
 namespace cleave {
 namespace {
+
+// Bytes allocated from glibc's heap, every arena and mmapped chunks included (LibTorch's
+// CPU allocator takes its tensors from it, uncached).
+size_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
 
 torch::Tensor ToTensor(const Activations& a) {
   return torch::from_blob(const_cast<float*>(a.values.data()), a.shape, torch::kFloat32).clone();
@@ -94,14 +103,18 @@ struct ModelPart::Impl {
   std::vector<std::pair<std::string, torch::Tensor>> params;
   std::vector<size_t> first_param;  // per stage: index of its first tensor in params
   // Optimizer state per tensor of params: momentum / first moment, second moment, steps.
+  // Allocated by ResetOptimizer for trainable tensors only, and only what the optimizer
+  // uses (none for plain SGD, one for momentum, two for Adam): frozen base weights under
+  // LoRA cost their values and nothing more.
   std::vector<torch::Tensor> first, second;
   std::vector<int64_t> steps;
   LocalTrainOptions training;  // ResetOptimizer's
   struct Pending {
     torch::Tensor input, output;
     int from = 0;
-    // The weights its forward pass used, saved when a step changes them before its
-    // backward pass (weight stashing); empty while they are still the live weights.
+    // The trainable weights its forward pass used, saved when a step changes them before
+    // its backward pass (weight stashing; undefined for frozen ones); empty while they
+    // are still the live weights.
     std::vector<torch::Tensor> stash;
   };
   std::map<int64_t, Pending> pending;
@@ -128,7 +141,9 @@ struct ModelPart::Impl {
     torch::NoGradGuard no_grad;
     for (auto& [id, p] : pending) {  // keep what their forward passes saw
       if (!p.stash.empty()) continue;
-      for (auto& [name, t] : params) p.stash.push_back(t.detach().clone());
+      for (auto& [name, t] : params) {
+        p.stash.push_back(t.requires_grad() ? t.detach().clone() : torch::Tensor());
+      }
     }
     const size_t first_index = first_param[from - begin];
     std::vector<torch::Tensor> grads;
@@ -177,10 +192,8 @@ StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, in
     for (auto& p : s.parameters()) impl->params.push_back(std::move(p));
     s.train(true);
   }
-  for (auto& [name, p] : impl->params) {
-    impl->first.push_back(torch::zeros_like(p));
-    impl->second.push_back(torch::zeros_like(p));
-  }
+  impl->first.resize(impl->params.size());
+  impl->second.resize(impl->params.size());
   impl->steps.assign(impl->params.size(), 0);
   return std::unique_ptr<ModelPart>(new ModelPart(std::move(impl)));
 }
@@ -188,6 +201,15 @@ StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, in
 int ModelPart::begin() const { return impl_->begin; }
 int ModelPart::end() const { return impl_->end; }
 size_t ModelPart::pending() const { return impl_->pending.size(); }
+
+int64_t ModelPart::OptimizerStateElements() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    if (impl_->first[i].defined()) n += impl_->first[i].numel();
+    if (impl_->second[i].defined()) n += impl_->second[i].numel();
+  }
+  return n;
+}
 
 ParameterSet ModelPart::Parameters() const {
   ParameterSet ps;
@@ -242,8 +264,13 @@ Status ModelPart::ResetOptimizer(const LocalTrainOptions& training) {
   impl_->training = training;
   impl_->pending.clear();
   torch::NoGradGuard no_grad;
-  for (auto& m : impl_->first) m.zero_();
-  for (auto& v : impl_->second) v.zero_();
+  const bool adam = training.optimizer != "sgd";
+  for (size_t i = 0; i < impl_->params.size(); ++i) {
+    const torch::Tensor& p = impl_->params[i].second;
+    const bool trains = p.requires_grad();
+    impl_->first[i] = trains && (adam || training.momentum != 0) ? torch::zeros_like(p) : torch::Tensor();
+    impl_->second[i] = trains && adam ? torch::zeros_like(p) : torch::Tensor();
+  }
   std::fill(impl_->steps.begin(), impl_->steps.end(), 0);
   for (auto& [name, p] : impl_->params) {
     if (p.grad().defined()) p.mutable_grad().zero_();
@@ -287,6 +314,10 @@ StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_ou
     if (!p.stash.empty()) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < impl_->params.size(); ++i) {
+        if (!p.stash[i].defined()) {  // frozen: the same weights
+          live.emplace_back();
+          continue;
+        }
         auto w = impl_->params[i].second.data();
         live.push_back(w.clone());
         w.copy_(p.stash[i]);
@@ -305,7 +336,9 @@ StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_ou
     }
     if (!live.empty()) {
       torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < impl_->params.size(); ++i) impl_->params[i].second.data().copy_(live[i]);
+      for (size_t i = 0; i < impl_->params.size(); ++i) {
+        if (live[i].defined()) impl_->params[i].second.data().copy_(live[i]);
+      }
     }
     impl_->Step(p.from);
     return Impl::InputGrad(p.input);
@@ -370,13 +403,23 @@ StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
                           : torch::randn(shape);
     for (auto& s : stages) {
       StageProfile p;
-      for (auto& [name, t] : s.parameters()) p.param_elements += t.numel();
+      for (auto& [name, t] : s.parameters()) {
+        p.param_elements += t.numel();
+        if (t.requires_grad()) p.trainable_elements += t.numel();
+      }
       std::vector<double> times;
       torch::Tensor y;
       for (int r = 0; r <= reps; ++r) {  // r = 0 warms up
         auto xi = x.detach().requires_grad_(true);
+        y.reset();  // the last pass's output is freed before, not during, the measurement
+        const size_t heap_before = HeapInUse();
         const auto t0 = std::chrono::steady_clock::now();
         y = s.forward(xi);
+        const size_t heap_after = HeapInUse();
+        if (r > 0) {  // the least of the timed passes: the warm-up's one-time allocations aside
+          const int64_t saved = heap_after > heap_before ? (heap_after - heap_before) / batch : 0;
+          p.saved_bytes = r == 1 ? saved : std::min(p.saved_bytes, saved);
+        }
         if (y.requires_grad()) y.backward(torch::ones_like(y));  // else a frozen stage
         const double dt =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

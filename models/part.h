@@ -97,6 +97,8 @@ class ModelPart {
                                    int from = -1);
 
   size_t pending() const;
+  // Values of optimizer state held (momentum, Adam's moments): trainable tensors only.
+  int64_t OptimizerStateElements() const;
 
  private:
   struct Impl;
@@ -112,14 +114,20 @@ StatusOr<std::vector<int>> ParameterStages(const ModelSpec& spec);
 
 // What a stage costs on this machine.
 struct StageProfile {
-  double seconds = 0;          // forward + backward of one batch
-  int64_t out_elements = 0;    // output elements per sample (what crosses a cut after it)
-  int64_t param_elements = 0;  // trainable parameters
+  double seconds = 0;              // forward + backward of one batch
+  int64_t out_elements = 0;        // output elements per sample (what crosses a cut after it)
+  int64_t param_elements = 0;      // parameters, frozen ones included
+  int64_t trainable_elements = 0;  // those that train (all but LoRA's frozen base)
+  // Heap bytes per sample that the forward pass leaves allocated until its backward
+  // pass: the output and everything autograd saved (a transformer block's attention
+  // probabilities, heads x tokens^2, its MLP's hidden activations), measured.
+  int64_t saved_bytes = 0;
   std::vector<int64_t> out_shape;  // output shape of one sample
 };
 
 // Times every stage of `spec` (forward and backward, median of `reps` after a warm-up)
-// on a random batch of `batch` samples shaped `sample_shape` (e.g. {1, 28, 28}).
+// on a random batch of `batch` samples shaped `sample_shape` (e.g. {1, 28, 28}), and
+// measures what its forward pass keeps for the backward pass (glibc's heap in use).
 StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
                                                   const std::vector<int64_t>& sample_shape,
                                                   int batch, int reps);

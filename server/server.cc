@@ -2172,7 +2172,10 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
   for (const auto& st : server_profile_) {
     p.server_stage_s.push_back(st.seconds);
     p.param_bytes.push_back(4 * st.param_elements);
+    p.trainable_bytes.push_back(4 * st.trainable_elements);
+    p.saved_bytes.push_back(st.saved_bytes);
   }
+  p.optimizer_slots = cfg_.train.optimizer != "sgd" ? 2 : cfg_.train.momentum != 0 ? 1 : 0;
   p.input_bytes = {4 * NumElements(stage_shapes_[0])};
   for (int i = 1; i <= num_stages_; ++i) p.out_bytes.push_back(4 * NumElements(stage_shapes_[i]));
   p.batch = cfg_.train.batch_size;

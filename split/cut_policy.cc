@@ -47,17 +47,19 @@ CutPrediction PredictStep(const CutProblem& p, int cut) {
   r.step_s = w == 1 ? chain
                     : std::max({r.client_s, r.up_s, r.server_s, r.down_s, chain / w});
 
-  // Client memory: parameters, gradients and momentum of its stages, plus the input and
-  // every stage output autograd keeps, for each micro-batch in flight.
-  int64_t params = SumBytes(p.param_bytes, 0, cut);
+  // Client memory (see the header): its stages [0, cut) and, U-shaped, [server_end, n).
+  const std::vector<int64_t>& trainable = p.trainable_bytes.empty() ? p.param_bytes : p.trainable_bytes;
+  const std::vector<int64_t>& kept = p.saved_bytes.empty() ? p.out_bytes : p.saved_bytes;
+  int64_t params = SumBytes(p.param_bytes, 0, cut), trains = SumBytes(trainable, 0, cut);
   int64_t saved = SumBytes(p.input_bytes, 0, static_cast<int>(p.input_bytes.size())) +
-                  SumBytes(p.out_bytes, 0, cut);
+                  SumBytes(kept, 0, cut);
   if (ushaped) {
     params += SumBytes(p.param_bytes, server_end, n);
-    saved += SumBytes(p.out_bytes, server_end - 1, n);
+    trains += SumBytes(trainable, server_end, n);
+    saved += p.out_bytes[server_end - 1] + SumBytes(kept, server_end, n);
   }
-  // Weight stashing keeps one more copy of the weights per extra micro-batch in flight.
-  r.client_memory_bytes = (3 + int64_t{w} - 1) * params + int64_t{w} * p.batch * saved;
+  r.client_memory_bytes = params + (1 + int64_t{p.optimizer_slots} + w - 1) * trains +
+                          int64_t{w} * p.batch * saved;
   // Message size is judged uncompressed: a codec never makes a tensor larger.
   r.message_bytes = std::max(act, ushaped ? p.out_bytes[server_end - 1] * p.batch : 0);
   if (p.memory_limit_bytes > 0 && r.client_memory_bytes > p.memory_limit_bytes) {

@@ -10,10 +10,14 @@
 // and takes client + up + server + down + round trips with a window of 1. With W
 // micro-batches in flight the resources overlap: the step takes the slowest of them,
 // or the whole chain divided by W, whichever is larger.
-// A cut is feasible when the client's memory (parameters, gradients, momentum, W - 1
-// stashed copies of the weights, and the activations autograd keeps for W micro-batches)
-// fits its limit and a micro-batch of
-// activations fits one message.
+// A cut is feasible when the client's memory fits its limit and a micro-batch of
+// activations fits the largest tensor the server takes. The client's memory is its
+// stages' parameters, plus for the trainable ones (all but LoRA's frozen base) a
+// gradient, the optimizer's state (none for SGD, momentum, Adam's two moments) and W - 1
+// stashed copies, plus for each of W micro-batches in flight its input and what each
+// stage's forward pass keeps for the backward pass (measured: for a transformer block the
+// attention probabilities, heads x tokens^2 a sequence, and the MLP's hidden activations,
+// so sequence length and attention memory count).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +36,11 @@ struct CutProblem {
   std::vector<int64_t> out_bytes;      // per stage: output bytes per sample on the wire
                                        //   (after compression)
   std::vector<int64_t> param_bytes;    // per stage
+  std::vector<int64_t> trainable_bytes;  // per stage, of param_bytes; empty = all train
+  std::vector<int64_t> saved_bytes;    // per stage, per sample: kept from forward to
+                                       //   backward, output included; empty = out_bytes
+  int optimizer_slots = 1;             // state values per trainable value (0 sgd, 1
+                                       //   momentum, 2 adam/adamw)
   int batch = 64;
   int window = 1;
   double server_load = 1;              // >= 1: how many clients share a server worker

@@ -234,6 +234,51 @@ TEST(GptTest, StagesComposeToTheWholeModel) {
   }
 }
 
+// What the cut policy learns of the decoder's memory: a block keeps far more for its
+// backward pass than the activations it hands on (attention probabilities, heads x
+// tokens^2 a sequence, grow with the square of the context; the MLP's hidden layer is 4x
+// as wide), and under LoRA only the adapters train, so only they get optimizer state.
+TEST(GptTest, ProfilesMeasureWhatEachStageKeepsAndWhatTrains) {
+  ModelSpec spec = Gpt(false);
+  spec.gpt.context = 64;
+  auto short_ctx = ProfileStages(spec, {64}, 8, 1);
+  spec.gpt.context = 256;
+  auto long_ctx = ProfileStages(spec, {256}, 8, 1);
+  ASSERT_TRUE(short_ctx.ok() && long_ctx.ok());
+  const StageProfile& block = (*short_ctx)[1];
+  EXPECT_EQ(block.out_elements, 64 * 32);
+  EXPECT_GT(block.saved_bytes, 8 * 4 * block.out_elements) << "more than 8 copies of its output";
+  // Quadrupling the context: the per-token terms grow 4x, the attention terms 16x.
+  EXPECT_GT((*long_ctx)[1].saved_bytes, 6 * block.saved_bytes);
+  for (const auto& st : *short_ctx) {
+    EXPECT_GE(st.saved_bytes, 4 * st.out_elements) << "the output is kept";
+    EXPECT_EQ(st.trainable_elements, st.param_elements);
+  }
+
+  ModelSpec lora = Gpt(false);
+  lora.lora = {/*rank=*/4, /*alpha=*/8};
+  auto profile = ProfileStages(lora, {16}, 4, 1);
+  ASSERT_TRUE(profile.ok());
+  // Each block: A (4 x in) and B (out x 4) on its four projections, 32 wide, MLP 128.
+  const int64_t adapters = 4 * (32 + 96) + 4 * (32 + 32) + 4 * (32 + 128) + 4 * (128 + 32);
+  EXPECT_EQ((*profile)[1].trainable_elements, adapters);
+  EXPECT_EQ((*profile)[0].trainable_elements, 0) << "the embedding is frozen";
+  EXPECT_GT((*profile)[1].param_elements, 5 * adapters);
+  auto part = ModelPart::Create(lora, 0, 2);
+  ASSERT_TRUE(part.ok());
+  LocalTrainOptions o;
+  o.optimizer = "adamw";
+  ASSERT_TRUE((*part)->ResetOptimizer(o).ok());
+  EXPECT_EQ((*part)->OptimizerStateElements(), 2 * adapters) << "two moments, adapters only";
+  o.optimizer = "sgd";
+  o.momentum = 0.9;
+  ASSERT_TRUE((*part)->ResetOptimizer(o).ok());
+  EXPECT_EQ((*part)->OptimizerStateElements(), adapters);
+  o.momentum = 0;
+  ASSERT_TRUE((*part)->ResetOptimizer(o).ok());
+  EXPECT_EQ((*part)->OptimizerStateElements(), 0);
+}
+
 // Bad input: ids outside the vocabulary, sequences longer than the context, a
 // tokenizer whose vocabulary is not the model's, text for a model that is not a
 // language model; each refused before anything trains.

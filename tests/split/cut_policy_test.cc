@@ -71,6 +71,37 @@ TEST(CutPolicyTest, ACutOverTheMemoryLimitIsNeverChosen) {
   EXPECT_EQ(MakeFixedPolicy(6)->Choose(p).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CutPolicyTest, MemoryCountsFrozenWeightsOptimizerStateAndWhatAutogradKeeps) {
+  CutProblem p = Synthetic(0.001, 125e3);
+  const int64_t params = (1 << 10) + (10 << 10);
+  const int64_t saved_default = 4 * 784 + 32000 + 16000;  // input + outputs of stages 0, 1
+  // Defaults: everything trains, SGD with momentum, stage outputs as what is kept.
+  EXPECT_EQ(PredictStep(p, 2).client_memory_bytes, 3 * params + 64 * saved_default);
+  // A transformer's stages keep far more than their output (attention probabilities):
+  // the measured bytes replace the outputs.
+  p.saved_bytes = {100000, 400000, 8000, 4000, 2000, 40};
+  EXPECT_EQ(PredictStep(p, 2).client_memory_bytes, 3 * params + 64 * (4 * 784 + 500000));
+  // Adam's two moments; LoRA: a quarter of each stage trains, the rest is frozen and
+  // costs only its values. Two micro-batches in flight: one stashed copy, twice the
+  // activations.
+  p.optimizer_slots = 2;
+  p.trainable_bytes = {256, 2560, 25600, 256 << 10, 512 << 10, 2560};
+  p.window = 2;
+  EXPECT_EQ(PredictStep(p, 2).client_memory_bytes,
+            params + (1 + 2 + 1) * (256 + 2560) + 2 * 64 * (4 * 784 + 500000));
+  // U-shaped: the tail's parameters and its input and kept bytes count too.
+  p.tail_begin = 5;
+  EXPECT_EQ(PredictStep(p, 2).client_memory_bytes,
+            params + (10 << 10) + (1 + 2 + 1) * (256 + 2560 + 2560) +
+                2 * 64 * (4 * 784 + 500000 + 2000 + 40));
+  // With a limit only the frozen-weight accounting lets in, the policy may cut deeper.
+  CutProblem full = Synthetic(0.001, 125e3), lora = full;
+  lora.trainable_bytes = {16, 160, 1600, 16 << 10, 32 << 10, 160};
+  full.memory_limit_bytes = lora.memory_limit_bytes = 8 << 20;
+  EXPECT_LT(MakeCostModelPolicy()->Choose(full).value().cut, 5);
+  EXPECT_EQ(MakeCostModelPolicy()->Choose(lora).value().cut, 5);
+}
+
 TEST(CutPolicyTest, AMicroBatchMustFitOneMessage) {
   CutProblem p = Synthetic(0.2, 125e6);  // prefers cut 1: 64 x 32000 bytes
   p.max_message_bytes = 1 << 20;
