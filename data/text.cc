@@ -108,9 +108,13 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
     const int64_t held = windows < 2 || test == 0 ? 0
                          : std::clamp<int64_t>(std::llround(test * windows), 1, windows - 1);
     const int64_t first = train ? 0 : windows - held, last = train ? windows - held : windows;
-    if (first == last) continue;
+    // Every file with a window is a group on both sides (train and test number the
+    // groups alike), named by its path under the root as listed (links not followed).
     const int32_t group = static_cast<int32_t>(d.group_names.size());
-    d.group_names.push_back(fs::relative(file, root).string());
+    const fs::path name = fs::path(file).lexically_normal().lexically_relative(root.lexically_normal());
+    d.group_names.push_back(name.empty() || name == "." ? fs::path(file).filename().string()
+                                                         : name.string());
+    if (first == last) continue;
     for (int64_t w = first; w < last; ++w) {
       const auto* begin = reinterpret_cast<const uint8_t*>(&ids[w * context]);
       d.bytes.insert(d.bytes.end(), begin, begin + (context + 1) * sizeof(int32_t));

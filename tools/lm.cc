@@ -4,7 +4,10 @@
 #include <iostream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/config.h"
 #include "core/files.h"
@@ -117,6 +120,81 @@ int RunGenerate(const GenerateOptions& o) {
   auto text = (*tokenizer)->Decode(*ids);
   if (!text.ok()) return Fail("generate", text.status());
   std::cout << o.prompt << *text << "\n";
+  return 0;
+}
+
+int RunEvaluate(const EvaluateOptions& o) {
+  auto loaded = LoadModel(o.model);
+  if (!loaded.ok()) return Fail("evaluate", loaded.status(), 2);
+  const std::string spec = o.data.empty() ? loaded->config.data.test : o.data;
+  if (spec.empty()) {
+    return Fail("evaluate", absl::InvalidArgumentError("the config has no data.test: give --data"), 2);
+  }
+  auto data = LoadDataSpec(spec, /*train=*/false);
+  if (!data.ok()) return Fail("evaluate", data.status(), 2);
+  const std::string& loss = loaded->config.train.loss;
+  if (Status s = CheckDataFitsModel(*data, ModelSpecOf(loaded->config), loss, spec); !s.ok()) {
+    return Fail("evaluate", s, 2);
+  }
+  // The rows: the whole set, then each group or client with the indices it holds.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> rows;
+  if (o.by == "group" || absl::StartsWith(o.by, "client:")) {
+    if (data->groups.empty()) {
+      return Fail("evaluate", absl::InvalidArgumentError(absl::StrCat(
+                                  spec, " has no groups (text files, folder ...,groups, csv "
+                                        "...,group=COLUMN have them)")), 2);
+    }
+    if (o.by == "group") {
+      rows.resize(data->group_names.size());
+      for (size_t g = 0; g < rows.size(); ++g) rows[g].first = data->group_names[g];
+      for (int64_t i = 0; i < data->size; ++i) rows[data->groups[i]].second.push_back(i);
+    } else {
+      int clients = 0;
+      if (!absl::SimpleAtoi(o.by.substr(7), &clients) || clients < 1) {
+        return Fail("evaluate", absl::InvalidArgumentError("--by client:N needs N >= 1"), 2);
+      }
+      auto parts = PartitionDataset(*data, "natural", clients, 0);
+      if (!parts.ok()) return Fail("evaluate", parts.status(), 2);
+      for (int c = 0; c < clients; ++c) {
+        std::vector<std::string> names;  // client c holds groups c, c + N, ...
+        for (size_t g = c; g < data->group_names.size(); g += clients) names.push_back(data->group_names[g]);
+        rows.emplace_back(absl::StrCat("client-", c, " (", absl::StrJoin(names, ", "), ")"),
+                          (*parts)[c]);
+      }
+    }
+  } else if (!o.by.empty()) {
+    return Fail("evaluate", absl::InvalidArgumentError("--by is group or client:N"), 2);
+  }
+  std::vector<std::pair<std::string, EvalStats>> results;
+  auto eval = [&](const std::string& name, const Dataset& d) -> Status {
+    ASSIGN_OR_RETURN(EvalStats e, loaded->model->Evaluate(d, o.batch_size, loss));
+    results.emplace_back(name, std::move(e));
+    return absl::OkStatus();
+  };
+  if (Status s = eval("all", *data); !s.ok()) return Fail("evaluate", s);
+  for (const auto& [name, indices] : rows) {
+    if (indices.empty()) continue;  // a group with no test part
+    if (Status s = eval(name, data->Subset(indices)); !s.ok()) return Fail("evaluate", s);
+  }
+  std::vector<std::string> keys;  // the task's metrics, as the first row has them
+  for (const auto& [k, v] : results[0].second.metrics) {
+    if (k != "tokens") keys.push_back(k);
+  }
+  std::cout << "| " << (o.by.empty() ? "data" : o.by == "group" ? "group" : "client")
+            << " | examples | loss | accuracy";
+  for (const auto& k : keys) std::cout << " | " << k;
+  std::cout << " |\n| --- | --- | --- | ---";
+  for (size_t i = 0; i < keys.size(); ++i) std::cout << " | ---";
+  std::cout << " |\n";
+  for (const auto& [name, e] : results) {
+    std::cout << "| " << name << " | " << e.examples << " | " << absl::StrFormat("%.4f", e.loss)
+              << " | " << absl::StrFormat("%.4f", e.accuracy);
+    for (const auto& k : keys) {
+      auto it = e.metrics.find(k);
+      std::cout << " | " << (it == e.metrics.end() ? "" : absl::StrFormat("%.4f", it->second));
+    }
+    std::cout << " |\n";
+  }
   return 0;
 }
 

@@ -1,5 +1,6 @@
-// The language-model commands of `cleave`: train a tokenizer, sample text from a trained
-// model, export a model as safetensors.
+// The model commands of `cleave`: train a tokenizer, sample text from a trained
+// language model, evaluate a trained model (per group or client too), export a model as
+// safetensors.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,17 @@ struct GenerateOptions {
   uint64_t seed = 0;
 };
 int RunGenerate(const GenerateOptions& o);
+
+struct EvaluateOptions {
+  ModelSource model;
+  std::string data;         // a data spec, test part; "" = the config's data.test
+  std::string by;           // "" = the whole set; "group": each of the data's groups;
+                            //   "client:N": the N clients of the natural partition
+  int batch_size = 64;
+};
+// Prints a Markdown table: examples, loss, accuracy and the task's metrics (perplexity,
+// bits per byte for text), for the whole set and each group or client.
+int RunEvaluate(const EvaluateOptions& o);
 
 struct ExportOptions {
   ModelSource model;

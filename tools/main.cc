@@ -132,6 +132,16 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", gen.seed, "sampling seed");
   generate->add_option("--tokenizer", gen.tokenizer,
                        "byte or spm:MODEL (default: the config's local.data tokenizer=)");
+  cleave::EvaluateOptions ev;
+  auto* evaluate = app.add_subcommand(
+      "evaluate", "measure a trained model on test data, whole and per group or client");
+  add_model_source(evaluate, ev.model);
+  evaluate->add_option("--data", ev.data, "a data spec, its test part (default: the config's data.test)");
+  evaluate->add_option("--by", ev.by,
+                       "group: a row per group of the data (a text file, a folder); client:N: "
+                       "per client of the natural partition into N");
+  evaluate->add_option("--batch-size", ev.batch_size, "evaluation batch (default 64)")
+      ->check(cleave::AtLeastOne());
   cleave::ExportOptions exp;
   auto* export_cmd = app.add_subcommand(
       "export", "write a trained model as safetensors (GPT-2's layout for model gpt)");
@@ -142,6 +152,7 @@ int main(int argc, char** argv) {
   if (tok_train->parsed()) return cleave::RunTokenizerTrain(tok);
   if (generate->parsed()) return cleave::RunGenerate(gen);
   if (export_cmd->parsed()) return cleave::RunExport(exp);
+  if (evaluate->parsed()) return cleave::RunEvaluate(ev);
   if (privacy->parsed()) {
     auto e = cleave::dp::ComputeEpsilon(q, z, steps, delta);
     if (!e.ok()) {

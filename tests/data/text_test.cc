@@ -93,6 +93,22 @@ TEST_F(TextTest, FortunesAreANaturalFederationOfFiles) {
   EXPECT_TRUE(PartitionDataset(*train, "iid", 10, 1).ok());
 }
 
+// A folder of links to files elsewhere (how bench/lm/fortunes.sh splits the categories):
+// groups are named by the links, as listed, not by where they point; train and test
+// number the groups alike, even a file too short to hold out a window.
+TEST_F(TextTest, GroupsAreNamedByThePathsAsListed) {
+  fs::create_directories(dir_ / "fed");
+  fs::create_symlink(std::string(kFortunes) + "/wisdom", dir_ / "fed" / "wisdom");
+  fs::create_symlink(std::string(kFortunes) + "/pets", dir_ / "fed" / "pets");
+  Write("fed/short", "twelve bytes");  // one window of 8 + 1: nothing to hold out
+  const std::string spec = "text:" + (dir_ / "fed").string() + "/,context=8";
+  auto train = LoadDataSpec(spec, true), test = LoadDataSpec(spec, false);
+  ASSERT_TRUE(train.ok() && test.ok()) << train.status() << test.status();
+  EXPECT_EQ(train->group_names, (std::vector<std::string>{"pets", "short", "wisdom"}));
+  EXPECT_EQ(test->group_names, train->group_names);
+  for (int64_t i = 0; i < test->size; ++i) EXPECT_NE(test->group_names[test->groups[i]], "short");
+}
+
 TEST_F(TextTest, JsonlRecordsAreDocuments) {
   const std::string path = Write("docs.jsonl", "{\"text\": \"abcdefgh\"}\n\n{\"body\": \"x\", \"text\": \"ij\"}\n");
   auto d = LoadDataSpec("text:" + path + ",context=4,test=0", true);

@@ -123,6 +123,65 @@ TEST_F(LocalTest, RunsAFederationForTwoRounds) {
   EXPECT_EQ(ProcessesUsing(addr->substr(0, addr->size() - 1)), 0);
 }
 
+// A language model from `cleave local` to what a user does with it: perplexity per
+// client (`cleave evaluate --by client:2`), sampling (`cleave generate`: the same seed,
+// the same text), and an export to GPT-2-layout safetensors that evaluates exactly like
+// the checkpoint it came from.
+TEST_F(LocalTest, ALanguageModelRunIsEvaluatedSampledAndExported) {
+  fs::create_directories(dir_ / "text");
+  fs::create_symlink("/usr/share/games/fortunes/pets", dir_ / "text" / "pets");
+  fs::create_symlink("/usr/share/games/fortunes/wisdom", dir_ / "text" / "wisdom");
+  const std::string text = "text:" + (dir_ / "text").string() + ",context=32";
+  std::ofstream(config_) << "run: {name: lm, rounds: 1}\n"
+                            "model: {name: gpt, gpt: {vocab: 256, context: 32, layers: 1, heads: 2, dim: 32}}\n"
+                            "data: {test: \"" << text << "\"}\n"
+                            "clients: {min: 2, quorum: 1.0, round_deadline_s: 120}\n"
+                            "train: {optimizer: adamw, lr: 0.005, local_steps: 30, batch_size: 16}\n"
+                            "local: {data: \"" << text << "\", partition: natural, clients: 2}\n";
+  ASSERT_EQ(Wait(Start({"--insecure"}), 300), 0) << Output();
+  const std::string run = (dir_ / "run").string();
+  auto command = [&](std::vector<std::string> argv, const std::string& out) {
+    EXPECT_EQ(Wait(Spawn(argv, out), 120), 0) << ReadFile((dir_ / out).string()).value_or("");
+    return ReadFile((dir_ / out).string()).value_or("");
+  };
+  // The table: the whole test set, then each client with its file.
+  const std::string table = command({"cleave", "evaluate", run, "--by", "client:2"}, "eval.txt");
+  EXPECT_NE(table.find("| client | examples | loss | accuracy | bits_per_byte | perplexity |"),
+            std::string::npos) << table;
+  EXPECT_NE(table.find("| client-0 (pets) | "), std::string::npos) << table;
+  EXPECT_NE(table.find("| client-1 (wisdom) | "), std::string::npos) << table;
+  auto all_row = [](const std::string& t) {
+    const size_t at = t.find("| all | ");
+    return at == std::string::npos ? std::string() : t.substr(at, t.find('\n', at) - at);
+  };
+  const std::string all = all_row(table);
+  ASSERT_FALSE(all.empty()) << table;
+  const double perplexity = std::stod(all.substr(all.rfind("| ", all.size() - 3) + 2));
+  EXPECT_LT(perplexity, 40) << "one round learns English's bytes, from 256";
+
+  const std::vector<std::string> gen = {"cleave", "generate", run, "--prompt", "The ",
+                                        "--tokens", "40", "--seed", "3"};
+  const std::string a = command(gen, "gen1.txt"), b = command(gen, "gen2.txt");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.rfind("The ", 0), 0u) << a;
+  EXPECT_GT(a.size(), 20u) << a;
+
+  const std::string file = (dir_ / "model.safetensors").string();
+  EXPECT_NE(command({"cleave", "export", run, "--out", file}, "export.txt").find("GPT-2's layout"),
+            std::string::npos);
+  const std::string again = command({"cleave", "evaluate", "--config", run + "/config.yaml",
+                                     "--checkpoint", file, "--by", "client:2"}, "eval2.txt");
+  EXPECT_EQ(all_row(again), all);
+
+  // Bad requests are clear errors.
+  EXPECT_EQ(Wait(Spawn({"cleave", "evaluate", run, "--by", "file"}, "bad.txt"), 60), 2);
+  EXPECT_NE(ReadFile((dir_ / "bad.txt").string())->find("--by is group or client:N"), std::string::npos);
+  EXPECT_EQ(Wait(Spawn({"cleave", "evaluate", run, "--data", "fmnist:/usr/share/datasets/fashion-mnist"},
+                       "bad2.txt"), 60), 2);
+  EXPECT_NE(ReadFile((dir_ / "bad2.txt").string())->find("fmnist"), std::string::npos)
+      << ReadFile((dir_ / "bad2.txt").string()).value_or("");
+}
+
 // Same config, same seeds: the same federation (up to float summation order, since
 // updates are folded in as they arrive).
 // A coordinator without data: a real table (sklearn's breast cancer, shipped by Debian)
