@@ -142,6 +142,7 @@ std::string MetricsJson(const RoundMetrics& m) {
     j["client_compute_s"] = m.client_compute_s;
     j["transfer_s"] = m.transfer_s;
     j["server_compute_s"] = m.server_compute_s;
+    j["server_busy"] = m.server_busy;
   }
   if (m.client_eval.clients > 0) {
     const auto& e = m.client_eval;
@@ -2167,19 +2168,8 @@ Status Server::Impl::InitSplit(const ModelSpec& spec) {
   stage_shapes_ = {sample};
   for (const auto& p : server_profile_) stage_shapes_.push_back(p.out_shape);
   // What the cost model needs from the model and this server; ProblemFor adds a client.
+  model_problem_ = ModelCutProblem(server_profile_, sample, cfg_.train, cfg_.split.window);
   CutProblem& p = model_problem_;
-  p.client_stage_s.assign(num_stages_, 0.0);
-  for (const auto& st : server_profile_) {
-    p.server_stage_s.push_back(st.seconds);
-    p.param_bytes.push_back(4 * st.param_elements);
-    p.trainable_bytes.push_back(4 * st.trainable_elements);
-    p.saved_bytes.push_back(st.saved_bytes);
-  }
-  p.optimizer_slots = cfg_.train.optimizer != "sgd" ? 2 : cfg_.train.momentum != 0 ? 1 : 0;
-  p.input_bytes = {4 * NumElements(stage_shapes_[0])};
-  for (int i = 1; i <= num_stages_; ++i) p.out_bytes.push_back(4 * NumElements(stage_shapes_[i]));
-  p.batch = cfg_.train.batch_size;
-  p.window = cfg_.split.window;
   // Tensors travel in chunks (proto/split_chunks.h): a micro-batch is bounded by the
   // largest tensor the server takes, not by a message.
   p.max_message_bytes = 4 * cfg_.server.max_model_elements;
@@ -2781,6 +2771,10 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
     m.activation_bytes_up = split_up_;
     m.gradient_bytes_down = split_down_;
     m.labels_up = labels_up_;
+    if (split_round_) {
+      const SplitRound::Load load = split_round_->ServerLoad();
+      m.server_busy = load.span_s > 0 ? load.busy_s / load.span_s : 0;
+    }
     if (m.participants > 0) {
       m.step_s /= m.participants;
       m.client_compute_s /= m.participants;

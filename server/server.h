@@ -77,6 +77,9 @@ struct RoundMetrics {
   double client_compute_s = 0;
   double transfer_s = 0;
   double server_compute_s = 0;
+  // The share of the round the server's parts computed (SplitRound::ServerLoad: busy
+  // seconds / span); with several clients the server computes while others transfer.
+  double server_busy = 0;
   // Federated evaluation: the round's global model measured by the participants on
   // their held-out data (cleave-client --holdout), before they trained on it. Accuracy
   // and loss are weighted by examples; min/median/max are over clients.

@@ -5,6 +5,8 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "core/config.h"
+#include "models/part.h"
 
 namespace cleave {
 namespace {
@@ -72,6 +74,27 @@ CutPrediction PredictStep(const CutProblem& p, int cut) {
                              " bytes, the message limit ", p.max_message_bytes);
   }
   return r;
+}
+
+CutProblem ModelCutProblem(const std::vector<StageProfile>& stages,
+                           const std::vector<int64_t>& sample_shape, const TrainConfig& train,
+                           int window) {
+  CutProblem p;
+  p.client_stage_s.assign(stages.size(), 0.0);
+  int64_t in = 4;
+  for (int64_t d : sample_shape) in *= d;
+  p.input_bytes = {in};
+  for (const StageProfile& st : stages) {
+    p.server_stage_s.push_back(st.seconds);
+    p.param_bytes.push_back(4 * st.param_elements);
+    p.trainable_bytes.push_back(4 * st.trainable_elements);
+    p.saved_bytes.push_back(st.saved_bytes);
+    p.out_bytes.push_back(4 * st.out_elements);
+  }
+  p.optimizer_slots = train.optimizer != "sgd" ? 2 : train.momentum != 0 ? 1 : 0;
+  p.batch = train.batch_size;
+  p.window = window;
+  return p;
 }
 
 namespace {

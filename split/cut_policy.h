@@ -29,6 +29,9 @@
 
 namespace cleave {
 
+struct StageProfile;  // models/part.h
+struct TrainConfig;   // core/config.h
+
 struct CutProblem {
   std::vector<double> client_stage_s;  // per stage: forward + backward of one batch, client
   std::vector<double> server_stage_s;  // per stage: the same on the server
@@ -68,6 +71,15 @@ struct CutPrediction {
 
 // The cost model above for one cut (1 <= cut < server end).
 CutPrediction PredictStep(const CutProblem& p, int cut);
+
+// The model's side of a problem, from the server's profile of every stage (ProfileStages
+// on a batch of train.batch_size samples shaped `sample_shape`): server stage times,
+// parameter, trainable and kept bytes, the bytes crossing each cut, the optimizer's
+// state slots (train.optimizer, train.momentum), batch and window. The client's side
+// (its stage times, link, memory limit) and the server's load come later.
+CutProblem ModelCutProblem(const std::vector<StageProfile>& stages,
+                           const std::vector<int64_t>& sample_shape, const TrainConfig& train,
+                           int window);
 
 class CutPolicy {
  public:

@@ -43,6 +43,24 @@ struct SplitRound::ClientState {
   ParameterSet part;  // the finished client's trained part
 };
 
+template <typename F>
+auto SplitRound::Timed(F&& step) -> decltype(step()) {
+  using Clock = std::chrono::steady_clock;  // compute time measured, not a deadline
+  const auto t0 = Clock::now();
+  auto result = step();
+  const auto t1 = Clock::now();
+  busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+  const int64_t end = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - created_).count();
+  int64_t last = last_end_ns_.load();
+  while (end > last && !last_end_ns_.compare_exchange_weak(last, end)) {
+  }
+  return result;
+}
+
+SplitRound::Load SplitRound::ServerLoad() const {
+  return {busy_ns_ * 1e-9, last_end_ns_ * 1e-9};
+}
+
 SplitRound::SplitRound(SplitRoundOptions options, ParameterSet global, std::vector<int> stage_of)
     : opts_(std::move(options)), global_(std::move(global)), stage_of_(std::move(stage_of)) {}
 SplitRound::~SplitRound() = default;
@@ -185,10 +203,11 @@ StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
     ASSIGN_OR_RETURN(c, Find(client));
     if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
   }
-  if (c->copy) return c->copy->TrainWithLoss(a, labels);  // this client's own copy
+  if (c->copy) return Timed([&] { return c->copy->TrainWithLoss(a, labels); });  // its copy
   std::lock_guard<std::mutex> l(shared_mu_);  // the shared part: one step at a time
-  return shared_->TrainWithLoss(a, labels, c->cut);
+  return Timed([&] { return shared_->TrainWithLoss(a, labels, c->cut); });
 }
+
 
 StatusOr<Activations> SplitRound::ForwardMiddle(const std::string& client, int64_t seq,
                                                 const Activations& a) {
@@ -203,7 +222,7 @@ StatusOr<Activations> SplitRound::ForwardMiddle(const std::string& client, int64
     cut = c->cut;
   }
   std::lock_guard<std::mutex> l(shared_mu_);
-  return shared_->Forward(PendingId(client, seq), a, cut);
+  return Timed([&] { return shared_->Forward(PendingId(client, seq), a, cut); });
 }
 
 StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int64_t seq,
@@ -220,7 +239,7 @@ StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int6
     if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
   }
   std::lock_guard<std::mutex> l(shared_mu_);
-  return shared_->Backward(PendingId(client, seq), grad);
+  return Timed([&] { return shared_->Backward(PendingId(client, seq), grad); });
 }
 
 Status SplitRound::Finish(const std::string& client, const ParameterSet& part, int64_t weight) {

@@ -22,6 +22,8 @@
 // Thread-safe. Calls for one client must not overlap (its stream serialises them).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -95,10 +97,22 @@ class SplitRound {
   // The next global model (after every client finished or failed).
   StatusOr<ParameterSet> Aggregate();
 
+  // How busy the server's parts were: compute seconds summed over every step (sfl-v1's
+  // copies run in parallel, so the sum can exceed the span), and the span from Create
+  // to the end of the last step. busy / span is the share of the round the server
+  // computed; the rest it waited for clients and their transfers.
+  struct Load {
+    double busy_s = 0, span_s = 0;
+  };
+  Load ServerLoad() const;
+
  private:
   struct ClientState;
   SplitRound(SplitRoundOptions options, ParameterSet global, std::vector<int> stage_of);
   StatusOr<ClientState*> Find(const std::string& client) const;
+  // Runs one step of a server part and counts its time as busy.
+  template <typename F>
+  auto Timed(F&& step) -> decltype(step());
   bool ClientHolds(int cut, int stage) const;
 
   const SplitRoundOptions opts_;
@@ -113,6 +127,8 @@ class SplitRound {
   ParameterSet current_;               // sl: the model as the last finished client left it
   mutable std::mutex shared_mu_;
   std::unique_ptr<ModelPart> shared_;  // sl, sfl-v2, ushaped
+  const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
+  std::atomic<int64_t> busy_ns_{0}, last_end_ns_{0};  // last_end_ns_: since created_
 };
 
 }  // namespace cleave

@@ -271,6 +271,10 @@ TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
   for (const auto& m : h) {
     EXPECT_EQ(m.participants, 3);
     EXPECT_EQ(m.labels_up, mode == "ushaped" ? 0 : 3 * 25 * 16 * 32) << "a label per token";
+    EXPECT_GT(m.server_busy, 0);
+    if (mode != "sfl-v1") {
+      EXPECT_LE(m.server_busy, 1.0) << "one shared part computes at a time";
+    }
   }
   EXPECT_LT(h[0].test_metrics.at("perplexity"), 100);  // from about 256
   EXPECT_LT(h[1].test_metrics.at("perplexity"), h[0].test_metrics.at("perplexity"));

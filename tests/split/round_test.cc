@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "models/model.h"
 
@@ -100,6 +101,33 @@ TEST_F(SplitRoundTest, SlHandsTheClientPartOn) {
   ASSERT_TRUE(next.ok());
   EXPECT_NEAR(Shift(*next, 0), 3.0, 1e-5);  // a's +1, then b's +2: not averaged
   EXPECT_NEAR(Shift(*next, 2), 2.0, 1e-5);
+}
+
+// The server's load: compute seconds of every step, and the span they fall in. Two
+// clients stepping the shared part at once take turns, so busy never exceeds the span.
+TEST_F(SplitRoundTest, ServerLoadCountsEveryStepOfTheSharedPart) {
+  auto r = Make(SplitMode::kSflV2, {{"a", 1}, {"b", 1}});
+  EXPECT_EQ(r->ServerLoad().busy_s, 0);
+  EXPECT_EQ(r->ServerLoad().span_s, 0);
+  Activations a;
+  a.shape = {32, 200};
+  a.values.assign(32 * 200, 0.5f);
+  const std::vector<int64_t> labels(32, 3);
+  auto steps = [&](const std::string& client) {
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(r->TrainStep(client, a, labels).ok());
+  };
+  std::thread ta(steps, "a"), tb(steps, "b");
+  ta.join();
+  tb.join();
+  const SplitRound::Load load = r->ServerLoad();
+  EXPECT_GT(load.busy_s, 0);
+  EXPECT_LE(load.busy_s, load.span_s + 1e-6);
+  // A refused step is not counted; the load only grows.
+  ASSERT_FALSE(r->TrainStep("z", a, labels).ok());
+  EXPECT_EQ(r->ServerLoad().busy_s, load.busy_s);
+  ASSERT_TRUE(r->TrainStep("a", a, labels).ok());
+  EXPECT_GT(r->ServerLoad().busy_s, load.busy_s);
+  EXPECT_GT(r->ServerLoad().span_s, load.span_s);
 }
 
 TEST_F(SplitRoundTest, FinishChecksTheLayout) {
