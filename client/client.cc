@@ -509,6 +509,16 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
                     : DecodeCompressedSet(*blob, task.model_codec(), int64_t{1} << 31);
   if (!global.ok()) return reject(global.status());
   blob->clear();
+  // A model with a frozen base (LoRA): the blob with it, fetched once.
+  if (!task.base_digest().empty() && base_digest != task.base_digest()) {
+    auto bytes = FetchBlob(stub, w.client_id(), w.session_token(), task.base_digest(), 600,
+                           &emulator);
+    if (!bytes.ok()) return reject(bytes.status());
+    auto decoded = ParameterSet::Decode(*bytes);
+    if (!decoded.ok()) return reject(decoded.status());
+    base = *std::move(decoded);
+    base_digest = task.base_digest();
+  }
   if (task.has_split()) {
     a.set_accepted(true);
     ack(a);
@@ -517,6 +527,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     so.seed = BatchSeed(task, w, opts.name);
     so.emulator = &emulator;
     so.cancel = &stop;
+    if (!task.base_digest().empty()) so.base = &base;
     if (opts.crash_after_split_step) {
       const int64_t round = task.round();
       so.crash_after_step = [this, round](int64_t step) {
@@ -554,15 +565,6 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   // A model with a frozen base: the blob holds the rest; put them together in the
   // model's order.
   if (!task.base_digest().empty()) {
-    if (base_digest != task.base_digest()) {
-      auto bytes = FetchBlob(stub, w.client_id(), w.session_token(), task.base_digest(), 600,
-                             &emulator);
-      if (!bytes.ok()) return reject(bytes.status());
-      auto decoded = ParameterSet::Decode(*bytes);
-      if (!decoded.ok()) return reject(decoded.status());
-      base = *std::move(decoded);
-      base_digest = task.base_digest();
-    }
     ParameterSet whole = model->Parameters();
     if (base.size() + global->size() != whole.size()) {
       return reject(absl::InvalidArgumentError(absl::StrCat(

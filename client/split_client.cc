@@ -115,6 +115,21 @@ class Writer {
   std::thread thread_;
 };
 
+// Loads a part's tensors from the part the server sent and, when there is a base (a
+// LoRA model's frozen tensors), the rest from the base; every tensor must come from one.
+Status LoadPart(ModelPart& p, const ParameterSet& part, const ParameterSet* base) {
+  if (base == nullptr) return p.LoadFrom(part);
+  const ParameterSet mine = p.Parameters();
+  for (const Tensor& t : mine.tensors()) {
+    if (part.Find(t.name) == nullptr && base->Find(t.name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", t.name,
+                                                     " is neither in the task's part nor in its base"));
+    }
+  }
+  RETURN_IF_ERROR(p.LoadFrom(*base, /*partial=*/true));
+  return p.LoadFrom(part, /*partial=*/true);
+}
+
 }  // namespace
 
 LocalTrainOptions TrainOptions(const v1::TrainConfig& tc) {
@@ -150,11 +165,11 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
         ") tokens; the data's are ", data.shape[0] - 1, " (its context= option)"));
   }
   ASSIGN_OR_RETURN(auto head, ModelPart::Create(o.model, 0, st.cut()));
-  RETURN_IF_ERROR(head->LoadFrom(part));
+  RETURN_IF_ERROR(LoadPart(*head, part, o.base));
   std::unique_ptr<ModelPart> tail;
   if (ushaped) {
     ASSIGN_OR_RETURN(tail, ModelPart::Create(o.model, st.tail_begin(), st.num_stages()));
-    RETURN_IF_ERROR(tail->LoadFrom(part));
+    RETURN_IF_ERROR(LoadPart(*tail, part, o.base));
   }
   const LocalTrainOptions training = TrainOptions(task.train());
   RETURN_IF_ERROR(head->ResetOptimizer(training));

@@ -29,13 +29,18 @@ struct SplitTaskOptions {
   const std::atomic<bool>* cancel = nullptr;  // checked before every micro-batch
   // Test hook, called after each completed step: true drops the stream (a crash).
   std::function<bool(int64_t step)> crash_after_step;
+  // A LoRA model's frozen tensors (Task.base_digest): the part then holds the adapters
+  // only, and the frozen tensors of the client's stages come from here.
+  const ParameterSet* base = nullptr;
 };
 
 // The local training a task's TrainConfig asks for (whole-model or split); the caller
 // sets `cancel` and `seed`.
 LocalTrainOptions TrainOptions(const v1::TrainConfig& tc);
 
-// Runs `task` (task.split() set) from `part`, the client part the server published.
+// Runs `task` (task.split() set) from `part`, the client part the server published
+// (with options.base, its trainable tensors). The trained part comes back in `part`'s
+// layout.
 StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::Welcome& welcome,
                                        const v1::Task& task, const ParameterSet& part,
                                        const Dataset& data, const SplitTaskOptions& options);

@@ -187,7 +187,8 @@ struct TaskRecord {
   int64_t num_examples = 0;   // the update's weight (RoundWeights), once done
   int64_t expected_size = 0;   // bytes of the update
   std::string codec = "fp32";  // its codec: fp32 (a parameter-set encoding) or a Codec spec
-  // Split tasks: the client part the client was given (its upload is a delta from it).
+  // Split tasks: the client part the client was given, without frozen tensors (its
+  // upload is a delta from it).
   bool split = false;
   bool split_open = false;
   int cut = 0;
@@ -1924,13 +1925,19 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
     // can make the model non-finite.
     RETURN_IF_ERROR(CheckViews(layout, views, static_cast<float>(cfg_.server.max_update_abs)));
     if (t->second.split) {
-      // The client's trained part: the part it was given plus its delta.
+      // The client's trained part: the part it was given plus its delta (with LoRA,
+      // the adapters; the frozen tensors are as the round started).
       ParameterSet trained = t->second.part;
       for (size_t i = 0; i < views.size(); ++i) {
         auto& v = trained.mutable_tensors()[i].values;
         std::vector<float> delta(v.size());
         views[i].Read(0, views[i].numel, delta.data());
         for (size_t j = 0; j < v.size(); ++j) v[j] += delta[j];
+      }
+      if (!frozen_.empty()) {
+        ASSIGN_OR_RETURN(ParameterSet whole, split_round_->ClientPart(h.client_id()));
+        RETURN_IF_ERROR(Overwrite(trained, &whole));
+        trained = std::move(whole);
       }
       RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, weight));
       t->second.stats = h.split();
@@ -2510,6 +2517,13 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     rec.split = true;
     rec.cut = *split_round_->CutOf(cid);
     rec.part = *split_round_->ClientPart(cid);
+    if (!frozen_.empty()) {
+      // LoRA: the part's adapters travel (down and up); its frozen tensors come from
+      // the base, which the client fetches once.
+      rec.part = Without(rec.part, frozen_);
+      task->set_base_digest(base_digest_);
+      task->set_base_size(base_size_);
+    }
     auto blob = std::make_shared<const std::string>(ModelBlob(rec.part));
     const std::string digest = Sha256Hex(*blob);
     task->set_model_digest(digest);

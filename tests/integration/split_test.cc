@@ -312,6 +312,12 @@ TEST(SplitTextTest, LoraAdaptersTrainOnBothSidesOfTheCut) {
       }
     }
     EXPECT_EQ(changed, 2 * 4 * 2) << "A and B of the 4 projections of both blocks trained";
+    // Only the client's adapters travel: what went up besides the split streams is two
+    // uploads of one block's adapters (4 K values), not of the part (the embedding and a
+    // block: 70 K values).
+    const auto h = f.server->History();
+    ASSERT_EQ(h.size(), 1u);
+    EXPECT_LT(h[0].bytes_up - h[0].activation_bytes_up, 2 * 40000);
   }
 }
 
