@@ -77,10 +77,11 @@ std::string Yaml(const Workload& w, const std::string& split, int rounds, int ba
       "}\n", "split: {", split, "}\n", "server: {heartbeat_s: 1, client_timeout_s: 60}\n");
 }
 
-// Whether a cut fits a device's memory, by the server's cost model (a fixed cut is not
-// checked against the device: it sends no profile).
-bool Fits(const Workload& w, const std::string& split, int cut, int batch, int64_t limit_mb) {
-  if (limit_mb == 0) return true;
+// The server's cost model for a cut, on this machine's profile of the model, with the
+// device's memory limit: what the bench cannot learn from a fixed cut's run (the client
+// sends no profile then).
+CutPrediction Predict(const Workload& w, const std::string& split, int cut, int batch,
+                      int64_t limit_mb) {
   auto config = JobConfig::Parse(Yaml(w, split, 1, batch, 1), "");
   if (!config.ok()) std::exit(2);
   const ModelSpec spec = ModelSpecOf(*config);
@@ -90,7 +91,7 @@ bool Fits(const Workload& w, const std::string& split, int cut, int batch, int64
   if (!profile.ok()) std::exit(2);
   CutProblem p = ModelCutProblem(*profile, sample, config->train, config->split.window);
   p.memory_limit_bytes = limit_mb << 20;
-  return PredictStep(p, cut).fits;
+  return PredictStep(p, cut);
 }
 
 // Runs the job against an in-process server with `clients` emulated devices; returns
@@ -177,7 +178,8 @@ int CutBench(const Workload& w) {
     std::vector<double> step(w.cuts + 1, 0);
     int best_cut = 0;
     for (int cut = 1; cut <= w.cuts; ++cut) {
-      if (!Fits(w, split, cut, batch, d.emulation.memory_limit_mb)) {
+      if (d.emulation.memory_limit_mb > 0 &&
+          !Predict(w, split, cut, batch, d.emulation.memory_limit_mb).fits) {
         std::printf("  cut %d: does not fit the device's memory\n", cut);
         continue;
       }
@@ -294,10 +296,12 @@ int MemoryBench(const Workload& w) {
   const long whole = PeakRssKb(w, "", batch, examples, steps);
   std::printf("  whole model (federated):        %7.1f MiB\n", whole / 1024.0);
   for (int cut : gpt ? std::vector<int>{1, 2, 3} : std::vector<int>{1, 2, 4}) {
-    const long part =
-        PeakRssKb(w, absl::StrCat("mode: sfl-v2, cut: ", cut), batch, examples, steps);
-    std::printf("  split at cut %d (sfl-v2):        %7.1f MiB  (%.2fx the whole model's)\n", cut,
-                part / 1024.0, static_cast<double>(part) / whole);
+    const std::string split = absl::StrCat("mode: sfl-v2, cut: ", cut);
+    const long part = PeakRssKb(w, split, batch, examples, steps);
+    const double model_mib = Predict(w, split, cut, batch, 0).client_memory_bytes / 1048576.0;
+    std::printf("  split at cut %d (sfl-v2):        %7.1f MiB  (%.2fx the whole model's; the cost "
+                "model's training memory for the part: %.1f MiB)\n",
+                cut, part / 1024.0, static_cast<double>(part) / whole, model_mib);
   }
   return 0;
 }

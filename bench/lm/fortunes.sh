@@ -76,6 +76,18 @@ run ushaped-lora 4 "$rounds" "$lora" "$adamw, lr: 0.005, local_steps: 25" "split
 run fedavg-sgd 4 "$rounds" "$base" "optimizer: sgd, lr: 0.1, momentum: 0.9, clip_norm: 1.0, batch_size: 16, local_steps: 100" ""
 run diloco 4 "$rounds" "$base" "$adamw, lr: 0.002, local_steps: 100" "strategy: {name: diloco}"
 
+# Each client's held-out perplexity (the tails of its own files, all of them; the table
+# above pools the first 1,024 held-out sequences): cleave evaluate --by client:4.
+for dir in "$out"/*/; do
+  name=$(basename "$dir")
+  [ -f "$dir/checkpoint.pb" ] && [ "$name" != pretrain ] || continue
+  "$bin/cleave" evaluate "$dir" --data "text:$out/finetune,context=64" --by client:4 > "$out/$name.eval.md" 2>&1 ||
+    echo "evaluate $name failed: see $out/$name.eval.md"
+done
+[ -f "$out/base.safetensors" ] && [ -f "$out/fedavg-full/config.yaml" ] &&
+  "$bin/cleave" evaluate --config "$out/fedavg-full/config.yaml" --checkpoint "$out/base.safetensors" \
+    --data "text:$out/finetune,context=64" --by client:4 > "$out/base.eval.md" 2>&1
+
 python3 - "$out" "$rounds" <<'PY'
 import json, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -90,11 +102,11 @@ def row(name, label, note=""):
     last = ms[-1]
     up = sum(m["bytes_up"] for m in ms)
     down = sum(m["bytes_down"] for m in ms)
-    act = sum(m.get("split", {}).get("activation_bytes_up", 0) + m.get("split", {}).get("gradient_bytes_down", 0) for m in ms)
     ppl = last["test_perplexity"]
     print(f"| {label} | {ppl:.3f} | {last['test_bits_per_byte']:.3f} | {(up + down) / 1e6:.1f} | {note} |")
     return ppl
-print(f"Held-out perplexity on the fine-tuning categories after {rounds} rounds (bytes: up + down, all rounds).\n")
+print(f"Held-out perplexity on the fine-tuning categories after {rounds} rounds, on the server's test set\n"
+      "(the first 1,024 held-out sequences; bytes: up + down, all rounds).\n")
 print("| variant | perplexity | bits/byte | MB moved | |")
 print("| --- | --- | --- | --- | --- |")
 import math, re
@@ -102,12 +114,33 @@ initial = re.search(r"initial model: test accuracy [0-9.]+, loss ([0-9.]+)", ope
 if initial:
     loss = float(initial.group(1))
     print(f"| no fine-tuning (the pretrained base) | {math.exp(loss):.3f} | {loss / math.log(2):.3f} | 0 | |")
-for name, label in [("central-full", "central, full model"), ("central-lora", "central, LoRA r=8"),
-                    ("fedavg-full", "FedAvg, full model"), ("fedavg-lora", "FedAvg-LoRA r=8"),
-                    ("sfl-v2", "sfl-v2, full model, cut 2"), ("sfl-v2-int8", "sfl-v2, int8 activations and gradients"),
-                    ("sfl-v2-int8-token", "sfl-v2, int8 per token row (int8:token)"),
-                    ("ushaped", "U-shaped, full model, cut 2, tail 1"),
-                    ("sfl-v2-lora", "sfl-v2-LoRA r=8, cut 2"), ("ushaped-lora", "U-shaped-LoRA r=8, cut 2, tail 1"),
-                    ("fedavg-sgd", "FedAvg, SGD inner, 100 steps"), ("diloco", "DiLoCo, AdamW inner, 100 steps")]:
+variants = [("central-full", "central, full model"), ("central-lora", "central, LoRA r=8"),
+            ("fedavg-full", "FedAvg, full model"), ("fedavg-lora", "FedAvg-LoRA r=8"),
+            ("sfl-v2", "sfl-v2, full model, cut 2"), ("sfl-v2-int8", "sfl-v2, int8 activations and gradients"),
+            ("sfl-v2-int8-token", "sfl-v2, int8 per token row (int8:token)"),
+            ("ushaped", "U-shaped, full model, cut 2, tail 1"),
+            ("sfl-v2-lora", "sfl-v2-LoRA r=8, cut 2"), ("ushaped-lora", "U-shaped-LoRA r=8, cut 2, tail 1"),
+            ("fedavg-sgd", "FedAvg, SGD inner, 100 steps"), ("diloco", "DiLoCo, AdamW inner, 100 steps")]
+for name, label in variants:
     row(name, label)
+
+def evals(name):
+    try:
+        rows = [l.split("|")[1:-1] for l in open(f"{out}/{name}.eval.md") if l.startswith("| ")]
+    except OSError:
+        return None
+    if not rows:  # cleave evaluate failed: its message is in the file
+        return None
+    head = [c.strip() for c in rows[0]]
+    col = head.index("perplexity")
+    return [(r[0].strip().split(" (")[0], float(r[col])) for r in rows[2:]]
+base = evals("base")
+if base:
+    print(f"\nHeld-out perplexity per client (client i holds fine-tuning files i, i + 4, ...; all of each file's tail):\n")
+    print("| variant | " + " | ".join(n for n, _ in base) + " |")
+    print("| --- " * (len(base) + 1) + "|")
+    for name, label in [("base", "no fine-tuning")] + variants:
+        e = evals(name)
+        if e:
+            print(f"| {label} | " + " | ".join(f"{p:.3f}" for _, p in e) + " |")
 PY
