@@ -112,6 +112,7 @@ std::string MetricsJson(const RoundMetrics& m) {
                       {"bytes_up", m.bytes_up},
                       {"bytes_down", m.bytes_down},
                       {"bytes_up_fp32", m.bytes_up_fp32},
+                      {"update_bytes", m.update_bytes},
                       {"bytes_down_fp32", m.bytes_down_fp32},
                       {"compression_up", m.bytes_up ? double(m.bytes_up_fp32) / m.bytes_up : 1.0},
                       {"compression_down",
@@ -633,6 +634,7 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   std::atomic<int64_t> bytes_up_{0}, bytes_down_{0};
   std::atomic<int64_t> split_up_{0}, split_down_{0}, labels_up_{0};
   std::atomic<int64_t> saved_up_{0}, saved_down_{0};
+  std::atomic<int64_t> update_bytes_{0};  // payloads of accepted uploads this round
   std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};
   std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
   double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
@@ -1948,6 +1950,7 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, std::string payloa
   if (h.codec() != "fp32") {
     SavedUp(static_cast<int64_t>(layout.EncodedSize()) - static_cast<int64_t>(payload.size()));
   }
+  update_bytes_ += static_cast<int64_t>(payload.size());
   t->second.state = TaskState::kDone;
   t->second.train_loss = h.train_loss();
   t->second.num_examples = weight;
@@ -2671,6 +2674,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
   split_down_ = 0;
   labels_up_ = 0;
   saved_up_ = 0;
+  update_bytes_ = 0;
   saved_down_ = 0;
   if (split_mode_) {
     auto clients = BeginSplitRoundLocked(round, plan.clients, plan.fit);
@@ -2807,6 +2811,7 @@ StatusOr<RoundMetrics> Server::Impl::RunRound(bool evaluate_only) {
   m.bytes_up = bytes_up_;
   m.bytes_down = bytes_down_;
   m.bytes_up_fp32 = m.bytes_up + saved_up_;
+  m.update_bytes = update_bytes_;
   m.bytes_down_fp32 = m.bytes_down + saved_down_;
   if (m.participants < quorum && !evaluate_only) {
     return absl::AbortedError(absl::StrCat("round ", round, ": ", m.participants, " of ",

@@ -64,6 +64,9 @@ struct RoundMetrics {
   int64_t bytes_down = 0;
   int64_t bytes_up_fp32 = 0;
   int64_t bytes_down_fp32 = 0;
+  // The accepted uploads' payloads alone (what the update codec produced): no headers,
+  // heartbeats or split streams, so it does not grow with the round's wall time.
+  int64_t update_bytes = 0;
   double wall_s = 0;
   double elapsed_s = 0;
   // Split learning (split.mode set): what crossed the cut, the cut of each client (by

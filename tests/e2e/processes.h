@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/deadline.h"
+
 namespace cleave::testing {
 
 // Starts build/bin/`argv[0]` with stdout and stderr to `out_path`, and with at most
@@ -40,7 +42,7 @@ inline pid_t SpawnBinary(std::vector<std::string> argv, const std::string& out_p
 // The exit code of `pid` (128 + signal when killed), or -1 after killing it when it
 // has not ended within `timeout_s`.
 inline int WaitForExit(pid_t pid, int timeout_s) {
-  for (int i = 0; i < timeout_s * 10; ++i) {
+  for (int i = 0; i < ScaledSeconds(timeout_s) * 10; ++i) {
     int status = 0;
     if (waitpid(pid, &status, WNOHANG) == pid) {
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

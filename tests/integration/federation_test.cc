@@ -524,14 +524,19 @@ TEST(FederationTest, CompressedUpdatesLearnInFewerBytes) {
   ASSERT_EQ(int8.size(), 2u);
   ASSERT_EQ(topk.size(), 2u);
   ASSERT_EQ(ef21.size(), 2u);
+  // Payloads (update_bytes) are exact; transport bytes add framing and heartbeats,
+  // which grow with wall time (a sanitizer's slowdown), so they get looser bounds.
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(int8[r].participants, 3);
-    EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / int8[r].bytes_up, 3.9);
-    EXPECT_GE(static_cast<double>(fp32[r].bytes_down) / int8[r].bytes_down, 3.9);
-    EXPECT_NEAR(static_cast<double>(topk[r].bytes_down) / fp32[r].bytes_down, 1.0, 0.01);
-    EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / powersgd[r].bytes_up, 2);
-    EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / topk[r].bytes_up, 30);
-    EXPECT_NEAR(static_cast<double>(ef21[r].bytes_up) / topk[r].bytes_up, 1.0, 0.01);
+    const double fp32_payload = static_cast<double>(fp32[r].update_bytes);
+    EXPECT_GE(fp32_payload / int8[r].update_bytes, 3.9);
+    EXPECT_GE(fp32_payload / powersgd[r].update_bytes, 2);
+    EXPECT_GE(fp32_payload / topk[r].update_bytes, 40);
+    EXPECT_EQ(ef21[r].update_bytes, topk[r].update_bytes) << "the same wire format";
+    EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / int8[r].bytes_up, 3.5);
+    EXPECT_GE(static_cast<double>(fp32[r].bytes_down) / int8[r].bytes_down, 3.5);
+    EXPECT_NEAR(static_cast<double>(topk[r].bytes_down) / fp32[r].bytes_down, 1.0, 0.05);
+    EXPECT_GE(static_cast<double>(fp32[r].bytes_up) / topk[r].bytes_up, 10);
   }
   EXPECT_GT(int8[1].test_accuracy, 0.5);
   // No worse than fp32 by more than 5 points (after two rounds either may lead).

@@ -10,10 +10,11 @@
 #include <thread>
 #include <unistd.h>
 
-#include "client/transfer.h"
 #include "cleave/v1/cleave.pb.h"
+#include "client/transfer.h"
 #include "core/files.h"
 #include "server/server.h"
+#include "tests/deadline.h"
 #include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
 
@@ -278,7 +279,7 @@ server: {client_timeout_s: 100000, worker_threads: 1, upload_idle_timeout_s: 30}
   std::vector<std::unique_ptr<Stall>> stalls;
   for (int i = 0; i < 2; ++i) {
     auto st = std::make_unique<Stall>();
-    st->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    st->ctx.set_deadline(testing::RpcDeadline(120));
     st->w = staller.stub()->Upload(&st->ctx, &st->reply);
     v1::UploadChunk m;
     *m.mutable_header() = staller.Header(*ts, 10);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "client/transfer.h"
+#include "tests/deadline.h"
 
 namespace cleave {
 
@@ -79,7 +80,7 @@ grpc::Status TestPeer::RawUpload(const v1::UploadHeader& header,
                                  const std::vector<std::string>& chunks,
                                  v1::UploadReply* reply) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  ctx.set_deadline(testing::RpcDeadline(60));
   v1::UploadReply r;
   auto w = stub_->Upload(&ctx, &r);
   v1::UploadChunk m;

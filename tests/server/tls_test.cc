@@ -17,6 +17,7 @@
 #include "privacy/certs.h"
 #include "privacy/tls.h"
 #include "server/server.h"
+#include "tests/deadline.h"
 #include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
 
@@ -41,7 +42,7 @@ grpc::Status TryJoin(const std::string& address, std::shared_ptr<grpc::ChannelCr
                      const std::string& name) {
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address, creds));
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ctx.set_deadline(testing::RpcDeadline(10));
   auto stream = stub->Control(&ctx);
   v1::ClientMessage m;
   m.mutable_join()->set_name(name);

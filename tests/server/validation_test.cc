@@ -12,6 +12,7 @@
 #include "client/transfer.h"
 #include "compression/codec.h"
 #include "server/server.h"
+#include "tests/deadline.h"
 #include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
 
@@ -372,7 +373,7 @@ server: {client_timeout_s: 1000, worker_threads: 1, upload_idle_timeout_s: 1000}
   const std::string payload = Delta(initial, 0.01f).Encode();
 
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  ctx.set_deadline(testing::RpcDeadline(60));
   v1::UploadReply reply;
   auto w = staller.stub()->Upload(&ctx, &reply);
   v1::UploadChunk m;
