@@ -215,7 +215,7 @@ Status Client::Impl::Run() {
       case End::kCrashed:
         return absl::AbortedError("simulated crash");
       case End::kFatal:
-        spdlog::error("server rejected this client: {}", why.ToString());
+        spdlog::error("giving up: {}", why.ToString());  // a refusal retrying cannot change
         return why;
       case End::kRetry:
         break;
@@ -279,6 +279,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   v1::Welcome welcome;
   std::atomic<bool> hb_stop{false};
   std::thread heartbeat;
+  Status profile_error;  // this device could not be profiled for the cut policy
   const bool wrote_join = write(join_msg);
   server_ended = !(wrote_join && stream->Read(&msg));
   if (!server_ended && msg.has_welcome()) {
@@ -308,7 +309,10 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
         *m.mutable_profile() = *profile;
         write(m);
       } else {
-        spdlog::error("cannot profile this device: {}", profile.status().ToString());
+        // Without a profile the server never gives this client a task: end the session
+        // (for good when the model cannot run on this device's data, else to retry).
+        profile_error = Status(profile.status().code(),
+                               absl::StrCat("cannot profile this device: ", profile.status().message()));
       }
     }
     auto ack = [&](const v1::TaskAck& a) {
@@ -324,7 +328,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
       pending.reset();
       return true;
     };
-    while (read(&msg)) {
+    while (profile_error.ok() && read(&msg)) {
       if (msg.has_run_ended()) {
         spdlog::info("run {} ended: {}", msg.run_ended().run_id(), msg.run_ended().reason());
         end = End::kRunEnded;
@@ -374,6 +378,10 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   }
   if (end == End::kRunEnded || end == End::kCrashed) return end;
   if (stop) return End::kStopped;
+  if (!profile_error.ok()) {
+    *why = profile_error;
+    return Fatal(why->code()) ? End::kFatal : End::kRetry;
+  }
   *why = gs.ok() ? absl::UnavailableError("the server closed the control stream")
                  : FromGrpc(gs, "control stream");
   if (!gs.ok() && Fatal(why->code())) return End::kFatal;

@@ -350,6 +350,28 @@ TEST(SplitTextTest, PerTokenInt8CrossesTheCutInAQuarterOfTheBytes) {
   EXPECT_LT(int8.test_metrics.at("perplexity"), 1.1 * fp32.test_metrics.at("perplexity"));
 }
 
+// A device the cut policy cannot profile (its data does not fit the model) would never
+// get a task: it says why and exits, rather than sitting connected; the run goes on.
+TEST(SplitAutoCutTest, ADeviceThatCannotBeProfiledExitsWithTheReason) {
+  std::vector<ClientOptions> clients = Options(1, 600);
+  ClientOptions text;
+  text.train = *LoadDataSpec("text:/usr/share/games/fortunes/wisdom,context=16", true);
+  clients.push_back(std::move(text));
+  Federation f;
+  f.Start(std::string(kSplitBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 3}\n" +
+              "clients: {min: 1, quorum: 1.0}\n" +
+              "train: {local_epochs: 1, batch_size: 32, lr: 0.05}\n" +
+              "split: {mode: sfl-v2, cut: auto}\n",
+          std::move(clients));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  EXPECT_TRUE(f.client_status[0].ok()) << f.client_status[0];
+  EXPECT_EQ(f.client_status[1].code(), absl::StatusCode::kInvalidArgument) << f.client_status[1];
+  EXPECT_NE(f.client_status[1].message().find("cannot profile this device"), std::string::npos)
+      << f.client_status[1];
+  EXPECT_EQ(f.server->History().size(), 1u);
+}
+
 // Tensors over gRPC's 4 MiB message limit (640 sequences of 64 tokens of width 32:
 // 5.2 MB a micro-batch) cross the cut in chunks: U-shaped learning sends all four kinds
 // (activations up, the middle's output down, its gradient up, the cut's gradient down).
