@@ -3,6 +3,8 @@
 #include "server/checkpoint.h"
 #include "server/secagg_round.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
@@ -167,9 +169,12 @@ class UploadReactor;
 // What a message takes on the transport: its protobuf encoding, gRPC's 5-byte message
 // prefix and a 9-byte HTTP/2 frame header per started 16 KiB DATA frame. Checked against
 // the bytes a TCP proxy counts (tests/integration/traffic_test.cc).
-int64_t WireSize(const google::protobuf::MessageLite& m) {
-  const int64_t n = static_cast<int64_t>(m.ByteSizeLong()) + 5;
+int64_t WireSize(int64_t encoded_bytes) {
+  const int64_t n = encoded_bytes + 5;
   return n + 9 * ((n + 16383) / 16384);
+}
+int64_t WireSize(const google::protobuf::MessageLite& m) {
+  return WireSize(static_cast<int64_t>(m.ByteSizeLong()));
 }
 // Each call's HTTP/2 HEADERS frames (method, path, content type, deadline; then status
 // and trailers), HPACK-compressed after a connection's first call, plus the stream's
@@ -289,7 +294,10 @@ LocalTrainOptions ServerTraining(const FitSettings& fit, uint64_t seed) {
 
 // ---------------------------------------------------------------------------------
 // Shared state and round logic. Reactors call into it; the Run() thread drives rounds.
-class Server::Impl final : public v1::Coordinator::CallbackService {
+// Fetch is a raw method: downloads are written as byte buffers whose data slices point
+// into the shared blob (FetchReactor), so no download copies the model.
+class Server::Impl final
+    : public v1::Coordinator::WithRawCallbackMethod_Fetch<v1::Coordinator::CallbackService> {
  public:
   explicit Impl(ServerOptions o)
       : opts_(std::move(o)),
@@ -389,8 +397,8 @@ class Server::Impl final : public v1::Coordinator::CallbackService {
   // --- gRPC service ---
   grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Control(
       grpc::CallbackServerContext* ctx) override;
-  grpc::ServerWriteReactor<v1::Chunk>* Fetch(grpc::CallbackServerContext* ctx,
-                                             const v1::FetchRequest* req) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(grpc::CallbackServerContext* ctx,
+                                                     const grpc::ByteBuffer* req) override;
   grpc::ServerReadReactor<v1::UploadChunk>* Upload(grpc::CallbackServerContext* ctx,
                                                    v1::UploadReply* reply) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
@@ -821,8 +829,11 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
 };
 
 // ---------------------------------------------------------------------------------
-// Blob download: one chunk written at a time.
-class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
+// Blob download: one chunk written at a time, each a v1::Chunk encoded by hand so that
+// its data is a slice of the blob itself (held by a reference to the blob, released
+// when gRPC is done with the slice): a download in flight costs a few hundred bytes,
+// whatever server.chunk_bytes is, and every client's download shares the one copy.
+class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(Server::Impl* impl, const v1::FetchRequest& req, const std::string& peer)
       : impl_(impl) {
@@ -856,11 +867,26 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
       return;
     }
     const int64_t n = std::min<int64_t>(impl_->chunk_bytes(), total - offset_);
-    chunk_.set_offset(offset_);
-    chunk_.set_total_size(total);
-    chunk_.set_data(blob_->data() + offset_, n);
+    // Chunk's offset and total_size, then its data field's tag and length, then the data.
+    v1::Chunk head;
+    head.set_offset(offset_);
+    head.set_total_size(total);
+    std::string prefix = head.SerializeAsString();
+    google::protobuf::io::StringOutputStream out(&prefix);
+    {
+      google::protobuf::io::CodedOutputStream coded(&out);
+      coded.WriteTag(v1::Chunk::kDataFieldNumber << 3 | 2);  // wire type 2: length-delimited
+      coded.WriteVarint64(static_cast<uint64_t>(n));
+    }
+    auto* owner = new std::shared_ptr<const std::string>(blob_);
+    grpc::Slice slices[2] = {
+        grpc::Slice(prefix),
+        grpc::Slice(const_cast<char*>(blob_->data() + offset_), static_cast<size_t>(n),
+                    [](void* p) { delete static_cast<std::shared_ptr<const std::string>*>(p); },
+                    owner)};
+    chunk_ = grpc::ByteBuffer(slices, 2);
     offset_ += n;
-    impl_->CountDown(WireSize(chunk_));
+    impl_->CountDown(WireSize(static_cast<int64_t>(prefix.size()) + n));
     StartWrite(&chunk_);
   }
 
@@ -868,7 +894,7 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::Chunk> {
   std::shared_ptr<const std::string> blob_;
   int64_t fp32_size_ = 0;  // what the blob would be as fp32
   int64_t offset_ = 0;
-  v1::Chunk chunk_;
+  grpc::ByteBuffer chunk_;
 };
 
 // ---------------------------------------------------------------------------------
@@ -1358,11 +1384,16 @@ grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Server::Impl::Con
   return ControlReactor::Create(this, PeerIdentity(ctx));
 }
 
-grpc::ServerWriteReactor<v1::Chunk>* Server::Impl::Fetch(grpc::CallbackServerContext* ctx,
-                                                         const v1::FetchRequest* req) {
-  using R = grpc::ServerWriteReactor<v1::Chunk>;
+grpc::ServerWriteReactor<grpc::ByteBuffer>* Server::Impl::Fetch(grpc::CallbackServerContext* ctx,
+                                                                 const grpc::ByteBuffer* req) {
+  using R = grpc::ServerWriteReactor<grpc::ByteBuffer>;
   if (auto s = CheckBearer(ctx); !s.ok()) return new Refusal<R>(s);
-  return new FetchReactor(this, *req, PeerIdentity(ctx));
+  v1::FetchRequest request;
+  grpc::ByteBuffer bytes(*req);  // Deserialize takes a mutable buffer: a reference copy
+  if (!grpc::SerializationTraits<v1::FetchRequest>::Deserialize(&bytes, &request).ok()) {
+    return new Refusal<R>(ToGrpc(absl::InvalidArgumentError("malformed FetchRequest")));
+  }
+  return new FetchReactor(this, request, PeerIdentity(ctx));
 }
 
 grpc::ServerReadReactor<v1::UploadChunk>* Server::Impl::Upload(grpc::CallbackServerContext* ctx,

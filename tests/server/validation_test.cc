@@ -55,6 +55,42 @@ clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
 server: {client_timeout_s: 120}
 )";
 
+// Downloads are hand-encoded chunks over the shared blob (FetchReactor): each a valid
+// Chunk with its offset, the total size and server.chunk_bytes of data (the last one
+// the rest), together the model's exact bytes.
+TEST_F(ServerFixture, DownloadsArriveAsOrderedChunksOfTheBlob) {
+  StartServer("run: {rounds: 1}\nmodel: {name: mlp}\n"
+              "clients: {min: 2, quorum: 1.0, round_deadline_s: 60}\n"
+              "server: {chunk_bytes: 1024, client_timeout_s: 120}\n");
+  TestPeer a(address_, 100), b(address_, 300);
+  ASSERT_TRUE(a.Join("a"));
+  ASSERT_TRUE(b.Join("b"));
+  auto task = a.NextTask();
+  ASSERT_TRUE(task);
+  const std::string expected = server_->GlobalModel().Encode();
+  ASSERT_GT(expected.size(), 3 * 1024u);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(testing::RpcDeadline(60));
+  v1::FetchRequest req;
+  req.set_client_id(a.welcome().client_id());
+  req.set_session_token(a.welcome().session_token());
+  req.set_digest(task->model_digest());
+  auto reader = a.stub()->Fetch(&ctx, req);
+  std::string got;
+  v1::Chunk chunk;
+  int chunks = 0;
+  while (reader->Read(&chunk)) {
+    EXPECT_EQ(chunk.offset(), static_cast<int64_t>(got.size()));
+    EXPECT_EQ(chunk.total_size(), static_cast<int64_t>(expected.size()));
+    EXPECT_EQ(chunk.data().size(), std::min<size_t>(1024, expected.size() - got.size()));
+    got += chunk.data();
+    ++chunks;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(chunks, static_cast<int>((expected.size() + 1023) / 1024));
+  EXPECT_EQ(got, expected);
+}
+
 TEST_F(ServerFixture, RejectsBadUploadsAndAggregatesOnlyGoodOnes) {
   StartServer(kTwoClients);
   const ParameterSet initial = server_->GlobalModel();
