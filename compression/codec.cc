@@ -225,11 +225,11 @@ class HalfCodec : public Codec {
   const bool bf16_;
 };
 
-// int8: `groups` float32 scales (one, or one per row), then a signed byte per value.
-// One scale per group of values: the whole tensor (int8), each row (int8:channel) or each
-// vector along the last dimension (int8:token: a token's activation in [batch, tokens,
-// dim]). Per-token scales are many, one per `dim` values, so they travel as bfloat16,
-// rounded up so that no value exceeds 127 steps.
+// int8: a scale per group of values, then a signed byte per value. The groups are the
+// whole tensor (int8), each row (int8:channel) or each vector along the last dimension
+// (int8:token: a token's activation in [batch, tokens, dim]); scales are float32, but
+// per-token ones are many (one per `dim` values), so they travel as bfloat16, rounded up
+// so that no value exceeds 127 steps.
 class Int8Codec : public Codec {
  public:
   enum class Grouping { kTensor, kRow, kLastDim };
