@@ -194,11 +194,11 @@ struct TaskRecord {
   int64_t expected_size = 0;   // bytes of the update
   std::string codec = "fp32";  // its codec: fp32 (a parameter-set encoding) or a Codec spec
   // Split tasks: the client part the client was given, without frozen tensors (its
-  // upload is a delta from it).
+  // upload is a delta from it); shared by the round's tasks at the same cut.
   bool split = false;
   bool split_open = false;
   int cut = 0;
-  ParameterSet part;
+  std::shared_ptr<const ParameterSet> part;
   v1::SplitStats stats;
   // Federated evaluation reported with the upload; examples = 0 when none.
   v1::ClientEvaluation evaluation;
@@ -565,6 +565,13 @@ class Server::Impl final
   int num_classes_ = 10;
   std::vector<StageProfile> server_profile_;
   std::vector<std::vector<int64_t>> stage_shapes_;  // per-sample input of stage s, s <= n
+  // The current split round's client part at each cut and its published blob.
+  struct PartBlob {
+    std::shared_ptr<const ParameterSet> part;
+    std::string digest;
+    int64_t size = 0;
+  };
+  std::map<int, PartBlob> part_blobs_ ABSL_GUARDED_BY(mu_);
   CutProblem model_problem_;  // the cost model's model- and server-side inputs
   std::string probe_digest_;
 
@@ -1972,7 +1979,7 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, const std::string&
         absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
   }
   static const ParameterSet kNothing;  // an evaluation task's upload
-  const ParameterSet& layout = t->second.split           ? t->second.part
+  const ParameterSet& layout = t->second.split           ? *t->second.part
                                : t->second.evaluate_only ? kNothing
                                                          : UpdateLayout();
   if (t->second.evaluate_only && h.evaluation().examples() == 0) {
@@ -1996,7 +2003,7 @@ Status Server::Impl::ProcessUpload(const v1::UploadHeader& h, const std::string&
     if (t->second.split) {
       // The client's trained part: the part it was given plus its delta (with LoRA,
       // the adapters; the frozen tensors are as the round started).
-      ParameterSet trained = t->second.part;
+      ParameterSet trained = *t->second.part;
       for (size_t i = 0; i < views.size(); ++i) {
         auto& v = trained.mutable_tensors()[i].values;
         std::vector<float> delta(v.size());
@@ -2582,25 +2589,33 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     return msg;
   }
   if (split_round_) {
-    // The client part, published as a blob of its own (parts at the same cut are the
-    // same bytes, so they share one blob; in sl each turn has its own).
+    // The client part, published as a blob of its own. Parts at the same cut are the
+    // same tensors, so the round builds, encodes and hashes each cut's once (in sl each
+    // turn has its own: the clients before it changed it).
     rec.split = true;
     rec.cut = *split_round_->CutOf(cid);
-    rec.part = *split_round_->ClientPart(cid);
-    if (!frozen_.empty()) {
+    PartBlob turn;
+    PartBlob& pb = *split_mode_ == SplitMode::kSl ? turn : part_blobs_[rec.cut];
+    if (!pb.part) {
+      ParameterSet part = *split_round_->ClientPart(cid);
       // LoRA: the part's adapters travel (down and up); its frozen tensors come from
       // the base, which the client fetches once.
-      rec.part = Without(rec.part, frozen_);
+      if (!frozen_.empty()) part = Without(part, frozen_);
+      auto blob = std::make_shared<const std::string>(ModelBlob(part));
+      pb.digest = Sha256Hex(*blob);
+      pb.size = static_cast<int64_t>(blob->size());
+      blobs_[pb.digest] = std::move(blob);
+      fp32_sizes_[pb.digest] = static_cast<int64_t>(part.EncodedSize());
+      pb.part = std::make_shared<const ParameterSet>(std::move(part));
+    }
+    rec.part = pb.part;
+    if (!frozen_.empty()) {
       task->set_base_digest(base_digest_);
       task->set_base_size(base_size_);
     }
-    auto blob = std::make_shared<const std::string>(ModelBlob(rec.part));
-    const std::string digest = Sha256Hex(*blob);
-    task->set_model_digest(digest);
-    task->set_model_size(static_cast<int64_t>(blob->size()));
-    blobs_[digest] = std::move(blob);
-    fp32_sizes_[digest] = static_cast<int64_t>(rec.part.EncodedSize());
-    rec.expected_size = static_cast<int64_t>(rec.part.EncodedSize());
+    task->set_model_digest(pb.digest);
+    task->set_model_size(pb.size);
+    rec.expected_size = static_cast<int64_t>(rec.part->EncodedSize());
     auto* st = task->mutable_split();
     st->set_mode(cfg_.split.mode);
     st->set_cut(rec.cut);
@@ -2621,7 +2636,7 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
   if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
   if (update_codec_) {
     rec.codec = cfg_.compression.update;
-    rec.expected_size = EncodedTensorsSize(*update_codec_, rec.split ? rec.part : UpdateLayout());
+    rec.expected_size = EncodedTensorsSize(*update_codec_, rec.split ? *rec.part : UpdateLayout());
     task->set_update_codec(rec.codec);
   }
   if (secagg_) {
@@ -2656,6 +2671,7 @@ CutProblem Server::Impl::ProblemFor(const Session& s, int clients_in_round) cons
 
 StatusOr<std::vector<std::string>> Server::Impl::BeginSplitRoundLocked(
     int64_t round, const std::vector<std::string>& clients, const FitSettings& fit) {
+  part_blobs_.clear();
   std::map<std::string, int> cuts;
   std::vector<std::string> chosen;
   // In sl the clients take turns, one at a time, so the server serves one at a time.

@@ -95,6 +95,46 @@ class SplitValidationTest : public ::testing::Test {
   v1::Task task_;
 };
 
+// The round builds each cut's client part once: every client at that cut gets the same
+// blob, which holds the global model's tensors of the stages before the cut.
+TEST(SplitPartBlobTest, ClientsAtOneCutShareOnePublishedPart) {
+  ServerOptions o;
+  o.config = TestConfig("model: {name: lenet5}\nrun: {rounds: 1}\nclients: {min: 3}\n"
+                        "train: {batch_size: 8}\nsplit: {mode: sfl-v2, cut: 2}\n"
+                        "data: {test_limit: 100}\n");
+  o.listen = "127.0.0.1:0";
+  o.insecure = true;
+  auto server = Server::Create(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->Start().ok());
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  std::thread runner([&] { (*server)->Run().IgnoreError(); });
+  std::vector<std::unique_ptr<TestPeer>> peers;
+  for (int i = 0; i < 3; ++i) {
+    peers.push_back(std::make_unique<TestPeer>(address, 100));
+    ASSERT_TRUE(peers.back()->Join());
+  }
+  std::vector<v1::Task> tasks;
+  for (auto& p : peers) {
+    auto t = p->NextTask();
+    ASSERT_TRUE(t.has_value());
+    tasks.push_back(*t);
+  }
+  EXPECT_EQ(tasks[1].model_digest(), tasks[0].model_digest());
+  EXPECT_EQ(tasks[2].model_digest(), tasks[0].model_digest());
+  auto blob = FetchBlob(peers[0]->stub(), peers[0]->welcome().client_id(),
+                        peers[0]->welcome().session_token(), tasks[0].model_digest());
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  auto part = ParameterSet::Decode(*blob);
+  ASSERT_TRUE(part.ok()) << part.status();
+  const ParameterSet global = (*server)->GlobalModel();
+  ASSERT_EQ(part->size(), 4u) << "lenet5's two convolutions, weight and bias";
+  for (const Tensor& t : part->tensors()) EXPECT_EQ(t.values, global.Find(t.name)->values) << t.name;
+  (*server)->Stop();
+  peers.clear();
+  runner.join();
+}
+
 TEST_F(SplitValidationTest, AGoodMicroBatchGetsItsGradient) {
   Start("sfl-v2");
   std::vector<v1::SplitDown> replies;
