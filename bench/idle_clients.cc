@@ -7,7 +7,6 @@
 //   bench_idle_clients [--clients N] [--wait S]
 // Issue 16's target: 10,000 concurrently connected idle clients, bounded memory.
 #include <grpcpp/grpcpp.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,32 +15,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench/process.h"
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "server/server.h"
 
 using namespace cleave;
 
 namespace {
-
-int64_t RssBytes() {
-  std::ifstream f("/proc/self/status");
-  std::string key;
-  while (f >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb;
-      f >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
 
 // One client's Control stream: Join, then a heartbeat whenever the driver asks and no
 // write is in flight; reads until the server ends the stream.
@@ -129,12 +115,6 @@ int RunClients(int port, int clients, int period_ms, int hold_s, int report_fd) 
   return 0;
 }
 
-double CpuSeconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + 1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-}
-
 int ReadInt(int fd) {
   int v = -1;
   return read(fd, &v, sizeof(v)) == sizeof(v) ? v : -1;
@@ -197,7 +177,7 @@ int main(int argc, char** argv) {
   const double join_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t all = RssBytes();
   const int after_join = connected();
-  const double cpu0 = CpuSeconds();
+  const double cpu0 = ProcessCpu().total();
   const auto hold0 = std::chrono::steady_clock::now();
   int64_t peak = all;
   int least = after_join;
@@ -210,7 +190,7 @@ int main(int argc, char** argv) {
     }
   });
   const int ended_early = ReadInt(reportfd[0]);
-  const double hold_cpu = CpuSeconds() - cpu0;
+  const double hold_cpu = ProcessCpu().total() - cpu0;
   const double hold_wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - hold0).count();
   holding = false;
   sampler.join();

@@ -6,7 +6,6 @@
 // cost: the transport on both directions, validation, aggregation, publishing.
 //   bench_server_cpu [--params N] [--clients C] [--rounds R]
 #include <grpcpp/grpcpp.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,21 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "bench/process.h"
 #include "client/transfer.h"
 #include "server/server.h"
 
 using namespace cleave;
 
 namespace {
-
-struct Cpu {
-  double user = 0, system = 0;
-};
-Cpu CpuSeconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return {ru.ru_utime.tv_sec + 1e-6 * ru.ru_utime.tv_usec, ru.ru_stime.tv_sec + 1e-6 * ru.ru_stime.tv_usec};
-}
 
 // The child: `clients` peers, each in its own thread and connection, that join and then
 // for every task fetch the model and upload `payload`, until the run ends.
@@ -125,11 +116,11 @@ int main(int argc, char** argv) {
   if (!server->Start().ok()) return 1;
   int port = server->port();
   if (write(pipefd[1], &port, sizeof(port)) != sizeof(port)) return 1;
-  const Cpu cpu0 = CpuSeconds();
+  const CpuTime cpu0 = ProcessCpu();
   const auto t0 = std::chrono::steady_clock::now();
   Status s = server->Run();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const Cpu cpu1 = CpuSeconds();
+  const CpuTime cpu1 = ProcessCpu();
   const double user = cpu1.user - cpu0.user, system = cpu1.system - cpu0.system;
   const double cpu = user + system;
   int status = 0;

@@ -15,10 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 
+#include "bench/process.h"
 #include "client/transfer.h"
 #include "compression/codec.h"
 #include "server/server.h"
@@ -26,19 +26,6 @@
 using namespace cleave;
 
 namespace {
-
-int64_t RssBytes() {
-  std::ifstream f("/proc/self/status");
-  std::string key;
-  while (f >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb;
-      f >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
 
 // The child: `clients` peers join, wait for their task, then all upload at once.
 // `joined_fd`: where the child tells the parent (one byte) that every client holds its
