@@ -572,6 +572,8 @@ class Server::Impl final
     int64_t size = 0;
   };
   std::map<int, PartBlob> part_blobs_ ABSL_GUARDED_BY(mu_);
+  // LoRA: each cut's frozen tensors (digest, size of the pinned blob), all run long.
+  std::map<int, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(mu_);
   CutProblem model_problem_;  // the cost model's model- and server-side inputs
   std::string probe_digest_;
 
@@ -2598,9 +2600,19 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     PartBlob& pb = *split_mode_ == SplitMode::kSl ? turn : part_blobs_[rec.cut];
     if (!pb.part) {
       ParameterSet part = *split_round_->ClientPart(cid);
-      // LoRA: the part's adapters travel (down and up); its frozen tensors come from
-      // the base, which the client fetches once.
-      if (!frozen_.empty()) part = Without(part, frozen_);
+      // LoRA: the part's adapters travel (down and up); its frozen tensors come from a
+      // base of the part's own frozen tensors (the same every round: pinned), which the
+      // client fetches once per cut.
+      if (!frozen_.empty()) {
+        auto& base = cut_bases_[rec.cut];
+        if (base.first.empty()) {
+          auto blob = std::make_shared<const std::string>(Only(part, frozen_).Encode());
+          base = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
+          blobs_[base.first] = std::move(blob);
+          pinned_blobs_.insert(base.first);
+        }
+        part = Without(part, frozen_);
+      }
       auto blob = std::make_shared<const std::string>(ModelBlob(part));
       pb.digest = Sha256Hex(*blob);
       pb.size = static_cast<int64_t>(blob->size());
@@ -2610,8 +2622,8 @@ v1::ServerMessage Server::Impl::MakeTaskLocked(int64_t round, const std::string&
     }
     rec.part = pb.part;
     if (!frozen_.empty()) {
-      task->set_base_digest(base_digest_);
-      task->set_base_size(base_size_);
+      task->set_base_digest(cut_bases_[rec.cut].first);
+      task->set_base_size(cut_bases_[rec.cut].second);
     }
     task->set_model_digest(pb.digest);
     task->set_model_size(pb.size);

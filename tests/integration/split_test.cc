@@ -312,12 +312,19 @@ TEST(SplitTextTest, LoraAdaptersTrainOnBothSidesOfTheCut) {
       }
     }
     EXPECT_EQ(changed, 2 * 4 * 2) << "A and B of the 4 projections of both blocks trained";
-    // Only the client's adapters travel: what went up besides the split streams is two
-    // uploads of one block's adapters (4 K values), not of the part (the embedding and a
-    // block: 70 K values).
+    // Only the client's adapters travel up: what went up besides the split streams is
+    // two uploads of one block's adapters (4 K values), not of the part (the embedding
+    // and a block: 70 K values).
     const auto h = f.server->History();
     ASSERT_EQ(h.size(), 1u);
     EXPECT_LT(h[0].bytes_up - h[0].activation_bytes_up, 2 * 40000);
+    // Down, besides the split streams: each client's frozen tensors once, those of its
+    // own stages (embedding and first block; U-shaped also the head), not the model's.
+    int64_t frozen_bytes = 0;
+    for (const Tensor& t : start.tensors()) {
+      if (t.name.find(".lora_") == std::string::npos) frozen_bytes += 4 * static_cast<int64_t>(t.values.size());
+    }
+    EXPECT_LT(h[0].bytes_down - h[0].gradient_bytes_down, 2 * frozen_bytes * 3 / 4);
   }
 }
 
