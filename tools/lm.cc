@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -156,8 +157,10 @@ int RunEvaluate(const EvaluateOptions& o) {
       auto parts = PartitionDataset(*data, "natural", clients, 0);
       if (!parts.ok()) return Fail("evaluate", parts.status(), 2);
       for (int c = 0; c < clients; ++c) {
-        std::vector<std::string> names;  // client c holds groups c, c + N, ...
-        for (size_t g = c; g < data->group_names.size(); g += clients) names.push_back(data->group_names[g]);
+        std::set<int32_t> held;  // the groups the partition gave client c
+        for (int64_t i : (*parts)[c]) held.insert(data->groups[i]);
+        std::vector<std::string> names;
+        for (int32_t g : held) names.push_back(data->group_names[g]);
         rows.emplace_back(absl::StrCat("client-", c, " (", absl::StrJoin(names, ", "), ")"),
                           (*parts)[c]);
       }
