@@ -1,0 +1,477 @@
+// The transport-free coordinator: sessions keyed by client id, the round loop, the
+// strategy, secure aggregation and split learning. The transport (server/rpc.h) turns
+// calls into these methods and implements ClientLink and UploadCall for them; the core
+// holds no gRPC types, so rounds run the same behind any transport.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "aggregation/strategy.h"
+#include "aggregation/weighting.h"
+#include "cleave/v1/cleave.pb.h"
+#include "compression/codec.h"
+#include "core/clock.h"
+#include "core/files.h"
+#include "core/mutex.h"
+#include "core/parameter_set.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "data/dataset.h"
+#include "models/model.h"
+#include "server/checkpoint.h"
+#include "server/secagg_round.h"
+#include "server/server.h"
+#include "split/cut_policy.h"
+#include "split/round.h"
+
+namespace cleave {
+
+// A client's control stream as the coordinator sees it. Never called with the
+// coordinator's mutex held (a transport may run callbacks inline).
+class ClientLink {
+ public:
+  virtual ~ClientLink() = default;
+  // Queues `msg`; false if the stream is closing. finish_after: the stream ends OK once
+  // it is written.
+  virtual bool Send(v1::ServerMessage msg, bool finish_after = false) = 0;
+  // Ends the stream with `why` once the messages already queued are written.
+  virtual void Close(const Status& why) = 0;
+};
+
+// An upload in progress, as the coordinator's upload slots and expiry see it.
+class UploadCall {
+ public:
+  virtual ~UploadCall() = default;
+  // The header, once it passed CheckUploadHeader (then it stays unchanged); else null.
+  virtual const v1::UploadHeader* header() const = 0;
+  // Cancels the call if it is still receiving data. Any thread, no coordinator lock.
+  virtual void Cancel() = 0;
+  // True, once, when the call has waited for its client longer than `limit` (the time
+  // it spends queued for an upload slot does not count).
+  virtual bool ExpireIfIdle(Clock::duration limit, Clock::time_point now) = 0;
+  // Called under the upload mutex when the call queues for a slot, and when it gets one.
+  virtual void Queue() = 0;
+  virtual void Granted() = 0;
+  // Called without locks when a queued call got its slot: it may read its payload now.
+  virtual void Resume() = 0;
+  bool has_slot = false;  // written by the coordinator under its upload mutex
+};
+
+// Constant-time comparison, so response timing does not leak a token byte by byte.
+bool TokenMatches(const std::string& expected, const std::string& given);
+
+// The codec name of a masked secure-aggregation input in UploadHeader.codec.
+inline constexpr char kSecAggCodec[] = "secagg";
+
+enum class TaskState { kAssigned, kDone, kFailed };
+
+struct TaskRecord {
+  std::string client_id;
+  TaskState state = TaskState::kAssigned;
+  double train_loss = 0;
+  int64_t num_examples = 0;   // the update's weight (RoundWeights), once done
+  int64_t expected_size = 0;   // bytes of the update
+  std::string codec = "fp32";  // its codec: fp32 (a parameter-set encoding) or a Codec spec
+  // Split tasks: the client part the client was given, without frozen tensors (its
+  // upload is a delta from it); shared by the round's tasks at the same cut.
+  bool split = false;
+  bool split_open = false;
+  int cut = 0;
+  std::shared_ptr<const ParameterSet> part;
+  v1::SplitStats stats;
+  // Federated evaluation reported with the upload; examples = 0 when none.
+  v1::ClientEvaluation evaluation;
+  double train_seconds = 0;
+  bool evaluate_only = false;  // an evaluation task: its upload is an empty parameter set
+};
+
+// What a split stream works on; fixed when the stream opens.
+struct SplitStreamTask {
+  std::string client_id;
+  std::string task_id;
+  std::shared_ptr<SplitRound> round;
+  int window = 1;
+  int64_t max_elements = 0;
+  std::string act_codec, grad_codec;  // "" = float32
+};
+
+struct Session {
+  std::string id;
+  std::string name;
+  std::string identity;  // the CN of its client certificate (mutual TLS), else empty
+  std::string token;
+  int64_t num_examples = 0;
+  std::shared_ptr<ClientLink> link;  // its control stream
+  bool ready = false;  // Welcome queued: tasks may follow it
+  Clock::time_point last_seen;
+  // Split learning with cut: auto.
+  bool has_profile = false;
+  v1::Profile profile;
+  CutFeedback feedback;
+  CutPrediction prediction;  // of the last round's cut
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(ServerOptions o)
+      : opts_(std::move(o)),
+        cfg_(opts_.config),
+        clock_(opts_.clock ? opts_.clock : Clock::Real()),
+        rng_(cfg_.run.seed),
+        upload_slots_free_(cfg_.server.worker_threads),
+        pool_(cfg_.server.worker_threads) {}
+
+  ~Coordinator();
+  // Validates the options, loads the model, the test data and a checkpoint.
+  Status Init();
+  // Runs rounds until the run ends (see Server::Run).
+  Status Run();
+  void Stop();
+
+  // --- called by the transport ---
+  const ServerOptions& options() const { return opts_; }
+  // Sets the session cap: server.max_sessions, or else `derived` (the transport's bound
+  // from its descriptors). Returns the cap.
+  int SetMaxSessions(int derived);
+  // tls.revoked: identities refused at Join; the live sessions of newly revoked ones end.
+  void Revoke(std::set<std::string> revoked);
+  // `peer`: the CN of the client's certificate (mutual TLS), which becomes its name.
+  // `link` is the client's control stream; on success the session holds it.
+  Status Join(std::shared_ptr<ClientLink> link, const v1::Join& join, const std::string& peer,
+              v1::Welcome* welcome);
+  // After the Welcome is queued: the client may now be given tasks.
+  void Ready(const std::string& client_id);
+  void Heartbeat(const std::string& client_id);
+  void Ack(const std::string& client_id, const v1::TaskAck& ack);
+  // The control stream `link` of `client_id` ended (a newer one may have replaced it).
+  void ControlDone(const std::string& client_id, const ClientLink* link);
+  // The run's state for `cleave status`.
+  void FillStatus(v1::StatusReply* reply) const;
+  // Checks an upload header; on success returns the exact expected payload size.
+  StatusOr<int64_t> CheckUploadHeader(const v1::UploadHeader& h, const std::string& peer,
+                                      bool* duplicate);
+  // Validates and aggregates a complete upload (runs on the worker pool).
+  Status ProcessUpload(const v1::UploadHeader& h, const std::string& payload, bool* duplicate);
+  // Payload buffers, reused by the uploads of a round (at most server.worker_threads are
+  // held at once): a fresh multi-MiB buffer per upload costs its page faults and zeroing,
+  // about a sixth of the server's CPU with 100 clients. Emptied when a round closes
+  // (before the next model is built) and when the run ends.
+  std::string TakeBuffer(int64_t size);
+  void ReturnBuffer(std::string buffer);
+  void DropBuffers();
+  // The blob a Fetch asks for, and what its fp32 encoding would take.
+  StatusOr<std::shared_ptr<const std::string>> FindBlob(const v1::FetchRequest& req,
+                                                        const std::string& peer,
+                                                        int64_t* fp32_size);
+  // Transport bytes (WireSize) of the round, and what compression saved against fp32.
+  void CountDown(int64_t n) {
+    bytes_down_ += n;
+    lifetime_down_ += n;
+  }
+  void CountUp(int64_t n) {
+    bytes_up_ += n;
+    lifetime_up_ += n;
+  }
+  void SavedDown(int64_t n) { saved_down_ += n; }
+  void SavedUp(int64_t n) { saved_up_ += n; }
+  // UNAUTHENTICATED unless `token` is the session token of connected client `client_id`.
+  // With mutual TLS also PERMISSION_DENIED unless `peer` (the call's certificate CN) is
+  // the identity the client joined with.
+  Status Authenticate(const std::string& client_id, const std::string& token,
+                      const std::string& peer);
+  // A secure-aggregation stage message of a task of the current round (keys, shares or
+  // revealed shares); refused without any change unless it is exactly what the stage
+  // expects from that client.
+  Status SecAggSubmit(const v1::SecAggRequest& req, const std::string& peer);
+  // Split learning.
+  Status SetProfile(const std::string& client_id, const v1::Profile& profile);
+  // Checks a SplitOpen against the current round's split tasks; one stream per task.
+  StatusOr<SplitStreamTask> OpenSplit(const v1::SplitOpen& open, const std::string& peer);
+  // A split stream failed (bad message, lost connection): its task fails.
+  void SplitEnded(const SplitStreamTask& task, const Status& why);
+  void CountSplitUp(int64_t bytes) {
+    CountUp(bytes);
+    split_up_ += bytes;
+  }
+  void CountLabels(int64_t labels) { labels_up_ += labels; }
+  void CountSplitDown(int64_t bytes) {
+    CountDown(bytes);
+    split_down_ += bytes;
+  }
+  int64_t probe_size() const { return kProbeBytes; }
+  // The codec name split tensors carry for a compression.* value ("" = float32).
+  static std::string SplitCodec(const std::string& spec) {
+    return CodecFamily(spec) == "none" ? "" : spec;
+  }
+  ThreadPool& pool() { return pool_; }
+  const Clock& clock() const { return *clock_; }
+  void RegisterUpload(std::shared_ptr<UploadCall> r);
+  void UnregisterUpload(UploadCall* r);
+  // `r`, whose header passed, becomes `client_id`'s one upload in progress (an older one
+  // still open is cancelled) and asks for an upload slot: true if it may read its
+  // payload now; otherwise it is queued and resumed when a slot frees.
+  // CancelWaitingUpload removes a queued `r` (true if it was queued). ReleaseUploadSlot
+  // is called once by each reactor that held a slot.
+  bool ClaimUpload(const std::string& client_id, UploadCall* r);
+  // A refused upload, logged with the sender's identity (names escaped and bounded).
+  void LogRefusedUpload(const v1::UploadHeader& h, const Status& why);
+  // Cancels every upload still open (called when a round closes).
+  void CancelOpenUploads();
+  bool CancelWaitingUpload(UploadCall* r);
+  void ReleaseUploadSlot();
+  int chunk_bytes() const { return cfg_.server.chunk_bytes; }
+
+  ParameterSet GlobalModel() const {
+    MutexLock l(&mu_);
+    return global_;
+  }
+  int64_t committed_round() const {
+    MutexLock l(&mu_);
+    return committed_round_;
+  }
+  std::vector<RoundMetrics> History() const {
+    MutexLock l(&mu_);
+    return history_;
+  }
+  std::string RunId() const {
+    MutexLock l(&mu_);
+    return run_id_;
+  }
+  std::pair<int64_t, int64_t> TransportBytes() const { return {lifetime_up_, lifetime_down_}; }
+  Server::UploadCounts Uploads() const {
+    MutexLock l(&upload_mu_);
+    return {static_cast<int>(upload_of_client_.size()), static_cast<int>(upload_waiters_.size())};
+  }
+
+ private:
+  static constexpr int64_t kProbeBytes = 256 << 10;
+
+  int ConnectedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Connected clients that may be given a task (split, cut: auto: once profiled).
+  std::vector<std::string> AvailableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The session of a message about a task of the current round: identity (token), run
+  // and round checked; UNAUTHENTICATED or FAILED_PRECONDITION naming `what` otherwise.
+  StatusOr<const Session*> CheckSenderLocked(const std::string& what, const std::string& client_id,
+                                             const std::string& token, const std::string& peer,
+                                             const std::string& run_id, int64_t round) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The session `client_id` with `token`, called from certificate `peer`.
+  StatusOr<const Session*> SessionLocked(const std::string& client_id, const std::string& token,
+                                         const std::string& peer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The task message for `cid` in `round` (split: publishes its client part); records it.
+  v1::ServerMessage MakeTaskLocked(int64_t round, const std::string& cid, const FitSettings& fit,
+                                   int64_t deadline_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Split learning: loads the mode, profiles the server's stages, publishes the probe.
+  Status InitSplit(const ModelSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool NeedProfile() const { return split_mode_.has_value() && cfg_.split.cut == 0; }
+  CutProblem ProblemFor(const Session& s, int clients_in_round) const;
+  // Chooses each client's cut and starts the round's SplitRound. Returns the clients
+  // that can take part (a client no cut fits is left out).
+  StatusOr<std::vector<std::string>> BeginSplitRoundLocked(int64_t round,
+                                                           const std::vector<std::string>& clients,
+                                                           const FitSettings& fit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Encodes global_ and makes it the model version clients fetch.
+  void PublishModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops clients silent past server.client_timeout_s, and cancels uploads that made no
+  // progress for server.upload_idle_timeout_s while they could (failing their task, so a
+  // stalling client holds an upload slot at most once per round). Releases mu_ while
+  // closing streams.
+  void ExpireSilentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits on cv_ until `until` or at most kPoll, so that the caller can expire silent
+  // clients and stalled uploads meanwhile.
+  void WaitLocked(Clock::time_point until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    clock_->WaitUntil(cv_, mu_, std::min(until, clock_->Now() + kPoll));
+  }
+  void FailTasksOfLocked(const std::string& client_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RoundResolvedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Secure aggregation: starts the round's SecAggRound for `clients`.
+  Status BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drives secagg_'s stages until its unmasking closes (OK) or the round cannot go on;
+  // masked inputs are due by `training_deadline`, each other stage within
+  // secure_aggregation.stage_timeout_s. Releases mu_ while sending.
+  Status RunSecAggStagesLocked(Clock::time_point training_deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmasks the round's sum and folds it into the strategy as one update weighted by
+  // the survivors' `total_examples`.
+  Status AccumulateSecAgg(const SecAggRound& round, int64_t total_examples, const ParameterSet& layout);
+  // FLTrust: trains `global` on the root data with the round's local settings (as the
+  // paper does) and hands the change to the strategy. Runs on the round thread without
+  // mu_ (it owns model_ then).
+  Status SetFlTrustReference(const ParameterSet& global, const FitSettings& fit);
+  // Distributed DP and aggregation.weighting: equal: every masked update counts the same.
+  bool UniformSecAggWeights() const {
+    return (cfg_.dp.enabled && cfg_.dp.noise == "distributed") ||
+           cfg_.aggregation.weighting == "equal";
+  }
+  // Runs the next round to its aggregate and publishes the new model (Commit then
+  // evaluates and persists it). `evaluate_only`: instead, the connected clients measure
+  // the last committed model on their held-out data (the final evaluation); nothing is
+  // aggregated and the model stays.
+  StatusOr<RoundMetrics> RunRound(bool evaluate_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status Commit(RoundMetrics* m);
+  // After the last round: the final model's federated evaluation, when clients hold
+  // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
+  void FinalEvaluation(double elapsed_s);
+  Status LoadCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The serialized checkpoint of the last committed round.
+  std::string CheckpointLocked(double elapsed_s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps only the metrics.jsonl lines of rounds <= committed_round_, and notes from them
+  // whether clients evaluate and which round's model had its final evaluation.
+  Status TrimMetrics() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells every client the run ended (RunEnded): they exit.
+  void EndRun(const std::string& reason);
+  // Closes every control stream with UNAVAILABLE: clients reconnect (server stopped).
+  void DisconnectClients();
+  std::string Path(const std::string& name) const {
+    return (std::filesystem::path(opts_.run_dir) / name).string();
+  }
+
+  const ServerOptions opts_;
+  const JobConfig& cfg_;
+
+  std::unique_ptr<Model> model_;  // evaluation only (Run thread)
+  Dataset test_;
+  std::unique_ptr<Strategy> strategy_;
+  v1::ModelDescription model_desc_;
+  ModelSpec model_spec_;
+  std::unique_ptr<Codec> update_codec_;  // compression.update, unless none (decoding only)
+  // compression.broadcast, unless none; used by one thread at a time (start, round end).
+  std::unique_ptr<Codec> broadcast_codec_;
+  // The blob a model (or client part) is sent down as: fp32, or compression.broadcast.
+  std::string ModelBlob(const ParameterSet& model) {
+    return broadcast_codec_ ? EncodeCompressedSet(*broadcast_codec_, model) : model.Encode();
+  }
+
+  // Split learning (split.mode set); fixed after Init.
+  std::optional<SplitMode> split_mode_;
+  int num_stages_ = 0;
+  int tail_begin_ = 0;
+  int num_classes_ = 10;
+  std::vector<StageProfile> server_profile_;
+  std::vector<std::vector<int64_t>> stage_shapes_;  // per-sample input of stage s, s <= n
+  // The current split round's client part at each cut and its published blob.
+  struct PartBlob {
+    std::shared_ptr<const ParameterSet> part;
+    std::string digest;
+    int64_t size = 0;
+  };
+  std::map<int, PartBlob> part_blobs_ ABSL_GUARDED_BY(mu_);
+  // LoRA: each cut's frozen tensors (digest, size of the pinned blob), all run long.
+  std::map<int, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(mu_);
+  CutProblem model_problem_;  // the cost model's model- and server-side inputs
+  std::string probe_digest_;
+
+  // Time for every deadline and timeout (ServerOptions::clock; the real one by default).
+  const std::shared_ptr<Clock> clock_;
+  // How often waits wake to expire silent clients and stalled uploads.
+  static constexpr Clock::duration kPoll = std::chrono::milliseconds(200);
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string run_id_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<RunFiles> run_files_;  // metrics.jsonl and checkpoint.pb (with a run dir)
+  // server.max_sessions, or derived from the descriptor limit
+  int max_sessions_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::string> revoked_ ABSL_GUARDED_BY(mu_);  // tls.revoked: identities refused at once
+  // The current round's secure aggregation (secure_aggregation.enabled), else null.
+  std::unique_ptr<SecAggRound> secagg_ ABSL_GUARDED_BY(mu_);
+  int round_clients_ ABSL_GUARDED_BY(mu_) = 0;  // clients sampled for the current round
+  bool evaluating_ ABSL_GUARDED_BY(mu_) = false;  // the current round is evaluation only
+  // some client has reported a federated evaluation
+  bool clients_evaluate_ ABSL_GUARDED_BY(mu_) = false;
+  // the round whose model had its final evaluation
+  int64_t final_evaluated_round_ ABSL_GUARDED_BY(mu_) = 0;
+  // the current round's bound on declared example counts
+  RoundWeights round_weights_ ABSL_GUARDED_BY(mu_);
+  Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);            // client sampling (checkpointed)
+  std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const std::string>> blobs_ ABSL_GUARDED_BY(mu_);
+  // The fp32 encoding size of model and part blobs (by digest), for compression ratios.
+  std::map<std::string, int64_t> fp32_sizes_ ABSL_GUARDED_BY(mu_);
+  ParameterSet global_ ABSL_GUARDED_BY(mu_);
+  // model.personal's tensors: they stay on the devices. global_ keeps their initial
+  // values (clients start from them).
+  std::vector<std::string> personal_;
+  // The frozen tensors (a LoRA model's base): never trained, so never in an update nor
+  // in the model blob of a round; clients fetch them once, as the pinned base blob.
+  // Checkpoints hold the rest: the base follows from the config (seed, model.weights).
+  std::vector<std::string> frozen_;
+  std::string base_digest_;
+  int64_t base_size_ = 0;
+  // What updates leave out: personal_ and frozen_. Updates, the strategy and secure
+  // aggregation see shared_layout_ (global_ without them).
+  std::vector<std::string> not_updated_;
+  ParameterSet shared_layout_;  // its values are not kept up to date: a layout only
+  // The layout of an update (and of the strategy's sums).
+  const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return not_updated_.empty() ? global_ : shared_layout_;
+  }
+  // What a round's model blob and a checkpoint hold: the model without its frozen base;
+  // `model` itself (no copy) when nothing is frozen, else that part of it in `scratch`.
+  const ParameterSet& Published(const ParameterSet& model, ParameterSet& scratch) const {
+    if (frozen_.empty()) return model;
+    scratch = Without(model, frozen_);
+    return scratch;
+  }
+  // The Run thread is the only writer of global_ (under mu_), so it may read it without.
+  const ParameterSet& RunThreadGlobal() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return global_; }
+  std::string model_digest_ ABSL_GUARDED_BY(mu_);
+  std::string loss_digest_;  // the TorchScript loss's blob (train.loss: torchscript)
+  int64_t loss_size_ = 0;
+  int64_t committed_round_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t current_round_ ABSL_GUARDED_BY(mu_) = 0;  // round in progress; 0 when none
+  std::map<std::string, TaskRecord> tasks_ ABSL_GUARDED_BY(mu_);  // tasks of the current round
+  // sl: clients still to take their turn
+  std::deque<std::string> turns_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SplitRound> split_round_ ABSL_GUARDED_BY(mu_);  // the current split round
+  // kept across rounds (TorchScript, probe)
+  std::set<std::string> pinned_blobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<RoundMetrics> history_ ABSL_GUARDED_BY(mu_);
+  int64_t next_client_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t total_bytes_up_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t total_bytes_down_ ABSL_GUARDED_BY(mu_) = 0;
+  double prior_elapsed_s_ = 0;  // wall time of the run before a resume
+  std::atomic<int64_t> bytes_up_{0}, bytes_down_{0};
+  std::atomic<int64_t> split_up_{0}, split_down_{0}, labels_up_{0};
+  std::atomic<int64_t> saved_up_{0}, saved_down_{0};
+  std::atomic<int64_t> update_bytes_{0};  // payloads of accepted uploads this round
+  Mutex buffers_mu_;  // after mu_ and upload_mu_ when taken with them
+  std::vector<std::string> buffers_ ABSL_GUARDED_BY(buffers_mu_);
+  std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};
+  std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
+  double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
+
+  mutable Mutex upload_mu_;
+  int upload_slots_free_ ABSL_GUARDED_BY(upload_mu_);
+  std::deque<UploadCall*> upload_waiters_ ABSL_GUARDED_BY(upload_mu_);
+  std::map<UploadCall*, std::shared_ptr<UploadCall>> open_uploads_
+      ABSL_GUARDED_BY(upload_mu_);
+  // see ClaimUpload
+  std::map<std::string, UploadCall*> upload_of_client_ ABSL_GUARDED_BY(upload_mu_);
+
+  ThreadPool pool_;  // last member: its workers finish before the state above dies
+};
+
+
+}  // namespace cleave
