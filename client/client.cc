@@ -194,7 +194,7 @@ void Client::Stop() {
 
 Status Client::Impl::Run() {
   if (!opts.attack.empty()) RETURN_IF_ERROR(AttackNames().Check(opts.attack));
-  if (opts.tls_ca.empty() && !opts.insecure) {
+  if (opts.tls_ca.empty() && !opts.insecure && !opts.channel) {
     return absl::FailedPreconditionError(
         "no CA to verify the server with (--ca); plaintext needs --insecure");
   }
@@ -244,8 +244,12 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto channel = grpc::CreateCustomChannel(
-      opts.server, ClientCredentials(opts.tls_ca, opts.tls_cert, opts.tls_key, 60, opts.token), args);
+  auto channel = opts.channel ? opts.channel
+                              : grpc::CreateCustomChannel(
+                                    opts.server,
+                                    ClientCredentials(opts.tls_ca, opts.tls_cert, opts.tls_key,
+                                                      60, opts.token),
+                                    args);
   auto stub = v1::Coordinator::NewStub(channel);
 
   grpc::ClientContext ctx;

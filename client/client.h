@@ -12,10 +12,18 @@
 #include "core/status.h"
 #include "data/dataset.h"
 
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
 namespace cleave {
 
 struct ClientOptions {
   std::string server;              // host:port
+  // A channel to use instead of dialing `server` (then only named in logs): e.g.
+  // Server::InProcessChannel(), for clients that run inside the server's process. TLS
+  // options do not apply to it.
+  std::shared_ptr<grpc::Channel> channel;
   std::string name;                // shown in the server's logs
   Dataset train;                   // local training data
   // Held-out local data (cleave-client --holdout): each whole-model task first measures

@@ -897,7 +897,7 @@ RpcTransport::RpcTransport(Coordinator* core)
 StatusOr<std::unique_ptr<RpcTransport>> RpcTransport::Create(Coordinator* core) {
   std::unique_ptr<RpcTransport> t(new RpcTransport(core));
   const JobConfig& cfg = t->cfg_;
-  if (cfg.tls.cert.empty() && !t->opts_.insecure) {
+  if (cfg.tls.cert.empty() && !t->opts_.insecure && !t->opts_.in_process_only) {
     return absl::FailedPreconditionError(
         "TLS is required: set tls.cert and tls.key (`cleave certs init DIR` makes them) or "
         "run with --insecure for plaintext");
@@ -906,7 +906,7 @@ StatusOr<std::unique_ptr<RpcTransport>> RpcTransport::Create(Coordinator* core) 
     return absl::InvalidArgumentError("tls.mutual needs tls.cert, tls.key and tls.ca");
   }
   std::string bearer;
-  if (!cfg.auth.token_file.empty()) {
+  if (!cfg.auth.token_file.empty() && !t->opts_.in_process_only) {
     ASSIGN_OR_RETURN(std::string token, ReadBearerToken(cfg.auth.token_file));
     if (token.size() < 16) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -939,6 +939,10 @@ void RpcTransport::Shutdown() {
     std::filesystem::remove_all(tls_dir_, ec);
     tls_dir_.clear();
   }
+}
+
+std::shared_ptr<grpc::Channel> RpcTransport::InProcessChannel() {
+  return grpc_server_->InProcessChannel(grpc::ChannelArguments());
 }
 
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> RpcTransport::ServerCredentials() {
@@ -1038,6 +1042,15 @@ void RpcTransport::ReloadTlsLoop() {
 }
 
 Status RpcTransport::Start() {
+  if (opts_.in_process_only) {
+    core_->SetMaxSessions(1 << 20);
+    grpc::ServerBuilder b;
+    b.RegisterService(service_.get());
+    grpc_server_ = b.BuildAndStart();
+    if (!grpc_server_) return absl::InternalError("cannot start the in-process server");
+    spdlog::info("run {} serving in this process only (no port)", core_->RunId());
+    return absl::OkStatus();
+  }
   const std::string addr = opts_.listen.empty() ? cfg_.server.listen : opts_.listen;
   {
     // Every session holds a connection (a descriptor); keep room for files, threads and

@@ -13,6 +13,7 @@
 #include "server/server.h"
 
 namespace grpc {
+class Channel;
 class Server;
 class ServerCredentials;
 }  // namespace grpc
@@ -33,6 +34,8 @@ class RpcTransport {
   // Binds (port 0 picks a free one) and serves; writes run_dir/server.addr.
   Status Start();
   int port() const { return port_; }
+  // A channel to this server that uses no socket (in-process clients). After Start().
+  std::shared_ptr<grpc::Channel> InProcessChannel();
   // Stops TLS reloads and serving: calls still open are cancelled after a grace period,
   // and every reactor has finished when it returns.
   void Shutdown();

@@ -40,6 +40,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
 
 Status Server::Start() { return impl_->rpc->Start(); }
 int Server::port() const { return impl_->rpc->port(); }
+std::shared_ptr<grpc::Channel> Server::InProcessChannel() { return impl_->rpc->InProcessChannel(); }
 Status Server::Run() { return impl_->core->Run(); }
 void Server::Stop() { impl_->core->Stop(); }
 ParameterSet Server::GlobalModel() const { return impl_->core->GlobalModel(); }

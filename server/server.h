@@ -21,12 +21,19 @@
 #include "core/parameter_set.h"
 #include "core/status.h"
 
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
 namespace cleave {
 
 struct ServerOptions {
   JobConfig config;
   // Address to listen on; empty = config.server.listen.
   std::string listen;
+  // Open no port: clients reach the server only through InProcessChannel() (simulations,
+  // tests without sockets). TLS, bearer tokens and descriptor limits do not apply.
+  bool in_process_only = false;
   // Run directory (config copy, metrics.jsonl, checkpoint). Empty = keep nothing on disk.
   std::string run_dir;
   // The job config's text, copied to run_dir/config.yaml.
@@ -109,6 +116,9 @@ class Server {
   // Binds and starts serving. Afterwards port() is the bound port.
   Status Start();
   int port() const;
+  // A channel to this server that uses no socket, for clients in this process
+  // (ClientOptions::channel). After Start().
+  std::shared_ptr<grpc::Channel> InProcessChannel();
 
   // Runs rounds until config.run.rounds rounds have committed (OK), Stop() is called
   // (CANCELLED), or the run cannot go on (e.g. too few clients joined in time).

@@ -44,6 +44,8 @@ struct Federation {
   // The server's clock. The default stands still: no round deadline or heartbeat timeout
   // passes, however slowly the machine (or a sanitizer) runs, unless a test moves it.
   std::shared_ptr<Clock> clock = std::make_shared<FakeClock>();
+  // Clients reach the server through Server::InProcessChannel(): no port, no socket.
+  bool in_process = false;
 
   void Start(const std::string& yaml, std::vector<ClientOptions> client_opts,
              const std::string& run_dir = "") {
@@ -53,6 +55,7 @@ struct Federation {
     o.listen = "127.0.0.1:0";
     o.run_dir = run_dir;
     o.insecure = true;
+    o.in_process_only = in_process;
     o.clock = clock;
     auto s = Server::Create(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status();
@@ -68,6 +71,7 @@ struct Federation {
           dial ? dial(server->port()) : "127.0.0.1:" + std::to_string(server->port());
       client_opts[i].name = "client-" + std::to_string(i);
       client_opts[i].insecure = true;
+      if (in_process) client_opts[i].channel = server->InProcessChannel();
       clients.push_back(std::make_unique<Client>(std::move(client_opts[i])));
     }
     for (size_t i = 0; i < clients.size(); ++i) {

@@ -52,6 +52,43 @@ TEST(FederationTest, ThreeClientsTwoRoundsAccuracyRises) {
   for (auto& c : f.clients) EXPECT_EQ(c->tasks_completed(), 2);
 }
 
+// The same federation with its clients inside the server's process (the channel a
+// simulation uses): no port is opened, and the model is the one the clients make over
+// TCP, to float summation order (uploads arrive in another order).
+TEST(FederationTest, InProcessClientsMakeTheModelTcpClientsMake) {
+  const std::string yaml =
+      std::string(kBase) +
+      "model: {name: mlp}\nrun: {rounds: 2, seed: 7}\nclients: {min: 3, quorum: 1.0}\n";
+  std::vector<ParameterSet> models;
+  for (bool in_process : {false, true}) {
+    Federation f;
+    f.in_process = in_process;
+    f.Start(yaml, Options(3, 1500));
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+    for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(f.server->port() == 0, in_process);
+    auto h = f.server->History();
+    ASSERT_EQ(h.size(), 2u);
+    EXPECT_EQ(h[1].participants, 3);
+    EXPECT_GT(h[1].bytes_down, 3 * 4 * 100000) << "downloads are counted in process too";
+    models.push_back(f.server->GlobalModel());
+  }
+  ASSERT_EQ(models[0].tensors().size(), models[1].tensors().size());
+  double max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < models[0].tensors().size(); ++i) {
+    const auto& a = models[0].tensors()[i].values;
+    const auto& b = models[1].tensors()[i].values;
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) {
+      max_diff = std::max(max_diff, static_cast<double>(std::abs(a[j] - b[j])));
+      max_abs = std::max(max_abs, static_cast<double>(std::abs(a[j])));
+    }
+  }
+  EXPECT_LT(max_diff, 1e-5 * std::max(1.0, max_abs));
+  EXPECT_GT(max_abs, 0);
+}
+
 // FedPer on a pathological split (each client holds two classes): with the classifier
 // head kept on the devices, clients measure the model with their own heads far better
 // than FedAvg's one head; the head is never uploaded (fewer bytes) nor averaged (the
