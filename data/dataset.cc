@@ -35,7 +35,20 @@ int32_t Dataset::token(int64_t example, int64_t position) const {
 }
 
 Dataset Dataset::Subset(const std::vector<int64_t>& indices) const {
-  Dataset d = *this;
+  // Every field but the per-example vectors, filled below: copying *this whole would
+  // copy all examples' bytes, and keep their capacity after the resize (a client of a
+  // partition held the whole data set's memory).
+  Dataset d;
+  d.type = type;
+  d.shape = shape;
+  d.num_classes = num_classes;
+  d.mean = mean;
+  d.stddev = stddev;
+  d.group_names = group_names;
+  d.augment = augment;
+  d.standardised = standardised;
+  d.tokenizer = tokenizer;
+  d.bytes_per_token = bytes_per_token;
   d.size = static_cast<int64_t>(indices.size());
   const int64_t eb = example_bytes();
   d.bytes.resize(indices.size() * eb);
@@ -387,9 +400,14 @@ Status TakePartition(const std::string& spec, Dataset* data) {
     return absl::InvalidArgumentError("a partition needs client=I,of=N with 0 <= I < N");
   }
   ASSIGN_OR_RETURN(auto split, PartitionDataset(*data, parts[0], static_cast<int>(count), seed));
-  *data = data->Subset(split[index]);
-  if (data->standardised) data->Standardise();
+  *data = PartOf(*data, split[index]);
   return absl::OkStatus();
+}
+
+Dataset PartOf(const Dataset& data, const std::vector<int64_t>& indices) {
+  Dataset part = data.Subset(indices);
+  if (part.standardised && part.size > 0) part.Standardise();
+  return part;
 }
 
 }  // namespace cleave

@@ -80,6 +80,9 @@ StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train);
 // SCHEME a PartitionDataset scheme, e.g. "dirichlet:0.5,client=3,of=10,seed=42".
 // Standardised data is standardised again on the part.
 Status TakePartition(const std::string& spec, Dataset* data);
+// Client `indices`'s part of `data`, as TakePartition keeps it (standardised data is
+// standardised again on the part).
+Dataset PartOf(const Dataset& data, const std::vector<int64_t>& indices);
 // Moves a seeded random `fraction` of `data`'s examples (at least one when fraction > 0,
 // never all) into the returned held-out set.
 Dataset TakeHoldout(Dataset* data, double fraction, uint64_t seed);

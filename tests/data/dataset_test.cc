@@ -148,5 +148,43 @@ TEST(DatasetTest, SubsetCopiesExamplesInOrder) {
   EXPECT_EQ(s.groups, (std::vector<int32_t>{0, 0}));
 }
 
+// A client's part keeps what describes the data and holds only its own examples: it used
+// to keep the capacity of the whole set's bytes (a partition of 10,000 clients then
+// needed 10,000 copies of Fashion-MNIST).
+TEST(DatasetTest, SubsetKeepsTheDescriptionAndOnlyItsOwnExamples) {
+  Dataset d;
+  d.size = 1000;
+  d.type = ExampleType::kFloat32;
+  d.shape = {3};
+  d.num_classes = 4;
+  d.mean = {1, 2, 3};
+  d.stddev = {4, 5, 6};
+  d.bytes.assign(d.size * d.example_bytes(), 7);
+  d.labels.assign(d.size, 1);
+  d.targets.assign(d.size, 0.5f);
+  d.group_names = {"a"};
+  d.groups.assign(d.size, 0);
+  d.augment.flip = true;
+  d.standardised = true;
+  d.tokenizer = "byte";
+  d.bytes_per_token = 1.5;
+  Dataset s = d.Subset({3, 4});
+  EXPECT_EQ(s.size, 2);
+  EXPECT_EQ(s.type, d.type);
+  EXPECT_EQ(s.shape, d.shape);
+  EXPECT_EQ(s.num_classes, 4);
+  EXPECT_EQ(s.mean, d.mean);
+  EXPECT_EQ(s.stddev, d.stddev);
+  EXPECT_EQ(s.group_names, d.group_names);
+  EXPECT_EQ(s.groups.size(), 2u);
+  EXPECT_EQ(s.targets, (std::vector<float>{0.5f, 0.5f}));
+  EXPECT_TRUE(s.augment.flip);
+  EXPECT_TRUE(s.standardised);
+  EXPECT_EQ(s.tokenizer, "byte");
+  EXPECT_EQ(s.bytes_per_token, 1.5);
+  EXPECT_EQ(s.bytes.capacity(), 2 * static_cast<size_t>(d.example_bytes()));
+  EXPECT_LE(s.labels.capacity(), 2u);
+}
+
 }  // namespace
 }  // namespace cleave
