@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "client/emulation.h"
 #include "client/names.h"
+#include "client/shared.h"
 #include "compression/codec.h"
 #include "core/files.h"
 #include "core/parameter_set.h"
@@ -190,9 +191,11 @@ void Client::Stop() {
   impl_->stop = true;
   if (impl_->ctx) impl_->ctx->TryCancel();
   impl_->cv.notify_all();
+  if (impl_->opts.task_slots) impl_->opts.task_slots->WakeAll();
 }
 
 Status Client::Impl::Run() {
+  UseTorchThreads();  // clients of a simulation run on threads of their own
   if (!opts.attack.empty()) RETURN_IF_ERROR(AttackNames().Check(opts.attack));
   if (opts.tls_ca.empty() && !opts.insecure && !opts.channel) {
     return absl::FailedPreconditionError(
@@ -281,8 +284,13 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   bool server_ended = false;
   v1::ServerMessage msg;
   v1::Welcome welcome;
-  std::atomic<bool> hb_stop{false};
+  // The heartbeat thread sleeps on hb_cv until its next beat or hb_stop: a process hosting
+  // thousands of clients (cleave simulate) must not wake each of them to poll.
+  std::mutex hb_mu;
+  std::condition_variable hb_cv;
+  bool hb_stop = false;  // guarded by hb_mu
   std::thread heartbeat;
+  int64_t shared_beat = 0;  // with opts.heartbeats: this session's id there
   Status profile_error;  // this device could not be profiled for the cut policy
   const bool wrote_join = write(join_msg);
   server_ended = !(wrote_join && stream->Read(&msg));
@@ -290,19 +298,27 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
     welcome = msg.welcome();
     *joined = true;
     spdlog::info("joined run {} as {}", welcome.run_id(), welcome.client_id());
-    heartbeat = std::thread([&] {
-      const auto period = std::chrono::milliseconds(std::max(100, welcome.heartbeat_interval_ms()));
-      while (!hb_stop) {
-        v1::ClientMessage hb;
-        hb.mutable_heartbeat()->set_unix_ms(
-            std::chrono::duration_cast<std::chrono::milliseconds>(
-                std::chrono::system_clock::now().time_since_epoch()).count());
-        if (!write(hb)) break;
-        for (auto t = Clock::now() + period; !hb_stop && Clock::now() < t;) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto period = std::chrono::milliseconds(std::max(100, welcome.heartbeat_interval_ms()));
+    auto beat = [&] {
+      v1::ClientMessage hb;
+      hb.mutable_heartbeat()->set_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count());
+      return write(hb);
+    };
+    if (opts.heartbeats) {
+      shared_beat = opts.heartbeats->Add(period, beat);
+    } else {
+      heartbeat = std::thread([&] {
+        std::unique_lock<std::mutex> l(hb_mu);
+        while (!hb_stop) {
+          l.unlock();
+          if (!beat()) break;
+          l.lock();
+          hb_cv.wait_for(l, period, [&] { return hb_stop; });
         }
-      }
-    });
+      });
+    }
     if (welcome.profile_batch_size() > 0) {  // split learning with cut: auto
       auto spec = Spec(stub.get(), welcome, welcome.model());
       auto profile = spec.ok() ? ProfileDevice(stub.get(), welcome, *spec, opts.train,
@@ -354,7 +370,21 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
         }
         return absl::FailedPreconditionError("unexpected control message during the task");
       };
-      Status s = HandleTask(stub.get(), welcome, msg.task(), ack, next, &crashed);
+      Status s;
+      auto run_task = [&] {
+        s = HandleTask(stub.get(), welcome, msg.task(), ack, next, &crashed);
+        if (opts.task_slots) {
+          // A virtual client of a simulation keeps no model between its tasks: only
+          // those working hold training state (its personal layers and codec state stay).
+          model.reset();
+          loss_digest.clear();
+        }
+      };
+      if (!opts.task_slots) {
+        run_task();
+      } else if (!opts.task_slots->Run(run_task, stop)) {
+        break;  // stopped while waiting for a worker
+      }
       if (crashed) {
         end = End::kCrashed;
         ctx.TryCancel();
@@ -372,9 +402,14 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
       }
     }
   }
-  hb_stop = true;
+  {
+    std::lock_guard<std::mutex> l(hb_mu);
+    hb_stop = true;
+  }
+  hb_cv.notify_all();
   if (end != End::kRunEnded && end != End::kCrashed && !server_ended) ctx.TryCancel();
   if (heartbeat.joinable()) heartbeat.join();
+  if (shared_beat != 0) opts.heartbeats->Remove(shared_beat);
   grpc::Status gs = stream->Finish();
   {
     std::lock_guard<std::mutex> l(mu);
@@ -570,8 +605,10 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     auto m = Model::Create(*spec);
     if (!m.ok()) return reject(m.status());
     model = *std::move(m);
+    // Personal layers of another description do not fit (a model dropped after its last
+    // task, with task slots, is rebuilt to the same one).
+    if (key != model_key) personal = ParameterSet();
     model_key = key;
-    personal = ParameterSet();
     loss_digest.clear();
   }
   // A model with a frozen base: the blob holds the rest; put them together in the

@@ -18,12 +18,22 @@ class Channel;
 
 namespace cleave {
 
+class Heartbeats;
+class TaskSlots;
+
 struct ClientOptions {
   std::string server;              // host:port
   // A channel to use instead of dialing `server` (then only named in logs): e.g.
   // Server::InProcessChannel(), for clients that run inside the server's process. TLS
   // options do not apply to it.
   std::shared_ptr<grpc::Channel> channel;
+  // Simulations (client/shared.h): tasks (fetch, train, upload) run on these shared
+  // workers instead of the client's thread, so that a process hosting thousands of
+  // clients holds the training state of only a few; and the heartbeats of all its
+  // clients go out from one thread. A client with task slots also builds its model for
+  // each task and drops it after. Null = the client's own threads.
+  std::shared_ptr<TaskSlots> task_slots;
+  std::shared_ptr<Heartbeats> heartbeats;
   std::string name;                // shown in the server's logs
   Dataset train;                   // local training data
   // Held-out local data (cleave-client --holdout): each whole-model task first measures

@@ -17,14 +17,18 @@ const std::vector<std::string>& LogLevels() {
   return kLevels;
 }
 
-Status SetupLogging(const std::string& name, const std::string& file, const std::string& level) {
+Status SetupLogging(const std::string& name, const std::string& file, const std::string& level,
+                    const std::string& stderr_level) {
   const auto& levels = LogLevels();
-  if (std::find(levels.begin(), levels.end(), level) == levels.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("log level '", level, "' is not one of trace, debug, info, warn, error"));
+  for (const std::string& l : {level, stderr_level.empty() ? level : stderr_level}) {
+    if (std::find(levels.begin(), levels.end(), l) == levels.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("log level '", l, "' is not one of trace, debug, info, warn, error"));
+    }
   }
   std::vector<spdlog::sink_ptr> sinks;
   sinks.push_back(std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  if (!stderr_level.empty()) sinks.back()->set_level(spdlog::level::from_str(stderr_level));
   if (!file.empty()) {
     try {  // spdlog reports a file it cannot open by throwing
       sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(file));

@@ -2,8 +2,13 @@
 
 namespace cleave {
 
-ThreadPool::ThreadPool(int threads) {
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Loop(); });
+ThreadPool::ThreadPool(int threads, std::function<void()> on_start) {
+  for (int i = 0; i < threads; ++i) {
+    workers_.emplace_back([this, on_start] {
+      if (on_start) on_start();
+      Loop();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -13,7 +13,8 @@ namespace cleave {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);
+  // `on_start`, if set, runs first on each worker (e.g. UseTorchThreads).
+  explicit ThreadPool(int threads, std::function<void()> on_start = nullptr);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

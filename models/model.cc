@@ -1,5 +1,6 @@
 #include "models/model.h"
 
+#include <atomic>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -967,7 +968,17 @@ StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
   return stages;
 }
 
+namespace {
+std::atomic<int> g_torch_threads{0};  // SetTorchThreads' value; 0 = not set
+}  // namespace
+
+void UseTorchThreads() {
+  const int n = g_torch_threads.load();
+  if (n > 0) at::set_num_threads(n);  // in an OpenMP build: this thread's team size
+}
+
 void SetTorchThreads(int threads) {
+  g_torch_threads = threads;
   at::set_num_threads(threads);
   // LibTorch's BLAS here is OpenBLAS with its own thread pool, which
   // at::set_num_threads does not reach; its idle threads spin and steal the core.

@@ -152,7 +152,13 @@ class Model {
 Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& loss,
                           const std::string& what);
 
-// Sets LibTorch's intra-op thread count for this process.
+// Sets LibTorch's intra-op thread count for this process (this thread, and every thread
+// that calls UseTorchThreads).
 void SetTorchThreads(int threads);
+// OpenMP keeps its thread count per thread, and a new thread starts from the default
+// (the core count), not from SetTorchThreads: each LibTorch op it runs would then keep
+// an OpenMP team of its own. A thread that runs LibTorch work calls this first (no-op
+// before SetTorchThreads).
+void UseTorchThreads();
 
 }  // namespace cleave
