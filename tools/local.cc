@@ -21,6 +21,7 @@
 #include "core/config.h"
 #include "core/files.h"
 #include "privacy/certs.h"
+#include "tools/round_lines.h"
 
 namespace cleave {
 namespace {
@@ -92,43 +93,6 @@ void StopAll(std::vector<Child>& children, std::chrono::seconds grace) {
   }
 }
 
-std::string Bytes(double b) {
-  if (b >= 1e9) return absl::StrFormat("%.2f GB", b / 1e9);
-  if (b >= 1e6) return absl::StrFormat("%.1f MB", b / 1e6);
-  if (b >= 1e3) return absl::StrFormat("%.1f kB", b / 1e3);
-  return absl::StrFormat("%.0f B", b);
-}
-
-// A metrics line's accuracy (RMSE for regression, perplexity for text): the server's
-// test set, else the clients' held-out data (federated evaluation, with the spread over
-// clients), else none.
-std::string AccuracyText(const nlohmann::json& j) {
-  if (j.contains("test_perplexity")) {
-    return absl::StrFormat("test ppl %.3f  bits/byte %.3f", j.value("test_perplexity", 0.0),
-                           j.value("test_bits_per_byte", 0.0));
-  }
-  if (j.contains("test_rmse")) {
-    return absl::StrFormat("test rmse %.4f  test mae %.4f", j.value("test_rmse", 0.0),
-                           j.value("test_mae", 0.0));
-  }
-  if (j.contains("client_eval") && j["client_eval"].contains("rmse")) {
-    const auto& e = j["client_eval"];
-    return absl::StrFormat("client rmse %.4f (loss min %.4f, max %.4f)", e.value("rmse", 0.0),
-                           e.value("loss_min", 0.0), e.value("loss_max", 0.0));
-  }
-  if (j.contains("test_accuracy")) {
-    return absl::StrFormat("test acc %6.2f%%  test loss %.4f", 100 * j.value("test_accuracy", 0.0),
-                           j.value("test_loss", 0.0));
-  }
-  if (j.contains("client_eval")) {
-    const auto& e = j["client_eval"];
-    return absl::StrFormat("client acc %6.2f%% (min %.2f%%, max %.2f%%)",
-                           100 * e.value("accuracy", 0.0), 100 * e.value("accuracy_min", 0.0),
-                           100 * e.value("accuracy_max", 0.0));
-  }
-  return "no evaluation";
-}
-
 // The last `n` lines of a file, each ending in a newline.
 std::string LastLines(const std::string& path, int n) {
   std::ifstream in(path);
@@ -142,12 +106,6 @@ std::string LastLines(const std::string& path, int n) {
   return out;
 }
 
-std::string Timestamp() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&t));
-  return buf;
-}
 
 }  // namespace
 
@@ -311,58 +269,7 @@ int RunLocal(const LocalOptions& o) {
 
   // Follow metrics.jsonl until the server exits.
   const auto start = std::chrono::steady_clock::now();
-  std::ifstream metrics;
-  std::string partial;
-  nlohmann::json last;
-  int64_t total_up = 0, total_down = 0;
-  auto drain = [&] {
-    if (!metrics.is_open()) {
-      metrics.open(run_dir + "/metrics.jsonl");
-      if (!metrics.is_open()) return;
-    }
-    std::string line;
-    while (std::getline(metrics, line)) {
-      if (metrics.eof()) {  // incomplete last line: keep it for the next read
-        partial += line;
-        metrics.clear();
-        return;
-      }
-      line = partial + line;
-      partial.clear();
-      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded()) continue;
-      last = j;
-      total_up += j.value("bytes_up", int64_t{0});
-      total_down += j.value("bytes_down", int64_t{0});
-      if (j.value("evaluation_only", false)) {
-        std::cout << absl::StrFormat("final model  %s  (%d clients evaluated it, %d failed)\n",
-                                     AccuracyText(j), j.value("participants", 0),
-                                     j.value("failures", 0))
-                  << std::flush;
-        continue;
-      }
-      std::cout << absl::StrFormat(
-                       "round %3d/%d  %s  train loss %.4f  up %9s  down %9s  %6.1fs  "
-                       "(%d clients, %d failed)",
-                       j.value("round", 0), rounds, AccuracyText(j), j.value("train_loss", 0.0),
-                       Bytes(j.value("bytes_up", 0.0)), Bytes(j.value("bytes_down", 0.0)),
-                       j.value("wall_s", 0.0), j.value("participants", 0),
-                       j.value("failures", 0));
-      if (j.contains("epsilon")) {
-        std::cout << absl::StrFormat("  eps %.3f", j.value("epsilon", 0.0));
-      }
-      if (j.contains("cuts")) {
-        std::string cuts;
-        for (const auto& [client, cut] : j["cuts"].items()) {
-          absl::StrAppend(&cuts, cuts.empty() ? "" : ",", cut.get<int>());
-        }
-        std::cout << absl::StrFormat("  cuts [%s] step %.1f ms", cuts,
-                                     1e3 * j.value("step_s", 0.0));
-      }
-      std::cout << "\n" << std::flush;
-    }
-    metrics.clear();
-  };
+  RoundPrinter printer(run_dir, rounds);
   // Clients that failed on their own (bad data path, crash): once too few are left for
   // clients.min, the server would only wait out its join timeout, so stop now.
   auto failed_clients = [&] {
@@ -375,7 +282,7 @@ int RunLocal(const LocalOptions& o) {
   while (procs[0].exit_code == -1 && !g_interrupted) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     Reap(procs);
-    drain();
+    printer.Drain();
     const auto failed = failed_clients();
     if (clients - static_cast<int>(failed.size()) < config->clients.min_clients) {
       std::cout << "cleave local: " << failed.size() << " of " << clients
@@ -386,7 +293,7 @@ int RunLocal(const LocalOptions& o) {
       return 1;
     }
   }
-  drain();
+  printer.Drain();
   if (g_interrupted) {
     std::cout << "cleave local: interrupted; stopping every process\n";
     StopAll(procs, std::chrono::seconds(5));
@@ -415,8 +322,9 @@ int RunLocal(const LocalOptions& o) {
     return 1;
   }
   std::cout << absl::StrFormat("done: %d rounds in %.0fs; final %s; %s up, %s down\n",
-                               last.value("round", 0), secs, AccuracyText(last), Bytes(total_up),
-                               Bytes(total_down));
+                               printer.last().value("round", 0), secs,
+                               AccuracyText(printer.last()), Bytes(printer.total_up()),
+                               Bytes(printer.total_down()));
   if (failed > 0) {
     std::cout << failed << " client(s) exited with an error; see " << run_dir
               << "/client-*.log\n";

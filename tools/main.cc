@@ -14,6 +14,8 @@
 #include "privacy/tls.h"
 #include "tools/lm.h"
 #include "tools/local.h"
+#include "tools/simulate.h"
+#include "core/logging.h"
 
 namespace {
 
@@ -57,6 +59,20 @@ int main(int argc, char** argv) {
   l->add_option("--rounds", local.rounds, "override run.rounds")->check(cleave::AtLeastOne());
   l->add_flag("--insecure", local.insecure,
               "plaintext on loopback instead of TLS with certificates made for the run");
+
+  cleave::SimulateOptions sim;
+  auto* simulate = app.add_subcommand(
+      "simulate", "run a server and thousands of virtual clients in this process (no sockets)");
+  simulate->add_option("--config", sim.config_path, "job config (YAML)")->required();
+  simulate->add_option("--clients", sim.clients, "virtual clients (default: local.clients)")
+      ->check(cleave::AtLeastOne());
+  simulate->add_option("--rounds", sim.rounds, "override run.rounds")->check(cleave::AtLeastOne());
+  simulate->add_option("--run-dir", sim.run_dir, "run directory (default: runs/<name>-sim-<time>)");
+  simulate->add_option("--task-slots", sim.task_slots,
+                       "clients working on a task at once (default: the machine's cores)")
+      ->check(cleave::AtLeastOne());
+  simulate->add_option("--log-level", sim.log_level, "level of RUN_DIR/simulate.log")
+      ->check(CLI::IsMember(cleave::LogLevels()));
 
   std::string server;
   auto* st = app.add_subcommand("status", "ask a running server how it is doing");
@@ -186,6 +202,7 @@ int main(int argc, char** argv) {
               << "\n";
     return 0;
   }
+  if (simulate->parsed()) return cleave::RunSimulate(sim);
   if (l->parsed()) {
     local.bin_dir = SelfDir();
     return cleave::RunLocal(local);
