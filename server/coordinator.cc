@@ -579,6 +579,10 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
     return absl::FailedPreconditionError(
         absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
   }
+  if (t->second.state == TaskState::kAccumulating) {
+    return absl::AbortedError(
+        absl::StrCat("an upload of task ", Printable(h.task_id()), " is being added; retry"));
+  }
   if (h.codec() != t->second.codec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "update codec '", Printable(h.codec()), "', the task asked for '", t->second.codec, "'"));
@@ -655,81 +659,127 @@ void Coordinator::DropBuffers() {
 }
 
 Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& payload,
-                                   bool* duplicate) {
+                                  bool* duplicate) {
   // Structure checks need no lock; the payload is ours.
   std::vector<TensorView> views;
   if (h.codec() == "fp32") {
     ASSIGN_OR_RETURN(views, ParseParameterSet(payload, cfg_.server.max_model_elements));
   }
-  MutexLock l(&mu_);
-  // Re-check under the lock: the round may have closed while we were reading.
-  auto t = tasks_.find(h.task_id());
-  if (h.round() != current_round_ || t == tasks_.end() || t->second.client_id != h.client_id()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("round ", h.round(), " closed before the upload completed"));
-  }
-  if (t->second.state == TaskState::kDone) {
-    *duplicate = true;
-    return absl::OkStatus();
-  }
-  if (t->second.state == TaskState::kFailed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
-  }
   static const ParameterSet kNothing;  // an evaluation task's upload
-  const ParameterSet& layout = t->second.split           ? *t->second.part
-                               : t->second.evaluate_only ? kNothing
-                                                         : UpdateLayout();
-  if (t->second.evaluate_only && h.evaluation().examples() == 0) {
-    return absl::InvalidArgumentError("an evaluation task's upload must carry its evaluation");
+  // What the work outside the lock reads. The round stays open while a task is
+  // kAccumulating (RunRound waits for accumulating_ to reach 0 before it closes), so the
+  // layout (global_ or shared_layout_) and the strategy's round do not change meanwhile.
+  const ParameterSet* layout = nullptr;
+  int64_t weight = 0;
+  bool split = false;
+  std::shared_ptr<const ParameterSet> part;
+  std::shared_ptr<SplitRound> split_round;
+  {
+    MutexLock l(&mu_);
+    // Re-check under the lock: the round may have closed while we were reading.
+    auto t = tasks_.find(h.task_id());
+    if (h.round() != current_round_ || t == tasks_.end() || t->second.client_id != h.client_id()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("round ", h.round(), " closed before the upload completed"));
+    }
+    if (t->second.state == TaskState::kDone) {
+      *duplicate = true;
+      return absl::OkStatus();
+    }
+    if (t->second.state == TaskState::kFailed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
+    }
+    if (t->second.state == TaskState::kAccumulating) {
+      return absl::AbortedError(
+          absl::StrCat("another upload of task ", Printable(h.task_id()), " is being added"));
+    }
+    split = t->second.split;
+    layout = split                      ? t->second.part.get()
+             : t->second.evaluate_only ? &kNothing
+                                       : &UpdateLayout();
+    if (t->second.evaluate_only && h.evaluation().examples() == 0) {
+      return absl::InvalidArgumentError("an evaluation task's upload must carry its evaluation");
+    }
+    weight = round_weights_.Weight(h.num_examples());
+    if (h.codec() == kSecAggCodec) {
+      // A masked input: checked and added into the round's sum mod M. The strategy gets
+      // the round's unmasked sum when the last stage closes.
+      RETURN_IF_ERROR(secagg_ ? secagg_->AddMasked(h.client_id(), payload)
+                              : absl::FailedPreconditionError("no secure aggregation this round"));
+      AcceptLocked(t->second, h, weight, payload.size(), *layout);
+      return absl::OkStatus();
+    }
+    if (t->second.evaluate_only) {  // nothing to add
+      AcceptLocked(t->second, h, weight, payload.size(), *layout);
+      return absl::OkStatus();
+    }
+    part = t->second.part;
+    split_round = split_round_;
+    t->second.state = TaskState::kAccumulating;
+    ++accumulating_;
   }
-  const int64_t weight = round_weights_.Weight(h.num_examples());
-  if (h.codec() == kSecAggCodec) {
-    // A masked input: checked and added into the round's sum mod M. The strategy gets
-    // the round's unmasked sum when the last stage closes.
-    RETURN_IF_ERROR(secagg_ ? secagg_->AddMasked(h.client_id(), payload)
-                            : absl::FailedPreconditionError("no secure aggregation this round"));
-  } else {
+  // Model-sized work without the coordinator's lock: uploads are checked in parallel on
+  // the workers, and only the strategy's sum is taken one at a time (accumulate_mu_).
+  if (opts_.before_accumulate) opts_.before_accumulate();
+  Status s = [&]() -> Status {
     if (h.codec() != "fp32") {
       // Checked here, then read block by block through the codec like an fp32 update:
-      // no decoded copy is made. O(model) under the lock, as is accumulating.
-      ASSIGN_OR_RETURN(views, ViewEncodedTensors(*update_codec_, payload, layout));
+      // no decoded copy is made.
+      ASSIGN_OR_RETURN(views, ViewEncodedTensors(*update_codec_, payload, *layout));
     }
     // Bounded values: with bounded weights no sum of updates can overflow, so no upload
     // can make the model non-finite.
-    RETURN_IF_ERROR(CheckViews(layout, views, static_cast<float>(cfg_.server.max_update_abs)));
-    if (t->second.split) {
-      // The client's trained part: the part it was given plus its delta (with LoRA,
-      // the adapters; the frozen tensors are as the round started).
-      ParameterSet trained = *t->second.part;
-      for (size_t i = 0; i < views.size(); ++i) {
-        auto& v = trained.mutable_tensors()[i].values;
-        std::vector<float> delta(v.size());
-        views[i].Read(0, views[i].numel, delta.data());
-        for (size_t j = 0; j < v.size(); ++j) v[j] += delta[j];
-      }
-      if (!frozen_.empty()) {
-        ASSIGN_OR_RETURN(ParameterSet whole, split_round_->ClientPart(h.client_id()));
-        RETURN_IF_ERROR(Overwrite(trained, &whole));
-        trained = std::move(whole);
-      }
-      RETURN_IF_ERROR(split_round_->Finish(h.client_id(), trained, weight));
-      t->second.stats = h.split();
-    } else if (!t->second.evaluate_only) {
+    RETURN_IF_ERROR(CheckViews(*layout, views, static_cast<float>(cfg_.server.max_update_abs)));
+    if (!split) {
+      MutexLock a(&accumulate_mu_);
       strategy_->Accumulate(views, weight);
+      return absl::OkStatus();
     }
+    // The client's trained part: the part it was given plus its delta (with LoRA, the
+    // adapters; the frozen tensors are as the round started).
+    ParameterSet trained = *part;
+    for (size_t i = 0; i < views.size(); ++i) {
+      auto& v = trained.mutable_tensors()[i].values;
+      std::vector<float> delta(v.size());
+      views[i].Read(0, views[i].numel, delta.data());
+      for (size_t j = 0; j < v.size(); ++j) v[j] += delta[j];
+    }
+    if (!frozen_.empty()) {
+      ASSIGN_OR_RETURN(ParameterSet whole, split_round->ClientPart(h.client_id()));
+      RETURN_IF_ERROR(Overwrite(trained, &whole));
+      trained = std::move(whole);
+    }
+    return split_round->Finish(h.client_id(), trained, weight);
+  }();
+  MutexLock l(&mu_);
+  --accumulating_;
+  cv_.SignalAll();
+  TaskRecord& t = tasks_.at(h.task_id());  // still there: the round waits for us
+  if (!s.ok()) {
+    // Refused: the task is as it was, unless its client left meanwhile.
+    t.state = TaskState::kAssigned;
+    if (!sessions_.count(t.client_id)) FailTaskLocked(h.task_id(), t, "disconnected");
+    return s;
   }
+  if (split) t.stats = h.split();
+  AcceptLocked(t, h, weight, payload.size(), *layout);
+  return absl::OkStatus();
+}
+
+void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t weight,
+                               size_t payload_size, const ParameterSet& layout) {
   if (h.codec() != "fp32") {
-    SavedUp(static_cast<int64_t>(layout.EncodedSize()) - static_cast<int64_t>(payload.size()));
+    SavedUp(static_cast<int64_t>(layout.EncodedSize()) - static_cast<int64_t>(payload_size));
   }
-  update_bytes_ += static_cast<int64_t>(payload.size());
-  t->second.state = TaskState::kDone;
-  t->second.train_loss = h.train_loss();
-  t->second.num_examples = weight;
-  t->second.evaluation = h.evaluation();
+  update_bytes_ += static_cast<int64_t>(payload_size);
+  t.state = TaskState::kDone;
+  t.train_loss = h.train_loss();
+  t.num_examples = weight;
+  t.evaluation = h.evaluation();
   if (h.evaluation().examples() > 0) clients_evaluate_ = true;
-  t->second.train_seconds = h.train_seconds();
-  if (t->second.evaluate_only) {
+  t.train_seconds = h.train_seconds();
+  if (t.evaluate_only) {
     spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
                  current_round_, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
   } else {
@@ -738,7 +788,6 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
                  h.train_seconds());
   }
   cv_.SignalAll();
-  return absl::OkStatus();
 }
 
 StatusOr<std::shared_ptr<const std::string>> Coordinator::FindBlob(const v1::FetchRequest& req,
@@ -1069,7 +1118,7 @@ void Coordinator::ExpireSilentLocked() {
 
 bool Coordinator::RoundResolvedLocked() const {
   for (const auto& [id, t] : tasks_) {
-    if (t.state == TaskState::kAssigned) return false;
+    if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return false;
   }
   return true;
 }
@@ -1355,6 +1404,9 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
     WaitLocked(deadline);
     ExpireSilentLocked();
   }
+  // Uploads past their checks are being validated and added outside the lock: they end
+  // (accepted or refused) before the round closes. CPU work, not a wait on a client.
+  while (accumulating_ > 0) cv_.Wait(&mu_);
   evaluating_ = false;
   if (stopping_) {
     current_round_ = 0;
@@ -1745,6 +1797,7 @@ Status Coordinator::TrimMetrics() {
 }
 
 Status Coordinator::Run() {
+  UseTorchThreads();  // Run may be called on any thread
   const auto start = clock_->Now();
   auto elapsed = [&] {
     return prior_elapsed_s_ + std::chrono::duration<double>(clock_->Now() - start).count();

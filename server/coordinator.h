@@ -74,7 +74,10 @@ bool TokenMatches(const std::string& expected, const std::string& given);
 // The codec name of a masked secure-aggregation input in UploadHeader.codec.
 inline constexpr char kSecAggCodec[] = "secagg";
 
-enum class TaskState { kAssigned, kDone, kFailed };
+// kAccumulating: its upload passed the checks made under the coordinator's lock and is
+// being validated and added without it (ProcessUpload); it ends kDone, or kAssigned
+// again if refused.
+enum class TaskState { kAssigned, kAccumulating, kDone, kFailed };
 
 struct TaskRecord {
   std::string client_id;
@@ -130,7 +133,7 @@ class Coordinator {
         clock_(opts_.clock ? opts_.clock : Clock::Real()),
         rng_(cfg_.run.seed),
         upload_slots_free_(cfg_.server.worker_threads),
-        pool_(cfg_.server.worker_threads) {}
+        pool_(cfg_.server.worker_threads, UseTorchThreads) {}
 
   ~Coordinator();
   // Validates the options, loads the model, the test data and a checkpoint.
@@ -161,7 +164,8 @@ class Coordinator {
   // Checks an upload header; on success returns the exact expected payload size.
   StatusOr<int64_t> CheckUploadHeader(const v1::UploadHeader& h, const std::string& peer,
                                       bool* duplicate);
-  // Validates and aggregates a complete upload (runs on the worker pool).
+  // Validates and aggregates a complete upload (runs on the worker pool): claims its
+  // task under mu_, checks and adds it without (docs/architecture.md, "The server").
   Status ProcessUpload(const v1::UploadHeader& h, const std::string& payload, bool* duplicate);
   // Payload buffers, reused by the uploads of a round (at most server.worker_threads are
   // held at once): a fresh multi-MiB buffer per upload costs its page faults and zeroing,
@@ -302,6 +306,10 @@ class Coordinator {
   void FailTasksOfLocked(const std::string& client_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RoundResolvedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `t` done with upload `h`'s report (bytes, loss, weight, evaluation).
+  void AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t weight,
+                    size_t payload_size, const ParameterSet& layout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Secure aggregation: starts the round's SecAggRound for `clients`.
   Status BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -456,6 +464,11 @@ class Coordinator {
   std::atomic<int64_t> split_up_{0}, split_down_{0}, labels_up_{0};
   std::atomic<int64_t> saved_up_{0}, saved_down_{0};
   std::atomic<int64_t> update_bytes_{0};  // payloads of accepted uploads this round
+  // Tasks in TaskState::kAccumulating: the round does not close while there are any.
+  int accumulating_ ABSL_GUARDED_BY(mu_) = 0;
+  // Taken around Strategy::Accumulate, which uploads call without mu_ while a round is
+  // open; the round thread uses the strategy otherwise only when none is in flight.
+  Mutex accumulate_mu_;
   Mutex buffers_mu_;  // after mu_ and upload_mu_ when taken with them
   std::vector<std::string> buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};

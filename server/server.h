@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,6 +50,9 @@ struct ServerOptions {
   // Time for every deadline and timeout (rounds, joins, heartbeats, idle uploads, SecAgg
   // stages, TLS reloads); null = the real clock. Tests pass a FakeClock.
   std::shared_ptr<Clock> clock;
+  // Test hook: called by each federated upload after the checks it passes under the
+  // coordinator's lock, before it is validated and added without the lock.
+  std::function<void()> before_accumulate;
 };
 
 // What one committed round produced; also one line of metrics.jsonl.

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "client/client.h"
@@ -215,6 +217,82 @@ TEST_F(ServerFixture, RejectsBadUploadsAndAggregatesOnlyGoodOnes) {
                               (100.0 * da.tensors()[i].values[j] +
                                300.0 * db.tensors()[i].values[j]) / 400.0;
       ASSERT_NEAR(after.tensors()[i].values[j], expected, 1e-6) << i << "," << j;
+    }
+  }
+}
+
+// Model-sized work runs outside the coordinator's lock: while one upload is being
+// validated and added, the server answers other calls and refuses a second upload of the
+// same task, and the round does not close, even past its deadline, before the upload is
+// counted.
+TEST_F(ServerFixture, UploadsAreAddedOutsideTheLockAndTheRoundWaitsForThem) {
+  auto clock = std::make_shared<FakeClock>();
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  bool release = false;
+  ServerOptions o;
+  o.config = TestConfig("run: {rounds: 1}\nmodel: {name: mlp}\n"
+                        "clients: {min: 1, quorum: 1.0, round_deadline_s: 60}\n"
+                        "server: {client_timeout_s: 100000}\n");
+  o.clock = clock;
+  o.before_accumulate = [&] {
+    std::unique_lock<std::mutex> l(mu);
+    ++entered;
+    cv.notify_all();
+    cv.wait(l, [&] { return release; });
+  };
+  StartServerWith(std::move(o));
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer a(address_, 100);
+  ASSERT_TRUE(a.Join("a"));
+  auto task = a.NextTask();
+  ASSERT_TRUE(task);
+  const ParameterSet delta = Delta(initial, 0.01f);
+  const std::string payload = delta.Encode();
+  v1::UploadHeader header = a.Header(*task, 100);
+  header.set_total_size(static_cast<int64_t>(payload.size()));
+  grpc::Status first;
+  std::thread upload([&] { first = a.RawUpload(header, Chunks(payload)); });
+  bool in_hook = false;
+  {
+    std::unique_lock<std::mutex> l(mu);
+    in_hook = cv.wait_for(l, std::chrono::seconds(60), [&] { return entered == 1; });
+  }
+  if (!in_hook) {
+    upload.join();
+    FAIL() << "the upload never reached the work outside the lock: " << first.error_message();
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(testing::RpcDeadline(60));
+  v1::StatusReply status;
+  ASSERT_TRUE(a.stub()->GetStatus(&ctx, v1::StatusRequest(), &status).ok());
+  EXPECT_EQ(status.round(), 1);
+  const grpc::Status second = a.RawUpload(header, Chunks(payload));
+  EXPECT_EQ(second.error_code(), StatusCode::ABORTED) << second.error_message();
+  clock->AdvanceSeconds(120);  // past the round's deadline
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // time to close it, wrongly
+  EXPECT_EQ(server_->committed_round(), 0);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  upload.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  ASSERT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  auto history = server_->History();
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].participants, 1);
+  EXPECT_EQ(history[0].failures, 0);
+  EXPECT_EQ(entered, 1);
+  const ParameterSet after = server_->GlobalModel();
+  for (size_t i = 0; i < after.size(); ++i) {
+    for (size_t j = 0; j < after.tensors()[i].values.size(); ++j) {
+      ASSERT_NEAR(after.tensors()[i].values[j],
+                  initial.tensors()[i].values[j] + delta.tensors()[i].values[j], 1e-6);
     }
   }
 }
