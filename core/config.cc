@@ -70,7 +70,7 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
               "clip_count_stddev", "noise", "delta", "target_epsilon"}},
       {"aggregation", {"rule", "f", "m", "max_norm", "root_data", "weighting", "max_weight_ratio",
                        "max_client_examples"}},
-      {"local", {"data", "partition", "partition_seed", "clients", "holdout", "profiles", "attack",
+      {"local", {"data", "partition", "partition_seed", "clients", "holdout", "profiles", "trace", "attack",
                  "attackers"}},
       {"local.profiles[]", {"uplink_mbps", "downlink_mbps", "slowdown", "memory_limit_mb"}},
   };
@@ -334,6 +334,7 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "local", "partition_seed", &c.local.partition_seed));
     RETURN_IF_ERROR(Read(s, "local", "clients", &c.local.clients));
     RETURN_IF_ERROR(Read(s, "local", "holdout", &c.local.holdout));
+    RETURN_IF_ERROR(Read(s, "local", "trace", &c.local.trace));
     if (auto list = s["profiles"]) {
       if (!list.IsSequence()) return absl::InvalidArgumentError("local.profiles must be a list");
       for (const auto& p : list) {

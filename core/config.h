@@ -238,6 +238,9 @@ struct LocalConfig {
   // local.profiles: device profiles given to the clients in turn (client i gets
   // profiles[i % size]); empty = no emulation.
   std::vector<DeviceEmulation> profiles;
+  // local.trace: a device trace file (core/device_trace.h: speed, links and online
+  // windows per client); replaces local.profiles. Empty = none.
+  std::string trace;
 };
 
 struct JobConfig {

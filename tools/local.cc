@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "core/config.h"
 #include "core/files.h"
+#include "core/device_trace.h"
 #include "privacy/certs.h"
 #include "tools/round_lines.h"
 
@@ -33,6 +34,8 @@ struct Child {
   std::string name;
   pid_t pid = -1;
   int exit_code = -1;  // set once reaped
+  std::vector<std::string> argv;  // to start it again (local.trace)
+  bool offline = false;           // stopped by the device trace: not a failure
 };
 
 // Starts `argv` with stdout and stderr to `log`; the child dies with this process.
@@ -121,6 +124,15 @@ int RunLocal(const LocalOptions& o) {
     std::cerr << "cleave local: --clients " << clients << " is below clients.min="
               << config->clients.min_clients << " of " << o.config_path << "\n";
     return 2;
+  }
+  std::vector<DeviceTrace> traces;
+  if (!config->local.trace.empty()) {
+    auto t = ReadDeviceTraces(config->local.trace);
+    if (!t.ok()) {
+      std::cerr << "cleave local: " << t.status().message() << "\n";
+      return 2;
+    }
+    traces = *std::move(t);
   }
   const std::string run_dir =
       o.run_dir.empty() ? absl::StrCat("runs/", config->run.name, "-", Timestamp()) : o.run_dir;
@@ -224,6 +236,9 @@ int RunLocal(const LocalOptions& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
+  auto trace_of = [&](size_t client) -> const DeviceTrace* {
+    return traces.empty() ? nullptr : &traces[client % traces.size()];
+  };
   for (int i = 0; i < clients; ++i) {
     const std::string name = absl::StrCat("client-", i);
     std::vector<std::string> argv = {
@@ -252,8 +267,10 @@ int RunLocal(const LocalOptions& o) {
         argv.insert(argv.end(), {"--token-file", config->auth.token_file});
       }
     }
-    if (!config->local.profiles.empty()) {  // device emulation, profiles in turn
-      const DeviceEmulation& d = config->local.profiles[i % config->local.profiles.size()];
+    if (trace_of(i) || !config->local.profiles.empty()) {  // device emulation
+      const DeviceEmulation& d = trace_of(i)
+                                     ? trace_of(i)->device
+                                     : config->local.profiles[i % config->local.profiles.size()];
       for (const auto& [flag, value] :
            std::vector<std::pair<std::string, std::string>>{
                {"--emulate-uplink-mbps", absl::StrCat(d.uplink_mbps)},
@@ -264,7 +281,15 @@ int RunLocal(const LocalOptions& o) {
         argv.push_back(value);
       }
     }
-    procs.push_back({name, Spawn(argv, run_dir + "/" + name + ".log")});
+    Child c{name};
+    c.argv = argv;
+    if (!trace_of(i) || trace_of(i)->OnlineAt(0)) {
+      c.pid = Spawn(argv, run_dir + "/" + name + ".log");
+    } else {
+      c.offline = true;
+      c.exit_code = 0;
+    }
+    procs.push_back(std::move(c));
   }
 
   // Follow metrics.jsonl until the server exits.
@@ -275,7 +300,7 @@ int RunLocal(const LocalOptions& o) {
   auto failed_clients = [&] {
     std::vector<const Child*> failed;
     for (size_t i = 1; i < procs.size(); ++i) {
-      if (procs[i].exit_code > 0) failed.push_back(&procs[i]);
+      if (procs[i].exit_code > 0 && !procs[i].offline) failed.push_back(&procs[i]);
     }
     return failed;
   };
@@ -283,6 +308,21 @@ int RunLocal(const LocalOptions& o) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     Reap(procs);
     printer.Drain();
+    // Follow the device trace: a client whose window closed is stopped (a dropout), one
+    // whose window opened is started again.
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (size_t i = 1; !traces.empty() && i < procs.size(); ++i) {
+      Child& c = procs[i];
+      const bool online = trace_of(i - 1)->OnlineAt(t);
+      if (online && c.offline && c.exit_code != -1) {
+        c.pid = Spawn(c.argv, run_dir + "/" + c.name + ".log");
+        c.exit_code = -1;
+        c.offline = false;
+      } else if (!online && !c.offline && c.exit_code == -1) {
+        kill(c.pid, SIGTERM);
+        c.offline = true;
+      }
+    }
     const auto failed = failed_clients();
     if (clients - static_cast<int>(failed.size()) < config->clients.min_clients) {
       std::cout << "cleave local: " << failed.size() << " of " << clients

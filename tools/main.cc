@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <climits>
+#include <tuple>
 #include <filesystem>
 #include <iostream>
 
@@ -15,6 +16,9 @@
 #include "tools/lm.h"
 #include "tools/local.h"
 #include "tools/simulate.h"
+#include "core/device_trace.h"
+#include "core/files.h"
+#include "absl/strings/numbers.h"
 #include "core/logging.h"
 
 namespace {
@@ -73,6 +77,24 @@ int main(int argc, char** argv) {
       ->check(cleave::AtLeastOne());
   simulate->add_option("--log-level", sim.log_level, "level of RUN_DIR/simulate.log")
       ->check(CLI::IsMember(cleave::LogLevels()));
+
+  cleave::TraceSpec trace_spec;
+  std::string trace_out, trace_up, trace_down;
+  auto* trace = app.add_subcommand(
+      "trace", "write a device trace (speed, links, online windows) for local.trace");
+  trace->add_option("--clients", trace_spec.clients, "clients (lines)")->required()
+      ->check(cleave::AtLeastOne());
+  trace->add_option("--out", trace_out, "the CSV file to write")->required();
+  trace->add_option("--seed", trace_spec.seed, "seed (the same seed, the same trace)");
+  trace->add_option("--speed-spread", trace_spec.speed_spread,
+                    "compute slowdown log-uniform in [1, X] (default 1: all alike)");
+  trace->add_option("--uplink-mbps", trace_up, "uplink log-uniform in MIN:MAX Mbps");
+  trace->add_option("--downlink-mbps", trace_down, "downlink log-uniform in MIN:MAX Mbps");
+  trace->add_option("--online", trace_spec.online_fraction,
+                    "fraction of the time a client is online (default 1: always)");
+  trace->add_option("--session-s", trace_spec.session_s, "mean online session (seconds)");
+  trace->add_option("--horizon-s", trace_spec.horizon_s,
+                    "windows up to this time (seconds); online for good after it");
 
   std::string server;
   auto* st = app.add_subcommand("status", "ask a running server how it is doing");
@@ -203,6 +225,29 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (simulate->parsed()) return cleave::RunSimulate(sim);
+  if (trace->parsed()) {
+    for (auto [flag, text, lo, hi] :
+         {std::tuple{"--uplink-mbps", trace_up, &trace_spec.uplink_min_mbps, &trace_spec.uplink_max_mbps},
+          std::tuple{"--downlink-mbps", trace_down, &trace_spec.downlink_min_mbps,
+                     &trace_spec.downlink_max_mbps}}) {
+      if (text.empty()) continue;
+      const auto colon = text.find(':');
+      if (colon == std::string::npos || !absl::SimpleAtod(text.substr(0, colon), lo) ||
+          !absl::SimpleAtod(text.substr(colon + 1), hi)) {
+        std::cerr << "cleave trace: " << flag << " wants MIN:MAX, got '" << text << "'\n";
+        return 2;
+      }
+    }
+    auto traces = cleave::GenerateDeviceTraces(trace_spec);
+    cleave::Status s = traces.ok() ? cleave::WriteFileAtomic(trace_out, cleave::FormatDeviceTraces(*traces))
+                                   : traces.status();
+    if (!s.ok()) {
+      std::cerr << "cleave trace: " << s.message() << "\n";
+      return traces.ok() ? 1 : 2;
+    }
+    std::cout << "device trace for " << trace_spec.clients << " clients in " << trace_out << "\n";
+    return 0;
+  }
   if (l->parsed()) {
     local.bin_dir = SelfDir();
     return cleave::RunLocal(local);

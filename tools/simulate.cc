@@ -12,11 +12,14 @@
 #include <thread>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/shared.h"
 #include "core/config.h"
+#include "core/device_trace.h"
 #include "core/files.h"
 #include "core/logging.h"
 #include "data/dataset.h"
@@ -91,9 +94,17 @@ int RunSimulate(const SimulateOptions& o) {
   if (!server.ok()) return fail(std::string(server.status().message()));
   if (Status s = (*server)->Start(); !s.ok()) return fail(std::string(s.message()));
 
-  // Thousands of threads (each client's control stream and heartbeat) that mostly wait:
-  // smaller stacks than glibc's default 8 MiB keep the address space modest. Training
-  // runs on these threads too; 1 MiB is far more than LibTorch's CPU kernels use.
+  // Device traces: each client's speed and links, and when it is online.
+  std::vector<DeviceTrace> traces;
+  if (!config->local.trace.empty()) {
+    auto t = ReadDeviceTraces(config->local.trace);
+    if (!t.ok()) return fail(std::string(t.status().message()));
+    traces = *std::move(t);
+  }
+
+  // Thousands of threads (one per client, waiting on its control stream) and the task
+  // workers: smaller stacks than glibc's default 8 MiB keep the address space modest;
+  // 1 MiB is far more than LibTorch's CPU kernels use on the workers.
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, 1 << 20);
@@ -103,7 +114,16 @@ int RunSimulate(const SimulateOptions& o) {
   auto task_slots = std::make_shared<TaskSlots>(slots);
   auto heartbeats = std::make_shared<Heartbeats>();
   auto channel = (*server)->InProcessChannel();
-  std::vector<std::unique_ptr<Client>> virtual_clients;
+  // A virtual client, started again from `options` when its trace brings it back online.
+  struct Virtual {
+    ClientOptions options;
+    const DeviceTrace* trace = nullptr;
+    std::unique_ptr<Client> client;
+    std::thread thread;
+    Status status;  // of its last Run
+  };
+  std::vector<Virtual> virtuals;
+  virtuals.reserve(clients);
   int empty = 0;
   int64_t examples = 0;
   for (int i = 0; i < clients; ++i) {
@@ -122,7 +142,10 @@ int RunSimulate(const SimulateOptions& o) {
       continue;
     }
     examples += c.train.size;
-    if (!config->local.profiles.empty()) {
+    const DeviceTrace* trace = traces.empty() ? nullptr : &traces[i % traces.size()];
+    if (trace) {
+      c.emulation = trace->device;
+    } else if (!config->local.profiles.empty()) {
       c.emulation = config->local.profiles[i % config->local.profiles.size()];
       c.memory_limit_bytes = c.emulation.memory_limit_mb << 20;
     }
@@ -131,18 +154,24 @@ int RunSimulate(const SimulateOptions& o) {
     }
     c.task_slots = task_slots;
     c.heartbeats = heartbeats;
-    virtual_clients.push_back(std::make_unique<Client>(std::move(c)));
+    virtuals.push_back(Virtual{std::move(c), trace});
   }
   all = Dataset();  // each client holds its own part now
-  std::cout << "cleave simulate: " << config->run.name << ", " << virtual_clients.size()
+  int online_at_start = 0;
+  for (const Virtual& v : virtuals) online_at_start += !v.trace || v.trace->OnlineAt(0);
+  std::cout << "cleave simulate: " << config->run.name << ", " << virtuals.size()
             << " virtual clients in this process (" << examples << " examples";
   if (empty > 0) std::cout << "; " << empty << " got no examples and are left out";
   std::cout << "), " << config->run.rounds << " rounds, model " << config->model.name
             << ", strategy " << config->strategy.name << ", partition "
-            << config->local.partition << ", " << slots << " task slots\n"
-            << std::flush;
-  if (static_cast<int>(virtual_clients.size()) < config->clients.min_clients) {
-    return fail(absl::StrCat("only ", virtual_clients.size(), " clients have data, below clients.min=",
+            << config->local.partition << ", " << slots << " task slots";
+  if (!traces.empty()) {
+    std::cout << ", trace " << config->local.trace << " (" << online_at_start
+              << " online at start)";
+  }
+  std::cout << "\n" << std::flush;
+  if (static_cast<int>(virtuals.size()) < config->clients.min_clients) {
+    return fail(absl::StrCat("only ", virtuals.size(), " clients have data, below clients.min=",
                              config->clients.min_clients));
   }
 
@@ -158,31 +187,66 @@ int RunSimulate(const SimulateOptions& o) {
     result = (*server)->Run();
     server_done = true;
   });
-  std::vector<std::thread> threads;
-  threads.reserve(virtual_clients.size());
-  std::atomic<int> client_errors{0};
-  for (auto& c : virtual_clients) {
-    threads.emplace_back([&client_errors, client = c.get()] {
-      if (!client->Run().ok()) ++client_errors;
-    });
+  auto launch = [](Virtual& v) {
+    v.client = std::make_unique<Client>(v.options);
+    v.thread = std::thread([&v] { v.status = v.client->Run(); });
+  };
+  // Stops `stopping` together (each Stop is quick; the joins then overlap).
+  auto halt = [](const std::vector<Virtual*>& stopping) {
+    for (Virtual* v : stopping) v->client->Stop();
+    for (Virtual* v : stopping) {
+      v->thread.join();
+      v->client.reset();
+    }
+  };
+  for (Virtual& v : virtuals) {
+    if (!v.trace || v.trace->OnlineAt(0)) launch(v);
   }
   RoundPrinter printer(run_dir, config->run.rounds);
+  int64_t dropouts = 0, returns = 0;
   while (!server_done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     printer.Drain();
     if (g_interrupted) (*server)->Stop();
+    if (traces.empty()) continue;
+    // Follow the trace: clients whose window closed leave (a dropout: their task, if
+    // any, fails), clients whose window opened join again.
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<Virtual*> leaving;
+    for (Virtual& v : virtuals) {
+      const bool online = v.trace->OnlineAt(t);
+      if (online && !v.client) {
+        spdlog::info("trace: {} online at {:.1f}s", v.options.name, t);
+        launch(v);
+        ++returns;
+      } else if (!online && v.client) {
+        spdlog::info("trace: {} offline at {:.1f}s", v.options.name, t);
+        leaving.push_back(&v);
+        ++dropouts;
+      }
+    }
+    halt(leaving);
   }
   server_thread.join();
   printer.Drain();
   // A completed run told its clients it ended; otherwise they would keep reconnecting.
-  if (!result.ok()) {
-    for (auto& c : virtual_clients) c->Stop();
+  std::vector<Virtual*> running;
+  for (Virtual& v : virtuals) {
+    if (v.client) running.push_back(&v);
   }
-  for (auto& t : threads) t.join();
+  if (!result.ok()) {
+    halt(running);
+  } else {
+    for (Virtual* v : running) v->thread.join();
+  }
+  int client_errors = 0;
+  for (const Virtual& v : virtuals) {
+    client_errors += !v.status.ok() && v.status.code() != absl::StatusCode::kCancelled;
+  }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t peak = PeakRssBytes();
-  virtual_clients.clear();  // before the server whose channel they hold
+  virtuals.clear();  // before the server whose channel they hold
   server->reset();
   if (g_interrupted) {
     std::cout << "cleave simulate: interrupted; the last committed round is checkpointed in "
@@ -197,8 +261,10 @@ int RunSimulate(const SimulateOptions& o) {
   std::cout << absl::StrFormat(
       "done: %d rounds in %.0fs; final %s; %s up, %s down; peak memory %s for %d clients\n",
       printer.last().value("round", 0), secs, AccuracyText(printer.last()),
-      Bytes(printer.total_up()), Bytes(printer.total_down()), Bytes(peak),
-      static_cast<int>(threads.size()));
+      Bytes(printer.total_up()), Bytes(printer.total_down()), Bytes(peak), clients - empty);
+  if (!traces.empty()) {
+    std::cout << "trace: " << dropouts << " dropouts, " << returns << " returns\n";
+  }
   if (client_errors > 0) {
     std::cout << client_errors << " virtual client(s) ended with an error; see " << run_dir
               << "/simulate.log\n";

@@ -163,6 +163,54 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
             std::string::npos);
 }
 
+// A device trace decides who is online: here every odd client never is, so rounds only
+// ever sample the even ones. `cleave trace` writes traces that read back.
+TEST_F(LocalTest, ASimulationFollowsItsDeviceTrace) {
+  const std::string trace = (dir_ / "trace.csv").string();
+  std::ofstream(trace) << "client,slowdown,uplink_mbps,downlink_mbps,online\n"
+                          "0,1,0,0,\n"
+                          "1,1,0,0,none\n";
+  std::ofstream(config_) << R"(
+run: {name: sim, rounds: 2, seed: 3}
+model: {name: mlp}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
+clients: {min: 20, per_round: 20, quorum: 1.0, round_deadline_s: 120}
+train: {local_epochs: 1, batch_size: 10, lr: 0.1}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=2000", partition: iid, clients: 40,
+        trace: )" << trace << "}\n";
+  pid_t pid = Spawn({"cleave", "simulate", "--config", config_, "--run-dir", (dir_ / "run").string()});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  const std::string out = Output();
+  EXPECT_NE(out.find("(20 online at start)"), std::string::npos) << out;
+  EXPECT_NE(out.find("trace: 0 dropouts, 0 returns"), std::string::npos) << out;
+  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
+  int rounds = 0;
+  for (std::string line; std::getline(metrics, line); ++rounds) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["participants"], 20);
+    EXPECT_EQ(j["failures"], 0);
+  }
+  EXPECT_EQ(rounds, 2);
+  const auto log = ReadFile((dir_ / "run" / "simulate.log").string());
+  ASSERT_TRUE(log.ok());
+  EXPECT_NE(log->find("(sim-0) joined"), std::string::npos);
+  EXPECT_EQ(log->find("(sim-1) joined"), std::string::npos) << "an offline client joined";
+
+  const std::string generated = (dir_ / "gen.csv").string();
+  pid = Spawn({"cleave", "trace", "--clients", "5", "--out", generated, "--online", "0.5",
+               "--speed-spread", "10", "--uplink-mbps", "1:20", "--seed", "3"},
+              "trace.txt");
+  ASSERT_EQ(Wait(pid, 60), 0) << ReadFile((dir_ / "trace.txt").string()).value_or("");
+  auto text = ReadFile(generated);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(std::count(text->begin(), text->end(), '\n'), 6) << *text;
+  pid = Spawn({"cleave", "trace", "--clients", "5", "--out", generated, "--uplink-mbps", "3"},
+              "trace2.txt");
+  EXPECT_EQ(Wait(pid, 60), 2);
+  EXPECT_NE(ReadFile((dir_ / "trace2.txt").string())->find("--uplink-mbps wants MIN:MAX"),
+            std::string::npos);
+}
+
 // A language model from `cleave local` to what a user does with it: perplexity per
 // client (`cleave evaluate --by client:2`), sampling (`cleave generate`: the same seed,
 // the same text), and an export to GPT-2-layout safetensors that evaluates exactly like
