@@ -127,6 +127,11 @@ int main(int argc, char** argv) {
   }
   opts.give_up_after_s = give_up_after;
   opts.emulation = emulation;
+  if (emulation.slowdown > 1 || emulation.uplink_mbps > 0 || emulation.downlink_mbps > 0) {
+    spdlog::info("emulating a device: compute slowdown {}x, uplink {} Mbit/s, downlink {} "
+                 "Mbit/s (0 = not limited)",
+                 emulation.slowdown, emulation.uplink_mbps, emulation.downlink_mbps);
+  }
   opts.memory_limit_bytes = memory_limit_mb << 20;
   opts.tls_ca = tls_ca;
   opts.tls_cert = tls_cert;

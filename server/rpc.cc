@@ -39,6 +39,7 @@ class Refusal final : public Reactor {
 grpc::Status ToGrpc(const Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
+
 // The CN of the call's verified client certificate; empty without mutual TLS.
 std::string PeerIdentity(const grpc::CallbackServerContext* ctx) {
   const auto auth = ctx->auth_context();

@@ -211,6 +211,39 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=2000", partition: 
             std::string::npos);
 }
 
+// cleave local follows a device trace too: a client that is never online is never
+// started, the others get their line's emulation flags.
+TEST_F(LocalTest, LocalFederationFollowsItsDeviceTrace) {
+  const std::string trace = (dir_ / "trace.csv").string();
+  std::ofstream(trace) << "client,slowdown,uplink_mbps,downlink_mbps,online\n"
+                          "0,1,0,0,\n"
+                          "1,1.5,80,90,\n"
+                          "2,1,0,0,none\n";
+  std::ofstream(config_) << R"(
+run: {name: e2e, rounds: 2}
+model: {name: mlp}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 2000}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: iid, clients: 3,
+        trace: )" << trace << "}\n";
+  pid_t pid = Start({"--insecure"});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
+  int rounds = 0;
+  for (std::string line; std::getline(metrics, line); ++rounds) {
+    EXPECT_EQ(nlohmann::json::parse(line)["participants"], 2);
+  }
+  EXPECT_EQ(rounds, 2);
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "client-1.log"));
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "client-2.log")) << "an offline client was started";
+  const auto log1 = ReadFile((dir_ / "run" / "client-1.log").string());
+  ASSERT_TRUE(log1.ok());
+  EXPECT_NE(log1->find("emulating a device: compute slowdown 1.5x, uplink 80 Mbit/s, downlink 90"),
+            std::string::npos)
+      << *log1;
+}
+
 // A language model from `cleave local` to what a user does with it: perplexity per
 // client (`cleave evaluate --by client:2`), sampling (`cleave generate`: the same seed,
 // the same text), and an export to GPT-2-layout safetensors that evaluates exactly like
