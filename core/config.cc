@@ -51,7 +51,8 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
       {"model.lora", {"rank", "alpha", "targets", "dropout"}},
       {"model.gpt", {"vocab", "context", "layers", "heads", "dim", "tie"}},
       {"data", {"test", "test_limit"}},
-      {"clients", {"min", "per_round", "fraction", "quorum", "round_deadline_s", "join_timeout_s"}},
+      {"clients", {"min", "per_round", "fraction", "quorum", "round_deadline_s", "join_timeout_s",
+                   "selection", "oort_epsilon", "oort_alpha"}},
       {"train", {"local_epochs", "local_steps", "batch_size", "loss", "loss_path", "optimizer",
                  "lr", "momentum", "nesterov", "weight_decay", "clip_norm", "label_smoothing",
                  "schedule", "warmup_rounds", "step_rounds", "step_gamma", "lr_min"}},
@@ -162,6 +163,9 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "clients", "quorum", &c.clients.quorum));
     RETURN_IF_ERROR(Read(s, "clients", "round_deadline_s", &c.clients.round_deadline_s));
     RETURN_IF_ERROR(Read(s, "clients", "join_timeout_s", &c.clients.join_timeout_s));
+    RETURN_IF_ERROR(Read(s, "clients", "selection", &c.clients.selection));
+    RETURN_IF_ERROR(Read(s, "clients", "oort_epsilon", &c.clients.oort_epsilon));
+    RETURN_IF_ERROR(Read(s, "clients", "oort_alpha", &c.clients.oort_alpha));
   }
   if (auto s = root["train"]) {
     RETURN_IF_ERROR(CheckKeys(s, "train"));
@@ -484,6 +488,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                         "in (0, 1]"));
   RETURN_IF_ERROR(Range(c.clients.round_deadline_s > 0, "clients.round_deadline_s", "> 0"));
   RETURN_IF_ERROR(Range(c.clients.join_timeout_s > 0, "clients.join_timeout_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.clients.selection == "uniform" || c.clients.selection == "oort",
+                        "clients.selection", "uniform or oort"));
+  RETURN_IF_ERROR(Range(c.clients.oort_epsilon >= 0 && c.clients.oort_epsilon <= 1,
+                        "clients.oort_epsilon", "in [0, 1]"));
+  RETURN_IF_ERROR(Range(c.clients.oort_alpha >= 0, "clients.oort_alpha", ">= 0"));
   RETURN_IF_ERROR(Range(c.train.local_epochs >= 1, "train.local_epochs", ">= 1"));
   RETURN_IF_ERROR(Range(c.train.batch_size >= 1, "train.batch_size", ">= 1"));
   RETURN_IF_ERROR(Range(c.train.lr > 0, "train.lr", "> 0"));

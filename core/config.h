@@ -73,6 +73,9 @@ struct ClientsConfig {
   double quorum = 0.5;           // clients.quorum: fraction of sampled results to commit
   double round_deadline_s = 300; // clients.round_deadline_s
   double join_timeout_s = 600;   // clients.join_timeout_s: wait for clients.min, then fail
+  std::string selection = "uniform";  // clients.selection: uniform | oort (server/selection.h)
+  double oort_epsilon = 0.2;     // clients.oort_epsilon: the least share that explores
+  double oort_alpha = 2;         // clients.oort_alpha: the penalty exponent of slow clients
 };
 
 struct TrainConfig {

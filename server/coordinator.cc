@@ -779,6 +779,7 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   t.evaluation = h.evaluation();
   if (h.evaluation().examples() > 0) clients_evaluate_ = true;
   t.train_seconds = h.train_seconds();
+  t.done_at = clock_->Now();
   if (t.evaluate_only) {
     spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
                  current_round_, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
@@ -810,6 +811,12 @@ StatusOr<std::shared_ptr<const std::string>> Coordinator::FindBlob(const v1::Fet
 
 Status Coordinator::Init() {
   MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
+  if (cfg_.clients.selection == "oort") {
+    if (split_mode_ || cfg_.split.enabled()) {
+      return absl::InvalidArgumentError("clients.selection: oort is for federated rounds, not split.mode");
+    }
+    oort_ = std::make_unique<OortSelector>(cfg_.clients.oort_epsilon, cfg_.clients.oort_alpha);
+  }
   ModelSpec spec = ModelSpecOf(cfg_);
   if (cfg_.model.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
@@ -1323,6 +1330,22 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
     plan.fit.loss = cfg_.train.loss;
   } else {
     plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
+    if (oort_) {  // the same number of clients, picked by utility and speed
+      std::multimap<std::string, std::string> ids;  // name -> session id
+      std::vector<std::string> names;
+      for (const auto& cid : AvailableLocked()) {
+        ids.emplace(sessions_[cid].name, cid);
+        names.push_back(sessions_[cid].name);
+      }
+      std::sort(names.begin(), names.end());
+      names.erase(std::unique(names.begin(), names.end()), names.end());
+      const int k = static_cast<int>(plan.clients.size());
+      plan.clients.clear();
+      for (const auto& name : oort_->Select(names, k, round, rng_)) {
+        plan.clients.push_back(ids.find(name)->second);
+      }
+      std::sort(plan.clients.begin(), plan.clients.end());
+    }
   }
   if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
   round_clients_ = std::max<int>(1, plan.clients.size());
@@ -1426,6 +1449,15 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
   std::vector<const TaskRecord*> evaluated;
   for (auto& [id, t] : tasks_) {
     if (t.state == TaskState::kAssigned) FailTaskLocked(id, t, "missed the round's deadline");
+    if (oort_ && !t.evaluate_only && sessions_.count(t.client_id)) {
+      const std::string& name = sessions_[t.client_id].name;
+      if (t.state == TaskState::kDone) {
+        oort_->Observe(name, round, static_cast<double>(t.num_examples) * t.train_loss,
+                       std::chrono::duration<double>(t.done_at - start).count());
+      } else {
+        oort_->MissedDeadline(name, round, cfg_.clients.round_deadline_s);
+      }
+    }
     if (t.state == TaskState::kDone) {
       ++m.participants;
       loss_sum += t.train_loss * t.num_examples;

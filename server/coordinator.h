@@ -31,6 +31,7 @@
 #include "models/model.h"
 #include "server/checkpoint.h"
 #include "server/secagg_round.h"
+#include "server/selection.h"
 #include "server/server.h"
 #include "split/cut_policy.h"
 #include "split/round.h"
@@ -96,6 +97,7 @@ struct TaskRecord {
   // Federated evaluation reported with the upload; examples = 0 when none.
   v1::ClientEvaluation evaluation;
   double train_seconds = 0;
+  Clock::time_point done_at;  // when its upload was accepted
   bool evaluate_only = false;  // an evaluation task: its upload is an empty parameter set
 };
 
@@ -464,6 +466,8 @@ class Coordinator {
   std::atomic<int64_t> split_up_{0}, split_down_{0}, labels_up_{0};
   std::atomic<int64_t> saved_up_{0}, saved_down_{0};
   std::atomic<int64_t> update_bytes_{0};  // payloads of accepted uploads this round
+  // clients.selection: oort (null for uniform).
+  std::unique_ptr<OortSelector> oort_ ABSL_GUARDED_BY(mu_);
   // Tasks in TaskState::kAccumulating: the round does not close while there are any.
   int accumulating_ ABSL_GUARDED_BY(mu_) = 0;
   // Taken around Strategy::Accumulate, which uploads call without mu_ while a round is

@@ -361,6 +361,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
       }
       received_all_flag_ = true;
       core_->pool().Submit([this] {
+        { MutexLock l(&payload_mu_); }  // see payload_mu_
         bool duplicate = false;
         Status s = core_->ProcessUpload(header_, payload_, &duplicate);
         core_->ReturnBuffer(std::move(payload_));
@@ -411,6 +412,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
                                          " bytes")));
         return;
       }
+      MutexLock l(&payload_mu_);
       payload_.append(d);
     }
     StartRead(&in_);
@@ -467,6 +469,12 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
   bool have_header_ = false;
   int64_t expected_ = 0;
   std::string payload_;
+  // Taken around each append and once by the worker before it reads payload_. gRPC runs a
+  // call's reactions one at a time, possibly on different threads, and orders them by
+  // synchronization of its own, which ThreadSanitizer cannot see (gRPC is not
+  // instrumented): this makes the hand-off from the appending reactions to the worker
+  // visible. Never held while calling into gRPC.
+  Mutex payload_mu_;
   // Read by the server's expiry check from another thread, which holds upload_mu_: it
   // must not take done_mu_ (Cancel holds done_mu_ while TryCancel may run OnCancel, which
   // takes upload_mu_), hence atomics beside the fields done_mu_ guards.

@@ -1,0 +1,86 @@
+#include "server/selection.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace cleave {
+
+void OortSelector::Observe(const std::string& name, int64_t round, double utility,
+                           double duration_s) {
+  ClientRecord& r = records_[name];
+  r.utility = utility;
+  r.duration_s = duration_s;
+  r.last_round = round;
+}
+
+void OortSelector::MissedDeadline(const std::string& name, int64_t round, double deadline_s) {
+  ClientRecord& r = records_[name];
+  r.duration_s = std::max(r.duration_s, deadline_s);
+  r.last_round = round;
+}
+
+std::vector<std::string> OortSelector::Select(const std::vector<std::string>& available, int k,
+                                              int64_t round, std::mt19937_64& rng) {
+  k = std::min<int>(k, available.size());
+  std::vector<std::string> explored, unexplored;
+  std::vector<double> durations;
+  for (const auto& name : available) {
+    auto it = records_.find(name);
+    if (it == records_.end()) {
+      unexplored.push_back(name);
+    } else {
+      explored.push_back(name);
+      durations.push_back(it->second.duration_s);
+    }
+  }
+  double preferred = 0;  // T: the median known duration
+  if (!durations.empty()) {
+    std::nth_element(durations.begin(), durations.begin() + durations.size() / 2, durations.end());
+    preferred = durations[durations.size() / 2];
+  }
+  int explore = std::min<int>(unexplored.size(), static_cast<int>(std::round(epsilon_ * k)));
+  int exploit = std::min<int>(explored.size(), k - explore);
+  explore = std::min<int>(unexplored.size(), k - exploit);  // fill from the other side
+  epsilon_ = std::max(min_epsilon_, epsilon_ * 0.98);
+
+  std::vector<std::string> out;
+  // Exploit: utility with staleness bonus and system penalty; the candidates within 95 %
+  // of the k-th best, drawn in proportion to utility without replacement.
+  std::vector<std::pair<double, std::string>> scored;
+  for (const auto& name : explored) {
+    const ClientRecord& r = records_[name];
+    const double since = std::max<int64_t>(1, round - r.last_round);
+    double u = r.utility + std::sqrt(0.1 * std::log(std::max<int64_t>(2, round)) / since);
+    if (preferred > 0 && r.duration_s > preferred) u *= std::pow(preferred / r.duration_s, alpha_);
+    scored.emplace_back(u, name);
+  }
+  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  if (exploit > 0) {
+    const double cutoff = 0.95 * scored[exploit - 1].first;
+    std::vector<std::pair<double, std::string>> pool;
+    for (const auto& s : scored) {
+      if (s.first >= cutoff) pool.push_back(s);
+    }
+    for (int i = 0; i < exploit; ++i) {
+      double total = 0;
+      for (const auto& p : pool) total += std::max(p.first, 1e-12);
+      double x = std::uniform_real_distribution<double>(0, total)(rng);
+      size_t j = 0;
+      for (; j + 1 < pool.size(); ++j) {
+        x -= std::max(pool[j].first, 1e-12);
+        if (x <= 0) break;
+      }
+      out.push_back(pool[j].second);
+      pool.erase(pool.begin() + j);
+    }
+  }
+  // Explore: never-tried clients, uniformly.
+  std::shuffle(unexplored.begin(), unexplored.end(), rng);
+  out.insert(out.end(), unexplored.begin(), unexplored.begin() + explore);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace cleave
