@@ -689,6 +689,10 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
   o.seed = BatchSeed(task, w, opts.name);
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
+  // An emulated slower device (--emulate-slowdown) takes that much longer to train; split
+  // tasks idle after each step instead (split_client.cc).
+  emulator.Compute(stats.seconds);
+  stats.seconds *= emulator.slowdown;
   if (opts.crash_after_training && opts.crash_after_training(task.round())) {
     *crashed = true;
     return absl::AbortedError("simulated crash");
