@@ -432,6 +432,15 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
           "dp.adaptive: adaptive clipping needs the clients' norms; use dp.noise: central");
     }
   }
+  if (c.clients.selection == "oort" && c.split.enabled()) {
+    return absl::InvalidArgumentError(
+        "clients.selection: oort picks clients for federated rounds; split.mode assigns its own");
+  }
+  if (c.clients.selection == "oort" && c.dp.enabled) {
+    return absl::InvalidArgumentError(
+        "clients.selection: oort and dp do not combine (the privacy accounting assumes "
+        "uniformly sampled clients)");
+  }
   if (c.dp.enabled && c.aggregation.rule != "mean") {
     return absl::InvalidArgumentError(
         "aggregation.rule: a robust rule and dp do not combine (dp averages clipped updates)");

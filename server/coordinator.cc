@@ -811,10 +811,7 @@ StatusOr<std::shared_ptr<const std::string>> Coordinator::FindBlob(const v1::Fet
 
 Status Coordinator::Init() {
   MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
-  if (cfg_.clients.selection == "oort") {
-    if (split_mode_ || cfg_.split.enabled()) {
-      return absl::InvalidArgumentError("clients.selection: oort is for federated rounds, not split.mode");
-    }
+  if (cfg_.clients.selection == "oort") {  // JobConfig refuses it with split.mode and DP
     oort_ = std::make_unique<OortSelector>(cfg_.clients.oort_epsilon, cfg_.clients.oort_alpha);
   }
   ModelSpec spec = ModelSpecOf(cfg_);

@@ -71,6 +71,12 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("split: {mode: ushaped, tail: 0}", "split.tail");
   expect_error("split: {mode: sl}\nstrategy: {name: fedadam}", "fedadam is not supported");
   expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");
+  expect_error("clients: {selection: fastest}", "clients.selection");
+  expect_error("clients: {selection: oort, oort_epsilon: 2}", "clients.oort_epsilon");
+  expect_error("clients: {selection: oort, oort_alpha: -1}", "clients.oort_alpha");
+  expect_error("clients: {selection: oort}\nsplit: {mode: sl}", "split.mode assigns its own");
+  expect_error("clients: {selection: oort}\ndp: {noise_multiplier: 1, clip: 1}",
+               "assumes uniformly sampled clients");
   expect_error("local: {profiles: [{uplink: 3}]}", "local.profiles[].uplink");
   expect_error("compression: {uplink: int8}", "compression.uplink");
   expect_error("auth: {token: abc}", "auth.token");
