@@ -154,6 +154,25 @@ RoundMetrics::ClientEvaluations SummariseEvaluations(const std::vector<const Tas
 // The round's local training settings as the server trains with them: FLTrust's
 // reference update and the server's parts of a cut model (clients get the same through
 // their task's TrainConfig).
+// Whether task `t` still takes an upload: OK, or OK with *duplicate when one was already
+// counted; refused when the task failed or another upload of it is being added.
+Status TaskTakesUpload(const std::string& task_id, const TaskRecord& t, bool* duplicate) {
+  switch (t.state) {
+    case TaskState::kAssigned:
+      return absl::OkStatus();
+    case TaskState::kDone:
+      *duplicate = true;
+      return absl::OkStatus();
+    case TaskState::kFailed:
+      return absl::FailedPreconditionError(
+          absl::StrCat("task ", Printable(task_id), " was already counted as failed"));
+    case TaskState::kAccumulating:
+      return absl::AbortedError(
+          absl::StrCat("an upload of task ", Printable(task_id), " is being added; retry"));
+  }
+  return absl::InternalError("unknown task state");
+}
+
 LocalTrainOptions ServerTraining(const FitSettings& fit, uint64_t seed) {
   LocalTrainOptions o;
   o.epochs = fit.local_epochs;
@@ -571,18 +590,8 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
         absl::StrCat("task ", Printable(h.task_id()), " was not given to client ",
                      Printable(h.client_id()), " in round ", current_round_));
   }
-  if (t->second.state == TaskState::kDone) {
-    *duplicate = true;
-    return int64_t{0};
-  }
-  if (t->second.state == TaskState::kFailed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
-  }
-  if (t->second.state == TaskState::kAccumulating) {
-    return absl::AbortedError(
-        absl::StrCat("an upload of task ", Printable(h.task_id()), " is being added; retry"));
-  }
+  RETURN_IF_ERROR(TaskTakesUpload(h.task_id(), t->second, duplicate));
+  if (*duplicate) return int64_t{0};
   if (h.codec() != t->second.codec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "update codec '", Printable(h.codec()), "', the task asked for '", t->second.codec, "'"));
@@ -682,18 +691,8 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
       return absl::FailedPreconditionError(
           absl::StrCat("round ", h.round(), " closed before the upload completed"));
     }
-    if (t->second.state == TaskState::kDone) {
-      *duplicate = true;
-      return absl::OkStatus();
-    }
-    if (t->second.state == TaskState::kFailed) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("task ", Printable(h.task_id()), " was already counted as failed"));
-    }
-    if (t->second.state == TaskState::kAccumulating) {
-      return absl::AbortedError(
-          absl::StrCat("another upload of task ", Printable(h.task_id()), " is being added"));
-    }
+    RETURN_IF_ERROR(TaskTakesUpload(h.task_id(), t->second, duplicate));
+    if (*duplicate) return absl::OkStatus();
     split = t->second.split;
     layout = split                      ? t->second.part.get()
              : t->second.evaluate_only ? &kNothing
