@@ -82,6 +82,13 @@ class FedAvgFamily : public Strategy {
     return plan;
   }
 
+  RoundPlan ConfigureBuffer(int64_t version) override {
+    RoundPlan plan;
+    plan.fit = fit_;
+    plan.fit.lr = ScheduledLr(train_, version, rounds_);
+    return plan;
+  }
+
   void BeginRound(const ParameterSet& global) override {
     if (!sum_.SameLayout(global)) {
       sum_ = global.ZerosLike();

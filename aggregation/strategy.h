@@ -63,7 +63,13 @@ class Strategy {
   virtual RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
                                    std::mt19937_64& rng) = 0;
 
-  // Starts aggregating a round whose clients trained from `global`.
+  // Asynchronous (buffered) aggregation, scheduler.mode: async: what clients train with
+  // while model version `version` (a buffer) is being built, and whether the run must
+  // end before it. Which clients train is the scheduler's choice: clients are not
+  // sampled, plan.clients stays empty.
+  virtual RoundPlan ConfigureBuffer(int64_t version) = 0;
+
+  // Starts aggregating a round (or buffer) on top of `global`.
   virtual void BeginRound(const ParameterSet& global) = 0;
   // Folds in one client's update (delta = local - global), weighted by num_examples > 0.
   virtual void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) = 0;

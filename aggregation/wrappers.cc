@@ -56,16 +56,32 @@ class DpStrategy : public Strategy {
                            std::mt19937_64& rng) override {
     RoundPlan plan = inner_->ConfigureRound(round, available, rng);
     q_ = available.empty() ? 1.0 : static_cast<double>(plan.clients.size()) / available.size();
+    CheckBudget(round, &plan);
+    return plan;
+  }
+
+  // Async clients are not sampled, so no amplification by sampling is claimed: each
+  // applied buffer is accounted as a Gaussian mechanism over all clients (q = 1). The
+  // scheduler admits at most one update per client into a buffer, so one client moves
+  // a buffer's clipped sum by at most the clip norm.
+  RoundPlan ConfigureBuffer(int64_t version) override {
+    RoundPlan plan = inner_->ConfigureBuffer(version);
+    q_ = 1.0;
+    CheckBudget(version, &plan);
+    return plan;
+  }
+
+  // Sets plan->stop_reason when round `round` would exceed dp.target_epsilon.
+  void CheckBudget(int64_t round, RoundPlan* plan) const {
     if (c_.target_epsilon > 0) {
       auto next = RdpAfter(q_);
       auto eps = next.ok() ? dp::EpsilonFromRdp(orders_, *next, c_.delta) : next.status();
       if (!eps.ok() || eps->epsilon > c_.target_epsilon) {
-        plan.stop_reason = absl::StrCat(
+        plan->stop_reason = absl::StrCat(
             "privacy budget: round ", round, " would bring epsilon to ",
             eps.ok() ? eps->epsilon : INFINITY, " > dp.target_epsilon ", c_.target_epsilon);
       }
     }
-    return plan;
   }
 
   void BeginRound(const ParameterSet& global) override {
@@ -193,6 +209,7 @@ class RobustStrategy : public Strategy {
                            std::mt19937_64& rng) override {
     return inner_->ConfigureRound(round, available, rng);
   }
+  RoundPlan ConfigureBuffer(int64_t version) override { return inner_->ConfigureBuffer(version); }
 
   void BeginRound(const ParameterSet& global) override {
     inner_->BeginRound(global);
@@ -266,6 +283,7 @@ class EstimateStrategy : public Strategy {
                            std::mt19937_64& rng) override {
     return inner_->ConfigureRound(round, available, rng);
   }
+  RoundPlan ConfigureBuffer(int64_t version) override { return inner_->ConfigureBuffer(version); }
 
   void BeginRound(const ParameterSet& global) override {
     inner_->BeginRound(global);

@@ -44,7 +44,7 @@ Status Read(const YAML::Node& section, const std::string& sec, const std::string
 // test holds docs/configuration.md to documenting each.
 const std::map<std::string, std::vector<std::string>>& KnownKeys() {
   static const auto* keys = new std::map<std::string, std::vector<std::string>>{
-      {"config", {"run", "model", "data", "clients", "train", "strategy", "split", "compression",
+      {"config", {"run", "model", "data", "clients", "scheduler", "train", "strategy", "split", "compression",
                   "server", "local", "tls", "auth", "secure_aggregation", "dp", "aggregation"}},
       {"run", {"name", "rounds", "seed"}},
       {"model", {"name", "path", "input", "classes", "personal", "gpt", "weights", "lora"}},
@@ -53,6 +53,8 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
       {"data", {"test", "test_limit"}},
       {"clients", {"min", "per_round", "fraction", "quorum", "round_deadline_s", "join_timeout_s",
                    "selection", "oort_epsilon", "oort_alpha"}},
+      {"scheduler", {"mode", "buffer_size", "concurrency", "max_staleness", "staleness",
+                     "staleness_exponent", "staleness_hinge"}},
       {"train", {"local_epochs", "local_steps", "batch_size", "loss", "loss_path", "optimizer",
                  "lr", "momentum", "nesterov", "weight_decay", "clip_norm", "label_smoothing",
                  "schedule", "warmup_rounds", "step_rounds", "step_gamma", "lr_min"}},
@@ -166,6 +168,17 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "clients", "selection", &c.clients.selection));
     RETURN_IF_ERROR(Read(s, "clients", "oort_epsilon", &c.clients.oort_epsilon));
     RETURN_IF_ERROR(Read(s, "clients", "oort_alpha", &c.clients.oort_alpha));
+  }
+  if (auto s = root["scheduler"]) {
+    const std::string sec = "scheduler";
+    RETURN_IF_ERROR(CheckKeys(s, sec));
+    RETURN_IF_ERROR(Read(s, sec, "mode", &c.scheduler.mode));
+    RETURN_IF_ERROR(Read(s, sec, "buffer_size", &c.scheduler.buffer_size));
+    RETURN_IF_ERROR(Read(s, sec, "concurrency", &c.scheduler.concurrency));
+    RETURN_IF_ERROR(Read(s, sec, "max_staleness", &c.scheduler.max_staleness));
+    RETURN_IF_ERROR(Read(s, sec, "staleness", &c.scheduler.staleness));
+    RETURN_IF_ERROR(Read(s, sec, "staleness_exponent", &c.scheduler.staleness_exponent));
+    RETURN_IF_ERROR(Read(s, sec, "staleness_hinge", &c.scheduler.staleness_hinge));
   }
   if (auto s = root["train"]) {
     RETURN_IF_ERROR(CheckKeys(s, "train"));
@@ -432,6 +445,28 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
           "dp.adaptive: adaptive clipping needs the clients' norms; use dp.noise: central");
     }
   }
+  if (c.scheduler.async()) {
+    // Each refusal names what async lacks for the combination to be sound.
+    if (c.split.enabled()) {
+      return absl::InvalidArgumentError(
+          "scheduler.mode: async trains whole models; split.mode runs synchronous rounds");
+    }
+    if (c.secure_aggregation.enabled) {
+      return absl::InvalidArgumentError(
+          "scheduler.mode: async and secure_aggregation do not combine (masks are agreed "
+          "among a round's clients before they train; an async buffer has no such round)");
+    }
+    if (c.clients.selection != "uniform") {
+      return absl::InvalidArgumentError(
+          "scheduler.mode: async hands work to whichever client is idle; clients.selection "
+          "must be uniform");
+    }
+    if (c.aggregation.rule == "fltrust") {
+      return absl::InvalidArgumentError(
+          "aggregation.rule: fltrust's reference is trained from the buffer's base model, "
+          "which async updates do not share; use another rule");
+    }
+  }
   if (c.clients.selection == "oort" && c.split.enabled()) {
     return absl::InvalidArgumentError(
         "clients.selection: oort picks clients for federated rounds; split.mode assigns its own");
@@ -502,6 +537,18 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.clients.oort_epsilon >= 0 && c.clients.oort_epsilon <= 1,
                         "clients.oort_epsilon", "in [0, 1]"));
   RETURN_IF_ERROR(Range(c.clients.oort_alpha >= 0, "clients.oort_alpha", ">= 0"));
+  RETURN_IF_ERROR(Range(c.scheduler.mode == "sync" || c.scheduler.async(), "scheduler.mode",
+                        "sync or async"));
+  RETURN_IF_ERROR(Range(c.scheduler.buffer_size >= 1, "scheduler.buffer_size", ">= 1"));
+  RETURN_IF_ERROR(Range(c.scheduler.concurrency >= 0, "scheduler.concurrency", ">= 0"));
+  RETURN_IF_ERROR(Range(c.scheduler.max_staleness >= 0, "scheduler.max_staleness", ">= 0"));
+  RETURN_IF_ERROR(Range(c.scheduler.staleness == "constant" ||
+                            c.scheduler.staleness == "polynomial" ||
+                            c.scheduler.staleness == "hinge",
+                        "scheduler.staleness", "constant, polynomial or hinge"));
+  RETURN_IF_ERROR(Range(c.scheduler.staleness_exponent >= 0, "scheduler.staleness_exponent",
+                        ">= 0"));
+  RETURN_IF_ERROR(Range(c.scheduler.staleness_hinge >= 0, "scheduler.staleness_hinge", ">= 0"));
   RETURN_IF_ERROR(Range(c.train.local_epochs >= 1, "train.local_epochs", ">= 1"));
   RETURN_IF_ERROR(Range(c.train.batch_size >= 1, "train.batch_size", ">= 1"));
   RETURN_IF_ERROR(Range(c.train.lr > 0, "train.lr", "> 0"));

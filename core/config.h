@@ -78,6 +78,20 @@ struct ClientsConfig {
   double oort_alpha = 2;         // clients.oort_alpha: the penalty exponent of slow clients
 };
 
+// How rounds are scheduled: synchronous rounds (sync), or buffered asynchronous
+// aggregation after FedBuff (async; server/coordinator.h, docs/architecture.md).
+struct SchedulerConfig {
+  std::string mode = "sync";  // scheduler.mode: sync | async
+  // async: a model version is applied every buffer_size accepted updates
+  int buffer_size = 10;                     // scheduler.buffer_size
+  int concurrency = 0;                      // scheduler.concurrency: trainers at once; 0 = all
+  int max_staleness = 10;                   // scheduler.max_staleness: versions; older refused
+  std::string staleness = "polynomial";     // scheduler.staleness: constant | polynomial | hinge
+  double staleness_exponent = 0.5;          // scheduler.staleness_exponent: polynomial a, hinge a
+  int staleness_hinge = 4;                  // scheduler.staleness_hinge: hinge b
+  bool async() const { return mode == "async"; }
+};
+
 struct TrainConfig {
   int local_epochs = 1;          // train.local_epochs
   int64_t local_steps = 0;       // train.local_steps: batches per task instead of epochs (0 = off)
@@ -251,6 +265,7 @@ struct JobConfig {
   ModelConfig model;
   DataConfig data;
   ClientsConfig clients;
+  SchedulerConfig scheduler;
   TrainConfig train;
   StrategyConfig strategy;
   AggregationConfig aggregation;

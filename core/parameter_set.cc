@@ -231,9 +231,12 @@ StatusOr<std::vector<TensorView>> ParseParameterSet(std::string_view bytes,
 void TensorView::Read(int64_t begin, int64_t count, float* out) const {
   if (decoder != nullptr) {
     decoder->DecodeRange(std::string_view(data, encoded_size), shape, begin, count, out);
-    return;
+  } else {
+    std::memcpy(out, data + begin * sizeof(float), count * sizeof(float));
   }
-  std::memcpy(out, data + begin * sizeof(float), count * sizeof(float));
+  if (scale != 1.0f) {
+    for (int64_t i = 0; i < count; ++i) out[i] *= scale;
+  }
 }
 
 namespace {

@@ -89,8 +89,10 @@ struct TensorView {
   int64_t numel = 0;
   const RangeDecoder* decoder = nullptr;
   int64_t encoded_size = 0;
+  // Read multiplies each value by it (an asynchronous update's staleness factor).
+  float scale = 1.0f;
 
-  // Copies values [begin, begin + count) to `out` (aligned, unlike `data`).
+  // Copies values [begin, begin + count), times scale, to `out` (aligned, unlike `data`).
   void Read(int64_t begin, int64_t count, float* out) const;
 };
 

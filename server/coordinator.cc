@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "aggregation/staleness.h"
 #include "core/files.h"
 #include "core/printable.h"
 #include "models/part.h"
@@ -109,6 +111,19 @@ std::string MetricsJson(const RoundMetrics& m) {
     for (const auto& [k, v] : e.metrics) j["client_eval"][k] = v;
     if (m.evaluation_only) j["client_eval"].erase("train_seconds");  // nothing trained
   }
+  if (m.async) {
+    j["version"] = m.round;
+    auto& st = j["staleness"] = nlohmann::json::object();
+    double sum = 0;
+    int64_t most = 0;
+    for (const auto& [s, n] : m.staleness) {
+      st[std::to_string(s)] = n;
+      sum += static_cast<double>(s) * n;
+      most = std::max(most, s);
+    }
+    j["staleness_mean"] = m.participants ? sum / m.participants : 0.0;
+    j["staleness_max"] = most;
+  }
   for (const auto& [k, v] : m.strategy_stats) j[k] = v;
   return j.dump();
 }
@@ -165,7 +180,8 @@ Status TaskTakesUpload(const std::string& task_id, const TaskRecord& t, bool* du
       return absl::OkStatus();
     case TaskState::kFailed:
       return absl::FailedPreconditionError(
-          absl::StrCat("task ", Printable(task_id), " was already counted as failed"));
+          absl::StrCat("task ", Printable(task_id), " was already counted as failed",
+                       t.failure.empty() ? "" : " (" + t.failure + ")"));
     case TaskState::kAccumulating:
       return absl::AbortedError(
           absl::StrCat("an upload of task ", Printable(task_id), " is being added; retry"));
@@ -427,6 +443,8 @@ void Coordinator::FailTaskLocked(const std::string& task_id, TaskRecord& t,
                                   const std::string& why) {
   spdlog::warn("task {} of client {} failed: {}", task_id, t.client_id, why);
   t.state = TaskState::kFailed;
+  t.resolved_in = current_round_;
+  t.failure = why;
   if (t.split && split_round_) split_round_->Fail(t.client_id);
   if (secagg_) secagg_->Drop(t.client_id);
 }
@@ -572,6 +590,20 @@ StatusOr<const Session*> Coordinator::CheckSenderLocked(const std::string& what,
     return absl::FailedPreconditionError(
         absl::StrCat(what, " for run ", Printable(run_id), ", this is run ", run_id_));
   }
+  if (async() && current_round_ != 0) {
+    // Tasks outlive the version they were given in, up to scheduler.max_staleness.
+    if (round > current_round_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " for model version ", round - 1, ", a future one: the newest is ",
+          current_round_ - 1));
+    }
+    if (current_round_ - round > cfg_.scheduler.max_staleness) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " against model version ", round - 1, ", ", current_round_ - round,
+          " versions stale: scheduler.max_staleness is ", cfg_.scheduler.max_staleness));
+    }
+    return s;
+  }
   if (current_round_ == 0 || round != current_round_) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " for round ", round, ", the current round is ", current_round_));
@@ -683,16 +715,40 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   bool split = false;
   std::shared_ptr<const ParameterSet> part;
   std::shared_ptr<SplitRound> split_round;
+  float staleness_factor = 1.0f;
   {
     MutexLock l(&mu_);
+    if (async()) {
+      // A buffer being applied, or full with uploads still being added: this one goes
+      // into the next (a short wait: CPU work, not a client).
+      while (!stopping_ && current_round_ != 0 &&
+             (applying_ || claimed_ >= cfg_.scheduler.buffer_size)) {
+        cv_.Wait(&mu_);
+      }
+    }
     // Re-check under the lock: the round may have closed while we were reading.
     auto t = tasks_.find(h.task_id());
-    if (h.round() != current_round_ || t == tasks_.end() || t->second.client_id != h.client_id()) {
+    const bool open = async() ? current_round_ != 0 && h.round() <= current_round_
+                              : h.round() == current_round_;
+    if (!open || t == tasks_.end() || t->second.client_id != h.client_id()) {
       return absl::FailedPreconditionError(
           absl::StrCat("round ", h.round(), " closed before the upload completed"));
     }
     RETURN_IF_ERROR(TaskTakesUpload(h.task_id(), t->second, duplicate));
     if (*duplicate) return absl::OkStatus();
+    if (async()) {
+      const int64_t staleness = current_round_ - t->second.round;
+      if (staleness > cfg_.scheduler.max_staleness) {
+        FailTaskLocked(h.task_id(), t->second, "too stale");
+        cv_.SignalAll();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "update against model version ", t->second.round - 1, " is ", staleness,
+            " versions stale: scheduler.max_staleness is ", cfg_.scheduler.max_staleness));
+      }
+      t->second.staleness = staleness;
+      staleness_factor = static_cast<float>(StalenessFactor(cfg_.scheduler, staleness));
+      ++claimed_;
+    }
     split = t->second.split;
     layout = split                      ? t->second.part.get()
              : t->second.evaluate_only ? &kNothing
@@ -730,6 +786,7 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     // Bounded values: with bounded weights no sum of updates can overflow, so no upload
     // can make the model non-finite.
     RETURN_IF_ERROR(CheckViews(*layout, views, static_cast<float>(cfg_.server.max_update_abs)));
+    for (auto& v : views) v.scale = staleness_factor;
     if (!split) {
       MutexLock a(&accumulate_mu_);
       strategy_->Accumulate(views, weight);
@@ -758,10 +815,12 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   if (!s.ok()) {
     // Refused: the task is as it was, unless its client left meanwhile.
     t.state = TaskState::kAssigned;
+    if (async()) --claimed_;
     if (!sessions_.count(t.client_id)) FailTaskLocked(h.task_id(), t, "disconnected");
     return s;
   }
   if (split) t.stats = h.split();
+  t.resolved_in = current_round_;
   AcceptLocked(t, h, weight, payload.size(), *layout);
   return absl::OkStatus();
 }
@@ -1047,10 +1106,21 @@ void Coordinator::PublishModelLocked() {
 }
 
 void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::string digest) {
-  for (auto it = blobs_.begin(); it != blobs_.end();) {  // drop the previous model version
-    it = pinned_blobs_.count(it->first) ? std::next(it) : blobs_.erase(it);
+  // Drop the previous model version; async keeps those stale tasks may still fetch.
+  std::set<std::string> kept = pinned_blobs_;
+  if (async()) {
+    recent_models_.push_back(digest);
+    while (static_cast<int>(recent_models_.size()) > cfg_.scheduler.max_staleness + 1) {
+      recent_models_.pop_front();
+    }
+    kept.insert(recent_models_.begin(), recent_models_.end());
   }
-  fp32_sizes_.clear();
+  for (auto it = blobs_.begin(); it != blobs_.end();) {
+    it = kept.count(it->first) ? std::next(it) : blobs_.erase(it);
+  }
+  for (auto it = fp32_sizes_.begin(); it != fp32_sizes_.end();) {
+    it = kept.count(it->first) ? std::next(it) : fp32_sizes_.erase(it);
+  }
   // The fp32 size of what the blob of the new model (global_) holds.
   ParameterSet scratch;
   fp32_sizes_[digest] = static_cast<int64_t>(Published(global_, scratch).EncodedSize());
@@ -1153,6 +1223,11 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   task->set_deadline_unix_ms(deadline_ms);
   TaskRecord rec;
   rec.client_id = cid;
+  rec.round = round;
+  if (async()) {  // a client may get several tasks while one version is built
+    task->set_task_id(absl::StrCat("r", round, "-", cid, "-", ++task_seq_));
+    rec.deadline = clock_->Now() + Seconds(cfg_.clients.round_deadline_s);
+  }
   if (evaluating_) {
     task->set_task_id(absl::StrCat("e", round, "-", cid));
     task->set_evaluate_only(true);
@@ -1386,23 +1461,7 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
     turns_.assign(plan.clients.begin() + 1, plan.clients.end());
     first.resize(1);
   }
-  auto send = [&](const std::vector<std::string>& cids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<std::pair<std::shared_ptr<ClientLink>, v1::ServerMessage>> sends;
-    for (const std::string& cid : cids) {
-      sends.emplace_back(sessions_[cid].link, MakeTaskLocked(round, cid, plan.fit, deadline_ms));
-    }
-    mu_.Unlock();  // never start gRPC operations under mu_
-    std::vector<std::string> unsent;
-    for (auto& [link, msg] : sends) {
-      if (!link->Send(msg)) unsent.push_back(msg.task().task_id());
-    }
-    mu_.Lock();
-    for (const auto& id : unsent) {
-      auto& t = tasks_[id];
-      if (t.state == TaskState::kAssigned) FailTaskLocked(id, t, "control stream closed");
-    }
-  };
-  send(first);
+  SendTasksLocked(round, first, plan.fit, deadline_ms);
   spdlog::info("round {}: {} clients selected", round, plan.clients.size());
   phase_ = evaluate_only ? "evaluating" : "training";
   int lost_turns = 0;  // sl: clients gone before their turn came
@@ -1413,7 +1472,7 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
       std::string next = turns_.front();
       turns_.pop_front();
       if (sessions_.count(next)) {
-        send({next});
+        SendTasksLocked(round, {next}, plan.fit, deadline_ms);
       } else {
         spdlog::warn("round {}: client {} left before its turn", round, next);
         ++lost_turns;
@@ -1524,11 +1583,25 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
     return m;
   }
   m.train_loss = weight ? loss_sum / weight : 0;
-  // The server update, encoding and hashing of a large model take a while: do them on a
-  // copy without the lock. The round is closed (current_round_ == 0), so no upload
-  // touches the strategy meanwhile, and readers of global_ see the previous model.
-  ParameterSet next = not_updated_.empty() ? global_ : Without(global_, not_updated_);
   std::shared_ptr<SplitRound> split_round = std::move(split_round_);
+  RETURN_IF_ERROR(ApplyLocked(
+      round, split_round, [&](const ParameterSet& layout) -> Status {
+        if (secagg) RETURN_IF_ERROR(AccumulateSecAgg(*secagg, weight, layout));
+        if (root_.size > 0) RETURN_IF_ERROR(SetFlTrustReference(RunThreadGlobal(), plan.fit));
+        return absl::OkStatus();
+      }, &m));
+  m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
+  return m;
+}
+
+Status Coordinator::ApplyLocked(int64_t round, std::shared_ptr<SplitRound> split_round,
+                                const std::function<Status(const ParameterSet&)>& fold,
+                                RoundMetrics* m) {
+  // The server update, encoding and hashing of a large model take a while: do them on a
+  // copy without the lock. No upload touches the strategy meanwhile (the round is
+  // closed, or the async buffer is being applied), and readers of global_ see the
+  // previous model.
+  ParameterSet next = not_updated_.empty() ? global_ : Without(global_, not_updated_);
   mu_.Unlock();
   Status finished = absl::OkStatus();
   // The strategy's state before it steps (server momentum, Adam moments, the DP
@@ -1541,12 +1614,9 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
     if (aggregated.ok()) next = *std::move(aggregated);
   } else {
     strategy_before = strategy_->State();
-    if (secagg) finished = AccumulateSecAgg(*secagg, weight, next);
-    if (finished.ok() && root_.size > 0) {
-      finished = SetFlTrustReference(RunThreadGlobal(), plan.fit);
-    }
-    if (finished.ok()) finished = strategy_->FinishRound(m.failures, &next);
-    if (finished.ok()) m.strategy_stats = strategy_->RoundStats();
+    if (fold) finished = fold(next);
+    if (finished.ok()) finished = strategy_->FinishRound(m->failures, &next);
+    if (finished.ok()) m->strategy_stats = strategy_->RoundStats();
     if (finished.ok() && !not_updated_.empty()) {  // the shared tensors into the whole model
       ParameterSet whole = RunThreadGlobal();
       finished = Overwrite(next, &whole);
@@ -1580,7 +1650,201 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
   global_ = std::move(next);
   committed_round_ = round;
   PublishLocked(std::move(blob), std::move(digest));
+  return absl::OkStatus();
+}
+
+void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
+                                  const FitSettings& fit, int64_t deadline_ms) {
+  std::vector<std::pair<std::shared_ptr<ClientLink>, v1::ServerMessage>> sends;
+  for (const std::string& cid : cids) {
+    sends.emplace_back(sessions_[cid].link, MakeTaskLocked(round, cid, fit, deadline_ms));
+  }
+  mu_.Unlock();  // never start gRPC operations under mu_
+  std::vector<std::string> unsent;
+  for (auto& [link, msg] : sends) {
+    if (!link->Send(msg)) unsent.push_back(msg.task().task_id());
+  }
+  mu_.Lock();
+  for (const auto& id : unsent) {
+    auto t = tasks_.find(id);
+    if (t != tasks_.end() && t->second.state == TaskState::kAssigned) {
+      FailTaskLocked(id, t->second, "control stream closed");
+    }
+  }
+}
+
+Status Coordinator::OpenBufferLocked(int64_t version) {
+  RoundPlan plan = strategy_->ConfigureBuffer(version);
+  if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
+  buffer_fit_ = plan.fit;
+  std::vector<int64_t> declared;
+  for (const auto& cid : AvailableLocked()) declared.push_back(sessions_[cid].num_examples);
+  // The cap follows the connected clients; with none connected the last one holds.
+  if (!declared.empty()) round_weights_ = RoundWeights(cfg_.aggregation, declared);
+  strategy_->BeginRound(UpdateLayout());
+  current_round_ = version;
+  claimed_ = 0;
+  applying_ = false;
+  buffer_start_ = clock_->Now();
+  bytes_up_ = 0;
+  bytes_down_ = 0;
+  saved_up_ = 0;
+  saved_down_ = 0;
+  update_bytes_ = 0;
+  // Finished tasks are kept while an upload of theirs could still arrive (a retried
+  // upload is a duplicate, not an unknown task); a task given in version r is refused
+  // as too stale once r < version - max_staleness.
+  for (auto it = tasks_.begin(); it != tasks_.end();) {
+    const bool finished = it->second.state == TaskState::kDone || it->second.state == TaskState::kFailed;
+    if (finished && it->second.round < version - cfg_.scheduler.max_staleness) {
+      it = tasks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Tasks that can no longer be accepted fail now, so that their clients get new work.
+  for (auto& [id, t] : tasks_) {
+    if (t.state == TaskState::kAssigned && version - t.round > cfg_.scheduler.max_staleness) {
+      FailTaskLocked(id, t, absl::StrCat("too stale: more than scheduler.max_staleness=",
+                                         cfg_.scheduler.max_staleness,
+                                         " versions were applied since it was given"));
+    }
+  }
+  cv_.SignalAll();  // uploads waiting for a buffer
+  return absl::OkStatus();
+}
+
+void Coordinator::DispatchLocked() {
+  const int cap = cfg_.scheduler.concurrency > 0 ? cfg_.scheduler.concurrency : INT_MAX;
+  std::set<std::string> busy;  // clients with a task in flight
+  std::set<std::string> in_buffer;  // dp: clients whose update is in the open buffer
+  for (const auto& [id, t] : tasks_) {
+    if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) {
+      busy.insert(t.client_id);
+    } else if (cfg_.dp.enabled && t.state == TaskState::kDone && t.resolved_in == current_round_) {
+      in_buffer.insert(t.client_id);
+    }
+  }
+  const int free = cap - static_cast<int>(busy.size());
+  if (free <= 0) return;
+  std::vector<std::string> idle;
+  for (const auto& cid : AvailableLocked()) {
+    if (!busy.count(cid) && !in_buffer.count(cid)) idle.push_back(cid);
+  }
+  if (idle.empty()) return;
+  const int k = std::min<int>(free, idle.size());
+  for (int i = 0; i < k; ++i) {  // the first k of a seeded shuffle
+    std::uniform_int_distribution<size_t> pick(i, idle.size() - 1);
+    std::swap(idle[i], idle[pick(rng_)]);
+  }
+  idle.resize(k);
+  const int64_t deadline_ms = UnixMs() + static_cast<int64_t>(cfg_.clients.round_deadline_s * 1000);
+  SendTasksLocked(current_round_, idle, buffer_fit_, deadline_ms);
+}
+
+StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
+  const int64_t round = committed_round_ + 1;
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int>(AvailableLocked().size()) >= cfg_.clients.min_clients;
+  };
+  auto in_flight = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, t] : tasks_) {
+      if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return true;
+    }
+    return false;
+  };
+  // The first buffer of a run (or after a failed one) waits for clients.min; later ones
+  // opened as the one before was applied.
+  phase_ = "waiting for clients";
+  auto short_since = clock_->Now();  // when the federation last had clients.min
+  while (!stopping_ && current_round_ != round && !enough()) {
+    if (clock_->Now() > short_since + Seconds(cfg_.clients.join_timeout_s)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
+          " clients connected within ", cfg_.clients.join_timeout_s, "s"));
+    }
+    WaitLocked(short_since + Seconds(cfg_.clients.join_timeout_s));
+    ExpireSilentLocked();
+  }
+  if (stopping_) return absl::CancelledError("stopped");
+  if (current_round_ != round) RETURN_IF_ERROR(OpenBufferLocked(round));
+  phase_ = "training (async)";
+  const int k = cfg_.scheduler.buffer_size;
+  short_since = clock_->Now();
+  while (!stopping_ && !(claimed_ >= k && accumulating_ == 0)) {
+    const auto now = clock_->Now();
+    auto wake = now + Seconds(cfg_.clients.round_deadline_s);
+    for (auto& [id, t] : tasks_) {
+      if (t.state != TaskState::kAssigned) continue;
+      if (now >= t.deadline) {
+        FailTaskLocked(id, t, "missed its deadline");
+      } else {
+        wake = std::min(wake, t.deadline);
+      }
+    }
+    DispatchLocked();
+    if (enough() || in_flight()) {
+      short_since = now;
+    } else if (now > short_since + Seconds(cfg_.clients.join_timeout_s)) {
+      current_round_ = 0;
+      cv_.SignalAll();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "version ", round, ": fewer than clients.min=", cfg_.clients.min_clients,
+          " clients connected for ", cfg_.clients.join_timeout_s, "s"));
+    } else {
+      wake = std::min(wake, short_since + Seconds(cfg_.clients.join_timeout_s));
+    }
+    WaitLocked(wake);
+    ExpireSilentLocked();
+  }
+  if (stopping_) {
+    current_round_ = 0;
+    cv_.SignalAll();
+    return absl::CancelledError("stopped");
+  }
+  // The buffer is full and nothing is being added: apply it. Uploads wait meanwhile.
+  applying_ = true;
+  RoundMetrics m;
+  m.round = round;
+  m.async = true;
+  double loss_sum = 0;
+  int64_t weight = 0;
+  for (const auto& [id, t] : tasks_) {
+    if (t.resolved_in != round) continue;
+    if (t.state == TaskState::kDone) {
+      ++m.participants;
+      ++m.staleness[t.staleness];
+      loss_sum += t.train_loss * t.num_examples;
+      weight += t.num_examples;
+    } else if (t.state == TaskState::kFailed) {
+      ++m.failures;
+    }
+  }
+  m.train_loss = weight ? loss_sum / weight : 0;
+  m.bytes_up = bytes_up_;
+  m.bytes_down = bytes_down_;
+  m.bytes_up_fp32 = m.bytes_up + saved_up_;
+  m.bytes_down_fp32 = m.bytes_down + saved_down_;
+  m.update_bytes = update_bytes_;
+  const auto start = buffer_start_;
+  if (Status s = ApplyLocked(round, nullptr, nullptr, &m); !s.ok()) {
+    // The buffer is dropped; RunBufferLocked opens it again (Run retries).
+    current_round_ = 0;
+    applying_ = false;
+    cv_.SignalAll();
+    return s;
+  }
   m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
+  if (round < cfg_.run.rounds) {
+    // The next buffer opens before this version is evaluated and checkpointed. If the
+    // strategy ends the run first (a privacy budget), none opens and the next
+    // RunBufferLocked call says why.
+    if (!OpenBufferLocked(round + 1).ok()) current_round_ = 0;
+  } else {
+    current_round_ = 0;
+  }
+  applying_ = false;
+  cv_.SignalAll();
   return m;
 }
 
@@ -1765,7 +2029,11 @@ std::string Coordinator::CheckpointLocked(double elapsed_s) const {
   ck.round = committed_round_;
   ParameterSet scratch;
   ck.global = Published(global_, scratch);  // exact, whatever the broadcast codec
-  ck.strategy_state = strategy_->State();
+  {
+    // async: uploads are added into the next buffer while this checkpoint is taken.
+    MutexLock a(&accumulate_mu_);
+    ck.strategy_state = strategy_->State();
+  }
   ck.rng = rng_;
   ck.bytes_up = total_bytes_up_;
   ck.bytes_down = total_bytes_down_;
@@ -1851,7 +2119,7 @@ Status Coordinator::Run() {
         break;
       }
       if (committed_round_ >= cfg_.run.rounds) break;
-      m = RunRound();
+      m = async() ? RunBufferLocked() : RunRound();
     }
     DropBuffers();  // what late uploads of the last round returned
     if (!m.ok()) {

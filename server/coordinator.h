@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -83,6 +84,15 @@ enum class TaskState { kAssigned, kAccumulating, kDone, kFailed };
 struct TaskRecord {
   std::string client_id;
   TaskState state = TaskState::kAssigned;
+  // The round it was given in: its client trains from the model of round - 1. In async
+  // mode the version being built then; tasks outlive it there.
+  int64_t round = 0;
+  // async: the version its update went into (kDone) or in which it failed (kFailed), its
+  // staleness when added, when it fails unless uploaded, and why it failed.
+  int64_t resolved_in = 0;
+  int64_t staleness = 0;
+  Clock::time_point deadline;
+  std::string failure;
   double train_loss = 0;
   int64_t num_examples = 0;   // the update's weight (RoundWeights), once done
   int64_t expected_size = 0;   // bytes of the update
@@ -337,6 +347,32 @@ class Coordinator {
   // the last committed model on their held-out data (the final evaluation); nothing is
   // aggregated and the model stays.
   StatusOr<RoundMetrics> RunRound(bool evaluate_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Steps the strategy (or aggregates split_round) into model `round` on a copy, without
+  // mu_, and publishes it; `fold` first hands the strategy what is not an upload (the
+  // secure-aggregation sum, FLTrust's reference). A model that is not finite is never
+  // published: ABORTED, and the strategy's state is restored.
+  Status ApplyLocked(int64_t round, std::shared_ptr<SplitRound> split_round,
+                     const std::function<Status(const ParameterSet& layout)>& fold,
+                     RoundMetrics* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends each of `cids` its task of `round` (MakeTaskLocked); a task whose control
+  // stream is closed fails. Releases mu_ while sending.
+  void SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
+                       const FitSettings& fit, int64_t deadline_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // scheduler.mode: async (FedBuff): builds model version committed_round_ + 1 from
+  // scheduler.buffer_size updates. Idle clients get tasks from the newest model, at most
+  // scheduler.concurrency in flight; each update is scaled by its staleness factor and
+  // added as it arrives (ProcessUpload); a full buffer is applied through the strategy
+  // and published, and the next version's buffer opens at once, so that uploads go on
+  // while Commit evaluates and checkpoints. Tasks outlive versions until their
+  // staleness passes scheduler.max_staleness.
+  StatusOr<RoundMetrics> RunBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Opens the buffer of `version` (OUT_OF_RANGE when the strategy ends the run first).
+  Status OpenBufferLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // async: gives tasks to idle clients, picked at random, up to scheduler.concurrency
+  // in flight. With dp, a client whose update is in the open buffer waits for the next.
+  void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool async() const { return cfg_.scheduler.async(); }
   Status Commit(RoundMetrics* m);
   // After the last round: the final model's federated evaluation, when clients hold
   // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
@@ -468,11 +504,21 @@ class Coordinator {
   std::atomic<int64_t> update_bytes_{0};  // payloads of accepted uploads this round
   // clients.selection: oort (null for uniform).
   std::unique_ptr<OortSelector> oort_ ABSL_GUARDED_BY(mu_);
+  // scheduler.mode: async. The open buffer's settings and start; applying_: it is being
+  // applied, and uploads wait for the next one; claimed_: uploads claimed into it
+  // (at most buffer_size: later ones wait too); the digests of the model versions
+  // tasks may still fetch (the last max_staleness + 1); task ids are numbered.
+  FitSettings buffer_fit_ ABSL_GUARDED_BY(mu_);
+  Clock::time_point buffer_start_ ABSL_GUARDED_BY(mu_);
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  int claimed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::string> recent_models_ ABSL_GUARDED_BY(mu_);
+  int64_t task_seq_ ABSL_GUARDED_BY(mu_) = 0;
   // Tasks in TaskState::kAccumulating: the round does not close while there are any.
   int accumulating_ ABSL_GUARDED_BY(mu_) = 0;
   // Taken around Strategy::Accumulate, which uploads call without mu_ while a round is
   // open; the round thread uses the strategy otherwise only when none is in flight.
-  Mutex accumulate_mu_;
+  mutable Mutex accumulate_mu_;
   Mutex buffers_mu_;  // after mu_ and upload_mu_ when taken with them
   std::vector<std::string> buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};

@@ -110,6 +110,10 @@ struct RoundMetrics {
   ClientEvaluations client_eval;
   // What the strategy adds (DP: epsilon, delta, dp_clip, dp_noise_std, ...).
   std::map<std::string, double> strategy_stats;
+  // scheduler.mode: async: `round` is the model version the buffer made; its updates
+  // by staleness (versions applied since the one each trained from) and count.
+  bool async = false;
+  std::map<int64_t, int> staleness;
 };
 
 class Server {

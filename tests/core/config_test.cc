@@ -77,6 +77,16 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("clients: {selection: oort}\nsplit: {mode: sl}", "split.mode assigns its own");
   expect_error("clients: {selection: oort}\ndp: {noise_multiplier: 1, clip: 1}",
                "assumes uniformly sampled clients");
+  expect_error("scheduler: {mode: fedbuff}", "scheduler.mode");
+  expect_error("scheduler: {mode: async, buffer_size: 0}", "scheduler.buffer_size");
+  expect_error("scheduler: {mode: async, max_staleness: -1}", "scheduler.max_staleness");
+  expect_error("scheduler: {mode: async, staleness: linear}", "scheduler.staleness");
+  expect_error("scheduler: {mode: async, window: 3}", "scheduler.window");
+  expect_error("scheduler: {mode: async}\nsplit: {mode: sl}", "split.mode runs synchronous");
+  expect_error("scheduler: {mode: async}\nsecure_aggregation: {}", "an async buffer has no");
+  expect_error("scheduler: {mode: async}\nclients: {selection: oort}", "must be uniform");
+  expect_error("scheduler: {mode: async}\naggregation: {rule: fltrust, root_data: \"fmnist:/x\"}",
+               "fltrust");
   expect_error("local: {profiles: [{uplink: 3}]}", "local.profiles[].uplink");
   expect_error("compression: {uplink: int8}", "compression.uplink");
   expect_error("auth: {token: abc}", "auth.token");

@@ -89,6 +89,39 @@ TEST(FederationTest, InProcessClientsMakeTheModelTcpClientsMake) {
   EXPECT_GT(max_abs, 0);
 }
 
+// scheduler.mode: async with real clients: they train continuously from the newest
+// model, every buffer is applied at its size, and the model learns.
+TEST(FederationTest, AsyncBuffersLearnFromContinuouslyTrainingClients) {
+  auto init = Model::Create({"mlp", "", 3});
+  ASSERT_TRUE(init.ok());
+  Dataset test = *LoadFashionMnist(kFmnist, false, 2000);
+  const double initial = (*init)->Evaluate(test, 1000)->accuracy;
+  Federation f;
+  f.Start(std::string(kBase) +
+              "model: {name: mlp}\nrun: {rounds: 6, seed: 3}\nclients: {min: 3}\n"
+              "scheduler: {mode: async, buffer_size: 2, max_staleness: 3}\n",
+          Options(3, 1500));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 6u);
+  int updates = 0;
+  for (const auto& m : h) {
+    EXPECT_TRUE(m.async);
+    EXPECT_EQ(m.participants, 2);
+    for (const auto& [s, n] : m.staleness) {
+      EXPECT_LE(s, 3);
+      updates += n;
+    }
+  }
+  EXPECT_EQ(updates, 12);
+  EXPECT_GT(h.back().test_accuracy, initial + 0.3) << "initial " << initial;
+  int completed = 0;
+  for (auto& c : f.clients) completed += c->tasks_completed();
+  EXPECT_GE(completed, 12);
+}
+
 // FedPer on a pathological split (each client holds two classes): with the classifier
 // head kept on the devices, clients measure the model with their own heads far better
 // than FedAvg's one head; the head is never uploaded (fewer bytes) nor averaged (the

@@ -1,0 +1,230 @@
+// scheduler.mode: async (FedBuff), driven by hand: each applied buffer is exactly the
+// staleness-scaled mean of its updates, stale and future updates are refused with a
+// clear status, a replay is not applied twice, and the model versions stale tasks may
+// still fetch are kept (and no more).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "client/transfer.h"
+#include "tests/deadline.h"
+#include "tests/server/running_server.h"
+#include "tests/server/test_peer.h"
+
+namespace cleave {
+namespace {
+
+using grpc::StatusCode;
+
+ParameterSet Delta(const ParameterSet& layout, float scale) {
+  ParameterSet d = layout.ZerosLike();
+  for (auto& t : d.mutable_tensors()) {
+    for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = scale * ((i % 7) - 3.0f);
+  }
+  return d;
+}
+
+// a += f * d
+void AddScaled(const ParameterSet& d, double f, ParameterSet* a) {
+  for (size_t i = 0; i < a->size(); ++i) {
+    auto& v = a->mutable_tensors()[i].values;
+    for (size_t j = 0; j < v.size(); ++j) v[j] += static_cast<float>(f * d.tensors()[i].values[j]);
+  }
+}
+
+class AsyncTest : public RunningServerTest {
+ protected:
+  // Waits (real time, up to a minute) until `version` is committed.
+  ::testing::AssertionResult WaitForVersion(int64_t version) {
+    for (int i = 0; i < 6000; ++i) {
+      if (server_->committed_round() >= version) return ::testing::AssertionSuccess();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return ::testing::AssertionFailure() << "version " << server_->committed_round()
+                                         << ", expected " << version;
+  }
+};
+
+TEST_F(AsyncTest, BuffersApplyStalenessScaledUpdatesAndRefuseStaleOnes) {
+  ServerOptions o;
+  o.config = TestConfig(R"(
+run: {rounds: 4}
+model: {name: mlp}
+clients: {min: 2, round_deadline_s: 60}
+scheduler: {mode: async, buffer_size: 1, max_staleness: 1, staleness: polynomial,
+            staleness_exponent: 1}
+server: {client_timeout_s: 120}
+)");
+  StartServerWith(std::move(o));
+  const ParameterSet g0 = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 300);
+  ASSERT_TRUE(a.Join("a"));
+  ASSERT_TRUE(b.Join("b"));
+  auto ta1 = a.NextTask();
+  auto tb1 = b.NextTask();
+  ASSERT_TRUE(ta1 && tb1);
+  EXPECT_EQ(ta1->round(), 1);
+  EXPECT_EQ(tb1->round(), 1);
+
+  auto upload = [](TestPeer& p, const v1::Task& t, int64_t n, const ParameterSet& d) {
+    return UploadPayload(p.stub(), p.Header(t, n), d.Encode());
+  };
+  const ParameterSet da = Delta(g0, 0.01f), db = Delta(g0, -0.02f), d3 = Delta(g0, 0.03f),
+                     d4 = Delta(g0, -0.01f);
+
+  // An update against a future version names it and changes nothing.
+  {
+    v1::UploadHeader h = a.Header(*ta1, 100);
+    h.set_round(2);
+    auto r = UploadPayload(a.stub(), h, da.Encode());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("future"), std::string::npos) << r.status();
+  }
+  EXPECT_EQ(server_->committed_round(), 0);
+
+  // Version 1: a's fresh update alone.
+  ASSERT_TRUE(upload(a, *ta1, 100, da).ok());
+  ASSERT_TRUE(WaitForVersion(1));
+  // A replay of an applied update is acknowledged as a duplicate, not applied again.
+  auto replay = upload(a, *ta1, 100, da);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  EXPECT_TRUE(replay->duplicate());
+  auto ta2 = a.NextTask();  // a is idle again: it trains from version 1
+  ASSERT_TRUE(ta2);
+  EXPECT_EQ(ta2->round(), 2);
+  EXPECT_NE(ta2->model_digest(), ta1->model_digest());
+
+  // Version 2: b's update, trained from version 0, is one version stale: 1/(1+1).
+  ASSERT_TRUE(upload(b, *tb1, 300, db).ok());
+  ASSERT_TRUE(WaitForVersion(2));
+  auto tb3 = b.NextTask();
+  ASSERT_TRUE(tb3);
+  EXPECT_EQ(tb3->round(), 3);
+
+  // Version 3: b's fresh update. a's task (from version 1) is now two versions stale.
+  ASSERT_TRUE(upload(b, *tb3, 300, d3).ok());
+  ASSERT_TRUE(WaitForVersion(3));
+  {
+    auto r = upload(a, *ta2, 100, da);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("2 versions stale"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().message().find("max_staleness is 1"), std::string::npos) << r.status();
+  }
+  // The versions a stale task may still fetch are kept: 2 and 3, not 1.
+  auto fetch = [&](const std::string& digest) {
+    return FetchBlob(a.stub(), a.welcome().client_id(), a.welcome().session_token(), digest)
+        .status()
+        .code();
+  };
+  EXPECT_EQ(fetch(tb3->model_digest()), absl::StatusCode::kOk);
+  EXPECT_EQ(fetch(ta2->model_digest()), absl::StatusCode::kNotFound);
+
+  // Version 4: a got new work when its task failed as too stale.
+  auto ta4 = a.NextTask();
+  ASSERT_TRUE(ta4);
+  EXPECT_EQ(ta4->round(), 4);
+  ASSERT_TRUE(upload(a, *ta4, 100, d4).ok());
+  ASSERT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+
+  auto h = server_->History();
+  ASSERT_EQ(h.size(), 4u);
+  const std::vector<int64_t> staleness = {0, 1, 0, 0};
+  for (size_t i = 0; i < h.size(); ++i) {
+    EXPECT_TRUE(h[i].async);
+    EXPECT_EQ(h[i].participants, 1) << i;
+    EXPECT_EQ(h[i].staleness, (std::map<int64_t, int>{{staleness[i], 1}})) << i;
+  }
+  EXPECT_EQ(h[3].failures, 1) << "a's stale task failed while version 4 was built";
+
+  ParameterSet expected = g0;
+  AddScaled(da, 1.0, &expected);
+  AddScaled(db, 0.5, &expected);
+  AddScaled(d3, 1.0, &expected);
+  AddScaled(d4, 1.0, &expected);
+  const ParameterSet after = server_->GlobalModel();
+  for (size_t i = 0; i < after.size(); ++i) {
+    for (size_t j = 0; j < after.tensors()[i].values.size(); ++j) {
+      ASSERT_NEAR(after.tensors()[i].values[j], expected.tensors()[i].values[j], 1e-6) << i << "," << j;
+    }
+  }
+}
+
+// A buffer of K updates is their weighted mean, as a synchronous round of the same
+// clients would make it; an upload that arrives while the K are still being added goes
+// into the next buffer.
+TEST_F(AsyncTest, AFullBufferIsTheWeightedMeanAndLaterUpdatesGoToTheNext) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  bool release = false;
+  ServerOptions o;
+  o.config = TestConfig(R"(
+run: {rounds: 2}
+model: {name: mlp}
+clients: {min: 3, round_deadline_s: 60}
+scheduler: {mode: async, buffer_size: 2, max_staleness: 4, staleness: constant}
+server: {client_timeout_s: 120, worker_threads: 2}
+)");
+  o.before_accumulate = [&] {  // holds the first update being added
+    std::unique_lock<std::mutex> l(mu);
+    if (++entered == 1) cv.wait(l, [&] { return release; });
+  };
+  StartServerWith(std::move(o));
+  const ParameterSet g0 = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 300), c(address_, 200);
+  ASSERT_TRUE(a.Join("a"));
+  ASSERT_TRUE(b.Join("b"));
+  ASSERT_TRUE(c.Join("c"));
+  auto ta = a.NextTask(), tb = b.NextTask(), tc = c.NextTask();
+  ASSERT_TRUE(ta && tb && tc);
+  const ParameterSet da = Delta(g0, 0.01f), db = Delta(g0, -0.02f), dc = Delta(g0, 0.04f);
+  StatusOr<v1::UploadReply> ra, rc;
+  std::thread upload_a([&] { ra = UploadPayload(a.stub(), a.Header(*ta, 100), da.Encode()); });
+  ASSERT_TRUE(WaitForUploads(1, 0));
+  ASSERT_TRUE(UploadPayload(b.stub(), b.Header(*tb, 300), db.Encode()).ok());
+  // The buffer holds its two updates (one still being added): c's waits for the next.
+  std::thread upload_c([&] { rc = UploadPayload(c.stub(), c.Header(*tc, 200), dc.Encode()); });
+  ASSERT_TRUE(WaitForUploads(2, 0));
+  EXPECT_EQ(server_->committed_round(), 0);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+  }
+  cv.notify_all();
+  upload_a.join();
+  upload_c.join();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  ASSERT_TRUE(WaitForVersion(1));
+  ParameterSet v1 = g0;
+  AddScaled(da, 100.0 / 400, &v1);
+  AddScaled(db, 300.0 / 400, &v1);
+  auto ta2 = a.NextTask();
+  ASSERT_TRUE(ta2);
+  ASSERT_TRUE(UploadPayload(a.stub(), a.Header(*ta2, 100), da.Encode()).ok());
+  ASSERT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  // Version 2: c's update (from version 0; constant: it counts fully) and a's second.
+  ParameterSet v2 = v1;
+  AddScaled(dc, 200.0 / 300, &v2);
+  AddScaled(da, 100.0 / 300, &v2);
+  const ParameterSet got = server_->GlobalModel();
+  for (size_t i = 0; i < got.size(); ++i) {
+    for (size_t j = 0; j < got.tensors()[i].values.size(); ++j) {
+      ASSERT_NEAR(got.tensors()[i].values[j], v2.tensors()[i].values[j], 1e-6) << i << "," << j;
+    }
+  }
+  auto h = server_->History();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0].staleness, (std::map<int64_t, int>{{0, 2}}));
+  EXPECT_EQ(h[1].staleness, (std::map<int64_t, int>{{0, 1}, {1, 1}}));
+}
+
+}  // namespace
+}  // namespace cleave
