@@ -501,6 +501,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       return absl::InvalidArgumentError(
           "compression.update: :ef21 applies to federated rounds, not split learning");
     }
+    if (c.scheduler.async()) {
+      return absl::InvalidArgumentError(
+          "compression.update: EF21's server estimate is the sum of every client's, which "
+          "staleness-scaled async updates do not keep; use topk without :ef21");
+    }
   }
   if (c.secure_aggregation.enabled) {
     if (c.split.enabled()) {

@@ -82,6 +82,10 @@ void RoundPrinter::Drain() {
                      Bytes(j.value("bytes_up", 0.0)), Bytes(j.value("bytes_down", 0.0)),
                      j.value("wall_s", 0.0), j.value("participants", 0),
                      j.value("failures", 0));
+    if (j.contains("staleness_max")) {  // an async buffer
+      std::cout << absl::StrFormat("  staleness mean %.2f max %d", j.value("staleness_mean", 0.0),
+                                   j.value("staleness_max", 0));
+    }
     if (j.contains("epsilon")) {
       std::cout << absl::StrFormat("  eps %.3f", j.value("epsilon", 0.0));
     }

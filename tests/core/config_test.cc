@@ -85,6 +85,8 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("scheduler: {mode: async}\nsplit: {mode: sl}", "split.mode runs synchronous");
   expect_error("scheduler: {mode: async}\nsecure_aggregation: {}", "an async buffer has no");
   expect_error("scheduler: {mode: async}\nclients: {selection: oort}", "must be uniform");
+  expect_error("scheduler: {mode: async}\ncompression: {update: \"topk:0.1:ef21\"}",
+               "staleness-scaled async updates");
   expect_error("scheduler: {mode: async}\naggregation: {rule: fltrust, root_data: \"fmnist:/x\"}",
                "fltrust");
   expect_error("local: {profiles: [{uplink: 3}]}", "local.profiles[].uplink");

@@ -90,7 +90,8 @@ TEST(FederationTest, InProcessClientsMakeTheModelTcpClientsMake) {
 }
 
 // scheduler.mode: async with real clients: they train continuously from the newest
-// model, every buffer is applied at its size, and the model learns.
+// model, every buffer is applied at its size, and the model learns, also from top-k
+// updates with error feedback (each client's memory carries across versions).
 TEST(FederationTest, AsyncBuffersLearnFromContinuouslyTrainingClients) {
   auto init = Model::Create({"mlp", "", 3});
   ASSERT_TRUE(init.ok());
@@ -99,7 +100,8 @@ TEST(FederationTest, AsyncBuffersLearnFromContinuouslyTrainingClients) {
   Federation f;
   f.Start(std::string(kBase) +
               "model: {name: mlp}\nrun: {rounds: 6, seed: 3}\nclients: {min: 3}\n"
-              "scheduler: {mode: async, buffer_size: 2, max_staleness: 3}\n",
+              "scheduler: {mode: async, buffer_size: 2, max_staleness: 3}\n"
+              "compression: {update: \"topk:0.25\"}\n",
           Options(3, 1500));
   f.Join();
   ASSERT_TRUE(f.server_status.ok()) << f.server_status;
@@ -509,12 +511,16 @@ TEST(FederationTest, TheFinalEvaluationHappensOnceAcrossRestarts) {
   fs::remove_all(dir);
 }
 
-TEST(FederationTest, ServerResumesFromItsRunDirectory) {
+// Synchronous rounds and async buffers alike: a checkpoint is a committed version.
+class ResumeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ResumeTest, ServerResumesFromItsRunDirectory) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / "cleave_resume_test").string();
   std::filesystem::remove_all(dir);
   const std::string yaml = std::string(kBase) +
-                           "clients: {min: 2, quorum: 1.0}\nstrategy: {name: fedadam}\n";
+                           "clients: {min: 2, quorum: 1.0}\nstrategy: {name: fedadam}\n" +
+                           GetParam();
   ParameterSet after_first;
   {
     Federation f;
@@ -554,6 +560,10 @@ TEST(FederationTest, ServerResumesFromItsRunDirectory) {
   EXPECT_EQ(rounds, (std::vector<std::string>{"\"round\":1,", "\"round\":2,"}));
   std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Schedulers, ResumeTest,
+                         ::testing::Values("", "scheduler: {mode: async, buffer_size: 2}\n"),
+                         [](const auto& info) { return info.param.empty() ? "sync" : "async"; });
 
 TEST(FederationTest, TrainsATorchScriptModelNamedInTheConfig) {
   const std::string path = ExportTorchScript(

@@ -226,5 +226,48 @@ server: {client_timeout_s: 120, worker_threads: 2}
   EXPECT_EQ(h[1].staleness, (std::map<int64_t, int>{{0, 1}, {1, 1}}));
 }
 
+// With dp, a client's update is in a buffer at most once (the accounting's premise): a
+// client whose update is in the open buffer gets its next task only once it is applied.
+// Without dp it gets one at once, for the same buffer. Returns the round of a's second
+// task, taken after b's upload applied version 1.
+class AsyncDpTest : public AsyncTest {
+ protected:
+  int64_t RoundOfSecondTask(bool dp) {
+    ServerOptions o;
+    o.config = TestConfig(std::string(R"(
+run: {rounds: 2}
+model: {name: mlp}
+clients: {min: 2, round_deadline_s: 60}
+scheduler: {mode: async, buffer_size: 2}
+server: {client_timeout_s: 120}
+)") + (dp ? "dp: {noise_multiplier: 0.5, clip: 1.0}\n" : ""));
+    StartServerWith(std::move(o));
+    const ParameterSet g0 = server_->GlobalModel();
+    TestPeer a(address_, 100), b(address_, 300);
+    EXPECT_TRUE(a.Join("a"));
+    EXPECT_TRUE(b.Join("b"));
+    auto ta = a.NextTask(), tb = b.NextTask();
+    if (!ta || !tb) return -1;
+    EXPECT_TRUE(UploadPayload(a.stub(), a.Header(*ta, 100), Delta(g0, 0.01f).Encode()).ok());
+    EXPECT_TRUE(UploadPayload(b.stub(), b.Header(*tb, 300), Delta(g0, -0.01f).Encode()).ok());
+    EXPECT_TRUE(WaitForVersion(1));
+    auto second = a.NextTask();
+    if (dp) {
+      auto h = server_->History();
+      EXPECT_EQ(h.size(), 1u);
+      if (!h.empty()) EXPECT_EQ(h[0].strategy_stats.at("dp_sampling_rate"), 1.0);
+    }
+    return second ? second->round() : -1;
+  }
+};
+
+TEST_F(AsyncDpTest, WithoutDpAnIdleClientTrainsAgainForTheSameBuffer) {
+  EXPECT_EQ(RoundOfSecondTask(false), 1);
+}
+
+TEST_F(AsyncDpTest, WithDpAClientContributesOnceToABuffer) {
+  EXPECT_EQ(RoundOfSecondTask(true), 2);
+}
+
 }  // namespace
 }  // namespace cleave
