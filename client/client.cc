@@ -153,6 +153,9 @@ struct Client::Impl {
   // `next` reads the task's later control messages (secure aggregation).
   // Replaces the honest `delta` (trained from `global` with `o`) by the attack's update.
   Status Attack(const ParameterSet& global, const LocalTrainOptions& o, ParameterSet* delta);
+  // A task of an edge aggregator (ClientOptions::aggregate).
+  Status HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
+                        const std::function<void(const v1::TaskAck&)>& ack);
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack,
                     const NextMessage& next, bool* crashed);
@@ -275,7 +278,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   join->add_codecs("fp32");
   join->add_codecs("secagg");
   for (const auto& family : SupportedCodecFamilies()) join->add_codecs(family);
-  join->set_num_examples(opts.train.size);
+  join->set_num_examples(opts.declared_examples > 0 ? opts.declared_examples : opts.train.size);
   join->set_protocol_version(1);
 
   End end = End::kRetry;
@@ -530,6 +533,53 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
   return spec;
 }
 
+Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                    const v1::Task& task,
+                                    const std::function<void(const v1::TaskAck&)>& ack) {
+  v1::TaskAck a;
+  a.set_task_id(task.task_id());
+  auto reject = [&](const Status& s) {
+    a.set_accepted(false);
+    a.set_error(std::string(s.message()));
+    ack(a);
+    return s;
+  };
+  if (task.has_split() || task.has_secagg() || task.has_dp() || task.evaluate_only() ||
+      !task.base_digest().empty() || task.model().personal_size() > 0) {
+    return reject(absl::FailedPreconditionError(
+        "an edge aggregator takes whole-model federated tasks only (no split learning, "
+        "secure aggregation, distributed DP, evaluation, personal or frozen tensors)"));
+  }
+  auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest(), 600,
+                        &emulator);
+  if (!blob.ok()) return reject(blob.status());
+  auto global = task.model_codec().empty()
+                    ? ParameterSet::Decode(*blob)
+                    : DecodeCompressedSet(*blob, task.model_codec(), int64_t{1} << 31);
+  if (!global.ok()) return reject(global.status());
+  a.set_accepted(true);
+  ack(a);
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(ClientOptions::Aggregate r, opts.aggregate(task, *global));
+  const int64_t cap = opts.declared_examples > 0 ? opts.declared_examples : opts.train.size;
+  if (r.examples > cap) {
+    // More clients joined below since this edge joined upstream: its Join count bounds
+    // what it may claim.
+    spdlog::warn("round {}: {} examples aggregated, {} declared upstream: claiming {}",
+                 task.round(), r.examples, cap, cap);
+    r.examples = cap;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadUpdate(stub, w, task, r.delta, r.examples, r.loss, seconds, nullptr));
+  ++tasks_done;
+  spdlog::info("round {}: edge round of {} examples in {:.1f}s (loss {:.4f}), partial mean "
+               "uploaded{}",
+               task.round(), r.examples, seconds, r.loss, reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
 Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                 const v1::Task& task,
                                 const std::function<void(const v1::TaskAck&)>& ack,
@@ -542,6 +592,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
     ack(a);
     return s;
   };
+  if (opts.aggregate) return HandleEdgeTask(stub, w, task, ack);
   auto spec = Spec(stub, w, task.model());
   if (!spec.ok()) return reject(spec.status());
   const std::string loss = task.train().loss().empty() ? "cross_entropy" : task.train().loss();

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "core/config.h"
+#include "core/parameter_set.h"
+#include "cleave/v1/cleave.pb.h"
 #include "core/status.h"
 #include "data/dataset.h"
 
@@ -69,6 +71,20 @@ struct ClientOptions {
   // Attack simulation for robustness experiments (cleave-client --attack): what this
   // client sends instead of its honest update. Empty = honest. See client/names.h.
   std::string attack;
+
+  // Edge aggregation (cleave-server --upstream, server/edge.h): a task's work is done by
+  // `aggregate` instead of local training. It gets the task and its model and returns
+  // the update (a delta from that model), its weight and its loss. Whole-model federated
+  // tasks only: split, secure-aggregation, DP-share, evaluation and personal- or
+  // frozen-tensor tasks are declined with the reason.
+  struct Aggregate {
+    ParameterSet delta;
+    int64_t examples = 0;
+    double loss = 0;
+  };
+  std::function<StatusOr<Aggregate>(const v1::Task& task, const ParameterSet& model)> aggregate;
+  // The example count declared at Join (0 = train.size); uploads claim at most this.
+  int64_t declared_examples = 0;
 };
 
 class Client {

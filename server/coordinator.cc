@@ -1219,7 +1219,7 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   tc->set_local_steps(fit.local_steps);
   tc->set_clip_norm(fit.clip_norm);
   tc->set_label_smoothing(fit.label_smoothing);
-  tc->set_seed(cfg_.run.seed * 1000003 + round);
+  tc->set_seed(edge_fit_ ? edge_seed_ : cfg_.run.seed * 1000003 + round);
   task->set_deadline_unix_ms(deadline_ms);
   TaskRecord rec;
   rec.client_id = cid;
@@ -1419,6 +1419,7 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
     }
   }
   if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
+  if (edge_fit_) plan.fit = *edge_fit_;  // an edge trains as its upstream says
   round_clients_ = std::max<int>(1, plan.clients.size());
   {
     std::vector<int64_t> declared;
@@ -1583,6 +1584,7 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
     return m;
   }
   m.train_loss = weight ? loss_sum / weight : 0;
+  m.examples = weight;
   std::shared_ptr<SplitRound> split_round = std::move(split_round_);
   RETURN_IF_ERROR(ApplyLocked(
       round, split_round, [&](const ParameterSet& layout) -> Status {
@@ -1821,6 +1823,7 @@ StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
     }
   }
   m.train_loss = weight ? loss_sum / weight : 0;
+  m.examples = weight;
   m.bytes_up = bytes_up_;
   m.bytes_down = bytes_down_;
   m.bytes_up_fp32 = m.bytes_up + saved_up_;
@@ -1846,6 +1849,64 @@ StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
   applying_ = false;
   cv_.SignalAll();
   return m;
+}
+
+StatusOr<int64_t> Coordinator::WaitForClients() {
+  MutexLock l(&mu_);
+  phase_ = "waiting for clients";
+  const auto deadline = clock_->Now() + Seconds(cfg_.clients.join_timeout_s);
+  while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
+    if (clock_->Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
+          " clients connected within ", cfg_.clients.join_timeout_s, "s"));
+    }
+    WaitLocked(deadline);
+    ExpireSilentLocked();
+  }
+  if (stopping_) return absl::CancelledError("stopped");
+  int64_t examples = 0;
+  for (const auto& cid : AvailableLocked()) examples += sessions_[cid].num_examples;
+  phase_ = "idle";
+  return examples;
+}
+
+StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const FitSettings& fit,
+                                              uint64_t seed) {
+  UseTorchThreads();  // called on the upstream client's thread
+  StatusOr<RoundMetrics> m;
+  {
+    MutexLock l(&mu_);
+    if (!not_updated_.empty()) {
+      return absl::FailedPreconditionError(
+          "an edge aggregator's model has no personal or frozen tensors");
+    }
+    if (!start.SameLayout(global_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the upstream's model has another layout than this server's model.name=",
+          cfg_.model.name));
+    }
+    RETURN_IF_ERROR(CheckViews(start, ViewsOf(start)));
+    global_ = start;
+    PublishModelLocked();
+    edge_fit_ = fit;
+    edge_seed_ = seed;
+    m = RunRound();
+    edge_fit_.reset();
+  }
+  DropBuffers();
+  RETURN_IF_ERROR(m.status());
+  RETURN_IF_ERROR(Commit(&*m));
+  EdgeRound r;
+  r.delta = GlobalModel();
+  for (size_t i = 0; i < r.delta.size(); ++i) {
+    auto& v = r.delta.mutable_tensors()[i].values;
+    const auto& s = start.tensors()[i].values;
+    for (size_t j = 0; j < v.size(); ++j) v[j] -= s[j];
+  }
+  r.examples = m->examples;
+  r.metrics = *std::move(m);
+  return r;
 }
 
 Status Coordinator::BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients) {

@@ -154,6 +154,12 @@ class Coordinator {
   Status Run();
   void Stop();
 
+  // Edge aggregation (Server::WaitForClients, RunEdgeRound, Finish).
+  StatusOr<int64_t> WaitForClients();
+  StatusOr<EdgeRound> RunEdgeRound(const ParameterSet& start, const FitSettings& fit,
+                                   uint64_t seed);
+  void Finish(const std::string& reason) { EndRun(reason); }
+
   // --- called by the transport ---
   const ServerOptions& options() const { return opts_; }
   // Sets the session cap: server.max_sessions, or else `derived` (the transport's bound
@@ -508,6 +514,9 @@ class Coordinator {
   // applied, and uploads wait for the next one; claimed_: uploads claimed into it
   // (at most buffer_size: later ones wait too); the digests of the model versions
   // tasks may still fetch (the last max_staleness + 1); task ids are numbered.
+  // An edge round's settings and batch seed, from the upstream task (RunEdgeRound).
+  std::optional<FitSettings> edge_fit_ ABSL_GUARDED_BY(mu_);
+  uint64_t edge_seed_ ABSL_GUARDED_BY(mu_) = 0;
   FitSettings buffer_fit_ ABSL_GUARDED_BY(mu_);
   Clock::time_point buffer_start_ ABSL_GUARDED_BY(mu_);
   bool applying_ ABSL_GUARDED_BY(mu_) = false;

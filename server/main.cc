@@ -12,6 +12,7 @@
 #include "core/logging.h"
 #include "core/signals.h"
 #include "models/model.h"
+#include "server/edge.h"
 #include "server/server.h"
 
 int main(int argc, char** argv) {
@@ -29,6 +30,19 @@ int main(int argc, char** argv) {
   app.add_option("--tls-key", tls_key, "override tls.key")->needs("--tls-cert");
   app.add_option("--tls-ca", tls_ca, "override tls.ca (the CA client certificates chain to)");
   app.add_flag("--insecure", insecure, "serve plaintext when no certificate is configured");
+  std::string upstream, upstream_ca, upstream_cert, upstream_key, upstream_name;
+  bool upstream_insecure = false;
+  app.add_option("--upstream", upstream,
+                 "run as an edge aggregator: join this coordinator (HOST:PORT) as one client "
+                 "and hand up this server's rounds");
+  app.add_option("--upstream-ca", upstream_ca, "the upstream's CA (PEM)")->needs("--upstream");
+  app.add_option("--upstream-cert", upstream_cert, "this edge's certificate for mutual TLS upstream")
+      ->needs("--upstream");
+  app.add_option("--upstream-key", upstream_key, "its key")->needs("--upstream-cert");
+  app.add_option("--upstream-name", upstream_name, "the name shown upstream (default: the certificate's CN, else run.name)")
+      ->needs("--upstream");
+  app.add_flag("--upstream-insecure", upstream_insecure, "reach the upstream in plaintext")
+      ->needs("--upstream");
   app.add_option("--torch-threads", torch_threads, "LibTorch threads for evaluation")
       ->check(CLI::Range(1, 1024));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
@@ -63,6 +77,16 @@ int main(int argc, char** argv) {
       setrlimit(RLIMIT_NOFILE, &r);
     }
   }
+  if (!upstream.empty()) {
+    if (auto s = cleave::CheckEdgeConfig(*config); !s.ok()) {
+      std::cerr << "cleave-server: " << s.message() << "\n";
+      return 2;
+    }
+    if (upstream_insecure == !upstream_ca.empty()) {
+      std::cerr << "cleave-server: --upstream needs --upstream-ca or --upstream-insecure (one)\n";
+      return 2;
+    }
+  }
   if (run_dir.empty()) run_dir = "runs/" + config->run.name;
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
@@ -92,7 +116,24 @@ int main(int argc, char** argv) {
     return 1;
   }
   cleave::Status status;
-  {
+  if (!upstream.empty()) {
+    cleave::ClientOptions up;
+    up.server = upstream;
+    // With a certificate the upstream names the edge after it (a Join name must match).
+    up.name = !upstream_name.empty() ? upstream_name
+              : upstream_cert.empty() ? config->run.name
+                                      : "";
+    up.insecure = upstream_insecure;
+    up.tls_ca = upstream_ca;
+    up.tls_cert = upstream_cert;
+    up.tls_key = upstream_key;
+    cleave::Edge edge(server->get(), std::move(up));
+    cleave::SignalWatcher signals([&](int sig) {
+      spdlog::warn("signal {}: stopping the edge aggregator", sig);
+      edge.Stop();
+    });
+    status = edge.Run();
+  } else {
     cleave::SignalWatcher signals([&](int sig) {
       spdlog::warn("signal {}: stopping (the last committed round stays in the checkpoint)", sig);
       (*server)->Stop();

@@ -48,5 +48,11 @@ int64_t Server::committed_round() const { return impl_->core->committed_round();
 std::vector<RoundMetrics> Server::History() const { return impl_->core->History(); }
 std::pair<int64_t, int64_t> Server::TransportBytes() const { return impl_->core->TransportBytes(); }
 Server::UploadCounts Server::Uploads() const { return impl_->core->Uploads(); }
+StatusOr<int64_t> Server::WaitForClients() { return impl_->core->WaitForClients(); }
+StatusOr<EdgeRound> Server::RunEdgeRound(const ParameterSet& start, const FitSettings& fit,
+                                         uint64_t seed) {
+  return impl_->core->RunEdgeRound(start, fit, seed);
+}
+void Server::Finish(const std::string& reason) { impl_->core->Finish(reason); }
 
 }  // namespace cleave

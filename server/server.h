@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "aggregation/strategy.h"
 #include "core/clock.h"
 #include "core/config.h"
 #include "core/parameter_set.h"
@@ -114,6 +115,14 @@ struct RoundMetrics {
   // by staleness (versions applied since the one each trained from) and count.
   bool async = false;
   std::map<int64_t, int> staleness;
+  int64_t examples = 0;  // the accepted updates' weights, summed
+};
+
+// What an edge aggregator's round hands upstream (Server::RunEdgeRound).
+struct EdgeRound {
+  ParameterSet delta;    // the participants' weighted mean update
+  int64_t examples = 0;  // their weights, summed
+  RoundMetrics metrics;
 };
 
 class Server {
@@ -147,6 +156,17 @@ class Server {
     int queued = 0;
   };
   UploadCounts Uploads() const;
+
+  // Edge aggregation (server/edge.h), instead of Run(). WaitForClients waits for
+  // clients.min connected clients (DEADLINE_EXCEEDED after clients.join_timeout_s) and
+  // returns the examples they declared, summed. RunEdgeRound runs one synchronous round
+  // of this server's clients from `start` (an upstream model of this server's layout),
+  // training with `fit` and batch seed `seed`, commits it here (metrics.jsonl) and
+  // returns its weighted mean update. Finish tells the clients the run ended.
+  StatusOr<int64_t> WaitForClients();
+  StatusOr<EdgeRound> RunEdgeRound(const ParameterSet& start, const FitSettings& fit,
+                                   uint64_t seed);
+  void Finish(const std::string& reason);
 
   class Impl;
 

@@ -30,6 +30,8 @@ namespace fs = std::filesystem;
 
 class LocalTest : public ::testing::Test {
  protected:
+  // The chaos test's body (below), with `scheduler` appended to its config.
+  void SurviveKillsAndRestarts(const std::string& scheduler);
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
            ("cleave_e2e_" + std::to_string(getpid()) + "_" +
@@ -748,9 +750,9 @@ train: {batch_size: 32}
 
 // Chaos: clients killed and restarted, the server killed with SIGKILL and stopped with
 // SIGTERM, each time restarted on its run directory. Clients under no supervisor keep
-// reconnecting to a stopped server (only a finished run ends them), every round is
-// committed exactly once, and the checkpoint holds the last one.
-TEST_F(LocalTest, ARunSurvivesKilledClientsAndServerRestarts) {
+// reconnecting to a stopped server (only a finished run ends them), every round (or
+// async version) is committed exactly once, and the checkpoint holds the last one.
+void LocalTest::SurviveKillsAndRestarts(const std::string& scheduler) {
   std::ofstream(config_) << R"(
 run: {name: chaos, rounds: 40}
 model: {name: mlp}
@@ -758,7 +760,7 @@ data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
 clients: {min: 2, quorum: 1.0, round_deadline_s: 60, join_timeout_s: 120}
 server: {heartbeat_s: 0.5, client_timeout_s: 3}
 train: {batch_size: 32}
-)";
+)" << scheduler;
   const fs::path run = dir_ / "srv";
   auto start_server = [&](const std::string& listen, int n) {
     return Spawn({"cleave-server", "--config", config_, "--run-dir", run.string(), "--listen",
@@ -820,6 +822,89 @@ train: {batch_size: 32}
   EXPECT_EQ(Wait(again, 60), 0);
   EXPECT_EQ(RecordedRounds(run), all)
       << "a finished run, resumed, commits nothing more";
+}
+
+TEST_F(LocalTest, ARunSurvivesKilledClientsAndServerRestarts) { SurviveKillsAndRestarts(""); }
+
+// Async: nothing is applied twice across kill -9 either (an open buffer's updates are
+// lost and redone, never counted twice).
+TEST_F(LocalTest, AnAsyncRunSurvivesKilledClientsAndServerRestarts) {
+  SurviveKillsAndRestarts("scheduler: {mode: async, buffer_size: 2}\n");
+}
+
+// Hierarchical aggregation as processes, the topology of deploy/docker-compose-edges.yml:
+// a top coordinator, two edge aggregators (cleave-server --upstream) and two clients
+// under each, all over mutual TLS with certificates from `cleave certs`. The top sees
+// two clients, the edges; every edge round is one top round; everyone exits 0.
+TEST_F(LocalTest, TwoEdgeAggregatorsUnderOneCoordinator) {
+  const fs::path certs = dir_ / "certs";
+  ASSERT_EQ(Wait(Spawn({"cleave", "certs", "init", certs.string(), "--san", "127.0.0.1"},
+                       "certs.txt"), 60), 0);
+  for (const char* name : {"edge-0", "edge-1", "client-0", "client-1", "client-2", "client-3"}) {
+    ASSERT_EQ(Wait(Spawn({"cleave", "certs", "issue", certs.string(), name}, "certs.txt"), 60), 0);
+  }
+  const std::string tls = "tls: {cert: " + (certs / "server.crt").string() +
+                          ", key: " + (certs / "server.key").string() +
+                          ", ca: " + (certs / "ca.crt").string() + ", mutual: true}\n";
+  const std::string top_yaml = (dir_ / "top.yaml").string();
+  const std::string edge_yaml = (dir_ / "edge.yaml").string();
+  std::ofstream(top_yaml) << R"(
+run: {name: edges-top, rounds: 3, seed: 5}
+model: {name: mlp}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 1000}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 120, join_timeout_s: 60}
+train: {batch_size: 32, lr: 0.05, momentum: 0.9}
+)" << tls;
+  std::ofstream(edge_yaml) << R"(
+run: {name: edge}
+model: {name: mlp}
+data: {test: ""}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 120, join_timeout_s: 60}
+)" << tls;
+  const fs::path top_run = dir_ / "top";
+  pid_t top = Spawn({"cleave-server", "--config", top_yaml, "--run-dir", top_run.string(),
+                     "--listen", "127.0.0.1:0"},
+                    "top.txt");
+  const std::string top_addr = WaitForAddress(top_run);
+  ASSERT_FALSE(top_addr.empty()) << ReadFile((dir_ / "top.txt").string()).value_or("");
+  std::vector<pid_t> edges, clients;
+  for (int e = 0; e < 2; ++e) {
+    const std::string name = "edge-" + std::to_string(e);
+    const fs::path run = dir_ / name;
+    edges.push_back(Spawn({"cleave-server", "--config", edge_yaml, "--run-dir", run.string(),
+                           "--listen", "127.0.0.1:0", "--upstream", top_addr, "--upstream-ca",
+                           (certs / "ca.crt").string(), "--upstream-cert",
+                           (certs / "clients" / (name + ".crt")).string(), "--upstream-key",
+                           (certs / "clients" / (name + ".key")).string()},
+                          name + ".txt"));
+    const std::string addr = WaitForAddress(run);
+    ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / (name + ".txt")).string()).value_or("");
+    for (int i = 2 * e; i < 2 * e + 2; ++i) {
+      const std::string client = "client-" + std::to_string(i);
+      clients.push_back(Spawn(
+          {"cleave-client", "--server", addr, "--ca", (certs / "ca.crt").string(), "--cert",
+           (certs / "clients" / (client + ".crt")).string(), "--key",
+           (certs / "clients" / (client + ".key")).string(), "--data",
+           "fmnist:/usr/share/datasets/fashion-mnist,limit=4000", "--partition",
+           "iid,client=" + std::to_string(i) + ",of=4", "--give-up-after", "120"},
+          client + ".txt"));
+    }
+  }
+  const int rc = Wait(top, 300);
+  const std::string log = ReadFile((top_run / "server.log").string()).value_or("");
+  ASSERT_EQ(rc, 0) << log;
+  for (pid_t e : edges) EXPECT_EQ(Wait(e, 60), 0);
+  for (pid_t c : clients) EXPECT_EQ(Wait(c, 60), 0);
+  EXPECT_EQ(RecordedRounds(top_run), (std::vector<int>{1, 2, 3})) << log;
+  EXPECT_NE(log.find("(edge-0) joined with 2000 examples"), std::string::npos) << log;
+  for (const char* e : {"edge-0", "edge-1"}) {
+    EXPECT_EQ(RecordedRounds(dir_ / e), (std::vector<int>{1, 2, 3})) << e;
+  }
+  std::ifstream metrics(top_run / "metrics.jsonl");
+  nlohmann::json last;
+  for (std::string line; std::getline(metrics, line);) last = nlohmann::json::parse(line);
+  EXPECT_EQ(last.value("participants", 0), 2);
+  EXPECT_GT(last.value("test_accuracy", 0.0), 0.6) << "four clients' data through two edges";
 }
 
 }  // namespace

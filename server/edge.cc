@@ -1,0 +1,88 @@
+#include "server/edge.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave {
+
+Status CheckEdgeConfig(const JobConfig& c) {
+  auto no = [](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an edge aggregator (--upstream) hands up its clients' plain weighted mean: ", why));
+  };
+  if (c.strategy.name != "fedavg" || c.strategy.server_lr != 1.0) {
+    return no("strategy.name must be fedavg with server_lr 1 (the upstream applies its own rule)");
+  }
+  if (c.aggregation.rule != "mean") return no("aggregation.rule must be mean");
+  if (c.dp.enabled) return no("dp belongs to the top coordinator");
+  if (c.split.enabled()) return no("split.mode is not supported");
+  if (c.scheduler.async()) return no("scheduler.mode must be sync");
+  if (!c.model.personal.empty() || c.model.lora.rank > 0) {
+    return no("models with personal or frozen (LoRA) tensors are not supported");
+  }
+  return absl::OkStatus();
+}
+
+FitSettings FitFromTask(const v1::TrainConfig& t) {
+  FitSettings f;
+  f.local_epochs = t.local_epochs();
+  f.local_steps = t.local_steps();
+  f.batch_size = t.batch_size();
+  if (!t.loss().empty()) f.loss = t.loss();
+  if (!t.optimizer().empty()) f.optimizer = t.optimizer();
+  f.lr = t.lr();
+  f.momentum = t.momentum();
+  f.nesterov = t.nesterov();
+  f.weight_decay = t.weight_decay();
+  f.clip_norm = t.clip_norm();
+  f.label_smoothing = t.label_smoothing();
+  f.proximal_mu = t.proximal_mu();
+  return f;
+}
+
+Edge::Edge(Server* server, ClientOptions upstream)
+    : server_(server), upstream_(std::move(upstream)) {}
+
+Status Edge::Run() {
+  ASSIGN_OR_RETURN(const int64_t examples, server_->WaitForClients());
+  ClientOptions o = upstream_;
+  o.declared_examples = examples;
+  o.aggregate = [this](const v1::Task& task,
+                       const ParameterSet& model) -> StatusOr<ClientOptions::Aggregate> {
+    if (task.train().loss() == "torchscript") {
+      return absl::FailedPreconditionError(
+          "an edge aggregator does not forward a TorchScript loss");
+    }
+    ASSIGN_OR_RETURN(EdgeRound r,
+                     server_->RunEdgeRound(model, FitFromTask(task.train()), task.train().seed()));
+    spdlog::info("upstream round {}: {} participants, {} examples, handing up their mean",
+                 task.round(), r.metrics.participants, r.examples);
+    return ClientOptions::Aggregate{std::move(r.delta), r.examples, r.metrics.train_loss};
+  };
+  spdlog::info("edge: {} examples across this server's clients; joining {}", examples,
+               o.server);
+  Client* client = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return absl::CancelledError("stopped");
+    client_ = std::make_unique<Client>(std::move(o));
+    client = client_.get();
+  }
+  Status s = client->Run();
+  if (s.ok()) {
+    server_->Finish("the upstream run ended");
+  } else if (s.code() != absl::StatusCode::kCancelled) {
+    server_->Finish(absl::StrCat("the upstream coordinator: ", s.message()));
+  }
+  return s;
+}
+
+void Edge::Stop() {
+  server_->Stop();
+  std::lock_guard<std::mutex> l(mu_);
+  stopping_ = true;
+  if (client_) client_->Stop();
+}
+
+}  // namespace cleave
