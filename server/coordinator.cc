@@ -622,6 +622,11 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
         absl::StrCat("task ", Printable(h.task_id()), " was not given to client ",
                      Printable(h.client_id()), " in round ", current_round_));
   }
+  if (h.round() != t->second.round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "task ", Printable(h.task_id()), " was given in round ", t->second.round, ", not ",
+        h.round()));
+  }
   RETURN_IF_ERROR(TaskTakesUpload(h.task_id(), t->second, duplicate));
   if (*duplicate) return int64_t{0};
   if (h.codec() != t->second.codec) {

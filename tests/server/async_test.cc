@@ -100,6 +100,13 @@ server: {client_timeout_s: 120}
   // Version 2: b's update, trained from version 0, is one version stale: 1/(1+1).
   ASSERT_TRUE(upload(b, *tb1, 300, db).ok());
   ASSERT_TRUE(WaitForVersion(2));
+  {  // a's task from version 1 cannot pass for a fresh one
+    v1::UploadHeader h = a.Header(*ta2, 100);
+    h.set_round(3);
+    auto r = UploadPayload(a.stub(), h, da.Encode());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find("was given in round 2"), std::string::npos) << r.status();
+  }
   auto tb3 = b.NextTask();
   ASSERT_TRUE(tb3);
   EXPECT_EQ(tb3->round(), 3);
