@@ -7,6 +7,7 @@
 // seeds and data: they must agree to float summation order).
 //   ./build/bin/bench_edge_fanin [--clients 1000] [--edges 10] [--rounds 3]
 #include <pthread.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
@@ -121,6 +122,7 @@ int Main(int argc, char** argv) {
   pthread_setattr_default_np(&attr);
   pthread_attr_destroy(&attr);
   SetTorchThreads(1);
+  spdlog::set_level(spdlog::level::warn);  // thousands of join lines otherwise
   const std::string common =
       "model: {name: mlp}\n"
       "train: {local_epochs: 1, batch_size: 10, lr: 0.05}\n"
