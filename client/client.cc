@@ -153,6 +153,9 @@ struct Client::Impl {
   // `next` reads the task's later control messages (secure aggregation).
   // Replaces the honest `delta` (trained from `global` with `o`) by the attack's update.
   Status Attack(const ParameterSet& global, const LocalTrainOptions& o, ParameterSet* delta);
+  // The task's model: its blob fetched and decoded (with the task's broadcast codec).
+  StatusOr<ParameterSet> FetchModel(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                    const v1::Task& task);
   // A task of an edge aggregator (ClientOptions::aggregate).
   Status HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                         const std::function<void(const v1::TaskAck&)>& ack);
@@ -533,6 +536,15 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
   return spec;
 }
 
+StatusOr<ParameterSet> Client::Impl::FetchModel(v1::Coordinator::Stub* stub,
+                                                const v1::Welcome& w, const v1::Task& task) {
+  ASSIGN_OR_RETURN(std::string blob, FetchBlob(stub, w.client_id(), w.session_token(),
+                                               task.model_digest(), 600, &emulator));
+  return task.model_codec().empty()
+             ? ParameterSet::Decode(blob)
+             : DecodeCompressedSet(blob, task.model_codec(), int64_t{1} << 31);
+}
+
 Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                     const v1::Task& task,
                                     const std::function<void(const v1::TaskAck&)>& ack) {
@@ -550,12 +562,7 @@ Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welco
         "an edge aggregator takes whole-model federated tasks only (no split learning, "
         "secure aggregation, distributed DP, evaluation, personal or frozen tensors)"));
   }
-  auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest(), 600,
-                        &emulator);
-  if (!blob.ok()) return reject(blob.status());
-  auto global = task.model_codec().empty()
-                    ? ParameterSet::Decode(*blob)
-                    : DecodeCompressedSet(*blob, task.model_codec(), int64_t{1} << 31);
+  auto global = FetchModel(stub, w, task);
   if (!global.ok()) return reject(global.status());
   a.set_accepted(true);
   ack(a);
@@ -599,14 +606,8 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   if (Status s = CheckDataFitsModel(opts.train, *spec, loss, "local data"); !s.ok()) {
     return reject(s);
   }
-  auto blob = FetchBlob(stub, w.client_id(), w.session_token(), task.model_digest(), 600,
-                        &emulator);
-  if (!blob.ok()) return reject(blob.status());
-  auto global = task.model_codec().empty()
-                    ? ParameterSet::Decode(*blob)
-                    : DecodeCompressedSet(*blob, task.model_codec(), int64_t{1} << 31);
+  auto global = FetchModel(stub, w, task);
   if (!global.ok()) return reject(global.status());
-  blob->clear();
   // A model with a frozen base (LoRA): the blob with it, fetched once.
   if (!task.base_digest().empty() && base_digest != task.base_digest()) {
     auto bytes = FetchBlob(stub, w.client_id(), w.session_token(), task.base_digest(), 600,

@@ -1384,20 +1384,7 @@ StatusOr<std::vector<std::string>> Coordinator::BeginSplitRoundLocked(
 
 StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
   const int64_t round = evaluate_only ? committed_round_ : committed_round_ + 1;
-  // Wait for enough clients.
-  phase_ = "waiting for clients";
-  const auto join_deadline = clock_->Now() + Seconds(cfg_.clients.join_timeout_s);
-  while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
-    if (clock_->Now() > join_deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
-          " clients connected", NeedProfile() ? " and profiled" : "", " within ",
-          cfg_.clients.join_timeout_s, "s"));
-    }
-    WaitLocked(join_deadline);
-    ExpireSilentLocked();
-  }
-  if (stopping_) return absl::CancelledError("stopped");
+  RETURN_IF_ERROR(AwaitClientsLocked());
 
   const auto start = clock_->Now();  // wall_s: from sampling to commit
   RoundPlan plan;
@@ -1762,22 +1749,13 @@ StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
   };
   // The first buffer of a run (or after a failed one) waits for clients.min; later ones
   // opened as the one before was applied.
-  phase_ = "waiting for clients";
-  auto short_since = clock_->Now();  // when the federation last had clients.min
-  while (!stopping_ && current_round_ != round && !enough()) {
-    if (clock_->Now() > short_since + Seconds(cfg_.clients.join_timeout_s)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
-          " clients connected within ", cfg_.clients.join_timeout_s, "s"));
-    }
-    WaitLocked(short_since + Seconds(cfg_.clients.join_timeout_s));
-    ExpireSilentLocked();
+  if (current_round_ != round) {
+    RETURN_IF_ERROR(AwaitClientsLocked());
+    RETURN_IF_ERROR(OpenBufferLocked(round));
   }
-  if (stopping_) return absl::CancelledError("stopped");
-  if (current_round_ != round) RETURN_IF_ERROR(OpenBufferLocked(round));
   phase_ = "training (async)";
   const int k = cfg_.scheduler.buffer_size;
-  short_since = clock_->Now();
+  auto short_since = clock_->Now();  // when the federation last had clients.min
   while (!stopping_ && !(claimed_ >= k && accumulating_ == 0)) {
     const auto now = clock_->Now();
     auto wake = now + Seconds(cfg_.clients.round_deadline_s);
@@ -1856,20 +1834,25 @@ StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
   return m;
 }
 
-StatusOr<int64_t> Coordinator::WaitForClients() {
-  MutexLock l(&mu_);
+Status Coordinator::AwaitClientsLocked() {
   phase_ = "waiting for clients";
   const auto deadline = clock_->Now() + Seconds(cfg_.clients.join_timeout_s);
   while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
     if (clock_->Now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
-          " clients connected within ", cfg_.clients.join_timeout_s, "s"));
+          " clients connected", NeedProfile() ? " and profiled" : "", " within ",
+          cfg_.clients.join_timeout_s, "s"));
     }
     WaitLocked(deadline);
     ExpireSilentLocked();
   }
-  if (stopping_) return absl::CancelledError("stopped");
+  return stopping_ ? absl::CancelledError("stopped") : absl::OkStatus();
+}
+
+StatusOr<int64_t> Coordinator::WaitForClients() {
+  MutexLock l(&mu_);
+  RETURN_IF_ERROR(AwaitClientsLocked());
   int64_t examples = 0;
   for (const auto& cid : AvailableLocked()) examples += sessions_[cid].num_examples;
   phase_ = "idle";

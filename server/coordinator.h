@@ -360,6 +360,9 @@ class Coordinator {
   Status ApplyLocked(int64_t round, std::shared_ptr<SplitRound> split_round,
                      const std::function<Status(const ParameterSet& layout)>& fold,
                      RoundMetrics* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for clients.min available clients: DEADLINE_EXCEEDED after
+  // clients.join_timeout_s, CANCELLED when stopped.
+  Status AwaitClientsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends each of `cids` its task of `round` (MakeTaskLocked); a task whose control
   // stream is closed fails. Releases mu_ while sending.
   void SendTasksLocked(int64_t round, const std::vector<std::string>& cids,

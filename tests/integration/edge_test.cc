@@ -119,6 +119,7 @@ TEST(EdgeTest, AnEdgeMustHandUpAPlainMean) {
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("aggregation: {rule: median}\n")).ok());
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("dp: {noise_multiplier: 1, clip: 1}\n")).ok());
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("scheduler: {mode: async}\n")).ok());
+  EXPECT_FALSE(CheckEdgeConfig(TestConfig("secure_aggregation: {}\n")).ok());
   EXPECT_TRUE(CheckEdgeConfig(TestConfig("strategy: {name: fedavg}\n")).ok());
   auto shipped = JobConfig::Load(CLEAVE_SOURCE_DIR "/deploy/examples/fmnist-edge.yaml");
   ASSERT_TRUE(shipped.ok()) << shipped.status();
