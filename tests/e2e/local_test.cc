@@ -907,5 +907,68 @@ clients: {min: 2, quorum: 1.0, round_deadline_s: 120, join_timeout_s: 60}
   EXPECT_GT(last.value("test_accuracy", 0.0), 0.6) << "four clients' data through two edges";
 }
 
+// An edge aggregator killed with SIGKILL mid-run and restarted on its address and run
+// directory: the top coordinator counts it as a failed client (the round is retried),
+// the edge's clients reconnect to its restart, and every top round is committed once.
+TEST_F(LocalTest, AKilledEdgeAggregatorRejoinsAndNothingIsCountedTwice) {
+  std::ofstream(config_) << R"(
+run: {name: edge-chaos, rounds: 6, seed: 5}
+model: {name: mlp}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 120, join_timeout_s: 120}
+server: {heartbeat_s: 0.5, client_timeout_s: 3}
+)";
+  const std::string edge_yaml = (dir_ / "edge.yaml").string();
+  std::ofstream(edge_yaml) << R"(
+run: {name: edge}
+model: {name: mlp}
+data: {test: ""}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 120, join_timeout_s: 120}
+server: {heartbeat_s: 0.5, client_timeout_s: 3}
+)";
+  const fs::path top_run = dir_ / "top";
+  pid_t top = Spawn({"cleave-server", "--config", config_, "--run-dir", top_run.string(),
+                     "--listen", "127.0.0.1:0", "--insecure"},
+                    "top.txt");
+  const std::string top_addr = WaitForAddress(top_run);
+  ASSERT_FALSE(top_addr.empty());
+  auto start_edge = [&](int e, const std::string& listen, int n) {
+    return Spawn({"cleave-server", "--config", edge_yaml, "--run-dir",
+                  (dir_ / ("edge-" + std::to_string(e))).string(), "--listen", listen,
+                  "--insecure", "--upstream", top_addr, "--upstream-insecure", "--upstream-name",
+                  "edge-" + std::to_string(e)},
+                 "edge" + std::to_string(e) + "-" + std::to_string(n) + ".txt");
+  };
+  std::vector<pid_t> edges;
+  std::vector<std::string> addrs;
+  std::vector<pid_t> clients;
+  for (int e = 0; e < 2; ++e) {
+    edges.push_back(start_edge(e, "127.0.0.1:0", 0));
+    addrs.push_back(WaitForAddress(dir_ / ("edge-" + std::to_string(e))));
+    ASSERT_FALSE(addrs.back().empty());
+    fs::remove(dir_ / ("edge-" + std::to_string(e)) / "server.addr");
+    for (int i = 2 * e; i < 2 * e + 2; ++i) {
+      clients.push_back(Spawn({"cleave-client", "--server", addrs.back(), "--insecure", "--data",
+                               "fmnist:/usr/share/datasets/fashion-mnist,limit=2000",
+                               "--partition", "iid,client=" + std::to_string(i) + ",of=4",
+                               "--give-up-after", "120"},
+                              "client" + std::to_string(i) + ".txt"));
+    }
+  }
+  for (int i = 0; i < 12000 && RecordedRounds(top_run).size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(RecordedRounds(top_run).size(), 2u);
+  kill(edges[1], SIGKILL);
+  Wait(edges[1], 10);
+  edges[1] = start_edge(1, addrs[1], 1);
+  const int rc = Wait(top, 300);
+  const std::string log = ReadFile((top_run / "server.log").string()).value_or("");
+  ASSERT_EQ(rc, 0) << log;
+  for (pid_t e : edges) EXPECT_EQ(Wait(e, 60), 0);
+  for (pid_t c : clients) EXPECT_EQ(Wait(c, 60), 0);
+  EXPECT_EQ(RecordedRounds(top_run), (std::vector<int>{1, 2, 3, 4, 5, 6})) << log;
+}
+
 }  // namespace
 }  // namespace cleave
