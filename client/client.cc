@@ -79,6 +79,17 @@ v1::DeviceProfile LocalDevice() {
 
 // Batch order: the round's seed mixed with this client's name (stable across runs,
 // unlike the id the server assigns in join order), so a seeded run repeats itself.
+// Tells the server `task` was not taken, with the reason, and returns `why`.
+Status Decline(const std::function<void(const v1::TaskAck&)>& ack, const v1::Task& task,
+               const Status& why) {
+  v1::TaskAck a;
+  a.set_task_id(task.task_id());
+  a.set_accepted(false);
+  a.set_error(std::string(why.message()));
+  ack(a);
+  return why;
+}
+
 uint64_t BatchSeed(const v1::Task& task, const v1::Welcome& w, const std::string& name) {
   return task.train().seed() ^ std::hash<std::string>{}(name.empty() ? w.client_id() : name);
 }
@@ -550,12 +561,7 @@ Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welco
                                     const std::function<void(const v1::TaskAck&)>& ack) {
   v1::TaskAck a;
   a.set_task_id(task.task_id());
-  auto reject = [&](const Status& s) {
-    a.set_accepted(false);
-    a.set_error(std::string(s.message()));
-    ack(a);
-    return s;
-  };
+  auto reject = [&](const Status& s) { return Decline(ack, task, s); };
   if (task.has_split() || task.has_secagg() || task.has_dp() || task.evaluate_only() ||
       !task.base_digest().empty() || task.model().personal_size() > 0) {
     return reject(absl::FailedPreconditionError(
@@ -593,12 +599,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
                                 const NextMessage& next, bool* crashed) {
   v1::TaskAck a;
   a.set_task_id(task.task_id());
-  auto reject = [&](const Status& s) {
-    a.set_accepted(false);
-    a.set_error(std::string(s.message()));
-    ack(a);
-    return s;
-  };
+  auto reject = [&](const Status& s) { return Decline(ack, task, s); };
   if (opts.aggregate) return HandleEdgeTask(stub, w, task, ack);
   auto spec = Spec(stub, w, task.model());
   if (!spec.ok()) return reject(spec.status());

@@ -10,9 +10,12 @@
 
 #include "core/config.h"
 #include "core/parameter_set.h"
-#include "cleave/v1/cleave.pb.h"
 #include "core/status.h"
 #include "data/dataset.h"
+
+namespace cleave::v1 {
+class Task;  // cleave.pb.h, kept out of this header
+}  // namespace cleave::v1
 
 namespace grpc {
 class Channel;

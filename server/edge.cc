@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "cleave/v1/cleave.pb.h"
 
 namespace cleave {
 

@@ -10,11 +10,14 @@
 #include <memory>
 #include <mutex>
 
-#include "cleave/v1/cleave.pb.h"
 #include "client/client.h"
 #include "core/config.h"
 #include "core/status.h"
 #include "server/server.h"
+
+namespace cleave::v1 {
+class TrainConfig;  // cleave.pb.h, kept out of this header
+}  // namespace cleave::v1
 
 namespace cleave {
 
