@@ -1,5 +1,6 @@
 #include "aggregation/staleness.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace cleave {
@@ -11,6 +12,26 @@ double StalenessFactor(const SchedulerConfig& c, int64_t s) {
     return s <= c.staleness_hinge ? 1.0 : 1.0 / (1.0 + a * static_cast<double>(s - c.staleness_hinge));
   }
   return std::pow(1.0 + static_cast<double>(s), -a);
+}
+
+void ClientSpeed::Observe(int64_t steps, double train_s, double wall_s) {
+  if (steps <= 0 || !(train_s >= 0) || !std::isfinite(train_s) || !(wall_s >= 0)) return;
+  const double step = train_s / static_cast<double>(steps);
+  const double overhead = std::max(0.0, wall_s - train_s);
+  const bool first = step_s <= 0;
+  step_s = first ? step : (step_s + step) / 2;
+  overhead_s = first ? overhead : (overhead_s + overhead) / 2;
+}
+
+int64_t SizedSteps(int64_t base_steps, int64_t min_steps, int target, double version_interval_s,
+                   const ClientSpeed& speed) {
+  if (target <= 0 || speed.step_s <= 0 || version_interval_s <= 0) return base_steps;
+  const double budget = target * version_interval_s - speed.overhead_s;
+  const double steps = std::floor(budget / speed.step_s);
+  const int64_t lo = std::min(min_steps, base_steps);
+  if (!(steps >= static_cast<double>(lo))) return lo;  // also NaN
+  if (steps >= static_cast<double>(base_steps)) return base_steps;
+  return static_cast<int64_t>(steps);
 }
 
 }  // namespace cleave

@@ -52,9 +52,11 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
       {"model.gpt", {"vocab", "context", "layers", "heads", "dim", "tie"}},
       {"data", {"test", "test_limit"}},
       {"clients", {"min", "per_round", "fraction", "quorum", "round_deadline_s", "join_timeout_s",
-                   "selection", "oort_epsilon", "oort_alpha"}},
+                   "selection", "oort_epsilon", "oort_alpha", "oort_pacer_rounds",
+                   "oort_max_picks"}},
       {"scheduler", {"mode", "buffer_size", "concurrency", "max_staleness", "staleness",
-                     "staleness_exponent", "staleness_hinge"}},
+                     "staleness_exponent", "staleness_hinge", "target_staleness",
+                     "min_local_steps"}},
       {"train", {"local_epochs", "local_steps", "batch_size", "loss", "loss_path", "optimizer",
                  "lr", "momentum", "nesterov", "weight_decay", "clip_norm", "label_smoothing",
                  "schedule", "warmup_rounds", "step_rounds", "step_gamma", "lr_min"}},
@@ -168,6 +170,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "clients", "selection", &c.clients.selection));
     RETURN_IF_ERROR(Read(s, "clients", "oort_epsilon", &c.clients.oort_epsilon));
     RETURN_IF_ERROR(Read(s, "clients", "oort_alpha", &c.clients.oort_alpha));
+    RETURN_IF_ERROR(Read(s, "clients", "oort_pacer_rounds", &c.clients.oort_pacer_rounds));
+    RETURN_IF_ERROR(Read(s, "clients", "oort_max_picks", &c.clients.oort_max_picks));
   }
   if (auto s = root["scheduler"]) {
     const std::string sec = "scheduler";
@@ -179,6 +183,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, sec, "staleness", &c.scheduler.staleness));
     RETURN_IF_ERROR(Read(s, sec, "staleness_exponent", &c.scheduler.staleness_exponent));
     RETURN_IF_ERROR(Read(s, sec, "staleness_hinge", &c.scheduler.staleness_hinge));
+    RETURN_IF_ERROR(Read(s, sec, "target_staleness", &c.scheduler.target_staleness));
+    RETURN_IF_ERROR(Read(s, sec, "min_local_steps", &c.scheduler.min_local_steps));
   }
   if (auto s = root["train"]) {
     RETURN_IF_ERROR(CheckKeys(s, "train"));
@@ -445,6 +451,10 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
           "dp.adaptive: adaptive clipping needs the clients' norms; use dp.noise: central");
     }
   }
+  if (c.scheduler.target_staleness > 0 && !c.scheduler.async()) {
+    return absl::InvalidArgumentError(
+        "scheduler.target_staleness sizes asynchronous tasks; it needs scheduler.mode: async");
+  }
   if (c.scheduler.async()) {
     // Each refusal names what async lacks for the combination to be sound.
     if (c.split.enabled()) {
@@ -542,6 +552,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.clients.oort_epsilon >= 0 && c.clients.oort_epsilon <= 1,
                         "clients.oort_epsilon", "in [0, 1]"));
   RETURN_IF_ERROR(Range(c.clients.oort_alpha >= 0, "clients.oort_alpha", ">= 0"));
+  RETURN_IF_ERROR(Range(c.clients.oort_pacer_rounds >= 0, "clients.oort_pacer_rounds", ">= 0"));
+  RETURN_IF_ERROR(Range(c.clients.oort_max_picks >= 0, "clients.oort_max_picks", ">= 0"));
   RETURN_IF_ERROR(Range(c.scheduler.mode == "sync" || c.scheduler.async(), "scheduler.mode",
                         "sync or async"));
   RETURN_IF_ERROR(Range(c.scheduler.buffer_size >= 1, "scheduler.buffer_size", ">= 1"));
@@ -554,6 +566,12 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.scheduler.staleness_exponent >= 0, "scheduler.staleness_exponent",
                         ">= 0"));
   RETURN_IF_ERROR(Range(c.scheduler.staleness_hinge >= 0, "scheduler.staleness_hinge", ">= 0"));
+  RETURN_IF_ERROR(Range(c.scheduler.target_staleness >= 0 &&
+                            c.scheduler.target_staleness <= c.scheduler.max_staleness,
+                        "scheduler.target_staleness",
+                        absl::StrCat("in [0, scheduler.max_staleness=", c.scheduler.max_staleness,
+                                     "] (0 = off)")));
+  RETURN_IF_ERROR(Range(c.scheduler.min_local_steps >= 1, "scheduler.min_local_steps", ">= 1"));
   RETURN_IF_ERROR(Range(c.train.local_epochs >= 1, "train.local_epochs", ">= 1"));
   RETURN_IF_ERROR(Range(c.train.batch_size >= 1, "train.batch_size", ">= 1"));
   RETURN_IF_ERROR(Range(c.train.lr > 0, "train.lr", "> 0"));

@@ -76,6 +76,8 @@ struct ClientsConfig {
   std::string selection = "uniform";  // clients.selection: uniform | oort (server/selection.h)
   double oort_epsilon = 0.2;     // clients.oort_epsilon: the least share that explores
   double oort_alpha = 2;         // clients.oort_alpha: the penalty exponent of slow clients
+  int oort_pacer_rounds = 5;     // clients.oort_pacer_rounds: the pacer's window W; 0 = off
+  int oort_max_picks = 0;        // clients.oort_max_picks: picks before a client rests; 0 = off
 };
 
 // How rounds are scheduled: synchronous rounds (sync), or buffered asynchronous
@@ -89,6 +91,11 @@ struct SchedulerConfig {
   std::string staleness = "polynomial";     // scheduler.staleness: constant | polynomial | hinge
   double staleness_exponent = 0.5;          // scheduler.staleness_exponent: polynomial a, hinge a
   int staleness_hinge = 4;                  // scheduler.staleness_hinge: hinge b
+  // Staleness control: each task's local steps are sized from its client's measured speed
+  // and the rate versions are applied, so that its update arrives about target_staleness
+  // versions after the one it trains from; 0 = off (every task gets train's work).
+  int target_staleness = 0;                 // scheduler.target_staleness
+  int64_t min_local_steps = 1;              // scheduler.min_local_steps: the fewest a task gets
   bool async() const { return mode == "async"; }
 };
 

@@ -110,6 +110,12 @@ int main(int argc, char** argv) {
   ck.bytes_up = 1000;
   ck.wall_s = 2.5;
   Seed("checkpoint_fuzz", "checkpoint", EncodeCheckpoint(ck));
+  OortState oort;  // with the selection state of clients.selection: oort
+  oort.utility = {12.5, 9.0};
+  oort.records["a"] = {40.0, 1.5, 3};
+  oort.picks = {{"a", 2}, {"b", 1}};
+  ck.oort = oort;
+  Seed("checkpoint_fuzz", "checkpoint-oort", EncodeCheckpoint(ck));
 
   for (const auto& e : fs::directory_iterator(source / "deploy" / "examples")) {
     if (e.path().extension() == ".yaml") {

@@ -1,6 +1,7 @@
 #include "server/checkpoint.h"
 
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,24 @@ std::string EncodeCheckpoint(const Checkpoint& ck) {
   p.set_bytes_up(ck.bytes_up);
   p.set_bytes_down(ck.bytes_down);
   p.set_wall_s(ck.wall_s);
+  if (ck.oort) {
+    v1::OortState* o = p.mutable_oort();
+    o->set_epsilon(ck.oort->epsilon);
+    o->set_percentile(ck.oort->percentile);
+    for (double u : ck.oort->utility) o->add_utility(u);
+    std::map<std::string, v1::OortState::Client> clients;
+    for (const auto& [name, r] : ck.oort->records) {
+      auto& c = clients[name];
+      c.set_utility(r.utility);
+      c.set_duration_s(r.duration_s);
+      c.set_last_round(r.last_round);
+    }
+    for (const auto& [name, n] : ck.oort->picks) clients[name].set_picks(n);
+    for (auto& [name, c] : clients) {
+      c.set_name(name);
+      *o->add_clients() = std::move(c);
+    }
+  }
   return p.SerializeAsString();
 }
 
@@ -47,6 +66,30 @@ StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes) {
   ck.bytes_up = p.bytes_up();
   ck.bytes_down = p.bytes_down();
   ck.wall_s = p.wall_s();
+  if (p.has_oort()) {
+    const v1::OortState& o = p.oort();
+    auto bad = [](double x) { return !std::isfinite(x) || x < 0; };
+    if (bad(o.epsilon()) || o.epsilon() > 1 || bad(o.percentile()) || o.percentile() > 1) {
+      return absl::DataLossError("selection state: epsilon or percentile outside [0, 1]");
+    }
+    OortState s;
+    s.epsilon = o.epsilon();
+    s.percentile = o.percentile();
+    for (double u : o.utility()) {
+      if (!std::isfinite(u)) return absl::DataLossError("selection state: non-finite utility");
+      s.utility.push_back(u);
+    }
+    for (const auto& c : o.clients()) {
+      if (!std::isfinite(c.utility()) || bad(c.duration_s()) || c.last_round() < 0 ||
+          c.last_round() > p.round() || c.picks() < 0) {
+        return absl::DataLossError("selection state: a client's record is out of range");
+      }
+      if (s.picks.count(c.name())) return absl::DataLossError("selection state: a client twice");
+      s.picks[c.name()] = c.picks();
+      if (c.last_round() > 0) s.records[c.name()] = {c.utility(), c.duration_s(), c.last_round()};
+    }
+    ck.oort = std::move(s);
+  }
   return ck;
 }
 

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 
 #include "core/parameter_set.h"
 #include "core/status.h"
+#include "server/selection.h"
 
 namespace cleave {
 
@@ -21,12 +23,14 @@ struct Checkpoint {
   std::mt19937_64 rng;          // client sampling
   int64_t bytes_up = 0, bytes_down = 0;
   double wall_s = 0;            // wall time of the run so far
+  std::optional<OortState> oort;  // clients.selection: oort
 };
 
 std::string EncodeCheckpoint(const Checkpoint& ck);
 
 // DATA_LOSS (or the ParameterSet decoder's error) unless `bytes` is a complete
-// checkpoint whose model is finite, whose counters are >= 0 and whose RNG state reads.
+// checkpoint whose model is finite, whose counters are >= 0, whose RNG state reads and
+// whose selection state (if any) is finite, non-negative and within its ranges.
 // Messages do not name the file: the caller adds its path.
 StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes);
 

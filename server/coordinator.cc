@@ -123,6 +123,8 @@ std::string MetricsJson(const RoundMetrics& m) {
     }
     j["staleness_mean"] = m.participants ? sum / m.participants : 0.0;
     j["staleness_max"] = most;
+    j["local_steps"] = {{"mean", m.local_steps_mean}, {"min", m.local_steps_min},
+                        {"max", m.local_steps_max}};
   }
   for (const auto& [k, v] : m.strategy_stats) j[k] = v;
   return j.dump();
@@ -744,6 +746,7 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     if (async()) {
       const int64_t staleness = current_round_ - t->second.round;
       if (staleness > cfg_.scheduler.max_staleness) {
+        ObserveSpeedLocked(t->second, h);  // so that its next task is sized to arrive in time
         FailTaskLocked(h.task_id(), t->second, "too stale");
         cv_.SignalAll();
         return absl::FailedPreconditionError(absl::StrCat(
@@ -830,6 +833,13 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   return absl::OkStatus();
 }
 
+void Coordinator::ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h) {
+  auto s = sessions_.find(t.client_id);
+  if (s == sessions_.end()) return;
+  const double wall_s = std::chrono::duration<double>(clock_->Now() - t.sent).count();
+  s->second.speed.Observe(t.steps, h.train_seconds(), wall_s);
+}
+
 void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t weight,
                                size_t payload_size, const ParameterSet& layout) {
   if (h.codec() != "fp32") {
@@ -843,6 +853,7 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   if (h.evaluation().examples() > 0) clients_evaluate_ = true;
   t.train_seconds = h.train_seconds();
   t.done_at = clock_->Now();
+  if (async()) ObserveSpeedLocked(t, h);
   if (t.evaluate_only) {
     spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
                  current_round_, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
@@ -875,7 +886,9 @@ StatusOr<std::shared_ptr<const std::string>> Coordinator::FindBlob(const v1::Fet
 Status Coordinator::Init() {
   MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
   if (cfg_.clients.selection == "oort") {  // JobConfig refuses it with split.mode and DP
-    oort_ = std::make_unique<OortSelector>(cfg_.clients.oort_epsilon, cfg_.clients.oort_alpha);
+    oort_ = std::make_unique<OortSelector>(cfg_.clients.oort_epsilon, cfg_.clients.oort_alpha,
+                                           cfg_.clients.oort_pacer_rounds,
+                                           cfg_.clients.oort_max_picks);
   }
   ModelSpec spec = ModelSpecOf(cfg_);
   if (cfg_.model.name == "torchscript") {
@@ -1231,7 +1244,25 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   rec.round = round;
   if (async()) {  // a client may get several tasks while one version is built
     task->set_task_id(absl::StrCat("r", round, "-", cid, "-", ++task_seq_));
-    rec.deadline = clock_->Now() + Seconds(cfg_.clients.round_deadline_s);
+    rec.sent = clock_->Now();
+    rec.deadline = rec.sent + Seconds(cfg_.clients.round_deadline_s);
+    // Staleness control: as many steps as the client can do while about
+    // target_staleness versions are applied. A client not measured yet is taken to be
+    // as slow as the slowest one measured (train's work while none is).
+    const Session& s = sessions_[cid];
+    const int64_t n = std::max<int64_t>(1, s.num_examples);
+    const int64_t base = fit.local_steps > 0 ? fit.local_steps
+                                             : int64_t{fit.local_epochs} * ((n + fit.batch_size - 1) / fit.batch_size);
+    ClientSpeed speed = s.speed;
+    if (speed.step_s <= 0 && cfg_.scheduler.target_staleness > 0) {
+      for (const auto& [id, other] : sessions_) {
+        speed.step_s = std::max(speed.step_s, other.speed.step_s);
+        speed.overhead_s = std::max(speed.overhead_s, other.speed.overhead_s);
+      }
+    }
+    rec.steps = SizedSteps(base, cfg_.scheduler.min_local_steps, cfg_.scheduler.target_staleness,
+                           version_interval_s_, speed);
+    if (rec.steps != base) tc->set_local_steps(rec.steps);
   }
   if (evaluating_) {
     task->set_task_id(absl::StrCat("e", round, "-", cid));
@@ -1534,6 +1565,7 @@ StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
                                t.stats.transfer_s(), t.stats.server_compute_s());
     }
   }
+  if (oort_ && !evaluate_only) oort_->EndRound();
   m.client_eval = SummariseEvaluations(evaluated);
   if (split_mode_) {
     m.split = true;
@@ -1797,6 +1829,9 @@ StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
   for (const auto& [id, t] : tasks_) {
     if (t.resolved_in != round) continue;
     if (t.state == TaskState::kDone) {
+      m.local_steps_min = m.participants ? std::min(m.local_steps_min, t.steps) : t.steps;
+      m.local_steps_max = std::max(m.local_steps_max, t.steps);
+      m.local_steps_mean += static_cast<double>(t.steps);
       ++m.participants;
       ++m.staleness[t.staleness];
       loss_sum += t.train_loss * t.num_examples;
@@ -1806,6 +1841,7 @@ StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
     }
   }
   m.train_loss = weight ? loss_sum / weight : 0;
+  if (m.participants) m.local_steps_mean /= m.participants;
   m.examples = weight;
   m.bytes_up = bytes_up_;
   m.bytes_down = bytes_down_;
@@ -1821,6 +1857,12 @@ StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
     return s;
   }
   m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
+  // The buffer opened when the version before was applied: wall_s is the interval.
+  // Their mean over the last 10 versions (single buffers' vary several-fold).
+  recent_intervals_.push_back(m.wall_s);
+  if (recent_intervals_.size() > 10) recent_intervals_.pop_front();
+  version_interval_s_ = 0;
+  for (double s : recent_intervals_) version_interval_s_ += s / recent_intervals_.size();
   if (round < cfg_.run.rounds) {
     // The next buffer opens before this version is evaluated and checkpointed. If the
     // strategy ends the run first (a privacy budget), none opens and the next
@@ -2087,6 +2129,7 @@ std::string Coordinator::CheckpointLocked(double elapsed_s) const {
   ck.bytes_up = total_bytes_up_;
   ck.bytes_down = total_bytes_down_;
   ck.wall_s = elapsed_s;
+  if (oort_) ck.oort = oort_->state();
   return EncodeCheckpoint(ck);
 }
 
@@ -2119,6 +2162,7 @@ Status Coordinator::LoadCheckpoint() {
   total_bytes_up_ = ck.bytes_up;
   total_bytes_down_ = ck.bytes_down;
   prior_elapsed_s_ = ck.wall_s;
+  if (oort_ && ck.oort) oort_->Restore(std::move(*ck.oort));
   spdlog::info("resuming run {} after round {}", run_id_, committed_round_);
   return TrimMetrics();
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "aggregation/staleness.h"
 #include "aggregation/strategy.h"
 #include "aggregation/weighting.h"
 #include "cleave/v1/cleave.pb.h"
@@ -108,6 +109,9 @@ struct TaskRecord {
   v1::ClientEvaluation evaluation;
   double train_seconds = 0;
   Clock::time_point done_at;  // when its upload was accepted
+  // async: when it was sent, and the local steps it was given (staleness control).
+  Clock::time_point sent;
+  int64_t steps = 0;
   bool evaluate_only = false;  // an evaluation task: its upload is an empty parameter set
 };
 
@@ -135,6 +139,8 @@ struct Session {
   v1::Profile profile;
   CutFeedback feedback;
   CutPrediction prediction;  // of the last round's cut
+  // async: its measured speed, which sizes its tasks (scheduler.target_staleness).
+  ClientSpeed speed;
 };
 
 class Coordinator {
@@ -382,6 +388,9 @@ class Coordinator {
   // in flight. With dp, a client whose update is in the open buffer waits for the next.
   void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool async() const { return cfg_.scheduler.async(); }
+  // async: updates the client's speed from its task's report (ClientSpeed).
+  void ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status Commit(RoundMetrics* m);
   // After the last round: the final model's federated evaluation, when clients hold
   // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
@@ -526,6 +535,9 @@ class Coordinator {
   int claimed_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::string> recent_models_ ABSL_GUARDED_BY(mu_);
   int64_t task_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // async: seconds between applied versions, the mean of the last 10 (staleness control).
+  std::deque<double> recent_intervals_ ABSL_GUARDED_BY(mu_);
+  double version_interval_s_ ABSL_GUARDED_BY(mu_) = 0;
   // Tasks in TaskState::kAccumulating: the round does not close while there are any.
   int accumulating_ ABSL_GUARDED_BY(mu_) = 0;
   // Taken around Strategy::Accumulate, which uploads call without mu_ while a round is

@@ -7,14 +7,29 @@ namespace cleave {
 
 void OortSelector::Observe(const std::string& name, int64_t round, double utility,
                            double duration_s) {
-  ClientRecord& r = records_[name];
+  ClientRecord& r = state_.records[name];
   r.utility = utility;
   r.duration_s = duration_s;
   r.last_round = round;
+  round_utility_ += utility;
+}
+
+void OortSelector::EndRound() {
+  if (pacer_rounds_ <= 0) return;
+  std::vector<double>& u = state_.utility;
+  u.push_back(round_utility_);
+  round_utility_ = 0;
+  const size_t w = static_cast<size_t>(pacer_rounds_);
+  if (u.size() < 2 * w) return;
+  double before = 0, last = 0;
+  for (size_t i = 0; i < w; ++i) before += u[i];
+  for (size_t i = w; i < 2 * w; ++i) last += u[i];
+  if (last < before) state_.percentile = std::min(1.0, state_.percentile + 0.1);
+  u.erase(u.begin(), u.begin() + w);  // the next step compares the next W rounds
 }
 
 void OortSelector::MissedDeadline(const std::string& name, int64_t round, double deadline_s) {
-  ClientRecord& r = records_[name];
+  ClientRecord& r = state_.records[name];
   r.duration_s = std::max(r.duration_s, deadline_s);
   r.last_round = round;
 }
@@ -22,33 +37,42 @@ void OortSelector::MissedDeadline(const std::string& name, int64_t round, double
 std::vector<std::string> OortSelector::Select(const std::vector<std::string>& available, int k,
                                               int64_t round, std::mt19937_64& rng) {
   k = std::min<int>(k, available.size());
-  std::vector<std::string> explored, unexplored;
+  auto& records = state_.records;
+  std::vector<std::string> explored, unexplored, over_picked;
   std::vector<double> durations;
   for (const auto& name : available) {
-    auto it = records_.find(name);
-    if (it == records_.end()) {
+    auto it = records.find(name);
+    if (it == records.end()) {
       unexplored.push_back(name);
     } else {
-      explored.push_back(name);
+      auto p = state_.picks.find(name);
+      const bool over = max_picks_ > 0 && p != state_.picks.end() && p->second >= max_picks_;
+      (over ? over_picked : explored).push_back(name);
       durations.push_back(it->second.duration_s);
     }
   }
-  double preferred = 0;  // T: the median known duration
+  double preferred = 0;  // T: the pacer's percentile of the known durations
   if (!durations.empty()) {
-    std::nth_element(durations.begin(), durations.begin() + durations.size() / 2, durations.end());
-    preferred = durations[durations.size() / 2];
+    const size_t i = std::min(durations.size() - 1,
+                              static_cast<size_t>(state_.percentile * durations.size()));
+    std::nth_element(durations.begin(), durations.begin() + i, durations.end());
+    preferred = durations[i];
   }
-  int explore = std::min<int>(unexplored.size(), static_cast<int>(std::round(epsilon_ * k)));
+  int explore = std::min<int>(unexplored.size(), static_cast<int>(std::round(state_.epsilon * k)));
+  // The over-picked only where the others do not fill the round.
+  if (static_cast<int>(explored.size()) < k - explore) {
+    explored.insert(explored.end(), over_picked.begin(), over_picked.end());
+  }
   int exploit = std::min<int>(explored.size(), k - explore);
   explore = std::min<int>(unexplored.size(), k - exploit);  // fill from the other side
-  epsilon_ = std::max(min_epsilon_, epsilon_ * 0.98);
+  state_.epsilon = std::max(min_epsilon_, state_.epsilon * 0.98);
 
   std::vector<std::string> out;
   // Exploit: utility with staleness bonus and system penalty; the candidates within 95 %
   // of the k-th best, drawn in proportion to utility without replacement.
   std::vector<std::pair<double, std::string>> scored;
   for (const auto& name : explored) {
-    const ClientRecord& r = records_[name];
+    const ClientRecord& r = records.at(name);
     const double since = std::max<int64_t>(1, round - r.last_round);
     double u = r.utility + std::sqrt(0.1 * std::log(std::max<int64_t>(2, round)) / since);
     if (preferred > 0 && r.duration_s > preferred) u *= std::pow(preferred / r.duration_s, alpha_);
@@ -80,6 +104,7 @@ std::vector<std::string> OortSelector::Select(const std::vector<std::string>& av
   std::shuffle(unexplored.begin(), unexplored.end(), rng);
   out.insert(out.end(), unexplored.begin(), unexplored.begin() + explore);
   std::sort(out.begin(), out.end());
+  for (const auto& name : out) ++state_.picks[name];
   return out;
 }
 

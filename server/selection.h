@@ -4,8 +4,14 @@
 // Participant Selection", OSDI 2021), simplified:
 //  - a client's statistical utility is its examples x its last training loss, plus a
 //    staleness bonus sqrt(0.1 ln(round) / rounds since it last took part);
-//  - a client slower than the preferred duration T (the median of the known durations)
-//    has it scaled by (T / duration)^alpha;
+//  - a client slower than the preferred duration T (a percentile of the known
+//    durations, the median at first) has it scaled by (T / duration)^alpha;
+//  - the pacer (clients.oort_pacer_rounds = W): every W rounds, when the utility the
+//    last W rounds' participants reported is below that of the W before, T moves up
+//    by a tenth (the 60th percentile, then the 70th, ... the slowest): the slow clients
+//    come back once the fast ones' updates stop teaching much;
+//  - a client picked clients.oort_max_picks times is left out of exploitation while
+//    enough others are not (Oort's blacklist against over-picking a few);
 //  - a share epsilon of the round (decaying from 0.9 by 0.98 a round, down to
 //    clients.oort_epsilon) explores clients never tried, uniformly; the rest exploits:
 //    sampled in proportion to utility among those within 95 % of the k-th best.
@@ -26,9 +32,20 @@ struct ClientRecord {
   int64_t last_round = 0;  // the last round it took part in
 };
 
+// What a selector learnt, for the checkpoint (server/checkpoint.h): resuming a run
+// resumes its selection.
+struct OortState {
+  double epsilon = 0.9;
+  double percentile = 0.5;      // of the known durations: the preferred duration T
+  std::vector<double> utility;  // the pacer's window: reported utility per round
+  std::map<std::string, ClientRecord> records;  // clients that reported
+  std::map<std::string, int64_t> picks;         // rounds each client was picked for
+};
+
 class OortSelector {
  public:
-  OortSelector(double min_epsilon, double alpha) : min_epsilon_(min_epsilon), alpha_(alpha) {}
+  OortSelector(double min_epsilon, double alpha, int pacer_rounds = 0, int max_picks = 0)
+      : min_epsilon_(min_epsilon), alpha_(alpha), pacer_rounds_(pacer_rounds), max_picks_(max_picks) {}
 
   // Picks `k` of `available` (client names) for `round`.
   std::vector<std::string> Select(const std::vector<std::string>& available, int k, int64_t round,
@@ -36,14 +53,20 @@ class OortSelector {
   // What the round's participants reported: a client that finished or missed the round.
   void Observe(const std::string& name, int64_t round, double utility, double duration_s);
   void MissedDeadline(const std::string& name, int64_t round, double deadline_s);
+  // After a round's reports: the pacer's step.
+  void EndRound();
 
-  const std::map<std::string, ClientRecord>& records() const { return records_; }
-  double epsilon() const { return epsilon_; }
+  const std::map<std::string, ClientRecord>& records() const { return state_.records; }
+  double epsilon() const { return state_.epsilon; }
+  double percentile() const { return state_.percentile; }
+  const OortState& state() const { return state_; }
+  void Restore(OortState s) { state_ = std::move(s); }
 
  private:
   double min_epsilon_, alpha_;
-  double epsilon_ = 0.9;
-  std::map<std::string, ClientRecord> records_;
+  int pacer_rounds_, max_picks_;
+  OortState state_;
+  double round_utility_ = 0;  // reported in the round being observed
 };
 
 }  // namespace cleave

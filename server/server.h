@@ -115,6 +115,10 @@ struct RoundMetrics {
   // by staleness (versions applied since the one each trained from) and count.
   bool async = false;
   std::map<int64_t, int> staleness;
+  // ... and the local steps those updates were given (scheduler.target_staleness sizes
+  // them per client), their mean, min and max.
+  double local_steps_mean = 0;
+  int64_t local_steps_min = 0, local_steps_max = 0;
   int64_t examples = 0;  // the accepted updates' weights, summed
 };
 

@@ -85,6 +85,10 @@ void RoundPrinter::Drain() {
     if (j.contains("staleness_max")) {  // an async buffer
       std::cout << absl::StrFormat("  staleness mean %.2f max %d", j.value("staleness_mean", 0.0),
                                    j.value("staleness_max", 0));
+      const auto& steps = j.value("local_steps", nlohmann::json::object());
+      if (steps.value("min", 0) != steps.value("max", 0)) {  // sized per client
+        std::cout << absl::StrFormat("  steps %d-%d", steps.value("min", 0), steps.value("max", 0));
+      }
     }
     if (j.contains("epsilon")) {
       std::cout << absl::StrFormat("  eps %.3f", j.value("epsilon", 0.0));

@@ -81,6 +81,10 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("scheduler: {mode: async, buffer_size: 0}", "scheduler.buffer_size");
   expect_error("scheduler: {mode: async, max_staleness: -1}", "scheduler.max_staleness");
   expect_error("scheduler: {mode: async, staleness: linear}", "scheduler.staleness");
+  expect_error("scheduler: {mode: async, max_staleness: 3, target_staleness: 4}",
+               "scheduler.target_staleness must be in [0, scheduler.max_staleness=3]");
+  expect_error("scheduler: {target_staleness: 2}", "it needs scheduler.mode: async");
+  expect_error("scheduler: {mode: async, min_local_steps: 0}", "scheduler.min_local_steps");
   expect_error("scheduler: {mode: async, window: 3}", "scheduler.window");
   expect_error("scheduler: {mode: async}\nsplit: {mode: sl}", "split.mode runs synchronous");
   expect_error("scheduler: {mode: async}\nsecure_aggregation: {}", "an async buffer has no");

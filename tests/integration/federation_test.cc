@@ -12,6 +12,7 @@
 #include "client/client.h"
 #include "core/files.h"
 #include "models/model.h"
+#include "server/checkpoint.h"
 #include "server/server.h"
 #include "tests/integration/federation.h"
 #include "tests/server/test_peer.h"
@@ -258,6 +259,44 @@ TEST(FederationTest, PersonalLayersSurviveRestartsInTheStateDirectory) {
   EXPECT_GT(k4.client_eval.accuracy, 0.9);
   EXPECT_GT(k4.client_eval.accuracy, l4.client_eval.accuracy + 0.15)
       << "restored " << k4.client_eval.accuracy << ", lost " << l4.client_eval.accuracy;
+}
+
+// clients.selection: oort keeps what it learnt in the checkpoint, and a resumed run
+// goes on from it: the picks of the first run's rounds are counted in the second's.
+TEST(FederationTest, OortSelectionResumesFromTheCheckpoint) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("cleave_oort_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  auto run = [&](int rounds) -> StatusOr<Checkpoint> {
+    Federation f;
+    f.Start(std::string(kBase) + "model: {name: mlp}\nrun: {rounds: " + std::to_string(rounds) +
+                ", seed: 8}\nclients: {min: 4, per_round: 2, quorum: 1.0, selection: oort}\n",
+            Options(4, 800), dir.string());
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+    ASSIGN_OR_RETURN(std::string bytes, ReadFile((dir / "checkpoint.pb").string()));
+    return DecodeCheckpoint(bytes);
+  };
+  auto picks = [](const OortState& s) {
+    int64_t n = 0;
+    for (const auto& [name, k] : s.picks) n += k;
+    return n;
+  };
+  auto first = run(2);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->oort);
+  EXPECT_EQ(picks(*first->oort), 4) << "two rounds of two";
+  EXPECT_FALSE(first->oort->records.empty());
+  for (const auto& [name, r] : first->oort->records) {
+    EXPECT_GE(r.last_round, 1) << name;
+    EXPECT_GT(r.utility, 0) << name << ": examples x loss";
+  }
+  auto second = run(3);
+  fs::remove_all(dir);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(second->oort);
+  EXPECT_EQ(second->round, 3);
+  EXPECT_EQ(picks(*second->oort), 6) << "resumed: round 3's two picks added to the first four";
 }
 
 // After the last round the clients that hold data out measure the final model (the
@@ -515,8 +554,9 @@ TEST(FederationTest, TheFinalEvaluationHappensOnceAcrossRestarts) {
 class ResumeTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ResumeTest, ServerResumesFromItsRunDirectory) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / "cleave_resume_test").string();
+  // One directory per instance and process: ctest runs the two instances at once.
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("cleave_resume_test_" + std::to_string(getpid()))).string();
   std::filesystem::remove_all(dir);
   const std::string yaml = std::string(kBase) +
                            "clients: {min: 2, quorum: 1.0}\nstrategy: {name: fedadam}\n" +

@@ -233,6 +233,86 @@ server: {client_timeout_s: 120, worker_threads: 2}
   EXPECT_EQ(h[1].staleness, (std::map<int64_t, int>{{0, 1}, {1, 1}}));
 }
 
+// scheduler.target_staleness: each task's local steps are sized from its client's
+// measured speed and the interval between versions (FakeClock seconds), so that a slow
+// client's update arrives about target_staleness versions late instead of many; a fast
+// client keeps train's work, an unmeasured one is sized as the slowest, and each
+// version's metrics say what steps its updates had.
+TEST_F(AsyncTest, TargetStalenessSizesEachClientsStepsFromItsSpeed) {
+  auto clock = std::make_shared<FakeClock>();
+  ServerOptions o;
+  o.clock = clock;
+  o.config = TestConfig(R"(
+run: {rounds: 4}
+model: {name: mlp}
+clients: {min: 2, round_deadline_s: 600}
+train: {local_steps: 32}
+scheduler: {mode: async, buffer_size: 1, max_staleness: 4, target_staleness: 1,
+            min_local_steps: 2}
+server: {client_timeout_s: 100000}
+)");
+  StartServerWith(std::move(o));
+  const ParameterSet g0 = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 300);
+  ASSERT_TRUE(a.Join("a"));
+  ASSERT_TRUE(b.Join("b"));
+  auto upload = [&](TestPeer& p, const v1::Task& t, double train_s) {
+    v1::UploadHeader h = p.Header(t, 100);
+    h.set_train_seconds(train_s);
+    return UploadPayload(p.stub(), h, Delta(g0, 0.01f).Encode());
+  };
+  // Unmeasured, both get train's 32 steps (t = 0).
+  auto ta1 = a.NextTask(), tb1 = b.NextTask();
+  ASSERT_TRUE(ta1 && tb1);
+  EXPECT_EQ(ta1->train().local_steps(), 32);
+  EXPECT_EQ(tb1->train().local_steps(), 32);
+
+  // t = 2: a's update (1 s of training: 1/32 s a step, 1 s besides) makes version 1,
+  // 2 s after the buffer opened. Versions' interval: the mean of the last 10.
+  clock->AdvanceSeconds(2);
+  ASSERT_TRUE(upload(a, *ta1, 1.0).ok());
+  ASSERT_TRUE(WaitForVersion(1));
+  auto ta2 = a.NextTask();  // 1 version x 2 s - 1 s = 1 s: all 32 of its steps fit
+  ASSERT_TRUE(ta2);
+  EXPECT_EQ(ta2->train().local_steps(), 32);
+
+  // t = 10: b's update (8 s of training: 1/4 s a step, 2 s besides) makes version 2,
+  // one version stale. Versions now come every (2 + 8) / 2 = 5 s: b's next task gets
+  // (5 - 2) / (1/4) = 12 steps.
+  clock->AdvanceSeconds(8);
+  ASSERT_TRUE(upload(b, *tb1, 8.0).ok());
+  ASSERT_TRUE(WaitForVersion(2));
+  auto tb3 = b.NextTask();
+  ASSERT_TRUE(tb3);
+  EXPECT_EQ(tb3->round(), 3);
+  EXPECT_EQ(tb3->train().local_steps(), 12);
+  // A client not measured yet is taken to be as slow as the slowest measured: c joins
+  // now and gets b's 12 steps, not 32 (its update is never needed).
+  TestPeer c(address_, 100);
+  ASSERT_TRUE(c.Join("c"));
+  auto tc3 = c.NextTask();
+  ASSERT_TRUE(tc3);
+  EXPECT_EQ(tc3->train().local_steps(), 12);
+
+  // t = 13: b's 12 steps take 3 s and its update is fresh; then a's, two versions late.
+  clock->AdvanceSeconds(3);
+  ASSERT_TRUE(upload(b, *tb3, 3.0).ok());
+  ASSERT_TRUE(WaitForVersion(3));
+  ASSERT_TRUE(upload(a, *ta2, 1.0).ok());
+  ASSERT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  auto h = server_->History();
+  ASSERT_EQ(h.size(), 4u);
+  const std::vector<int64_t> steps = {32, 32, 12, 32}, staleness = {0, 1, 0, 2};
+  for (size_t i = 0; i < h.size(); ++i) {
+    EXPECT_EQ(h[i].local_steps_min, steps[i]) << i;
+    EXPECT_EQ(h[i].local_steps_max, steps[i]) << i;
+    EXPECT_DOUBLE_EQ(h[i].local_steps_mean, steps[i]) << i;
+    EXPECT_EQ(h[i].staleness, (std::map<int64_t, int>{{staleness[i], 1}})) << i;
+  }
+}
+
 // With dp, a client's update is in a buffer at most once (the accounting's premise): a
 // client whose update is in the open buffer gets its next task only once it is applied.
 // Without dp it gets one at once, for the same buffer. Returns the round of a's second
