@@ -53,8 +53,9 @@ std::vector<std::string> OortSelector::Select(const std::vector<std::string>& av
   }
   double preferred = 0;  // T: the pacer's percentile of the known durations
   if (!durations.empty()) {
+    // (+1e-9: the pacer's sums of tenths, 0.7999..., still name the 80th percentile)
     const size_t i = std::min(durations.size() - 1,
-                              static_cast<size_t>(state_.percentile * durations.size()));
+                              static_cast<size_t>(state_.percentile * durations.size() + 1e-9));
     std::nth_element(durations.begin(), durations.begin() + i, durations.end());
     preferred = durations[i];
   }
