@@ -77,8 +77,6 @@ v1::DeviceProfile LocalDevice() {
   return d;
 }
 
-// Batch order: the round's seed mixed with this client's name (stable across runs,
-// unlike the id the server assigns in join order), so a seeded run repeats itself.
 // Tells the server `task` was not taken, with the reason, and returns `why`.
 Status Decline(const std::function<void(const v1::TaskAck&)>& ack, const v1::Task& task,
                const Status& why) {
@@ -90,6 +88,8 @@ Status Decline(const std::function<void(const v1::TaskAck&)>& ack, const v1::Tas
   return why;
 }
 
+// Batch order: the round's seed mixed with this client's name (stable across runs,
+// unlike the id the server assigns in join order), so a seeded run repeats itself.
 uint64_t BatchSeed(const v1::Task& task, const v1::Welcome& w, const std::string& name) {
   return task.train().seed() ^ std::hash<std::string>{}(name.empty() ? w.client_id() : name);
 }
@@ -164,6 +164,10 @@ struct Client::Impl {
   // `next` reads the task's later control messages (secure aggregation).
   // Replaces the honest `delta` (trained from `global` with `o`) by the attack's update.
   Status Attack(const ParameterSet& global, const LocalTrainOptions& o, ParameterSet* delta);
+  // What Join declares, and an edge claims at most: declared_examples, else train.size.
+  int64_t DeclaredExamples() const {
+    return opts.declared_examples > 0 ? opts.declared_examples : opts.train.size;
+  }
   // The task's model: its blob fetched and decoded (with the task's broadcast codec).
   StatusOr<ParameterSet> FetchModel(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                     const v1::Task& task);
@@ -292,7 +296,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   join->add_codecs("fp32");
   join->add_codecs("secagg");
   for (const auto& family : SupportedCodecFamilies()) join->add_codecs(family);
-  join->set_num_examples(opts.declared_examples > 0 ? opts.declared_examples : opts.train.size);
+  join->set_num_examples(DeclaredExamples());
   join->set_protocol_version(1);
 
   End end = End::kRetry;
@@ -574,7 +578,7 @@ Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welco
   ack(a);
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(ClientOptions::Aggregate r, opts.aggregate(task, *global));
-  const int64_t cap = opts.declared_examples > 0 ? opts.declared_examples : opts.train.size;
+  const int64_t cap = DeclaredExamples();
   if (r.examples > cap) {
     // More clients joined below since this edge joined upstream: its Join count bounds
     // what it may claim.
@@ -597,10 +601,10 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
                                 const v1::Task& task,
                                 const std::function<void(const v1::TaskAck&)>& ack,
                                 const NextMessage& next, bool* crashed) {
+  if (opts.aggregate) return HandleEdgeTask(stub, w, task, ack);
   v1::TaskAck a;
   a.set_task_id(task.task_id());
   auto reject = [&](const Status& s) { return Decline(ack, task, s); };
-  if (opts.aggregate) return HandleEdgeTask(stub, w, task, ack);
   auto spec = Spec(stub, w, task.model());
   if (!spec.ok()) return reject(spec.status());
   const std::string loss = task.train().loss().empty() ? "cross_entropy" : task.train().loss();

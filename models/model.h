@@ -74,6 +74,13 @@ struct LocalTrainOptions {
   const std::atomic<bool>* cancel = nullptr;
 };
 
+// The batches one local training task takes: local_steps when > 0, else `epochs` passes
+// over `examples` in batches of batch_size (the last one partial).
+inline int64_t TaskSteps(int64_t local_steps, int epochs, int64_t examples, int batch_size) {
+  return local_steps > 0 ? local_steps
+                         : int64_t{epochs} * ((examples + batch_size - 1) / batch_size);
+}
+
 struct TrainStats {
   double loss = 0;           // mean loss over the last epoch
   int64_t examples = 0;      // examples per epoch

@@ -837,7 +837,10 @@ void Coordinator::ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader
   auto s = sessions_.find(t.client_id);
   if (s == sessions_.end()) return;
   const double wall_s = std::chrono::duration<double>(clock_->Now() - t.sent).count();
-  s->second.speed.Observe(t.steps, h.train_seconds(), wall_s);
+  ClientSpeed& speed = s->second.speed;
+  speed.Observe(t.steps, h.train_seconds(), wall_s);
+  slowest_.step_s = std::max(slowest_.step_s, speed.step_s);
+  slowest_.overhead_s = std::max(slowest_.overhead_s, speed.overhead_s);
 }
 
 void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t weight,
@@ -1250,18 +1253,12 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
     // target_staleness versions are applied. A client not measured yet is taken to be
     // as slow as the slowest one measured (train's work while none is).
     const Session& s = sessions_[cid];
-    const int64_t n = std::max<int64_t>(1, s.num_examples);
-    const int64_t base = fit.local_steps > 0 ? fit.local_steps
-                                             : int64_t{fit.local_epochs} * ((n + fit.batch_size - 1) / fit.batch_size);
-    ClientSpeed speed = s.speed;
-    if (speed.step_s <= 0 && cfg_.scheduler.target_staleness > 0) {
-      for (const auto& [id, other] : sessions_) {
-        speed.step_s = std::max(speed.step_s, other.speed.step_s);
-        speed.overhead_s = std::max(speed.overhead_s, other.speed.overhead_s);
-      }
-    }
+    const int64_t base = TaskSteps(fit.local_steps, fit.local_epochs,
+                                   std::max<int64_t>(1, s.num_examples), fit.batch_size);
+    double interval_s = 0;  // the mean of the last buffers'
+    for (double b : recent_intervals_) interval_s += b / recent_intervals_.size();
     rec.steps = SizedSteps(base, cfg_.scheduler.min_local_steps, cfg_.scheduler.target_staleness,
-                           version_interval_s_, speed);
+                           interval_s, s.speed.step_s > 0 ? s.speed : slowest_);
     if (rec.steps != base) tc->set_local_steps(rec.steps);
   }
   if (evaluating_) {
@@ -1858,11 +1855,9 @@ StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
   }
   m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
   // The buffer opened when the version before was applied: wall_s is the interval.
-  // Their mean over the last 10 versions (single buffers' vary several-fold).
+  // Staleness control uses the mean of the last 10 (single buffers' vary several-fold).
   recent_intervals_.push_back(m.wall_s);
   if (recent_intervals_.size() > 10) recent_intervals_.pop_front();
-  version_interval_s_ = 0;
-  for (double s : recent_intervals_) version_interval_s_ += s / recent_intervals_.size();
   if (round < cfg_.run.rounds) {
     // The next buffer opens before this version is evaluated and checkpointed. If the
     // strategy ends the run first (a privacy budget), none opens and the next

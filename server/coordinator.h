@@ -535,9 +535,11 @@ class Coordinator {
   int claimed_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::string> recent_models_ ABSL_GUARDED_BY(mu_);
   int64_t task_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  // async: seconds between applied versions, the mean of the last 10 (staleness control).
+  // async staleness control: the last 10 buffers' seconds between applied versions, and
+  // the slowest speed measured (each of its terms the largest any client's reached),
+  // which sizes a client's tasks until it is measured itself.
   std::deque<double> recent_intervals_ ABSL_GUARDED_BY(mu_);
-  double version_interval_s_ ABSL_GUARDED_BY(mu_) = 0;
+  ClientSpeed slowest_ ABSL_GUARDED_BY(mu_);
   // Tasks in TaskState::kAccumulating: the round does not close while there are any.
   int accumulating_ ABSL_GUARDED_BY(mu_) = 0;
   // Taken around Strategy::Accumulate, which uploads call without mu_ while a round is
