@@ -1160,9 +1160,17 @@ std::vector<std::string> Coordinator::AvailableLocked() const {
   for (const auto& [id, s] : sessions_) {
     if (s.ready && (s.has_profile || !NeedProfile())) ids.push_back(id);
   }
-  // Sort numerically (c2 before c10) so sampling is reproducible and readable.
-  std::sort(ids.begin(), ids.end(), [](const std::string& a, const std::string& b) {
+  // Sampling draws from this order, so it must not depend on the order clients joined
+  // in (which decides their ids): by name, which a client chooses (sim-2 before sim-10),
+  // then by id (c2 before c10) among clients of one name. A seeded run then samples the
+  // same clients however their connections raced.
+  const auto numeric = [](const std::string& a, const std::string& b) {
     return a.size() != b.size() ? a.size() < b.size() : a < b;
+  };
+  std::sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
+    const std::string& na = sessions_.at(a).name;
+    const std::string& nb = sessions_.at(b).name;
+    return na != nb ? numeric(na, nb) : numeric(a, b);
   });
   return ids;
 }
