@@ -1156,22 +1156,23 @@ int Coordinator::ConnectedLocked() const {
 }
 
 std::vector<std::string> Coordinator::AvailableLocked() const {
-  std::vector<std::string> ids;
-  for (const auto& [id, s] : sessions_) {
-    if (s.ready && (s.has_profile || !NeedProfile())) ids.push_back(id);
-  }
   // Sampling draws from this order, so it must not depend on the order clients joined
   // in (which decides their ids): by name, which a client chooses (sim-2 before sim-10),
   // then by id (c2 before c10) among clients of one name. A seeded run then samples the
   // same clients however their connections raced.
+  std::vector<std::pair<std::string, std::string>> named;  // (name, id)
+  for (const auto& [id, s] : sessions_) {
+    if (s.ready && (s.has_profile || !NeedProfile())) named.emplace_back(s.name, id);
+  }
   const auto numeric = [](const std::string& a, const std::string& b) {
     return a.size() != b.size() ? a.size() < b.size() : a < b;
   };
-  std::sort(ids.begin(), ids.end(), [&](const std::string& a, const std::string& b) {
-    const std::string& na = sessions_.at(a).name;
-    const std::string& nb = sessions_.at(b).name;
-    return na != nb ? numeric(na, nb) : numeric(a, b);
+  std::sort(named.begin(), named.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? numeric(a.first, b.first) : numeric(a.second, b.second);
   });
+  std::vector<std::string> ids;
+  ids.reserve(named.size());
+  for (auto& [name, id] : named) ids.push_back(std::move(id));
   return ids;
 }
 
