@@ -13,14 +13,25 @@
 #include "models/optimizer_step.h"
 #include "models/torch_stages.h"
 
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+// The sanitizer runtime's count of bytes its allocator holds for the program
+// (sanitizer/allocator_interface.h, which GCC does not install).
+extern "C" size_t __sanitizer_get_current_allocated_bytes();
+#endif
+
 namespace cleave {
 namespace {
 
 // Bytes allocated from glibc's heap, every arena and mmapped chunks included (LibTorch's
-// CPU allocator takes its tensors from it, uncached).
+// CPU allocator takes its tensors from it, uncached). A sanitizer replaces glibc's
+// allocator (mallinfo2 then reads 0): its own count is asked instead.
 size_t HeapInUse() {
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  return __sanitizer_get_current_allocated_bytes();
+#else
   const struct mallinfo2 m = mallinfo2();
   return m.uordblks + m.hblkhd;
+#endif
 }
 
 torch::Tensor ToTensor(const Activations& a) {

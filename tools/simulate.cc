@@ -154,7 +154,10 @@ int RunSimulate(const SimulateOptions& o) {
     }
     c.task_slots = task_slots;
     c.heartbeats = heartbeats;
-    virtuals.push_back(Virtual{std::move(c), trace});
+    Virtual v;
+    v.options = std::move(c);
+    v.trace = trace;
+    virtuals.push_back(std::move(v));
   }
   all = Dataset();  // each client holds its own part now
   int online_at_start = 0;

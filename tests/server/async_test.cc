@@ -342,7 +342,9 @@ server: {client_timeout_s: 120}
     if (dp) {
       auto h = server_->History();
       EXPECT_EQ(h.size(), 1u);
-      if (!h.empty()) EXPECT_EQ(h[0].strategy_stats.at("dp_sampling_rate"), 1.0);
+      if (!h.empty()) {
+        EXPECT_EQ(h[0].strategy_stats.at("dp_sampling_rate"), 1.0);
+      }
     }
     return second ? second->round() : -1;
   }
