@@ -38,6 +38,80 @@ void AddScaled(const std::vector<TensorView>& delta, float scale, ParameterSet* 
 }
 namespace {
 
+// Whether `sum` has the views' names and sizes (so a kept allocation can be reused).
+bool SameLayoutAs(const ParameterSet& sum, const std::vector<TensorView>& views) {
+  if (sum.size() != views.size()) return false;
+  for (size_t i = 0; i < views.size(); ++i) {
+    const Tensor& t = sum.tensors()[i];
+    if (t.name != views[i].name || static_cast<int64_t>(t.values.size()) != views[i].numel) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void PartialSums::Reset(int shards) {
+  if (static_cast<int>(shards_.size()) < shards) shards_.resize(shards);
+  for (Shard& s : shards_) {
+    s.used = false;
+    s.weight = 0;
+    s.count = 0;
+  }
+}
+
+void PartialSums::Add(int shard, const std::vector<TensorView>& delta, float scale,
+                      double weight) {
+  Shard& s = shards_.at(shard);
+  if (!s.used) {
+    if (SameLayoutAs(s.sum, delta)) {
+      for (auto& t : s.sum.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), 0.0f);
+    } else {
+      s.sum = ParameterSet();
+      for (const TensorView& v : delta) {
+        s.sum.Add(Tensor{std::string(v.name), v.shape, std::vector<float>(v.numel)}).IgnoreError();
+      }
+    }
+    s.used = true;
+  }
+  AddScaled(delta, scale, &s.sum);
+  s.weight += weight;
+  ++s.count;
+}
+
+ParameterSet* PartialSums::Merge() {
+  Shard* into = nullptr;
+  for (Shard& s : shards_) {
+    if (!s.used) continue;
+    if (into == nullptr) {
+      into = &s;
+      continue;
+    }
+    auto& out = into->sum.mutable_tensors();
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto& add = s.sum.tensors()[i].values;
+      float* o = out[i].values.data();
+      for (size_t j = 0; j < add.size(); ++j) o[j] += add[j];
+    }
+  }
+  return into ? &into->sum : nullptr;
+}
+
+double PartialSums::weight() const {
+  double w = 0;
+  for (const Shard& s : shards_) w += s.weight;
+  return w;
+}
+
+int PartialSums::count() const {
+  int n = 0;
+  for (const Shard& s : shards_) n += s.count;
+  return n;
+}
+
+namespace {
+
 enum class ServerRule { kSgd, kMomentum, kNesterov, kAdagrad, kAdam, kYogi };
 
 class FedAvgFamily : public Strategy {
@@ -89,41 +163,36 @@ class FedAvgFamily : public Strategy {
     return plan;
   }
 
-  void BeginRound(const ParameterSet& global) override {
-    if (!sum_.SameLayout(global)) {
-      sum_ = global.ZerosLike();
-    } else {
-      for (auto& t : sum_.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), 0.0f);
-    }
-    total_weight_ = 0;
-    count_ = 0;
+  void BeginRound(const ParameterSet& global, int shards) override {
+    (void)global;
+    sums_.Reset(shards);
   }
 
-  void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
-    AddScaled(delta, static_cast<float>(num_examples), &sum_);
-    total_weight_ += static_cast<double>(num_examples);
-    ++count_;
+  void Accumulate(const ClientUpdate& u, int shard) override {
+    sums_.Add(shard, u.delta, static_cast<float>(u.weight), static_cast<double>(u.weight));
   }
 
-  int accumulated() const override { return count_; }
+  int accumulated() const override { return sums_.count(); }
 
   Status FinishRound(int num_failures, ParameterSet* global) override {
-    if (count_ == 0) {
+    const double total_weight = sums_.weight();
+    const ParameterSet* sum_set = sums_.Merge();
+    if (sum_set == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("no results to aggregate (", num_failures, " failures)"));
     }
-    if (!sum_.SameLayout(*global)) {
+    if (!sum_set->SameLayout(*global)) {
       return absl::InternalError("global model changed layout during the round");
     }
     EnsureState(*global);
-    const float inv = static_cast<float>(1.0 / total_weight_);
+    const float inv = static_cast<float>(1.0 / total_weight);
     const float eta = static_cast<float>(s_.server_lr);
     const float b1 = static_cast<float>(s_.beta1), b2 = static_cast<float>(s_.beta2);
     const float tau = static_cast<float>(s_.tau), beta = static_cast<float>(s_.server_momentum);
     auto& xs = global->mutable_tensors();
     for (size_t i = 0; i < xs.size(); ++i) {
       float* x = xs[i].values.data();
-      const float* sum = sum_.tensors()[i].values.data();
+      const float* sum = sum_set->tensors()[i].values.data();
       float* m = rule_ == ServerRule::kSgd ? nullptr : m_.mutable_tensors()[i].values.data();
       float* v = HasV() ? v_.mutable_tensors()[i].values.data() : nullptr;
       const size_t n = xs[i].values.size();
@@ -161,8 +230,7 @@ class FedAvgFamily : public Strategy {
         }
       }
     }
-    count_ = 0;
-    total_weight_ = 0;
+    sums_.Reset(1);
     return absl::OkStatus();
   }
 
@@ -221,9 +289,7 @@ class FedAvgFamily : public Strategy {
   const int64_t rounds_;
   FitSettings fit_;
 
-  ParameterSet sum_;  // running sum of weight * delta for the current round
-  double total_weight_ = 0;
-  int count_ = 0;
+  PartialSums sums_;  // weight * delta of the current round's results
   ParameterSet m_;  // momentum / first moment
   ParameterSet v_;  // second moment
 };

@@ -84,52 +84,59 @@ class DpStrategy : public Strategy {
     }
   }
 
-  void BeginRound(const ParameterSet& global) override {
-    inner_->BeginRound(global);
-    sum_ = global.ZerosLike();
-    count_ = 0;
-    unclipped_ = 0;
+  void BeginRound(const ParameterSet& global, int shards) override {
+    inner_->BeginRound(global, shards);
+    sums_.Reset(shards);
+    unclipped_.assign(std::max<size_t>(unclipped_.size(), shards), 0);
+    distributed_count_.assign(std::max<size_t>(distributed_count_.size(), shards), 0);
   }
 
-  void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
+  void Accumulate(const ClientUpdate& u, int shard) override {
     if (c_.noise == "distributed") {
       // The unmasked mean of clipped, noised updates; its weight is how many clients it
       // sums (the server's secure aggregation says so).
-      count_ += static_cast<int>(num_examples);
-      inner_->Accumulate(delta, num_examples);
+      distributed_count_[shard] += static_cast<int>(u.weight);
+      inner_->Accumulate(u, shard);
       return;
     }
-    ++count_;
-    const double norm = Norm(delta);
-    if (norm <= clip_) ++unclipped_;
-    AddScaled(delta, static_cast<float>(ClipFactor(norm, clip_)), &sum_);
+    const double norm = Norm(u.delta);
+    if (norm <= clip_) ++unclipped_[shard];
+    sums_.Add(shard, u.delta, static_cast<float>(ClipFactor(norm, clip_)), 1);
   }
 
-  int accumulated() const override { return count_; }
+  int accumulated() const override {
+    int n = sums_.count();
+    for (int c : distributed_count_) n += c;
+    return n;
+  }
 
   Status FinishRound(int num_failures, ParameterSet* global) override {
-    if (count_ == 0) return inner_->FinishRound(num_failures, global);
+    const int count = accumulated();
+    if (count == 0) return inner_->FinishRound(num_failures, global);
+    int unclipped = 0;
+    for (int u : unclipped_) unclipped += u;
     double z_update = c_.noise_multiplier;
     const double sigma_b =
-        c_.clip_count_stddev > 0 ? c_.clip_count_stddev : std::max(count_ / 20.0, c_.noise_multiplier);
+        c_.clip_count_stddev > 0 ? c_.clip_count_stddev : std::max(count / 20.0, c_.noise_multiplier);
     if (c_.adaptive) {
       ASSIGN_OR_RETURN(z_update, UpdateNoiseMultiplier(c_.noise_multiplier, sigma_b));
     }
     if (c_.noise == "central") {
-      noise_std_ = z_update * clip_ / count_;
+      noise_std_ = z_update * clip_ / count;
       std::normal_distribution<double> noise(0, noise_std_);
-      for (auto& t : sum_.mutable_tensors()) {
-        for (float& v : t.values) v = static_cast<float>(v / count_ + noise(rng_));
+      ParameterSet& mean = *sums_.Merge();
+      for (auto& t : mean.mutable_tensors()) {
+        for (float& v : t.values) v = static_cast<float>(v / count + noise(rng_));
       }
-      inner_->Accumulate(ViewsOf(sum_), count_);
+      inner_->Accumulate(ClientUpdate::Unnamed(ViewsOf(mean), count), 0);
     } else {
-      noise_std_ = z_update * clip_ / count_;  // the sum of the clients' shares, averaged
+      noise_std_ = z_update * clip_ / count;  // the sum of the clients' shares, averaged
     }
     RETURN_IF_ERROR(inner_->FinishRound(num_failures, global));
     used_clip_ = clip_;
     if (c_.adaptive) {
       std::normal_distribution<double> count_noise(0, sigma_b);
-      unclipped_fraction_ = (unclipped_ + count_noise(rng_)) / count_;
+      unclipped_fraction_ = (unclipped + count_noise(rng_)) / count;
       clip_ *= std::exp(-c_.clip_lr * (unclipped_fraction_ - c_.target_quantile));
     }
     ASSIGN_OR_RETURN(rdp_, RdpAfter(q_));
@@ -192,8 +199,9 @@ class DpStrategy : public Strategy {
   std::mt19937_64 rng_;
   std::vector<double> orders_, rdp_;
   double q_ = 1;
-  ParameterSet sum_;
-  int count_ = 0, unclipped_ = 0;
+  PartialSums sums_;  // clipped updates (central noise)
+  // Per shard: updates within the clip norm; distributed noise: clients summed.
+  std::vector<int> unclipped_, distributed_count_;
   double used_clip_ = 0, noise_std_ = 0, unclipped_fraction_ = 0;
   dp::Epsilon epsilon_;
 };
@@ -211,30 +219,40 @@ class RobustStrategy : public Strategy {
   }
   RoundPlan ConfigureBuffer(int64_t version) override { return inner_->ConfigureBuffer(version); }
 
-  void BeginRound(const ParameterSet& global) override {
-    inner_->BeginRound(global);
+  void BeginRound(const ParameterSet& global, int shards) override {
+    inner_->BeginRound(global, shards);
     layout_ = global.ZerosLike();
-    updates_.clear();
-    weights_.clear();
+    shards_.assign(shards, Shard{});
   }
 
-  void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
+  void Accumulate(const ClientUpdate& u, int shard) override {
     std::vector<float> flat;
-    for (const auto& v : delta) {
+    for (const auto& v : u.delta) {
       const size_t at = flat.size();
       flat.resize(at + v.numel);
       v.Read(0, v.numel, flat.data() + at);
     }
-    updates_.push_back(std::move(flat));
-    weights_.push_back(static_cast<double>(num_examples));
+    shards_[shard].updates.push_back(std::move(flat));
+    shards_[shard].weights.push_back(static_cast<double>(u.weight));
   }
 
-  int accumulated() const override { return static_cast<int>(updates_.size()); }
+  int accumulated() const override {
+    size_t n = 0;
+    for (const Shard& s : shards_) n += s.updates.size();
+    return static_cast<int>(n);
+  }
 
   Status FinishRound(int num_failures, ParameterSet* global) override {
-    if (updates_.empty()) return inner_->FinishRound(num_failures, global);
+    if (accumulated() == 0) return inner_->FinishRound(num_failures, global);
+    robust::Updates updates;
+    std::vector<double> weights;
+    for (Shard& s : shards_) {
+      for (auto& u : s.updates) updates.push_back(std::move(u));
+      weights.insert(weights.end(), s.weights.begin(), s.weights.end());
+    }
+    shards_.clear();
     ASSIGN_OR_RETURN(std::vector<float> agg,
-                     robust::Aggregate(c_.rule, updates_, weights_, c_.f, c_.m, c_.max_norm,
+                     robust::Aggregate(c_.rule, updates, weights, c_.f, c_.m, c_.max_norm,
                                        reference_));
     reference_.clear();
     size_t at = 0;
@@ -242,8 +260,7 @@ class RobustStrategy : public Strategy {
       std::copy(agg.begin() + at, agg.begin() + at + t.values.size(), t.values.begin());
       at += t.values.size();
     }
-    updates_.clear();
-    inner_->Accumulate(ViewsOf(layout_), 1);
+    inner_->Accumulate(ClientUpdate::Unnamed(ViewsOf(layout_), 1), 0);
     return inner_->FinishRound(num_failures, global);
   }
 
@@ -262,8 +279,12 @@ class RobustStrategy : public Strategy {
   std::unique_ptr<Strategy> inner_;
   AggregationConfig c_;
   ParameterSet layout_;
-  robust::Updates updates_;
-  std::vector<double> weights_;
+  // Each shard's updates (flattened) and weights: the rules need every update at once.
+  struct Shard {
+    robust::Updates updates;
+    std::vector<double> weights;
+  };
+  std::vector<Shard> shards_;
   std::vector<float> reference_;  // fltrust: the server's update this round, flattened
 };
 
@@ -285,26 +306,24 @@ class EstimateStrategy : public Strategy {
   }
   RoundPlan ConfigureBuffer(int64_t version) override { return inner_->ConfigureBuffer(version); }
 
-  void BeginRound(const ParameterSet& global) override {
-    inner_->BeginRound(global);
-    sum_ = global.ZerosLike();
+  void BeginRound(const ParameterSet& global, int shards) override {
+    inner_->BeginRound(global, shards);
     if (estimate_.size() == 0) estimate_ = global.ZerosLike();
-    weight_ = 0;
-    count_ = 0;
+    sums_.Reset(shards);
   }
 
-  void Accumulate(const std::vector<TensorView>& delta, int64_t num_examples) override {
-    AddScaled(delta, static_cast<float>(num_examples), &sum_);
-    weight_ += num_examples;
-    ++count_;
+  void Accumulate(const ClientUpdate& u, int shard) override {
+    sums_.Add(shard, u.delta, static_cast<float>(u.weight), static_cast<double>(u.weight));
   }
 
-  int accumulated() const override { return count_; }
+  int accumulated() const override { return sums_.count(); }
 
   Status FinishRound(int num_failures, ParameterSet* global) override {
-    if (count_ == 0) return inner_->FinishRound(num_failures, global);
+    const double weight = sums_.weight();
+    const ParameterSet* sum = sums_.Merge();
+    if (sum == nullptr) return inner_->FinishRound(num_failures, global);
     auto& est = estimate_.mutable_tensors();
-    const auto& model = sum_.tensors();
+    const auto& model = sum->tensors();
     bool same = est.size() == model.size();
     for (size_t i = 0; same && i < est.size(); ++i) {
       same = est[i].name == model[i].name && est[i].values.size() == model[i].values.size();
@@ -314,12 +333,12 @@ class EstimateStrategy : public Strategy {
           "the EF21 estimate (from the checkpoint) does not match the model's tensors");
     }
     for (size_t i = 0; i < est.size(); ++i) {
-      const auto& add = sum_.tensors()[i].values;
+      const auto& add = sum->tensors()[i].values;
       for (size_t j = 0; j < add.size(); ++j) {
-        est[i].values[j] += static_cast<float>(add[j] / weight_);
+        est[i].values[j] += static_cast<float>(add[j] / weight);
       }
     }
-    inner_->Accumulate(ViewsOf(estimate_), 1);
+    inner_->Accumulate(ClientUpdate::Unnamed(ViewsOf(estimate_), 1), 0);
     return inner_->FinishRound(num_failures, global);
   }
 
@@ -343,9 +362,7 @@ class EstimateStrategy : public Strategy {
  private:
   std::unique_ptr<Strategy> inner_;
   ParameterSet estimate_;  // H, empty until the first round
-  ParameterSet sum_;       // this round's weighted sum of increments
-  double weight_ = 0;
-  int count_ = 0;
+  PartialSums sums_;       // this round's weighted sum of increments
 };
 
 }  // namespace

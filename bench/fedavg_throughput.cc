@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   const std::string bytes = delta.Encode();
   auto views = *ParseParameterSet(bytes);
   auto strategy = *CreateStrategy(JobConfig{});
-  strategy->BeginRound(global);
+  strategy->BeginRound(global, 1);
   std::string sink(bytes.size(), '\0');
 
   auto seconds = [](auto f, int n) {
@@ -50,11 +50,11 @@ int main(int argc, char** argv) {
   double t_memcpy = 1e30, t_acc = 1e30, t_full = 1e30;
   for (int r = 0; r < reps; ++r) {
     t_memcpy = std::min(t_memcpy, seconds([&] { std::memcpy(sink.data(), bytes.data(), bytes.size()); }, 1));
-    t_acc = std::min(t_acc, seconds([&] { strategy->Accumulate(views, 100); }, 1));
+    t_acc = std::min(t_acc, seconds([&] { strategy->Accumulate(ClientUpdate::Unnamed(views, 100), 0); }, 1));
     t_full = std::min(t_full, seconds([&] {
       auto v = ParseParameterSet(bytes);
       if (!CheckViews(global, *v).ok()) std::abort();
-      strategy->Accumulate(*v, 100);
+      strategy->Accumulate(ClientUpdate::Unnamed(*v, 100), 0);
     }, 1));
   }
   const double gb = bytes.size() / 1e9;

@@ -430,9 +430,12 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   }
   if (c.split.enabled()) {
     RETURN_IF_ERROR(SplitModeNames().Check(c.split.mode));
-    if (st != "fedavg") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "strategy.name: split learning averages with fedavg; ", st, " is not supported"));
+    // A split round's mean model enters the strategy as one update, so any server rule
+    // applies; FedProx's term is a client-side loss the split parts do not train with.
+    if (st == "fedprox") {
+      return absl::InvalidArgumentError(
+          "strategy.name: fedprox is not supported with split learning (its proximal term "
+          "is not applied to the parts of a cut model)");
     }
     RETURN_IF_ERROR(Range(c.train.loss == "cross_entropy", "train.loss",
                           "cross_entropy with split learning (the server computes the loss "

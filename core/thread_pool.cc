@@ -1,15 +1,26 @@
 #include "core/thread_pool.h"
 
 namespace cleave {
+namespace {
+
+// The pool the calling thread works for (null for other threads) and its index there.
+thread_local const ThreadPool* current_pool = nullptr;
+thread_local int current_index = -1;
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads, std::function<void()> on_start) {
   for (int i = 0; i < threads; ++i) {
-    workers_.emplace_back([this, on_start] {
+    workers_.emplace_back([this, on_start, i] {
+      current_pool = this;
+      current_index = i;
       if (on_start) on_start();
       Loop();
     });
   }
 }
+
+int ThreadPool::WorkerIndex() const { return current_pool == this ? current_index : -1; }
 
 ThreadPool::~ThreadPool() {
   {

@@ -20,6 +20,10 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Submit(std::function<void()> task);
+  int size() const { return static_cast<int>(workers_.size()); }
+  // The calling thread's index in [0, size()) if it is one of this pool's workers,
+  // else -1.
+  int WorkerIndex() const;
 
  private:
   void Loop();

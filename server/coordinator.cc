@@ -23,6 +23,9 @@
 #include "models/part.h"
 #include "models/safetensors.h"
 #include "proto/split_chunks.h"
+#include "server/scheduler.h"
+#include "server/secagg_driver.h"
+#include "server/split_driver.h"
 
 namespace cleave {
 
@@ -32,9 +35,6 @@ bool TokenMatches(const std::string& expected, const std::string& given) {
          CRYPTO_memcmp(expected.data(), given.data(), expected.size()) == 0;
 }
 
-namespace {
-
-// Hex of `bytes` bytes from OpenSSL's CSPRNG: session tokens must not be guessable.
 std::string RandomHex(int bytes) {
   std::vector<unsigned char> buf(bytes);
   if (RAND_bytes(buf.data(), bytes) != 1) {
@@ -50,13 +50,7 @@ std::string RandomHex(int bytes) {
   return s;
 }
 
-
-int64_t UnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
+namespace {
 
 std::string MetricsJson(const RoundMetrics& m) {
   nlohmann::json j = {{"round", m.round},
@@ -130,47 +124,6 @@ std::string MetricsJson(const RoundMetrics& m) {
   return j.dump();
 }
 
-// The round's federated evaluation from the tasks that reported one.
-RoundMetrics::ClientEvaluations SummariseEvaluations(const std::vector<const TaskRecord*>& tasks) {
-  RoundMetrics::ClientEvaluations e;
-  if (tasks.empty()) return e;
-  std::vector<double> accuracies, losses;
-  std::map<std::string, int64_t> metric_examples;  // a client may omit a metric
-  for (const TaskRecord* t : tasks) {
-    const auto& r = t->evaluation;
-    ++e.clients;
-    e.examples += r.examples();
-    e.accuracy += r.accuracy() * r.examples();
-    e.loss += r.loss() * r.examples();
-    e.seconds += r.seconds();
-    e.train_seconds += t->train_seconds;
-    accuracies.push_back(r.accuracy());
-    losses.push_back(r.loss());
-    for (const auto& [k, v] : r.metrics()) {
-      e.metrics[k] += v * r.examples();
-      metric_examples[k] += r.examples();
-    }
-  }
-  e.accuracy /= e.examples;
-  e.loss /= e.examples;
-  for (auto& [k, v] : e.metrics) v /= metric_examples[k];
-  e.seconds /= e.clients;
-  e.train_seconds /= e.clients;
-  auto spread = [](std::vector<double> v, double* min, double* median, double* max) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    *min = v.front();
-    *max = v.back();
-    *median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  };
-  spread(accuracies, &e.accuracy_min, &e.accuracy_median, &e.accuracy_max);
-  spread(losses, &e.loss_min, &e.loss_median, &e.loss_max);
-  return e;
-}
-
-// The round's local training settings as the server trains with them: FLTrust's
-// reference update and the server's parts of a cut model (clients get the same through
-// their task's TrainConfig).
 // Whether task `t` still takes an upload: OK, or OK with *duplicate when one was already
 // counted; refused when the task failed or another upload of it is being added.
 Status TaskTakesUpload(const std::string& task_id, const TaskRecord& t, bool* duplicate) {
@@ -191,6 +144,8 @@ Status TaskTakesUpload(const std::string& task_id, const TaskRecord& t, bool* du
   return absl::InternalError("unknown task state");
 }
 
+}  // namespace
+
 LocalTrainOptions ServerTraining(const FitSettings& fit, uint64_t seed) {
   LocalTrainOptions o;
   o.epochs = fit.local_epochs;
@@ -208,7 +163,12 @@ LocalTrainOptions ServerTraining(const FitSettings& fit, uint64_t seed) {
   return o;
 }
 
-}  // namespace
+int64_t Coordinator::UnixMsIn(double seconds) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+             .count() +
+         static_cast<int64_t>(seconds * 1000);
+}
 
 void Coordinator::RegisterUpload(std::shared_ptr<UploadCall> r) {
   MutexLock l(&upload_mu_);
@@ -364,7 +324,7 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
         spdlog::info("client {} ({}) is replaced by a new connection of the same certificate",
                      it->first, peer);
         FailTasksOfLocked(it->first, "replaced by a new connection");
-        if (secagg_) secagg_->Drop(it->first);
+        driver_->ClientLeftLocked(it->first);
         replaced = std::move(it->second.link);
         sessions_.erase(it);
         cv_.SignalAll();
@@ -386,7 +346,7 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
     if (NeedProfile()) {
       *welcome->mutable_model() = model_desc_;
       welcome->set_profile_batch_size(cfg_.train.batch_size);
-      welcome->set_probe_digest(probe_digest_);
+      welcome->set_probe_digest(split_->probe_digest());
       welcome->set_probe_size(kProbeBytes);
     }
     spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
@@ -430,7 +390,7 @@ void Coordinator::ControlDone(const std::string& client_id, const ClientLink* li
   if (it == sessions_.end() || it->second.link.get() != link) return;
   spdlog::info("client {} disconnected", it->first);
   FailTasksOfLocked(it->first, "disconnected");
-  if (secagg_) secagg_->Drop(it->first);
+  driver_->ClientLeftLocked(it->first);
   sessions_.erase(it);
   cv_.SignalAll();
 }
@@ -447,8 +407,7 @@ void Coordinator::FailTaskLocked(const std::string& task_id, TaskRecord& t,
   t.state = TaskState::kFailed;
   t.resolved_in = current_round_;
   t.failure = why;
-  if (t.split && split_round_) split_round_->Fail(t.client_id);
-  if (secagg_) secagg_->Drop(t.client_id);
+  driver_->TaskFailedLocked(t);
 }
 
 Status Coordinator::Authenticate(const std::string& client_id, const std::string& token,
@@ -480,38 +439,17 @@ Status Coordinator::SecAggSubmit(const v1::SecAggRequest& req, const std::string
   RETURN_IF_ERROR(CheckSenderLocked("secure-aggregation message", req.client_id(),
                                     req.session_token(), peer, req.run_id(), req.round())
                       .status());
-  if (!secagg_) return absl::FailedPreconditionError("this round has no secure aggregation");
-  auto t = tasks_.find(req.task_id());
-  if (t == tasks_.end() || t->second.client_id != req.client_id()) {
-    return absl::FailedPreconditionError(absl::StrCat("task ", Printable(req.task_id()),
-                                                      " was not given to client ",
-                                                      Printable(req.client_id()), " this round"));
-  }
-  if (t->second.state == TaskState::kFailed) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("task ", Printable(req.task_id()), " has failed"));
-  }
-  Status s;
-  switch (req.stage_case()) {
-    case v1::SecAggRequest::kKeys: s = secagg_->AddKeys(req.client_id(), req.keys()); break;
-    case v1::SecAggRequest::kShares: s = secagg_->AddShares(req.client_id(), req.shares()); break;
-    case v1::SecAggRequest::kReveal: s = secagg_->AddReveal(req.client_id(), req.reveal()); break;
-    default: return absl::InvalidArgumentError("a secure-aggregation message without a stage");
-  }
-  if (s.ok()) {
-    cv_.SignalAll();
-  } else {
-    spdlog::warn("round {}: secure-aggregation message from {} refused: {}", current_round_,
-                 req.client_id(), s.ToString());
-  }
-  return s;
+  if (!secagg_) return absl::FailedPreconditionError("this run has no secure aggregation");
+  secagg_->mu().AssertHeld();  // this->mu_
+  return secagg_->SubmitLocked(req);
 }
 
 Status Coordinator::SetProfile(const std::string& client_id, const v1::Profile& p) {
   if (!NeedProfile()) return absl::OkStatus();  // nothing to decide from it
-  if (p.stage_seconds_size() != num_stages_) {
+  if (p.stage_seconds_size() != split_->num_stages()) {
     return absl::InvalidArgumentError(absl::StrCat("profile has ", p.stage_seconds_size(),
-                                                   " stage times, the model ", num_stages_));
+                                                   " stage times, the model ",
+                                                   split_->num_stages()));
   }
   for (double t : p.stage_seconds()) {
     if (!std::isfinite(t) || t < 0) {
@@ -545,40 +483,16 @@ StatusOr<SplitStreamTask> Coordinator::OpenSplit(const v1::SplitOpen& open,
   RETURN_IF_ERROR(CheckSenderLocked("split stream", open.client_id(), open.session_token(), peer,
                                     open.run_id(), open.round())
                       .status());
-  auto t = tasks_.find(open.task_id());
-  if (t == tasks_.end() || t->second.client_id != open.client_id() || !t->second.split) {
-    return absl::FailedPreconditionError(absl::StrCat("no split task ", Printable(open.task_id()),
-                                                      " for client ", Printable(open.client_id())));
-  }
-  if (t->second.state != TaskState::kAssigned) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("task ", Printable(open.task_id()), " is over"));
-  }
-  if (t->second.split_open) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("task ", Printable(open.task_id()), " already has a split stream"));
-  }
-  t->second.split_open = true;
-  SplitStreamTask task;
-  task.client_id = open.client_id();
-  task.task_id = open.task_id();
-  task.round = split_round_;
-  task.window = cfg_.split.window;
-  task.act_codec = SplitCodec(cfg_.compression.activations);
-  task.grad_codec = SplitCodec(cfg_.compression.gradients);
-  task.max_elements = cfg_.server.max_model_elements;
-  return task;
+  if (!split_) return absl::FailedPreconditionError("this run is not split learning");
+  split_->mu().AssertHeld();  // this->mu_
+  return split_->OpenLocked(open);
 }
 
 void Coordinator::SplitEnded(const SplitStreamTask& task, const Status& why) {
   MutexLock l(&mu_);
-  auto t = tasks_.find(task.task_id);
-  if (t == tasks_.end() || t->second.client_id != task.client_id || task.round != split_round_ ||
-      t->second.state != TaskState::kAssigned) {
-    return;
-  }
-  FailTaskLocked(t->first, t->second, absl::StrCat("split stream: ", why.ToString()));
-  cv_.SignalAll();
+  if (!split_) return;
+  split_->mu().AssertHeld();  // this->mu_
+  split_->EndedLocked(task, why);
 }
 
 StatusOr<const Session*> Coordinator::CheckSenderLocked(const std::string& what,
@@ -592,24 +506,7 @@ StatusOr<const Session*> Coordinator::CheckSenderLocked(const std::string& what,
     return absl::FailedPreconditionError(
         absl::StrCat(what, " for run ", Printable(run_id), ", this is run ", run_id_));
   }
-  if (async() && current_round_ != 0) {
-    // Tasks outlive the version they were given in, up to scheduler.max_staleness.
-    if (round > current_round_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, " for model version ", round - 1, ", a future one: the newest is ",
-          current_round_ - 1));
-    }
-    if (current_round_ - round > cfg_.scheduler.max_staleness) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, " against model version ", round - 1, ", ", current_round_ - round,
-          " versions stale: scheduler.max_staleness is ", cfg_.scheduler.max_staleness));
-    }
-    return s;
-  }
-  if (current_round_ == 0 || round != current_round_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " for round ", round, ", the current round is ", current_round_));
-  }
+  RETURN_IF_ERROR(scheduler_->CheckRoundLocked(what, round));
   return s;
 }
 
@@ -715,75 +612,57 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   }
   static const ParameterSet kNothing;  // an evaluation task's upload
   // What the work outside the lock reads. The round stays open while a task is
-  // kAccumulating (RunRound waits for accumulating_ to reach 0 before it closes), so the
-  // layout (global_ or shared_layout_) and the strategy's round do not change meanwhile.
+  // kAccumulating (the schedulers wait for accumulating_ to reach 0 before they close
+  // it), so the layout (global_ or shared_layout_) and the strategy's round do not
+  // change meanwhile.
   const ParameterSet* layout = nullptr;
-  int64_t weight = 0;
-  bool split = false;
-  std::shared_ptr<const ParameterSet> part;
-  std::shared_ptr<SplitRound> split_round;
-  float staleness_factor = 1.0f;
+  float scale = 1.0f;
+  RoundDriver::AddUpload add;  // the driver's, when it adds the update itself
+  ClientUpdate update;
   {
     MutexLock l(&mu_);
-    if (async()) {
-      // A buffer being applied, or full with uploads still being added: this one goes
-      // into the next (a short wait: CPU work, not a client).
-      while (!stopping_ && current_round_ != 0 &&
-             (applying_ || claimed_ >= cfg_.scheduler.buffer_size)) {
-        cv_.Wait(&mu_);
-      }
-    }
     // Re-check under the lock: the round may have closed while we were reading.
+    const bool open = scheduler_->OpenForLocked(h.round());
     auto t = tasks_.find(h.task_id());
-    const bool open = async() ? current_round_ != 0 && h.round() <= current_round_
-                              : h.round() == current_round_;
     if (!open || t == tasks_.end() || t->second.client_id != h.client_id()) {
       return absl::FailedPreconditionError(
           absl::StrCat("round ", h.round(), " closed before the upload completed"));
     }
-    RETURN_IF_ERROR(TaskTakesUpload(h.task_id(), t->second, duplicate));
+    TaskRecord& task = t->second;
+    RETURN_IF_ERROR(TaskTakesUpload(h.task_id(), task, duplicate));
     if (*duplicate) return absl::OkStatus();
-    if (async()) {
-      const int64_t staleness = current_round_ - t->second.round;
-      if (staleness > cfg_.scheduler.max_staleness) {
-        ObserveSpeedLocked(t->second, h);  // so that its next task is sized to arrive in time
-        FailTaskLocked(h.task_id(), t->second, "too stale");
-        cv_.SignalAll();
-        return absl::FailedPreconditionError(absl::StrCat(
-            "update against model version ", t->second.round - 1, " is ", staleness,
-            " versions stale: scheduler.max_staleness is ", cfg_.scheduler.max_staleness));
-      }
-      t->second.staleness = staleness;
-      staleness_factor = static_cast<float>(StalenessFactor(cfg_.scheduler, staleness));
-      ++claimed_;
-    }
-    split = t->second.split;
-    layout = split                      ? t->second.part.get()
-             : t->second.evaluate_only ? &kNothing
-                                       : &UpdateLayout();
-    if (t->second.evaluate_only && h.evaluation().examples() == 0) {
+    if (task.evaluate_only && h.evaluation().examples() == 0) {
       return absl::InvalidArgumentError("an evaluation task's upload must carry its evaluation");
     }
-    weight = round_weights_.Weight(h.num_examples());
-    if (h.codec() == kSecAggCodec) {
-      // A masked input: checked and added into the round's sum mod M. The strategy gets
-      // the round's unmasked sum when the last stage closes.
-      RETURN_IF_ERROR(secagg_ ? secagg_->AddMasked(h.client_id(), payload)
-                              : absl::FailedPreconditionError("no secure aggregation this round"));
-      AcceptLocked(t->second, h, weight, payload.size(), *layout);
+    ASSIGN_OR_RETURN(scale, scheduler_->AdmitLocked(h.task_id(), task, h));
+    layout = task.split ? task.part.get() : task.evaluate_only ? &kNothing : &UpdateLayout();
+    const int64_t weight = round_weights_.Weight(h.num_examples());
+    Status taken;
+    if (driver_->TakeLocked(h, payload, task, &taken)) {  // a masked input, added whole
+      if (!taken.ok()) {
+        scheduler_->UnadmitLocked();
+        return taken;
+      }
+      AcceptLocked(task, h, weight, payload.size(), *layout);
       return absl::OkStatus();
     }
-    if (t->second.evaluate_only) {  // nothing to add
-      AcceptLocked(t->second, h, weight, payload.size(), *layout);
+    if (task.evaluate_only) {  // nothing to add
+      AcceptLocked(task, h, weight, payload.size(), *layout);
       return absl::OkStatus();
     }
-    part = t->second.part;
-    split_round = split_round_;
-    t->second.state = TaskState::kAccumulating;
+    add = driver_->ClaimUploadLocked(task);
+    update.client_id = h.client_id();
+    auto s = sessions_.find(h.client_id());
+    update.client_name = s != sessions_.end() ? s->second.name : h.client_id();
+    update.base_version = task.round - 1;
+    update.staleness = task.staleness;
+    update.weight = weight;
+    update.train_loss = h.train_loss();
+    task.state = TaskState::kAccumulating;
     ++accumulating_;
   }
-  // Model-sized work without the coordinator's lock: uploads are checked in parallel on
-  // the workers, and only the strategy's sum is taken one at a time (accumulate_mu_).
+  // Model-sized work without the coordinator's lock: uploads are checked and added in
+  // parallel on the workers, each into its own partial sum (shard_mu_).
   if (opts_.before_accumulate) opts_.before_accumulate();
   Status s = [&]() -> Status {
     if (h.codec() != "fp32") {
@@ -794,27 +673,15 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     // Bounded values: with bounded weights no sum of updates can overflow, so no upload
     // can make the model non-finite.
     RETURN_IF_ERROR(CheckViews(*layout, views, static_cast<float>(cfg_.server.max_update_abs)));
-    for (auto& v : views) v.scale = staleness_factor;
-    if (!split) {
-      MutexLock a(&accumulate_mu_);
-      strategy_->Accumulate(views, weight);
-      return absl::OkStatus();
-    }
-    // The client's trained part: the part it was given plus its delta (with LoRA, the
-    // adapters; the frozen tensors are as the round started).
-    ParameterSet trained = *part;
-    for (size_t i = 0; i < views.size(); ++i) {
-      auto& v = trained.mutable_tensors()[i].values;
-      std::vector<float> delta(v.size());
-      views[i].Read(0, views[i].numel, delta.data());
-      for (size_t j = 0; j < v.size(); ++j) v[j] += delta[j];
-    }
-    if (!frozen_.empty()) {
-      ASSIGN_OR_RETURN(ParameterSet whole, split_round->ClientPart(h.client_id()));
-      RETURN_IF_ERROR(Overwrite(trained, &whole));
-      trained = std::move(whole);
-    }
-    return split_round->Finish(h.client_id(), trained, weight);
+    for (auto& v : views) v.scale = scale;
+    if (add) return add(views, update.weight);
+    update.delta = std::move(views);
+    // Each worker adds into its own partial sum; threads outside the pool share the last.
+    const int w = pool_.WorkerIndex();
+    const int shard = w >= 0 ? w : shards_ - 1;
+    MutexLock a(&shard_mu_[shard]);
+    strategy_->Accumulate(update, shard);
+    return absl::OkStatus();
   }();
   MutexLock l(&mu_);
   --accumulating_;
@@ -823,24 +690,14 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   if (!s.ok()) {
     // Refused: the task is as it was, unless its client left meanwhile.
     t.state = TaskState::kAssigned;
-    if (async()) --claimed_;
+    scheduler_->UnadmitLocked();
     if (!sessions_.count(t.client_id)) FailTaskLocked(h.task_id(), t, "disconnected");
     return s;
   }
-  if (split) t.stats = h.split();
+  if (t.split) t.stats = h.split();
   t.resolved_in = current_round_;
-  AcceptLocked(t, h, weight, payload.size(), *layout);
+  AcceptLocked(t, h, update.weight, payload.size(), *layout);
   return absl::OkStatus();
-}
-
-void Coordinator::ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h) {
-  auto s = sessions_.find(t.client_id);
-  if (s == sessions_.end()) return;
-  const double wall_s = std::chrono::duration<double>(clock_->Now() - t.sent).count();
-  ClientSpeed& speed = s->second.speed;
-  speed.Observe(t.steps, h.train_seconds(), wall_s);
-  slowest_.step_s = std::max(slowest_.step_s, speed.step_s);
-  slowest_.overhead_s = std::max(slowest_.overhead_s, speed.overhead_s);
 }
 
 void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t weight,
@@ -856,7 +713,7 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   if (h.evaluation().examples() > 0) clients_evaluate_ = true;
   t.train_seconds = h.train_seconds();
   t.done_at = clock_->Now();
-  if (async()) ObserveSpeedLocked(t, h);
+  scheduler_->AcceptedLocked(t, h);
   if (t.evaluate_only) {
     spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
                  current_round_, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
@@ -888,6 +745,25 @@ StatusOr<std::shared_ptr<const std::string>> Coordinator::FindBlob(const v1::Fet
 
 Status Coordinator::Init() {
   MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
+  // How rounds run: the kind of round (its driver), and who schedules versions.
+  if (cfg_.split.enabled()) {
+    split_ = std::make_unique<SplitDriver>(*this);
+    mode_driver_ = split_.get();
+  } else if (cfg_.secure_aggregation.enabled) {
+    secagg_ = std::make_unique<SecAggDriver>(*this);
+    mode_driver_ = secagg_.get();
+  }
+  if (cfg_.split.enabled() && cfg_.split.mode == "sl") {
+    rounds_ = std::make_unique<TurnRounds>(*this, *mode_driver_);
+  } else {
+    rounds_ = std::make_unique<SyncRounds>(*this, *mode_driver_);
+  }
+  if (cfg_.scheduler.async()) {
+    async_ = std::make_unique<AsyncBuffers>(*this);
+    scheduler_ = async_.get();
+  } else {
+    scheduler_ = rounds_.get();
+  }
   if (cfg_.clients.selection == "oort") {  // JobConfig refuses it with split.mode and DP
     oort_ = std::make_unique<OortSelector>(cfg_.clients.oort_epsilon, cfg_.clients.oort_alpha,
                                            cfg_.clients.oort_pacer_rounds,
@@ -992,7 +868,7 @@ Status Coordinator::Init() {
       test_ = test_.Subset(idx);
     }
   }
-  ASSIGN_OR_RETURN(strategy_, CreateStrategy(cfg_));
+  ASSIGN_OR_RETURN(strategy_, opts_.strategy ? opts_.strategy(cfg_) : CreateStrategy(cfg_));
   if (cfg_.aggregation.rule == "fltrust") {
     auto root = LoadDataSpec(cfg_.aggregation.root_data, /*train=*/true);
     if (!root.ok()) {
@@ -1023,7 +899,10 @@ Status Coordinator::Init() {
           absl::StrCat("compression.", key, ": ", c.status().message()));
     }
   }
-  RETURN_IF_ERROR(InitSplit(spec));
+  if (split_) {
+    split_->mu().AssertHeld();  // this->mu_
+    RETURN_IF_ERROR(split_->Init(spec));
+  }
   run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
   if (!opts_.run_dir.empty()) {
     std::error_code ec;
@@ -1038,58 +917,6 @@ Status Coordinator::Init() {
     ASSIGN_OR_RETURN(run_files_, RunFiles::Open(opts_.run_dir, "metrics.jsonl", "checkpoint.pb"));
   }
   PublishModelLocked();
-  return absl::OkStatus();
-}
-
-Status Coordinator::InitSplit(const ModelSpec& spec) {
-  if (!cfg_.split.enabled()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(SplitMode mode, ParseSplitMode(cfg_.split.mode));
-  split_mode_ = mode;
-  num_stages_ = model_->num_stages();
-  tail_begin_ = mode == SplitMode::kUShaped ? num_stages_ - cfg_.split.tail : num_stages_;
-  if (tail_begin_ < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model ", cfg_.model.name, " has ", num_stages_, " stages: too few to cut",
-        mode == SplitMode::kUShaped ? absl::StrCat(" with split.tail ", cfg_.split.tail) : ""));
-  }
-  if (cfg_.split.cut >= tail_begin_) {
-    return absl::InvalidArgumentError(absl::StrCat("split.cut ", cfg_.split.cut, " is not in [1, ",
-                                                   tail_begin_ - 1, "] for model ",
-                                                   cfg_.model.name));
-  }
-  // A language model reads model.gpt.context token ids and predicts one of vocab.
-  const bool text = spec.name == "gpt";
-  const std::vector<int64_t> sample = text ? std::vector<int64_t>{spec.gpt.context} : spec.input_shape;
-  num_classes_ = text ? static_cast<int>(spec.gpt.vocab) : spec.num_classes;
-  ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg_.train.batch_size, 3));
-  stage_shapes_ = {sample};
-  for (const auto& p : server_profile_) stage_shapes_.push_back(p.out_shape);
-  // What the cost model needs from the model and this server; ProblemFor adds a client.
-  model_problem_ = ModelCutProblem(server_profile_, sample, cfg_.train, cfg_.split.window);
-  CutProblem& p = model_problem_;
-  // Tensors travel in chunks (proto/split_chunks.h): a micro-batch is bounded by the
-  // largest tensor the server takes, not by a message.
-  p.max_message_bytes = 4 * cfg_.server.max_model_elements;
-  p.tail_begin = mode == SplitMode::kUShaped ? tail_begin_ : -1;
-  auto factor = [](const std::string& spec) {  // encoded / float32 bytes
-    auto codec = MakeStatelessCodec(spec, 0);
-    return codec.ok() && *codec ? (*codec)->EncodedSize({1 << 20}) / double{4 << 20} : 1.0;
-  };
-  p.activation_bytes_factor = factor(cfg_.compression.activations);
-  p.gradient_bytes_factor = factor(cfg_.compression.gradients);
-  if (cfg_.split.cut > 0) {  // a fixed cut must let a micro-batch through one message
-    const CutPrediction r = PredictStep(p, cfg_.split.cut);
-    if (!r.fits) {
-      return absl::InvalidArgumentError(absl::StrCat("split.cut ", cfg_.split.cut, ": ", r.why_not,
-                                                     "; lower train.batch_size or cut deeper"));
-    }
-  }
-  auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
-  probe_digest_ = Sha256Hex(*probe);
-  blobs_[probe_digest_] = probe;
-  pinned_blobs_.insert(probe_digest_);
-  spdlog::info("split learning: {}, {} stages, cut {}, window {}", cfg_.split.mode, num_stages_,
-               cfg_.split.cut ? std::to_string(cfg_.split.cut) : "auto", cfg_.split.window);
   return absl::OkStatus();
 }
 
@@ -1109,7 +936,7 @@ void Coordinator::Revoke(std::set<std::string> revoked) {
       spdlog::warn("client {} ({}): certificate revoked; ending its session", it->first,
                    it->second.identity);
       FailTasksOfLocked(it->first, "certificate revoked");
-      if (secagg_) secagg_->Drop(it->first);
+      driver_->ClientLeftLocked(it->first);
       cut.push_back(std::move(it->second.link));
       it = sessions_.erase(it);
     }
@@ -1127,15 +954,13 @@ void Coordinator::PublishModelLocked() {
 }
 
 void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::string digest) {
-  // Drop the previous model version; async keeps those stale tasks may still fetch.
+  // Drop older model versions, but for those tasks may still fetch (async).
   std::set<std::string> kept = pinned_blobs_;
-  if (async()) {
-    recent_models_.push_back(digest);
-    while (static_cast<int>(recent_models_.size()) > cfg_.scheduler.max_staleness + 1) {
-      recent_models_.pop_front();
-    }
-    kept.insert(recent_models_.begin(), recent_models_.end());
+  recent_models_.push_back(digest);
+  while (static_cast<int>(recent_models_.size()) > scheduler_->VersionsKept()) {
+    recent_models_.pop_front();
   }
+  kept.insert(recent_models_.begin(), recent_models_.end());
   for (auto it = blobs_.begin(); it != blobs_.end();) {
     it = kept.count(it->first) ? std::next(it) : blobs_.erase(it);
   }
@@ -1148,6 +973,8 @@ void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::st
   model_digest_ = std::move(digest);
   blobs_[model_digest_] = std::move(blob);
 }
+
+bool Coordinator::NeedProfile() const { return split_ && split_->NeedProfile(); }
 
 int Coordinator::ConnectedLocked() const {
   int n = 0;
@@ -1254,101 +1081,27 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   TaskRecord rec;
   rec.client_id = cid;
   rec.round = round;
-  if (async()) {  // a client may get several tasks while one version is built
-    task->set_task_id(absl::StrCat("r", round, "-", cid, "-", ++task_seq_));
-    rec.sent = clock_->Now();
-    rec.deadline = rec.sent + Seconds(cfg_.clients.round_deadline_s);
-    // Staleness control: as many steps as the client can do while about
-    // target_staleness versions are applied. A client not measured yet is taken to be
-    // as slow as the slowest one measured (train's work while none is).
-    const Session& s = sessions_[cid];
-    const int64_t base = TaskSteps(fit.local_steps, fit.local_epochs,
-                                   std::max<int64_t>(1, s.num_examples), fit.batch_size);
-    double interval_s = 0;  // the mean of the last buffers'
-    for (double b : recent_intervals_) interval_s += b / recent_intervals_.size();
-    rec.steps = SizedSteps(base, cfg_.scheduler.min_local_steps, cfg_.scheduler.target_staleness,
-                           interval_s, s.speed.step_s > 0 ? s.speed : slowest_);
-    if (rec.steps != base) tc->set_local_steps(rec.steps);
-  }
+  scheduler_->ShapeTaskLocked(sessions_[cid], fit, task, &rec);
+  task->set_base_digest(base_digest_);
+  task->set_base_size(base_size_);
+  task->set_model_digest(model_digest_);
+  task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
+  if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
   if (evaluating_) {
     task->set_task_id(absl::StrCat("e", round, "-", cid));
     task->set_evaluate_only(true);
-    task->set_base_digest(base_digest_);
-    task->set_base_size(base_size_);
-    task->set_model_digest(model_digest_);
-    task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
-    if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
     rec.evaluate_only = true;
     rec.expected_size = static_cast<int64_t>(ParameterSet().EncodedSize());
     tasks_[task->task_id()] = std::move(rec);
     return msg;
   }
-  if (split_round_) {
-    // The client part, published as a blob of its own. Parts at the same cut are the
-    // same tensors, so the round builds, encodes and hashes each cut's once (in sl each
-    // turn has its own: the clients before it changed it).
-    rec.split = true;
-    rec.cut = *split_round_->CutOf(cid);
-    PartBlob turn;
-    PartBlob& pb = *split_mode_ == SplitMode::kSl ? turn : part_blobs_[rec.cut];
-    if (!pb.part) {
-      ParameterSet part = *split_round_->ClientPart(cid);
-      // LoRA: the part's adapters travel (down and up); its frozen tensors come from a
-      // base of the part's own frozen tensors (the same every round: pinned), which the
-      // client fetches once per cut.
-      if (!frozen_.empty()) {
-        auto& base = cut_bases_[rec.cut];
-        if (base.first.empty()) {
-          auto blob = std::make_shared<const std::string>(Only(part, frozen_).Encode());
-          base = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
-          blobs_[base.first] = std::move(blob);
-          pinned_blobs_.insert(base.first);
-        }
-        part = Without(part, frozen_);
-      }
-      auto blob = std::make_shared<const std::string>(ModelBlob(part));
-      pb.digest = Sha256Hex(*blob);
-      pb.size = static_cast<int64_t>(blob->size());
-      blobs_[pb.digest] = std::move(blob);
-      fp32_sizes_[pb.digest] = static_cast<int64_t>(part.EncodedSize());
-      pb.part = std::make_shared<const ParameterSet>(std::move(part));
-    }
-    rec.part = pb.part;
-    if (!frozen_.empty()) {
-      task->set_base_digest(cut_bases_[rec.cut].first);
-      task->set_base_size(cut_bases_[rec.cut].second);
-    }
-    task->set_model_digest(pb.digest);
-    task->set_model_size(pb.size);
-    rec.expected_size = static_cast<int64_t>(rec.part->EncodedSize());
-    auto* st = task->mutable_split();
-    st->set_mode(cfg_.split.mode);
-    st->set_cut(rec.cut);
-    st->set_tail_begin(tail_begin_);
-    st->set_num_stages(num_stages_);
-    st->set_window(cfg_.split.window);
-    st->set_activation_codec(SplitCodec(cfg_.compression.activations));
-    st->set_gradient_codec(SplitCodec(cfg_.compression.gradients));
-    st->set_activation_noise(cfg_.split.activation_noise);
-    st->set_nopeek(cfg_.split.nopeek);
-  } else {
-    task->set_base_digest(base_digest_);
-    task->set_base_size(base_size_);
-    task->set_model_digest(model_digest_);
-    task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
-    rec.expected_size = static_cast<int64_t>(UpdateLayout().EncodedSize());
-  }
-  if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
+  rec.expected_size = update_codec_ ? EncodedTensorsSize(*update_codec_, UpdateLayout())
+                                    : static_cast<int64_t>(UpdateLayout().EncodedSize());
   if (update_codec_) {
     rec.codec = cfg_.compression.update;
-    rec.expected_size = EncodedTensorsSize(*update_codec_, rec.split ? *rec.part : UpdateLayout());
     task->set_update_codec(rec.codec);
   }
-  if (secagg_) {
-    rec.codec = kSecAggCodec;
-    rec.expected_size = secagg_->PayloadSize();
-    *task->mutable_secagg() = secagg_->TaskMessage();
-  }
+  driver_->PrepareTaskLocked(task, &rec);  // split: the client part; SecAgg: masked inputs
   if (cfg_.dp.enabled && cfg_.dp.noise == "distributed") {
     // Each client's share of the noise: n shares sum to N(0, (z C)^2).
     task->mutable_dp()->set_clip(cfg_.dp.clip);
@@ -1359,274 +1112,7 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   return msg;
 }
 
-CutProblem Coordinator::ProblemFor(const Session& s, int clients_in_round) const {
-  CutProblem p = model_problem_;
-  p.client_stage_s.assign(s.profile.stage_seconds().begin(), s.profile.stage_seconds().end());
-  // One shared server part runs one step at a time; per-client copies share the pool.
-  p.server_load = *split_mode_ == SplitMode::kSflV1
-                      ? std::max(1.0, static_cast<double>(clients_in_round) /
-                                          cfg_.server.worker_threads)
-                      : clients_in_round;
-  p.up_bps = s.profile.uplink_bytes_per_s();
-  p.down_bps = s.profile.downlink_bytes_per_s();
-  p.rtt_s = s.profile.rtt_s();
-  p.memory_limit_bytes = s.profile.memory_limit_bytes();
-  return p;
-}
-
-StatusOr<std::vector<std::string>> Coordinator::BeginSplitRoundLocked(
-    int64_t round, const std::vector<std::string>& clients, const FitSettings& fit) {
-  part_blobs_.clear();
-  std::map<std::string, int> cuts;
-  std::vector<std::string> chosen;
-  // In sl the clients take turns, one at a time, so the server serves one at a time.
-  const int concurrent = *split_mode_ == SplitMode::kSl ? 1 : static_cast<int>(clients.size());
-  for (const auto& cid : clients) {
-    Session& s = sessions_[cid];
-    if (!s.has_profile) {  // a fixed cut needs no profile
-      cuts[cid] = cfg_.split.cut;
-      chosen.push_back(cid);
-      continue;
-    }
-    auto policy = cfg_.split.cut ? MakeFixedPolicy(cfg_.split.cut) : MakeCostModelPolicy();
-    auto choice = policy->Choose(s.feedback.Apply(ProblemFor(s, concurrent)));
-    if (!choice.ok()) {
-      spdlog::warn("round {}: client {} ({}) left out: {}", round, cid, s.name,
-                   std::string(choice.status().message()));
-      continue;
-    }
-    s.prediction = *choice;
-    cuts[cid] = choice->cut;
-    chosen.push_back(cid);
-    spdlog::info("round {}: client {} ({}) cut at {} by {}: predicted step {:.1f} ms (client "
-                 "{:.1f}, up {:.1f}, server {:.1f}, down {:.1f}), client memory {} KiB",
-                 round, cid, s.name, choice->cut, policy->name(), 1e3 * choice->step_s,
-                 1e3 * choice->client_s, 1e3 * choice->up_s, 1e3 * choice->server_s,
-                 1e3 * choice->down_s, choice->client_memory_bytes >> 10);
-  }
-  if (chosen.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no client to cut for"));
-  SplitRoundOptions o;
-  o.mode = *split_mode_;
-  o.model = model_spec_;
-  o.training = ServerTraining(fit, cfg_.run.seed);
-  o.num_stages = num_stages_;
-  o.tail_begin = tail_begin_;
-  o.max_batch = fit.batch_size;
-  o.num_classes = num_classes_;
-  o.stage_input_shapes = stage_shapes_;
-  ASSIGN_OR_RETURN(auto split_round, SplitRound::Create(std::move(o), global_, cuts));
-  split_round_ = std::move(split_round);
-  return chosen;
-}
-
-StatusOr<RoundMetrics> Coordinator::RunRound(bool evaluate_only) {
-  const int64_t round = evaluate_only ? committed_round_ : committed_round_ + 1;
-  RETURN_IF_ERROR(AwaitClientsLocked());
-
-  const auto start = clock_->Now();  // wall_s: from sampling to commit
-  RoundPlan plan;
-  if (evaluate_only) {  // every connected client; the strategy's state is left alone
-    plan.clients = AvailableLocked();
-    plan.fit.loss = cfg_.train.loss;
-  } else {
-    plan = strategy_->ConfigureRound(round, AvailableLocked(), rng_);
-    if (oort_) {  // the same number of clients, picked by utility and speed
-      std::multimap<std::string, std::string> ids;  // name -> session id
-      std::vector<std::string> names;
-      for (const auto& cid : AvailableLocked()) {
-        ids.emplace(sessions_[cid].name, cid);
-        names.push_back(sessions_[cid].name);
-      }
-      std::sort(names.begin(), names.end());
-      names.erase(std::unique(names.begin(), names.end()), names.end());
-      const int k = static_cast<int>(plan.clients.size());
-      plan.clients.clear();
-      for (const auto& name : oort_->Select(names, k, round, rng_)) {
-        plan.clients.push_back(ids.find(name)->second);
-      }
-      std::sort(plan.clients.begin(), plan.clients.end());
-    }
-  }
-  if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
-  if (edge_fit_) plan.fit = *edge_fit_;  // an edge trains as its upstream says
-  round_clients_ = std::max<int>(1, plan.clients.size());
-  {
-    std::vector<int64_t> declared;
-    for (const auto& cid : plan.clients) declared.push_back(sessions_[cid].num_examples);
-    round_weights_ = RoundWeights(cfg_.aggregation, declared);
-  }
-  if (!evaluate_only) strategy_->BeginRound(UpdateLayout());
-  evaluating_ = evaluate_only;
-  tasks_.clear();
-  turns_.clear();
-  current_round_ = round;
-  bytes_up_ = 0;
-  bytes_down_ = 0;
-  split_up_ = 0;
-  split_down_ = 0;
-  labels_up_ = 0;
-  saved_up_ = 0;
-  update_bytes_ = 0;
-  saved_down_ = 0;
-  if (split_mode_) {
-    auto clients = BeginSplitRoundLocked(round, plan.clients, plan.fit);
-    if (!clients.ok()) {
-      current_round_ = 0;
-      return clients.status();
-    }
-    plan.clients = *std::move(clients);
-  }
-  if (cfg_.secure_aggregation.enabled) {
-    if (Status s = BeginSecAggLocked(round, plan.clients); !s.ok()) {
-      current_round_ = 0;
-      return s;
-    }
-  }
-  const auto deadline = clock_->Now() + Seconds(cfg_.clients.round_deadline_s);
-  const int64_t deadline_ms = UnixMs() + static_cast<int64_t>(cfg_.clients.round_deadline_s * 1000);
-  // sl: one client at a time, each continuing from the previous one's client part.
-  const bool in_turns = split_mode_ == SplitMode::kSl;
-  std::vector<std::string> first = plan.clients;
-  if (in_turns) {
-    turns_.assign(plan.clients.begin() + 1, plan.clients.end());
-    first.resize(1);
-  }
-  SendTasksLocked(round, first, plan.fit, deadline_ms);
-  spdlog::info("round {}: {} clients selected", round, plan.clients.size());
-  phase_ = evaluate_only ? "evaluating" : "training";
-  int lost_turns = 0;  // sl: clients gone before their turn came
-  Status secagg_status = secagg_ ? RunSecAggStagesLocked(deadline) : absl::OkStatus();
-  while (!secagg_ && !stopping_ && clock_->Now() < deadline) {
-    if (RoundResolvedLocked()) {
-      if (turns_.empty()) break;
-      std::string next = turns_.front();
-      turns_.pop_front();
-      if (sessions_.count(next)) {
-        SendTasksLocked(round, {next}, plan.fit, deadline_ms);
-      } else {
-        spdlog::warn("round {}: client {} left before its turn", round, next);
-        ++lost_turns;
-      }
-      continue;
-    }
-    WaitLocked(deadline);
-    ExpireSilentLocked();
-  }
-  // Uploads past their checks are being validated and added outside the lock: they end
-  // (accepted or refused) before the round closes. CPU work, not a wait on a client.
-  while (accumulating_ > 0) cv_.Wait(&mu_);
-  evaluating_ = false;
-  if (stopping_) {
-    current_round_ = 0;
-    return absl::CancelledError("stopped");
-  }
-  // Close the round: anything still assigned is a straggler and counts as failed.
-  RoundMetrics m;
-  m.round = round;
-  m.failures = lost_turns;
-  double loss_sum = 0;
-  int64_t weight = 0;
-  for (const auto& cid : turns_) {  // sl: clients whose turn never came
-    spdlog::warn("round {}: client {} never got its turn", round, cid);
-    ++m.failures;
-  }
-  turns_.clear();
-  std::vector<const TaskRecord*> evaluated;
-  for (auto& [id, t] : tasks_) {
-    if (t.state == TaskState::kAssigned) FailTaskLocked(id, t, "missed the round's deadline");
-    if (oort_ && !t.evaluate_only && sessions_.count(t.client_id)) {
-      const std::string& name = sessions_[t.client_id].name;
-      if (t.state == TaskState::kDone) {
-        oort_->Observe(name, round, static_cast<double>(t.num_examples) * t.train_loss,
-                       std::chrono::duration<double>(t.done_at - start).count());
-      } else {
-        oort_->MissedDeadline(name, round, cfg_.clients.round_deadline_s);
-      }
-    }
-    if (t.state == TaskState::kDone) {
-      ++m.participants;
-      loss_sum += t.train_loss * t.num_examples;
-      weight += t.num_examples;
-      if (t.evaluation.examples() > 0) evaluated.push_back(&t);
-    } else {
-      ++m.failures;
-    }
-    if (!t.split) continue;
-    auto s = sessions_.find(t.client_id);
-    const std::string name = s != sessions_.end() ? s->second.name : t.client_id;
-    m.cuts[name] = t.cut;
-    if (t.state != TaskState::kDone) continue;
-    m.step_s += t.stats.wall_s();
-    m.client_compute_s += t.stats.client_compute_s();
-    m.transfer_s += t.stats.transfer_s();
-    m.server_compute_s += t.stats.server_compute_s();
-    if (s != sessions_.end() && s->second.prediction.cut == t.cut) {
-      auto& session = s->second;
-      spdlog::info("round {}: client {} at cut {}: predicted step {:.1f} ms, measured {:.1f} ms "
-                   "(client {:.1f}, transfer {:.1f}, server {:.1f})",
-                   round, name, t.cut, 1e3 * session.prediction.step_s, 1e3 * t.stats.wall_s(),
-                   1e3 * t.stats.client_compute_s(), 1e3 * t.stats.transfer_s(),
-                   1e3 * t.stats.server_compute_s());
-      session.feedback.Observe(session.prediction, t.stats.client_compute_s(),
-                               t.stats.transfer_s(), t.stats.server_compute_s());
-    }
-  }
-  if (oort_ && !evaluate_only) oort_->EndRound();
-  m.client_eval = SummariseEvaluations(evaluated);
-  if (split_mode_) {
-    m.split = true;
-    m.activation_bytes_up = split_up_;
-    m.gradient_bytes_down = split_down_;
-    m.labels_up = labels_up_;
-    if (split_round_) {
-      const SplitRound::Load load = split_round_->ServerLoad();
-      m.server_busy = load.span_s > 0 ? load.busy_s / load.span_s : 0;
-    }
-    if (m.participants > 0) {
-      m.step_s /= m.participants;
-      m.client_compute_s /= m.participants;
-      m.transfer_s /= m.participants;
-      m.server_compute_s /= m.participants;
-    }
-  }
-  current_round_ = 0;
-  std::unique_ptr<SecAggRound> secagg = std::move(secagg_);
-  mu_.Unlock();
-  CancelOpenUploads();  // late or stalled uploads of the round just closed
-  DropBuffers();        // not held while the next model is built beside the current one
-  mu_.Lock();
-  RETURN_IF_ERROR(secagg_status);  // nothing of an aborted secure aggregation is used
-  const int selected = std::max<int>(1, plan.clients.size());
-  const int quorum = std::max(1, static_cast<int>(std::ceil(cfg_.clients.quorum * selected)));
-  m.bytes_up = bytes_up_;
-  m.bytes_down = bytes_down_;
-  m.bytes_up_fp32 = m.bytes_up + saved_up_;
-  m.update_bytes = update_bytes_;
-  m.bytes_down_fp32 = m.bytes_down + saved_down_;
-  if (m.participants < quorum && !evaluate_only) {
-    return absl::AbortedError(absl::StrCat("round ", round, ": ", m.participants, " of ",
-                                           selected, " results, quorum is ", quorum));
-  }
-  if (evaluate_only) {  // clients without held-out data decline; any result counts
-    if (m.participants == 0) return absl::AbortedError("no client evaluated the model");
-    m.evaluation_only = true;
-    m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
-    return m;
-  }
-  m.train_loss = weight ? loss_sum / weight : 0;
-  m.examples = weight;
-  std::shared_ptr<SplitRound> split_round = std::move(split_round_);
-  RETURN_IF_ERROR(ApplyLocked(
-      round, split_round, [&](const ParameterSet& layout) -> Status {
-        if (secagg) RETURN_IF_ERROR(AccumulateSecAgg(*secagg, weight, layout));
-        if (root_.size > 0) RETURN_IF_ERROR(SetFlTrustReference(RunThreadGlobal(), plan.fit));
-        return absl::OkStatus();
-      }, &m));
-  m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
-  return m;
-}
-
-Status Coordinator::ApplyLocked(int64_t round, std::shared_ptr<SplitRound> split_round,
+Status Coordinator::ApplyLocked(int64_t round,
                                 const std::function<Status(const ParameterSet&)>& fold,
                                 RoundMetrics* m) {
   // The server update, encoding and hashing of a large model take a while: do them on a
@@ -1639,21 +1125,14 @@ Status Coordinator::ApplyLocked(int64_t round, std::shared_ptr<SplitRound> split
   // The strategy's state before it steps (server momentum, Adam moments, the DP
   // accountant, error-feedback memory): a round that fails after the step leaves no
   // trace in it.
-  std::optional<ParameterSet> strategy_before;
-  if (split_round) {
-    auto aggregated = split_round->Aggregate();
-    finished = aggregated.status();
-    if (aggregated.ok()) next = *std::move(aggregated);
-  } else {
-    strategy_before = strategy_->State();
-    if (fold) finished = fold(next);
-    if (finished.ok()) finished = strategy_->FinishRound(m->failures, &next);
-    if (finished.ok()) m->strategy_stats = strategy_->RoundStats();
-    if (finished.ok() && !not_updated_.empty()) {  // the shared tensors into the whole model
-      ParameterSet whole = RunThreadGlobal();
-      finished = Overwrite(next, &whole);
-      next = std::move(whole);
-    }
+  const ParameterSet strategy_before = strategy_->State();
+  if (fold) finished = fold(next);
+  if (finished.ok()) finished = strategy_->FinishRound(m->failures, &next);
+  if (finished.ok()) m->strategy_stats = strategy_->RoundStats();
+  if (finished.ok() && !not_updated_.empty()) {  // the shared tensors into the whole model
+    ParameterSet whole = RunThreadGlobal();
+    finished = Overwrite(next, &whole);
+    next = std::move(whole);
   }
   if (finished.ok()) {
     // Never commit (nor checkpoint, nor send) a model that is not finite, whatever
@@ -1663,8 +1142,8 @@ Status Coordinator::ApplyLocked(int64_t round, std::shared_ptr<SplitRound> split
                                                  finite.message(), "); not committed"));
     }
   }
-  if (!finished.ok() && strategy_before) {
-    if (Status s = strategy_->Restore(*strategy_before); !s.ok()) {
+  if (!finished.ok()) {
+    if (Status s = strategy_->Restore(strategy_before); !s.ok()) {
       finished = absl::InternalError(absl::StrCat(finished.message(),
                                                   "; the strategy's state was not restored: ",
                                                   s.message()));
@@ -1686,10 +1165,11 @@ Status Coordinator::ApplyLocked(int64_t round, std::shared_ptr<SplitRound> split
 }
 
 void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
-                                  const FitSettings& fit, int64_t deadline_ms) {
+                                  const RoundPlan& plan, int64_t deadline_ms) {
   std::vector<std::pair<std::shared_ptr<ClientLink>, v1::ServerMessage>> sends;
   for (const std::string& cid : cids) {
-    sends.emplace_back(sessions_[cid].link, MakeTaskLocked(round, cid, fit, deadline_ms));
+    sends.emplace_back(sessions_[cid].link,
+                       MakeTaskLocked(round, cid, plan.FitFor(cid), deadline_ms));
   }
   mu_.Unlock();  // never start gRPC operations under mu_
   std::vector<std::string> unsent;
@@ -1705,179 +1185,38 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
   }
 }
 
-Status Coordinator::OpenBufferLocked(int64_t version) {
-  RoundPlan plan = strategy_->ConfigureBuffer(version);
-  if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
-  buffer_fit_ = plan.fit;
-  std::vector<int64_t> declared;
-  for (const auto& cid : AvailableLocked()) declared.push_back(sessions_[cid].num_examples);
-  // The cap follows the connected clients; with none connected the last one holds.
-  if (!declared.empty()) round_weights_ = RoundWeights(cfg_.aggregation, declared);
-  strategy_->BeginRound(UpdateLayout());
-  current_round_ = version;
-  claimed_ = 0;
-  applying_ = false;
-  buffer_start_ = clock_->Now();
+void Coordinator::OpenRoundLocked(int64_t round) {
+  tasks_.clear();
+  current_round_ = round;
+  ResetRoundBytes();
+}
+
+void Coordinator::ResetRoundBytes() {
   bytes_up_ = 0;
   bytes_down_ = 0;
+  split_up_ = 0;
+  split_down_ = 0;
+  labels_up_ = 0;
   saved_up_ = 0;
   saved_down_ = 0;
   update_bytes_ = 0;
-  // Finished tasks are kept while an upload of theirs could still arrive (a retried
-  // upload is a duplicate, not an unknown task); a task given in version r is refused
-  // as too stale once r < version - max_staleness.
-  for (auto it = tasks_.begin(); it != tasks_.end();) {
-    const bool finished = it->second.state == TaskState::kDone || it->second.state == TaskState::kFailed;
-    if (finished && it->second.round < version - cfg_.scheduler.max_staleness) {
-      it = tasks_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  // Tasks that can no longer be accepted fail now, so that their clients get new work.
-  for (auto& [id, t] : tasks_) {
-    if (t.state == TaskState::kAssigned && version - t.round > cfg_.scheduler.max_staleness) {
-      FailTaskLocked(id, t, absl::StrCat("too stale: more than scheduler.max_staleness=",
-                                         cfg_.scheduler.max_staleness,
-                                         " versions were applied since it was given"));
-    }
-  }
-  cv_.SignalAll();  // uploads waiting for a buffer
-  return absl::OkStatus();
 }
 
-void Coordinator::DispatchLocked() {
-  const int cap = cfg_.scheduler.concurrency > 0 ? cfg_.scheduler.concurrency : INT_MAX;
-  std::set<std::string> busy;  // clients with a task in flight
-  std::set<std::string> in_buffer;  // dp: clients whose update is in the open buffer
-  for (const auto& [id, t] : tasks_) {
-    if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) {
-      busy.insert(t.client_id);
-    } else if (cfg_.dp.enabled && t.state == TaskState::kDone && t.resolved_in == current_round_) {
-      in_buffer.insert(t.client_id);
-    }
-  }
-  const int free = cap - static_cast<int>(busy.size());
-  if (free <= 0) return;
-  std::vector<std::string> idle;
-  for (const auto& cid : AvailableLocked()) {
-    if (!busy.count(cid) && !in_buffer.count(cid)) idle.push_back(cid);
-  }
-  if (idle.empty()) return;
-  const int k = std::min<int>(free, idle.size());
-  for (int i = 0; i < k; ++i) {  // the first k of a seeded shuffle
-    std::uniform_int_distribution<size_t> pick(i, idle.size() - 1);
-    std::swap(idle[i], idle[pick(rng_)]);
-  }
-  idle.resize(k);
-  const int64_t deadline_ms = UnixMs() + static_cast<int64_t>(cfg_.clients.round_deadline_s * 1000);
-  SendTasksLocked(current_round_, idle, buffer_fit_, deadline_ms);
+void Coordinator::CountRoundBytesLocked(RoundMetrics* m) const {
+  m->bytes_up = bytes_up_;
+  m->bytes_down = bytes_down_;
+  m->bytes_up_fp32 = m->bytes_up + saved_up_;
+  m->bytes_down_fp32 = m->bytes_down + saved_down_;
+  m->update_bytes = update_bytes_;
 }
 
-StatusOr<RoundMetrics> Coordinator::RunBufferLocked() {
-  const int64_t round = committed_round_ + 1;
-  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return static_cast<int>(AvailableLocked().size()) >= cfg_.clients.min_clients;
-  };
-  auto in_flight = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const auto& [id, t] : tasks_) {
-      if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return true;
-    }
-    return false;
-  };
-  // The first buffer of a run (or after a failed one) waits for clients.min; later ones
-  // opened as the one before was applied.
-  if (current_round_ != round) {
-    RETURN_IF_ERROR(AwaitClientsLocked());
-    RETURN_IF_ERROR(OpenBufferLocked(round));
-  }
-  phase_ = "training (async)";
-  const int k = cfg_.scheduler.buffer_size;
-  auto short_since = clock_->Now();  // when the federation last had clients.min
-  while (!stopping_ && !(claimed_ >= k && accumulating_ == 0)) {
-    const auto now = clock_->Now();
-    auto wake = now + Seconds(cfg_.clients.round_deadline_s);
-    for (auto& [id, t] : tasks_) {
-      if (t.state != TaskState::kAssigned) continue;
-      if (now >= t.deadline) {
-        FailTaskLocked(id, t, "missed its deadline");
-      } else {
-        wake = std::min(wake, t.deadline);
-      }
-    }
-    DispatchLocked();
-    if (enough() || in_flight()) {
-      short_since = now;
-    } else if (now > short_since + Seconds(cfg_.clients.join_timeout_s)) {
-      current_round_ = 0;
-      cv_.SignalAll();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "version ", round, ": fewer than clients.min=", cfg_.clients.min_clients,
-          " clients connected for ", cfg_.clients.join_timeout_s, "s"));
-    } else {
-      wake = std::min(wake, short_since + Seconds(cfg_.clients.join_timeout_s));
-    }
-    WaitLocked(wake);
-    ExpireSilentLocked();
-  }
-  if (stopping_) {
-    current_round_ = 0;
-    cv_.SignalAll();
-    return absl::CancelledError("stopped");
-  }
-  // The buffer is full and nothing is being added: apply it. Uploads wait meanwhile.
-  applying_ = true;
-  RoundMetrics m;
-  m.round = round;
-  m.async = true;
-  double loss_sum = 0;
-  int64_t weight = 0;
-  for (const auto& [id, t] : tasks_) {
-    if (t.resolved_in != round) continue;
-    if (t.state == TaskState::kDone) {
-      m.local_steps_min = m.participants ? std::min(m.local_steps_min, t.steps) : t.steps;
-      m.local_steps_max = std::max(m.local_steps_max, t.steps);
-      m.local_steps_mean += static_cast<double>(t.steps);
-      ++m.participants;
-      ++m.staleness[t.staleness];
-      loss_sum += t.train_loss * t.num_examples;
-      weight += t.num_examples;
-    } else if (t.state == TaskState::kFailed) {
-      ++m.failures;
-    }
-  }
-  m.train_loss = weight ? loss_sum / weight : 0;
-  if (m.participants) m.local_steps_mean /= m.participants;
-  m.examples = weight;
-  m.bytes_up = bytes_up_;
-  m.bytes_down = bytes_down_;
-  m.bytes_up_fp32 = m.bytes_up + saved_up_;
-  m.bytes_down_fp32 = m.bytes_down + saved_down_;
-  m.update_bytes = update_bytes_;
-  const auto start = buffer_start_;
-  if (Status s = ApplyLocked(round, nullptr, nullptr, &m); !s.ok()) {
-    // The buffer is dropped; RunBufferLocked opens it again (Run retries).
-    current_round_ = 0;
-    applying_ = false;
-    cv_.SignalAll();
-    return s;
-  }
-  m.wall_s = std::chrono::duration<double>(clock_->Now() - start).count();
-  // The buffer opened when the version before was applied: wall_s is the interval.
-  // Staleness control uses the mean of the last 10 (single buffers' vary several-fold).
-  recent_intervals_.push_back(m.wall_s);
-  if (recent_intervals_.size() > 10) recent_intervals_.pop_front();
-  if (round < cfg_.run.rounds) {
-    // The next buffer opens before this version is evaluated and checkpointed. If the
-    // strategy ends the run first (a privacy budget), none opens and the next
-    // RunBufferLocked call says why.
-    if (!OpenBufferLocked(round + 1).ok()) current_round_ = 0;
-  } else {
-    current_round_ = 0;
-  }
-  applying_ = false;
-  cv_.SignalAll();
-  return m;
+void Coordinator::AwaitAccumulatingLocked() {
+  while (accumulating_ > 0) cv_.Wait(&mu_);
+}
+
+void Coordinator::AccumulateUnnamed(std::vector<TensorView> delta, int64_t weight) {
+  MutexLock a(&shard_mu_[0]);
+  strategy_->Accumulate(ClientUpdate::Unnamed(std::move(delta), weight), 0);
 }
 
 Status Coordinator::AwaitClientsLocked() {
@@ -1925,7 +1264,8 @@ StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const F
     PublishModelLocked();
     edge_fit_ = fit;
     edge_seed_ = seed;
-    m = RunRound();
+    rounds_->mu().AssertHeld();  // this->mu_
+    m = rounds_->NextLocked();
     edge_fit_.reset();
   }
   DropBuffers();
@@ -1941,98 +1281,6 @@ StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const F
   r.examples = m->examples;
   r.metrics = *std::move(m);
   return r;
-}
-
-Status Coordinator::BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients) {
-  const auto& c = cfg_.secure_aggregation;
-  const uint64_t levels = (uint64_t{1} << c.bits) - 1;
-  if (levels * clients.size() >= c.modulus) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "secure_aggregation.modulus ", c.modulus, " is too small for ", clients.size(),
-        " clients of 2^", c.bits, " levels each: sums would wrap"));
-  }
-  // Updates are weighted by examples, except under DP, where every clipped update counts
-  // the same (max_weight 1: every client's scale is 1).
-  int64_t max_weight = 1;
-  if (!UniformSecAggWeights()) {
-    for (const auto& cid : clients) {
-      max_weight = std::max(max_weight, round_weights_.Weight(sessions_[cid].num_examples));
-    }
-  }
-  secagg_ = std::make_unique<SecAggRound>(c, absl::StrCat(run_id_, "|round ", round), clients,
-                                          UpdateLayout().total_elements(), max_weight, rng_());
-  return absl::OkStatus();
-}
-
-Status Coordinator::RunSecAggStagesLocked(Clock::time_point training_deadline) {
-  const auto timeout = Seconds(cfg_.secure_aggregation.stage_timeout_s);
-  auto stage_deadline = clock_->Now() + timeout;
-  while (secagg_->stage() != SecAggRound::Stage::kDone) {
-    if (stopping_) return absl::CancelledError("stopped");
-    const bool training = secagg_->stage() == SecAggRound::Stage::kMasked;
-    const auto until = training ? training_deadline : stage_deadline;
-    if (!secagg_->StageComplete() && clock_->Now() < until) {
-      WaitLocked(until);
-      ExpireSilentLocked();
-      continue;
-    }
-    const char* closing = SecAggRound::StageName(secagg_->stage());
-    auto next = secagg_->CloseStage();
-    if (!next.ok()) {
-      spdlog::warn("round {}: {}", current_round_, std::string(next.status().message()));
-      return next.status();
-    }
-    spdlog::info("round {}: secure aggregation stage '{}' closed; '{}' next for {} clients",
-                 current_round_, closing, SecAggRound::StageName(secagg_->stage()), next->size());
-    phase_ = absl::StrCat("secure aggregation: ", SecAggRound::StageName(secagg_->stage()));
-    std::vector<std::pair<std::string, std::shared_ptr<ClientLink>>> to;
-    for (auto& [cid, msg] : *next) {
-      const std::string task_id = absl::StrCat("r", current_round_, "-", cid);
-      if (msg.has_secagg_neighbours()) msg.mutable_secagg_neighbours()->set_task_id(task_id);
-      if (msg.has_secagg_relay()) msg.mutable_secagg_relay()->set_task_id(task_id);
-      if (msg.has_secagg_unmask()) msg.mutable_secagg_unmask()->set_task_id(task_id);
-      auto s = sessions_.find(cid);
-      if (s == sessions_.end()) {
-        secagg_->Drop(cid);
-      } else {
-        to.emplace_back(cid, s->second.link);
-      }
-    }
-    mu_.Unlock();  // never start gRPC operations under mu_
-    std::vector<std::string> unsent;
-    for (auto& [cid, link] : to) {
-      if (!link->Send((*next)[cid])) unsent.push_back(cid);
-    }
-    mu_.Lock();
-    for (const auto& cid : unsent) {
-      if (secagg_) secagg_->Drop(cid);
-    }
-    stage_deadline = clock_->Now() + timeout;
-  }
-  return absl::OkStatus();
-}
-
-Status Coordinator::AccumulateSecAgg(const SecAggRound& round, int64_t total_examples,
-                                      const ParameterSet& layout) {
-  ASSIGN_OR_RETURN(SecAggRound::Result r, round.Finish());
-  if (total_examples <= 0) return absl::AbortedError("secure aggregation: no survivors' weight");
-  // Clients sent n_u / max_weight * x_u: the weighted mean is the sum over the survivors'
-  // total weight in the same units (or, with uniform weights, over their number).
-  const double scale = UniformSecAggWeights()
-                           ? 1.0 / r.survivors.size()
-                           : static_cast<double>(round.TaskMessage().max_weight()) / total_examples;
-  ParameterSet mean = layout;
-  size_t i = 0;
-  for (auto& t : mean.mutable_tensors()) {
-    for (float& v : t.values) v = static_cast<float>(r.sum[i++] * scale);
-  }
-  // Under distributed DP the weight is the number of clients in the sum (the DP
-  // strategy's n); otherwise their examples.
-  strategy_->Accumulate(ViewsOf(mean), UniformSecAggWeights()
-                                           ? static_cast<int64_t>(r.survivors.size())
-                                           : total_examples);
-  spdlog::info("secure aggregation: unmasked the sum of {} updates", r.survivors.size());
-  return absl::OkStatus();
 }
 
 Status Coordinator::SetFlTrustReference(const ParameterSet& global, const FitSettings& fit) {
@@ -2062,13 +1310,14 @@ void Coordinator::FinalEvaluation(double elapsed_s) {
     // Not in split rounds nor under secure aggregation: clients report no evaluation
     // there (one client's numbers would show what masking hides).
     // A run restarted after its final evaluation does not repeat it.
-    if (!cfg_.server.final_evaluation || !clients_evaluate_ || split_mode_ ||
-        cfg_.secure_aggregation.enabled || stopping_ ||
+    if (!cfg_.server.final_evaluation || !clients_evaluate_ || !mode_driver_->ClientsEvaluate() ||
+        stopping_ ||
         final_evaluated_round_ == committed_round_) {
       return;
     }
     spdlog::info("final evaluation of round {}'s model by the clients", committed_round_);
-    m = RunRound(/*evaluate_only=*/true);
+    rounds_->mu().AssertHeld();  // this->mu_
+    m = rounds_->EvaluateLocked();
   }
   if (!m.ok()) {
     spdlog::warn("final evaluation: {}", std::string(m.status().message()));
@@ -2118,17 +1367,21 @@ Status Coordinator::Commit(RoundMetrics* m) {
   return run_files_->ReplaceState(checkpoint);
 }
 
+ParameterSet Coordinator::StrategyState() const {
+  // async: uploads are added into the next buffer while a checkpoint is taken.
+  for (int i = 0; i < shards_; ++i) shard_mu_[i].Lock();
+  ParameterSet state = strategy_->State();
+  for (int i = shards_ - 1; i >= 0; --i) shard_mu_[i].Unlock();
+  return state;
+}
+
 std::string Coordinator::CheckpointLocked(double elapsed_s) const {
   Checkpoint ck;
   ck.run_id = run_id_;
   ck.round = committed_round_;
   ParameterSet scratch;
   ck.global = Published(global_, scratch);  // exact, whatever the broadcast codec
-  {
-    // async: uploads are added into the next buffer while this checkpoint is taken.
-    MutexLock a(&accumulate_mu_);
-    ck.strategy_state = strategy_->State();
-  }
+  ck.strategy_state = StrategyState();
   ck.rng = rng_;
   ck.bytes_up = total_bytes_up_;
   ck.bytes_down = total_bytes_down_;
@@ -2216,7 +1469,7 @@ Status Coordinator::Run() {
         break;
       }
       if (committed_round_ >= cfg_.run.rounds) break;
-      m = async() ? RunBufferLocked() : RunRound();
+      m = scheduler_->NextLocked();
     }
     DropBuffers();  // what late uploads of the last round returned
     if (!m.ok()) {
@@ -2295,6 +1548,16 @@ void Coordinator::Stop() {
   stopping_ = true;
   cv_.SignalAll();
 }
+
+Coordinator::Coordinator(ServerOptions o)
+    : opts_(std::move(o)),
+      cfg_(opts_.config),
+      clock_(opts_.clock ? opts_.clock : Clock::Real()),
+      rng_(cfg_.run.seed),
+      shards_(cfg_.server.worker_threads + 1),
+      shard_mu_(new Mutex[shards_]),
+      upload_slots_free_(cfg_.server.worker_threads),
+      pool_(cfg_.server.worker_threads, UseTorchThreads) {}
 
 Coordinator::~Coordinator() { Stop(); }
 

@@ -32,6 +32,7 @@
 #include "data/dataset.h"
 #include "models/model.h"
 #include "server/checkpoint.h"
+#include "server/round_driver.h"
 #include "server/secagg_round.h"
 #include "server/selection.h"
 #include "server/server.h"
@@ -39,6 +40,12 @@
 #include "split/round.h"
 
 namespace cleave {
+
+class RoundScheduler;  // server/scheduler.h
+class SyncRounds;
+class AsyncBuffers;
+class SecAggDriver;  // server/secagg_driver.h
+class SplitDriver;   // server/split_driver.h
 
 // A client's control stream as the coordinator sees it. Never called with the
 // coordinator's mutex held (a transport may run callbacks inline).
@@ -73,6 +80,14 @@ class UploadCall {
 
 // Constant-time comparison, so response timing does not leak a token byte by byte.
 bool TokenMatches(const std::string& expected, const std::string& given);
+
+// Hex of `bytes` bytes from OpenSSL's CSPRNG: tokens and run ids must not be guessable.
+std::string RandomHex(int bytes);
+
+// A round's local training settings as the server trains with them: FLTrust's
+// reference update and the server's parts of a cut model (clients get the same through
+// their task's TrainConfig).
+LocalTrainOptions ServerTraining(const FitSettings& fit, uint64_t seed);
 
 // The codec name of a masked secure-aggregation input in UploadHeader.codec.
 inline constexpr char kSecAggCodec[] = "secagg";
@@ -145,13 +160,7 @@ struct Session {
 
 class Coordinator {
  public:
-  explicit Coordinator(ServerOptions o)
-      : opts_(std::move(o)),
-        cfg_(opts_.config),
-        clock_(opts_.clock ? opts_.clock : Clock::Real()),
-        rng_(cfg_.run.seed),
-        upload_slots_free_(cfg_.server.worker_threads),
-        pool_(cfg_.server.worker_threads, UseTorchThreads) {}
+  explicit Coordinator(ServerOptions o);
 
   ~Coordinator();
   // Validates the options, loads the model, the test data and a checkpoint.
@@ -283,6 +292,13 @@ class Coordinator {
   }
 
  private:
+  // Its schedulers and drivers are parts of it: they work on its round state.
+  friend class SyncRounds;
+  friend class TurnRounds;
+  friend class AsyncBuffers;
+  friend class SecAggDriver;
+  friend class SplitDriver;
+
   static constexpr int64_t kProbeBytes = 256 << 10;
 
   int ConnectedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -303,16 +319,8 @@ class Coordinator {
   // The task message for `cid` in `round` (split: publishes its client part); records it.
   v1::ServerMessage MakeTaskLocked(int64_t round, const std::string& cid, const FitSettings& fit,
                                    int64_t deadline_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Split learning: loads the mode, profiles the server's stages, publishes the probe.
-  Status InitSplit(const ModelSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool NeedProfile() const { return split_mode_.has_value() && cfg_.split.cut == 0; }
-  CutProblem ProblemFor(const Session& s, int clients_in_round) const;
-  // Chooses each client's cut and starts the round's SplitRound. Returns the clients
-  // that can take part (a client no cut fits is left out).
-  StatusOr<std::vector<std::string>> BeginSplitRoundLocked(int64_t round,
-                                                           const std::vector<std::string>& clients,
-                                                           const FitSettings& fit)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // split.cut: auto: clients take part once they sent a Profile.
+  bool NeedProfile() const;
   // Encodes global_ and makes it the model version clients fetch.
   void PublishModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest)
@@ -334,68 +342,44 @@ class Coordinator {
   void AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t weight,
                     size_t payload_size, const ParameterSet& layout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Secure aggregation: starts the round's SecAggRound for `clients`.
-  Status BeginSecAggLocked(int64_t round, const std::vector<std::string>& clients)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drives secagg_'s stages until its unmasking closes (OK) or the round cannot go on;
-  // masked inputs are due by `training_deadline`, each other stage within
-  // secure_aggregation.stage_timeout_s. Releases mu_ while sending.
-  Status RunSecAggStagesLocked(Clock::time_point training_deadline)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unmasks the round's sum and folds it into the strategy as one update weighted by
-  // the survivors' `total_examples`.
-  Status AccumulateSecAgg(const SecAggRound& round, int64_t total_examples, const ParameterSet& layout);
   // FLTrust: trains `global` on the root data with the round's local settings (as the
   // paper does) and hands the change to the strategy. Runs on the round thread without
   // mu_ (it owns model_ then).
   Status SetFlTrustReference(const ParameterSet& global, const FitSettings& fit);
-  // Distributed DP and aggregation.weighting: equal: every masked update counts the same.
-  bool UniformSecAggWeights() const {
-    return (cfg_.dp.enabled && cfg_.dp.noise == "distributed") ||
-           cfg_.aggregation.weighting == "equal";
-  }
-  // Runs the next round to its aggregate and publishes the new model (Commit then
-  // evaluates and persists it). `evaluate_only`: instead, the connected clients measure
-  // the last committed model on their held-out data (the final evaluation); nothing is
-  // aggregated and the model stays.
-  StatusOr<RoundMetrics> RunRound(bool evaluate_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Steps the strategy (or aggregates split_round) into model `round` on a copy, without
-  // mu_, and publishes it; `fold` first hands the strategy what is not an upload (the
-  // secure-aggregation sum, FLTrust's reference). A model that is not finite is never
-  // published: ABORTED, and the strategy's state is restored.
-  Status ApplyLocked(int64_t round, std::shared_ptr<SplitRound> split_round,
+  // Steps the strategy into model `round` on a copy, without mu_, and publishes it;
+  // `fold` first hands the strategy what is not an upload (a driver's result, FLTrust's
+  // reference), given the round's model in the update layout. A model that is not
+  // finite is never published: ABORTED, and the strategy's state is restored.
+  Status ApplyLocked(int64_t round,
                      const std::function<Status(const ParameterSet& layout)>& fold,
                      RoundMetrics* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A round (or buffer) opens: no tasks yet, the byte counters at zero.
+  void OpenRoundLocked(int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ResetRoundBytes();
+  // The round's byte counts into `m`.
+  void CountRoundBytesLocked(RoundMetrics* m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until no upload is being added outside the lock (CPU work, not a client).
+  void AwaitAccumulatingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the strategy a result that is no single client's (a driver's), in shard 0.
+  void AccumulateUnnamed(std::vector<TensorView> delta, int64_t weight);
+  // The deadline clients are told: Unix milliseconds `seconds` from now.
+  static int64_t UnixMsIn(double seconds);
   // Waits for clients.min available clients: DEADLINE_EXCEEDED after
   // clients.join_timeout_s, CANCELLED when stopped.
   Status AwaitClientsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends each of `cids` its task of `round` (MakeTaskLocked); a task whose control
   // stream is closed fails. Releases mu_ while sending.
   void SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
-                       const FitSettings& fit, int64_t deadline_ms)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // scheduler.mode: async (FedBuff): builds model version committed_round_ + 1 from
-  // scheduler.buffer_size updates. Idle clients get tasks from the newest model, at most
-  // scheduler.concurrency in flight; each update is scaled by its staleness factor and
-  // added as it arrives (ProcessUpload); a full buffer is applied through the strategy
-  // and published, and the next version's buffer opens at once, so that uploads go on
-  // while Commit evaluates and checkpoints. Tasks outlive versions until their
-  // staleness passes scheduler.max_staleness.
-  StatusOr<RoundMetrics> RunBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Opens the buffer of `version` (OUT_OF_RANGE when the strategy ends the run first).
-  Status OpenBufferLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // async: gives tasks to idle clients, picked at random, up to scheduler.concurrency
-  // in flight. With dp, a client whose update is in the open buffer waits for the next.
-  void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool async() const { return cfg_.scheduler.async(); }
-  // async: updates the client's speed from its task's report (ClientSpeed).
-  void ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h)
+                       const RoundPlan& plan, int64_t deadline_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status Commit(RoundMetrics* m);
   // After the last round: the final model's federated evaluation, when clients hold
   // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
   void FinalEvaluation(double elapsed_s);
   Status LoadCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The strategy's State(), taken with every shard's mutex held (no Accumulate runs).
+  // The analysis cannot follow a loop over an array of mutexes.
+  ParameterSet StrategyState() const ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // The serialized checkpoint of the last committed round.
   std::string CheckpointLocked(double elapsed_s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps only the metrics.jsonl lines of rounds <= committed_round_, and notes from them
@@ -425,24 +409,20 @@ class Coordinator {
     return broadcast_codec_ ? EncodeCompressedSet(*broadcast_codec_, model) : model.Encode();
   }
 
-  // Split learning (split.mode set); fixed after Init.
-  std::optional<SplitMode> split_mode_;
-  int num_stages_ = 0;
-  int tail_begin_ = 0;
-  int num_classes_ = 10;
-  std::vector<StageProfile> server_profile_;
-  std::vector<std::vector<int64_t>> stage_shapes_;  // per-sample input of stage s, s <= n
-  // The current split round's client part at each cut and its published blob.
-  struct PartBlob {
-    std::shared_ptr<const ParameterSet> part;
-    std::string digest;
-    int64_t size = 0;
-  };
-  std::map<int, PartBlob> part_blobs_ ABSL_GUARDED_BY(mu_);
-  // LoRA: each cut's frozen tensors (digest, size of the pinned blob), all run long.
-  std::map<int, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(mu_);
-  CutProblem model_problem_;  // the cost model's model- and server-side inputs
-  std::string probe_digest_;
+  // How rounds run (fixed by Init). The kind of round: plain federated (plain_driver_),
+  // secure aggregation or split learning (mode_driver_ points at the one); driver_ is
+  // the driver of the round in progress (plain_driver_ between rounds and in an
+  // evaluation round). rounds_ runs synchronous rounds with mode_driver_ (also the
+  // final evaluation and an edge's rounds); scheduler_ builds the run's versions: rounds_,
+  // or async_ in scheduler.mode: async.
+  RoundDriver plain_driver_;
+  std::unique_ptr<SecAggDriver> secagg_;
+  std::unique_ptr<SplitDriver> split_;
+  RoundDriver* mode_driver_ = &plain_driver_;
+  RoundDriver* driver_ ABSL_GUARDED_BY(mu_) = &plain_driver_;
+  std::unique_ptr<SyncRounds> rounds_;
+  std::unique_ptr<AsyncBuffers> async_;
+  RoundScheduler* scheduler_ = nullptr;
 
   // Time for every deadline and timeout (ServerOptions::clock; the real one by default).
   const std::shared_ptr<Clock> clock_;
@@ -457,8 +437,6 @@ class Coordinator {
   // server.max_sessions, or derived from the descriptor limit
   int max_sessions_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<std::string> revoked_ ABSL_GUARDED_BY(mu_);  // tls.revoked: identities refused at once
-  // The current round's secure aggregation (secure_aggregation.enabled), else null.
-  std::unique_ptr<SecAggRound> secagg_ ABSL_GUARDED_BY(mu_);
   int round_clients_ ABSL_GUARDED_BY(mu_) = 0;  // clients sampled for the current round
   bool evaluating_ ABSL_GUARDED_BY(mu_) = false;  // the current round is evaluation only
   // some client has reported a federated evaluation
@@ -506,9 +484,6 @@ class Coordinator {
   int64_t committed_round_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t current_round_ ABSL_GUARDED_BY(mu_) = 0;  // round in progress; 0 when none
   std::map<std::string, TaskRecord> tasks_ ABSL_GUARDED_BY(mu_);  // tasks of the current round
-  // sl: clients still to take their turn
-  std::deque<std::string> turns_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<SplitRound> split_round_ ABSL_GUARDED_BY(mu_);  // the current split round
   // kept across rounds (TorchScript, probe)
   std::set<std::string> pinned_blobs_ ABSL_GUARDED_BY(mu_);
   std::vector<RoundMetrics> history_ ABSL_GUARDED_BY(mu_);
@@ -522,29 +497,21 @@ class Coordinator {
   std::atomic<int64_t> update_bytes_{0};  // payloads of accepted uploads this round
   // clients.selection: oort (null for uniform).
   std::unique_ptr<OortSelector> oort_ ABSL_GUARDED_BY(mu_);
-  // scheduler.mode: async. The open buffer's settings and start; applying_: it is being
-  // applied, and uploads wait for the next one; claimed_: uploads claimed into it
-  // (at most buffer_size: later ones wait too); the digests of the model versions
-  // tasks may still fetch (the last max_staleness + 1); task ids are numbered.
   // An edge round's settings and batch seed, from the upstream task (RunEdgeRound).
   std::optional<FitSettings> edge_fit_ ABSL_GUARDED_BY(mu_);
   uint64_t edge_seed_ ABSL_GUARDED_BY(mu_) = 0;
-  FitSettings buffer_fit_ ABSL_GUARDED_BY(mu_);
-  Clock::time_point buffer_start_ ABSL_GUARDED_BY(mu_);
-  bool applying_ ABSL_GUARDED_BY(mu_) = false;
-  int claimed_ ABSL_GUARDED_BY(mu_) = 0;
+  // The digests of the newest model versions, which tasks may still fetch
+  // (RoundScheduler::VersionsKept).
   std::deque<std::string> recent_models_ ABSL_GUARDED_BY(mu_);
-  int64_t task_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  // async staleness control: the last 10 buffers' seconds between applied versions, and
-  // the slowest speed measured (each of its terms the largest any client's reached),
-  // which sizes a client's tasks until it is measured itself.
-  std::deque<double> recent_intervals_ ABSL_GUARDED_BY(mu_);
-  ClientSpeed slowest_ ABSL_GUARDED_BY(mu_);
   // Tasks in TaskState::kAccumulating: the round does not close while there are any.
   int accumulating_ ABSL_GUARDED_BY(mu_) = 0;
-  // Taken around Strategy::Accumulate, which uploads call without mu_ while a round is
-  // open; the round thread uses the strategy otherwise only when none is in flight.
-  mutable Mutex accumulate_mu_;
+  // The strategy's partial aggregates (Strategy::BeginRound's shards): one per worker,
+  // and the last for other threads. shard_mu_[i] is taken around Accumulate into shard
+  // i, which uploads call without mu_ while a round is open; the round thread uses the
+  // strategy otherwise only when none is in flight (or, for a checkpoint, with every
+  // shard's mutex).
+  const int shards_;
+  const std::unique_ptr<Mutex[]> shard_mu_;
   Mutex buffers_mu_;  // after mu_ and upload_mu_ when taken with them
   std::vector<std::string> buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};

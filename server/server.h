@@ -51,6 +51,9 @@ struct ServerOptions {
   // Time for every deadline and timeout (rounds, joins, heartbeats, idle uploads, SecAgg
   // stages, TLS reloads); null = the real clock. Tests pass a FakeClock.
   std::shared_ptr<Clock> clock;
+  // A strategy of the caller's own instead of the one config.strategy names (a library
+  // user's algorithm; its refusals and settings are its own). Called once, by Create.
+  std::function<StatusOr<std::unique_ptr<Strategy>>(const JobConfig&)> strategy;
   // Test hook: called by each federated upload after the checks it passes under the
   // coordinator's lock, before it is validated and added without the lock.
   std::function<void()> before_accumulate;
@@ -98,16 +101,7 @@ struct RoundMetrics {
   // Federated evaluation: the round's global model measured by the participants on
   // their held-out data (cleave-client --holdout), before they trained on it. Accuracy
   // and loss are weighted by examples; min/median/max are over clients.
-  struct ClientEvaluations {
-    int clients = 0;
-    int64_t examples = 0;
-    double accuracy = 0, loss = 0;
-    double accuracy_min = 0, accuracy_median = 0, accuracy_max = 0;
-    double loss_min = 0, loss_median = 0, loss_max = 0;
-    double seconds = 0;        // mean per client
-    double train_seconds = 0;  // mean training time of the same clients, for scale
-    std::map<std::string, double> metrics;  // the loss's other metrics, weighted means
-  };
+  using ClientEvaluations = EvaluationSummary;  // Strategy::AggregateEvaluation
   ClientEvaluations client_eval;
   // What the strategy adds (DP: epsilon, delta, dp_clip, dp_noise_std, ...).
   std::map<std::string, double> strategy_stats;

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <set>
+#include <thread>
 
+#include "aggregation/dp.h"
 #include "aggregation/strategy.h"
 #include "aggregation/weighting.h"
 
@@ -27,13 +30,13 @@ void Add(Strategy& s, const ParameterSet& delta, int64_t n) {
   std::string bytes = delta.Encode();
   auto views = ParseParameterSet(bytes);
   ASSERT_TRUE(views.ok());
-  s.Accumulate(*views, n);
+  s.Accumulate(ClientUpdate::Unnamed(*views, n), 0);
 }
 
 // One round with the fixed updates: A = (1, -1) from 1 example, B = (3, 1) from 3.
 // Their weighted mean is D = (2.5, 0.5).
 void Round(Strategy& s, ParameterSet* global) {
-  s.BeginRound(*global);
+  s.BeginRound(*global, 1);
   Add(s, Vec(1, -1), 1);
   Add(s, Vec(3, 1), 3);
   EXPECT_EQ(s.accumulated(), 2);
@@ -55,7 +58,7 @@ TEST(FedAvgTest, WeightedMeanOfDeltas) {
 TEST(FedAvgTest, ThreeClientsUnequalWeights) {
   auto s = Make("");
   ParameterSet x = Vec(0, 0);
-  s->BeginRound(x);
+  s->BeginRound(x, 1);
   Add(*s, Vec(10, 0), 2);
   Add(*s, Vec(0, 10), 3);
   Add(*s, Vec(-5, 5), 5);
@@ -66,7 +69,7 @@ TEST(FedAvgTest, ThreeClientsUnequalWeights) {
 TEST(FedAvgTest, NoResultsKeepsTheModel) {
   auto s = Make("");
   ParameterSet x = Vec(1, 2);
-  s->BeginRound(x);
+  s->BeginRound(x, 1);
   Status st = s->FinishRound(3, &x);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   ExpectNear(x, 1, 2);
@@ -179,11 +182,11 @@ TEST(Ef21Test, TheModelMovesByTheMeanEstimateEveryRound) {
   ParameterSet x = Vec(0, 0);
   Round(*s, &x);  // H = (2.5, 0.5)
   ExpectNear(x, 2.5, 0.5);
-  s->BeginRound(x);  // no increments: H stays, and so does the model
+  s->BeginRound(x, 1);  // no increments: H stays, and so does the model
   Add(*s, Vec(0, 0), 1);
   ASSERT_TRUE(s->FinishRound(0, &x).ok());
   ExpectNear(x, 5.0, 1.0);
-  s->BeginRound(x);  // one client (the other failed): H += (4, -4)
+  s->BeginRound(x, 1);  // one client (the other failed): H += (4, -4)
   Add(*s, Vec(4, -4), 2);
   ASSERT_TRUE(s->FinishRound(1, &x).ok());
   ExpectNear(x, 5.0 + 6.5, 1.0 - 3.5);
@@ -193,7 +196,7 @@ TEST(Ef21Test, TheModelMovesByTheMeanEstimateEveryRound) {
   ParameterSet a = x, b = x;
   for (auto* strategy : {s.get(), restored.get()}) {
     ParameterSet* m = strategy == s.get() ? &a : &b;
-    strategy->BeginRound(*m);
+    strategy->BeginRound(*m, 1);
     Add(*strategy, Vec(1, 1), 1);
     ASSERT_TRUE(strategy->FinishRound(0, m).ok());
   }
@@ -208,7 +211,7 @@ TEST(Ef21Test, AForeignEstimateIsRefused) {
   ASSERT_TRUE(foreign.Add({"ef21/w", {3}, {1, 2, 3}}).ok());
   ASSERT_TRUE(s->Restore(foreign).ok());
   ParameterSet x = Vec(1, 2);
-  s->BeginRound(x);
+  s->BeginRound(x, 1);
   Add(*s, Vec(1, 1), 1);
   EXPECT_EQ(s->FinishRound(0, &x).code(), absl::StatusCode::kFailedPrecondition);
   ExpectNear(x, 1, 2);
@@ -218,7 +221,7 @@ TEST(Ef21Test, NoResultsKeepTheModel) {
   auto s = Make("compression: {update: \"topk:0.5:ef21\"}");
   ParameterSet x = Vec(1, 2);
   Round(*s, &x);
-  s->BeginRound(x);
+  s->BeginRound(x, 1);
   EXPECT_EQ(s->FinishRound(2, &x).code(), absl::StatusCode::kFailedPrecondition);
   ExpectNear(x, 3.5, 2.5);
 }
@@ -272,6 +275,81 @@ TEST(RoundWeightsTest, CapsAtAMultipleOfTheMedianDeclaredCount) {
   RoundWeights eq(c, {100, 200});
   EXPECT_TRUE(eq.equal());
   EXPECT_EQ(eq.Weight(12345), 1);
+}
+
+// Shards: results added by four threads at once, each into its own partial aggregate,
+// make the model one thread adding them all into one makes (to float summation order),
+// for every strategy and wrapper; a shard left empty contributes nothing.
+TEST(ShardsTest, ConcurrentPartialSumsMergeIntoTheSerialResult) {
+  const int kResults = 12;
+  std::vector<ParameterSet> deltas;
+  for (int i = 0; i < kResults; ++i) {
+    ParameterSet d;
+    std::vector<float> v(1000);
+    for (size_t j = 0; j < v.size(); ++j) v[j] = std::sin(0.37f * (i + 1) * (j + 3)) * 0.1f;
+    ASSERT_TRUE(d.Add({"w", {1000}, v}).ok());
+    deltas.push_back(std::move(d));
+  }
+  DpConfig dp;
+  dp.enabled = true;
+  dp.clip = 1.0;
+  dp.noise_multiplier = 1e-9;
+  const std::vector<std::pair<std::string, std::function<std::unique_ptr<Strategy>()>>> kinds = {
+      {"fedavg", [] { return Make(""); }},
+      {"fedadam", [] { return Make("strategy: {name: fedadam}"); }},
+      {"ef21", [] { return Make("compression: {update: \"topk:0.5:ef21\"}"); }},
+      {"median", [] { return Make("aggregation: {rule: median}"); }},
+      {"dp", [&] { return MakeDpStrategy(Make(""), dp, 1); }},
+  };
+  for (const auto& [name, make] : kinds) {
+    ParameterSet serial, sharded;
+    ASSERT_TRUE(serial.Add({"w", {1000}, std::vector<float>(1000, 0.5f)}).ok());
+    sharded = serial;
+    auto one = make(), four = make();
+    one->BeginRound(serial, 1);
+    for (int i = 0; i < kResults; ++i) {
+      one->Accumulate(ClientUpdate::Unnamed(ViewsOf(deltas[i]), i + 1), 0);
+    }
+    four->BeginRound(sharded, 5);  // shard 4 stays empty
+    std::vector<std::thread> threads;
+    for (int shard = 0; shard < 4; ++shard) {
+      threads.emplace_back([&, shard] {
+        for (int i = shard; i < kResults; i += 4) {
+          four->Accumulate(ClientUpdate::Unnamed(ViewsOf(deltas[i]), i + 1), shard);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(four->accumulated(), kResults) << name;
+    ASSERT_TRUE(one->FinishRound(0, &serial).ok()) << name;
+    ASSERT_TRUE(four->FinishRound(0, &sharded).ok()) << name;
+    double moved = 0;
+    for (size_t j = 0; j < 1000; ++j) {
+      moved = std::max(moved, std::abs(serial.tensors()[0].values[j] - 0.5));
+      ASSERT_NEAR(sharded.tensors()[0].values[j], serial.tensors()[0].values[j], 1e-5)
+          << name << " at " << j;
+    }
+    EXPECT_GT(moved, 1e-3) << name;
+  }
+}
+
+// The default evaluation summary: weighted by examples, spread over clients.
+TEST(EvaluationSummaryTest, WeighsByExamplesAndSpreadsOverClients) {
+  std::vector<ClientEvaluationResult> r(3);
+  r[0].examples = 10, r[0].accuracy = 0.5, r[0].loss = 2, r[0].seconds = 1, r[0].metrics["f1"] = 0.4;
+  r[1].examples = 30, r[1].accuracy = 0.9, r[1].loss = 1, r[1].seconds = 3;
+  r[2].examples = 60, r[2].accuracy = 0.7, r[2].loss = 4, r[2].seconds = 2, r[2].metrics["f1"] = 0.6;
+  const EvaluationSummary e = SummariseEvaluations(r);
+  EXPECT_EQ(e.clients, 3);
+  EXPECT_EQ(e.examples, 100);
+  EXPECT_DOUBLE_EQ(e.accuracy, (5 + 27 + 42) / 100.0);
+  EXPECT_DOUBLE_EQ(e.loss, (20 + 30 + 240) / 100.0);
+  EXPECT_DOUBLE_EQ(e.accuracy_min, 0.5);
+  EXPECT_DOUBLE_EQ(e.accuracy_median, 0.7);
+  EXPECT_DOUBLE_EQ(e.loss_max, 4);
+  EXPECT_DOUBLE_EQ(e.seconds, 2);
+  EXPECT_DOUBLE_EQ(e.metrics.at("f1"), (4 + 36) / 70.0) << "over the clients that report it";
+  EXPECT_EQ(SummariseEvaluations({}).clients, 0);
 }
 
 }  // namespace

@@ -135,9 +135,9 @@ TEST(DpTest, CentralNoiseHasStdZCOverN) {
   const std::vector<std::string> all = {"a", "b", "c", "d", "e", "f", "g", "h"};
   auto plan = s->ConfigureRound(1, all, rng);
   ASSERT_EQ(plan.clients.size(), all.size());
-  s->BeginRound(global);
+  s->BeginRound(global, 1);
   const ParameterSet zero = Filled(200000, 0);
-  for (int i = 0; i < 4; ++i) s->Accumulate(ViewsOf(zero), 100);
+  for (int i = 0; i < 4; ++i) s->Accumulate(ClientUpdate::Unnamed(ViewsOf(zero), 100), 0);
   ASSERT_TRUE(s->FinishRound(0, &global).ok());
   double sum = 0, sq = 0;
   for (float v : global.tensors()[0].values) {
@@ -156,10 +156,10 @@ TEST(DpTest, UpdatesAreClippedAndAveragedWithEqualWeights) {
   ParameterSet global = Filled(4, 0);
   std::mt19937_64 rng(1);
   s->ConfigureRound(1, {"a", "b"}, rng);
-  s->BeginRound(global);
+  s->BeginRound(global, 1);
   const ParameterSet huge = Filled(4, 1000), small = Filled(4, 0.1f);  // norms 2000, 0.2
-  s->Accumulate(ViewsOf(huge), 1);
-  s->Accumulate(ViewsOf(small), 1000);
+  s->Accumulate(ClientUpdate::Unnamed(ViewsOf(huge), 1), 0);
+  s->Accumulate(ClientUpdate::Unnamed(ViewsOf(small), 1000), 0);
   ASSERT_TRUE(s->FinishRound(0, &global).ok());
   // (0.5 per coordinate from the clipped huge one + 0.1) / 2.
   for (float v : global.tensors()[0].values) EXPECT_NEAR(v, 0.3, 1e-4);
@@ -178,8 +178,8 @@ TEST(DpTest, ReportedEpsilonMatchesTheAccountantAndAdaptiveClipMoves) {
   double last_clip = 5.0;
   for (int round = 1; round <= 5; ++round) {
     auto plan = s->ConfigureRound(round, all, rng);
-    s->BeginRound(global);
-    for (int i = 0; i < 5; ++i) s->Accumulate(ViewsOf(small), 10);
+    s->BeginRound(global, 1);
+    for (int i = 0; i < 5; ++i) s->Accumulate(ClientUpdate::Unnamed(ViewsOf(small), 10), 0);
     ASSERT_TRUE(s->FinishRound(0, &global).ok());
     const auto stats = s->RoundStats();
     const double q = static_cast<double>(plan.clients.size()) / all.size();
@@ -203,8 +203,8 @@ TEST(DpTest, TargetEpsilonStopsBeforeItIsExceeded) {
   for (int round = 1; round <= 1000; ++round) {
     auto plan = s->ConfigureRound(round, {"a", "b"}, rng);
     if (!plan.stop_reason.empty()) break;
-    s->BeginRound(global);
-    s->Accumulate(ViewsOf(Filled(4, 0.1f)), 1);
+    s->BeginRound(global, 1);
+    s->Accumulate(ClientUpdate::Unnamed(ViewsOf(Filled(4, 0.1f)), 1), 0);
     ASSERT_TRUE(s->FinishRound(0, &global).ok());
     ++rounds;
     EXPECT_LE(s->RoundStats().at("epsilon"), 10.0);

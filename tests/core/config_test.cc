@@ -69,7 +69,7 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("split: {mode: sl, cut: deep}", "split.cut");
   expect_error("split: {mode: sl, window: 0}", "split.window");
   expect_error("split: {mode: ushaped, tail: 0}", "split.tail");
-  expect_error("split: {mode: sl}\nstrategy: {name: fedadam}", "fedadam is not supported");
+  expect_error("split: {mode: sl}\nstrategy: {name: fedprox}", "fedprox is not supported");
   expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");
   expect_error("clients: {selection: fastest}", "clients.selection");
   expect_error("clients: {selection: oort, oort_epsilon: 2}", "clients.oort_epsilon");

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "models/model.h"
 #include "tests/integration/federation.h"
@@ -104,6 +105,51 @@ TEST(SplitOptimizerTest, AdamWStepsEqualTheUncutModelInEveryMode) {
     const ParameterSet got = f.server->GlobalModel();
     EXPECT_GT(MaxDiff(before, got), 1e-3) << mode << ": the steps changed nothing";
     EXPECT_LT(MaxDiff(expected, got), 1e-5) << mode;
+  }
+}
+
+// A split round's mean model reaches the strategy as one update, so the server rule
+// applies: with fedavg at server_lr 0.5 the model moves half of one uncut step, and in
+// every mode FedAdam's first step is eta (1 - b1) D / (sqrt(b2 tau^2 + (1 - b2) D^2) + tau)
+// for the uncut step's change D.
+TEST(SplitStrategyTest, TheServerRuleAppliesToTheSplitRoundsMean) {
+  auto data = ClientData(1, 32)[0];
+  auto reference = Model::Create({"lenet5", "", 7});
+  ASSERT_TRUE(reference.ok());
+  const ParameterSet before = (*reference)->Parameters();
+  LocalTrainOptions t;
+  t.epochs = 1;
+  t.batch_size = 32;
+  t.lr = 0.1;
+  ASSERT_TRUE((*reference)->Train(data, t).ok());
+  const ParameterSet step = (*reference)->Parameters();
+  const float eta = 0.1f, b1 = 0.9f, b2 = 0.99f, tau = 0.001f;
+  ParameterSet half = before, adam = before;
+  for (size_t i = 0; i < before.size(); ++i) {
+    for (size_t j = 0; j < before.tensors()[i].values.size(); ++j) {
+      const float x = before.tensors()[i].values[j];
+      const float d = step.tensors()[i].values[j] - x;
+      half.mutable_tensors()[i].values[j] = x + 0.5f * d;
+      const float v = b2 * tau * tau + (1 - b2) * d * d;
+      adam.mutable_tensors()[i].values[j] = x + eta * (1 - b1) * d / (std::sqrt(v) + tau);
+    }
+  }
+  std::vector<std::tuple<std::string, std::string, const ParameterSet*>> runs = {
+      {"sl", "{name: fedavg, server_lr: 0.5}", &half}};
+  for (const std::string& mode : kSplitModes) runs.emplace_back(mode, "{name: fedadam}", &adam);
+  for (const auto& [mode, strategy, expected] : runs) {
+    Federation f;
+    std::vector<ClientOptions> opts(1);
+    opts[0].train = data;
+    f.Start(std::string(kSplitBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 7}\n" +
+                "clients: {min: 1}\ntrain: {local_epochs: 1, batch_size: 32, lr: 0.1}\n" +
+                "strategy: " + strategy + "\nsplit: {mode: " + mode + ", cut: 2}\n",
+            std::move(opts));
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << mode << " " << strategy << ": " << f.server_status;
+    const ParameterSet got = f.server->GlobalModel();
+    EXPECT_GT(MaxDiff(before, got), 1e-4) << mode << " " << strategy;
+    EXPECT_LT(MaxDiff(*expected, got), 2e-5) << mode << " " << strategy;
   }
 }
 

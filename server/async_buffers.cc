@@ -1,0 +1,257 @@
+// Buffered asynchronous aggregation (AsyncBuffers, scheduler.mode: async, after FedBuff).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <climits>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "aggregation/staleness.h"
+#include "server/scheduler.h"
+
+namespace cleave {
+
+Status AsyncBuffers::CheckRoundLocked(const std::string& what, int64_t round) const {
+  if (c_.current_round_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " for round ", round, ": no buffer is open"));
+  }
+  // Tasks outlive the version they were given in, up to scheduler.max_staleness.
+  if (round > c_.current_round_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " for model version ", round - 1, ", a future one: the newest is ",
+        c_.current_round_ - 1));
+  }
+  if (c_.current_round_ - round > c_.cfg_.scheduler.max_staleness) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " against model version ", round - 1, ", ", c_.current_round_ - round,
+        " versions stale: scheduler.max_staleness is ", c_.cfg_.scheduler.max_staleness));
+  }
+  return absl::OkStatus();
+}
+
+bool AsyncBuffers::OpenForLocked(int64_t round) {
+  // A buffer being applied, or full with uploads still being added: this one goes into
+  // the next (a short wait: CPU work, not a client).
+  while (!c_.stopping_ && c_.current_round_ != 0 &&
+         (applying_ || claimed_ >= c_.cfg_.scheduler.buffer_size)) {
+    c_.cv_.Wait(&c_.mu_);
+  }
+  return c_.current_round_ != 0 && round <= c_.current_round_;
+}
+
+StatusOr<float> AsyncBuffers::AdmitLocked(const std::string& task_id, TaskRecord& t,
+                                          const v1::UploadHeader& h) {
+  const int64_t staleness = c_.current_round_ - t.round;
+  if (staleness > c_.cfg_.scheduler.max_staleness) {
+    ObserveSpeedLocked(t, h);  // so that its next task is sized to arrive in time
+    c_.FailTaskLocked(task_id, t, "too stale");
+    c_.cv_.SignalAll();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "update against model version ", t.round - 1, " is ", staleness,
+        " versions stale: scheduler.max_staleness is ", c_.cfg_.scheduler.max_staleness));
+  }
+  t.staleness = staleness;
+  ++claimed_;
+  return static_cast<float>(StalenessFactor(c_.cfg_.scheduler, staleness));
+}
+
+void AsyncBuffers::ShapeTaskLocked(const Session& s, const FitSettings& fit, v1::Task* task,
+                                   TaskRecord* rec) {
+  // A client may get several tasks while one version is built.
+  task->set_task_id(absl::StrCat("r", rec->round, "-", rec->client_id, "-", ++task_seq_));
+  rec->sent = c_.clock_->Now();
+  rec->deadline = rec->sent + Seconds(c_.cfg_.clients.round_deadline_s);
+  // Staleness control: as many steps as the client can do while about target_staleness
+  // versions are applied. A client not measured yet is taken to be as slow as the
+  // slowest one measured (train's work while none is).
+  const int64_t base = TaskSteps(fit.local_steps, fit.local_epochs,
+                                 std::max<int64_t>(1, s.num_examples), fit.batch_size);
+  double interval_s = 0;  // the mean of the last buffers'
+  for (double b : recent_intervals_) interval_s += b / recent_intervals_.size();
+  rec->steps = SizedSteps(base, c_.cfg_.scheduler.min_local_steps,
+                          c_.cfg_.scheduler.target_staleness, interval_s,
+                          s.speed.step_s > 0 ? s.speed : slowest_);
+  if (rec->steps != base) task->mutable_train()->set_local_steps(rec->steps);
+}
+
+void AsyncBuffers::ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h) {
+  auto s = c_.sessions_.find(t.client_id);
+  if (s == c_.sessions_.end()) return;
+  const double wall_s = std::chrono::duration<double>(c_.clock_->Now() - t.sent).count();
+  ClientSpeed& speed = s->second.speed;
+  speed.Observe(t.steps, h.train_seconds(), wall_s);
+  slowest_.step_s = std::max(slowest_.step_s, speed.step_s);
+  slowest_.overhead_s = std::max(slowest_.overhead_s, speed.overhead_s);
+}
+
+Status AsyncBuffers::OpenBufferLocked(int64_t version) {
+  RoundPlan plan = c_.strategy_->ConfigureBuffer(version);
+  if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
+  plan_ = std::move(plan);
+  std::vector<int64_t> declared;
+  for (const auto& cid : c_.AvailableLocked()) declared.push_back(c_.sessions_[cid].num_examples);
+  // The cap follows the connected clients; with none connected the last one holds.
+  if (!declared.empty()) c_.round_weights_ = RoundWeights(c_.cfg_.aggregation, declared);
+  c_.strategy_->BeginRound(c_.UpdateLayout(), c_.shards_);
+  c_.current_round_ = version;
+  c_.ResetRoundBytes();
+  claimed_ = 0;
+  applying_ = false;
+  start_ = c_.clock_->Now();
+  // Finished tasks are kept while an upload of theirs could still arrive (a retried
+  // upload is a duplicate, not an unknown task); a task given in version r is refused
+  // as too stale once r < version - max_staleness.
+  const int64_t max_staleness = c_.cfg_.scheduler.max_staleness;
+  for (auto it = c_.tasks_.begin(); it != c_.tasks_.end();) {
+    const bool finished =
+        it->second.state == TaskState::kDone || it->second.state == TaskState::kFailed;
+    if (finished && it->second.round < version - max_staleness) {
+      it = c_.tasks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Tasks that can no longer be accepted fail now, so that their clients get new work.
+  for (auto& [id, t] : c_.tasks_) {
+    if (t.state == TaskState::kAssigned && version - t.round > max_staleness) {
+      c_.FailTaskLocked(id, t, absl::StrCat("too stale: more than scheduler.max_staleness=",
+                                            max_staleness,
+                                            " versions were applied since it was given"));
+    }
+  }
+  c_.cv_.SignalAll();  // uploads waiting for a buffer
+  return absl::OkStatus();
+}
+
+void AsyncBuffers::DispatchLocked() {
+  const int cap = c_.cfg_.scheduler.concurrency > 0 ? c_.cfg_.scheduler.concurrency : INT_MAX;
+  std::set<std::string> busy;       // clients with a task in flight
+  std::set<std::string> in_buffer;  // dp: clients whose update is in the open buffer
+  for (const auto& [id, t] : c_.tasks_) {
+    if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) {
+      busy.insert(t.client_id);
+    } else if (c_.cfg_.dp.enabled && t.state == TaskState::kDone &&
+               t.resolved_in == c_.current_round_) {
+      in_buffer.insert(t.client_id);
+    }
+  }
+  const int free = cap - static_cast<int>(busy.size());
+  if (free <= 0) return;
+  std::vector<std::string> idle;
+  for (const auto& cid : c_.AvailableLocked()) {
+    if (!busy.count(cid) && !in_buffer.count(cid)) idle.push_back(cid);
+  }
+  if (idle.empty()) return;
+  const int k = std::min<int>(free, idle.size());
+  for (int i = 0; i < k; ++i) {  // the first k of a seeded shuffle
+    std::uniform_int_distribution<size_t> pick(i, idle.size() - 1);
+    std::swap(idle[i], idle[pick(c_.rng_)]);
+  }
+  idle.resize(k);
+  c_.SendTasksLocked(c_.current_round_, idle, plan_,
+                     Coordinator::UnixMsIn(c_.cfg_.clients.round_deadline_s));
+}
+
+StatusOr<RoundMetrics> AsyncBuffers::NextLocked() {
+  const int64_t round = c_.committed_round_ + 1;
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+    return static_cast<int>(c_.AvailableLocked().size()) >= c_.cfg_.clients.min_clients;
+  };
+  auto in_flight = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+    for (const auto& [id, t] : c_.tasks_) {
+      if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return true;
+    }
+    return false;
+  };
+  // The first buffer of a run (or after a failed one) waits for clients.min; later ones
+  // opened as the one before was applied.
+  if (c_.current_round_ != round) {
+    RETURN_IF_ERROR(c_.AwaitClientsLocked());
+    RETURN_IF_ERROR(OpenBufferLocked(round));
+  }
+  c_.phase_ = "training (async)";
+  const int k = c_.cfg_.scheduler.buffer_size;
+  auto short_since = c_.clock_->Now();  // when the federation last had clients.min
+  while (!c_.stopping_ && !(claimed_ >= k && c_.accumulating_ == 0)) {
+    const auto now = c_.clock_->Now();
+    auto wake = now + Seconds(c_.cfg_.clients.round_deadline_s);
+    for (auto& [id, t] : c_.tasks_) {
+      if (t.state != TaskState::kAssigned) continue;
+      if (now >= t.deadline) {
+        c_.FailTaskLocked(id, t, "missed its deadline");
+      } else {
+        wake = std::min(wake, t.deadline);
+      }
+    }
+    DispatchLocked();
+    if (enough() || in_flight()) {
+      short_since = now;
+    } else if (now > short_since + Seconds(c_.cfg_.clients.join_timeout_s)) {
+      c_.current_round_ = 0;
+      c_.cv_.SignalAll();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "version ", round, ": fewer than clients.min=", c_.cfg_.clients.min_clients,
+          " clients connected for ", c_.cfg_.clients.join_timeout_s, "s"));
+    } else {
+      wake = std::min(wake, short_since + Seconds(c_.cfg_.clients.join_timeout_s));
+    }
+    c_.WaitLocked(wake);
+    c_.ExpireSilentLocked();
+  }
+  if (c_.stopping_) {
+    c_.current_round_ = 0;
+    c_.cv_.SignalAll();
+    return absl::CancelledError("stopped");
+  }
+  // The buffer is full and nothing is being added: apply it. Uploads wait meanwhile.
+  applying_ = true;
+  RoundMetrics m;
+  m.round = round;
+  m.async = true;
+  double loss_sum = 0;
+  int64_t weight = 0;
+  for (const auto& [id, t] : c_.tasks_) {
+    if (t.resolved_in != round) continue;
+    if (t.state == TaskState::kDone) {
+      m.local_steps_min = m.participants ? std::min(m.local_steps_min, t.steps) : t.steps;
+      m.local_steps_max = std::max(m.local_steps_max, t.steps);
+      m.local_steps_mean += static_cast<double>(t.steps);
+      ++m.participants;
+      ++m.staleness[t.staleness];
+      loss_sum += t.train_loss * t.num_examples;
+      weight += t.num_examples;
+    } else if (t.state == TaskState::kFailed) {
+      ++m.failures;
+    }
+  }
+  m.train_loss = weight ? loss_sum / weight : 0;
+  if (m.participants) m.local_steps_mean /= m.participants;
+  m.examples = weight;
+  c_.CountRoundBytesLocked(&m);
+  if (Status s = c_.ApplyLocked(round, nullptr, &m); !s.ok()) {
+    // The buffer is dropped; the next call opens it again (Run retries).
+    c_.current_round_ = 0;
+    applying_ = false;
+    c_.cv_.SignalAll();
+    return s;
+  }
+  m.wall_s = std::chrono::duration<double>(c_.clock_->Now() - start_).count();
+  // The buffer opened when the version before was applied: wall_s is the interval.
+  // Staleness control uses the mean of the last 10 (single buffers' vary several-fold).
+  recent_intervals_.push_back(m.wall_s);
+  if (recent_intervals_.size() > 10) recent_intervals_.pop_front();
+  if (round < c_.cfg_.run.rounds) {
+    // The next buffer opens before this version is evaluated and checkpointed. If the
+    // strategy ends the run first (a privacy budget), none opens and the next call says
+    // why.
+    if (!OpenBufferLocked(round + 1).ok()) c_.current_round_ = 0;
+  } else {
+    c_.current_round_ = 0;
+  }
+  applying_ = false;
+  c_.cv_.SignalAll();
+  return m;
+}
+
+}  // namespace cleave

@@ -1,0 +1,90 @@
+// RoundDriver: what a synchronous round does besides collecting federated updates.
+// SyncRounds (server/scheduler.h) calls its driver at fixed points of every round, so
+// the round loop has no branch for secure aggregation or split learning:
+//
+//   BeginLocked        the round's clients are sampled: set up the round, and leave
+//                      out clients it cannot serve (split: those no cut fits)
+//   PrepareTaskLocked  each task: the driver's part of the message and of its record
+//   AwaitLocked        training: wait for the uploads, or drive the round's own stages
+//   TakeLocked         an upload the driver consumes whole under the lock
+//   ClaimUploadLocked  an upload the driver adds itself, without the lock
+//   CloseLocked        the round closed: the driver's metrics
+//   Fold               before the strategy steps: hand it what is not an upload
+//
+// The base class is the plain federated round: every hook does nothing and each
+// upload's delta goes to the strategy. SecAggDriver and SplitDriver are the others.
+//
+// Threads: *Locked hooks run with the coordinator's mutex held (AwaitLocked releases
+// it while it sends); the functions ClaimUploadLocked returns and Fold run without it.
+// A driver's round state is guarded by the coordinator's mutex.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/parameter_set.h"
+#include "core/status.h"
+
+namespace cleave {
+
+namespace v1 {
+class Task;
+class UploadHeader;
+}  // namespace v1
+
+struct FitSettings;
+struct RoundMetrics;
+struct TaskRecord;
+
+class RoundDriver {
+ public:
+  virtual ~RoundDriver() = default;
+
+  // Round `round` starts with `clients` sampled, training with `fit`. May remove
+  // clients; an error fails the round before any task is sent.
+  virtual Status BeginLocked(int64_t /*round*/, const FitSettings& /*fit*/,
+                             std::vector<std::string>* /*clients*/) {
+    return absl::OkStatus();
+  }
+  // Adds the driver's part to `task` and `rec` (the model to fetch, the upload's codec
+  // and size) after the coordinator filled in the common part.
+  virtual void PrepareTaskLocked(v1::Task* /*task*/, TaskRecord* /*rec*/) {}
+  // nullopt: the scheduler waits for the uploads itself. Otherwise the driver has run
+  // the round's training and stages up to `deadline` (masked inputs are due by then),
+  // and returns how they ended; an error fails the round after it closes.
+  virtual std::optional<Status> AwaitLocked(Clock::time_point /*deadline*/) {
+    return std::nullopt;
+  }
+  // An upload of `t` that passed the coordinator's checks: true, with *status, if the
+  // driver consumed it whole (a masked secure-aggregation input); false to go on.
+  virtual bool TakeLocked(const v1::UploadHeader& /*h*/, const std::string& /*payload*/,
+                          const TaskRecord& /*t*/, Status* /*status*/) {
+    return false;
+  }
+  // What adds an upload of `t` (its validated views, its weight) without the lock, if
+  // the driver adds it itself (split: the client's trained part into the split round);
+  // null: the strategy accumulates it.
+  using AddUpload = std::function<Status(const std::vector<TensorView>& delta, int64_t weight)>;
+  virtual AddUpload ClaimUploadLocked(const TaskRecord& /*t*/) { return nullptr; }
+  // The task `t` failed, or its client left the federation.
+  virtual void TaskFailedLocked(const TaskRecord& /*t*/) {}
+  virtual void ClientLeftLocked(const std::string& /*client_id*/) {}
+  // The round closed (its tasks resolved or failed): the driver's part of `m`.
+  virtual void CloseLocked(int64_t /*round*/, RoundMetrics* /*m*/) {}
+  // Hands the strategy what the round made that is not an upload (the unmasked sum; a
+  // split round's mean model), given `start`, the round's model in the update layout,
+  // and `weight`, the examples of the accepted results. On the round thread, after
+  // CloseLocked, before the strategy steps.
+  virtual Status Fold(const ParameterSet& /*start*/, int64_t /*weight*/) {
+    return absl::OkStatus();
+  }
+  // Whether clients report federated evaluations in this kind of round (the final
+  // evaluation is skipped otherwise).
+  virtual bool ClientsEvaluate() const { return true; }
+};
+
+}  // namespace cleave

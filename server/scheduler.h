@@ -1,0 +1,171 @@
+// RoundScheduler: when model versions are built and from which clients' work. The
+// coordinator's round thread asks it for one version at a time (NextLocked) and
+// evaluates and checkpoints each; uploads and other messages ask it whether the task
+// they name is still current and how an update is admitted. Implementations:
+//
+//   SyncRounds    synchronous rounds: sample clients, send their tasks, wait until every
+//                 task is resolved or the deadline passes, aggregate. A RoundDriver
+//                 (server/round_driver.h) adds secure aggregation or split learning.
+//   TurnRounds    split learning's `sl`: a synchronous round whose clients take turns,
+//                 each starting when the one before it is resolved.
+//   AsyncBuffers  scheduler.mode: async (FedBuff): clients train continuously from the
+//                 newest model; every scheduler.buffer_size updates, each scaled by its
+//                 staleness, make the next version.
+//
+// Every method runs with the coordinator's mutex held; NextLocked and SyncRounds'
+// waits release it while they wait or send. Schedulers are the coordinator's own
+// parts: they reach its sessions, tasks and round state directly.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "server/coordinator.h"
+#include "server/round_driver.h"
+
+namespace cleave {
+
+class RoundScheduler {
+ public:
+  virtual ~RoundScheduler() = default;
+
+  // Builds the next model version (committed_round_ + 1) and publishes it. Errors:
+  // OUT_OF_RANGE, the strategy ended the run before it; ABORTED, it failed and may be
+  // tried again; CANCELLED, the server is stopping; others end the run.
+  virtual StatusOr<RoundMetrics> NextLocked() = 0;
+  // OK if a message (`what`) about a task given in round `round` may still be taken;
+  // FAILED_PRECONDITION saying why not.
+  virtual Status CheckRoundLocked(const std::string& what, int64_t round) const = 0;
+  // An upload that completed: waits while no upload can be added (async: a buffer being
+  // applied, or full), then whether uploads of tasks given in `round` are still added.
+  virtual bool OpenForLocked(int64_t round) = 0;
+  // An upload of task `t` that passed every check under the lock: the factor its values
+  // are added with, or the reason it is refused (the scheduler may fail `t`).
+  virtual StatusOr<float> AdmitLocked(const std::string& /*task_id*/, TaskRecord& /*t*/,
+                                      const v1::UploadHeader& /*h*/) {
+    return 1.0f;
+  }
+  // An admitted upload was refused when it was checked without the lock.
+  virtual void UnadmitLocked() {}
+  // The scheduler's part of a new task for session `s` (async: an id per task, local
+  // steps sized to the client's speed).
+  virtual void ShapeTaskLocked(const Session& /*s*/, const FitSettings& /*fit*/,
+                               v1::Task* /*task*/, TaskRecord* /*rec*/) {}
+  // Task `t`'s upload `h` was accepted.
+  virtual void AcceptedLocked(const TaskRecord& /*t*/, const v1::UploadHeader& /*h*/) {}
+  // How many of the newest model versions stay fetchable (tasks outlive versions).
+  virtual int VersionsKept() const { return 1; }
+};
+
+class SyncRounds : public RoundScheduler {
+ public:
+  // `driver` may be the plain federated one (RoundDriver itself).
+  SyncRounds(Coordinator& c, RoundDriver& driver) : c_(c), driver_(driver) {}
+  // The coordinator's mutex, which guards the scheduler's state.
+  Mutex& mu() const ABSL_LOCK_RETURNED(c_.mu_) { return c_.mu_; }
+
+  StatusOr<RoundMetrics> NextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+    return RunLocked(/*evaluate_only=*/false);
+  }
+  Status CheckRoundLocked(const std::string& what, int64_t round) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  bool OpenForLocked(int64_t round) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+    return round == c_.current_round_;
+  }
+  // The final evaluation: every connected client measures the committed model on its
+  // held-out data (Task.evaluate_only); nothing is aggregated, the model stays.
+  StatusOr<RoundMetrics> EvaluateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+    return RunLocked(/*evaluate_only=*/true);
+  }
+
+ protected:
+  // Which of the round's clients get their task first; the rest wait for NextWaveLocked.
+  virtual std::vector<std::string> FirstWaveLocked(const std::vector<std::string>& clients) {
+    return clients;
+  }
+  // Every task sent so far is resolved: sends the next ones; false when none are left.
+  virtual bool NextWaveLocked(int64_t /*round*/, const RoundPlan& /*plan*/,
+                              int64_t /*deadline_ms*/) {
+    return false;
+  }
+  // Clients sampled but never sent a task (gone before their turn): failures.
+  virtual int UnservedLocked(int64_t /*round*/) { return 0; }
+
+  Coordinator& c_;
+
+ private:
+  StatusOr<RoundMetrics> RunLocked(bool evaluate_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // The round's clients by strategy (or Oort) and their plan.
+  RoundPlan PlanLocked(int64_t round, bool evaluate_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // Closes the round: stragglers fail, per-task metrics, the selector fed.
+  RoundMetrics CloseLocked(int64_t round, Clock::time_point start, bool evaluate_only,
+                           double* loss_sum, int64_t* weight)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+
+  RoundDriver& driver_;
+};
+
+class TurnRounds : public SyncRounds {
+ public:
+  using SyncRounds::SyncRounds;
+
+ protected:
+  std::vector<std::string> FirstWaveLocked(const std::vector<std::string>& clients) override;
+  bool NextWaveLocked(int64_t round, const RoundPlan& plan, int64_t deadline_ms) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  int UnservedLocked(int64_t round) override;
+
+ private:
+  std::deque<std::string> turns_;  // clients still to take their turn
+  int lost_ = 0;                   // clients gone before their turn came
+};
+
+class AsyncBuffers : public RoundScheduler {
+ public:
+  explicit AsyncBuffers(Coordinator& c) : c_(c) {}
+
+  StatusOr<RoundMetrics> NextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  Status CheckRoundLocked(const std::string& what, int64_t round) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  bool OpenForLocked(int64_t round) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  StatusOr<float> AdmitLocked(const std::string& task_id, TaskRecord& t,
+                              const v1::UploadHeader& h) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  void UnadmitLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) { --claimed_; }
+  void ShapeTaskLocked(const Session& s, const FitSettings& fit, v1::Task* task,
+                       TaskRecord* rec) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  void AcceptedLocked(const TaskRecord& t, const v1::UploadHeader& h) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+    ObserveSpeedLocked(t, h);
+  }
+  int VersionsKept() const override { return c_.cfg_.scheduler.max_staleness + 1; }
+
+ private:
+  // Opens the buffer of `version` (OUT_OF_RANGE when the strategy ends the run first).
+  Status OpenBufferLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // Gives tasks to idle clients, picked at random, up to scheduler.concurrency in
+  // flight. With dp, a client whose update is in the open buffer waits for the next.
+  void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // Updates the client's speed from its task's report (ClientSpeed).
+  void ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+
+  Coordinator& c_;
+  // The open buffer's settings and start; applying_: it is being applied, and uploads
+  // wait for the next one; claimed_: uploads claimed into it (at most buffer_size: later
+  // ones wait too); task ids are numbered (a client may get several tasks while one
+  // version is built).
+  RoundPlan plan_ ABSL_GUARDED_BY(c_.mu_);
+  Clock::time_point start_ ABSL_GUARDED_BY(c_.mu_);
+  bool applying_ ABSL_GUARDED_BY(c_.mu_) = false;
+  int claimed_ ABSL_GUARDED_BY(c_.mu_) = 0;
+  int64_t task_seq_ ABSL_GUARDED_BY(c_.mu_) = 0;
+  // Staleness control: the last 10 buffers' seconds between applied versions, and the
+  // slowest speed measured (each of its terms the largest any client's reached), which
+  // sizes a client's tasks until it is measured itself.
+  std::deque<double> recent_intervals_ ABSL_GUARDED_BY(c_.mu_);
+  ClientSpeed slowest_ ABSL_GUARDED_BY(c_.mu_);
+};
+
+}  // namespace cleave

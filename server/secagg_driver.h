@@ -1,0 +1,64 @@
+// SecAggDriver: the synchronous round under secure aggregation (SecAgg+). The round's
+// clients are given the masked-input codec and the stage's message with their tasks;
+// while they train, the driver closes each stage when it is complete or at its deadline
+// and sends the next one's messages; masked inputs are added into the round's sum mod M
+// as they arrive; when the unmasking closes, the unmasked, dequantized sum enters the
+// strategy as one update weighted by the survivors' examples, so server optimizers work
+// unchanged. The stages' protocol state is server/secagg_round.h (no gRPC).
+#pragma once
+
+#include <memory>
+
+#include "server/coordinator.h"
+#include "server/round_driver.h"
+#include "server/secagg_round.h"
+
+namespace cleave {
+
+class SecAggDriver : public RoundDriver {
+ public:
+  explicit SecAggDriver(Coordinator& c) : c_(c) {}
+  // The coordinator's mutex, which guards the driver's round state.
+  Mutex& mu() const ABSL_LOCK_RETURNED(c_.mu_) { return c_.mu_; }
+
+  Status BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
+      override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  void PrepareTaskLocked(v1::Task* task, TaskRecord* rec) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // Drives the stages until the unmasking closes (OK) or the round cannot go on; masked
+  // inputs are due by `deadline`, each other stage within
+  // secure_aggregation.stage_timeout_s. Releases the mutex while sending.
+  std::optional<Status> AwaitLocked(Clock::time_point deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // A masked input (codec "secagg"): checked and added into the round's sum.
+  bool TakeLocked(const v1::UploadHeader& h, const std::string& payload, const TaskRecord& t,
+                  Status* status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+    ClientLeftLocked(t.client_id);
+  }
+  void ClientLeftLocked(const std::string& client_id) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+    if (round_) round_->Drop(client_id);
+  }
+  void CloseLocked(int64_t round, RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // Unmasks the closed round's sum into the strategy.
+  Status Fold(const ParameterSet& start, int64_t weight) override;
+  // Clients report no evaluation under secure aggregation (one client's numbers would
+  // show what masking hides).
+  bool ClientsEvaluate() const override { return false; }
+
+  // A stage message (keys, shares or revealed shares) of `task_id`, checked against
+  // what the stage expects from `client_id` before any state changes.
+  Status SubmitLocked(const v1::SecAggRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+
+ private:
+  // Distributed DP and aggregation.weighting: equal: every masked update counts the same.
+  bool UniformWeights() const;
+
+  Coordinator& c_;
+  std::unique_ptr<SecAggRound> round_ ABSL_GUARDED_BY(c_.mu_);  // the open round's
+  // The closed round's, for Fold (the round thread's alone by then).
+  std::unique_ptr<SecAggRound> closed_;
+};
+
+}  // namespace cleave
