@@ -23,6 +23,7 @@
 #include "proto/split_chunks.h"
 #include "server/accept_gate.h"
 #include "server/coordinator.h"
+#include "server/split_stream.h"
 
 namespace cleave {
 
@@ -527,9 +528,7 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         Close(ToGrpc(task.status()));
         return;
       }
-      act_codec_ = MakeStatelessCodec(task->act_codec, 1).value();  // checked at start
-      grad_codec_ = MakeStatelessCodec(task->grad_codec, 2).value();
-      assembler_.emplace(static_cast<size_t>(4 * task->max_elements));
+      stream_.emplace(*core_, *task);
       {
         MutexLock l(&mu_);  // OnCancel may read them on another thread
         task_ = *std::move(task);
@@ -594,7 +593,11 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
         Close(grpc::Status::OK);
         return;
       }
-      Status s = Process(std::move(msg));
+      StatusOr<std::vector<v1::SplitDown>> answers = stream_->Process(std::move(msg));
+      const Status s = answers.status();
+      if (s.ok()) {
+        for (auto& m : *answers) Send(std::move(m));
+      }
       bool resume = false;
       {
         MutexLock l(&mu_);
@@ -614,116 +617,14 @@ class SplitReactor : public QueuedBidiReactor<v1::SplitUp, v1::SplitDown> {
     }
   }
 
-  // A message of the stream: a whole one is processed; a tensor in chunks waits for
-  // its last chunk.
-  Status Process(v1::SplitUp in) {
-    ASSIGN_OR_RETURN(std::optional<v1::SplitUp> whole, assembler_->Add(std::move(in)));
-    if (!whole) return absl::OkStatus();
-    const v1::SplitUp& msg = *whole;
-    SplitRound& round = *task_.round;
-    const auto t0 = std::chrono::steady_clock::now();  // compute time, not a deadline
-    auto seconds = [&] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    v1::SplitDown out;
-    if (msg.kind_case() == v1::SplitUp::kBatch) {
-      const v1::SplitBatch& b = msg.batch();
-      if (b.seq() != next_seq_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "micro-batch ", b.seq(), " arrived, expected ", next_seq_, " (replayed or out of order)"));
-      }
-      ASSIGN_OR_RETURN(Activations act,
-                       FromWire(b.activations(), task_.act_codec, act_codec_.get()));
-      RETURN_IF_ERROR(round.CheckActivations(task_.client_id, act));
-      std::vector<int64_t> labels(b.labels().begin(), b.labels().end());
-      RETURN_IF_ERROR(round.CheckLabels(act, labels));
-      core_->CountLabels(static_cast<int64_t>(labels.size()));
-      ++next_seq_;
-      if (round.options().mode == SplitMode::kUShaped) {
-        ASSIGN_OR_RETURN(Activations mid, round.ForwardMiddle(task_.client_id, b.seq(), act));
-        pending_.insert(b.seq());
-        auto* f = out.mutable_forward();
-        f->set_seq(b.seq());
-        ToWire(mid, task_.act_codec, act_codec_.get(), f->mutable_activations());
-        f->set_server_seconds(seconds());
-      } else {
-        ASSIGN_OR_RETURN(ModelPart::LossStep step,
-                         round.TrainStep(task_.client_id, act, labels));
-        auto* r = out.mutable_result();
-        r->set_seq(b.seq());
-        ToWire(step.grad_in, task_.grad_codec, grad_codec_.get(), r->mutable_grad());
-        r->set_loss(step.loss);
-        r->set_server_seconds(seconds());
-      }
-    } else if (msg.kind_case() == v1::SplitUp::kGrad) {
-      const v1::SplitGrad& g = msg.grad();
-      if (round.options().mode != SplitMode::kUShaped) {
-        return absl::InvalidArgumentError("SplitGrad is only sent in U-shaped split learning");
-      }
-      if (!pending_.count(g.seq())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("gradient for micro-batch ", g.seq(), ", which is not pending"));
-      }
-      ASSIGN_OR_RETURN(Activations grad, FromWire(g.grad(), task_.grad_codec, grad_codec_.get()));
-      ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad));
-      pending_.erase(g.seq());
-      auto* r = out.mutable_result();
-      r->set_seq(g.seq());
-      ToWire(gin, task_.grad_codec, grad_codec_.get(), r->mutable_grad());
-      r->set_server_seconds(seconds());
-    } else {
-      return absl::InvalidArgumentError("unexpected message on a split stream");
-    }
-    for (auto& m : Chunked(std::move(out))) Send(std::move(m));
-    return absl::OkStatus();
-  }
-
-  // `spec` is the codec the task set for this kind of tensor ("" = float32).
-  StatusOr<Activations> FromWire(const v1::TensorData& t, const std::string& spec,
-                                 const Codec* codec) const {
-    if (t.codec() != spec) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor encoded as '", t.codec(),
-                                                     "', the task set '", spec, "'"));
-    }
-    int64_t n = 1;
-    for (int64_t d : t.shape()) {
-      if (d <= 0 || n > task_.max_elements / d) {
-        return absl::InvalidArgumentError("tensor shape has a non-positive or oversized dimension");
-      }
-      n *= d;
-    }
-    if (t.shape().empty()) return absl::InvalidArgumentError("tensor without a shape");
-    Activations a;
-    a.shape.assign(t.shape().begin(), t.shape().end());
-    auto values = DecodeValues(codec, t.data(), a.shape);
-    if (!values.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor data does not match its shape: ", values.status().message()));
-    }
-    a.values = *std::move(values);
-    core_->SavedUp(4 * n - static_cast<int64_t>(t.data().size()));
-    return a;
-  }
-
-  void ToWire(const Activations& a, const std::string& spec, Codec* codec,
-              v1::TensorData* t) const {
-    for (int64_t d : a.shape) t->add_shape(d);
-    t->set_codec(spec);
-    t->set_data(EncodeValues(codec, a.values, a.shape));
-    core_->SavedDown(4 * static_cast<int64_t>(a.values.size()) - static_cast<int64_t>(t->data().size()));
-  }
-
   Coordinator* core_;
   const std::string peer_;
   std::shared_ptr<SplitReactor> self_;
   v1::SplitUp in_;
   bool opened_ = false;   // written under mu_ once, by a reaction
   SplitStreamTask task_;  // fixed when opened_ is set
-  // Pool-side state (one Drain at a time).
-  int64_t next_seq_ = 1;
-  std::set<int64_t> pending_;
-  std::unique_ptr<Codec> act_codec_, grad_codec_;  // this stream's (stochastic rounding)
-  std::optional<ChunkAssembler<v1::SplitUp>> assembler_;  // set when opened
+  // The stream's protocol state, set when opened; used by one Drain at a time.
+  std::optional<SplitStream> stream_;
   Mutex mu_;
   std::deque<v1::SplitUp> inbox_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
