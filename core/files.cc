@@ -126,4 +126,37 @@ Status RunFiles::ReplaceState(std::string_view data) {
   return absl::OkStatus();
 }
 
+StatusOr<std::unique_ptr<AppendFile>> AppendFile::Open(const std::string& path,
+                                                      std::string* contents) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("open", path);
+  std::unique_ptr<AppendFile> f(new AppendFile(path, fd));
+  contents->clear();
+  char buf[1 << 16];
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(fd, buf, sizeof buf, at);
+    if (n < 0) return Errno("read", path);
+    if (n == 0) break;
+    contents->append(buf, static_cast<size_t>(n));
+    at += n;
+  }
+  return f;
+}
+
+AppendFile::~AppendFile() { ::close(fd_); }
+
+Status AppendFile::Append(std::string_view data) {
+  MutexLock l(&mu_);
+  RETURN_IF_ERROR(WriteAll(fd_, data, path_));
+  if (::fdatasync(fd_) != 0) return Errno("fsync", path_);
+  return absl::OkStatus();
+}
+
+Status AppendFile::Truncate(size_t size) {
+  MutexLock l(&mu_);
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return Errno("truncate", path_);
+  if (::fdatasync(fd_) != 0) return Errno("fsync", path_);
+  return absl::OkStatus();
+}
+
 }  // namespace cleave

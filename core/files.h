@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/mutex.h"
 #include "core/status.h"
 
 namespace cleave {
@@ -15,6 +16,29 @@ StatusOr<std::string> ReadFile(const std::string& path);
 Status WriteFileAtomic(const std::string& path, std::string_view data);
 // Appends one line (a '\n' is added) and flushes it to disk.
 Status AppendLine(const std::string& path, std::string_view line);
+
+// A file held open for appending durable records (an async run's buffer journal).
+// Thread-safe.
+class AppendFile {
+ public:
+  // Opens or creates `path` and reads what it holds into *contents.
+  static StatusOr<std::unique_ptr<AppendFile>> Open(const std::string& path,
+                                                    std::string* contents);
+  ~AppendFile();
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+
+  // Appends `data` and flushes it to disk before returning.
+  Status Append(std::string_view data);
+  // Keeps the first `size` bytes (0: empties the file), flushed to disk.
+  Status Truncate(size_t size);
+
+ private:
+  AppendFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  const std::string path_;
+  const int fd_;
+  Mutex mu_;
+};
 
 // The files a run keeps writing, held open from the start: a process whose descriptors
 // run out (thousands of connections) can still append a line and replace its state.

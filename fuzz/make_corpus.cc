@@ -117,6 +117,25 @@ int main(int argc, char** argv) {
   ck.oort = oort;
   Seed("checkpoint_fuzz", "checkpoint-oort", EncodeCheckpoint(ck));
 
+  BufferEntry entry;  // an async buffer's journal: two updates of version 4
+  entry.version = 4;
+  entry.task_round = 3;
+  entry.staleness = 1;
+  entry.weight = 100;
+  entry.scale = 0.5f;
+  entry.train_loss = 0.7;
+  entry.steps = 20;
+  entry.client_name = "client-1";
+  entry.codec = "fp32";
+  entry.payload = layout.Encode();
+  std::string journal = EncodeBufferRecord(entry);
+  entry.task_round = 4;
+  entry.staleness = 0;
+  entry.scale = 1;
+  journal += EncodeBufferRecord(entry);
+  Seed("buffer_journal_fuzz", "journal", journal);
+  Seed("buffer_journal_fuzz", "journal-torn", journal.substr(0, journal.size() - 9));
+
   for (const auto& e : fs::directory_iterator(source / "deploy" / "examples")) {
     if (e.path().extension() == ".yaml") {
       Seed("config_fuzz", e.path().filename().string(), *ReadFile(e.path().string()));

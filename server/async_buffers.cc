@@ -169,6 +169,7 @@ StatusOr<RoundMetrics> AsyncBuffers::NextLocked() {
   if (c_.current_round_ != round) {
     RETURN_IF_ERROR(c_.AwaitClientsLocked());
     RETURN_IF_ERROR(OpenBufferLocked(round));
+    ReplayLocked();  // a restarted server's buffer, as far as it was filled
   }
   c_.phase_ = "training (async)";
   const int k = c_.cfg_.scheduler.buffer_size;
@@ -252,6 +253,99 @@ StatusOr<RoundMetrics> AsyncBuffers::NextLocked() {
   applying_ = false;
   c_.cv_.SignalAll();
   return m;
+}
+
+Status AsyncBuffers::OpenJournal(const std::string& dir, int64_t committed) {
+  const int64_t next = committed + 1;
+  for (int parity : {0, 1}) {
+    const std::string path = dir + (parity ? "/buffer-a.log" : "/buffer-b.log");
+    std::string bytes;
+    ASSIGN_OR_RETURN(journal_[parity], AppendFile::Open(path, &bytes));
+    size_t complete = 0;
+    auto entries = DecodeBufferJournal(bytes, &complete);
+    if (!entries.ok()) {
+      return Status(entries.status().code(),
+                    absl::StrCat(path, ": ", entries.status().message(),
+                                 " (remove it to start the open buffer afresh)"));
+    }
+    if (complete < bytes.size()) {
+      spdlog::warn("{}: dropping a record cut short at byte {} (its upload was never "
+                   "acknowledged)", path, complete);
+    }
+    for (auto& e : *entries) {
+      if (e.version == next) found_.push_back(std::move(e));
+    }
+    // What is not the next version's buffer was applied and checkpointed already.
+    RETURN_IF_ERROR(journal_[parity]->Truncate(0));
+  }
+  for (const BufferEntry& e : found_) {
+    RETURN_IF_ERROR(journal_[e.version % 2]->Append(EncodeBufferRecord(e)));
+  }
+  if (!found_.empty()) {
+    spdlog::info("resuming version {}'s buffer with {} journaled updates", next, found_.size());
+  }
+  return absl::OkStatus();
+}
+
+Status AsyncBuffers::Record(const BufferEntry& e) {
+  return journal_[e.version % 2]->Append(EncodeBufferRecord(e));
+}
+
+void AsyncBuffers::Committed(int64_t version) {
+  if (!journal_[0]) return;
+  // Its checkpoint holds what the journal did; the version after next goes there next.
+  if (Status s = journal_[version % 2]->Truncate(0); !s.ok()) {
+    spdlog::warn("buffer journal: {}", std::string(s.message()));
+  }
+}
+
+void AsyncBuffers::ReplayLocked() {
+  std::vector<BufferEntry> entries = std::move(found_);
+  found_.clear();
+  int n = 0;
+  for (const BufferEntry& e : entries) {
+    if (e.version != c_.current_round_) continue;
+    // The checks its upload passed, again: the journal is disk input.
+    const ParameterSet& layout = c_.UpdateLayout();
+    StatusOr<std::vector<TensorView>> views =
+        e.codec == "fp32" ? ParseParameterSet(e.payload, c_.cfg_.server.max_model_elements)
+        : c_.update_codec_ && e.codec == c_.cfg_.compression.update
+            ? ViewEncodedTensors(*c_.update_codec_, e.payload, layout)
+            : StatusOr<std::vector<TensorView>>(absl::InvalidArgumentError(
+                  absl::StrCat("codec '", e.codec, "' is not this run's")));
+    Status ok = views.status();
+    if (ok.ok()) ok = CheckViews(layout, *views, static_cast<float>(c_.cfg_.server.max_update_abs));
+    if (!ok.ok()) {
+      spdlog::warn("buffer journal: an update of {} not added again: {}", e.client_name,
+                   std::string(ok.message()));
+      continue;
+    }
+    for (auto& v : *views) v.scale = e.scale;
+    ClientUpdate u;
+    u.client_name = e.client_name;
+    u.base_version = e.task_round - 1;
+    u.staleness = e.staleness;
+    u.delta = *std::move(views);
+    u.weight = e.weight;
+    u.train_loss = e.train_loss;
+    {
+      MutexLock a(&c_.shard_mu_[0]);
+      c_.strategy_->Accumulate(u, 0);
+    }
+    // The task it answered, done: it counts in the buffer's metrics and fills its slot.
+    TaskRecord t;
+    t.client_id = absl::StrCat("journal:", e.client_name);
+    t.state = TaskState::kDone;
+    t.round = e.task_round;
+    t.resolved_in = e.version;
+    t.staleness = e.staleness;
+    t.train_loss = e.train_loss;
+    t.num_examples = e.weight;
+    t.steps = e.steps;
+    c_.tasks_[absl::StrCat("journal-", e.version, "-", n++)] = std::move(t);
+    ++claimed_;
+  }
+  if (n > 0) c_.cv_.SignalAll();
 }
 
 }  // namespace cleave

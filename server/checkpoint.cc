@@ -4,6 +4,8 @@
 #include <map>
 #include <sstream>
 
+#include <zlib.h>
+
 #include "absl/strings/str_cat.h"
 #include "cleave/v1/cleave.pb.h"
 
@@ -91,6 +93,78 @@ StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes) {
     ck.oort = std::move(s);
   }
   return ck;
+}
+
+std::string EncodeBufferRecord(const BufferEntry& e) {
+  v1::BufferEntry p;
+  p.set_version(e.version);
+  p.set_task_round(e.task_round);
+  p.set_staleness(e.staleness);
+  p.set_weight(e.weight);
+  p.set_scale(e.scale);
+  p.set_train_loss(e.train_loss);
+  p.set_steps(e.steps);
+  p.set_client_name(e.client_name);
+  p.set_codec(e.codec);
+  p.set_payload(e.payload);
+  const std::string body = p.SerializeAsString();
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size())));
+  std::string out(8, '\0');
+  for (int i = 0; i < 4; ++i) {
+    out[i] = static_cast<char>(n >> (8 * i));
+    out[4 + i] = static_cast<char>(crc >> (8 * i));
+  }
+  return out + body;
+}
+
+StatusOr<std::vector<BufferEntry>> DecodeBufferJournal(std::string_view bytes, size_t* complete) {
+  *complete = 0;
+  std::vector<BufferEntry> out;
+  size_t at = 0;
+  auto u32 = [&](size_t i) {
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) v |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + k])) << (8 * k);
+    return v;
+  };
+  while (at < bytes.size()) {
+    if (bytes.size() - at < 8) break;  // torn
+    const uint32_t n = u32(at), crc = u32(at + 4);
+    if (n > bytes.size() - at - 8) break;  // torn
+    const std::string_view body = bytes.substr(at + 8, n);
+    const uint32_t got = static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size())));
+    if (got != crc) {
+      if (at + 8 + n == bytes.size()) break;  // torn
+      return absl::DataLossError(absl::StrCat("record at byte ", at, ": CRC mismatch"));
+    }
+    v1::BufferEntry p;
+    if (!p.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+      return absl::DataLossError(absl::StrCat("record at byte ", at, " does not parse"));
+    }
+    if (p.version() < 1 || p.task_round() < 1 || p.task_round() > p.version() ||
+        p.staleness() != p.version() - p.task_round() || p.weight() < 1 || p.steps() < 0 ||
+        !std::isfinite(p.train_loss()) || !std::isfinite(p.scale()) || p.scale() < 0 ||
+        p.scale() > 1 || p.codec().empty()) {
+      return absl::DataLossError(absl::StrCat("record at byte ", at, " holds impossible values"));
+    }
+    BufferEntry e;
+    e.version = p.version();
+    e.task_round = p.task_round();
+    e.staleness = p.staleness();
+    e.weight = p.weight();
+    e.scale = p.scale();
+    e.train_loss = p.train_loss();
+    e.steps = p.steps();
+    e.client_name = p.client_name();
+    e.codec = p.codec();
+    e.payload = p.payload();
+    out.push_back(std::move(e));
+    at += 8 + n;
+    *complete = at;
+  }
+  return out;
 }
 
 }  // namespace cleave

@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/parameter_set.h"
 #include "core/status.h"
@@ -33,5 +34,31 @@ std::string EncodeCheckpoint(const Checkpoint& ck);
 // whose selection state (if any) is finite, non-negative and within its ranges.
 // Messages do not name the file: the caller adds its path.
 StatusOr<Checkpoint> DecodeCheckpoint(std::string_view bytes);
+
+// scheduler.mode: async: one update of an open buffer, as journaled (proto
+// cleave.v1.BufferEntry).
+struct BufferEntry {
+  int64_t version = 0;
+  int64_t task_round = 0;
+  int64_t staleness = 0;
+  int64_t weight = 0;
+  float scale = 1;
+  double train_loss = 0;
+  int64_t steps = 0;
+  std::string client_name;
+  std::string codec;
+  std::string payload;
+};
+
+// One framed journal record: length, CRC-32, the encoded entry.
+std::string EncodeBufferRecord(const BufferEntry& e);
+
+// The complete records of a journal, and in *complete the bytes they take. A last
+// record cut short (a crash while it was written: a length past the end, or a CRC that
+// does not match and nothing after it) is left out (*complete < bytes.size()); a bad
+// record with more after it, or a record that does not parse or holds impossible
+// values (negative counts, a version or staleness that do not add up, a non-finite
+// loss, a scale outside [0, 1]), is DATA_LOSS naming its offset.
+StatusOr<std::vector<BufferEntry>> DecodeBufferJournal(std::string_view bytes, size_t* complete);
 
 }  // namespace cleave

@@ -619,6 +619,7 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   float scale = 1.0f;
   RoundDriver::AddUpload add;  // the driver's, when it adds the update itself
   ClientUpdate update;
+  std::optional<BufferEntry> record;  // what the scheduler records of it
   {
     MutexLock l(&mu_);
     // Re-check under the lock: the round may have closed while we were reading.
@@ -658,6 +659,18 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     update.staleness = task.staleness;
     update.weight = weight;
     update.train_loss = h.train_loss();
+    if (scheduler_->Records()) {
+      record.emplace();
+      record->version = current_round_;
+      record->task_round = task.round;
+      record->staleness = task.staleness;
+      record->weight = weight;
+      record->scale = scale;
+      record->train_loss = h.train_loss();
+      record->steps = task.steps;
+      record->client_name = update.client_name;
+      record->codec = h.codec();
+    }
     task.state = TaskState::kAccumulating;
     ++accumulating_;
   }
@@ -674,6 +687,10 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     // can make the model non-finite.
     RETURN_IF_ERROR(CheckViews(*layout, views, static_cast<float>(cfg_.server.max_update_abs)));
     for (auto& v : views) v.scale = scale;
+    if (record) {  // durable before it is added (async: the buffer survives a crash)
+      record->payload = payload;
+      RETURN_IF_ERROR(scheduler_->Record(*record));
+    }
     if (add) return add(views, update.weight);
     update.delta = std::move(views);
     // Each worker adds into its own partial sum; threads outside the pool share the last.
@@ -915,6 +932,10 @@ Status Coordinator::Init() {
     // Held open from now on, so that running out of descriptors (connections) cannot
     // stop a round from being recorded.
     ASSIGN_OR_RETURN(run_files_, RunFiles::Open(opts_.run_dir, "metrics.jsonl", "checkpoint.pb"));
+    if (async_) {
+      async_->mu().AssertHeld();  // this->mu_
+      RETURN_IF_ERROR(async_->OpenJournal(opts_.run_dir, committed_round_));
+    }
   }
   PublishModelLocked();
   return absl::OkStatus();
@@ -1491,6 +1512,7 @@ Status Coordinator::Run() {
       result = s;
       break;
     }
+    scheduler_->Committed(m->round);
     spdlog::info(
         "round {} committed: accuracy {:.4f}, test loss {:.4f}, train loss {:.4f}, "
         "{} participants, {} failures, {} B up, {} B down, {:.1f}s",

@@ -21,6 +21,8 @@
 #include <memory>
 #include <string>
 
+#include "core/files.h"
+#include "server/checkpoint.h"
 #include "server/coordinator.h"
 #include "server/round_driver.h"
 
@@ -56,6 +58,14 @@ class RoundScheduler {
   virtual void AcceptedLocked(const TaskRecord& /*t*/, const v1::UploadHeader& /*h*/) {}
   // How many of the newest model versions stay fetchable (tasks outlive versions).
   virtual int VersionsKept() const { return 1; }
+  // Whether admitted updates are recorded before they are added (Record), so that a
+  // restarted server finds them (async: the open buffer's journal).
+  virtual bool Records() const { return false; }
+  // Records admitted update `e` durably; an error refuses the upload, nothing added.
+  // Without the coordinator's lock; thread-safe.
+  virtual Status Record(const BufferEntry& /*e*/) { return absl::OkStatus(); }
+  // Version `version` was committed and its checkpoint written (without the lock).
+  virtual void Committed(int64_t /*version*/) {}
 };
 
 class SyncRounds : public RoundScheduler {
@@ -124,6 +134,8 @@ class TurnRounds : public SyncRounds {
 class AsyncBuffers : public RoundScheduler {
  public:
   explicit AsyncBuffers(Coordinator& c) : c_(c) {}
+  // The coordinator's mutex, which guards the scheduler's state.
+  Mutex& mu() const ABSL_LOCK_RETURNED(c_.mu_) { return c_.mu_; }
 
   StatusOr<RoundMetrics> NextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
   Status CheckRoundLocked(const std::string& what, int64_t round) const override
@@ -140,8 +152,20 @@ class AsyncBuffers : public RoundScheduler {
     ObserveSpeedLocked(t, h);
   }
   int VersionsKept() const override { return c_.cfg_.scheduler.max_staleness + 1; }
+  bool Records() const override { return journal_[0] != nullptr; }
+  Status Record(const BufferEntry& e) override;
+  void Committed(int64_t version) override;
+
+  // With a run directory: opens the open buffer's journal (RUN_DIR/buffer-a.log for odd
+  // versions, buffer-b.log for even ones) after the checkpoint of version `committed`
+  // was loaded, keeping the updates of version committed + 1's buffer, which the first
+  // NextLocked adds again. DATA_LOSS naming the file if a journal is unreadable.
+  Status OpenJournal(const std::string& dir, int64_t committed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
 
  private:
+  // Adds the journaled updates of the buffer just opened, as their uploads did.
+  void ReplayLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
   // Opens the buffer of `version` (OUT_OF_RANGE when the strategy ends the run first).
   Status OpenBufferLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
   // Gives tasks to idle clients, picked at random, up to scheduler.concurrency in
@@ -166,6 +190,10 @@ class AsyncBuffers : public RoundScheduler {
   // sizes a client's tasks until it is measured itself.
   std::deque<double> recent_intervals_ ABSL_GUARDED_BY(c_.mu_);
   ClientSpeed slowest_ ABSL_GUARDED_BY(c_.mu_);
+  // The journal's two files (null without a run directory), and what OpenJournal found
+  // of the buffer to resume.
+  std::unique_ptr<AppendFile> journal_[2];
+  std::vector<BufferEntry> found_ ABSL_GUARDED_BY(c_.mu_);
 };
 
 }  // namespace cleave

@@ -196,7 +196,10 @@ int RunLocal(const LocalOptions& o) {
       server_argv.push_back(f[0] == '-' ? f : certs + "/" + f);
     }
   }
-  procs.push_back({"server", Spawn(server_argv, run_dir + "/server.stderr.log")});
+  Child server;
+  server.name = "server";
+  server.pid = Spawn(server_argv, run_dir + "/server.stderr.log");
+  procs.push_back(std::move(server));
   std::cout << "cleave local: " << config->run.name << ", " << clients << " clients, " << rounds
             << " rounds, model " << config->model.name << ", strategy " << config->strategy.name
             << ", partition " << config->local.partition
@@ -281,7 +284,8 @@ int RunLocal(const LocalOptions& o) {
         argv.push_back(value);
       }
     }
-    Child c{name};
+    Child c;
+    c.name = name;
     c.argv = argv;
     if (!trace_of(i) || trace_of(i)->OnlineAt(0)) {
       c.pid = Spawn(argv, run_dir + "/" + name + ".log");

@@ -4,7 +4,10 @@
 // still fetch are kept (and no more).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -231,6 +234,75 @@ server: {client_timeout_s: 120, worker_threads: 2}
   ASSERT_EQ(h.size(), 2u);
   EXPECT_EQ(h[0].staleness, (std::map<int64_t, int>{{0, 2}}));
   EXPECT_EQ(h[1].staleness, (std::map<int64_t, int>{{0, 1}, {1, 1}}));
+}
+
+// The open buffer survives the server: each update is journaled before its upload is
+// acknowledged, so a server restarted on the run directory (after a crash or a stop)
+// holds the two updates of version 1 it had, and one more upload completes the buffer
+// as three would have on the first server. On the code before the journal the restarted
+// buffer is empty and version 1 never comes.
+TEST_F(AsyncTest, TheOpenBufferSurvivesARestart) {
+  const std::string run_dir =
+      ::testing::TempDir() + "/cleave-async-journal-" + std::to_string(::getpid());
+  std::filesystem::remove_all(run_dir);
+  auto options = [&] {
+    ServerOptions o;
+    o.config = TestConfig(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 1, round_deadline_s: 60}
+scheduler: {mode: async, buffer_size: 3, max_staleness: 2, staleness: constant}
+server: {client_timeout_s: 120}
+)");
+    o.run_dir = run_dir;
+    return o;
+  };
+  StartServerWith(options());
+  const ParameterSet g0 = server_->GlobalModel();
+  const ParameterSet da = Delta(g0, 0.01f), db = Delta(g0, -0.02f), dc = Delta(g0, 0.04f);
+  {
+    TestPeer a(address_, 100), b(address_, 300);
+    ASSERT_TRUE(a.Join("a"));
+    ASSERT_TRUE(b.Join("b"));
+    auto ta = a.NextTask(), tb = b.NextTask();
+    ASSERT_TRUE(ta && tb);
+    ASSERT_TRUE(UploadPayload(a.stub(), a.Header(*ta, 100), da.Encode()).ok());
+    ASSERT_TRUE(UploadPayload(b.stub(), b.Header(*tb, 300), db.Encode()).ok());
+    EXPECT_EQ(server_->committed_round(), 0);
+    server_->Stop();
+    runner_.join();
+  }
+  server_.reset();
+  StartServerWith(options());
+  TestPeer c(address_, 200);
+  ASSERT_TRUE(c.Join("c"));
+  auto tc = c.NextTask();
+  ASSERT_TRUE(tc);
+  EXPECT_EQ(tc->round(), 1);
+  ASSERT_TRUE(UploadPayload(c.stub(), c.Header(*tc, 200), dc.Encode()).ok());
+  ASSERT_TRUE(WaitForVersion(1));
+  ASSERT_TRUE(c.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  ParameterSet v1 = g0;
+  AddScaled(da, 100.0 / 600, &v1);
+  AddScaled(db, 300.0 / 600, &v1);
+  AddScaled(dc, 200.0 / 600, &v1);
+  const ParameterSet got = server_->GlobalModel();
+  for (size_t i = 0; i < got.size(); ++i) {
+    for (size_t j = 0; j < got.tensors()[i].values.size(); ++j) {
+      ASSERT_NEAR(got.tensors()[i].values[j], v1.tensors()[i].values[j], 1e-6) << i << "," << j;
+    }
+  }
+  auto h = server_->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 3);
+  EXPECT_EQ(h[0].staleness, (std::map<int64_t, int>{{0, 3}}));
+  // Applied and checkpointed: the journal holds nothing to add again.
+  for (const char* f : {"buffer-a.log", "buffer-b.log"}) {
+    EXPECT_EQ(std::filesystem::file_size(run_dir + "/" + f), 0u) << f;
+  }
+  std::filesystem::remove_all(run_dir);
 }
 
 // scheduler.target_staleness: each task's local steps are sized from its client's

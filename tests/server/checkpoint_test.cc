@@ -70,5 +70,51 @@ TEST(CheckpointTest, SelectionStateOutOfRangeIsDataLoss) {
   expect(tamper([](v1::OortState* o) { *o->add_clients() = o->clients(0); }), "a client twice");
 }
 
+// The async buffer's journal: complete records read back exactly; a last record cut
+// short is left out (a crash while writing it), anything else wrong is DATA_LOSS.
+TEST(BufferJournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
+  BufferEntry e;
+  e.version = 5;
+  e.task_round = 4;
+  e.staleness = 1;
+  e.weight = 120;
+  e.scale = 0.5f;
+  e.train_loss = 0.25;
+  e.steps = 7;
+  e.client_name = "dev-3";
+  e.codec = "fp32";
+  e.payload = std::string(1000, 'x');
+  const std::string one = EncodeBufferRecord(e);
+  e.task_round = 5;
+  e.staleness = 0;
+  const std::string two = one + EncodeBufferRecord(e);
+  size_t complete = 0;
+  auto all = DecodeBufferJournal(two, &complete);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ(complete, two.size());
+  EXPECT_EQ((*all)[0].task_round, 4);
+  EXPECT_EQ((*all)[0].client_name, "dev-3");
+  EXPECT_EQ((*all)[0].payload, e.payload);
+  EXPECT_EQ((*all)[1].staleness, 0);
+  for (size_t cut : {one.size() + 3, one.size() + 20, two.size() - 1}) {
+    auto torn = DecodeBufferJournal(std::string_view(two).substr(0, cut), &complete);
+    ASSERT_TRUE(torn.ok()) << cut;
+    EXPECT_EQ(torn->size(), 1u) << cut;
+    EXPECT_EQ(complete, one.size()) << cut;
+  }
+  std::string flipped = two;
+  flipped[two.size() - 5] ^= 1;  // the last record's body: torn, not corrupt
+  ASSERT_TRUE(DecodeBufferJournal(flipped, &complete).ok());
+  EXPECT_EQ(complete, one.size());
+  flipped = two;
+  flipped[20] ^= 1;  // the first record's body, with a record after it
+  EXPECT_EQ(DecodeBufferJournal(flipped, &complete).status().code(),
+            absl::StatusCode::kDataLoss);
+  e.staleness = 3;  // does not add up to version - task_round
+  EXPECT_EQ(DecodeBufferJournal(EncodeBufferRecord(e) + one, &complete).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace cleave
