@@ -34,4 +34,9 @@ int64_t SizedSteps(int64_t base_steps, int64_t min_steps, int target, double ver
   return static_cast<int64_t>(steps);
 }
 
+double PredictedStaleness(int64_t steps, double version_interval_s, const ClientSpeed& speed) {
+  if (speed.step_s <= 0 || version_interval_s <= 0) return 0;
+  return (speed.overhead_s + static_cast<double>(steps) * speed.step_s) / version_interval_s;
+}
+
 }  // namespace cleave

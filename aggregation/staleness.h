@@ -35,4 +35,9 @@ struct ClientSpeed {
 int64_t SizedSteps(int64_t base_steps, int64_t min_steps, int target, double version_interval_s,
                    const ClientSpeed& speed);
 
+// How many versions late an update of `steps` local steps from a client of `speed`
+// arrives when versions are applied every `version_interval_s` seconds; 0 while either
+// is unknown.
+double PredictedStaleness(int64_t steps, double version_interval_s, const ClientSpeed& speed);
+
 }  // namespace cleave

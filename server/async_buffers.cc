@@ -67,12 +67,36 @@ void AsyncBuffers::ShapeTaskLocked(const Session& s, const FitSettings& fit, v1:
   // slowest one measured (train's work while none is).
   const int64_t base = TaskSteps(fit.local_steps, fit.local_epochs,
                                  std::max<int64_t>(1, s.num_examples), fit.batch_size);
-  double interval_s = 0;  // the mean of the last buffers'
-  for (double b : recent_intervals_) interval_s += b / recent_intervals_.size();
   rec->steps = SizedSteps(base, c_.cfg_.scheduler.min_local_steps,
-                          c_.cfg_.scheduler.target_staleness, interval_s,
+                          c_.cfg_.scheduler.target_staleness, IntervalLocked(),
                           s.speed.step_s > 0 ? s.speed : slowest_);
   if (rec->steps != base) task->mutable_train()->set_local_steps(rec->steps);
+}
+
+double AsyncBuffers::IntervalLocked() const {
+  double interval_s = 0;  // the mean of the last buffers'
+  for (double b : recent_intervals_) interval_s += b / recent_intervals_.size();
+  return interval_s;
+}
+
+double AsyncBuffers::LateLocked(const Session& s) const {
+  const auto& c = c_.cfg_.scheduler;
+  if (c.target_staleness <= 0) return 0;  // staleness control is off
+  return PredictedStaleness(c.min_local_steps, IntervalLocked(), s.speed);
+}
+
+bool AsyncBuffers::RetryLocked(const std::string& cid, const Session& s) {
+  auto [it, first] = refused_.emplace(cid, c_.current_round_);
+  if (first) {
+    spdlog::warn("client {} ({}) would be {:.1f} versions late even at "
+                 "scheduler.min_local_steps={}; no task for it while faster clients train "
+                 "(tried again in {} versions)",
+                 cid, s.name, LateLocked(s), c_.cfg_.scheduler.min_local_steps, kRetryVersions);
+    return false;
+  }
+  if (c_.current_round_ - it->second < kRetryVersions) return false;
+  it->second = c_.current_round_;  // one task, to measure it again
+  return true;
 }
 
 void AsyncBuffers::ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h) {
@@ -138,9 +162,25 @@ void AsyncBuffers::DispatchLocked() {
   }
   const int free = cap - static_cast<int>(busy.size());
   if (free <= 0) return;
-  std::vector<std::string> idle;
+  std::vector<std::string> idle, too_slow;
+  bool any_admissible = false;  // some client, idle or training, is fast enough
+  const int64_t max_late = c_.cfg_.scheduler.max_staleness;
   for (const auto& cid : c_.AvailableLocked()) {
-    if (!busy.count(cid) && !in_buffer.count(cid)) idle.push_back(cid);
+    const Session& s = c_.sessions_[cid];
+    const bool admissible = LateLocked(s) <= max_late;
+    any_admissible |= admissible;
+    if (busy.count(cid) || in_buffer.count(cid)) continue;
+    if (admissible) {
+      refused_.erase(cid);
+      idle.push_back(cid);
+    } else {
+      too_slow.push_back(cid);
+    }
+  }
+  for (const auto& cid : too_slow) {
+    // With no faster client the slow ones train (late updates beat none); else one gets
+    // a task now and then, to be measured again.
+    if (!any_admissible || RetryLocked(cid, c_.sessions_[cid])) idle.push_back(cid);
   }
   if (idle.empty()) return;
   const int k = std::min<int>(free, idle.size());

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -170,7 +171,19 @@ class AsyncBuffers : public RoundScheduler {
   Status OpenBufferLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
   // Gives tasks to idle clients, picked at random, up to scheduler.concurrency in
   // flight. With dp, a client whose update is in the open buffer waits for the next.
+  // Admission (staleness control): a client whose update would arrive more than
+  // scheduler.max_staleness versions late even at min_local_steps gets no task while
+  // another client is admissible, and is tried again kRetryVersions versions later (its
+  // speed may have changed).
   void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // How many versions late `s`'s update of min_local_steps would arrive (0 while unknown
+  // or with staleness control off).
+  double LateLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // A client too slow to be admitted: true when it is due a task to be measured again
+  // (kRetryVersions after it was first refused); logs the refusal once.
+  bool RetryLocked(const std::string& cid, const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  double IntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  static constexpr int64_t kRetryVersions = 10;
   // Updates the client's speed from its task's report (ClientSpeed).
   void ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
@@ -190,6 +203,8 @@ class AsyncBuffers : public RoundScheduler {
   // sizes a client's tasks until it is measured itself.
   std::deque<double> recent_intervals_ ABSL_GUARDED_BY(c_.mu_);
   ClientSpeed slowest_ ABSL_GUARDED_BY(c_.mu_);
+  // Clients refused admission (session id): the version in which they were.
+  std::map<std::string, int64_t> refused_ ABSL_GUARDED_BY(c_.mu_);
   // The journal's two files (null without a run directory), and what OpenJournal found
   // of the buffer to resume.
   std::unique_ptr<AppendFile> journal_[2];

@@ -385,6 +385,77 @@ server: {client_timeout_s: 100000}
   }
 }
 
+// Admission: a client measured so slow that even scheduler.min_local_steps would make
+// its update more than max_staleness versions late gets no task while a faster client
+// trains, and is tried again (with min_local_steps) kRetryVersions = 10 versions later.
+TEST_F(AsyncTest, ClientsTooSlowForMaxStalenessAreNotAdmitted) {
+  auto clock = std::make_shared<FakeClock>();
+  ServerOptions o;
+  o.clock = clock;
+  o.config = TestConfig(R"(
+run: {rounds: 14}
+model: {name: mlp}
+clients: {min: 2, round_deadline_s: 600}
+train: {local_steps: 32}
+scheduler: {mode: async, buffer_size: 2, max_staleness: 2, target_staleness: 1,
+            min_local_steps: 2}
+server: {client_timeout_s: 100000}
+)");
+  StartServerWith(std::move(o));
+  const ParameterSet g0 = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 100);
+  ASSERT_TRUE(a.Join("a"));
+  ASSERT_TRUE(b.Join("b"));
+  auto upload = [&](TestPeer& p, const v1::Task& t, double train_s) {
+    v1::UploadHeader h = p.Header(t, 100);
+    h.set_train_seconds(train_s);
+    return UploadPayload(p.stub(), h, Delta(g0, 0.01f).Encode()).ok();
+  };
+  auto tb = b.NextTask();
+  ASSERT_TRUE(tb);
+  // a trains fast: one update a second, a version every two.
+  auto a_step = [&]() -> ::testing::AssertionResult {
+    auto t = a.NextTask();
+    if (!t) return ::testing::AssertionFailure() << "no task for a";
+    clock->AdvanceSeconds(1);
+    v1::UploadHeader h = a.Header(*t, 100);
+    h.set_train_seconds(0.5);
+    auto r = UploadPayload(a.stub(), h, Delta(g0, 0.01f).Encode());
+    if (!r.ok()) return ::testing::AssertionFailure() << r.status();
+    return ::testing::AssertionSuccess();
+  };
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(a_step()) << i;
+  ASSERT_TRUE(WaitForVersion(2));
+  // b's update arrives two versions late, after 320 s of training for its 32 steps: at
+  // 10 s a step even 2 steps are 10 versions of 2 s. It is accepted (staleness 2), and b
+  // gets no new task while a trains.
+  ASSERT_TRUE(upload(b, *tb, 320));
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(a_step()) << i;
+  ASSERT_TRUE(WaitForVersion(3));
+  EXPECT_FALSE(b.NextTask(0.5)) << "a client too slow for max_staleness got a task";
+  // Ten versions after it was refused (at version 3's buffer), b gets one task again.
+  std::optional<v1::Task> retry;
+  while (!retry && server_->committed_round() < 14) {
+    ASSERT_TRUE(a_step());
+    if (server_->committed_round() >= 12) retry = b.NextTask(0.2);
+  }
+  ASSERT_TRUE(retry);
+  EXPECT_EQ(retry->round(), 13);
+  EXPECT_EQ(retry->train().local_steps(), 2);
+  // a's updates fill the last buffers (b's retried task is not needed). Its last upload
+  // ends the run, so a missing next task is the end, not a failure.
+  while (server_->committed_round() < 14) {
+    auto t = a.NextTask(5);
+    if (!t) break;
+    clock->AdvanceSeconds(1);
+    ASSERT_TRUE(upload(a, *t, 0.5));
+  }
+  ASSERT_TRUE(WaitForVersion(14));
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_EQ(server_->History()[2].staleness, (std::map<int64_t, int>{{0, 1}, {2, 1}}));
+}
+
 // With dp, a client's update is in a buffer at most once (the accounting's premise): a
 // client whose update is in the open buffer gets its next task only once it is applied.
 // Without dp it gets one at once, for the same buffer. Returns the round of a's second
