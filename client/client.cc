@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/emulation.h"
+#include "client/gossip.h"
 #include "client/names.h"
 #include "client/shared.h"
 #include "compression/codec.h"
@@ -182,12 +183,25 @@ struct Client::Impl {
                                          const v1::Task& task, const ParameterSet& delta,
                                          int64_t examples, double loss, double seconds,
                                          const v1::SplitStats* split,
-                                         const v1::ClientEvaluation* evaluation = nullptr);
+                                         const v1::ClientEvaluation* evaluation = nullptr,
+                                         const v1::GossipStats* gossip = nullptr);
   // The model a task or welcome describes (fetching a TorchScript archive once).
   StatusOr<ModelSpec> Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                            const v1::ModelDescription& d);
   std::string script_digest;   // the archive held in script_bytes
   std::string script_bytes;
+  // Gossip rounds: the Peer service (when opts.peer_listen is set), the address Join
+  // announces, and the model this client holds across rounds (of run gossip_run).
+  std::unique_ptr<PeerServer> peer;
+  std::string peer_address;
+  mutable std::mutex gossip_mu;  // guards gossip_model for GossipModel()
+  ParameterSet gossip_model;
+  std::string gossip_run;
+  // (Re)builds the whole model when the task's description changed.
+  Status BuildModel(const v1::Task& task, const ModelSpec& spec);
+  // A gossip task: train the model held, exchange it with the neighbours, average.
+  Status HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
+                          const std::function<void(const v1::TaskAck&)>& ack);
   // The update codec and its state (error-feedback residuals, one per tensor), kept
   // across rounds while the codec and the tensors it encodes stay the same.
   std::unique_ptr<Codec> update_codec;
@@ -206,6 +220,10 @@ Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(o
 Client::~Client() = default;
 Status Client::Run() { return impl_->Run(); }
 int Client::tasks_completed() const { return impl_->tasks_done; }
+ParameterSet Client::GossipModel() const {
+  std::lock_guard<std::mutex> l(impl_->gossip_mu);
+  return impl_->gossip_model;
+}
 
 void Client::Stop() {
   std::lock_guard<std::mutex> l(impl_->mu);
@@ -224,6 +242,23 @@ Status Client::Impl::Run() {
   }
   if (!opts.token.empty() && opts.tls_ca.empty()) {
     return absl::FailedPreconditionError("a bearer token is only sent over TLS (--ca)");
+  }
+  if (!opts.peer_listen.empty() && !peer) {
+    const bool tls = !opts.tls_ca.empty();
+    if (tls && opts.tls_cert.empty()) {
+      return absl::FailedPreconditionError(
+          "--peer-listen over TLS needs this client's certificate (--cert, --key): its "
+          "neighbours verify it");
+    }
+    ASSIGN_OR_RETURN(peer, PeerServer::Start(opts.peer_listen, opts.tls_ca, opts.tls_cert,
+                                             opts.tls_key));
+    if (!opts.peer_advertise.empty()) {
+      peer_address = opts.peer_advertise;
+    } else {
+      peer_address = opts.peer_listen.substr(0, opts.peer_listen.rfind(':')) + ":" +
+                     std::to_string(peer->port());
+    }
+    spdlog::info("serving Peer on {} (gossip rounds)", peer_address);
   }
   double backoff = opts.initial_backoff_s;
   auto last_contact = Clock::now();
@@ -298,6 +333,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   for (const auto& family : SupportedCodecFamilies()) join->add_codecs(family);
   join->set_num_examples(DeclaredExamples());
   join->set_protocol_version(1);
+  join->set_peer_address(peer_address);
 
   End end = End::kRetry;
   // True once a read failed: the server ended the stream, and Finish returns its status
@@ -451,7 +487,8 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
 StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
     v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
     const ParameterSet& delta, int64_t examples, double loss, double seconds,
-    const v1::SplitStats* split, const v1::ClientEvaluation* evaluation) {
+    const v1::SplitStats* split, const v1::ClientEvaluation* evaluation,
+    const v1::GossipStats* gossip) {
   const std::string& spec = task.update_codec();
   const bool fp32 = spec.empty() || CodecFamily(spec) == "none";
   v1::UploadHeader h = TaskUploadHeader(w, task, examples, fp32 ? "fp32" : spec);
@@ -459,6 +496,7 @@ StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
   h.set_train_seconds(seconds);
   if (split) *h.mutable_split() = *split;
   if (evaluation) *h.mutable_evaluation() = *evaluation;
+  if (gossip) *h.mutable_gossip() = *gossip;
   if (fp32) {
     return UploadPayload(stub, h, delta.Encode(), 1 << 20, 600, &emulator);
   }
@@ -597,11 +635,152 @@ Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welco
   return absl::OkStatus();
 }
 
+Status Client::Impl::BuildModel(const v1::Task& task, const ModelSpec& spec) {
+  const std::string key = task.model().DebugString();
+  if (model && key == model_key) return absl::OkStatus();
+  ASSIGN_OR_RETURN(model, Model::Create(spec));
+  // Personal layers of another description do not fit (a model dropped after its last
+  // task, with task slots, is rebuilt to the same one).
+  if (key != model_key) personal = ParameterSet();
+  model_key = key;
+  loss_digest.clear();
+  return absl::OkStatus();
+}
+
+Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                      const v1::Task& task,
+                                      const std::function<void(const v1::TaskAck&)>& ack) {
+  auto reject = [&](const Status& s) { return Decline(ack, task, s); };
+  if (!peer) {
+    return reject(absl::FailedPreconditionError(
+        "a gossip task, but this client serves no Peer address (--peer-listen)"));
+  }
+  auto spec = Spec(stub, w, task.model());
+  if (!spec.ok()) return reject(spec.status());
+  const std::string loss = task.train().loss().empty() ? "cross_entropy" : task.train().loss();
+  if (Status s = CheckDataFitsModel(opts.train, *spec, loss, "local data"); !s.ok()) return reject(s);
+  if (Status s = BuildModel(task, *spec); !s.ok()) return reject(s);
+  // The model this client holds; the run's initial model until it holds one (the only
+  // model it ever fetches from the server).
+  ParameterSet held;
+  {
+    std::lock_guard<std::mutex> l(gossip_mu);
+    if (gossip_run == task.run_id()) held = gossip_model;
+  }
+  if (held.size() == 0) {
+    auto initial = FetchModel(stub, w, task);
+    if (!initial.ok()) return reject(initial.status());
+    held = *std::move(initial);
+  }
+  if (Status s = model->SetParameters(held); !s.ok()) return reject(s);
+  const v1::GossipTask& g = task.gossip();
+  std::map<std::string, std::string> tokens;
+  for (const auto& n : g.neighbours()) tokens[n.name()] = n.token();
+  peer->Expect(task.run_id(), task.round(), tokens, held);
+  v1::TaskAck a;
+  a.set_task_id(task.task_id());
+  a.set_accepted(true);
+  ack(a);
+  // Federated evaluation: the model this client holds, on its held-out data.
+  std::optional<v1::ClientEvaluation> evaluation;
+  if (opts.holdout.size > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, kEvalBatch, loss));
+    evaluation.emplace();
+    evaluation->set_examples(e.examples);
+    evaluation->set_accuracy(e.accuracy);
+    evaluation->set_loss(e.loss);
+    for (const auto& [k, v] : e.metrics) (*evaluation->mutable_metrics())[k] = v;
+    evaluation->set_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  LocalTrainOptions o = TrainOptions(task.train());
+  o.cancel = &stop;
+  o.seed = BatchSeed(task, w, opts.name);
+  ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
+  emulator.Compute(stats.seconds);
+  stats.seconds *= emulator.slowdown;
+  const ParameterSet trained = model->Parameters();
+
+  // Send the trained model to every neighbour while theirs arrive.
+  const std::string bytes = trained.Encode();
+  const double timeout_s = std::max(
+      1.0, (task.deadline_unix_ms() -
+            std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::system_clock::now().time_since_epoch()).count()) / 1000.0);
+  const std::string& self = w.name();  // what the neighbours were told to expect
+  std::vector<std::thread> senders;
+  std::vector<Status> sent(g.neighbours_size());
+  for (int i = 0; i < g.neighbours_size(); ++i) {
+    senders.emplace_back([&, i] {
+      const auto& n = g.neighbours(i);
+      sent[i] = SendModel(n.address(), n.name(), task.run_id(), task.round(), self, n.token(),
+                          bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator);
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  std::map<std::string, ParameterSet> theirs = peer->Collect(task.round(), deadline);
+  const int64_t received = peer->bytes_received();
+  for (auto& t : senders) t.join();
+  v1::GossipStats report;
+  report.set_neighbours(g.neighbours_size());
+  for (int i = 0; i < g.neighbours_size(); ++i) {
+    if (sent[i].ok()) {
+      report.set_bytes_sent(report.bytes_sent() + static_cast<int64_t>(bytes.size()));
+    } else {
+      spdlog::warn("round {}: model not sent to {}: {}", task.round(), g.neighbours(i).name(),
+                   sent[i].ToString());
+    }
+  }
+  // Average: x = w_self x_self + sum_j w_j x_j, a missing neighbour's weight kept by self;
+  // and how far the neighbours' models are from this one.
+  double self_weight = g.self_weight(), disagreement = 0;
+  for (const auto& n : g.neighbours()) {
+    if (!theirs.count(n.name())) self_weight += n.weight();
+  }
+  ParameterSet mixed = trained;
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    auto& x = mixed.mutable_tensors()[i].values;
+    for (float& v : x) v = static_cast<float>(self_weight * v);
+    for (const auto& n : g.neighbours()) {
+      auto it = theirs.find(n.name());
+      if (it == theirs.end()) continue;
+      const auto& y = it->second.tensors()[i].values;
+      const auto& mine = trained.tensors()[i].values;
+      for (size_t j = 0; j < x.size(); ++j) {
+        x[j] += static_cast<float>(n.weight() * y[j]);
+        const double d = static_cast<double>(mine[j]) - y[j];
+        disagreement += d * d;
+      }
+    }
+  }
+  report.set_heard(static_cast<int32_t>(theirs.size()));
+  report.set_bytes_received(received);
+  report.set_disagreement(theirs.empty() ? 0 : disagreement / theirs.size());
+  {
+    std::lock_guard<std::mutex> l(gossip_mu);
+    gossip_model = std::move(mixed);
+    gossip_run = task.run_id();
+  }
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadUpdate(stub, w, task, ParameterSet(), stats.examples, stats.loss,
+                                stats.seconds, nullptr, evaluation ? &*evaluation : nullptr,
+                                &report));
+  ++tasks_done;
+  spdlog::info("round {}: trained {} examples (loss {:.4f}), averaged with {} of {} neighbours "
+               "(disagreement {:.3g}){}",
+               task.round(), stats.examples, stats.loss, theirs.size(), g.neighbours_size(),
+               report.disagreement(), reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
 Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                 const v1::Task& task,
                                 const std::function<void(const v1::TaskAck&)>& ack,
                                 const NextMessage& next, bool* crashed) {
   if (opts.aggregate) return HandleEdgeTask(stub, w, task, ack);
+  if (task.has_gossip()) return HandleGossipTask(stub, w, task, ack);
   v1::TaskAck a;
   a.set_task_id(task.task_id());
   auto reject = [&](const Status& s) { return Decline(ack, task, s); };
@@ -656,18 +835,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
                  reply.duplicate() ? " (duplicate)" : "");
     return absl::OkStatus();
   }
-  // (Re)build the whole model when its description changed.
-  const std::string key = task.model().DebugString();
-  if (!model || key != model_key) {
-    auto m = Model::Create(*spec);
-    if (!m.ok()) return reject(m.status());
-    model = *std::move(m);
-    // Personal layers of another description do not fit (a model dropped after its last
-    // task, with task slots, is rebuilt to the same one).
-    if (key != model_key) personal = ParameterSet();
-    model_key = key;
-    loss_digest.clear();
-  }
+  if (Status s = BuildModel(task, *spec); !s.ok()) return reject(s);
   // A model with a frozen base: the blob holds the rest; put them together in the
   // model's order.
   if (!task.base_digest().empty()) {

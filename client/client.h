@@ -88,6 +88,14 @@ struct ClientOptions {
   std::function<StatusOr<Aggregate>(const v1::Task& task, const ParameterSet& model)> aggregate;
   // The example count declared at Join (0 = train.size); uploads claim at most this.
   int64_t declared_examples = 0;
+
+  // Decentralised rounds (scheduler.mode: gossip; cleave-client --peer-listen): where
+  // this client serves the Peer service its neighbours send their models to (host:port,
+  // port 0 picks one), over mutual TLS with its certificate when it has one. Empty = it
+  // serves none and takes no part in gossip rounds. peer_advertise: the address its
+  // neighbours dial (default: peer_listen's host with the bound port).
+  std::string peer_listen;
+  std::string peer_advertise;
 };
 
 class Client {
@@ -102,6 +110,8 @@ class Client {
   void Stop();
 
   int tasks_completed() const;
+  // The model this client holds in gossip rounds (empty before its first).
+  ParameterSet GossipModel() const;
 
  private:
   struct Impl;

@@ -68,6 +68,13 @@ int main(int argc, char** argv) {
   app.add_option("--emulate-slowdown", emulation.slowdown,
                  "emulate a device this many times slower at computing (>= 1)")
       ->check(CLI::Range(1.0, 1000.0));
+  std::string peer_listen, peer_advertise;
+  app.add_option("--peer-listen", peer_listen,
+                 "serve the Peer service on HOST:PORT (port 0 picks one) to take part in "
+                 "gossip rounds (scheduler.mode: gossip)");
+  app.add_option("--peer-advertise", peer_advertise,
+                 "the HOST:PORT neighbours dial (default: --peer-listen's host, bound port)")
+      ->needs("--peer-listen");
   app.add_option("--memory-limit-mb", memory_limit_mb,
                  "memory training may use here, for the server's cut choice (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
@@ -114,6 +121,8 @@ int main(int argc, char** argv) {
   cleave::ClientOptions opts;
   opts.server = server;
   opts.name = name;
+  opts.peer_listen = peer_listen;
+  opts.peer_advertise = peer_advertise;
   opts.train = *std::move(data);
   opts.holdout = std::move(held_out);
   if (!state_dir.empty()) {

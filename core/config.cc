@@ -56,7 +56,7 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
                    "oort_max_picks"}},
       {"scheduler", {"mode", "buffer_size", "concurrency", "max_staleness", "staleness",
                      "staleness_exponent", "staleness_hinge", "target_staleness",
-                     "min_local_steps"}},
+                     "min_local_steps", "topology", "degree"}},
       {"train", {"local_epochs", "local_steps", "batch_size", "loss", "loss_path", "optimizer",
                  "lr", "momentum", "nesterov", "weight_decay", "clip_norm", "label_smoothing",
                  "schedule", "warmup_rounds", "step_rounds", "step_gamma", "lr_min"}},
@@ -185,6 +185,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, sec, "staleness_hinge", &c.scheduler.staleness_hinge));
     RETURN_IF_ERROR(Read(s, sec, "target_staleness", &c.scheduler.target_staleness));
     RETURN_IF_ERROR(Read(s, sec, "min_local_steps", &c.scheduler.min_local_steps));
+    RETURN_IF_ERROR(Read(s, sec, "topology", &c.scheduler.topology));
+    RETURN_IF_ERROR(Read(s, sec, "degree", &c.scheduler.degree));
   }
   if (auto s = root["train"]) {
     RETURN_IF_ERROR(CheckKeys(s, "train"));
@@ -480,6 +482,35 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
           "which async updates do not share; use another rule");
     }
   }
+  if (c.scheduler.gossip()) {
+    // The server holds no trained model and sees no update: whatever needs either is
+    // refused, naming why.
+    auto no = [](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scheduler.mode: gossip: ", what));
+    };
+    if (c.split.enabled()) return no("split learning needs the server's part of the model");
+    if (c.secure_aggregation.enabled || c.dp.enabled || c.aggregation.rule != "mean") {
+      return no("secure_aggregation, dp and aggregation.rule act on the updates the server "
+                "aggregates; in gossip rounds it aggregates none");
+    }
+    if (c.strategy.name != "fedavg") {
+      return no("the server applies no strategy (clients average with their neighbours); "
+                "strategy.name must be fedavg");
+    }
+    auto uncompressed = [](const std::string& spec) { return spec == "none" || spec == "fp32"; };
+    if (!uncompressed(c.compression.update) || !uncompressed(c.compression.broadcast)) {
+      return no("models travel between peers in fp32; drop compression.update and broadcast");
+    }
+    if (c.clients.selection != "uniform") return no("clients.selection must be uniform");
+    if (!c.model.personal.empty() || c.model.lora.enabled()) {
+      return no("personal layers and LoRA are not exchanged between peers yet");
+    }
+    if (c.server.evaluate) {
+      return no("the server holds no trained model to evaluate; set server.evaluate: false "
+                "and measure on the clients' held-out data (local.holdout)");
+    }
+  }
   if (c.clients.selection == "oort" && c.split.enabled()) {
     return absl::InvalidArgumentError(
         "clients.selection: oort picks clients for federated rounds; split.mode assigns its own");
@@ -557,8 +588,13 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.clients.oort_alpha >= 0, "clients.oort_alpha", ">= 0"));
   RETURN_IF_ERROR(Range(c.clients.oort_pacer_rounds >= 0, "clients.oort_pacer_rounds", ">= 0"));
   RETURN_IF_ERROR(Range(c.clients.oort_max_picks >= 0, "clients.oort_max_picks", ">= 0"));
-  RETURN_IF_ERROR(Range(c.scheduler.mode == "sync" || c.scheduler.async(), "scheduler.mode",
-                        "sync or async"));
+  RETURN_IF_ERROR(Range(c.scheduler.mode == "sync" || c.scheduler.async() ||
+                            c.scheduler.gossip(),
+                        "scheduler.mode", "sync, async or gossip"));
+  RETURN_IF_ERROR(Range(c.scheduler.topology == "ring" || c.scheduler.topology == "random",
+                        "scheduler.topology", "ring or random"));
+  RETURN_IF_ERROR(Range(c.scheduler.degree >= 2 && c.scheduler.degree % 2 == 0,
+                        "scheduler.degree", "even and >= 2 (the union of degree / 2 random rings)"));
   RETURN_IF_ERROR(Range(c.scheduler.buffer_size >= 1, "scheduler.buffer_size", ">= 1"));
   RETURN_IF_ERROR(Range(c.scheduler.concurrency >= 0, "scheduler.concurrency", ">= 0"));
   RETURN_IF_ERROR(Range(c.scheduler.max_staleness >= 0, "scheduler.max_staleness", ">= 0"));

@@ -83,7 +83,7 @@ struct ClientsConfig {
 // How rounds are scheduled: synchronous rounds (sync), or buffered asynchronous
 // aggregation after FedBuff (async; server/coordinator.h, docs/architecture.md).
 struct SchedulerConfig {
-  std::string mode = "sync";  // scheduler.mode: sync | async
+  std::string mode = "sync";  // scheduler.mode: sync | async | gossip
   // async: a model version is applied every buffer_size accepted updates
   int buffer_size = 10;                     // scheduler.buffer_size
   int concurrency = 0;                      // scheduler.concurrency: trainers at once; 0 = all
@@ -96,7 +96,11 @@ struct SchedulerConfig {
   // versions after the one it trains from; 0 = off (every task gets train's work).
   int target_staleness = 0;                 // scheduler.target_staleness
   int64_t min_local_steps = 1;              // scheduler.min_local_steps: the fewest a task gets
+  // gossip: clients average with their neighbours over this graph, drawn each round
+  std::string topology = "ring";            // scheduler.topology: ring | random
+  int degree = 4;                           // scheduler.degree: random: up to this many neighbours
   bool async() const { return mode == "async"; }
+  bool gossip() const { return mode == "gossip"; }
 };
 
 struct TrainConfig {

@@ -206,10 +206,13 @@ Status IssueClientCert(const std::string& dir, const std::string& name, const Ce
   std::error_code ec;
   fs::create_directories(d / "clients", ec);
   ASSIGN_OR_RETURN(Key key, NewKey());
+  // Also a server certificate for NAME.peer.cleave: in gossip rounds a client serves
+  // Peer to its neighbours, who verify it under that name (docs/security.md).
   ASSIGN_OR_RETURN(Cert cert, MakeCert(key.get(), name, ca.get(), ca_key.get(), o.leaf_days,
                                        {{NID_basic_constraints, "critical,CA:FALSE"},
                                         {NID_key_usage, "critical,digitalSignature"},
-                                        {NID_ext_key_usage, "clientAuth"},
+                                        {NID_ext_key_usage, "clientAuth,serverAuth"},
+                                        {NID_subject_alt_name, "DNS:" + name + kPeerNameSuffix},
                                         {NID_authority_key_identifier, "keyid"}}));
   RETURN_IF_ERROR(WritePrivateKey(key_path, key.get()));
   return WriteFileAtomic(crt.string(), CertPem(cert.get()));

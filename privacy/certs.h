@@ -27,6 +27,12 @@ struct CertOptions {
 // `dir` already holds a CA: a federation's root is never silently replaced.
 Status InitFederation(const std::string& dir, const CertOptions& options = {});
 
+// The name a client's certificate carries as a server (its subjectAltName): NAME plus
+// this suffix. In gossip rounds a client serves Peer and its neighbours verify it under
+// that name; the suffix keeps peer names apart from any coordinator's hostname, so a
+// client certificate can never pass for the coordinator's.
+inline constexpr char kPeerNameSuffix[] = ".peer.cleave";
+
 // Issues a client certificate for `name` (1-64 of [A-Za-z0-9._-]) signed by `dir`'s CA.
 // ALREADY_EXISTS if that client already has one.
 Status IssueClientCert(const std::string& dir, const std::string& name,

@@ -37,6 +37,20 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& c
   return grpc::CompositeChannelCredentials(tls, grpc::AccessTokenCredentials(token));
 }
 
+std::shared_ptr<grpc::ServerCredentials> PeerServerCredentials(const std::string& ca,
+                                                               const std::string& cert,
+                                                               const std::string& key,
+                                                               unsigned reload_s) {
+  if (ca.empty()) return grpc::InsecureServerCredentials();
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      key, cert, ca, reload_s);
+  grpc::experimental::TlsServerCredentialsOptions o(provider);
+  o.watch_root_certs();
+  o.watch_identity_key_cert_pairs();
+  o.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  return grpc::experimental::TlsServerCredentials(o);
+}
+
 namespace {
 
 // The reason OpenSSL gave for the last failure, or `fallback`.

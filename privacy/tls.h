@@ -2,6 +2,7 @@
 #pragma once
 
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
 
 #include <memory>
 #include <set>
@@ -21,6 +22,15 @@ std::shared_ptr<grpc::ChannelCredentials> ClientCredentials(const std::string& c
                                                             const std::string& key,
                                                             unsigned reload_s = 60,
                                                             const std::string& token = "");
+
+// A client's Peer server (gossip rounds): its own certificate `cert` and key `key`,
+// requiring and verifying the caller's certificate against the federation CA at `ca`
+// (mutual TLS, so a caller's CN is its identity), re-read every `reload_s` seconds.
+// Plaintext when `ca` is empty.
+std::shared_ptr<grpc::ServerCredentials> PeerServerCredentials(const std::string& ca,
+                                                               const std::string& cert,
+                                                               const std::string& key,
+                                                               unsigned reload_s = 60);
 
 // The server's TLS material as read from its files: what FileWatcherCertificateProvider
 // is given, once CheckServerTls has accepted it.

@@ -24,6 +24,7 @@
 #include "models/safetensors.h"
 #include "proto/split_chunks.h"
 #include "server/scheduler.h"
+#include "server/gossip_driver.h"
 #include "server/secagg_driver.h"
 #include "server/split_driver.h"
 
@@ -92,6 +93,10 @@ std::string MetricsJson(const RoundMetrics& m) {
     j["transfer_s"] = m.transfer_s;
     j["server_compute_s"] = m.server_compute_s;
     j["server_busy"] = m.server_busy;
+  }
+  if (m.gossip) {
+    j["gossip"] = {{"disagreement", m.disagreement}, {"peer_bytes", m.peer_bytes},
+                   {"neighbours", m.neighbours}, {"heard", m.heard}};
   }
   if (m.client_eval.clients > 0) {
     const auto& e = m.client_eval;
@@ -267,6 +272,10 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
     return absl::InvalidArgumentError("Join.num_examples must be > 0");
   }
   if (join.name().size() > 256) return absl::InvalidArgumentError("client name too long");
+  if (join.peer_address().size() > 256 || Printable(join.peer_address(), 256) != join.peer_address() ||
+      (!join.peer_address().empty() && join.peer_address().rfind(':') == std::string::npos)) {
+    return absl::InvalidArgumentError("Join.peer_address must be host:port, printable, <= 256 bytes");
+  }
   if (Printable(join.name(), 256) != join.name()) {  // it goes into logs and metrics
     return absl::InvalidArgumentError(absl::StrCat(
         "client name '", Printable(join.name()), "' has bytes outside printable ASCII"));
@@ -337,11 +346,13 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
     s.name = !s.identity.empty() ? s.identity : join.name().empty() ? s.id : join.name();
     s.token = RandomHex(16);
     s.num_examples = join.num_examples();
+    s.peer_address = join.peer_address();
     s.link = std::move(link);
     s.last_seen = clock_->Now();
     welcome->set_run_id(run_id_);
     welcome->set_client_id(s.id);
     welcome->set_session_token(s.token);
+    welcome->set_name(s.name);
     welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
     if (NeedProfile()) {
       *welcome->mutable_model() = model_desc_;
@@ -567,6 +578,16 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
     return absl::InvalidArgumentError(absl::StrCat(
         "upload announces ", h.total_size(), " bytes; an update of this model has ", expected));
   }
+  if (t->second.gossip) {
+    const auto& g = h.gossip();
+    if (g.neighbours() < 0 || g.heard() < 0 || g.heard() > g.neighbours() ||
+        g.neighbours() > 1024 || g.bytes_sent() < 0 || g.bytes_received() < 0 ||
+        !std::isfinite(g.disagreement()) || g.disagreement() < 0) {
+      return absl::InvalidArgumentError(
+          "gossip stats: counts and bytes must be >= 0, heard <= neighbours <= 1024, "
+          "disagreement finite and >= 0");
+    }
+  }
   if (t->second.split) {
     const auto& st = h.split();
     for (double v : {st.client_compute_s(), st.transfer_s(), st.server_compute_s(), st.wall_s()}) {
@@ -729,6 +750,7 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   t.evaluation = h.evaluation();
   if (h.evaluation().examples() > 0) clients_evaluate_ = true;
   t.train_seconds = h.train_seconds();
+  if (h.has_gossip()) t.gossip_stats = h.gossip();
   t.done_at = clock_->Now();
   scheduler_->AcceptedLocked(t, h);
   if (t.evaluate_only) {
@@ -769,6 +791,9 @@ Status Coordinator::Init() {
   } else if (cfg_.secure_aggregation.enabled) {
     secagg_ = std::make_unique<SecAggDriver>(*this);
     mode_driver_ = secagg_.get();
+  } else if (cfg_.scheduler.gossip()) {
+    gossip_ = std::make_unique<GossipDriver>(*this);
+    mode_driver_ = gossip_.get();
   }
   if (cfg_.split.enabled() && cfg_.split.mode == "sl") {
     rounds_ = std::make_unique<TurnRounds>(*this, *mode_driver_);

@@ -46,6 +46,7 @@ class SyncRounds;
 class AsyncBuffers;
 class SecAggDriver;  // server/secagg_driver.h
 class SplitDriver;   // server/split_driver.h
+class GossipDriver;  // server/gossip_driver.h
 
 // A client's control stream as the coordinator sees it. Never called with the
 // coordinator's mutex held (a transport may run callbacks inline).
@@ -128,6 +129,9 @@ struct TaskRecord {
   Clock::time_point sent;
   int64_t steps = 0;
   bool evaluate_only = false;  // an evaluation task: its upload is an empty parameter set
+  // A gossip task: its upload is an empty parameter set whose header reports the exchange.
+  bool gossip = false;
+  v1::GossipStats gossip_stats;
 };
 
 // What a split stream works on; fixed when the stream opens.
@@ -146,6 +150,7 @@ struct Session {
   std::string identity;  // the CN of its client certificate (mutual TLS), else empty
   std::string token;
   int64_t num_examples = 0;
+  std::string peer_address;  // where it serves Peer (gossip rounds); empty: it does not
   std::shared_ptr<ClientLink> link;  // its control stream
   bool ready = false;  // Welcome queued: tasks may follow it
   Clock::time_point last_seen;
@@ -298,6 +303,7 @@ class Coordinator {
   friend class AsyncBuffers;
   friend class SecAggDriver;
   friend class SplitDriver;
+  friend class GossipDriver;
 
   static constexpr int64_t kProbeBytes = 256 << 10;
 
@@ -418,6 +424,7 @@ class Coordinator {
   RoundDriver plain_driver_;
   std::unique_ptr<SecAggDriver> secagg_;
   std::unique_ptr<SplitDriver> split_;
+  std::unique_ptr<GossipDriver> gossip_;
   RoundDriver* mode_driver_ = &plain_driver_;
   RoundDriver* driver_ ABSL_GUARDED_BY(mu_) = &plain_driver_;
   std::unique_ptr<SyncRounds> rounds_;

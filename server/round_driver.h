@@ -12,7 +12,8 @@
 //   Fold               before the strategy steps: hand it what is not an upload
 //
 // The base class is the plain federated round: every hook does nothing and each
-// upload's delta goes to the strategy. SecAggDriver and SplitDriver are the others.
+// upload's delta goes to the strategy. SecAggDriver, SplitDriver and GossipDriver are
+// the others.
 //
 // Threads: *Locked hooks run with the coordinator's mutex held (AwaitLocked releases
 // it while it sends); the functions ClaimUploadLocked returns and Fold run without it.
@@ -82,9 +83,12 @@ class RoundDriver {
   virtual Status Fold(const ParameterSet& /*start*/, int64_t /*weight*/) {
     return absl::OkStatus();
   }
-  // Whether clients report federated evaluations in this kind of round (the final
-  // evaluation is skipped otherwise).
+  // Whether clients report federated evaluations of the server's model in this kind of
+  // round (the final evaluation is skipped otherwise).
   virtual bool ClientsEvaluate() const { return true; }
+  // Whether a round makes a new model on the server (false: gossip rounds, where the
+  // clients' models never reach it; the round is committed as it closes).
+  virtual bool Aggregates() const { return true; }
 };
 
 }  // namespace cleave

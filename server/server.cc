@@ -31,6 +31,12 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   // the model, 3.7x with this).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   if (!options.config.server.evaluate) options.evaluate = false;  // no test set on the server
+  if (options.config.scheduler.gossip() && !options.insecure && !options.in_process_only &&
+      !options.config.tls.mutual) {
+    return absl::InvalidArgumentError(
+        "scheduler.mode: gossip over TLS needs tls.mutual: true (neighbours verify each "
+        "other by their client certificates)");
+  }
   auto impl = std::make_unique<Impl>();
   impl->core = std::make_unique<Coordinator>(std::move(options));
   ASSIGN_OR_RETURN(impl->rpc, RpcTransport::Create(impl->core.get()));

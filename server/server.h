@@ -98,6 +98,14 @@ struct RoundMetrics {
   // The share of the round the server's parts computed (SplitRound::ServerLoad: busy
   // seconds / span); with several clients the server computes while others transfer.
   double server_busy = 0;
+  // Decentralised rounds (scheduler.mode: gossip): what the clients reported of their
+  // exchange. The mean squared distance between neighbouring models after local
+  // training, over the edges heard (the models' spread: 0 when they agree), the model
+  // bytes that went between peers, and the neighbours heard against those named.
+  bool gossip = false;
+  double disagreement = 0;
+  int64_t peer_bytes = 0;
+  int neighbours = 0, heard = 0;
   // Federated evaluation: the round's global model measured by the participants on
   // their held-out data (cleave-client --holdout), before they trained on it. Accuracy
   // and loss are weighted by examples; min/median/max are over clients.

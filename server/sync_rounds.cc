@@ -122,6 +122,11 @@ StatusOr<RoundMetrics> SyncRounds::RunLocked(bool evaluate_only) {
   }
   m.train_loss = weight ? loss_sum / weight : 0;
   m.examples = weight;
+  if (!driver.Aggregates()) {  // the clients keep the models: nothing to apply here
+    c_.committed_round_ = round;
+    m.wall_s = std::chrono::duration<double>(c_.clock_->Now() - start).count();
+    return m;
+  }
   RETURN_IF_ERROR(c_.ApplyLocked(round, [&](const ParameterSet& layout) -> Status {
     RETURN_IF_ERROR(driver.Fold(layout, weight));
     if (c_.root_.size > 0) {

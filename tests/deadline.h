@@ -17,6 +17,17 @@ constexpr int kSanitizerSlowdown =
     1;
 #endif
 
+// Memory bounds scale too: AddressSanitizer's shadow and quarantine and ThreadSanitizer's
+// shadow make a process several times larger.
+constexpr int kSanitizerMemory =
+#if defined(__SANITIZE_THREAD__)
+    5;
+#elif defined(__SANITIZE_ADDRESS__)
+    3;
+#else
+    1;
+#endif
+
 // `seconds` in a plain build, times the slowdown in a sanitized one.
 constexpr int ScaledSeconds(int seconds) { return seconds * kSanitizerSlowdown; }
 

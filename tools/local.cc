@@ -252,6 +252,9 @@ int RunLocal(const LocalOptions& o) {
     if (config->local.holdout > 0) {
       argv.insert(argv.end(), {"--holdout", absl::StrCat(config->local.holdout)});
     }
+    if (config->scheduler.gossip()) {  // it serves its neighbours on a port of its own
+      argv.insert(argv.end(), {"--peer-listen", "127.0.0.1:0"});
+    }
     if (!config->model.personal.empty()) {  // kept across a resumed run's client restarts
       argv.insert(argv.end(), {"--state-dir", run_dir + "/clients/" + name});
     }

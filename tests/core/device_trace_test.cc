@@ -95,7 +95,9 @@ TEST(DeviceTraceTest, GeneratedTracesFollowTheSpecAndTheSeed) {
 
   TraceSpec always;
   always.clients = 3;
-  for (const DeviceTrace& d : *GenerateDeviceTraces(always)) {
+  const auto always_traces = GenerateDeviceTraces(always);  // not a temporary's contents
+  ASSERT_TRUE(always_traces.ok());
+  for (const DeviceTrace& d : *always_traces) {
     EXPECT_TRUE(d.always_online);
     EXPECT_EQ(d.device.slowdown, 1);
   }

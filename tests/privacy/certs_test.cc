@@ -81,10 +81,17 @@ TEST_F(CertsTest, InitAndIssueMakeAVerifiableFederation) {
   EXPECT_EQ(Verify(dir_ / "ca.crt", dir_ / "server.crt", X509_PURPOSE_SSL_SERVER), X509_V_OK);
   EXPECT_EQ(Verify(dir_ / "ca.crt", dir_ / "clients/phone-17.crt", X509_PURPOSE_SSL_CLIENT),
             X509_V_OK);
-  // Each leaf is for its own side only.
-  EXPECT_NE(Verify(dir_ / "ca.crt", dir_ / "clients/phone-17.crt", X509_PURPOSE_SSL_SERVER),
-            X509_V_OK);
+  // The server's leaf is a server's only; a client's also serves Peer to its gossip
+  // neighbours, under NAME.peer.cleave alone (never a coordinator's hostname).
   EXPECT_NE(Verify(dir_ / "ca.crt", dir_ / "server.crt", X509_PURPOSE_SSL_CLIENT), X509_V_OK);
+  EXPECT_EQ(Verify(dir_ / "ca.crt", dir_ / "clients/phone-17.crt", X509_PURPOSE_SSL_SERVER),
+            X509_V_OK);
+  {
+    CertPtr c = Load(dir_ / "clients/phone-17.crt");
+    EXPECT_EQ(X509_check_host(c.get(), "phone-17.peer.cleave", 0, 0, nullptr), 1);
+    EXPECT_NE(X509_check_host(c.get(), "phone-17", 0, 0, nullptr), 1);
+    EXPECT_NE(X509_check_host(c.get(), "coordinator.example", 0, 0, nullptr), 1);
+  }
 
   CertPtr client = Load(dir_ / "clients/phone-17.crt");
   EXPECT_EQ(CommonName(client.get()), "phone-17");

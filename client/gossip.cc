@@ -1,0 +1,220 @@
+#include "client/gossip.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "cleave/v1/cleave.grpc.pb.h"
+#include "client/emulation.h"
+#include "client/transfer.h"
+#include "core/printable.h"
+#include "privacy/certs.h"
+#include "privacy/tls.h"
+
+namespace cleave {
+
+// What the Peer service holds: the round it takes models of, from whom, and what came.
+struct PeerServer::Mailbox {
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::string run_id;
+  int64_t round = 0;  // 0: no round expected yet
+  std::map<std::string, std::string> tokens;  // expected senders' secrets
+  ParameterSet layout;
+  int64_t size = 0;  // the encoded size a model of `layout` has
+  std::map<std::string, ParameterSet> received;
+  int64_t bytes = 0;
+
+  // Checks a header against the round expected (waiting up to `until` while the sender
+  // is a round ahead); OK with the bytes to read.
+  grpc::Status Admit(const v1::GossipChunk::Header& h, const std::string& peer_cn,
+                     std::chrono::system_clock::time_point until) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_until(l, until, [&] { return round >= h.round() && round > 0; });
+    if (h.run_id() != run_id || round == 0) {
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              absl::StrCat("a model for run ", Printable(h.run_id()), ", this is run ",
+                           Printable(run_id))};
+    }
+    if (h.round() != round) {
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              absl::StrCat("a model for round ", h.round(), ", this client is in round ", round)};
+    }
+    auto t = tokens.find(h.sender());
+    if (t == tokens.end() || t->second != h.token()) {
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              absl::StrCat("'", Printable(h.sender()),
+                           "' is not this client's neighbour in this round (or its secret is wrong)")};
+    }
+    if (!peer_cn.empty() && peer_cn != h.sender()) {
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              absl::StrCat("a model sent as '", Printable(h.sender()), "' under the certificate of '",
+                           Printable(peer_cn), "'")};
+    }
+    if (received.count(h.sender())) {
+      return {grpc::StatusCode::ALREADY_EXISTS,
+              absl::StrCat("'", Printable(h.sender()), "' already sent its model of round ", round)};
+    }
+    if (h.total_size() != size) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("a model of ", h.total_size(), " bytes; this model has ", size)};
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Deliver(const v1::GossipChunk::Header& h, const std::string& data) {
+    auto model = ParameterSet::Decode(data);
+    std::lock_guard<std::mutex> l(mu);
+    if (h.round() != round || received.count(h.sender())) {
+      return {grpc::StatusCode::FAILED_PRECONDITION, "the round ended while the model arrived"};
+    }
+    if (!model.ok() || !model->SameLayout(layout)) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("not a model of this layout: ",
+                           model.ok() ? "other tensors" : std::string(model.status().message()))};
+    }
+    if (Status finite = CheckViews(layout, ViewsOf(*model)); !finite.ok()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              absl::StrCat("the model is not usable: ", finite.message())};
+    }
+    received[h.sender()] = *std::move(model);
+    bytes += static_cast<int64_t>(data.size());
+    cv.notify_all();
+    return grpc::Status::OK;
+  }
+};
+
+namespace {
+
+class PeerService final : public v1::Peer::Service {
+ public:
+  explicit PeerService(PeerServer::Mailbox* box) : box_(box) {}
+
+  grpc::Status Gossip(grpc::ServerContext* ctx, grpc::ServerReader<v1::GossipChunk>* reader,
+                      v1::GossipReply*) override {
+    v1::GossipChunk chunk;
+    if (!reader->Read(&chunk) || !chunk.has_header()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "a gossip stream must start with its header"};
+    }
+    const v1::GossipChunk::Header h = chunk.header();
+    std::string cn;
+    if (auto auth = ctx->auth_context(); auth && auth->IsPeerAuthenticated()) {
+      const auto v = auth->FindPropertyValues("x509_common_name");
+      if (!v.empty()) cn.assign(v[0].data(), v[0].size());
+    }
+    // A sender whose task came before ours waits for it, within its call's deadline.
+    const auto until = std::min(ctx->deadline(),
+                                std::chrono::system_clock::now() + std::chrono::minutes(10));
+    if (grpc::Status s = box_->Admit(h, cn, until); !s.ok()) return s;
+    std::string bytes;
+    bytes.reserve(h.total_size());
+    while (reader->Read(&chunk)) {
+      if (!chunk.has_data() ||
+          chunk.data().size() > static_cast<size_t>(h.total_size()) - bytes.size()) {
+        return {grpc::StatusCode::INVALID_ARGUMENT, "more model bytes than the header announced"};
+      }
+      bytes += chunk.data();
+    }
+    if (static_cast<int64_t>(bytes.size()) != h.total_size()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "fewer model bytes than the header announced"};
+    }
+    return box_->Deliver(h, bytes);
+  }
+
+ private:
+  PeerServer::Mailbox* box_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(const std::string& listen,
+                                                        const std::string& ca,
+                                                        const std::string& cert,
+                                                        const std::string& key) {
+  std::unique_ptr<PeerServer> p(new PeerServer());
+  p->box_ = std::make_unique<Mailbox>();
+  p->service_ = std::make_unique<PeerService>(p->box_.get());
+  grpc::ServerBuilder b;
+  b.AddListeningPort(listen, PeerServerCredentials(ca, cert, key), &p->port_);
+  b.RegisterService(p->service_.get());
+  b.SetMaxReceiveMessageSize(4 << 20);
+  p->server_ = b.BuildAndStart();
+  if (!p->server_ || p->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve Peer on ", listen));
+  }
+  return p;
+}
+
+PeerServer::~PeerServer() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+void PeerServer::Expect(const std::string& run_id, int64_t round,
+                        std::map<std::string, std::string> tokens, const ParameterSet& layout) {
+  std::lock_guard<std::mutex> l(box_->mu);
+  box_->run_id = run_id;
+  box_->round = round;
+  box_->tokens = std::move(tokens);
+  box_->layout = layout;
+  box_->size = static_cast<int64_t>(layout.EncodedSize());
+  box_->received.clear();
+  box_->bytes = 0;
+  box_->cv.notify_all();
+}
+
+std::map<std::string, ParameterSet> PeerServer::Collect(
+    int64_t round, std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> l(box_->mu);
+  box_->cv.wait_until(l, deadline, [&] {
+    return box_->round != round || box_->received.size() >= box_->tokens.size();
+  });
+  std::map<std::string, ParameterSet> out;
+  if (box_->round == round) {
+    out = std::move(box_->received);
+    box_->received.clear();
+    box_->tokens.clear();  // late models of the round are refused from now on
+  }
+  return out;
+}
+
+int64_t PeerServer::bytes_received() const {
+  std::lock_guard<std::mutex> l(box_->mu);
+  return box_->bytes;
+}
+
+Status SendModel(const std::string& address, const std::string& name, const std::string& run_id,
+                 int64_t round, const std::string& sender, const std::string& token,
+                 const std::string& model, const std::string& ca, const std::string& cert,
+                 const std::string& key, double timeout_s, DeviceEmulator* emulator) {
+  grpc::ChannelArguments args;
+  // The neighbour's certificate names it (certs.h); the address is whatever reaches it.
+  if (!ca.empty()) args.SetSslTargetNameOverride(name + kPeerNameSuffix);
+  auto channel = grpc::CreateCustomChannel(address, ClientCredentials(ca, cert, key), args);
+  auto stub = v1::Peer::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  v1::GossipReply reply;
+  auto writer = stub->Gossip(&ctx, &reply);
+  v1::GossipChunk chunk;
+  auto* h = chunk.mutable_header();
+  h->set_run_id(run_id);
+  h->set_round(round);
+  h->set_sender(sender);
+  h->set_token(token);
+  h->set_total_size(static_cast<int64_t>(model.size()));
+  bool ok = writer->Write(chunk);
+  constexpr size_t kChunk = 1 << 20;
+  for (size_t at = 0; ok && at < model.size(); at += kChunk) {
+    chunk.set_data(model.substr(at, kChunk));
+    if (emulator) emulator->up.Consume(static_cast<int64_t>(chunk.ByteSizeLong()));
+    ok = writer->Write(chunk);
+  }
+  writer->WritesDone();
+  return FromGrpc(writer->Finish(), absl::StrCat("gossip to ", name));
+}
+
+}  // namespace cleave

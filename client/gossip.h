@@ -1,0 +1,75 @@
+// The client's side of decentralised rounds (scheduler.mode: gossip): the Peer service
+// its neighbours send their models to, and sending its own.
+//
+// A gossip task names the client's neighbours for the round, each with its address, its
+// weight and the edge's secret (GossipTask). The client expects exactly those senders
+// (PeerServer::Expect), sends its trained model to each (SendModel), and collects theirs
+// (Collect) until all arrived or the deadline passed. A model from anyone else, for
+// another run or round, with a wrong secret, of another layout or size, or not finite,
+// is refused with a status that says so and changes nothing. Under mutual TLS the
+// sender must also present the certificate of the neighbour it claims to be.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/parameter_set.h"
+#include "core/status.h"
+
+namespace grpc {
+class Server;
+class Service;
+}  // namespace grpc
+
+namespace cleave {
+
+class DeviceEmulator;
+
+class PeerServer {
+ public:
+  // Serves Peer on `listen` (host:port; port 0 picks one). With `ca` set, over mutual
+  // TLS with this client's `cert` and `key`; plaintext otherwise.
+  static StatusOr<std::unique_ptr<PeerServer>> Start(const std::string& listen,
+                                                     const std::string& ca,
+                                                     const std::string& cert,
+                                                     const std::string& key);
+  ~PeerServer();
+
+  int port() const { return port_; }
+
+  // From now on models of `round` of run `run_id` are taken from the senders in
+  // `tokens` (name -> the edge's secret), each with `layout`'s tensors; earlier rounds'
+  // are dropped. A sender ahead of this client (its task came first) waits for it.
+  void Expect(const std::string& run_id, int64_t round, std::map<std::string, std::string> tokens,
+              const ParameterSet& layout);
+  // The models of `round` received by `deadline` (or as soon as every expected sender's
+  // is in), by sender; then stops taking models of the round.
+  std::map<std::string, ParameterSet> Collect(int64_t round,
+                                              std::chrono::steady_clock::time_point deadline);
+  // Model bytes received in the round last expected.
+  int64_t bytes_received() const;
+
+  struct Mailbox;  // the service's state (client/gossip.cc)
+
+ private:
+  PeerServer() = default;
+  // Destroyed in reverse: the server stops before the service and the mailbox go.
+  std::unique_ptr<Mailbox> box_;
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// Sends `model` (an encoded ParameterSet) for `round` to the neighbour `name` serving
+// Peer at `address`, with the edge's `token`. Over TLS (`ca` set) the neighbour must
+// present the certificate of `name`; this client presents `cert`. `emulator` (may be
+// null) paces the bytes as the device's uplink.
+Status SendModel(const std::string& address, const std::string& name, const std::string& run_id,
+                 int64_t round, const std::string& sender, const std::string& token,
+                 const std::string& model, const std::string& ca, const std::string& cert,
+                 const std::string& key, double timeout_s, DeviceEmulator* emulator);
+
+}  // namespace cleave

@@ -1,0 +1,92 @@
+// A client's Peer service (client/gossip.h) against hostile and confused senders: only
+// this round's neighbours, with their edge's secret, may deliver a model of this layout,
+// once; anything else is refused with a status that says why and leaves nothing.
+#include "client/gossip.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+namespace cleave {
+namespace {
+
+ParameterSet Model(float v) {
+  ParameterSet p;
+  EXPECT_TRUE(p.Add({"w", {3}, {v, v, v}}).ok());
+  EXPECT_TRUE(p.Add({"b", {1}, {v}}).ok());
+  return p;
+}
+
+class PeerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto p = PeerServer::Start("127.0.0.1:0", "", "", "");
+    ASSERT_TRUE(p.ok()) << p.status();
+    peer_ = *std::move(p);
+    address_ = "127.0.0.1:" + std::to_string(peer_->port());
+  }
+  Status Send(const std::string& run, int64_t round, const std::string& sender,
+              const std::string& token, const std::string& bytes, double timeout_s = 10) {
+    return SendModel(address_, "me", run, round, sender, token, bytes, "", "", "", timeout_s,
+                     nullptr);
+  }
+  std::unique_ptr<PeerServer> peer_;
+  std::string address_;
+};
+
+TEST_F(PeerTest, OnlyThisRoundsNeighboursDeliverOnce) {
+  peer_->Expect("run-1", 3, {{"a", "secret-a"}, {"b", "secret-b"}}, Model(0));
+  const std::string good = Model(1).Encode();
+  struct Bad {
+    std::string run;
+    int64_t round;
+    std::string sender, token, bytes;
+    absl::StatusCode code;
+  };
+  ParameterSet nan = Model(1);
+  nan.mutable_tensors()[0].values[1] = std::nanf("");
+  ParameterSet other;
+  ASSERT_TRUE(other.Add({"w", {4}, {1, 1, 1, 1}}).ok());
+  const std::vector<Bad> bad = {
+      {"run-2", 3, "a", "secret-a", good, absl::StatusCode::kFailedPrecondition},
+      {"run-1", 2, "a", "secret-a", good, absl::StatusCode::kFailedPrecondition},
+      {"run-1", 3, "c", "secret-a", good, absl::StatusCode::kPermissionDenied},
+      {"run-1", 3, "a", "secret-b", good, absl::StatusCode::kPermissionDenied},
+      {"run-1", 3, "a", "secret-a", good.substr(0, good.size() - 4),
+       absl::StatusCode::kInvalidArgument},
+      {"run-1", 3, "a", "secret-a", nan.Encode(), absl::StatusCode::kInvalidArgument},
+      {"run-1", 3, "a", "secret-a", other.Encode(), absl::StatusCode::kInvalidArgument},
+  };
+  for (const Bad& b : bad) {
+    const Status s = Send(b.run, b.round, b.sender, b.token, b.bytes);
+    EXPECT_EQ(s.code(), b.code) << b.run << " " << b.round << " " << b.sender << ": " << s;
+  }
+  ASSERT_TRUE(Send("run-1", 3, "a", "secret-a", good).ok());
+  EXPECT_EQ(Send("run-1", 3, "a", "secret-a", good).code(), absl::StatusCode::kAlreadyExists);
+  // b never sends: Collect returns a's at the deadline.
+  auto got = peer_->Collect(3, std::chrono::steady_clock::now() + std::chrono::milliseconds(200));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got.at("a").tensors()[0].values, Model(1).tensors()[0].values);
+  EXPECT_EQ(peer_->bytes_received(), static_cast<int64_t>(good.size()));
+  // The round is over: b's late model is refused.
+  EXPECT_EQ(Send("run-1", 3, "b", "secret-b", good).code(), absl::StatusCode::kPermissionDenied);
+}
+
+// A neighbour whose task came first sends before this client expects the round: its
+// call waits for the round and is then taken; Collect returns as soon as all are in.
+TEST_F(PeerTest, ASenderAheadWaitsForTheRound) {
+  peer_->Expect("run-1", 1, {}, Model(0));
+  Status early;
+  std::thread sender([&] { early = Send("run-1", 2, "a", "t", Model(2).Encode()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  peer_->Expect("run-1", 2, {{"a", "t"}}, Model(0));
+  auto got = peer_->Collect(2, std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  sender.join();
+  EXPECT_TRUE(early.ok()) << early;
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got.at("a").tensors()[1].values[0], 2.0f);
+}
+
+}  // namespace
+}  // namespace cleave
