@@ -67,7 +67,7 @@ const std::map<std::string, std::vector<std::string>>& KnownKeys() {
       {"server", {"listen", "heartbeat_s", "client_timeout_s", "max_model_elements", "chunk_bytes",
                   "eval_batch_size", "worker_threads", "evaluate", "final_evaluation",
                   "max_update_abs", "upload_idle_timeout_s", "handshake_timeout_s",
-                  "max_sessions", "max_connections"}},
+                  "max_sessions", "max_connections", "metrics_listen", "metrics_client_series"}},
       {"tls", {"cert", "key", "ca", "mutual", "reload_s", "revoked"}},
       {"auth", {"token_file"}},
       {"secure_aggregation", {"enabled", "k", "t", "clip", "bits", "modulus", "stage_timeout_s"}},
@@ -256,6 +256,8 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "server", "chunk_bytes", &c.server.chunk_bytes));
     RETURN_IF_ERROR(Read(s, "server", "eval_batch_size", &c.server.eval_batch_size));
     RETURN_IF_ERROR(Read(s, "server", "worker_threads", &c.server.worker_threads));
+    RETURN_IF_ERROR(Read(s, "server", "metrics_listen", &c.server.metrics_listen));
+    RETURN_IF_ERROR(Read(s, "server", "metrics_client_series", &c.server.metrics_client_series));
   }
   if (auto s = root["tls"]) {
     RETURN_IF_ERROR(CheckKeys(s, "tls"));
@@ -657,6 +659,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                         "server.chunk_bytes", "in [1024, 2 MiB] (gRPC's limit is 4 MiB)"));
   RETURN_IF_ERROR(Range(c.server.eval_batch_size >= 1, "server.eval_batch_size", ">= 1"));
   RETURN_IF_ERROR(Range(c.server.worker_threads >= 1, "server.worker_threads", ">= 1"));
+  RETURN_IF_ERROR(Range(c.server.metrics_client_series >= 0, "server.metrics_client_series",
+                        ">= 0"));
+  RETURN_IF_ERROR(Range(c.server.metrics_listen.empty() ||
+                            c.server.metrics_listen.rfind(':') != std::string::npos,
+                        "server.metrics_listen", "host:port, or empty (off)"));
   RETURN_IF_ERROR(Range(c.server.max_update_abs > 0, "server.max_update_abs", "> 0"));
   RETURN_IF_ERROR(Range(c.server.upload_idle_timeout_s > 0, "server.upload_idle_timeout_s", "> 0"));
   RETURN_IF_ERROR(Range(c.server.handshake_timeout_s > 0, "server.handshake_timeout_s", "> 0"));

@@ -202,6 +202,10 @@ struct ServerConfig {
   double handshake_timeout_s = 10;       // server.handshake_timeout_s: TLS/HTTP/2 handshake
   int max_sessions = 0;                  // server.max_sessions: 0 = from the fd limit
   int max_connections = 0;               // server.max_connections: 0 = from the fd limit
+  // server.metrics_listen: host:port of the operator's endpoint (Prometheus /metrics, the
+  // dashboard); "" = off. Plain HTTP on a loopback address, else HTTPS with tls.cert.
+  std::string metrics_listen;
+  int metrics_client_series = 100;       // server.metrics_client_series: per-client series cap
 };
 
 // TLS on the server's port. Without a certificate the server refuses to start unless

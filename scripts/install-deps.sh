@@ -9,15 +9,17 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   libgrpc++-dev libabsl-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libssl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libstb-dev dataset-fashion-mnist
   libsentencepiece-dev sentencepiece fortunes
 )
 # Only the tests and benchmarks use these: TorchScript export and the PyTorch reference,
 # validating deploy/docker-compose.yml, and clang with libFuzzer and the sanitizer
-# runtimes for the fuzz targets (scripts/fuzz.sh); and real tables (sklearn) for the
-# data-source tests.
-TEST_TOOLS=(python3-torch python3-sklearn docker-compose clang-14 libclang-rt-14-dev)
+# runtimes for the fuzz targets (scripts/fuzz.sh); real tables (sklearn) for the
+# data-source tests; Prometheus and headless Chromium watching a run (tests/e2e/observe_test.cc).
+TEST_TOOLS=(python3-torch python3-sklearn docker-compose clang-14 libclang-rt-14-dev
+            prometheus chromium)
 if [ "${1:-}" != "--no-test-tools" ]; then PACKAGES+=("${TEST_TOOLS[@]}"); fi
 
 missing=()

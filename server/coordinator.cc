@@ -418,6 +418,7 @@ void Coordinator::FailTaskLocked(const std::string& task_id, TaskRecord& t,
   t.state = TaskState::kFailed;
   t.resolved_in = current_round_;
   t.failure = why;
+  if (auto s = sessions_.find(t.client_id); s != sessions_.end()) ++s->second.failures;
   driver_->TaskFailedLocked(t);
 }
 
@@ -751,6 +752,11 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   if (h.evaluation().examples() > 0) clients_evaluate_ = true;
   t.train_seconds = h.train_seconds();
   if (h.has_gossip()) t.gossip_stats = h.gossip();
+  if (auto s = sessions_.find(t.client_id); s != sessions_.end() && !t.evaluate_only) {
+    ++s->second.done;
+    s->second.task_s = h.train_seconds();
+    if (t.split) s->second.step_s = h.split().wall_s();
+  }
   t.done_at = clock_->Now();
   scheduler_->AcceptedLocked(t, h);
   if (t.evaluate_only) {
@@ -1612,6 +1618,63 @@ int Coordinator::SetMaxSessions(int derived) {
   MutexLock l(&mu_);
   max_sessions_ = cfg_.server.max_sessions > 0 ? cfg_.server.max_sessions : derived;
   return max_sessions_;
+}
+
+ObservedState Coordinator::Observe(bool history) const {
+  ObservedState o;
+  {
+    MutexLock l(&mu_);
+    o.run_id = run_id_;
+    o.phase = phase_;
+    o.committed_round = committed_round_;
+    o.current_round = current_round_;
+    o.total_rounds = cfg_.run.rounds;
+    if (history) o.history = history_;
+    for (const auto& m : history_) o.task_failures += m.failures;
+    for (auto m = history_.rbegin(); m != history_.rend(); ++m) {
+      if (!m->evaluation_only) {
+        o.last_round = *m;
+        break;
+      }
+    }
+    std::map<std::string, TaskState> busy;  // by client: its task in flight, if any
+    for (const auto& [id, t] : tasks_) {
+      if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) {
+        busy[t.client_id] = t.state;
+      }
+    }
+    const auto now = clock_->Now();
+    for (const auto& [id, s] : sessions_) {
+      ClientHealth c;
+      c.name = s.name;
+      c.id = id;
+      auto b = busy.find(id);
+      c.state = b == busy.end() ? "idle"
+                : b->second == TaskState::kAccumulating ? "adding"
+                                                        : "training";
+      c.last_seen_s = std::chrono::duration<double>(now - s.last_seen).count();
+      c.task_s = s.task_s;
+      c.step_s = s.step_s;
+      c.uplink_mbps = s.profile.uplink_bytes_per_s() * 8 / 1e6;
+      c.downlink_mbps = s.profile.downlink_bytes_per_s() * 8 / 1e6;
+      c.cut = s.prediction.cut;
+      c.done = s.done;
+      c.failures = s.failures;
+      o.clients.push_back(std::move(c));
+    }
+  }
+  std::sort(o.clients.begin(), o.clients.end(),
+            [](const ClientHealth& a, const ClientHealth& b) { return a.name < b.name; });
+  o.bytes_up = lifetime_up_;
+  o.bytes_down = lifetime_down_;
+  const Server::UploadCounts u = Uploads();
+  o.uploads_in_progress = u.in_progress;
+  o.uploads_queued = u.queued;
+  o.rss_bytes = ResidentBytes();
+  o.upload_s = upload_latency_.Get();
+  o.fetch_s = fetch_latency_.Get();
+  o.config_yaml = opts_.config_text;
+  return o;
 }
 
 void Coordinator::FillStatus(v1::StatusReply* reply) const {

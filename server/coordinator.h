@@ -32,6 +32,7 @@
 #include "data/dataset.h"
 #include "models/model.h"
 #include "server/checkpoint.h"
+#include "server/observe.h"
 #include "server/round_driver.h"
 #include "server/secagg_round.h"
 #include "server/selection.h"
@@ -160,7 +161,10 @@ struct Session {
   CutFeedback feedback;
   CutPrediction prediction;  // of the last round's cut
   // async: its measured speed, which sizes its tasks (scheduler.target_staleness).
-  ClientSpeed speed;
+  ClientSpeed speed;  // What the operator sees of it (Observe): tasks accepted and failed, the last accepted
+  // task's training time and (split) mean step time.
+  int64_t done = 0, failures = 0;
+  double task_s = 0, step_s = 0;
 };
 
 class Coordinator {
@@ -291,6 +295,11 @@ class Coordinator {
     return run_id_;
   }
   std::pair<int64_t, int64_t> TransportBytes() const { return {lifetime_up_, lifetime_down_}; }
+  // The operator's view (server/observe.h), and the latencies the transport measures.
+  // `history`: with every round's metrics (the dashboard), not only the last's.
+  ObservedState Observe(bool history) const;
+  void ObserveUpload(double seconds) { upload_latency_.Observe(seconds); }
+  void ObserveFetch(double seconds) { fetch_latency_.Observe(seconds); }
   Server::UploadCounts Uploads() const {
     MutexLock l(&upload_mu_);
     return {static_cast<int>(upload_of_client_.size()), static_cast<int>(upload_waiters_.size())};
@@ -532,6 +541,8 @@ class Coordinator {
       ABSL_GUARDED_BY(upload_mu_);
   // see ClaimUpload
   std::map<std::string, UploadCall*> upload_of_client_ ABSL_GUARDED_BY(upload_mu_);
+
+  LatencyHistogram upload_latency_, fetch_latency_;
 
   ThreadPool pool_;  // last member: its workers finish before the state above dies
 };

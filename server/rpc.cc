@@ -248,7 +248,7 @@ class ControlReactor : public QueuedBidiReactor<v1::ClientMessage, v1::ServerMes
 class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(Coordinator* core, const v1::FetchRequest& req, const std::string& peer)
-      : core_(core) {
+      : core_(core), start_(std::chrono::steady_clock::now()) {
     core_->CountUp(kCallBytesUp + WireSize(req));
     core_->CountDown(kCallBytesDown);
     auto blob = core_->FindBlob(req, peer, &fp32_size_);
@@ -275,6 +275,8 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const int64_t total = static_cast<int64_t>(blob_->size());
     if (offset_ >= total) {
       core_->SavedDown(fp32_size_ - total);
+      core_->ObserveFetch(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
       Finish(grpc::Status::OK);
       return;
     }
@@ -303,6 +305,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   Coordinator* core_;
+  const std::chrono::steady_clock::time_point start_;  // for the latency histogram
   std::shared_ptr<const std::string> blob_;
   int64_t fp32_size_ = 0;  // what the blob would be as fp32
   int64_t offset_ = 0;
@@ -366,7 +369,12 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
         bool duplicate = false;
         Status s = core_->ProcessUpload(header_, payload_, &duplicate);
         core_->ReturnBuffer(std::move(payload_));
-        if (!s.ok()) core_->LogRefusedUpload(header_, s);
+        if (!s.ok()) {
+          core_->LogRefusedUpload(header_, s);
+        } else {
+          core_->ObserveUpload(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+        }
         reply_->set_duplicate(duplicate);
         Finish(ToGrpc(s));
       });
@@ -451,7 +459,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
 
  private:
   UploadReactor(Coordinator* core, grpc::CallbackServerContext* ctx, v1::UploadReply* reply)
-      : core_(core), ctx_(ctx), peer_(PeerIdentity(ctx)), reply_(reply) {
+      : core_(core), ctx_(ctx), peer_(PeerIdentity(ctx)), reply_(reply),
+        start_(std::chrono::steady_clock::now()) {
     Touch();
   }
 
@@ -465,6 +474,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
   bool done_ ABSL_GUARDED_BY(done_mu_) = false;
   bool received_all_ ABSL_GUARDED_BY(done_mu_) = false;
   v1::UploadReply* reply_;
+  const std::chrono::steady_clock::time_point start_;  // for the latency histogram
   v1::UploadChunk in_;
   v1::UploadHeader header_;
   bool have_header_ = false;

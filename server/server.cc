@@ -3,17 +3,23 @@
 
 #include <malloc.h>
 
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "core/files.h"
 #include "server/coordinator.h"
+#include "server/observe_http.h"
 #include "server/rpc.h"
 
 namespace cleave {
 
-// Members in this order: the transport goes first (its reactors call the core until
-// its Shutdown returns), the coordinator and its worker pool after.
+// Members in this order: the operator's endpoint and the transport go first (they call
+// the core until they stop), the coordinator and its worker pool after.
 class Server::Impl {
  public:
   std::unique_ptr<Coordinator> core;
   std::unique_ptr<RpcTransport> rpc;
+  std::unique_ptr<ObserveEndpoint> observe;  // server.metrics_listen
 };
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -44,7 +50,24 @@ StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
-Status Server::Start() { return impl_->rpc->Start(); }
+Status Server::Start() {
+  RETURN_IF_ERROR(impl_->rpc->Start());
+  const ServerOptions& o = impl_->core->options();
+  const ServerConfig& c = o.config.server;
+  if (c.metrics_listen.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(impl_->observe,
+                   ObserveEndpoint::Start(impl_->core.get(), c.metrics_listen, o.config.tls.cert,
+                                          o.config.tls.key, c.metrics_client_series));
+  if (o.run_dir.empty()) return absl::OkStatus();
+  // Where to find it, as server.addr says where the clients' port is.
+  const std::string host = c.metrics_listen.substr(0, c.metrics_listen.rfind(':'));
+  return WriteFileAtomic((std::filesystem::path(o.run_dir) / "metrics.addr").string(),
+                         absl::StrCat(impl_->observe->https() ? "https://" : "http://",
+                                      host == "0.0.0.0" ? "127.0.0.1" : host, ":",
+                                      impl_->observe->port(), "\n"));
+}
+
+int Server::metrics_port() const { return impl_->observe ? impl_->observe->port() : 0; }
 int Server::port() const { return impl_->rpc->port(); }
 std::shared_ptr<grpc::Channel> Server::InProcessChannel() { return impl_->rpc->InProcessChannel(); }
 Status Server::Run() { return impl_->core->Run(); }

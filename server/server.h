@@ -139,6 +139,8 @@ class Server {
   // Binds and starts serving. Afterwards port() is the bound port.
   Status Start();
   int port() const;
+  // The operator's endpoint's port (server.metrics_listen), 0 when off.
+  int metrics_port() const;
   // A channel to this server that uses no socket, for clients in this process
   // (ClientOptions::channel). After Start().
   std::shared_ptr<grpc::Channel> InProcessChannel();
