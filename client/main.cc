@@ -16,7 +16,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"cleave-client: a federated-learning edge client"};
-  std::string server, data_spec, partition, name, log_level = "info";
+  std::string server, data_spec, partition, name, log_level = "info", log_format = "text";
   int torch_threads = 1;
   double give_up_after = 600;
   app.add_option("--server", server, "coordinator address HOST:PORT")->required();
@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember(cleave::LogLevels()));
+  app.add_option("--log-format", log_format,
+                 "text, or json: one JSON object per line (time, level, logger, thread, msg)")
+      ->check(CLI::IsMember(cleave::LogFormats()));
   cleave::DeviceEmulation emulation;
   int64_t memory_limit_mb = 0;
   app.add_option("--emulate-uplink-mbps", emulation.uplink_mbps,
@@ -98,7 +101,7 @@ int main(int argc, char** argv) {
     token = *read;
   }
 
-  if (auto s = cleave::SetupLogging(name.empty() ? "client" : name, "", log_level); !s.ok()) {
+  if (auto s = cleave::SetupLogging(name.empty() ? "client" : name, "", log_level, "", log_format); !s.ok()) {
     std::cerr << "cleave-client: " << s.message() << "\n";
     return 2;
   }

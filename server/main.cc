@@ -17,7 +17,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"cleave-server: the federated-learning coordinator"};
-  std::string config_path, listen, run_dir, log_level = "info";
+  std::string config_path, listen, run_dir, log_level = "info", log_format = "text";
   int64_t rounds = 0;
   int torch_threads = 1;
   bool insecure = false;
@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember(cleave::LogLevels()));
+  app.add_option("--log-format", log_format,
+                 "text, or json: one JSON object per line (time, level, logger, thread, msg)")
+      ->check(CLI::IsMember(cleave::LogFormats()));
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   auto config = cleave::JobConfig::Load(config_path);
@@ -94,7 +97,7 @@ int main(int argc, char** argv) {
     std::cerr << "cleave-server: cannot create " << run_dir << ": " << ec.message() << "\n";
     return 2;
   }
-  if (auto s = cleave::SetupLogging("server", run_dir + "/server.log", log_level); !s.ok()) {
+  if (auto s = cleave::SetupLogging("server", run_dir + "/server.log", log_level, "", log_format); !s.ok()) {
     std::cerr << "cleave-server: " << s.message() << "\n";
     return 2;
   }

@@ -22,6 +22,7 @@
 #include "core/files.h"
 #include "core/device_trace.h"
 #include "privacy/certs.h"
+#include "tools/report.h"
 #include "tools/round_lines.h"
 
 namespace cleave {
@@ -377,6 +378,7 @@ int RunLocal(const LocalOptions& o) {
               << "/client-*.log\n";
   }
   std::cout << "run directory: " << run_dir << " (metrics.jsonl, server.log, checkpoint.pb)\n";
+  PrintReport(run_dir);
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "privacy/tls.h"
 #include "tools/lm.h"
 #include "tools/local.h"
+#include "tools/report.h"
 #include "tools/simulate.h"
 #include "core/device_trace.h"
 #include "core/files.h"
@@ -95,6 +96,14 @@ int main(int argc, char** argv) {
   trace->add_option("--session-s", trace_spec.session_s, "mean online session (seconds)");
   trace->add_option("--horizon-s", trace_spec.horizon_s,
                     "windows up to this time (seconds); online for good after it");
+
+  cleave::ReportOptions report;
+  auto* report_cmd = app.add_subcommand(
+      "report", "an HTML report (SVG plots) and Markdown/CSV tables of one or several runs");
+  report_cmd->add_option("run_dirs", report.run_dirs, "run directories, side by side")->required();
+  report_cmd->add_option("--out", report.out,
+                         "writes OUT.html, OUT.md, OUT.csv (default: RUN_DIR/report for one run, "
+                         "./report for several)");
 
   std::string server;
   auto* st = app.add_subcommand("status", "ask a running server how it is doing");
@@ -225,6 +234,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (simulate->parsed()) return cleave::RunSimulate(sim);
+  if (report_cmd->parsed()) return cleave::RunReport(report);
   if (trace->parsed()) {
     for (auto [flag, text, lo, hi] :
          {std::tuple{"--uplink-mbps", trace_up, &trace_spec.uplink_min_mbps, &trace_spec.uplink_max_mbps},

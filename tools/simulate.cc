@@ -25,6 +25,7 @@
 #include "data/dataset.h"
 #include "models/model.h"
 #include "server/server.h"
+#include "tools/report.h"
 #include "tools/round_lines.h"
 
 namespace cleave {
@@ -273,6 +274,7 @@ int RunSimulate(const SimulateOptions& o) {
               << "/simulate.log\n";
   }
   std::cout << "run directory: " << run_dir << " (metrics.jsonl, simulate.log, checkpoint.pb)\n";
+  PrintReport(run_dir);
   return 0;
 }
 

@@ -120,6 +120,9 @@ TEST_F(LocalTest, RunsAFederationForTwoRounds) {
   EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint.pb"));
   EXPECT_TRUE(fs::exists(dir_ / "run" / "server.log"));
   EXPECT_TRUE(fs::exists(dir_ / "run" / "config.yaml"));
+  // `make demo` ends with the report's path.
+  EXPECT_NE(out.find("report: " + (dir_ / "run" / "report.html").string()), std::string::npos) << out;
+  EXPECT_NE(ReadFile((dir_ / "run" / "report.html").string())->find("<polyline"), std::string::npos);
   auto addr = ReadFile((dir_ / "run" / "server.addr").string());
   ASSERT_TRUE(addr.ok());
   EXPECT_EQ(ProcessesUsing(addr->substr(0, addr->size() - 1)), 0);
@@ -454,17 +457,27 @@ TEST_F(LocalTest, ClientsThatCannotStartEndTheRunWithTheirError) {
 }
 
 // The daemons stop cleanly on SIGTERM, whichever of their threads the signal hits.
+// (With JSON-lines logs: every line of server.log is a JSON object.)
 TEST_F(LocalTest, ServerAndClientStopOnSigterm) {
   const std::string run = (dir_ / "srv").string();
   pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run, "--listen",
-                        "127.0.0.1:0", "--insecure"});
+                        "127.0.0.1:0", "--insecure", "--log-format", "json"});
   for (int i = 0; i < 300 && !fs::exists(run + "/server.addr"); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(fs::exists(run + "/server.addr")) << Output();
   kill(server, SIGTERM);
   EXPECT_EQ(Wait(server, 20), 130) << Output();
-  EXPECT_NE(ReadFile(run + "/server.log")->find("stopping"), std::string::npos);
+  std::istringstream log(*ReadFile(run + "/server.log"));
+  int lines = 0, stopping = 0;
+  for (std::string line; std::getline(log, line); ++lines) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << line;
+    EXPECT_EQ(j["logger"], "server");
+    stopping += j["msg"].get<std::string>().find("stopping") != std::string::npos;
+  }
+  EXPECT_GT(lines, 1);
+  EXPECT_GE(stopping, 1);
 
   // A client retrying an absent server.
   pid_t client = Spawn({"cleave-client", "--server", "127.0.0.1:1", "--insecure", "--data",
@@ -495,6 +508,7 @@ TEST_F(LocalTest, BadArgumentsAreClearErrors) {
   };
   expect(with(server, {"--torch-threads", "-3"}), "--torch-threads");
   expect(with(server, {"--log-level", "bogus"}), "--log-level");
+  expect(with(server, {"--log-format", "xml"}), "--log-format");
   expect(with(server, {"--rounds", "0"}), "--rounds");
   expect(with(server, {"--rounds", "-4"}), "--rounds");
   expect({"cleave-client", "--server", "127.0.0.1:1", "--insecure", "--data", "fmnist:/x",

@@ -1,0 +1,181 @@
+// `cleave report`: runs' metrics.jsonl into an HTML page of SVG plots and tables.
+#include "tools/report.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "core/files.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class ReportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("cleave-report-" + std::to_string(getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A run directory with these metrics lines (and a config naming the run).
+  std::string Run(const std::string& name, const std::vector<json>& rows, const std::string& tail = "") {
+    const fs::path run = dir_ / name;
+    fs::create_directories(run);
+    std::ofstream(run / "config.yaml") << "run: {name: \"" << name << "\", rounds: 3}\n";
+    std::ofstream metrics(run / "metrics.jsonl");
+    for (const json& r : rows) metrics << r.dump() << "\n";
+    metrics << tail;
+    return run.string();
+  }
+
+  // A FedAvg run whose accuracy rises by `gain` a round, with federated evaluation.
+  static std::vector<json> Rounds(int n, double gain, bool dp = false) {
+    std::vector<json> rows;
+    for (int r = 1; r <= n; ++r) {
+      json j = {{"round", r}, {"test_accuracy", 0.1 + gain * r}, {"test_loss", 2.0 / r},
+                {"train_loss", 1.5 / r}, {"participants", 4}, {"failures", r == 2 ? 1 : 0},
+                {"bytes_up", 1000000}, {"bytes_down", 2000000}, {"wall_s", 1.5},
+                {"elapsed_s", 2.0 * r},
+                {"client_eval", {{"accuracy", 0.2 * r / n}, {"accuracy_min", 0.1 * r / n},
+                                 {"accuracy_median", 0.2 * r / n}, {"accuracy_max", 0.3 * r / n},
+                                 {"loss", 1.0}}}};
+      if (dp) j["epsilon"] = 0.5 * r;
+      rows.push_back(j);
+    }
+    return rows;
+  }
+
+  fs::path dir_;
+};
+
+// The points of each <polyline> in the page, in order.
+std::vector<size_t> PolylineLengths(const std::string& html) {
+  std::vector<size_t> lengths;
+  std::regex polyline("<polyline[^>]*points=\"([^\"]*)\"");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), polyline); it != std::sregex_iterator(); ++it) {
+    std::istringstream points((*it)[1].str());
+    size_t n = 0;
+    for (std::string p; points >> p;) ++n;
+    lengths.push_back(n);
+  }
+  return lengths;
+}
+
+TEST_F(ReportTest, TwoRunsSideBySide) {
+  const std::string a = Run("fedavg", Rounds(3, 0.2));
+  const std::string b = Run("fedprox", Rounds(5, 0.1, /*dp=*/true));
+  const fs::path out = dir_ / "both";
+  auto html_path = WriteReport({{a, b}, out.string()});
+  ASSERT_TRUE(html_path.ok()) << html_path.status().message();
+  EXPECT_EQ(*html_path, out.string() + ".html");
+  const std::string html = *ReadFile(*html_path);
+
+  // Self-contained: no script, nothing loaded from elsewhere.
+  EXPECT_THAT(html, Not(HasSubstr("<script")));
+  EXPECT_THAT(html, Not(HasSubstr("src=")));
+  EXPECT_THAT(html, Not(HasSubstr("http")));
+  // Both runs in the summary, with their final and best accuracy and total bytes.
+  EXPECT_THAT(html, HasSubstr("<td>70.00%</td><td>70.00% (round 3)</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>60.00%</td><td>60.00% (round 5)</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>3.0 MB</td><td>6.0 MB</td>"));  // fedavg's up, down
+  EXPECT_THAT(html, HasSubstr("<td>2.500</td>"));                     // fedprox's epsilon
+  // Eight charts of a line per run (accuracy against round, time and bytes; loss;
+  // training loss; round time; bytes per round; the clients' median), then epsilon for
+  // the DP run alone; no chart of data neither run has (staleness, gossip, split).
+  const std::vector<size_t> lines = PolylineLengths(html);
+  std::vector<size_t> expected;
+  for (int chart = 0; chart < 8; ++chart) expected.insert(expected.end(), {3, 5});
+  expected.push_back(5);
+  EXPECT_EQ(lines, expected);
+  EXPECT_THAT(html, HasSubstr("Differential privacy spent"));
+  EXPECT_THAT(html, Not(HasSubstr("Staleness")));
+  EXPECT_THAT(html, Not(HasSubstr("Split learning")));
+  // The clients' spread: a shaded band (min to max) per run.
+  size_t bands = 0;
+  for (size_t at = 0; (at = html.find("<polygon class=\"band\"", at)) != std::string::npos; ++at) ++bands;
+  EXPECT_EQ(bands, 2u);
+
+  const std::string md = *ReadFile(out.string() + ".md");
+  EXPECT_THAT(md, HasSubstr("| fedavg | 3 | test accuracy | 70.00% | 70.00% (round 3) | 0.6667 | 6.0 s | "
+                            "3.0 MB | 6.0 MB | - | 1 |"));
+  EXPECT_THAT(md, HasSubstr("| fedprox | 5 | test accuracy | 60.00% |"));
+
+  // The CSV: a header and one row per round, the values as recorded.
+  std::istringstream csv(*ReadFile(out.string() + ".csv"));
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(csv, line);) rows.push_back(line);
+  ASSERT_EQ(rows.size(), 1u + 3 + 5);
+  EXPECT_THAT(rows[0], HasSubstr("run,round,final_evaluation,elapsed_s"));
+  EXPECT_EQ(rows[2], "fedavg,2,0,4,1.5,4,1,1000000,2000000,0.75,0.5,1,0.1333333333,1,");
+  EXPECT_EQ(rows[8].substr(0, 10), "fedprox,5,");
+  EXPECT_EQ(rows[8].substr(rows[8].rfind(',') + 1), "2.5");
+}
+
+TEST_F(ReportTest, OneRunDefaultsIntoItsDirectoryAndEscapesWhatItShows) {
+  std::vector<json> rows = Rounds(2, 0.3);
+  json final_eval = {{"round", 2}, {"evaluation_only", true}, {"participants", 4}, {"failures", 0},
+                     {"bytes_up", 10}, {"bytes_down", 5000}, {"elapsed_s", 9.0},
+                     {"client_eval", {{"accuracy", 0.9}, {"loss", 0.25}}}};
+  rows.push_back(final_eval);
+  for (json& r : rows) r.erase("test_accuracy"), r.erase("test_loss");  // clients evaluate
+  const std::string run = Run("a<b>&\"c", rows, "{\"round\": 3, \"torn");
+  auto html_path = WriteReport({{run}, ""});
+  ASSERT_TRUE(html_path.ok()) << html_path.status().message();
+  EXPECT_EQ(*html_path, (fs::path(run) / "report.html").string());
+  const std::string html = *ReadFile(*html_path);
+  EXPECT_THAT(html, HasSubstr("a&lt;b&gt;&amp;&quot;c"));
+  EXPECT_THAT(html, Not(HasSubstr("a<b>")));
+  // The final model is the final evaluation's (90 %); the best of the rounds is 20 %.
+  EXPECT_THAT(html, HasSubstr("<td>client accuracy</td><td>90.00%</td><td>20.00% (round 2)</td>"
+                              "<td>0.2500</td><td>9.0 s</td>"));
+  // The torn last line (a run still writing) is left out: two rounds plotted.
+  EXPECT_EQ(PolylineLengths(html).front(), 2u);
+  const std::string csv = *ReadFile((fs::path(run) / "report.csv").string());
+  EXPECT_THAT(csv, HasSubstr("\"a<b>&\"\"c\",2,1,9,"));  // quoted; the final evaluation's row
+}
+
+TEST_F(ReportTest, SplitRunsGetTheirStepTimeBreakdown) {
+  std::vector<json> rows = Rounds(2, 0.1);
+  for (json& r : rows) {
+    r["step_s"] = 0.012;
+    r["client_compute_s"] = 0.004;
+    r["transfer_s"] = 0.006;
+    r["server_compute_s"] = 0.002;
+  }
+  auto html = WriteReport({{Run("sfl", rows)}, ""});
+  ASSERT_TRUE(html.ok());
+  const std::string page = *ReadFile(*html);
+  EXPECT_THAT(page, HasSubstr("Split learning: mean step time"));
+  EXPECT_THAT(page, HasSubstr("<title>4.00 ms</title>"));
+  EXPECT_THAT(page, HasSubstr(">12.0 ms</text>"));
+}
+
+TEST_F(ReportTest, BadRunDirectoriesAreClearErrors) {
+  auto missing = WriteReport({{(dir_ / "nothing").string()}, ""});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("no metrics.jsonl"));
+
+  const std::string bad = Run("bad", Rounds(2, 0.1), "not json\n");
+  auto malformed = WriteReport({{bad}, ""});
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(malformed.status().message()), HasSubstr("metrics.jsonl:3: not a JSON object"));
+  EXPECT_FALSE(fs::exists(fs::path(bad) / "report.html"));
+
+  EXPECT_EQ(WriteReport({{}, ""}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,596 @@
+#include "tools/report.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/files.h"
+#include "tools/round_lines.h"
+
+namespace cleave {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::optional<double> Number(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+
+std::optional<double> ClientEval(const json& row, const char* key) {
+  auto it = row.find("client_eval");
+  if (it == row.end() || !it->is_object()) return std::nullopt;
+  return Number(*it, key);
+}
+
+// The number a run is judged by, chosen from its first round as AccuracyText does.
+struct Headline {
+  std::string name;
+  bool higher_is_better = true;
+  std::function<std::optional<double>(const json&)> get;
+};
+
+Headline HeadlineOf(const RunRecord& run) {
+  const json first = run.rounds.empty() ? json::object() : run.rounds.front();
+  auto test = [](const char* key) {
+    return [key](const json& r) { return Number(r, key); };
+  };
+  auto client = [](const char* key) {
+    return [key](const json& r) { return ClientEval(r, key); };
+  };
+  if (first.contains("test_perplexity")) return {"test perplexity", false, test("test_perplexity")};
+  if (first.contains("test_rmse")) return {"test RMSE", false, test("test_rmse")};
+  if (ClientEval(first, "rmse")) return {"client RMSE", false, client("rmse")};
+  if (first.contains("test_accuracy")) return {"test accuracy", true, test("test_accuracy")};
+  if (ClientEval(first, "accuracy")) return {"client accuracy", true, client("accuracy")};
+  return {"", true, [](const json&) { return std::nullopt; }};
+}
+
+std::optional<double> Loss(const json& row) {
+  if (auto l = Number(row, "test_loss")) return l;
+  return ClientEval(row, "loss");
+}
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string Short(double v) {  // axis ticks and table cells: 4 significant digits
+  if (v == 0) return "0";
+  return absl::StrFormat("%.4g", v);
+}
+
+std::string Duration(double s) {
+  if (s >= 3600) return absl::StrFormat("%.1f h", s / 3600);
+  if (s >= 120) return absl::StrFormat("%.1f min", s / 60);
+  return absl::StrFormat("%.1f s", s);
+}
+
+// ---- Charts ----
+
+const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                               "#ff7f0e", "#17becf", "#8c564b", "#e377c2"};
+const char* Color(size_t run) { return kColors[run % (sizeof(kColors) / sizeof(kColors[0]))]; }
+
+using Points = std::vector<std::pair<double, double>>;
+
+struct Line {
+  size_t run;
+  Points points;
+};
+struct Band {  // a shaded range between two curves of one run, at the same x
+  size_t run;
+  Points lower, upper;
+};
+struct Chart {
+  std::string title, x_label, y_label, caption;
+  std::vector<Line> lines;
+  std::vector<Band> bands;
+  bool empty() const {
+    for (const Line& l : lines) {
+      if (!l.points.empty()) return false;
+    }
+    return true;
+  }
+};
+
+// About five round numbers (1, 2 or 5 times a power of ten) covering [lo, hi].
+std::vector<double> Ticks(double lo, double hi) {
+  const double raw = (hi - lo) / 5;
+  const double mag = std::pow(10, std::floor(std::log10(raw)));
+  const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
+  std::vector<double> ticks;
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) {
+    ticks.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  }
+  return ticks;
+}
+
+std::string Svg(const Chart& chart) {
+  constexpr double kW = 600, kH = 300, kLeft = 64, kRight = 16, kTop = 14, kBottom = 44;
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  auto extend = [&](const Points& points) {
+    for (auto [x, y] : points) {
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+    }
+  };
+  for (const Line& l : chart.lines) extend(l.points);
+  for (const Band& b : chart.bands) extend(b.lower), extend(b.upper);
+  if (x1 <= x0) x0 -= 0.5, x1 += 0.5;
+  if (y1 <= y0) y0 -= std::max(0.5, std::abs(y0) * 0.1), y1 += std::max(0.5, std::abs(y1) * 0.1);
+  const double pad = (y1 - y0) * 0.05;
+  y0 -= pad, y1 += pad;
+  auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * (kW - kLeft - kRight); };
+  auto py = [&](double y) { return kTop + (y1 - y) / (y1 - y0) * (kH - kTop - kBottom); };
+  auto path = [&](const Points& points) {
+    std::string s;
+    for (auto [x, y] : points) absl::StrAppend(&s, s.empty() ? "" : " ", absl::StrFormat("%.1f,%.1f", px(x), py(y)));
+    return s;
+  };
+
+  std::string svg = absl::StrFormat(
+      "<svg class=\"chart\" viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" role=\"img\" "
+      "aria-label=\"%s\">\n",
+      kW, kH, kW, kH, Escape(chart.title));
+  for (double t : Ticks(y0, y1)) {
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+        "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+        kLeft, kW - kRight, py(t), py(t), kLeft - 6, py(t) + 4, Short(t)));
+  }
+  for (double t : Ticks(x0, x1)) {
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<line class=\"tick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+        "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
+        px(t), px(t), kH - kBottom, kH - kBottom + 5, px(t), kH - kBottom + 18, Short(t)));
+  }
+  absl::StrAppend(&svg, absl::StrFormat(
+      "<line class=\"axis\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>\n"
+      "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n"
+      "<text transform=\"translate(14 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
+      kLeft, kW - kRight, kH - kBottom, kH - kBottom, (kLeft + kW - kRight) / 2, kH - 6,
+      Escape(chart.x_label), (kTop + kH - kBottom) / 2, Escape(chart.y_label)));
+  for (const Band& b : chart.bands) {
+    Points outline = b.lower;
+    outline.insert(outline.end(), b.upper.rbegin(), b.upper.rend());
+    absl::StrAppend(&svg, absl::StrFormat("<polygon class=\"band\" fill=\"%s\" points=\"%s\"/>\n",
+                                          Color(b.run), path(outline)));
+  }
+  for (const Line& l : chart.lines) {
+    if (l.points.empty()) continue;
+    absl::StrAppend(&svg, absl::StrFormat("<polyline class=\"series\" stroke=\"%s\" points=\"%s\"/>\n",
+                                          Color(l.run), path(l.points)));
+    if (l.points.size() <= 40) {
+      for (auto [x, y] : l.points) {
+        absl::StrAppend(&svg, absl::StrFormat(
+            "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"><title>%s, %s</title></circle>\n",
+            px(x), py(y), Color(l.run), Short(x), Short(y)));
+      }
+    }
+  }
+  return svg + "</svg>\n";
+}
+
+// A chart of one value per round for every run that has it; x from `x_of` (which sees
+// the rows in order, so it may accumulate).
+Chart PerRound(const std::vector<RunRecord>& runs, std::string title, std::string x_label,
+               std::string y_label,
+               const std::function<std::optional<double>(const RunRecord&, const json&)>& y_of,
+               const std::function<double(const json&, double previous)>& x_of) {
+  Chart chart{std::move(title), std::move(x_label), std::move(y_label), "", {}, {}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Line line{i, {}};
+    double x = 0;
+    for (const json& row : runs[i].rounds) {
+      x = x_of(row, x);
+      if (auto y = y_of(runs[i], row); y && std::isfinite(*y)) line.points.emplace_back(x, *y);
+    }
+    chart.lines.push_back(std::move(line));
+  }
+  return chart;
+}
+
+double RoundX(const json& row, double) { return Number(row, "round").value_or(0); }
+double ElapsedX(const json& row, double) { return Number(row, "elapsed_s").value_or(0); }
+// The server's transport bytes, and in gossip the models the clients sent each other.
+double MegabytesX(const json& row, double before) {
+  double peer = 0;
+  if (auto g = row.find("gossip"); g != row.end() && g->is_object()) peer = Number(*g, "peer_bytes").value_or(0);
+  return before + (Number(row, "bytes_up").value_or(0) + Number(row, "bytes_down").value_or(0) + peer) / 1e6;
+}
+
+std::function<std::optional<double>(const RunRecord&, const json&)> Field(const char* key) {
+  return [key](const RunRecord&, const json& row) { return Number(row, key); };
+}
+
+std::string CommonHeadline(const std::vector<RunRecord>& runs) {
+  std::set<std::string> names;
+  for (const RunRecord& r : runs) {
+    if (auto h = HeadlineOf(r); !h.name.empty()) names.insert(h.name);
+  }
+  return names.size() == 1 ? *names.begin() : "the run's metric";
+}
+
+std::vector<Chart> Charts(const std::vector<RunRecord>& runs) {
+  const std::string metric = CommonHeadline(runs);
+  auto headline = [](const RunRecord& run, const json& row) { return HeadlineOf(run).get(row); };
+  std::vector<Chart> charts;
+  charts.push_back(PerRound(runs, metric + " against round", "round", metric, headline, RoundX));
+  charts.push_back(PerRound(runs, metric + " against wall time", "seconds since the run started",
+                            metric, headline, ElapsedX));
+  charts.push_back(PerRound(runs, metric + " against bytes", "MB on the wire (up + down + peer to peer, cumulative)",
+                            metric, headline, MegabytesX));
+  charts.push_back(PerRound(runs, "Loss against round", "round", "test loss (else clients' held-out loss)",
+                            [](const RunRecord&, const json& r) { return Loss(r); }, RoundX));
+  charts.push_back(PerRound(runs, "Training loss against round", "round",
+                            "clients' last-epoch loss", Field("train_loss"), RoundX));
+  charts.push_back(PerRound(runs, "Round time", "round", "seconds (sampling to commit)",
+                            Field("wall_s"), RoundX));
+  charts.push_back(PerRound(runs, "Bytes per round", "round", "MB (up + down + peer to peer)",
+                            [](const RunRecord&, const json& r) -> std::optional<double> {
+                              return MegabytesX(r, 0);
+                            },
+                            RoundX));
+
+  // The clients' spread: the median of their held-out accuracy, between min and max.
+  Chart spread = PerRound(runs, "Accuracy per client", "round",
+                          "held-out accuracy (median; min to max shaded)",
+                          [](const RunRecord&, const json& r) { return ClientEval(r, "accuracy_median"); },
+                          RoundX);
+  spread.caption = "Each round's global model as the participants measured it on their held-out "
+                   "data before training (client_eval).";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Band band{i, {}, {}};
+    for (const json& row : runs[i].rounds) {
+      auto lo = ClientEval(row, "accuracy_min"), hi = ClientEval(row, "accuracy_max");
+      if (lo && hi) {
+        band.lower.emplace_back(RoundX(row, 0), *lo);
+        band.upper.emplace_back(RoundX(row, 0), *hi);
+      }
+    }
+    if (!band.lower.empty()) spread.bands.push_back(std::move(band));
+  }
+  charts.push_back(std::move(spread));
+
+  charts.push_back(PerRound(runs, "Differential privacy spent", "round", "epsilon",
+                            Field("epsilon"), RoundX));
+  charts.back().caption = "The accountant's epsilon after each round, at the run's delta.";
+  charts.push_back(PerRound(runs, "Staleness of applied updates", "version", "mean staleness (versions)",
+                            Field("staleness_mean"), RoundX));
+  charts.push_back(PerRound(runs, "Gossip: neighbours' disagreement", "round",
+                            "mean squared distance",
+                            [](const RunRecord&, const json& r) -> std::optional<double> {
+                              auto g = r.find("gossip");
+                              if (g == r.end() || !g->is_object()) return std::nullopt;
+                              return Number(*g, "disagreement");
+                            },
+                            RoundX));
+  return charts;
+}
+
+// Split learning: each run's mean step time, split into its parts, as stacked bars.
+std::string StepBreakdown(const std::vector<RunRecord>& runs) {
+  struct Parts {
+    size_t run;
+    double client = 0, transfer = 0, server = 0;
+  };
+  std::vector<Parts> bars;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    Parts p{i};
+    int n = 0;
+    for (const json& row : runs[i].rounds) {
+      auto c = Number(row, "client_compute_s"), t = Number(row, "transfer_s"),
+           s = Number(row, "server_compute_s");
+      if (!c || !t || !s) continue;
+      p.client += *c, p.transfer += *t, p.server += *s, ++n;
+    }
+    if (n == 0) continue;
+    p.client /= n, p.transfer /= n, p.server /= n;
+    bars.push_back(p);
+  }
+  if (bars.empty()) return "";
+  double longest = 0;
+  for (const Parts& p : bars) longest = std::max(longest, p.client + p.transfer + p.server);
+  if (longest <= 0) longest = 1;
+  constexpr double kW = 600, kLeft = 160, kRight = 90, kBar = 22, kGap = 10;
+  const double height = bars.size() * (kBar + kGap) + 30;
+  std::string svg = absl::StrFormat(
+      "<svg class=\"chart\" viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" role=\"img\" "
+      "aria-label=\"split step time\">\n",
+      kW, height, kW, height);
+  const char* const part_colors[] = {"#1f77b4", "#bbbbbb", "#ff7f0e"};
+  for (size_t b = 0; b < bars.size(); ++b) {
+    const double y = b * (kBar + kGap);
+    double x = kLeft;
+    const double parts[] = {bars[b].client, bars[b].transfer, bars[b].server};
+    absl::StrAppend(&svg, absl::StrFormat("<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
+                                          kLeft - 6, y + kBar * 0.7, Escape(runs[bars[b].run].name)));
+    for (int k = 0; k < 3; ++k) {
+      const double w = parts[k] / longest * (kW - kLeft - kRight);
+      absl::StrAppend(&svg, absl::StrFormat(
+          "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"><title>%.2f ms</title></rect>\n",
+          x, y, w, kBar, part_colors[k], 1e3 * parts[k]));
+      x += w;
+    }
+    absl::StrAppend(&svg, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\">%.1f ms</text>\n", x + 4,
+                                          y + kBar * 0.7, 1e3 * (parts[0] + parts[1] + parts[2])));
+  }
+  const double ly = height - 10;
+  const char* const names[] = {"client compute", "transfer", "server compute"};
+  for (int k = 0; k < 3; ++k) {
+    absl::StrAppend(&svg, absl::StrFormat(
+        "<rect x=\"%.0f\" y=\"%.0f\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+        kLeft + k * 130, ly - 9, part_colors[k], kLeft + k * 130 + 14, ly, names[k]));
+  }
+  return svg + "</svg>\n";
+}
+
+// ---- The summary: one row per run ----
+
+struct Summary {
+  std::string name, metric, final_value, best, final_loss, time, up, down, epsilon;
+  int64_t rounds = 0, failures = 0;
+};
+
+Summary Summarise(const RunRecord& run) {
+  Summary s;
+  s.name = run.name;
+  s.rounds = static_cast<int64_t>(run.rounds.size());
+  const Headline h = HeadlineOf(run);
+  s.metric = h.name.empty() ? "-" : h.name;
+  std::optional<double> last, best;
+  int64_t best_round = 0;
+  double up = 0, down = 0;
+  for (const json& row : run.rounds) {
+    up += Number(row, "bytes_up").value_or(0);
+    down += Number(row, "bytes_down").value_or(0);
+    s.failures += static_cast<int64_t>(Number(row, "failures").value_or(0));
+    if (auto v = h.get(row)) {
+      last = v;
+      if (!best || (h.higher_is_better ? *v > *best : *v < *best)) {
+        best = v;
+        best_round = static_cast<int64_t>(Number(row, "round").value_or(0));
+      }
+    }
+  }
+  // The final evaluation measured the last model (the rounds' client_eval the one before).
+  if (run.final_eval) {
+    up += Number(*run.final_eval, "bytes_up").value_or(0);
+    down += Number(*run.final_eval, "bytes_down").value_or(0);
+    if (auto v = h.get(*run.final_eval)) last = v;
+  }
+  const bool fraction = h.name.find("accuracy") != std::string::npos;
+  auto show = [&](double v) { return fraction ? absl::StrFormat("%.2f%%", 100 * v) : Short(v); };
+  s.final_value = last ? show(*last) : "-";
+  s.best = best ? absl::StrFormat("%s (round %d)", show(*best), best_round) : "-";
+  const json* end = run.final_eval ? &*run.final_eval : run.rounds.empty() ? nullptr : &run.rounds.back();
+  std::optional<double> loss = end ? Loss(*end) : std::nullopt;
+  s.final_loss = loss ? absl::StrFormat("%.4f", *loss) : "-";
+  std::optional<double> elapsed = end ? Number(*end, "elapsed_s") : std::nullopt;
+  s.time = elapsed ? Duration(*elapsed) : "-";
+  s.up = Bytes(up);
+  s.down = Bytes(down);
+  std::optional<double> eps = run.rounds.empty() ? std::nullopt : Number(run.rounds.back(), "epsilon");
+  s.epsilon = eps ? absl::StrFormat("%.3f", *eps) : "-";
+  return s;
+}
+
+const char* const kSummaryColumns[] = {"run", "rounds", "metric", "final", "best", "final loss",
+                                       "wall time", "bytes up", "bytes down", "epsilon", "failures"};
+
+std::vector<std::string> Cells(const Summary& s) {
+  return {s.name, absl::StrCat(s.rounds), s.metric, s.final_value, s.best, s.final_loss,
+          s.time, s.up, s.down, s.epsilon, absl::StrCat(s.failures)};
+}
+
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+}  // namespace
+
+StatusOr<RunRecord> LoadRun(const std::string& run_dir) {
+  RunRecord run;
+  run.dir = run_dir;
+  const std::string path = (fs::path(run_dir) / "metrics.jsonl").string();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    return absl::NotFoundError(absl::StrCat(run_dir, ": no metrics.jsonl (not a run directory, or "
+                                            "no round committed yet)"));
+  }
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  size_t begin = 0;
+  for (int line = 1; begin < text->size(); ++line) {
+    const size_t end = text->find('\n', begin);
+    if (end == std::string::npos) break;  // a torn last line: the run is writing it
+    const std::string_view content(text->data() + begin, end - begin);
+    begin = end + 1;
+    if (content.empty()) continue;
+    json row = json::parse(content, nullptr, /*allow_exceptions=*/false);
+    if (row.is_discarded() || !row.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line, ": not a JSON object"));
+    }
+    if (row.value("evaluation_only", false)) {
+      run.final_eval = std::move(row);
+    } else {
+      run.rounds.push_back(std::move(row));
+    }
+  }
+  run.name = fs::path(run_dir).lexically_normal().filename().string();
+  if (run.name.empty()) run.name = fs::path(run_dir).lexically_normal().parent_path().filename().string();
+  if (auto config = ReadFile((fs::path(run_dir) / "config.yaml").string()); config.ok()) {
+    run.config = *config;
+    try {
+      YAML::Node node = YAML::Load(run.config);
+      if (node["run"] && node["run"]["name"] && node["run"]["name"].IsScalar()) {
+        run.name = node["run"]["name"].as<std::string>();
+      }
+    } catch (const YAML::Exception&) {  // the name stays the directory's
+    }
+  }
+  return run;
+}
+
+std::string ReportHtml(const std::vector<RunRecord>& runs) {
+  std::string html = R"(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>cleave report</title>
+<style>
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1260px; color: #222; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
+table { border-collapse: collapse; margin: 8px 0; } td, th { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }
+td:first-child, th:first-child { text-align: left; }
+.swatch { display: inline-block; width: 12px; height: 12px; margin-right: 6px; vertical-align: -1px; }
+.charts { display: flex; flex-wrap: wrap; gap: 8px 24px; }
+figure { margin: 0; } figcaption { font-weight: 600; margin: 6px 0; } .note { color: #666; max-width: 600px; }
+svg.chart text { font-size: 11px; fill: #444; }
+svg.chart .grid { stroke: #eee; } svg.chart .tick, svg.chart .axis { stroke: #888; }
+svg.chart .series { fill: none; stroke-width: 2; } svg.chart .band { opacity: 0.18; }
+pre { background: #f6f6f6; padding: 8px; overflow: auto; max-height: 400px; }
+</style></head><body>
+<h1>cleave report</h1>
+)";
+  absl::StrAppend(&html, "<table id=\"summary\"><tr>");
+  for (const char* c : kSummaryColumns) absl::StrAppend(&html, "<th>", c, "</th>");
+  absl::StrAppend(&html, "</tr>\n");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const std::vector<std::string> cells = Cells(Summarise(runs[i]));
+    absl::StrAppend(&html, "<tr><td><span class=\"swatch\" style=\"background:", Color(i),
+                    "\"></span>", Escape(cells[0]), "</td>");
+    for (size_t c = 1; c < cells.size(); ++c) absl::StrAppend(&html, "<td>", Escape(cells[c]), "</td>");
+    absl::StrAppend(&html, "</tr>\n");
+  }
+  absl::StrAppend(&html, "</table>\n<p class=\"note\">Final: the last model's value (the final "
+                         "evaluation's, when the run had one). Bytes: what crossed the transport, "
+                         "framing included.</p>\n<div class=\"charts\">\n");
+  for (const Chart& chart : Charts(runs)) {
+    if (chart.empty()) continue;
+    absl::StrAppend(&html, "<figure><figcaption>", Escape(chart.title), "</figcaption>\n", Svg(chart));
+    if (!chart.caption.empty()) absl::StrAppend(&html, "<p class=\"note\">", Escape(chart.caption), "</p>");
+    absl::StrAppend(&html, "</figure>\n");
+  }
+  if (std::string split = StepBreakdown(runs); !split.empty()) {
+    absl::StrAppend(&html, "<figure><figcaption>Split learning: mean step time</figcaption>\n", split,
+                    "<p class=\"note\">As the clients measured it: their part's compute, the "
+                    "transfer (waiting minus the server's compute) and the server part's compute "
+                    "(including waiting its turn).</p></figure>\n");
+  }
+  absl::StrAppend(&html, "</div>\n<h2>Runs</h2>\n");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    absl::StrAppend(&html, "<details><summary><span class=\"swatch\" style=\"background:", Color(i),
+                    "\"></span>", Escape(runs[i].name), ": ", Escape(runs[i].dir),
+                    "</summary>\n<pre>", Escape(runs[i].config.empty() ? "(no config.yaml)" : runs[i].config),
+                    "</pre></details>\n");
+  }
+  return html + "</body></html>\n";
+}
+
+std::string ReportMarkdown(const std::vector<RunRecord>& runs) {
+  auto row = [](const std::vector<std::string>& cells) {
+    std::vector<std::string> escaped;
+    for (const std::string& c : cells) {
+      std::string e;
+      for (char ch : c) {
+        if (ch == '|') e += "\\|";
+        else if (ch == '\n' || ch == '\r') e += ' ';
+        else e += ch;
+      }
+      escaped.push_back(std::move(e));
+    }
+    return absl::StrCat("| ", absl::StrJoin(escaped, " | "), " |\n");
+  };
+  std::vector<std::string> header(std::begin(kSummaryColumns), std::end(kSummaryColumns));
+  std::string md = row(header);
+  absl::StrAppend(&md, "|", absl::StrJoin(std::vector<std::string>(header.size(), "---"), "|"), "|\n");
+  for (const RunRecord& r : runs) absl::StrAppend(&md, row(Cells(Summarise(r))));
+  return md;
+}
+
+std::string ReportCsv(const std::vector<RunRecord>& runs) {
+  std::string csv =
+      "run,round,final_evaluation,elapsed_s,wall_s,participants,failures,bytes_up,bytes_down,"
+      "train_loss,test_accuracy,test_loss,client_accuracy,client_loss,epsilon\n";
+  auto number = [](std::optional<double> v) { return v ? absl::StrFormat("%.10g", *v) : std::string(); };
+  for (const RunRecord& r : runs) {
+    std::vector<const json*> rows;
+    for (const json& row : r.rounds) rows.push_back(&row);
+    if (r.final_eval) rows.push_back(&*r.final_eval);
+    for (const json* row : rows) {
+      absl::StrAppend(&csv, CsvField(r.name), ",", number(Number(*row, "round")), ",",
+                      row == rows.back() && r.final_eval ? 1 : 0);
+      for (const char* key : {"elapsed_s", "wall_s", "participants", "failures", "bytes_up",
+                              "bytes_down", "train_loss", "test_accuracy", "test_loss"}) {
+        absl::StrAppend(&csv, ",", number(Number(*row, key)));
+      }
+      absl::StrAppend(&csv, ",", number(ClientEval(*row, "accuracy")), ",",
+                      number(ClientEval(*row, "loss")), ",", number(Number(*row, "epsilon")), "\n");
+    }
+  }
+  return csv;
+}
+
+StatusOr<std::string> WriteReport(const ReportOptions& options) {
+  if (options.run_dirs.empty()) return absl::InvalidArgumentError("no run directory given");
+  std::vector<RunRecord> runs;
+  for (const std::string& dir : options.run_dirs) {
+    auto run = LoadRun(dir);
+    if (!run.ok()) return run.status();
+    runs.push_back(*std::move(run));
+  }
+  std::string out = options.out;
+  if (out.empty()) {
+    out = options.run_dirs.size() == 1 ? (fs::path(options.run_dirs[0]) / "report").string() : "report";
+  }
+  for (auto [suffix, text] : {std::pair{".html", ReportHtml(runs)}, std::pair{".md", ReportMarkdown(runs)},
+                              std::pair{".csv", ReportCsv(runs)}}) {
+    if (Status s = WriteFileAtomic(out + suffix, text); !s.ok()) return s;
+  }
+  return out + ".html";
+}
+
+int RunReport(const ReportOptions& options) {
+  auto html = WriteReport(options);
+  if (!html.ok()) {
+    std::cerr << "cleave report: " << html.status().message() << "\n";
+    return 1;
+  }
+  const std::string stem = html->substr(0, html->size() - 5);
+  std::cout << "report: " << *html << " (tables: " << stem << ".md, " << stem << ".csv)\n";
+  return 0;
+}
+
+void PrintReport(const std::string& run_dir) {
+  if (auto report = WriteReport({{run_dir}, ""}); report.ok()) {
+    std::cout << "report: " << *report << "\n";
+  } else {
+    std::cout << "no report: " << report.status().message() << "\n";
+  }
+}
+
+}  // namespace cleave
