@@ -140,6 +140,10 @@ struct Client::Impl {
   std::mt19937_64 jitter_rng;
   std::atomic<bool> stop{false};
   std::atomic<int> tasks_done{0};
+  // An edge aggregator whose clients now hold more examples than it declared at Join:
+  // the total to declare when it joins again (0: none), and whether to do so now.
+  std::atomic<int64_t> grown_examples{0};
+  std::atomic<bool> rejoin{false};
   DeviceEmulator emulator;
 
   std::mutex mu;  // guards ctx and the sleep below
@@ -165,9 +169,11 @@ struct Client::Impl {
   // `next` reads the task's later control messages (secure aggregation).
   // Replaces the honest `delta` (trained from `global` with `o`) by the attack's update.
   Status Attack(const ParameterSet& global, const LocalTrainOptions& o, ParameterSet* delta);
-  // What Join declares, and an edge claims at most: declared_examples, else train.size.
+  // What Join declares, and an edge claims at most: declared_examples (or the total an
+  // edge's clients grew to since), else train.size.
   int64_t DeclaredExamples() const {
-    return opts.declared_examples > 0 ? opts.declared_examples : opts.train.size;
+    if (opts.declared_examples <= 0) return opts.train.size;
+    return std::max(opts.declared_examples, grown_examples.load());
   }
   // The task's model: its blob fetched and decoded (with the task's broadcast codec).
   StatusOr<ParameterSet> FetchModel(v1::Coordinator::Stub* stub, const v1::Welcome& w,
@@ -339,6 +345,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   // True once a read failed: the server ended the stream, and Finish returns its status
   // (cancelling first would replace the server's reason by CANCELLED).
   bool server_ended = false;
+  bool rejoining = false;  // an edge leaves to join again with a larger declaration
   v1::ServerMessage msg;
   v1::Welcome welcome;
   // The heartbeat thread sleeps on hb_cv until its next beat or hb_stop: a process hosting
@@ -447,6 +454,10 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
         ctx.TryCancel();
         break;
       }
+      if (rejoin.exchange(false)) {
+        rejoining = true;
+        break;
+      }
       if (!s.ok()) {
         spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
         // Tell the server at once, so that the round need not wait for its deadline (a
@@ -477,6 +488,11 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   if (!profile_error.ok()) {
     *why = profile_error;
     return Fatal(why->code()) ? End::kFatal : End::kRetry;
+  }
+  if (rejoining) {
+    *why = absl::UnavailableError(
+        absl::StrCat("joining again to declare ", DeclaredExamples(), " examples"));
+    return End::kRetry;
   }
   *why = gs.ok() ? absl::UnavailableError("the server closed the control stream")
                  : FromGrpc(gs, "control stream");
@@ -619,9 +635,12 @@ Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welco
   const int64_t cap = DeclaredExamples();
   if (r.examples > cap) {
     // More clients joined below since this edge joined upstream: its Join count bounds
-    // what it may claim.
-    spdlog::warn("round {}: {} examples aggregated, {} declared upstream: claiming {}",
-                 task.round(), r.examples, cap, cap);
+    // what it may claim this round; then it joins again declaring the new total.
+    spdlog::warn("round {}: {} examples aggregated, {} declared upstream: claiming {}, then "
+                 "joining again to declare {}",
+                 task.round(), r.examples, cap, cap, r.examples);
+    grown_examples = r.examples;
+    rejoin = true;
     r.examples = cap;
   }
   const double seconds =

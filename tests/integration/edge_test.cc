@@ -113,6 +113,64 @@ TEST(EdgeTest, TwoLevelsMakeTheFlatModel) {
   EXPECT_GT(trained, 1e-2) << "two rounds moved the model from where both runs started";
 }
 
+// An edge joins upstream declaring the examples of the clients it has; when a client joins
+// it later, the round that first includes it is claimed at the old declaration (the
+// upstream refuses more), and the edge then joins again declaring the new total.
+TEST(EdgeTest, AnEdgeDeclaresClientsThatJoinedAfterIt) {
+  SetTorchThreads(1);
+  std::vector<ClientOptions> data = Options(2, 1000);  // 500 examples each
+  auto clock = std::make_shared<FakeClock>();
+  auto top = StartServer(
+      "model: {name: mlp}\nrun: {rounds: 6, seed: 5}\ndata: {test_limit: 200}\n"
+      "train: {local_epochs: 1, batch_size: 64, lr: 0.05}\n"
+      "server: {heartbeat_s: 0.5, client_timeout_s: 30}\nclients: {min: 1, quorum: 1.0}\n",
+      clock);
+  ASSERT_TRUE(top);
+  auto edge = StartServer("model: {name: mlp}\ndata: {test: \"\"}\nclients: {min: 1, quorum: 1.0}\n"
+                          "server: {heartbeat_s: 0.5, client_timeout_s: 30}\n",
+                          clock);
+  ASSERT_TRUE(edge);
+  ClientOptions up;
+  up.server = Address(*top);
+  up.name = "edge";
+  up.insecure = true;
+  up.initial_backoff_s = 0.05;
+  Edge edge_run(edge.get(), std::move(up));
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 2; ++i) {
+    ClientOptions o = data[i];
+    o.name = "client-" + std::to_string(i);
+    o.server = Address(*edge);
+    o.insecure = true;
+    clients.push_back(std::make_unique<Client>(std::move(o)));
+  }
+  Status top_status, edge_status, first_status, second_status;
+  std::thread top_thread([&] { top_status = top->Run(); });
+  std::thread edge_thread([&] { edge_status = edge_run.Run(); });
+  std::thread first([&] { first_status = clients[0]->Run(); });
+  // The second client joins once the top committed a round of the first alone.
+  for (int i = 0; i < 6000 && top->committed_round() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(top->committed_round(), 1);
+  std::thread second([&] { second_status = clients[1]->Run(); });
+  top_thread.join();
+  for (std::thread* t : {&edge_thread, &first, &second}) t->join();
+  ASSERT_TRUE(top_status.ok()) << top_status;
+  EXPECT_TRUE(edge_status.ok()) << edge_status;
+  EXPECT_TRUE(first_status.ok()) << first_status;
+  EXPECT_TRUE(second_status.ok()) << second_status;
+
+  auto h = top->History();
+  ASSERT_EQ(h.size(), 6u);
+  EXPECT_EQ(h[0].examples, 500) << "the edge joined with one client";
+  for (const auto& r : h) {
+    EXPECT_EQ(r.participants, 1);
+    EXPECT_LE(r.examples, 1000);
+  }
+  EXPECT_EQ(h.back().examples, 1000) << "the edge declared its second client's examples";
+}
+
 TEST(EdgeTest, AnEdgeMustHandUpAPlainMean) {
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("strategy: {name: fedadam}\n")).ok());
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("strategy: {name: fedavg, server_lr: 0.5}\n")).ok());
