@@ -121,7 +121,11 @@ std::vector<double> Ticks(double lo, double hi) {
   const double mag = std::pow(10, std::floor(std::log10(raw)));
   const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
   std::vector<double> ticks;
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) {
+  // (Counted, not stepped: a step below the values' precision would not advance.)
+  const double first = std::ceil(lo / step);
+  for (int i = 0; i < 12; ++i) {
+    const double t = (first + i) * step;
+    if (t > hi + step * 1e-9) break;
     ticks.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
   }
   return ticks;

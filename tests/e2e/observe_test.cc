@@ -134,7 +134,21 @@ TEST_F(ObserveE2eTest, PrometheusScrapesTheServerAndTheDashboardFollowsTheRun) {
   const int shown_first = round_shown(first);
   ASSERT_GE(shown_first, 0) << first;
   EXPECT_NE(first.find("metrics_listen"), std::string::npos) << "its configuration";
-  std::this_thread::sleep_for(std::chrono::seconds(3));
+  // Render it again once the server has committed a later round (waiting on the run's
+  // progress, not a fixed time: on a loaded machine the first round may take long).
+  {
+    const size_t colon = target.rfind(':');
+    httplib::Client server(target.substr(0, colon), std::stoi(target.substr(colon + 1)));
+    int committed = shown_first;
+    for (int i = 0; i < 1200 && committed <= shown_first; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (auto r = server.Get("/api/state"); r && r->status == 200) {
+        const auto state = nlohmann::json::parse(r->body, nullptr, false);
+        if (state.is_object()) committed = state.value("round", shown_first);
+      }
+    }
+    ASSERT_GT(committed, shown_first) << "the run made no progress in 120 s";
+  }
   const std::string later = dashboard("--dump-dom");
   EXPECT_GT(round_shown(later), shown_first) << later;
   EXPECT_NE(later.find("client-2"), std::string::npos) << "its clients are listed";

@@ -163,6 +163,18 @@ TEST_F(ReportTest, SplitRunsGetTheirStepTimeBreakdown) {
   EXPECT_THAT(page, HasSubstr(">12.0 ms</text>"));
 }
 
+// Values far apart in magnitude from their spread (a loss near 1e15 moving by 0.01)
+// still make a finite chart with a bounded number of ticks.
+TEST_F(ReportTest, ValuesBeyondTheirPrecisionStillDraw) {
+  std::vector<json> rows = Rounds(3, 0.1);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i]["train_loss"] = 1e15 + 0.01 * static_cast<double>(i);
+  auto html = WriteReport({{Run("huge", rows)}, ""});
+  ASSERT_TRUE(html.ok());
+  const std::string page = *ReadFile(*html);
+  EXPECT_THAT(page, HasSubstr("Training loss against round"));
+  EXPECT_LT(std::count(page.begin(), page.end(), '\n'), 2000);
+}
+
 TEST_F(ReportTest, BadRunDirectoriesAreClearErrors) {
   auto missing = WriteReport({{(dir_ / "nothing").string()}, ""});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
