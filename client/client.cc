@@ -141,9 +141,8 @@ struct Client::Impl {
   std::atomic<bool> stop{false};
   std::atomic<int> tasks_done{0};
   // An edge aggregator whose clients now hold more examples than it declared at Join:
-  // the total to declare when it joins again (0: none), and whether to do so now.
+  // the total to declare when it joins again (0: none).
   std::atomic<int64_t> grown_examples{0};
-  std::atomic<bool> rejoin{false};
   DeviceEmulator emulator;
 
   std::mutex mu;  // guards ctx and the sleep below
@@ -205,6 +204,8 @@ struct Client::Impl {
   std::string gossip_run;
   // (Re)builds the whole model when the task's description changed.
   Status BuildModel(const v1::Task& task, const ModelSpec& spec);
+  // Federated evaluation: `model` as it is, on the held-out data, under `loss`.
+  StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);
   // A gossip task: train the model held, exchange it with the neighbours, average.
   Status HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                           const std::function<void(const v1::TaskAck&)>& ack);
@@ -454,7 +455,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
         ctx.TryCancel();
         break;
       }
-      if (rejoin.exchange(false)) {
+      if (DeclaredExamples() > join->num_examples()) {  // an edge's clients grew
         rejoining = true;
         break;
       }
@@ -640,7 +641,6 @@ Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welco
                  "joining again to declare {}",
                  task.round(), r.examples, cap, cap, r.examples);
     grown_examples = r.examples;
-    rejoin = true;
     r.examples = cap;
   }
   const double seconds =
@@ -664,6 +664,19 @@ Status Client::Impl::BuildModel(const v1::Task& task, const ModelSpec& spec) {
   model_key = key;
   loss_digest.clear();
   return absl::OkStatus();
+}
+
+StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& loss) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, kEvalBatch, loss));
+  v1::ClientEvaluation evaluation;
+  evaluation.set_examples(e.examples);
+  evaluation.set_accuracy(e.accuracy);
+  evaluation.set_loss(e.loss);
+  for (const auto& [k, v] : e.metrics) (*evaluation.mutable_metrics())[k] = v;
+  evaluation.set_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return evaluation;
 }
 
 Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
@@ -703,15 +716,7 @@ Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Wel
   // Federated evaluation: the model this client holds, on its held-out data.
   std::optional<v1::ClientEvaluation> evaluation;
   if (opts.holdout.size > 0) {
-    const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, kEvalBatch, loss));
-    evaluation.emplace();
-    evaluation->set_examples(e.examples);
-    evaluation->set_accuracy(e.accuracy);
-    evaluation->set_loss(e.loss);
-    for (const auto& [k, v] : e.metrics) (*evaluation->mutable_metrics())[k] = v;
-    evaluation->set_seconds(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    ASSIGN_OR_RETURN(evaluation, EvaluateHoldout(loss));
   }
   LocalTrainOptions o = TrainOptions(task.train());
   o.cancel = &stop;
@@ -904,15 +909,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   // Federated evaluation: the global model on the held-out data, before training.
   std::optional<v1::ClientEvaluation> evaluation;
   if (opts.holdout.size > 0 && !task.has_secagg()) {
-    const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, kEvalBatch, loss));
-    evaluation.emplace();
-    evaluation->set_examples(e.examples);
-    evaluation->set_accuracy(e.accuracy);
-    evaluation->set_loss(e.loss);
-    for (const auto& [k, v] : e.metrics) (*evaluation->mutable_metrics())[k] = v;
-    evaluation->set_seconds(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    ASSIGN_OR_RETURN(evaluation, EvaluateHoldout(loss));
   }
   if (task.evaluate_only()) {  // the final evaluation: no training, an empty update
     ASSIGN_OR_RETURN(v1::UploadReply reply,

@@ -200,7 +200,7 @@ std::string Svg(const Chart& chart) {
 // the rows in order, so it may accumulate).
 Chart PerRound(const std::vector<RunRecord>& runs, std::string title, std::string x_label,
                std::string y_label,
-               const std::function<std::optional<double>(const RunRecord&, const json&)>& y_of,
+               const std::function<std::optional<double>(size_t run, const json& row)>& y_of,
                const std::function<double(const json&, double previous)>& x_of) {
   Chart chart{std::move(title), std::move(x_label), std::move(y_label), "", {}, {}};
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -208,7 +208,7 @@ Chart PerRound(const std::vector<RunRecord>& runs, std::string title, std::strin
     double x = 0;
     for (const json& row : runs[i].rounds) {
       x = x_of(row, x);
-      if (auto y = y_of(runs[i], row); y && std::isfinite(*y)) line.points.emplace_back(x, *y);
+      if (auto y = y_of(i, row); y && std::isfinite(*y)) line.points.emplace_back(x, *y);
     }
     chart.lines.push_back(std::move(line));
   }
@@ -224,21 +224,23 @@ double MegabytesX(const json& row, double before) {
   return before + (Number(row, "bytes_up").value_or(0) + Number(row, "bytes_down").value_or(0) + peer) / 1e6;
 }
 
-std::function<std::optional<double>(const RunRecord&, const json&)> Field(const char* key) {
-  return [key](const RunRecord&, const json& row) { return Number(row, key); };
+std::function<std::optional<double>(size_t run, const json& row)> Field(const char* key) {
+  return [key](size_t, const json& row) { return Number(row, key); };
 }
 
-std::string CommonHeadline(const std::vector<RunRecord>& runs) {
+std::string CommonHeadline(const std::vector<Headline>& headlines) {
   std::set<std::string> names;
-  for (const RunRecord& r : runs) {
-    if (auto h = HeadlineOf(r); !h.name.empty()) names.insert(h.name);
+  for (const Headline& h : headlines) {
+    if (!h.name.empty()) names.insert(h.name);
   }
   return names.size() == 1 ? *names.begin() : "the run's metric";
 }
 
 std::vector<Chart> Charts(const std::vector<RunRecord>& runs) {
-  const std::string metric = CommonHeadline(runs);
-  auto headline = [](const RunRecord& run, const json& row) { return HeadlineOf(run).get(row); };
+  std::vector<Headline> headlines;
+  for (const RunRecord& r : runs) headlines.push_back(HeadlineOf(r));
+  const std::string metric = CommonHeadline(headlines);
+  auto headline = [&headlines](size_t run, const json& row) { return headlines[run].get(row); };
   std::vector<Chart> charts;
   charts.push_back(PerRound(runs, metric + " against round", "round", metric, headline, RoundX));
   charts.push_back(PerRound(runs, metric + " against wall time", "seconds since the run started",
@@ -246,13 +248,13 @@ std::vector<Chart> Charts(const std::vector<RunRecord>& runs) {
   charts.push_back(PerRound(runs, metric + " against bytes", "MB on the wire (up + down + peer to peer, cumulative)",
                             metric, headline, MegabytesX));
   charts.push_back(PerRound(runs, "Loss against round", "round", "test loss (else clients' held-out loss)",
-                            [](const RunRecord&, const json& r) { return Loss(r); }, RoundX));
+                            [](size_t, const json& r) { return Loss(r); }, RoundX));
   charts.push_back(PerRound(runs, "Training loss against round", "round",
                             "clients' last-epoch loss", Field("train_loss"), RoundX));
   charts.push_back(PerRound(runs, "Round time", "round", "seconds (sampling to commit)",
                             Field("wall_s"), RoundX));
   charts.push_back(PerRound(runs, "Bytes per round", "round", "MB (up + down + peer to peer)",
-                            [](const RunRecord&, const json& r) -> std::optional<double> {
+                            [](size_t, const json& r) -> std::optional<double> {
                               return MegabytesX(r, 0);
                             },
                             RoundX));
@@ -260,7 +262,7 @@ std::vector<Chart> Charts(const std::vector<RunRecord>& runs) {
   // The clients' spread: the median of their held-out accuracy, between min and max.
   Chart spread = PerRound(runs, "Accuracy per client", "round",
                           "held-out accuracy (median; min to max shaded)",
-                          [](const RunRecord&, const json& r) { return ClientEval(r, "accuracy_median"); },
+                          [](size_t, const json& r) { return ClientEval(r, "accuracy_median"); },
                           RoundX);
   spread.caption = "Each round's global model as the participants measured it on their held-out "
                    "data before training (client_eval).";
@@ -284,7 +286,7 @@ std::vector<Chart> Charts(const std::vector<RunRecord>& runs) {
                             Field("staleness_mean"), RoundX));
   charts.push_back(PerRound(runs, "Gossip: neighbours' disagreement", "round",
                             "mean squared distance",
-                            [](const RunRecord&, const json& r) -> std::optional<double> {
+                            [](size_t, const json& r) -> std::optional<double> {
                               auto g = r.find("gossip");
                               if (g == r.end() || !g->is_object()) return std::nullopt;
                               return Number(*g, "disagreement");

@@ -23,21 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Starts `argv` (an absolute path first) with stdout and stderr to `out`.
-pid_t SpawnTool(std::vector<std::string> argv, const std::string& out) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (!freopen(out.c_str(), "w", stdout)) _exit(126);
-    dup2(1, 2);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
-
 void Kill(pid_t pid) {
   if (pid <= 0) return;
   kill(pid, SIGTERM);
@@ -108,7 +93,7 @@ TEST_F(ObserveE2eTest, PrometheusScrapesTheServerAndTheDashboardFollowsTheRun) {
                                             "  - job_name: cleave\n"
                                             "    static_configs: [{targets: [\""
                                          << target << "\"]}]\n";
-  const pid_t prom = SpawnTool(
+  const pid_t prom = testing::SpawnProcess(
       {"/usr/bin/prometheus", "--config.file=" + (dir_ / "prometheus.yml").string(),
        "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
        "--web.listen-address=127.0.0.1:" + std::to_string(prom_port)},
@@ -117,7 +102,7 @@ TEST_F(ObserveE2eTest, PrometheusScrapesTheServerAndTheDashboardFollowsTheRun) {
   // The dashboard, rendered by headless Chromium now and again a few rounds later.
   auto dashboard = [&](const std::string& extra) {
     const std::string out = (dir_ / "chromium.txt").string();
-    const pid_t c = SpawnTool({"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
+    const pid_t c = testing::SpawnProcess({"/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
                                "--disable-dev-shm-usage", "--no-first-run",
                                "--disable-background-networking", "--disable-component-update",
                                "--disable-sync", "--user-data-dir=" + (dir_ / "chrome").string(),

@@ -16,19 +16,17 @@
 
 namespace cleave::testing {
 
-// Starts build/bin/`argv[0]` with stdout and stderr to `out_path`, and with at most
-// `max_fds` descriptors when that is not 0.
-inline pid_t SpawnBinary(std::vector<std::string> argv, const std::string& out_path,
-                         rlim_t max_fds = 0) {
-  argv[0] = std::string(CLEAVE_BIN_DIR) + "/" + argv[0];
+// Starts `argv` (an absolute path first) with stdout and stderr to `out_path`, and with
+// at most `max_fds` descriptors when that is not 0.
+inline pid_t SpawnProcess(std::vector<std::string> argv, const std::string& out_path,
+                          rlim_t max_fds = 0) {
   pid_t pid = fork();
   if (pid == 0) {
     if (max_fds > 0) {
       const rlimit r{max_fds, max_fds};
       setrlimit(RLIMIT_NOFILE, &r);
     }
-    FILE* out = freopen(out_path.c_str(), "w", stdout);
-    (void)out;
+    if (!freopen(out_path.c_str(), "w", stdout)) _exit(126);
     dup2(1, 2);
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
@@ -37,6 +35,13 @@ inline pid_t SpawnBinary(std::vector<std::string> argv, const std::string& out_p
     _exit(127);
   }
   return pid;
+}
+
+// Starts build/bin/`argv[0]` as SpawnProcess does.
+inline pid_t SpawnBinary(std::vector<std::string> argv, const std::string& out_path,
+                         rlim_t max_fds = 0) {
+  argv[0] = std::string(CLEAVE_BIN_DIR) + "/" + argv[0];
+  return SpawnProcess(std::move(argv), out_path, max_fds);
 }
 
 // The exit code of `pid` (128 + signal when killed), or -1 after killing it when it
