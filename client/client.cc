@@ -179,7 +179,8 @@ struct Client::Impl {
                                     const v1::Task& task);
   // A task of an edge aggregator (ClientOptions::aggregate).
   Status HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
-                        const std::function<void(const v1::TaskAck&)>& ack);
+                        const std::function<void(const v1::TaskAck&)>& ack,
+                        const NextMessage& next);
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack,
                     const NextMessage& next, bool* crashed);
@@ -617,20 +618,27 @@ StatusOr<ParameterSet> Client::Impl::FetchModel(v1::Coordinator::Stub* stub,
 
 Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                     const v1::Task& task,
-                                    const std::function<void(const v1::TaskAck&)>& ack) {
+                                    const std::function<void(const v1::TaskAck&)>& ack,
+                                    const NextMessage& next) {
   v1::TaskAck a;
   a.set_task_id(task.task_id());
   auto reject = [&](const Status& s) { return Decline(ack, task, s); };
-  if (task.has_split() || task.has_secagg() || task.has_dp() || task.evaluate_only() ||
+  if (task.has_split() || task.has_dp() || task.evaluate_only() ||
       !task.base_digest().empty() || task.model().personal_size() > 0) {
     return reject(absl::FailedPreconditionError(
         "an edge aggregator takes whole-model federated tasks only (no split learning, "
-        "secure aggregation, distributed DP, evaluation, personal or frozen tensors)"));
+        "distributed DP, evaluation, personal or frozen tensors)"));
   }
   auto global = FetchModel(stub, w, task);
   if (!global.ok()) return reject(global.status());
   a.set_accepted(true);
   ack(a);
+  // Secure aggregation upstream: this edge is one masked input among its level's, with
+  // its keys agreed before its own round runs, as a client's are before it trains.
+  std::optional<SecAggClient> secagg;
+  if (task.has_secagg()) {
+    ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(stub, w, task, next));
+  }
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(ClientOptions::Aggregate r, opts.aggregate(task, *global));
   const int64_t cap = DeclaredExamples();
@@ -645,12 +653,19 @@ Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welco
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  ASSIGN_OR_RETURN(v1::UploadReply reply,
-                   UploadUpdate(stub, w, task, r.delta, r.examples, r.loss, seconds, nullptr));
+  v1::UploadReply reply;
+  if (secagg) {
+    ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, r.delta, r.examples, r.loss, seconds,
+                                           nullptr, next));
+  } else {
+    ASSIGN_OR_RETURN(reply,
+                     UploadUpdate(stub, w, task, r.delta, r.examples, r.loss, seconds, nullptr));
+  }
   ++tasks_done;
   spdlog::info("round {}: edge round of {} examples in {:.1f}s (loss {:.4f}), partial mean "
-               "uploaded{}",
-               task.round(), r.examples, seconds, r.loss, reply.duplicate() ? " (duplicate)" : "");
+               "uploaded{}{}",
+               task.round(), r.examples, seconds, r.loss, secagg ? " masked" : "",
+               reply.duplicate() ? " (duplicate)" : "");
   return absl::OkStatus();
 }
 
@@ -803,7 +818,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
                                 const v1::Task& task,
                                 const std::function<void(const v1::TaskAck&)>& ack,
                                 const NextMessage& next, bool* crashed) {
-  if (opts.aggregate) return HandleEdgeTask(stub, w, task, ack);
+  if (opts.aggregate) return HandleEdgeTask(stub, w, task, ack, next);
   if (task.has_gossip()) return HandleGossipTask(stub, w, task, ack);
   v1::TaskAck a;
   a.set_task_id(task.task_id());

@@ -18,10 +18,6 @@ Status CheckEdgeConfig(const JobConfig& c) {
   if (c.aggregation.rule != "mean") return no("aggregation.rule must be mean");
   if (c.dp.enabled) return no("dp belongs to the top coordinator");
   if (c.split.enabled()) return no("split.mode is not supported");
-  if (c.secure_aggregation.enabled) {
-    return no("secure_aggregation at an edge is not supported yet (the edge would see only "
-              "its clients' sum, which is what it hands up, but this is not tested)");
-  }
   if (c.scheduler.async()) return no("scheduler.mode must be sync");
   if (!c.model.personal.empty() || c.model.lora.rank > 0) {
     return no("models with personal or frozen (LoRA) tensors are not supported");

@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "server/edge.h"
 #include "tests/integration/federation.h"
 #include "tests/server/test_peer.h"
@@ -34,83 +35,132 @@ std::unique_ptr<Server> StartServer(const std::string& yaml, std::shared_ptr<Clo
 
 std::string Address(const Server& s) { return "127.0.0.1:" + std::to_string(s.port()); }
 
-TEST(EdgeTest, TwoLevelsMakeTheFlatModel) {
-  SetTorchThreads(1);
-  std::vector<ClientOptions> data = Options(4, 2000);
-  for (size_t i = 0; i < data.size(); ++i) data[i].name = "client-" + std::to_string(i);
+// The flat federation of `data` under one coordinator, and the same clients under
+// `edges` edge aggregators (client i under edge i mod edges) that join one top
+// coordinator; `top` and `edge` are the two levels' extra configuration.
+struct TwoRuns {
+  ParameterSet initial, flat, two_level;
+  std::vector<RoundMetrics> top_history;
+  std::vector<int64_t> edge_rounds;
+};
 
-  // Flat: the four clients under the top coordinator.
-  ParameterSet flat;
+TwoRuns RunFlatAndTwoLevels(const std::vector<ClientOptions>& data, int edges,
+                            const std::string& top, const std::string& edge) {
+  SetTorchThreads(1);
+  const int n = static_cast<int>(data.size());
+  TwoRuns out;
   {
     Federation f;
-    f.Start(std::string(kTop) + "clients: {min: 4, quorum: 1.0}\n", data);
+    f.Start(absl::StrCat(kTop, "clients: {min: ", n, ", quorum: 1.0}\n"), data);
     f.Join();
-    ASSERT_TRUE(f.server_status.ok()) << f.server_status;
-    flat = f.server->GlobalModel();
+    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+    out.flat = f.server->GlobalModel();
   }
-
-  // Two levels: the top sees two clients, the edges; each edge two of the four.
   auto clock = std::make_shared<FakeClock>();
-  auto top = StartServer(std::string(kTop) + "clients: {min: 2, quorum: 1.0}\n", clock);
-  ASSERT_TRUE(top);
-  const ParameterSet initial = top->GlobalModel();
+  auto top_server =
+      StartServer(absl::StrCat(kTop, "clients: {min: ", edges, ", quorum: 1.0}\n", top), clock);
+  if (!top_server) return out;
+  out.initial = top_server->GlobalModel();
   Status top_status;
-  std::thread top_thread([&] { top_status = top->Run(); });
-  const std::string edge_yaml =
-      "model: {name: mlp}\ndata: {test: \"\"}\nclients: {min: 2, quorum: 1.0}\n"
-      "server: {heartbeat_s: 0.5, client_timeout_s: 30}\n";
-  ASSERT_TRUE(CheckEdgeConfig(TestConfig(edge_yaml)).ok());
-  std::vector<std::unique_ptr<Server>> edges;
+  std::thread top_thread([&] { top_status = top_server->Run(); });
+  const std::string edge_yaml = absl::StrCat(
+      "model: {name: mlp}\ndata: {test: \"\"}\nclients: {min: ", n / edges,
+      ", quorum: 1.0}\nserver: {heartbeat_s: 0.5, client_timeout_s: 30}\n", edge);
+  EXPECT_TRUE(CheckEdgeConfig(TestConfig(edge_yaml)).ok()) << CheckEdgeConfig(TestConfig(edge_yaml));
+  std::vector<std::unique_ptr<Server>> edge_servers;
   std::vector<std::unique_ptr<Edge>> edge_runs;
-  std::vector<Status> edge_status(2);
-  std::vector<std::thread> threads;
+  std::vector<Status> edge_status(edges), client_status(n);
   std::vector<std::unique_ptr<Client>> clients;
-  std::vector<Status> client_status(4);
-  for (int e = 0; e < 2; ++e) {
-    edges.push_back(StartServer(edge_yaml, clock));
-    ASSERT_TRUE(edges.back());
+  for (int e = 0; e < edges; ++e) {
+    edge_servers.push_back(StartServer(edge_yaml, clock));
+    if (!edge_servers.back()) break;
     ClientOptions up;
-    up.server = Address(*top);
+    up.server = Address(*top_server);
     up.name = "edge-" + std::to_string(e);
     up.insecure = true;
-    edge_runs.push_back(std::make_unique<Edge>(edges.back().get(), std::move(up)));
-    for (int i = 2 * e; i < 2 * e + 2; ++i) {
+    edge_runs.push_back(std::make_unique<Edge>(edge_servers.back().get(), std::move(up)));
+  }
+  if (static_cast<int>(edge_runs.size()) == edges) {
+    for (int i = 0; i < n; ++i) {
       ClientOptions o = data[i];
-      o.server = Address(*edges.back());
+      o.server = Address(*edge_servers[i % edges]);
       o.insecure = true;
       clients.push_back(std::make_unique<Client>(std::move(o)));
     }
-  }
-  for (int e = 0; e < 2; ++e) {
-    threads.emplace_back([&, e] { edge_status[e] = edge_runs[e]->Run(); });
-  }
-  for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] { client_status[i] = clients[i]->Run(); });
+    std::vector<std::thread> threads;
+    for (int e = 0; e < edges; ++e) {
+      threads.emplace_back([&, e] { edge_status[e] = edge_runs[e]->Run(); });
+    }
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] { client_status[i] = clients[i]->Run(); });
+    }
+    for (auto& t : threads) t.join();
+  } else {
+    top_server->Stop();
   }
   top_thread.join();
-  for (auto& t : threads) t.join();
-  ASSERT_TRUE(top_status.ok()) << top_status;
+  EXPECT_TRUE(top_status.ok()) << top_status;
   for (const auto& s : edge_status) EXPECT_TRUE(s.ok()) << s;
   for (const auto& s : client_status) EXPECT_TRUE(s.ok()) << s << " (told the run ended)";
-  auto h = top->History();
-  ASSERT_GE(h.size(), 2u);
-  EXPECT_EQ(h[0].participants, 2);
-  EXPECT_EQ(h[0].examples, 4 * 500) << "each edge claims its clients' examples";
-  for (const auto& e : edges) EXPECT_EQ(e->committed_round(), 2);
+  out.two_level = top_server->GlobalModel();
+  out.top_history = top_server->History();
+  for (const auto& e : edge_servers) out.edge_rounds.push_back(e->committed_round());
+  return out;
+}
 
-  const ParameterSet two_level = top->GlobalModel();
-  ASSERT_TRUE(two_level.SameLayout(flat));
+struct Diff {
   double max_diff = 0, max_abs = 0, trained = 0;
-  for (size_t i = 0; i < flat.size(); ++i) {
-    for (size_t j = 0; j < flat.tensors()[i].values.size(); ++j) {
-      const float f = flat.tensors()[i].values[j];
-      max_diff = std::max(max_diff, static_cast<double>(std::abs(f - two_level.tensors()[i].values[j])));
-      max_abs = std::max(max_abs, static_cast<double>(std::abs(f)));
-      trained = std::max(trained, static_cast<double>(std::abs(f - initial.tensors()[i].values[j])));
+};
+
+Diff Compare(const TwoRuns& r) {
+  Diff d;
+  EXPECT_TRUE(r.two_level.SameLayout(r.flat));
+  if (!r.two_level.SameLayout(r.flat) || !r.initial.SameLayout(r.flat)) return d;
+  for (size_t i = 0; i < r.flat.size(); ++i) {
+    for (size_t j = 0; j < r.flat.tensors()[i].values.size(); ++j) {
+      const double f = r.flat.tensors()[i].values[j];
+      d.max_diff = std::max(d.max_diff, std::abs(f - r.two_level.tensors()[i].values[j]));
+      d.max_abs = std::max(d.max_abs, std::abs(f));
+      d.trained = std::max(d.trained, std::abs(f - r.initial.tensors()[i].values[j]));
     }
   }
-  EXPECT_LT(max_diff, 1e-5 * std::max(1.0, max_abs));
-  EXPECT_GT(trained, 1e-2) << "two rounds moved the model from where both runs started";
+  return d;
+}
+
+std::vector<ClientOptions> Named(std::vector<ClientOptions> data) {
+  for (size_t i = 0; i < data.size(); ++i) data[i].name = "client-" + std::to_string(i);
+  return data;
+}
+
+// Two edges with two clients each make the model the four make under the top alone.
+TEST(EdgeTest, TwoLevelsMakeTheFlatModel) {
+  const TwoRuns r = RunFlatAndTwoLevels(Named(Options(4, 2000)), 2, "", "");
+  ASSERT_GE(r.top_history.size(), 2u);
+  EXPECT_EQ(r.top_history[0].participants, 2);
+  EXPECT_EQ(r.top_history[0].examples, 4 * 500) << "each edge claims its clients' examples";
+  for (int64_t rounds : r.edge_rounds) EXPECT_EQ(rounds, 2);
+  const Diff d = Compare(r);
+  EXPECT_LT(d.max_diff, 1e-5 * std::max(1.0, d.max_abs));
+  EXPECT_GT(d.trained, 1e-2) << "two rounds moved the model from where both runs started";
+}
+
+// Secure aggregation at both levels: each edge sees only its clients' masked sum, the top
+// only the edges' masked sum (SecAgg+ needs more than t = 2 inputs: three edges of three
+// clients). The model is the flat plain one up to two quantizations.
+TEST(EdgeTest, SecureAggregationAtBothLevelsMakesTheFlatModel) {
+  constexpr char kSecAgg[] = "secure_aggregation: {k: 2, t: 2, clip: 1.0, bits: 16}\n";
+  const TwoRuns r = RunFlatAndTwoLevels(Named(Options(9, 2700)), 3, kSecAgg, kSecAgg);
+  ASSERT_EQ(r.top_history.size(), 2u);
+  for (const RoundMetrics& m : r.top_history) {
+    EXPECT_EQ(m.participants, 3);
+    EXPECT_EQ(m.failures, 0);
+  }
+  for (int64_t rounds : r.edge_rounds) EXPECT_EQ(rounds, 2);
+  const Diff d = Compare(r);
+  EXPECT_GT(d.trained, 1e-2) << "two rounds moved the model from where both runs started";
+  // 16-bit levels over [-1, 1]: a step of 3e-5 per masked input, unbiased, twice.
+  EXPECT_LT(d.max_diff, 5e-4);
+  EXPECT_GT(d.max_diff, 0) << "the updates really went through quantization";
 }
 
 // An edge joins upstream declaring the examples of the clients it has; when a client joins
@@ -177,7 +227,7 @@ TEST(EdgeTest, AnEdgeMustHandUpAPlainMean) {
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("aggregation: {rule: median}\n")).ok());
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("dp: {noise_multiplier: 1, clip: 1}\n")).ok());
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("scheduler: {mode: async}\n")).ok());
-  EXPECT_FALSE(CheckEdgeConfig(TestConfig("secure_aggregation: {}\n")).ok());
+  EXPECT_TRUE(CheckEdgeConfig(TestConfig("secure_aggregation: {}\n")).ok());
   EXPECT_TRUE(CheckEdgeConfig(TestConfig("strategy: {name: fedavg}\n")).ok());
   auto shipped = JobConfig::Load(CLEAVE_SOURCE_DIR "/deploy/examples/fmnist-edge.yaml");
   ASSERT_TRUE(shipped.ok()) << shipped.status();
