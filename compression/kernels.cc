@@ -1,7 +1,9 @@
 #include "compression/kernels.h"
 
+#if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +13,10 @@
 
 namespace cleave::kernels {
 
+// x86-64: each loop also compiled for x86-64-v3 (AVX2), chosen at load time, and fp16
+// conversion with F16C where the CPU has it. Elsewhere (arm64 edge devices) the portable
+// loops, which the compiler vectorizes for the target's baseline (NEON on arm64).
+#if defined(__x86_64__)
 #define CLEAVE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 
 namespace {
@@ -23,6 +29,9 @@ bool HasF16c() {
 }
 const bool kF16c = HasF16c();
 }
+#else
+#define CLEAVE_CLONES
+#endif
 
 CLEAVE_CLONES bool AllFinite(const char* p, int64_t n) {
   uint32_t bad = 0;
@@ -62,6 +71,7 @@ CLEAVE_CLONES void Add(float* acc, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
+#if defined(__x86_64__)
 namespace {
 
 __attribute__((target("avx,f16c"))) void ToHalfF16c(const float* x, int64_t n, char* out) {
@@ -90,9 +100,12 @@ __attribute__((target("avx,f16c"))) void FromHalfF16c(const char* in, int64_t n,
 }
 
 }  // namespace
+#endif
 
 void ToHalf(const float* x, int64_t n, char* out) {
+#if defined(__x86_64__)
   if (kF16c) return ToHalfF16c(x, n, out);
+#endif
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t h = FloatToHalf(x[i]);
     std::memcpy(out + 2 * i, &h, 2);
@@ -100,7 +113,9 @@ void ToHalf(const float* x, int64_t n, char* out) {
 }
 
 void FromHalf(const char* in, int64_t n, float* out) {
+#if defined(__x86_64__)
   if (kF16c) return FromHalfF16c(in, n, out);
+#endif
   for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, in + 2 * i, 2);
