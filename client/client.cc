@@ -750,11 +750,13 @@ Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Wel
   const std::string& self = w.name();  // what the neighbours were told to expect
   std::vector<std::thread> senders;
   std::vector<Status> sent(g.neighbours_size());
+  std::vector<SendSpan> spans(g.neighbours_size());
   for (int i = 0; i < g.neighbours_size(); ++i) {
     senders.emplace_back([&, i] {
       const auto& n = g.neighbours(i);
       sent[i] = SendModel(n.address(), n.name(), task.run_id(), task.round(), self, n.token(),
-                          bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator);
+                          bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator,
+                          &spans[i]);
     });
   }
   const auto deadline = std::chrono::steady_clock::now() +
@@ -764,14 +766,17 @@ Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Wel
   for (auto& t : senders) t.join();
   v1::GossipStats report;
   report.set_neighbours(g.neighbours_size());
+  std::vector<SendSpan> went;
   for (int i = 0; i < g.neighbours_size(); ++i) {
     if (sent[i].ok()) {
       report.set_bytes_sent(report.bytes_sent() + static_cast<int64_t>(bytes.size()));
+      went.push_back(spans[i]);
     } else {
       spdlog::warn("round {}: model not sent to {}: {}", task.round(), g.neighbours(i).name(),
                    sent[i].ToString());
     }
   }
+  report.set_uplink_mbps(UplinkMbps(report.bytes_sent(), went));
   // Average: x = w_self x_self + sum_j w_j x_j, a missing neighbour's weight kept by self;
   // and how far the neighbours' models are from this one.
   double self_weight = g.self_weight(), disagreement = 0;

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
@@ -109,6 +110,7 @@ class PeerService final : public v1::Peer::Service {
     const auto until = std::min(ctx->deadline(),
                                 std::chrono::system_clock::now() + std::chrono::minutes(10));
     if (grpc::Status s = box_->Admit(h, cn, until); !s.ok()) return s;
+    reader->SendInitialMetadata();  // admitted: the sender's bytes may come
     std::string bytes;
     bytes.reserve(h.total_size());
     while (reader->Read(&chunk)) {
@@ -188,7 +190,8 @@ int64_t PeerServer::bytes_received() const {
 Status SendModel(const std::string& address, const std::string& name, const std::string& run_id,
                  int64_t round, const std::string& sender, const std::string& token,
                  const std::string& model, const std::string& ca, const std::string& cert,
-                 const std::string& key, double timeout_s, DeviceEmulator* emulator) {
+                 const std::string& key, double timeout_s, DeviceEmulator* emulator,
+                 SendSpan* span) {
   grpc::ChannelArguments args;
   // The neighbour's certificate names it (certs.h); the address is whatever reaches it.
   if (!ca.empty()) args.SetSslTargetNameOverride(name + kPeerNameSuffix);
@@ -207,6 +210,10 @@ Status SendModel(const std::string& address, const std::string& name, const std:
   h->set_token(token);
   h->set_total_size(static_cast<int64_t>(model.size()));
   bool ok = writer->Write(chunk);
+  // Its initial metadata says the neighbour admitted the model (a refusal ends the call
+  // instead, and Finish says why); the neighbour may wait for its own round's task first.
+  if (ok) writer->WaitForInitialMetadata();
+  const auto admitted = std::chrono::steady_clock::now();
   constexpr size_t kChunk = 1 << 20;
   for (size_t at = 0; ok && at < model.size(); at += kChunk) {
     chunk.set_data(model.substr(at, kChunk));
@@ -214,7 +221,21 @@ Status SendModel(const std::string& address, const std::string& name, const std:
     ok = writer->Write(chunk);
   }
   writer->WritesDone();
-  return FromGrpc(writer->Finish(), absl::StrCat("gossip to ", name));
+  RETURN_IF_ERROR(FromGrpc(writer->Finish(), absl::StrCat("gossip to ", name)));
+  if (span) *span = {admitted, std::chrono::steady_clock::now()};
+  return absl::OkStatus();
+}
+
+double UplinkMbps(int64_t bytes, const std::vector<SendSpan>& spans) {
+  if (spans.empty()) return 0;
+  auto first = spans[0].admitted, last = spans[0].done;
+  for (const SendSpan& s : spans) {
+    first = std::min(first, s.admitted);
+    last = std::max(last, s.done);
+  }
+  // A span under a microsecond (a clock's tick) counts as one.
+  const double seconds = std::max(1e-6, std::chrono::duration<double>(last - first).count());
+  return static_cast<double>(bytes) * 8 / seconds / 1e6;
 }
 
 }  // namespace cleave

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/parameter_set.h"
 #include "core/status.h"
@@ -63,13 +64,25 @@ class PeerServer {
   int port_ = 0;
 };
 
+// When a send's model bytes went: from the neighbour's admission (its round reached, the
+// header accepted) to the end of the call.
+struct SendSpan {
+  std::chrono::steady_clock::time_point admitted, done;
+};
+
 // Sends `model` (an encoded ParameterSet) for `round` to the neighbour `name` serving
-// Peer at `address`, with the edge's `token`. Over TLS (`ca` set) the neighbour must
-// present the certificate of `name`; this client presents `cert`. `emulator` (may be
-// null) paces the bytes as the device's uplink.
+// Peer at `address`, with the edge's `token`: the header first, the bytes once the
+// neighbour admits them. Over TLS (`ca` set) the neighbour must present the certificate
+// of `name`; this client presents `cert`. `emulator` (may be null) paces the bytes as
+// the device's uplink. `span` (may be null) gets when the bytes went, on success.
 Status SendModel(const std::string& address, const std::string& name, const std::string& run_id,
                  int64_t round, const std::string& sender, const std::string& token,
                  const std::string& model, const std::string& ca, const std::string& cert,
-                 const std::string& key, double timeout_s, DeviceEmulator* emulator);
+                 const std::string& key, double timeout_s, DeviceEmulator* emulator,
+                 SendSpan* span = nullptr);
+
+// The uplink `bytes` sent over `spans` used, in Mbit/s: the bytes over the time from the
+// first admission to the last end (the sends shared the uplink); 0 without spans.
+double UplinkMbps(int64_t bytes, const std::vector<SendSpan>& spans);
 
 }  // namespace cleave

@@ -593,10 +593,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
   RETURN_IF_ERROR(Range(c.scheduler.mode == "sync" || c.scheduler.async() ||
                             c.scheduler.gossip(),
                         "scheduler.mode", "sync, async or gossip"));
-  RETURN_IF_ERROR(Range(c.scheduler.topology == "ring" || c.scheduler.topology == "random",
-                        "scheduler.topology", "ring or random"));
+  RETURN_IF_ERROR(Range(c.scheduler.topology == "ring" || c.scheduler.topology == "random" ||
+                            c.scheduler.topology == "measured",
+                        "scheduler.topology", "ring, random or measured"));
   RETURN_IF_ERROR(Range(c.scheduler.degree >= 2 && c.scheduler.degree % 2 == 0,
-                        "scheduler.degree", "even and >= 2 (the union of degree / 2 random rings)"));
+                        "scheduler.degree", "even and >= 2 (random: the union of degree / 2 rings)"));
   RETURN_IF_ERROR(Range(c.scheduler.buffer_size >= 1, "scheduler.buffer_size", ">= 1"));
   RETURN_IF_ERROR(Range(c.scheduler.concurrency >= 0, "scheduler.concurrency", ">= 0"));
   RETURN_IF_ERROR(Range(c.scheduler.max_staleness >= 0, "scheduler.max_staleness", ">= 0"));

@@ -97,8 +97,8 @@ struct SchedulerConfig {
   int target_staleness = 0;                 // scheduler.target_staleness
   int64_t min_local_steps = 1;              // scheduler.min_local_steps: the fewest a task gets
   // gossip: clients average with their neighbours over this graph, drawn each round
-  std::string topology = "ring";            // scheduler.topology: ring | random
-  int degree = 4;                           // scheduler.degree: random: up to this many neighbours
+  std::string topology = "ring";            // scheduler.topology: ring | random | measured
+  int degree = 4;                           // scheduler.degree: random, measured: up to this many neighbours
   bool async() const { return mode == "async"; }
   bool gossip() const { return mode == "gossip"; }
 };

@@ -583,10 +583,11 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
     const auto& g = h.gossip();
     if (g.neighbours() < 0 || g.heard() < 0 || g.heard() > g.neighbours() ||
         g.neighbours() > 1024 || g.bytes_sent() < 0 || g.bytes_received() < 0 ||
-        !std::isfinite(g.disagreement()) || g.disagreement() < 0) {
+        !std::isfinite(g.disagreement()) || g.disagreement() < 0 ||
+        !std::isfinite(g.uplink_mbps()) || g.uplink_mbps() < 0) {
       return absl::InvalidArgumentError(
           "gossip stats: counts and bytes must be >= 0, heard <= neighbours <= 1024, "
-          "disagreement finite and >= 0");
+          "disagreement and uplink_mbps finite and >= 0");
     }
   }
   if (t->second.split) {

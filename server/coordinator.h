@@ -161,7 +161,10 @@ struct Session {
   CutFeedback feedback;
   CutPrediction prediction;  // of the last round's cut
   // async: its measured speed, which sizes its tasks (scheduler.target_staleness).
-  ClientSpeed speed;  // What the operator sees of it (Observe): tasks accepted and failed, the last accepted
+  ClientSpeed speed;
+  // gossip: the uplink its sends to neighbours measured (GossipStats.uplink_mbps), an
+  // average over rounds with weight 1/2 on the newest; 0 until measured.
+  double uplink_mbps = 0;  // What the operator sees of it (Observe): tasks accepted and failed, the last accepted
   // task's training time and (split) mean step time.
   int64_t done = 0, failures = 0;
   double task_s = 0, step_s = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_format.h"
 #include "server/topology.h"
 
 namespace cleave {
@@ -26,8 +27,10 @@ Status GossipDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
   }
   std::sort(peers.begin(), peers.end());
   const auto& sc = c_.cfg_.scheduler;
+  std::vector<double> uplinks;
+  for (const auto& [name, cid] : peers) uplinks.push_back(c_.sessions_[cid].uplink_mbps);
   const GossipGraph g = MakeGossipGraph(static_cast<int>(peers.size()), sc.topology, sc.degree,
-                                        c_.rng_);
+                                        c_.rng_, uplinks);
   std::map<std::pair<int, int>, std::string> tokens;  // one secret per edge
   clients->clear();
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -47,8 +50,20 @@ Status GossipDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
     tasks_[peers[i].second] = std::move(gt);
     clients->push_back(peers[i].second);
   }
-  spdlog::info("round {}: gossip over a {} of {} clients, {} edges", round, sc.topology,
-               peers.size(), tokens.size());
+  std::string measured;
+  if (sc.topology == "measured") {
+    double lo = 0, hi = 0;
+    int known = 0;
+    for (double u : uplinks) {
+      if (u <= 0) continue;
+      lo = known ? std::min(lo, u) : u;
+      hi = std::max(hi, u);
+      ++known;
+    }
+    measured = absl::StrFormat(" (%d uplinks measured, %.3g to %.3g Mbit/s)", known, lo, hi);
+  }
+  spdlog::info("round {}: gossip over a {} of {} clients, {} edges{}", round, sc.topology,
+               peers.size(), tokens.size(), measured);
   return absl::OkStatus();
 }
 
@@ -75,6 +90,11 @@ void GossipDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
     m->heard += g.heard();
     m->peer_bytes += g.bytes_sent();
     weighted += g.disagreement() * g.heard();
+    auto s = c_.sessions_.find(t.client_id);
+    if (g.uplink_mbps() > 0 && s != c_.sessions_.end()) {  // finite: CheckUploadHeader
+      double& u = s->second.uplink_mbps;
+      u = u > 0 ? (u + g.uplink_mbps()) / 2 : g.uplink_mbps();
+    }
   }
   m->disagreement = m->heard > 0 ? weighted / m->heard : 0;
   tasks_.clear();

@@ -1,12 +1,51 @@
 #include "server/topology.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 namespace cleave {
 
-GossipGraph MakeGossipGraph(int n, const std::string& topology, int degree, std::mt19937_64& rng) {
+namespace {
+
+// The extra edges of a "measured" graph (MakeGossipGraph) onto the ring in `adj`.
+void AddAffordableEdges(const std::vector<double>& uplink, int degree,
+                        std::vector<std::set<int>>* adj) {
+  const int n = static_cast<int>(adj->size());
+  double slowest = 0;
+  for (double u : uplink) {
+    if (u > 0 && (slowest == 0 || u < slowest)) slowest = u;
+  }
+  if (slowest == 0) return;
+  std::vector<size_t> cap(n, 2);
+  for (int i = 0; i < n; ++i) {
+    if (uplink[i] > 0) {
+      cap[i] = static_cast<size_t>(std::min<double>(degree, std::floor(2 * uplink[i] / slowest)));
+    }
+  }
+  std::vector<std::tuple<double, int, int>> pairs;  // (-slower end's uplink, i, j)
+  for (int i = 0; i < n; ++i) {
+    for (int j = i + 1; j < n; ++j) {
+      if (cap[i] > 2 && cap[j] > 2 && !(*adj)[i].count(j)) {
+        pairs.emplace_back(-std::min(uplink[i], uplink[j]), i, j);
+      }
+    }
+  }
+  std::sort(pairs.begin(), pairs.end());
+  for (const auto& [speed, i, j] : pairs) {
+    if ((*adj)[i].size() < cap[i] && (*adj)[j].size() < cap[j]) {
+      (*adj)[i].insert(j);
+      (*adj)[j].insert(i);
+    }
+  }
+}
+
+}  // namespace
+
+GossipGraph MakeGossipGraph(int n, const std::string& topology, int degree, std::mt19937_64& rng,
+                            const std::vector<double>& uplink_mbps) {
   std::vector<std::set<int>> adj(n);
   auto ring = [&](const std::vector<int>& order) {
     for (int k = 0; k < n && n > 1; ++k) {
@@ -26,6 +65,9 @@ GossipGraph MakeGossipGraph(int n, const std::string& topology, int degree, std:
     }
   } else {
     ring(order);
+    if (topology == "measured" && static_cast<int>(uplink_mbps.size()) == n) {
+      AddAffordableEdges(uplink_mbps, degree, &adj);
+    }
   }
   GossipGraph g;
   g.neighbours.resize(n);

@@ -96,5 +96,29 @@ TEST(GossipTest, ARingOfClientsLearns) {
   EXPECT_GT(h[2].client_eval.accuracy, h[1].client_eval.accuracy);
 }
 
+
+// scheduler.topology: measured. Round 1 is the ring (nothing measured); client 0's uplink
+// is emulated at 16 Mbit/s, the others' are loopback's, so from round 2 the four fast
+// clients take the edges among them they afford in the time client 0 needs for its two
+// ring sends (a ring of 5 and three more edges), and client 0 keeps two neighbours.
+TEST(GossipTest, MeasuredUplinksGiveFastClientsMoreNeighbours) {
+  auto clients = GossipClients(5, 2000);
+  clients[0].emulation.uplink_mbps = 16;
+  Federation f;
+  f.Start(std::string(kGossip) +
+              "run: {rounds: 3, seed: 5}\nclients: {min: 5, quorum: 1.0}\n"
+              "scheduler: {mode: gossip, topology: measured, degree: 4}\n",
+          std::move(clients));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  auto h = f.server->History();
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0].neighbours, 10) << "round 1: the ring";
+  EXPECT_EQ(h[1].neighbours, 16) << "the ring and the edges the fast clients afford";
+  EXPECT_EQ(h[2].neighbours, 16);
+  for (const auto& m : h) EXPECT_EQ(m.heard, m.neighbours);
+}
+
 }  // namespace
 }  // namespace cleave

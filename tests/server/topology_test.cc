@@ -1,5 +1,6 @@
-// The gossip graph (server/topology.h): rings and random rings, Metropolis-Hastings
-// weights that make a symmetric, doubly stochastic mixing matrix.
+// The gossip graph (server/topology.h): rings, random rings and rings with the edges
+// measured uplinks afford, Metropolis-Hastings weights that make a symmetric, doubly
+// stochastic mixing matrix.
 #include "server/topology.h"
 
 #include <gtest/gtest.h>
@@ -88,6 +89,46 @@ TEST(TopologyTest, RandomGraphsAreBoundedConnectedAndSeeded) {
     distinct.insert(edges);
   }
   EXPECT_GT(distinct.size(), 1u) << "a new graph each round";
+}
+
+
+std::vector<std::set<int>> Neighbours(const GossipGraph& g) {
+  std::vector<std::set<int>> out;
+  for (const auto& ns : g.neighbours) {
+    out.emplace_back();
+    for (const auto& [j, w] : ns) out.back().insert(j);
+  }
+  return out;
+}
+
+// Node i takes up to min(degree, floor(2 u_i / u_min)) neighbours: the slowest and the
+// unmeasured keep their ring's two, and the fastest pairs are joined first.
+TEST(TopologyTest, MeasuredUplinksAffordFastNodesMoreNeighbours) {
+  std::mt19937_64 rng(1);
+  const auto ring = Neighbours(MakeGossipGraph(6, "ring", 4, rng));
+  // Node 0 the slowest, node 5 not measured yet, nodes 1-4 ten times faster.
+  const GossipGraph g = MakeGossipGraph(6, "measured", 4, rng, {10, 100, 100, 100, 100, 0});
+  ExpectMixing(g);
+  const auto n = Neighbours(g);
+  EXPECT_EQ(n[0], ring[0]);
+  EXPECT_EQ(n[5], ring[5]);
+  EXPECT_EQ(n[1], (std::set<int>{0, 2, 3, 4}));
+  EXPECT_EQ(n[2], (std::set<int>{1, 3, 4}));
+  EXPECT_EQ(n[3], (std::set<int>{1, 2, 4}));
+  EXPECT_EQ(n[4], (std::set<int>{1, 2, 3, 5}));
+
+  // A binding cap: node 1 (twice the slowest) takes 4 neighbours, and the fastest pairs
+  // came first, so the last candidate (1, 5) is left out.
+  const auto capped = Neighbours(MakeGossipGraph(6, "measured", 6, rng, {10, 20, 30, 100, 100, 100}));
+  EXPECT_EQ(capped[0], (std::set<int>{1, 5}));
+  EXPECT_EQ(capped[1], (std::set<int>{0, 2, 3, 4}));
+  EXPECT_EQ(capped[2], (std::set<int>{1, 3, 4, 5}));
+  EXPECT_EQ(capped[5], (std::set<int>{0, 2, 3, 4}));
+
+  // Equal uplinks (within a factor of 1.5), none measured, or no uplinks given: the ring.
+  EXPECT_EQ(Neighbours(MakeGossipGraph(6, "measured", 4, rng, {50, 60, 50, 74, 50, 50})), ring);
+  EXPECT_EQ(Neighbours(MakeGossipGraph(6, "measured", 4, rng, std::vector<double>(6, 0))), ring);
+  EXPECT_EQ(Neighbours(MakeGossipGraph(6, "measured", 4, rng)), ring);
 }
 
 }  // namespace
