@@ -4,7 +4,7 @@
 BUILD ?= build
 CONFIG ?= deploy/examples/fmnist-fedavg.yaml
 
-.PHONY: demo test test-all test-asan test-tsan fuzz build deps bench clean
+.PHONY: demo test test-all test-asan test-tsan test-arm64 fuzz build deps bench clean
 
 demo: build
 	./$(BUILD)/bin/cleave local --config $(CONFIG)
@@ -28,6 +28,22 @@ test-tsan: deps
 	cmake --build build-tsan
 	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --output-on-failure --timeout 1200 -LE slow -j2
+
+# ARM edge clients (docs/deployment.md): the client and its tests cross-compiled for arm64
+# against a Debian arm64 sysroot, its tests run under qemu-user, then a federation with
+# the arm64 client under qemu beside the host's server and a host client.
+ARM64 ?= build-arm64
+test-arm64:
+	./scripts/install-deps.sh --arm64
+	./scripts/arm64-sysroot.sh $(ARM64)/sysroot
+	cmake -S . -B $(ARM64)/build -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64.cmake \
+	  -DCLEAVE_ARM64_SYSROOT=$(CURDIR)/$(ARM64)/sysroot -DCLEAVE_BUILD_BENCH=OFF
+	cmake --build $(ARM64)/build --target cleave-client core_test compression_test client_test
+	cd $(ARM64)/build && ctest --output-on-failure --timeout 1200 -j2
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCLEAVE_ARM64_BUILD=$(CURDIR)/$(ARM64)/build -DCLEAVE_ARM64_SYSROOT=$(CURDIR)/$(ARM64)/sysroot
+	cmake --build $(BUILD)
+	cd $(BUILD) && ctest --output-on-failure --timeout 3600 -L arm64
 
 # Every fuzz target for 60 s from its seed corpus (scripts/fuzz.sh).
 fuzz: deps

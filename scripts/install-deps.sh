@@ -2,6 +2,9 @@
 # Installs everything cleave needs to build, test and run the demo on Debian 12.
 # Idempotent: packages already present are skipped without touching apt.
 #   --no-test-tools   skip what only the tests need (used by deploy/Dockerfile)
+#   --arm64           also what cross-compiling the client for arm64 and running it under
+#                     qemu-user needs (make test-arm64; the arm64 libraries themselves go
+#                     into a sysroot, scripts/arm64-sysroot.sh)
 set -euo pipefail
 
 PACKAGES=(
@@ -24,7 +27,12 @@ TEST_TOOLS=(python3-torch python3-sklearn docker-compose clang-14 libclang-rt-14
             prometheus chromium python3-yaml systemd)
 # kubectl: Debian's kubernetes-client, unless a kubectl is installed already.
 command -v kubectl > /dev/null || TEST_TOOLS+=(kubernetes-client)
-if [ "${1:-}" != "--no-test-tools" ]; then PACKAGES+=("${TEST_TOOLS[@]}"); fi
+ARM64_TOOLS=(g++-aarch64-linux-gnu qemu-user-static mmdebstrap)
+case "${1:-}" in
+  --no-test-tools) ;;
+  --arm64) PACKAGES+=("${TEST_TOOLS[@]}" "${ARM64_TOOLS[@]}") ;;
+  *) PACKAGES+=("${TEST_TOOLS[@]}") ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
