@@ -61,9 +61,10 @@ int RunSimulate(const SimulateOptions& o) {
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int slots = o.task_slots > 0 ? o.task_slots : cores;
-  if (config->secure_aggregation.enabled) {
-    // Every sampled client takes part in each SecAgg stage: one waiting for a slot would
-    // stall the others until the stage times out.
+  if (config->secure_aggregation.enabled || config->scheduler.gossip()) {
+    // Every sampled client takes part in each SecAgg stage, and a gossip client waits for
+    // its neighbours' models: one waiting for a slot would stall the others until the
+    // stage or the round times out.
     const int sampled = config->clients.per_round > 0 ? config->clients.per_round : clients;
     slots = std::max(slots, sampled);
   }
@@ -155,6 +156,9 @@ int RunSimulate(const SimulateOptions& o) {
     }
     c.task_slots = task_slots;
     c.heartbeats = heartbeats;
+    // Gossip: the server stays in-process, but neighbours exchange models peer to peer,
+    // each virtual client serving Peer on a loopback port of its own.
+    if (config->scheduler.gossip()) c.peer_listen = "127.0.0.1:0";
     Virtual v;
     v.options = std::move(c);
     v.trace = trace;

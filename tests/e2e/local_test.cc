@@ -177,6 +177,38 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
             std::string::npos);
 }
 
+// Decentralised rounds in one process: the server in-process, the virtual clients
+// exchanging models peer to peer over loopback, each serving Peer on a port of its own.
+TEST_F(LocalTest, SimulatesGossipRounds) {
+  std::ofstream(config_) << R"(
+run: {name: sim-gossip, rounds: 3, seed: 3}
+model: {name: mlp}
+data: {test: ""}
+server: {evaluate: false}
+clients: {min: 12, quorum: 1.0, round_deadline_s: 120}
+scheduler: {mode: gossip, topology: random, degree: 4}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: iid, clients: 12,
+        holdout: 0.2}
+)";
+  pid_t pid = Spawn({"cleave", "simulate", "--config", config_, "--run-dir", (dir_ / "run").string()});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  EXPECT_NE(Output().find("12 virtual clients in this process"), std::string::npos) << Output();
+  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 3u);
+  for (const auto& row : rows) {
+    ASSERT_TRUE(row.contains("gossip")) << row;
+    EXPECT_EQ(row["participants"], 12) << row;
+    EXPECT_GE(row["gossip"]["neighbours"].get<int>(), 2 * 12) << row;
+    EXPECT_EQ(row["gossip"]["heard"], row["gossip"]["neighbours"]) << row;
+    EXPECT_GT(row["gossip"]["peer_bytes"].get<int64_t>(), 0) << row;
+  }
+  EXPECT_GT(rows[2]["client_eval"]["accuracy"].get<double>(),
+            rows[0]["client_eval"]["accuracy"].get<double>() + 0.2);
+}
+
 // A device trace decides who is online: here every odd client never is, so rounds only
 // ever sample the even ones. `cleave trace` writes traces that read back.
 TEST_F(LocalTest, ASimulationFollowsItsDeviceTrace) {
