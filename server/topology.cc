@@ -4,13 +4,15 @@
 #include <cmath>
 #include <numeric>
 #include <set>
-#include <tuple>
 
 namespace cleave {
 
 namespace {
 
-// The extra edges of a "measured" graph (MakeGossipGraph) onto the ring in `adj`.
+// The extra edges of a "measured" graph (MakeGossipGraph) onto the ring in `adj`: the
+// pairs by their slower end's uplink, fastest first. Nodes are taken fastest first, each
+// joined to the faster ones still open (with room) before it; a node leaves the open list
+// once full, so a round costs O(n log n + n degree), not a sort of all n^2 pairs.
 void AddAffordableEdges(const std::vector<double>& uplink, int degree,
                         std::vector<std::set<int>>* adj) {
   const int n = static_cast<int>(adj->size());
@@ -20,25 +22,28 @@ void AddAffordableEdges(const std::vector<double>& uplink, int degree,
   }
   if (slowest == 0) return;
   std::vector<size_t> cap(n, 2);
+  std::vector<int> order;  // nodes that may take more than their ring's two
   for (int i = 0; i < n; ++i) {
     if (uplink[i] > 0) {
       cap[i] = static_cast<size_t>(std::min<double>(degree, std::floor(2 * uplink[i] / slowest)));
     }
+    if (cap[i] > 2) order.push_back(i);
   }
-  std::vector<std::tuple<double, int, int>> pairs;  // (-slower end's uplink, i, j)
-  for (int i = 0; i < n; ++i) {
-    for (int j = i + 1; j < n; ++j) {
-      if (cap[i] > 2 && cap[j] > 2 && !(*adj)[i].count(j)) {
-        pairs.emplace_back(-std::min(uplink[i], uplink[j]), i, j);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return uplink[a] > uplink[b]; });
+  auto& g = *adj;
+  std::vector<int> open;
+  for (int p : order) {
+    for (size_t k = 0; k < open.size() && g[p].size() < cap[p]; ++k) {
+      const int q = open[k];
+      if (g[q].size() < cap[q] && !g[p].count(q)) {
+        g[p].insert(q);
+        g[q].insert(p);
       }
     }
-  }
-  std::sort(pairs.begin(), pairs.end());
-  for (const auto& [speed, i, j] : pairs) {
-    if ((*adj)[i].size() < cap[i] && (*adj)[j].size() < cap[j]) {
-      (*adj)[i].insert(j);
-      (*adj)[j].insert(i);
-    }
+    open.erase(std::remove_if(open.begin(), open.end(), [&](int q) { return g[q].size() >= cap[q]; }),
+               open.end());
+    if (g[p].size() < cap[p]) open.push_back(p);
   }
 }
 
