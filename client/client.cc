@@ -144,6 +144,20 @@ struct Client::Impl {
   // the total to declare when it joins again (0: none).
   std::atomic<int64_t> grown_examples{0};
   DeviceEmulator emulator;
+  // What State() reports besides the counters above (bytes: the emulator's buckets).
+  mutable std::mutex state_mu;
+  ClientState state;  // guarded by state_mu
+  template <typename F>
+  void UpdateState(F f) {
+    std::lock_guard<std::mutex> l(state_mu);
+    f(state);
+  }
+  void RecordTraining(const TrainStats& t) {
+    UpdateState([&](ClientState& st) {
+      st.train_seconds = t.seconds;
+      st.train_loss = t.loss;
+    });
+  }
 
   std::mutex mu;  // guards ctx and the sleep below
   std::condition_variable cv;
@@ -228,6 +242,19 @@ Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(o
 Client::~Client() = default;
 Status Client::Run() { return impl_->Run(); }
 int Client::tasks_completed() const { return impl_->tasks_done; }
+
+ClientState Client::State() const {
+  ClientState s;
+  {
+    std::lock_guard<std::mutex> l(impl_->state_mu);
+    s = impl_->state;
+  }
+  s.tasks_done = impl_->tasks_done;
+  s.bytes_sent = impl_->emulator.up.passed();
+  s.bytes_received = impl_->emulator.down.passed();
+  s.examples = impl_->opts.train.size;
+  return s;
+}
 ParameterSet Client::GossipModel() const {
   std::lock_guard<std::mutex> l(impl_->gossip_mu);
   return impl_->gossip_model;
@@ -364,6 +391,11 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
     welcome = msg.welcome();
     *joined = true;
     spdlog::info("joined run {} as {}", welcome.run_id(), welcome.client_id());
+    UpdateState([&](ClientState& st) {
+      st.connected = true;
+      st.run_id = welcome.run_id();
+      st.client_id = welcome.client_id();
+    });
     const auto period = std::chrono::milliseconds(std::max(100, welcome.heartbeat_interval_ms()));
     auto beat = [&] {
       v1::ClientMessage hb;
@@ -421,6 +453,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
         break;
       }
       if (!msg.has_task()) continue;
+      UpdateState([&](ClientState& st) { st.round = msg.task().round(); });
       bool crashed = false;
       const std::string task_id = msg.task().task_id();
       NextMessage next = [&](v1::ServerMessage* m) -> Status {
@@ -461,6 +494,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
         break;
       }
       if (!s.ok()) {
+        UpdateState([](ClientState& st) { ++st.tasks_failed; });
         spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
         // Tell the server at once, so that the round need not wait for its deadline (a
         // task already uploaded or failed there ignores this).
@@ -472,6 +506,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
       }
     }
   }
+  UpdateState([](ClientState& st) { st.connected = false; });
   {
     std::lock_guard<std::mutex> l(hb_mu);
     hb_stop = true;
@@ -656,7 +691,7 @@ Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welco
   v1::UploadReply reply;
   if (secagg) {
     ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, r.delta, r.examples, r.loss, seconds,
-                                           nullptr, next));
+                                           &emulator, next));
   } else {
     ASSIGN_OR_RETURN(reply,
                      UploadUpdate(stub, w, task, r.delta, r.examples, r.loss, seconds, nullptr));
@@ -739,6 +774,7 @@ Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Wel
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
   emulator.Compute(stats.seconds);
   stats.seconds *= emulator.slowdown;
+  RecordTraining(stats);
   const ParameterSet trained = model->Parameters();
 
   // Send the trained model to every neighbour while theirs arrive.
@@ -777,6 +813,7 @@ Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Wel
     }
   }
   report.set_uplink_mbps(UplinkMbps(report.bytes_sent(), went));
+  UpdateState([&](ClientState& st) { st.gossip_uplink_mbps = report.uplink_mbps(); });
   // Average: x = w_self x_self + sum_j w_j x_j, a missing neighbour's weight kept by self;
   // and how far the neighbours' models are from this one.
   double self_weight = g.self_weight(), disagreement = 0;
@@ -954,6 +991,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   // tasks idle after each step instead (split_client.cc).
   emulator.Compute(stats.seconds);
   stats.seconds *= emulator.slowdown;
+  RecordTraining(stats);
   if (opts.crash_after_training && opts.crash_after_training(task.round())) {
     *crashed = true;
     return absl::AbortedError("simulated crash");

@@ -98,6 +98,22 @@ struct ClientOptions {
   std::string peer_advertise;
 };
 
+// What a device's operator sees of its client (Client::State; cleave-client
+// --metrics-listen serves it as Prometheus text, ClientMetricsText).
+struct ClientState {
+  bool connected = false;  // in a run: joined, its control stream open
+  std::string run_id, client_id;  // of the last run joined
+  int64_t round = 0;       // of the last task received
+  int64_t tasks_done = 0, tasks_failed = 0;  // failed: declined or failed after accepting
+  int64_t bytes_sent = 0, bytes_received = 0;  // every message's bytes, either way
+  double train_seconds = 0, train_loss = 0;    // of the last local training
+  int64_t examples = 0;    // its training examples
+  double gossip_uplink_mbps = 0;  // measured by its last gossip sends (0: none)
+};
+
+// The Prometheus text exposition of `s` (metric names cleave_device_*).
+std::string ClientMetricsText(const ClientState& s);
+
 class Client {
  public:
   explicit Client(ClientOptions options);
@@ -110,6 +126,8 @@ class Client {
   void Stop();
 
   int tasks_completed() const;
+  // Thread-safe.
+  ClientState State() const;
   // The model this client holds in gossip rounds (empty before its first).
   ParameterSet GossipModel() const;
 

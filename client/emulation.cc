@@ -11,6 +11,7 @@ TokenBucket::TokenBucket(double bytes_per_s, double burst_bytes)
     : rate_(bytes_per_s), burst_(burst_bytes), tokens_(burst_bytes), last_(Clock::now()) {}
 
 void TokenBucket::Consume(int64_t bytes) {
+  if (bytes > 0) passed_.fetch_add(bytes, std::memory_order_relaxed);
   if (rate_ <= 0 || bytes <= 0) return;
   Clock::time_point wake;
   {

@@ -3,6 +3,7 @@
 // compute (after a computation of t seconds the client idles (slowdown - 1) * t).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -16,8 +17,11 @@ class TokenBucket {
   explicit TokenBucket(double bytes_per_s = 0, double burst_bytes = 16 << 10);
   // Blocks until `bytes` may pass.
   void Consume(int64_t bytes);
+  // The bytes that passed (or are waiting to), limited or not.
+  int64_t passed() const { return passed_.load(std::memory_order_relaxed); }
 
  private:
+  std::atomic<int64_t> passed_{0};
   const double rate_;
   const double burst_;
   std::mutex mu_;

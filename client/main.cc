@@ -9,6 +9,7 @@
 #include "client/client.h"
 #include "client/names.h"
 #include "core/cli.h"
+#include "core/http_endpoint.h"
 #include "core/logging.h"
 #include "privacy/tls.h"
 #include "core/signals.h"
@@ -81,6 +82,10 @@ int main(int argc, char** argv) {
   app.add_option("--memory-limit-mb", memory_limit_mb,
                  "memory training may use here, for the server's cut choice (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve this device's /metrics (Prometheus) on HOST:PORT: plain HTTP on a "
+                 "loopback address, else HTTPS with --cert/--key");
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if (tls_cert.empty() != tls_key.empty()) {
     std::cerr << "--cert and --key go together\n";
@@ -154,6 +159,21 @@ int main(int argc, char** argv) {
   opts.token = token;
   if (insecure) spdlog::warn("--insecure: talking to the server in plaintext");
   cleave::Client client(std::move(opts));
+  std::unique_ptr<cleave::HttpEndpoint> metrics;
+  if (!metrics_listen.empty()) {
+    std::map<std::string, cleave::HttpEndpoint::Page> pages;
+    pages["/metrics"] = {"text/plain; version=0.0.4; charset=utf-8",
+                         [&client] { return cleave::ClientMetricsText(client.State()); }};
+    auto e = cleave::HttpEndpoint::Start("--metrics-listen", metrics_listen, tls_cert, tls_key,
+                                         "--cert and --key", std::move(pages));
+    if (!e.ok()) {
+      std::cerr << "cleave-client: " << e.status().message() << "\n";
+      return 2;
+    }
+    metrics = *std::move(e);
+    spdlog::info("device metrics: {}://{}:{}/metrics", metrics->https() ? "https" : "http",
+                 metrics->host(), metrics->port());
+  }
   cleave::Status s;
   {
     cleave::SignalWatcher signals([&](int) { client.Stop(); });

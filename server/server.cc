@@ -19,7 +19,7 @@ class Server::Impl {
  public:
   std::unique_ptr<Coordinator> core;
   std::unique_ptr<RpcTransport> rpc;
-  std::unique_ptr<ObserveEndpoint> observe;  // server.metrics_listen
+  std::unique_ptr<HttpEndpoint> observe;  // server.metrics_listen
 };
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -56,8 +56,8 @@ Status Server::Start() {
   const ServerConfig& c = o.config.server;
   if (c.metrics_listen.empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(impl_->observe,
-                   ObserveEndpoint::Start(impl_->core.get(), c.metrics_listen, o.config.tls.cert,
-                                          o.config.tls.key, c.metrics_client_series));
+                   StartObserveEndpoint(impl_->core.get(), c.metrics_listen, o.config.tls.cert,
+                                        o.config.tls.key, c.metrics_client_series));
   if (o.run_dir.empty()) return absl::OkStatus();
   // Where to find it, as server.addr says where the clients' port is.
   const std::string host = c.metrics_listen.substr(0, c.metrics_listen.rfind(':'));

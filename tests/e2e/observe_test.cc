@@ -164,5 +164,78 @@ TEST_F(ObserveE2eTest, PrometheusScrapesTheServerAndTheDashboardFollowsTheRun) {
   Kill(prom);
 }
 
+
+// A device's own /metrics (cleave-client --metrics-listen): scraped while it trains, it
+// shows the client joined and counting its tasks and bytes. Off the loopback it needs a
+// certificate to serve HTTPS, and without one the client refuses to start.
+TEST_F(ObserveE2eTest, AClientServesItsOwnMetrics) {
+  const std::string job = (dir_ / "job.yaml").string();
+  std::ofstream(job) << R"(
+run: {name: device-metrics, rounds: 2, seed: 3}
+model: {name: mlp}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
+clients: {min: 1, quorum: 1.0, round_deadline_s: 120}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05}
+)";
+  const fs::path run = dir_ / "run";
+  const pid_t server = testing::SpawnBinary({"cleave-server", "--config", job, "--run-dir",
+                                             run.string(), "--listen", "127.0.0.1:0", "--insecure"},
+                                            (dir_ / "server.txt").string());
+  std::string addr;
+  for (int i = 0; i < 300 && addr.empty(); ++i) {
+    auto a = ReadFile((run / "server.addr").string());
+    if (a.ok()) addr = a->substr(0, a->find('\n'));
+    if (addr.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / "server.txt").string()).value_or("");
+  const std::vector<std::string> client = {
+      "cleave-client", "--server", addr, "--insecure", "--name", "device-0",
+      "--data", "fmnist:/usr/share/datasets/fashion-mnist,limit=1000", "--emulate-slowdown", "20"};
+  auto with = [](std::vector<std::string> argv, std::vector<std::string> more) {
+    argv.insert(argv.end(), more.begin(), more.end());
+    return argv;
+  };
+  const fs::path refused_log = dir_ / "refused.txt";
+  const pid_t refused = testing::SpawnBinary(with(client, {"--metrics-listen", "0.0.0.0:0"}),
+                                             refused_log.string());
+  EXPECT_EQ(testing::WaitForExit(refused, 60), 2);
+  EXPECT_NE(ReadFile(refused_log.string()).value_or("").find("HTTPS with --cert and --key"),
+            std::string::npos)
+      << ReadFile(refused_log.string()).value_or("");
+
+  const fs::path log = dir_ / "client.txt";
+  const pid_t device = testing::SpawnBinary(with(client, {"--metrics-listen", "127.0.0.1:0"}),
+                                            log.string());
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {
+    std::smatch m;
+    const std::string text = ReadFile(log.string()).value_or("");
+    if (std::regex_search(text, m, std::regex("device metrics: http://127.0.0.1:(\\d+)/metrics"))) {
+      port = std::stoi(m[1]);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ASSERT_GT(port, 0) << ReadFile(log.string()).value_or("");
+  httplib::Client http("127.0.0.1", port);
+  std::string body;
+  for (int i = 0; i < 1200; ++i) {  // until a task is done (each trains for about a second)
+    auto r = http.Get("/metrics");
+    if (r && r->status == 200) body = r->body;
+    if (body.find("cleave_device_tasks_done_total 0\n") == std::string::npos &&
+        body.find("cleave_device_tasks_done_total") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(body.find("cleave_device_connected 1\n"), std::string::npos) << body;
+  EXPECT_NE(body.find("cleave_device_examples 1000\n"), std::string::npos) << body;
+  EXPECT_EQ(body.find("cleave_device_tasks_done_total 0\n"), std::string::npos) << body;
+  EXPECT_EQ(body.find("cleave_device_bytes_received_total 0\n"), std::string::npos) << body;
+  EXPECT_NE(body.find("cleave_device_info{run_id=\"device-metrics-"), std::string::npos) << body;
+  EXPECT_EQ(testing::WaitForExit(server, 300), 0) << ReadFile((dir_ / "server.txt").string()).value_or("");
+  EXPECT_EQ(testing::WaitForExit(device, 60), 0) << ReadFile(log.string()).value_or("");
+}
+
 }  // namespace
 }  // namespace cleave

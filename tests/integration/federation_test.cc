@@ -50,7 +50,24 @@ TEST(FederationTest, ThreeClientsTwoRoundsAccuracyRises) {
   EXPECT_GT(h[0].test_accuracy, initial + 0.3) << "initial " << initial;
   EXPECT_GT(h[1].test_accuracy, h[0].test_accuracy);
   EXPECT_LT(h[1].train_loss, h[0].train_loss);
-  for (auto& c : f.clients) EXPECT_EQ(c->tasks_completed(), 2);
+  // What each client's operator sees (cleave-client --metrics-listen): its two tasks, the
+  // model fetched and an update sent each round, the run over.
+  for (auto& c : f.clients) {
+    EXPECT_EQ(c->tasks_completed(), 2);
+    const ClientState st = c->State();
+    EXPECT_FALSE(st.connected);
+    EXPECT_FALSE(st.run_id.empty());
+    EXPECT_EQ(st.run_id, f.clients[0]->State().run_id);
+    EXPECT_EQ(st.round, 2);
+    EXPECT_EQ(st.tasks_done, 2);
+    EXPECT_EQ(st.tasks_failed, 0);
+    EXPECT_EQ(st.examples, 2000);
+    EXPECT_GT(st.bytes_sent, 2 * 44426 * 4);
+    EXPECT_GT(st.bytes_received, 2 * 44426 * 4);
+    EXPECT_GT(st.train_seconds, 0);
+    EXPECT_GT(st.train_loss, 0);
+    EXPECT_EQ(st.gossip_uplink_mbps, 0);
+  }
 }
 
 // The same federation with its clients inside the server's process (the channel a

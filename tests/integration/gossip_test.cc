@@ -118,6 +118,13 @@ TEST(GossipTest, MeasuredUplinksGiveFastClientsMoreNeighbours) {
   EXPECT_EQ(h[1].neighbours, 16) << "the ring and the edges the fast clients afford";
   EXPECT_EQ(h[2].neighbours, 16);
   for (const auto& m : h) EXPECT_EQ(m.heard, m.neighbours);
+  // The uplink each client measured itself, as its metrics report it.
+  const double slow = f.clients[0]->State().gossip_uplink_mbps;
+  EXPECT_GT(slow, 8);
+  EXPECT_LT(slow, 20) << "the emulated 16 Mbit/s";
+  for (size_t i = 1; i < f.clients.size(); ++i) {
+    EXPECT_GT(f.clients[i]->State().gossip_uplink_mbps, 4 * slow) << i;
+  }
 }
 
 }  // namespace

@@ -124,7 +124,7 @@ server: {client_timeout_s: 120, metrics_listen: "127.0.0.1:0"}
 }
 
 TEST(ObserveEndpointConfigTest, OffTheLoopbackOnlyOverHttps) {
-  auto e = ObserveEndpoint::Start(nullptr, "0.0.0.0:0", "", "", 10);
+  auto e = StartObserveEndpoint(nullptr, "0.0.0.0:0", "", "", 10);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition) << e.status();
   EXPECT_NE(e.status().message().find("HTTPS"), std::string::npos);
   EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
