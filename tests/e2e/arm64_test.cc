@@ -57,12 +57,7 @@ tls: {mutual: true}
        "--tls-cert", fed + "/server.crt", "--tls-key", fed + "/server.key", "--tls-ca",
        fed + "/ca.crt"},
       (dir / "server.out").string());
-  std::string addr;
-  for (int i = 0; i < 300 && addr.empty(); ++i) {
-    auto a = ReadFile((run / "server.addr").string());
-    if (a.ok()) addr = a->substr(0, a->find('\n'));
-    if (addr.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const std::string addr = testing::WaitForAddress(run);
   ASSERT_FALSE(addr.empty()) << ReadFile((dir / "server.out").string()).value_or("");
   auto client_args = [&](const std::string& name, int index) {
     return std::vector<std::string>{

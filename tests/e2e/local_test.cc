@@ -733,16 +733,6 @@ std::vector<int> RecordedRounds(const fs::path& run) {
   return rounds;
 }
 
-// "127.0.0.1:PORT" from a server's run directory, once it listens (empty after 30 s).
-std::string WaitForAddress(const fs::path& run) {
-  for (int i = 0; i < 300; ++i) {
-    auto addr = ReadFile((run / "server.addr").string());
-    if (addr.ok() && !addr->empty()) return addr->substr(0, addr->find('\n'));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return "";
-}
-
 // `n` TCP connections to the server at "127.0.0.1:PORT" that never send a byte, added to
 // `idle` (the caller closes them).
 void OpenIdleConnections(const std::string& addr, int n, std::vector<int>* idle) {
@@ -769,7 +759,7 @@ void LocalTest::ExpectRunSurvivesIdleConnections(
   pid_t server = Spawn({"cleave-server", "--config", config_, "--run-dir", run.string(), "--listen",
                         "127.0.0.1:0", "--insecure"},
                        "server.txt", max_fds);
-  const std::string addr = WaitForAddress(run);
+  const std::string addr = testing::WaitForAddress(run);
   ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / "server.txt").string()).value_or("");
   std::vector<int> idle;  // kept open on this side until the end
   attack(addr, server, &idle);
@@ -859,7 +849,7 @@ train: {batch_size: 32}
                  "server" + std::to_string(n) + ".txt");
   };
   pid_t server = start_server("127.0.0.1:0", 0);
-  const std::string addr = WaitForAddress(run);
+  const std::string addr = testing::WaitForAddress(run);
   ASSERT_FALSE(addr.empty());
   fs::remove(run / "server.addr");
   int spawned = 0;
@@ -890,7 +880,7 @@ train: {batch_size: 32}
   kill(server, SIGKILL);
   Wait(server, 10);
   server = start_server(addr, 1);
-  ASSERT_FALSE(WaitForAddress(run).empty());
+  ASSERT_FALSE(testing::WaitForAddress(run).empty());
   fs::remove(run / "server.addr");
   // Now it is stopped cleanly; the clients must not take that for the end of the run.
   ASSERT_TRUE(wait_rounds(3));
@@ -956,7 +946,7 @@ clients: {min: 2, quorum: 1.0, round_deadline_s: 120, join_timeout_s: 60}
   pid_t top = Spawn({"cleave-server", "--config", top_yaml, "--run-dir", top_run.string(),
                      "--listen", "127.0.0.1:0"},
                     "top.txt");
-  const std::string top_addr = WaitForAddress(top_run);
+  const std::string top_addr = testing::WaitForAddress(top_run);
   ASSERT_FALSE(top_addr.empty()) << ReadFile((dir_ / "top.txt").string()).value_or("");
   std::vector<pid_t> edges, clients;
   for (int e = 0; e < 2; ++e) {
@@ -968,7 +958,7 @@ clients: {min: 2, quorum: 1.0, round_deadline_s: 120, join_timeout_s: 60}
                            (certs / "clients" / (name + ".crt")).string(), "--upstream-key",
                            (certs / "clients" / (name + ".key")).string()},
                           name + ".txt"));
-    const std::string addr = WaitForAddress(run);
+    const std::string addr = testing::WaitForAddress(run);
     ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / (name + ".txt")).string()).value_or("");
     for (int i = 2 * e; i < 2 * e + 2; ++i) {
       const std::string client = "client-" + std::to_string(i);
@@ -1021,7 +1011,7 @@ server: {heartbeat_s: 0.5, client_timeout_s: 3}
   pid_t top = Spawn({"cleave-server", "--config", config_, "--run-dir", top_run.string(),
                      "--listen", "127.0.0.1:0", "--insecure"},
                     "top.txt");
-  const std::string top_addr = WaitForAddress(top_run);
+  const std::string top_addr = testing::WaitForAddress(top_run);
   ASSERT_FALSE(top_addr.empty());
   auto start_edge = [&](int e, const std::string& listen, int n) {
     return Spawn({"cleave-server", "--config", edge_yaml, "--run-dir",
@@ -1035,7 +1025,7 @@ server: {heartbeat_s: 0.5, client_timeout_s: 3}
   std::vector<pid_t> clients;
   for (int e = 0; e < 2; ++e) {
     edges.push_back(start_edge(e, "127.0.0.1:0", 0));
-    addrs.push_back(WaitForAddress(dir_ / ("edge-" + std::to_string(e))));
+    addrs.push_back(testing::WaitForAddress(dir_ / ("edge-" + std::to_string(e))));
     ASSERT_FALSE(addrs.back().empty());
     fs::remove(dir_ / ("edge-" + std::to_string(e)) / "server.addr");
     for (int i = 2 * e; i < 2 * e + 2; ++i) {

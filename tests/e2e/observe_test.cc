@@ -181,12 +181,7 @@ train: {local_epochs: 1, batch_size: 32, lr: 0.05}
   const pid_t server = testing::SpawnBinary({"cleave-server", "--config", job, "--run-dir",
                                              run.string(), "--listen", "127.0.0.1:0", "--insecure"},
                                             (dir_ / "server.txt").string());
-  std::string addr;
-  for (int i = 0; i < 300 && addr.empty(); ++i) {
-    auto a = ReadFile((run / "server.addr").string());
-    if (a.ok()) addr = a->substr(0, a->find('\n'));
-    if (addr.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const std::string addr = testing::WaitForAddress(run);
   ASSERT_FALSE(addr.empty()) << ReadFile((dir_ / "server.txt").string()).value_or("");
   const std::vector<std::string> client = {
       "cleave-client", "--server", addr, "--insecure", "--name", "device-0",

@@ -8,10 +8,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/files.h"
 #include "tests/deadline.h"
 
 namespace cleave::testing {
@@ -57,6 +59,17 @@ inline int WaitForExit(pid_t pid, int timeout_s) {
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   return -1;
+}
+
+// "127.0.0.1:PORT" from a server's run directory (its server.addr), once it listens;
+// empty after 30 s.
+inline std::string WaitForAddress(const std::filesystem::path& run) {
+  for (int i = 0; i < 300; ++i) {
+    auto addr = ReadFile((run / "server.addr").string());
+    if (addr.ok() && !addr->empty()) return addr->substr(0, addr->find('\n'));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
 }
 
 }  // namespace cleave::testing
