@@ -1,8 +1,8 @@
 # Cross-compiling for arm64 edge devices with Debian's g++-aarch64-linux-gnu against an
 # arm64 sysroot made by scripts/arm64-sysroot.sh (docs/deployment.md, "ARM edge clients"):
 #   cmake -S . -B build-arm64/build -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64.cmake
-# Code generators run on the host: the host's protoc, and the host's grpc_cpp_plugin, which
-# the sysroot script links where gRPC's arm64 package names it (same versions).
+# Code generators run on the host: the host's protoc, and the host's gRPC plugins, which
+# the sysroot script links where gRPC's arm64 package names them (same versions).
 set(CMAKE_SYSTEM_NAME Linux)
 set(CMAKE_SYSTEM_PROCESSOR aarch64)
 set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)
@@ -26,5 +26,5 @@ set(ENV{PKG_CONFIG_LIBDIR}
     "${CLEAVE_ARM64_SYSROOT}/usr/lib/aarch64-linux-gnu/pkgconfig:${CLEAVE_ARM64_SYSROOT}/usr/share/pkgconfig")
 
 set(Protobuf_PROTOC_EXECUTABLE /usr/bin/protoc CACHE FILEPATH "host protoc")
-# Tests and tools that run a built program during the build (none today) would need qemu.
+# qemu-user runs what the build and CTest execute: GoogleTest's test discovery, the tests.
 set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64-static -L "${CLEAVE_ARM64_SYSROOT}")

@@ -28,8 +28,7 @@ grep -h '^URIs:\|^Suites:' /etc/apt/sources.list.d/*.sources 2>/dev/null |
   done > "$MIRRORS"
 if [ ! -s "$MIRRORS" ]; then echo "deb http://deb.debian.org/debian bookworm main" > "$MIRRORS"; fi
 IFS=,; INCLUDE="${PACKAGES[*]}"; unset IFS
-mmdebstrap --variant=extract --architectures=arm64 --include="$INCLUDE" \
-  --skip=cleanup/apt --skip=cleanup/tmp bookworm "$DIR" "$MIRRORS"
+mmdebstrap --variant=extract --architectures=arm64 --include="$INCLUDE" bookworm "$DIR" "$MIRRORS"
 # Absolute symlinks (/usr/lib/...) would point into the host: make each relative to its
 # place inside the sysroot.
 find "$DIR" -type l -lname '/*' -print0 | while IFS= read -r -d '' link; do
