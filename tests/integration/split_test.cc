@@ -381,18 +381,23 @@ TEST(SplitTextTest, LoraAdaptersTrainOnBothSidesOfTheCut) {
 
 // int8 per token row: each token's activation (and gradient) keeps its own scale, so
 // about a quarter of the bytes cross the cut ([16, 32, 64] float32 micro-batches: 4 x 64
-// bytes a token against 64 + 2) and the decoder learns about as well.
+// bytes a token against 64 + 2) and the decoder learns about as well. One client, so that
+// the server-side steps come in one order: with two, their interleaving (arrival order)
+// decides between two regimes of this early plateau, and either codec's perplexity
+// ranged from 29 to 37 (fp32) or 55 (int8) under load.
 TEST(SplitTextTest, PerTokenInt8CrossesTheCutInAQuarterOfTheBytes) {
   auto run = [](const std::string& codec) {
+    auto client = NaturalClients("text:/usr/share/games/fortunes,context=32", 2);
+    client.resize(1);  // half the fortune files
     Federation f;
     f.Start("server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
             "model: {name: gpt, gpt: {vocab: 256, context: 32, layers: 2, heads: 4, dim: 64}}\n"
             "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 128}\n"
-            "run: {rounds: 1, seed: 3}\nclients: {min: 2, quorum: 1.0}\n"
+            "run: {rounds: 1, seed: 3}\nclients: {min: 1, quorum: 1.0}\n"
             "train: {optimizer: adamw, lr: 0.003, local_steps: 20, batch_size: 16}\n"
             "split: {mode: sfl-v2, cut: 2, window: 2}\n"
             "compression: {activations: " + codec + ", gradients: " + codec + "}\n",
-            NaturalClients("text:/usr/share/games/fortunes,context=32", 2));
+            std::move(client));
     f.Join();
     EXPECT_TRUE(f.server_status.ok()) << f.server_status;
     auto h = f.server->History();
@@ -400,12 +405,11 @@ TEST(SplitTextTest, PerTokenInt8CrossesTheCutInAQuarterOfTheBytes) {
     return h.empty() ? RoundMetrics{} : h[0];
   };
   const auto fp32 = run("none"), int8 = run("int8:token");
-  EXPECT_EQ(int8.participants, 2);
+  EXPECT_EQ(int8.participants, 1);
   EXPECT_GE(static_cast<double>(fp32.activation_bytes_up) / int8.activation_bytes_up, 3.7);
   EXPECT_GE(static_cast<double>(fp32.gradient_bytes_down) / int8.gradient_bytes_down, 3.7);
-  // One round of two clients varies by a few percent from run to run (arrival order at
-  // the server); the benchmark measures the 1 % target.
-  EXPECT_LT(int8.test_metrics.at("perplexity"), 1.1 * fp32.test_metrics.at("perplexity"));
+  // One client's steps are repeatable: only the codec differs (30.958 against 30.946).
+  EXPECT_LT(int8.test_metrics.at("perplexity"), 1.02 * fp32.test_metrics.at("perplexity"));
 }
 
 // A device the cut policy cannot profile (its data does not fit the model) would never
