@@ -325,10 +325,11 @@ TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
   EXPECT_LT(h[0].test_metrics.at("perplexity"), 100);  // from about 256
   // Round 2 starts from round 1's parts: it keeps what was learnt. It usually gains
   // (33.9 -> 32.3 in sfl-v1, whose runs repeat), but in sfl-v2 and U-shaped learning the
-  // clients' steps on the shared server part interleave by thread timing and a round
-  // can end up to about 5 % worse (32.5 after 31.1 seen once). A model that lost its
-  // parts between rounds would be back near 100 or above.
-  EXPECT_LT(h[1].test_metrics.at("perplexity"), 1.15 * h[0].test_metrics.at("perplexity"));
+  // clients' steps on the shared server part interleave by thread timing, which at this
+  // early plateau can tip a round into a worse regime (32.5 after 31.1 seen here; in
+  // PerTokenInt8's two-client version, 37 where 29 was usual). A model that lost its
+  // parts between rounds would be back near 100 or above: three times round 1's.
+  EXPECT_LT(h[1].test_metrics.at("perplexity"), 1.5 * h[0].test_metrics.at("perplexity"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SplitTextTest, ::testing::ValuesIn(kSplitModes), ModeName);
