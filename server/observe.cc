@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "core/prometheus.h"
 
 namespace cleave {
 
@@ -41,52 +41,23 @@ int64_t ResidentBytes() {
 
 namespace {
 
-// A label value as the exposition format quotes it.
-std::string Label(const std::string& v) {
-  return absl::StrReplaceAll(v, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}});
-}
+using prometheus::Exposition;
+using prometheus::Label;
+using prometheus::Num;
 
-// The shortest text that reads back as `v` (Prometheus parses Go's float syntax).
-std::string Num(double v) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
-class Exposition {
- public:
-  // Starts a metric family.
-  void Family(const std::string& name, const char* type, const char* help) {
-    absl::StrAppend(&out_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
-  }
-  void Sample(const std::string& name, double v, const std::string& labels = "") {
-    absl::StrAppend(&out_, name, labels.empty() ? "" : "{" + labels + "}", " ", Num(v), "\n");
-  }
-  void Gauge(const std::string& name, const char* help, double v) {
-    Family(name, "gauge", help);
-    Sample(name, v);
-  }
-  void Counter(const std::string& name, const char* help, double v) {
-    Family(name, "counter", help);
-    Sample(name, v);
-  }
-  void Histogram(const std::string& name, const char* help, const LatencyHistogram::Snapshot& h) {
-    Family(name, "histogram", help);
-    int64_t cumulative = 0;
-    for (size_t b = 0; b < LatencyHistogram::kBounds.size(); ++b) {
-      cumulative += h.counts[b];
-      Sample(name + "_bucket", static_cast<double>(cumulative),
+void Histogram(Exposition& e, const std::string& name, const char* help,
+               const LatencyHistogram::Snapshot& h) {
+  e.Family(name, "histogram", help);
+  int64_t cumulative = 0;
+  for (size_t b = 0; b < LatencyHistogram::kBounds.size(); ++b) {
+    cumulative += h.counts[b];
+    e.Sample(name + "_bucket", static_cast<double>(cumulative),
              "le=\"" + Num(LatencyHistogram::kBounds[b]) + "\"");
-    }
-    Sample(name + "_bucket", static_cast<double>(h.count), "le=\"+Inf\"");
-    Sample(name + "_sum", h.sum_s);
-    Sample(name + "_count", static_cast<double>(h.count));
   }
-  std::string Take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
+  e.Sample(name + "_bucket", static_cast<double>(h.count), "le=\"+Inf\"");
+  e.Sample(name + "_sum", h.sum_s);
+  e.Sample(name + "_count", static_cast<double>(h.count));
+}
 
 nlohmann::json RoundJson(const RoundMetrics& m) {
   nlohmann::json j = {{"round", m.round},
@@ -154,9 +125,9 @@ std::string PrometheusText(const ObservedState& s, int client_series) {
           s.uploads_queued);
   e.Gauge("cleave_resident_memory_bytes", "The server's resident memory.",
           static_cast<double>(s.rss_bytes));
-  e.Histogram("cleave_upload_seconds", "Accepted uploads, from their first message to accepted.",
+  Histogram(e, "cleave_upload_seconds", "Accepted uploads, from their first message to accepted.",
               s.upload_s);
-  e.Histogram("cleave_fetch_seconds", "Completed model downloads.", s.fetch_s);
+  Histogram(e, "cleave_fetch_seconds", "Completed model downloads.", s.fetch_s);
 
   // Per-client series, bounded: the clients with the most failures, then by name.
   std::vector<const ClientHealth*> shown;
