@@ -56,11 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--torch-threads", torch_threads, "LibTorch intra-op threads (default 1)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--give-up-after", give_up_after, "seconds without reaching the server");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
-      ->check(CLI::IsMember(cleave::LogLevels()));
-  app.add_option("--log-format", log_format,
-                 "text, or json: one JSON object per line (time, level, logger, thread, msg)")
-      ->check(CLI::IsMember(cleave::LogFormats()));
+  cleave::AddLogOptions(app, &log_level, &log_format);
   cleave::DeviceEmulation emulation;
   int64_t memory_limit_mb = 0;
   app.add_option("--emulate-uplink-mbps", emulation.uplink_mbps,

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "core/logging.h"
+
 namespace cleave {
 
 // Accepts a whole number >= 1 ("--rounds 0" or "-4" is an error naming the flag).
@@ -31,6 +33,15 @@ inline int ParseCommandLine(CLI::App& app, int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   return -1;
+}
+
+// --log-level and --log-format, as cleave-server and cleave-client take them.
+inline void AddLogOptions(CLI::App& app, std::string* level, std::string* format) {
+  app.add_option("--log-level", *level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember(LogLevels()));
+  app.add_option("--log-format", *format,
+                 "text, or json: one JSON object per line (time, level, logger, thread, msg)")
+      ->check(CLI::IsMember(LogFormats()));
 }
 
 }  // namespace cleave

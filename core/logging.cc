@@ -69,7 +69,8 @@ const std::vector<std::string>& LogFormats() {
 
 Status SetupLogging(const std::string& name, const std::string& file, const std::string& level,
                     const std::string& stderr_level, const std::string& format) {
-  if (format != "text" && format != "json") {
+  const auto& formats = LogFormats();
+  if (std::find(formats.begin(), formats.end(), format) == formats.end()) {
     return absl::InvalidArgumentError(absl::StrCat("log format '", format, "' is not text or json"));
   }
   const auto& levels = LogLevels();

@@ -45,11 +45,7 @@ int main(int argc, char** argv) {
       ->needs("--upstream");
   app.add_option("--torch-threads", torch_threads, "LibTorch threads for evaluation")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
-      ->check(CLI::IsMember(cleave::LogLevels()));
-  app.add_option("--log-format", log_format,
-                 "text, or json: one JSON object per line (time, level, logger, thread, msg)")
-      ->check(CLI::IsMember(cleave::LogFormats()));
+  cleave::AddLogOptions(app, &log_level, &log_format);
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
   auto config = cleave::JobConfig::Load(config_path);
