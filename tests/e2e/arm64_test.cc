@@ -81,9 +81,7 @@ tls: {mutual: true}
   EXPECT_EQ(testing::WaitForExit(arm_pid, 60), 0) << arm_log;
   EXPECT_EQ(testing::WaitForExit(host_pid, 60), 0);
 
-  std::ifstream metrics(run / "metrics.jsonl");
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(run);
   ASSERT_EQ(rows.size(), 2u);
   for (const auto& r : rows) EXPECT_EQ(r["participants"], 2) << r;
   EXPECT_GT(rows[1]["test_accuracy"].get<double>(), 0.6) << rows[1];

@@ -107,9 +107,7 @@ TEST_F(LocalTest, RunsAFederationForTwoRounds) {
   EXPECT_TRUE(fs::exists(dir_ / "run" / "certs" / "ca.crt"));
   EXPECT_NE(ReadFile((dir_ / "run" / "server.log").string())->find("TLS on"), std::string::npos);
 
-  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
   ASSERT_EQ(rows.size(), 2u);
   for (const char* key : {"round", "test_accuracy", "test_loss", "train_loss", "participants",
                           "failures", "bytes_up", "bytes_down", "wall_s"}) {
@@ -151,9 +149,7 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
     EXPECT_NE(out.find("done: 3 rounds"), std::string::npos) << out;
     EXPECT_NE(out.find("peak memory"), std::string::npos) << out;
     EXPECT_FALSE(fs::exists(dir_ / run / "server.addr")) << "no port was opened";
-    std::ifstream metrics(dir_ / run / "metrics.jsonl");
-    std::vector<nlohmann::json> rows;
-    for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+    const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / run);
     ASSERT_EQ(rows.size(), 3u);
     for (const auto& r : rows) {
       EXPECT_EQ(r["participants"], 50);
@@ -194,9 +190,7 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
   pid_t pid = Spawn({"cleave", "simulate", "--config", config_, "--run-dir", (dir_ / "run").string()});
   ASSERT_EQ(Wait(pid, 300), 0) << Output();
   EXPECT_NE(Output().find("12 virtual clients in this process"), std::string::npos) << Output();
-  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
   ASSERT_EQ(rows.size(), 3u);
   for (const auto& row : rows) {
     ASSERT_TRUE(row.contains("gossip")) << row;
@@ -369,9 +363,7 @@ local:
 )";
   ASSERT_EQ(Wait(Start({}), 300), 0) << Output();
   EXPECT_NE(Output().find("client acc"), std::string::npos) << Output();
-  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
   ASSERT_EQ(rows.size(), 5u);  // four rounds, then the clients' evaluation of the final model
   EXPECT_NE(Output().find("final model  client acc"), std::string::npos) << Output();
   for (const auto& row : rows) {
@@ -409,9 +401,7 @@ TEST_F(LocalTest, RegressionExampleReportsRmse) {
   config_ = std::string(CLEAVE_SOURCE_DIR) + "/deploy/examples/table-house-prices.yaml";
   ASSERT_EQ(Wait(Start({}), 300), 0) << Output();
   EXPECT_NE(Output().find("client rmse"), std::string::npos) << Output();
-  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
   ASSERT_EQ(rows.size(), 21u);  // and the final evaluation
   const auto& first = rows.front()["client_eval"];
   const auto& last = rows.back()["client_eval"];
@@ -650,9 +640,7 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=4000", partition: 
 tls: {mutual: true}
 )";
   ASSERT_EQ(Wait(Start({}), 300), 0) << Output();
-  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
   ASSERT_EQ(rows.size(), 3u);
   for (const auto& row : rows) {
     ASSERT_TRUE(row.contains("gossip")) << row;
@@ -702,9 +690,7 @@ local:
   pid_t pid = Start({});
   ASSERT_EQ(Wait(pid, 300), 0) << Output();
   EXPECT_NE(Output().find("split ushaped"), std::string::npos) << Output();
-  std::ifstream metrics(dir_ / "run" / "metrics.jsonl");
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
   ASSERT_EQ(rows.size(), 2u);
   for (const auto& r : rows) {
     EXPECT_EQ(r["participants"], 2);

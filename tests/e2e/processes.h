@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +72,14 @@ inline std::string WaitForAddress(const std::filesystem::path& run) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return "";
+}
+
+// The rows of a run directory's metrics.jsonl, in order.
+inline std::vector<nlohmann::json> MetricsRows(const std::filesystem::path& run) {
+  std::ifstream metrics(run / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(metrics, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
 }
 
 }  // namespace cleave::testing
