@@ -17,9 +17,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "aggregation/accumulate.h"
-#include "aggregation/names.h"
 #include "aggregation/dp.h"
-#include "aggregation/strategy.h"
+#include "aggregation/fedavg.h"
+#include "aggregation/registry.h"
 
 namespace cleave {
 
@@ -112,24 +112,11 @@ int PartialSums::count() const {
 
 namespace {
 
-enum class ServerRule { kSgd, kMomentum, kNesterov, kAdagrad, kAdam, kYogi };
-
 class FedAvgFamily : public Strategy {
  public:
   FedAvgFamily(std::string name, ServerRule rule, const JobConfig& c)
       : name_(std::move(name)), rule_(rule), clients_(c.clients), s_(c.strategy),
-        train_(c.train), rounds_(c.run.rounds) {
-    fit_.local_epochs = c.train.local_epochs;
-    fit_.local_steps = c.train.local_steps;
-    fit_.batch_size = c.train.batch_size;
-    fit_.loss = c.train.loss;
-    fit_.optimizer = c.train.optimizer;
-    fit_.lr = c.train.lr;
-    fit_.momentum = c.train.momentum;
-    fit_.nesterov = c.train.nesterov;
-    fit_.weight_decay = c.train.weight_decay;
-    fit_.clip_norm = c.train.clip_norm;
-    fit_.label_smoothing = c.train.label_smoothing;
+        train_(c.train), rounds_(c.run.rounds), fit_(FitOf(c.train)) {
     fit_.proximal_mu = name_ == "fedprox" ? c.strategy.proximal_mu : 0.0;
   }
 
@@ -296,25 +283,14 @@ class FedAvgFamily : public Strategy {
 
 }  // namespace
 
+std::unique_ptr<Strategy> MakeFedAvgFamily(const std::string& name, ServerRule rule,
+                                           const JobConfig& config) {
+  return std::make_unique<FedAvgFamily>(name, rule, config);
+}
+
 StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config) {
-  const std::string& n = config.strategy.name;
-  ServerRule rule;
-  if (n == "fedavg" || n == "fedprox") {
-    rule = ServerRule::kSgd;
-  } else if (n == "fedavgm") {
-    rule = ServerRule::kMomentum;
-  } else if (n == "diloco") {
-    rule = ServerRule::kNesterov;
-  } else if (n == "fedadagrad") {
-    rule = ServerRule::kAdagrad;
-  } else if (n == "fedadam") {
-    rule = ServerRule::kAdam;
-  } else if (n == "fedyogi") {
-    rule = ServerRule::kYogi;
-  } else {
-    return StrategyNames().Check(n);  // not one of them: the error naming them
-  }
-  std::unique_ptr<Strategy> s(new FedAvgFamily(n, rule, config));
+  ASSIGN_OR_RETURN(const StrategyKind* kind, Strategies().Get(config.strategy.name));
+  ASSIGN_OR_RETURN(std::unique_ptr<Strategy> s, kind->make(config));
   if (absl::EndsWith(config.compression.update, ":ef21")) s = MakeEstimateStrategy(std::move(s));
   if (config.aggregation.rule != "mean") s = MakeRobustStrategy(std::move(s), config.aggregation);
   // DP noise must not be predictable from the job's seed: it comes from the OS.

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "aggregation/names.h"
+#include "aggregation/registry.h"
 
 namespace cleave::robust {
 namespace {
@@ -41,21 +41,6 @@ float MeanOf(const std::vector<float>& v, size_t begin, size_t end) {
 }
 
 }  // namespace
-
-Status CheckRule(const std::string& rule, int n, int f, int m) {
-  auto need = [&](bool ok, const std::string& what) {
-    return ok ? absl::OkStatus()
-              : absl::FailedPreconditionError(absl::StrCat("aggregation.rule ", rule, " with f = ",
-                                                           f, " needs ", what, "; the round has ",
-                                                           n, " updates"));
-  };
-  if (n < 1) return need(false, "at least one update");
-  if (rule == "trimmed_mean") return need(n > 2 * f, "n > 2f");
-  if (rule == "krum") return need(n > 2 * f, "n > 2f");
-  if (rule == "multi_krum") return need(n > 2 * f && m <= n, "n > 2f and m <= n");
-  if (rule == "bulyan") return need(n >= 4 * f + 3, "n >= 4f + 3");
-  return absl::OkStatus();
-}
 
 std::vector<float> Mean(const Updates& u) {
   std::vector<float> out(u[0].size(), 0);
@@ -174,23 +159,19 @@ std::vector<float> FlTrust(const Updates& u, const std::vector<float>& reference
 StatusOr<std::vector<float>> Aggregate(const std::string& rule, const Updates& u,
                                        const std::vector<double>& weights, int f, int m,
                                        double max_norm, const std::vector<float>& reference) {
+  ASSIGN_OR_RETURN(const RuleKind* kind, RobustRules().Get(rule));
   const int n = static_cast<int>(u.size());
   if (m == 0) m = n - f;
-  RETURN_IF_ERROR(CheckRule(rule, n, f, m));
-  if (rule == "mean") return Mean(u);
-  if (rule == "median") return Median(u);
-  if (rule == "trimmed_mean") return TrimmedMean(u, f);
-  if (rule == "krum") return Krum(u, f);
-  if (rule == "multi_krum") return MultiKrum(u, f, m);
-  if (rule == "bulyan") return Bulyan(u, f);
-  if (rule == "norm_bound") return NormBound(u, weights, max_norm);
-  if (rule == "fltrust") {
-    if (reference.size() != u[0].size()) {
-      return absl::FailedPreconditionError("fltrust: no server update on the root data");
-    }
-    return FlTrust(u, reference);
-  }
-  return RuleNames().Check(rule);  // not one of them: the error naming them
+  if (n < 1) return Needs(rule, n, f, false, "at least one update");
+  if (kind->requires) RETURN_IF_ERROR(kind->requires(n, f, m));
+  return kind->aggregate(RuleInput{u, weights, f, m, max_norm, reference});
+}
+
+Status Needs(const std::string& rule, int n, int f, bool ok, const std::string& what) {
+  if (ok) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("aggregation.rule ", rule, " with f = ", f,
+                                                    " needs ", what, "; the round has ", n,
+                                                    " updates"));
 }
 
 }  // namespace cleave::robust

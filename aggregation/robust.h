@@ -19,9 +19,6 @@ namespace cleave::robust {
 
 using Updates = std::vector<std::vector<float>>;
 
-// OK when `rule` can run on n updates tolerating f attackers.
-Status CheckRule(const std::string& rule, int n, int f, int m);
-
 std::vector<float> Mean(const Updates& u);
 std::vector<float> Median(const Updates& u);
 // Per coordinate: drops the f largest and f smallest values, averages the rest.
@@ -38,11 +35,17 @@ std::vector<float> FlTrust(const Updates& u, const std::vector<float>& reference
 // Scales each update down to L2 norm <= max_norm, then the mean weighted by `weights`.
 std::vector<float> NormBound(const Updates& u, const std::vector<double>& weights, double max_norm);
 
-// The rule by name (mean, median, trimmed_mean, krum, multi_krum, bulyan, norm_bound,
-// fltrust; fltrust needs `reference`).
+// The rule registered as `rule` (RobustRules(), aggregation/registry.h: mean, median,
+// trimmed_mean, krum, multi_krum, bulyan, norm_bound, fltrust; fltrust needs
+// `reference`). m = 0 means n - f. FAILED_PRECONDITION when the rule cannot run on
+// these n updates with f (Needs); INVALID_ARGUMENT naming the rules for an unknown one.
 StatusOr<std::vector<float>> Aggregate(const std::string& rule, const Updates& u,
                                        const std::vector<double>& weights, int f, int m,
                                        double max_norm,
                                        const std::vector<float>& reference = {});
+
+// OK when `ok`; else FAILED_PRECONDITION "aggregation.rule R with f = F needs WHAT; the
+// round has N updates" (a rule's RuleKind::requires).
+Status Needs(const std::string& rule, int n, int f, bool ok, const std::string& what);
 
 }  // namespace cleave::robust

@@ -31,27 +31,11 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/fit.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
 
 namespace cleave {
-
-// Local-training settings sent with each task.
-// What clients train with in a round (train.* in the config; lr as scheduled).
-struct FitSettings {
-  int local_epochs = 1;
-  int64_t local_steps = 0;
-  int batch_size = 64;
-  std::string loss = "cross_entropy";
-  std::string optimizer = "sgd";
-  double lr = 0.05;
-  double momentum = 0.0;
-  bool nesterov = false;
-  double weight_decay = 0.0;
-  double clip_norm = 0.0;
-  double label_smoothing = 0.0;
-  double proximal_mu = 0.0;
-};
 
 struct RoundPlan {
   std::vector<std::string> clients;

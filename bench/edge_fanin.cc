@@ -26,6 +26,7 @@
 #include "models/model.h"
 #include "server/edge.h"
 #include "server/server.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -33,7 +34,7 @@ namespace {
 constexpr char kData[] = "fmnist:/usr/share/datasets/fashion-mnist";
 
 JobConfig Config(const std::string& yaml) {
-  auto c = JobConfig::Parse(yaml, ".");
+  auto c = ParseJob(yaml, ".");
   if (!c.ok()) {
     std::fprintf(stderr, "config: %s\n", std::string(c.status().message()).c_str());
     std::exit(2);

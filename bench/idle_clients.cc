@@ -28,6 +28,7 @@
 #include "bench/process.h"
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "server/server.h"
+#include "job/job.h"
 
 using namespace cleave;
 
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
   close(reportfd[1]);
 
   ServerOptions o;
-  auto cfg = JobConfig::Parse(
+  auto cfg = ParseJob(
       "run: {rounds: 1}\nmodel: {name: mlp}\n"
       "clients: {min: " + std::to_string(clients + 1) + ", join_timeout_s: 3600}\n"
       "server: {heartbeat_s: " + std::to_string(heartbeat_s) + ", client_timeout_s: " +

@@ -32,6 +32,7 @@
 #include "client/secagg_client.h"
 #include "client/transfer.h"
 #include "server/server.h"
+#include "job/job.h"
 
 using namespace cleave;
 
@@ -123,7 +124,7 @@ Row RunRound(const std::string& self, int clients, int64_t params, bool secure, 
   ParameterSet model;
   model.Add({"w", {params}, std::vector<float>(params, 0.5f)}).IgnoreError();
   ServerOptions o;
-  o.config = *JobConfig::Parse(
+  o.config = *ParseJob(
       absl::StrCat("run: {rounds: 1}\nmodel: {name: mlp}\n",
                    "clients: {min: ", clients, ", quorum: 1.0, round_deadline_s: 600, "
                    "join_timeout_s: 600}\nserver: {client_timeout_s: 600}\n",

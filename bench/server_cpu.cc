@@ -20,6 +20,7 @@
 #include "bench/process.h"
 #include "client/transfer.h"
 #include "server/server.h"
+#include "job/job.h"
 
 using namespace cleave;
 
@@ -102,7 +103,7 @@ int main(int argc, char** argv) {
   ParameterSet model;
   model.Add({"w", {params}, std::vector<float>(params, 0.5f)}).IgnoreError();
   ServerOptions o;
-  auto cfg = JobConfig::Parse(
+  auto cfg = ParseJob(
       "run: {rounds: " + std::to_string(rounds) + "}\nmodel: {name: mlp}\nclients: {min: " +
           std::to_string(clients) + ", quorum: 1.0, round_deadline_s: 600, join_timeout_s: 600}\n"
           "server: {client_timeout_s: 600}\n",

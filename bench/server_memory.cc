@@ -22,6 +22,7 @@
 #include "client/transfer.h"
 #include "compression/codec.h"
 #include "server/server.h"
+#include "job/job.h"
 
 using namespace cleave;
 
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
   model.Add({"w", {params}, std::vector<float>(params, 0.5f)}).IgnoreError();
   const double model_bytes = params * 4.0;
   ServerOptions o;
-  auto cfg = JobConfig::Parse("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: " +
+  auto cfg = ParseJob("run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: " +
                                   std::to_string(clients) +
                                   ", quorum: 1.0, round_deadline_s: 600, join_timeout_s: 600}\n"
                                   "server: {client_timeout_s: 600}\n" +

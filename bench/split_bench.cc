@@ -31,6 +31,7 @@
 #include "models/part.h"
 #include "server/server.h"
 #include "split/cut_policy.h"
+#include "job/job.h"
 
 using namespace cleave;
 
@@ -82,7 +83,7 @@ std::string Yaml(const Workload& w, const std::string& split, int rounds, int ba
 // sends no profile then).
 CutPrediction Predict(const Workload& w, const std::string& split, int cut, int batch,
                       int64_t limit_mb) {
-  auto config = JobConfig::Parse(Yaml(w, split, 1, batch, 1), "");
+  auto config = ParseJob(Yaml(w, split, 1, batch, 1), "");
   if (!config.ok()) std::exit(2);
   const ModelSpec spec = ModelSpecOf(*config);
   const std::vector<int64_t> sample =
@@ -98,7 +99,7 @@ CutPrediction Predict(const Workload& w, const std::string& split, int cut, int 
 // the server's metrics of every round, or an empty history when the run failed.
 std::vector<RoundMetrics> Run(const Workload& w, const std::string& split, const Device& d,
                               int rounds, int64_t examples, int batch, int clients = 1) {
-  auto config = JobConfig::Parse(Yaml(w, split, rounds, batch, clients), "");
+  auto config = ParseJob(Yaml(w, split, rounds, batch, clients), "");
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
     std::exit(2);
@@ -261,7 +262,7 @@ long PeakRssKb(const Workload& w, const std::string& split, int batch, int64_t e
       steps > 0 ? absl::StrCat(", local_steps: ", steps) : ", local_epochs: 1", "}\n",
       split.empty() ? "" : absl::StrCat("split: {", split, "}\n"));
   ServerOptions so;
-  so.config = *JobConfig::Parse(yaml, "");
+  so.config = *ParseJob(yaml, "");
   so.listen = "127.0.0.1:0";
   so.insecure = true;
   auto server = Server::Create(std::move(so));

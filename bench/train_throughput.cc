@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   LocalTrainOptions o;
-  o.epochs = epochs;
+  o.local_epochs = epochs;
   o.batch_size = 64;
   o.lr = 0.01;
   o.momentum = 0.9;

@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "client/client.h"
-#include "client/names.h"
 #include "core/cli.h"
 #include "core/http_endpoint.h"
 #include "core/logging.h"

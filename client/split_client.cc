@@ -19,6 +19,7 @@
 #include "compression/codec.h"
 #include "models/part.h"
 #include "proto/split_chunks.h"
+#include "proto/train_config.h"
 
 namespace cleave {
 namespace {
@@ -133,20 +134,7 @@ Status LoadPart(ModelPart& p, const ParameterSet& part, const ParameterSet* base
 }  // namespace
 
 LocalTrainOptions TrainOptions(const v1::TrainConfig& tc) {
-  LocalTrainOptions o;
-  o.epochs = tc.local_epochs();
-  o.local_steps = tc.local_steps();
-  o.batch_size = tc.batch_size();
-  if (!tc.optimizer().empty()) o.optimizer = tc.optimizer();
-  if (!tc.loss().empty()) o.loss = tc.loss();
-  o.lr = tc.lr();
-  o.momentum = tc.momentum();
-  o.nesterov = tc.nesterov();
-  o.weight_decay = tc.weight_decay();
-  o.clip_norm = tc.clip_norm();
-  o.label_smoothing = tc.label_smoothing();
-  o.proximal_mu = tc.proximal_mu();
-  return o;
+  return LocalTrainOptions(FitFromProto(tc));
 }
 
 StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compression/kernels.h"
 
 namespace cleave {
@@ -822,9 +823,7 @@ std::string CodecFamily(const std::string& spec) {
   return spec.substr(0, spec.find(':'));
 }
 
-std::vector<std::string> SupportedCodecFamilies() {
-  return {"none", "fp16", "bf16", "int8", "qsgd", "topk", "randk", "sign", "powersgd"};
-}
+std::vector<std::string> SupportedCodecFamilies() { return Codecs().Names(); }
 
 std::string EncodeTensors(Codec& codec, const ParameterSet& values) {
   std::string out;
@@ -986,57 +985,102 @@ StatusOr<std::unique_ptr<Codec>> MakeStatelessCodec(const std::string& spec, uin
   return codec;
 }
 
+StatusOr<double> CodecSpec::Fraction() const {
+  double f = 0;
+  if (!absl::SimpleAtod(arg, &f) || !(f > 0 && f <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("codec ", spec, ": F must be in (0, 1]"));
+  }
+  return f;
+}
+
+StatusOr<int> CodecSpec::Integer(int lo, int hi) const {
+  int v = 0;
+  if (!absl::SimpleAtoi(arg, &v) || v < lo || v > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec ", spec, ": the parameter must be an integer in [", lo, ", ", hi, "]"));
+  }
+  return v;
+}
+
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed) {
   const std::string family = CodecFamily(spec);
-  std::string arg = spec.find(':') == std::string::npos ? "" : spec.substr(spec.find(':') + 1);
-  auto fraction = [&]() -> StatusOr<double> {
-    double f = 0;
-    if (!absl::SimpleAtod(arg, &f) || !(f > 0 && f <= 1)) {
-      return absl::InvalidArgumentError(absl::StrCat("codec ", spec, ": F must be in (0, 1]"));
+  const CodecFactory* make = Codecs().Find(family);
+  if (make == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown codec '", spec, "'; choose one of ",
+                                                   absl::StrJoin(Codecs().Summaries(), ", ")));
+  }
+  const size_t colon = spec.find(':');
+  return (*make)(CodecSpec{spec, colon == std::string::npos ? "" : spec.substr(colon + 1), seed});
+}
+
+namespace {
+
+// A codec family without parameters: `spec` must be its name alone.
+CodecFactory Exact(std::function<Codec*()> make) {
+  return [make](const CodecSpec& s) -> StatusOr<std::unique_ptr<Codec>> {
+    if (!s.arg.empty() && s.spec != "fp32") {
+      return absl::InvalidArgumentError(absl::StrCat("codec ", s.spec, " takes no parameter"));
     }
-    return f;
+    return std::unique_ptr<Codec>(make());
   };
-  auto integer = [&](int lo, int hi) -> StatusOr<int> {
-    int v = 0;
-    if (!absl::SimpleAtoi(arg, &v) || v < lo || v > hi) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("codec ", spec, ": the parameter must be an integer in [", lo, ", ", hi, "]"));
-    }
-    return v;
-  };
-  if (family == "none") return std::unique_ptr<Codec>(new NoneCodec());
-  if (spec == "fp16") return std::unique_ptr<Codec>(new HalfCodec(false));
-  if (spec == "bf16") return std::unique_ptr<Codec>(new HalfCodec(true));
-  if (spec == "sign") return std::unique_ptr<Codec>(new SignCodec());
-  if (family == "int8" && (arg.empty() || arg == "sr" || arg == "channel" || arg == "channel:sr" ||
-                           arg == "token" || arg == "token:sr")) {
-    const auto grouping = absl::StartsWith(arg, "channel") ? Int8Codec::Grouping::kRow
-                          : absl::StartsWith(arg, "token") ? Int8Codec::Grouping::kLastDim
-                                                           : Int8Codec::Grouping::kTensor;
-    return std::unique_ptr<Codec>(new Int8Codec(spec, absl::EndsWith(arg, "sr"), grouping, seed));
+}
+
+StatusOr<std::unique_ptr<Codec>> MakeInt8(const CodecSpec& s) {
+  const std::string& a = s.arg;
+  if (!(a.empty() || a == "sr" || a == "channel" || a == "channel:sr" || a == "token" ||
+        a == "token:sr")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec ", s.spec, ": int8 takes [:channel|:token][:sr]"));
   }
-  if (family == "qsgd") {
-    ASSIGN_OR_RETURN(int levels, integer(1, 127));
-    return std::unique_ptr<Codec>(new QsgdCodec(spec, levels, seed));
-  }
-  if (family == "topk") {
-    const bool ef21 = absl::EndsWith(arg, ":ef21");
-    if (ef21) arg.resize(arg.size() - 5);
-    ASSIGN_OR_RETURN(double f, fraction());
-    return std::unique_ptr<Codec>(new TopKCodec(spec, f, ef21));
-  }
-  if (family == "randk") {
-    ASSIGN_OR_RETURN(double f, fraction());
-    return std::unique_ptr<Codec>(new RandKCodec(spec, f, seed));
-  }
-  if (family == "powersgd") {
-    ASSIGN_OR_RETURN(int rank, integer(1, 64));
-    return std::unique_ptr<Codec>(new PowerSgdCodec(spec, rank, seed));
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown codec '", spec,
-      "' (none, fp16, bf16, int8[:channel|:token][:sr], qsgd:S, topk:F[:ef21], randk:F, sign, "
-      "powersgd:R)"));
+  const auto grouping = absl::StartsWith(a, "channel") ? Int8Codec::Grouping::kRow
+                        : absl::StartsWith(a, "token") ? Int8Codec::Grouping::kLastDim
+                                                       : Int8Codec::Grouping::kTensor;
+  return std::unique_ptr<Codec>(new Int8Codec(s.spec, absl::EndsWith(a, "sr"), grouping, s.seed));
+}
+
+StatusOr<std::unique_ptr<Codec>> MakeTopK(const CodecSpec& s) {
+  CodecSpec fraction = s;
+  const bool ef21 = absl::EndsWith(s.arg, ":ef21");
+  if (ef21) fraction.arg.resize(fraction.arg.size() - 5);
+  ASSIGN_OR_RETURN(double f, fraction.Fraction());
+  return std::unique_ptr<Codec>(new TopKCodec(s.spec, f, ef21));
+}
+
+}  // namespace
+
+Registry<CodecFactory>& Codecs() {
+  static Registry<CodecFactory>* r = [] {
+    auto* r = new Registry<CodecFactory>("codec");
+    r->AddBuiltin("none", Exact([] { return new NoneCodec(); }));
+    r->AddBuiltin("fp16", Exact([] { return new HalfCodec(false); }));
+    r->AddBuiltin("bf16", Exact([] { return new HalfCodec(true); }));
+    r->AddBuiltin("int8", MakeInt8, "int8[:channel|:token][:sr]");
+    r->AddBuiltin(
+        "qsgd",
+        [](const CodecSpec& s) -> StatusOr<std::unique_ptr<Codec>> {
+          ASSIGN_OR_RETURN(int levels, s.Integer(1, 127));
+          return std::unique_ptr<Codec>(new QsgdCodec(s.spec, levels, s.seed));
+        },
+        "qsgd:S");
+    r->AddBuiltin("topk", MakeTopK, "topk:F[:ef21]");
+    r->AddBuiltin(
+        "randk",
+        [](const CodecSpec& s) -> StatusOr<std::unique_ptr<Codec>> {
+          ASSIGN_OR_RETURN(double f, s.Fraction());
+          return std::unique_ptr<Codec>(new RandKCodec(s.spec, f, s.seed));
+        },
+        "randk:F");
+    r->AddBuiltin("sign", Exact([] { return new SignCodec(); }));
+    r->AddBuiltin(
+        "powersgd",
+        [](const CodecSpec& s) -> StatusOr<std::unique_ptr<Codec>> {
+          ASSIGN_OR_RETURN(int rank, s.Integer(1, 64));
+          return std::unique_ptr<Codec>(new PowerSgdCodec(s.spec, rank, s.seed));
+        },
+        "powersgd:R");
+    return r;
+  }();
+  return *r;
 }
 
 }  // namespace cleave

@@ -41,12 +41,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/parameter_set.h"
+#include "core/registry.h"
 #include "core/status.h"
 
 namespace cleave {
@@ -84,15 +86,36 @@ class Codec : public RangeDecoder {
   const std::string name_;
 };
 
-// The codec `spec` names (see above); `seed` drives its randomness (stochastic
-// rounding, random positions, PowerSGD's first Q).
+// The codec `spec` names (see above), built by its family's entry in Codecs(); `seed`
+// drives its randomness (stochastic rounding, random positions, PowerSGD's first Q).
+// INVALID_ARGUMENT "unknown codec 'x'; choose one of ..." for a family nobody
+// registered, or the family's own error for bad parameters.
 StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec, uint64_t seed = 0);
 
 // The codec family a spec belongs to: the part before the first ':' ("topk:0.01" ->
 // "topk"; "", "fp32" -> "none"), as clients advertise them.
 std::string CodecFamily(const std::string& spec);
-// The families this build supports.
+// The families this build supports: Codecs()' names.
 std::vector<std::string> SupportedCodecFamilies();
+
+// What a codec family's factory is given: the whole spec ("topk:0.01:ef21"), what
+// follows the family's colon ("0.01:ef21"; empty when nothing does) and the seed.
+struct CodecSpec {
+  std::string spec;
+  std::string arg;
+  uint64_t seed = 0;
+  // `arg` as F in (0, 1], or INVALID_ARGUMENT naming the spec.
+  StatusOr<double> Fraction() const;
+  // `arg` as an integer in [lo, hi], or INVALID_ARGUMENT naming the spec.
+  StatusOr<int> Integer(int lo, int hi) const;
+};
+using CodecFactory = std::function<StatusOr<std::unique_ptr<Codec>>(const CodecSpec&)>;
+
+// Codec families by name, with how each spec is written ("topk:F[:ef21]") as the
+// summary. The built-ins are registered in codec.cc; a codec of one's own is its own
+// file plus one Add (tests/compression/registration_test.cc). Clients advertise every
+// registered family in their Join.
+Registry<CodecFactory>& Codecs();
 
 // A parameter set compressed tensor by tensor: the concatenated encodings of `values`'
 // tensors, in order; slot i is tensor i.

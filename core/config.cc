@@ -14,10 +14,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 // The modules' name tables: header-only and torch-free, so core links none of them.
-#include "aggregation/names.h"
-#include "client/names.h"
-#include "models/names.h"
-#include "split/names.h"
 
 namespace cleave {
 namespace {
@@ -102,31 +98,30 @@ Status CheckKeys(const YAML::Node& section, const std::string& sec) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
 Status Range(bool ok, const std::string& key, const std::string& rule) {
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(key, " must be ", rule));
 }
 
-}  // namespace
+namespace {
 
-StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::string& base_dir) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.msg));
-  }
-  JobConfig c;
-  if (!root || root.IsNull()) return c;
-  RETURN_IF_ERROR(CheckKeys(root, "config"));
-  bool server_lr_set = false;
-  if (auto s = root["run"]) {
+// One function per section: it reads the section's keys when the section is given, then
+// checks the values it holds, defaults included.
+Status ParseRun(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "run"));
     RETURN_IF_ERROR(Read(s, "run", "name", &c.run.name));
     RETURN_IF_ERROR(Read(s, "run", "rounds", &c.run.rounds));
     RETURN_IF_ERROR(Read(s, "run", "seed", &c.run.seed));
   }
-  if (auto s = root["model"]) {
+  RETURN_IF_ERROR(Range(c.run.rounds >= 1, "run.rounds", ">= 1"));
+  return absl::OkStatus();
+}
+
+Status ParseModel(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "model"));
     RETURN_IF_ERROR(Read(s, "model", "name", &c.model.name));
     RETURN_IF_ERROR(Read(s, "model", "path", &c.model.path));
@@ -153,13 +148,62 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       RETURN_IF_ERROR(Read(l, sec, "dropout", &c.model.lora.dropout));
     }
   }
-  if (auto s = root["data"]) {
+  // model.name is checked where models are built (Model::Create names the built-ins).
+  RETURN_IF_ERROR(Range(!c.model.input.empty() && c.model.input.size() <= 3, "model.input",
+                        "[C, H, W] or [features]"));
+  for (int64_t d : c.model.input) {
+    RETURN_IF_ERROR(Range(d >= 1 && d <= 65536, "model.input", "a list of sizes in [1, 65536]"));
+  }
+  RETURN_IF_ERROR(Range(c.model.classes >= 1 && c.model.classes <= 1000000, "model.classes",
+                        "in [1, 1000000]"));
+  const GptConfig& g = c.model.gpt;
+  RETURN_IF_ERROR(Range(g.vocab >= 2 && g.vocab <= (1 << 24), "model.gpt.vocab", "in [2, 16777216]"));
+  RETURN_IF_ERROR(Range(g.context >= 1 && g.context <= 65536, "model.gpt.context", "in [1, 65536]"));
+  RETURN_IF_ERROR(Range(g.layers >= 1 && g.layers <= 256, "model.gpt.layers", "in [1, 256]"));
+  RETURN_IF_ERROR(Range(g.heads >= 1 && g.heads <= 256, "model.gpt.heads", "in [1, 256]"));
+  RETURN_IF_ERROR(Range(g.dim >= 1 && g.dim <= 65536 && g.dim % g.heads == 0, "model.gpt.dim",
+                        "in [1, 65536] and divisible by model.gpt.heads"));
+  const LoraConfig& lora = c.model.lora;
+  RETURN_IF_ERROR(Range(lora.rank >= 0 && lora.rank <= 4096, "model.lora.rank", "in [0, 4096]"));
+  RETURN_IF_ERROR(Range(lora.alpha > 0, "model.lora.alpha", "> 0"));
+  RETURN_IF_ERROR(Range(lora.dropout >= 0 && lora.dropout < 1, "model.lora.dropout", "in [0, 1)"));
+  RETURN_IF_ERROR(Range(!lora.targets.empty(), "model.lora.targets",
+                        "a list of " + LoraTargetNames().List()));
+  for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
+  if (lora.enabled()) {
+    RETURN_IF_ERROR(Range(c.model.name == "gpt", "model.lora", "used with model.name: gpt"));
+    RETURN_IF_ERROR(Range(c.model.personal.empty(), "model.lora",
+                          "off with model.personal (the adapters are what is federated)"));
+  }
+  for (const std::string& p : c.model.personal) {
+    RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
+  }
+  if (c.model.name == "torchscript") {
+    if (c.model.path.empty()) {
+      return absl::InvalidArgumentError("model.path is required for model.name: torchscript");
+    }
+    std::filesystem::path p(c.model.path);
+    if (p.is_relative() && !base_dir.empty()) c.model.path = (base_dir / p).string();
+  }
+  if (!c.model.weights.empty() && std::filesystem::path(c.model.weights).is_relative() &&
+      !base_dir.empty()) {
+    c.model.weights = (std::filesystem::path(base_dir) / c.model.weights).string();
+  }
+  return absl::OkStatus();
+}
+
+Status ParseData(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "data"));
     RETURN_IF_ERROR(Read(s, "data", "test", &c.data.test));
     RETURN_IF_ERROR(Read(s, "data", "test_limit", &c.data.test_limit));
     if (c.data.test.empty()) c.server.evaluate = false;  // a coordinator without data
   }
-  if (auto s = root["clients"]) {
+  return absl::OkStatus();
+}
+
+Status ParseClients(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "clients"));
     RETURN_IF_ERROR(Read(s, "clients", "min", &c.clients.min_clients));
     RETURN_IF_ERROR(Read(s, "clients", "per_round", &c.clients.per_round));
@@ -173,7 +217,25 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "clients", "oort_pacer_rounds", &c.clients.oort_pacer_rounds));
     RETURN_IF_ERROR(Read(s, "clients", "oort_max_picks", &c.clients.oort_max_picks));
   }
-  if (auto s = root["scheduler"]) {
+  RETURN_IF_ERROR(Range(c.clients.min_clients >= 1, "clients.min", ">= 1"));
+  RETURN_IF_ERROR(Range(c.clients.per_round >= 0, "clients.per_round", ">= 0"));
+  RETURN_IF_ERROR(Range(c.clients.fraction > 0 && c.clients.fraction <= 1, "clients.fraction",
+                        "in (0, 1]"));
+  RETURN_IF_ERROR(Range(c.clients.quorum > 0 && c.clients.quorum <= 1, "clients.quorum",
+                        "in (0, 1]"));
+  RETURN_IF_ERROR(Range(c.clients.round_deadline_s > 0, "clients.round_deadline_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.clients.join_timeout_s > 0, "clients.join_timeout_s", "> 0"));
+  RETURN_IF_ERROR(SelectionNames().Check(c.clients.selection));
+  RETURN_IF_ERROR(Range(c.clients.oort_epsilon >= 0 && c.clients.oort_epsilon <= 1,
+                        "clients.oort_epsilon", "in [0, 1]"));
+  RETURN_IF_ERROR(Range(c.clients.oort_alpha >= 0, "clients.oort_alpha", ">= 0"));
+  RETURN_IF_ERROR(Range(c.clients.oort_pacer_rounds >= 0, "clients.oort_pacer_rounds", ">= 0"));
+  RETURN_IF_ERROR(Range(c.clients.oort_max_picks >= 0, "clients.oort_max_picks", ">= 0"));
+  return absl::OkStatus();
+}
+
+Status ParseScheduler(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     const std::string sec = "scheduler";
     RETURN_IF_ERROR(CheckKeys(s, sec));
     RETURN_IF_ERROR(Read(s, sec, "mode", &c.scheduler.mode));
@@ -188,7 +250,28 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, sec, "topology", &c.scheduler.topology));
     RETURN_IF_ERROR(Read(s, sec, "degree", &c.scheduler.degree));
   }
-  if (auto s = root["train"]) {
+  RETURN_IF_ERROR(SchedulerModeNames().Check(c.scheduler.mode));
+  RETURN_IF_ERROR(TopologyNames().Check(c.scheduler.topology));
+  RETURN_IF_ERROR(Range(c.scheduler.degree >= 2 && c.scheduler.degree % 2 == 0,
+                        "scheduler.degree", "even and >= 2 (random: the union of degree / 2 rings)"));
+  RETURN_IF_ERROR(Range(c.scheduler.buffer_size >= 1, "scheduler.buffer_size", ">= 1"));
+  RETURN_IF_ERROR(Range(c.scheduler.concurrency >= 0, "scheduler.concurrency", ">= 0"));
+  RETURN_IF_ERROR(Range(c.scheduler.max_staleness >= 0, "scheduler.max_staleness", ">= 0"));
+  RETURN_IF_ERROR(StalenessNames().Check(c.scheduler.staleness));
+  RETURN_IF_ERROR(Range(c.scheduler.staleness_exponent >= 0, "scheduler.staleness_exponent",
+                        ">= 0"));
+  RETURN_IF_ERROR(Range(c.scheduler.staleness_hinge >= 0, "scheduler.staleness_hinge", ">= 0"));
+  RETURN_IF_ERROR(Range(c.scheduler.target_staleness >= 0 &&
+                            c.scheduler.target_staleness <= c.scheduler.max_staleness,
+                        "scheduler.target_staleness",
+                        absl::StrCat("in [0, scheduler.max_staleness=", c.scheduler.max_staleness,
+                                     "] (0 = off)")));
+  RETURN_IF_ERROR(Range(c.scheduler.min_local_steps >= 1, "scheduler.min_local_steps", ">= 1"));
+  return absl::OkStatus();
+}
+
+Status ParseTrain(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "train"));
     RETURN_IF_ERROR(Read(s, "train", "local_epochs", &c.train.local_epochs));
     RETURN_IF_ERROR(Read(s, "train", "local_steps", &c.train.local_steps));
@@ -208,18 +291,60 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "train", "momentum", &c.train.momentum));
     RETURN_IF_ERROR(Read(s, "train", "weight_decay", &c.train.weight_decay));
   }
-  if (auto s = root["strategy"]) {
+  RETURN_IF_ERROR(Range(c.train.local_epochs >= 1, "train.local_epochs", ">= 1"));
+  RETURN_IF_ERROR(Range(c.train.batch_size >= 1, "train.batch_size", ">= 1"));
+  RETURN_IF_ERROR(Range(c.train.lr > 0, "train.lr", "> 0"));
+  RETURN_IF_ERROR(Range(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum",
+                        "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.train.weight_decay >= 0, "train.weight_decay", ">= 0"));
+  const TrainConfig& t = c.train;
+  RETURN_IF_ERROR(Range(t.local_steps >= 0, "train.local_steps", ">= 0 (0 = use local_epochs)"));
+  RETURN_IF_ERROR(Range(t.loss_path.empty() == (t.loss != "torchscript"), "train.loss_path",
+                        "set exactly when train.loss is torchscript"));
+  if (!t.loss_path.empty() && std::filesystem::path(t.loss_path).is_relative() && !base_dir.empty()) {
+    c.train.loss_path = (std::filesystem::path(base_dir) / t.loss_path).string();
+  }
+  RETURN_IF_ERROR(Range(t.label_smoothing == 0 || t.loss == "cross_entropy", "train.label_smoothing",
+                        "0 unless train.loss is cross_entropy"));
+  RETURN_IF_ERROR(Range(!t.nesterov || (t.optimizer == "sgd" && t.momentum > 0), "train.nesterov",
+                        "used with optimizer sgd and momentum > 0"));
+  RETURN_IF_ERROR(Range(t.clip_norm >= 0, "train.clip_norm", ">= 0 (0 = no clipping)"));
+  RETURN_IF_ERROR(Range(t.label_smoothing >= 0 && t.label_smoothing < 1, "train.label_smoothing",
+                        "in [0, 1)"));
+  RETURN_IF_ERROR(ScheduleNames().Check(t.schedule));
+  RETURN_IF_ERROR(Range(t.warmup_rounds >= 0, "train.warmup_rounds", ">= 0"));
+  RETURN_IF_ERROR(Range(t.step_rounds >= 1, "train.step_rounds", ">= 1"));
+  RETURN_IF_ERROR(Range(t.step_gamma > 0 && t.step_gamma <= 1, "train.step_gamma", "in (0, 1]"));
+  RETURN_IF_ERROR(Range(t.lr_min >= 0 && t.lr_min <= t.lr, "train.lr_min", "in [0, train.lr]"));
+  return absl::OkStatus();
+}
+
+Status ParseStrategy(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "strategy"));
     RETURN_IF_ERROR(Read(s, "strategy", "name", &c.strategy.name));
     RETURN_IF_ERROR(Read(s, "strategy", "proximal_mu", &c.strategy.proximal_mu));
-    server_lr_set = static_cast<bool>(s["server_lr"]);
+    c.strategy.server_lr_given = static_cast<bool>(s["server_lr"]);
     RETURN_IF_ERROR(Read(s, "strategy", "server_lr", &c.strategy.server_lr));
     RETURN_IF_ERROR(Read(s, "strategy", "server_momentum", &c.strategy.server_momentum));
     RETURN_IF_ERROR(Read(s, "strategy", "beta1", &c.strategy.beta1));
     RETURN_IF_ERROR(Read(s, "strategy", "beta2", &c.strategy.beta2));
     RETURN_IF_ERROR(Read(s, "strategy", "tau", &c.strategy.tau));
   }
-  if (auto s = root["split"]) {
+  RETURN_IF_ERROR(Range(c.strategy.proximal_mu >= 0, "strategy.proximal_mu", ">= 0"));
+  RETURN_IF_ERROR(Range(c.strategy.server_lr > 0, "strategy.server_lr", "> 0"));
+  RETURN_IF_ERROR(Range(c.strategy.server_momentum >= 0 && c.strategy.server_momentum < 1,
+                        "strategy.server_momentum", "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.strategy.beta1 >= 0 && c.strategy.beta1 < 1, "strategy.beta1",
+                        "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.strategy.beta2 >= 0 && c.strategy.beta2 < 1, "strategy.beta2",
+                        "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.strategy.tau > 0, "strategy.tau", "> 0"));
+  return absl::OkStatus();
+}
+
+Status ParseSplit(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "split"));
     RETURN_IF_ERROR(Read(s, "split", "activation_noise", &c.split.activation_noise));
     RETURN_IF_ERROR(Read(s, "split", "nopeek", &c.split.nopeek));
@@ -233,14 +358,27 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "split", "tail", &c.split.tail));
     RETURN_IF_ERROR(Read(s, "split", "window", &c.split.window));
   }
-  if (auto s = root["compression"]) {
+  if (c.split.enabled()) {
+    RETURN_IF_ERROR(Range(c.split.tail >= 1, "split.tail", ">= 1"));
+    RETURN_IF_ERROR(Range(c.split.window >= 1 && c.split.window <= 64, "split.window",
+                          "in [1, 64]"));
+  }
+  return absl::OkStatus();
+}
+
+Status ParseCompression(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "compression"));
     RETURN_IF_ERROR(Read(s, "compression", "update", &c.compression.update));
     RETURN_IF_ERROR(Read(s, "compression", "broadcast", &c.compression.broadcast));
     RETURN_IF_ERROR(Read(s, "compression", "activations", &c.compression.activations));
     RETURN_IF_ERROR(Read(s, "compression", "gradients", &c.compression.gradients));
   }
-  if (auto s = root["server"]) {
+  return absl::OkStatus();
+}
+
+Status ParseServer(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "server"));
     RETURN_IF_ERROR(Read(s, "server", "evaluate", &c.server.evaluate));
     RETURN_IF_ERROR(Read(s, "server", "final_evaluation", &c.server.final_evaluation));
@@ -259,7 +397,31 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "server", "metrics_listen", &c.server.metrics_listen));
     RETURN_IF_ERROR(Read(s, "server", "metrics_client_series", &c.server.metrics_client_series));
   }
-  if (auto s = root["tls"]) {
+  RETURN_IF_ERROR(Range(c.server.heartbeat_s > 0, "server.heartbeat_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.client_timeout_s > c.server.heartbeat_s,
+                        "server.client_timeout_s", "> server.heartbeat_s"));
+  RETURN_IF_ERROR(Range(c.server.max_model_elements > 0, "server.max_model_elements", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.chunk_bytes >= 1024 && c.server.chunk_bytes <= (2 << 20),
+                        "server.chunk_bytes", "in [1024, 2 MiB] (gRPC's limit is 4 MiB)"));
+  RETURN_IF_ERROR(Range(c.server.eval_batch_size >= 1, "server.eval_batch_size", ">= 1"));
+  RETURN_IF_ERROR(Range(c.server.worker_threads >= 1, "server.worker_threads", ">= 1"));
+  RETURN_IF_ERROR(Range(c.server.metrics_client_series >= 0, "server.metrics_client_series",
+                        ">= 0"));
+  RETURN_IF_ERROR(Range(c.server.metrics_listen.empty() ||
+                            c.server.metrics_listen.rfind(':') != std::string::npos,
+                        "server.metrics_listen", "host:port, or empty (off)"));
+  RETURN_IF_ERROR(Range(c.server.max_update_abs > 0, "server.max_update_abs", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.upload_idle_timeout_s > 0, "server.upload_idle_timeout_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.handshake_timeout_s > 0, "server.handshake_timeout_s", "> 0"));
+  RETURN_IF_ERROR(Range(c.server.max_sessions >= 0, "server.max_sessions",
+                        ">= 0 (0 = derived from the open-file limit)"));
+  RETURN_IF_ERROR(Range(c.server.max_connections >= 0, "server.max_connections",
+                        ">= 0 (0 = derived from the open-file limit)"));
+  return absl::OkStatus();
+}
+
+Status ParseTls(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "tls"));
     RETURN_IF_ERROR(Read(s, "tls", "revoked", &c.tls.revoked));
     RETURN_IF_ERROR(Read(s, "tls", "cert", &c.tls.cert));
@@ -275,11 +437,19 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       return absl::InvalidArgumentError("tls.revoked names device identities: it needs tls.mutual");
     }
   }
-  if (auto s = root["auth"]) {
+  return absl::OkStatus();
+}
+
+Status ParseAuth(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "auth"));
     RETURN_IF_ERROR(Read(s, "auth", "token_file", &c.auth.token_file));
   }
-  if (auto s = root["secure_aggregation"]) {
+  return absl::OkStatus();
+}
+
+Status ParseSecureAggregation(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     const std::string sec = "secure_aggregation";
     auto& a = c.secure_aggregation;
     RETURN_IF_ERROR(CheckKeys(s, sec));
@@ -299,7 +469,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                           "> 2^bits (and > clients x (2^bits - 1) for sums not to wrap)"));
     RETURN_IF_ERROR(Range(a.stage_timeout_s > 0, "secure_aggregation.stage_timeout_s", "> 0"));
   }
-  if (auto s = root["dp"]) {
+  return absl::OkStatus();
+}
+
+Status ParseDp(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     auto& d = c.dp;
     RETURN_IF_ERROR(CheckKeys(s, "dp"));
     d.enabled = true;
@@ -319,19 +493,21 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
                           "in (0, 1)"));
     RETURN_IF_ERROR(Range(d.clip_lr >= 0, "dp.clip_lr", ">= 0"));
     RETURN_IF_ERROR(Range(d.clip_count_stddev >= 0, "dp.clip_count_stddev", ">= 0"));
-    RETURN_IF_ERROR(Range(d.noise == "central" || d.noise == "distributed", "dp.noise",
-                          "central or distributed"));
+    RETURN_IF_ERROR(DpNoiseNames().Check(d.noise));
     RETURN_IF_ERROR(Range(d.delta > 0 && d.delta < 1, "dp.delta", "in (0, 1)"));
     RETURN_IF_ERROR(Range(d.target_epsilon >= 0, "dp.target_epsilon", ">= 0"));
   }
-  if (auto s = root["aggregation"]) {
+  return absl::OkStatus();
+}
+
+Status ParseAggregation(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     auto& a = c.aggregation;
     RETURN_IF_ERROR(CheckKeys(s, "aggregation"));
     RETURN_IF_ERROR(Read(s, "aggregation", "weighting", &a.weighting));
     RETURN_IF_ERROR(Read(s, "aggregation", "max_weight_ratio", &a.max_weight_ratio));
     RETURN_IF_ERROR(Read(s, "aggregation", "max_client_examples", &a.max_client_examples));
-    RETURN_IF_ERROR(Range(a.weighting == "examples" || a.weighting == "equal",
-                          "aggregation.weighting", "examples or equal"));
+    RETURN_IF_ERROR(WeightingNames().Check(a.weighting));
     RETURN_IF_ERROR(Range(a.max_weight_ratio == 0 || a.max_weight_ratio >= 1,
                           "aggregation.max_weight_ratio", "0 (no cap) or >= 1"));
     RETURN_IF_ERROR(Range(a.max_client_examples >= 0, "aggregation.max_client_examples",
@@ -341,7 +517,6 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Read(s, "aggregation", "f", &a.f));
     RETURN_IF_ERROR(Read(s, "aggregation", "m", &a.m));
     RETURN_IF_ERROR(Read(s, "aggregation", "max_norm", &a.max_norm));
-    RETURN_IF_ERROR(RuleNames().Check(a.rule));
     RETURN_IF_ERROR(Range(a.rule != "fltrust" || !a.root_data.empty(), "aggregation.root_data",
                           "set for fltrust (e.g. fmnist:DIR,limit=100)"));
     RETURN_IF_ERROR(Range(a.f >= 0, "aggregation.f", ">= 0"));
@@ -349,7 +524,11 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
     RETURN_IF_ERROR(Range(a.rule != "norm_bound" || a.max_norm > 0, "aggregation.max_norm",
                           "> 0 for norm_bound"));
   }
-  if (auto s = root["local"]) {
+  return absl::OkStatus();
+}
+
+Status ParseLocal(const YAML::Node& s, const std::string& base_dir, JobConfig& c) {
+  if (s) {
     RETURN_IF_ERROR(CheckKeys(s, "local"));
     RETURN_IF_ERROR(Read(s, "local", "attack", &c.local.attack));
     RETURN_IF_ERROR(Read(s, "local", "attackers", &c.local.attackers));
@@ -381,299 +560,43 @@ StatusOr<JobConfig> JobConfig::Parse(const std::string& yaml_text, const std::st
       }
     }
   }
-
-  const std::string& st = c.strategy.name;
-  RETURN_IF_ERROR(StrategyNames().Check(st));
-  if (!server_lr_set && AdaptiveServerOptimizer(st)) {
-    c.strategy.server_lr = 0.1;
-  }
-  if (!server_lr_set && st == "diloco") c.strategy.server_lr = 0.7;  // the DiLoCo paper's
-  // model.name is checked where models are built (Model::Create names the built-ins).
-  RETURN_IF_ERROR(Range(!c.model.input.empty() && c.model.input.size() <= 3, "model.input",
-                        "[C, H, W] or [features]"));
-  for (int64_t d : c.model.input) {
-    RETURN_IF_ERROR(Range(d >= 1 && d <= 65536, "model.input", "a list of sizes in [1, 65536]"));
-  }
-  RETURN_IF_ERROR(Range(c.model.classes >= 1 && c.model.classes <= 1000000, "model.classes",
-                        "in [1, 1000000]"));
-  const GptConfig& g = c.model.gpt;
-  RETURN_IF_ERROR(Range(g.vocab >= 2 && g.vocab <= (1 << 24), "model.gpt.vocab", "in [2, 16777216]"));
-  RETURN_IF_ERROR(Range(g.context >= 1 && g.context <= 65536, "model.gpt.context", "in [1, 65536]"));
-  RETURN_IF_ERROR(Range(g.layers >= 1 && g.layers <= 256, "model.gpt.layers", "in [1, 256]"));
-  RETURN_IF_ERROR(Range(g.heads >= 1 && g.heads <= 256, "model.gpt.heads", "in [1, 256]"));
-  RETURN_IF_ERROR(Range(g.dim >= 1 && g.dim <= 65536 && g.dim % g.heads == 0, "model.gpt.dim",
-                        "in [1, 65536] and divisible by model.gpt.heads"));
-  const LoraConfig& lora = c.model.lora;
-  RETURN_IF_ERROR(Range(lora.rank >= 0 && lora.rank <= 4096, "model.lora.rank", "in [0, 4096]"));
-  RETURN_IF_ERROR(Range(lora.alpha > 0, "model.lora.alpha", "> 0"));
-  RETURN_IF_ERROR(Range(lora.dropout >= 0 && lora.dropout < 1, "model.lora.dropout", "in [0, 1)"));
-  RETURN_IF_ERROR(Range(!lora.targets.empty(), "model.lora.targets",
-                        "a list of " + LoraTargetNames().List()));
-  for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
-  if (lora.enabled()) {
-    RETURN_IF_ERROR(Range(c.model.name == "gpt", "model.lora", "used with model.name: gpt"));
-    RETURN_IF_ERROR(Range(c.model.personal.empty(), "model.lora",
-                          "off with model.personal (the adapters are what is federated)"));
-  }
-  if (c.model.name == "gpt" && c.split.enabled()) {
-    RETURN_IF_ERROR(Range(!g.tie, "model.gpt.tie",
-                          "false with split learning (a tied head shares the embedding's "
-                          "weight across the cut)"));
-  }
-  for (const std::string& p : c.model.personal) {
-    RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
-  }
-  if (!c.model.personal.empty()) {
-    RETURN_IF_ERROR(Range(!c.split.enabled(), "model.personal",
-                          "empty with split learning (personal layers are for whole-model "
-                          "federated learning)"));
-    RETURN_IF_ERROR(Range(!c.server.evaluate, "model.personal",
-                          "used without server-side evaluation: the server holds no client's "
-                          "personal layers (set data.test: \"\" or server.evaluate: false and "
-                          "measure with federated evaluation, local.holdout)"));
-  }
-  if (c.split.enabled()) {
-    RETURN_IF_ERROR(SplitModeNames().Check(c.split.mode));
-    // A split round's mean model enters the strategy as one update, so any server rule
-    // applies; FedProx's term is a client-side loss the split parts do not train with.
-    if (st == "fedprox") {
-      return absl::InvalidArgumentError(
-          "strategy.name: fedprox is not supported with split learning (its proximal term "
-          "is not applied to the parts of a cut model)");
-    }
-    RETURN_IF_ERROR(Range(c.train.loss == "cross_entropy", "train.loss",
-                          "cross_entropy with split learning (the server computes the loss "
-                          "from labels it receives as integers)"));
-    RETURN_IF_ERROR(Range(c.split.tail >= 1, "split.tail", ">= 1"));
-    RETURN_IF_ERROR(Range(c.split.window >= 1 && c.split.window <= 64, "split.window",
-                          "in [1, 64]"));
-  }
-  if (c.dp.enabled && c.dp.noise == "distributed") {
-    if (!c.secure_aggregation.enabled) {
-      return absl::InvalidArgumentError(
-          "dp.noise: distributed noise needs secure_aggregation (each share alone is too weak)");
-    }
-    if (c.dp.adaptive) {
-      return absl::InvalidArgumentError(
-          "dp.adaptive: adaptive clipping needs the clients' norms; use dp.noise: central");
-    }
-  }
-  if (c.scheduler.target_staleness > 0 && !c.scheduler.async()) {
-    return absl::InvalidArgumentError(
-        "scheduler.target_staleness sizes asynchronous tasks; it needs scheduler.mode: async");
-  }
-  if (c.scheduler.async()) {
-    // Each refusal names what async lacks for the combination to be sound.
-    if (c.split.enabled()) {
-      return absl::InvalidArgumentError(
-          "scheduler.mode: async trains whole models; split.mode runs synchronous rounds");
-    }
-    if (c.secure_aggregation.enabled) {
-      return absl::InvalidArgumentError(
-          "scheduler.mode: async and secure_aggregation do not combine (masks are agreed "
-          "among a round's clients before they train; an async buffer has no such round)");
-    }
-    if (c.clients.selection != "uniform") {
-      return absl::InvalidArgumentError(
-          "scheduler.mode: async hands work to whichever client is idle; clients.selection "
-          "must be uniform");
-    }
-    if (c.aggregation.rule == "fltrust") {
-      return absl::InvalidArgumentError(
-          "aggregation.rule: fltrust's reference is trained from the buffer's base model, "
-          "which async updates do not share; use another rule");
-    }
-  }
-  if (c.scheduler.gossip()) {
-    // The server holds no trained model and sees no update: whatever needs either is
-    // refused, naming why.
-    auto no = [](const std::string& what) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("scheduler.mode: gossip: ", what));
-    };
-    if (c.split.enabled()) return no("split learning needs the server's part of the model");
-    if (c.secure_aggregation.enabled || c.dp.enabled || c.aggregation.rule != "mean") {
-      return no("secure_aggregation, dp and aggregation.rule act on the updates the server "
-                "aggregates; in gossip rounds it aggregates none");
-    }
-    if (c.strategy.name != "fedavg") {
-      return no("the server applies no strategy (clients average with their neighbours); "
-                "strategy.name must be fedavg");
-    }
-    auto uncompressed = [](const std::string& spec) { return spec == "none" || spec == "fp32"; };
-    if (!uncompressed(c.compression.update) || !uncompressed(c.compression.broadcast)) {
-      return no("models travel between peers in fp32; drop compression.update and broadcast");
-    }
-    if (c.clients.selection != "uniform") return no("clients.selection must be uniform");
-    if (!c.model.personal.empty() || c.model.lora.enabled()) {
-      return no("personal layers and LoRA are not exchanged between peers yet");
-    }
-    if (c.server.evaluate) {
-      return no("the server holds no trained model to evaluate; set server.evaluate: false "
-                "and measure on the clients' held-out data (local.holdout)");
-    }
-  }
-  if (c.clients.selection == "oort" && c.split.enabled()) {
-    return absl::InvalidArgumentError(
-        "clients.selection: oort picks clients for federated rounds; split.mode assigns its own");
-  }
-  if (c.clients.selection == "oort" && c.dp.enabled) {
-    return absl::InvalidArgumentError(
-        "clients.selection: oort and dp do not combine (the privacy accounting assumes "
-        "uniformly sampled clients)");
-  }
-  if (c.dp.enabled && c.aggregation.rule != "mean") {
-    return absl::InvalidArgumentError(
-        "aggregation.rule: a robust rule and dp do not combine (dp averages clipped updates)");
-  }
-  if (c.secure_aggregation.enabled && c.aggregation.rule != "mean") {
-    return absl::InvalidArgumentError(
-        "aggregation.rule: robust rules need individual updates, which secure aggregation hides");
-  }
-  if (c.secure_aggregation.enabled && c.dp.enabled && c.dp.noise == "central") {
-    return absl::InvalidArgumentError(
-        "dp.noise: with secure aggregation the server cannot clip updates; use distributed");
-  }
-  if ((c.dp.enabled || c.aggregation.rule != "mean") && c.split.enabled()) {
-    return absl::InvalidArgumentError("dp and aggregation.rule apply to federated rounds, not split");
-  }
-  if (absl::EndsWith(c.compression.update, ":ef21")) {
-    if (c.dp.enabled || c.aggregation.rule != "mean") {
-      return absl::InvalidArgumentError(
-          "compression.update: EF21 uploads increments of an estimate, not updates, which dp "
-          "and robust rules need; use topk without :ef21");
-    }
-    if (c.split.enabled()) {
-      return absl::InvalidArgumentError(
-          "compression.update: :ef21 applies to federated rounds, not split learning");
-    }
-    if (c.scheduler.async()) {
-      return absl::InvalidArgumentError(
-          "compression.update: EF21's server estimate is the sum of every client's, which "
-          "staleness-scaled async updates do not keep; use topk without :ef21");
-    }
-  }
-  if (c.secure_aggregation.enabled) {
-    if (c.split.enabled()) {
-      return absl::InvalidArgumentError(
-          "secure_aggregation: not with split learning (the server holds activations)");
-    }
-    if (c.compression.update != "none") {
-      return absl::InvalidArgumentError(
-          "secure_aggregation: the update travels quantized and masked; drop compression.update");
-    }
-  }
-  if (c.model.name == "torchscript") {
-    if (c.model.path.empty()) {
-      return absl::InvalidArgumentError("model.path is required for model.name: torchscript");
-    }
-    std::filesystem::path p(c.model.path);
-    if (p.is_relative() && !base_dir.empty()) c.model.path = (base_dir / p).string();
-  }
-  if (!c.model.weights.empty() && std::filesystem::path(c.model.weights).is_relative() &&
-      !base_dir.empty()) {
-    c.model.weights = (std::filesystem::path(base_dir) / c.model.weights).string();
-  }
-  RETURN_IF_ERROR(Range(c.run.rounds >= 1, "run.rounds", ">= 1"));
-  RETURN_IF_ERROR(Range(c.clients.min_clients >= 1, "clients.min", ">= 1"));
-  RETURN_IF_ERROR(Range(c.clients.per_round >= 0, "clients.per_round", ">= 0"));
-  RETURN_IF_ERROR(Range(c.clients.fraction > 0 && c.clients.fraction <= 1, "clients.fraction",
-                        "in (0, 1]"));
-  RETURN_IF_ERROR(Range(c.clients.quorum > 0 && c.clients.quorum <= 1, "clients.quorum",
-                        "in (0, 1]"));
-  RETURN_IF_ERROR(Range(c.clients.round_deadline_s > 0, "clients.round_deadline_s", "> 0"));
-  RETURN_IF_ERROR(Range(c.clients.join_timeout_s > 0, "clients.join_timeout_s", "> 0"));
-  RETURN_IF_ERROR(Range(c.clients.selection == "uniform" || c.clients.selection == "oort",
-                        "clients.selection", "uniform or oort"));
-  RETURN_IF_ERROR(Range(c.clients.oort_epsilon >= 0 && c.clients.oort_epsilon <= 1,
-                        "clients.oort_epsilon", "in [0, 1]"));
-  RETURN_IF_ERROR(Range(c.clients.oort_alpha >= 0, "clients.oort_alpha", ">= 0"));
-  RETURN_IF_ERROR(Range(c.clients.oort_pacer_rounds >= 0, "clients.oort_pacer_rounds", ">= 0"));
-  RETURN_IF_ERROR(Range(c.clients.oort_max_picks >= 0, "clients.oort_max_picks", ">= 0"));
-  RETURN_IF_ERROR(Range(c.scheduler.mode == "sync" || c.scheduler.async() ||
-                            c.scheduler.gossip(),
-                        "scheduler.mode", "sync, async or gossip"));
-  RETURN_IF_ERROR(Range(c.scheduler.topology == "ring" || c.scheduler.topology == "random" ||
-                            c.scheduler.topology == "measured",
-                        "scheduler.topology", "ring, random or measured"));
-  RETURN_IF_ERROR(Range(c.scheduler.degree >= 2 && c.scheduler.degree % 2 == 0,
-                        "scheduler.degree", "even and >= 2 (random: the union of degree / 2 rings)"));
-  RETURN_IF_ERROR(Range(c.scheduler.buffer_size >= 1, "scheduler.buffer_size", ">= 1"));
-  RETURN_IF_ERROR(Range(c.scheduler.concurrency >= 0, "scheduler.concurrency", ">= 0"));
-  RETURN_IF_ERROR(Range(c.scheduler.max_staleness >= 0, "scheduler.max_staleness", ">= 0"));
-  RETURN_IF_ERROR(Range(c.scheduler.staleness == "constant" ||
-                            c.scheduler.staleness == "polynomial" ||
-                            c.scheduler.staleness == "hinge",
-                        "scheduler.staleness", "constant, polynomial or hinge"));
-  RETURN_IF_ERROR(Range(c.scheduler.staleness_exponent >= 0, "scheduler.staleness_exponent",
-                        ">= 0"));
-  RETURN_IF_ERROR(Range(c.scheduler.staleness_hinge >= 0, "scheduler.staleness_hinge", ">= 0"));
-  RETURN_IF_ERROR(Range(c.scheduler.target_staleness >= 0 &&
-                            c.scheduler.target_staleness <= c.scheduler.max_staleness,
-                        "scheduler.target_staleness",
-                        absl::StrCat("in [0, scheduler.max_staleness=", c.scheduler.max_staleness,
-                                     "] (0 = off)")));
-  RETURN_IF_ERROR(Range(c.scheduler.min_local_steps >= 1, "scheduler.min_local_steps", ">= 1"));
-  RETURN_IF_ERROR(Range(c.train.local_epochs >= 1, "train.local_epochs", ">= 1"));
-  RETURN_IF_ERROR(Range(c.train.batch_size >= 1, "train.batch_size", ">= 1"));
-  RETURN_IF_ERROR(Range(c.train.lr > 0, "train.lr", "> 0"));
-  RETURN_IF_ERROR(Range(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum",
-                        "in [0, 1)"));
-  RETURN_IF_ERROR(Range(c.train.weight_decay >= 0, "train.weight_decay", ">= 0"));
-  const TrainConfig& t = c.train;
-  RETURN_IF_ERROR(Range(t.local_steps >= 0, "train.local_steps", ">= 0 (0 = use local_epochs)"));
-  RETURN_IF_ERROR(LossNames().Check(t.loss));
-  RETURN_IF_ERROR(Range(t.loss == "cross_entropy" || t.loss == "torchscript" || c.model.classes == 1,
-                        "model.classes", "1 with train.loss " + t.loss + " (one output)"));
-  RETURN_IF_ERROR(Range(t.loss_path.empty() == (t.loss != "torchscript"), "train.loss_path",
-                        "set exactly when train.loss is torchscript"));
-  if (!t.loss_path.empty() && std::filesystem::path(t.loss_path).is_relative() && !base_dir.empty()) {
-    c.train.loss_path = (std::filesystem::path(base_dir) / t.loss_path).string();
-  }
-  RETURN_IF_ERROR(Range(t.label_smoothing == 0 || t.loss == "cross_entropy", "train.label_smoothing",
-                        "0 unless train.loss is cross_entropy"));
-  RETURN_IF_ERROR(OptimizerNames().Check(t.optimizer));
-  RETURN_IF_ERROR(Range(!t.nesterov || (t.optimizer == "sgd" && t.momentum > 0), "train.nesterov",
-                        "used with optimizer sgd and momentum > 0"));
-  RETURN_IF_ERROR(Range(t.clip_norm >= 0, "train.clip_norm", ">= 0 (0 = no clipping)"));
-  RETURN_IF_ERROR(Range(t.label_smoothing >= 0 && t.label_smoothing < 1, "train.label_smoothing",
-                        "in [0, 1)"));
-  RETURN_IF_ERROR(ScheduleNames().Check(t.schedule));
-  RETURN_IF_ERROR(Range(t.warmup_rounds >= 0, "train.warmup_rounds", ">= 0"));
-  RETURN_IF_ERROR(Range(t.step_rounds >= 1, "train.step_rounds", ">= 1"));
-  RETURN_IF_ERROR(Range(t.step_gamma > 0 && t.step_gamma <= 1, "train.step_gamma", "in (0, 1]"));
-  RETURN_IF_ERROR(Range(t.lr_min >= 0 && t.lr_min <= t.lr, "train.lr_min", "in [0, train.lr]"));
-  RETURN_IF_ERROR(Range(c.strategy.proximal_mu >= 0, "strategy.proximal_mu", ">= 0"));
-  RETURN_IF_ERROR(Range(c.strategy.server_lr > 0, "strategy.server_lr", "> 0"));
-  RETURN_IF_ERROR(Range(c.strategy.server_momentum >= 0 && c.strategy.server_momentum < 1,
-                        "strategy.server_momentum", "in [0, 1)"));
-  RETURN_IF_ERROR(Range(c.strategy.beta1 >= 0 && c.strategy.beta1 < 1, "strategy.beta1",
-                        "in [0, 1)"));
-  RETURN_IF_ERROR(Range(c.strategy.beta2 >= 0 && c.strategy.beta2 < 1, "strategy.beta2",
-                        "in [0, 1)"));
-  RETURN_IF_ERROR(Range(c.strategy.tau > 0, "strategy.tau", "> 0"));
-  RETURN_IF_ERROR(Range(c.server.heartbeat_s > 0, "server.heartbeat_s", "> 0"));
-  RETURN_IF_ERROR(Range(c.server.client_timeout_s > c.server.heartbeat_s,
-                        "server.client_timeout_s", "> server.heartbeat_s"));
-  RETURN_IF_ERROR(Range(c.server.max_model_elements > 0, "server.max_model_elements", "> 0"));
-  RETURN_IF_ERROR(Range(c.server.chunk_bytes >= 1024 && c.server.chunk_bytes <= (2 << 20),
-                        "server.chunk_bytes", "in [1024, 2 MiB] (gRPC's limit is 4 MiB)"));
-  RETURN_IF_ERROR(Range(c.server.eval_batch_size >= 1, "server.eval_batch_size", ">= 1"));
-  RETURN_IF_ERROR(Range(c.server.worker_threads >= 1, "server.worker_threads", ">= 1"));
-  RETURN_IF_ERROR(Range(c.server.metrics_client_series >= 0, "server.metrics_client_series",
-                        ">= 0"));
-  RETURN_IF_ERROR(Range(c.server.metrics_listen.empty() ||
-                            c.server.metrics_listen.rfind(':') != std::string::npos,
-                        "server.metrics_listen", "host:port, or empty (off)"));
-  RETURN_IF_ERROR(Range(c.server.max_update_abs > 0, "server.max_update_abs", "> 0"));
-  RETURN_IF_ERROR(Range(c.server.upload_idle_timeout_s > 0, "server.upload_idle_timeout_s", "> 0"));
-  RETURN_IF_ERROR(Range(c.server.handshake_timeout_s > 0, "server.handshake_timeout_s", "> 0"));
-  RETURN_IF_ERROR(Range(c.server.max_sessions >= 0, "server.max_sessions",
-                        ">= 0 (0 = derived from the open-file limit)"));
-  RETURN_IF_ERROR(Range(c.server.max_connections >= 0, "server.max_connections",
-                        ">= 0 (0 = derived from the open-file limit)"));
   RETURN_IF_ERROR(Range(c.local.clients >= 1, "local.clients", ">= 1"));
   RETURN_IF_ERROR(Range(c.local.holdout >= 0 && c.local.holdout <= 0.9, "local.holdout", "in [0, 0.9]"));
+  return absl::OkStatus();
+}
+}  // namespace
+
+StatusOr<JobConfig> JobConfig::ParseYaml(const std::string& yaml_text, const std::string& base_dir) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.msg));
+  }
+  JobConfig c;
+  if (!root || root.IsNull()) return c;
+  RETURN_IF_ERROR(CheckKeys(root, "config"));
+  // Each section in turn, present or not (its checks hold its defaults too).
+  using SectionParser = Status (*)(const YAML::Node&, const std::string&, JobConfig&);
+  static const std::pair<const char*, SectionParser> kSections[] = {
+      {"run", ParseRun},
+      {"model", ParseModel},
+      {"data", ParseData},
+      {"clients", ParseClients},
+      {"scheduler", ParseScheduler},
+      {"train", ParseTrain},
+      {"strategy", ParseStrategy},
+      {"split", ParseSplit},
+      {"compression", ParseCompression},
+      {"server", ParseServer},
+      {"tls", ParseTls},
+      {"auth", ParseAuth},
+      {"secure_aggregation", ParseSecureAggregation},
+      {"dp", ParseDp},
+      {"aggregation", ParseAggregation},
+      {"local", ParseLocal},
+  };
+  for (const auto& [name, parse] : kSections) RETURN_IF_ERROR(parse(root[name], base_dir, c));
   return c;
 }
 
@@ -691,22 +614,73 @@ std::vector<std::string> JobConfig::Keys() {
   return out;
 }
 
-StatusOr<JobConfig> JobConfig::Load(const std::string& path) {
+StatusOr<JobConfig> JobConfig::LoadYaml(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read config ", path));
   std::stringstream ss;
   ss << in.rdbuf();
   std::string base = std::filesystem::path(path).parent_path().string();
-  auto c = Parse(ss.str(), base);
+  auto c = ParseYaml(ss.str(), base);
   if (!c.ok()) {
     return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   }
   return c;
 }
 
+const NameTable& SelectionNames() {
+  static const NameTable t{"clients.selection", {"uniform", "oort"}};
+  return t;
+}
+
+const NameTable& SchedulerModeNames() {
+  static const NameTable t{"scheduler.mode", {"sync", "async", "gossip"}};
+  return t;
+}
+
+const NameTable& TopologyNames() {
+  static const NameTable t{"scheduler.topology", {"ring", "random", "measured"}};
+  return t;
+}
+
+const NameTable& StalenessNames() {
+  static const NameTable t{"scheduler.staleness", {"constant", "polynomial", "hinge"}};
+  return t;
+}
+
+const NameTable& DpNoiseNames() {
+  static const NameTable t{"dp.noise", {"central", "distributed"}};
+  return t;
+}
+
+const NameTable& WeightingNames() {
+  static const NameTable t{"aggregation.weighting", {"examples", "equal"}};
+  return t;
+}
+
+const NameTable& AttackNames() {
+  static const NameTable t{"local.attack", {"sign-flip", "gaussian", "label-flip", "alie", "ipm"}};
+  return t;
+}
+
 const NameTable& ScheduleNames() {
   static const NameTable t{"train.schedule", {"constant", "step", "cosine"}};
   return t;
+}
+
+FitSettings FitOf(const TrainConfig& t) {
+  FitSettings f;
+  f.local_epochs = t.local_epochs;
+  f.local_steps = t.local_steps;
+  f.batch_size = t.batch_size;
+  f.loss = t.loss;
+  f.optimizer = t.optimizer;
+  f.lr = t.lr;
+  f.momentum = t.momentum;
+  f.nesterov = t.nesterov;
+  f.weight_decay = t.weight_decay;
+  f.clip_norm = t.clip_norm;
+  f.label_smoothing = t.label_smoothing;
+  return f;
 }
 
 double ScheduledLr(const TrainConfig& t, int64_t round, int64_t rounds) {

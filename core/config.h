@@ -1,12 +1,16 @@
 // The job config: one YAML file describes a federation (docs/configuration.md lists
-// every key). Load() fills defaults for absent keys and rejects unknown keys and
-// out-of-range values with INVALID_ARGUMENT naming the key.
+// every key). JobConfig::ParseYaml fills defaults for absent keys and rejects unknown
+// keys, wrong types and out-of-range values with INVALID_ARGUMENT naming the key. The
+// choices other modules register (strategy.name, aggregation.rule, codecs, split.mode,
+// train.loss, ...) and the rules that combine modules are checked one layer up, by
+// ParseJob / LoadJob (job/job.h): core names no module.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/fit.h"
 #include "core/names.h"
 #include "core/status.h"
 
@@ -126,6 +130,10 @@ struct TrainConfig {
   double lr_min = 0;             // train.lr_min: cosine's final rate
 };
 
+// The run's training settings (train.*, train.lr unscheduled; FedProx's mu is the
+// strategy's and stays 0 here).
+FitSettings FitOf(const TrainConfig& t);
+
 // The learning rate clients train with in `round` (1-based) of a run of `rounds`.
 // Warm-up: lr * r / W for the first W rounds (torch.optim.lr_scheduler.LinearLR from
 // 1/W); then, counting rounds from the end of the warm-up (k = 0, 1, ...): constant lr;
@@ -134,13 +142,27 @@ struct TrainConfig {
 double ScheduledLr(const TrainConfig& t, int64_t round, int64_t rounds);
 // The schedules ScheduledLr knows (core/names.h).
 const NameTable& ScheduleNames();
+// What a simulated attacker does (local.attack; cleave-client --attack implements them).
+const NameTable& AttackNames();
+// The fixed choices of core's own sections (the servers' schedulers, topologies,
+// staleness rules, selection and weighting implement them).
+const NameTable& SelectionNames();      // clients.selection
+const NameTable& SchedulerModeNames();  // scheduler.mode
+const NameTable& TopologyNames();       // scheduler.topology
+const NameTable& StalenessNames();      // scheduler.staleness
+const NameTable& DpNoiseNames();        // dp.noise
+const NameTable& WeightingNames();      // aggregation.weighting
+// OK when `ok`, else INVALID_ARGUMENT "KEY must be RULE".
+Status Range(bool ok, const std::string& key, const std::string& rule);
 
 struct StrategyConfig {
   std::string name = "fedavg";   // strategy.name: fedavg | fedprox | fedavgm | diloco |
                                  //   fedadam | fedyogi | fedadagrad
   double proximal_mu = 0.0;      // strategy.proximal_mu (fedprox)
-  double server_lr = 1.0;        // strategy.server_lr (eta; default 1.0 for fedavg/fedavgm,
-                                 //   0.7 for diloco, 0.1 for the adaptive ones when absent)
+  double server_lr = 1.0;        // strategy.server_lr (eta; when absent, the strategy's
+                                 //   default: 1.0 for fedavg/fedavgm, 0.7 for diloco, 0.1
+                                 //   for the adaptive ones; aggregation/registry.cc)
+  bool server_lr_given = false;  // whether the job set strategy.server_lr
   double server_momentum = 0.9;  // strategy.server_momentum (fedavgm, diloco)
   double beta1 = 0.9;            // strategy.beta1 (fedadam, fedyogi, fedadagrad)
   double beta2 = 0.99;           // strategy.beta2 (fedadam, fedyogi)
@@ -293,9 +315,12 @@ struct JobConfig {
   ServerConfig server;
   LocalConfig local;
 
-  // Parses YAML text. `base_dir` resolves relative paths (model.path).
-  static StatusOr<JobConfig> Parse(const std::string& yaml_text, const std::string& base_dir);
-  static StatusOr<JobConfig> Load(const std::string& path);
+  // Parses YAML text: every section's keys, types and ranges (see the top of this
+  // file; a whole job is ParseJob's, job/job.h). `base_dir` resolves relative paths
+  // (model.path).
+  static StatusOr<JobConfig> ParseYaml(const std::string& yaml_text, const std::string& base_dir);
+  // ParseYaml of the file at `path`; errors start with the path.
+  static StatusOr<JobConfig> LoadYaml(const std::string& path);
   // Every key Parse accepts, as SECTION.KEY (local.profiles[].KEY for a profile's).
   static std::vector<std::string> Keys();
 };

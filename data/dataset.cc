@@ -307,53 +307,41 @@ StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train, int64_t l
 // ---- Specs ----
 
 namespace {
-
-using Loader = std::function<StatusOr<Dataset>(const std::string& path, bool train, SpecOptions&)>;
-
-struct Source {
-  const char* name;
-  std::vector<std::string> options;  // besides kCommonOptions
-  Loader load;
-};
-
 const std::vector<std::string> kTableOptions = {"label", "header", "skip", "classes", "group",
                                                 "drop", "regression"};
-
-// Every data source, in one place: LoadDataSpec, DataSourceNames and the messages use it.
-const std::vector<Source>& Sources() {
-  static const auto* sources = new std::vector<Source>{
-      {"idx", {}, LoadIdx},
-      {"fmnist", {}, LoadIdx},
-      {"folder", {"channels", "size", "groups"}, LoadImageFolder},
-      {"cifar10", {},
-       [](const std::string& p, bool t, SpecOptions& o) { return LoadCifar(p, t, 10, o); }},
-      {"cifar100", {"labels"},
-       [](const std::string& p, bool t, SpecOptions& o) { return LoadCifar(p, t, 100, o); }},
-      {"csv", kTableOptions,
-       [](const std::string& p, bool, SpecOptions& o) { return LoadTable(p, ',', o); }},
-      {"tsv", kTableOptions,
-       [](const std::string& p, bool, SpecOptions& o) { return LoadTable(p, '\t', o); }},
-      {"text", {"tokenizer", "context", "test", "field"}, LoadText},
-  };
-  return *sources;
-}
-
 }  // namespace
 
-std::vector<std::string> DataSourceNames() {
-  std::vector<std::string> names;
-  for (const auto& s : Sources()) names.push_back(s.name);
-  return names;
+Registry<DataSource>& DataSources() {
+  static Registry<DataSource>* r = [] {
+    auto* r = new Registry<DataSource>("data source");
+    r->AddBuiltin("idx", {{}, LoadIdx});
+    r->AddBuiltin("fmnist", {{}, LoadIdx});
+    r->AddBuiltin("folder", {{"channels", "size", "groups"}, LoadImageFolder});
+    r->AddBuiltin("cifar10", {{}, [](const std::string& p, bool t, SpecOptions& o) {
+                                return LoadCifar(p, t, 10, o);
+                              }});
+    r->AddBuiltin("cifar100", {{"labels"}, [](const std::string& p, bool t, SpecOptions& o) {
+                                 return LoadCifar(p, t, 100, o);
+                               }});
+    r->AddBuiltin("csv", {kTableOptions, [](const std::string& p, bool, SpecOptions& o) {
+                            return LoadTable(p, ',', o);
+                          }});
+    r->AddBuiltin("tsv", {kTableOptions, [](const std::string& p, bool, SpecOptions& o) {
+                            return LoadTable(p, '\t', o);
+                          }});
+    r->AddBuiltin("text", {{"tokenizer", "context", "test", "field"}, LoadText});
+    return r;
+  }();
+  return *r;
 }
+
+std::vector<std::string> DataSourceNames() { return DataSources().Names(); }
 
 StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train) {
   std::vector<std::string> items = absl::StrSplit(spec, ',');
   const size_t colon = items[0].find(':');
   const std::string name = items[0].substr(0, colon);
-  const Source* source = nullptr;
-  for (const auto& s : Sources()) {
-    if (name == s.name) source = &s;
-  }
+  const DataSource* source = DataSources().Find(name);
   if (source == nullptr || colon == std::string::npos || colon + 1 == items[0].size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown data spec '", spec, "' (expected SOURCE:PATH[,OPTION...] with SOURCE ",

@@ -7,6 +7,6 @@
 #include "core/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  (void)cleave::JobConfig::Parse(std::string(reinterpret_cast<const char*>(data), size), "/tmp");
+  (void)cleave::JobConfig::ParseYaml(std::string(reinterpret_cast<const char*>(data), size), "/tmp");
   return 0;
 }

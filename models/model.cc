@@ -573,7 +573,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
     impl_->SetTraining(true);
     auto gen = at::detail::createCPUGenerator(o.seed);
     const int64_t n = data.size;
-    const int64_t total_steps = TaskSteps(o.local_steps, o.epochs, n, o.batch_size);
+    const int64_t total_steps = TaskSteps(o.local_steps, o.local_epochs, n, o.batch_size);
     int64_t steps = 0;
     double loss_sum = 0;
     int64_t loss_count = 0;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/fit.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
 #include "data/dataset.h"
@@ -53,23 +54,12 @@ ModelSpec ModelSpecOf(const JobConfig& config);
 // The built-in model names (without torchscript), for validation and messages.
 std::vector<std::string> BuiltinModelNames();
 
-struct LocalTrainOptions {
-  int epochs = 1;
-  int64_t local_steps = 0;   // > 0: exactly this many batches instead of `epochs`
-  int batch_size = 64;
-  // sgd (momentum, nesterov, weight decay as torch.optim.SGD), adam (torch.optim.Adam:
-  // L2 weight decay added to the gradient) or adamw (decoupled weight decay); Adam's
-  // betas (0.9, 0.999) and eps 1e-8. Optimizer state starts afresh with every call.
-  std::string optimizer = "sgd";
-  double lr = 0.05;
-  double momentum = 0.0;
-  bool nesterov = false;
-  double weight_decay = 0.0;
-  std::string loss = "cross_entropy";  // one of LossNames() (models/names.h)
-  double clip_norm = 0.0;        // > 0: clip the gradient's global L2 norm to this
-  double label_smoothing = 0.0;  // cross-entropy's label smoothing, in [0, 1)
-  double proximal_mu = 0.0;  // FedProx: adds mu/2 * ||w - w_start||^2 to the loss
-  uint64_t seed = 0;         // batch order
+// FitSettings (core/fit.h) plus what only the trainer needs.
+struct LocalTrainOptions : FitSettings {
+  LocalTrainOptions() = default;
+  explicit LocalTrainOptions(const FitSettings& fit, uint64_t seed = 0)
+      : FitSettings(fit), seed(seed) {}
+  uint64_t seed = 0;  // batch order
   // Checked before every batch: once it reads true, Train returns CANCELLED.
   const std::atomic<bool>* cancel = nullptr;
 };

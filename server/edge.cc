@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cleave/v1/cleave.pb.h"
+#include "proto/train_config.h"
 
 namespace cleave {
 
@@ -25,23 +26,6 @@ Status CheckEdgeConfig(const JobConfig& c) {
   return absl::OkStatus();
 }
 
-FitSettings FitFromTask(const v1::TrainConfig& t) {
-  FitSettings f;
-  f.local_epochs = t.local_epochs();
-  f.local_steps = t.local_steps();
-  f.batch_size = t.batch_size();
-  if (!t.loss().empty()) f.loss = t.loss();
-  if (!t.optimizer().empty()) f.optimizer = t.optimizer();
-  f.lr = t.lr();
-  f.momentum = t.momentum();
-  f.nesterov = t.nesterov();
-  f.weight_decay = t.weight_decay();
-  f.clip_norm = t.clip_norm();
-  f.label_smoothing = t.label_smoothing();
-  f.proximal_mu = t.proximal_mu();
-  return f;
-}
-
 Edge::Edge(Server* server, ClientOptions upstream)
     : server_(server), upstream_(std::move(upstream)) {}
 
@@ -56,7 +40,7 @@ Status Edge::Run() {
           "an edge aggregator does not forward a TorchScript loss");
     }
     ASSIGN_OR_RETURN(EdgeRound r,
-                     server_->RunEdgeRound(model, FitFromTask(task.train()), task.train().seed()));
+                     server_->RunEdgeRound(model, FitFromProto(task.train()), task.train().seed()));
     spdlog::info("upstream round {}: {} participants, {} examples, handing up their mean",
                  task.round(), r.metrics.participants, r.examples);
     return ClientOptions::Aggregate{std::move(r.delta), r.examples, r.metrics.train_loss};

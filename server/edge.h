@@ -26,9 +26,6 @@ namespace cleave {
 // INVALID_ARGUMENT naming what does not fit.
 Status CheckEdgeConfig(const JobConfig& config);
 
-// The settings an upstream task trains with, as the edge's rounds send them on.
-FitSettings FitFromTask(const v1::TrainConfig& train);
-
 class Edge {
  public:
   // `server` is started; `upstream` names the upstream coordinator (server or channel,

@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "server/edge.h"
 #include "server/server.h"
+#include "job/job.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"cleave-server: the federated-learning coordinator"};
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
   cleave::AddLogOptions(app, &log_level, &log_format);
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
 
-  auto config = cleave::JobConfig::Load(config_path);
+  auto config = cleave::LoadJob(config_path);
   if (!config.ok()) {
     std::cerr << "cleave-server: " << config.status().message() << "\n";
     return 2;

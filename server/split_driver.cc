@@ -110,7 +110,7 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
   SplitRoundOptions o;
   o.mode = mode_;
   o.model = c_.model_spec_;
-  o.training = ServerTraining(fit, c_.cfg_.run.seed);
+  o.training = LocalTrainOptions(fit, c_.cfg_.run.seed);
   o.num_stages = num_stages_;
   o.tail_begin = tail_begin_;
   o.max_batch = fit.batch_size;

@@ -17,6 +17,7 @@
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "server/checkpoint.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -44,7 +45,7 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
     return absl::InvalidArgumentError("give a run directory, or --config and --checkpoint");
   }
   Loaded out;
-  ASSIGN_OR_RETURN(out.config, JobConfig::Load(config));
+  ASSIGN_OR_RETURN(out.config, LoadJob(config));
   const ModelConfig& m = out.config.model;
   ModelSpec spec = ModelSpecOf(out.config);
   if (m.name == "torchscript") {

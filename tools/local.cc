@@ -24,6 +24,7 @@
 #include "privacy/certs.h"
 #include "tools/report.h"
 #include "tools/round_lines.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -114,7 +115,7 @@ std::string LastLines(const std::string& path, int n) {
 }  // namespace
 
 int RunLocal(const LocalOptions& o) {
-  auto config = JobConfig::Load(o.config_path);
+  auto config = LoadJob(o.config_path);
   if (!config.ok()) {
     std::cerr << "cleave local: " << config.status().message() << "\n";
     return 2;

@@ -27,6 +27,7 @@
 #include "server/server.h"
 #include "tools/report.h"
 #include "tools/round_lines.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -48,7 +49,7 @@ int RunSimulate(const SimulateOptions& o) {
     std::cerr << "cleave simulate: " << why << "\n";
     return 2;
   };
-  auto config = JobConfig::Load(o.config_path);
+  auto config = LoadJob(o.config_path);
   if (!config.ok()) return fail(std::string(config.status().message()));
   const int clients = o.clients > 0 ? o.clients : config->local.clients;
   if (o.rounds > 0) config->run.rounds = o.rounds;

@@ -8,6 +8,7 @@
 #include "aggregation/dp.h"
 #include "aggregation/strategy.h"
 #include "aggregation/weighting.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -19,7 +20,7 @@ ParameterSet Vec(float a, float b) {
 }
 
 std::unique_ptr<Strategy> Make(const std::string& yaml) {
-  auto c = JobConfig::Parse(yaml, "");
+  auto c = ParseJob(yaml, "");
   EXPECT_TRUE(c.ok()) << c.status();
   auto s = CreateStrategy(*c);
   EXPECT_TRUE(s.ok()) << s.status();

@@ -4,10 +4,11 @@
 #include <cmath>
 
 #include "aggregation/dp.h"
-#include "aggregation/names.h"
+#include "aggregation/registry.h"
 #include "aggregation/robust.h"
 #include "aggregation/strategy.h"
 #include "privacy/accountant.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -25,7 +26,7 @@ TEST(RobustTest, KnownAnswers) {
   EXPECT_EQ(robust::MultiKrum(kThree, 1, 2), (V{2.5, 3.5, 4.5}));
 }
 
-// The name tables (aggregation/names.h) and the factories agree: every name builds,
+// The name tables (aggregation/registry.h) and the factories agree: every name builds,
 // a name outside the table is refused with the table's error.
 TEST(AggregationNamesTest, EveryStrategyAndRuleInTheTableIsBuilt) {
   for (const std::string& n : StrategyNames().names) {
@@ -115,7 +116,7 @@ TEST(DpTest, ClippingNeverIncreasesANorm) {
 }
 
 std::unique_ptr<Strategy> DpFedAvg(const std::string& dp_yaml, uint64_t seed) {
-  auto c = JobConfig::Parse("dp: " + dp_yaml + "\n", "");
+  auto c = ParseJob("dp: " + dp_yaml + "\n", "");
   EXPECT_TRUE(c.ok()) << c.status();
   auto inner = CreateStrategy(JobConfig());  // plain fedavg
   return MakeDpStrategy(*std::move(inner), c->dp, seed);

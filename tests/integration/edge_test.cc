@@ -8,6 +8,7 @@
 #include "server/edge.h"
 #include "tests/integration/federation.h"
 #include "tests/server/test_peer.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -232,7 +233,7 @@ TEST(EdgeTest, AnEdgeMustHandUpAPlainMean) {
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("scheduler: {mode: async}\n")).ok());
   EXPECT_TRUE(CheckEdgeConfig(TestConfig("secure_aggregation: {}\n")).ok());
   EXPECT_TRUE(CheckEdgeConfig(TestConfig("strategy: {name: fedavg}\n")).ok());
-  auto shipped = JobConfig::Load(CLEAVE_SOURCE_DIR "/deploy/examples/fmnist-edge.yaml");
+  auto shipped = LoadJob(CLEAVE_SOURCE_DIR "/deploy/examples/fmnist-edge.yaml");
   ASSERT_TRUE(shipped.ok()) << shipped.status();
   EXPECT_TRUE(CheckEdgeConfig(*shipped).ok()) << CheckEdgeConfig(*shipped);
 }

@@ -46,6 +46,8 @@ struct Federation {
   std::shared_ptr<Clock> clock = std::make_shared<FakeClock>();
   // Clients reach the server through Server::InProcessChannel(): no port, no socket.
   bool in_process = false;
+  // The global model before any round (set by Start).
+  ParameterSet initial;
 
   void Start(const std::string& yaml, std::vector<ClientOptions> client_opts,
              const std::string& run_dir = "") {
@@ -60,6 +62,7 @@ struct Federation {
     auto s = Server::Create(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status();
     server = *std::move(s);
+    initial = server->GlobalModel();
     ASSERT_TRUE(server->Start().ok());
     server_thread = std::thread([this] {
       server_status = server->Run();

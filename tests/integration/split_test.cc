@@ -46,7 +46,7 @@ TEST_P(SplitExactnessTest, OneStepEqualsTheUncutModel) {
   ASSERT_TRUE(reference.ok());
   const ParameterSet before = (*reference)->Parameters();
   LocalTrainOptions t;
-  t.epochs = 1;
+  t.local_epochs = 1;
   t.batch_size = 32;
   t.lr = 0.1;
   t.momentum = 0.9;
@@ -118,7 +118,7 @@ TEST(SplitStrategyTest, TheServerRuleAppliesToTheSplitRoundsMean) {
   ASSERT_TRUE(reference.ok());
   const ParameterSet before = (*reference)->Parameters();
   LocalTrainOptions t;
-  t.epochs = 1;
+  t.local_epochs = 1;
   t.batch_size = 32;
   t.lr = 0.1;
   ASSERT_TRUE((*reference)->Train(data, t).ok());

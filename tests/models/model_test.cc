@@ -85,7 +85,7 @@ TEST(ModelTest, TrainingLowersLossAndRaisesAccuracy) {
   auto before = m->Evaluate(Train(), 500);
   ASSERT_TRUE(before.ok());
   LocalTrainOptions o;
-  o.epochs = 2;
+  o.local_epochs = 2;
   o.batch_size = 32;
   o.lr = 0.05;
   o.momentum = 0.9;
@@ -113,7 +113,7 @@ TEST(ModelTest, SgdMatchesTheTorchOptimFormula) {
   ASSERT_TRUE((*m)->SetParameters(w).ok());
   const double lr = 0.1, mom = 0.9, wd = 0.01;
   LocalTrainOptions o;
-  o.epochs = 2;
+  o.local_epochs = 2;
   o.batch_size = 3;  // one full batch per epoch: two steps
   o.lr = lr;
   o.momentum = mom;
@@ -457,7 +457,7 @@ TEST(ModelTest, LearnsBinaryAndRegressionTables) {
   o.optimizer = "adam";
   o.lr = 0.01;
   o.batch_size = 32;
-  o.epochs = 30;
+  o.local_epochs = 30;
 
   auto cancer = LoadDataSpec("csv:" + dir + "/breast_cancer.csv,header=0,skip=1,standardise", true);
   ASSERT_TRUE(cancer.ok()) << cancer.status();
@@ -480,7 +480,7 @@ TEST(ModelTest, LearnsBinaryAndRegressionTables) {
   auto r = Model::Create({"mlp", "", 1, {12}, 1});
   ASSERT_TRUE(r.ok());
   o.loss = "mse";
-  o.epochs = 100;
+  o.local_epochs = 100;
   ASSERT_TRUE((*r)->Train(*houses, o).ok());
   auto er = (*r)->Evaluate(*houses, 100, "mse");
   ASSERT_TRUE(er.ok()) << er.status();
@@ -508,7 +508,7 @@ TEST(ModelTest, TrainsOnFeaturesAndAugmentedImages) {
   auto m = Model::Create({"mlp", "", 1, {2}, 2});
   ASSERT_TRUE(m.ok());
   LocalTrainOptions o;
-  o.epochs = 20;
+  o.local_epochs = 20;
   o.batch_size = 20;
   o.lr = 0.1;
   o.momentum = 0.9;
@@ -520,7 +520,7 @@ TEST(ModelTest, TrainsOnFeaturesAndAugmentedImages) {
   images.augment.flip = true;
   auto r = Model::Create({"lenet5", "", 1, {3, 32, 32}, 10});
   ASSERT_TRUE(r.ok());
-  o.epochs = 2;
+  o.local_epochs = 2;
   o.batch_size = 32;
   // At lr 0.05 (momentum 0.9) this run diverged on an AVX-512 Xeon (0.12 -> 0.16);
   // at 0.02 it reaches 0.64.

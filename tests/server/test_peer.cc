@@ -4,6 +4,7 @@
 
 #include "client/transfer.h"
 #include "tests/deadline.h"
+#include "job/job.h"
 
 namespace cleave {
 
@@ -98,7 +99,7 @@ grpc::Status TestPeer::RawUpload(const v1::UploadHeader& header,
 }
 
 JobConfig TestConfig(const std::string& yaml) {
-  auto c = JobConfig::Parse(yaml, "");
+  auto c = ParseJob(yaml, "");
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *c : JobConfig{};
 }

@@ -20,6 +20,7 @@
 #include "tests/deadline.h"
 #include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -76,7 +77,7 @@ class TlsTest : public RunningServerTest {
 
   void StartServer(const std::string& yaml, const std::string& ca = "", bool mutual = true) {
     ServerOptions o;
-    auto config = JobConfig::Parse(
+    auto config = ParseJob(
         yaml + "tls: {cert: " + (dir_ / "server.crt").string() + ", key: " +
             (dir_ / "server.key").string() + ", ca: " + (ca.empty() ? (dir_ / "ca.crt").string() : ca) +
             ", mutual: " + (mutual ? "true" : "false") + ", reload_s: 1}\n",
@@ -197,7 +198,7 @@ TEST_F(TlsTest, AFederationTrainsOverMutualTls) {
 // Plaintext only when asked for; mutual TLS only with a CA to check clients against.
 TEST(TlsConfigTest, TheServerRefusesPlaintextUnlessInsecure) {
   ServerOptions o;
-  o.config = *JobConfig::Parse("model: {name: mlp}\n", "");
+  o.config = *ParseJob("model: {name: mlp}\n", "");
   o.evaluate = false;
   auto refused = Server::Create(o);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
@@ -205,7 +206,7 @@ TEST(TlsConfigTest, TheServerRefusesPlaintextUnlessInsecure) {
   o.insecure = true;
   EXPECT_TRUE(Server::Create(o).ok());
   o.insecure = false;
-  o.config = *JobConfig::Parse("model: {name: mlp}\ntls: {cert: s.crt, key: s.key, mutual: true}\n", "");
+  o.config = *ParseJob("model: {name: mlp}\ntls: {cert: s.crt, key: s.key, mutual: true}\n", "");
   EXPECT_EQ(Server::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 
   ClientOptions c;
@@ -272,7 +273,7 @@ namespace {
 TEST_F(TlsTest, TheServerRefusesToStartWithUnusableTlsMaterial) {
   auto start = [&](const fs::path& cert, const fs::path& key) {
     ServerOptions o;
-    o.config = *JobConfig::Parse("model: {name: mlp}\ntls: {cert: " + cert.string() +
+    o.config = *ParseJob("model: {name: mlp}\ntls: {cert: " + cert.string() +
                                      ", key: " + key.string() + "}\n",
                                  "");
     o.evaluate = false;
@@ -329,7 +330,7 @@ TEST_F(TlsTest, TheClientReportsAPermanentRefusalAndStops) {
 // A second server on a port in use fails instead of sharing the port (SO_REUSEPORT).
 TEST(ListenTest, ASecondServerOnAPortInUseFails) {
   ServerOptions o;
-  o.config = *JobConfig::Parse("model: {name: mlp}\n", "");
+  o.config = *ParseJob("model: {name: mlp}\n", "");
   o.evaluate = false;
   o.insecure = true;
   o.listen = "127.0.0.1:0";
@@ -350,7 +351,7 @@ TEST_F(TlsTest, RevocationEndsALiveSession) {
   const fs::path revoked = dir_ / "revoked.txt";
   ASSERT_TRUE(WriteFileAtomic(revoked.string(), "# revoked devices\n").ok());
   ServerOptions o;
-  auto config = JobConfig::Parse(
+  auto config = ParseJob(
       "run: {rounds: 1}\nmodel: {name: mlp}\nclients: {min: 5}\n"
       "tls: {cert: " + (dir_ / "server.crt").string() + ", key: " + (dir_ / "server.key").string() +
           ", ca: " + (dir_ / "ca.crt").string() + ", mutual: true, reload_s: 1, revoked: " +

@@ -9,16 +9,16 @@
 #include <fstream>
 #include <iterator>
 
-#include "aggregation/names.h"
-#include "client/names.h"
+#include "aggregation/registry.h"
 #include "models/names.h"
 #include "split/names.h"
+#include "job/job.h"
 
 namespace cleave {
 namespace {
 
 TEST(ConfigTest, EmptyConfigGivesDefaults) {
-  auto c = JobConfig::Parse("", "");
+  auto c = ParseJob("", "");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->strategy.name, "fedavg");
   EXPECT_EQ(c->model.name, "lenet5");
@@ -26,7 +26,7 @@ TEST(ConfigTest, EmptyConfigGivesDefaults) {
 }
 
 TEST(ConfigTest, ReadsValues) {
-  auto c = JobConfig::Parse(R"(
+  auto c = ParseJob(R"(
 run: {name: x, rounds: 7, seed: 3}
 clients: {min: 4, per_round: 2, quorum: 1.0, round_deadline_s: 9}
 train: {local_epochs: 2, batch_size: 16, lr: 0.1, momentum: 0.5, weight_decay: 0.01}
@@ -41,16 +41,16 @@ strategy: {name: fedprox, proximal_mu: 0.01}
 }
 
 TEST(ConfigTest, AdaptiveStrategiesDefaultToSmallerServerLr) {
-  auto c = JobConfig::Parse("strategy: {name: fedadam}", "");
+  auto c = ParseJob("strategy: {name: fedadam}", "");
   ASSERT_TRUE(c.ok());
   EXPECT_DOUBLE_EQ(c->strategy.server_lr, 0.1);
-  c = JobConfig::Parse("strategy: {name: fedadam, server_lr: 0.5}", "");
+  c = ParseJob("strategy: {name: fedadam, server_lr: 0.5}", "");
   EXPECT_DOUBLE_EQ(c->strategy.server_lr, 0.5);
 }
 
 TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   auto expect_error = [](const std::string& yaml, const std::string& needle) {
-    auto c = JobConfig::Parse(yaml, "");
+    auto c = ParseJob(yaml, "");
     ASSERT_FALSE(c.ok()) << yaml;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(c.status().message().find(needle), std::string::npos) << c.status();
@@ -151,7 +151,7 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("train: {lr: 0.1, lr_min: 0.2}", "train.lr_min");
   expect_error("split: {mode: sl}\ntrain: {loss: bce}\nmodel: {classes: 1}",
                "cross_entropy with split learning");
-  EXPECT_TRUE(JobConfig::Parse("split: {mode: sl}\ntrain: {optimizer: adamw, clip_norm: 1, "
+  EXPECT_TRUE(ParseJob("split: {mode: sl}\ntrain: {optimizer: adamw, clip_norm: 1, "
                                "label_smoothing: 0.1, local_steps: 5}\n",
                                "")
                   .ok());
@@ -167,17 +167,17 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("model: {personal: [\"fc.*\"]}\ndata: {test: \"\"}\nsplit: {mode: sl}",
                "empty with split learning");
   expect_error("model: {personal: [\"\"]}\ndata: {test: \"\"}", "model.personal");
-  auto personal = JobConfig::Parse("model: {personal: [\"fc.*\", \"*.bias\"]}\ndata: {test: \"\"}", "");
+  auto personal = ParseJob("model: {personal: [\"fc.*\", \"*.bias\"]}\ndata: {test: \"\"}", "");
   ASSERT_TRUE(personal.ok()) << personal.status();
   EXPECT_EQ(personal->model.personal, (std::vector<std::string>{"fc.*", "*.bias"}));
   // A TorchScript loss's path is relative to the config file, like a model's.
-  auto scripted = JobConfig::Parse("train: {loss: torchscript, loss_path: focal.pt}", "/etc/jobs");
+  auto scripted = ParseJob("train: {loss: torchscript, loss_path: focal.pt}", "/etc/jobs");
   ASSERT_TRUE(scripted.ok()) << scripted.status();
   EXPECT_EQ(scripted->train.loss_path, "/etc/jobs/focal.pt");
 }
 
 TEST(ConfigTest, ModelDataAndTrainingKeys) {
-  auto c = JobConfig::Parse(R"(
+  auto c = ParseJob(R"(
 model: {name: resnet, input: [3, 32, 32], classes: 100}
 data: {test: ""}
 train: {optimizer: adamw, lr: 0.001, weight_decay: 0.05, local_steps: 50, clip_norm: 1.0,
@@ -201,7 +201,7 @@ local: {data: "cifar100:/data/c,labels=coarse", holdout: 0.1}
 }
 
 TEST(ConfigTest, ReadsLanguageModelKeys) {
-  auto c = JobConfig::Parse(R"(
+  auto c = ParseJob(R"(
 model:
   name: gpt
   gpt: {vocab: 512, context: 64, layers: 2, heads: 2, dim: 32, tie: true}
@@ -225,14 +225,14 @@ strategy: {name: diloco}
            {"model: {name: gpt, lora: {rank: 4, dropout: 1}}", "model.lora.dropout must be in [0, 1)"},
            {"model: {name: gpt, gpt: {layers: 2, depth: 3}}", "unknown config key model.gpt.depth"},
        }) {
-    auto bad = JobConfig::Parse(yaml, "");
+    auto bad = ParseJob(yaml, "");
     ASSERT_FALSE(bad.ok()) << yaml;
     EXPECT_NE(bad.status().message().find(error), std::string::npos) << bad.status();
   }
 }
 
 TEST(ConfigTest, ReadsHostileClientDefenses) {
-  auto c = JobConfig::Parse(R"(
+  auto c = ParseJob(R"(
 aggregation: {weighting: equal, max_weight_ratio: 0, max_client_examples: 500}
 server: {evaluate: false, max_update_abs: 100, upload_idle_timeout_s: 5, max_sessions: 9}
 )", "");
@@ -244,7 +244,7 @@ server: {evaluate: false, max_update_abs: 100, upload_idle_timeout_s: 5, max_ses
   EXPECT_EQ(c->server.max_update_abs, 100);
   EXPECT_EQ(c->server.upload_idle_timeout_s, 5);
   EXPECT_EQ(c->server.max_sessions, 9);
-  auto d = JobConfig::Parse("", "");
+  auto d = ParseJob("", "");
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->aggregation.weighting, "examples");
   EXPECT_EQ(d->aggregation.max_weight_ratio, 3);
@@ -252,7 +252,7 @@ server: {evaluate: false, max_update_abs: 100, upload_idle_timeout_s: 5, max_ses
 }
 
 TEST(ConfigTest, ReadsSplitAndDeviceProfiles) {
-  auto c = JobConfig::Parse(
+  auto c = ParseJob(
       "split: {mode: ushaped, cut: 3, tail: 2, window: 4}\n"
       "local: {profiles: [{uplink_mbps: 2, downlink_mbps: 8, slowdown: 3, "
       "memory_limit_mb: 64}, {}]}\n",
@@ -269,14 +269,14 @@ TEST(ConfigTest, ReadsSplitAndDeviceProfiles) {
   EXPECT_EQ(c->local.profiles[0].slowdown, 3);
   EXPECT_EQ(c->local.profiles[0].memory_limit_mb, 64);
   EXPECT_EQ(c->local.profiles[1].slowdown, 1);
-  auto automatic = JobConfig::Parse("split: {mode: sfl-v1, cut: auto}", "");
+  auto automatic = ParseJob("split: {mode: sfl-v1, cut: auto}", "");
   ASSERT_TRUE(automatic.ok());
   EXPECT_EQ(automatic->split.cut, 0);
-  EXPECT_FALSE(JobConfig::Parse("", "")->split.enabled());
+  EXPECT_FALSE(ParseJob("", "")->split.enabled());
 }
 
 TEST(ConfigTest, ResolvesTorchScriptPathAgainstConfigDir) {
-  auto c = JobConfig::Parse("model: {name: torchscript, path: m.pt}", "/etc/cleave");
+  auto c = ParseJob("model: {name: torchscript, path: m.pt}", "/etc/cleave");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->model.path, "/etc/cleave/m.pt");
 }
@@ -286,7 +286,7 @@ TEST(ConfigTest, EveryShippedExampleLoads) {
   for (const auto& e :
        std::filesystem::directory_iterator(std::string(CLEAVE_SOURCE_DIR) + "/deploy/examples")) {
     if (e.path().extension() != ".yaml") continue;
-    auto c = JobConfig::Load(e.path().string());
+    auto c = LoadJob(e.path().string());
     EXPECT_TRUE(c.ok()) << c.status();
     ++n;
   }
@@ -299,9 +299,12 @@ TEST(ConfigTest, TheReferenceNamesEveryChoice) {
   std::ifstream in(std::string(CLEAVE_SOURCE_DIR) + "/docs/configuration.md");
   ASSERT_TRUE(in) << "docs/configuration.md";
   const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (const NameTable* t : {&StrategyNames(), &RuleNames(), &OptimizerNames(), &LossNames(),
-                             &ScheduleNames(), &SplitModeNames(), &AttackNames(),
-                             &LoraTargetNames()}) {
+  for (const NameTable& table : {StrategyNames(), RuleNames(), OptimizerNames(), LossNames(),
+                                 ScheduleNames(), SplitModeNames(), AttackNames(),
+                                 LoraTargetNames(), SelectionNames(), SchedulerModeNames(),
+                                 TopologyNames(), StalenessNames(), DpNoiseNames(),
+                                 WeightingNames()}) {
+    const NameTable* t = &table;
     const size_t at = docs.find("| `" + t->key + "` |");
     ASSERT_NE(at, std::string::npos) << t->key;
     const std::string row = docs.substr(at, docs.find('\n', at) - at);
@@ -311,7 +314,7 @@ TEST(ConfigTest, TheReferenceNamesEveryChoice) {
     }
     // And the config refuses what is not in the table, naming the table.
     const Status s = t->Check("bogus-name");
-    EXPECT_NE(s.message().find(t->key + ": unknown 'bogus-name' (" + t->names[0]), std::string::npos) << s;
+    EXPECT_NE(s.message().find(t->key + ": unknown 'bogus-name'; choose one of " + t->names[0]), std::string::npos) << s;
   }
 }
 

@@ -1,0 +1,95 @@
+// The built-in strategies and robust rules: one line each.
+#include "aggregation/registry.h"
+
+#include "aggregation/fedavg.h"
+#include "aggregation/robust.h"
+
+namespace cleave {
+namespace {
+
+StrategyKind Family(const std::string& name, ServerRule rule, double default_server_lr) {
+  return {[name, rule](const JobConfig& c) -> StatusOr<std::unique_ptr<Strategy>> {
+            return MakeFedAvgFamily(name, rule, c);
+          },
+          default_server_lr};
+}
+
+}  // namespace
+
+Registry<StrategyKind>& Strategies() {
+  static Registry<StrategyKind>* r = [] {
+    auto* r = new Registry<StrategyKind>("strategy.name");
+    r->AddBuiltin("fedavg", Family("fedavg", ServerRule::kSgd, 1.0));
+    r->AddBuiltin("fedprox", Family("fedprox", ServerRule::kSgd, 1.0));
+    r->AddBuiltin("fedavgm", Family("fedavgm", ServerRule::kMomentum, 1.0));
+    r->AddBuiltin("diloco", Family("diloco", ServerRule::kNesterov, 0.7));  // the DiLoCo paper's
+    r->AddBuiltin("fedadam", Family("fedadam", ServerRule::kAdam, 0.1));
+    r->AddBuiltin("fedyogi", Family("fedyogi", ServerRule::kYogi, 0.1));
+    r->AddBuiltin("fedadagrad", Family("fedadagrad", ServerRule::kAdagrad, 0.1));
+    return r;
+  }();
+  return *r;
+}
+
+namespace robust {
+namespace {
+
+// A rule that needs nothing but its updates.
+RuleKind Plain(std::vector<float> (*rule)(const Updates&)) {
+  return {nullptr, [rule](const RuleInput& in) -> StatusOr<std::vector<float>> {
+            return rule(in.updates);
+          }};
+}
+
+// A rule tolerating f attackers among n: `f`'s bound and its wording.
+std::function<Status(int, int, int)> Tolerates(const std::string& rule, int per_f, int plus,
+                                               const std::string& what) {
+  return [=](int n, int f, int) { return Needs(rule, n, f, n >= per_f * f + plus, what); };
+}
+
+}  // namespace
+
+Registry<RuleKind>& RobustRules() {
+  static Registry<RuleKind>* r = [] {
+    auto* r = new Registry<RuleKind>("aggregation.rule");
+    r->AddBuiltin("mean", Plain(Mean));
+    r->AddBuiltin("median", Plain(Median));
+    r->AddBuiltin("trimmed_mean",
+            RuleKind{Tolerates("trimmed_mean", 2, 1, "n > 2f"),
+                     [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                       return TrimmedMean(in.updates, in.f);
+                     }});
+    r->AddBuiltin("krum", RuleKind{Tolerates("krum", 2, 1, "n > 2f"),
+                                 [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                                   return Krum(in.updates, in.f);
+                                 }});
+    r->AddBuiltin("multi_krum",
+            RuleKind{[](int n, int f, int m) {
+                       return Needs("multi_krum", n, f, n > 2 * f && m <= n, "n > 2f and m <= n");
+                     },
+                     [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                       return MultiKrum(in.updates, in.f, in.m);
+                     }});
+    r->AddBuiltin("bulyan", RuleKind{Tolerates("bulyan", 4, 3, "n >= 4f + 3"),
+                                   [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                                     return Bulyan(in.updates, in.f);
+                                   }});
+    r->AddBuiltin("norm_bound",
+            RuleKind{nullptr, [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                       return NormBound(in.updates, in.weights, in.max_norm);
+                     }});
+    r->AddBuiltin("fltrust",
+            RuleKind{nullptr, [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                       if (in.reference.size() != in.updates[0].size()) {
+                         return absl::FailedPreconditionError(
+                             "fltrust: no server update on the root data");
+                       }
+                       return FlTrust(in.updates, in.reference);
+                     }});
+    return r;
+  }();
+  return *r;
+}
+
+}  // namespace robust
+}  // namespace cleave

@@ -1,0 +1,185 @@
+// The rules that combine modules, all in one place (job/job.h). Each refusal names the
+// key and says why the combination is unsound.
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "job/job.h"
+
+namespace cleave {
+namespace {
+
+// The model against the loss, split learning and the server's evaluation.
+Status CheckModel(const JobConfig& c) {
+  const TrainConfig& t = c.train;
+  RETURN_IF_ERROR(Range(t.loss == "cross_entropy" || t.loss == "torchscript" || c.model.classes == 1,
+                        "model.classes", "1 with train.loss " + t.loss + " (one output)"));
+  if (c.model.name == "gpt" && c.split.enabled()) {
+    RETURN_IF_ERROR(Range(!c.model.gpt.tie, "model.gpt.tie",
+                          "false with split learning (a tied head shares the embedding's "
+                          "weight across the cut)"));
+  }
+  if (!c.model.personal.empty()) {
+    RETURN_IF_ERROR(Range(!c.split.enabled(), "model.personal",
+                          "empty with split learning (personal layers are for whole-model "
+                          "federated learning)"));
+    RETURN_IF_ERROR(Range(!c.server.evaluate, "model.personal",
+                          "used without server-side evaluation: the server holds no client's "
+                          "personal layers (set data.test: \"\" or server.evaluate: false and "
+                          "measure with federated evaluation, local.holdout)"));
+  }
+  return absl::OkStatus();
+}
+
+// Split learning against the strategy and the loss.
+Status CheckSplit(const JobConfig& c) {
+  if (c.split.enabled()) {
+    // A split round's mean model enters the strategy as one update, so any server rule
+    // applies; FedProx's term is a client-side loss the split parts do not train with.
+    if (c.strategy.name == "fedprox") {
+      return absl::InvalidArgumentError(
+          "strategy.name: fedprox is not supported with split learning (its proximal term "
+          "is not applied to the parts of a cut model)");
+    }
+    RETURN_IF_ERROR(Range(c.train.loss == "cross_entropy", "train.loss",
+                          "cross_entropy with split learning (the server computes the loss "
+                          "from labels it receives as integers)"));
+  }
+  return absl::OkStatus();
+}
+
+// Asynchronous and decentralised rounds against what needs a synchronous round or the
+// server's model.
+Status CheckScheduler(const JobConfig& c) {
+  if (c.scheduler.target_staleness > 0 && !c.scheduler.async()) {
+    return absl::InvalidArgumentError(
+        "scheduler.target_staleness sizes asynchronous tasks; it needs scheduler.mode: async");
+  }
+  if (c.scheduler.async()) {
+    // Each refusal names what async lacks for the combination to be sound.
+    if (c.split.enabled()) {
+      return absl::InvalidArgumentError(
+          "scheduler.mode: async trains whole models; split.mode runs synchronous rounds");
+    }
+    if (c.secure_aggregation.enabled) {
+      return absl::InvalidArgumentError(
+          "scheduler.mode: async and secure_aggregation do not combine (masks are agreed "
+          "among a round's clients before they train; an async buffer has no such round)");
+    }
+    if (c.clients.selection != "uniform") {
+      return absl::InvalidArgumentError(
+          "scheduler.mode: async hands work to whichever client is idle; clients.selection "
+          "must be uniform");
+    }
+    if (c.aggregation.rule == "fltrust") {
+      return absl::InvalidArgumentError(
+          "aggregation.rule: fltrust's reference is trained from the buffer's base model, "
+          "which async updates do not share; use another rule");
+    }
+  }
+  if (c.scheduler.gossip()) {
+    // The server holds no trained model and sees no update: whatever needs either is
+    // refused, naming why.
+    auto no = [](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("scheduler.mode: gossip: ", what));
+    };
+    if (c.split.enabled()) return no("split learning needs the server's part of the model");
+    if (c.secure_aggregation.enabled || c.dp.enabled || c.aggregation.rule != "mean") {
+      return no("secure_aggregation, dp and aggregation.rule act on the updates the server "
+                "aggregates; in gossip rounds it aggregates none");
+    }
+    if (c.strategy.name != "fedavg") {
+      return no("the server applies no strategy (clients average with their neighbours); "
+                "strategy.name must be fedavg");
+    }
+    auto uncompressed = [](const std::string& spec) { return spec == "none" || spec == "fp32"; };
+    if (!uncompressed(c.compression.update) || !uncompressed(c.compression.broadcast)) {
+      return no("models travel between peers in fp32; drop compression.update and broadcast");
+    }
+    if (c.clients.selection != "uniform") return no("clients.selection must be uniform");
+    if (!c.model.personal.empty() || c.model.lora.enabled()) {
+      return no("personal layers and LoRA are not exchanged between peers yet");
+    }
+    if (c.server.evaluate) {
+      return no("the server holds no trained model to evaluate; set server.evaluate: false "
+                "and measure on the clients' held-out data (local.holdout)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Privacy and robustness (DP, secure aggregation, robust rules, Oort, EF21) against each
+// other and against split learning.
+Status CheckPrivacy(const JobConfig& c) {
+  if (c.dp.enabled && c.dp.noise == "distributed") {
+    if (!c.secure_aggregation.enabled) {
+      return absl::InvalidArgumentError(
+          "dp.noise: distributed noise needs secure_aggregation (each share alone is too weak)");
+    }
+    if (c.dp.adaptive) {
+      return absl::InvalidArgumentError(
+          "dp.adaptive: adaptive clipping needs the clients' norms; use dp.noise: central");
+    }
+  }
+  if (c.clients.selection == "oort" && c.split.enabled()) {
+    return absl::InvalidArgumentError(
+        "clients.selection: oort picks clients for federated rounds; split.mode assigns its own");
+  }
+  if (c.clients.selection == "oort" && c.dp.enabled) {
+    return absl::InvalidArgumentError(
+        "clients.selection: oort and dp do not combine (the privacy accounting assumes "
+        "uniformly sampled clients)");
+  }
+  if (c.dp.enabled && c.aggregation.rule != "mean") {
+    return absl::InvalidArgumentError(
+        "aggregation.rule: a robust rule and dp do not combine (dp averages clipped updates)");
+  }
+  if (c.secure_aggregation.enabled && c.aggregation.rule != "mean") {
+    return absl::InvalidArgumentError(
+        "aggregation.rule: robust rules need individual updates, which secure aggregation hides");
+  }
+  if (c.secure_aggregation.enabled && c.dp.enabled && c.dp.noise == "central") {
+    return absl::InvalidArgumentError(
+        "dp.noise: with secure aggregation the server cannot clip updates; use distributed");
+  }
+  if ((c.dp.enabled || c.aggregation.rule != "mean") && c.split.enabled()) {
+    return absl::InvalidArgumentError("dp and aggregation.rule apply to federated rounds, not split");
+  }
+  if (absl::EndsWith(c.compression.update, ":ef21")) {
+    if (c.dp.enabled || c.aggregation.rule != "mean") {
+      return absl::InvalidArgumentError(
+          "compression.update: EF21 uploads increments of an estimate, not updates, which dp "
+          "and robust rules need; use topk without :ef21");
+    }
+    if (c.split.enabled()) {
+      return absl::InvalidArgumentError(
+          "compression.update: :ef21 applies to federated rounds, not split learning");
+    }
+    if (c.scheduler.async()) {
+      return absl::InvalidArgumentError(
+          "compression.update: EF21's server estimate is the sum of every client's, which "
+          "staleness-scaled async updates do not keep; use topk without :ef21");
+    }
+  }
+  if (c.secure_aggregation.enabled) {
+    if (c.split.enabled()) {
+      return absl::InvalidArgumentError(
+          "secure_aggregation: not with split learning (the server holds activations)");
+    }
+    if (c.compression.update != "none") {
+      return absl::InvalidArgumentError(
+          "secure_aggregation: the update travels quantized and masked; drop compression.update");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Status CheckCombinations(const JobConfig& c) {
+  RETURN_IF_ERROR(CheckModel(c));
+  RETURN_IF_ERROR(CheckSplit(c));
+  RETURN_IF_ERROR(CheckScheduler(c));
+  return CheckPrivacy(c);
+}
+
+}  // namespace cleave
