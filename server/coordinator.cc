@@ -23,8 +23,10 @@
 #include "models/part.h"
 #include "models/safetensors.h"
 #include "proto/split_chunks.h"
+#include "proto/train_config.h"
 #include "server/scheduler.h"
 #include "server/gossip_driver.h"
+#include "server/metrics_json.h"
 #include "server/secagg_driver.h"
 #include "server/split_driver.h"
 
@@ -53,82 +55,6 @@ std::string RandomHex(int bytes) {
 
 namespace {
 
-std::string MetricsJson(const RoundMetrics& m) {
-  nlohmann::json j = {{"round", m.round},
-                      {"train_loss", m.train_loss},
-                      {"participants", m.participants},
-                      {"failures", m.failures},
-                      {"bytes_up", m.bytes_up},
-                      {"bytes_down", m.bytes_down},
-                      {"bytes_up_fp32", m.bytes_up_fp32},
-                      {"update_bytes", m.update_bytes},
-                      {"bytes_down_fp32", m.bytes_down_fp32},
-                      {"compression_up", m.bytes_up ? double(m.bytes_up_fp32) / m.bytes_up : 1.0},
-                      {"compression_down",
-                       m.bytes_down ? double(m.bytes_down_fp32) / m.bytes_down : 1.0},
-                      {"wall_s", m.wall_s},
-                      {"elapsed_s", m.elapsed_s}};
-  if (m.evaluation_only) {
-    j.erase("train_loss");
-    j["evaluation_only"] = true;
-  }
-  if (m.evaluated) {
-    j["test_accuracy"] = m.test_accuracy;
-    j["test_loss"] = m.test_loss;
-    for (const auto& [k, v] : m.test_metrics) j["test_" + k] = v;
-    if (!m.test_per_class_accuracy.empty()) {
-      auto& per_class = j["test_per_class_accuracy"] = nlohmann::json::array();
-      for (double a : m.test_per_class_accuracy) {
-        per_class.push_back(std::isnan(a) ? nlohmann::json(nullptr) : nlohmann::json(a));
-      }
-    }
-  }
-  if (m.split) {
-    j["activation_bytes_up"] = m.activation_bytes_up;
-    j["gradient_bytes_down"] = m.gradient_bytes_down;
-    j["labels_up"] = m.labels_up;
-    j["cuts"] = m.cuts;
-    j["step_s"] = m.step_s;
-    j["client_compute_s"] = m.client_compute_s;
-    j["transfer_s"] = m.transfer_s;
-    j["server_compute_s"] = m.server_compute_s;
-    j["server_busy"] = m.server_busy;
-  }
-  if (m.gossip) {
-    j["gossip"] = {{"disagreement", m.disagreement}, {"peer_bytes", m.peer_bytes},
-                   {"neighbours", m.neighbours}, {"heard", m.heard}};
-  }
-  if (m.client_eval.clients > 0) {
-    const auto& e = m.client_eval;
-    j["client_eval"] = {{"clients", e.clients},           {"examples", e.examples},
-                        {"accuracy", e.accuracy},         {"loss", e.loss},
-                        {"accuracy_min", e.accuracy_min}, {"accuracy_median", e.accuracy_median},
-                        {"accuracy_max", e.accuracy_max}, {"loss_min", e.loss_min},
-                        {"loss_median", e.loss_median}, {"loss_max", e.loss_max},
-                        {"seconds", e.seconds},
-                        {"train_seconds", e.train_seconds}};
-    for (const auto& [k, v] : e.metrics) j["client_eval"][k] = v;
-    if (m.evaluation_only) j["client_eval"].erase("train_seconds");  // nothing trained
-  }
-  if (m.async) {
-    j["version"] = m.round;
-    auto& st = j["staleness"] = nlohmann::json::object();
-    double sum = 0;
-    int64_t most = 0;
-    for (const auto& [s, n] : m.staleness) {
-      st[std::to_string(s)] = n;
-      sum += static_cast<double>(s) * n;
-      most = std::max(most, s);
-    }
-    j["staleness_mean"] = m.participants ? sum / m.participants : 0.0;
-    j["staleness_max"] = most;
-    j["local_steps"] = {{"mean", m.local_steps_mean}, {"min", m.local_steps_min},
-                        {"max", m.local_steps_max}};
-  }
-  for (const auto& [k, v] : m.strategy_stats) j[k] = v;
-  return j.dump();
-}
-
 // Whether task `t` still takes an upload: OK, or OK with *duplicate when one was already
 // counted; refused when the task failed or another upload of it is being added.
 Status TaskTakesUpload(const std::string& task_id, const TaskRecord& t, bool* duplicate) {
@@ -151,70 +77,11 @@ Status TaskTakesUpload(const std::string& task_id, const TaskRecord& t, bool* du
 
 }  // namespace
 
-LocalTrainOptions ServerTraining(const FitSettings& fit, uint64_t seed) {
-  LocalTrainOptions o;
-  o.epochs = fit.local_epochs;
-  o.local_steps = fit.local_steps;
-  o.batch_size = fit.batch_size;
-  o.optimizer = fit.optimizer;
-  o.loss = fit.loss;
-  o.lr = fit.lr;
-  o.momentum = fit.momentum;
-  o.nesterov = fit.nesterov;
-  o.weight_decay = fit.weight_decay;
-  o.clip_norm = fit.clip_norm;
-  o.label_smoothing = fit.label_smoothing;
-  o.seed = seed;
-  return o;
-}
-
 int64_t Coordinator::UnixMsIn(double seconds) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
              .count() +
          static_cast<int64_t>(seconds * 1000);
-}
-
-void Coordinator::RegisterUpload(std::shared_ptr<UploadCall> r) {
-  MutexLock l(&upload_mu_);
-  open_uploads_[r.get()] = std::move(r);
-}
-
-void Coordinator::UnregisterUpload(UploadCall* r) {
-  MutexLock l(&upload_mu_);
-  open_uploads_.erase(r);
-  if (const v1::UploadHeader* h = r->header()) {
-    auto it = upload_of_client_.find(h->client_id());
-    if (it != upload_of_client_.end() && it->second == r) upload_of_client_.erase(it);
-  }
-}
-
-bool Coordinator::ClaimUpload(const std::string& client_id, UploadCall* r) {
-  std::shared_ptr<UploadCall> older;
-  bool has_slot = false;
-  {
-    MutexLock l(&upload_mu_);
-    UploadCall*& current = upload_of_client_[client_id];
-    if (current != nullptr && current != r) {
-      auto it = open_uploads_.find(current);
-      if (it != open_uploads_.end()) older = it->second;
-    }
-    current = r;
-    if (upload_slots_free_ > 0) {
-      --upload_slots_free_;
-      r->has_slot = has_slot = true;
-      r->Granted();
-    } else {
-      r->Queue();
-      upload_waiters_.push_back(r);
-    }
-  }
-  if (older) {  // outside upload_mu_: cancelling may run OnCancel inline
-    spdlog::warn("client {} opened a second upload; cancelling its older one",
-                 Printable(client_id));
-    older->Cancel();
-  }
-  return has_slot;
 }
 
 void Coordinator::LogRefusedUpload(const v1::UploadHeader& h, const Status& why) {
@@ -226,40 +93,6 @@ void Coordinator::LogRefusedUpload(const v1::UploadHeader& h, const Status& why)
   }
   spdlog::warn("upload from client {} ({}) for round {} refused: {}", Printable(h.client_id()),
                name, h.round(), Printable(why.ToString(), 300));
-}
-
-void Coordinator::CancelOpenUploads() {
-  std::vector<std::shared_ptr<UploadCall>> open;
-  {
-    MutexLock l(&upload_mu_);
-    for (auto& [p, r] : open_uploads_) open.push_back(r);
-  }
-  // Outside upload_mu_: cancellation may run OnCancel inline, which takes it.
-  for (auto& r : open) r->Cancel();
-}
-
-bool Coordinator::CancelWaitingUpload(UploadCall* r) {
-  MutexLock l(&upload_mu_);
-  auto it = std::find(upload_waiters_.begin(), upload_waiters_.end(), r);
-  if (it == upload_waiters_.end()) return false;
-  upload_waiters_.erase(it);
-  return true;
-}
-
-void Coordinator::ReleaseUploadSlot() {
-  UploadCall* next = nullptr;
-  {
-    MutexLock l(&upload_mu_);
-    if (upload_waiters_.empty()) {
-      ++upload_slots_free_;
-      return;
-    }
-    next = upload_waiters_.front();  // the slot passes straight to the next upload
-    upload_waiters_.pop_front();
-    next->has_slot = true;
-    next->Granted();
-  }
-  next->Resume();
 }
 
 Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join, const std::string& peer,
@@ -1059,14 +892,8 @@ std::vector<std::string> Coordinator::AvailableLocked() const {
 void Coordinator::ExpireSilentLocked() {
   const auto limit = Seconds(cfg_.server.client_timeout_s);
   const auto now = clock_->Now();
-  std::vector<std::shared_ptr<UploadCall>> stalled;
-  {
-    const auto idle = Seconds(cfg_.server.upload_idle_timeout_s);
-    MutexLock u(&upload_mu_);
-    for (auto& [p, r] : open_uploads_) {
-      if (r->ExpireIfIdle(idle, now)) stalled.push_back(r);
-    }
-  }
+  const std::vector<std::shared_ptr<UploadCall>> stalled =
+      uploads_.ExpireIdle(Seconds(cfg_.server.upload_idle_timeout_s), now);
   for (auto& r : stalled) {
     const v1::UploadHeader* h = r->header();
     spdlog::warn("upload from client {} made no progress for {:.0f}s: cancelling it",
@@ -1115,20 +942,9 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   task->set_task_id(absl::StrCat("r", round, "-", cid));
   *task->mutable_model() = model_desc_;
   auto* tc = task->mutable_train();
-  tc->set_local_epochs(fit.local_epochs);
-  tc->set_batch_size(fit.batch_size);
-  tc->set_lr(fit.lr);
-  tc->set_momentum(fit.momentum);
-  tc->set_weight_decay(fit.weight_decay);
-  tc->set_proximal_mu(fit.proximal_mu);
-  tc->set_optimizer(fit.optimizer);
-  tc->set_loss(fit.loss);
+  ToProto(fit, tc);
   tc->set_loss_digest(loss_digest_);
   tc->set_loss_size(loss_size_);
-  tc->set_nesterov(fit.nesterov);
-  tc->set_local_steps(fit.local_steps);
-  tc->set_clip_norm(fit.clip_norm);
-  tc->set_label_smoothing(fit.label_smoothing);
   tc->set_seed(edge_fit_ ? edge_seed_ : cfg_.run.seed * 1000003 + round);
   task->set_deadline_unix_ms(deadline_ms);
   TaskRecord rec;
@@ -1338,7 +1154,7 @@ StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const F
 
 Status Coordinator::SetFlTrustReference(const ParameterSet& global, const FitSettings& fit) {
   RETURN_IF_ERROR(model_->SetParameters(global));
-  const LocalTrainOptions o = ServerTraining(fit, cfg_.run.seed);
+  const LocalTrainOptions o(fit, cfg_.run.seed);
   RETURN_IF_ERROR(model_->Train(root_, o).status());
   ParameterSet update = Without(model_->Parameters(), not_updated_);
   const ParameterSet base = Without(global, not_updated_);
@@ -1351,7 +1167,7 @@ Status Coordinator::SetFlTrustReference(const ParameterSet& global, const FitSet
     for (float v : t.values) sq += static_cast<double>(v) * v;
   }
   spdlog::info("fltrust: server update on {} root examples, {} epochs, norm {:.4f}", root_.size,
-               o.epochs, std::sqrt(sq));
+               o.local_epochs, std::sqrt(sq));
   strategy_->SetReference(update);
   return absl::OkStatus();
 }
@@ -1388,7 +1204,7 @@ void Coordinator::FinalEvaluation(double elapsed_s) {
     final_evaluated_round_ = m->round;
   }
   if (opts_.run_dir.empty()) return;
-  if (Status s = run_files_->AppendLog(MetricsJson(*m)); !s.ok()) {
+  if (Status s = run_files_->AppendLog(RoundMetricsJson(*m).dump()); !s.ok()) {
     spdlog::warn("final evaluation not recorded: {}", std::string(s.message()));
   }
 }
@@ -1416,7 +1232,7 @@ Status Coordinator::Commit(RoundMetrics* m) {
   }
   if (opts_.run_dir.empty()) return absl::OkStatus();
   // Metrics first: on resume, lines of rounds after the checkpoint are dropped.
-  RETURN_IF_ERROR(run_files_->AppendLog(MetricsJson(*m)));
+  RETURN_IF_ERROR(run_files_->AppendLog(RoundMetricsJson(*m).dump()));
   return run_files_->ReplaceState(checkpoint);
 }
 
@@ -1610,7 +1426,7 @@ Coordinator::Coordinator(ServerOptions o)
       rng_(cfg_.run.seed),
       shards_(cfg_.server.worker_threads + 1),
       shard_mu_(new Mutex[shards_]),
-      upload_slots_free_(cfg_.server.worker_threads),
+      uploads_(cfg_.server.worker_threads),
       pool_(cfg_.server.worker_threads, UseTorchThreads) {}
 
 Coordinator::~Coordinator() { Stop(); }

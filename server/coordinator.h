@@ -37,6 +37,8 @@
 #include "server/secagg_round.h"
 #include "server/selection.h"
 #include "server/server.h"
+#include "server/transport.h"
+#include "server/upload_slots.h"
 #include "split/cut_policy.h"
 #include "split/round.h"
 
@@ -49,47 +51,11 @@ class SecAggDriver;  // server/secagg_driver.h
 class SplitDriver;   // server/split_driver.h
 class GossipDriver;  // server/gossip_driver.h
 
-// A client's control stream as the coordinator sees it. Never called with the
-// coordinator's mutex held (a transport may run callbacks inline).
-class ClientLink {
- public:
-  virtual ~ClientLink() = default;
-  // Queues `msg`; false if the stream is closing. finish_after: the stream ends OK once
-  // it is written.
-  virtual bool Send(v1::ServerMessage msg, bool finish_after = false) = 0;
-  // Ends the stream with `why` once the messages already queued are written.
-  virtual void Close(const Status& why) = 0;
-};
-
-// An upload in progress, as the coordinator's upload slots and expiry see it.
-class UploadCall {
- public:
-  virtual ~UploadCall() = default;
-  // The header, once it passed CheckUploadHeader (then it stays unchanged); else null.
-  virtual const v1::UploadHeader* header() const = 0;
-  // Cancels the call if it is still receiving data. Any thread, no coordinator lock.
-  virtual void Cancel() = 0;
-  // True, once, when the call has waited for its client longer than `limit` (the time
-  // it spends queued for an upload slot does not count).
-  virtual bool ExpireIfIdle(Clock::duration limit, Clock::time_point now) = 0;
-  // Called under the upload mutex when the call queues for a slot, and when it gets one.
-  virtual void Queue() = 0;
-  virtual void Granted() = 0;
-  // Called without locks when a queued call got its slot: it may read its payload now.
-  virtual void Resume() = 0;
-  bool has_slot = false;  // written by the coordinator under its upload mutex
-};
-
 // Constant-time comparison, so response timing does not leak a token byte by byte.
 bool TokenMatches(const std::string& expected, const std::string& given);
 
 // Hex of `bytes` bytes from OpenSSL's CSPRNG: tokens and run ids must not be guessable.
 std::string RandomHex(int bytes);
-
-// A round's local training settings as the server trains with them: FLTrust's
-// reference update and the server's parts of a cut model (clients get the same through
-// their task's TrainConfig).
-LocalTrainOptions ServerTraining(const FitSettings& fit, uint64_t seed);
 
 // The codec name of a masked secure-aggregation input in UploadHeader.codec.
 inline constexpr char kSecAggCodec[] = "secagg";
@@ -265,20 +231,10 @@ class Coordinator {
   }
   ThreadPool& pool() { return pool_; }
   const Clock& clock() const { return *clock_; }
-  void RegisterUpload(std::shared_ptr<UploadCall> r);
-  void UnregisterUpload(UploadCall* r);
-  // `r`, whose header passed, becomes `client_id`'s one upload in progress (an older one
-  // still open is cancelled) and asks for an upload slot: true if it may read its
-  // payload now; otherwise it is queued and resumed when a slot frees.
-  // CancelWaitingUpload removes a queued `r` (true if it was queued). ReleaseUploadSlot
-  // is called once by each reactor that held a slot.
-  bool ClaimUpload(const std::string& client_id, UploadCall* r);
+  // Upload admission (server/upload_slots.h), used by the transport's upload calls.
+  UploadSlots& uploads() { return uploads_; }
   // A refused upload, logged with the sender's identity (names escaped and bounded).
   void LogRefusedUpload(const v1::UploadHeader& h, const Status& why);
-  // Cancels every upload still open (called when a round closes).
-  void CancelOpenUploads();
-  bool CancelWaitingUpload(UploadCall* r);
-  void ReleaseUploadSlot();
   int chunk_bytes() const { return cfg_.server.chunk_bytes; }
 
   ParameterSet GlobalModel() const {
@@ -304,8 +260,8 @@ class Coordinator {
   void ObserveUpload(double seconds) { upload_latency_.Observe(seconds); }
   void ObserveFetch(double seconds) { fetch_latency_.Observe(seconds); }
   Server::UploadCounts Uploads() const {
-    MutexLock l(&upload_mu_);
-    return {static_cast<int>(upload_of_client_.size()), static_cast<int>(upload_waiters_.size())};
+    const UploadSlots::Counts c = uploads_.counts();
+    return {c.in_progress, c.waiting};
   }
 
  private:
@@ -531,19 +487,13 @@ class Coordinator {
   // shard's mutex).
   const int shards_;
   const std::unique_ptr<Mutex[]> shard_mu_;
-  Mutex buffers_mu_;  // after mu_ and upload_mu_ when taken with them
+  Mutex buffers_mu_;  // after mu_ when taken with it
   std::vector<std::string> buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};
   std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
   double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
 
-  mutable Mutex upload_mu_;
-  int upload_slots_free_ ABSL_GUARDED_BY(upload_mu_);
-  std::deque<UploadCall*> upload_waiters_ ABSL_GUARDED_BY(upload_mu_);
-  std::map<UploadCall*, std::shared_ptr<UploadCall>> open_uploads_
-      ABSL_GUARDED_BY(upload_mu_);
-  // see ClaimUpload
-  std::map<std::string, UploadCall*> upload_of_client_ ABSL_GUARDED_BY(upload_mu_);
+  UploadSlots uploads_;
 
   LatencyHistogram upload_latency_, fetch_latency_;
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "core/prometheus.h"
+#include "server/metrics_json.h"
 
 namespace cleave {
 
@@ -57,29 +58,6 @@ void Histogram(Exposition& e, const std::string& name, const char* help,
   e.Sample(name + "_bucket", static_cast<double>(h.count), "le=\"+Inf\"");
   e.Sample(name + "_sum", h.sum_s);
   e.Sample(name + "_count", static_cast<double>(h.count));
-}
-
-nlohmann::json RoundJson(const RoundMetrics& m) {
-  nlohmann::json j = {{"round", m.round},
-                      {"participants", m.participants},
-                      {"failures", m.failures},
-                      {"bytes_up", m.bytes_up},
-                      {"bytes_down", m.bytes_down},
-                      {"wall_s", m.wall_s},
-                      {"elapsed_s", m.elapsed_s},
-                      {"train_loss", m.train_loss}};
-  if (m.evaluation_only) j["evaluation_only"] = true;
-  if (m.evaluated) {
-    j["test_accuracy"] = m.test_accuracy;
-    j["test_loss"] = m.test_loss;
-  }
-  if (m.client_eval.clients > 0) {
-    j["client_accuracy"] = m.client_eval.accuracy;
-    j["client_loss"] = m.client_eval.loss;
-  }
-  if (m.split) j["step_s"] = m.step_s;
-  if (m.gossip) j["disagreement"] = m.disagreement;
-  return j;
 }
 
 }  // namespace
@@ -187,7 +165,7 @@ std::string StateJson(const ObservedState& s) {
   j["uploads_in_progress"] = s.uploads_in_progress;
   j["uploads_queued"] = s.uploads_queued;
   j["history"] = nlohmann::json::array();
-  for (const auto& m : s.history) j["history"].push_back(RoundJson(m));
+  for (const auto& m : s.history) j["history"].push_back(RoundMetricsJson(m));
   j["clients"] = nlohmann::json::array();
   for (const auto& c : s.clients) {
     j["clients"].push_back({{"name", c.name},
@@ -282,7 +260,8 @@ function render(s) {
   text("clients-count", s.clients.length + " clients");
   text("bytes", mb(s.bytes_up) + " up, " + mb(s.bytes_down) + " down");
   text("memory", "server " + mb(s.rss_bytes));
-  const rows = s.history.filter(r => !r.evaluation_only);
+  const rows = s.history.filter(r => !r.evaluation_only).map(r =>
+    Object.assign({client_accuracy: r.client_eval ? r.client_eval.accuracy : undefined}, r));
   const charts = document.getElementById("charts");
   charts.replaceChildren(
     chart("accuracy", rows, [{key: "test_accuracy", label: "test"}, {key: "client_accuracy", label: "clients' held-out"}]),

@@ -325,7 +325,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
     r->self_ = r;
     core->CountUp(kCallBytesUp);
     core->CountDown(kCallBytesDown);
-    core->RegisterUpload(r);
+    core->uploads().Register(r);
     r->StartRead(&r->in_);
     return r.get();
   }
@@ -407,7 +407,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
       have_header_flag_ = true;
       // Hold at most server.worker_threads payloads in memory at once: without a slot,
       // stop reading and let HTTP/2 flow control hold the client back until Resume().
-      if (!core_->ClaimUpload(header_.client_id(), this)) return;
+      if (!core_->uploads().Claim(header_.client_id(), this)) return;
       payload_ = core_->TakeBuffer(expected_);
     } else {
       if (in_.kind_case() != v1::UploadChunk::kData) {
@@ -441,7 +441,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
   }
 
   void OnCancel() override {
-    if (core_->CancelWaitingUpload(this)) {
+    if (core_->uploads().CancelWaiting(this)) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "upload cancelled while queued"));
     }
   }
@@ -451,8 +451,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
       MutexLock l(&done_mu_);
       done_ = true;
     }
-    core_->UnregisterUpload(this);
-    if (has_slot) core_->ReleaseUploadSlot();
+    core_->uploads().Unregister(this);
+    if (has_slot) core_->uploads().Release();
     self_.reset();  // may delete this
   }
 
@@ -486,9 +486,10 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
   // instrumented): this makes the hand-off from the appending reactions to the worker
   // visible. Never held while calling into gRPC.
   Mutex payload_mu_;
-  // Read by the server's expiry check from another thread, which holds upload_mu_: it
-  // must not take done_mu_ (Cancel holds done_mu_ while TryCancel may run OnCancel, which
-  // takes upload_mu_), hence atomics beside the fields done_mu_ guards.
+  // Read by the server's expiry check from another thread, which holds the upload
+  // slots' mutex: it must not take done_mu_ (Cancel holds done_mu_ while TryCancel may
+  // run OnCancel, which takes that mutex), hence atomics beside the fields done_mu_
+  // guards.
   std::atomic<Clock::duration::rep> last_progress_{0};  // when the client last sent something
   std::atomic<bool> queued_{false};           // waiting for an upload slot
   std::atomic<bool> received_all_flag_{false};
@@ -1008,7 +1009,7 @@ Status RpcTransport::Start() {
   b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // Fixed HTTP/2 receive windows of 128 KiB per stream instead of BDP auto-tuning,
-  // which grows them to many MiB: a queued upload (see ClaimUpload) then holds at
+  // which grows them to many MiB: a queued upload (see UploadSlots::Claim) then holds at
   // most 128 KiB in gRPC's buffers. Costs upload speed only on long-RTT links
   // (128 KiB per round trip); downloads are governed by the client's window.
   b.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);

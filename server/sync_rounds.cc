@@ -103,7 +103,7 @@ StatusOr<RoundMetrics> SyncRounds::RunLocked(bool evaluate_only) {
   c_.current_round_ = 0;
   c_.driver_ = &c_.plain_driver_;
   c_.mu_.Unlock();
-  c_.CancelOpenUploads();  // late or stalled uploads of the round just closed
+  c_.uploads_.CancelAll();  // late or stalled uploads of the round just closed
   c_.DropBuffers();        // not held while the next model is built beside the current one
   c_.mu_.Lock();
   if (driven) RETURN_IF_ERROR(*driven);  // nothing of an aborted secure aggregation is used

@@ -1,0 +1,84 @@
+#include "server/metrics_json.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace cleave {
+
+nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
+  nlohmann::json j = {{"round", m.round},
+                      {"train_loss", m.train_loss},
+                      {"participants", m.participants},
+                      {"failures", m.failures},
+                      {"bytes_up", m.bytes_up},
+                      {"bytes_down", m.bytes_down},
+                      {"bytes_up_fp32", m.bytes_up_fp32},
+                      {"update_bytes", m.update_bytes},
+                      {"bytes_down_fp32", m.bytes_down_fp32},
+                      {"compression_up", m.bytes_up ? double(m.bytes_up_fp32) / m.bytes_up : 1.0},
+                      {"compression_down",
+                       m.bytes_down ? double(m.bytes_down_fp32) / m.bytes_down : 1.0},
+                      {"wall_s", m.wall_s},
+                      {"elapsed_s", m.elapsed_s}};
+  if (m.evaluation_only) {
+    j.erase("train_loss");
+    j["evaluation_only"] = true;
+  }
+  if (m.evaluated) {
+    j["test_accuracy"] = m.test_accuracy;
+    j["test_loss"] = m.test_loss;
+    for (const auto& [k, v] : m.test_metrics) j["test_" + k] = v;
+    if (!m.test_per_class_accuracy.empty()) {
+      auto& per_class = j["test_per_class_accuracy"] = nlohmann::json::array();
+      for (double a : m.test_per_class_accuracy) {
+        per_class.push_back(std::isnan(a) ? nlohmann::json(nullptr) : nlohmann::json(a));
+      }
+    }
+  }
+  if (m.split) {
+    j["activation_bytes_up"] = m.activation_bytes_up;
+    j["gradient_bytes_down"] = m.gradient_bytes_down;
+    j["labels_up"] = m.labels_up;
+    j["cuts"] = m.cuts;
+    j["step_s"] = m.step_s;
+    j["client_compute_s"] = m.client_compute_s;
+    j["transfer_s"] = m.transfer_s;
+    j["server_compute_s"] = m.server_compute_s;
+    j["server_busy"] = m.server_busy;
+  }
+  if (m.gossip) {
+    j["gossip"] = {{"disagreement", m.disagreement}, {"peer_bytes", m.peer_bytes},
+                   {"neighbours", m.neighbours}, {"heard", m.heard}};
+  }
+  if (m.client_eval.clients > 0) {
+    const auto& e = m.client_eval;
+    j["client_eval"] = {{"clients", e.clients},           {"examples", e.examples},
+                        {"accuracy", e.accuracy},         {"loss", e.loss},
+                        {"accuracy_min", e.accuracy_min}, {"accuracy_median", e.accuracy_median},
+                        {"accuracy_max", e.accuracy_max}, {"loss_min", e.loss_min},
+                        {"loss_median", e.loss_median}, {"loss_max", e.loss_max},
+                        {"seconds", e.seconds},
+                        {"train_seconds", e.train_seconds}};
+    for (const auto& [k, v] : e.metrics) j["client_eval"][k] = v;
+    if (m.evaluation_only) j["client_eval"].erase("train_seconds");  // nothing trained
+  }
+  if (m.async) {
+    j["version"] = m.round;
+    auto& st = j["staleness"] = nlohmann::json::object();
+    double sum = 0;
+    int64_t most = 0;
+    for (const auto& [s, n] : m.staleness) {
+      st[std::to_string(s)] = n;
+      sum += static_cast<double>(s) * n;
+      most = std::max(most, s);
+    }
+    j["staleness_mean"] = m.participants ? sum / m.participants : 0.0;
+    j["staleness_max"] = most;
+    j["local_steps"] = {{"mean", m.local_steps_mean}, {"min", m.local_steps_min},
+                        {"max", m.local_steps_max}};
+  }
+  for (const auto& [k, v] : m.strategy_stats) j[k] = v;
+  return j;
+}
+
+}  // namespace cleave
