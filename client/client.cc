@@ -18,10 +18,11 @@
 #include "absl/strings/str_format.h"
 #include "client/emulation.h"
 #include "client/gossip.h"
-#include "client/names.h"
 #include "client/shared.h"
 #include "compression/codec.h"
+#include "core/clock.h"
 #include "core/files.h"
+#include "core/mutex.h"
 #include "core/parameter_set.h"
 #include "core/printable.h"
 #include "client/secagg_client.h"
@@ -33,7 +34,6 @@
 namespace cleave {
 
 namespace v1 = ::cleave::v1;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -132,11 +132,15 @@ bool Fatal(absl::StatusCode c) {
 struct Client::Impl {
   explicit Impl(ClientOptions o)
       : opts(std::move(o)),
+        clock(opts.clock ? opts.clock : Clock::Real()),
         jitter_rng(std::random_device{}()),
         emulator(opts.emulation.uplink_mbps, opts.emulation.downlink_mbps,
                  opts.emulation.slowdown) {}
 
   ClientOptions opts;
+  // Reconnect backoff, giving up and heartbeats wait on it (ClientOptions::clock); the
+  // times a client measures and reports (training, transfers) stay on the steady clock.
+  const std::shared_ptr<Clock> clock;
   std::mt19937_64 jitter_rng;
   std::atomic<bool> stop{false};
   std::atomic<int> tasks_done{0};
@@ -159,8 +163,8 @@ struct Client::Impl {
     });
   }
 
-  std::mutex mu;  // guards ctx and the sleep below
-  std::condition_variable cv;
+  Mutex mu;  // guards ctx and the sleep below
+  CondVar cv;
   grpc::ClientContext* ctx = nullptr;
 
   // Model state kept across tasks.
@@ -191,13 +195,59 @@ struct Client::Impl {
   // The task's model: its blob fetched and decoded (with the task's broadcast codec).
   StatusOr<ParameterSet> FetchModel(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                     const v1::Task& task);
-  // A task of an edge aggregator (ClientOptions::aggregate).
-  Status HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
-                        const std::function<void(const v1::TaskAck&)>& ack,
-                        const NextMessage& next);
+  // Runs `task` with the handler of its kind (TaskHandlers below).
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack,
                     const NextMessage& next, bool* crashed);
+  // What a task handler is given: the session's stub and welcome, the task, how to
+  // acknowledge it, the control stream's next message (secure aggregation's stages) and
+  // where to say that a test hook simulated a crash.
+  struct TaskCall {
+    v1::Coordinator::Stub* stub;
+    const v1::Welcome& w;
+    const v1::Task& task;
+    const std::function<void(const v1::TaskAck&)>& ack;
+    const NextMessage& next;
+    bool* crashed;
+    // Declines the task with `why` and returns it.
+    Status Reject(const Status& why) const { return Decline(ack, task, why); }
+  };
+  // One handler per task kind; HandleTask runs the first whose kind matches.
+  struct TaskHandler {
+    const char* kind;
+    bool (*matches)(const ClientOptions& o, const v1::Task& t);
+    Status (Impl::*run)(const TaskCall& c);
+  };
+  static const std::vector<TaskHandler>& TaskHandlers();
+  // A task of an edge aggregator (ClientOptions::aggregate): every task it gets.
+  Status HandleEdgeTask(const TaskCall& c);
+  // A split-learning task: the client part trained against the server.
+  Status HandleSplitTask(const TaskCall& c);
+  // The final evaluation (Task.evaluate_only): the global model on the held-out data.
+  Status HandleEvaluationTask(const TaskCall& c);
+  // A whole-model federated task: train, then upload the update (masked under SecAgg+).
+  Status HandleTrainingTask(const TaskCall& c);
+  // The global model a task starts from, checked against the local data; the model's
+  // frozen base fetched once. An error here declines the task.
+  struct TaskModel {
+    ModelSpec spec;
+    std::string loss;
+    ParameterSet global;
+  };
+  StatusOr<TaskModel> FetchTaskModel(const TaskCall& c);
+  // Whole-model tasks: `model` built from `m.spec` and set to the global model (frozen
+  // base joined, this client's personal layers written over it, a TorchScript loss
+  // fetched once); `m.global` becomes that whole model. Returns the personal layers'
+  // names; an error declines the task.
+  StatusOr<std::vector<std::string>> SetTaskModel(const TaskCall& c, TaskModel& m);
+  // Where this client keeps its personal layers ("" = in memory only), and the key that
+  // ties them to a task's run and model.
+  std::string PersonalFile() const {
+    return opts.state_dir.empty() ? "" : opts.state_dir + "/personal.pb";
+  }
+  static std::string PersonalKey(const v1::Task& task) {
+    return Sha256Hex(task.run_id() + "|" + task.model().SerializeAsString());
+  }
   // Uploads `delta` (trained minus global) as the result of `task`.
   StatusOr<v1::UploadReply> UploadUpdate(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                          const v1::Task& task, const ParameterSet& delta,
@@ -222,15 +272,16 @@ struct Client::Impl {
   // Federated evaluation: `model` as it is, on the held-out data, under `loss`.
   StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);
   // A gossip task: train the model held, exchange it with the neighbours, average.
-  Status HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
-                          const std::function<void(const v1::TaskAck&)>& ack);
+  Status HandleGossipTask(const TaskCall& c);
   // The update codec and its state (error-feedback residuals, one per tensor), kept
   // across rounds while the codec and the tensors it encodes stay the same.
   std::unique_ptr<Codec> update_codec;
   std::string update_codec_key;
+  // Waits `seconds` on the clock, or until stopped.
   void Sleep(double seconds) {
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait_for(l, std::chrono::duration<double>(seconds), [this] { return stop.load(); });
+    MutexLock l(&mu);
+    const Clock::time_point until = clock->Now() + Seconds(seconds);
+    while (!stop && clock->Now() < until) clock->WaitUntil(cv, mu, until);
   }
 };
 
@@ -261,10 +312,10 @@ ParameterSet Client::GossipModel() const {
 }
 
 void Client::Stop() {
-  std::lock_guard<std::mutex> l(impl_->mu);
+  MutexLock l(&impl_->mu);
   impl_->stop = true;
   if (impl_->ctx) impl_->ctx->TryCancel();
-  impl_->cv.notify_all();
+  impl_->cv.SignalAll();
   if (impl_->opts.task_slots) impl_->opts.task_slots->WakeAll();
 }
 
@@ -296,7 +347,7 @@ Status Client::Impl::Run() {
     spdlog::info("serving Peer on {} (gossip rounds)", peer_address);
   }
   double backoff = opts.initial_backoff_s;
-  auto last_contact = Clock::now();
+  auto last_contact = clock->Now();
   while (!stop) {
     bool joined = false;
     Status why;
@@ -316,9 +367,9 @@ Status Client::Impl::Run() {
     }
     if (joined) {
       backoff = opts.initial_backoff_s;
-      last_contact = Clock::now();
+      last_contact = clock->Now();
     }
-    const double waited = std::chrono::duration<double>(Clock::now() - last_contact).count();
+    const double waited = std::chrono::duration<double>(clock->Now() - last_contact).count();
     if (waited > opts.give_up_after_s) {
       return absl::UnavailableError(absl::StrCat("server ", opts.server, " unreachable for ",
                                                  static_cast<int>(waited), "s: ", why.message()));
@@ -348,7 +399,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
 
   grpc::ClientContext ctx;
   {
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(&mu);
     if (stop) return End::kStopped;
     this->ctx = &ctx;
   }
@@ -379,8 +430,8 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   v1::Welcome welcome;
   // The heartbeat thread sleeps on hb_cv until its next beat or hb_stop: a process hosting
   // thousands of clients (cleave simulate) must not wake each of them to poll.
-  std::mutex hb_mu;
-  std::condition_variable hb_cv;
+  Mutex hb_mu;
+  CondVar hb_cv;
   bool hb_stop = false;  // guarded by hb_mu
   std::thread heartbeat;
   int64_t shared_beat = 0;  // with opts.heartbeats: this session's id there
@@ -408,12 +459,14 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
       shared_beat = opts.heartbeats->Add(period, beat);
     } else {
       heartbeat = std::thread([&] {
-        std::unique_lock<std::mutex> l(hb_mu);
+        MutexLock l(&hb_mu);
         while (!hb_stop) {
-          l.unlock();
-          if (!beat()) break;
-          l.lock();
-          hb_cv.wait_for(l, period, [&] { return hb_stop; });
+          hb_mu.Unlock();
+          const bool sent = beat();
+          hb_mu.Lock();
+          if (!sent) break;
+          const Clock::time_point next = clock->Now() + period;
+          while (!hb_stop && clock->Now() < next) clock->WaitUntil(hb_cv, hb_mu, next);
         }
       });
     }
@@ -508,16 +561,16 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   }
   UpdateState([](ClientState& st) { st.connected = false; });
   {
-    std::lock_guard<std::mutex> l(hb_mu);
+    MutexLock l(&hb_mu);
     hb_stop = true;
   }
-  hb_cv.notify_all();
+  hb_cv.SignalAll();
   if (end != End::kRunEnded && end != End::kCrashed && !server_ended) ctx.TryCancel();
   if (heartbeat.joinable()) heartbeat.join();
   if (shared_beat != 0) opts.heartbeats->Remove(shared_beat);
   grpc::Status gs = stream->Finish();
   {
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(&mu);
     this->ctx = nullptr;
   }
   if (end == End::kRunEnded || end == End::kCrashed) return end;
@@ -651,10 +704,12 @@ StatusOr<ParameterSet> Client::Impl::FetchModel(v1::Coordinator::Stub* stub,
              : DecodeCompressedSet(blob, task.model_codec(), int64_t{1} << 31);
 }
 
-Status Client::Impl::HandleEdgeTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
-                                    const v1::Task& task,
-                                    const std::function<void(const v1::TaskAck&)>& ack,
-                                    const NextMessage& next) {
+Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
+  v1::Coordinator::Stub* stub = c.stub;
+  const v1::Welcome& w = c.w;
+  const v1::Task& task = c.task;
+  const auto& ack = c.ack;
+  const NextMessage& next = c.next;
   v1::TaskAck a;
   a.set_task_id(task.task_id());
   auto reject = [&](const Status& s) { return Decline(ack, task, s); };
@@ -729,9 +784,11 @@ StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& 
   return evaluation;
 }
 
-Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
-                                      const v1::Task& task,
-                                      const std::function<void(const v1::TaskAck&)>& ack) {
+Status Client::Impl::HandleGossipTask(const TaskCall& c) {
+  v1::Coordinator::Stub* stub = c.stub;
+  const v1::Welcome& w = c.w;
+  const v1::Task& task = c.task;
+  const auto& ack = c.ack;
   auto reject = [&](const Status& s) { return Decline(ack, task, s); };
   if (!peer) {
     return reject(absl::FailedPreconditionError(
@@ -856,136 +913,176 @@ Status Client::Impl::HandleGossipTask(v1::Coordinator::Stub* stub, const v1::Wel
   return absl::OkStatus();
 }
 
+const std::vector<Client::Impl::TaskHandler>& Client::Impl::TaskHandlers() {
+  static const std::vector<TaskHandler> handlers = {
+      {"edge", [](const ClientOptions& o, const v1::Task&) { return static_cast<bool>(o.aggregate); },
+       &Impl::HandleEdgeTask},
+      {"gossip", [](const ClientOptions&, const v1::Task& t) { return t.has_gossip(); },
+       &Impl::HandleGossipTask},
+      {"split", [](const ClientOptions&, const v1::Task& t) { return t.has_split(); },
+       &Impl::HandleSplitTask},
+      {"evaluation", [](const ClientOptions&, const v1::Task& t) { return t.evaluate_only(); },
+       &Impl::HandleEvaluationTask},
+      {"training", [](const ClientOptions&, const v1::Task&) { return true; },
+       &Impl::HandleTrainingTask},
+  };
+  return handlers;
+}
+
 Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                 const v1::Task& task,
                                 const std::function<void(const v1::TaskAck&)>& ack,
                                 const NextMessage& next, bool* crashed) {
-  if (opts.aggregate) return HandleEdgeTask(stub, w, task, ack, next);
-  if (task.has_gossip()) return HandleGossipTask(stub, w, task, ack);
+  const TaskCall call{stub, w, task, ack, next, crashed};
+  for (const TaskHandler& h : TaskHandlers()) {
+    if (h.matches(opts, task)) return (this->*h.run)(call);
+  }
+  return call.Reject(absl::InternalError("no handler for the task"));
+}
+
+StatusOr<Client::Impl::TaskModel> Client::Impl::FetchTaskModel(const TaskCall& c) {
+  TaskModel m;
+  ASSIGN_OR_RETURN(m.spec, Spec(c.stub, c.w, c.task.model()));
+  m.loss = c.task.train().loss().empty() ? "cross_entropy" : c.task.train().loss();
+  RETURN_IF_ERROR(CheckDataFitsModel(opts.train, m.spec, m.loss, "local data"));
+  ASSIGN_OR_RETURN(m.global, FetchModel(c.stub, c.w, c.task));
+  // A model with a frozen base (LoRA): the blob with it, fetched once.
+  if (!c.task.base_digest().empty() && base_digest != c.task.base_digest()) {
+    ASSIGN_OR_RETURN(std::string bytes, FetchBlob(c.stub, c.w.client_id(), c.w.session_token(),
+                                                  c.task.base_digest(), 600, &emulator));
+    ASSIGN_OR_RETURN(base, ParameterSet::Decode(bytes));
+    base_digest = c.task.base_digest();
+  }
+  return m;
+}
+
+Status Client::Impl::HandleSplitTask(const TaskCall& c) {
+  const v1::Task& task = c.task;
+  auto m = FetchTaskModel(c);
+  if (!m.ok()) return c.Reject(m.status());
   v1::TaskAck a;
   a.set_task_id(task.task_id());
-  auto reject = [&](const Status& s) { return Decline(ack, task, s); };
-  auto spec = Spec(stub, w, task.model());
-  if (!spec.ok()) return reject(spec.status());
-  const std::string loss = task.train().loss().empty() ? "cross_entropy" : task.train().loss();
-  if (Status s = CheckDataFitsModel(opts.train, *spec, loss, "local data"); !s.ok()) {
-    return reject(s);
+  a.set_accepted(true);
+  c.ack(a);
+  SplitTaskOptions so;
+  so.model = m->spec;
+  so.seed = BatchSeed(task, c.w, opts.name);
+  so.emulator = &emulator;
+  so.cancel = &stop;
+  if (!task.base_digest().empty()) so.base = &base;
+  if (opts.crash_after_split_step) {
+    const int64_t round = task.round();
+    so.crash_after_step = [this, round](int64_t step) {
+      return opts.crash_after_split_step(round, step);
+    };
   }
-  auto global = FetchModel(stub, w, task);
-  if (!global.ok()) return reject(global.status());
-  // A model with a frozen base (LoRA): the blob with it, fetched once.
-  if (!task.base_digest().empty() && base_digest != task.base_digest()) {
-    auto bytes = FetchBlob(stub, w.client_id(), w.session_token(), task.base_digest(), 600,
-                           &emulator);
-    if (!bytes.ok()) return reject(bytes.status());
-    auto decoded = ParameterSet::Decode(*bytes);
-    if (!decoded.ok()) return reject(decoded.status());
-    base = *std::move(decoded);
-    base_digest = task.base_digest();
+  auto r = RunSplitTask(c.stub, c.w, task, m->global, opts.train, so);
+  if (!r.ok() && r.status().code() == absl::StatusCode::kAborted && opts.crash_after_split_step) {
+    *c.crashed = true;
+    return r.status();
   }
-  if (task.has_split()) {
-    a.set_accepted(true);
-    ack(a);
-    SplitTaskOptions so;
-    so.model = *spec;
-    so.seed = BatchSeed(task, w, opts.name);
-    so.emulator = &emulator;
-    so.cancel = &stop;
-    if (!task.base_digest().empty()) so.base = &base;
-    if (opts.crash_after_split_step) {
-      const int64_t round = task.round();
-      so.crash_after_step = [this, round](int64_t step) {
-        return opts.crash_after_split_step(round, step);
-      };
-    }
-    auto r = RunSplitTask(stub, w, task, *global, opts.train, so);
-    if (!r.ok() && r.status().code() == absl::StatusCode::kAborted && opts.crash_after_split_step) {
-      *crashed = true;
-      return r.status();
-    }
-    if (!r.ok()) return r.status();
-    ASSIGN_OR_RETURN(v1::UploadReply reply,
-                     UploadUpdate(stub, w, task, Delta(r->trained, *global), r->examples,
-                                  r->loss, r->stats.wall_s() * r->stats.steps(), &r->stats));
-    ++tasks_done;
-    spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step (client {:.1f}, "
-                 "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
-                 task.round(), task.split().cut(), r->stats.steps(), 1e3 * r->stats.wall_s(),
-                 1e3 * r->stats.client_compute_s(), 1e3 * r->stats.transfer_s(),
-                 1e3 * r->stats.server_compute_s(), r->loss,
-                 reply.duplicate() ? " (duplicate)" : "");
-    return absl::OkStatus();
-  }
-  if (Status s = BuildModel(task, *spec); !s.ok()) return reject(s);
+  if (!r.ok()) return r.status();
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadUpdate(c.stub, c.w, task, Delta(r->trained, m->global), r->examples,
+                                r->loss, r->stats.wall_s() * r->stats.steps(), &r->stats));
+  ++tasks_done;
+  spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step (client {:.1f}, "
+               "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
+               task.round(), task.split().cut(), r->stats.steps(), 1e3 * r->stats.wall_s(),
+               1e3 * r->stats.client_compute_s(), 1e3 * r->stats.transfer_s(),
+               1e3 * r->stats.server_compute_s(), r->loss, reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
+StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c, TaskModel& m) {
+  const v1::Task& task = c.task;
+  ParameterSet& global = m.global;
+  RETURN_IF_ERROR(BuildModel(task, m.spec));
   // A model with a frozen base: the blob holds the rest; put them together in the
   // model's order.
   if (!task.base_digest().empty()) {
     ParameterSet whole = model->Parameters();
-    if (base.size() + global->size() != whole.size()) {
-      return reject(absl::InvalidArgumentError(absl::StrCat(
-          "the model's base (", base.size(), " tensors) and its blob (", global->size(),
-          ") do not make up the model (", whole.size(), ")")));
+    if (base.size() + global.size() != whole.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model's base (", base.size(), " tensors) and its blob (", global.size(),
+          ") do not make up the model (", whole.size(), ")"));
     }
-    if (Status s = Overwrite(base, &whole); !s.ok()) return reject(s);
-    if (Status s = Overwrite(*global, &whole); !s.ok()) return reject(s);
-    *global = std::move(whole);
+    RETURN_IF_ERROR(Overwrite(base, &whole));
+    RETURN_IF_ERROR(Overwrite(global, &whole));
+    global = std::move(whole);
   }
-  if (loss == "torchscript" && loss_digest != task.train().loss_digest()) {
-    auto archive = FetchBlob(stub, w.client_id(), w.session_token(), task.train().loss_digest(), 600,
-                             &emulator);
-    if (!archive.ok()) return reject(archive.status());
-    if (Status s = model->SetTorchScriptLoss(*archive); !s.ok()) return reject(s);
+  if (m.loss == "torchscript" && loss_digest != task.train().loss_digest()) {
+    ASSIGN_OR_RETURN(std::string archive,
+                     FetchBlob(c.stub, c.w.client_id(), c.w.session_token(),
+                               task.train().loss_digest(), 600, &emulator));
+    RETURN_IF_ERROR(model->SetTorchScriptLoss(archive));
     loss_digest = task.train().loss_digest();
   }
   // Personal layers: this client's own values replace the global model's (the server's
   // initial values, until the client has trained them).
-  const std::vector<std::string> personal_names(task.model().personal().begin(),
-                                                task.model().personal().end());
+  std::vector<std::string> personal_names(task.model().personal().begin(),
+                                          task.model().personal().end());
   for (const std::string& n : personal_names) {
-    if (global->Find(n) == nullptr) {
-      return reject(absl::InvalidArgumentError(
-          absl::StrCat("personal tensor '", Printable(n), "' is not in the model")));
+    if (global.Find(n) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("personal tensor '", Printable(n), "' is not in the model"));
     }
   }
-  const std::string personal_file =
-      opts.state_dir.empty() ? "" : opts.state_dir + "/personal.pb";
-  const std::string personal_key =
-      Sha256Hex(task.run_id() + "|" + task.model().SerializeAsString());
-  if (personal.size() == 0 && !personal_names.empty() && !personal_file.empty()) {
-    personal = LoadPersonal(personal_file, personal_key, personal_names, *global);
+  if (personal.size() == 0 && !personal_names.empty() && !PersonalFile().empty()) {
+    personal = LoadPersonal(PersonalFile(), PersonalKey(task), personal_names, global);
   }
-  if (personal.size() > 0) {
-    if (Status s = Overwrite(personal, &*global); !s.ok()) return reject(s);
+  if (personal.size() > 0) RETURN_IF_ERROR(Overwrite(personal, &global));
+  RETURN_IF_ERROR(model->SetParameters(global));
+  return personal_names;
+}
+
+Status Client::Impl::HandleEvaluationTask(const TaskCall& c) {
+  const v1::Task& task = c.task;
+  auto m = FetchTaskModel(c);
+  if (!m.ok()) return c.Reject(m.status());
+  if (auto set = SetTaskModel(c, *m); !set.ok()) return c.Reject(set.status());
+  if (opts.holdout.size == 0) {
+    return c.Reject(absl::FailedPreconditionError("no held-out data to evaluate on (--holdout)"));
   }
-  if (Status s = model->SetParameters(*global); !s.ok()) return reject(s);
-  if (task.evaluate_only() && opts.holdout.size == 0) {
-    return reject(absl::FailedPreconditionError("no held-out data to evaluate on (--holdout)"));
-  }
+  v1::TaskAck a;
+  a.set_task_id(task.task_id());
   a.set_accepted(true);
-  ack(a);
+  c.ack(a);
+  // No training: an empty update that carries the evaluation.
+  ASSIGN_OR_RETURN(const v1::ClientEvaluation evaluation, EvaluateHoldout(m->loss));
+  ASSIGN_OR_RETURN(v1::UploadReply reply, UploadUpdate(c.stub, c.w, task, ParameterSet(),
+                                                       opts.train.size, 0, 0, nullptr, &evaluation));
+  ++tasks_done;
+  spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})",
+               task.round(), evaluation.accuracy(), evaluation.examples(),
+               reply.duplicate() ? ", duplicate" : "");
+  return absl::OkStatus();
+}
+
+Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
+  const v1::Task& task = c.task;
+  auto m = FetchTaskModel(c);
+  if (!m.ok()) return c.Reject(m.status());
+  auto personal_names = SetTaskModel(c, *m);
+  if (!personal_names.ok()) return c.Reject(personal_names.status());
+  const ParameterSet& global = m->global;
+  v1::TaskAck a;
+  a.set_task_id(task.task_id());
+  a.set_accepted(true);
+  c.ack(a);
   // Federated evaluation: the global model on the held-out data, before training.
   std::optional<v1::ClientEvaluation> evaluation;
   if (opts.holdout.size > 0 && !task.has_secagg()) {
-    ASSIGN_OR_RETURN(evaluation, EvaluateHoldout(loss));
-  }
-  if (task.evaluate_only()) {  // the final evaluation: no training, an empty update
-    ASSIGN_OR_RETURN(v1::UploadReply reply,
-                     UploadUpdate(stub, w, task, ParameterSet(), opts.train.size, 0, 0, nullptr,
-                                  &*evaluation));
-    ++tasks_done;
-    spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})",
-                 task.round(), evaluation->accuracy(), evaluation->examples(),
-                 reply.duplicate() ? ", duplicate" : "");
-    return absl::OkStatus();
+    ASSIGN_OR_RETURN(evaluation, EvaluateHoldout(m->loss));
   }
   std::optional<SecAggClient> secagg;
   if (task.has_secagg()) {
-    ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(stub, w, task, next));
+    ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(c.stub, c.w, task, c.next));
   }
 
   LocalTrainOptions o = TrainOptions(task.train());
   o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
-  o.seed = BatchSeed(task, w, opts.name);
+  o.seed = BatchSeed(task, c.w, opts.name);
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
   // An emulated slower device (--emulate-slowdown) takes that much longer to train; split
   // tasks idle after each step instead (split_client.cc).
@@ -993,34 +1090,34 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   stats.seconds *= emulator.slowdown;
   RecordTraining(stats);
   if (opts.crash_after_training && opts.crash_after_training(task.round())) {
-    *crashed = true;
+    *c.crashed = true;
     return absl::AbortedError("simulated crash");
   }
   ParameterSet trained = model->Parameters();
-  if (!personal_names.empty()) {
-    personal = Only(trained, personal_names);
-    if (!personal_file.empty()) {
-      if (Status s = WriteFileAtomic(personal_file, personal_key + "\n" + personal.Encode());
-          !s.ok()) {
+  if (!personal_names->empty()) {
+    personal = Only(trained, *personal_names);
+    if (!PersonalFile().empty()) {
+      const std::string bytes = PersonalKey(task) + "\n" + personal.Encode();
+      if (Status s = WriteFileAtomic(PersonalFile(), bytes); !s.ok()) {
         spdlog::warn("personal layers not saved: {}", s.ToString());
       }
     }
   }
-  ParameterSet delta = Delta(std::move(trained), *global);
+  ParameterSet delta = Delta(std::move(trained), global);
   if (!opts.attack.empty() && opts.attack != "label-flip") {
-    RETURN_IF_ERROR(Attack(*global, o, &delta));
+    RETURN_IF_ERROR(Attack(global, o, &delta));
   }
-  if (!personal_names.empty()) delta = Without(delta, personal_names);  // stays here
+  if (!personal_names->empty()) delta = Without(delta, *personal_names);  // stays here
   if (const auto frozen = model->FrozenTensors(); !frozen.empty()) {
     delta = Without(delta, frozen);  // never trained: not part of an update
   }
   v1::UploadReply reply;
   if (secagg) {
     if (task.has_dp()) AddDpNoise(task.dp(), &delta);
-    ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, delta, stats.examples, stats.loss,
-                                           stats.seconds, &emulator, next));
+    ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, delta, stats.examples, stats.loss,
+                                           stats.seconds, &emulator, c.next));
   } else {
-    ASSIGN_OR_RETURN(reply, UploadUpdate(stub, w, task, delta, stats.examples, stats.loss,
+    ASSIGN_OR_RETURN(reply, UploadUpdate(c.stub, c.w, task, delta, stats.examples, stats.loss,
                                          stats.seconds, nullptr,
                                          evaluation ? &*evaluation : nullptr));
   }

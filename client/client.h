@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
@@ -52,6 +53,9 @@ struct ClientOptions {
   double initial_backoff_s = 0.5;  // first reconnect delay; doubles up to max_backoff_s
   double max_backoff_s = 30;
   double give_up_after_s = 600;    // unreachable this long: Run() returns UNAVAILABLE
+  // Time for the reconnect backoff, giving up and the heartbeat period; null = the real
+  // clock. Tests pass a FakeClock (core/clock.h) and move it by hand.
+  std::shared_ptr<Clock> clock;
   // Test hook, called after local training: return true to simulate a crash (the
   // connection is dropped without an upload and Run() returns ABORTED).
   std::function<bool(int64_t round)> crash_after_training;
@@ -72,7 +76,7 @@ struct ClientOptions {
   std::string token;
 
   // Attack simulation for robustness experiments (cleave-client --attack): what this
-  // client sends instead of its honest update. Empty = honest. See client/names.h.
+  // client sends instead of its honest update. Empty = honest. See AttackNames() (core/config.h).
   std::string attack;
 
   // Edge aggregation (cleave-server --upstream, server/edge.h): a task's work is done by
