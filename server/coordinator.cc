@@ -624,6 +624,38 @@ StatusOr<std::shared_ptr<const std::string>> Coordinator::FindBlob(const v1::Fet
 
 Status Coordinator::Init() {
   MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
+  ChooseRoundsLocked();
+  ASSIGN_OR_RETURN(const ModelSpec spec, LoadModelLocked());
+  RETURN_IF_ERROR(SplitLayoutLocked());
+  RETURN_IF_ERROR(LoadDataLocked(spec));
+  ASSIGN_OR_RETURN(strategy_, opts_.strategy ? opts_.strategy(cfg_) : CreateStrategy(cfg_));
+  RETURN_IF_ERROR(MakeCodecs());
+  if (split_) {
+    split_->mu().AssertHeld();  // this->mu_
+    RETURN_IF_ERROR(split_->Init(spec));
+  }
+  run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
+  if (!opts_.run_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(opts_.run_dir, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", opts_.run_dir, ": ", ec.message()));
+    RETURN_IF_ERROR(LoadCheckpoint());
+    if (!opts_.config_text.empty()) {
+      RETURN_IF_ERROR(WriteFileAtomic(Path("config.yaml"), opts_.config_text));
+    }
+    // Held open from now on, so that running out of descriptors (connections) cannot
+    // stop a round from being recorded.
+    ASSIGN_OR_RETURN(run_files_, RunFiles::Open(opts_.run_dir, "metrics.jsonl", "checkpoint.pb"));
+    if (async_) {
+      async_->mu().AssertHeld();  // this->mu_
+      RETURN_IF_ERROR(async_->OpenJournal(opts_.run_dir, committed_round_));
+    }
+  }
+  PublishModelLocked();
+  return absl::OkStatus();
+}
+
+void Coordinator::ChooseRoundsLocked() {
   // How rounds run: the kind of round (its driver), and who schedules versions.
   if (cfg_.split.enabled()) {
     split_ = std::make_unique<SplitDriver>(*this);
@@ -651,6 +683,9 @@ Status Coordinator::Init() {
                                            cfg_.clients.oort_pacer_rounds,
                                            cfg_.clients.oort_max_picks);
   }
+}
+
+StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   ModelSpec spec = ModelSpecOf(cfg_);
   if (cfg_.model.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
@@ -661,25 +696,7 @@ Status Coordinator::Init() {
     model_desc_.set_torchscript_size(static_cast<int64_t>(blob->size()));
     pinned_blobs_.insert(digest);
   }
-  model_desc_.set_name(cfg_.model.name);
-  for (int64_t d : spec.input_shape) model_desc_.add_input_shape(d);
-  model_desc_.set_num_classes(spec.num_classes);
-  if (spec.name == "gpt") {
-    v1::GptDescription* g = model_desc_.mutable_gpt();
-    g->set_vocab(spec.gpt.vocab);
-    g->set_context(spec.gpt.context);
-    g->set_layers(spec.gpt.layers);
-    g->set_heads(spec.gpt.heads);
-    g->set_dim(spec.gpt.dim);
-    g->set_tie(spec.gpt.tie);
-  }
-  if (spec.lora.enabled()) {
-    v1::LoraDescription* l = model_desc_.mutable_lora();
-    l->set_rank(spec.lora.rank);
-    l->set_alpha(spec.lora.alpha);
-    for (const std::string& t : spec.lora.targets) l->add_targets(t);
-    l->set_dropout(spec.lora.dropout);
-  }
+  DescribeModelLocked(spec);
   model_spec_ = spec;
   auto model = Model::Create(spec);
   if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
@@ -709,6 +726,32 @@ Status Coordinator::Init() {
     }
     global_ = *opts_.initial_model;
   }
+  return spec;
+}
+
+void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
+  model_desc_.set_name(cfg_.model.name);
+  for (int64_t d : spec.input_shape) model_desc_.add_input_shape(d);
+  model_desc_.set_num_classes(spec.num_classes);
+  if (spec.name == "gpt") {
+    v1::GptDescription* g = model_desc_.mutable_gpt();
+    g->set_vocab(spec.gpt.vocab);
+    g->set_context(spec.gpt.context);
+    g->set_layers(spec.gpt.layers);
+    g->set_heads(spec.gpt.heads);
+    g->set_dim(spec.gpt.dim);
+    g->set_tie(spec.gpt.tie);
+  }
+  if (spec.lora.enabled()) {
+    v1::LoraDescription* l = model_desc_.mutable_lora();
+    l->set_rank(spec.lora.rank);
+    l->set_alpha(spec.lora.alpha);
+    for (const std::string& t : spec.lora.targets) l->add_targets(t);
+    l->set_dropout(spec.lora.dropout);
+  }
+}
+
+Status Coordinator::SplitLayoutLocked() {
   if (!cfg_.model.personal.empty()) {
     auto personal = MatchTensorNames(global_, cfg_.model.personal);
     if (!personal.ok()) {
@@ -739,6 +782,10 @@ Status Coordinator::Init() {
                  base_size_);
   }
   if (!not_updated_.empty()) shared_layout_ = Without(global_, not_updated_);
+  return absl::OkStatus();
+}
+
+Status Coordinator::LoadDataLocked(const ModelSpec& spec) {
   if (opts_.evaluate) {
     auto test = LoadDataSpec(cfg_.data.test, /*train=*/false);
     if (!test.ok()) return absl::InvalidArgumentError(absl::StrCat("data.test: ", test.status().message()));
@@ -750,7 +797,6 @@ Status Coordinator::Init() {
       test_ = test_.Subset(idx);
     }
   }
-  ASSIGN_OR_RETURN(strategy_, opts_.strategy ? opts_.strategy(cfg_) : CreateStrategy(cfg_));
   if (cfg_.aggregation.rule == "fltrust") {
     auto root = LoadDataSpec(cfg_.aggregation.root_data, /*train=*/true);
     if (!root.ok()) {
@@ -760,6 +806,10 @@ Status Coordinator::Init() {
     root_ = *std::move(root);
     RETURN_IF_ERROR(CheckDataFitsModel(root_, spec, cfg_.train.loss, "aggregation.root_data"));
   }
+  return absl::OkStatus();
+}
+
+Status Coordinator::MakeCodecs() {
   if (CodecFamily(cfg_.compression.update) != "none") {
     auto codec = MakeCodec(cfg_.compression.update);
     if (!codec.ok()) {
@@ -781,28 +831,6 @@ Status Coordinator::Init() {
           absl::StrCat("compression.", key, ": ", c.status().message()));
     }
   }
-  if (split_) {
-    split_->mu().AssertHeld();  // this->mu_
-    RETURN_IF_ERROR(split_->Init(spec));
-  }
-  run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
-  if (!opts_.run_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(opts_.run_dir, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot create ", opts_.run_dir, ": ", ec.message()));
-    RETURN_IF_ERROR(LoadCheckpoint());
-    if (!opts_.config_text.empty()) {
-      RETURN_IF_ERROR(WriteFileAtomic(Path("config.yaml"), opts_.config_text));
-    }
-    // Held open from now on, so that running out of descriptors (connections) cannot
-    // stop a round from being recorded.
-    ASSIGN_OR_RETURN(run_files_, RunFiles::Open(opts_.run_dir, "metrics.jsonl", "checkpoint.pb"));
-    if (async_) {
-      async_->mu().AssertHeld();  // this->mu_
-      RETURN_IF_ERROR(async_->OpenJournal(opts_.run_dir, committed_round_));
-    }
-  }
-  PublishModelLocked();
   return absl::OkStatus();
 }
 

@@ -350,6 +350,20 @@ class Coordinator {
   // After the last round: the final model's federated evaluation, when clients hold
   // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
   void FinalEvaluation(double elapsed_s);
+  // Init's steps. How rounds run: the round driver of the job's mode, the scheduler
+  // (synchronous rounds, turns, or async buffers) and Oort's selector.
+  void ChooseRoundsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The model: built, its starting weights, the TorchScript archive and loss as pinned
+  // blobs, the description tasks carry.
+  StatusOr<ModelSpec> LoadModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DescribeModelLocked(const ModelSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Which tensors updates leave out: personal layers and a LoRA model's frozen base
+  // (pinned as the base blob).
+  Status SplitLayoutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // data.test (server evaluation) and aggregation.root_data (FLTrust).
+  Status LoadDataLocked(const ModelSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // compression.*: each codec checked for its direction; errors name the key.
+  Status MakeCodecs();
   Status LoadCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The strategy's State(), taken with every shard's mutex held (no Accumulate runs).
   // The analysis cannot follow a loop over an array of mutexes.
