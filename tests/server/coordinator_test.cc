@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "tests/server/fake_transport.h"
@@ -40,7 +43,7 @@ struct CoordinatorRun {
   }
 };
 
-constexpr char kJob[] =
+const std::string kJob =
     "run: {rounds: 1}\n"
     "model: {name: mlp, input: [4], classes: 2}\n"
     "data: {test: \"\"}\n"
@@ -52,95 +55,98 @@ ParameterSet Filled(const ParameterSet& layout, float v) {
   return d;
 }
 
+// A coordinator (on a fake clock, no socket) with two joined fake clients holding
+// `examples_a` and `examples_b` examples, running, each with its round-1 task.
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void StartTwo(int64_t examples_a, int64_t examples_b, const std::string& extra_yaml = "") {
+    run_ = std::make_unique<CoordinatorRun>(kJob + extra_yaml);
+    ASSERT_TRUE(run_->init.ok()) << run_->init;
+    initial_ = run_->c->GlobalModel();
+    a_ = std::make_unique<FakeClient>(run_->c.get(), "a", examples_a);
+    b_ = std::make_unique<FakeClient>(run_->c.get(), "b", examples_b);
+    ASSERT_TRUE(a_->Join().ok());
+    ASSERT_TRUE(b_->Join().ok());
+    run_->Start();
+    ta_ = a_->NextTask();
+    tb_ = b_->NextTask();
+    ASSERT_TRUE(ta_ && tb_);
+  }
+  // Waits for the run to end; false (with the test failed) unless it ended OK.
+  bool Finish() {
+    run_->thread.join();
+    EXPECT_TRUE(run_->status.ok()) << run_->status;
+    return run_->status.ok();
+  }
+
+  std::unique_ptr<CoordinatorRun> run_;
+  ParameterSet initial_;
+  std::unique_ptr<FakeClient> a_, b_;
+  std::optional<v1::Task> ta_, tb_;
+};
+
 // Two clients' updates, weighted by their example counts, make exactly the FedAvg model.
-TEST(CoordinatorTest, TwoFakeClientsMakeTheExactWeightedMean) {
-  CoordinatorRun run(kJob);
-  ASSERT_TRUE(run.init.ok()) << run.init;
-  const ParameterSet initial = run.c->GlobalModel();
-  FakeClient a(run.c.get(), "a", 1), b(run.c.get(), "b", 3);
-  ASSERT_TRUE(a.Join().ok());
-  ASSERT_TRUE(b.Join().ok());
-  run.Start();
-  auto ta = a.NextTask(), tb = b.NextTask();
-  ASSERT_TRUE(ta && tb);
-  auto model = a.Model(*ta);
+TEST_F(CoordinatorTest, TwoFakeClientsMakeTheExactWeightedMean) {
+  ASSERT_NO_FATAL_FAILURE(StartTwo(1, 3));
+  auto model = a_->Model(*ta_);
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ(model->Encode(), initial.Encode()) << "the task's model is the initial one";
-  ASSERT_TRUE(a.Upload(*ta, Filled(initial, 1.0f).Encode()).ok());
-  ASSERT_TRUE(b.Upload(*tb, Filled(initial, -0.5f).Encode()).ok());
-  run.thread.join();
-  ASSERT_TRUE(run.status.ok()) << run.status;
-  const ParameterSet after = run.c->GlobalModel();
+  EXPECT_EQ(model->Encode(), initial_.Encode()) << "the task's model is the initial one";
+  ASSERT_TRUE(a_->Upload(*ta_, Filled(initial_, 1.0f).Encode()).ok());
+  ASSERT_TRUE(b_->Upload(*tb_, Filled(initial_, -0.5f).Encode()).ok());
+  ASSERT_TRUE(Finish());
+  const ParameterSet after = run_->c->GlobalModel();
   const float mean = static_cast<float>((1 * 1.0 + 3 * -0.5) / 4);  // -0.125
   for (size_t i = 0; i < after.size(); ++i) {
     for (size_t j = 0; j < after.tensors()[i].values.size(); ++j) {
-      EXPECT_FLOAT_EQ(after.tensors()[i].values[j], initial.tensors()[i].values[j] + mean);
+      EXPECT_FLOAT_EQ(after.tensors()[i].values[j], initial_.tensors()[i].values[j] + mean);
     }
   }
-  ASSERT_EQ(run.c->History().size(), 1u);
-  EXPECT_EQ(run.c->History()[0].participants, 2);
+  ASSERT_EQ(run_->c->History().size(), 1u);
+  EXPECT_EQ(run_->c->History()[0].participants, 2);
 }
 
 // Uploads that must not count are refused with their status and change nothing: an
 // unknown client, a wrong token, a wrong size, a value that is not finite.
-TEST(CoordinatorTest, BadUploadsAreRefusedAndChangeNothing) {
-  CoordinatorRun run(kJob);
-  ASSERT_TRUE(run.init.ok()) << run.init;
-  const ParameterSet initial = run.c->GlobalModel();
-  FakeClient a(run.c.get(), "a", 2), b(run.c.get(), "b", 2);
-  ASSERT_TRUE(a.Join().ok());
-  ASSERT_TRUE(b.Join().ok());
-  run.Start();
-  auto ta = a.NextTask(), tb = b.NextTask();
-  ASSERT_TRUE(ta && tb);
-  const std::string good = Filled(initial, 0.25f).Encode();
-
-  v1::UploadHeader unknown = a.Header(*ta);
-  unknown.set_client_id("c999");
-  unknown.set_total_size(static_cast<int64_t>(good.size()));
-  EXPECT_EQ(a.UploadWithHeader(unknown, good).code(), absl::StatusCode::kUnauthenticated);
-  v1::UploadHeader token = a.Header(*ta);
-  token.set_session_token("not-the-token");
-  token.set_total_size(static_cast<int64_t>(good.size()));
-  EXPECT_EQ(a.UploadWithHeader(token, good).code(), absl::StatusCode::kUnauthenticated);
-  v1::UploadHeader size = a.Header(*ta);
-  size.set_total_size(static_cast<int64_t>(good.size()) + 4);
-  EXPECT_EQ(a.UploadWithHeader(size, good + "abcd").code(), absl::StatusCode::kInvalidArgument);
-  ParameterSet nan = Filled(initial, 0.25f);
+TEST_F(CoordinatorTest, BadUploadsAreRefusedAndChangeNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartTwo(2, 2));
+  const std::string good = Filled(initial_, 0.25f).Encode();
+  auto header = [&](auto change) {
+    v1::UploadHeader h = a_->Header(*ta_);
+    h.set_total_size(static_cast<int64_t>(good.size()));
+    change(h);
+    return h;
+  };
+  const auto unknown = header([](v1::UploadHeader& h) { h.set_client_id("c999"); });
+  EXPECT_EQ(a_->UploadWithHeader(unknown, good).code(), absl::StatusCode::kUnauthenticated);
+  const auto token = header([](v1::UploadHeader& h) { h.set_session_token("not-the-token"); });
+  EXPECT_EQ(a_->UploadWithHeader(token, good).code(), absl::StatusCode::kUnauthenticated);
+  const auto size = header([](v1::UploadHeader& h) { h.set_total_size(h.total_size() + 4); });
+  EXPECT_EQ(a_->UploadWithHeader(size, good + "abcd").code(), absl::StatusCode::kInvalidArgument);
+  ParameterSet nan = Filled(initial_, 0.25f);
   nan.mutable_tensors()[0].values[0] = std::nanf("");
-  EXPECT_EQ(a.Upload(*ta, nan.Encode()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(a_->Upload(*ta_, nan.Encode()).code(), absl::StatusCode::kInvalidArgument);
 
   // The task still takes its good upload, and only the good ones count.
-  ASSERT_TRUE(a.Upload(*ta, good).ok());
-  ASSERT_TRUE(b.Upload(*tb, good).ok());
-  run.thread.join();
-  ASSERT_TRUE(run.status.ok()) << run.status;
-  const ParameterSet after = run.c->GlobalModel();
-  EXPECT_FLOAT_EQ(after.tensors()[0].values[0], initial.tensors()[0].values[0] + 0.25f);
+  ASSERT_TRUE(a_->Upload(*ta_, good).ok());
+  ASSERT_TRUE(b_->Upload(*tb_, good).ok());
+  ASSERT_TRUE(Finish());
+  EXPECT_FLOAT_EQ(run_->c->GlobalModel().tensors()[0].values[0],
+                  initial_.tensors()[0].values[0] + 0.25f);
 }
 
 // The round's deadline passes on the injected clock: the client that never uploads is
 // counted as failed and the round commits with the quorum it has.
-TEST(CoordinatorTest, TheDeadlinePassesOnTheInjectedClock) {
-  CoordinatorRun run(std::string(kJob) + "server: {heartbeat_s: 1000, client_timeout_s: 5000}\n");
-  ASSERT_TRUE(run.init.ok()) << run.init;
-  const ParameterSet initial = run.c->GlobalModel();
-  FakeClient a(run.c.get(), "a", 2), b(run.c.get(), "b", 2);
-  ASSERT_TRUE(a.Join().ok());
-  ASSERT_TRUE(b.Join().ok());
-  run.Start();
-  auto ta = a.NextTask(), tb = b.NextTask();
-  ASSERT_TRUE(ta && tb);
-  ASSERT_TRUE(a.Upload(*ta, Filled(initial, 0.5f).Encode()).ok());
-  EXPECT_EQ(run.c->committed_round(), 0) << "b's result is still awaited";
-  run.clock->AdvanceSeconds(31);
-  run.thread.join();
-  ASSERT_TRUE(run.status.ok()) << run.status;
-  ASSERT_EQ(run.c->History().size(), 1u);
-  EXPECT_EQ(run.c->History()[0].participants, 1);
-  EXPECT_EQ(run.c->History()[0].failures, 1);
-  EXPECT_FLOAT_EQ(run.c->GlobalModel().tensors()[0].values[0],
-                  initial.tensors()[0].values[0] + 0.5f);
+TEST_F(CoordinatorTest, TheDeadlinePassesOnTheInjectedClock) {
+  ASSERT_NO_FATAL_FAILURE(StartTwo(2, 2, "server: {heartbeat_s: 1000, client_timeout_s: 5000}\n"));
+  ASSERT_TRUE(a_->Upload(*ta_, Filled(initial_, 0.5f).Encode()).ok());
+  EXPECT_EQ(run_->c->committed_round(), 0) << "b's result is still awaited";
+  run_->clock->AdvanceSeconds(31);
+  ASSERT_TRUE(Finish());
+  ASSERT_EQ(run_->c->History().size(), 1u);
+  EXPECT_EQ(run_->c->History()[0].participants, 1);
+  EXPECT_EQ(run_->c->History()[0].failures, 1);
+  EXPECT_FLOAT_EQ(run_->c->GlobalModel().tensors()[0].values[0],
+                  initial_.tensors()[0].values[0] + 0.5f);
 }
 
 }  // namespace
