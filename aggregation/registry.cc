@@ -22,7 +22,7 @@ Registry<StrategyKind>& Strategies() {
     r->AddBuiltin("fedavg", Family("fedavg", ServerRule::kSgd, 1.0));
     r->AddBuiltin("fedprox", Family("fedprox", ServerRule::kSgd, 1.0));
     r->AddBuiltin("fedavgm", Family("fedavgm", ServerRule::kMomentum, 1.0));
-    r->AddBuiltin("diloco", Family("diloco", ServerRule::kNesterov, 0.7));  // the DiLoCo paper's
+    r->AddBuiltin("diloco", Family("diloco", ServerRule::kNesterov, 0.7));  // DiLoCo's paper
     r->AddBuiltin("fedadam", Family("fedadam", ServerRule::kAdam, 0.1));
     r->AddBuiltin("fedyogi", Family("fedyogi", ServerRule::kYogi, 0.1));
     r->AddBuiltin("fedadagrad", Family("fedadagrad", ServerRule::kAdagrad, 0.1));
@@ -41,10 +41,14 @@ RuleKind Plain(std::vector<float> (*rule)(const Updates&)) {
           }};
 }
 
-// A rule tolerating f attackers among n: `f`'s bound and its wording.
-std::function<Status(int, int, int)> Tolerates(const std::string& rule, int per_f, int plus,
-                                               const std::string& what) {
-  return [=](int n, int f, int) { return Needs(rule, n, f, n >= per_f * f + plus, what); };
+// A rule of the updates and f that tolerates f attackers among n when
+// n >= per_f * f + plus (`what` says so in its refusal).
+RuleKind OfF(const std::string& name, std::vector<float> (*rule)(const Updates&, int), int per_f,
+             int plus, const std::string& what) {
+  return {[=](int n, int f, int) { return Needs(name, n, f, n >= per_f * f + plus, what); },
+          [rule](const RuleInput& in) -> StatusOr<std::vector<float>> {
+            return rule(in.updates, in.f);
+          }};
 }
 
 }  // namespace
@@ -54,38 +58,28 @@ Registry<RuleKind>& RobustRules() {
     auto* r = new Registry<RuleKind>("aggregation.rule");
     r->AddBuiltin("mean", Plain(Mean));
     r->AddBuiltin("median", Plain(Median));
-    r->AddBuiltin("trimmed_mean",
-            RuleKind{Tolerates("trimmed_mean", 2, 1, "n > 2f"),
-                     [](const RuleInput& in) -> StatusOr<std::vector<float>> {
-                       return TrimmedMean(in.updates, in.f);
-                     }});
-    r->AddBuiltin("krum", RuleKind{Tolerates("krum", 2, 1, "n > 2f"),
-                                 [](const RuleInput& in) -> StatusOr<std::vector<float>> {
-                                   return Krum(in.updates, in.f);
-                                 }});
-    r->AddBuiltin("multi_krum",
-            RuleKind{[](int n, int f, int m) {
-                       return Needs("multi_krum", n, f, n > 2 * f && m <= n, "n > 2f and m <= n");
-                     },
-                     [](const RuleInput& in) -> StatusOr<std::vector<float>> {
-                       return MultiKrum(in.updates, in.f, in.m);
-                     }});
-    r->AddBuiltin("bulyan", RuleKind{Tolerates("bulyan", 4, 3, "n >= 4f + 3"),
-                                   [](const RuleInput& in) -> StatusOr<std::vector<float>> {
-                                     return Bulyan(in.updates, in.f);
-                                   }});
+    r->AddBuiltin("trimmed_mean", OfF("trimmed_mean", TrimmedMean, 2, 1, "n > 2f"));
+    r->AddBuiltin("krum", OfF("krum", Krum, 2, 1, "n > 2f"));
+    r->AddBuiltin("multi_krum", RuleKind{[](int n, int f, int m) {
+                                           return Needs("multi_krum", n, f, n > 2 * f && m <= n,
+                                                        "n > 2f and m <= n");
+                                         },
+                                         [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                                           return MultiKrum(in.updates, in.f, in.m);
+                                         }});
+    r->AddBuiltin("bulyan", OfF("bulyan", Bulyan, 4, 3, "n >= 4f + 3"));
     r->AddBuiltin("norm_bound",
-            RuleKind{nullptr, [](const RuleInput& in) -> StatusOr<std::vector<float>> {
-                       return NormBound(in.updates, in.weights, in.max_norm);
-                     }});
+                  RuleKind{nullptr, [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                             return NormBound(in.updates, in.weights, in.max_norm);
+                           }});
     r->AddBuiltin("fltrust",
-            RuleKind{nullptr, [](const RuleInput& in) -> StatusOr<std::vector<float>> {
-                       if (in.reference.size() != in.updates[0].size()) {
-                         return absl::FailedPreconditionError(
-                             "fltrust: no server update on the root data");
-                       }
-                       return FlTrust(in.updates, in.reference);
-                     }});
+                  RuleKind{nullptr, [](const RuleInput& in) -> StatusOr<std::vector<float>> {
+                             if (in.reference.size() != in.updates[0].size()) {
+                               return absl::FailedPreconditionError(
+                                   "fltrust: no server update on the root data");
+                             }
+                             return FlTrust(in.updates, in.reference);
+                           }});
     return r;
   }();
   return *r;

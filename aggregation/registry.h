@@ -2,8 +2,8 @@
 // CreateStrategy builds strategies through Strategies(); robust::Aggregate runs rules
 // through RobustRules(); the job's validation (job/job.h), the errors and the docs test
 // read the same tables. The built-ins are registered in aggregation/registry.cc; a
-// strategy or rule of one's own is its own file plus one Add (tests/aggregation/
-// registration_test.cc registers one from the test file alone).
+// strategy or rule of one's own is its own file plus one Add
+// (tests/integration/registration_test.cc registers a strategy from the test file).
 #pragma once
 
 #include <functional>
@@ -44,7 +44,7 @@ struct RuleInput {
 struct RuleKind {
   // FAILED_PRECONDITION unless the rule can run on n updates tolerating f attackers
   // (m: multi-Krum's pick); null: any n >= 1.
-  std::function<Status(int n, int f, int m)> requires;
+  std::function<Status(int n, int f, int m)> precondition;
   std::function<StatusOr<std::vector<float>>(const RuleInput&)> aggregate;
 };
 

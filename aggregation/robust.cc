@@ -163,7 +163,7 @@ StatusOr<std::vector<float>> Aggregate(const std::string& rule, const Updates& u
   const int n = static_cast<int>(u.size());
   if (m == 0) m = n - f;
   if (n < 1) return Needs(rule, n, f, false, "at least one update");
-  if (kind->requires) RETURN_IF_ERROR(kind->requires(n, f, m));
+  if (kind->precondition) RETURN_IF_ERROR(kind->precondition(n, f, m));
   return kind->aggregate(RuleInput{u, weights, f, m, max_norm, reference});
 }
 

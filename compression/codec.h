@@ -113,7 +113,7 @@ using CodecFactory = std::function<StatusOr<std::unique_ptr<Codec>>(const CodecS
 
 // Codec families by name, with how each spec is written ("topk:F[:ef21]") as the
 // summary. The built-ins are registered in codec.cc; a codec of one's own is its own
-// file plus one Add (tests/compression/registration_test.cc). Clients advertise every
+// file plus one Add (tests/integration/registration_test.cc). Clients advertise every
 // registered family in their Join.
 Registry<CodecFactory>& Codecs();
 

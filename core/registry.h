@@ -17,12 +17,12 @@
 
 #include <cstdlib>
 #include <deque>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/names.h"
 #include "core/status.h"
 
@@ -88,7 +88,15 @@ class Registry {
     return out;
   }
   // A snapshot as a NameTable (Check's error lists the summaries).
-  NameTable Table() const { return NameTable{key_, Names(), Summaries()}; }
+  NameTable Table() const {
+    std::lock_guard<std::mutex> l(mu_);
+    NameTable t{key_, {}, {}};
+    for (const Item& i : items_) {
+      t.names.push_back(i.name);
+      t.summaries.push_back(i.summary);
+    }
+    return t;
+  }
 
  private:
   struct Item {

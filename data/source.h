@@ -1,8 +1,8 @@
 // Data sources: what reads "SOURCE:PATH[,OPTION...]" (LoadDataSpec, data/dataset.h) for
 // each SOURCE. Sources are a registry (core/registry.h): the built-ins (idx, fmnist,
 // folder, cifar10, cifar100, csv, tsv, text) are registered in data/dataset.cc; a source
-// of one's own is its own file plus one Add (tests/data/registration_test.cc registers
-// one from the test file alone). LoadDataSpec refuses an option the source does not
+// of one's own is its own file plus one Add (tests/integration/registration_test.cc
+// registers one from the test file alone). LoadDataSpec refuses an option the source does not
 // list before calling its loader, then applies the options every source takes.
 #pragma once
 
