@@ -182,7 +182,37 @@ struct Client::Impl {
   enum class End { kRunEnded, kRetry, kFatal, kCrashed, kStopped };
 
   Status Run();
+  // One connection: Join, then the control stream's tasks until it ends.
   End Session(bool* joined, Status* why);
+  // The control stream of a session: writes from any thread (heartbeats, acks, tasks),
+  // reads by the session's thread, and a message read on a task's behalf that belongs to
+  // what comes after it.
+  struct ControlStream {
+    std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
+    std::mutex write_mu;
+    std::optional<v1::ServerMessage> pending;
+    // True once a read failed: the server ended the stream, and Finish returns its
+    // status (cancelling first would replace the server's reason by CANCELLED).
+    bool server_ended = false;
+    bool Write(const v1::ClientMessage& m) {
+      std::lock_guard<std::mutex> l(write_mu);
+      return stream->Write(m);
+    }
+    bool Read(v1::ServerMessage* m) {
+      if (!pending) return !(server_ended = !stream->Read(m));
+      *m = *std::move(pending);
+      pending.reset();
+      return true;
+    }
+  };
+  // After the Welcome, with split learning's cut: auto: this device's profile for the
+  // cut policy, sent on the stream. An error ends the session.
+  Status SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome& welcome, ControlStream& cs);
+  // The session's task loop: each task to HandleTask, until the run ends, the stream
+  // closes, a task crashes (test hook), or an edge must join again (*rejoin) because it
+  // now holds more than the `declared` examples.
+  End ServeTasks(v1::Coordinator::Stub* stub, const v1::Welcome& welcome, ControlStream& cs,
+                 grpc::ClientContext& ctx, int64_t declared, bool* rejoin);
   // `next` reads the task's later control messages (secure aggregation).
   // Replaces the honest `delta` (trained from `global` with `o`) by the attack's update.
   Status Attack(const ParameterSet& global, const LocalTrainOptions& o, ParameterSet* delta);
@@ -384,6 +414,62 @@ Status Client::Impl::Run() {
   return absl::CancelledError("stopped");
 }
 
+namespace {
+
+// A session's heartbeats: on the process's shared Heartbeats thread when there is one
+// (cleave simulate: thousands of clients must not each wake to poll), else on a thread
+// of the session's own that waits on the client's clock between beats.
+class SessionHeartbeat {
+ public:
+  SessionHeartbeat(std::shared_ptr<Heartbeats> shared, std::shared_ptr<Clock> clock,
+                   std::chrono::milliseconds period, std::function<bool()> beat)
+      : shared_(std::move(shared)), clock_(std::move(clock)) {
+    if (shared_) {
+      id_ = shared_->Add(period, std::move(beat));
+      return;
+    }
+    thread_ = std::thread([this, period, beat = std::move(beat)] {
+      MutexLock l(&mu_);
+      while (!stop_) {
+        mu_.Unlock();
+        const bool sent = beat();
+        mu_.Lock();
+        if (!sent) break;
+        const Clock::time_point next = clock_->Now() + period;
+        while (!stop_ && clock_->Now() < next) clock_->WaitUntil(cv_, mu_, next);
+      }
+    });
+  }
+  // No beat starts after this; one in progress may still be writing (the caller cancels
+  // the stream before Join if it must not wait for it).
+  void RequestStop() {
+    {
+      MutexLock l(&mu_);
+      stop_ = true;
+    }
+    cv_.SignalAll();
+  }
+  // Returns once no beat runs and none will.
+  void Join() {
+    RequestStop();
+    if (thread_.joinable()) thread_.join();
+    if (shared_ && id_ != 0) shared_->Remove(id_);
+    id_ = 0;
+  }
+  ~SessionHeartbeat() { Join(); }
+
+ private:
+  const std::shared_ptr<Heartbeats> shared_;
+  const std::shared_ptr<Clock> clock_;
+  int64_t id_ = 0;  // with shared_: this session's beat there
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace
+
 Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
@@ -403,12 +489,8 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
     if (stop) return End::kStopped;
     this->ctx = &ctx;
   }
-  auto stream = stub->Control(&ctx);
-  std::mutex write_mu;
-  auto write = [&](const v1::ClientMessage& m) {
-    std::lock_guard<std::mutex> l(write_mu);
-    return stream->Write(m);
-  };
+  ControlStream cs;
+  cs.stream = stub->Control(&ctx);
 
   v1::ClientMessage join_msg;
   v1::Join* join = join_msg.mutable_join();
@@ -422,24 +504,13 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   join->set_peer_address(peer_address);
 
   End end = End::kRetry;
-  // True once a read failed: the server ended the stream, and Finish returns its status
-  // (cancelling first would replace the server's reason by CANCELLED).
-  bool server_ended = false;
-  bool rejoining = false;  // an edge leaves to join again with a larger declaration
-  v1::ServerMessage msg;
-  v1::Welcome welcome;
-  // The heartbeat thread sleeps on hb_cv until its next beat or hb_stop: a process hosting
-  // thousands of clients (cleave simulate) must not wake each of them to poll.
-  Mutex hb_mu;
-  CondVar hb_cv;
-  bool hb_stop = false;  // guarded by hb_mu
-  std::thread heartbeat;
-  int64_t shared_beat = 0;  // with opts.heartbeats: this session's id there
+  bool rejoin = false;  // an edge leaves to join again with a larger declaration
   Status profile_error;  // this device could not be profiled for the cut policy
-  const bool wrote_join = write(join_msg);
-  server_ended = !(wrote_join && stream->Read(&msg));
-  if (!server_ended && msg.has_welcome()) {
-    welcome = msg.welcome();
+  std::optional<SessionHeartbeat> heartbeat;
+  v1::ServerMessage msg;
+  cs.server_ended = !(cs.Write(join_msg) && cs.stream->Read(&msg));
+  if (!cs.server_ended && msg.has_welcome()) {
+    const v1::Welcome welcome = msg.welcome();
     *joined = true;
     spdlog::info("joined run {} as {}", welcome.run_id(), welcome.client_id());
     UpdateState([&](ClientState& st) {
@@ -447,128 +518,24 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
       st.run_id = welcome.run_id();
       st.client_id = welcome.client_id();
     });
-    const auto period = std::chrono::milliseconds(std::max(100, welcome.heartbeat_interval_ms()));
-    auto beat = [&] {
-      v1::ClientMessage hb;
-      hb.mutable_heartbeat()->set_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                              std::chrono::system_clock::now().time_since_epoch())
-                                              .count());
-      return write(hb);
-    };
-    if (opts.heartbeats) {
-      shared_beat = opts.heartbeats->Add(period, beat);
-    } else {
-      heartbeat = std::thread([&] {
-        MutexLock l(&hb_mu);
-        while (!hb_stop) {
-          hb_mu.Unlock();
-          const bool sent = beat();
-          hb_mu.Lock();
-          if (!sent) break;
-          const Clock::time_point next = clock->Now() + period;
-          while (!hb_stop && clock->Now() < next) clock->WaitUntil(hb_cv, hb_mu, next);
-        }
-      });
-    }
-    if (welcome.profile_batch_size() > 0) {  // split learning with cut: auto
-      auto spec = Spec(stub.get(), welcome, welcome.model());
-      auto profile = spec.ok() ? ProfileDevice(stub.get(), welcome, *spec, opts.train,
-                                               opts.memory_limit_bytes, &emulator)
-                               : StatusOr<v1::Profile>(spec.status());
-      if (profile.ok()) {
-        v1::ClientMessage m;
-        *m.mutable_profile() = *profile;
-        write(m);
-      } else {
-        // Without a profile the server never gives this client a task: end the session
-        // (for good when the model cannot run on this device's data, else to retry).
-        profile_error = Status(profile.status().code(),
-                               absl::StrCat("cannot profile this device: ", profile.status().message()));
-      }
-    }
-    auto ack = [&](const v1::TaskAck& a) {
-      v1::ClientMessage m;
-      *m.mutable_ack() = a;
-      write(m);
-    };
-    // A message read on a task's behalf that belongs to what comes after it.
-    std::optional<v1::ServerMessage> pending;
-    auto read = [&](v1::ServerMessage* m) {
-      if (!pending) return !(server_ended = !stream->Read(m));
-      *m = *std::move(pending);
-      pending.reset();
-      return true;
-    };
-    while (profile_error.ok() && read(&msg)) {
-      if (msg.has_run_ended()) {
-        spdlog::info("run {} ended: {}", msg.run_ended().run_id(), msg.run_ended().reason());
-        end = End::kRunEnded;
-        break;
-      }
-      if (!msg.has_task()) continue;
-      UpdateState([&](ClientState& st) { st.round = msg.task().round(); });
-      bool crashed = false;
-      const std::string task_id = msg.task().task_id();
-      NextMessage next = [&](v1::ServerMessage* m) -> Status {
-        if (!stream->Read(m)) return absl::UnavailableError("the control stream closed");
-        const std::string& about = m->has_secagg_neighbours() ? m->secagg_neighbours().task_id()
-                                   : m->has_secagg_relay()    ? m->secagg_relay().task_id()
-                                   : m->has_secagg_unmask()   ? m->secagg_unmask().task_id()
-                                                              : std::string();
-        if (about == task_id) return absl::OkStatus();
-        if (m->has_task() || m->has_run_ended()) {
-          pending = *m;
-          return absl::AbortedError("the server closed the round");
-        }
-        return absl::FailedPreconditionError("unexpected control message during the task");
-      };
-      Status s;
-      auto run_task = [&] {
-        s = HandleTask(stub.get(), welcome, msg.task(), ack, next, &crashed);
-        if (opts.task_slots) {
-          // A virtual client of a simulation keeps no model between its tasks: only
-          // those working hold training state (its personal layers and codec state stay).
-          model.reset();
-          loss_digest.clear();
-        }
-      };
-      if (!opts.task_slots) {
-        run_task();
-      } else if (!opts.task_slots->Run(run_task, stop)) {
-        break;  // stopped while waiting for a worker
-      }
-      if (crashed) {
-        end = End::kCrashed;
-        ctx.TryCancel();
-        break;
-      }
-      if (DeclaredExamples() > join->num_examples()) {  // an edge's clients grew
-        rejoining = true;
-        break;
-      }
-      if (!s.ok()) {
-        UpdateState([](ClientState& st) { ++st.tasks_failed; });
-        spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
-        // Tell the server at once, so that the round need not wait for its deadline (a
-        // task already uploaded or failed there ignores this).
-        v1::TaskAck failed;
-        failed.set_task_id(msg.task().task_id());
-        failed.set_accepted(false);
-        failed.set_error(std::string(s.message()));
-        ack(failed);
-      }
-    }
+    heartbeat.emplace(
+        opts.heartbeats, clock,
+        std::chrono::milliseconds(std::max(100, welcome.heartbeat_interval_ms())), [&cs] {
+          v1::ClientMessage hb;
+          hb.mutable_heartbeat()->set_unix_ms(
+              std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::system_clock::now().time_since_epoch())
+                  .count());
+          return cs.Write(hb);
+        });
+    profile_error = SendProfile(stub.get(), welcome, cs);
+    if (profile_error.ok()) end = ServeTasks(stub.get(), welcome, cs, ctx, join->num_examples(), &rejoin);
   }
   UpdateState([](ClientState& st) { st.connected = false; });
-  {
-    MutexLock l(&hb_mu);
-    hb_stop = true;
-  }
-  hb_cv.SignalAll();
-  if (end != End::kRunEnded && end != End::kCrashed && !server_ended) ctx.TryCancel();
-  if (heartbeat.joinable()) heartbeat.join();
-  if (shared_beat != 0) opts.heartbeats->Remove(shared_beat);
-  grpc::Status gs = stream->Finish();
+  if (heartbeat) heartbeat->RequestStop();
+  if (end != End::kRunEnded && end != End::kCrashed && !cs.server_ended) ctx.TryCancel();
+  if (heartbeat) heartbeat->Join();
+  grpc::Status gs = cs.stream->Finish();
   {
     MutexLock l(&mu);
     this->ctx = nullptr;
@@ -579,7 +546,7 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
     *why = profile_error;
     return Fatal(why->code()) ? End::kFatal : End::kRetry;
   }
-  if (rejoining) {
+  if (rejoin) {
     *why = absl::UnavailableError(
         absl::StrCat("joining again to declare ", DeclaredExamples(), " examples"));
     return End::kRetry;
@@ -587,6 +554,97 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   *why = gs.ok() ? absl::UnavailableError("the server closed the control stream")
                  : FromGrpc(gs, "control stream");
   if (!gs.ok() && Fatal(why->code())) return End::kFatal;
+  return End::kRetry;
+}
+
+Status Client::Impl::SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome& welcome,
+                                 ControlStream& cs) {
+  if (welcome.profile_batch_size() <= 0) return absl::OkStatus();  // no cut: auto
+  auto spec = Spec(stub, welcome, welcome.model());
+  auto profile = spec.ok() ? ProfileDevice(stub, welcome, *spec, opts.train,
+                                           opts.memory_limit_bytes, &emulator)
+                           : StatusOr<v1::Profile>(spec.status());
+  if (!profile.ok()) {
+    // Without a profile the server never gives this client a task: end the session (for
+    // good when the model cannot run on this device's data, else to retry).
+    return Status(profile.status().code(),
+                  absl::StrCat("cannot profile this device: ", profile.status().message()));
+  }
+  v1::ClientMessage m;
+  *m.mutable_profile() = *profile;
+  cs.Write(m);
+  return absl::OkStatus();
+}
+
+Client::Impl::End Client::Impl::ServeTasks(v1::Coordinator::Stub* stub,
+                                           const v1::Welcome& welcome, ControlStream& cs,
+                                           grpc::ClientContext& ctx, int64_t declared,
+                                           bool* rejoin) {
+  auto ack = [&cs](const v1::TaskAck& a) {
+    v1::ClientMessage m;
+    *m.mutable_ack() = a;
+    cs.Write(m);
+  };
+  v1::ServerMessage msg;
+  while (cs.Read(&msg)) {
+    if (msg.has_run_ended()) {
+      spdlog::info("run {} ended: {}", msg.run_ended().run_id(), msg.run_ended().reason());
+      return End::kRunEnded;
+    }
+    if (!msg.has_task()) continue;
+    UpdateState([&](ClientState& st) { st.round = msg.task().round(); });
+    bool crashed = false;
+    const std::string task_id = msg.task().task_id();
+    // Secure aggregation's stage messages of this task; a new task or RunEnded read here
+    // is kept for this loop and ends the task.
+    NextMessage next = [&](v1::ServerMessage* m) -> Status {
+      if (!cs.stream->Read(m)) return absl::UnavailableError("the control stream closed");
+      const std::string& about = m->has_secagg_neighbours() ? m->secagg_neighbours().task_id()
+                                 : m->has_secagg_relay()    ? m->secagg_relay().task_id()
+                                 : m->has_secagg_unmask()   ? m->secagg_unmask().task_id()
+                                                            : std::string();
+      if (about == task_id) return absl::OkStatus();
+      if (m->has_task() || m->has_run_ended()) {
+        cs.pending = *m;
+        return absl::AbortedError("the server closed the round");
+      }
+      return absl::FailedPreconditionError("unexpected control message during the task");
+    };
+    Status s;
+    auto run_task = [&] {
+      s = HandleTask(stub, welcome, msg.task(), ack, next, &crashed);
+      if (opts.task_slots) {
+        // A virtual client of a simulation keeps no model between its tasks: only those
+        // working hold training state (its personal layers and codec state stay).
+        model.reset();
+        loss_digest.clear();
+      }
+    };
+    if (!opts.task_slots) {
+      run_task();
+    } else if (!opts.task_slots->Run(run_task, stop)) {
+      return End::kRetry;  // stopped while waiting for a worker
+    }
+    if (crashed) {
+      ctx.TryCancel();
+      return End::kCrashed;
+    }
+    if (DeclaredExamples() > declared) {  // an edge's clients grew
+      *rejoin = true;
+      return End::kRetry;
+    }
+    if (!s.ok()) {
+      UpdateState([](ClientState& st) { ++st.tasks_failed; });
+      spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
+      // Tell the server at once, so that the round need not wait for its deadline (a
+      // task already uploaded or failed there ignores this).
+      v1::TaskAck failed;
+      failed.set_task_id(msg.task().task_id());
+      failed.set_accepted(false);
+      failed.set_error(std::string(s.message()));
+      ack(failed);
+    }
+  }
   return End::kRetry;
 }
 
