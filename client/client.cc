@@ -205,6 +205,8 @@ struct Client::Impl {
       return true;
     }
   };
+  // The Join this client sends: its name, device, codecs, declared examples, Peer address.
+  v1::ClientMessage JoinMessage() const;
   // After the Welcome, with split learning's cut: auto: this device's profile for the
   // cut policy, sent on the stream. An error ends the session.
   Status SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome& welcome, ControlStream& cs);
@@ -492,23 +494,13 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
   ControlStream cs;
   cs.stream = stub->Control(&ctx);
 
-  v1::ClientMessage join_msg;
-  v1::Join* join = join_msg.mutable_join();
-  join->set_name(opts.name);
-  *join->mutable_device() = LocalDevice();
-  join->add_codecs("fp32");
-  join->add_codecs("secagg");
-  for (const auto& family : SupportedCodecFamilies()) join->add_codecs(family);
-  join->set_num_examples(DeclaredExamples());
-  join->set_protocol_version(1);
-  join->set_peer_address(peer_address);
-
+  const v1::ClientMessage join = JoinMessage();
   End end = End::kRetry;
   bool rejoin = false;  // an edge leaves to join again with a larger declaration
   Status profile_error;  // this device could not be profiled for the cut policy
   std::optional<SessionHeartbeat> heartbeat;
   v1::ServerMessage msg;
-  cs.server_ended = !(cs.Write(join_msg) && cs.stream->Read(&msg));
+  cs.server_ended = !(cs.Write(join) && cs.stream->Read(&msg));
   if (!cs.server_ended && msg.has_welcome()) {
     const v1::Welcome welcome = msg.welcome();
     *joined = true;
@@ -529,7 +521,9 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
           return cs.Write(hb);
         });
     profile_error = SendProfile(stub.get(), welcome, cs);
-    if (profile_error.ok()) end = ServeTasks(stub.get(), welcome, cs, ctx, join->num_examples(), &rejoin);
+    if (profile_error.ok()) {
+      end = ServeTasks(stub.get(), welcome, cs, ctx, join.join().num_examples(), &rejoin);
+    }
   }
   UpdateState([](ClientState& st) { st.connected = false; });
   if (heartbeat) heartbeat->RequestStop();
@@ -555,6 +549,20 @@ Client::Impl::End Client::Impl::Session(bool* joined, Status* why) {
                  : FromGrpc(gs, "control stream");
   if (!gs.ok() && Fatal(why->code())) return End::kFatal;
   return End::kRetry;
+}
+
+v1::ClientMessage Client::Impl::JoinMessage() const {
+  v1::ClientMessage m;
+  v1::Join* join = m.mutable_join();
+  join->set_name(opts.name);
+  *join->mutable_device() = LocalDevice();
+  join->add_codecs("fp32");
+  join->add_codecs("secagg");
+  for (const auto& family : SupportedCodecFamilies()) join->add_codecs(family);
+  join->set_num_examples(DeclaredExamples());
+  join->set_protocol_version(1);
+  join->set_peer_address(peer_address);
+  return m;
 }
 
 Status Client::Impl::SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome& welcome,
