@@ -1,9 +1,10 @@
 // The job config: one YAML file describes a federation (docs/configuration.md lists
 // every key). JobConfig::ParseYaml fills defaults for absent keys and rejects unknown
 // keys, wrong types and out-of-range values with INVALID_ARGUMENT naming the key. The
-// choices other modules register (strategy.name, aggregation.rule, codecs, split.mode,
+// choices other modules register (strategy.name, aggregation.rule, split.mode,
 // train.loss, ...) and the rules that combine modules are checked one layer up, by
-// ParseJob / LoadJob (job/job.h): core names no module.
+// ParseJob / LoadJob (job/job.h): core names no module. (Codecs are checked where the
+// server builds them, for their direction.)
 #pragma once
 
 #include <cstdint>
@@ -321,7 +322,7 @@ struct JobConfig {
   static StatusOr<JobConfig> ParseYaml(const std::string& yaml_text, const std::string& base_dir);
   // ParseYaml of the file at `path`; errors start with the path.
   static StatusOr<JobConfig> LoadYaml(const std::string& path);
-  // Every key Parse accepts, as SECTION.KEY (local.profiles[].KEY for a profile's).
+  // Every key ParseYaml accepts, as SECTION.KEY (local.profiles[].KEY for a profile's).
   static std::vector<std::string> Keys();
 };
 
