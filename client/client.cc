@@ -305,6 +305,12 @@ struct Client::Impl {
   StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);
   // A gossip task: train the model held, exchange it with the neighbours, average.
   Status HandleGossipTask(const TaskCall& c);
+  // Sends `trained` to every neighbour of the gossip task while theirs arrive, until the
+  // task's deadline; the models heard, and what the exchange measured in *report
+  // (neighbours, heard, bytes each way, the uplink the sends used).
+  std::map<std::string, ParameterSet> ExchangeModels(const TaskCall& c,
+                                                     const ParameterSet& trained,
+                                                     v1::GossipStats* report);
   // The update codec and its state (error-feedback residuals, one per tensor), kept
   // across rounds while the codec and the tensors it encodes stay the same.
   std::unique_ptr<Codec> update_codec;
@@ -850,6 +856,83 @@ StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& 
   return evaluation;
 }
 
+namespace {
+
+// Gossip's average: x = w_self x_self + sum_j w_j x_j over the neighbours heard from (a
+// missing neighbour's weight is kept by self), and in *disagreement the sum over them of
+// ||x_self - x_j||^2.
+ParameterSet MixWithNeighbours(const v1::GossipTask& g, const ParameterSet& trained,
+                               const std::map<std::string, ParameterSet>& theirs,
+                               double* disagreement) {
+  double self_weight = g.self_weight();
+  for (const auto& n : g.neighbours()) {
+    if (!theirs.count(n.name())) self_weight += n.weight();
+  }
+  ParameterSet mixed = trained;
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    auto& x = mixed.mutable_tensors()[i].values;
+    for (float& v : x) v = static_cast<float>(self_weight * v);
+    for (const auto& n : g.neighbours()) {
+      auto it = theirs.find(n.name());
+      if (it == theirs.end()) continue;
+      const auto& y = it->second.tensors()[i].values;
+      const auto& mine = trained.tensors()[i].values;
+      for (size_t j = 0; j < x.size(); ++j) {
+        x[j] += static_cast<float>(n.weight() * y[j]);
+        const double d = static_cast<double>(mine[j]) - y[j];
+        *disagreement += d * d;
+      }
+    }
+  }
+  return mixed;
+}
+
+}  // namespace
+
+std::map<std::string, ParameterSet> Client::Impl::ExchangeModels(const TaskCall& c,
+                                                                 const ParameterSet& trained,
+                                                                 v1::GossipStats* report) {
+  const v1::Task& task = c.task;
+  const v1::GossipTask& g = task.gossip();
+  const std::string bytes = trained.Encode();
+  const double timeout_s = std::max(
+      1.0, (task.deadline_unix_ms() -
+            std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::system_clock::now().time_since_epoch()).count()) / 1000.0);
+  const std::string& self = c.w.name();  // what the neighbours were told to expect
+  std::vector<std::thread> senders;
+  std::vector<Status> sent(g.neighbours_size());
+  std::vector<SendSpan> spans(g.neighbours_size());
+  for (int i = 0; i < g.neighbours_size(); ++i) {
+    senders.emplace_back([&, i] {
+      const auto& n = g.neighbours(i);
+      sent[i] = SendModel(n.address(), n.name(), task.run_id(), task.round(), self, n.token(),
+                          bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator,
+                          &spans[i]);
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  std::map<std::string, ParameterSet> theirs = peer->Collect(task.round(), deadline);
+  const int64_t received = peer->bytes_received();
+  for (auto& t : senders) t.join();
+  report->set_neighbours(g.neighbours_size());
+  std::vector<SendSpan> went;
+  for (int i = 0; i < g.neighbours_size(); ++i) {
+    if (sent[i].ok()) {
+      report->set_bytes_sent(report->bytes_sent() + static_cast<int64_t>(bytes.size()));
+      went.push_back(spans[i]);
+    } else {
+      spdlog::warn("round {}: model not sent to {}: {}", task.round(), g.neighbours(i).name(),
+                   sent[i].ToString());
+    }
+  }
+  report->set_uplink_mbps(UplinkMbps(report->bytes_sent(), went));
+  report->set_heard(static_cast<int32_t>(theirs.size()));
+  report->set_bytes_received(received);
+  return theirs;
+}
+
 Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   v1::Coordinator::Stub* stub = c.stub;
   const v1::Welcome& w = c.w;
@@ -900,67 +983,11 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   RecordTraining(stats);
   const ParameterSet trained = model->Parameters();
 
-  // Send the trained model to every neighbour while theirs arrive.
-  const std::string bytes = trained.Encode();
-  const double timeout_s = std::max(
-      1.0, (task.deadline_unix_ms() -
-            std::chrono::duration_cast<std::chrono::milliseconds>(
-                std::chrono::system_clock::now().time_since_epoch()).count()) / 1000.0);
-  const std::string& self = w.name();  // what the neighbours were told to expect
-  std::vector<std::thread> senders;
-  std::vector<Status> sent(g.neighbours_size());
-  std::vector<SendSpan> spans(g.neighbours_size());
-  for (int i = 0; i < g.neighbours_size(); ++i) {
-    senders.emplace_back([&, i] {
-      const auto& n = g.neighbours(i);
-      sent[i] = SendModel(n.address(), n.name(), task.run_id(), task.round(), self, n.token(),
-                          bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator,
-                          &spans[i]);
-    });
-  }
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  std::map<std::string, ParameterSet> theirs = peer->Collect(task.round(), deadline);
-  const int64_t received = peer->bytes_received();
-  for (auto& t : senders) t.join();
   v1::GossipStats report;
-  report.set_neighbours(g.neighbours_size());
-  std::vector<SendSpan> went;
-  for (int i = 0; i < g.neighbours_size(); ++i) {
-    if (sent[i].ok()) {
-      report.set_bytes_sent(report.bytes_sent() + static_cast<int64_t>(bytes.size()));
-      went.push_back(spans[i]);
-    } else {
-      spdlog::warn("round {}: model not sent to {}: {}", task.round(), g.neighbours(i).name(),
-                   sent[i].ToString());
-    }
-  }
-  report.set_uplink_mbps(UplinkMbps(report.bytes_sent(), went));
+  const std::map<std::string, ParameterSet> theirs = ExchangeModels(c, trained, &report);
   UpdateState([&](ClientState& st) { st.gossip_uplink_mbps = report.uplink_mbps(); });
-  // Average: x = w_self x_self + sum_j w_j x_j, a missing neighbour's weight kept by self;
-  // and how far the neighbours' models are from this one.
-  double self_weight = g.self_weight(), disagreement = 0;
-  for (const auto& n : g.neighbours()) {
-    if (!theirs.count(n.name())) self_weight += n.weight();
-  }
-  ParameterSet mixed = trained;
-  for (size_t i = 0; i < mixed.size(); ++i) {
-    auto& x = mixed.mutable_tensors()[i].values;
-    for (float& v : x) v = static_cast<float>(self_weight * v);
-    for (const auto& n : g.neighbours()) {
-      auto it = theirs.find(n.name());
-      if (it == theirs.end()) continue;
-      const auto& y = it->second.tensors()[i].values;
-      const auto& mine = trained.tensors()[i].values;
-      for (size_t j = 0; j < x.size(); ++j) {
-        x[j] += static_cast<float>(n.weight() * y[j]);
-        const double d = static_cast<double>(mine[j]) - y[j];
-        disagreement += d * d;
-      }
-    }
-  }
-  report.set_heard(static_cast<int32_t>(theirs.size()));
-  report.set_bytes_received(received);
+  double disagreement = 0;
+  ParameterSet mixed = MixWithNeighbours(g, trained, theirs, &disagreement);
   report.set_disagreement(theirs.empty() ? 0 : disagreement / theirs.size());
   {
     std::lock_guard<std::mutex> l(gossip_mu);
