@@ -19,13 +19,16 @@ StrategyKind Family(const std::string& name, ServerRule rule, double default_ser
 Registry<StrategyKind>& Strategies() {
   static Registry<StrategyKind>* r = [] {
     auto* r = new Registry<StrategyKind>("strategy.name");
-    r->AddBuiltin("fedavg", Family("fedavg", ServerRule::kSgd, 1.0));
-    r->AddBuiltin("fedprox", Family("fedprox", ServerRule::kSgd, 1.0));
-    r->AddBuiltin("fedavgm", Family("fedavgm", ServerRule::kMomentum, 1.0));
-    r->AddBuiltin("diloco", Family("diloco", ServerRule::kNesterov, 0.7));  // DiLoCo's paper
-    r->AddBuiltin("fedadam", Family("fedadam", ServerRule::kAdam, 0.1));
-    r->AddBuiltin("fedyogi", Family("fedyogi", ServerRule::kYogi, 0.1));
-    r->AddBuiltin("fedadagrad", Family("fedadagrad", ServerRule::kAdagrad, 0.1));
+    auto family = [r](const std::string& name, ServerRule rule, double default_server_lr) {
+      r->AddBuiltin(name, Family(name, rule, default_server_lr));
+    };
+    family("fedavg", ServerRule::kSgd, 1.0);
+    family("fedprox", ServerRule::kSgd, 1.0);
+    family("fedavgm", ServerRule::kMomentum, 1.0);
+    family("diloco", ServerRule::kNesterov, 0.7);  // DiLoCo's paper
+    family("fedadam", ServerRule::kAdam, 0.1);
+    family("fedyogi", ServerRule::kYogi, 0.1);
+    family("fedadagrad", ServerRule::kAdagrad, 0.1);
     return r;
   }();
   return *r;
@@ -58,8 +61,12 @@ Registry<RuleKind>& RobustRules() {
     auto* r = new Registry<RuleKind>("aggregation.rule");
     r->AddBuiltin("mean", Plain(Mean));
     r->AddBuiltin("median", Plain(Median));
-    r->AddBuiltin("trimmed_mean", OfF("trimmed_mean", TrimmedMean, 2, 1, "n > 2f"));
-    r->AddBuiltin("krum", OfF("krum", Krum, 2, 1, "n > 2f"));
+    auto of_f = [r](const std::string& name, std::vector<float> (*rule)(const Updates&, int),
+                    int per_f, int plus, const std::string& what) {
+      r->AddBuiltin(name, OfF(name, rule, per_f, plus, what));
+    };
+    of_f("trimmed_mean", TrimmedMean, 2, 1, "n > 2f");
+    of_f("krum", Krum, 2, 1, "n > 2f");
     r->AddBuiltin("multi_krum", RuleKind{[](int n, int f, int m) {
                                            return Needs("multi_krum", n, f, n > 2 * f && m <= n,
                                                         "n > 2f and m <= n");
@@ -67,7 +74,7 @@ Registry<RuleKind>& RobustRules() {
                                          [](const RuleInput& in) -> StatusOr<std::vector<float>> {
                                            return MultiKrum(in.updates, in.f, in.m);
                                          }});
-    r->AddBuiltin("bulyan", OfF("bulyan", Bulyan, 4, 3, "n >= 4f + 3"));
+    of_f("bulyan", Bulyan, 4, 3, "n >= 4f + 3");
     r->AddBuiltin("norm_bound",
                   RuleKind{nullptr, [](const RuleInput& in) -> StatusOr<std::vector<float>> {
                              return NormBound(in.updates, in.weights, in.max_norm);

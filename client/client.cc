@@ -243,6 +243,13 @@ struct Client::Impl {
     bool* crashed;
     // Declines the task with `why` and returns it.
     Status Reject(const Status& why) const { return Decline(ack, task, why); }
+    // Tells the server the task is taken.
+    void Accept() const {
+      v1::TaskAck a;
+      a.set_task_id(task.task_id());
+      a.set_accepted(true);
+      ack(a);
+    }
   };
   // One handler per task kind; HandleTask runs the first whose kind matches.
   struct TaskHandler {
@@ -780,21 +787,16 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
   v1::Coordinator::Stub* stub = c.stub;
   const v1::Welcome& w = c.w;
   const v1::Task& task = c.task;
-  const auto& ack = c.ack;
   const NextMessage& next = c.next;
-  v1::TaskAck a;
-  a.set_task_id(task.task_id());
-  auto reject = [&](const Status& s) { return Decline(ack, task, s); };
   if (task.has_split() || task.has_dp() || task.evaluate_only() ||
       !task.base_digest().empty() || task.model().personal_size() > 0) {
-    return reject(absl::FailedPreconditionError(
+    return c.Reject(absl::FailedPreconditionError(
         "an edge aggregator takes whole-model federated tasks only (no split learning, "
         "distributed DP, evaluation, personal or frozen tensors)"));
   }
   auto global = FetchModel(stub, w, task);
-  if (!global.ok()) return reject(global.status());
-  a.set_accepted(true);
-  ack(a);
+  if (!global.ok()) return c.Reject(global.status());
+  c.Accept();
   // Secure aggregation upstream: this edge is one masked input among its level's, with
   // its keys agreed before its own round runs, as a client's are before it trains.
   std::optional<SecAggClient> secagg;
@@ -937,17 +939,15 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   v1::Coordinator::Stub* stub = c.stub;
   const v1::Welcome& w = c.w;
   const v1::Task& task = c.task;
-  const auto& ack = c.ack;
-  auto reject = [&](const Status& s) { return Decline(ack, task, s); };
   if (!peer) {
-    return reject(absl::FailedPreconditionError(
+    return c.Reject(absl::FailedPreconditionError(
         "a gossip task, but this client serves no Peer address (--peer-listen)"));
   }
   auto spec = Spec(stub, w, task.model());
-  if (!spec.ok()) return reject(spec.status());
+  if (!spec.ok()) return c.Reject(spec.status());
   const std::string loss = task.train().loss().empty() ? "cross_entropy" : task.train().loss();
-  if (Status s = CheckDataFitsModel(opts.train, *spec, loss, "local data"); !s.ok()) return reject(s);
-  if (Status s = BuildModel(task, *spec); !s.ok()) return reject(s);
+  if (Status s = CheckDataFitsModel(opts.train, *spec, loss, "local data"); !s.ok()) return c.Reject(s);
+  if (Status s = BuildModel(task, *spec); !s.ok()) return c.Reject(s);
   // The model this client holds; the run's initial model until it holds one (the only
   // model it ever fetches from the server).
   ParameterSet held;
@@ -957,18 +957,15 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   }
   if (held.size() == 0) {
     auto initial = FetchModel(stub, w, task);
-    if (!initial.ok()) return reject(initial.status());
+    if (!initial.ok()) return c.Reject(initial.status());
     held = *std::move(initial);
   }
-  if (Status s = model->SetParameters(held); !s.ok()) return reject(s);
+  if (Status s = model->SetParameters(held); !s.ok()) return c.Reject(s);
   const v1::GossipTask& g = task.gossip();
   std::map<std::string, std::string> tokens;
   for (const auto& n : g.neighbours()) tokens[n.name()] = n.token();
   peer->Expect(task.run_id(), task.round(), tokens, held);
-  v1::TaskAck a;
-  a.set_task_id(task.task_id());
-  a.set_accepted(true);
-  ack(a);
+  c.Accept();
   // Federated evaluation: the model this client holds, on its held-out data.
   std::optional<v1::ClientEvaluation> evaluation;
   if (opts.holdout.size > 0) {
@@ -1053,10 +1050,7 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   const v1::Task& task = c.task;
   auto m = FetchTaskModel(c);
   if (!m.ok()) return c.Reject(m.status());
-  v1::TaskAck a;
-  a.set_task_id(task.task_id());
-  a.set_accepted(true);
-  c.ack(a);
+  c.Accept();
   SplitTaskOptions so;
   so.model = m->spec;
   so.seed = BatchSeed(task, c.w, opts.name);
@@ -1137,10 +1131,7 @@ Status Client::Impl::HandleEvaluationTask(const TaskCall& c) {
   if (opts.holdout.size == 0) {
     return c.Reject(absl::FailedPreconditionError("no held-out data to evaluate on (--holdout)"));
   }
-  v1::TaskAck a;
-  a.set_task_id(task.task_id());
-  a.set_accepted(true);
-  c.ack(a);
+  c.Accept();
   // No training: an empty update that carries the evaluation.
   ASSIGN_OR_RETURN(const v1::ClientEvaluation evaluation, EvaluateHoldout(m->loss));
   ASSIGN_OR_RETURN(v1::UploadReply reply, UploadUpdate(c.stub, c.w, task, ParameterSet(),
@@ -1159,10 +1150,7 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
   auto personal_names = SetTaskModel(c, *m);
   if (!personal_names.ok()) return c.Reject(personal_names.status());
   const ParameterSet& global = m->global;
-  v1::TaskAck a;
-  a.set_task_id(task.task_id());
-  a.set_accepted(true);
-  c.ack(a);
+  c.Accept();
   // Federated evaluation: the global model on the held-out data, before training.
   std::optional<v1::ClientEvaluation> evaluation;
   if (opts.holdout.size > 0 && !task.has_secagg()) {

@@ -1018,7 +1018,7 @@ namespace {
 // A codec family without parameters: `spec` must be its name alone.
 CodecFactory Exact(std::function<Codec*()> make) {
   return [make](const CodecSpec& s) -> StatusOr<std::unique_ptr<Codec>> {
-    if (!s.arg.empty() && s.spec != "fp32") {
+    if (!s.arg.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("codec ", s.spec, " takes no parameter"));
     }
     return std::unique_ptr<Codec>(make());

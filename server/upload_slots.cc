@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/printable.h"
+#include "server/transport.h"
 #include "spdlog/spdlog.h"
 
 namespace cleave {

@@ -18,9 +18,10 @@
 #include "absl/base/thread_annotations.h"
 #include "core/clock.h"
 #include "core/mutex.h"
-#include "server/transport.h"
 
 namespace cleave {
+
+class UploadCall;  // server/transport.h
 
 class UploadSlots {
  public:

@@ -38,12 +38,11 @@ class FakeLink : public ClientLink {
     if (finish_after) Done();
     return true;
   }
-  void Close(const Status& why) override {
+  void Close(const Status& /*why*/) override {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (closed_) return;
       closed_ = true;
-      close_status_ = why;
       cv_.notify_all();
     }
     Done();
@@ -68,7 +67,6 @@ class FakeLink : public ClientLink {
   std::condition_variable cv_;
   std::deque<v1::ServerMessage> inbox_;
   bool closed_ = false;
-  Status close_status_;
 };
 
 // A client of the coordinator that the test drives by hand.
