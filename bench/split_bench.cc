@@ -186,7 +186,7 @@ int CutBench(const Workload& w) {
       }
       auto h = Run(w, absl::StrCat(split, ", cut: ", cut), d, 1, examples, batch);
       if (h.empty()) return 1;
-      step[cut] = h[0].step_s;
+      step[cut] = h[0].split.value().step_s;
       std::printf("  cut %d: %8.1f ms\n", cut, 1e3 * step[cut]);
       if (best_cut == 0 || step[cut] < step[best_cut]) best_cut = cut;
     }
@@ -201,13 +201,13 @@ int CutBench(const Workload& w) {
       continue;
     }
     std::string cuts;
-    for (const auto& m : h) absl::StrAppend(&cuts, cuts.empty() ? "" : " -> ", m.cuts.begin()->second);
-    const int chosen = h.back().cuts.begin()->second;
+    for (const auto& m : h) absl::StrAppend(&cuts, cuts.empty() ? "" : " -> ", m.split.value().cuts.begin()->second);
+    const int chosen = h.back().split.value().cuts.begin()->second;
     const double ratio = step[chosen] > 0 ? step[chosen] / step[best_cut] : 1e9;
     worst = std::max(worst, ratio);
     std::printf("  auto: cuts %s (its last round %.1f ms); best cut %d (%.1f ms); "
                 "step at auto's cut / best = %.3f\n\n",
-                cuts.c_str(), 1e3 * h.back().step_s, best_cut, 1e3 * step[best_cut], ratio);
+                cuts.c_str(), 1e3 * h.back().split.value().step_s, best_cut, 1e3 * step[best_cut], ratio);
   }
   std::printf("worst step at auto's cut / best: %.3f (target <= 1.10)\n", worst);
   return 0;
@@ -219,11 +219,11 @@ int WindowBench() {
   double base = 0;
   for (int w : {1, 2, 4}) {
     auto h = Run(Vgg(), absl::StrCat("mode: sfl-v2, cut: 4, window: ", w), d, 1, 320, 32);
-    if (w == 1) base = h[0].step_s;
+    if (w == 1) base = h[0].split.value().step_s;
     std::printf("  window %d: %.1f ms per step (client %.1f, transfer %.1f, server %.1f); "
                 "window 1 / window %d = %.2f\n",
-                w, 1e3 * h[0].step_s, 1e3 * h[0].client_compute_s, 1e3 * h[0].transfer_s,
-                1e3 * h[0].server_compute_s, w, base / h[0].step_s);
+                w, 1e3 * h[0].split.value().step_s, 1e3 * h[0].split.value().client_compute_s, 1e3 * h[0].split.value().transfer_s,
+                1e3 * h[0].split.value().server_compute_s, w, base / h[0].split.value().step_s);
   }
   return 0;
 }
@@ -245,8 +245,8 @@ int BusyBench(const Workload& w) {
       auto h = Run(w, absl::StrCat("mode: sfl-v2, cut: ", cut, ", window: ", window), d, 1, examples,
                    batch, clients);
       if (h.empty()) return 1;
-      std::printf("| %d | %d | %.2f | %.1f | %.2f | %.0f |\n", clients, window, h[0].server_busy,
-                  1e3 * h[0].step_s, h[0].wall_s, clients * examples / h[0].wall_s);
+      std::printf("| %d | %d | %.2f | %.1f | %.2f | %.0f |\n", clients, window, h[0].split.value().server_busy,
+                  1e3 * h[0].split.value().step_s, h[0].wall_s, clients * examples / h[0].wall_s);
     }
   }
   return 0;

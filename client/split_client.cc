@@ -137,207 +137,278 @@ LocalTrainOptions TrainOptions(const v1::TrainConfig& tc) {
   return LocalTrainOptions(FitFromProto(tc));
 }
 
-StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
-                                       const v1::Task& task, const ParameterSet& part,
-                                       const Dataset& data, const SplitTaskOptions& o) {
-  const v1::SplitTask& st = task.split();
-  const bool ushaped = st.mode() == "ushaped";
-  if (st.cut() < 1 || st.window() < 1 || (ushaped && st.tail_begin() <= st.cut())) {
+namespace {
+
+// One split task on the client: its part(s) of the model, the split stream, and what
+// it measured. Prepare, Open, Train, then Result.
+class SplitTaskRun {
+ public:
+  SplitTaskRun(const v1::Task& task, const Dataset& data, const SplitTaskOptions& o)
+      : task_(task), st_(task.split()), data_(data), o_(o), ushaped_(st_.mode() == "ushaped") {}
+
+  // Checks the task, builds the client part(s) from `part` (and the base) with their
+  // optimizers, and the codecs.
+  Status Prepare(const ParameterSet& part);
+  // Opens the split stream and waits for the server's Ready.
+  Status Open(v1::Coordinator::Stub* stub, const v1::Welcome& w);
+  // Streams the local epochs (or steps) of micro-batches, split.window in flight, and
+  // ends the stream.
+  Status Train();
+  // The trained part in the layout of `part` it was given, its loss and step times.
+  StatusOr<SplitTaskResult> Result(const ParameterSet& part) const;
+
+ private:
+  // Runs `f`, counting its time (scaled by the emulated slowdown) as client compute.
+  template <typename F>
+  auto Timed(F&& f) {
+    const auto t0 = Clock::now();
+    auto r = f();
+    const double dt = Since(t0);
+    compute_ += dt;
+    if (o_.emulator) {
+      o_.emulator->Compute(dt);
+      compute_ += (o_.emulator->slowdown - 1) * dt;
+    }
+    return r;
+  }
+  // Ends the stream: cancels it unless `status` is OK, and returns the server's status
+  // when it has one to tell, else `status`.
+  Status Finish(Status status);
+  // Sends micro-batch `idx` (its activations, and its labels unless U-shaped).
+  Status SendBatch(const std::vector<int64_t>& idx);
+  // Reads until one micro-batch completes (its activation gradient arrived and the
+  // client part stepped).
+  Status Receive();
+  // U-shaped: the server's activations of micro-batch `f.seq()`: the tail's forward
+  // pass, the loss and its gradient back.
+  Status Forward(const v1::SplitForward& f);
+
+  const v1::Task& task_;
+  const v1::SplitTask& st_;
+  const Dataset& data_;
+  const SplitTaskOptions& o_;
+  const bool ushaped_;
+  std::unique_ptr<ModelPart> head_, tail_;
+  // Activation noise comes from the OS: the server must not be able to predict it.
+  std::mt19937_64 noise_rng_{(static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                             std::random_device{}()};
+  std::normal_distribution<float> noise_;
+  WireCodec acts_, grads_;
+
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>> stream_;
+  std::unique_ptr<Writer> writer_;
+  bool finished_ = false;
+  ChunkAssembler<v1::SplitDown> assembler_{size_t{4} << 30};
+  std::map<int64_t, std::vector<int64_t>> inflight_;  // seq -> labels
+  int64_t seq_ = 1, steps_ = 0;
+  double loss_sum_ = 0;  // of the last epoch
+  int64_t loss_n_ = 0;
+  Clock::time_point start_;
+  double compute_ = 0, wait_ = 0, server_ = 0;  // seconds, summed over steps
+};
+
+Status SplitTaskRun::Prepare(const ParameterSet& part) {
+  if (st_.cut() < 1 || st_.window() < 1 || (ushaped_ && st_.tail_begin() <= st_.cut())) {
     return absl::InvalidArgumentError("bad split task");
   }
   // The server checks every micro-batch against the model's shapes: a language model's
   // activations are [B, context, dim].
-  if (data.type == ExampleType::kToken && data.shape[0] - 1 != o.model.gpt.context) {
+  if (data_.type == ExampleType::kToken && data_.shape[0] - 1 != o_.model.gpt.context) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "split learning takes sequences of model.gpt.context (", o.model.gpt.context,
-        ") tokens; the data's are ", data.shape[0] - 1, " (its context= option)"));
+        "split learning takes sequences of model.gpt.context (", o_.model.gpt.context,
+        ") tokens; the data's are ", data_.shape[0] - 1, " (its context= option)"));
   }
-  ASSIGN_OR_RETURN(auto head, ModelPart::Create(o.model, 0, st.cut()));
-  RETURN_IF_ERROR(LoadPart(*head, part, o.base));
-  std::unique_ptr<ModelPart> tail;
-  if (ushaped) {
-    ASSIGN_OR_RETURN(tail, ModelPart::Create(o.model, st.tail_begin(), st.num_stages()));
-    RETURN_IF_ERROR(LoadPart(*tail, part, o.base));
+  ASSIGN_OR_RETURN(head_, ModelPart::Create(o_.model, 0, st_.cut()));
+  RETURN_IF_ERROR(LoadPart(*head_, part, o_.base));
+  if (ushaped_) {
+    ASSIGN_OR_RETURN(tail_, ModelPart::Create(o_.model, st_.tail_begin(), st_.num_stages()));
+    RETURN_IF_ERROR(LoadPart(*tail_, part, o_.base));
   }
-  const LocalTrainOptions training = TrainOptions(task.train());
-  RETURN_IF_ERROR(head->ResetOptimizer(training));
-  head->SetNoPeek(st.nopeek());
-  if (tail) RETURN_IF_ERROR(tail->ResetOptimizer(training));
-  if (!(st.activation_noise() >= 0) || !(st.nopeek() >= 0)) {
+  const LocalTrainOptions training = TrainOptions(task_.train());
+  RETURN_IF_ERROR(head_->ResetOptimizer(training));
+  head_->SetNoPeek(st_.nopeek());
+  if (tail_) RETURN_IF_ERROR(tail_->ResetOptimizer(training));
+  if (!(st_.activation_noise() >= 0) || !(st_.nopeek() >= 0)) {
     return absl::InvalidArgumentError("bad split privacy settings");
   }
-  // Activation noise comes from the OS: the server must not be able to predict it.
-  std::mt19937_64 noise_rng((static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                            std::random_device{}());
-  std::normal_distribution<float> noise(0, static_cast<float>(st.activation_noise()));
-  WireCodec acts{st.activation_codec(), nullptr}, grads{st.gradient_codec(), nullptr};
-  ASSIGN_OR_RETURN(acts.codec, MakeStatelessCodec(acts.spec, o.seed));
-  ASSIGN_OR_RETURN(grads.codec, MakeStatelessCodec(grads.spec, o.seed + 1));
+  noise_ = std::normal_distribution<float>(0, static_cast<float>(st_.activation_noise()));
+  acts_.spec = st_.activation_codec();
+  grads_.spec = st_.gradient_codec();
+  ASSIGN_OR_RETURN(acts_.codec, MakeStatelessCodec(acts_.spec, o_.seed));
+  ASSIGN_OR_RETURN(grads_.codec, MakeStatelessCodec(grads_.spec, o_.seed + 1));
+  return absl::OkStatus();
+}
 
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::time_point(
-      std::chrono::milliseconds(task.deadline_unix_ms())));
-  auto stream = stub->Split(&ctx);
-  {
-    v1::SplitUp open;
-    auto* op = open.mutable_open();
-    op->set_run_id(task.run_id());
-    op->set_client_id(w.client_id());
-    op->set_session_token(w.session_token());
-    op->set_round(task.round());
-    op->set_task_id(task.task_id());
-    v1::SplitDown ready;
-    if (!stream->Write(open) || !stream->Read(&ready) || !ready.has_ready()) {
-      return FromGrpc(stream->Finish(), "split stream");
-    }
+Status SplitTaskRun::Open(v1::Coordinator::Stub* stub, const v1::Welcome& w) {
+  ctx_.set_deadline(std::chrono::system_clock::time_point(
+      std::chrono::milliseconds(task_.deadline_unix_ms())));
+  stream_ = stub->Split(&ctx_);
+  v1::SplitUp open;
+  auto* op = open.mutable_open();
+  op->set_run_id(task_.run_id());
+  op->set_client_id(w.client_id());
+  op->set_session_token(w.session_token());
+  op->set_round(task_.round());
+  op->set_task_id(task_.task_id());
+  v1::SplitDown ready;
+  if (!stream_->Write(open) || !stream_->Read(&ready) || !ready.has_ready()) {
+    return FromGrpc(stream_->Finish(), "split stream");
   }
+  start_ = Clock::now();
+  writer_ = std::make_unique<Writer>(stream_.get(), o_.emulator);
+  return absl::OkStatus();
+}
 
-  const auto start = Clock::now();
-  double compute = 0, wait = 0, server = 0;
-  auto timed = [&](auto&& f) {
+Status SplitTaskRun::Finish(Status status) {
+  if (finished_) return status;
+  finished_ = true;
+  if (!status.ok()) ctx_.TryCancel();
+  writer_->Close();
+  Status server = FromGrpc(stream_->Finish(), "split stream");
+  return !server.ok() && server.code() != absl::StatusCode::kCancelled ? server : status;
+}
+
+Status SplitTaskRun::Forward(const v1::SplitForward& f) {
+  server_ += f.server_seconds();
+  auto it = inflight_.find(f.seq());
+  if (!tail_ || it == inflight_.end()) return absl::DataLossError("unexpected SplitForward");
+  ASSIGN_OR_RETURN(Activations act, FromWire(f.activations(), acts_));
+  ASSIGN_OR_RETURN(ModelPart::LossStep step,
+                   Timed([&] { return tail_->TrainWithLoss(act, it->second); }));
+  loss_sum_ += step.loss * act.batch();
+  loss_n_ += act.batch();
+  v1::SplitUp up;
+  up.mutable_grad()->set_seq(f.seq());
+  ToWire(step.grad_in, grads_, up.mutable_grad()->mutable_grad());
+  writer_->Push(std::move(up));
+  return absl::OkStatus();
+}
+
+Status SplitTaskRun::Receive() {
+  while (true) {
+    v1::SplitDown piece;
     const auto t0 = Clock::now();
-    auto r = f();
-    const double dt = Since(t0);
-    compute += dt;
-    if (o.emulator) {
-      o.emulator->Compute(dt);
-      compute += (o.emulator->slowdown - 1) * dt;
+    if (!stream_->Read(&piece)) {
+      return absl::UnavailableError("split stream: the server ended it early");
     }
-    return r;
-  };
-
-  SplitTaskResult result;
-  Writer writer(stream.get(), o.emulator);
-  bool finished = false;
-  // Ends the stream: cancels it unless `status` is OK, and returns the server's status
-  // when it has one to tell, else `status`.
-  auto finish = [&](Status status) -> Status {
-    if (finished) return status;
-    finished = true;
-    if (!status.ok()) ctx.TryCancel();
-    writer.Close();
-    Status server = FromGrpc(stream->Finish(), "split stream");
-    return !server.ok() && server.code() != absl::StatusCode::kCancelled ? server : status;
-  };
-  std::map<int64_t, std::vector<int64_t>> inflight;  // seq -> labels
-  int64_t seq = 1, steps = 0;
-  double loss_sum = 0;
-  int64_t loss_n = 0;
-  // Reads until one micro-batch completes (its activation gradient arrived and the
-  // client part stepped).
-  ChunkAssembler<v1::SplitDown> assembler(size_t{4} << 30);
-  auto receive = [&]() -> Status {
-    while (true) {
-      v1::SplitDown piece;
-      const auto t0 = Clock::now();
-      if (!stream->Read(&piece)) {
-        return finish(absl::UnavailableError("split stream: the server ended it early"));
-      }
-      wait += Since(t0);
-      if (o.emulator) o.emulator->down.Consume(static_cast<int64_t>(piece.ByteSizeLong()));
-      auto whole = assembler.Add(std::move(piece));
-      if (!whole.ok()) return absl::DataLossError(whole.status().message());
-      if (!whole->has_value()) continue;  // a tensor in chunks: read on
-      v1::SplitDown msg = std::move(**whole);
-      if (msg.has_forward()) {  // U-shaped: finish the forward pass and the loss here
-        const auto& f = msg.forward();
-        server += f.server_seconds();
-        auto it = inflight.find(f.seq());
-        if (!tail || it == inflight.end()) return absl::DataLossError("unexpected SplitForward");
-        ASSIGN_OR_RETURN(Activations act, FromWire(f.activations(), acts));
-        ASSIGN_OR_RETURN(ModelPart::LossStep step,
-                         timed([&] { return tail->TrainWithLoss(act, it->second); }));
-        loss_sum += step.loss * act.batch();
-        loss_n += act.batch();
-        v1::SplitUp up;
-        up.mutable_grad()->set_seq(f.seq());
-        ToWire(step.grad_in, grads, up.mutable_grad()->mutable_grad());
-        writer.Push(std::move(up));
-        continue;
-      }
-      if (!msg.has_result()) return absl::DataLossError("unexpected message on the split stream");
-      const auto& r = msg.result();
-      server += r.server_seconds();
-      auto it = inflight.find(r.seq());
-      if (it == inflight.end()) return absl::DataLossError("gradient for an unknown micro-batch");
-      ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad(), grads));
-      if (!tail) {
-        loss_sum += r.loss() * grad.batch();
-        loss_n += grad.batch();
-      }
-      RETURN_IF_ERROR(timed([&] { return head->Backward(r.seq(), grad).status(); }));
-      inflight.erase(it);
-      ++steps;
-      if (o.crash_after_step && o.crash_after_step(steps)) {
-        return absl::AbortedError("simulated crash");
-      }
-      return absl::OkStatus();
+    wait_ += Since(t0);
+    if (o_.emulator) o_.emulator->down.Consume(static_cast<int64_t>(piece.ByteSizeLong()));
+    auto whole = assembler_.Add(std::move(piece));
+    if (!whole.ok()) return absl::DataLossError(whole.status().message());
+    if (!whole->has_value()) continue;  // a tensor in chunks: read on
+    v1::SplitDown msg = std::move(**whole);
+    if (msg.has_forward()) {  // U-shaped: finish the forward pass and the loss here
+      RETURN_IF_ERROR(Forward(msg.forward()));
+      continue;
     }
-  };
+    if (!msg.has_result()) return absl::DataLossError("unexpected message on the split stream");
+    const auto& r = msg.result();
+    server_ += r.server_seconds();
+    auto it = inflight_.find(r.seq());
+    if (it == inflight_.end()) return absl::DataLossError("gradient for an unknown micro-batch");
+    ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad(), grads_));
+    if (!tail_) {
+      loss_sum_ += r.loss() * grad.batch();
+      loss_n_ += grad.batch();
+    }
+    RETURN_IF_ERROR(Timed([&] { return head_->Backward(r.seq(), grad).status(); }));
+    inflight_.erase(it);
+    ++steps_;
+    if (o_.crash_after_step && o_.crash_after_step(steps_)) {
+      return absl::AbortedError("simulated crash");
+    }
+    return absl::OkStatus();
+  }
+}
 
-  std::mt19937_64 rng(o.seed);
-  std::vector<int64_t> order(data.size);
+Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx) {
+  std::vector<int64_t> labels = BatchLabels(data_, idx);
+  auto act = Timed([&] { return head_->Forward(seq_, InputBatch(data_, idx)); });
+  if (!act.ok()) return act.status();
+  if (st_.activation_noise() > 0) {
+    for (float& v : act->values) v += noise_(noise_rng_);
+  }
+  v1::SplitUp up;
+  auto* mb = up.mutable_batch();
+  mb->set_seq(seq_);
+  ToWire(*act, acts_, mb->mutable_activations());
+  if (!ushaped_) {
+    for (int64_t y : labels) mb->add_labels(y);
+  }
+  writer_->Push(std::move(up));
+  inflight_[seq_++] = std::move(labels);
+  return absl::OkStatus();
+}
+
+Status SplitTaskRun::Train() {
+  std::mt19937_64 rng(o_.seed);
+  std::vector<int64_t> order(data_.size);
   std::iota(order.begin(), order.end(), 0);
-  const int batch = std::max(1, task.train().batch_size());
+  const int batch = std::max(1, task_.train().batch_size());
   // local_steps > 0: exactly that many micro-batches (epochs as needed), else epochs.
-  const int64_t max_steps = task.train().local_steps();
+  const int64_t max_steps = task_.train().local_steps();
   int64_t sent = 0;
-  for (int epoch = 0; max_steps > 0 ? sent < max_steps : epoch < task.train().local_epochs();
+  for (int epoch = 0; max_steps > 0 ? sent < max_steps : epoch < task_.train().local_epochs();
        ++epoch) {
     std::shuffle(order.begin(), order.end(), rng);
-    loss_sum = 0;
-    loss_n = 0;
-    for (int64_t b = 0; b < data.size && (max_steps <= 0 || sent < max_steps); b += batch, ++sent) {
-      if (o.cancel && o.cancel->load()) return finish(absl::CancelledError("training cancelled"));
-      std::vector<int64_t> idx(order.begin() + b, order.begin() + std::min(data.size, b + batch));
-      std::vector<int64_t> labels = BatchLabels(data, idx);
-      auto act = timed([&] { return head->Forward(seq, InputBatch(data, idx)); });
-      if (!act.ok()) return finish(act.status());
-      if (st.activation_noise() > 0) {
-        for (float& v : act->values) v += noise(noise_rng);
-      }
-      v1::SplitUp up;
-      auto* mb = up.mutable_batch();
-      mb->set_seq(seq);
-      ToWire(*act, acts, mb->mutable_activations());
-      if (!ushaped) {
-        for (int64_t y : labels) mb->add_labels(y);
-      }
-      writer.Push(std::move(up));
-      inflight[seq++] = std::move(labels);
-      while (static_cast<int>(inflight.size()) >= st.window()) {
-        if (Status s = receive(); !s.ok()) return finish(s);
+    loss_sum_ = 0;
+    loss_n_ = 0;
+    for (int64_t b = 0; b < data_.size && (max_steps <= 0 || sent < max_steps);
+         b += batch, ++sent) {
+      if (o_.cancel && o_.cancel->load()) return Finish(absl::CancelledError("training cancelled"));
+      std::vector<int64_t> idx(order.begin() + b, order.begin() + std::min(data_.size, b + batch));
+      if (Status s = SendBatch(idx); !s.ok()) return Finish(s);
+      while (static_cast<int>(inflight_.size()) >= st_.window()) {
+        if (Status s = Receive(); !s.ok()) return Finish(s);
       }
     }
-    while (!inflight.empty()) {
-      if (Status s = receive(); !s.ok()) return finish(s);
+    while (!inflight_.empty()) {
+      if (Status s = Receive(); !s.ok()) return Finish(s);
     }
   }
-  writer.Close();
+  writer_->Close();
   v1::SplitDown extra;
-  if (stream->Read(&extra)) return finish(absl::DataLossError("unexpected message after the last step"));
-  RETURN_IF_ERROR(finish(absl::OkStatus()));
+  if (stream_->Read(&extra)) {
+    return Finish(absl::DataLossError("unexpected message after the last step"));
+  }
+  return Finish(absl::OkStatus());
+}
 
+StatusOr<SplitTaskResult> SplitTaskRun::Result(const ParameterSet& part) const {
+  SplitTaskResult result;
   // The trained part, in the layout of the part we were given.
-  ParameterSet h = head->Parameters();
-  ParameterSet t = tail ? tail->Parameters() : ParameterSet();
+  ParameterSet h = head_->Parameters();
+  ParameterSet t = tail_ ? tail_->Parameters() : ParameterSet();
   for (const auto& p : part.tensors()) {
     const Tensor* src = h.Find(p.name);
     if (src == nullptr) src = t.Find(p.name);
     if (src == nullptr) return absl::InternalError(absl::StrCat("no trained ", p.name));
     RETURN_IF_ERROR(result.trained.Add(*src));
   }
-  result.examples = data.size;
-  result.loss = loss_n ? loss_sum / loss_n : 0;
+  result.examples = data_.size;
+  result.loss = loss_n_ ? loss_sum_ / loss_n_ : 0;
   auto& s = result.stats;
-  s.set_steps(steps);
-  if (steps > 0) {
-    s.set_client_compute_s(compute / steps);
-    s.set_server_compute_s(server / steps);
-    s.set_transfer_s(std::max(0.0, wait - server) / steps);
-    s.set_wall_s(Since(start) / steps);
+  s.set_steps(steps_);
+  if (steps_ > 0) {
+    s.set_client_compute_s(compute_ / steps_);
+    s.set_server_compute_s(server_ / steps_);
+    s.set_transfer_s(std::max(0.0, wait_ - server_) / steps_);
+    s.set_wall_s(Since(start_) / steps_);
   }
   return result;
+}
+
+}  // namespace
+
+StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                       const v1::Task& task, const ParameterSet& part,
+                                       const Dataset& data, const SplitTaskOptions& o) {
+  SplitTaskRun run(task, data, o);
+  RETURN_IF_ERROR(run.Prepare(part));
+  RETURN_IF_ERROR(run.Open(stub, w));
+  RETURN_IF_ERROR(run.Train());
+  return run.Result(part);
 }
 
 StatusOr<v1::Profile> ProfileDevice(v1::Coordinator::Stub* stub, const v1::Welcome& w,

@@ -225,7 +225,6 @@ Status ParseClients(const YAML::Node& s, const std::string& base_dir, JobConfig&
                         "in (0, 1]"));
   RETURN_IF_ERROR(Range(c.clients.round_deadline_s > 0, "clients.round_deadline_s", "> 0"));
   RETURN_IF_ERROR(Range(c.clients.join_timeout_s > 0, "clients.join_timeout_s", "> 0"));
-  RETURN_IF_ERROR(SelectionNames().Check(c.clients.selection));
   RETURN_IF_ERROR(Range(c.clients.oort_epsilon >= 0 && c.clients.oort_epsilon <= 1,
                         "clients.oort_epsilon", "in [0, 1]"));
   RETURN_IF_ERROR(Range(c.clients.oort_alpha >= 0, "clients.oort_alpha", ">= 0"));
@@ -250,7 +249,6 @@ Status ParseScheduler(const YAML::Node& s, const std::string& base_dir, JobConfi
     RETURN_IF_ERROR(Read(s, sec, "topology", &c.scheduler.topology));
     RETURN_IF_ERROR(Read(s, sec, "degree", &c.scheduler.degree));
   }
-  RETURN_IF_ERROR(SchedulerModeNames().Check(c.scheduler.mode));
   RETURN_IF_ERROR(TopologyNames().Check(c.scheduler.topology));
   RETURN_IF_ERROR(Range(c.scheduler.degree >= 2 && c.scheduler.degree % 2 == 0,
                         "scheduler.degree", "even and >= 2 (random: the union of degree / 2 rings)"));
@@ -625,16 +623,6 @@ StatusOr<JobConfig> JobConfig::LoadYaml(const std::string& path) {
     return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   }
   return c;
-}
-
-const NameTable& SelectionNames() {
-  static const NameTable t{"clients.selection", {"uniform", "oort"}};
-  return t;
-}
-
-const NameTable& SchedulerModeNames() {
-  static const NameTable t{"scheduler.mode", {"sync", "async", "gossip"}};
-  return t;
 }
 
 const NameTable& TopologyNames() {

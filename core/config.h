@@ -78,7 +78,7 @@ struct ClientsConfig {
   double quorum = 0.5;           // clients.quorum: fraction of sampled results to commit
   double round_deadline_s = 300; // clients.round_deadline_s
   double join_timeout_s = 600;   // clients.join_timeout_s: wait for clients.min, then fail
-  std::string selection = "uniform";  // clients.selection: uniform | oort (server/selection.h)
+  std::string selection = "uniform";  // clients.selection: a Selections() name (server/selection.h)
   double oort_epsilon = 0.2;     // clients.oort_epsilon: the least share that explores
   double oort_alpha = 2;         // clients.oort_alpha: the penalty exponent of slow clients
   int oort_pacer_rounds = 5;     // clients.oort_pacer_rounds: the pacer's window W; 0 = off
@@ -88,7 +88,7 @@ struct ClientsConfig {
 // How rounds are scheduled: synchronous rounds (sync), or buffered asynchronous
 // aggregation after FedBuff (async; server/coordinator.h, docs/architecture.md).
 struct SchedulerConfig {
-  std::string mode = "sync";  // scheduler.mode: sync | async | gossip
+  std::string mode = "sync";  // scheduler.mode: a Schedulers() name (server/round_registry.h)
   // async: a model version is applied every buffer_size accepted updates
   int buffer_size = 10;                     // scheduler.buffer_size
   int concurrency = 0;                      // scheduler.concurrency: trainers at once; 0 = all
@@ -147,8 +147,6 @@ const NameTable& ScheduleNames();
 const NameTable& AttackNames();
 // The fixed choices of core's own sections (the servers' schedulers, topologies,
 // staleness rules, selection and weighting implement them).
-const NameTable& SelectionNames();      // clients.selection
-const NameTable& SchedulerModeNames();  // scheduler.mode
 const NameTable& TopologyNames();       // scheduler.topology
 const NameTable& StalenessNames();      // scheduler.staleness
 const NameTable& DpNoiseNames();        // dp.noise

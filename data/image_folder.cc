@@ -48,28 +48,13 @@ Status ParseSize(const std::string& s, int64_t* h, int64_t* w) {
   return absl::OkStatus();
 }
 
-}  // namespace
+using FilesByClass = std::map<std::string, std::vector<std::pair<int, fs::path>>>;
 
-StatusOr<Dataset> LoadImageFolder(const std::string& dir, bool train, SpecOptions& o) {
-  ASSIGN_OR_RETURN(int64_t channels, o.Int("channels", 3, 1, 3));
-  if (channels == 2) return absl::InvalidArgumentError("folder channels=1 (grey) or 3 (RGB)");
-  int64_t height = 0, width = 0;
-  if (o.Has("size")) RETURN_IF_ERROR(ParseSize(o.String("size", ""), &height, &width));
-  const bool grouped = o.Has("groups");
-
+// The images of each class folder (by class name: the union over groups), each with the
+// index of its group folder in `group_dirs`, in sorted order.
+StatusOr<FilesByClass> ListImages(const fs::path& root, const std::vector<std::string>& group_dirs) {
+  FilesByClass files_by_class;
   std::error_code ec;
-  fs::path root(dir);
-  if (!fs::is_directory(root, ec)) return absl::NotFoundError(absl::StrCat(dir, " is not a directory"));
-  const char* split = train ? "train" : "test";
-  if (fs::is_directory(root / split, ec)) root /= split;
-
-  // (group, class folder, file) in sorted order.
-  std::vector<std::string> group_dirs = {""};
-  if (grouped) {
-    ASSIGN_OR_RETURN(group_dirs, Subdirectories(root));
-  }
-  std::vector<std::string> class_names;  // the union over groups, sorted
-  std::map<std::string, std::vector<std::pair<int, fs::path>>> files_by_class;
   for (size_t g = 0; g < group_dirs.size(); ++g) {
     ASSIGN_OR_RETURN(auto classes, Subdirectories(root / group_dirs[g]));
     for (const std::string& cls : classes) {
@@ -87,6 +72,85 @@ StatusOr<Dataset> LoadImageFolder(const std::string& dir, bool train, SpecOption
       for (auto& p : images) list.emplace_back(static_cast<int>(g), std::move(p));
     }
   }
+  return files_by_class;
+}
+
+// Decodes images into a dataset's planar (CHW) bytes, all of one size: size=HxW, else
+// the first image's.
+class ImageDecoder {
+ public:
+  ImageDecoder(int64_t channels, int64_t height, int64_t width)
+      : channels_(channels), height_(height), width_(width), resize_(height > 0) {}
+
+  Status Append(const fs::path& path, Dataset& d) {
+    ASSIGN_OR_RETURN(std::string bytes, ReadFile(path.string()));
+    int w = 0, h = 0, n = 0;
+    unsigned char* px = stbi_load_from_memory(reinterpret_cast<const unsigned char*>(bytes.data()),
+                                              static_cast<int>(bytes.size()), &w, &h, &n,
+                                              static_cast<int>(channels_));
+    if (px == nullptr) {
+      return absl::DataLossError(absl::StrCat(path.string(), ": cannot decode: ", stbi_failure_reason()));
+    }
+    std::unique_ptr<unsigned char, void (*)(void*)> owned(px, stbi_image_free);
+    if (height_ == 0) {
+      height_ = h;
+      width_ = w;
+      first_file_ = path.string();
+    }
+    const size_t plane = static_cast<size_t>(height_ * width_);
+    std::vector<unsigned char> resized;
+    const unsigned char* src = px;
+    if (h != height_ || w != width_) {
+      if (!resize_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path.string(), " is ", h, "x", w, " but ", first_file_, " is ", height_, "x", width_,
+            ": images of mixed sizes need size=HxW"));
+      }
+      resized.resize(plane * channels_);
+      if (!stbir_resize_uint8(px, w, h, 0, resized.data(), static_cast<int>(width_),
+                              static_cast<int>(height_), 0, static_cast<int>(channels_))) {
+        return absl::InternalError(absl::StrCat(path.string(), ": resize failed"));
+      }
+      src = resized.data();
+    }
+    // Interleaved (HWC) to planar (CHW).
+    const size_t base = d.bytes.size();
+    d.bytes.resize(base + plane * channels_);
+    for (size_t i = 0; i < plane; ++i) {
+      for (int64_t c = 0; c < channels_; ++c) d.bytes[base + c * plane + i] = src[i * channels_ + c];
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<int64_t> shape() const { return {channels_, height_, width_}; }
+
+ private:
+  const int64_t channels_;
+  int64_t height_, width_;
+  const bool resize_;  // size= given: images of other sizes are resized to it
+  std::string first_file_;
+};
+
+}  // namespace
+
+StatusOr<Dataset> LoadImageFolder(const std::string& dir, bool train, SpecOptions& o) {
+  ASSIGN_OR_RETURN(int64_t channels, o.Int("channels", 3, 1, 3));
+  if (channels == 2) return absl::InvalidArgumentError("folder channels=1 (grey) or 3 (RGB)");
+  int64_t height = 0, width = 0;
+  if (o.Has("size")) RETURN_IF_ERROR(ParseSize(o.String("size", ""), &height, &width));
+  const bool grouped = o.Has("groups");
+
+  std::error_code ec;
+  fs::path root(dir);
+  if (!fs::is_directory(root, ec)) return absl::NotFoundError(absl::StrCat(dir, " is not a directory"));
+  const char* split = train ? "train" : "test";
+  if (fs::is_directory(root / split, ec)) root /= split;
+
+  std::vector<std::string> group_dirs = {""};
+  if (grouped) {
+    ASSIGN_OR_RETURN(group_dirs, Subdirectories(root));
+  }
+  ASSIGN_OR_RETURN(const FilesByClass files_by_class, ListImages(root, group_dirs));
   if (files_by_class.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(root.string(), ": no class folders",
                                                    grouped ? " in its group folders" : ""));
@@ -96,53 +160,18 @@ StatusOr<Dataset> LoadImageFolder(const std::string& dir, bool train, SpecOption
   d.mean = {0.5f};
   d.stddev = {0.5f};
   if (grouped) d.group_names = group_dirs;
-  std::string first_file;
+  ImageDecoder decoder(channels, height, width);
   int label = 0;
   for (const auto& [cls, files] : files_by_class) {
     for (const auto& [group, path] : files) {
-      ASSIGN_OR_RETURN(std::string bytes, ReadFile(path.string()));
-      int w = 0, h = 0, n = 0;
-      unsigned char* px = stbi_load_from_memory(reinterpret_cast<const unsigned char*>(bytes.data()),
-                                                static_cast<int>(bytes.size()), &w, &h, &n,
-                                                static_cast<int>(channels));
-      if (px == nullptr) {
-        return absl::DataLossError(absl::StrCat(path.string(), ": cannot decode: ", stbi_failure_reason()));
-      }
-      std::unique_ptr<unsigned char, void (*)(void*)> owned(px, stbi_image_free);
-      if (d.size == 0 && height == 0) {
-        height = h;
-        width = w;
-        first_file = path.string();
-      }
-      const size_t plane = static_cast<size_t>(height * width);
-      std::vector<unsigned char> resized;
-      const unsigned char* src = px;
-      if (h != height || w != width) {
-        if (!o.Has("size")) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              path.string(), " is ", h, "x", w, " but ", first_file, " is ", height, "x", width,
-              ": images of mixed sizes need size=HxW"));
-        }
-        resized.resize(plane * channels);
-        if (!stbir_resize_uint8(px, w, h, 0, resized.data(), static_cast<int>(width),
-                                static_cast<int>(height), 0, static_cast<int>(channels))) {
-          return absl::InternalError(absl::StrCat(path.string(), ": resize failed"));
-        }
-        src = resized.data();
-      }
-      // Interleaved (HWC) to planar (CHW).
-      const size_t base = d.bytes.size();
-      d.bytes.resize(base + plane * channels);
-      for (size_t i = 0; i < plane; ++i) {
-        for (int64_t c = 0; c < channels; ++c) d.bytes[base + c * plane + i] = src[i * channels + c];
-      }
+      RETURN_IF_ERROR(decoder.Append(path, d));
       d.labels.push_back(label);
       if (grouped) d.groups.push_back(group);
       ++d.size;
     }
     ++label;
   }
-  d.shape = {channels, height, width};
+  d.shape = decoder.shape();
   return d;
 }
 

@@ -45,130 +45,187 @@ StatusOr<std::vector<std::string>> SplitFields(absl::string_view line, char sep)
   return fields;
 }
 
+// Reads one table: the options that shape it, which column is which, then its rows.
+class TableReader {
+ public:
+  TableReader(const std::string& path, char sep) : path_(path), sep_(sep) {}
+
+  Status ReadOptions(SpecOptions& o);
+  // The columns, from line `at` (the header's names, or the column numbers).
+  Status ReadColumns(absl::string_view line, size_t at);
+  // Row `line` (number `at`, from 0) into the dataset; blank lines are skipped.
+  Status AddRow(absl::string_view line, size_t at);
+  Dataset Finish();
+
+  int64_t skip() const { return skip_; }
+  int64_t header() const { return header_; }
+  std::string Where(size_t at) const { return absl::StrCat(path_, ":", at + 1); }
+
+ private:
+  StatusOr<int> Column(const std::string& name) const;
+  StatusOr<std::vector<std::string>> Fields(absl::string_view line, size_t at) const {
+    auto fields = SplitFields(line, sep_);
+    if (!fields.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(at), ": ", fields.status().message()));
+    }
+    return fields;
+  }
+  // A label (or, with regression, a target) field.
+  Status AddLabel(const std::string& field, size_t at);
+
+  const std::string path_;
+  const char sep_;
+  int64_t skip_ = 0, header_ = 1, classes_ = 0;
+  bool regression_ = false;
+  std::string label_name_, group_name_;
+  std::vector<std::string> drop_;
+
+  std::vector<std::string> names_;
+  int label_col_ = -1, group_col_ = -1;
+  std::vector<bool> feature_;
+
+  Dataset d_;
+  std::vector<float> values_;
+  std::map<std::string, int32_t> group_index_;
+  int64_t max_label_ = -1;
+};
+
+Status TableReader::ReadOptions(SpecOptions& o) {
+  ASSIGN_OR_RETURN(skip_, o.Int("skip", 0, 0, INT64_MAX));
+  ASSIGN_OR_RETURN(header_, o.Int("header", 1, 0, 1));
+  ASSIGN_OR_RETURN(classes_, o.Int("classes", 0, 0, 1 << 20));
+  regression_ = o.Has("regression");
+  if (regression_ && classes_ > 0) return absl::InvalidArgumentError("regression data has no classes");
+  label_name_ = o.String("label", "");
+  group_name_ = o.String("group", "");
+  if (o.Has("drop")) drop_ = absl::StrSplit(o.String("drop", ""), '/');
+  return absl::OkStatus();
+}
+
+StatusOr<int> TableReader::Column(const std::string& name) const {
+  for (size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == name) return static_cast<int>(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(path_, ": no column '", Printable(name), "'",
+                                                 header_ ? "" : " (header=0: columns are 0, 1, ...)"));
+}
+
+Status TableReader::ReadColumns(absl::string_view line, size_t at) {
+  ASSIGN_OR_RETURN(std::vector<std::string> fields, Fields(line, at));
+  if (header_) {
+    names_ = std::move(fields);
+  } else {
+    for (size_t i = 0; i < fields.size(); ++i) names_.push_back(std::to_string(i));
+  }
+  label_col_ = static_cast<int>(names_.size()) - 1;
+  if (!label_name_.empty() && label_name_ != "last") {
+    ASSIGN_OR_RETURN(label_col_, Column(label_name_));
+  }
+  if (!group_name_.empty()) {
+    ASSIGN_OR_RETURN(group_col_, Column(group_name_));
+  }
+  if (group_col_ == label_col_) return absl::InvalidArgumentError("the group column cannot be the label");
+  feature_.assign(names_.size(), true);
+  feature_[label_col_] = false;
+  if (group_col_ >= 0) feature_[group_col_] = false;
+  for (const std::string& name : drop_) {
+    ASSIGN_OR_RETURN(int c, Column(name));
+    feature_[c] = false;
+  }
+  int64_t num_features = 0;
+  for (bool f : feature_) num_features += f;
+  if (num_features == 0) return absl::InvalidArgumentError(absl::StrCat(path_, ": no feature columns"));
+  d_.type = ExampleType::kFloat32;
+  d_.shape = {num_features};
+  d_.mean.clear();
+  d_.stddev.clear();
+  return absl::OkStatus();
+}
+
+Status TableReader::AddLabel(const std::string& field, size_t at) {
+  if (regression_) {
+    double target = 0;
+    if (!absl::SimpleAtod(field, &target) || !std::isfinite(target)) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(at), ": target '", Printable(field),
+                                                     "' is not a finite number"));
+    }
+    d_.targets.push_back(static_cast<float>(target));
+    d_.labels.push_back(0);
+    return absl::OkStatus();
+  }
+  int64_t label = 0;
+  if (!absl::SimpleAtoi(field, &label) || label < 0 || (classes_ > 0 && label >= classes_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(at), ": label '", Printable(field), "' is not a class number in [0, ",
+        classes_ > 0 ? std::to_string(classes_) : "inf", ")"));
+  }
+  d_.labels.push_back(label);
+  max_label_ = std::max(max_label_, label);
+  return absl::OkStatus();
+}
+
+Status TableReader::AddRow(absl::string_view line, size_t at) {
+  if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();  // blank lines
+  ASSIGN_OR_RETURN(std::vector<std::string> fields, Fields(line, at));
+  if (fields.size() != names_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(at), ": ", fields.size(),
+                                                   " fields, the table has ", names_.size()));
+  }
+  for (size_t c = 0; c < names_.size(); ++c) {
+    const std::string& field = fields[c];
+    if (c == static_cast<size_t>(group_col_)) {
+      auto [it, added] = group_index_.emplace(field, static_cast<int32_t>(group_index_.size()));
+      if (added) d_.group_names.push_back(field);
+      d_.groups.push_back(it->second);
+      continue;
+    }
+    if (!feature_[c] && c != static_cast<size_t>(label_col_)) continue;
+    if (field.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(at), ": column '", Printable(names_[c]), "' is empty (missing value)"));
+    }
+    if (c == static_cast<size_t>(label_col_)) {
+      RETURN_IF_ERROR(AddLabel(field, at));
+      continue;
+    }
+    double v = 0;
+    if (!absl::SimpleAtod(field, &v) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(at), ": column '", Printable(names_[c]),
+                                                     "': '", Printable(field),
+                                                     "' is not a finite number"));
+    }
+    values_.push_back(static_cast<float>(v));
+  }
+  ++d_.size;
+  return absl::OkStatus();
+}
+
+Dataset TableReader::Finish() {
+  d_.num_classes = regression_ ? 1
+                   : classes_ > 0 ? static_cast<int>(classes_)
+                                  : static_cast<int>(max_label_ + 1);
+  d_.bytes.resize(values_.size() * sizeof(float));
+  std::memcpy(d_.bytes.data(), values_.data(), d_.bytes.size());
+  return std::move(d_);
+}
+
 }  // namespace
 
 StatusOr<Dataset> LoadTable(const std::string& path, char sep, SpecOptions& o) {
-  ASSIGN_OR_RETURN(int64_t skip, o.Int("skip", 0, 0, INT64_MAX));
-  ASSIGN_OR_RETURN(int64_t header, o.Int("header", 1, 0, 1));
-  ASSIGN_OR_RETURN(int64_t classes, o.Int("classes", 0, 0, 1 << 20));
-  const bool regression = o.Has("regression");
-  if (regression && classes > 0) return absl::InvalidArgumentError("regression data has no classes");
-  const std::string label_name = o.String("label", "");
-  const std::string group_name = o.String("group", "");
-  std::vector<std::string> drop;
-  if (o.Has("drop")) drop = absl::StrSplit(o.String("drop", ""), '/');
-
+  TableReader table(path, sep);
+  RETURN_IF_ERROR(table.ReadOptions(o));
   ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
   if (!lines.empty() && lines.back().empty()) lines.pop_back();
-  const auto where = [&](size_t line) { return absl::StrCat(path, ":", line + 1); };
-  if (static_cast<int64_t>(lines.size()) <= skip + header) {
+  const size_t skip = static_cast<size_t>(table.skip());
+  if (lines.size() <= skip + table.header()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no data rows"));
   }
-  // Column names: the header's, or the column numbers.
-  std::vector<std::string> names;
-  size_t first_row = skip;
-  if (header) {
-    auto fields = SplitFields(lines[skip], sep);
-    if (!fields.ok()) return absl::InvalidArgumentError(absl::StrCat(where(skip), ": ", fields.status().message()));
-    names = *fields;
-    ++first_row;
-  } else {
-    auto fields = SplitFields(lines[skip], sep);
-    if (!fields.ok()) return absl::InvalidArgumentError(absl::StrCat(where(skip), ": ", fields.status().message()));
-    for (size_t i = 0; i < fields->size(); ++i) names.push_back(std::to_string(i));
+  RETURN_IF_ERROR(table.ReadColumns(lines[skip], skip));
+  for (size_t l = skip + table.header(); l < lines.size(); ++l) {
+    RETURN_IF_ERROR(table.AddRow(lines[l], l));
   }
-  const auto column = [&](const std::string& name) -> StatusOr<int> {
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (names[i] == name) return static_cast<int>(i);
-    }
-    return absl::InvalidArgumentError(absl::StrCat(path, ": no column '", Printable(name), "'",
-                                                   header ? "" : " (header=0: columns are 0, 1, ...)"));
-  };
-  int label_col = static_cast<int>(names.size()) - 1;
-  if (!label_name.empty() && label_name != "last") {
-    ASSIGN_OR_RETURN(label_col, column(label_name));
-  }
-  int group_col = -1;
-  if (!group_name.empty()) {
-    ASSIGN_OR_RETURN(group_col, column(group_name));
-  }
-  if (group_col == label_col) return absl::InvalidArgumentError("the group column cannot be the label");
-  std::vector<bool> feature(names.size(), true);
-  feature[label_col] = false;
-  if (group_col >= 0) feature[group_col] = false;
-  for (const std::string& name : drop) {
-    ASSIGN_OR_RETURN(int c, column(name));
-    feature[c] = false;
-  }
-  int64_t num_features = 0;
-  for (bool f : feature) num_features += f;
-  if (num_features == 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no feature columns"));
-
-  Dataset d;
-  d.type = ExampleType::kFloat32;
-  d.shape = {num_features};
-  d.mean.clear();
-  d.stddev.clear();
-  std::vector<float> values;
-  std::map<std::string, int32_t> group_index;
-  int64_t max_label = -1;
-  for (size_t l = first_row; l < lines.size(); ++l) {
-    if (absl::StripAsciiWhitespace(lines[l]).empty()) continue;  // blank lines
-    auto fields = SplitFields(lines[l], sep);
-    if (!fields.ok()) return absl::InvalidArgumentError(absl::StrCat(where(l), ": ", fields.status().message()));
-    if (fields->size() != names.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(where(l), ": ", fields->size(),
-                                                     " fields, the table has ", names.size()));
-    }
-    for (size_t c = 0; c < names.size(); ++c) {
-      const std::string& field = (*fields)[c];
-      if (c == static_cast<size_t>(group_col)) {
-        auto [it, added] = group_index.emplace(field, static_cast<int32_t>(group_index.size()));
-        if (added) d.group_names.push_back(field);
-        d.groups.push_back(it->second);
-        continue;
-      }
-      if (!feature[c] && c != static_cast<size_t>(label_col)) continue;
-      if (field.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where(l), ": column '", Printable(names[c]), "' is empty (missing value)"));
-      }
-      if (c == static_cast<size_t>(label_col) && regression) {
-        double target = 0;
-        if (!absl::SimpleAtod(field, &target) || !std::isfinite(target)) {
-          return absl::InvalidArgumentError(absl::StrCat(where(l), ": target '", Printable(field),
-                                                         "' is not a finite number"));
-        }
-        d.targets.push_back(static_cast<float>(target));
-        d.labels.push_back(0);
-        continue;
-      }
-      if (c == static_cast<size_t>(label_col)) {
-        int64_t label = 0;
-        if (!absl::SimpleAtoi(field, &label) || label < 0 || (classes > 0 && label >= classes)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              where(l), ": label '", Printable(field), "' is not a class number in [0, ",
-              classes > 0 ? std::to_string(classes) : "inf", ")"));
-        }
-        d.labels.push_back(label);
-        max_label = std::max(max_label, label);
-        continue;
-      }
-      double v = 0;
-      if (!absl::SimpleAtod(field, &v) || !std::isfinite(v)) {
-        return absl::InvalidArgumentError(absl::StrCat(where(l), ": column '", Printable(names[c]),
-                                                       "': '", Printable(field),
-                                                       "' is not a finite number"));
-      }
-      values.push_back(static_cast<float>(v));
-    }
-    ++d.size;
-  }
-  d.num_classes = regression ? 1 : classes > 0 ? static_cast<int>(classes) : static_cast<int>(max_label + 1);
-  d.bytes.resize(values.size() * sizeof(float));
-  std::memcpy(d.bytes.data(), values.data(), d.bytes.size());
-  return d;
+  return table.Finish();
 }
 
 }  // namespace cleave

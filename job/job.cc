@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "aggregation/registry.h"
 #include "models/names.h"
+#include "server/round_registry.h"
+#include "server/selection.h"
 #include "split/names.h"
 
 namespace cleave {
@@ -14,6 +16,8 @@ Status CheckJob(JobConfig& c) {
   if (c.split.enabled()) RETURN_IF_ERROR(SplitModeNames().Check(c.split.mode));
   RETURN_IF_ERROR(LossNames().Check(c.train.loss));
   RETURN_IF_ERROR(OptimizerNames().Check(c.train.optimizer));
+  RETURN_IF_ERROR(SchedulerModeNames().Check(c.scheduler.mode));
+  RETURN_IF_ERROR(SelectionNames().Check(c.clients.selection));
   return CheckCombinations(c);
 }
 

@@ -14,9 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/builtin_models.h"
 #include "models/fast_trainer.h"
 #include "models/gpt.h"
+#include "models/losses.h"
 #include "models/names.h"
+#include "models/optimizers.h"
 #include "models/optimizer_step.h"
 #include "models/torch_stages.h"
 
@@ -24,230 +27,6 @@ namespace cleave {
 namespace {
 
 namespace nn = torch::nn;
-
-// The fused ReLU + 2x2 max-pool under autograd (for parts of split models and for
-// inference); Model::Train runs it through FastTrainer.
-struct ReluMaxPool2x2 : torch::autograd::Function<ReluMaxPool2x2> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x) {
-    torch::Tensor out, winner;
-    ReluMaxPool2x2Forward(x.contiguous(), out, winner);
-    ctx->save_for_backward({winner});
-    ctx->saved_data["sizes"] = x.sizes();
-    return out;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto sizes = ctx->saved_data["sizes"].toIntVector();
-    return {ReluMaxPool2x2Backward(grads[0], ctx->get_saved_variables()[0], sizes)};
-  }
-};
-
-}  // namespace
-
-torch::Tensor ReluMaxPoolImpl::forward(torch::Tensor x) {
-  if (x.dim() != 4 || x.scalar_type() != torch::kFloat32) {
-    return torch::max_pool2d(torch::relu(x), 2);
-  }
-  return ReluMaxPool2x2::apply(x);
-}
-
-namespace {
-
-// One stage of a staged model: a Sequential with a concrete forward() so that it can
-// sit inside the top-level Sequential.
-struct StageImpl : nn::SequentialImpl {
-  using SequentialImpl::SequentialImpl;
-  torch::Tensor forward(torch::Tensor x) { return SequentialImpl::forward(x); }
-};
-TORCH_MODULE(Stage);
-
-int64_t Product(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-// The number of elements `features` outputs per example of `shape`.
-int64_t FlatSize(nn::Sequential& features, const std::vector<int64_t>& shape) {
-  torch::NoGradGuard no_grad;
-  std::vector<int64_t> batch = {1};
-  batch.insert(batch.end(), shape.begin(), shape.end());
-  return features->forward(torch::zeros(batch)).numel();
-}
-
-// Layers are built one statement at a time, first to last: each draws its initial
-// weights from the seeded generator in turn. (Built as the arguments of one call, their
-// order would be the compiler's: GCC builds them last to first, clang first to last.)
-
-nn::Sequential BuildMlp(const ModelSpec& s) {
-  nn::Sequential seq;
-  seq->push_back(Stage(nn::Flatten(), nn::Linear(Product(s.input_shape), 200), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(200, 200), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(200, s.num_classes)));
-  return seq;
-}
-
-nn::Sequential BuildLeNet5(const ModelSpec& s) {
-  nn::Sequential seq;
-  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 6, 5)), ReluMaxPool()));
-  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(6, 16, 5)), ReluMaxPool()));
-  const int64_t flat = FlatSize(seq, s.input_shape);
-  seq->push_back(Stage(nn::Flatten(), nn::Linear(flat, 120), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(120, 84), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(84, s.num_classes)));
-  return seq;
-}
-
-// A VGG-style network for small images with nine stages, so that where it is cut matters
-// for split learning: activation sizes and per-stage compute differ widely.
-nn::Sequential BuildVgg(const ModelSpec& s) {
-  auto conv = [](int64_t in, int64_t out) {
-    return nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1));
-  };
-  nn::Sequential seq;                                            // for 28x28 inputs:
-  seq->push_back(Stage(conv(s.input_shape[0], 8), nn::ReLU()));  // 8x28x28
-  seq->push_back(Stage(conv(8, 16), ReluMaxPool()));              // 16x14x14
-  seq->push_back(Stage(conv(16, 32), nn::ReLU()));                // 32x14x14
-  seq->push_back(Stage(conv(32, 32), ReluMaxPool()));             // 32x7x7
-  seq->push_back(Stage(conv(32, 64), nn::ReLU()));                // 64x7x7
-  seq->push_back(Stage(conv(64, 64), ReluMaxPool()));             // 64x3x3
-  const int64_t flat = FlatSize(seq, s.input_shape);
-  seq->push_back(Stage(nn::Flatten(), nn::Linear(flat, 256), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(256, 128), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(128, s.num_classes)));
-  // He initialisation (as torchvision's VGG): with LibTorch's default, nine plain layers
-  // start with vanishing activations and the loss does not move.
-  torch::NoGradGuard no_grad;
-  for (auto& p : seq->named_parameters(/*recurse=*/true)) {
-    if (p.key().find("weight") != std::string::npos) {
-      torch::nn::init::kaiming_normal_(p.value(), 0, torch::kFanIn, torch::kReLU);
-    } else {
-      p.value().zero_();
-    }
-  }
-  return seq;
-}
-
-nn::Sequential BuildCnn(const ModelSpec& s) {
-  nn::Sequential seq;
-  seq->push_back(
-      Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 32, 3).padding(1)), ReluMaxPool()));
-  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), ReluMaxPool()));
-  const int64_t flat = FlatSize(seq, s.input_shape);
-  seq->push_back(Stage(nn::Flatten(), nn::Linear(flat, 128), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(128, s.num_classes)));
-  return seq;
-}
-
-// He et al.'s basic block: conv-BN-ReLU-conv-BN plus the input (a 1x1 conv + BN when
-// the shape changes), then ReLU.
-struct BasicBlockImpl : nn::Module {
-  BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
-      : conv1(register_module(
-            "conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
-        bn1(register_module("bn1", nn::BatchNorm2d(out))),
-        conv2(register_module("conv2",
-                              nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
-        bn2(register_module("bn2", nn::BatchNorm2d(out))) {
-    if (stride != 1 || in != out) {
-      shortcut = register_module(
-          "shortcut",
-          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-                         nn::BatchNorm2d(out)));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    auto y = bn2(conv2(torch::relu(bn1(conv1(x)))));
-    return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
-  }
-  nn::Conv2d conv1;
-  nn::BatchNorm2d bn1;
-  nn::Conv2d conv2;
-  nn::BatchNorm2d bn2;
-  nn::Sequential shortcut{nullptr};
-};
-TORCH_MODULE(BasicBlock);
-
-nn::Sequential BuildResNet(const ModelSpec& s) {
-  nn::Sequential seq;
-  seq->push_back(
-      Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 16, 3).padding(1).bias(false)),
-            nn::BatchNorm2d(16), nn::ReLU()));
-  seq->push_back(Stage(BasicBlock(16, 16, 1)));
-  seq->push_back(Stage(BasicBlock(16, 32, 2)));
-  seq->push_back(Stage(BasicBlock(32, 64, 2)));
-  seq->push_back(Stage(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)), nn::Flatten(),
-                       nn::Linear(64, s.num_classes)));
-  torch::NoGradGuard no_grad;  // He initialisation of the convolutions, as torchvision's
-  for (auto& p : seq->named_parameters(/*recurse=*/true)) {
-    if (p.value().dim() == 4) {
-      torch::nn::init::kaiming_normal_(p.value(), 0, torch::kFanOut, torch::kReLU);
-    }
-  }
-  return seq;
-}
-
-enum class Input { kAny, kImages, kTokens };
-
-struct Builtin {
-  const char* name;
-  nn::Sequential (*build)(const ModelSpec&);
-  Input input;  // kImages: [C, H, W]; kTokens: text, sized by ModelSpec::gpt
-};
-
-// Every built-in model, in one place: BuiltinModelNames, the config's validation and
-// the factory read it.
-constexpr Builtin kBuiltins[] = {
-    {"mlp", BuildMlp, Input::kAny},       {"lenet5", BuildLeNet5, Input::kImages},
-    {"cnn", BuildCnn, Input::kImages},    {"vgg", BuildVgg, Input::kImages},
-    {"resnet", BuildResNet, Input::kImages}, {"gpt", BuildGpt, Input::kTokens},
-};
-
-Status CheckGptSpec(const GptConfig& g, const LoraConfig& lora) {
-  if (lora.rank < 0 || lora.rank > 4096 || !(lora.alpha > 0) || !(lora.dropout >= 0 && lora.dropout < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("LoRA rank ", lora.rank, ", alpha ", lora.alpha,
-                                                   ", dropout ", lora.dropout, " (rank in [0, 4096], "
-                                                   "alpha > 0, dropout in [0, 1))"));
-  }
-  for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
-  if (g.vocab < 2 || g.vocab > (1 << 24) || g.context < 1 || g.layers < 1 || g.heads < 1 ||
-      g.dim < 1 || g.dim % g.heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model gpt cannot have vocab ", g.vocab, ", context ", g.context, ", ", g.layers,
-        " layers, ", g.heads, " heads of width ", g.dim,
-        " (vocab in [2, 2^24], the rest >= 1, dim divisible by heads)"));
-  }
-  return absl::OkStatus();
-}
-
-// The built-in model `spec` names. INVALID_ARGUMENT for an unknown name or an input
-// shape it cannot take.
-StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec) {
-  for (const Builtin& b : kBuiltins) {
-    if (spec.name != b.name) continue;
-    const std::string shape = absl::StrJoin(spec.input_shape, "x");
-    if (b.input == Input::kTokens) {
-      RETURN_IF_ERROR(CheckGptSpec(spec.gpt, spec.lora));
-    } else if (spec.input_shape.empty() || Product(spec.input_shape) <= 0 || spec.num_classes < 1 ||
-               (b.input == Input::kImages && spec.input_shape.size() != 3)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model ", b.name, " cannot take input ", shape, " with ", spec.num_classes,
-                       " classes", b.input == Input::kImages ? " (it needs [C, H, W])" : ""));
-    }
-    torch::manual_seed(spec.seed);
-    try {
-      return b.build(spec);
-    } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(absl::StrCat("model ", b.name, " cannot take input ",
-                                                     shape, " (too small?): ",
-                                                     e.what_without_backtrace()));
-    }
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown model '", spec.name, "' (",
-                                                 absl::StrJoin(BuiltinModelNames(), ", "),
-                                                 ", torchscript)"));
-}
 
 // Appends the floating-point buffers (BatchNorm's running statistics; not its integer
 // batch counter) to `out`: the tensors FedAvg averages besides the parameters.
@@ -467,65 +246,29 @@ Status Model::SetTorchScriptLoss(const std::string& archive) {
 
 namespace {
 
-// OK when `loss` is one of LossNames() and suits `data`: mse and mae need regression
-// targets, the other built-in losses labels (a TorchScript loss takes either).
-Status CheckLossSuitsData(const std::string& loss, const Dataset& data) {
-  RETURN_IF_ERROR(LossNames().Check(loss));
-  if (loss != "torchscript" && (loss == "mse" || loss == "mae") != !data.targets.empty()) {
+// The registered loss `loss` when it suits `data`: a regression loss needs regression
+// targets, the others labels (a kAny loss takes either).
+StatusOr<const LossKind*> LossFor(const std::string& loss, const Dataset& data) {
+  ASSIGN_OR_RETURN(const LossKind* kind, Losses().Get(loss));
+  if (kind->task != LossTask::kAny &&
+      (kind->task == LossTask::kRegression) != !data.targets.empty()) {
     return absl::InvalidArgumentError("loss " + loss + " does not suit this data's labels");
   }
-  return absl::OkStatus();
-}
-
-// The batch's `loss` of `out` against its labels `y` (int64) or targets `t` (float):
-// the mean over the batch, or the sum when `sum`. `script` is the torchscript loss.
-torch::Tensor Loss(const std::string& loss, torch::jit::Module* script, const torch::Tensor& out,
-                   const torch::Tensor& y, const torch::Tensor& t, double label_smoothing,
-                   bool sum = false) {
-  namespace F = torch::nn::functional;
-  if (loss == "torchscript") {
-    TORCH_CHECK(script != nullptr, "no TorchScript loss loaded");
-    auto mean = script->forward({out, t.defined() ? t : y}).toTensor();
-    TORCH_CHECK(mean.numel() == 1 && mean.is_floating_point(),
-                "the TorchScript loss must return a floating-point scalar, not a tensor of shape ",
-                mean.sizes());
-    return sum ? mean.reshape({}) * out.size(0) : mean.reshape({});
-  }
-  if (loss == "bce") {
-    auto o = F::BinaryCrossEntropyWithLogitsFuncOptions();
-    if (sum) o.reduction(torch::kSum);
-    return F::binary_cross_entropy_with_logits(out.reshape({-1}), y.to(torch::kFloat32), o);
-  }
-  if (loss == "mse") {
-    auto o = F::MSELossFuncOptions();
-    if (sum) o.reduction(torch::kSum);
-    return F::mse_loss(out.reshape({-1}), t, o);
-  }
-  if (loss == "mae") {
-    auto o = F::L1LossFuncOptions();
-    if (sum) o.reduction(torch::kSum);
-    return F::l1_loss(out.reshape({-1}), t, o);
-  }
-  TORCH_CHECK(loss == "cross_entropy", "loss ", loss, " is in LossNames() but not implemented");
-  auto o = F::CrossEntropyFuncOptions().label_smoothing(label_smoothing);
-  if (sum) o.reduction(torch::kSum);
-  if (out.dim() == 3) {  // next-token prediction: [n, T, vocab] against [n, T]
-    return F::cross_entropy(out.reshape({-1, out.size(2)}), y.reshape({-1}), o);
-  }
-  return F::cross_entropy(out, y, o);
+  return kind;
 }
 
 // One optimizer step on `params` with their accumulated gradients (which it zeroes), as
-// torch.optim defines SGD, Adam and AdamW (models/optimizer_step.h), after the FedProx
+// train.optimizer defines it (models/optimizers.h), after the FedProx
 // term and gradient clipping (torch.nn.utils.clip_grad_norm_). Fused per parameter.
 class LocalOptimizer {
  public:
+  // `o.optimizer` is a registered optimizer.
   LocalOptimizer(std::vector<torch::Tensor> params, const LocalTrainOptions& o)
-      : params_(std::move(params)), o_(o) {
+      : params_(std::move(params)), o_(o), kind_(*Optimizers().Find(o.optimizer)) {
     for (auto& p : params_) {
       if (o.proximal_mu > 0) anchor_.push_back(p.detach().clone());
       first_.push_back(torch::zeros_like(p));
-      second_.push_back(o.optimizer == "sgd" ? torch::Tensor() : torch::zeros_like(p));
+      second_.push_back(kind_.second_moment ? torch::zeros_like(p) : torch::Tensor());
     }
   }
 
@@ -542,7 +285,7 @@ class LocalOptimizer {
     ClipGradNorm(grads, o_.clip_norm);
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!grads[i].defined()) continue;
-      OptimizerStep(o_, steps_, params_[i], grads[i], first_[i], second_[i]);
+      kind_.step(o_, steps_, params_[i], grads[i], first_[i], second_[i]);
       grads[i].zero_();  // ready for the next backward, instead of a separate zero_grad pass
     }
   }
@@ -550,6 +293,7 @@ class LocalOptimizer {
  private:
   std::vector<torch::Tensor> params_, anchor_, first_, second_;
   const LocalTrainOptions& o_;
+  const OptimizerKind& kind_;
   int64_t steps_ = 0;
 };
 
@@ -558,7 +302,7 @@ class LocalOptimizer {
 StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& o) {
   if (data.size == 0) return absl::FailedPreconditionError("no training data");
   RETURN_IF_ERROR(OptimizerNames().Check(o.optimizer));
-  RETURN_IF_ERROR(CheckLossSuitsData(o.loss, data));
+  ASSIGN_OR_RETURN(const LossKind* loss_kind, LossFor(o.loss, data));
   const auto start = std::chrono::steady_clock::now();
   TrainStats stats;
   try {
@@ -598,8 +342,9 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
         if (fast) {
           loss = impl_->fast->ForwardBackward(xb, yb);
         } else {
-          auto l = Loss(o.loss, impl_->loss_script.get(), impl_->Forward(xb), yb,
-                        ts.defined() ? ts.slice(0, b, e) : ts, o.label_smoothing);
+          const auto out = impl_->Forward(xb);
+          const auto tb = ts.defined() ? ts.slice(0, b, e) : ts;
+          auto l = loss_kind->compute({out, yb, tb, o.label_smoothing, impl_->loss_script.get()});
           l.backward();
           loss = l.item<double>();
         }
@@ -622,103 +367,132 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
   return stats;
 }
 
+namespace {
+
+// What Model::Evaluate counts over the batches of a dataset, by task: tokens (text),
+// absolute and squared errors (regression), the confusion counts (binary), top-1 and
+// top-5 hits and per-class counts (classes).
+struct EvalTally {
+  double loss_sum = 0, abs_sum = 0, sq_sum = 0;
+  int64_t correct = 0, top5 = 0, tp = 0, fp = 0, fn = 0, tokens = 0;
+  bool binary = false;
+  std::vector<int64_t> class_correct, class_total;
+
+  void AddText(const torch::Tensor& out, const torch::Tensor& y) {
+    TORCH_CHECK(out.dim() == 3, "text needs outputs of shape [N, T, vocab], not ", out.sizes());
+    correct += out.argmax(2).eq(y).sum().item<int64_t>();
+    tokens += y.numel();
+  }
+  void AddRegression(const torch::Tensor& out, const torch::Tensor& t) {
+    TORCH_CHECK(out.numel() == t.numel(), "regression needs one output per example, not ",
+                out.sizes());
+    auto err = out.reshape({-1}) - t;
+    abs_sum += err.abs().sum().item<double>();
+    sq_sum += (err * err).sum().item<double>();
+  }
+  void AddBinary(const torch::Tensor& out, const torch::Tensor& y) {
+    binary = true;
+    auto pred = out.reshape({-1}).gt(0).to(torch::kInt64);
+    correct += pred.eq(y).sum().item<int64_t>();
+    tp += (pred * y).sum().item<int64_t>();
+    fp += (pred * (1 - y)).sum().item<int64_t>();
+    fn += ((1 - pred) * y).sum().item<int64_t>();
+  }
+  void AddClasses(const torch::Tensor& out, const torch::Tensor& y) {
+    TORCH_CHECK(out.dim() == 2, "classification needs outputs of shape [N, classes], not ",
+                out.sizes());
+    auto hit = out.argmax(1).eq(y);
+    correct += hit.sum().item<int64_t>();
+    const int64_t classes = out.size(1);
+    if (classes >= 5) {
+      top5 += std::get<1>(out.topk(5, 1)).eq(y.unsqueeze(1)).any(1).sum().item<int64_t>();
+    }
+    class_total.resize(classes);
+    class_correct.resize(classes);
+    auto totals = torch::bincount(y, {}, classes);
+    auto hits = torch::bincount(y.masked_select(hit), {}, classes);
+    for (int64_t c = 0; c < classes; ++c) {
+      class_total[c] += totals[c].item<int64_t>();
+      class_correct[c] += hits[c].item<int64_t>();
+    }
+  }
+
+  // Text: the loss and accuracy per token, perplexity, bits per byte of text.
+  void FinishText(double bytes_per_token, EvalStats* s) const {
+    s->loss = loss_sum / static_cast<double>(tokens);
+    s->accuracy = static_cast<double>(correct) / static_cast<double>(tokens);
+    s->metrics["perplexity"] = std::exp(s->loss);
+    s->metrics["bits_per_byte"] = s->loss / std::log(2.0) / (bytes_per_token > 0 ? bytes_per_token : 1);
+    s->metrics["tokens"] = static_cast<double>(tokens);
+  }
+  void Finish(int64_t examples, bool regression, EvalStats* s) const {
+    const double n = static_cast<double>(examples);
+    s->loss = loss_sum / n;
+    if (regression) {
+      s->metrics["mae"] = abs_sum / n;
+      s->metrics["rmse"] = std::sqrt(sq_sum / n);
+      return;
+    }
+    s->accuracy = correct / n;
+    if (binary) {
+      const double precision = tp + fp > 0 ? double(tp) / (tp + fp) : 0;
+      const double recall = tp + fn > 0 ? double(tp) / (tp + fn) : 0;
+      s->metrics["precision"] = precision;
+      s->metrics["recall"] = recall;
+      s->metrics["f1"] = precision + recall > 0 ? 2 * precision * recall / (precision + recall) : 0;
+      return;
+    }
+    if (class_total.size() >= 5) s->metrics["top5_accuracy"] = top5 / n;
+    for (size_t c = 0; c < class_total.size(); ++c) {
+      s->per_class_accuracy.push_back(
+          class_total[c] > 0 ? double(class_correct[c]) / class_total[c] : std::nan(""));
+    }
+  }
+};
+
+}  // namespace
+
 StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
                                     const std::string& loss) const {
   if (data.size == 0) return absl::FailedPreconditionError("no evaluation data");
-  RETURN_IF_ERROR(CheckLossSuitsData(loss, data));
+  ASSIGN_OR_RETURN(const LossKind* kind, LossFor(loss, data));
   const bool regression = !data.targets.empty();
   const bool text = data.type == ExampleType::kToken;
   EvalStats s;
+  s.examples = data.size;
+  EvalTally tally;
   try {
     torch::NoGradGuard no_grad;
     impl_->PrepareData(data);
     impl_->SetTraining(false);
-    double loss_sum = 0, abs_sum = 0, sq_sum = 0;
-    int64_t correct = 0, top5 = 0, tp = 0, fp = 0, fn = 0, tokens = 0;
-    bool binary_task = false;
-    std::vector<int64_t> class_correct, class_total;
     for (int64_t b = 0; b < data.size; b += batch_size) {
       const int64_t e = std::min(data.size, b + batch_size);
       auto out = impl_->Forward(impl_->x.slice(0, b, e));
       auto yb = impl_->y.slice(0, b, e);
       auto tb = regression ? impl_->t.slice(0, b, e) : torch::Tensor();
-      loss_sum += Loss(loss, impl_->loss_script.get(), out, yb, tb, 0, /*sum=*/true).item<double>();
+      tally.loss_sum += kind->compute({out, yb, tb, 0, impl_->loss_script.get(), /*sum=*/true})
+                            .item<double>();
+      // A kAny (TorchScript) loss's task follows from the data and the model's outputs.
+      const bool binary = !regression && (kind->task == LossTask::kBinary ||
+                                          (kind->task == LossTask::kAny && out.dim() <= 2 &&
+                                           out.numel() == out.size(0)));
       if (text) {  // next-token prediction: every position counts
-        TORCH_CHECK(out.dim() == 3, "text needs outputs of shape [N, T, vocab], not ", out.sizes());
-        correct += out.argmax(2).eq(yb).sum().item<int64_t>();
-        tokens += yb.numel();
-        continue;
-      }
-      // A TorchScript loss's task follows from the data and the model's outputs.
-      const bool binary = !regression && (loss == "bce" || (loss == "torchscript" && out.dim() <= 2 &&
-                                                            out.numel() == out.size(0)));
-      if (regression) {
-        TORCH_CHECK(out.numel() == tb.numel(), "regression needs one output per example, not ",
-                    out.sizes());
-        auto err = out.reshape({-1}) - tb;
-        abs_sum += err.abs().sum().item<double>();
-        sq_sum += (err * err).sum().item<double>();
+        tally.AddText(out, yb);
+      } else if (regression) {
+        tally.AddRegression(out, tb);
       } else if (binary) {
-        binary_task = true;
-        auto pred = out.reshape({-1}).gt(0).to(torch::kInt64);
-        correct += pred.eq(yb).sum().item<int64_t>();
-        tp += (pred * yb).sum().item<int64_t>();
-        fp += (pred * (1 - yb)).sum().item<int64_t>();
-        fn += ((1 - pred) * yb).sum().item<int64_t>();
+        tally.AddBinary(out, yb);
       } else {
-        TORCH_CHECK(out.dim() == 2, "classification needs outputs of shape [N, classes], not ",
-                    out.sizes());
-        auto pred = out.argmax(1);
-        auto hit = pred.eq(yb);
-        correct += hit.sum().item<int64_t>();
-        const int64_t classes = out.size(1);
-        if (classes >= 5) {
-          top5 += std::get<1>(out.topk(5, 1)).eq(yb.unsqueeze(1)).any(1).sum().item<int64_t>();
-        }
-        class_total.resize(classes);
-        class_correct.resize(classes);
-        auto totals = torch::bincount(yb, {}, classes);
-        auto hits = torch::bincount(yb.masked_select(hit), {}, classes);
-        for (int64_t c = 0; c < classes; ++c) {
-          class_total[c] += totals[c].item<int64_t>();
-          class_correct[c] += hits[c].item<int64_t>();
-        }
-      }
-    }
-    const double n = static_cast<double>(data.size);
-    s.examples = data.size;
-    s.loss = loss_sum / n;
-    if (text) {  // the loss and accuracy per token; perplexity; bits per byte of text
-      s.loss = loss_sum / static_cast<double>(tokens);
-      s.accuracy = static_cast<double>(correct) / static_cast<double>(tokens);
-      s.metrics["perplexity"] = std::exp(s.loss);
-      s.metrics["bits_per_byte"] =
-          s.loss / std::log(2.0) / (data.bytes_per_token > 0 ? data.bytes_per_token : 1);
-      s.metrics["tokens"] = static_cast<double>(tokens);
-      return s;
-    }
-    if (regression) {
-      s.metrics["mae"] = abs_sum / n;
-      s.metrics["rmse"] = std::sqrt(sq_sum / n);
-    } else {
-      s.accuracy = correct / n;
-    }
-    if (binary_task) {
-      const double precision = tp + fp > 0 ? double(tp) / (tp + fp) : 0;
-      const double recall = tp + fn > 0 ? double(tp) / (tp + fn) : 0;
-      s.metrics["precision"] = precision;
-      s.metrics["recall"] = recall;
-      s.metrics["f1"] = precision + recall > 0 ? 2 * precision * recall / (precision + recall) : 0;
-    }
-    if (!regression && !binary_task) {
-      if (class_total.size() >= 5) s.metrics["top5_accuracy"] = top5 / n;
-      for (size_t c = 0; c < class_total.size(); ++c) {
-        s.per_class_accuracy.push_back(class_total[c] > 0 ? double(class_correct[c]) / class_total[c]
-                                                          : std::nan(""));
+        tally.AddClasses(out, yb);
       }
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("evaluation failed: ", e.what_without_backtrace()));
+  }
+  if (text) {
+    tally.FinishText(data.bytes_per_token, &s);
+  } else {
+    tally.Finish(data.size, regression, &s);
   }
   return s;
 }
@@ -876,25 +650,26 @@ Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std:
                      absl::StrJoin(spec.input_shape, "x"), " (model.input; resize with the data "
                      "spec's size=HxW and channels=)"));
   }
-  const bool regression = loss == "mse" || loss == "mae";
-  if (loss != "torchscript" && regression != !data.targets.empty()) {
+  ASSIGN_OR_RETURN(const LossKind* kind, Losses().Get(loss));
+  const bool regression = kind->task == LossTask::kRegression;
+  if (kind->task != LossTask::kAny && regression != !data.targets.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, regression ? ": loss " + loss + " needs regression targets (a table's `regression` option)"
                          : ": regression targets need loss mse or mae, not " + loss));
   }
-  if (loss != "cross_entropy" && loss != "torchscript" && spec.num_classes != 1) {
+  if ((regression || kind->task == LossTask::kBinary) && spec.num_classes != 1) {
     return absl::InvalidArgumentError(absl::StrCat("loss ", loss, " needs a model with one output "
                                                    "(model.classes: 1), not ", spec.num_classes));
   }
   int64_t max_label = -1;
   for (int64_t l : data.labels) max_label = std::max(max_label, l);
-  if (loss == "bce" && max_label > 1) {
+  if (kind->task == LossTask::kBinary && max_label > 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": label ", max_label, " but loss bce takes labels 0 and 1"));
+        absl::StrCat(what, ": label ", max_label, " but loss ", loss, " takes labels 0 and 1"));
   }
   // Class labels (a TorchScript loss's too, for a model with several outputs).
-  const bool classes = loss == "cross_entropy" ||
-                       (loss == "torchscript" && data.targets.empty() && spec.num_classes > 1);
+  const bool classes = kind->task == LossTask::kClasses ||
+                       (kind->task == LossTask::kAny && data.targets.empty() && spec.num_classes > 1);
   if (classes && max_label >= spec.num_classes) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": label ", max_label,
                                                    " but the model has ", spec.num_classes,
@@ -906,12 +681,6 @@ Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std:
 ModelSpec ModelSpecOf(const JobConfig& c) {
   const ModelConfig& m = c.model;
   return {m.name, "", c.run.seed, m.input, m.classes, m.gpt, m.lora};
-}
-
-std::vector<std::string> BuiltinModelNames() {
-  std::vector<std::string> names;
-  for (const Builtin& b : kBuiltins) names.push_back(b.name);
-  return names;
 }
 
 StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {

@@ -120,6 +120,7 @@ struct ModelPart::Impl {
   std::vector<torch::Tensor> first, second;
   std::vector<int64_t> steps;
   LocalTrainOptions training;  // ResetOptimizer's
+  const OptimizerKind* optimizer = nullptr;  // training.optimizer's
   struct Pending {
     torch::Tensor input, output;
     int from = 0;
@@ -163,7 +164,7 @@ struct ModelPart::Impl {
     for (size_t i = first_index; i < params.size(); ++i) {
       auto& g = grads[i - first_index];
       if (!g.defined()) continue;
-      OptimizerStep(training, ++steps[i], params[i].second.data(), g, first[i], second[i]);
+      optimizer->step(training, ++steps[i], params[i].second.data(), g, first[i], second[i]);
       g.zero_();
     }
   }
@@ -271,11 +272,11 @@ StatusOr<double> DistanceCorrelation(const Activations& x, const Activations& z)
 }
 
 Status ModelPart::ResetOptimizer(const LocalTrainOptions& training) {
-  RETURN_IF_ERROR(OptimizerNames().Check(training.optimizer));
+  ASSIGN_OR_RETURN(impl_->optimizer, Optimizers().Get(training.optimizer));
   impl_->training = training;
   impl_->pending.clear();
   torch::NoGradGuard no_grad;
-  const bool adam = training.optimizer != "sgd";
+  const bool adam = impl_->optimizer->second_moment;
   for (size_t i = 0; i < impl_->params.size(); ++i) {
     const torch::Tensor& p = impl_->params[i].second;
     const bool trains = p.requires_grad();

@@ -7,25 +7,30 @@
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/staleness.h"
+#include "aggregation/strategy.h"
+#include "compression/codec.h"
+#include "core/config.h"
+#include "models/model.h"
 #include "server/scheduler.h"
+#include "server/server.h"
 
 namespace cleave {
 
 Status AsyncBuffers::CheckRoundLocked(const std::string& what, int64_t round) const {
-  if (c_.current_round_ == 0) {
+  if (ctx_.CurrentRoundLocked() == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " for round ", round, ": no buffer is open"));
   }
   // Tasks outlive the version they were given in, up to scheduler.max_staleness.
-  if (round > c_.current_round_) {
+  if (round > ctx_.CurrentRoundLocked()) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, " for model version ", round - 1, ", a future one: the newest is ",
-        c_.current_round_ - 1));
+        ctx_.CurrentRoundLocked() - 1));
   }
-  if (c_.current_round_ - round > c_.cfg_.scheduler.max_staleness) {
+  if (ctx_.CurrentRoundLocked() - round > cfg().scheduler.max_staleness) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, " against model version ", round - 1, ", ", c_.current_round_ - round,
-        " versions stale: scheduler.max_staleness is ", c_.cfg_.scheduler.max_staleness));
+        what, " against model version ", round - 1, ", ", ctx_.CurrentRoundLocked() - round,
+        " versions stale: scheduler.max_staleness is ", cfg().scheduler.max_staleness));
   }
   return absl::OkStatus();
 }
@@ -33,43 +38,45 @@ Status AsyncBuffers::CheckRoundLocked(const std::string& what, int64_t round) co
 bool AsyncBuffers::OpenForLocked(int64_t round) {
   // A buffer being applied, or full with uploads still being added: this one goes into
   // the next (a short wait: CPU work, not a client).
-  while (!c_.stopping_ && c_.current_round_ != 0 &&
-         (applying_ || claimed_ >= c_.cfg_.scheduler.buffer_size)) {
-    c_.cv_.Wait(&c_.mu_);
+  while (!ctx_.StoppingLocked() && ctx_.CurrentRoundLocked() != 0 &&
+         (applying_ || claimed_ >= cfg().scheduler.buffer_size)) {
+    ctx_.AwaitChangeLocked();
   }
-  return c_.current_round_ != 0 && round <= c_.current_round_;
+  return ctx_.CurrentRoundLocked() != 0 && round <= ctx_.CurrentRoundLocked();
 }
 
 StatusOr<float> AsyncBuffers::AdmitLocked(const std::string& task_id, TaskRecord& t,
                                           const v1::UploadHeader& h) {
-  const int64_t staleness = c_.current_round_ - t.round;
-  if (staleness > c_.cfg_.scheduler.max_staleness) {
+  const int64_t staleness = ctx_.CurrentRoundLocked() - t.round;
+  if (staleness > cfg().scheduler.max_staleness) {
     ObserveSpeedLocked(t, h);  // so that its next task is sized to arrive in time
-    c_.FailTaskLocked(task_id, t, "too stale");
-    c_.cv_.SignalAll();
+    ctx_.FailTaskLocked(task_id, t, "too stale");
+    ctx_.Wake();
     return absl::FailedPreconditionError(absl::StrCat(
         "update against model version ", t.round - 1, " is ", staleness,
-        " versions stale: scheduler.max_staleness is ", c_.cfg_.scheduler.max_staleness));
+        " versions stale: scheduler.max_staleness is ", cfg().scheduler.max_staleness));
   }
   t.staleness = staleness;
   ++claimed_;
-  return static_cast<float>(StalenessFactor(c_.cfg_.scheduler, staleness));
+  return static_cast<float>(StalenessFactor(cfg().scheduler, staleness));
 }
+
+int AsyncBuffers::VersionsKept() const { return cfg().scheduler.max_staleness + 1; }
 
 void AsyncBuffers::ShapeTaskLocked(const Session& s, const FitSettings& fit, v1::Task* task,
                                    TaskRecord* rec) {
   // A client may get several tasks while one version is built.
   task->set_task_id(absl::StrCat("r", rec->round, "-", rec->client_id, "-", ++task_seq_));
-  rec->sent = c_.clock_->Now();
-  rec->deadline = rec->sent + Seconds(c_.cfg_.clients.round_deadline_s);
+  rec->sent = ctx_.clock().Now();
+  rec->deadline = rec->sent + Seconds(cfg().clients.round_deadline_s);
   // Staleness control: as many steps as the client can do while about target_staleness
   // versions are applied. A client not measured yet is taken to be as slow as the
   // slowest one measured (train's work while none is).
   const int64_t base = TaskSteps(fit.local_steps, fit.local_epochs,
                                  std::max<int64_t>(1, s.num_examples), fit.batch_size);
-  rec->steps = SizedSteps(base, c_.cfg_.scheduler.min_local_steps,
-                          c_.cfg_.scheduler.target_staleness, IntervalLocked(),
-                          s.speed.step_s > 0 ? s.speed : slowest_);
+  rec->steps = SizedSteps(base, cfg().scheduler.min_local_steps,
+                          cfg().scheduler.target_staleness, IntervalLocked(),
+                          SpeedLocked(s.id));
   if (rec->steps != base) task->mutable_train()->set_local_steps(rec->steps);
 }
 
@@ -79,84 +86,84 @@ double AsyncBuffers::IntervalLocked() const {
   return interval_s;
 }
 
-double AsyncBuffers::LateLocked(const Session& s) const {
-  const auto& c = c_.cfg_.scheduler;
+ClientSpeed AsyncBuffers::SpeedLocked(const std::string& client_id) const {
+  auto it = speeds_.find(client_id);
+  return it != speeds_.end() && it->second.step_s > 0 ? it->second : slowest_;
+}
+
+double AsyncBuffers::LateLocked(const std::string& client_id) const {
+  const auto& c = cfg().scheduler;
   if (c.target_staleness <= 0) return 0;  // staleness control is off
-  return PredictedStaleness(c.min_local_steps, IntervalLocked(), s.speed);
+  auto it = speeds_.find(client_id);
+  return PredictedStaleness(c.min_local_steps, IntervalLocked(),
+                            it != speeds_.end() ? it->second : ClientSpeed());
 }
 
 bool AsyncBuffers::RetryLocked(const std::string& cid, const Session& s) {
-  auto [it, first] = refused_.emplace(cid, c_.current_round_);
+  auto [it, first] = refused_.emplace(cid, ctx_.CurrentRoundLocked());
   if (first) {
     spdlog::warn("client {} ({}) would be {:.1f} versions late even at "
                  "scheduler.min_local_steps={}; no task for it while faster clients train "
                  "(tried again in {} versions)",
-                 cid, s.name, LateLocked(s), c_.cfg_.scheduler.min_local_steps, kRetryVersions);
+                 cid, s.name, LateLocked(cid), cfg().scheduler.min_local_steps, kRetryVersions);
     return false;
   }
-  if (c_.current_round_ - it->second < kRetryVersions) return false;
-  it->second = c_.current_round_;  // one task, to measure it again
+  if (ctx_.CurrentRoundLocked() - it->second < kRetryVersions) return false;
+  it->second = ctx_.CurrentRoundLocked();  // one task, to measure it again
   return true;
 }
 
 void AsyncBuffers::ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h) {
-  auto s = c_.sessions_.find(t.client_id);
-  if (s == c_.sessions_.end()) return;
-  const double wall_s = std::chrono::duration<double>(c_.clock_->Now() - t.sent).count();
-  ClientSpeed& speed = s->second.speed;
+  if (!ctx_.FindSessionLocked(t.client_id)) return;
+  const double wall_s = std::chrono::duration<double>(ctx_.clock().Now() - t.sent).count();
+  ClientSpeed& speed = speeds_[t.client_id];
   speed.Observe(t.steps, h.train_seconds(), wall_s);
   slowest_.step_s = std::max(slowest_.step_s, speed.step_s);
   slowest_.overhead_s = std::max(slowest_.overhead_s, speed.overhead_s);
 }
 
 Status AsyncBuffers::OpenBufferLocked(int64_t version) {
-  RoundPlan plan = c_.strategy_->ConfigureBuffer(version);
+  RoundPlan plan = ctx_.strategy().ConfigureBuffer(version);
   if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
   plan_ = std::move(plan);
-  std::vector<int64_t> declared;
-  for (const auto& cid : c_.AvailableLocked()) declared.push_back(c_.sessions_[cid].num_examples);
-  // The cap follows the connected clients; with none connected the last one holds.
-  if (!declared.empty()) c_.round_weights_ = RoundWeights(c_.cfg_.aggregation, declared);
-  c_.strategy_->BeginRound(c_.UpdateLayout(), c_.shards_);
-  c_.current_round_ = version;
-  c_.ResetRoundBytes();
+  ctx_.BeginBufferLocked(version);
   claimed_ = 0;
   applying_ = false;
-  start_ = c_.clock_->Now();
+  start_ = ctx_.clock().Now();
   // Finished tasks are kept while an upload of theirs could still arrive (a retried
   // upload is a duplicate, not an unknown task); a task given in version r is refused
   // as too stale once r < version - max_staleness.
-  const int64_t max_staleness = c_.cfg_.scheduler.max_staleness;
-  for (auto it = c_.tasks_.begin(); it != c_.tasks_.end();) {
+  const int64_t max_staleness = cfg().scheduler.max_staleness;
+  for (auto it = ctx_.TasksLocked().begin(); it != ctx_.TasksLocked().end();) {
     const bool finished =
         it->second.state == TaskState::kDone || it->second.state == TaskState::kFailed;
     if (finished && it->second.round < version - max_staleness) {
-      it = c_.tasks_.erase(it);
+      it = ctx_.TasksLocked().erase(it);
     } else {
       ++it;
     }
   }
   // Tasks that can no longer be accepted fail now, so that their clients get new work.
-  for (auto& [id, t] : c_.tasks_) {
+  for (auto& [id, t] : ctx_.TasksLocked()) {
     if (t.state == TaskState::kAssigned && version - t.round > max_staleness) {
-      c_.FailTaskLocked(id, t, absl::StrCat("too stale: more than scheduler.max_staleness=",
+      ctx_.FailTaskLocked(id, t, absl::StrCat("too stale: more than scheduler.max_staleness=",
                                             max_staleness,
                                             " versions were applied since it was given"));
     }
   }
-  c_.cv_.SignalAll();  // uploads waiting for a buffer
+  ctx_.Wake();  // uploads waiting for a buffer
   return absl::OkStatus();
 }
 
 void AsyncBuffers::DispatchLocked() {
-  const int cap = c_.cfg_.scheduler.concurrency > 0 ? c_.cfg_.scheduler.concurrency : INT_MAX;
+  const int cap = cfg().scheduler.concurrency > 0 ? cfg().scheduler.concurrency : INT_MAX;
   std::set<std::string> busy;       // clients with a task in flight
   std::set<std::string> in_buffer;  // dp: clients whose update is in the open buffer
-  for (const auto& [id, t] : c_.tasks_) {
+  for (const auto& [id, t] : ctx_.TasksLocked()) {
     if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) {
       busy.insert(t.client_id);
-    } else if (c_.cfg_.dp.enabled && t.state == TaskState::kDone &&
-               t.resolved_in == c_.current_round_) {
+    } else if (cfg().dp.enabled && t.state == TaskState::kDone &&
+               t.resolved_in == ctx_.CurrentRoundLocked()) {
       in_buffer.insert(t.client_id);
     }
   }
@@ -164,10 +171,9 @@ void AsyncBuffers::DispatchLocked() {
   if (free <= 0) return;
   std::vector<std::string> idle, too_slow;
   bool any_admissible = false;  // some client, idle or training, is fast enough
-  const int64_t max_late = c_.cfg_.scheduler.max_staleness;
-  for (const auto& cid : c_.AvailableLocked()) {
-    const Session& s = c_.sessions_[cid];
-    const bool admissible = LateLocked(s) <= max_late;
+  const int64_t max_late = cfg().scheduler.max_staleness;
+  for (const auto& cid : ctx_.AvailableLocked()) {
+    const bool admissible = LateLocked(cid) <= max_late;
     any_admissible |= admissible;
     if (busy.count(cid) || in_buffer.count(cid)) continue;
     if (admissible) {
@@ -180,86 +186,33 @@ void AsyncBuffers::DispatchLocked() {
   for (const auto& cid : too_slow) {
     // With no faster client the slow ones train (late updates beat none); else one gets
     // a task now and then, to be measured again.
-    if (!any_admissible || RetryLocked(cid, c_.sessions_[cid])) idle.push_back(cid);
+    if (!any_admissible || RetryLocked(cid, *ctx_.FindSessionLocked(cid))) idle.push_back(cid);
   }
   if (idle.empty()) return;
   const int k = std::min<int>(free, idle.size());
   for (int i = 0; i < k; ++i) {  // the first k of a seeded shuffle
     std::uniform_int_distribution<size_t> pick(i, idle.size() - 1);
-    std::swap(idle[i], idle[pick(c_.rng_)]);
+    std::swap(idle[i], idle[pick(ctx_.RngLocked())]);
   }
   idle.resize(k);
-  c_.SendTasksLocked(c_.current_round_, idle, plan_,
-                     Coordinator::UnixMsIn(c_.cfg_.clients.round_deadline_s));
+  ctx_.SendTasksLocked(ctx_.CurrentRoundLocked(), idle, plan_,
+                     UnixMsIn(cfg().clients.round_deadline_s));
 }
 
-StatusOr<RoundMetrics> AsyncBuffers::NextLocked() {
-  const int64_t round = c_.committed_round_ + 1;
-  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
-    return static_cast<int>(c_.AvailableLocked().size()) >= c_.cfg_.clients.min_clients;
-  };
-  auto in_flight = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
-    for (const auto& [id, t] : c_.tasks_) {
-      if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return true;
-    }
-    return false;
-  };
-  // The first buffer of a run (or after a failed one) waits for clients.min; later ones
-  // opened as the one before was applied.
-  if (c_.current_round_ != round) {
-    RETURN_IF_ERROR(c_.AwaitClientsLocked());
-    RETURN_IF_ERROR(OpenBufferLocked(round));
-    ReplayLocked();  // a restarted server's buffer, as far as it was filled
-  }
-  c_.phase_ = "training (async)";
-  const int k = c_.cfg_.scheduler.buffer_size;
-  auto short_since = c_.clock_->Now();  // when the federation last had clients.min
-  while (!c_.stopping_ && !(claimed_ >= k && c_.accumulating_ == 0)) {
-    const auto now = c_.clock_->Now();
-    auto wake = now + Seconds(c_.cfg_.clients.round_deadline_s);
-    for (auto& [id, t] : c_.tasks_) {
-      if (t.state != TaskState::kAssigned) continue;
-      if (now >= t.deadline) {
-        c_.FailTaskLocked(id, t, "missed its deadline");
-      } else {
-        wake = std::min(wake, t.deadline);
-      }
-    }
-    DispatchLocked();
-    if (enough() || in_flight()) {
-      short_since = now;
-    } else if (now > short_since + Seconds(c_.cfg_.clients.join_timeout_s)) {
-      c_.current_round_ = 0;
-      c_.cv_.SignalAll();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "version ", round, ": fewer than clients.min=", c_.cfg_.clients.min_clients,
-          " clients connected for ", c_.cfg_.clients.join_timeout_s, "s"));
-    } else {
-      wake = std::min(wake, short_since + Seconds(c_.cfg_.clients.join_timeout_s));
-    }
-    c_.WaitLocked(wake);
-    c_.ExpireSilentLocked();
-  }
-  if (c_.stopping_) {
-    c_.current_round_ = 0;
-    c_.cv_.SignalAll();
-    return absl::CancelledError("stopped");
-  }
-  // The buffer is full and nothing is being added: apply it. Uploads wait meanwhile.
-  applying_ = true;
+RoundMetrics AsyncBuffers::BufferMetricsLocked(int64_t round) {
   RoundMetrics m;
   m.round = round;
-  m.async = true;
+  AsyncMetrics& am = m.async.emplace();
   double loss_sum = 0;
   int64_t weight = 0;
-  for (const auto& [id, t] : c_.tasks_) {
+  for (const auto& [id, t] : ctx_.TasksLocked()) {
     if (t.resolved_in != round) continue;
     if (t.state == TaskState::kDone) {
-      m.local_steps_min = m.participants ? std::min(m.local_steps_min, t.steps) : t.steps;
-      m.local_steps_max = std::max(m.local_steps_max, t.steps);
-      m.local_steps_mean += static_cast<double>(t.steps);
+      am.local_steps_min = m.participants ? std::min(am.local_steps_min, t.steps) : t.steps;
+      am.local_steps_max = std::max(am.local_steps_max, t.steps);
+      am.local_steps_mean += static_cast<double>(t.steps);
       ++m.participants;
-      ++m.staleness[t.staleness];
+      ++am.staleness[t.staleness];
       loss_sum += t.train_loss * t.num_examples;
       weight += t.num_examples;
     } else if (t.state == TaskState::kFailed) {
@@ -267,35 +220,92 @@ StatusOr<RoundMetrics> AsyncBuffers::NextLocked() {
     }
   }
   m.train_loss = weight ? loss_sum / weight : 0;
-  if (m.participants) m.local_steps_mean /= m.participants;
+  if (m.participants) am.local_steps_mean /= m.participants;
   m.examples = weight;
-  c_.CountRoundBytesLocked(&m);
-  if (Status s = c_.ApplyLocked(round, nullptr, &m); !s.ok()) {
+  return m;
+}
+
+StatusOr<RoundMetrics> AsyncBuffers::NextLocked() {
+  const int64_t round = ctx_.CommittedRoundLocked() + 1;
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
+    return static_cast<int>(ctx_.AvailableLocked().size()) >= cfg().clients.min_clients;
+  };
+  auto in_flight = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
+    for (const auto& [id, t] : ctx_.TasksLocked()) {
+      if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return true;
+    }
+    return false;
+  };
+  // The first buffer of a run (or after a failed one) waits for clients.min; later ones
+  // opened as the one before was applied.
+  if (ctx_.CurrentRoundLocked() != round) {
+    RETURN_IF_ERROR(ctx_.AwaitClientsLocked());
+    RETURN_IF_ERROR(OpenBufferLocked(round));
+    ReplayLocked();  // a restarted server's buffer, as far as it was filled
+  }
+  ctx_.SetPhaseLocked("training (async)");
+  const int k = cfg().scheduler.buffer_size;
+  auto short_since = ctx_.clock().Now();  // when the federation last had clients.min
+  while (!ctx_.StoppingLocked() && !(claimed_ >= k && ctx_.AccumulatingLocked() == 0)) {
+    const auto now = ctx_.clock().Now();
+    auto wake = now + Seconds(cfg().clients.round_deadline_s);
+    for (auto& [id, t] : ctx_.TasksLocked()) {
+      if (t.state != TaskState::kAssigned) continue;
+      if (now >= t.deadline) {
+        ctx_.FailTaskLocked(id, t, "missed its deadline");
+      } else {
+        wake = std::min(wake, t.deadline);
+      }
+    }
+    DispatchLocked();
+    if (enough() || in_flight()) {
+      short_since = now;
+    } else if (now > short_since + Seconds(cfg().clients.join_timeout_s)) {
+      ctx_.EndRoundLocked();
+      ctx_.Wake();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "version ", round, ": fewer than clients.min=", cfg().clients.min_clients,
+          " clients connected for ", cfg().clients.join_timeout_s, "s"));
+    } else {
+      wake = std::min(wake, short_since + Seconds(cfg().clients.join_timeout_s));
+    }
+    ctx_.WaitLocked(wake);
+  }
+  if (ctx_.StoppingLocked()) {
+    ctx_.EndRoundLocked();
+    ctx_.Wake();
+    return absl::CancelledError("stopped");
+  }
+  // The buffer is full and nothing is being added: apply it. Uploads wait meanwhile.
+  applying_ = true;
+  RoundMetrics m = BufferMetricsLocked(round);
+  ctx_.CountRoundBytesLocked(&m);
+  if (Status s = ctx_.ApplyLocked(round, nullptr, &m); !s.ok()) {
     // The buffer is dropped; the next call opens it again (Run retries).
-    c_.current_round_ = 0;
+    ctx_.EndRoundLocked();
     applying_ = false;
-    c_.cv_.SignalAll();
+    ctx_.Wake();
     return s;
   }
-  m.wall_s = std::chrono::duration<double>(c_.clock_->Now() - start_).count();
+  m.wall_s = std::chrono::duration<double>(ctx_.clock().Now() - start_).count();
   // The buffer opened when the version before was applied: wall_s is the interval.
   // Staleness control uses the mean of the last 10 (single buffers' vary several-fold).
   recent_intervals_.push_back(m.wall_s);
   if (recent_intervals_.size() > 10) recent_intervals_.pop_front();
-  if (round < c_.cfg_.run.rounds) {
+  if (round < cfg().run.rounds) {
     // The next buffer opens before this version is evaluated and checkpointed. If the
     // strategy ends the run first (a privacy budget), none opens and the next call says
     // why.
-    if (!OpenBufferLocked(round + 1).ok()) c_.current_round_ = 0;
+    if (!OpenBufferLocked(round + 1).ok()) ctx_.EndRoundLocked();
   } else {
-    c_.current_round_ = 0;
+    ctx_.EndRoundLocked();
   }
   applying_ = false;
-  c_.cv_.SignalAll();
+  ctx_.Wake();
   return m;
 }
 
-Status AsyncBuffers::OpenJournal(const std::string& dir, int64_t committed) {
+Status AsyncBuffers::Resume(const std::string& dir, int64_t committed) {
   const int64_t next = committed + 1;
   for (int parity : {0, 1}) {
     const std::string path = dir + (parity ? "/buffer-a.log" : "/buffer-b.log");
@@ -344,17 +354,17 @@ void AsyncBuffers::ReplayLocked() {
   found_.clear();
   int n = 0;
   for (const BufferEntry& e : entries) {
-    if (e.version != c_.current_round_) continue;
+    if (e.version != ctx_.CurrentRoundLocked()) continue;
     // The checks its upload passed, again: the journal is disk input.
-    const ParameterSet& layout = c_.UpdateLayout();
+    const ParameterSet& layout = ctx_.UpdateLayoutLocked();
     StatusOr<std::vector<TensorView>> views =
-        e.codec == "fp32" ? ParseParameterSet(e.payload, c_.cfg_.server.max_model_elements)
-        : c_.update_codec_ && e.codec == c_.cfg_.compression.update
-            ? ViewEncodedTensors(*c_.update_codec_, e.payload, layout)
+        e.codec == "fp32" ? ParseParameterSet(e.payload, cfg().server.max_model_elements)
+        : ctx_.update_codec() && e.codec == cfg().compression.update
+            ? ViewEncodedTensors(*ctx_.update_codec(), e.payload, layout)
             : StatusOr<std::vector<TensorView>>(absl::InvalidArgumentError(
                   absl::StrCat("codec '", e.codec, "' is not this run's")));
     Status ok = views.status();
-    if (ok.ok()) ok = CheckViews(layout, *views, static_cast<float>(c_.cfg_.server.max_update_abs));
+    if (ok.ok()) ok = CheckViews(layout, *views, static_cast<float>(cfg().server.max_update_abs));
     if (!ok.ok()) {
       spdlog::warn("buffer journal: an update of {} not added again: {}", e.client_name,
                    std::string(ok.message()));
@@ -368,10 +378,7 @@ void AsyncBuffers::ReplayLocked() {
     u.delta = *std::move(views);
     u.weight = e.weight;
     u.train_loss = e.train_loss;
-    {
-      MutexLock a(&c_.shard_mu_[0]);
-      c_.strategy_->Accumulate(u, 0);
-    }
+    ctx_.Accumulate(u);
     // The task it answered, done: it counts in the buffer's metrics and fills its slot.
     TaskRecord t;
     t.client_id = absl::StrCat("journal:", e.client_name);
@@ -382,10 +389,10 @@ void AsyncBuffers::ReplayLocked() {
     t.train_loss = e.train_loss;
     t.num_examples = e.weight;
     t.steps = e.steps;
-    c_.tasks_[absl::StrCat("journal-", e.version, "-", n++)] = std::move(t);
+    ctx_.TasksLocked()[absl::StrCat("journal-", e.version, "-", n++)] = std::move(t);
     ++claimed_;
   }
-  if (n > 0) c_.cv_.SignalAll();
+  if (n > 0) ctx_.Wake();
 }
 
 }  // namespace cleave

@@ -33,14 +33,13 @@
 #include "models/model.h"
 #include "server/checkpoint.h"
 #include "server/observe.h"
+#include "server/round_context.h"
 #include "server/round_driver.h"
-#include "server/secagg_round.h"
+#include "server/round_state.h"
 #include "server/selection.h"
 #include "server/server.h"
 #include "server/transport.h"
 #include "server/upload_slots.h"
-#include "split/cut_policy.h"
-#include "split/round.h"
 
 namespace cleave {
 
@@ -54,89 +53,10 @@ class GossipDriver;  // server/gossip_driver.h
 // Constant-time comparison, so response timing does not leak a token byte by byte.
 bool TokenMatches(const std::string& expected, const std::string& given);
 
-// Hex of `bytes` bytes from OpenSSL's CSPRNG: tokens and run ids must not be guessable.
-std::string RandomHex(int bytes);
-
-// The codec name of a masked secure-aggregation input in UploadHeader.codec.
-inline constexpr char kSecAggCodec[] = "secagg";
-
-// kAccumulating: its upload passed the checks made under the coordinator's lock and is
-// being validated and added without it (ProcessUpload); it ends kDone, or kAssigned
-// again if refused.
-enum class TaskState { kAssigned, kAccumulating, kDone, kFailed };
-
-struct TaskRecord {
-  std::string client_id;
-  TaskState state = TaskState::kAssigned;
-  // The round it was given in: its client trains from the model of round - 1. In async
-  // mode the version being built then; tasks outlive it there.
-  int64_t round = 0;
-  // async: the version its update went into (kDone) or in which it failed (kFailed), its
-  // staleness when added, when it fails unless uploaded, and why it failed.
-  int64_t resolved_in = 0;
-  int64_t staleness = 0;
-  Clock::time_point deadline;
-  std::string failure;
-  double train_loss = 0;
-  int64_t num_examples = 0;   // the update's weight (RoundWeights), once done
-  int64_t expected_size = 0;   // bytes of the update
-  std::string codec = "fp32";  // its codec: fp32 (a parameter-set encoding) or a Codec spec
-  // Split tasks: the client part the client was given, without frozen tensors (its
-  // upload is a delta from it); shared by the round's tasks at the same cut.
-  bool split = false;
-  bool split_open = false;
-  int cut = 0;
-  std::shared_ptr<const ParameterSet> part;
-  v1::SplitStats stats;
-  // Federated evaluation reported with the upload; examples = 0 when none.
-  v1::ClientEvaluation evaluation;
-  double train_seconds = 0;
-  Clock::time_point done_at;  // when its upload was accepted
-  // async: when it was sent, and the local steps it was given (staleness control).
-  Clock::time_point sent;
-  int64_t steps = 0;
-  bool evaluate_only = false;  // an evaluation task: its upload is an empty parameter set
-  // A gossip task: its upload is an empty parameter set whose header reports the exchange.
-  bool gossip = false;
-  v1::GossipStats gossip_stats;
-};
-
-// What a split stream works on; fixed when the stream opens.
-struct SplitStreamTask {
-  std::string client_id;
-  std::string task_id;
-  std::shared_ptr<SplitRound> round;
-  int window = 1;
-  int64_t max_elements = 0;
-  std::string act_codec, grad_codec;  // "" = float32
-};
-
-struct Session {
-  std::string id;
-  std::string name;
-  std::string identity;  // the CN of its client certificate (mutual TLS), else empty
-  std::string token;
-  int64_t num_examples = 0;
-  std::string peer_address;  // where it serves Peer (gossip rounds); empty: it does not
-  std::shared_ptr<ClientLink> link;  // its control stream
-  bool ready = false;  // Welcome queued: tasks may follow it
-  Clock::time_point last_seen;
-  // Split learning with cut: auto.
-  bool has_profile = false;
-  v1::Profile profile;
-  CutFeedback feedback;
-  CutPrediction prediction;  // of the last round's cut
-  // async: its measured speed, which sizes its tasks (scheduler.target_staleness).
-  ClientSpeed speed;
-  // gossip: the uplink its sends to neighbours measured (GossipStats.uplink_mbps), an
-  // average over rounds with weight 1/2 on the newest; 0 until measured.
-  double uplink_mbps = 0;  // What the operator sees of it (Observe): tasks accepted and failed, the last accepted
-  // task's training time and (split) mean step time.
-  int64_t done = 0, failures = 0;
-  double task_s = 0, step_s = 0;
-};
-
-class Coordinator {
+// The coordinator owns the run's state and its parts: the schedulers and round drivers
+// (built by Init for the job's mode), which reach that state only through RoundContext,
+// the transport's upload slots, the run files. The transport calls its public methods.
+class Coordinator : private RoundContext {
  public:
   explicit Coordinator(ServerOptions o);
 
@@ -215,22 +135,12 @@ class Coordinator {
   StatusOr<SplitStreamTask> OpenSplit(const v1::SplitOpen& open, const std::string& peer);
   // A split stream failed (bad message, lost connection): its task fails.
   void SplitEnded(const SplitStreamTask& task, const Status& why);
-  void CountSplitUp(int64_t bytes) {
-    CountUp(bytes);
-    split_up_ += bytes;
-  }
-  void CountLabels(int64_t labels) { labels_up_ += labels; }
-  void CountSplitDown(int64_t bytes) {
-    CountDown(bytes);
-    split_down_ += bytes;
-  }
-  int64_t probe_size() const { return kProbeBytes; }
-  // The codec name split tensors carry for a compression.* value ("" = float32).
-  static std::string SplitCodec(const std::string& spec) {
-    return CodecFamily(spec) == "none" ? "" : spec;
-  }
+  void CountSplitUp(int64_t bytes);
+  void CountLabels(int64_t labels);
+  void CountSplitDown(int64_t bytes);
+  int64_t probe_size() const;
   ThreadPool& pool() { return pool_; }
-  const Clock& clock() const { return *clock_; }
+  const Clock& clock() const override { return *clock_; }
   // Upload admission (server/upload_slots.h), used by the transport's upload calls.
   UploadSlots& uploads() { return uploads_; }
   // A refused upload, logged with the sender's identity (names escaped and bounded).
@@ -265,20 +175,93 @@ class Coordinator {
   }
 
  private:
-  // Its schedulers and drivers are parts of it: they work on its round state.
-  friend class SyncRounds;
-  friend class TurnRounds;
-  friend class AsyncBuffers;
-  friend class SecAggDriver;
-  friend class SplitDriver;
-  friend class GossipDriver;
+  using SessionMap = std::map<std::string, Session>;
 
-  static constexpr int64_t kProbeBytes = 256 << 10;
+  // --- RoundContext (server/round_context.h): what its schedulers and drivers may do.
+  Mutex& mu() const override ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  const JobConfig& config() const override { return cfg_; }
+  Strategy& strategy() override { return *strategy_; }
+  const Codec* update_codec() const override { return update_codec_.get(); }
+  const ModelSpec& model_spec() const override { return model_spec_; }
+  const std::vector<std::string>& frozen() const override { return frozen_; }
+  const std::string& RunIdLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return run_id_;
+  }
+  int64_t CurrentRoundLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return current_round_;
+  }
+  int64_t CommittedRoundLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return committed_round_;
+  }
+  bool StoppingLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; }
+  void SetPhaseLocked(std::string phase) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    phase_ = std::move(phase);
+  }
+  std::mt19937_64& RngLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return rng_; }
+  const RoundWeights& RoundWeightsLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return round_weights_;
+  }
+  const std::optional<FitSettings>& EdgeFitLocked() const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return edge_fit_;
+  }
+  const ParameterSet& UpdateLayoutLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return UpdateLayout();
+  }
+  const ParameterSet& GlobalLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return global_;
+  }
+  std::vector<std::string> AvailableLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Session* FindSessionLocked(const std::string& client_id) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TaskMap& TasksLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tasks_; }
+  void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RoundResolvedLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int AccumulatingLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return accumulating_;
+  }
+  Status AwaitClientsLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
+                        RoundDriver& driver, bool evaluate_only) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginBufferLocked(int64_t version) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
+                       const RoundPlan& plan, int64_t deadline_ms) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WaitLocked(Clock::time_point until) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AwaitChangeLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { cv_.Wait(&mu_); }
+  void Wake() override { cv_.SignalAll(); }
+  void AwaitAccumulatingLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndRoundLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseUploadsLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountRoundBytesLocked(RoundMetrics* m) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Accumulate(const ClientUpdate& update) override;
+  Status FlTrustReference(const FitSettings& fit) override;
+  Status ApplyLocked(int64_t round,
+                     const std::function<Status(const ParameterSet& layout)>& fold,
+                     RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CommitWithoutModelLocked(int64_t round) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    committed_round_ = round;
+  }
+  std::string ModelBlob(const ParameterSet& model) override;
+  void PinBlobLocked(const std::string& digest, std::shared_ptr<const std::string> blob) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddBlobLocked(const std::string& digest, std::shared_ptr<const std::string> blob,
+                     int64_t fp32_size) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A Join message on its own: protocol, sizes, printable names, the certificate's
+  // identity under mutual TLS, and the codecs this run needs.
+  Status CheckJoin(const v1::Join& join, const std::string& peer) const;
+  // What its schedulers and drivers are given.
+  RoundContext& context() { return *this; }
+
+  // --- Its own.
   int ConnectedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Connected clients that may be given a task (split, cut: auto: once profiled).
-  std::vector<std::string> AvailableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why)
+  // Ends session `it` (moving `it` past it): its open tasks fail with `why`, the round's
+  // driver, the mode's driver and the scheduler forget it. Returns its control stream,
+  // which the caller closes without mu_.
+  std::shared_ptr<ClientLink> EndSessionLocked(SessionMap::iterator& it, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session of a message about a task of the current round: identity (token), run
   // and round checked; UNAUTHENTICATED or FAILED_PRECONDITION naming `what` otherwise.
@@ -304,55 +287,38 @@ class Coordinator {
   // stalling client holds an upload slot at most once per round). Releases mu_ while
   // closing streams.
   void ExpireSilentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits on cv_ until `until` or at most kPoll, so that the caller can expire silent
-  // clients and stalled uploads meanwhile.
-  void WaitLocked(Clock::time_point until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    clock_->WaitUntil(cv_, mu_, std::min(until, clock_->Now() + kPoll));
-  }
-  void FailTasksOfLocked(const std::string& client_id, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool RoundResolvedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An upload ProcessUpload claimed under mu_, for the work without it. The round stays
+  // open while its task is kAccumulating (schedulers wait for accumulating_ to reach 0
+  // before they close it), so the layout (global_, shared_layout_ or a split part) and
+  // the strategy's round do not change meanwhile.
+  struct ClaimedUpload {
+    bool resolved = false;  // a duplicate, or accepted under the lock: nothing more to do
+    const ParameterSet* layout = nullptr;
+    float scale = 1.0f;           // the scheduler's factor (async: staleness)
+    RoundDriver::AddUpload add;   // the driver's, when it adds the update itself
+    ClientUpdate update;          // otherwise what the strategy accumulates
+    std::optional<BufferEntry> record;  // what the scheduler records of it
+  };
+  // Checks upload `h` against its task again and claims it (kAccumulating), or resolves
+  // it at once (a duplicate, a masked input, an evaluation).
+  StatusOr<ClaimedUpload> ClaimUploadLocked(const v1::UploadHeader& h, const std::string& payload,
+                                            bool* duplicate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Validates a claimed upload's values (`views`, or its encoding) and adds them.
+  Status AddClaimed(const v1::UploadHeader& h, const std::string& payload,
+                    std::vector<TensorView> views, ClaimedUpload& claim);
   // Marks `t` done with upload `h`'s report (bytes, loss, weight, evaluation).
   void AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t weight,
                     size_t payload_size, const ParameterSet& layout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FLTrust: trains `global` on the root data with the round's local settings (as the
-  // paper does) and hands the change to the strategy. Runs on the round thread without
-  // mu_ (it owns model_ then).
-  Status SetFlTrustReference(const ParameterSet& global, const FitSettings& fit);
-  // Steps the strategy into model `round` on a copy, without mu_, and publishes it;
-  // `fold` first hands the strategy what is not an upload (a driver's result, FLTrust's
-  // reference), given the round's model in the update layout. A model that is not
-  // finite is never published: ABORTED, and the strategy's state is restored.
-  Status ApplyLocked(int64_t round,
-                     const std::function<Status(const ParameterSet& layout)>& fold,
-                     RoundMetrics* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A round (or buffer) opens: no tasks yet, the byte counters at zero.
-  void OpenRoundLocked(int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResetRoundBytes();
-  // The round's byte counts into `m`.
-  void CountRoundBytesLocked(RoundMetrics* m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until no upload is being added outside the lock (CPU work, not a client).
-  void AwaitAccumulatingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands the strategy a result that is no single client's (a driver's), in shard 0.
-  void AccumulateUnnamed(std::vector<TensorView> delta, int64_t weight);
-  // The deadline clients are told: Unix milliseconds `seconds` from now.
-  static int64_t UnixMsIn(double seconds);
-  // Waits for clients.min available clients: DEADLINE_EXCEEDED after
-  // clients.join_timeout_s, CANCELLED when stopped.
-  Status AwaitClientsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends each of `cids` its task of `round` (MakeTaskLocked); a task whose control
-  // stream is closed fails. Releases mu_ while sending.
-  void SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
-                       const RoundPlan& plan, int64_t deadline_ms)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status Commit(RoundMetrics* m);
   // After the last round: the final model's federated evaluation, when clients hold
   // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
   void FinalEvaluation(double elapsed_s);
-  // Init's steps. How rounds run: the round driver of the job's mode, the scheduler
-  // (synchronous rounds, turns, or async buffers) and Oort's selector.
-  void ChooseRoundsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Init's steps. How rounds run: the job's kind of round (RoundDrivers()), its
+  // scheduler (Schedulers() by scheduler.mode), and the synchronous rounds the final
+  // evaluation and an edge's rounds run on. INVALID_ARGUMENT for an unknown mode.
+  Status ChooseRoundsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The model: built, its starting weights, the TorchScript archive and loss as pinned
   // blobs, the description tasks carry.
   StatusOr<ModelSpec> LoadModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -392,26 +358,24 @@ class Coordinator {
   std::unique_ptr<Codec> update_codec_;  // compression.update, unless none (decoding only)
   // compression.broadcast, unless none; used by one thread at a time (start, round end).
   std::unique_ptr<Codec> broadcast_codec_;
-  // The blob a model (or client part) is sent down as: fp32, or compression.broadcast.
-  std::string ModelBlob(const ParameterSet& model) {
-    return broadcast_codec_ ? EncodeCompressedSet(*broadcast_codec_, model) : model.Encode();
-  }
 
-  // How rounds run (fixed by Init). The kind of round: plain federated (plain_driver_),
-  // secure aggregation or split learning (mode_driver_ points at the one); driver_ is
-  // the driver of the round in progress (plain_driver_ between rounds and in an
-  // evaluation round). rounds_ runs synchronous rounds with mode_driver_ (also the
-  // final evaluation and an edge's rounds); scheduler_ builds the run's versions: rounds_,
-  // or async_ in scheduler.mode: async.
+  // How rounds run (fixed by Init, server/round_registry.h). The kind of round:
+  // plain federated (plain_driver_) or the job's RoundDrivers() entry (mode_owned_);
+  // mode_driver_ points at the one, driver_ at the driver of the round in progress
+  // (plain_driver_ between rounds and in an evaluation round). split_ and secagg_ are
+  // typed views of mode_owned_ for the messages the transport routes to them.
+  // scheduler_ (Schedulers() by scheduler.mode) builds the run's versions; rounds_ runs
+  // the final evaluation and an edge's rounds: the scheduler when it runs synchronous
+  // rounds, else own_rounds_.
   RoundDriver plain_driver_;
-  std::unique_ptr<SecAggDriver> secagg_;
-  std::unique_ptr<SplitDriver> split_;
-  std::unique_ptr<GossipDriver> gossip_;
+  std::unique_ptr<RoundDriver> mode_owned_;
   RoundDriver* mode_driver_ = &plain_driver_;
   RoundDriver* driver_ ABSL_GUARDED_BY(mu_) = &plain_driver_;
-  std::unique_ptr<SyncRounds> rounds_;
-  std::unique_ptr<AsyncBuffers> async_;
-  RoundScheduler* scheduler_ = nullptr;
+  SplitDriver* split_ = nullptr;
+  SecAggDriver* secagg_ = nullptr;
+  std::unique_ptr<RoundScheduler> scheduler_;
+  std::unique_ptr<SyncRounds> own_rounds_;
+  SyncRounds* rounds_ = nullptr;
 
   // Time for every deadline and timeout (ServerOptions::clock; the real one by default).
   const std::shared_ptr<Clock> clock_;
@@ -481,11 +445,8 @@ class Coordinator {
   int64_t total_bytes_down_ ABSL_GUARDED_BY(mu_) = 0;
   double prior_elapsed_s_ = 0;  // wall time of the run before a resume
   std::atomic<int64_t> bytes_up_{0}, bytes_down_{0};
-  std::atomic<int64_t> split_up_{0}, split_down_{0}, labels_up_{0};
   std::atomic<int64_t> saved_up_{0}, saved_down_{0};
   std::atomic<int64_t> update_bytes_{0};  // payloads of accepted uploads this round
-  // clients.selection: oort (null for uniform).
-  std::unique_ptr<OortSelector> oort_ ABSL_GUARDED_BY(mu_);
   // An edge round's settings and batch seed, from the upstream task (RunEdgeRound).
   std::optional<FitSettings> edge_fit_ ABSL_GUARDED_BY(mu_);
   uint64_t edge_seed_ ABSL_GUARDED_BY(mu_) = 0;

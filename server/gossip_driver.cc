@@ -3,8 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "core/config.h"
+#include "server/server.h"
 #include "server/topology.h"
 
 namespace cleave {
@@ -12,9 +15,10 @@ namespace cleave {
 Status GossipDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
                                  std::vector<std::string>* clients) {
   tasks_.clear();
+  reports_.clear();
   std::vector<std::pair<std::string, std::string>> peers;  // (name, id)
   for (const auto& cid : *clients) {
-    const Session& s = c_.sessions_[cid];
+    const Session& s = *ctx_.FindSessionLocked(cid);
     if (s.peer_address.empty()) {
       spdlog::warn("round {}: client {} ({}) serves no Peer address: left out of gossip",
                    round, cid, s.name);
@@ -26,11 +30,14 @@ Status GossipDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
     return absl::AbortedError(absl::StrCat("round ", round, ": no client serves a Peer address"));
   }
   std::sort(peers.begin(), peers.end());
-  const auto& sc = c_.cfg_.scheduler;
+  const auto& sc = ctx_.config().scheduler;
   std::vector<double> uplinks;
-  for (const auto& [name, cid] : peers) uplinks.push_back(c_.sessions_[cid].uplink_mbps);
+  for (const auto& [name, cid] : peers) {
+    auto u = uplinks_.find(cid);
+    uplinks.push_back(u != uplinks_.end() ? u->second : 0.0);
+  }
   const GossipGraph g = MakeGossipGraph(static_cast<int>(peers.size()), sc.topology, sc.degree,
-                                        c_.rng_, uplinks);
+                                        ctx_.RngLocked(), uplinks);
   std::map<std::pair<int, int>, std::string> tokens;  // one secret per edge
   clients->clear();
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -40,7 +47,7 @@ Status GossipDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
       const int self = static_cast<int>(i);
       std::string& token = tokens[{std::min(self, j), std::max(self, j)}];
       if (token.empty()) token = RandomHex(16);
-      const Session& s = c_.sessions_[peers[j].second];
+      const Session& s = *ctx_.FindSessionLocked(peers[j].second);
       v1::GossipTask::Neighbour* n = gt.add_neighbours();
       n->set_name(s.name);
       n->set_address(s.peer_address);
@@ -69,35 +76,47 @@ Status GossipDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
 
 void GossipDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   *task->mutable_gossip() = tasks_[rec->client_id];
-  rec->gossip = true;
   rec->expected_size = static_cast<int64_t>(ParameterSet().EncodedSize());
 }
 
+Status GossipDriver::CheckUploadLocked(const TaskRecord& /*t*/, const v1::UploadHeader& h) {
+  const auto& g = h.gossip();
+  if (g.neighbours() < 0 || g.heard() < 0 || g.heard() > g.neighbours() ||
+      g.neighbours() > 1024 || g.bytes_sent() < 0 || g.bytes_received() < 0 ||
+      !std::isfinite(g.disagreement()) || g.disagreement() < 0 ||
+      !std::isfinite(g.uplink_mbps()) || g.uplink_mbps() < 0) {
+    return absl::InvalidArgumentError(
+        "gossip stats: counts and bytes must be >= 0, heard <= neighbours <= 1024, "
+        "disagreement and uplink_mbps finite and >= 0");
+  }
+  return absl::OkStatus();
+}
+
 bool GossipDriver::TakeLocked(const v1::UploadHeader& /*h*/, const std::string& /*payload*/,
-                              const TaskRecord& t, Status* status) {
-  if (!t.gossip) return false;
+                              const TaskRecord& /*t*/, Status* status) {
   *status = absl::OkStatus();  // its size (an empty set) and its report were checked
   return true;
 }
 
 void GossipDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
-  m->gossip = true;
+  GossipMetrics& gm = m->gossip.emplace();
   double weighted = 0;  // disagreement x neighbours heard
-  for (const auto& [id, t] : c_.tasks_) {
-    if (!t.gossip || t.state != TaskState::kDone) continue;
-    const v1::GossipStats& g = t.gossip_stats;
-    m->neighbours += g.neighbours();
-    m->heard += g.heard();
-    m->peer_bytes += g.bytes_sent();
+  for (const auto& [id, t] : ctx_.TasksLocked()) {
+    auto report = reports_.find(id);
+    if (t.state != TaskState::kDone || report == reports_.end()) continue;
+    const v1::GossipStats& g = report->second;
+    gm.neighbours += g.neighbours();
+    gm.heard += g.heard();
+    gm.peer_bytes += g.bytes_sent();
     weighted += g.disagreement() * g.heard();
-    auto s = c_.sessions_.find(t.client_id);
-    if (g.uplink_mbps() > 0 && s != c_.sessions_.end()) {  // finite: CheckUploadHeader
-      double& u = s->second.uplink_mbps;
-      u = u > 0 ? (u + g.uplink_mbps()) / 2 : g.uplink_mbps();
+    if (g.uplink_mbps() > 0 && ctx_.FindSessionLocked(t.client_id)) {  // finite: checked
+      auto [u, first] = uplinks_.emplace(t.client_id, g.uplink_mbps());
+      if (!first) u->second = (u->second + g.uplink_mbps()) / 2;
     }
   }
-  m->disagreement = m->heard > 0 ? weighted / m->heard : 0;
+  gm.disagreement = gm.heard > 0 ? weighted / gm.heard : 0;
   tasks_.clear();
+  reports_.clear();
 }
 
 }  // namespace cleave

@@ -35,20 +35,20 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
       }
     }
   }
-  if (m.split) {
-    j["activation_bytes_up"] = m.activation_bytes_up;
-    j["gradient_bytes_down"] = m.gradient_bytes_down;
-    j["labels_up"] = m.labels_up;
-    j["cuts"] = m.cuts;
-    j["step_s"] = m.step_s;
-    j["client_compute_s"] = m.client_compute_s;
-    j["transfer_s"] = m.transfer_s;
-    j["server_compute_s"] = m.server_compute_s;
-    j["server_busy"] = m.server_busy;
+  if (const SplitMetrics* s = m.split ? &*m.split : nullptr) {
+    j["activation_bytes_up"] = s->activation_bytes_up;
+    j["gradient_bytes_down"] = s->gradient_bytes_down;
+    j["labels_up"] = s->labels_up;
+    j["cuts"] = s->cuts;
+    j["step_s"] = s->step_s;
+    j["client_compute_s"] = s->client_compute_s;
+    j["transfer_s"] = s->transfer_s;
+    j["server_compute_s"] = s->server_compute_s;
+    j["server_busy"] = s->server_busy;
   }
-  if (m.gossip) {
-    j["gossip"] = {{"disagreement", m.disagreement}, {"peer_bytes", m.peer_bytes},
-                   {"neighbours", m.neighbours}, {"heard", m.heard}};
+  if (const GossipMetrics* g = m.gossip ? &*m.gossip : nullptr) {
+    j["gossip"] = {{"disagreement", g->disagreement}, {"peer_bytes", g->peer_bytes},
+                   {"neighbours", g->neighbours}, {"heard", g->heard}};
   }
   if (m.client_eval.clients > 0) {
     const auto& e = m.client_eval;
@@ -62,20 +62,20 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
     for (const auto& [k, v] : e.metrics) j["client_eval"][k] = v;
     if (m.evaluation_only) j["client_eval"].erase("train_seconds");  // nothing trained
   }
-  if (m.async) {
+  if (const AsyncMetrics* a = m.async ? &*m.async : nullptr) {
     j["version"] = m.round;
     auto& st = j["staleness"] = nlohmann::json::object();
     double sum = 0;
     int64_t most = 0;
-    for (const auto& [s, n] : m.staleness) {
+    for (const auto& [s, n] : a->staleness) {
       st[std::to_string(s)] = n;
       sum += static_cast<double>(s) * n;
       most = std::max(most, s);
     }
     j["staleness_mean"] = m.participants ? sum / m.participants : 0.0;
     j["staleness_max"] = most;
-    j["local_steps"] = {{"mean", m.local_steps_mean}, {"min", m.local_steps_min},
-                        {"max", m.local_steps_max}};
+    j["local_steps"] = {{"mean", a->local_steps_mean}, {"min", a->local_steps_min},
+                        {"max", a->local_steps_max}};
   }
   for (const auto& [k, v] : m.strategy_stats) j[k] = v;
   return j;

@@ -60,10 +60,8 @@ void Histogram(Exposition& e, const std::string& name, const char* help,
   e.Sample(name + "_count", static_cast<double>(h.count));
 }
 
-}  // namespace
-
-std::string PrometheusText(const ObservedState& s, int client_series) {
-  Exposition e;
+// The run's series: its round, the last round's results, traffic, uploads, memory.
+void RunSeries(const ObservedState& s, Exposition& e) {
   e.Family("cleave_info", "gauge", "The run this server coordinates.");
   e.Sample("cleave_info", 1, "run_id=\"" + Label(s.run_id) + "\",phase=\"" + Label(s.phase) + "\"");
   e.Gauge("cleave_round", "The last committed round (model version).",
@@ -106,8 +104,10 @@ std::string PrometheusText(const ObservedState& s, int client_series) {
   Histogram(e, "cleave_upload_seconds", "Accepted uploads, from their first message to accepted.",
               s.upload_s);
   Histogram(e, "cleave_fetch_seconds", "Completed model downloads.", s.fetch_s);
+}
 
-  // Per-client series, bounded: the clients with the most failures, then by name.
+// Per-client series, bounded: the clients with the most failures, then by name.
+void ClientSeries(const ObservedState& s, int client_series, Exposition& e) {
   std::vector<const ClientHealth*> shown;
   for (const auto& c : s.clients) shown.push_back(&c);
   std::sort(shown.begin(), shown.end(), [](const ClientHealth* a, const ClientHealth* b) {
@@ -149,6 +149,14 @@ std::string PrometheusText(const ObservedState& s, int client_series) {
       e.Sample(p.name, p.get(*shown[i]), "client=\"" + Label(shown[i]->name) + "\"");
     }
   }
+}
+
+}  // namespace
+
+std::string PrometheusText(const ObservedState& s, int client_series) {
+  Exposition e;
+  RunSeries(s, e);
+  ClientSeries(s, client_series, e);
   return e.Take();
 }
 
@@ -185,10 +193,9 @@ std::string StateJson(const ObservedState& s) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string DashboardHtml(const std::string& initial_state) {
-  // The state goes into a <script>: "</" would end it.
-  const std::string state = absl::StrReplaceAll(initial_state, {{"</", "<\\/"}});
-  return absl::StrCat(R"HTML(<!doctype html>
+// The dashboard page around its initial state (a JSON object the script renders, then
+// refreshes from /api/state every second).
+constexpr char kDashboardHead[] = R"HTML(<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <title>cleave dashboard</title>
 <style>
@@ -213,8 +220,8 @@ pre { background: #f6f6f6; padding: .6em; max-height: 20em; overflow: auto; }
 <h2>Configuration</h2>
 <pre id="config"></pre>
 <script>
-const INITIAL = )HTML",
-                      state, R"HTML(;
+const INITIAL = )HTML";
+constexpr char kDashboardTail[] = R"HTML(;
 function text(id, s) { document.getElementById(id).textContent = s; }
 function mb(b) { return (b / 1e6).toFixed(1) + " MB"; }
 function chart(title, rows, series) {
@@ -285,7 +292,12 @@ render(INITIAL);
 setInterval(() => fetch("/api/state").then(r => r.json()).then(render).catch(() => {}), 1000);
 </script>
 </body></html>
-)HTML");
+)HTML";
+
+std::string DashboardHtml(const std::string& initial_state) {
+  // The state goes into a <script>: "</" would end it.
+  return absl::StrCat(kDashboardHead, absl::StrReplaceAll(initial_state, {{"</", "<\\/"}}),
+                      kDashboardTail);
 }
 
 }  // namespace cleave

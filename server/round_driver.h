@@ -6,8 +6,10 @@
 //                      out clients it cannot serve (split: those no cut fits)
 //   PrepareTaskLocked  each task: the driver's part of the message and of its record
 //   AwaitLocked        training: wait for the uploads, or drive the round's own stages
+//   CheckUploadLocked  an upload's header: the driver's part of it (its stats)
 //   TakeLocked         an upload the driver consumes whole under the lock
 //   ClaimUploadLocked  an upload the driver adds itself, without the lock
+//   AcceptedLocked     an upload was accepted: what the driver keeps of its report
 //   CloseLocked        the round closed: the driver's metrics
 //   Fold               before the strategy steps: hand it what is not an upload
 //
@@ -15,6 +17,12 @@
 // upload's delta goes to the strategy. SecAggDriver, SplitDriver and GossipDriver are
 // the others.
 //
+// The driver of the job's mode also keeps that mode's state of each session (a split
+// client's profile and cut, a gossip client's measured uplink): it decides which
+// sessions it can serve (ServesLocked), fills in what the operator sees of them
+// (DescribeClientLocked) and forgets them (SessionEndedLocked).
+//
+// Drivers reach the round through server/round_context.h, never the coordinator.
 // Threads: *Locked hooks run with the coordinator's mutex held (AwaitLocked releases
 // it while it sends); the functions ClaimUploadLocked returns and Fold run without it.
 // A driver's round state is guarded by the coordinator's mutex.
@@ -37,6 +45,7 @@ class Task;
 class UploadHeader;
 }  // namespace v1
 
+struct ClientHealth;
 struct FitSettings;
 struct RoundMetrics;
 struct TaskRecord;
@@ -60,6 +69,12 @@ class RoundDriver {
   virtual std::optional<Status> AwaitLocked(Clock::time_point /*deadline*/) {
     return std::nullopt;
   }
+  // The driver's checks of the header of an upload of `t` (the stats it reports).
+  virtual Status CheckUploadLocked(const TaskRecord& /*t*/, const v1::UploadHeader& /*h*/) {
+    return absl::OkStatus();
+  }
+  // The layout the upload of `t` has (split: its client part); null: the update layout.
+  virtual const ParameterSet* UploadLayoutLocked(const TaskRecord& /*t*/) { return nullptr; }
   // An upload of `t` that passed the coordinator's checks: true, with *status, if the
   // driver consumed it whole (a masked secure-aggregation input); false to go on.
   virtual bool TakeLocked(const v1::UploadHeader& /*h*/, const std::string& /*payload*/,
@@ -71,6 +86,8 @@ class RoundDriver {
   // null: the strategy accumulates it.
   using AddUpload = std::function<Status(const std::vector<TensorView>& delta, int64_t weight)>;
   virtual AddUpload ClaimUploadLocked(const TaskRecord& /*t*/) { return nullptr; }
+  // The upload `h` of `t` was accepted.
+  virtual void AcceptedLocked(const TaskRecord& /*t*/, const v1::UploadHeader& /*h*/) {}
   // The task `t` failed, or its client left the federation.
   virtual void TaskFailedLocked(const TaskRecord& /*t*/) {}
   virtual void ClientLeftLocked(const std::string& /*client_id*/) {}
@@ -83,6 +100,13 @@ class RoundDriver {
   virtual Status Fold(const ParameterSet& /*start*/, int64_t /*weight*/) {
     return absl::OkStatus();
   }
+  // The mode's driver: whether session `client_id` can be given tasks yet (split with
+  // cut: auto: once it sent a Profile).
+  virtual bool ServesLocked(const std::string& /*client_id*/) const { return true; }
+  // The mode's driver: what the operator sees of the session's mode state.
+  virtual void DescribeClientLocked(const std::string& /*client_id*/, ClientHealth* /*c*/) const {}
+  // The mode's driver: the session ended; its state goes.
+  virtual void SessionEndedLocked(const std::string& /*client_id*/) {}
   // Whether clients report federated evaluations of the server's model in this kind of
   // round (the final evaluation is skipped otherwise).
   virtual bool ClientsEvaluate() const { return true; }

@@ -13,8 +13,8 @@
 //                 staleness, make the next version.
 //
 // Every method runs with the coordinator's mutex held; NextLocked and SyncRounds'
-// waits release it while they wait or send. Schedulers are the coordinator's own
-// parts: they reach its sessions, tasks and round state directly.
+// waits release it while they wait or send. Schedulers reach the round state through
+// server/round_context.h, never the coordinator.
 #pragma once
 
 #include <deque>
@@ -22,10 +22,13 @@
 #include <memory>
 #include <string>
 
+#include "aggregation/staleness.h"
 #include "core/files.h"
 #include "server/checkpoint.h"
-#include "server/coordinator.h"
+#include "server/round_context.h"
 #include "server/round_driver.h"
+#include "server/selection.h"
+#include "server/server.h"
 
 namespace cleave {
 
@@ -67,26 +70,37 @@ class RoundScheduler {
   virtual Status Record(const BufferEntry& /*e*/) { return absl::OkStatus(); }
   // Version `version` was committed and its checkpoint written (without the lock).
   virtual void Committed(int64_t /*version*/) {}
+  // With a run directory, after the checkpoint of version `committed` was loaded:
+  // restores what the scheduler recorded past it (async: the open buffer's journal).
+  // Called with the coordinator's mutex held, before any round.
+  virtual Status Resume(const std::string& /*run_dir*/, int64_t /*committed*/) {
+    return absl::OkStatus();
+  }
+  // Session `client_id` ended: what the scheduler kept of it goes.
+  virtual void SessionEndedLocked(const std::string& /*client_id*/) {}
 };
 
 class SyncRounds : public RoundScheduler {
  public:
-  // `driver` may be the plain federated one (RoundDriver itself).
-  SyncRounds(Coordinator& c, RoundDriver& driver) : c_(c), driver_(driver) {}
+  // `driver` may be the plain federated one (RoundDriver itself). Unless
+  // clients.selection is uniform, its selector (Selections()) picks each round's clients.
+  SyncRounds(RoundContext& ctx, RoundDriver& driver);
   // The coordinator's mutex, which guards the scheduler's state.
-  Mutex& mu() const ABSL_LOCK_RETURNED(c_.mu_) { return c_.mu_; }
+  Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
+  // The client selector (null for uniform selection): its state is checkpointed.
+  ClientSelector* selector() { return selector_.get(); }
 
-  StatusOr<RoundMetrics> NextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+  StatusOr<RoundMetrics> NextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
     return RunLocked(/*evaluate_only=*/false);
   }
   Status CheckRoundLocked(const std::string& what, int64_t round) const override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
-  bool OpenForLocked(int64_t round) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
-    return round == c_.current_round_;
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  bool OpenForLocked(int64_t round) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
+    return round == ctx_.CurrentRoundLocked();
   }
   // The final evaluation: every connected client measures the committed model on its
   // held-out data (Task.evaluate_only); nothing is aggregated, the model stays.
-  StatusOr<RoundMetrics> EvaluateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+  StatusOr<RoundMetrics> EvaluateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
     return RunLocked(/*evaluate_only=*/true);
   }
 
@@ -103,18 +117,21 @@ class SyncRounds : public RoundScheduler {
   // Clients sampled but never sent a task (gone before their turn): failures.
   virtual int UnservedLocked(int64_t /*round*/) { return 0; }
 
-  Coordinator& c_;
+  RoundContext& ctx_;
 
  private:
-  StatusOr<RoundMetrics> RunLocked(bool evaluate_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  StatusOr<RoundMetrics> RunLocked(bool evaluate_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The round's clients by strategy (or Oort) and their plan.
-  RoundPlan PlanLocked(int64_t round, bool evaluate_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  RoundPlan PlanLocked(int64_t round, bool evaluate_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Closes the round: stragglers fail, per-task metrics, the selector fed.
   RoundMetrics CloseLocked(int64_t round, Clock::time_point start, bool evaluate_only,
                            double* loss_sum, int64_t* weight)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
   RoundDriver& driver_;
+  RoundDriver plain_;  // an evaluation round's
+  // Fixed at construction; the selector is used with the coordinator's mutex held.
+  std::unique_ptr<ClientSelector> selector_;
 };
 
 class TurnRounds : public SyncRounds {
@@ -124,7 +141,7 @@ class TurnRounds : public SyncRounds {
  protected:
   std::vector<std::string> FirstWaveLocked(const std::vector<std::string>& clients) override;
   bool NextWaveLocked(int64_t round, const RoundPlan& plan, int64_t deadline_ms) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   int UnservedLocked(int64_t round) override;
 
  private:
@@ -134,81 +151,94 @@ class TurnRounds : public SyncRounds {
 
 class AsyncBuffers : public RoundScheduler {
  public:
-  explicit AsyncBuffers(Coordinator& c) : c_(c) {}
+  explicit AsyncBuffers(RoundContext& ctx) : ctx_(ctx) {}
   // The coordinator's mutex, which guards the scheduler's state.
-  Mutex& mu() const ABSL_LOCK_RETURNED(c_.mu_) { return c_.mu_; }
+  Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
 
-  StatusOr<RoundMetrics> NextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  StatusOr<RoundMetrics> NextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   Status CheckRoundLocked(const std::string& what, int64_t round) const override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
-  bool OpenForLocked(int64_t round) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  bool OpenForLocked(int64_t round) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   StatusOr<float> AdmitLocked(const std::string& task_id, TaskRecord& t,
                               const v1::UploadHeader& h) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
-  void UnadmitLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) { --claimed_; }
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void UnadmitLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) { --claimed_; }
   void ShapeTaskLocked(const Session& s, const FitSettings& fit, v1::Task* task,
-                       TaskRecord* rec) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+                       TaskRecord* rec) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void AcceptedLocked(const TaskRecord& t, const v1::UploadHeader& h) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
     ObserveSpeedLocked(t, h);
   }
-  int VersionsKept() const override { return c_.cfg_.scheduler.max_staleness + 1; }
+  int VersionsKept() const override;
   bool Records() const override { return journal_[0] != nullptr; }
   Status Record(const BufferEntry& e) override;
   void Committed(int64_t version) override;
+  void SessionEndedLocked(const std::string& client_id) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
+    speeds_.erase(client_id);
+    refused_.erase(client_id);
+  }
 
-  // With a run directory: opens the open buffer's journal (RUN_DIR/buffer-a.log for odd
-  // versions, buffer-b.log for even ones) after the checkpoint of version `committed`
-  // was loaded, keeping the updates of version committed + 1's buffer, which the first
-  // NextLocked adds again. DATA_LOSS naming the file if a journal is unreadable.
-  Status OpenJournal(const std::string& dir, int64_t committed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  // Opens the open buffer's journal (RUN_DIR/buffer-a.log for odd versions,
+  // buffer-b.log for even ones), keeping the updates of version committed + 1's buffer,
+  // which the first NextLocked adds again. DATA_LOSS naming the file if a journal is
+  // unreadable.
+  Status Resume(const std::string& dir, int64_t committed) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
  private:
+  // The full buffer's metrics: its updates' staleness, local steps, loss and weight.
+  RoundMetrics BufferMetricsLocked(int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Adds the journaled updates of the buffer just opened, as their uploads did.
-  void ReplayLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  void ReplayLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Opens the buffer of `version` (OUT_OF_RANGE when the strategy ends the run first).
-  Status OpenBufferLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  Status OpenBufferLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Gives tasks to idle clients, picked at random, up to scheduler.concurrency in
   // flight. With dp, a client whose update is in the open buffer waits for the next.
   // Admission (staleness control): a client whose update would arrive more than
   // scheduler.max_staleness versions late even at min_local_steps gets no task while
   // another client is admissible, and is tried again kRetryVersions versions later (its
   // speed may have changed).
-  void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // How many versions late `s`'s update of min_local_steps would arrive (0 while unknown
   // or with staleness control off).
-  double LateLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  double LateLocked(const std::string& client_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // A client too slow to be admitted: true when it is due a task to be measured again
   // (kRetryVersions after it was first refused); logs the refusal once.
-  bool RetryLocked(const std::string& cid, const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
-  double IntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  bool RetryLocked(const std::string& cid, const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  double IntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // What sizes a client's tasks: its measured speed, else the slowest measured.
+  ClientSpeed SpeedLocked(const std::string& client_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  const JobConfig& cfg() const { return ctx_.config(); }
   static constexpr int64_t kRetryVersions = 10;
   // Updates the client's speed from its task's report (ClientSpeed).
   void ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
-  Coordinator& c_;
+  RoundContext& ctx_;
+  // Each session's measured speed, which sizes its tasks (scheduler.target_staleness).
+  std::map<std::string, ClientSpeed> speeds_ ABSL_GUARDED_BY(ctx_.mu());
   // The open buffer's settings and start; applying_: it is being applied, and uploads
   // wait for the next one; claimed_: uploads claimed into it (at most buffer_size: later
   // ones wait too); task ids are numbered (a client may get several tasks while one
   // version is built).
-  RoundPlan plan_ ABSL_GUARDED_BY(c_.mu_);
-  Clock::time_point start_ ABSL_GUARDED_BY(c_.mu_);
-  bool applying_ ABSL_GUARDED_BY(c_.mu_) = false;
-  int claimed_ ABSL_GUARDED_BY(c_.mu_) = 0;
-  int64_t task_seq_ ABSL_GUARDED_BY(c_.mu_) = 0;
+  RoundPlan plan_ ABSL_GUARDED_BY(ctx_.mu());
+  Clock::time_point start_ ABSL_GUARDED_BY(ctx_.mu());
+  bool applying_ ABSL_GUARDED_BY(ctx_.mu()) = false;
+  int claimed_ ABSL_GUARDED_BY(ctx_.mu()) = 0;
+  int64_t task_seq_ ABSL_GUARDED_BY(ctx_.mu()) = 0;
   // Staleness control: the last 10 buffers' seconds between applied versions, and the
   // slowest speed measured (each of its terms the largest any client's reached), which
   // sizes a client's tasks until it is measured itself.
-  std::deque<double> recent_intervals_ ABSL_GUARDED_BY(c_.mu_);
-  ClientSpeed slowest_ ABSL_GUARDED_BY(c_.mu_);
+  std::deque<double> recent_intervals_ ABSL_GUARDED_BY(ctx_.mu());
+  ClientSpeed slowest_ ABSL_GUARDED_BY(ctx_.mu());
   // Clients refused admission (session id): the version in which they were.
-  std::map<std::string, int64_t> refused_ ABSL_GUARDED_BY(c_.mu_);
+  std::map<std::string, int64_t> refused_ ABSL_GUARDED_BY(ctx_.mu());
   // The journal's two files (null without a run directory), and what OpenJournal found
   // of the buffer to resume.
   std::unique_ptr<AppendFile> journal_[2];
-  std::vector<BufferEntry> found_ ABSL_GUARDED_BY(c_.mu_);
+  std::vector<BufferEntry> found_ ABSL_GUARDED_BY(ctx_.mu());
 };
 
 }  // namespace cleave

@@ -3,19 +3,24 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/strategy.h"
+#include "aggregation/weighting.h"
+#include "core/config.h"
 #include "core/printable.h"
+#include "server/server.h"
+#include "server/transport.h"
 
 namespace cleave {
 
 bool SecAggDriver::UniformWeights() const {
-  return (c_.cfg_.dp.enabled && c_.cfg_.dp.noise == "distributed") ||
-         c_.cfg_.aggregation.weighting == "equal";
+  return (ctx_.config().dp.enabled && ctx_.config().dp.noise == "distributed") ||
+         ctx_.config().aggregation.weighting == "equal";
 }
 
 Status SecAggDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
                                  std::vector<std::string>* clients) {
   closed_.reset();
-  const auto& c = c_.cfg_.secure_aggregation;
+  const auto& c = ctx_.config().secure_aggregation;
   const uint64_t levels = (uint64_t{1} << c.bits) - 1;
   if (levels * clients->size() >= c.modulus) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -27,12 +32,12 @@ Status SecAggDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
   int64_t max_weight = 1;
   if (!UniformWeights()) {
     for (const auto& cid : *clients) {
-      max_weight = std::max(max_weight, c_.round_weights_.Weight(c_.sessions_[cid].num_examples));
+      max_weight = std::max(max_weight, ctx_.RoundWeightsLocked().Weight(ctx_.FindSessionLocked(cid)->num_examples));
     }
   }
-  round_ = std::make_unique<SecAggRound>(c, absl::StrCat(c_.run_id_, "|round ", round), *clients,
-                                         c_.UpdateLayout().total_elements(), max_weight,
-                                         c_.rng_());
+  round_ = std::make_unique<SecAggRound>(c, absl::StrCat(ctx_.RunIdLocked(), "|round ", round), *clients,
+                                         ctx_.UpdateLayoutLocked().total_elements(), max_weight,
+                                         ctx_.RngLocked()());
   return absl::OkStatus();
 }
 
@@ -43,50 +48,49 @@ void SecAggDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
 }
 
 std::optional<Status> SecAggDriver::AwaitLocked(Clock::time_point training_deadline) {
-  const auto timeout = Seconds(c_.cfg_.secure_aggregation.stage_timeout_s);
-  auto stage_deadline = c_.clock_->Now() + timeout;
+  const auto timeout = Seconds(ctx_.config().secure_aggregation.stage_timeout_s);
+  auto stage_deadline = ctx_.clock().Now() + timeout;
   while (round_->stage() != SecAggRound::Stage::kDone) {
-    if (c_.stopping_) return absl::CancelledError("stopped");
+    if (ctx_.StoppingLocked()) return absl::CancelledError("stopped");
     const bool training = round_->stage() == SecAggRound::Stage::kMasked;
     const auto until = training ? training_deadline : stage_deadline;
-    if (!round_->StageComplete() && c_.clock_->Now() < until) {
-      c_.WaitLocked(until);
-      c_.ExpireSilentLocked();
+    if (!round_->StageComplete() && ctx_.clock().Now() < until) {
+      ctx_.WaitLocked(until);
       continue;
     }
     const char* closing = SecAggRound::StageName(round_->stage());
     auto next = round_->CloseStage();
     if (!next.ok()) {
-      spdlog::warn("round {}: {}", c_.current_round_, std::string(next.status().message()));
+      spdlog::warn("round {}: {}", ctx_.CurrentRoundLocked(), std::string(next.status().message()));
       return next.status();
     }
     spdlog::info("round {}: secure aggregation stage '{}' closed; '{}' next for {} clients",
-                 c_.current_round_, closing, SecAggRound::StageName(round_->stage()),
+                 ctx_.CurrentRoundLocked(), closing, SecAggRound::StageName(round_->stage()),
                  next->size());
-    c_.phase_ = absl::StrCat("secure aggregation: ", SecAggRound::StageName(round_->stage()));
+    ctx_.SetPhaseLocked(
+        absl::StrCat("secure aggregation: ", SecAggRound::StageName(round_->stage())));
     std::vector<std::pair<std::string, std::shared_ptr<ClientLink>>> to;
     for (auto& [cid, msg] : *next) {
-      const std::string task_id = absl::StrCat("r", c_.current_round_, "-", cid);
+      const std::string task_id = absl::StrCat("r", ctx_.CurrentRoundLocked(), "-", cid);
       if (msg.has_secagg_neighbours()) msg.mutable_secagg_neighbours()->set_task_id(task_id);
       if (msg.has_secagg_relay()) msg.mutable_secagg_relay()->set_task_id(task_id);
       if (msg.has_secagg_unmask()) msg.mutable_secagg_unmask()->set_task_id(task_id);
-      auto s = c_.sessions_.find(cid);
-      if (s == c_.sessions_.end()) {
-        round_->Drop(cid);
+      if (const Session* s = ctx_.FindSessionLocked(cid)) {
+        to.emplace_back(cid, s->link);
       } else {
-        to.emplace_back(cid, s->second.link);
+        round_->Drop(cid);
       }
     }
-    c_.mu_.Unlock();  // never start gRPC operations under the mutex
+    ctx_.mu().Unlock();  // never start gRPC operations under the mutex
     std::vector<std::string> unsent;
     for (auto& [cid, link] : to) {
       if (!link->Send((*next)[cid])) unsent.push_back(cid);
     }
-    c_.mu_.Lock();
+    ctx_.mu().Lock();
     for (const auto& cid : unsent) {
       if (round_) round_->Drop(cid);
     }
-    stage_deadline = c_.clock_->Now() + timeout;
+    stage_deadline = ctx_.clock().Now() + timeout;
   }
   return absl::OkStatus();
 }
@@ -101,8 +105,8 @@ bool SecAggDriver::TakeLocked(const v1::UploadHeader& h, const std::string& payl
 
 Status SecAggDriver::SubmitLocked(const v1::SecAggRequest& req) {
   if (!round_) return absl::FailedPreconditionError("this round has no secure aggregation");
-  auto t = c_.tasks_.find(req.task_id());
-  if (t == c_.tasks_.end() || t->second.client_id != req.client_id()) {
+  auto t = ctx_.TasksLocked().find(req.task_id());
+  if (t == ctx_.TasksLocked().end() || t->second.client_id != req.client_id()) {
     return absl::FailedPreconditionError(absl::StrCat("task ", Printable(req.task_id()),
                                                       " was not given to client ",
                                                       Printable(req.client_id()), " this round"));
@@ -119,9 +123,9 @@ Status SecAggDriver::SubmitLocked(const v1::SecAggRequest& req) {
     default: return absl::InvalidArgumentError("a secure-aggregation message without a stage");
   }
   if (s.ok()) {
-    c_.cv_.SignalAll();
+    ctx_.Wake();
   } else {
-    spdlog::warn("round {}: secure-aggregation message from {} refused: {}", c_.current_round_,
+    spdlog::warn("round {}: secure-aggregation message from {} refused: {}", ctx_.CurrentRoundLocked(),
                  req.client_id(), s.ToString());
   }
   return s;
@@ -148,8 +152,8 @@ Status SecAggDriver::Fold(const ParameterSet& start, int64_t weight) {
   }
   // Under distributed DP the weight is the number of clients in the sum (the DP
   // strategy's n); otherwise their examples.
-  c_.AccumulateUnnamed(ViewsOf(mean),
-                       UniformWeights() ? static_cast<int64_t>(r.survivors.size()) : weight);
+  ctx_.Accumulate(ClientUpdate::Unnamed(
+      ViewsOf(mean), UniformWeights() ? static_cast<int64_t>(r.survivors.size()) : weight));
   spdlog::info("secure aggregation: unmasked the sum of {} updates", r.survivors.size());
   return absl::OkStatus();
 }

@@ -9,38 +9,41 @@
 
 #include <memory>
 
-#include "server/coordinator.h"
+#include "server/round_context.h"
 #include "server/round_driver.h"
 #include "server/secagg_round.h"
 
 namespace cleave {
 
+// The codec name of a masked secure-aggregation input in UploadHeader.codec.
+inline constexpr char kSecAggCodec[] = "secagg";
+
 class SecAggDriver : public RoundDriver {
  public:
-  explicit SecAggDriver(Coordinator& c) : c_(c) {}
+  explicit SecAggDriver(RoundContext& ctx) : ctx_(ctx) {}
   // The coordinator's mutex, which guards the driver's round state.
-  Mutex& mu() const ABSL_LOCK_RETURNED(c_.mu_) { return c_.mu_; }
+  Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
 
   Status BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
-      override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void PrepareTaskLocked(v1::Task* task, TaskRecord* rec) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Drives the stages until the unmasking closes (OK) or the round cannot go on; masked
   // inputs are due by `deadline`, each other stage within
   // secure_aggregation.stage_timeout_s. Releases the mutex while sending.
   std::optional<Status> AwaitLocked(Clock::time_point deadline) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // A masked input (codec "secagg"): checked and added into the round's sum.
   bool TakeLocked(const v1::UploadHeader& h, const std::string& payload, const TaskRecord& t,
-                  Status* status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
-  void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+                  Status* status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
     ClientLeftLocked(t.client_id);
   }
   void ClientLeftLocked(const std::string& client_id) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
     if (round_) round_->Drop(client_id);
   }
-  void CloseLocked(int64_t round, RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  void CloseLocked(int64_t round, RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Unmasks the closed round's sum into the strategy.
   Status Fold(const ParameterSet& start, int64_t weight) override;
   // Clients report no evaluation under secure aggregation (one client's numbers would
@@ -49,14 +52,14 @@ class SecAggDriver : public RoundDriver {
 
   // A stage message (keys, shares or revealed shares) of `task_id`, checked against
   // what the stage expects from `client_id` before any state changes.
-  Status SubmitLocked(const v1::SecAggRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  Status SubmitLocked(const v1::SecAggRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
  private:
   // Distributed DP and aggregation.weighting: equal: every masked update counts the same.
   bool UniformWeights() const;
 
-  Coordinator& c_;
-  std::unique_ptr<SecAggRound> round_ ABSL_GUARDED_BY(c_.mu_);  // the open round's
+  RoundContext& ctx_;
+  std::unique_ptr<SecAggRound> round_ ABSL_GUARDED_BY(ctx_.mu());  // the open round's
   // The closed round's, for Fold (the round thread's alone by then).
   std::unique_ptr<SecAggRound> closed_;
 };

@@ -1,5 +1,7 @@
 #include "server/selection.h"
 
+#include "core/config.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -107,6 +109,19 @@ std::vector<std::string> OortSelector::Select(const std::vector<std::string>& av
   std::sort(out.begin(), out.end());
   for (const auto& name : out) ++state_.picks[name];
   return out;
+}
+
+Registry<SelectionKind>& Selections() {
+  static Registry<SelectionKind>* selections = [] {
+    auto* r = new Registry<SelectionKind>("clients.selection");
+    r->AddBuiltin("uniform", {nullptr});
+    r->AddBuiltin("oort", {[](const ClientsConfig& c) -> std::unique_ptr<ClientSelector> {
+                    return std::make_unique<OortSelector>(c.oort_epsilon, c.oort_alpha,
+                                                          c.oort_pacer_rounds, c.oort_max_picks);
+                  }});
+    return r;
+  }();
+  return *selections;
 }
 
 }  // namespace cleave

@@ -1,5 +1,7 @@
-// Client selection (clients.selection). Uniform sampling is the strategy's own
-// (Strategy::ConfigureRound); `oort` replaces its pick, keeping its size, by Oort's
+// Client selection (clients.selection), by registration (Selections()): `uniform` is
+// the strategy's own sampling (Strategy::ConfigureRound, no selector); any other entry
+// builds a ClientSelector that replaces the strategy's pick in synchronous rounds,
+// keeping its size. Built in: `oort`, Oort's
 // guided selection (Lai et al., "Oort: Efficient Federated Learning via Guided
 // Participant Selection", OSDI 2021), simplified:
 //  - a client's statistical utility is its examples x its last training loss, plus a
@@ -19,12 +21,19 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/registry.h"
+
 namespace cleave {
+
+struct ClientsConfig;  // core/config.h
 
 struct ClientRecord {
   double utility = 0;     // examples x mean training loss, last time it trained
@@ -42,25 +51,50 @@ struct OortState {
   std::map<std::string, int64_t> picks;         // rounds each client was picked for
 };
 
-class OortSelector {
+// Picks a round's clients by name, and learns from what they reported.
+class ClientSelector {
+ public:
+  virtual ~ClientSelector() = default;
+  // Picks `k` of `available` (client names, sorted) for `round`.
+  virtual std::vector<std::string> Select(const std::vector<std::string>& available, int k,
+                                          int64_t round, std::mt19937_64& rng) = 0;
+  // What the round's participants reported: a client that finished or missed the round.
+  virtual void Observe(const std::string& /*name*/, int64_t /*round*/, double /*utility*/,
+                       double /*duration_s*/) {}
+  virtual void MissedDeadline(const std::string& /*name*/, int64_t /*round*/,
+                              double /*deadline_s*/) {}
+  // After a round's reports.
+  virtual void EndRound() {}
+  // What it learnt, for the checkpoint (a selector that learns nothing: nullopt), and
+  // that state back on resume.
+  virtual std::optional<OortState> Checkpoint() const { return std::nullopt; }
+  virtual void Resume(OortState /*state*/) {}
+};
+
+// clients.selection's entries; `make` null: uniform (the strategy's sampling).
+struct SelectionKind {
+  std::function<std::unique_ptr<ClientSelector>(const ClientsConfig& clients)> make;
+};
+Registry<SelectionKind>& Selections();
+inline NameTable SelectionNames() { return Selections().Table(); }
+
+class OortSelector : public ClientSelector {
  public:
   OortSelector(double min_epsilon, double alpha, int pacer_rounds = 0, int max_picks = 0)
       : min_epsilon_(min_epsilon), alpha_(alpha), pacer_rounds_(pacer_rounds), max_picks_(max_picks) {}
 
-  // Picks `k` of `available` (client names) for `round`.
   std::vector<std::string> Select(const std::vector<std::string>& available, int k, int64_t round,
-                                  std::mt19937_64& rng);
-  // What the round's participants reported: a client that finished or missed the round.
-  void Observe(const std::string& name, int64_t round, double utility, double duration_s);
-  void MissedDeadline(const std::string& name, int64_t round, double deadline_s);
-  // After a round's reports: the pacer's step.
-  void EndRound();
+                                  std::mt19937_64& rng) override;
+  void Observe(const std::string& name, int64_t round, double utility, double duration_s) override;
+  void MissedDeadline(const std::string& name, int64_t round, double deadline_s) override;
+  // The pacer's step.
+  void EndRound() override;
+  std::optional<OortState> Checkpoint() const override { return state_; }
+  void Resume(OortState s) override { state_ = std::move(s); }
 
   const std::map<std::string, ClientRecord>& records() const { return state_.records; }
   double epsilon() const { return state_.epsilon; }
   double percentile() const { return state_.percentile; }
-  const OortState& state() const { return state_; }
-  void Restore(OortState s) { state_ = std::move(s); }
 
  private:
   double min_epsilon_, alpha_;

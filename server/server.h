@@ -59,6 +59,41 @@ struct ServerOptions {
   std::function<void()> before_accumulate;
 };
 
+// Split learning (split.mode set): what crossed the cut, the cut of each client (by
+// name), and the mean step time of the participants split into its parts.
+struct SplitMetrics {
+  int64_t activation_bytes_up = 0;   // activations, labels and (U-shaped) gradients up
+  int64_t gradient_bytes_down = 0;   // gradients and (U-shaped) activations down
+  int64_t labels_up = 0;             // labels the server received
+  std::map<std::string, int> cuts;
+  double step_s = 0;
+  double client_compute_s = 0;
+  double transfer_s = 0;
+  double server_compute_s = 0;
+  // The share of the round the server's parts computed (SplitRound::ServerLoad: busy
+  // seconds / span); with several clients the server computes while others transfer.
+  double server_busy = 0;
+};
+
+// Decentralised rounds (scheduler.mode: gossip): what the clients reported of their
+// exchange. The mean squared distance between neighbouring models after local
+// training, over the edges heard (the models' spread: 0 when they agree), the model
+// bytes that went between peers, and the neighbours heard against those named.
+struct GossipMetrics {
+  double disagreement = 0;
+  int64_t peer_bytes = 0;
+  int neighbours = 0, heard = 0;
+};
+
+// scheduler.mode: async: the buffer's updates by staleness (versions applied since the
+// one each trained from) and count, and the local steps they were given
+// (scheduler.target_staleness sizes them per client): their mean, min and max.
+struct AsyncMetrics {
+  std::map<int64_t, int> staleness;
+  double local_steps_mean = 0;
+  int64_t local_steps_min = 0, local_steps_max = 0;
+};
+
 // What one committed round produced; also one line of metrics.jsonl.
 struct RoundMetrics {
   int64_t round = 0;
@@ -84,28 +119,6 @@ struct RoundMetrics {
   int64_t update_bytes = 0;
   double wall_s = 0;
   double elapsed_s = 0;
-  // Split learning (split.mode set): what crossed the cut, the cut of each client (by
-  // name), and the mean step time of the participants split into its parts.
-  bool split = false;
-  int64_t activation_bytes_up = 0;   // activations, labels and (U-shaped) gradients up
-  int64_t gradient_bytes_down = 0;   // gradients and (U-shaped) activations down
-  int64_t labels_up = 0;             // labels the server received
-  std::map<std::string, int> cuts;
-  double step_s = 0;
-  double client_compute_s = 0;
-  double transfer_s = 0;
-  double server_compute_s = 0;
-  // The share of the round the server's parts computed (SplitRound::ServerLoad: busy
-  // seconds / span); with several clients the server computes while others transfer.
-  double server_busy = 0;
-  // Decentralised rounds (scheduler.mode: gossip): what the clients reported of their
-  // exchange. The mean squared distance between neighbouring models after local
-  // training, over the edges heard (the models' spread: 0 when they agree), the model
-  // bytes that went between peers, and the neighbours heard against those named.
-  bool gossip = false;
-  double disagreement = 0;
-  int64_t peer_bytes = 0;
-  int neighbours = 0, heard = 0;
   // Federated evaluation: the round's global model measured by the participants on
   // their held-out data (cleave-client --holdout), before they trained on it. Accuracy
   // and loss are weighted by examples; min/median/max are over clients.
@@ -113,14 +126,12 @@ struct RoundMetrics {
   ClientEvaluations client_eval;
   // What the strategy adds (DP: epsilon, delta, dp_clip, dp_noise_std, ...).
   std::map<std::string, double> strategy_stats;
-  // scheduler.mode: async: `round` is the model version the buffer made; its updates
-  // by staleness (versions applied since the one each trained from) and count.
-  bool async = false;
-  std::map<int64_t, int> staleness;
-  // ... and the local steps those updates were given (scheduler.target_staleness sizes
-  // them per client), their mean, min and max.
-  double local_steps_mean = 0;
-  int64_t local_steps_min = 0, local_steps_max = 0;
+  // What the round's kind of round and scheduler add, each written by its own part:
+  // SplitDriver (split.mode set), GossipDriver (scheduler.mode: gossip), AsyncBuffers
+  // (scheduler.mode: async; `round` is then the model version the buffer made).
+  std::optional<SplitMetrics> split;
+  std::optional<GossipMetrics> gossip;
+  std::optional<AsyncMetrics> async;
   int64_t examples = 0;  // the accepted updates' weights, summed
 };
 

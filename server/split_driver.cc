@@ -2,17 +2,30 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+#include <numeric>
+
 #include "absl/strings/str_cat.h"
+#include "aggregation/strategy.h"
 #include "compression/codec.h"
+#include "core/config.h"
 #include "core/printable.h"
 #include "models/part.h"
+#include "server/observe.h"
+#include "server/server.h"
 
 namespace cleave {
 
-Status SplitDriver::Init(const ModelSpec& spec) {
-  ASSIGN_OR_RETURN(mode_, ParseSplitMode(c_.cfg_.split.mode));
-  const JobConfig& cfg = c_.cfg_;
-  num_stages_ = c_.model_->num_stages();
+std::string SplitTensorCodec(const std::string& spec) {
+  return CodecFamily(spec) == "none" ? "" : spec;
+}
+
+bool SplitDriver::NeedProfile() const { return ctx_.config().split.cut == 0; }
+
+Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
+  const JobConfig& cfg = ctx_.config();
+  ASSIGN_OR_RETURN(mode_, ParseSplitMode(cfg.split.mode));
+  num_stages_ = model.num_stages();
   tail_begin_ = mode_ == SplitMode::kUShaped ? num_stages_ - cfg.split.tail : num_stages_;
   if (tail_begin_ < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -51,49 +64,93 @@ Status SplitDriver::Init(const ModelSpec& spec) {
                                                      "; lower train.batch_size or cut deeper"));
     }
   }
-  auto probe = std::make_shared<const std::string>(RandomHex(Coordinator::kProbeBytes / 2));
+  auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
   probe_digest_ = Sha256Hex(*probe);
-  c_.blobs_[probe_digest_] = probe;
-  c_.pinned_blobs_.insert(probe_digest_);
+  ctx_.PinBlobLocked(probe_digest_, std::move(probe));
   spdlog::info("split learning: {}, {} stages, cut {}, window {}", cfg.split.mode, num_stages_,
                cfg.split.cut ? std::to_string(cfg.split.cut) : "auto", cfg.split.window);
   return absl::OkStatus();
 }
 
-CutProblem SplitDriver::ProblemFor(const Session& s, int clients_in_round) const {
+Status SplitDriver::CheckProfile(const v1::Profile& p) const {
+  if (p.stage_seconds_size() != num_stages_) {
+    return absl::InvalidArgumentError(absl::StrCat("profile has ", p.stage_seconds_size(),
+                                                   " stage times, the model ", num_stages_));
+  }
+  for (double t : p.stage_seconds()) {
+    if (!std::isfinite(t) || t < 0) {
+      return absl::InvalidArgumentError("profile stage times must be finite and >= 0");
+    }
+  }
+  for (double v : {p.uplink_bytes_per_s(), p.downlink_bytes_per_s(), p.rtt_s()}) {
+    if (!std::isfinite(v) || v < 0) {
+      return absl::InvalidArgumentError("profile link measurements must be finite and >= 0");
+    }
+  }
+  if (p.memory_limit_bytes() < 0) return absl::InvalidArgumentError("negative memory limit");
+  return absl::OkStatus();
+}
+
+void SplitDriver::ProfileLocked(const std::string& client_id, const v1::Profile& p) {
+  clients_[client_id].profile = p;
+  spdlog::info("client {} profiled: {:.1f} ms per batch for the whole model, up {:.2f} MB/s, "
+               "down {:.2f} MB/s, memory limit {} MB",
+               client_id,
+               1e3 * std::accumulate(p.stage_seconds().begin(), p.stage_seconds().end(), 0.0),
+               p.uplink_bytes_per_s() / 1e6, p.downlink_bytes_per_s() / 1e6,
+               p.memory_limit_bytes() >> 20);
+  ctx_.Wake();
+}
+
+void SplitDriver::DescribeClientLocked(const std::string& client_id, ClientHealth* c) const {
+  auto it = clients_.find(client_id);
+  if (it == clients_.end()) return;
+  c->uplink_mbps = it->second.profile.uplink_bytes_per_s() * 8 / 1e6;
+  c->downlink_mbps = it->second.profile.downlink_bytes_per_s() * 8 / 1e6;
+  c->cut = it->second.prediction.cut;
+}
+
+CutProblem SplitDriver::ProblemFor(const v1::Profile& profile, int clients_in_round) const {
   CutProblem p = model_problem_;
-  p.client_stage_s.assign(s.profile.stage_seconds().begin(), s.profile.stage_seconds().end());
+  p.client_stage_s.assign(profile.stage_seconds().begin(), profile.stage_seconds().end());
   // One shared server part runs one step at a time; per-client copies share the pool.
   p.server_load = mode_ == SplitMode::kSflV1
                       ? std::max(1.0, static_cast<double>(clients_in_round) /
-                                          c_.cfg_.server.worker_threads)
+                                          ctx_.config().server.worker_threads)
                       : clients_in_round;
-  p.up_bps = s.profile.uplink_bytes_per_s();
-  p.down_bps = s.profile.downlink_bytes_per_s();
-  p.rtt_s = s.profile.rtt_s();
-  p.memory_limit_bytes = s.profile.memory_limit_bytes();
+  p.up_bps = profile.uplink_bytes_per_s();
+  p.down_bps = profile.downlink_bytes_per_s();
+  p.rtt_s = profile.rtt_s();
+  p.memory_limit_bytes = profile.memory_limit_bytes();
   return p;
 }
 
 Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
                                 std::vector<std::string>* clients) {
+  const JobConfig& cfg = ctx_.config();
   part_blobs_.clear();
+  tasks_.clear();
+  up_ = 0;
+  down_ = 0;
+  labels_ = 0;
   closed_.reset();
   std::map<std::string, int> cuts;
   std::vector<std::string> chosen;
   // In sl the clients take turns, one at a time, so the server serves one at a time.
   const int concurrent = mode_ == SplitMode::kSl ? 1 : static_cast<int>(clients->size());
   for (const auto& cid : *clients) {
-    Session& s = c_.sessions_[cid];
-    if (!s.has_profile) {  // a fixed cut needs no profile
-      cuts[cid] = c_.cfg_.split.cut;
+    const std::string& name = ctx_.FindSessionLocked(cid)->name;
+    auto profiled = clients_.find(cid);
+    if (profiled == clients_.end()) {  // a fixed cut needs no profile
+      cuts[cid] = cfg.split.cut;
       chosen.push_back(cid);
       continue;
     }
-    auto policy = c_.cfg_.split.cut ? MakeFixedPolicy(c_.cfg_.split.cut) : MakeCostModelPolicy();
-    auto choice = policy->Choose(s.feedback.Apply(ProblemFor(s, concurrent)));
+    ClientState& s = profiled->second;
+    auto policy = cfg.split.cut ? MakeFixedPolicy(cfg.split.cut) : MakeCostModelPolicy();
+    auto choice = policy->Choose(s.feedback.Apply(ProblemFor(s.profile, concurrent)));
     if (!choice.ok()) {
-      spdlog::warn("round {}: client {} ({}) left out: {}", round, cid, s.name,
+      spdlog::warn("round {}: client {} ({}) left out: {}", round, cid, name,
                    std::string(choice.status().message()));
       continue;
     }
@@ -102,21 +159,21 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
     chosen.push_back(cid);
     spdlog::info("round {}: client {} ({}) cut at {} by {}: predicted step {:.1f} ms (client "
                  "{:.1f}, up {:.1f}, server {:.1f}, down {:.1f}), client memory {} KiB",
-                 round, cid, s.name, choice->cut, policy->name(), 1e3 * choice->step_s,
+                 round, cid, name, choice->cut, policy->name(), 1e3 * choice->step_s,
                  1e3 * choice->client_s, 1e3 * choice->up_s, 1e3 * choice->server_s,
                  1e3 * choice->down_s, choice->client_memory_bytes >> 10);
   }
   if (chosen.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no client to cut for"));
   SplitRoundOptions o;
   o.mode = mode_;
-  o.model = c_.model_spec_;
-  o.training = LocalTrainOptions(fit, c_.cfg_.run.seed);
+  o.model = ctx_.model_spec();
+  o.training = LocalTrainOptions(fit, cfg.run.seed);
   o.num_stages = num_stages_;
   o.tail_begin = tail_begin_;
   o.max_batch = fit.batch_size;
   o.num_classes = num_classes_;
   o.stage_input_shapes = stage_shapes_;
-  ASSIGN_OR_RETURN(round_, SplitRound::Create(std::move(o), c_.global_, cuts));
+  ASSIGN_OR_RETURN(round_, SplitRound::Create(std::move(o), ctx_.GlobalLocked(), cuts));
   *clients = std::move(chosen);
   return absl::OkStatus();
 }
@@ -125,62 +182,83 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   // The client part, published as a blob of its own. Parts at the same cut are the same
   // tensors, so the round builds, encodes and hashes each cut's once (in sl each turn has
   // its own: the clients before it changed it).
-  rec->split = true;
-  rec->cut = *round_->CutOf(rec->client_id);
+  SplitTask& st = tasks_[rec->id];
+  st.cut = *round_->CutOf(rec->client_id);
   PartBlob turn;
-  PartBlob& pb = mode_ == SplitMode::kSl ? turn : part_blobs_[rec->cut];
-  const std::vector<std::string>& frozen = c_.frozen_;
+  PartBlob& pb = mode_ == SplitMode::kSl ? turn : part_blobs_[st.cut];
+  const std::vector<std::string>& frozen = ctx_.frozen();
   if (!pb.part) {
     ParameterSet part = *round_->ClientPart(rec->client_id);
     // LoRA: the part's adapters travel (down and up); its frozen tensors come from a base
     // of the part's own frozen tensors (the same every round: pinned), which the client
     // fetches once per cut.
     if (!frozen.empty()) {
-      auto& base = cut_bases_[rec->cut];
+      auto& base = cut_bases_[st.cut];
       if (base.first.empty()) {
         auto blob = std::make_shared<const std::string>(Only(part, frozen).Encode());
         base = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
-        c_.blobs_[base.first] = std::move(blob);
-        c_.pinned_blobs_.insert(base.first);
+        ctx_.PinBlobLocked(base.first, std::move(blob));
       }
       part = Without(part, frozen);
     }
-    auto blob = std::make_shared<const std::string>(c_.ModelBlob(part));
+    auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(part));
     pb.digest = Sha256Hex(*blob);
     pb.size = static_cast<int64_t>(blob->size());
-    c_.blobs_[pb.digest] = std::move(blob);
-    c_.fp32_sizes_[pb.digest] = static_cast<int64_t>(part.EncodedSize());
+    ctx_.AddBlobLocked(pb.digest, std::move(blob), static_cast<int64_t>(part.EncodedSize()));
     pb.part = std::make_shared<const ParameterSet>(std::move(part));
   }
-  rec->part = pb.part;
+  st.part = pb.part;
   task->clear_base_digest();
   task->clear_base_size();
   if (!frozen.empty()) {
-    task->set_base_digest(cut_bases_[rec->cut].first);
-    task->set_base_size(cut_bases_[rec->cut].second);
+    task->set_base_digest(cut_bases_[st.cut].first);
+    task->set_base_size(cut_bases_[st.cut].second);
   }
   task->set_model_digest(pb.digest);
   task->set_model_size(pb.size);
-  rec->expected_size = c_.update_codec_ ? EncodedTensorsSize(*c_.update_codec_, *rec->part)
-                                        : static_cast<int64_t>(rec->part->EncodedSize());
-  const JobConfig& cfg = c_.cfg_;
-  auto* st = task->mutable_split();
-  st->set_mode(cfg.split.mode);
-  st->set_cut(rec->cut);
-  st->set_tail_begin(tail_begin_);
-  st->set_num_stages(num_stages_);
-  st->set_window(cfg.split.window);
-  st->set_activation_codec(Coordinator::SplitCodec(cfg.compression.activations));
-  st->set_gradient_codec(Coordinator::SplitCodec(cfg.compression.gradients));
-  st->set_activation_noise(cfg.split.activation_noise);
-  st->set_nopeek(cfg.split.nopeek);
+  const Codec* codec = ctx_.update_codec();
+  rec->expected_size = codec ? EncodedTensorsSize(*codec, *st.part)
+                             : static_cast<int64_t>(st.part->EncodedSize());
+  const JobConfig& cfg = ctx_.config();
+  auto* split = task->mutable_split();
+  split->set_mode(cfg.split.mode);
+  split->set_cut(st.cut);
+  split->set_tail_begin(tail_begin_);
+  split->set_num_stages(num_stages_);
+  split->set_window(cfg.split.window);
+  split->set_activation_codec(SplitTensorCodec(cfg.compression.activations));
+  split->set_gradient_codec(SplitTensorCodec(cfg.compression.gradients));
+  split->set_activation_noise(cfg.split.activation_noise);
+  split->set_nopeek(cfg.split.nopeek);
+}
+
+Status SplitDriver::CheckUploadLocked(const TaskRecord& /*t*/, const v1::UploadHeader& h) {
+  const auto& st = h.split();
+  for (double v : {st.client_compute_s(), st.transfer_s(), st.server_compute_s(), st.wall_s()}) {
+    if (!std::isfinite(v) || v < 0) {
+      return absl::InvalidArgumentError("split stats must be finite and >= 0");
+    }
+  }
+  return absl::OkStatus();
+}
+
+const ParameterSet* SplitDriver::UploadLayoutLocked(const TaskRecord& t) {
+  auto it = tasks_.find(t.id);
+  return it != tasks_.end() ? it->second.part.get() : nullptr;
+}
+
+void SplitDriver::AcceptedLocked(const TaskRecord& t, const v1::UploadHeader& h) {
+  auto it = tasks_.find(t.id);
+  if (it == tasks_.end()) return;
+  it->second.stats = h.split();
+  if (Session* s = ctx_.FindSessionLocked(t.client_id)) s->step_s = h.split().wall_s();
 }
 
 RoundDriver::AddUpload SplitDriver::ClaimUploadLocked(const TaskRecord& t) {
   // The client's trained part: the part it was given plus its delta (with LoRA, the
   // adapters; the frozen tensors are as the round started). Added into the split round
   // under its own lock.
-  return [this, round = round_, part = t.part, client = t.client_id](
+  return [this, round = round_, part = tasks_.at(t.id).part, client = t.client_id](
              const std::vector<TensorView>& delta, int64_t weight) -> Status {
     ParameterSet trained = *part;
     for (size_t i = 0; i < delta.size(); ++i) {
@@ -189,7 +267,7 @@ RoundDriver::AddUpload SplitDriver::ClaimUploadLocked(const TaskRecord& t) {
       delta[i].Read(0, delta[i].numel, d.data());
       for (size_t j = 0; j < v.size(); ++j) v[j] += d[j];
     }
-    if (!c_.frozen_.empty()) {
+    if (!ctx_.frozen().empty()) {
       ASSIGN_OR_RETURN(ParameterSet whole, round->ClientPart(client));
       RETURN_IF_ERROR(Overwrite(trained, &whole));
       trained = std::move(whole);
@@ -199,40 +277,43 @@ RoundDriver::AddUpload SplitDriver::ClaimUploadLocked(const TaskRecord& t) {
 }
 
 void SplitDriver::CloseLocked(int64_t round, RoundMetrics* m) {
-  m->split = true;
-  m->activation_bytes_up = c_.split_up_;
-  m->gradient_bytes_down = c_.split_down_;
-  m->labels_up = c_.labels_up_;
-  for (const auto& [id, t] : c_.tasks_) {
-    if (!t.split) continue;
-    auto s = c_.sessions_.find(t.client_id);
-    const std::string name = s != c_.sessions_.end() ? s->second.name : t.client_id;
-    m->cuts[name] = t.cut;
+  SplitMetrics& sm = m->split.emplace();
+  sm.activation_bytes_up = up_;
+  sm.gradient_bytes_down = down_;
+  sm.labels_up = labels_;
+  for (const auto& [id, t] : ctx_.TasksLocked()) {
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) continue;
+    const SplitTask& st = it->second;
+    const Session* s = ctx_.FindSessionLocked(t.client_id);
+    const std::string name = s ? s->name : t.client_id;
+    sm.cuts[name] = st.cut;
     if (t.state != TaskState::kDone) continue;
-    m->step_s += t.stats.wall_s();
-    m->client_compute_s += t.stats.client_compute_s();
-    m->transfer_s += t.stats.transfer_s();
-    m->server_compute_s += t.stats.server_compute_s();
-    if (s != c_.sessions_.end() && s->second.prediction.cut == t.cut) {
-      Session& session = s->second;
+    sm.step_s += st.stats.wall_s();
+    sm.client_compute_s += st.stats.client_compute_s();
+    sm.transfer_s += st.stats.transfer_s();
+    sm.server_compute_s += st.stats.server_compute_s();
+    auto c = clients_.find(t.client_id);
+    if (s && c != clients_.end() && c->second.prediction.cut == st.cut) {
+      ClientState& client = c->second;
       spdlog::info("round {}: client {} at cut {}: predicted step {:.1f} ms, measured {:.1f} ms "
                    "(client {:.1f}, transfer {:.1f}, server {:.1f})",
-                   round, name, t.cut, 1e3 * session.prediction.step_s, 1e3 * t.stats.wall_s(),
-                   1e3 * t.stats.client_compute_s(), 1e3 * t.stats.transfer_s(),
-                   1e3 * t.stats.server_compute_s());
-      session.feedback.Observe(session.prediction, t.stats.client_compute_s(),
-                               t.stats.transfer_s(), t.stats.server_compute_s());
+                   round, name, st.cut, 1e3 * client.prediction.step_s, 1e3 * st.stats.wall_s(),
+                   1e3 * st.stats.client_compute_s(), 1e3 * st.stats.transfer_s(),
+                   1e3 * st.stats.server_compute_s());
+      client.feedback.Observe(client.prediction, st.stats.client_compute_s(),
+                              st.stats.transfer_s(), st.stats.server_compute_s());
     }
   }
   if (round_) {
     const SplitRound::Load load = round_->ServerLoad();
-    m->server_busy = load.span_s > 0 ? load.busy_s / load.span_s : 0;
+    sm.server_busy = load.span_s > 0 ? load.busy_s / load.span_s : 0;
   }
   if (m->participants > 0) {
-    m->step_s /= m->participants;
-    m->client_compute_s /= m->participants;
-    m->transfer_s /= m->participants;
-    m->server_compute_s /= m->participants;
+    sm.step_s /= m->participants;
+    sm.client_compute_s /= m->participants;
+    sm.transfer_s /= m->participants;
+    sm.server_compute_s /= m->participants;
   }
   closed_ = std::move(round_);
 }
@@ -251,13 +332,15 @@ Status SplitDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
     }
     for (size_t j = 0; j < t.values.size(); ++j) t.values[j] = after->values[j] - t.values[j];
   }
-  c_.AccumulateUnnamed(ViewsOf(delta), 1);
+  ctx_.Accumulate(ClientUpdate::Unnamed(ViewsOf(delta), 1));
   return absl::OkStatus();
 }
 
 StatusOr<SplitStreamTask> SplitDriver::OpenLocked(const v1::SplitOpen& open) {
-  auto t = c_.tasks_.find(open.task_id());
-  if (t == c_.tasks_.end() || t->second.client_id != open.client_id() || !t->second.split) {
+  TaskMap& tasks = ctx_.TasksLocked();
+  auto t = tasks.find(open.task_id());
+  auto st = tasks_.find(open.task_id());
+  if (t == tasks.end() || t->second.client_id != open.client_id() || st == tasks_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("no split task ", Printable(open.task_id()),
                                                       " for client ", Printable(open.client_id())));
   }
@@ -265,30 +348,32 @@ StatusOr<SplitStreamTask> SplitDriver::OpenLocked(const v1::SplitOpen& open) {
     return absl::FailedPreconditionError(
         absl::StrCat("task ", Printable(open.task_id()), " is over"));
   }
-  if (t->second.split_open) {
+  if (st->second.open) {
     return absl::AlreadyExistsError(
         absl::StrCat("task ", Printable(open.task_id()), " already has a split stream"));
   }
-  t->second.split_open = true;
+  st->second.open = true;
+  const JobConfig& cfg = ctx_.config();
   SplitStreamTask task;
   task.client_id = open.client_id();
   task.task_id = open.task_id();
   task.round = round_;
-  task.window = c_.cfg_.split.window;
-  task.act_codec = Coordinator::SplitCodec(c_.cfg_.compression.activations);
-  task.grad_codec = Coordinator::SplitCodec(c_.cfg_.compression.gradients);
-  task.max_elements = c_.cfg_.server.max_model_elements;
+  task.window = cfg.split.window;
+  task.act_codec = SplitTensorCodec(cfg.compression.activations);
+  task.grad_codec = SplitTensorCodec(cfg.compression.gradients);
+  task.max_elements = cfg.server.max_model_elements;
   return task;
 }
 
 void SplitDriver::EndedLocked(const SplitStreamTask& task, const Status& why) {
-  auto t = c_.tasks_.find(task.task_id);
-  if (t == c_.tasks_.end() || t->second.client_id != task.client_id || task.round != round_ ||
+  TaskMap& tasks = ctx_.TasksLocked();
+  auto t = tasks.find(task.task_id);
+  if (t == tasks.end() || t->second.client_id != task.client_id || task.round != round_ ||
       t->second.state != TaskState::kAssigned) {
     return;
   }
-  c_.FailTaskLocked(t->first, t->second, absl::StrCat("split stream: ", why.ToString()));
-  c_.cv_.SignalAll();
+  ctx_.FailTaskLocked(t->first, t->second, absl::StrCat("split stream: ", why.ToString()));
+  ctx_.Wake();
 }
 
 }  // namespace cleave

@@ -9,58 +9,112 @@
 // CutFeedback, and the round's mean model enters the strategy as one update.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "server/coordinator.h"
+#include "models/model.h"
+#include "server/round_context.h"
 #include "server/round_driver.h"
 #include "split/cut_policy.h"
 #include "split/round.h"
 
 namespace cleave {
 
+// The codec name split tensors carry for a compression.* value ("" = float32).
+std::string SplitTensorCodec(const std::string& spec);
+
 class SplitDriver : public RoundDriver {
  public:
-  explicit SplitDriver(Coordinator& c) : c_(c) {}
-  // The coordinator's mutex, which guards the driver's round state.
-  Mutex& mu() const ABSL_LOCK_RETURNED(c_.mu_) { return c_.mu_; }
+  // The bytes of the probe blob clients time their downlink with (auto cut).
+  static constexpr int64_t kProbeBytes = 256 << 10;
 
-  // Loads the mode, profiles the server's stages, publishes the probe blob (auto cut).
-  Status Init(const ModelSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  explicit SplitDriver(RoundContext& ctx) : ctx_(ctx) {}
+  // The coordinator's mutex, which guards the driver's round state.
+  Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
+
+  // Loads the mode, profiles the server's stages of `model`, publishes the probe blob
+  // (auto cut).
+  Status Init(const ModelSpec& spec, const Model& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // split.cut: auto: clients must send a Profile before they take part.
-  bool NeedProfile() const { return c_.cfg_.split.cut == 0; }
+  bool NeedProfile() const;
   int num_stages() const { return num_stages_; }
   const std::string& probe_digest() const { return probe_digest_; }
+  // A client's Profile (stage times, link, memory): INVALID_ARGUMENT unless it has one
+  // finite time >= 0 per stage and finite links >= 0. No lock.
+  Status CheckProfile(const v1::Profile& p) const;
+  // Keeps the checked profile of session `client_id`, which may now take part.
+  void ProfileLocked(const std::string& client_id, const v1::Profile& p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // What crossed the cut this round (the transport counts it, without the lock).
+  void CountUp(int64_t bytes) { up_ += bytes; }
+  void CountDown(int64_t bytes) { down_ += bytes; }
+  void CountLabels(int64_t labels) { labels_ += labels; }
 
   // Chooses each client's cut and starts the round's SplitRound; a client no cut fits
   // is left out.
   Status BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
-      override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void PrepareTaskLocked(v1::Task* task, TaskRecord* rec) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
-  AddUpload ClaimUploadLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
-  void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_) {
-    if (t.split && round_) round_->Fail(t.client_id);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // Split stats (times) finite and >= 0.
+  Status CheckUploadLocked(const TaskRecord& t, const v1::UploadHeader& h) override;
+  // The client part the task was given: its upload is a delta from it.
+  const ParameterSet* UploadLayoutLocked(const TaskRecord& t) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  AddUpload ClaimUploadLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void AcceptedLocked(const TaskRecord& t, const v1::UploadHeader& h) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
+    if (tasks_.count(t.id) && round_) round_->Fail(t.client_id);
   }
-  void CloseLocked(int64_t round, RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+  bool ServesLocked(const std::string& client_id) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
+    return !NeedProfile() || clients_.count(client_id) > 0;
+  }
+  // Its measured links and its last cut.
+  void DescribeClientLocked(const std::string& client_id, ClientHealth* c) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void SessionEndedLocked(const std::string& client_id) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
+    clients_.erase(client_id);
+  }
+  void CloseLocked(int64_t round, RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The change from `start` to the closed round's mean model, as one result.
   Status Fold(const ParameterSet& start, int64_t weight) override;
   bool ClientsEvaluate() const override { return false; }
 
   // A SplitOpen for a split task of the current round; one stream per task.
   StatusOr<SplitStreamTask> OpenLocked(const v1::SplitOpen& open)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // A split stream of the current round failed (bad message, lost connection).
   void EndedLocked(const SplitStreamTask& task, const Status& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(c_.mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
  private:
-  CutProblem ProblemFor(const Session& s, int clients_in_round) const;
+  // A profiled client: what it measured, what the last cut's steps taught, and the
+  // prediction of its last cut.
+  struct ClientState {
+    v1::Profile profile;
+    CutFeedback feedback;
+    CutPrediction prediction;
+  };
+  // A split task: its cut, the client part it was given (without frozen tensors; its
+  // upload is a delta from it; shared by the round's tasks at the same cut), whether its
+  // stream opened, and the step times its upload reported.
+  struct SplitTask {
+    int cut = 0;
+    std::shared_ptr<const ParameterSet> part;
+    bool open = false;
+    v1::SplitStats stats;
+  };
 
-  Coordinator& c_;
+  CutProblem ProblemFor(const v1::Profile& profile, int clients_in_round) const;
+
+  RoundContext& ctx_;
   // Fixed by Init.
   SplitMode mode_ = SplitMode::kSl;
   int num_stages_ = 0;
@@ -71,7 +125,10 @@ class SplitDriver : public RoundDriver {
   CutProblem model_problem_;  // the cost model's model- and server-side inputs
   std::string probe_digest_;
 
-  std::shared_ptr<SplitRound> round_ ABSL_GUARDED_BY(c_.mu_);  // the open round
+  std::map<std::string, ClientState> clients_ ABSL_GUARDED_BY(ctx_.mu());  // by session id
+  std::map<std::string, SplitTask> tasks_ ABSL_GUARDED_BY(ctx_.mu());  // the round's, by id
+  std::atomic<int64_t> up_{0}, down_{0}, labels_{0};  // the round's (RoundMetrics)
+  std::shared_ptr<SplitRound> round_ ABSL_GUARDED_BY(ctx_.mu());  // the open round
   std::shared_ptr<SplitRound> closed_;  // the closed round, for Fold (round thread)
   // The open round's client part at each cut and its published blob.
   struct PartBlob {
@@ -79,9 +136,9 @@ class SplitDriver : public RoundDriver {
     std::string digest;
     int64_t size = 0;
   };
-  std::map<int, PartBlob> part_blobs_ ABSL_GUARDED_BY(c_.mu_);
+  std::map<int, PartBlob> part_blobs_ ABSL_GUARDED_BY(ctx_.mu());
   // LoRA: each cut's frozen tensors (digest, size of the pinned blob), all run long.
-  std::map<int, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(c_.mu_);
+  std::map<int, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(ctx_.mu());
 };
 
 }  // namespace cleave

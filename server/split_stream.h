@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "proto/split_chunks.h"
 #include "server/coordinator.h"
+#include "split/round.h"
 
 namespace cleave {
 

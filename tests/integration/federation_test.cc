@@ -128,9 +128,9 @@ TEST(FederationTest, AsyncBuffersLearnFromContinuouslyTrainingClients) {
   ASSERT_EQ(h.size(), 6u);
   int updates = 0;
   for (const auto& m : h) {
-    EXPECT_TRUE(m.async);
+    ASSERT_TRUE(m.async.has_value());
     EXPECT_EQ(m.participants, 2);
-    for (const auto& [s, n] : m.staleness) {
+    for (const auto& [s, n] : m.async.value().staleness) {
       EXPECT_LE(s, 3);
       updates += n;
     }

@@ -64,13 +64,13 @@ TEST(GossipTest, TwoNeighboursHoldTheSameAverage) {
   EXPECT_GT(MaxDiff(a, initial), 1e-3) << "the clients trained";
   auto h = f.server->History();
   ASSERT_EQ(h.size(), 1u);
-  EXPECT_TRUE(h[0].gossip);
+  EXPECT_TRUE(h[0].gossip.has_value());
   EXPECT_EQ(h[0].participants, 2);
-  EXPECT_EQ(h[0].neighbours, 2);
-  EXPECT_EQ(h[0].heard, 2);
-  EXPECT_GT(h[0].disagreement, 0);
+  EXPECT_EQ(h[0].gossip.value().neighbours, 2);
+  EXPECT_EQ(h[0].gossip.value().heard, 2);
+  EXPECT_GT(h[0].gossip.value().disagreement, 0);
   const int64_t model_bytes = static_cast<int64_t>(initial.EncodedSize());
-  EXPECT_EQ(h[0].peer_bytes, 2 * model_bytes);
+  EXPECT_EQ(h[0].gossip.value().peer_bytes, 2 * model_bytes);
   EXPECT_EQ(h[0].update_bytes, 2 * static_cast<int64_t>(ParameterSet().EncodedSize()))
       << "no trained model reaches the server";
 }
@@ -89,7 +89,7 @@ TEST(GossipTest, ARingOfClientsLearns) {
   auto h = f.server->History();
   ASSERT_EQ(h.size(), 3u);
   for (const auto& m : h) {
-    EXPECT_EQ(m.heard, 8);
+    EXPECT_EQ(m.gossip.value().heard, 8);
     EXPECT_EQ(m.client_eval.clients, 4);
   }
   // Round r's evaluation measures the models the clients held when it began.
@@ -117,10 +117,10 @@ TEST(GossipTest, MeasuredUplinksGiveFastClientsMoreNeighbours) {
   for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
   auto h = f.server->History();
   ASSERT_EQ(h.size(), 3u);
-  EXPECT_EQ(h[0].neighbours, 10) << "round 1: the ring";
-  EXPECT_EQ(h[1].neighbours, 16) << "the ring and the edges the fast clients afford";
-  EXPECT_EQ(h[2].neighbours, 16);
-  for (const auto& m : h) EXPECT_EQ(m.heard, m.neighbours);
+  EXPECT_EQ(h[0].gossip.value().neighbours, 10) << "round 1: the ring";
+  EXPECT_EQ(h[1].gossip.value().neighbours, 16) << "the ring and the edges the fast clients afford";
+  EXPECT_EQ(h[2].gossip.value().neighbours, 16);
+  for (const auto& m : h) EXPECT_EQ(m.gossip.value().heard, m.gossip.value().neighbours);
   // The uplink each client measured itself, as its metrics report it.
   const double slow = f.clients[0]->State().gossip_uplink_mbps;
   EXPECT_GT(slow, slow_mbps / 2);

@@ -1,6 +1,6 @@
-// Extension by registration: a strategy, a codec and a data source that exist only in
-// this file are registered from it (no other file names them) and run a federation
-// through the real server, clients and job validation.
+// Extension by registration: a strategy, a codec, a data source and a round scheduler
+// that exist only in this file are registered from it (no other file names them) and
+// run federations through the real server, clients and job validation.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,6 +14,8 @@
 #include "compression/codec.h"
 #include "data/source.h"
 #include "job/job.h"
+#include "server/round_registry.h"
+#include "server/scheduler.h"
 #include "tests/integration/federation.h"
 
 namespace cleave {
@@ -129,7 +131,37 @@ StatusOr<Dataset> LoadBlobs(const std::string& path, bool, SpecOptions& o) {
   return d;
 }
 
-// The three registrations: one statement each, in this file only.
+// "pairs": synchronous rounds whose clients get their tasks two at a time, the next two
+// once the two before are resolved. Counts the waves it sends.
+std::atomic<int> pair_waves{0};
+
+class PairRounds : public SyncRounds {
+ public:
+  using SyncRounds::SyncRounds;
+
+ protected:
+  std::vector<std::string> FirstWaveLocked(const std::vector<std::string>& clients) override {
+    waiting_.assign(clients.begin(), clients.end());
+    return TakeTwo();
+  }
+  bool NextWaveLocked(int64_t round, const RoundPlan& plan, int64_t deadline_ms) override {
+    if (waiting_.empty()) return false;
+    ctx_.SendTasksLocked(round, TakeTwo(), plan, deadline_ms);
+    return true;
+  }
+
+ private:
+  std::vector<std::string> TakeTwo() {
+    ++pair_waves;
+    const size_t n = std::min<size_t>(2, waiting_.size());
+    std::vector<std::string> wave(waiting_.begin(), waiting_.begin() + n);
+    waiting_.erase(waiting_.begin(), waiting_.begin() + n);
+    return wave;
+  }
+  std::vector<std::string> waiting_;
+};
+
+// The four registrations: one statement each, in this file only.
 const bool kRegistered = [] {
   bool ok = Strategies()
                 .Add("halfavg", {[](const JobConfig& c) -> StatusOr<std::unique_ptr<Strategy>> {
@@ -142,6 +174,11 @@ const bool kRegistered = [] {
             })
             .ok();
   ok &= DataSources().Add("blobs", {{"seed"}, LoadBlobs}).ok();
+  ok &= Schedulers()
+            .Add("pairs", {[](RoundContext& ctx, RoundDriver& driver) -> std::unique_ptr<RoundScheduler> {
+                   return std::make_unique<PairRounds>(ctx, driver);
+                 }})
+            .ok();
   return ok;
 }();
 
@@ -155,13 +192,13 @@ std::string Job(const std::string& strategy, const std::string& codec) {
          "compression: {update: \"" + codec + "\"}\n";
 }
 
-std::vector<ClientOptions> BlobClients() {
+std::vector<ClientOptions> BlobClients(int n = 2) {
   auto all = LoadDataSpec("blobs:600,seed=3", true);
   EXPECT_TRUE(all.ok()) << all.status();
   std::vector<ClientOptions> out;
-  for (int c = 0; c < 2; ++c) {
+  for (int c = 0; c < n; ++c) {
     std::vector<int64_t> part;
-    for (int64_t i = c; i < all->size; i += 2) part.push_back(i);
+    for (int64_t i = c; i < all->size; i += n) part.push_back(i);
     ClientOptions o;
     o.train = all->Subset(part);
     out.push_back(std::move(o));
@@ -190,6 +227,32 @@ TEST(RegistrationTest, TheTablesAndTheJobSeeWhatATestRegistered) {
   EXPECT_EQ(blobs->size, 10);
   EXPECT_NE(LoadDataSpec("blobs:10,colour=red", true).status().message().find("colour"),
             std::string::npos);
+  EXPECT_TRUE(SchedulerModeNames().Has("pairs"));
+  EXPECT_TRUE(ParseJob(Job("fedavg", "none") + "scheduler: {mode: pairs}\n").ok());
+  auto no_mode = ParseJob(Job("fedavg", "none") + "scheduler: {mode: threes}\n");
+  ASSERT_FALSE(no_mode.ok());
+  EXPECT_NE(no_mode.status().message().find("scheduler.mode: unknown 'threes'; choose one of sync"),
+            std::string::npos)
+      << no_mode.status();
+  EXPECT_NE(no_mode.status().message().find("pairs"), std::string::npos);
+}
+
+// The scheduler the job names runs the rounds: four clients, two waves of two a round,
+// every client's update in, and the federation learns.
+TEST(RegistrationTest, ATestOnlySchedulerRunsTheRounds) {
+  ASSERT_TRUE(kRegistered);
+  const int waves_before = pair_waves;
+  std::string job = Job("halfavg", "none") + "scheduler: {mode: pairs}\n";
+  job.replace(job.find("clients: {min: 2, per_round: 2}"), 31, "clients: {min: 4, per_round: 4}");
+  Federation f;
+  f.Start(job, BlobClients(4));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  const auto history = f.server->History();
+  ASSERT_EQ(history.size(), 3u);
+  for (const RoundMetrics& m : history) EXPECT_EQ(m.participants, 4) << "round " << m.round;
+  EXPECT_EQ(pair_waves - waves_before, 3 * 2) << "two waves of two in each of 3 rounds";
+  EXPECT_GT(history.back().test_accuracy, 0.9);
 }
 
 // The three together run a federation that learns: every update travels as f64 (8

@@ -70,7 +70,7 @@ TEST_P(SplitExactnessTest, OneStepEqualsTheUncutModel) {
   EXPECT_LT(MaxDiff(expected, got), 1e-5);
   auto h = f.server->History();
   ASSERT_EQ(h.size(), 1u);
-  EXPECT_EQ(h[0].cuts.at("client-0"), cut);
+  EXPECT_EQ(h[0].split.value().cuts.at("client-0"), cut);
 }
 
 // The same with AdamW, weight decay, label smoothing and local_steps (two full-batch
@@ -206,12 +206,12 @@ TEST_P(SplitModeTest, ThreeClientsTwoRoundsAccuracyRises) {
   ASSERT_EQ(h.size(), 2u);
   for (const auto& m : h) {
     EXPECT_EQ(m.participants, 3);
-    EXPECT_TRUE(m.split);
-    EXPECT_EQ(m.cuts.size(), 3u);
-    EXPECT_GT(m.activation_bytes_up, 0);
-    EXPECT_GT(m.gradient_bytes_down, 0);
-    EXPECT_GT(m.step_s, 0);
-    EXPECT_EQ(m.labels_up, mode == "ushaped" ? 0 : 6000) << "labels of one epoch";
+    EXPECT_TRUE(m.split.has_value());
+    EXPECT_EQ(m.split.value().cuts.size(), 3u);
+    EXPECT_GT(m.split.value().activation_bytes_up, 0);
+    EXPECT_GT(m.split.value().gradient_bytes_down, 0);
+    EXPECT_GT(m.split.value().step_s, 0);
+    EXPECT_EQ(m.split.value().labels_up, mode == "ushaped" ? 0 : 6000) << "labels of one epoch";
   }
   // Shared server parts see the clients' batches in arrival order, so runs differ (a
   // U-shaped first round under load has reached as little as 0.28 from 0.09): both
@@ -281,8 +281,8 @@ TEST(SplitCompressionTest, Int8ActivationsAndGradientsLearnInAQuarterOfTheBytes)
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(int8[r].participants, 3);
     // Labels (8 bytes a sample) are not compressed: 256 x 4 + 8 vs 256 + 8 bytes a sample.
-    EXPECT_GE(static_cast<double>(fp32[r].activation_bytes_up) / int8[r].activation_bytes_up, 3.5);
-    EXPECT_GE(static_cast<double>(fp32[r].gradient_bytes_down) / int8[r].gradient_bytes_down, 3.9);
+    EXPECT_GE(static_cast<double>(fp32[r].split.value().activation_bytes_up) / int8[r].split.value().activation_bytes_up, 3.5);
+    EXPECT_GE(static_cast<double>(fp32[r].split.value().gradient_bytes_down) / int8[r].split.value().gradient_bytes_down, 3.9);
   }
   EXPECT_GT(int8[1].test_accuracy, 0.5);
   EXPECT_NEAR(int8[1].test_accuracy, fp32[1].test_accuracy, 0.1);
@@ -316,10 +316,10 @@ TEST_P(SplitTextTest, TheDecoderLearnsAcrossTheCut) {
   ASSERT_EQ(h.size(), 2u);
   for (const auto& m : h) {
     EXPECT_EQ(m.participants, 3);
-    EXPECT_EQ(m.labels_up, mode == "ushaped" ? 0 : 3 * 25 * 16 * 32) << "a label per token";
-    EXPECT_GT(m.server_busy, 0);
+    EXPECT_EQ(m.split.value().labels_up, mode == "ushaped" ? 0 : 3 * 25 * 16 * 32) << "a label per token";
+    EXPECT_GT(m.split.value().server_busy, 0);
     if (mode != "sfl-v1") {
-      EXPECT_LE(m.server_busy, 1.0) << "one shared part computes at a time";
+      EXPECT_LE(m.split.value().server_busy, 1.0) << "one shared part computes at a time";
     }
   }
   EXPECT_LT(h[0].test_metrics.at("perplexity"), 100);  // from about 256
@@ -369,14 +369,14 @@ TEST(SplitTextTest, LoraAdaptersTrainOnBothSidesOfTheCut) {
     // and a block: 70 K values).
     const auto h = f.server->History();
     ASSERT_EQ(h.size(), 1u);
-    EXPECT_LT(h[0].bytes_up - h[0].activation_bytes_up, 2 * 40000);
+    EXPECT_LT(h[0].bytes_up - h[0].split.value().activation_bytes_up, 2 * 40000);
     // Down, besides the split streams: each client's frozen tensors once, those of its
     // own stages (embedding and first block; U-shaped also the head), not the model's.
     int64_t frozen_bytes = 0;
     for (const Tensor& t : start.tensors()) {
       if (t.name.find(".lora_") == std::string::npos) frozen_bytes += 4 * static_cast<int64_t>(t.values.size());
     }
-    EXPECT_LT(h[0].bytes_down - h[0].gradient_bytes_down, 2 * frozen_bytes * 3 / 4);
+    EXPECT_LT(h[0].bytes_down - h[0].split.value().gradient_bytes_down, 2 * frozen_bytes * 3 / 4);
   }
 }
 
@@ -407,8 +407,8 @@ TEST(SplitTextTest, PerTokenInt8CrossesTheCutInAQuarterOfTheBytes) {
   };
   const auto fp32 = run("none"), int8 = run("int8:token");
   EXPECT_EQ(int8.participants, 1);
-  EXPECT_GE(static_cast<double>(fp32.activation_bytes_up) / int8.activation_bytes_up, 3.7);
-  EXPECT_GE(static_cast<double>(fp32.gradient_bytes_down) / int8.gradient_bytes_down, 3.7);
+  EXPECT_GE(static_cast<double>(fp32.split.value().activation_bytes_up) / int8.split.value().activation_bytes_up, 3.7);
+  EXPECT_GE(static_cast<double>(fp32.split.value().gradient_bytes_down) / int8.split.value().gradient_bytes_down, 3.7);
   // One client's steps are repeatable: only the codec differs (30.958 against 30.946).
   EXPECT_LT(int8.test_metrics.at("perplexity"), 1.02 * fp32.test_metrics.at("perplexity"));
 }
@@ -454,8 +454,8 @@ TEST(SplitLargeTensorsTest, MicroBatchesOverOneMessageTravelInChunks) {
     const auto h = f.server->History();
     ASSERT_EQ(h.size(), 1u);
     EXPECT_EQ(h[0].participants, 1);
-    EXPECT_GT(h[0].activation_bytes_up, int64_t{4} << 20) << "one micro-batch of 5.2 MB";
-    EXPECT_GT(h[0].gradient_bytes_down, int64_t{4} << 20);
+    EXPECT_GT(h[0].split.value().activation_bytes_up, int64_t{4} << 20) << "one micro-batch of 5.2 MB";
+    EXPECT_GT(h[0].split.value().gradient_bytes_down, int64_t{4} << 20);
   }
 }
 

@@ -11,6 +11,8 @@
 
 #include "aggregation/registry.h"
 #include "models/names.h"
+#include "server/round_registry.h"
+#include "server/selection.h"
 #include "split/names.h"
 #include "job/job.h"
 

@@ -145,9 +145,9 @@ server: {client_timeout_s: 120}
   ASSERT_EQ(h.size(), 4u);
   const std::vector<int64_t> staleness = {0, 1, 0, 0};
   for (size_t i = 0; i < h.size(); ++i) {
-    EXPECT_TRUE(h[i].async);
+    ASSERT_TRUE(h[i].async.has_value());
     EXPECT_EQ(h[i].participants, 1) << i;
-    EXPECT_EQ(h[i].staleness, (std::map<int64_t, int>{{staleness[i], 1}})) << i;
+    EXPECT_EQ(h[i].async.value().staleness, (std::map<int64_t, int>{{staleness[i], 1}})) << i;
   }
   EXPECT_EQ(h[3].failures, 1) << "a's stale task failed while version 4 was built";
 
@@ -232,8 +232,8 @@ server: {client_timeout_s: 120, worker_threads: 2}
   }
   auto h = server_->History();
   ASSERT_EQ(h.size(), 2u);
-  EXPECT_EQ(h[0].staleness, (std::map<int64_t, int>{{0, 2}}));
-  EXPECT_EQ(h[1].staleness, (std::map<int64_t, int>{{0, 1}, {1, 1}}));
+  EXPECT_EQ(h[0].async.value().staleness, (std::map<int64_t, int>{{0, 2}}));
+  EXPECT_EQ(h[1].async.value().staleness, (std::map<int64_t, int>{{0, 1}, {1, 1}}));
 }
 
 // The open buffer survives the server: each update is journaled before its upload is
@@ -297,7 +297,7 @@ server: {client_timeout_s: 120}
   auto h = server_->History();
   ASSERT_EQ(h.size(), 1u);
   EXPECT_EQ(h[0].participants, 3);
-  EXPECT_EQ(h[0].staleness, (std::map<int64_t, int>{{0, 3}}));
+  EXPECT_EQ(h[0].async.value().staleness, (std::map<int64_t, int>{{0, 3}}));
   // Applied and checkpointed: the journal holds nothing to add again.
   for (const char* f : {"buffer-a.log", "buffer-b.log"}) {
     EXPECT_EQ(std::filesystem::file_size(run_dir + "/" + f), 0u) << f;
@@ -378,10 +378,10 @@ server: {client_timeout_s: 100000}
   ASSERT_EQ(h.size(), 4u);
   const std::vector<int64_t> steps = {32, 32, 12, 32}, staleness = {0, 1, 0, 2};
   for (size_t i = 0; i < h.size(); ++i) {
-    EXPECT_EQ(h[i].local_steps_min, steps[i]) << i;
-    EXPECT_EQ(h[i].local_steps_max, steps[i]) << i;
-    EXPECT_DOUBLE_EQ(h[i].local_steps_mean, steps[i]) << i;
-    EXPECT_EQ(h[i].staleness, (std::map<int64_t, int>{{staleness[i], 1}})) << i;
+    EXPECT_EQ(h[i].async.value().local_steps_min, steps[i]) << i;
+    EXPECT_EQ(h[i].async.value().local_steps_max, steps[i]) << i;
+    EXPECT_DOUBLE_EQ(h[i].async.value().local_steps_mean, steps[i]) << i;
+    EXPECT_EQ(h[i].async.value().staleness, (std::map<int64_t, int>{{staleness[i], 1}})) << i;
   }
 }
 
@@ -453,7 +453,7 @@ server: {client_timeout_s: 100000}
   ASSERT_TRUE(WaitForVersion(14));
   runner_.join();
   ASSERT_TRUE(run_status_.ok()) << run_status_;
-  EXPECT_EQ(server_->History()[2].staleness, (std::map<int64_t, int>{{0, 1}, {2, 1}}));
+  EXPECT_EQ(server_->History()[2].async.value().staleness, (std::map<int64_t, int>{{0, 1}, {2, 1}}));
 }
 
 // With dp, a client's update is in a buffer at most once (the accounting's premise): a

@@ -2,6 +2,7 @@
 // (fake_transport.h), on a fake clock.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -147,6 +148,41 @@ TEST_F(CoordinatorTest, TheDeadlinePassesOnTheInjectedClock) {
   EXPECT_EQ(run_->c->History()[0].failures, 1);
   EXPECT_FLOAT_EQ(run_->c->GlobalModel().tensors()[0].values[0],
                   initial_.tensors()[0].values[0] + 0.5f);
+}
+
+// A client whose control stream closed before the transport reported its end (its Send
+// fails, no ControlDone yet) leaves the federation at once: the retried round does not
+// pick it again (before, five instant retries of it ended the run) but waits for
+// clients, and a client joining then completes the run.
+TEST(CoordinatorSessionsTest, AClosedControlStreamEndsItsSessionAtOnce) {
+  CoordinatorRun run(
+      "run: {rounds: 1}\n"
+      "model: {name: mlp, input: [4], classes: 2}\n"
+      "data: {test: \"\"}\n"
+      "clients: {min: 1, round_deadline_s: 30, join_timeout_s: 600}\n"
+      "server: {heartbeat_s: 1000, client_timeout_s: 5000}\n");
+  ASSERT_TRUE(run.init.ok()) << run.init;
+  const ParameterSet initial = run.c->GlobalModel();
+  FakeClient gone(run.c.get(), "gone", 2);
+  ASSERT_TRUE(gone.Join().ok());
+  gone.link().on_done = nullptr;  // the transport has not reported the end yet
+  gone.link().Close(absl::UnavailableError("network"));
+  run.Start();
+  for (int i = 0; i < 1000 && !run.c->Observe(false).clients.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(run.c->Observe(false).clients.empty()) << "its session ended when its task could not be sent";
+  FakeClient late(run.c.get(), "late", 2);
+  ASSERT_TRUE(late.Join().ok()) << "the run is still waiting for clients";
+  const auto task = late.NextTask();
+  ASSERT_TRUE(task);
+  ASSERT_TRUE(late.Upload(*task, Filled(initial, 0.25f).Encode()).ok());
+  run.thread.join();
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ASSERT_EQ(run.c->History().size(), 1u);
+  EXPECT_EQ(run.c->History()[0].participants, 1);
+  EXPECT_FLOAT_EQ(run.c->GlobalModel().tensors()[0].values[0],
+                  initial.tensors()[0].values[0] + 0.25f);
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ TEST(OortSelectorTest, OverPickedClientsRestWhileOthersFillTheRound) {
       EXPECT_NE(name, all[1]);
     }
   }
-  EXPECT_EQ(oort.state().picks.at(all[0]), 3);
+  EXPECT_EQ(oort.Checkpoint()->picks.at(all[0]), 3);
   // With too few others the over-picked fill the round.
   EXPECT_EQ(oort.Select({all[0], all[1], all[2]}, 2, 7, rng).size(), 2u);
 }
@@ -123,7 +123,7 @@ TEST(OortSelectorTest, ARestoredSelectorPicksAsTheOriginal) {
     }
     a.EndRound();
   }
-  b.Restore(a.state());
+  b.Resume(*a.Checkpoint());
   std::mt19937_64 ra = rng, rb = rng;
   for (int round = 7; round <= 12; ++round) {
     EXPECT_EQ(a.Select(all, 3, round, ra), b.Select(all, 3, round, rb)) << round;

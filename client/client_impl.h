@@ -1,0 +1,261 @@
+// Internal to client/: the client's state and its parts (Client::Impl). client.cc holds
+// the session loop (join, heartbeats, the control stream), client_tasks.cc the task
+// handlers, one per task kind.
+#pragma once
+
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/emulation.h"
+#include "client/gossip.h"
+#include "client/shared.h"
+#include "compression/codec.h"
+#include "core/clock.h"
+#include "core/files.h"
+#include "core/mutex.h"
+#include "core/parameter_set.h"
+#include "core/printable.h"
+#include "client/secagg_client.h"
+#include "client/split_client.h"
+#include "client/transfer.h"
+#include "models/model.h"
+#include "privacy/tls.h"
+
+namespace cleave {
+
+namespace v1 = ::cleave::v1;
+
+struct Client::Impl {
+  // Errors after which retrying cannot help: the run ends.
+  static bool Fatal(absl::StatusCode c) {
+    return c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kFailedPrecondition ||
+           c == absl::StatusCode::kUnauthenticated || c == absl::StatusCode::kPermissionDenied ||
+           c == absl::StatusCode::kUnimplemented;
+  }
+  // Tells the server `task` was not taken, with the reason, and returns `why`.
+  static Status Decline(const std::function<void(const v1::TaskAck&)>& ack, const v1::Task& task,
+                        const Status& why) {
+    v1::TaskAck a;
+    a.set_task_id(task.task_id());
+    a.set_accepted(false);
+    a.set_error(std::string(why.message()));
+    ack(a);
+    return why;
+  }
+
+  explicit Impl(ClientOptions o)
+      : opts(std::move(o)),
+        clock(opts.clock ? opts.clock : Clock::Real()),
+        jitter_rng(std::random_device{}()),
+        emulator(opts.emulation.uplink_mbps, opts.emulation.downlink_mbps,
+                 opts.emulation.slowdown) {}
+
+  ClientOptions opts;
+  // Reconnect backoff, giving up and heartbeats wait on it (ClientOptions::clock); the
+  // times a client measures and reports (training, transfers) stay on the steady clock.
+  const std::shared_ptr<Clock> clock;
+  std::mt19937_64 jitter_rng;
+  std::atomic<bool> stop{false};
+  std::atomic<int> tasks_done{0};
+  // An edge aggregator whose clients now hold more examples than it declared at Join:
+  // the total to declare when it joins again (0: none).
+  std::atomic<int64_t> grown_examples{0};
+  DeviceEmulator emulator;
+  // What State() reports besides the counters above (bytes: the emulator's buckets).
+  mutable std::mutex state_mu;
+  ClientState state;  // guarded by state_mu
+  template <typename F>
+  void UpdateState(F f) {
+    std::lock_guard<std::mutex> l(state_mu);
+    f(state);
+  }
+  void RecordTraining(const TrainStats& t) {
+    UpdateState([&](ClientState& st) {
+      st.train_seconds = t.seconds;
+      st.train_loss = t.loss;
+    });
+  }
+
+  Mutex mu;  // guards ctx and the sleep below
+  CondVar cv;
+  grpc::ClientContext* ctx = nullptr;
+
+  // Model state kept across tasks.
+  std::unique_ptr<Model> model;
+  std::string model_key;  // name + TorchScript digest the model was built from
+  // The model's personal tensors (ModelDescription.personal) as this client last trained
+  // them; empty until its first task. They never leave the client.
+  ParameterSet personal;
+  std::string loss_digest;  // the TorchScript loss `model` holds (TrainConfig.loss_digest)
+  // The frozen tensors of a LoRA model (Task.base_digest), fetched once.
+  std::string base_digest;
+  ParameterSet base;
+
+  // Outcome of one connection.
+  enum class End { kRunEnded, kRetry, kFatal, kCrashed, kStopped };
+
+  Status Run();
+  // One connection: Join, then the control stream's tasks until it ends.
+  End Session(bool* joined, Status* why);
+  // The control stream of a session: writes from any thread (heartbeats, acks, tasks),
+  // reads by the session's thread, and a message read on a task's behalf that belongs to
+  // what comes after it.
+  struct ControlStream {
+    std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
+    std::mutex write_mu;
+    std::optional<v1::ServerMessage> pending;
+    // True once a read failed: the server ended the stream, and Finish returns its
+    // status (cancelling first would replace the server's reason by CANCELLED).
+    bool server_ended = false;
+    bool Write(const v1::ClientMessage& m) {
+      std::lock_guard<std::mutex> l(write_mu);
+      return stream->Write(m);
+    }
+    bool Read(v1::ServerMessage* m) {
+      if (!pending) return !(server_ended = !stream->Read(m));
+      *m = *std::move(pending);
+      pending.reset();
+      return true;
+    }
+  };
+  // The Join this client sends: its name, device, codecs, declared examples, Peer address.
+  v1::ClientMessage JoinMessage() const;
+  // After the Welcome, with split learning's cut: auto: this device's profile for the
+  // cut policy, sent on the stream. An error ends the session.
+  Status SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome& welcome, ControlStream& cs);
+  // The session's task loop: each task to HandleTask, until the run ends, the stream
+  // closes, a task crashes (test hook), or an edge must join again (*rejoin) because it
+  // now holds more than the `declared` examples.
+  End ServeTasks(v1::Coordinator::Stub* stub, const v1::Welcome& welcome, ControlStream& cs,
+                 grpc::ClientContext& ctx, int64_t declared, bool* rejoin);
+  // `next` reads the task's later control messages (secure aggregation).
+  // Replaces the honest `delta` (trained from `global` with `o`) by the attack's update.
+  Status Attack(const ParameterSet& global, const LocalTrainOptions& o, ParameterSet* delta);
+  // What Join declares, and an edge claims at most: declared_examples (or the total an
+  // edge's clients grew to since), else train.size.
+  int64_t DeclaredExamples() const {
+    if (opts.declared_examples <= 0) return opts.train.size;
+    return std::max(opts.declared_examples, grown_examples.load());
+  }
+  // The task's model: its blob fetched and decoded (with the task's broadcast codec).
+  StatusOr<ParameterSet> FetchModel(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                    const v1::Task& task);
+  // Runs `task` with the handler of its kind (TaskHandlers below).
+  Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
+                    const std::function<void(const v1::TaskAck&)>& ack,
+                    const NextMessage& next, bool* crashed);
+  // What a task handler is given: the session's stub and welcome, the task, how to
+  // acknowledge it, the control stream's next message (secure aggregation's stages) and
+  // where to say that a test hook simulated a crash.
+  struct TaskCall {
+    v1::Coordinator::Stub* stub;
+    const v1::Welcome& w;
+    const v1::Task& task;
+    const std::function<void(const v1::TaskAck&)>& ack;
+    const NextMessage& next;
+    bool* crashed;
+    // Declines the task with `why` and returns it.
+    Status Reject(const Status& why) const { return Decline(ack, task, why); }
+    // Tells the server the task is taken.
+    void Accept() const {
+      v1::TaskAck a;
+      a.set_task_id(task.task_id());
+      a.set_accepted(true);
+      ack(a);
+    }
+  };
+  // One handler per task kind; HandleTask runs the first whose kind matches.
+  struct TaskHandler {
+    const char* kind;
+    bool (*matches)(const ClientOptions& o, const v1::Task& t);
+    Status (Impl::*run)(const TaskCall& c);
+  };
+  static const std::vector<TaskHandler>& TaskHandlers();
+  // A task of an edge aggregator (ClientOptions::aggregate): every task it gets.
+  Status HandleEdgeTask(const TaskCall& c);
+  // A split-learning task: the client part trained against the server.
+  Status HandleSplitTask(const TaskCall& c);
+  // The final evaluation (Task.evaluate_only): the global model on the held-out data.
+  Status HandleEvaluationTask(const TaskCall& c);
+  // A whole-model federated task: train, then upload the update (masked under SecAgg+).
+  Status HandleTrainingTask(const TaskCall& c);
+  // The global model a task starts from, checked against the local data; the model's
+  // frozen base fetched once. An error here declines the task.
+  struct TaskModel {
+    ModelSpec spec;
+    std::string loss;
+    ParameterSet global;
+  };
+  StatusOr<TaskModel> FetchTaskModel(const TaskCall& c);
+  // Whole-model tasks: `model` built from `m.spec` and set to the global model (frozen
+  // base joined, this client's personal layers written over it, a TorchScript loss
+  // fetched once); `m.global` becomes that whole model. Returns the personal layers'
+  // names; an error declines the task.
+  StatusOr<std::vector<std::string>> SetTaskModel(const TaskCall& c, TaskModel& m);
+  // Where this client keeps its personal layers ("" = in memory only), and the key that
+  // ties them to a task's run and model.
+  std::string PersonalFile() const {
+    return opts.state_dir.empty() ? "" : opts.state_dir + "/personal.pb";
+  }
+  static std::string PersonalKey(const v1::Task& task) {
+    return Sha256Hex(task.run_id() + "|" + task.model().SerializeAsString());
+  }
+  // Uploads `delta` (trained minus global) as the result of `task`.
+  StatusOr<v1::UploadReply> UploadUpdate(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                         const v1::Task& task, const ParameterSet& delta,
+                                         int64_t examples, double loss, double seconds,
+                                         const v1::SplitStats* split,
+                                         const v1::ClientEvaluation* evaluation = nullptr,
+                                         const v1::GossipStats* gossip = nullptr);
+  // The model a task or welcome describes (fetching a TorchScript archive once).
+  StatusOr<ModelSpec> Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                           const v1::ModelDescription& d);
+  std::string script_digest;   // the archive held in script_bytes
+  std::string script_bytes;
+  // Gossip rounds: the Peer service (when opts.peer_listen is set), the address Join
+  // announces, and the model this client holds across rounds (of run gossip_run).
+  std::unique_ptr<PeerServer> peer;
+  std::string peer_address;
+  mutable std::mutex gossip_mu;  // guards gossip_model for GossipModel()
+  ParameterSet gossip_model;
+  std::string gossip_run;
+  // (Re)builds the whole model when the task's description changed.
+  Status BuildModel(const v1::Task& task, const ModelSpec& spec);
+  // Federated evaluation: `model` as it is, on the held-out data, under `loss`.
+  StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);
+  // A gossip task: train the model held, exchange it with the neighbours, average.
+  Status HandleGossipTask(const TaskCall& c);
+  // Sends `trained` to every neighbour of the gossip task while theirs arrive, until the
+  // task's deadline; the models heard, and what the exchange measured in *report
+  // (neighbours, heard, bytes each way, the uplink the sends used).
+  std::map<std::string, ParameterSet> ExchangeModels(const TaskCall& c,
+                                                     const ParameterSet& trained,
+                                                     v1::GossipStats* report);
+  // The update codec and its state (error-feedback residuals, one per tensor), kept
+  // across rounds while the codec and the tensors it encodes stay the same.
+  std::unique_ptr<Codec> update_codec;
+  std::string update_codec_key;
+  // Waits `seconds` on the clock, or until stopped.
+  void Sleep(double seconds) {
+    MutexLock l(&mu);
+    const Clock::time_point until = clock->Now() + Seconds(seconds);
+    while (!stop && clock->Now() < until) clock->WaitUntil(cv, mu, until);
+  }
+};
+
+}  // namespace cleave

@@ -1,0 +1,617 @@
+// Client: the task handlers (training, evaluation, split, gossip, edge), one per task
+// kind (Client::Impl::TaskHandlers), and what they share.
+#include "client/client_impl.h"
+
+namespace cleave {
+namespace {
+
+// Federated evaluation's batch: small enough for a model's activations to stay in cache
+// (docs/benchmarks.md, "Local training throughput").
+constexpr int kEvalBatch = 256;
+
+// The personal tensors saved in `path` ("KEY\n" then a parameter set) if they were saved
+// for `key` (this run and model) and fit `global`; else none, with a warning when the
+// file exists but does not fit.
+ParameterSet LoadPersonal(const std::string& path, const std::string& key,
+                          const std::vector<std::string>& names, const ParameterSet& global) {
+  auto bytes = ReadFile(path);
+  if (!bytes.ok()) return ParameterSet();  // none saved yet
+  const size_t newline = bytes->find('\n');
+  if (newline == std::string::npos || bytes->compare(0, newline, key) != 0) {
+    spdlog::info("{} holds personal layers of another run or model; starting afresh", path);
+    return ParameterSet();
+  }
+  auto saved = ParameterSet::Decode(std::string_view(*bytes).substr(newline + 1));
+  ParameterSet probe = global;
+  Status fits = saved.ok() ? Overwrite(*saved, &probe) : saved.status();
+  if (fits.ok() && saved->size() != names.size()) {
+    fits = absl::InvalidArgumentError("other tensors than the model's personal ones");
+  }
+  if (!fits.ok()) {
+    spdlog::warn("ignoring {}: {}", path, fits.ToString());
+    return ParameterSet();
+  }
+  spdlog::info("personal layers restored from {}", path);
+  return *std::move(saved);
+}
+
+// Batch order: the round's seed mixed with this client's name (stable across runs,
+// unlike the id the server assigns in join order), so a seeded run repeats itself.
+uint64_t BatchSeed(const v1::Task& task, const v1::Welcome& w, const std::string& name) {
+  return task.train().seed() ^ std::hash<std::string>{}(name.empty() ? w.client_id() : name);
+}
+
+
+// Distributed DP: clips `delta` to L2 norm dp.clip, then adds this client's share of
+// the noise, from a generator seeded by the OS (the server must not predict it).
+void AddDpNoise(const v1::DpTask& dp, ParameterSet* delta) {
+  double sq = 0;
+  for (const auto& t : delta->tensors()) {
+    for (float v : t.values) sq += static_cast<double>(v) * v;
+  }
+  const double norm = std::sqrt(sq);
+  const double scale = norm > dp.clip() ? dp.clip() / norm : 1.0;
+  std::mt19937_64 rng((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}());
+  std::normal_distribution<double> noise(0, dp.noise_stddev());
+  for (auto& t : delta->mutable_tensors()) {
+    for (float& v : t.values) v = static_cast<float>(v * scale + noise(rng));
+  }
+}
+
+
+// trained - base, tensor by tensor (the same layout).
+ParameterSet Delta(ParameterSet trained, const ParameterSet& base) {
+  for (size_t i = 0; i < trained.size(); ++i) {
+    auto& d = trained.mutable_tensors()[i].values;
+    const auto& g = base.tensors()[i].values;
+    for (size_t j = 0; j < d.size(); ++j) d[j] -= g[j];
+  }
+  return trained;
+}
+
+}  // namespace
+
+StatusOr<v1::UploadReply> Client::Impl::UploadUpdate(
+    v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
+    const ParameterSet& delta, int64_t examples, double loss, double seconds,
+    const v1::SplitStats* split, const v1::ClientEvaluation* evaluation,
+    const v1::GossipStats* gossip) {
+  const std::string& spec = task.update_codec();
+  const bool fp32 = spec.empty() || CodecFamily(spec) == "none";
+  v1::UploadHeader h = TaskUploadHeader(w, task, examples, fp32 ? "fp32" : spec);
+  h.set_train_loss(loss);
+  h.set_train_seconds(seconds);
+  if (split) *h.mutable_split() = *split;
+  if (evaluation) *h.mutable_evaluation() = *evaluation;
+  if (gossip) *h.mutable_gossip() = *gossip;
+  if (fp32) {
+    return UploadPayload(stub, h, delta.Encode(), 1 << 20, 600, &emulator);
+  }
+  std::string key = spec;
+  for (const auto& t : delta.tensors()) absl::StrAppend(&key, "|", t.name);
+  if (!update_codec || key != update_codec_key) {
+    ASSIGN_OR_RETURN(update_codec, MakeCodec(spec, std::hash<std::string>{}(opts.name)));
+    update_codec_key = std::move(key);
+  }
+  return UploadPayload(stub, h, EncodeTensors(*update_codec, delta), 1 << 20, 600, &emulator);
+}
+
+Status Client::Impl::Attack(const ParameterSet& global, const LocalTrainOptions& o,
+                            ParameterSet* delta) {
+  const std::string& a = opts.attack;
+  if (a == "sign-flip") {
+    for (auto& t : delta->mutable_tensors()) {
+      for (float& v : t.values) v = -v;
+    }
+    return absl::OkStatus();
+  }
+  if (a == "gaussian") {
+    std::mt19937_64 rng(std::random_device{}());
+    std::normal_distribution<float> noise(0, 1);
+    for (auto& t : delta->mutable_tensors()) {
+      for (float& v : t.values) v = noise(rng);
+    }
+    return absl::OkStatus();
+  }
+  if (a == "ipm") {  // our own honest update is our estimate of the benign mean
+    for (auto& t : delta->mutable_tensors()) {
+      for (float& v : t.values) v = -3.0f * v;
+    }
+    return absl::OkStatus();
+  }
+  // alie: mu is our honest update; sigma per coordinate is estimated from the updates of
+  // 4 shards of our data (each times 4, as if trained on all of it).
+  constexpr int kShards = 4;
+  std::vector<std::vector<int64_t>> shards(kShards);
+  for (int64_t i = 0; i < opts.train.size; ++i) shards[i % kShards].push_back(i);
+  std::vector<ParameterSet> ds;
+  for (const auto& idx : shards) {
+    RETURN_IF_ERROR(model->SetParameters(global));
+    RETURN_IF_ERROR(model->Train(opts.train.Subset(idx), o).status());
+    ParameterSet d = Delta(model->Parameters(), global);
+    for (auto& t : d.mutable_tensors()) {
+      for (float& v : t.values) v *= kShards;
+    }
+    ds.push_back(std::move(d));
+  }
+  for (size_t i = 0; i < delta->size(); ++i) {
+    auto& out = delta->mutable_tensors()[i].values;
+    for (size_t j = 0; j < out.size(); ++j) {
+      double mean = 0, sq = 0;
+      for (const auto& d : ds) mean += d.tensors()[i].values[j];
+      mean /= kShards;
+      for (const auto& d : ds) {
+        const double x = d.tensors()[i].values[j] - mean;
+        sq += x * x;
+      }
+      out[j] = static_cast<float>(out[j] - 1.5 * std::sqrt(sq / (kShards - 1)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                      const v1::ModelDescription& d) {
+  ModelSpec spec;
+  spec.name = d.name();
+  if (d.input_shape_size() > 0) spec.input_shape.assign(d.input_shape().begin(), d.input_shape().end());
+  if (d.num_classes() > 0) spec.num_classes = d.num_classes();
+  if (d.has_gpt()) {
+    spec.gpt = {d.gpt().vocab(), d.gpt().context(), d.gpt().layers(), d.gpt().heads(),
+                d.gpt().dim(), d.gpt().tie()};
+  }
+  if (d.lora().rank() > 0) {
+    spec.lora = {d.lora().rank(), d.lora().alpha(),
+                 std::vector<std::string>(d.lora().targets().begin(), d.lora().targets().end()),
+                 d.lora().dropout()};
+  }
+  if (spec.name == "torchscript") {
+    if (script_digest != d.torchscript_digest()) {
+      ASSIGN_OR_RETURN(script_bytes, FetchBlob(stub, w.client_id(), w.session_token(),
+                                               d.torchscript_digest(), 600, &emulator));
+      script_digest = d.torchscript_digest();
+    }
+    spec.torchscript = script_bytes;
+  }
+  return spec;
+}
+
+StatusOr<ParameterSet> Client::Impl::FetchModel(v1::Coordinator::Stub* stub,
+                                                const v1::Welcome& w, const v1::Task& task) {
+  ASSIGN_OR_RETURN(std::string blob, FetchBlob(stub, w.client_id(), w.session_token(),
+                                               task.model_digest(), 600, &emulator));
+  return task.model_codec().empty()
+             ? ParameterSet::Decode(blob)
+             : DecodeCompressedSet(blob, task.model_codec(), int64_t{1} << 31);
+}
+
+Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
+  v1::Coordinator::Stub* stub = c.stub;
+  const v1::Welcome& w = c.w;
+  const v1::Task& task = c.task;
+  const NextMessage& next = c.next;
+  if (task.has_split() || task.has_dp() || task.evaluate_only() ||
+      !task.base_digest().empty() || task.model().personal_size() > 0) {
+    return c.Reject(absl::FailedPreconditionError(
+        "an edge aggregator takes whole-model federated tasks only (no split learning, "
+        "distributed DP, evaluation, personal or frozen tensors)"));
+  }
+  auto global = FetchModel(stub, w, task);
+  if (!global.ok()) return c.Reject(global.status());
+  c.Accept();
+  // Secure aggregation upstream: this edge is one masked input among its level's, with
+  // its keys agreed before its own round runs, as a client's are before it trains.
+  std::optional<SecAggClient> secagg;
+  if (task.has_secagg()) {
+    ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(stub, w, task, next));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(ClientOptions::Aggregate r, opts.aggregate(task, *global));
+  const int64_t cap = DeclaredExamples();
+  if (r.examples > cap) {
+    // More clients joined below since this edge joined upstream: its Join count bounds
+    // what it may claim this round; then it joins again declaring the new total.
+    spdlog::warn("round {}: {} examples aggregated, {} declared upstream: claiming {}, then "
+                 "joining again to declare {}",
+                 task.round(), r.examples, cap, cap, r.examples);
+    grown_examples = r.examples;
+    r.examples = cap;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  v1::UploadReply reply;
+  if (secagg) {
+    ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, r.delta, r.examples, r.loss, seconds,
+                                           &emulator, next));
+  } else {
+    ASSIGN_OR_RETURN(reply,
+                     UploadUpdate(stub, w, task, r.delta, r.examples, r.loss, seconds, nullptr));
+  }
+  ++tasks_done;
+  spdlog::info("round {}: edge round of {} examples in {:.1f}s (loss {:.4f}), partial mean "
+               "uploaded{}{}",
+               task.round(), r.examples, seconds, r.loss, secagg ? " masked" : "",
+               reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
+Status Client::Impl::BuildModel(const v1::Task& task, const ModelSpec& spec) {
+  const std::string key = task.model().DebugString();
+  if (model && key == model_key) return absl::OkStatus();
+  ASSIGN_OR_RETURN(model, Model::Create(spec));
+  // Personal layers of another description do not fit (a model dropped after its last
+  // task, with task slots, is rebuilt to the same one).
+  if (key != model_key) personal = ParameterSet();
+  model_key = key;
+  loss_digest.clear();
+  return absl::OkStatus();
+}
+
+StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& loss) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, kEvalBatch, loss));
+  v1::ClientEvaluation evaluation;
+  evaluation.set_examples(e.examples);
+  evaluation.set_accuracy(e.accuracy);
+  evaluation.set_loss(e.loss);
+  for (const auto& [k, v] : e.metrics) (*evaluation.mutable_metrics())[k] = v;
+  evaluation.set_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return evaluation;
+}
+
+namespace {
+
+// Gossip's average: x = w_self x_self + sum_j w_j x_j over the neighbours heard from (a
+// missing neighbour's weight is kept by self), and in *disagreement the sum over them of
+// ||x_self - x_j||^2.
+ParameterSet MixWithNeighbours(const v1::GossipTask& g, const ParameterSet& trained,
+                               const std::map<std::string, ParameterSet>& theirs,
+                               double* disagreement) {
+  double self_weight = g.self_weight();
+  for (const auto& n : g.neighbours()) {
+    if (!theirs.count(n.name())) self_weight += n.weight();
+  }
+  ParameterSet mixed = trained;
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    auto& x = mixed.mutable_tensors()[i].values;
+    for (float& v : x) v = static_cast<float>(self_weight * v);
+    for (const auto& n : g.neighbours()) {
+      auto it = theirs.find(n.name());
+      if (it == theirs.end()) continue;
+      const auto& y = it->second.tensors()[i].values;
+      const auto& mine = trained.tensors()[i].values;
+      for (size_t j = 0; j < x.size(); ++j) {
+        x[j] += static_cast<float>(n.weight() * y[j]);
+        const double d = static_cast<double>(mine[j]) - y[j];
+        *disagreement += d * d;
+      }
+    }
+  }
+  return mixed;
+}
+
+}  // namespace
+
+std::map<std::string, ParameterSet> Client::Impl::ExchangeModels(const TaskCall& c,
+                                                                 const ParameterSet& trained,
+                                                                 v1::GossipStats* report) {
+  const v1::Task& task = c.task;
+  const v1::GossipTask& g = task.gossip();
+  const std::string bytes = trained.Encode();
+  const double timeout_s = std::max(
+      1.0, (task.deadline_unix_ms() -
+            std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::system_clock::now().time_since_epoch()).count()) / 1000.0);
+  const std::string& self = c.w.name();  // what the neighbours were told to expect
+  std::vector<std::thread> senders;
+  std::vector<Status> sent(g.neighbours_size());
+  std::vector<SendSpan> spans(g.neighbours_size());
+  for (int i = 0; i < g.neighbours_size(); ++i) {
+    senders.emplace_back([&, i] {
+      const auto& n = g.neighbours(i);
+      sent[i] = SendModel(n.address(), n.name(), task.run_id(), task.round(), self, n.token(),
+                          bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator,
+                          &spans[i]);
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  std::map<std::string, ParameterSet> theirs = peer->Collect(task.round(), deadline);
+  const int64_t received = peer->bytes_received();
+  for (auto& t : senders) t.join();
+  report->set_neighbours(g.neighbours_size());
+  std::vector<SendSpan> went;
+  for (int i = 0; i < g.neighbours_size(); ++i) {
+    if (sent[i].ok()) {
+      report->set_bytes_sent(report->bytes_sent() + static_cast<int64_t>(bytes.size()));
+      went.push_back(spans[i]);
+    } else {
+      spdlog::warn("round {}: model not sent to {}: {}", task.round(), g.neighbours(i).name(),
+                   sent[i].ToString());
+    }
+  }
+  report->set_uplink_mbps(UplinkMbps(report->bytes_sent(), went));
+  report->set_heard(static_cast<int32_t>(theirs.size()));
+  report->set_bytes_received(received);
+  return theirs;
+}
+
+Status Client::Impl::HandleGossipTask(const TaskCall& c) {
+  v1::Coordinator::Stub* stub = c.stub;
+  const v1::Welcome& w = c.w;
+  const v1::Task& task = c.task;
+  if (!peer) {
+    return c.Reject(absl::FailedPreconditionError(
+        "a gossip task, but this client serves no Peer address (--peer-listen)"));
+  }
+  auto spec = Spec(stub, w, task.model());
+  if (!spec.ok()) return c.Reject(spec.status());
+  const std::string loss = task.train().loss().empty() ? "cross_entropy" : task.train().loss();
+  if (Status s = CheckDataFitsModel(opts.train, *spec, loss, "local data"); !s.ok()) return c.Reject(s);
+  if (Status s = BuildModel(task, *spec); !s.ok()) return c.Reject(s);
+  // The model this client holds; the run's initial model until it holds one (the only
+  // model it ever fetches from the server).
+  ParameterSet held;
+  {
+    std::lock_guard<std::mutex> l(gossip_mu);
+    if (gossip_run == task.run_id()) held = gossip_model;
+  }
+  if (held.size() == 0) {
+    auto initial = FetchModel(stub, w, task);
+    if (!initial.ok()) return c.Reject(initial.status());
+    held = *std::move(initial);
+  }
+  if (Status s = model->SetParameters(held); !s.ok()) return c.Reject(s);
+  const v1::GossipTask& g = task.gossip();
+  std::map<std::string, std::string> tokens;
+  for (const auto& n : g.neighbours()) tokens[n.name()] = n.token();
+  peer->Expect(task.run_id(), task.round(), tokens, held);
+  c.Accept();
+  // Federated evaluation: the model this client holds, on its held-out data.
+  std::optional<v1::ClientEvaluation> evaluation;
+  if (opts.holdout.size > 0) {
+    ASSIGN_OR_RETURN(evaluation, EvaluateHoldout(loss));
+  }
+  LocalTrainOptions o = TrainOptions(task.train());
+  o.cancel = &stop;
+  o.seed = BatchSeed(task, w, opts.name);
+  ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
+  emulator.Compute(stats.seconds);
+  stats.seconds *= emulator.slowdown;
+  RecordTraining(stats);
+  const ParameterSet trained = model->Parameters();
+
+  v1::GossipStats report;
+  const std::map<std::string, ParameterSet> theirs = ExchangeModels(c, trained, &report);
+  UpdateState([&](ClientState& st) { st.gossip_uplink_mbps = report.uplink_mbps(); });
+  double disagreement = 0;
+  ParameterSet mixed = MixWithNeighbours(g, trained, theirs, &disagreement);
+  report.set_disagreement(theirs.empty() ? 0 : disagreement / theirs.size());
+  {
+    std::lock_guard<std::mutex> l(gossip_mu);
+    gossip_model = std::move(mixed);
+    gossip_run = task.run_id();
+  }
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadUpdate(stub, w, task, ParameterSet(), stats.examples, stats.loss,
+                                stats.seconds, nullptr, evaluation ? &*evaluation : nullptr,
+                                &report));
+  ++tasks_done;
+  spdlog::info("round {}: trained {} examples (loss {:.4f}), averaged with {} of {} neighbours "
+               "(disagreement {:.3g}){}",
+               task.round(), stats.examples, stats.loss, theirs.size(), g.neighbours_size(),
+               report.disagreement(), reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
+const std::vector<Client::Impl::TaskHandler>& Client::Impl::TaskHandlers() {
+  static const std::vector<TaskHandler> handlers = {
+      {"edge", [](const ClientOptions& o, const v1::Task&) { return static_cast<bool>(o.aggregate); },
+       &Impl::HandleEdgeTask},
+      {"gossip", [](const ClientOptions&, const v1::Task& t) { return t.has_gossip(); },
+       &Impl::HandleGossipTask},
+      {"split", [](const ClientOptions&, const v1::Task& t) { return t.has_split(); },
+       &Impl::HandleSplitTask},
+      {"evaluation", [](const ClientOptions&, const v1::Task& t) { return t.evaluate_only(); },
+       &Impl::HandleEvaluationTask},
+      {"training", [](const ClientOptions&, const v1::Task&) { return true; },
+       &Impl::HandleTrainingTask},
+  };
+  return handlers;
+}
+
+Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w,
+                                const v1::Task& task,
+                                const std::function<void(const v1::TaskAck&)>& ack,
+                                const NextMessage& next, bool* crashed) {
+  const TaskCall call{stub, w, task, ack, next, crashed};
+  for (const TaskHandler& h : TaskHandlers()) {
+    if (h.matches(opts, task)) return (this->*h.run)(call);
+  }
+  return call.Reject(absl::InternalError("no handler for the task"));
+}
+
+StatusOr<Client::Impl::TaskModel> Client::Impl::FetchTaskModel(const TaskCall& c) {
+  TaskModel m;
+  ASSIGN_OR_RETURN(m.spec, Spec(c.stub, c.w, c.task.model()));
+  m.loss = c.task.train().loss().empty() ? "cross_entropy" : c.task.train().loss();
+  RETURN_IF_ERROR(CheckDataFitsModel(opts.train, m.spec, m.loss, "local data"));
+  ASSIGN_OR_RETURN(m.global, FetchModel(c.stub, c.w, c.task));
+  // A model with a frozen base (LoRA): the blob with it, fetched once.
+  if (!c.task.base_digest().empty() && base_digest != c.task.base_digest()) {
+    ASSIGN_OR_RETURN(std::string bytes, FetchBlob(c.stub, c.w.client_id(), c.w.session_token(),
+                                                  c.task.base_digest(), 600, &emulator));
+    ASSIGN_OR_RETURN(base, ParameterSet::Decode(bytes));
+    base_digest = c.task.base_digest();
+  }
+  return m;
+}
+
+Status Client::Impl::HandleSplitTask(const TaskCall& c) {
+  const v1::Task& task = c.task;
+  auto m = FetchTaskModel(c);
+  if (!m.ok()) return c.Reject(m.status());
+  c.Accept();
+  SplitTaskOptions so;
+  so.model = m->spec;
+  so.seed = BatchSeed(task, c.w, opts.name);
+  so.emulator = &emulator;
+  so.cancel = &stop;
+  if (!task.base_digest().empty()) so.base = &base;
+  if (opts.crash_after_split_step) {
+    const int64_t round = task.round();
+    so.crash_after_step = [this, round](int64_t step) {
+      return opts.crash_after_split_step(round, step);
+    };
+  }
+  auto r = RunSplitTask(c.stub, c.w, task, m->global, opts.train, so);
+  if (!r.ok() && r.status().code() == absl::StatusCode::kAborted && opts.crash_after_split_step) {
+    *c.crashed = true;
+    return r.status();
+  }
+  if (!r.ok()) return r.status();
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadUpdate(c.stub, c.w, task, Delta(r->trained, m->global), r->examples,
+                                r->loss, r->stats.wall_s() * r->stats.steps(), &r->stats));
+  ++tasks_done;
+  spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step (client {:.1f}, "
+               "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
+               task.round(), task.split().cut(), r->stats.steps(), 1e3 * r->stats.wall_s(),
+               1e3 * r->stats.client_compute_s(), 1e3 * r->stats.transfer_s(),
+               1e3 * r->stats.server_compute_s(), r->loss, reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
+StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c, TaskModel& m) {
+  const v1::Task& task = c.task;
+  ParameterSet& global = m.global;
+  RETURN_IF_ERROR(BuildModel(task, m.spec));
+  // A model with a frozen base: the blob holds the rest; put them together in the
+  // model's order.
+  if (!task.base_digest().empty()) {
+    ParameterSet whole = model->Parameters();
+    if (base.size() + global.size() != whole.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model's base (", base.size(), " tensors) and its blob (", global.size(),
+          ") do not make up the model (", whole.size(), ")"));
+    }
+    RETURN_IF_ERROR(Overwrite(base, &whole));
+    RETURN_IF_ERROR(Overwrite(global, &whole));
+    global = std::move(whole);
+  }
+  if (m.loss == "torchscript" && loss_digest != task.train().loss_digest()) {
+    ASSIGN_OR_RETURN(std::string archive,
+                     FetchBlob(c.stub, c.w.client_id(), c.w.session_token(),
+                               task.train().loss_digest(), 600, &emulator));
+    RETURN_IF_ERROR(model->SetTorchScriptLoss(archive));
+    loss_digest = task.train().loss_digest();
+  }
+  // Personal layers: this client's own values replace the global model's (the server's
+  // initial values, until the client has trained them).
+  std::vector<std::string> personal_names(task.model().personal().begin(),
+                                          task.model().personal().end());
+  for (const std::string& n : personal_names) {
+    if (global.Find(n) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("personal tensor '", Printable(n), "' is not in the model"));
+    }
+  }
+  if (personal.size() == 0 && !personal_names.empty() && !PersonalFile().empty()) {
+    personal = LoadPersonal(PersonalFile(), PersonalKey(task), personal_names, global);
+  }
+  if (personal.size() > 0) RETURN_IF_ERROR(Overwrite(personal, &global));
+  RETURN_IF_ERROR(model->SetParameters(global));
+  return personal_names;
+}
+
+Status Client::Impl::HandleEvaluationTask(const TaskCall& c) {
+  const v1::Task& task = c.task;
+  auto m = FetchTaskModel(c);
+  if (!m.ok()) return c.Reject(m.status());
+  if (auto set = SetTaskModel(c, *m); !set.ok()) return c.Reject(set.status());
+  if (opts.holdout.size == 0) {
+    return c.Reject(absl::FailedPreconditionError("no held-out data to evaluate on (--holdout)"));
+  }
+  c.Accept();
+  // No training: an empty update that carries the evaluation.
+  ASSIGN_OR_RETURN(const v1::ClientEvaluation evaluation, EvaluateHoldout(m->loss));
+  ASSIGN_OR_RETURN(v1::UploadReply reply, UploadUpdate(c.stub, c.w, task, ParameterSet(),
+                                                       opts.train.size, 0, 0, nullptr, &evaluation));
+  ++tasks_done;
+  spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})",
+               task.round(), evaluation.accuracy(), evaluation.examples(),
+               reply.duplicate() ? ", duplicate" : "");
+  return absl::OkStatus();
+}
+
+Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
+  const v1::Task& task = c.task;
+  auto m = FetchTaskModel(c);
+  if (!m.ok()) return c.Reject(m.status());
+  auto personal_names = SetTaskModel(c, *m);
+  if (!personal_names.ok()) return c.Reject(personal_names.status());
+  const ParameterSet& global = m->global;
+  c.Accept();
+  // Federated evaluation: the global model on the held-out data, before training.
+  std::optional<v1::ClientEvaluation> evaluation;
+  if (opts.holdout.size > 0 && !task.has_secagg()) {
+    ASSIGN_OR_RETURN(evaluation, EvaluateHoldout(m->loss));
+  }
+  std::optional<SecAggClient> secagg;
+  if (task.has_secagg()) {
+    ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(c.stub, c.w, task, c.next));
+  }
+
+  LocalTrainOptions o = TrainOptions(task.train());
+  o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
+  o.seed = BatchSeed(task, c.w, opts.name);
+  ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
+  // An emulated slower device (--emulate-slowdown) takes that much longer to train; split
+  // tasks idle after each step instead (split_client.cc).
+  emulator.Compute(stats.seconds);
+  stats.seconds *= emulator.slowdown;
+  RecordTraining(stats);
+  if (opts.crash_after_training && opts.crash_after_training(task.round())) {
+    *c.crashed = true;
+    return absl::AbortedError("simulated crash");
+  }
+  ParameterSet trained = model->Parameters();
+  if (!personal_names->empty()) {
+    personal = Only(trained, *personal_names);
+    if (!PersonalFile().empty()) {
+      const std::string bytes = PersonalKey(task) + "\n" + personal.Encode();
+      if (Status s = WriteFileAtomic(PersonalFile(), bytes); !s.ok()) {
+        spdlog::warn("personal layers not saved: {}", s.ToString());
+      }
+    }
+  }
+  ParameterSet delta = Delta(std::move(trained), global);
+  if (!opts.attack.empty() && opts.attack != "label-flip") {
+    RETURN_IF_ERROR(Attack(global, o, &delta));
+  }
+  if (!personal_names->empty()) delta = Without(delta, *personal_names);  // stays here
+  if (const auto frozen = model->FrozenTensors(); !frozen.empty()) {
+    delta = Without(delta, frozen);  // never trained: not part of an update
+  }
+  v1::UploadReply reply;
+  if (secagg) {
+    if (task.has_dp()) AddDpNoise(task.dp(), &delta);
+    ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, delta, stats.examples, stats.loss,
+                                           stats.seconds, &emulator, c.next));
+  } else {
+    ASSIGN_OR_RETURN(reply, UploadUpdate(c.stub, c.w, task, delta, stats.examples, stats.loss,
+                                         stats.seconds, nullptr,
+                                         evaluation ? &*evaluation : nullptr));
+  }
+  ++tasks_done;
+  spdlog::info("round {}: {}trained {} examples in {:.1f}s (loss {:.4f}), update uploaded{}",
+               task.round(),
+               evaluation ? absl::StrFormat("global model %.4f accurate on %d held-out examples; ",
+                                            evaluation->accuracy(), evaluation->examples())
+                          : "",
+               stats.examples, stats.seconds, stats.loss, reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
+}  // namespace cleave

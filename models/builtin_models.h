@@ -1,0 +1,44 @@
+// The built-in model architectures, by model.name, in a registry: mlp (any input),
+// lenet5, cnn, vgg, resnet (images [C, H, W]) and gpt (text, sized by ModelSpec::gpt).
+// model.name: torchscript (an archive of one's own) is not among them.
+//
+// A built-in model is a staged torch::nn::Sequential: each element is one stage, the
+// places split learning may cut between. Adding an architecture is one build function
+// in its own file and one registration:
+//
+//   Models().Add("mynet", {ModelInput::kImages, BuildMyNet});
+//
+// Build functions draw their initial weights from torch's generator, which
+// BuildBuiltin seeds with ModelSpec::seed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/registry.h"
+#include "models/model.h"
+
+namespace torch {
+namespace nn {
+class Sequential;
+}  // namespace nn
+}  // namespace torch
+
+namespace cleave {
+
+enum class ModelInput { kAny, kImages, kTokens };
+
+struct ModelKind {
+  // What the model takes: kImages needs a [C, H, W] model.input, kTokens text (checked
+  // by CheckGptSpec); both need model.classes >= 1 unless kTokens.
+  ModelInput input = ModelInput::kAny;
+  torch::nn::Sequential (*build)(const ModelSpec& spec) = nullptr;
+};
+
+Registry<ModelKind>& Models();
+
+// The built-in model `spec` names, seeded with spec.seed: INVALID_ARGUMENT for an
+// unknown name or an input it cannot take. For LibTorch translation units.
+StatusOr<torch::nn::Sequential> BuildBuiltin(const ModelSpec& spec);
+
+}  // namespace cleave

@@ -1,0 +1,311 @@
+// Coordinator: the round steps it offers its schedulers and drivers (RoundContext):
+// tasks, waits, accumulation, the strategy step and publishing model versions.
+
+#include "server/coordinator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "proto/train_config.h"
+#include "server/scheduler.h"
+
+namespace cleave {
+
+int64_t UnixMsIn(double seconds) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+             .count() +
+         static_cast<int64_t>(seconds * 1000);
+}
+
+void Coordinator::PublishModelLocked() {
+  ParameterSet scratch;
+  auto blob = std::make_shared<const std::string>(ModelBlob(Published(global_, scratch)));
+  PublishLocked(std::move(blob), Sha256Hex(*blob));
+}
+
+void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::string digest) {
+  // Drop older model versions, but for those tasks may still fetch (async).
+  std::set<std::string> kept = pinned_blobs_;
+  recent_models_.push_back(digest);
+  while (static_cast<int>(recent_models_.size()) > scheduler_->VersionsKept()) {
+    recent_models_.pop_front();
+  }
+  kept.insert(recent_models_.begin(), recent_models_.end());
+  for (auto it = blobs_.begin(); it != blobs_.end();) {
+    it = kept.count(it->first) ? std::next(it) : blobs_.erase(it);
+  }
+  for (auto it = fp32_sizes_.begin(); it != fp32_sizes_.end();) {
+    it = kept.count(it->first) ? std::next(it) : fp32_sizes_.erase(it);
+  }
+  // The fp32 size of what the blob of the new model (global_) holds.
+  ParameterSet scratch;
+  fp32_sizes_[digest] = static_cast<int64_t>(Published(global_, scratch).EncodedSize());
+  model_digest_ = std::move(digest);
+  blobs_[model_digest_] = std::move(blob);
+}
+
+bool Coordinator::RoundResolvedLocked() const {
+  for (const auto& [id, t] : tasks_) {
+    if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return false;
+  }
+  return true;
+}
+
+v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& cid,
+                                               const FitSettings& fit, int64_t deadline_ms) {
+  v1::ServerMessage msg;
+  v1::Task* task = msg.mutable_task();
+  task->set_run_id(run_id_);
+  task->set_round(round);
+  task->set_task_id(absl::StrCat("r", round, "-", cid));
+  *task->mutable_model() = model_desc_;
+  auto* tc = task->mutable_train();
+  ToProto(fit, tc);
+  tc->set_loss_digest(loss_digest_);
+  tc->set_loss_size(loss_size_);
+  tc->set_seed(edge_fit_ ? edge_seed_ : cfg_.run.seed * 1000003 + round);
+  task->set_deadline_unix_ms(deadline_ms);
+  TaskRecord rec;
+  rec.client_id = cid;
+  rec.round = round;
+  scheduler_->ShapeTaskLocked(sessions_[cid], fit, task, &rec);
+  if (evaluating_) task->set_task_id(absl::StrCat("e", round, "-", cid));
+  rec.id = task->task_id();
+  task->set_base_digest(base_digest_);
+  task->set_base_size(base_size_);
+  task->set_model_digest(model_digest_);
+  task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
+  if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
+  if (evaluating_) {
+    task->set_evaluate_only(true);
+    rec.evaluate_only = true;
+    rec.expected_size = static_cast<int64_t>(ParameterSet().EncodedSize());
+    tasks_[rec.id] = std::move(rec);
+    return msg;
+  }
+  rec.expected_size = update_codec_ ? EncodedTensorsSize(*update_codec_, UpdateLayout())
+                                    : static_cast<int64_t>(UpdateLayout().EncodedSize());
+  if (update_codec_) {
+    rec.codec = cfg_.compression.update;
+    task->set_update_codec(rec.codec);
+  }
+  driver_->PrepareTaskLocked(task, &rec);  // split: the client part; SecAgg: masked inputs
+  if (cfg_.dp.enabled && cfg_.dp.noise == "distributed") {
+    // Each client's share of the noise: n shares sum to N(0, (z C)^2).
+    task->mutable_dp()->set_clip(cfg_.dp.clip);
+    task->mutable_dp()->set_noise_stddev(cfg_.dp.noise_multiplier * cfg_.dp.clip /
+                                         std::sqrt(static_cast<double>(round_clients_)));
+  }
+  tasks_[rec.id] = std::move(rec);
+  return msg;
+}
+
+Status Coordinator::ApplyLocked(int64_t round,
+                                const std::function<Status(const ParameterSet&)>& fold,
+                                RoundMetrics* m) {
+  // The server update, encoding and hashing of a large model take a while: do them on a
+  // copy without the lock. No upload touches the strategy meanwhile (the round is
+  // closed, or the async buffer is being applied), and readers of global_ see the
+  // previous model.
+  ParameterSet next = not_updated_.empty() ? global_ : Without(global_, not_updated_);
+  mu_.Unlock();
+  Status finished = absl::OkStatus();
+  // The strategy's state before it steps (server momentum, Adam moments, the DP
+  // accountant, error-feedback memory): a round that fails after the step leaves no
+  // trace in it.
+  const ParameterSet strategy_before = strategy_->State();
+  if (fold) finished = fold(next);
+  if (finished.ok()) finished = strategy_->FinishRound(m->failures, &next);
+  if (finished.ok()) m->strategy_stats = strategy_->RoundStats();
+  if (finished.ok() && !not_updated_.empty()) {  // the shared tensors into the whole model
+    ParameterSet whole = RunThreadGlobal();
+    finished = Overwrite(next, &whole);
+    next = std::move(whole);
+  }
+  if (finished.ok()) {
+    // Never commit (nor checkpoint, nor send) a model that is not finite, whatever
+    // produced it: the round fails and is retried from the previous model.
+    if (Status finite = CheckViews(next, ViewsOf(next)); !finite.ok()) {
+      finished = absl::AbortedError(absl::StrCat("round ", round, ": the aggregate is not usable (",
+                                                 finite.message(), "); not committed"));
+    }
+  }
+  if (!finished.ok()) {
+    if (Status s = strategy_->Restore(strategy_before); !s.ok()) {
+      finished = absl::InternalError(absl::StrCat(finished.message(),
+                                                  "; the strategy's state was not restored: ",
+                                                  s.message()));
+    }
+  }
+  std::shared_ptr<const std::string> blob;
+  std::string digest;
+  if (finished.ok()) {
+    ParameterSet scratch;
+    blob = std::make_shared<const std::string>(ModelBlob(Published(next, scratch)));
+    digest = Sha256Hex(*blob);
+  }
+  mu_.Lock();
+  RETURN_IF_ERROR(finished);
+  global_ = std::move(next);
+  committed_round_ = round;
+  PublishLocked(std::move(blob), std::move(digest));
+  return absl::OkStatus();
+}
+
+void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
+                                  const RoundPlan& plan, int64_t deadline_ms) {
+  std::vector<std::pair<std::shared_ptr<ClientLink>, v1::ServerMessage>> sends;
+  for (const std::string& cid : cids) {
+    sends.emplace_back(sessions_[cid].link,
+                       MakeTaskLocked(round, cid, plan.FitFor(cid), deadline_ms));
+  }
+  mu_.Unlock();  // never start gRPC operations under mu_
+  std::vector<std::pair<const ClientLink*, std::string>> closed;  // (link, task id)
+  for (auto& [link, msg] : sends) {
+    if (!link->Send(msg)) closed.emplace_back(link.get(), msg.task().task_id());
+  }
+  mu_.Lock();
+  for (const auto& [link, task_id] : closed) {
+    auto t = tasks_.find(task_id);
+    if (t == tasks_.end()) continue;
+    const std::string client_id = t->second.client_id;
+    if (t->second.state == TaskState::kAssigned) {
+      FailTaskLocked(task_id, t->second, "control stream closed");
+    }
+    // A closed control stream does not open again: its session ends now, before the
+    // transport reports it (ControlDone), so that no retried round picks it meanwhile.
+    auto s = sessions_.find(client_id);
+    if (s != sessions_.end() && s->second.link.get() == link) {
+      spdlog::info("client {} disconnected", client_id);
+      EndSessionLocked(s, "control stream closed");
+      cv_.SignalAll();
+    }
+  }
+}
+
+void Coordinator::BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
+                                   RoundDriver& driver, bool evaluate_only) {
+  round_clients_ = std::max<int>(1, clients.size());
+  std::vector<int64_t> declared;
+  for (const auto& cid : clients) declared.push_back(sessions_[cid].num_examples);
+  round_weights_ = RoundWeights(cfg_.aggregation, declared);
+  if (!evaluate_only) strategy_->BeginRound(UpdateLayout(), shards_);
+  evaluating_ = evaluate_only;
+  tasks_.clear();
+  current_round_ = round;
+  ResetRoundBytes();
+  driver_ = &driver;
+}
+
+void Coordinator::BeginBufferLocked(int64_t version) {
+  std::vector<int64_t> declared;
+  for (const auto& cid : AvailableLocked()) declared.push_back(sessions_[cid].num_examples);
+  // The cap follows the connected clients; with none connected the last one holds.
+  if (!declared.empty()) round_weights_ = RoundWeights(cfg_.aggregation, declared);
+  strategy_->BeginRound(UpdateLayout(), shards_);
+  current_round_ = version;
+  ResetRoundBytes();
+}
+
+void Coordinator::EndRoundLocked() {
+  current_round_ = 0;
+  driver_ = &plain_driver_;
+  evaluating_ = false;
+  cv_.SignalAll();
+}
+
+void Coordinator::ReleaseUploadsLocked() {
+  mu_.Unlock();
+  uploads_.CancelAll();
+  DropBuffers();  // not held while the next model is built beside the current one
+  mu_.Lock();
+}
+
+void Coordinator::WaitLocked(Clock::time_point until) {
+  clock_->WaitUntil(cv_, mu_, std::min(until, clock_->Now() + kPoll));
+  ExpireSilentLocked();
+}
+
+void Coordinator::PinBlobLocked(const std::string& digest, std::shared_ptr<const std::string> blob) {
+  blobs_[digest] = std::move(blob);
+  pinned_blobs_.insert(digest);
+}
+
+void Coordinator::AddBlobLocked(const std::string& digest, std::shared_ptr<const std::string> blob,
+                                int64_t fp32_size) {
+  blobs_[digest] = std::move(blob);
+  fp32_sizes_[digest] = fp32_size;
+}
+
+std::string Coordinator::ModelBlob(const ParameterSet& model) {
+  return broadcast_codec_ ? EncodeCompressedSet(*broadcast_codec_, model) : model.Encode();
+}
+
+void Coordinator::ResetRoundBytes() {
+  bytes_up_ = 0;
+  bytes_down_ = 0;
+  saved_up_ = 0;
+  saved_down_ = 0;
+  update_bytes_ = 0;
+}
+
+void Coordinator::CountRoundBytesLocked(RoundMetrics* m) const {
+  m->bytes_up = bytes_up_;
+  m->bytes_down = bytes_down_;
+  m->bytes_up_fp32 = m->bytes_up + saved_up_;
+  m->bytes_down_fp32 = m->bytes_down + saved_down_;
+  m->update_bytes = update_bytes_;
+}
+
+void Coordinator::AwaitAccumulatingLocked() {
+  while (accumulating_ > 0) cv_.Wait(&mu_);
+}
+
+void Coordinator::Accumulate(const ClientUpdate& update) {
+  MutexLock a(&shard_mu_[0]);
+  strategy_->Accumulate(update, 0);
+}
+
+Status Coordinator::AwaitClientsLocked() {
+  phase_ = "waiting for clients";
+  const auto deadline = clock_->Now() + Seconds(cfg_.clients.join_timeout_s);
+  while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
+    if (clock_->Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
+          " clients connected", NeedProfile() ? " and profiled" : "", " within ",
+          cfg_.clients.join_timeout_s, "s"));
+    }
+    WaitLocked(deadline);
+  }
+  return stopping_ ? absl::CancelledError("stopped") : absl::OkStatus();
+}
+
+Status Coordinator::FlTrustReference(const FitSettings& fit) {
+  if (root_.size == 0) return absl::OkStatus();
+  const ParameterSet& global = RunThreadGlobal();
+  RETURN_IF_ERROR(model_->SetParameters(global));
+  const LocalTrainOptions o(fit, cfg_.run.seed);
+  RETURN_IF_ERROR(model_->Train(root_, o).status());
+  ParameterSet update = Without(model_->Parameters(), not_updated_);
+  const ParameterSet base = Without(global, not_updated_);
+  for (size_t i = 0; i < update.size(); ++i) {
+    auto& v = update.mutable_tensors()[i].values;
+    for (size_t j = 0; j < v.size(); ++j) v[j] -= base.tensors()[i].values[j];
+  }
+  double sq = 0;
+  for (const auto& t : update.tensors()) {
+    for (float v : t.values) sq += static_cast<double>(v) * v;
+  }
+  spdlog::info("fltrust: server update on {} root examples, {} epochs, norm {:.4f}", root_.size,
+               o.local_epochs, std::sqrt(sq));
+  strategy_->SetReference(update);
+  return absl::OkStatus();
+}
+
+}  // namespace cleave

@@ -1,0 +1,413 @@
+// Coordinator: sessions (join, heartbeat, identity, revocation, expiry) and the
+// messages the transport routes by session: profiles, split streams, SecAgg stages.
+
+#include "server/coordinator.h"
+
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "core/printable.h"
+#include "server/scheduler.h"
+#include "server/secagg_driver.h"
+#include "server/split_driver.h"
+
+namespace cleave {
+
+// Constant-time comparison, so response timing does not leak a token byte by byte.
+bool TokenMatches(const std::string& expected, const std::string& given) {
+  return expected.size() == given.size() &&
+         CRYPTO_memcmp(expected.data(), given.data(), expected.size()) == 0;
+}
+
+std::string RandomHex(int bytes) {
+  std::vector<unsigned char> buf(bytes);
+  if (RAND_bytes(buf.data(), bytes) != 1) {
+    spdlog::critical("OpenSSL RAND_bytes failed");
+    std::abort();
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char b : buf) {
+    s.push_back(kHex[b >> 4]);
+    s.push_back(kHex[b & 15]);
+  }
+  return s;
+}
+
+void Coordinator::LogRefusedUpload(const v1::UploadHeader& h, const Status& why) {
+  std::string name;
+  {
+    MutexLock l(&mu_);
+    auto it = sessions_.find(h.client_id());
+    name = it != sessions_.end() ? it->second.name : "not connected";
+  }
+  spdlog::warn("upload from client {} ({}) for round {} refused: {}", Printable(h.client_id()),
+               name, h.round(), Printable(why.ToString(), 300));
+}
+
+Status Coordinator::CheckJoin(const v1::Join& join, const std::string& peer) const {
+  if (join.protocol_version() != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("unsupported protocol version ", join.protocol_version(), " (server: 1)"));
+  }
+  if (join.num_examples() <= 0) {
+    return absl::InvalidArgumentError("Join.num_examples must be > 0");
+  }
+  if (join.name().size() > 256) return absl::InvalidArgumentError("client name too long");
+  if (join.peer_address().size() > 256 || Printable(join.peer_address(), 256) != join.peer_address() ||
+      (!join.peer_address().empty() && join.peer_address().rfind(':') == std::string::npos)) {
+    return absl::InvalidArgumentError("Join.peer_address must be host:port, printable, <= 256 bytes");
+  }
+  if (Printable(join.name(), 256) != join.name()) {  // it goes into logs and metrics
+    return absl::InvalidArgumentError(absl::StrCat(
+        "client name '", Printable(join.name()), "' has bytes outside printable ASCII"));
+  }
+  if (cfg_.tls.mutual) {
+    // The identity is the verified certificate's; a client cannot join as another.
+    if (peer.empty()) return absl::UnauthenticatedError("no verified client certificate");
+    if (!join.name().empty() && join.name() != peer) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "Join names '", Printable(join.name()), "' but the client certificate is for '",
+          Printable(peer), "'"));
+    }
+  }
+  for (const auto& [what, spec] : {std::pair{"updates", cfg_.compression.update},
+                                   std::pair{"the model broadcast", cfg_.compression.broadcast},
+                                   std::pair{"activations", cfg_.compression.activations},
+                                   std::pair{"gradients", cfg_.compression.gradients}}) {
+    const std::string family = CodecFamily(spec);
+    if (family != "none" &&
+        std::find(join.codecs().begin(), join.codecs().end(), family) == join.codecs().end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this run compresses ", what, " with ", spec, ", which the client does not support"));
+    }
+  }
+  if (cfg_.secure_aggregation.enabled &&
+      std::find(join.codecs().begin(), join.codecs().end(), kSecAggCodec) == join.codecs().end()) {
+    return absl::FailedPreconditionError(
+        "this run uses secure aggregation, which the client does not support");
+  }
+  return absl::OkStatus();
+}
+
+Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join, const std::string& peer,
+                          v1::Welcome* welcome) {
+  RETURN_IF_ERROR(CheckJoin(join, peer));
+  std::shared_ptr<ClientLink> replaced;
+  {
+    MutexLock l(&mu_);
+    if (stopping_) return absl::UnavailableError("the server is shutting down");
+    if (static_cast<int>(sessions_.size()) >= max_sessions_) {
+      // A device reconnecting with its certificate replaces its session (below): it may.
+      const bool replaces = cfg_.tls.mutual && std::any_of(sessions_.begin(), sessions_.end(),
+                                                           [&](const auto& kv) {
+                                                             return kv.second.identity == peer;
+                                                           });
+      if (!replaces) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the server holds its maximum of ", max_sessions_, " sessions (server.max_sessions)"));
+      }
+    }
+    if (cfg_.tls.mutual && revoked_.count(peer)) {
+      spdlog::warn("refused a Join from revoked certificate '{}'", Printable(peer));
+      return absl::PermissionDeniedError(absl::StrCat("the certificate of '", Printable(peer),
+                                                      "' is revoked"));
+    }
+    // One session per identity: a device that reconnects replaces its old session (whose
+    // open task fails), so one certificate can never stand for two clients.
+    if (cfg_.tls.mutual) {
+      for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+        if (it->second.identity != peer) continue;
+        spdlog::info("client {} ({}) is replaced by a new connection of the same certificate",
+                     it->first, peer);
+        replaced = EndSessionLocked(it, "replaced by a new connection");
+        cv_.SignalAll();
+        break;
+      }
+    }
+    Session s;
+    s.id = absl::StrCat("c", next_client_++);
+    s.identity = cfg_.tls.mutual ? peer : "";
+    s.name = !s.identity.empty() ? s.identity : join.name().empty() ? s.id : join.name();
+    s.token = RandomHex(16);
+    s.num_examples = join.num_examples();
+    s.peer_address = join.peer_address();
+    s.link = std::move(link);
+    s.last_seen = clock_->Now();
+    welcome->set_run_id(run_id_);
+    welcome->set_client_id(s.id);
+    welcome->set_session_token(s.token);
+    welcome->set_name(s.name);
+    welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
+    if (NeedProfile()) {
+      *welcome->mutable_model() = model_desc_;
+      welcome->set_profile_batch_size(cfg_.train.batch_size);
+      welcome->set_probe_digest(split_->probe_digest());
+      welcome->set_probe_size(SplitDriver::kProbeBytes);
+    }
+    spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
+    sessions_[s.id] = std::move(s);
+  }  // never start gRPC operations under mu_
+  if (replaced) {
+    replaced->Close(
+        absl::AbortedError("replaced by a newer connection with the same certificate"));
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::Ready(const std::string& client_id) {
+  MutexLock l(&mu_);
+  auto it = sessions_.find(client_id);
+  if (it == sessions_.end()) return;
+  it->second.ready = true;
+  cv_.SignalAll();
+}
+
+void Coordinator::Heartbeat(const std::string& client_id) {
+  MutexLock l(&mu_);
+  auto it = sessions_.find(client_id);
+  if (it != sessions_.end()) it->second.last_seen = clock_->Now();
+}
+
+void Coordinator::Ack(const std::string& client_id, const v1::TaskAck& ack) {
+  MutexLock l(&mu_);
+  auto it = tasks_.find(ack.task_id());
+  if (it == tasks_.end() || it->second.client_id != client_id) return;
+  if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
+    FailTaskLocked(it->first, it->second,
+                   absl::StrCat("rejected by the client: ", Printable(ack.error(), 200)));
+    cv_.SignalAll();
+  }
+}
+
+void Coordinator::ControlDone(const std::string& client_id, const ClientLink* link) {
+  MutexLock l(&mu_);
+  auto it = sessions_.find(client_id);
+  if (it == sessions_.end() || it->second.link.get() != link) return;
+  spdlog::info("client {} disconnected", it->first);
+  EndSessionLocked(it, "disconnected");
+  cv_.SignalAll();
+}
+
+std::shared_ptr<ClientLink> Coordinator::EndSessionLocked(SessionMap::iterator& it,
+                                                          const std::string& why) {
+  const std::string id = it->first;
+  for (auto& [task_id, t] : tasks_) {
+    if (t.client_id == id && t.state == TaskState::kAssigned) FailTaskLocked(task_id, t, why);
+  }
+  driver_->ClientLeftLocked(id);
+  mode_driver_->SessionEndedLocked(id);
+  scheduler_->SessionEndedLocked(id);
+  std::shared_ptr<ClientLink> link = std::move(it->second.link);
+  it = sessions_.erase(it);
+  return link;
+}
+
+Session* Coordinator::FindSessionLocked(const std::string& client_id) {
+  auto it = sessions_.find(client_id);
+  return it != sessions_.end() ? &it->second : nullptr;
+}
+
+void Coordinator::FailTaskLocked(const std::string& task_id, TaskRecord& t,
+                                  const std::string& why) {
+  spdlog::warn("task {} of client {} failed: {}", task_id, t.client_id, why);
+  t.state = TaskState::kFailed;
+  t.resolved_in = current_round_;
+  t.failure = why;
+  if (auto s = sessions_.find(t.client_id); s != sessions_.end()) ++s->second.failures;
+  driver_->TaskFailedLocked(t);
+}
+
+Status Coordinator::Authenticate(const std::string& client_id, const std::string& token,
+                                  const std::string& peer) {
+  MutexLock l(&mu_);
+  return SessionLocked(client_id, token, peer).status();
+}
+
+StatusOr<const Session*> Coordinator::SessionLocked(const std::string& client_id,
+                                                     const std::string& token,
+                                                     const std::string& peer) const {
+  auto s = sessions_.find(client_id);
+  if (s == sessions_.end() || !TokenMatches(s->second.token, token)) {
+    return absl::UnauthenticatedError("unknown client or wrong session token");
+  }
+  if (!peer.empty() && revoked_.count(peer)) {
+    return absl::PermissionDeniedError("certificate revoked");
+  }
+  if (s->second.identity != peer) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "client ", client_id, " joined as '", s->second.identity,
+        "'; this call's certificate is '", peer, "'"));
+  }
+  return &s->second;
+}
+
+Status Coordinator::SecAggSubmit(const v1::SecAggRequest& req, const std::string& peer) {
+  MutexLock l(&mu_);
+  RETURN_IF_ERROR(CheckSenderLocked("secure-aggregation message", req.client_id(),
+                                    req.session_token(), peer, req.run_id(), req.round())
+                      .status());
+  if (!secagg_) return absl::FailedPreconditionError("this run has no secure aggregation");
+  secagg_->mu().AssertHeld();  // this->mu_
+  return secagg_->SubmitLocked(req);
+}
+
+Status Coordinator::SetProfile(const std::string& client_id, const v1::Profile& p) {
+  if (!NeedProfile()) return absl::OkStatus();  // nothing to decide from it
+  RETURN_IF_ERROR(split_->CheckProfile(p));
+  MutexLock l(&mu_);
+  if (!sessions_.count(client_id)) return absl::OkStatus();
+  split_->mu().AssertHeld();  // this->mu_
+  split_->ProfileLocked(client_id, p);
+  return absl::OkStatus();
+}
+
+StatusOr<SplitStreamTask> Coordinator::OpenSplit(const v1::SplitOpen& open,
+                                                  const std::string& peer) {
+  MutexLock l(&mu_);
+  RETURN_IF_ERROR(CheckSenderLocked("split stream", open.client_id(), open.session_token(), peer,
+                                    open.run_id(), open.round())
+                      .status());
+  if (!split_) return absl::FailedPreconditionError("this run is not split learning");
+  split_->mu().AssertHeld();  // this->mu_
+  return split_->OpenLocked(open);
+}
+
+void Coordinator::SplitEnded(const SplitStreamTask& task, const Status& why) {
+  MutexLock l(&mu_);
+  if (!split_) return;
+  split_->mu().AssertHeld();  // this->mu_
+  split_->EndedLocked(task, why);
+}
+
+StatusOr<const Session*> Coordinator::CheckSenderLocked(const std::string& what,
+                                                         const std::string& client_id,
+                                                         const std::string& token,
+                                                         const std::string& peer,
+                                                         const std::string& run_id,
+                                                         int64_t round) const {
+  ASSIGN_OR_RETURN(const Session* s, SessionLocked(client_id, token, peer));
+  if (run_id != run_id_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " for run ", Printable(run_id), ", this is run ", run_id_));
+  }
+  RETURN_IF_ERROR(scheduler_->CheckRoundLocked(what, round));
+  return s;
+}
+
+void Coordinator::Revoke(std::set<std::string> revoked) {
+  std::vector<std::shared_ptr<ClientLink>> cut;
+  {
+    MutexLock l(&mu_);
+    for (const auto& name : revoked) {
+      if (!revoked_.count(name)) spdlog::warn("revocation list: '{}' is revoked", Printable(name));
+    }
+    revoked_ = std::move(revoked);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (it->second.identity.empty() || !revoked_.count(it->second.identity)) {
+        ++it;
+        continue;
+      }
+      spdlog::warn("client {} ({}): certificate revoked; ending its session", it->first,
+                   it->second.identity);
+      cut.push_back(EndSessionLocked(it, "certificate revoked"));
+    }
+    cv_.SignalAll();
+  }
+  for (auto& r : cut) {  // never start gRPC operations under mu_
+    r->Close(absl::PermissionDeniedError("certificate revoked"));
+  }
+}
+
+bool Coordinator::NeedProfile() const { return split_ && split_->NeedProfile(); }
+
+int Coordinator::ConnectedLocked() const {
+  int n = 0;
+  for (const auto& [id, s] : sessions_) n += s.ready;
+  return n;
+}
+
+std::vector<std::string> Coordinator::AvailableLocked() const {
+  // Sampling draws from this order, so it must not depend on the order clients joined
+  // in (which decides their ids): by name, which a client chooses (sim-2 before sim-10),
+  // then by id (c2 before c10) among clients of one name. A seeded run then samples the
+  // same clients however their connections raced.
+  std::vector<std::pair<std::string, std::string>> named;  // (name, id)
+  for (const auto& [id, s] : sessions_) {
+    if (s.ready && mode_driver_->ServesLocked(id)) named.emplace_back(s.name, id);
+  }
+  const auto numeric = [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() < b.size() : a < b;
+  };
+  std::sort(named.begin(), named.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? numeric(a.first, b.first) : numeric(a.second, b.second);
+  });
+  std::vector<std::string> ids;
+  ids.reserve(named.size());
+  for (auto& [name, id] : named) ids.push_back(std::move(id));
+  return ids;
+}
+
+void Coordinator::ExpireSilentLocked() {
+  const auto limit = Seconds(cfg_.server.client_timeout_s);
+  const auto now = clock_->Now();
+  const std::vector<std::shared_ptr<UploadCall>> stalled =
+      uploads_.ExpireIdle(Seconds(cfg_.server.upload_idle_timeout_s), now);
+  for (auto& r : stalled) {
+    const v1::UploadHeader* h = r->header();
+    spdlog::warn("upload from client {} made no progress for {:.0f}s: cancelling it",
+                 h ? Printable(h->client_id()) : "(no header yet)",
+                 cfg_.server.upload_idle_timeout_s);
+    if (h == nullptr) continue;
+    auto t = tasks_.find(h->task_id());
+    if (t != tasks_.end() && t->second.client_id == h->client_id() &&
+        t->second.state == TaskState::kAssigned) {
+      FailTaskLocked(t->first, t->second, "its upload stalled");
+      cv_.SignalAll();
+    }
+  }
+  std::vector<std::shared_ptr<ClientLink>> silent;
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (now - it->second.last_seen > limit) {
+      spdlog::warn("client {} silent for {:.0f}s: dropping it", it->first,
+                   cfg_.server.client_timeout_s);
+      silent.push_back(EndSessionLocked(it, "heartbeat timeout"));
+    } else {
+      ++it;
+    }
+  }
+  if (silent.empty() && stalled.empty()) return;
+  mu_.Unlock();
+  for (auto& r : silent) r->Close(absl::UnavailableError("heartbeat timeout"));
+  for (auto& r : stalled) r->Cancel();
+  mu_.Lock();
+}
+
+void Coordinator::CountSplitUp(int64_t bytes) {
+  CountUp(bytes);
+  if (split_) split_->CountUp(bytes);
+}
+
+void Coordinator::CountSplitDown(int64_t bytes) {
+  CountDown(bytes);
+  if (split_) split_->CountDown(bytes);
+}
+
+void Coordinator::CountLabels(int64_t labels) {
+  if (split_) split_->CountLabels(labels);
+}
+
+int64_t Coordinator::probe_size() const { return SplitDriver::kProbeBytes; }
+
+int Coordinator::SetMaxSessions(int derived) {
+  MutexLock l(&mu_);
+  max_sessions_ = cfg_.server.max_sessions > 0 ? cfg_.server.max_sessions : derived;
+  return max_sessions_;
+}
+
+}  // namespace cleave

@@ -1,0 +1,294 @@
+// Coordinator: uploads. Header checks under the lock, validation and accumulation
+// without it (docs/architecture.md, "The server"), and the blobs clients fetch.
+
+#include "server/coordinator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/printable.h"
+#include "server/scheduler.h"
+
+namespace cleave {
+
+namespace {
+
+// Whether task `t` still takes an upload: OK, or OK with *duplicate when one was already
+// counted; refused when the task failed or another upload of it is being added.
+Status TaskTakesUpload(const std::string& task_id, const TaskRecord& t, bool* duplicate) {
+  switch (t.state) {
+    case TaskState::kAssigned:
+      return absl::OkStatus();
+    case TaskState::kDone:
+      *duplicate = true;
+      return absl::OkStatus();
+    case TaskState::kFailed:
+      return absl::FailedPreconditionError(
+          absl::StrCat("task ", Printable(task_id), " was already counted as failed",
+                       t.failure.empty() ? "" : " (" + t.failure + ")"));
+    case TaskState::kAccumulating:
+      return absl::AbortedError(
+          absl::StrCat("an upload of task ", Printable(task_id), " is being added; retry"));
+  }
+  return absl::InternalError("unknown task state");
+}
+
+}  // namespace
+
+StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
+                                                  const std::string& peer, bool* duplicate) {
+  MutexLock l(&mu_);
+  ASSIGN_OR_RETURN(const Session* s, CheckSenderLocked("upload", h.client_id(), h.session_token(),
+                                                       peer, h.run_id(), h.round()));
+  auto t = tasks_.find(h.task_id());
+  if (t == tasks_.end() || t->second.client_id != h.client_id()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("task ", Printable(h.task_id()), " was not given to client ",
+                     Printable(h.client_id()), " in round ", current_round_));
+  }
+  if (h.round() != t->second.round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "task ", Printable(h.task_id()), " was given in round ", t->second.round, ", not ",
+        h.round()));
+  }
+  RETURN_IF_ERROR(TaskTakesUpload(h.task_id(), t->second, duplicate));
+  if (*duplicate) return int64_t{0};
+  if (h.codec() != t->second.codec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update codec '", Printable(h.codec()), "', the task asked for '", t->second.codec, "'"));
+  }
+  if (h.num_examples() <= 0 || h.num_examples() > s->num_examples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_examples ", h.num_examples(), " is not in [1, ", s->num_examples,
+                     "] (the client's declared data size)"));
+  }
+  if (!std::isfinite(h.train_loss())) {
+    return absl::InvalidArgumentError("train_loss is not finite");
+  }
+  if (h.has_evaluation()) {
+    // Held-out data is at most 90 % of a client's data (--holdout <= 0.9): 9x its
+    // declared training examples.
+    const auto& e = h.evaluation();
+    if (e.examples() < 1 || e.examples() > 9 * s->num_examples || !(e.accuracy() >= 0) ||
+        !(e.accuracy() <= 1) || !std::isfinite(e.loss()) || e.loss() < 0 ||
+        !std::isfinite(e.seconds()) || e.seconds() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "evaluation: examples must be in [1, ", 9 * s->num_examples,
+          "], accuracy in [0, 1], loss and seconds finite and >= 0"));
+    }
+    for (const auto& [k, v] : e.metrics()) {
+      const bool fraction = k == "top5_accuracy" || k == "precision" || k == "recall" || k == "f1";
+      // Text: perplexity is exp(loss) >= 1; bits per byte and tokens counted are >= 0.
+      const bool text = k == "perplexity" || k == "bits_per_byte" || k == "tokens";
+      if (!(fraction || text || k == "mae" || k == "rmse") || !std::isfinite(v) || v < 0 ||
+          (fraction && v > 1) || (k == "perplexity" && v < 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "evaluation: metric '", Printable(k), "' unknown or out of range"));
+      }
+    }
+  }
+  const int64_t expected = t->second.expected_size;
+  if (h.total_size() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "upload announces ", h.total_size(), " bytes; an update of this model has ", expected));
+  }
+  RETURN_IF_ERROR(driver_->CheckUploadLocked(t->second, h));  // split, gossip: their stats
+  return expected;
+}
+
+std::string Coordinator::TakeBuffer(int64_t size) {
+  std::string b;
+  {
+    MutexLock l(&buffers_mu_);
+    if (!buffers_.empty()) {
+      b = std::move(buffers_.back());
+      buffers_.pop_back();
+    }
+  }
+  b.clear();
+  b.reserve(size);
+  return b;
+}
+
+void Coordinator::ReturnBuffer(std::string buffer) {
+  MutexLock l(&buffers_mu_);
+  if (static_cast<int>(buffers_.size()) < cfg_.server.worker_threads) buffers_.push_back(std::move(buffer));
+}
+
+void Coordinator::DropBuffers() {
+  std::vector<std::string> drop;
+  MutexLock l(&buffers_mu_);
+  drop.swap(buffers_);
+}
+
+Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& payload,
+                                  bool* duplicate) {
+  // Structure checks need no lock; the payload is ours.
+  std::vector<TensorView> views;
+  if (h.codec() == "fp32") {
+    ASSIGN_OR_RETURN(views, ParseParameterSet(payload, cfg_.server.max_model_elements));
+  }
+  ClaimedUpload claim;
+  {
+    MutexLock l(&mu_);
+    ASSIGN_OR_RETURN(claim, ClaimUploadLocked(h, payload, duplicate));
+    if (claim.resolved) return absl::OkStatus();
+  }
+  // Model-sized work without the coordinator's lock: uploads are checked and added in
+  // parallel on the workers, each into its own partial sum (shard_mu_).
+  if (opts_.before_accumulate) opts_.before_accumulate();
+  Status s = AddClaimed(h, payload, std::move(views), claim);
+  MutexLock l(&mu_);
+  --accumulating_;
+  cv_.SignalAll();
+  TaskRecord& t = tasks_.at(h.task_id());  // still there: the round waits for us
+  if (!s.ok()) {
+    // Refused: the task is as it was, unless its client left meanwhile.
+    t.state = TaskState::kAssigned;
+    scheduler_->UnadmitLocked();
+    if (!sessions_.count(t.client_id)) FailTaskLocked(h.task_id(), t, "disconnected");
+    return s;
+  }
+  t.resolved_in = current_round_;
+  AcceptLocked(t, h, claim.update.weight, payload.size(), *claim.layout);
+  return absl::OkStatus();
+}
+
+StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::UploadHeader& h,
+                                                                    const std::string& payload,
+                                                                    bool* duplicate) {
+  static const ParameterSet kNothing;  // an evaluation task's upload
+  ClaimedUpload claim;
+  // Re-check under the lock: the round may have closed while we were reading.
+  const bool open = scheduler_->OpenForLocked(h.round());
+  auto t = tasks_.find(h.task_id());
+  if (!open || t == tasks_.end() || t->second.client_id != h.client_id()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", h.round(), " closed before the upload completed"));
+  }
+  TaskRecord& task = t->second;
+  RETURN_IF_ERROR(TaskTakesUpload(h.task_id(), task, duplicate));
+  claim.resolved = *duplicate;
+  if (*duplicate) return claim;
+  if (task.evaluate_only && h.evaluation().examples() == 0) {
+    return absl::InvalidArgumentError("an evaluation task's upload must carry its evaluation");
+  }
+  ASSIGN_OR_RETURN(claim.scale, scheduler_->AdmitLocked(h.task_id(), task, h));
+  const ParameterSet* own = driver_->UploadLayoutLocked(task);  // split: the client part
+  claim.layout = own ? own : task.evaluate_only ? &kNothing : &UpdateLayout();
+  const int64_t weight = round_weights_.Weight(h.num_examples());
+  Status taken;
+  if (driver_->TakeLocked(h, payload, task, &taken)) {  // a masked input, added whole
+    if (!taken.ok()) {
+      scheduler_->UnadmitLocked();
+      return taken;
+    }
+    AcceptLocked(task, h, weight, payload.size(), *claim.layout);
+    claim.resolved = true;
+    return claim;
+  }
+  if (task.evaluate_only) {  // nothing to add
+    AcceptLocked(task, h, weight, payload.size(), *claim.layout);
+    claim.resolved = true;
+    return claim;
+  }
+  claim.add = driver_->ClaimUploadLocked(task);
+  ClientUpdate& update = claim.update;
+  update.client_id = h.client_id();
+  auto s = sessions_.find(h.client_id());
+  update.client_name = s != sessions_.end() ? s->second.name : h.client_id();
+  update.base_version = task.round - 1;
+  update.staleness = task.staleness;
+  update.weight = weight;
+  update.train_loss = h.train_loss();
+  if (scheduler_->Records()) {
+    BufferEntry& record = claim.record.emplace();
+    record.version = current_round_;
+    record.task_round = task.round;
+    record.staleness = task.staleness;
+    record.weight = weight;
+    record.scale = claim.scale;
+    record.train_loss = h.train_loss();
+    record.steps = task.steps;
+    record.client_name = update.client_name;
+    record.codec = h.codec();
+  }
+  task.state = TaskState::kAccumulating;
+  ++accumulating_;
+  return claim;
+}
+
+Status Coordinator::AddClaimed(const v1::UploadHeader& h, const std::string& payload,
+                               std::vector<TensorView> views, ClaimedUpload& claim) {
+  if (h.codec() != "fp32") {
+    // Checked here, then read block by block through the codec like an fp32 update:
+    // no decoded copy is made.
+    ASSIGN_OR_RETURN(views, ViewEncodedTensors(*update_codec_, payload, *claim.layout));
+  }
+  // Bounded values: with bounded weights no sum of updates can overflow, so no upload
+  // can make the model non-finite.
+  RETURN_IF_ERROR(
+      CheckViews(*claim.layout, views, static_cast<float>(cfg_.server.max_update_abs)));
+  for (auto& v : views) v.scale = claim.scale;
+  if (claim.record) {  // durable before it is added (async: the buffer survives a crash)
+    claim.record->payload = payload;
+    RETURN_IF_ERROR(scheduler_->Record(*claim.record));
+  }
+  if (claim.add) return claim.add(views, claim.update.weight);
+  claim.update.delta = std::move(views);
+  // Each worker adds into its own partial sum; threads outside the pool share the last.
+  const int w = pool_.WorkerIndex();
+  const int shard = w >= 0 ? w : shards_ - 1;
+  MutexLock a(&shard_mu_[shard]);
+  strategy_->Accumulate(claim.update, shard);
+  return absl::OkStatus();
+}
+
+void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t weight,
+                               size_t payload_size, const ParameterSet& layout) {
+  if (h.codec() != "fp32") {
+    SavedUp(static_cast<int64_t>(layout.EncodedSize()) - static_cast<int64_t>(payload_size));
+  }
+  update_bytes_ += static_cast<int64_t>(payload_size);
+  t.state = TaskState::kDone;
+  t.train_loss = h.train_loss();
+  t.num_examples = weight;
+  t.evaluation = h.evaluation();
+  if (h.evaluation().examples() > 0) clients_evaluate_ = true;
+  t.train_seconds = h.train_seconds();
+  if (auto s = sessions_.find(t.client_id); s != sessions_.end() && !t.evaluate_only) {
+    ++s->second.done;
+    s->second.task_s = h.train_seconds();
+  }
+  t.done_at = clock_->Now();
+  driver_->AcceptedLocked(t, h);
+  scheduler_->AcceptedLocked(t, h);
+  if (t.evaluate_only) {
+    spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
+                 current_round_, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
+  } else {
+    spdlog::info("round {}: update from {} accepted ({} examples, weight {}, loss {:.4f}, {:.1f}s)",
+                 current_round_, h.client_id(), h.num_examples(), weight, h.train_loss(),
+                 h.train_seconds());
+  }
+  cv_.SignalAll();
+}
+
+StatusOr<std::shared_ptr<const std::string>> Coordinator::FindBlob(const v1::FetchRequest& req,
+                                                                   const std::string& peer,
+                                                                   int64_t* fp32_size) {
+  MutexLock l(&mu_);
+  RETURN_IF_ERROR(SessionLocked(req.client_id(), req.session_token(), peer).status());
+  auto b = blobs_.find(req.digest());
+  if (b == blobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no blob ", Printable(req.digest()), " (stale model version?)"));
+  }
+  auto f = fp32_sizes_.find(req.digest());
+  *fp32_size = f == fp32_sizes_.end() ? static_cast<int64_t>(b->second->size()) : f->second;
+  return b->second;
+}
+
+}  // namespace cleave

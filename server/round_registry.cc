@@ -1,0 +1,49 @@
+#include "server/round_registry.h"
+
+#include "core/config.h"
+#include "server/gossip_driver.h"
+#include "server/scheduler.h"
+#include "server/secagg_driver.h"
+#include "server/split_driver.h"
+
+namespace cleave {
+
+Registry<SchedulerKind>& Schedulers() {
+  static Registry<SchedulerKind>* schedulers = [] {
+    auto* r = new Registry<SchedulerKind>("scheduler.mode");
+    auto sync = [](RoundContext& ctx, RoundDriver& driver) -> std::unique_ptr<RoundScheduler> {
+      const SplitConfig& split = ctx.config().split;
+      if (split.enabled() && split.mode == "sl") return std::make_unique<TurnRounds>(ctx, driver);
+      return std::make_unique<SyncRounds>(ctx, driver);
+    };
+    r->AddBuiltin("sync", {sync});
+    r->AddBuiltin("async", {[](RoundContext& ctx, RoundDriver&) -> std::unique_ptr<RoundScheduler> {
+                    return std::make_unique<AsyncBuffers>(ctx);
+                  }});
+    r->AddBuiltin("gossip", {sync});
+    return r;
+  }();
+  return *schedulers;
+}
+
+Registry<DriverKind>& RoundDrivers() {
+  static Registry<DriverKind>* drivers = [] {
+    auto* r = new Registry<DriverKind>("round driver");
+    r->AddBuiltin("split", {[](const JobConfig& c) { return c.split.enabled(); },
+                            [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
+                              return std::make_unique<SplitDriver>(ctx);
+                            }});
+    r->AddBuiltin("secagg", {[](const JobConfig& c) { return c.secure_aggregation.enabled; },
+                             [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
+                               return std::make_unique<SecAggDriver>(ctx);
+                             }});
+    r->AddBuiltin("gossip", {[](const JobConfig& c) { return c.scheduler.gossip(); },
+                             [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
+                               return std::make_unique<GossipDriver>(ctx);
+                             }});
+    return r;
+  }();
+  return *drivers;
+}
+
+}  // namespace cleave
