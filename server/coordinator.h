@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "aggregation/staleness.h"
 #include "aggregation/strategy.h"
 #include "aggregation/weighting.h"
 #include "cleave/v1/cleave.pb.h"
@@ -45,10 +44,8 @@ namespace cleave {
 
 class RoundScheduler;  // server/scheduler.h
 class SyncRounds;
-class AsyncBuffers;
 class SecAggDriver;  // server/secagg_driver.h
 class SplitDriver;   // server/split_driver.h
-class GossipDriver;  // server/gossip_driver.h
 
 // Constant-time comparison, so response timing does not leak a token byte by byte.
 bool TokenMatches(const std::string& expected, const std::string& given);
