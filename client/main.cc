@@ -16,23 +16,19 @@
 
 namespace {
 
-// The command line.
+// The command line: the client's options it sets directly, and the rest.
 struct Flags {
-  std::string server, data_spec, partition, name, log_level = "info", log_format = "text";
+  cleave::ClientOptions client;
+  std::string data_spec, partition, log_level = "info", log_format = "text";
   int torch_threads = 1;
-  double give_up_after = 600;
   double holdout = 0;
-  std::string state_dir;
-  std::string tls_ca, tls_cert, tls_key, token_file;
-  bool insecure = false;
-  std::string attack;
-  cleave::DeviceEmulation emulation;
+  std::string token_file;
   int64_t memory_limit_mb = 0;
-  std::string peer_listen, peer_advertise, metrics_listen;
+  std::string metrics_listen;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
-  app.add_option("--server", f.server, "coordinator address HOST:PORT")->required();
+  app.add_option("--server", f.client.server, "coordinator address HOST:PORT")->required();
   app.add_option("--data", f.data_spec,
                  "local data: SOURCE:PATH[,OPTION...], e.g. idx:DIR, folder:DIR,size=32, "
                  "csv:FILE,label=y (docs/configuration.md)")
@@ -44,38 +40,41 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "keep this fraction of the local data to evaluate the global model on "
                  "(federated evaluation)")
       ->check(CLI::Range(0.0, 0.9));
-  app.add_option("--state-dir", f.state_dir,
+  app.add_option("--state-dir", f.client.state_dir,
                  "keep this device's personal layers (model.personal) in DIR/personal.pb "
                  "across restarts");
-  app.add_option("--name", f.name, "client name shown by the server (with --cert: its CN)");
-  app.add_option("--ca", f.tls_ca, "federation CA certificate: speak TLS and verify the server");
-  app.add_option("--cert", f.tls_cert, "this client's certificate, for mutual TLS")->needs("--ca");
-  app.add_option("--key", f.tls_key, "this client's private key")->needs("--cert");
-  app.add_flag("--insecure", f.insecure, "talk to the server in plaintext (no --ca)")
+  app.add_option("--name", f.client.name, "client name shown by the server (with --cert: its CN)");
+  app.add_option("--ca", f.client.tls_ca,
+                 "federation CA certificate: speak TLS and verify the server");
+  app.add_option("--cert", f.client.tls_cert, "this client's certificate, for mutual TLS")
+      ->needs("--ca");
+  app.add_option("--key", f.client.tls_key, "this client's private key")->needs("--cert");
+  app.add_flag("--insecure", f.client.insecure, "talk to the server in plaintext (no --ca)")
       ->excludes("--ca");
   app.add_option("--token-file", f.token_file,
                  "bearer token to present on every call (the server's auth.token_file)")
       ->needs("--ca");
-  app.add_option("--attack", f.attack,
+  app.add_option("--attack", f.client.attack,
                  "simulate an attacker (experiments): " + cleave::AttackNames().List())
       ->check(CLI::IsMember(cleave::AttackNames().names));
   app.add_option("--torch-threads", f.torch_threads, "LibTorch intra-op threads (default 1)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--give-up-after", f.give_up_after, "seconds without reaching the server");
+  app.add_option("--give-up-after", f.client.give_up_after_s,
+                 "seconds without reaching the server");
   cleave::AddLogOptions(app, &f.log_level, &f.log_format);
-  app.add_option("--emulate-uplink-mbps", f.emulation.uplink_mbps,
+  app.add_option("--emulate-uplink-mbps", f.client.emulation.uplink_mbps,
                  "emulate an uplink of this many Mbit/s (token bucket; 0 = off)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--emulate-downlink-mbps", f.emulation.downlink_mbps,
+  app.add_option("--emulate-downlink-mbps", f.client.emulation.downlink_mbps,
                  "emulate a downlink of this many Mbit/s (0 = off)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--emulate-slowdown", f.emulation.slowdown,
+  app.add_option("--emulate-slowdown", f.client.emulation.slowdown,
                  "emulate a device this many times slower at computing (>= 1)")
       ->check(CLI::Range(1.0, 1000.0));
-  app.add_option("--peer-listen", f.peer_listen,
+  app.add_option("--peer-listen", f.client.peer_listen,
                  "serve the Peer service on HOST:PORT (port 0 picks one) to take part in "
                  "gossip rounds (scheduler.mode: gossip)");
-  app.add_option("--peer-advertise", f.peer_advertise,
+  app.add_option("--peer-advertise", f.client.peer_advertise,
                  "the HOST:PORT neighbours dial (default: --peer-listen's host, bound port)")
       ->needs("--peer-listen");
   app.add_option("--memory-limit-mb", f.memory_limit_mb,
@@ -100,7 +99,7 @@ cleave::Status LoadData(const Flags& f, cleave::ClientOptions* opts) {
 
 // The client's options from the command line (messages for the operator on errors).
 cleave::StatusOr<cleave::ClientOptions> MakeOptions(const Flags& f) {
-  cleave::ClientOptions opts;
+  cleave::ClientOptions opts = f.client;
   if (!f.token_file.empty()) {
     auto token = cleave::ReadBearerToken(f.token_file);
     if (!token.ok()) {
@@ -109,24 +108,14 @@ cleave::StatusOr<cleave::ClientOptions> MakeOptions(const Flags& f) {
     opts.token = *token;
   }
   RETURN_IF_ERROR(LoadData(f, &opts));
-  opts.server = f.server;
-  opts.name = f.name;
-  opts.peer_listen = f.peer_listen;
-  opts.peer_advertise = f.peer_advertise;
-  if (!f.state_dir.empty()) {
+  if (!opts.state_dir.empty()) {
     std::error_code ec;
-    std::filesystem::create_directories(f.state_dir, ec);
-    if (ec) return absl::InvalidArgumentError("--state-dir " + f.state_dir + ": " + ec.message());
-    opts.state_dir = f.state_dir;
+    std::filesystem::create_directories(opts.state_dir, ec);
+    if (ec) {
+      return absl::InvalidArgumentError("--state-dir " + opts.state_dir + ": " + ec.message());
+    }
   }
-  opts.give_up_after_s = f.give_up_after;
-  opts.emulation = f.emulation;
   opts.memory_limit_bytes = f.memory_limit_mb << 20;
-  opts.tls_ca = f.tls_ca;
-  opts.tls_cert = f.tls_cert;
-  opts.tls_key = f.tls_key;
-  opts.insecure = f.insecure;
-  opts.attack = f.attack;
   return opts;
 }
 
@@ -137,16 +126,17 @@ int main(int argc, char** argv) {
   Flags f;
   AddFlags(app, f);
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  if (f.tls_cert.empty() != f.tls_key.empty()) {
+  if (f.client.tls_cert.empty() != f.client.tls_key.empty()) {
     std::cerr << "--cert and --key go together\n";
     return 2;
   }
-  if (f.tls_ca.empty() && !f.insecure) {
+  if (f.client.tls_ca.empty() && !f.client.insecure) {
     std::cerr << "cleave-client: give --ca (the federation CA) to talk TLS, or --insecure for "
                  "plaintext\n";
     return 2;
   }
-  if (auto s = cleave::SetupLogging(f.name.empty() ? "client" : f.name, "", f.log_level, "",
+  const std::string& name = f.client.name;
+  if (auto s = cleave::SetupLogging(name.empty() ? "client" : name, "", f.log_level, "",
                                     f.log_format);
       !s.ok()) {
     std::cerr << "cleave-client: " << s.message() << "\n";
@@ -158,22 +148,25 @@ int main(int argc, char** argv) {
     std::cerr << "cleave-client: " << opts.status().message() << "\n";
     return 2;
   }
-  const cleave::DeviceEmulation& e = f.emulation;
+  const cleave::DeviceEmulation& e = f.client.emulation;
   if (e.slowdown > 1 || e.uplink_mbps > 0 || e.downlink_mbps > 0) {
     spdlog::info("emulating a device: compute slowdown {}x, uplink {} Mbit/s, downlink {} "
                  "Mbit/s (0 = not limited)",
                  e.slowdown, e.uplink_mbps, e.downlink_mbps);
   }
-  if (!f.attack.empty()) spdlog::warn("--attack {}: this client sends malicious updates", f.attack);
-  if (f.insecure) spdlog::warn("--insecure: talking to the server in plaintext");
+  if (!f.client.attack.empty()) {
+    spdlog::warn("--attack {}: this client sends malicious updates", f.client.attack);
+  }
+  if (f.client.insecure) spdlog::warn("--insecure: talking to the server in plaintext");
   cleave::Client client(*std::move(opts));
   std::unique_ptr<cleave::HttpEndpoint> metrics;
   if (!f.metrics_listen.empty()) {
     std::map<std::string, cleave::HttpEndpoint::Page> pages;
     pages["/metrics"] = {"text/plain; version=0.0.4; charset=utf-8",
                          [&client] { return cleave::ClientMetricsText(client.State()); }};
-    auto endpoint = cleave::HttpEndpoint::Start("--metrics-listen", f.metrics_listen, f.tls_cert,
-                                                f.tls_key, "--cert and --key", std::move(pages));
+    auto endpoint =
+        cleave::HttpEndpoint::Start("--metrics-listen", f.metrics_listen, f.client.tls_cert,
+                                    f.client.tls_key, "--cert and --key", std::move(pages));
     if (!endpoint.ok()) {
       std::cerr << "cleave-client: " << endpoint.status().message() << "\n";
       return 2;

@@ -7,7 +7,6 @@
 #include "absl/strings/str_join.h"
 #include "models/fast_trainer.h"
 #include "models/gpt.h"
-#include "models/names.h"
 
 namespace cleave {
 namespace {

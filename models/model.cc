@@ -18,7 +18,6 @@
 #include "models/fast_trainer.h"
 #include "models/gpt.h"
 #include "models/losses.h"
-#include "models/names.h"
 #include "models/optimizers.h"
 #include "models/optimizer_step.h"
 #include "models/torch_stages.h"
@@ -262,9 +261,9 @@ StatusOr<const LossKind*> LossFor(const std::string& loss, const Dataset& data) 
 // term and gradient clipping (torch.nn.utils.clip_grad_norm_). Fused per parameter.
 class LocalOptimizer {
  public:
-  // `o.optimizer` is a registered optimizer.
-  LocalOptimizer(std::vector<torch::Tensor> params, const LocalTrainOptions& o)
-      : params_(std::move(params)), o_(o), kind_(*Optimizers().Find(o.optimizer)) {
+  LocalOptimizer(std::vector<torch::Tensor> params, const LocalTrainOptions& o,
+                 const OptimizerKind& kind)
+      : params_(std::move(params)), o_(o), kind_(kind) {
     for (auto& p : params_) {
       if (o.proximal_mu > 0) anchor_.push_back(p.detach().clone());
       first_.push_back(torch::zeros_like(p));
@@ -301,7 +300,7 @@ class LocalOptimizer {
 
 StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& o) {
   if (data.size == 0) return absl::FailedPreconditionError("no training data");
-  RETURN_IF_ERROR(OptimizerNames().Check(o.optimizer));
+  ASSIGN_OR_RETURN(const OptimizerKind* optimizer_kind, Optimizers().Get(o.optimizer));
   ASSIGN_OR_RETURN(const LossKind* loss_kind, LossFor(o.loss, data));
   const auto start = std::chrono::steady_clock::now();
   TrainStats stats;
@@ -311,7 +310,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
     for (auto& [name, t] : impl_->NamedParameters()) {
       if (t.requires_grad()) params.push_back(t);
     }
-    LocalOptimizer optimizer(params, o);
+    LocalOptimizer optimizer(params, o, *optimizer_kind);
     // FastTrainer's loss is plain cross-entropy.
     const bool fast = impl_->fast && o.loss == "cross_entropy" && o.label_smoothing == 0;
     impl_->SetTraining(true);

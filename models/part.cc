@@ -9,7 +9,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "models/names.h"
+#include "models/optimizers.h"
 #include "models/optimizer_step.h"
 #include "models/torch_stages.h"
 

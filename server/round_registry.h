@@ -14,11 +14,11 @@
 #include <memory>
 
 #include "core/registry.h"
-#include "server/round_context.h"
-#include "server/round_driver.h"
 
 namespace cleave {
 
+class RoundContext;    // server/round_context.h
+class RoundDriver;     // server/round_driver.h
 class RoundScheduler;  // server/scheduler.h
 struct JobConfig;
 
