@@ -114,9 +114,9 @@ namespace {
 
 class FedAvgFamily : public Strategy {
  public:
-  FedAvgFamily(std::string name, ServerRule rule, const JobConfig& c)
-      : name_(std::move(name)), rule_(rule), clients_(c.clients), s_(c.strategy),
-        train_(c.train), rounds_(c.run.rounds), fit_(FitOf(c.train)) {
+  FedAvgFamily(std::string name, ServerRule rule, const StrategyJob& c)
+      : name_(std::move(name)), rule_(rule), per_round_(c.per_round), fraction_(c.fraction),
+        s_(c.strategy), train_(c.train), rounds_(c.rounds), fit_(FitOf(c.train)) {
     fit_.proximal_mu = name_ == "fedprox" ? c.strategy.proximal_mu : 0.0;
   }
 
@@ -128,8 +128,7 @@ class FedAvgFamily : public Strategy {
     plan.fit = fit_;
     plan.fit.lr = ScheduledLr(train_, round, rounds_);
     const int n = static_cast<int>(available.size());
-    int k = clients_.per_round > 0 ? clients_.per_round
-                                   : static_cast<int>(std::ceil(clients_.fraction * n));
+    int k = per_round_ > 0 ? per_round_ : static_cast<int>(std::ceil(fraction_ * n));
     k = std::max(1, std::min(k, n));
     std::vector<std::string> pool = available;
     // Partial Fisher-Yates: the first k of a seeded shuffle.
@@ -270,7 +269,8 @@ class FedAvgFamily : public Strategy {
 
   const std::string name_;
   const ServerRule rule_;
-  const ClientsConfig clients_;
+  const int per_round_;
+  const double fraction_;
   const StrategyConfig s_;
   const TrainConfig train_;
   const int64_t rounds_;
@@ -284,14 +284,14 @@ class FedAvgFamily : public Strategy {
 }  // namespace
 
 std::unique_ptr<Strategy> MakeFedAvgFamily(const std::string& name, ServerRule rule,
-                                           const JobConfig& config) {
-  return std::make_unique<FedAvgFamily>(name, rule, config);
+                                           const StrategyJob& job) {
+  return std::make_unique<FedAvgFamily>(name, rule, job);
 }
 
-StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config) {
+StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const StrategyJob& config) {
   ASSIGN_OR_RETURN(const StrategyKind* kind, Strategies().Get(config.strategy.name));
   ASSIGN_OR_RETURN(std::unique_ptr<Strategy> s, kind->make(config));
-  if (absl::EndsWith(config.compression.update, ":ef21")) s = MakeEstimateStrategy(std::move(s));
+  if (absl::EndsWith(config.update_codec, ":ef21")) s = MakeEstimateStrategy(std::move(s));
   if (config.aggregation.rule != "mean") s = MakeRobustStrategy(std::move(s), config.aggregation);
   // DP noise must not be predictable from the job's seed: it comes from the OS.
   if (config.dp.enabled) s = MakeDpStrategy(std::move(s), config.dp, std::random_device{}());

@@ -12,9 +12,9 @@ namespace cleave {
 enum class ServerRule { kSgd, kMomentum, kNesterov, kAdagrad, kAdam, kYogi };
 
 // A FedAvg-family strategy called `name` with `rule`, configured from the job's
-// clients, train, strategy and run sections. FedProx is fedavg whose clients train
+// clients, train, strategy and run sections (StrategyJob). FedProx is fedavg whose clients train
 // with strategy.proximal_mu (name "fedprox").
 std::unique_ptr<Strategy> MakeFedAvgFamily(const std::string& name, ServerRule rule,
-                                           const JobConfig& config);
+                                           const StrategyJob& job);
 
 }  // namespace cleave

@@ -8,7 +8,7 @@ namespace cleave {
 namespace {
 
 StrategyKind Family(const std::string& name, ServerRule rule, double default_server_lr) {
-  return {[name, rule](const JobConfig& c) -> StatusOr<std::unique_ptr<Strategy>> {
+  return {[name, rule](const StrategyJob& c) -> StatusOr<std::unique_ptr<Strategy>> {
             return MakeFedAvgFamily(name, rule, c);
           },
           default_server_lr};

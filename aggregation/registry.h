@@ -18,7 +18,7 @@ namespace cleave {
 struct StrategyKind {
   // Builds the bare strategy from the job (CreateStrategy adds the wrappers: robust
   // rule, DP, EF21). Settings errors are INVALID_ARGUMENT naming the key.
-  std::function<StatusOr<std::unique_ptr<Strategy>>(const JobConfig&)> make;
+  std::function<StatusOr<std::unique_ptr<Strategy>>(const StrategyJob&)> make;
   // strategy.server_lr when the job leaves it out (0.1 for the adaptive optimizers of
   // Reddi et al., 0.7 for DiLoCo's outer Nesterov step, else 1).
   double default_server_lr = 1.0;

@@ -5,12 +5,14 @@
 
 namespace cleave {
 
-double StalenessFactor(const SchedulerConfig& c, int64_t s) {
-  if (s <= 0 || c.staleness == "constant") return 1.0;
-  const double a = c.staleness_exponent;
-  if (c.staleness == "hinge") {
-    return s <= c.staleness_hinge ? 1.0 : 1.0 / (1.0 + a * static_cast<double>(s - c.staleness_hinge));
-  }
+const NameTable& StalenessNames() {
+  static const NameTable t{"scheduler.staleness", {"constant", "polynomial", "hinge"}};
+  return t;
+}
+
+double StalenessFactor(const std::string& rule, double a, int b, int64_t s) {
+  if (s <= 0 || rule == "constant") return 1.0;
+  if (rule == "hinge") return s <= b ? 1.0 : 1.0 / (1.0 + a * static_cast<double>(s - b));
   return std::pow(1.0 + static_cast<double>(s), -a);
 }
 

@@ -2,17 +2,22 @@
 // computed from an older model version counts when it is applied to a newer one.
 #pragma once
 
-#include "core/config.h"
+#include <cstdint>
+#include <string>
+
+#include "core/names.h"
 
 namespace cleave {
 
 // The factor an update of staleness `s` (model versions applied since the one it was
-// trained from; s >= 0) is scaled by, for scheduler.staleness:
+// trained from; s >= 0) is scaled by, for `rule` (scheduler.staleness):
 //   constant:   1
 //   polynomial: (1 + s)^-a                     (a = scheduler.staleness_exponent)
 //   hinge:      1 for s <= b, else 1 / (1 + a (s - b))   (b = scheduler.staleness_hinge)
 // Updates staler than scheduler.max_staleness are refused before this is asked.
-double StalenessFactor(const SchedulerConfig& c, int64_t s);
+double StalenessFactor(const std::string& rule, double a, int b, int64_t s);
+// The rules StalenessFactor knows (scheduler.staleness).
+const NameTable& StalenessNames();
 
 // Staleness control (scheduler.target_staleness, after DySTop's dynamic staleness
 // control): what the server knows of one client's speed, from its finished tasks.

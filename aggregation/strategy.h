@@ -30,10 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
+#include "aggregation/options.h"
 #include "core/fit.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
+#include "privacy/options.h"
 
 namespace cleave {
 
@@ -151,10 +152,23 @@ class Strategy {
   virtual std::map<std::string, double> RoundStats() const { return {}; }
 };
 
-// Builds the strategy that `config.strategy.name` names (fedavg, fedprox, fedavgm,
-// fedadam, fedyogi, fedadagrad) with the job's training and client settings, wrapped
-// in a robust rule (`aggregation.rule`) or DP-FedAvg (`dp`) when the job asks: the
-// wrapper reduces the round's updates to one, which the inner strategy then applies.
-StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config);
+// What a strategy is built from: its own sections, and what it reads of others (the
+// server fills it from the job, StrategyJobOf in server/options.h).
+struct StrategyJob {
+  StrategyConfig strategy;
+  AggregationConfig aggregation;
+  DpConfig dp;
+  TrainConfig train;                  // what clients train with; the schedule of train.lr
+  int64_t rounds = 10;                // run.rounds: the schedule's length
+  int per_round = 0;                  // clients.per_round: sampled per round; 0 = fraction
+  double fraction = 1.0;              // clients.fraction
+  std::string update_codec = "none";  // compression.update (":ef21" wraps the strategy)
+};
+
+// Builds the strategy that `job.strategy.name` names (a Strategies() name) with the
+// job's training and client settings, wrapped in a robust rule (`aggregation.rule`) or
+// DP-FedAvg (`dp`) when the job asks: the wrapper reduces the round's updates to one,
+// which the inner strategy then applies.
+StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const StrategyJob& job);
 
 }  // namespace cleave

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/config.h"
+#include "aggregation/options.h"
 
 namespace cleave {
 

@@ -21,12 +21,11 @@
 
 #include "client/client.h"
 #include "client/shared.h"
-#include "core/config.h"
 #include "data/dataset.h"
+#include "job/job.h"
 #include "models/model.h"
 #include "server/edge.h"
 #include "server/server.h"
-#include "job/job.h"
 
 namespace cleave {
 namespace {

@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   }
   const std::string bytes = delta.Encode();
   auto views = *ParseParameterSet(bytes);
-  auto strategy = *CreateStrategy(JobConfig{});
+  auto strategy = *CreateStrategy(StrategyJob{});
   strategy->BeginRound(global, 1);
   std::string sink(bytes.size(), '\0');
 

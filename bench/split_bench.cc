@@ -25,13 +25,12 @@
 #include "absl/strings/str_cat.h"
 #include "bench/spawn.h"
 #include "client/client.h"
-#include "core/config.h"
 #include "data/dataset.h"
+#include "job/job.h"
 #include "models/model.h"
 #include "models/part.h"
 #include "server/server.h"
 #include "split/cut_policy.h"
-#include "job/job.h"
 
 using namespace cleave;
 
@@ -85,7 +84,7 @@ CutPrediction Predict(const Workload& w, const std::string& split, int cut, int 
                       int64_t limit_mb) {
   auto config = ParseJob(Yaml(w, split, 1, batch, 1), "");
   if (!config.ok()) std::exit(2);
-  const ModelSpec spec = ModelSpecOf(*config);
+  const ModelSpec spec = ModelSpecOf(config->model, config->run.seed);
   const std::vector<int64_t> sample =
       spec.name == "gpt" ? std::vector<int64_t>{spec.gpt.context} : spec.input_shape;
   auto profile = ProfileStages(spec, sample, batch, 1);

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/clock.h"
-#include "core/config.h"
+#include "core/device_trace.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
 #include "data/dataset.h"
@@ -76,7 +76,7 @@ struct ClientOptions {
   std::string token;
 
   // Attack simulation for robustness experiments (cleave-client --attack): what this
-  // client sends instead of its honest update. Empty = honest. See AttackNames() (core/config.h).
+  // client sends instead of its honest update. Empty = honest. See AttackNames() (client/attacks.h).
   std::string attack;
 
   // Edge aggregation (cleave-server --upstream, server/edge.h): a task's work is done by

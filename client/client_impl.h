@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/attacks.h"
 #include "client/emulation.h"
 #include "client/gossip.h"
 #include "client/shared.h"

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <thread>
 
+#include "client/attacks.h"
 #include "client/client.h"
 #include "core/cli.h"
 #include "core/http_endpoint.h"

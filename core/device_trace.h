@@ -19,10 +19,18 @@
 #include <utility>
 #include <vector>
 
-#include "core/config.h"
 #include "core/status.h"
 
 namespace cleave {
+
+// A device to emulate (cleave-client --emulate-*, local.profiles, a trace's line): link
+// speed, slower compute, memory.
+struct DeviceEmulation {
+  double uplink_mbps = 0;        // 0 = not limited
+  double downlink_mbps = 0;
+  double slowdown = 1;           // compute takes this many times longer
+  int64_t memory_limit_mb = 0;   // declared to the server's cut policy; 0 = none
+};
 
 struct DeviceTrace {
   DeviceEmulation device;  // slowdown, uplink_mbps, downlink_mbps (0 = not limited)

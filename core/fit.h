@@ -1,6 +1,6 @@
 // FitSettings: what a device trains with in one task, as one type from the job config to
-// the optimizer step. The job's train section gives the run's settings (FitOf,
-// core/config.h); a Strategy decides each round's (RoundPlan, with the scheduled
+// the optimizer step. The job's train section (TrainConfig, below) gives the run's
+// settings (FitOf); a Strategy decides each round's (RoundPlan, with the scheduled
 // learning rate); the task carries them on the wire (proto/train_config.h converts
 // both ways, field for field); the trainer takes them as LocalTrainOptions
 // (models/model.h), which adds only the batch seed and a cancel flag.
@@ -8,6 +8,9 @@
 
 #include <cstdint>
 #include <string>
+
+#include "core/config_section.h"
+#include "core/names.h"
 
 namespace cleave {
 
@@ -28,5 +31,50 @@ struct FitSettings {
   double label_smoothing = 0.0;  // cross-entropy's label smoothing, in [0, 1)
   double proximal_mu = 0.0;      // FedProx: adds mu/2 * ||w - w_start||^2 to the loss
 };
+
+
+// The train section of a job config: the run's training settings and the schedule of
+// its learning rate. core's own section because every layer shares it: strategies
+// schedule it, the wire carries it, the trainer steps with it. Its loss and optimizer
+// are names in the models' registries (models/names.h), which the job layer checks.
+struct TrainConfig {
+  int local_epochs = 1;          // train.local_epochs
+  int64_t local_steps = 0;       // train.local_steps: batches per task instead of epochs (0 = off)
+  int batch_size = 64;           // train.batch_size
+  // train.loss: a Losses() name (models/losses.h): cross_entropy | bce | mse | mae |
+  // torchscript (loss_path)
+  std::string loss = "cross_entropy";
+  std::string loss_path;  // train.loss_path: the TorchScript loss's archive
+  std::string optimizer = "sgd"; // train.optimizer: an Optimizers() name: sgd | adam | adamw
+  double lr = 0.05;              // train.lr (the schedule's starting rate)
+  double momentum = 0.9;         // train.momentum (sgd)
+  bool nesterov = false;         // train.nesterov (sgd with momentum)
+  double weight_decay = 0.0;     // train.weight_decay (adamw: decoupled)
+  double clip_norm = 0;          // train.clip_norm: the gradient's global L2 norm bound (0 = off)
+  double label_smoothing = 0;    // train.label_smoothing
+  // The learning rate of each round (ScheduledLr): warm-up, then the schedule.
+  std::string schedule = "constant";  // train.schedule: constant | step | cosine
+  int warmup_rounds = 0;         // train.warmup_rounds: linear warm-up from lr / W
+  int step_rounds = 10;          // train.step_rounds: step: multiply by step_gamma this often
+  double step_gamma = 0.1;       // train.step_gamma
+  double lr_min = 0;             // train.lr_min: cosine's final rate
+};
+
+// The run's training settings (train.*, train.lr unscheduled; FedProx's mu is the
+// strategy's and stays 0 here).
+FitSettings FitOf(const TrainConfig& t);
+
+// The learning rate clients train with in `round` (1-based) of a run of `rounds`.
+// Warm-up: lr * r / W for the first W rounds (torch.optim.lr_scheduler.LinearLR from
+// 1/W); then, counting rounds from the end of the warm-up (k = 0, 1, ...): constant lr;
+// step: lr * gamma^(k / step_rounds) (StepLR); cosine: lr_min + (lr - lr_min)(1 +
+// cos(pi k / K)) / 2 over the K = rounds - W remaining rounds (CosineAnnealingLR).
+double ScheduledLr(const TrainConfig& t, int64_t round, int64_t rounds);
+// The schedules ScheduledLr knows.
+const NameTable& ScheduleNames();
+
+// The section (core/config_section.h). CheckTrain checks ranges and the schedule.
+void ReadTrain(ConfigSection& s, TrainConfig& c);
+Status CheckTrain(TrainConfig& c);
 
 }  // namespace cleave

@@ -2,10 +2,10 @@
 // optimizer, a loss, a schedule, a split mode, an attack, a codec, a data source. Kinds
 // that anyone may extend keep their names in a Registry (core/registry.h) of the module
 // that implements them, whose Table() is a NameTable; fixed choices are a NameTable in
-// a torch-free header of their module (models/names.h, split/names.h; core/config.h
-// for core's own sections). The config's validation, the module's factory, its error messages and the tests that
-// hold docs/configuration.md to the names all read that one table, so they cannot
-// drift apart.
+// a torch-free header of their module (models/names.h, split/names.h, the modules'
+// options.h). The config's validation, the module's factory, its error messages and
+// the tests that hold docs/configuration.md to the names all read that one table, so
+// they cannot drift apart.
 #pragma once
 
 #include <algorithm>

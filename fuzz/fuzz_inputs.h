@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
 #include "core/parameter_set.h"
+#include "privacy/options.h"
 #include "server/secagg_round.h"
 
 namespace cleave::fuzz {

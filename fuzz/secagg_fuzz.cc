@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "core/config.h"
 #include "fuzz/fuzz_inputs.h"
+#include "privacy/options.h"
 #include "server/secagg_round.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -677,9 +677,8 @@ Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std:
   return absl::OkStatus();
 }
 
-ModelSpec ModelSpecOf(const JobConfig& c) {
-  const ModelConfig& m = c.model;
-  return {m.name, "", c.run.seed, m.input, m.classes, m.gpt, m.lora};
+ModelSpec ModelSpecOf(const ModelConfig& m, uint64_t seed) {
+  return {m.name, "", seed, m.input, m.classes, m.gpt, m.lora};
 }
 
 StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {

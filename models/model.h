@@ -29,11 +29,11 @@
 #include <string>
 #include <vector>
 
-#include "core/config.h"
 #include "core/fit.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
 #include "data/dataset.h"
+#include "models/options.h"
 
 namespace cleave {
 
@@ -47,9 +47,9 @@ struct ModelSpec {
   LoraConfig lora{};                               // adapters, for name == "gpt"
 };
 
-// The model a job describes (its model section, initialised from run.seed); for
+// The model a job's model section describes, initialised from `seed` (run.seed); for
 // torchscript the caller reads model.path into `torchscript`.
-ModelSpec ModelSpecOf(const JobConfig& config);
+ModelSpec ModelSpecOf(const ModelConfig& model, uint64_t seed);
 
 // The built-in model names (without torchscript), for validation and messages.
 std::vector<std::string> BuiltinModelNames();

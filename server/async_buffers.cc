@@ -9,8 +9,8 @@
 #include "aggregation/staleness.h"
 #include "aggregation/strategy.h"
 #include "compression/codec.h"
-#include "core/config.h"
 #include "models/model.h"
+#include "server/options.h"
 #include "server/scheduler.h"
 #include "server/server.h"
 
@@ -58,7 +58,9 @@ StatusOr<float> AsyncBuffers::AdmitLocked(const std::string& task_id, TaskRecord
   }
   t.staleness = staleness;
   ++claimed_;
-  return static_cast<float>(StalenessFactor(cfg().scheduler, staleness));
+  const SchedulerConfig& sc = cfg().scheduler;
+  return static_cast<float>(
+      StalenessFactor(sc.staleness, sc.staleness_exponent, sc.staleness_hinge, staleness));
 }
 
 int AsyncBuffers::VersionsKept() const { return cfg().scheduler.max_staleness + 1; }

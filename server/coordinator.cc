@@ -28,7 +28,8 @@ Status Coordinator::Init() {
   ASSIGN_OR_RETURN(const ModelSpec spec, LoadModelLocked());
   RETURN_IF_ERROR(SplitLayoutLocked());
   RETURN_IF_ERROR(LoadDataLocked(spec));
-  ASSIGN_OR_RETURN(strategy_, opts_.strategy ? opts_.strategy(cfg_) : CreateStrategy(cfg_));
+  const StrategyJob strategy_job = StrategyJobOf(cfg_);
+  ASSIGN_OR_RETURN(strategy_, opts_.strategy ? opts_.strategy(strategy_job) : CreateStrategy(strategy_job));
   RETURN_IF_ERROR(MakeCodecs());
   if (split_) {
     split_->mu().AssertHeld();  // this->mu_
@@ -74,7 +75,7 @@ Status Coordinator::ChooseRoundsLocked() {
 }
 
 StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
-  ModelSpec spec = ModelSpecOf(cfg_);
+  ModelSpec spec = ModelSpecOf(cfg_.model, cfg_.run.seed);
   if (cfg_.model.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
     auto blob = std::make_shared<const std::string>(spec.torchscript);

@@ -176,7 +176,7 @@ class Coordinator : private RoundContext {
 
   // --- RoundContext (server/round_context.h): what its schedulers and drivers may do.
   Mutex& mu() const override ABSL_LOCK_RETURNED(mu_) { return mu_; }
-  const JobConfig& config() const override { return cfg_; }
+  const FederationConfig& config() const override { return cfg_; }
   Strategy& strategy() override { return *strategy_; }
   const Codec* update_codec() const override { return update_codec_.get(); }
   const ModelSpec& model_spec() const override { return model_spec_; }
@@ -345,7 +345,7 @@ class Coordinator : private RoundContext {
   }
 
   const ServerOptions opts_;
-  const JobConfig& cfg_;
+  const FederationConfig& cfg_;
 
   std::unique_ptr<Model> model_;  // evaluation only (Run thread)
   Dataset test_;

@@ -8,7 +8,7 @@
 
 namespace cleave {
 
-Status CheckEdgeConfig(const JobConfig& c) {
+Status CheckEdgeConfig(const FederationConfig& c) {
   auto no = [](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "an edge aggregator (--upstream) hands up its clients' plain weighted mean: ", why));

@@ -11,8 +11,8 @@
 #include <mutex>
 
 #include "client/client.h"
-#include "core/config.h"
 #include "core/status.h"
+#include "server/options.h"
 #include "server/server.h"
 
 namespace cleave::v1 {
@@ -24,7 +24,7 @@ namespace cleave {
 // OK when `config` hands up a plain weighted mean: strategy fedavg with server_lr 1,
 // aggregation.rule mean, no dp, no split.mode, synchronous rounds; otherwise
 // INVALID_ARGUMENT naming what does not fit.
-Status CheckEdgeConfig(const JobConfig& config);
+Status CheckEdgeConfig(const FederationConfig& config);
 
 class Edge {
  public:

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "core/config.h"
+#include "server/options.h"
 #include "server/server.h"
 #include "server/topology.h"
 

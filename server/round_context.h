@@ -31,7 +31,7 @@ class RoundWeights;
 class Strategy;
 struct ClientUpdate;
 struct FitSettings;
-struct JobConfig;
+struct FederationConfig;
 struct ModelSpec;
 struct RoundMetrics;
 struct RoundPlan;
@@ -48,7 +48,7 @@ class RoundContext {
 
   // --- Fixed for the run.
   virtual Mutex& mu() const = 0;
-  virtual const JobConfig& config() const = 0;
+  virtual const FederationConfig& config() const = 0;
   virtual const Clock& clock() const = 0;
   virtual Strategy& strategy() = 0;
   // compression.update's codec; null when updates are fp32.

@@ -1,7 +1,7 @@
 #include "server/round_registry.h"
 
-#include "core/config.h"
 #include "server/gossip_driver.h"
+#include "server/options.h"
 #include "server/scheduler.h"
 #include "server/secagg_driver.h"
 #include "server/split_driver.h"
@@ -29,15 +29,15 @@ Registry<SchedulerKind>& Schedulers() {
 Registry<DriverKind>& RoundDrivers() {
   static Registry<DriverKind>* drivers = [] {
     auto* r = new Registry<DriverKind>("round driver");
-    r->AddBuiltin("split", {[](const JobConfig& c) { return c.split.enabled(); },
+    r->AddBuiltin("split", {[](const FederationConfig& c) { return c.split.enabled(); },
                             [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
                               return std::make_unique<SplitDriver>(ctx);
                             }});
-    r->AddBuiltin("secagg", {[](const JobConfig& c) { return c.secure_aggregation.enabled; },
+    r->AddBuiltin("secagg", {[](const FederationConfig& c) { return c.secure_aggregation.enabled; },
                              [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
                                return std::make_unique<SecAggDriver>(ctx);
                              }});
-    r->AddBuiltin("gossip", {[](const JobConfig& c) { return c.scheduler.gossip(); },
+    r->AddBuiltin("gossip", {[](const FederationConfig& c) { return c.scheduler.gossip(); },
                              [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
                                return std::make_unique<GossipDriver>(ctx);
                              }});

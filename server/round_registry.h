@@ -20,7 +20,7 @@ namespace cleave {
 class RoundContext;    // server/round_context.h
 class RoundDriver;     // server/round_driver.h
 class RoundScheduler;  // server/scheduler.h
-struct JobConfig;
+struct FederationConfig;
 
 // scheduler.mode: sync (SyncRounds; split.mode sl's clients take turns: TurnRounds),
 // async (AsyncBuffers, FedBuff), gossip (synchronous rounds of the gossip driver).
@@ -35,7 +35,7 @@ inline NameTable SchedulerModeNames() { return Schedulers().Table(); }
 // secagg (secure_aggregation.enabled), gossip (scheduler.mode: gossip). The job's is the
 // one whose `applies` holds (job/rules.cc lets at most one); none: plain rounds.
 struct DriverKind {
-  std::function<bool(const JobConfig& job)> applies;
+  std::function<bool(const FederationConfig& job)> applies;
   std::function<std::unique_ptr<RoundDriver>(RoundContext& ctx)> make;
 };
 Registry<DriverKind>& RoundDrivers();

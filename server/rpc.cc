@@ -320,7 +320,7 @@ RpcTransport::RpcTransport(Coordinator* core)
 
 StatusOr<std::unique_ptr<RpcTransport>> RpcTransport::Create(Coordinator* core) {
   std::unique_ptr<RpcTransport> t(new RpcTransport(core));
-  const JobConfig& cfg = t->cfg_;
+  const FederationConfig& cfg = t->cfg_;
   if (cfg.tls.cert.empty() && !t->opts_.insecure && !t->opts_.in_process_only) {
     return absl::FailedPreconditionError(
         "TLS is required: set tls.cert and tls.key (`cleave certs init DIR` makes them) or "

@@ -54,7 +54,7 @@ class RpcTransport {
 
   Coordinator* const core_;
   const ServerOptions& opts_;
-  const JobConfig& cfg_;
+  const FederationConfig& cfg_;
   std::unique_ptr<RpcService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
   int port_ = 0;

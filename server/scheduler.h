@@ -210,7 +210,7 @@ class AsyncBuffers : public RoundScheduler {
   // What sizes a client's tasks: its measured speed, else the slowest measured.
   ClientSpeed SpeedLocked(const std::string& client_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
-  const JobConfig& cfg() const { return ctx_.config(); }
+  const FederationConfig& cfg() const { return ctx_.config(); }
   static constexpr int64_t kRetryVersions = 10;
   // Updates the client's speed from its task's report (ClientSpeed).
   void ObserveSpeedLocked(const TaskRecord& t, const v1::UploadHeader& h)

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "aggregation/strategy.h"
 #include "aggregation/weighting.h"
-#include "core/config.h"
 #include "core/printable.h"
+#include "server/options.h"
 #include "server/server.h"
 #include "server/transport.h"
 

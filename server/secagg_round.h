@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "cleave/v1/cleave.pb.h"
-#include "core/config.h"
 #include "core/status.h"
+#include "privacy/options.h"
 #include "privacy/secagg.h"
 
 namespace cleave {

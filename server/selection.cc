@@ -1,6 +1,6 @@
 #include "server/selection.h"
 
-#include "core/config.h"
+#include "server/options.h"
 
 #include <algorithm>
 #include <cmath>

@@ -33,7 +33,7 @@
 
 namespace cleave {
 
-struct ClientsConfig;  // core/config.h
+struct ClientsConfig;  // server/options.h
 
 struct ClientRecord {
   double utility = 0;     // examples x mean training loss, last time it trained

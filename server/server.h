@@ -19,9 +19,9 @@
 
 #include "aggregation/strategy.h"
 #include "core/clock.h"
-#include "core/config.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
+#include "server/options.h"
 
 namespace grpc {
 class Channel;
@@ -30,7 +30,7 @@ class Channel;
 namespace cleave {
 
 struct ServerOptions {
-  JobConfig config;
+  FederationConfig config;
   // Address to listen on; empty = config.server.listen.
   std::string listen;
   // Open no port: clients reach the server only through InProcessChannel() (simulations,
@@ -53,7 +53,7 @@ struct ServerOptions {
   std::shared_ptr<Clock> clock;
   // A strategy of the caller's own instead of the one config.strategy names (a library
   // user's algorithm; its refusals and settings are its own). Called once, by Create.
-  std::function<StatusOr<std::unique_ptr<Strategy>>(const JobConfig&)> strategy;
+  std::function<StatusOr<std::unique_ptr<Strategy>>(const StrategyJob&)> strategy;
   // Test hook: called by each federated upload after the checks it passes under the
   // coordinator's lock, before it is validated and added without the lock.
   std::function<void()> before_accumulate;

@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "aggregation/strategy.h"
 #include "compression/codec.h"
-#include "core/config.h"
 #include "core/printable.h"
 #include "models/part.h"
 #include "server/observe.h"
+#include "server/options.h"
 #include "server/server.h"
 
 namespace cleave {
@@ -23,7 +23,7 @@ std::string SplitTensorCodec(const std::string& spec) {
 bool SplitDriver::NeedProfile() const { return ctx_.config().split.cut == 0; }
 
 Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
-  const JobConfig& cfg = ctx_.config();
+  const FederationConfig& cfg = ctx_.config();
   ASSIGN_OR_RETURN(mode_, ParseSplitMode(cfg.split.mode));
   num_stages_ = model.num_stages();
   tail_begin_ = mode_ == SplitMode::kUShaped ? num_stages_ - cfg.split.tail : num_stages_;
@@ -127,7 +127,7 @@ CutProblem SplitDriver::ProblemFor(const v1::Profile& profile, int clients_in_ro
 
 Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
                                 std::vector<std::string>* clients) {
-  const JobConfig& cfg = ctx_.config();
+  const FederationConfig& cfg = ctx_.config();
   part_blobs_.clear();
   tasks_.clear();
   up_ = 0;
@@ -219,7 +219,7 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   const Codec* codec = ctx_.update_codec();
   rec->expected_size = codec ? EncodedTensorsSize(*codec, *st.part)
                              : static_cast<int64_t>(st.part->EncodedSize());
-  const JobConfig& cfg = ctx_.config();
+  const FederationConfig& cfg = ctx_.config();
   auto* split = task->mutable_split();
   split->set_mode(cfg.split.mode);
   split->set_cut(st.cut);
@@ -353,7 +353,7 @@ StatusOr<SplitStreamTask> SplitDriver::OpenLocked(const v1::SplitOpen& open) {
         absl::StrCat("task ", Printable(open.task_id()), " already has a split stream"));
   }
   st->second.open = true;
-  const JobConfig& cfg = ctx_.config();
+  const FederationConfig& cfg = ctx_.config();
   SplitStreamTask task;
   task.client_id = open.client_id();
   task.task_id = open.task_id();

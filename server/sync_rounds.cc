@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "aggregation/strategy.h"
-#include "core/config.h"
+#include "server/options.h"
 #include "server/scheduler.h"
 #include "server/server.h"
 
@@ -62,7 +62,7 @@ RoundPlan SyncRounds::PlanLocked(int64_t round, bool evaluate_only) {
 }
 
 StatusOr<RoundMetrics> SyncRounds::RunLocked(bool evaluate_only) {
-  const JobConfig& cfg = ctx_.config();
+  const FederationConfig& cfg = ctx_.config();
   const Clock& clock = ctx_.clock();
   const int64_t round = ctx_.CommittedRoundLocked() + (evaluate_only ? 0 : 1);
   RETURN_IF_ERROR(ctx_.AwaitClientsLocked());

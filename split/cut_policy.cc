@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "core/config.h"
+#include "core/fit.h"
 #include "models/part.h"
 
 namespace cleave {

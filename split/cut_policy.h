@@ -30,7 +30,7 @@
 namespace cleave {
 
 struct StageProfile;  // models/part.h
-struct TrainConfig;   // core/config.h
+struct TrainConfig;   // core/fit.h
 
 struct CutProblem {
   std::vector<double> client_stage_s;  // per stage: forward + backward of one batch, client

@@ -10,14 +10,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "core/config.h"
 #include "core/files.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "job/job.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "server/checkpoint.h"
-#include "job/job.h"
 
 namespace cleave {
 namespace {
@@ -47,7 +46,7 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
   Loaded out;
   ASSIGN_OR_RETURN(out.config, LoadJob(config));
   const ModelConfig& m = out.config.model;
-  ModelSpec spec = ModelSpecOf(out.config);
+  ModelSpec spec = ModelSpecOf(out.config.model, out.config.run.seed);
   if (m.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(m.path));
   }
@@ -135,7 +134,7 @@ int RunEvaluate(const EvaluateOptions& o) {
   auto data = LoadDataSpec(spec, /*train=*/false);
   if (!data.ok()) return Fail("evaluate", data.status(), 2);
   const std::string& loss = loaded->config.train.loss;
-  if (Status s = CheckDataFitsModel(*data, ModelSpecOf(loaded->config), loss, spec); !s.ok()) {
+  if (Status s = CheckDataFitsModel(*data, ModelSpecOf(loaded->config.model, loaded->config.run.seed), loss, spec); !s.ok()) {
     return Fail("evaluate", s, 2);
   }
   // The rows: the whole set, then each group or client with the indices it holds.

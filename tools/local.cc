@@ -18,13 +18,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/config.h"
-#include "core/files.h"
 #include "core/device_trace.h"
+#include "core/files.h"
+#include "job/job.h"
 #include "privacy/certs.h"
 #include "tools/report.h"
 #include "tools/round_lines.h"
-#include "job/job.h"
 
 namespace cleave {
 namespace {

@@ -18,16 +18,15 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/shared.h"
-#include "core/config.h"
 #include "core/device_trace.h"
 #include "core/files.h"
 #include "core/logging.h"
 #include "data/dataset.h"
+#include "job/job.h"
 #include "models/model.h"
 #include "server/server.h"
 #include "tools/report.h"
 #include "tools/round_lines.h"
-#include "job/job.h"
 
 namespace cleave {
 namespace {

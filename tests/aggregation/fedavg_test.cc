@@ -22,7 +22,7 @@ ParameterSet Vec(float a, float b) {
 std::unique_ptr<Strategy> Make(const std::string& yaml) {
   auto c = ParseJob(yaml, "");
   EXPECT_TRUE(c.ok()) << c.status();
-  auto s = CreateStrategy(*c);
+  auto s = CreateStrategy(StrategyJobOf(*c));
   EXPECT_TRUE(s.ok()) << s.status();
   return *std::move(s);
 }

@@ -30,11 +30,11 @@ TEST(RobustTest, KnownAnswers) {
 // a name outside the table is refused with the table's error.
 TEST(AggregationNamesTest, EveryStrategyAndRuleInTheTableIsBuilt) {
   for (const std::string& n : StrategyNames().names) {
-    JobConfig c;
+    StrategyJob c;
     c.strategy.name = n;
     EXPECT_TRUE(CreateStrategy(c).ok()) << n;
   }
-  JobConfig bogus;
+  StrategyJob bogus;
   bogus.strategy.name = "fedfoo";
   EXPECT_NE(CreateStrategy(bogus).status().message().find("strategy.name: unknown 'fedfoo'"),
             std::string::npos);
@@ -118,7 +118,7 @@ TEST(DpTest, ClippingNeverIncreasesANorm) {
 std::unique_ptr<Strategy> DpFedAvg(const std::string& dp_yaml, uint64_t seed) {
   auto c = ParseJob("dp: " + dp_yaml + "\n", "");
   EXPECT_TRUE(c.ok()) << c.status();
-  auto inner = CreateStrategy(JobConfig());  // plain fedavg
+  auto inner = CreateStrategy(StrategyJob());  // plain fedavg
   return MakeDpStrategy(*std::move(inner), c->dp, seed);
 }
 

@@ -7,13 +7,16 @@
 namespace cleave {
 namespace {
 
-SchedulerConfig With(const std::string& rule, double a, int b = 4) {
-  SchedulerConfig c;
-  c.staleness = rule;
-  c.staleness_exponent = a;
-  c.staleness_hinge = b;
-  return c;
-}
+// scheduler.staleness, staleness_exponent, staleness_hinge.
+struct Rule {
+  std::string name;
+  double a;
+  int b;
+};
+
+Rule With(const std::string& rule, double a, int b = 4) { return Rule{rule, a, b}; }
+
+double StalenessFactor(const Rule& r, int64_t s) { return cleave::StalenessFactor(r.name, r.a, r.b, s); }
 
 TEST(StalenessTest, FreshUpdatesCountFullyUnderEveryRule) {
   for (const char* rule : {"constant", "polynomial", "hinge"}) {
@@ -33,7 +36,7 @@ TEST(StalenessTest, PolynomialIsOneOverOnePlusSToTheA) {
 }
 
 TEST(StalenessTest, HingeIsFlatUpToBThenDecays) {
-  const SchedulerConfig c = With("hinge", 0.5, 4);
+  const Rule c = With("hinge", 0.5, 4);
   EXPECT_DOUBLE_EQ(StalenessFactor(c, 4), 1.0);
   EXPECT_DOUBLE_EQ(StalenessFactor(c, 6), 0.5);   // 1 / (1 + 0.5 * 2)
   EXPECT_DOUBLE_EQ(StalenessFactor(c, 10), 0.25); // 1 / (1 + 0.5 * 6)

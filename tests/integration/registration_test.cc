@@ -24,7 +24,7 @@ namespace {
 // "halfavg": FedAvg that moves the global model half-way to the clients' weighted mean.
 class HalfAvg : public Strategy {
  public:
-  explicit HalfAvg(const JobConfig& c) : fit_(FitOf(c.train)) {}
+  explicit HalfAvg(const StrategyJob& c) : fit_(FitOf(c.train)) {}
   std::string name() const override { return "halfavg"; }
   RoundPlan ConfigureRound(int64_t, const std::vector<std::string>& available,
                            std::mt19937_64&) override {
@@ -164,7 +164,7 @@ class PairRounds : public SyncRounds {
 // The four registrations: one statement each, in this file only.
 const bool kRegistered = [] {
   bool ok = Strategies()
-                .Add("halfavg", {[](const JobConfig& c) -> StatusOr<std::unique_ptr<Strategy>> {
+                .Add("halfavg", {[](const StrategyJob& c) -> StatusOr<std::unique_ptr<Strategy>> {
                    return std::unique_ptr<Strategy>(new HalfAvg(c));
                  }})
                 .ok();

@@ -1,4 +1,4 @@
-#include "core/config.h"
+#include "job/job.h"
 
 #include <gtest/gtest.h>
 
@@ -10,6 +10,8 @@
 #include <iterator>
 
 #include "aggregation/registry.h"
+#include "aggregation/staleness.h"
+#include "client/attacks.h"
 #include "models/names.h"
 #include "server/round_registry.h"
 #include "server/selection.h"
@@ -329,7 +331,8 @@ TEST(ConfigTest, TheReferenceDocumentsEveryKey) {
   const size_t profiles = docs.find("| `local.profiles` |");
   ASSERT_NE(profiles, std::string::npos);
   const std::string profiles_row = docs.substr(profiles, docs.find('\n', profiles) - profiles);
-  const std::vector<std::string> keys = JobConfig::Keys();
+  std::vector<std::string> keys;
+  for (const ConfigSection::Key& k : JobKeys()) keys.push_back(k.name);
   EXPECT_GT(keys.size(), 80u);
   for (const std::string& key : keys) {
     const std::string prefix = "local.profiles[].";
@@ -349,6 +352,47 @@ TEST(ConfigTest, TheReferenceDocumentsEveryKey) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end())
         << name << " is documented but not a key";
   }
+}
+
+// Each documented default is the options struct's: a row whose default cell is one
+// `literal` names the value a job gets without the key (numbers compared as numbers);
+// a row whose cell is "—" is a key with no value by default (an empty string or list).
+// Prose cells ("all four", "the strategy's") are for a reader and are not compared.
+TEST(ConfigTest, TheReferenceStatesEachKeysDefault) {
+  std::ifstream in(std::string(CLEAVE_SOURCE_DIR) + "/docs/configuration.md");
+  ASSERT_TRUE(in) << "docs/configuration.md";
+  const std::string docs((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int compared = 0;
+  for (const ConfigSection::Key& k : JobKeys()) {
+    if (k.section) continue;
+    const size_t at = docs.find("| `" + k.name + "` | ");
+    if (at == std::string::npos) continue;  // a profile's key (TheReferenceDocumentsEveryKey)
+    const size_t begin = at + k.name.size() + 7;
+    const std::string cell = docs.substr(begin, docs.find(" |", begin) - begin);
+    if (cell == "—") {
+      EXPECT_TRUE(k.value.empty() || k.value == "[]") << k.name << " defaults to " << k.value;
+      ++compared;
+      continue;
+    }
+    if (cell.size() < 2 || cell.front() != '`' || cell.back() != '`' ||
+        std::count(cell.begin(), cell.end(), '`') != 2) {
+      continue;
+    }
+    std::string doc = cell.substr(1, cell.size() - 2);
+    if (doc == "\"\"") doc.clear();
+    char* end = nullptr;
+    const double doc_number = std::strtod(doc.c_str(), &end);
+    const bool number = !doc.empty() && *end == '\0';
+    if (number) {
+      const double value = std::strtod(k.value.c_str(), nullptr);
+      EXPECT_NEAR(value, doc_number, 1e-9 * std::max(1.0, std::fabs(doc_number)))
+          << k.name << ": the docs say " << doc << ", the struct " << k.value;
+    } else {
+      EXPECT_EQ(k.value, doc) << k.name;
+    }
+    ++compared;
+  }
+  EXPECT_GT(compared, 80);
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <map>
 
-#include "core/config.h"
 #include "core/files.h"
+#include "job/job.h"
 #include "models/model.h"
 
 namespace cleave {

@@ -86,7 +86,7 @@ train: {lr: 0.05}
 clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
 server: {client_timeout_s: 120, final_evaluation: false}
 )");
-  o.strategy = [&](const JobConfig& c) -> StatusOr<std::unique_ptr<Strategy>> {
+  o.strategy = [&](const StrategyJob& c) -> StatusOr<std::unique_ptr<Strategy>> {
     ASSIGN_OR_RETURN(auto fedavg, CreateStrategy(c));
     return std::unique_ptr<Strategy>(new Recording(std::move(fedavg), &mu, &seen));
   };

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cleave/v1/cleave.grpc.pb.h"
-#include "core/config.h"
+#include "job/job.h"
 
 namespace cleave {
 

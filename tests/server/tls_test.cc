@@ -11,16 +11,15 @@
 
 #include "client/client.h"
 #include "client/transfer.h"
-#include "core/config.h"
 #include "core/files.h"
 #include "data/dataset.h"
+#include "job/job.h"
 #include "privacy/certs.h"
 #include "privacy/tls.h"
 #include "server/server.h"
 #include "tests/deadline.h"
 #include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
-#include "job/job.h"
 
 namespace cleave {
 namespace {

@@ -1,0 +1,61 @@
+#include "aggregation/options.h"
+
+#include "aggregation/registry.h"
+
+namespace cleave {
+
+const NameTable& WeightingNames() {
+  static const NameTable t{"aggregation.weighting", {"examples", "equal"}};
+  return t;
+}
+
+void ReadStrategy(ConfigSection& s, StrategyConfig& c) {
+  s.Read("name", c.name);
+  s.Read("proximal_mu", c.proximal_mu);
+  if (s.Has("server_lr")) c.server_lr_given = true;
+  s.Read("server_lr", c.server_lr);
+  s.Read("server_momentum", c.server_momentum);
+  s.Read("beta1", c.beta1);
+  s.Read("beta2", c.beta2);
+  s.Read("tau", c.tau);
+}
+
+Status CheckStrategy(StrategyConfig& c) {
+  ASSIGN_OR_RETURN(const StrategyKind* kind, Strategies().Get(c.name));
+  if (!c.server_lr_given) c.server_lr = kind->default_server_lr;
+  RETURN_IF_ERROR(Range(c.proximal_mu >= 0, "strategy.proximal_mu", ">= 0"));
+  RETURN_IF_ERROR(Range(c.server_lr > 0, "strategy.server_lr", "> 0"));
+  RETURN_IF_ERROR(Range(c.server_momentum >= 0 && c.server_momentum < 1,
+                        "strategy.server_momentum", "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.beta1 >= 0 && c.beta1 < 1, "strategy.beta1", "in [0, 1)"));
+  RETURN_IF_ERROR(Range(c.beta2 >= 0 && c.beta2 < 1, "strategy.beta2", "in [0, 1)"));
+  return Range(c.tau > 0, "strategy.tau", "> 0");
+}
+
+void ReadAggregation(ConfigSection& s, AggregationConfig& a) {
+  s.Read("rule", a.rule);
+  s.Read("f", a.f);
+  s.Read("m", a.m);
+  s.Read("max_norm", a.max_norm);
+  s.Read("root_data", a.root_data);
+  s.Read("weighting", a.weighting);
+  s.Read("max_weight_ratio", a.max_weight_ratio);
+  s.Read("max_client_examples", a.max_client_examples);
+}
+
+Status CheckAggregation(AggregationConfig& a) {
+  RETURN_IF_ERROR(RuleNames().Check(a.rule));
+  RETURN_IF_ERROR(WeightingNames().Check(a.weighting));
+  RETURN_IF_ERROR(Range(a.max_weight_ratio == 0 || a.max_weight_ratio >= 1,
+                        "aggregation.max_weight_ratio", "0 (no cap) or >= 1"));
+  RETURN_IF_ERROR(Range(a.max_client_examples >= 0, "aggregation.max_client_examples",
+                        ">= 0 (0 = no cap)"));
+  RETURN_IF_ERROR(Range(a.rule != "fltrust" || !a.root_data.empty(), "aggregation.root_data",
+                        "set for fltrust (e.g. fmnist:DIR,limit=100)"));
+  RETURN_IF_ERROR(Range(a.f >= 0, "aggregation.f", ">= 0"));
+  RETURN_IF_ERROR(Range(a.m >= 0, "aggregation.m", ">= 0"));
+  return Range(a.rule != "norm_bound" || a.max_norm > 0, "aggregation.max_norm",
+               "> 0 for norm_bound");
+}
+
+}  // namespace cleave

@@ -1,0 +1,53 @@
+// The strategy and aggregation sections of a job config (core/config_section.h; the job
+// layer registers them, job/job.cc). docs/configuration.md describes each key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/config_section.h"
+#include "core/names.h"
+
+namespace cleave {
+
+struct StrategyConfig {
+  std::string name = "fedavg";   // strategy.name: a Strategies() name (aggregation/registry.h)
+  double proximal_mu = 0.0;      // strategy.proximal_mu (fedprox)
+  double server_lr = 1.0;        // strategy.server_lr (eta; when absent, the strategy's
+                                 //   default: 1.0 for fedavg/fedavgm, 0.7 for diloco, 0.1
+                                 //   for the adaptive ones; CheckStrategy sets it)
+  bool server_lr_given = false;  // whether the job set strategy.server_lr
+  double server_momentum = 0.9;  // strategy.server_momentum (fedavgm, diloco)
+  double beta1 = 0.9;            // strategy.beta1 (fedadam, fedyogi, fedadagrad)
+  double beta2 = 0.99;           // strategy.beta2 (fedadam, fedyogi)
+  double tau = 1e-3;             // strategy.tau: adaptivity, added to sqrt(v)
+};
+
+// Byzantine-robust aggregation of the round's updates (instead of the weighted mean).
+struct AggregationConfig {
+  std::string rule = "mean";  // aggregation.rule: a RobustRules() name: mean | median |
+                              //   trimmed_mean | krum | multi_krum | bulyan | norm_bound | fltrust
+  int f = 0;                  // aggregation.f: attackers to tolerate
+  int m = 0;                  // aggregation.m: multi_krum's selection (0 = n - f)
+  double max_norm = 0;        // aggregation.max_norm: norm_bound's L2 bound
+  std::string root_data;      // aggregation.root_data: FLTrust's clean server data set
+  // What a client's update weighs: the example count it declares (bounded below) or 1.
+  std::string weighting = "examples";  // aggregation.weighting: examples | equal
+  // A client's weight is at most this multiple of the median declared example count of
+  // the round's sampled clients (0 = no such cap).
+  double max_weight_ratio = 3;         // aggregation.max_weight_ratio
+  int64_t max_client_examples = 0;     // aggregation.max_client_examples: absolute cap (0 = none)
+};
+
+// What an update can weigh (aggregation.weighting; aggregation/weighting.h).
+const NameTable& WeightingNames();
+
+void ReadStrategy(ConfigSection& s, StrategyConfig& c);
+// Checks strategy.name against Strategies() and fills server_lr with the strategy's
+// default unless the job gave it.
+Status CheckStrategy(StrategyConfig& c);
+void ReadAggregation(ConfigSection& s, AggregationConfig& c);
+// Checks aggregation.rule against RobustRules().
+Status CheckAggregation(AggregationConfig& c);
+
+}  // namespace cleave

@@ -1,0 +1,80 @@
+#include "models/options.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave {
+
+const NameTable& LoraTargetNames() {
+  static const NameTable t{"model.lora.targets", {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}};
+  return t;
+}
+
+void ReadModel(ConfigSection& s, ModelConfig& c) {
+  s.Read("name", c.name);
+  s.ReadPath("path", c.path);
+  s.Read("input", c.input);
+  s.Read("classes", c.classes);
+  s.Read("personal", c.personal);
+  s.ReadPath("weights", c.weights);
+  ConfigSection g = s.Section("gpt");
+  g.Read("vocab", c.gpt.vocab);
+  g.Read("context", c.gpt.context);
+  g.Read("layers", c.gpt.layers);
+  g.Read("heads", c.gpt.heads);
+  g.Read("dim", c.gpt.dim);
+  g.Read("tie", c.gpt.tie);
+  ConfigSection l = s.Section("lora");
+  l.Read("rank", c.lora.rank);
+  l.Read("alpha", c.lora.alpha);
+  l.Read("targets", c.lora.targets);
+  l.Read("dropout", c.lora.dropout);
+}
+
+namespace {
+
+Status CheckGpt(const GptConfig& g) {
+  RETURN_IF_ERROR(Range(g.vocab >= 2 && g.vocab <= (1 << 24), "model.gpt.vocab", "in [2, 16777216]"));
+  RETURN_IF_ERROR(Range(g.context >= 1 && g.context <= 65536, "model.gpt.context", "in [1, 65536]"));
+  RETURN_IF_ERROR(Range(g.layers >= 1 && g.layers <= 256, "model.gpt.layers", "in [1, 256]"));
+  RETURN_IF_ERROR(Range(g.heads >= 1 && g.heads <= 256, "model.gpt.heads", "in [1, 256]"));
+  return Range(g.dim >= 1 && g.dim <= 65536 && g.dim % g.heads == 0, "model.gpt.dim",
+               "in [1, 65536] and divisible by model.gpt.heads");
+}
+
+Status CheckLora(const ModelConfig& c) {
+  const LoraConfig& lora = c.lora;
+  RETURN_IF_ERROR(Range(lora.rank >= 0 && lora.rank <= 4096, "model.lora.rank", "in [0, 4096]"));
+  RETURN_IF_ERROR(Range(lora.alpha > 0, "model.lora.alpha", "> 0"));
+  RETURN_IF_ERROR(Range(lora.dropout >= 0 && lora.dropout < 1, "model.lora.dropout", "in [0, 1)"));
+  RETURN_IF_ERROR(Range(!lora.targets.empty(), "model.lora.targets",
+                        "a list of " + LoraTargetNames().List()));
+  for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
+  if (lora.enabled()) {
+    RETURN_IF_ERROR(Range(c.name == "gpt", "model.lora", "used with model.name: gpt"));
+    RETURN_IF_ERROR(Range(c.personal.empty(), "model.lora",
+                          "off with model.personal (the adapters are what is federated)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Status CheckModel(ModelConfig& c) {
+  RETURN_IF_ERROR(Range(!c.input.empty() && c.input.size() <= 3, "model.input",
+                        "[C, H, W] or [features]"));
+  for (int64_t d : c.input) {
+    RETURN_IF_ERROR(Range(d >= 1 && d <= 65536, "model.input", "a list of sizes in [1, 65536]"));
+  }
+  RETURN_IF_ERROR(Range(c.classes >= 1 && c.classes <= 1000000, "model.classes", "in [1, 1000000]"));
+  RETURN_IF_ERROR(CheckGpt(c.gpt));
+  RETURN_IF_ERROR(CheckLora(c));
+  for (const std::string& p : c.personal) {
+    RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
+  }
+  if (c.name == "torchscript" && c.path.empty()) {
+    return absl::InvalidArgumentError("model.path is required for model.name: torchscript");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cleave

@@ -1,0 +1,62 @@
+// The model section of a job config (docs/configuration.md): their options,
+// each field's default, and how the section is read and checked (core/config_section.h;
+// the job layer registers both, job/job.cc). Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config_section.h"
+#include "core/names.h"
+
+namespace cleave {
+
+// The built-in decoder's size (model.gpt; models/gpt.h).
+struct GptConfig {
+  int64_t vocab = 256;    // model.gpt.vocab: the tokenizer's vocabulary
+  int64_t context = 128;  // model.gpt.context: the longest sequence, in tokens
+  int layers = 4;         // model.gpt.layers
+  int heads = 4;          // model.gpt.heads
+  int64_t dim = 128;      // model.gpt.dim: the residual stream's width, divisible by heads
+  bool tie = false;       // model.gpt.tie: the head reuses the token embedding (as GPT-2)
+};
+
+// LoRA adapters (Hu et al. 2021) on the decoder's projections (model.lora): W x + b
+// becomes W x + b + (alpha / rank) B A x, with A and B trained and everything else
+// frozen; only the adapters are trained, uploaded, aggregated and checkpointed.
+struct LoraConfig {
+  int rank = 0;          // model.lora.rank: 0 = no adapters
+  double alpha = 16;     // model.lora.alpha: the adapters' scale is alpha / rank
+  // model.lora.targets: the projections that get adapters (GPT-2's module names)
+  std::vector<std::string> targets = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+  double dropout = 0;    // model.lora.dropout: on the adapters' input, in training
+
+  bool enabled() const { return rank > 0; }
+};
+
+// The projections LoRA can adapt.
+const NameTable& LoraTargetNames();
+
+struct ModelConfig {
+  std::string name = "lenet5";   // model.name: a Models() name (models/builtin_models.h) |
+                                 //   torchscript
+  std::string path;              // model.path: TorchScript archive, for name=torchscript
+  std::vector<int64_t> input = {1, 28, 28};  // model.input: one example's shape
+  int classes = 10;              // model.classes: outputs (labels are in [0, classes))
+  // model.personal: globs over tensor names (FedPer / FedBN): tensors that stay on each
+  // device, never uploaded or averaged
+  std::vector<std::string> personal;
+  GptConfig gpt{};               // model.gpt, for name=gpt
+  LoraConfig lora{};             // model.lora, for name=gpt
+  // model.weights: the starting weights, a safetensors file (GPT-2's layout for gpt,
+  // the model's own tensor names otherwise); "" = initialised from run.seed
+  std::string weights;
+};
+
+// The sections (core/config_section.h). CheckModel resolves nothing by name: model.name
+// is checked where the model is built (it may be a TorchScript archive).
+void ReadModel(ConfigSection& s, ModelConfig& c);
+Status CheckModel(ModelConfig& c);
+
+}  // namespace cleave

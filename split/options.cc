@@ -1,0 +1,34 @@
+#include "split/options.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "split/names.h"
+
+namespace cleave {
+
+void ReadSplit(ConfigSection& s, SplitConfig& c) {
+  s.Read("mode", c.mode);
+  std::string cut = c.cut == 0 ? "auto" : absl::StrCat(c.cut);
+  s.Read("cut", cut);
+  if (cut == "auto") {
+    c.cut = 0;
+  } else if (!absl::SimpleAtoi(cut, &c.cut) || c.cut < 1) {
+    s.Reject("cut", "\"auto\" or a stage index >= 1");
+  }
+  s.Read("tail", c.tail);
+  s.Read("window", c.window);
+  s.Read("activation_noise", c.activation_noise);
+  s.Read("nopeek", c.nopeek);
+}
+
+Status CheckSplit(SplitConfig& c) {
+  RETURN_IF_ERROR(Range(c.activation_noise >= 0, "split.activation_noise", ">= 0"));
+  RETURN_IF_ERROR(Range(c.nopeek >= 0, "split.nopeek", ">= 0"));
+  RETURN_IF_ERROR(Range(c.cut >= 0, "split.cut", "\"auto\" (0) or a stage index >= 1"));
+  if (!c.enabled()) return absl::OkStatus();
+  RETURN_IF_ERROR(SplitModeNames().Check(c.mode));
+  RETURN_IF_ERROR(Range(c.tail >= 1, "split.tail", ">= 1"));
+  return Range(c.window >= 1 && c.window <= 64, "split.window", "in [1, 64]");
+}
+
+}  // namespace cleave

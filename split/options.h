@@ -1,0 +1,28 @@
+// The split section of a job config (core/config_section.h; the job layer registers
+// it, job/job.cc). docs/split-learning.md describes the modes.
+#pragma once
+
+#include <string>
+
+#include "core/config_section.h"
+
+namespace cleave {
+
+struct SplitConfig {
+  std::string mode;              // split.mode: "" (federated, the default) | sl | sfl-v1 |
+                                 //   sfl-v2 | ushaped (SplitModeNames(), split/names.h)
+  int cut = 0;                   // split.cut: "auto" (0) or the first server stage
+  int tail = 1;                  // split.tail: ushaped: last stages kept by the client
+  int window = 1;                // split.window: micro-batches in flight per client
+  double activation_noise = 0;   // split.activation_noise: std of Gaussian noise the client
+                                 //   adds to the activations it sends (0 = none)
+  double nopeek = 0;             // split.nopeek: NoPeek's distance-correlation weight alpha
+
+  bool enabled() const { return !mode.empty(); }
+};
+
+void ReadSplit(ConfigSection& s, SplitConfig& c);
+// Checks split.mode against SplitModeNames().
+Status CheckSplit(SplitConfig& c);
+
+}  // namespace cleave
