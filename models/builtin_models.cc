@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "models/fast_trainer.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 
 namespace cleave {
 namespace {
@@ -176,13 +177,26 @@ nn::Sequential BuildResNet(const ModelSpec& s) {
   return seq;
 }
 
-Status CheckGptSpec(const GptConfig& g, const LoraConfig& lora) {
+Status CheckLoraOf(const std::string& model, const LoraConfig& lora,
+                   const std::vector<std::string>& projections) {
   if (lora.rank < 0 || lora.rank > 4096 || !(lora.alpha > 0) || !(lora.dropout >= 0 && lora.dropout < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("LoRA rank ", lora.rank, ", alpha ", lora.alpha,
                                                    ", dropout ", lora.dropout, " (rank in [0, 4096], "
                                                    "alpha > 0, dropout in [0, 1))"));
   }
-  for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
+  for (const std::string& t : lora.targets) {
+    RETURN_IF_ERROR(LoraTargetNames().Check(t));
+    if (std::find(projections.begin(), projections.end(), t) == projections.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.lora.targets: ", model, " has no projection ",
+                                                     t, "; its are ", absl::StrJoin(projections, ", ")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status CheckGptSpec(const ModelSpec& spec) {
+  const GptConfig& g = spec.gpt;
+  RETURN_IF_ERROR(CheckLoraOf("gpt", spec.lora, {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}));
   if (g.vocab < 2 || g.vocab > (1 << 24) || g.context < 1 || g.layers < 1 || g.heads < 1 ||
       g.dim < 1 || g.dim % g.heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -191,6 +205,19 @@ Status CheckGptSpec(const GptConfig& g, const LoraConfig& lora) {
         " (vocab in [2, 2^24], the rest >= 1, dim divisible by heads)"));
   }
   return absl::OkStatus();
+}
+
+// model hf: the Llama-family decoder of the folder's config.json (models/llama.h).
+Status CheckHfSpec(const ModelSpec& spec) {
+  RETURN_IF_ERROR(ParseHfConfig(spec.hf_config, "config.json").status());
+  return CheckLoraOf("hf", spec.lora,
+                     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+}
+
+nn::Sequential BuildHf(const ModelSpec& spec) {
+  DecoderConfig c = *ParseHfConfig(spec.hf_config, "config.json");  // CheckHfSpec'd
+  c.context = std::min(c.context, spec.gpt.context);
+  return BuildLlama(c, spec.lora);
 }
 
 }  // namespace
@@ -203,7 +230,8 @@ Registry<ModelKind>& Models() {
     r->AddBuiltin("cnn", {ModelInput::kImages, BuildCnn});
     r->AddBuiltin("vgg", {ModelInput::kImages, BuildVgg});
     r->AddBuiltin("resnet", {ModelInput::kImages, BuildResNet});
-    r->AddBuiltin("gpt", {ModelInput::kTokens, BuildGpt});
+    r->AddBuiltin("gpt", {ModelInput::kTokens, BuildGpt, CheckGptSpec});
+    r->AddBuiltin("hf", {ModelInput::kTokens, BuildHf, CheckHfSpec});
     return r;
   }();
   return *models;
@@ -222,13 +250,14 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec) {
                                                    ", torchscript"));
   }
   const std::string shape = absl::StrJoin(spec.input_shape, "x");
-  if (kind->input == ModelInput::kTokens) {
-    RETURN_IF_ERROR(CheckGptSpec(spec.gpt, spec.lora));
-  } else if (spec.input_shape.empty() || Product(spec.input_shape) <= 0 || spec.num_classes < 1 ||
-             (kind->input == ModelInput::kImages && spec.input_shape.size() != 3)) {
+  if (kind->check != nullptr) RETURN_IF_ERROR(kind->check(spec));
+  const bool images = kind->input == ModelInput::kImages;
+  if (kind->input != ModelInput::kTokens &&
+      (spec.input_shape.empty() || Product(spec.input_shape) <= 0 || spec.num_classes < 1 ||
+       (images && spec.input_shape.size() != 3))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model ", spec.name, " cannot take input ", shape, " with ", spec.num_classes, " classes",
-        kind->input == ModelInput::kImages ? " (it needs [C, H, W])" : ""));
+        images ? " (it needs [C, H, W])" : ""));
   }
   torch::manual_seed(spec.seed);
   try {

@@ -29,10 +29,12 @@ namespace cleave {
 enum class ModelInput { kAny, kImages, kTokens };
 
 struct ModelKind {
-  // What the model takes: kImages needs a [C, H, W] model.input, kTokens text (checked
-  // by CheckGptSpec); both need model.classes >= 1 unless kTokens.
+  // What the model takes: kImages needs a [C, H, W] model.input, kTokens text; both
+  // need model.classes >= 1 unless kTokens.
   ModelInput input = ModelInput::kAny;
   torch::nn::Sequential (*build)(const ModelSpec& spec) = nullptr;
+  // The spec's own checks before build (a decoder's size, its LoRA targets); null: none.
+  Status (*check)(const ModelSpec& spec) = nullptr;
 };
 
 Registry<ModelKind>& Models();

@@ -176,7 +176,7 @@ nn::Sequential BuildGpt(const ModelSpec& spec) {
                                                           {"mlp.c_fc", block->mlp->c_fc},
                                                           {"mlp.c_proj", block->mlp->c_proj}};
       for (auto [name, conv] : targets) {
-        if (std::find(lora.targets.begin(), lora.targets.end(), name) == lora.targets.end()) continue;
+        if (!lora.Targets(name)) continue;
         conv->AddLora(lora.rank, lora.alpha / lora.rank, lora.dropout);
         const double bound = 1.0 / std::sqrt(static_cast<double>(conv->weight.size(0)));
         conv->lora_a.uniform_(-bound, bound);

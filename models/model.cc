@@ -18,8 +18,8 @@
 #include "models/fast_trainer.h"
 #include "models/gpt.h"
 #include "models/losses.h"
-#include "models/optimizers.h"
 #include "models/optimizer_step.h"
+#include "models/optimizers.h"
 #include "models/torch_stages.h"
 
 namespace cleave {
@@ -95,6 +95,8 @@ struct Model::Impl {
   std::unique_ptr<FastTrainer> fast;            // seq's training step without autograd
   std::unique_ptr<torch::jit::Module> script;   // TorchScript models
   std::unique_ptr<torch::jit::Module> loss_script;  // SetTorchScriptLoss
+  // A language model's context and vocabulary (ModelSpec::text()); 0 for other models.
+  int64_t context = 0, vocab = 0;
 
   // Cached tensors of the last dataset seen (clients train on one dataset all run long),
   // keyed by its contents: a dataset at the address of an earlier one (a temporary
@@ -174,6 +176,10 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
     } else {
       ASSIGN_OR_RETURN(impl->seq, BuildBuiltin(spec));
       impl->fast = FastTrainer::Compile(impl->seq);
+      if (spec.text()) {
+        impl->context = spec.gpt.context;
+        impl->vocab = spec.gpt.vocab;
+      }
     }
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(
@@ -500,17 +506,6 @@ namespace {
 
 // The context and vocabulary of a language model's embedding stage; FAILED_PRECONDITION
 // for other models.
-StatusOr<std::pair<int64_t, int64_t>> TextModelSizes(const nn::Sequential& seq) {
-  if (seq.is_empty() || seq->size() < 2) {
-    return absl::FailedPreconditionError("only a language model (model gpt) reads token ids");
-  }
-  const auto named = seq->ptr(0)->named_parameters();
-  if (!named.contains("wpe.weight") || !named.contains("wte.weight")) {
-    return absl::FailedPreconditionError("only a language model (model gpt) reads token ids");
-  }
-  return std::make_pair(named["wpe.weight"].size(0), named["wte.weight"].size(0));
-}
-
 Status CheckIds(const std::vector<int32_t>& ids, int64_t vocab, const char* what) {
   if (ids.empty()) return absl::InvalidArgumentError(absl::StrCat("the ", what, " is empty"));
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -525,11 +520,11 @@ Status CheckIds(const std::vector<int32_t>& ids, int64_t vocab, const char* what
 }  // namespace
 
 StatusOr<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids) {
-  ASSIGN_OR_RETURN(auto sizes, TextModelSizes(impl_->seq));
-  RETURN_IF_ERROR(CheckIds(ids, sizes.second, "input"));
-  if (static_cast<int64_t>(ids.size()) > sizes.first) {
+  if (impl_->vocab == 0) return absl::FailedPreconditionError("only a language model (gpt, hf) reads token ids");
+  RETURN_IF_ERROR(CheckIds(ids, impl_->vocab, "input"));
+  if (static_cast<int64_t>(ids.size()) > impl_->context) {
     return absl::InvalidArgumentError(absl::StrCat(ids.size(), " tokens exceed the context of ",
-                                                   sizes.first));
+                                                   impl_->context));
   }
   try {
     torch::NoGradGuard no_grad;
@@ -544,8 +539,8 @@ StatusOr<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids) {
 
 StatusOr<std::vector<int32_t>> Model::Generate(const std::vector<int32_t>& prompt, int tokens,
                                                double temperature, int top_k, uint64_t seed) {
-  ASSIGN_OR_RETURN(auto sizes, TextModelSizes(impl_->seq));
-  const auto [context, vocab] = sizes;
+  if (impl_->vocab == 0) return absl::FailedPreconditionError("only a language model (gpt, hf) reads token ids");
+  const int64_t context = impl_->context, vocab = impl_->vocab;
   RETURN_IF_ERROR(CheckIds(prompt, vocab, "prompt"));
   std::vector<int32_t> out;
   try {
@@ -602,9 +597,9 @@ namespace {
 
 Status CheckTextFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& loss,
                           const std::string& what) {
-  if (spec.name != "gpt") {
+  if (!spec.text()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": text needs a language model (model.name: gpt), not ", spec.name));
+        absl::StrCat(what, ": text needs a language model (model.name: gpt or hf), not ", spec.name));
   }
   if (loss != "cross_entropy") {
     return absl::InvalidArgumentError(
@@ -639,9 +634,9 @@ Status CheckTextFitsModel(const Dataset& data, const ModelSpec& spec, const std:
 Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std::string& loss,
                           const std::string& what) {
   if (data.type == ExampleType::kToken) return CheckTextFitsModel(data, spec, loss, what);
-  if (spec.name == "gpt") {
+  if (spec.text()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": model gpt needs text (a text:PATH data spec)"));
+        absl::StrCat(what, ": model ", spec.name, " needs text (a text:PATH data spec)"));
   }
   if (data.shape != spec.input_shape) {
     return absl::InvalidArgumentError(

@@ -38,13 +38,20 @@
 namespace cleave {
 
 struct ModelSpec {
-  std::string name;         // mlp | lenet5 | cnn | vgg | resnet | gpt | torchscript
+  std::string name;         // mlp | lenet5 | cnn | vgg | resnet | gpt | hf | torchscript
   std::string torchscript;  // the archive's bytes, for name == "torchscript"
   uint64_t seed = 0;        // initialisation seed for built-in models
   std::vector<int64_t> input_shape = {1, 28, 28};  // one example, for built-in models
   int num_classes = 10;                            // outputs, for built-in models
-  GptConfig gpt{};                                 // for name == "gpt"
-  LoraConfig lora{};                               // adapters, for name == "gpt"
+  // For name == "gpt": its size. For "hf": the vocabulary, context, layers, heads,
+  // width and tying of hf_config's decoder (SetHfModel, models/hf_folder.h), which the
+  // code for token models reads.
+  GptConfig gpt{};
+  LoraConfig lora{};                               // adapters, for "gpt" and "hf"
+  std::string hf_config;  // config.json's text, for name == "hf" (models/llama.h)
+
+  // Whether the model reads token ids (gpt, hf).
+  bool text() const { return name == "gpt" || name == "hf"; }
 };
 
 // The model a job's model section describes, initialised from `seed` (run.seed); for

@@ -5,7 +5,9 @@
 namespace cleave {
 
 const NameTable& LoraTargetNames() {
-  static const NameTable t{"model.lora.targets", {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}};
+  static const NameTable t{"model.lora.targets",
+                           {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "q_proj", "k_proj",
+                            "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}};
   return t;
 }
 
@@ -46,11 +48,10 @@ Status CheckLora(const ModelConfig& c) {
   RETURN_IF_ERROR(Range(lora.rank >= 0 && lora.rank <= 4096, "model.lora.rank", "in [0, 4096]"));
   RETURN_IF_ERROR(Range(lora.alpha > 0, "model.lora.alpha", "> 0"));
   RETURN_IF_ERROR(Range(lora.dropout >= 0 && lora.dropout < 1, "model.lora.dropout", "in [0, 1)"));
-  RETURN_IF_ERROR(Range(!lora.targets.empty(), "model.lora.targets",
-                        "a list of " + LoraTargetNames().List()));
   for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
   if (lora.enabled()) {
-    RETURN_IF_ERROR(Range(c.name == "gpt", "model.lora", "used with model.name: gpt"));
+    RETURN_IF_ERROR(Range(c.name == "gpt" || c.name == "hf", "model.lora",
+                          "used with model.name gpt or hf"));
     RETURN_IF_ERROR(Range(c.personal.empty(), "model.lora",
                           "off with model.personal (the adapters are what is federated)"));
   }
@@ -71,8 +72,8 @@ Status CheckModel(ModelConfig& c) {
   for (const std::string& p : c.personal) {
     RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
   }
-  if (c.name == "torchscript" && c.path.empty()) {
-    return absl::InvalidArgumentError("model.path is required for model.name: torchscript");
+  if ((c.name == "torchscript" || c.name == "hf") && c.path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("model.path is required for model.name: ", c.name));
   }
   return absl::OkStatus();
 }

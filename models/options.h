@@ -3,6 +3,7 @@
 // the job layer registers both, job/job.cc). Torch-free.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,14 +29,19 @@ struct GptConfig {
 struct LoraConfig {
   int rank = 0;          // model.lora.rank: 0 = no adapters
   double alpha = 16;     // model.lora.alpha: the adapters' scale is alpha / rank
-  // model.lora.targets: the projections that get adapters (GPT-2's module names)
-  std::vector<std::string> targets = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+  // model.lora.targets: the projections that get adapters (the model's module names:
+  // gpt's attn.c_attn, ...; hf's q_proj, ..., down_proj); empty = all of them
+  std::vector<std::string> targets;
   double dropout = 0;    // model.lora.dropout: on the adapters' input, in training
 
   bool enabled() const { return rank > 0; }
+  // Whether the projection `name` gets an adapter (empty targets: every projection).
+  bool Targets(const std::string& name) const {
+    return targets.empty() || std::find(targets.begin(), targets.end(), name) != targets.end();
+  }
 };
 
-// The projections LoRA can adapt.
+// The projections LoRA can adapt: gpt's four, hf's seven.
 const NameTable& LoraTargetNames();
 
 struct ModelConfig {

@@ -9,8 +9,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "models/optimizers.h"
 #include "models/optimizer_step.h"
+#include "models/optimizers.h"
 #include "models/torch_stages.h"
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
@@ -410,7 +410,7 @@ StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
     std::vector<int64_t> shape = {batch};
     shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
     // A language model reads token ids (as floats, the way split learning carries them).
-    torch::Tensor x = spec.name == "gpt"
+    torch::Tensor x = spec.text()
                           ? torch::randint(0, spec.gpt.vocab, shape).to(torch::kFloat32)
                           : torch::randn(shape);
     for (auto& s : stages) {

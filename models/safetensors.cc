@@ -75,6 +75,11 @@ void Convert(const std::string& dtype, const char* src, int64_t n, float* out) {
 }  // namespace
 
 StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what) {
+  return ParseSafetensors(bytes, what, SafetensorsFilter{});
+}
+
+StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what,
+                                        const SafetensorsFilter& filter) {
   auto loss = [&](const std::string& m) { return absl::DataLossError(what + ": " + m); };
   if (bytes.size() < 8) return loss("not a safetensors file (shorter than its 8-byte header size)");
   uint64_t n = 0;
@@ -142,11 +147,13 @@ StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::strin
     if (i > 0 && e.begin < entries[i - 1].end) {
       return loss(absl::StrCat("tensors ", entries[i - 1].name, " and ", e.name, " overlap"));
     }
+    if (filter.wanted && !filter.wanted(e.name)) continue;
     Tensor t;
     t.name = e.name;
     t.shape = e.shape;
     t.values.resize(NumElements(e.shape));
     Convert(e.dtype, data.data() + e.begin, t.numel(), t.values.data());
+    if (filter.done) filter.done(data.data() + e.begin, e.end - e.begin);
     RETURN_IF_ERROR(out.Add(std::move(t)));
   }
   return out;
@@ -262,12 +269,19 @@ ParameterSet MergeLora(const ParameterSet& model, double scale) {
                                    : std::string();
     const Tensor* a = prefix.empty() ? nullptr : model.Find(prefix + ".lora_A");
     const Tensor* b = prefix.empty() ? nullptr : model.Find(prefix + ".lora_B");
-    if (a != nullptr && b != nullptr && t.shape.size() == 2) {
-      const int64_t in = t.shape[0], cols = t.shape[1], rank = a->shape[1];
-      for (int64_t i = 0; i < in; ++i) {
+    if (a != nullptr && b != nullptr && t.shape.size() == 2 && a->shape.size() == 2 &&
+        b->shape.size() == 2) {
+      // W [rows, cols] += scale X Y: GPT-2's Conv1D keeps W [in, out], A [in, r], B [r,
+      // out] (X = A); nn.Linear W [out, in] with PEFT's A [r, in], B [out, r] (X = B).
+      const bool conv1d = a->shape[0] == t.shape[0] && b->shape[1] == t.shape[1];
+      const Tensor& x = conv1d ? *a : *b;
+      const Tensor& y = conv1d ? *b : *a;
+      const int64_t rows = t.shape[0], cols = t.shape[1], rank = x.shape[1];
+      if (x.shape[0] != rows || y.shape != std::vector<int64_t>{rank, cols}) std::abort();  // our own model's adapters always fit: a bug
+      for (int64_t i = 0; i < rows; ++i) {
         for (int64_t k = 0; k < rank; ++k) {
-          const double aik = scale * a->values[i * rank + k];
-          const float* brow = &b->values[k * cols];
+          const double aik = scale * x.values[i * rank + k];
+          const float* brow = &y.values[k * cols];
           float* wrow = &merged.values[i * cols];
           for (int64_t j = 0; j < cols; ++j) wrow[j] += static_cast<float>(aik * brow[j]);
         }

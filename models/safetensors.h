@@ -7,6 +7,7 @@
 // No LibTorch here.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -20,6 +21,15 @@ namespace cleave {
 // and F64 are read). DATA_LOSS for a truncated or inconsistent file, INVALID_ARGUMENT
 // for another dtype; each names `what` (the file) and the tensor.
 StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what);
+// ParseSafetensors of the tensors `wanted` names only (every tensor's entry is still
+// checked); `done`, when set, is told each converted tensor's bytes, so that a mapped
+// file's pages can be released as soon as they are read.
+struct SafetensorsFilter {
+  std::function<bool(const std::string& name)> wanted;
+  std::function<void(const char* data, size_t size)> done;
+};
+StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what,
+                                        const SafetensorsFilter& filter);
 // `params` as an F32 safetensors file with `metadata`.
 std::string SerializeSafetensors(const ParameterSet& params,
                                  const std::map<std::string, std::string>& metadata = {});

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/files.h"
+#include "models/hf_folder.h"
 #include "models/safetensors.h"
 #include "server/metrics_json.h"
 #include "server/round_registry.h"
@@ -85,13 +86,26 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
     model_desc_.set_torchscript_size(static_cast<int64_t>(blob->size()));
     pinned_blobs_.insert(digest);
   }
+  if (cfg_.model.name == "hf") {
+    ASSIGN_OR_RETURN(std::string config, ReadHfConfig(cfg_.model.path));
+    RETURN_IF_ERROR(SetHfModel(spec, std::move(config), cfg_.model.path + "/config.json"));
+    if (cfg_.split.enabled() && spec.gpt.tie) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.path: ", cfg_.model.path, "/config.json ties the head to the embedding "
+          "(tie_word_embeddings), which split learning places on two sides of the cut"));
+    }
+  }
   DescribeModelLocked(spec);
   model_spec_ = spec;
   auto model = Model::Create(spec);
   if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
   model_ = *std::move(model);
   global_ = model_->Parameters();
-  if (!cfg_.model.weights.empty()) {
+  if (cfg_.model.name == "hf" && cfg_.model.weights.empty()) {
+    auto weights = LoadHfWeights(cfg_.model.path, global_, spec.gpt.layers);
+    if (!weights.ok()) return absl::InvalidArgumentError(absl::StrCat("model.path: ", weights.status().message()));
+    global_ = *std::move(weights);
+  } else if (!cfg_.model.weights.empty()) {
     auto weights = LoadWeights(cfg_.model.weights, cfg_.model.name, global_);
     if (!weights.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("model.weights: ", weights.status().message()));
@@ -122,7 +136,8 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
   model_desc_.set_name(cfg_.model.name);
   for (int64_t d : spec.input_shape) model_desc_.add_input_shape(d);
   model_desc_.set_num_classes(spec.num_classes);
-  if (spec.name == "gpt") {
+  if (spec.name == "hf") model_desc_.set_hf_config(spec.hf_config);
+  if (spec.text()) {
     v1::GptDescription* g = model_desc_.mutable_gpt();
     g->set_vocab(spec.gpt.vocab);
     g->set_context(spec.gpt.context);

@@ -38,7 +38,7 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
                                                    cfg.model.name));
   }
   // A language model reads model.gpt.context token ids and predicts one of vocab.
-  const bool text = spec.name == "gpt";
+  const bool text = spec.text();
   const std::vector<int64_t> sample = text ? std::vector<int64_t>{spec.gpt.context} : spec.input_shape;
   num_classes_ = text ? static_cast<int>(spec.gpt.vocab) : spec.num_classes;
   ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg.train.batch_size, 3));

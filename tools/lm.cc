@@ -14,6 +14,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "job/job.h"
+#include "models/hf_folder.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "server/checkpoint.h"
@@ -50,10 +51,16 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
   if (m.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(m.path));
   }
+  if (m.name == "hf") {
+    ASSIGN_OR_RETURN(std::string hf_config, ReadHfConfig(m.path));
+    RETURN_IF_ERROR(SetHfModel(spec, std::move(hf_config), m.path + "/config.json"));
+  }
   ASSIGN_OR_RETURN(out.model, Model::Create(spec));
   // The model the run started from (its frozen base, for LoRA), then the trained tensors.
   ParameterSet weights = out.model->Parameters();
-  if (!m.weights.empty()) {
+  if (m.name == "hf" && m.weights.empty()) {
+    ASSIGN_OR_RETURN(weights, LoadHfWeights(m.path, weights, spec.gpt.layers));
+  } else if (!m.weights.empty()) {
     ASSIGN_OR_RETURN(weights, LoadWeights(m.weights, m.name, weights));
   }
   if (absl::EndsWith(checkpoint, ".safetensors")) {

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <tuple>
 
 #include "models/model.h"
@@ -378,6 +380,54 @@ TEST(SplitTextTest, LoraAdaptersTrainOnBothSidesOfTheCut) {
     }
     EXPECT_LT(h[0].bytes_down - h[0].split.value().gradient_bytes_down, 2 * frozen_bytes * 3 / 4);
   }
+}
+
+// A Llama-family decoder from a Hugging Face folder (model.name: hf; the folder written by
+// tests/models/llama_reference.py, grouped-query attention over bytes) in the split modes
+// as they are: cut automatically in sfl-v2 it learns English; with LoRA on its attention
+// projections in U-shaped learning, its adapters train on both sides and every frozen
+// tensor ends as it started.
+TEST(SplitTextTest, AHuggingFaceLlamaTrainsAcrossTheCut) {
+  const std::string dir = ::testing::TempDir() + "cleave_split_hf_llama";
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
+                         "/tests/models/llama_reference.py make " + dir + " bytes F32 2 5").c_str()),
+            0);
+  const std::string base = "server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+                           "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 128}\n"
+                           "run: {rounds: 1, seed: 3}\nclients: {min: 2, quorum: 1.0}\n";
+  {
+    Federation f;
+    f.Start(base + "model: {name: hf, path: " + dir + ", gpt: {context: 32}}\n" +
+                "train: {optimizer: adamw, lr: 0.003, local_steps: 25, batch_size: 16}\n"
+                "split: {mode: sfl-v2, cut: auto, window: 2}\n",
+            NaturalClients("text:/usr/share/games/fortunes,context=32", 2));
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+    for (const auto& st : f.client_status) EXPECT_TRUE(st.ok()) << st;
+    const auto h = f.server->History();
+    ASSERT_EQ(h.size(), 1u);
+    EXPECT_EQ(h[0].participants, 2);
+    EXPECT_LT(h[0].test_metrics.at("perplexity"), 100);  // from about 256
+  }
+  Federation f;
+  f.Start(base + "model: {name: hf, path: " + dir + ", gpt: {context: 32}, lora: {rank: 4, alpha: 8, targets: [q_proj, v_proj]}}\n" +
+              "train: {optimizer: adamw, lr: 0.01, local_steps: 10, batch_size: 16}\n"
+              "split: {mode: ushaped, cut: 2, tail: 1, window: 2}\n",
+          NaturalClients("text:/usr/share/games/fortunes,context=32", 2));
+  const ParameterSet start = f.server->GlobalModel();
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  const ParameterSet end = f.server->GlobalModel();
+  int changed = 0;
+  for (const Tensor& t : start.tensors()) {
+    const bool adapter = t.name.find(".lora_") != std::string::npos;
+    const bool same = end.Find(t.name)->values == t.values;
+    if (!adapter) EXPECT_TRUE(same) << t.name << " is frozen";
+    changed += adapter && !same;
+  }
+  EXPECT_EQ(changed, 2 * 2 * 2) << "A and B of q_proj and v_proj in both blocks trained";
+  std::filesystem::remove_all(dir);
 }
 
 // int8 per token row: each token's activation (and gradient) keeps its own scale, so

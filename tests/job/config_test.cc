@@ -224,7 +224,7 @@ strategy: {name: diloco}
            {"model: {name: gpt, gpt: {dim: 30, heads: 4}}", "model.gpt.dim must be"},
            {"model: {name: gpt, gpt: {vocab: 1}}", "model.gpt.vocab must be"},
            {"model: {name: gpt, gpt: {tie: true}}\nsplit: {mode: sfl-v2}", "model.gpt.tie must be false"},
-           {"model: {name: lenet5, lora: {rank: 4}}", "model.lora must be used with model.name: gpt"},
+           {"model: {name: lenet5, lora: {rank: 4}}", "model.lora must be used with model.name gpt or hf"},
            {"model: {name: gpt, lora: {rank: 4, targets: [attn.q]}}", "model.lora.targets: unknown 'attn.q'"},
            {"model: {name: gpt, lora: {rank: 4, dropout: 1}}", "model.lora.dropout must be in [0, 1)"},
            {"model: {name: gpt, gpt: {layers: 2, depth: 3}}", "unknown config key model.gpt.depth"},

@@ -377,7 +377,7 @@ TEST(ModelTest, BuiltinsTakeTheInputShapeAndClasses) {
   auto tiny = Model::Create({"lenet5", "", 1, {1, 8, 8}, 2});
   EXPECT_NE(tiny.status().message().find("cannot take input 1x8x8"), std::string::npos) << tiny.status();
   auto unknown = Model::Create({"resnet9000", "", 0});
-  EXPECT_NE(unknown.status().message().find("mlp, lenet5, cnn, vgg, resnet, gpt, torchscript"),
+  EXPECT_NE(unknown.status().message().find("mlp, lenet5, cnn, vgg, resnet, gpt, hf, torchscript"),
             std::string::npos);
 }
 

@@ -1,0 +1,194 @@
+#include "models/hf_folder.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/files.h"
+#include "models/hf_config.h"
+#include "models/safetensors.h"
+
+namespace cleave {
+namespace {
+
+using Json = nlohmann::json;
+
+// A read-only private mapping of a whole file.
+class MappedFile {
+ public:
+  static StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat(path, ": empty or unreadable"));
+    }
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) return absl::InternalError(absl::StrCat("cannot map ", path));
+    return std::unique_ptr<MappedFile>(new MappedFile(static_cast<const char*>(p), st.st_size));
+  }
+  ~MappedFile() { ::munmap(const_cast<char*>(data_), size_); }
+  std::string_view bytes() const { return {data_, size_}; }
+  // Drops the pages wholly inside [p, p + n) from memory (they are re-read if touched).
+  void Release(const char* p, size_t n) const {
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
+
+ private:
+  MappedFile(const char* data, size_t size) : data_(data), size_(size) {}
+  const char* data_;
+  size_t size_;
+};
+
+// Which file of DIR holds each of `names`: model.safetensors, or the shard the index
+// names. Shard names must be plain file names in DIR.
+StatusOr<std::map<std::string, std::vector<std::string>>> FilesOf(const std::string& dir,
+                                                                  const std::vector<std::string>& names) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::vector<std::string>> files;
+  const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
+  if (!fs::exists(index_path)) {
+    const std::string single = (fs::path(dir) / "model.safetensors").string();
+    if (!fs::exists(single)) {
+      return absl::NotFoundError(absl::StrCat(dir, ": neither model.safetensors nor ",
+                                              "model.safetensors.index.json is there"));
+    }
+    files[single] = names;
+    return files;
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadFile(index_path));
+  const Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
+      !index["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map must be an object"));
+  }
+  const Json& map = index["weight_map"];
+  for (const std::string& name : names) {
+    if (!map.contains(name) || !map[name].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": no shard holds tensor ", name));
+    }
+    const std::string shard = map[name].get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path, ": tensor ", name, "'s shard '", shard, "' is not a file name"));
+    }
+    files[(fs::path(dir) / shard).string()].push_back(name);
+  }
+  return files;
+}
+
+}  // namespace
+
+StatusOr<std::string> ReadHfConfig(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  auto text = ReadFile(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": cannot read it (model.path must be a Hugging Face folder)"));
+  return text;
+}
+
+Status SetHfModel(ModelSpec& spec, std::string config_json, const std::string& what) {
+  ASSIGN_OR_RETURN(DecoderConfig c, ParseHfConfig(config_json, what));
+  spec.name = "hf";
+  spec.hf_config = std::move(config_json);
+  spec.gpt.vocab = c.vocab;
+  spec.gpt.context = spec.gpt.context > 0 ? std::min(spec.gpt.context, c.context) : c.context;
+  spec.gpt.layers = c.layers;
+  spec.gpt.heads = c.heads;
+  spec.gpt.dim = c.dim;
+  spec.gpt.tie = c.tie;
+  return absl::OkStatus();
+}
+
+std::string HfTensorName(const std::string& stage_name, int layers) {
+  const size_t dot = stage_name.find('.');
+  int stage = -1;
+  if (dot == std::string::npos || !absl::SimpleAtoi(stage_name.substr(0, dot), &stage)) return "";
+  const std::string rest = stage_name.substr(dot + 1);
+  if (stage == 0) return "model." + rest;
+  if (stage >= 1 && stage <= layers) return absl::StrCat("model.layers.", stage - 1, ".", rest);
+  if (stage == layers + 1) return rest == "lm_head.weight" ? rest : "model." + rest;
+  return "";
+}
+
+StatusOr<ParameterSet> LoadHfWeights(const std::string& dir, const ParameterSet& layout, int layers) {
+  std::map<std::string, const Tensor*> wanted;  // by the folder's name
+  std::vector<std::string> names;
+  for (const Tensor& t : layout.tensors()) {
+    if (absl::StrContains(t.name, ".lora_")) continue;
+    const std::string hf = HfTensorName(t.name, layers);
+    if (hf.empty()) return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " is not a decoder's"));
+    wanted[hf] = &t;
+    names.push_back(hf);
+  }
+  ASSIGN_OR_RETURN(auto files, FilesOf(dir, names));
+  std::map<std::string, Tensor> loaded;  // by stage name
+  for (const auto& [path, in_file] : files) {
+    ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+    const std::set<std::string> here(in_file.begin(), in_file.end());
+    SafetensorsFilter filter;
+    filter.wanted = [&here](const std::string& name) { return here.count(name) > 0; };
+    filter.done = [&file](const char* p, size_t n) { file->Release(p, n); };
+    ASSIGN_OR_RETURN(ParameterSet got, ParseSafetensors(file->bytes(), path, filter));
+    for (Tensor& t : got.mutable_tensors()) {
+      const Tensor& want = *wanted.at(t.name);
+      if (t.shape != want.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", t.name, " is ",
+                                                       absl::StrJoin(t.shape, "x"), ", the model's is ",
+                                                       absl::StrJoin(want.shape, "x")));
+      }
+      t.name = want.name;
+      loaded[want.name] = std::move(t);
+    }
+    for (const std::string& name : in_file) {
+      if (!loaded.count(wanted.at(name)->name)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, " is missing"));
+      }
+    }
+  }
+  ParameterSet out;
+  for (const Tensor& t : layout.tensors()) {
+    auto it = loaded.find(t.name);
+    RETURN_IF_ERROR(out.Add(it == loaded.end() ? t : std::move(it->second)));
+  }
+  return out;
+}
+
+Status WriteHfFolder(const std::string& dir, const std::string& config_json,
+                     const ParameterSet& model, int layers) {
+  ParameterSet named;
+  for (const Tensor& t : model.tensors()) {
+    if (absl::StrContains(t.name, ".lora_")) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": merge the LoRA adapters first"));
+    }
+    Tensor copy = t;
+    copy.name = HfTensorName(t.name, layers);
+    if (copy.name.empty()) return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " is not a decoder's"));
+    RETURN_IF_ERROR(named.Add(std::move(copy)));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  namespace fs = std::filesystem;
+  RETURN_IF_ERROR(WriteFileAtomic((fs::path(dir) / "config.json").string(), config_json));
+  return WriteFileAtomic((fs::path(dir) / "model.safetensors").string(),
+                         SerializeSafetensors(named, {{"format", "pt"}}));
+}
+
+}  // namespace cleave

@@ -1,0 +1,41 @@
+// Hugging Face model folders (model.name: hf, model.path: DIR): config.json (the
+// decoder's shape, models/hf_config.h) and the weights, in model.safetensors or in the
+// shards model.safetensors.index.json lists (F32, F16 or BF16). Torch-free.
+#pragma once
+
+#include <string>
+
+#include "core/parameter_set.h"
+#include "core/status.h"
+#include "models/model.h"
+
+namespace cleave {
+
+// DIR/config.json's text; NOT_FOUND naming the file.
+StatusOr<std::string> ReadHfConfig(const std::string& dir);
+
+// Makes `spec` model hf of `config_json` (`what` names it in errors): hf_config and the
+// fields the code for token models reads (gpt.vocab, layers, heads, dim, tie, and
+// gpt.context: the longest sequence it takes, spec.gpt.context as the job gives it
+// (model.gpt.context) but at most config.json's max_position_embeddings).
+Status SetHfModel(ModelSpec& spec, std::string config_json, const std::string& what);
+
+// A stage tensor's name in the folder: "0.embed_tokens.weight" →
+// "model.embed_tokens.weight"; block stage i: "i.X" → "model.layers.{i-1}.X"; the head
+// stage (layers + 1): "norm.weight" → "model.norm.weight", "lm_head.weight" as it is.
+// "" for a name outside the decoder's layout.
+std::string HfTensorName(const std::string& stage_name, int layers);
+
+// The tensors of `layout` (a model's or a part's, under stage names) from DIR's
+// safetensors: each file memory-mapped, only the shards that hold a wanted tensor read,
+// each tensor converted to float32 once and its mapped pages released behind it. Every
+// tensor of `layout` must be in the folder with its shape, except LoRA adapters, which
+// keep `layout`'s values. Errors name the file and the tensor.
+StatusOr<ParameterSet> LoadHfWeights(const std::string& dir, const ParameterSet& layout, int layers);
+
+// Writes a folder Hugging Face's from_pretrained reads: config.json and model.safetensors
+// (F32) of `model` under the folder's names (no LoRA adapters: merge them first).
+Status WriteHfFolder(const std::string& dir, const std::string& config_json,
+                     const ParameterSet& model, int layers);
+
+}  // namespace cleave

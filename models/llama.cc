@@ -1,0 +1,246 @@
+#include "models/llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace cleave {
+namespace {
+
+namespace nn = torch::nn;
+
+// nn.Linear's layout (weight [out, in]), with a bias or not; with a LoRA adapter (PEFT's
+// layout: lora_A [rank, in], lora_B [out, rank]) it adds scale * B A dropout(x).
+struct ProjectionImpl : nn::Module {
+  ProjectionImpl(int64_t in, int64_t out, bool bias)
+      : weight(register_parameter("weight", torch::empty({out, in}))) {
+    if (bias) this->bias = register_parameter("bias", torch::zeros({out}));
+  }
+  void AddLora(int64_t rank, double scale_, double dropout_) {
+    lora_a = register_parameter("lora_A", torch::empty({rank, weight.size(1)}));
+    lora_b = register_parameter("lora_B", torch::zeros({weight.size(0), rank}));
+    scale = scale_;
+    dropout = dropout_;
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = torch::linear(x, weight, bias);
+    if (lora_a.defined()) {
+      auto in = dropout > 0 ? torch::dropout(x, dropout, is_training()) : x;
+      y = y + torch::linear(torch::linear(in, lora_a), lora_b).mul_(scale);
+    }
+    return y;
+  }
+  torch::Tensor weight, bias;
+  torch::Tensor lora_a, lora_b;  // undefined without an adapter
+  double scale = 0, dropout = 0;
+};
+TORCH_MODULE(Projection);
+
+// RMSNorm as transformers computes it: in float32, x / sqrt(mean(x^2) + eps), times the
+// gain.
+struct RmsNormImpl : nn::Module {
+  RmsNormImpl(int64_t dim, double eps) : weight(register_parameter("weight", torch::ones({dim}))), eps(eps) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  }
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RmsNorm);
+
+struct EmbeddingImpl : nn::Module {
+  EmbeddingImpl(int64_t vocab, int64_t dim, int64_t context)
+      : embed_tokens(register_module("embed_tokens", nn::Embedding(vocab, dim))), context(context) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    TORCH_CHECK(x.size(1) <= context, "a sequence of ", x.size(1),
+                " tokens is longer than the context (", context, ")");
+    auto ids = x.to(torch::kInt64);
+    const int64_t vocab = embed_tokens->weight.size(0);
+    TORCH_CHECK(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < vocab,
+                "token ids must be in [0, ", vocab, ")");
+    return embed_tokens(ids);
+  }
+  nn::Embedding embed_tokens;
+  int64_t context;
+};
+TORCH_MODULE(Embedding);
+
+// The rotary embedding's inverse frequencies (transformers' rope_init_fn for the
+// default, linear and llama3 types), in float64.
+torch::Tensor InverseFrequencies(const DecoderConfig& c) {
+  const int64_t hd = c.head_dim;
+  auto inv = 1.0 / torch::pow(c.rope_theta, torch::arange(0, hd, 2, torch::kFloat64) / double(hd));
+  if (c.rope_type == "linear") return inv / c.rope_factor;
+  if (c.rope_type != "llama3") return inv;
+  const double low_wavelen = c.rope_original_context / c.rope_low_freq_factor;
+  const double high_wavelen = c.rope_original_context / c.rope_high_freq_factor;
+  auto wavelen = 2 * M_PI / inv;
+  auto scaled = torch::where(wavelen > low_wavelen, inv / c.rope_factor, inv);
+  auto smooth = (c.rope_original_context / wavelen - c.rope_low_freq_factor) /
+                (c.rope_high_freq_factor - c.rope_low_freq_factor);
+  auto smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
+// x rotated by its positions: x cos + rotate_half(x) sin, where rotate_half(x) =
+// [-x2, x1] for x's halves x1, x2 (transformers' apply_rotary_pos_emb).
+torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+struct SelfAttentionImpl : nn::Module {
+  explicit SelfAttentionImpl(const DecoderConfig& c)
+      : heads(c.heads), kv_heads(c.kv_heads), hd(c.head_dim), window(c.sliding_window),
+        inv_freq(InverseFrequencies(c)),
+        q_proj(register_module("q_proj", Projection(c.dim, c.heads * c.head_dim, c.qkv_bias))),
+        k_proj(register_module("k_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias))),
+        v_proj(register_module("v_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias))),
+        o_proj(register_module("o_proj", Projection(c.heads * c.head_dim, c.dim, c.o_bias))) {
+    if (c.qk_norm) {
+      q_norm = register_module("q_norm", RmsNorm(c.head_dim, c.rms_eps));
+      k_norm = register_module("k_norm", RmsNorm(c.head_dim, c.rms_eps));
+    }
+  }
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), rep = heads / kv_heads;
+    auto q = q_proj(x).view({b, t, heads, hd});
+    auto k = k_proj(x).view({b, t, kv_heads, hd});
+    auto v = v_proj(x).view({b, t, kv_heads, hd}).transpose(1, 2);
+    if (q_norm) {
+      q = q_norm(q);
+      k = k_norm(k);
+    }
+    Positions(t);
+    q = Rotate(q.transpose(1, 2), cos, sin);  // b h t hd
+    k = Rotate(k.transpose(1, 2), cos, sin);  // b kv t hd
+    // Grouped-query attention: query head g * rep + r reads key/value head g (transformers'
+    // repeat_kv), without copying the keys and values.
+    auto qg = q.reshape({b, kv_heads, rep * t, hd});
+    auto att = torch::matmul(qg, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(double(hd)));
+    att = torch::softmax(att.view({b, kv_heads, rep, t, t}) + mask, -1);
+    auto y = torch::matmul(att.view({b, kv_heads, rep * t, t}), v);  // b kv rep*t hd
+    y = y.view({b, heads, t, hd}).transpose(1, 2).reshape({b, t, heads * hd});
+    return o_proj(y);
+  }
+
+  // The cos / sin tables and the mask for sequences of t tokens.
+  void Positions(int64_t t) {
+    if (cos.defined() && cos.size(0) == t) return;
+    auto freqs = torch::outer(torch::arange(t, torch::kFloat64), inv_freq);
+    auto emb = torch::cat({freqs, freqs}, -1);
+    cos = emb.cos().to(torch::kFloat32);
+    sin = emb.sin().to(torch::kFloat32);
+    auto i = torch::arange(t).unsqueeze(1), j = torch::arange(t).unsqueeze(0);
+    auto allowed = j <= i;
+    if (window > 0) allowed = allowed.logical_and(i - j < window);
+    mask = torch::zeros({t, t}).masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  }
+
+  int64_t heads, kv_heads, hd, window;
+  torch::Tensor inv_freq;  // not buffers: they are not part of the model's state
+  torch::Tensor cos, sin, mask;
+  Projection q_proj, k_proj, v_proj, o_proj;
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};
+};
+TORCH_MODULE(SelfAttention);
+
+struct SwiGluImpl : nn::Module {
+  explicit SwiGluImpl(const DecoderConfig& c)
+      : gate_proj(register_module("gate_proj", Projection(c.dim, c.ffn, c.mlp_bias))),
+        up_proj(register_module("up_proj", Projection(c.dim, c.ffn, c.mlp_bias))),
+        down_proj(register_module("down_proj", Projection(c.ffn, c.dim, c.mlp_bias))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  }
+  Projection gate_proj, up_proj, down_proj;
+};
+TORCH_MODULE(SwiGlu);
+
+struct DecoderBlockImpl : nn::Module {
+  explicit DecoderBlockImpl(const DecoderConfig& c)
+      : input_layernorm(register_module("input_layernorm", RmsNorm(c.dim, c.rms_eps))),
+        self_attn(register_module("self_attn", SelfAttention(c))),
+        post_attention_layernorm(register_module("post_attention_layernorm", RmsNorm(c.dim, c.rms_eps))),
+        mlp(register_module("mlp", SwiGlu(c))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + self_attn(input_layernorm(x));
+    return x + mlp(post_attention_layernorm(x));
+  }
+  RmsNorm input_layernorm;
+  SelfAttention self_attn;
+  RmsNorm post_attention_layernorm;
+  SwiGlu mlp;
+};
+TORCH_MODULE(DecoderBlock);
+
+// The untied head's weight, [vocab, dim] as nn.Linear without bias.
+struct LmHeadImpl : nn::Module {
+  LmHeadImpl(int64_t vocab, int64_t dim) : weight(register_parameter("weight", torch::empty({vocab, dim}))) {}
+  torch::Tensor weight;
+};
+TORCH_MODULE(LmHead);
+
+struct DecoderHeadImpl : nn::Module {
+  // `tied`: the embedding's weight, used as the head's and not registered here.
+  DecoderHeadImpl(const DecoderConfig& c, torch::Tensor tied)
+      : norm(register_module("norm", RmsNorm(c.dim, c.rms_eps))) {
+    weight = tied.defined() ? tied : register_module("lm_head", LmHead(c.vocab, c.dim))->weight;
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(norm(x), weight); }
+  RmsNorm norm;
+  torch::Tensor weight;
+};
+TORCH_MODULE(DecoderHead);
+
+}  // namespace
+
+nn::Sequential BuildLlama(const DecoderConfig& c, const LoraConfig& lora) {
+  nn::Sequential seq;
+  Embedding embed(c.vocab, c.dim, c.context);
+  seq->push_back(embed);
+  std::vector<DecoderBlock> blocks;
+  for (int i = 0; i < c.layers; ++i) {
+    blocks.push_back(DecoderBlock(c));
+    seq->push_back(blocks.back());
+  }
+  seq->push_back(DecoderHead(c, c.tie ? embed->embed_tokens->weight : torch::Tensor()));
+  // transformers' _init_weights: N(0, 0.02) for projections and embeddings, zero biases,
+  // unit norms (already ones).
+  torch::NoGradGuard no_grad;
+  for (auto& p : seq->named_parameters(/*recurse=*/true)) {
+    const std::string& name = p.key();
+    if (name.find("norm.weight") != std::string::npos) continue;
+    if (p.value().dim() == 1) {
+      p.value().zero_();
+    } else {
+      p.value().normal_(0, 0.02);
+    }
+  }
+  if (lora.enabled()) {
+    for (auto& block : blocks) {
+      const std::pair<const char*, Projection> targets[] = {
+          {"q_proj", block->self_attn->q_proj},     {"k_proj", block->self_attn->k_proj},
+          {"v_proj", block->self_attn->v_proj},     {"o_proj", block->self_attn->o_proj},
+          {"gate_proj", block->mlp->gate_proj},     {"up_proj", block->mlp->up_proj},
+          {"down_proj", block->mlp->down_proj}};
+      for (auto [name, proj] : targets) {
+        if (!lora.Targets(name)) continue;
+        proj->AddLora(lora.rank, lora.alpha / lora.rank, lora.dropout);
+        const double bound = 1.0 / std::sqrt(static_cast<double>(proj->weight.size(1)));
+        proj->lora_a.uniform_(-bound, bound);
+      }
+    }
+    for (auto& p : seq->named_parameters(/*recurse=*/true)) {
+      if (p.key().find(".lora_") == std::string::npos) p.value().requires_grad_(false);
+    }
+  }
+  return seq;
+}
+
+}  // namespace cleave

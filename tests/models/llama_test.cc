@@ -1,0 +1,287 @@
+// The Llama-family decoder (model.name: hf): its logits against transformers' definitions
+// of llama, mistral, qwen2 and qwen3 written independently in float64 PyTorch
+// (tests/models/llama_reference.py), on random tiny Hugging Face folders that script
+// writes (F32 and BF16, one file and shards); malformed folders refused naming the file
+// and the field; stages that compose; training that learns; LoRA on its projections.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "core/files.h"
+#include "data/dataset.h"
+#include "models/hf_config.h"
+#include "models/hf_folder.h"
+#include "models/model.h"
+#include "models/part.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Temp(const std::string& name) { return (fs::temp_directory_path() / name).string(); }
+
+int Python(const std::string& args) {
+  const std::string cmd = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
+                          "/tests/models/llama_reference.py " + args;
+  return std::system(cmd.c_str());
+}
+
+// A random folder of `family` written by the reference script, named after the test (so
+// that tests running at once do not share one).
+std::string MakeFolder(const std::string& family, const std::string& dtype, int shards, int seed = 1) {
+  const std::string dir = Temp(absl::StrCat("cleave_hf_", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                            "_", family, "_", dtype, "_", shards));
+  fs::remove_all(dir);
+  EXPECT_EQ(Python(absl::StrCat("make ", dir, " ", family, " ", dtype, " ", shards, " ", seed)), 0);
+  return dir;
+}
+
+StatusOr<ModelSpec> SpecOf(const std::string& dir, const LoraConfig& lora = {}) {
+  ModelSpec spec;
+  spec.seed = 3;
+  spec.lora = lora;
+  ASSIGN_OR_RETURN(std::string config, ReadHfConfig(dir));
+  RETURN_IF_ERROR(SetHfModel(spec, std::move(config), dir + "/config.json"));
+  return spec;
+}
+
+// The folder's model: built from config.json, its weights loaded from the safetensors.
+StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, const LoraConfig& lora = {}) {
+  ASSIGN_OR_RETURN(ModelSpec spec, SpecOf(dir, lora));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec));
+  ASSIGN_OR_RETURN(ParameterSet weights, LoadHfWeights(dir, model->Parameters(), spec.gpt.layers));
+  RETURN_IF_ERROR(model->SetParameters(weights));
+  return model;
+}
+
+std::vector<int32_t> RandomIds(size_t n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % vocab);
+  return ids;
+}
+
+Dataset Sequences(const std::vector<int32_t>& ids, int64_t length, int vocab) {
+  Dataset d;
+  d.type = ExampleType::kToken;
+  d.shape = {length};
+  d.size = static_cast<int64_t>(ids.size()) / length;
+  d.num_classes = vocab;
+  d.bytes.resize(d.size * length * sizeof(int32_t));
+  std::memcpy(d.bytes.data(), ids.data(), d.bytes.size());
+  d.labels.assign(d.size, 0);
+  d.bytes_per_token = 1;
+  return d;
+}
+
+// Each family's logits equal transformers' definition in float64 to 1e-4, from a folder
+// in BF16 split over shards and from one in F32 (the folders made, and the reference's
+// logits computed, in one run of the script each).
+TEST(LlamaTest, LogitsEqualTheHuggingFaceDefinitionsInFloat64) {
+  struct Case {
+    std::string family;
+    int vocab;
+    std::string dtype;
+    int shards;
+    std::string dir;
+  };
+  std::vector<Case> cases;
+  std::string make, forward;
+  const int64_t batch = 2, t = 16;
+  const std::vector<int32_t> ids = RandomIds(batch * t, 83, 11);  // below every vocabulary
+  const std::vector<int64_t> ids64(ids.begin(), ids.end());
+  const std::string tokens = Temp("cleave_hf_logits.i64");
+  ASSERT_TRUE(WriteFileAtomic(tokens, std::string(reinterpret_cast<const char*>(ids64.data()), ids64.size() * 8)).ok());
+  const std::vector<std::pair<std::string, int>> families = {{"llama", 97}, {"mistral", 101}, {"qwen2", 89}, {"qwen3", 83}};
+  for (const auto& [family, vocab] : families) {
+    for (const auto& [dtype, shards] : {std::pair<std::string, int>{"BF16", 3}, {"F32", 1}}) {
+      Case c{family, vocab, dtype, shards, Temp(absl::StrCat("cleave_hf_logits_", family, "_", dtype))};
+      fs::remove_all(c.dir);
+      absl::StrAppend(&make, " ", c.dir, " ", family, " ", dtype, " ", shards, " 1");
+      absl::StrAppend(&forward, " ", c.dir, " ", tokens, " ", batch, " ", t, " ", c.dir, ".logits");
+      cases.push_back(c);
+    }
+  }
+  ASSERT_EQ(Python("make" + make), 0);
+  ASSERT_EQ(Python("forward" + forward), 0);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.family, " ", c.dtype, " in ", c.shards, " file(s)"));
+    auto model = Load(c.dir);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto ref = ReadFile(c.dir + ".logits");
+    ASSERT_TRUE(ref.ok());
+    ASSERT_EQ(ref->size(), size_t(batch * t * c.vocab * 8));
+    const double* expected = reinterpret_cast<const double*>(ref->data());
+    double worst = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      auto logits = (*model)->Logits(std::vector<int32_t>(ids.begin() + b * t, ids.begin() + (b + 1) * t));
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      for (int64_t i = 0; i < t * c.vocab; ++i) {
+        worst = std::max(worst, std::abs(double((*logits)[i]) - expected[b * t * c.vocab + i]));
+      }
+    }
+    EXPECT_LT(worst, 1e-4);
+    fs::remove_all(c.dir);
+    fs::remove(c.dir + ".logits");
+  }
+  fs::remove(tokens);
+}
+
+TEST(LlamaTest, ReadsConfigJsonAsTransformersDoes) {
+  auto c = ParseHfConfig(R"({"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
+                             "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 100,
+                             "eos_token_id": [7, 8]})", "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kv_heads, 4);    // num_key_value_heads defaults to the heads
+  EXPECT_EQ(c->head_dim, 128);  // Qwen3Config's default, not hidden / heads
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->eos_token_id, 7);
+  auto q2 = ParseHfConfig(R"({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4})", "c");
+  ASSERT_TRUE(q2.ok());
+  EXPECT_TRUE(q2->qkv_bias);
+  EXPECT_EQ(q2->head_dim, 16);
+  auto m = ParseHfConfig(R"({"model_type": "mistral", "sliding_window": null})", "c");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->sliding_window, 0);
+  // What it writes it reads back.
+  auto again = ParseHfConfig(HfConfigJson(*c), "again");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->head_dim, 128);
+  EXPECT_EQ(again->vocab, 100);
+  EXPECT_TRUE(again->qk_norm);
+}
+
+// Bad folders: each error names the file and the field or tensor.
+TEST(LlamaTest, RefusesMalformedFolders) {
+  auto expect_error = [](const Status& s, const std::string& needle) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s;
+  };
+  expect_error(ParseHfConfig(R"({"model_type": "gpt_neox"})", "x/config.json").status(),
+               "x/config.json: model_type 'gpt_neox' is not supported");
+  expect_error(ParseHfConfig(R"({"model_type": "llama", "hidden_act": "gelu"})", "c.json").status(),
+               "c.json: hidden_act must be silu");
+  expect_error(ParseHfConfig(R"({"model_type": "llama", "num_attention_heads": 6, "num_key_value_heads": 4})",
+                             "c.json").status(),
+               "num_key_value_heads");
+  expect_error(ParseHfConfig(R"({"model_type": "llama", "hidden_size": "big"})", "c.json").status(),
+               "c.json: hidden_size must be an integer");
+  expect_error(ParseHfConfig(R"({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4}})",
+                             "c.json").status(),
+               "rope_scaling type 'yarn'");
+  expect_error(ParseHfConfig("{not json", "c.json").status(), "c.json: not a JSON object");
+
+  const std::string dir = MakeFolder("qwen3", "F32", 2);
+  auto spec = SpecOf(dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto model = Model::Create(*spec);
+  ASSERT_TRUE(model.ok());
+  const ParameterSet layout = (*model)->Parameters();
+  // A shard that is not there.
+  const std::string shard = dir + "/model-00002-of-00002.safetensors";
+  fs::rename(shard, shard + ".away");
+  expect_error(LoadHfWeights(dir, layout, 3).status(), "model-00002-of-00002.safetensors");
+  fs::rename(shard + ".away", shard);
+  // A tensor of another shape than config.json makes it.
+  ParameterSet wrong = layout;
+  for (Tensor& t : wrong.mutable_tensors()) {
+    if (t.name == "1.self_attn.q_proj.weight") {
+      t.shape = {t.shape[0] / 2, t.shape[1]};
+      t.values.resize(t.numel());
+    }
+  }
+  expect_error(LoadHfWeights(dir, wrong, 3).status(), "tensor model.layers.0.self_attn.q_proj.weight is");
+  // The index names a tensor no shard holds.
+  std::ofstream(dir + "/model.safetensors.index.json") << R"({"weight_map": {}})";
+  expect_error(LoadHfWeights(dir, layout, 3).status(), "no shard holds tensor model.embed_tokens.weight");
+  fs::remove_all(dir);
+}
+
+// The stages are the embedding, each block and norm + head: cut anywhere, the parts
+// compose to the whole model.
+TEST(LlamaTest, StagesComposeToTheWholeModel) {
+  const std::string dir = MakeFolder("llama", "F32", 1);
+  auto model = Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->num_stages(), 2 + 2);  // embedding, two blocks, norm + head
+  auto spec = SpecOf(dir);
+  ASSERT_TRUE(spec.ok());
+  const std::vector<int32_t> ids = RandomIds(17, 97, 5);
+  const Dataset data = Sequences(ids, 17, 97);
+  auto whole = (*model)->Logits(std::vector<int32_t>(ids.begin(), ids.end() - 1));
+  ASSERT_TRUE(whole.ok());
+  const ParameterSet all = (*model)->Parameters();
+  for (int cut = 1; cut <= 3; ++cut) {
+    auto front = ModelPart::Create(*spec, 0, cut);
+    auto back = ModelPart::Create(*spec, cut, 4);
+    ASSERT_TRUE(front.ok() && back.ok()) << cut;
+    ASSERT_TRUE((*front)->LoadFrom(all).ok());
+    ASSERT_TRUE((*back)->LoadFrom(all).ok());
+    auto a = (*front)->Forward(1, InputBatch(data, {0}));
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto logits = (*back)->Forward(1, *a);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    ASSERT_EQ(logits->shape, (std::vector<int64_t>{1, 16, 97}));
+    for (size_t i = 0; i < whole->size(); ++i) ASSERT_NEAR(logits->values[i], (*whole)[i], 1e-4) << cut;
+  }
+  fs::remove_all(dir);
+}
+
+// Trained on a repeating pattern, its loss falls; with LoRA only the adapters move.
+TEST(LlamaTest, LearnsAndLoraTrainsOnlyItsAdapters) {
+  const std::string dir = MakeFolder("qwen2", "F32", 1);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 17 * 16; ++i) ids.push_back((i * 7) % 89);
+  const Dataset data = Sequences(ids, 17, 89);
+  LocalTrainOptions o;
+  o.optimizer = "adamw";
+  o.lr = 3e-3;
+  o.batch_size = 8;
+  o.local_steps = 30;
+  auto model = Load(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto before = (*model)->Evaluate(data, 16);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE((*model)->Train(data, o).ok());
+  auto after = (*model)->Evaluate(data, 16);
+  ASSERT_TRUE(after.ok());
+  EXPECT_LT(after->loss, before->loss * 0.5) << before->loss;
+
+  LoraConfig lora;
+  lora.rank = 4;
+  lora.targets = {"q_proj", "v_proj", "down_proj"};
+  auto adapted = Load(dir, lora);
+  ASSERT_TRUE(adapted.ok()) << adapted.status();
+  const ParameterSet base = (*adapted)->Parameters();
+  EXPECT_NE(base.Find("1.self_attn.q_proj.lora_A"), nullptr);
+  EXPECT_NE(base.Find("2.mlp.down_proj.lora_B"), nullptr);
+  EXPECT_EQ(base.Find("1.self_attn.k_proj.lora_A"), nullptr);
+  ASSERT_TRUE((*adapted)->Train(data, o).ok());
+  const ParameterSet trained = (*adapted)->Parameters();
+  int moved = 0;
+  for (const Tensor& t : base.tensors()) {
+    const bool adapter = t.name.find(".lora_") != std::string::npos;
+    if (!adapter) EXPECT_EQ(trained.Find(t.name)->values, t.values) << t.name;
+    moved += adapter && trained.Find(t.name)->values != t.values;
+  }
+  EXPECT_GT(moved, 0);
+  LoraConfig gpt_names;
+  gpt_names.rank = 2;
+  gpt_names.targets = {"attn.c_attn"};
+  auto refused = SpecOf(dir, gpt_names);
+  ASSERT_TRUE(refused.ok());
+  auto bad = Model::Create(*refused);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("hf has no projection attn.c_attn"), std::string::npos) << bad.status();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace cleave
