@@ -7,59 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
+#include "data/byte_level.h"
 
 namespace cleave {
 namespace {
-
-// GPT-2's byte-to-symbol map: printable bytes stand for themselves, the other 68 for
-// code points 256 and up, so that every byte is a visible character in vocab.json.
-const std::vector<uint32_t>& ByteToCodePoint() {
-  static const std::vector<uint32_t> table = [] {
-    std::vector<uint32_t> t(256);
-    uint32_t next = 256;
-    for (uint32_t b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-      t[b] = printable ? b : next++;
-    }
-    return t;
-  }();
-  return table;
-}
-
-void AppendUtf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// Decodes the UTF-8 character at s[i] (advancing i); a malformed byte is returned as
-// itself (and counts as a letter below, like any non-ASCII code point).
-uint32_t NextCodePoint(const std::string& s, size_t& i) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-  if (len == 0 || i + len > s.size()) {
-    ++i;
-    return b;
-  }
-  uint32_t cp = len == 1 ? b : b & (0xFF >> (len + 1));
-  for (int k = 1; k < len; ++k) {
-    const auto c = static_cast<unsigned char>(s[i + k]);
-    if ((c >> 6) != 2) {
-      ++i;
-      return b;
-    }
-    cp = (cp << 6) | (c & 0x3F);
-  }
-  i += len;
-  return cp;
-}
 
 enum class Kind { kLetter, kNumber, kSpace, kOther };
 
@@ -176,31 +127,10 @@ std::vector<std::string> Gpt2Bpe::Bpe(const std::string& word) const {
     NextCodePoint(word, i);
     parts.push_back(word.substr(b, i - b));
   }
-  while (parts.size() > 1) {
-    int best = INT_MAX;
-    size_t at = 0;
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      const auto it = ranks_.find({parts[i], parts[i + 1]});
-      if (it != ranks_.end() && it->second < best) {
-        best = it->second;
-        at = i;
-      }
-    }
-    if (best == INT_MAX) break;
-    // Merge every occurrence of the best pair, left to right (GPT-2's bpe()).
-    const std::string first = parts[at], second = parts[at + 1];
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      if (i + 1 < parts.size() && parts[i] == first && parts[i + 1] == second) {
-        merged.push_back(first + second);
-        ++i;
-      } else {
-        merged.push_back(parts[i]);
-      }
-    }
-    parts = std::move(merged);
-  }
-  return parts;
+  return MergeByRank(std::move(parts), [this](const std::string& a, const std::string& b) {
+    const auto it = ranks_.find({a, b});
+    return it == ranks_.end() ? -1 : it->second;
+  });
 }
 
 StatusOr<std::vector<int32_t>> Gpt2Bpe::Encode(const std::string& text) const {
@@ -222,21 +152,14 @@ StatusOr<std::vector<int32_t>> Gpt2Bpe::Encode(const std::string& text) const {
 }
 
 std::string Gpt2Bpe::Decode(const std::vector<int32_t>& ids) const {
-  static const std::unordered_map<uint32_t, unsigned char> inverse = [] {
-    std::unordered_map<uint32_t, unsigned char> m;
-    const auto& t = ByteToCodePoint();
-    for (int b = 0; b < 256; ++b) m[t[b]] = static_cast<unsigned char>(b);
-    return m;
-  }();
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size_) continue;
     const std::string& symbol = symbols_[id];
     if (symbol == "<|endoftext|>") continue;
     for (size_t i = 0; i < symbol.size();) {
-      const uint32_t cp = NextCodePoint(symbol, i);
-      const auto it = inverse.find(cp);
-      if (it != inverse.end()) out.push_back(static_cast<char>(it->second));
+      const int byte = ByteOfCodePoint(NextCodePoint(symbol, i));
+      if (byte >= 0) out.push_back(static_cast<char>(byte));
     }
   }
   return out;

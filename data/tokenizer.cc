@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "data/gpt2_bpe.h"
+#include "data/hf_tokenizer.h"
 #include "data/spm_bridge.h"
 
 namespace cleave {
@@ -76,6 +77,11 @@ class Gpt2Tokenizer : public Tokenizer {
 
 }  // namespace
 
+StatusOr<std::vector<int32_t>> Tokenizer::EncodeText(const std::string& text, bool) const {
+  ASSIGN_OR_RETURN(auto ids, Encode({text}));
+  return std::move(ids.at(0));
+}
+
 std::vector<int32_t> Tokenizer::DocumentSeparator() const {
   if (eos_id() >= 0) return {eos_id()};
   auto ids = Encode({"\n\n"});
@@ -93,12 +99,16 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(const std::string& spec) 
     ASSIGN_OR_RETURN(SpmProcessor p, SpmProcessor::Load(path));
     return std::unique_ptr<Tokenizer>(new SentencePieceTokenizer(std::move(p)));
   }
+  if (spec.rfind("hf:", 0) == 0 && spec.size() > 3) {
+    ASSIGN_OR_RETURN(auto hf, HfTokenizer::Load(spec.substr(3)));
+    return std::unique_ptr<Tokenizer>(std::move(hf));
+  }
   if (spec.rfind("gpt2:", 0) == 0 && spec.size() > 5) {
     ASSIGN_OR_RETURN(auto bpe, Gpt2Bpe::Load(spec.substr(5)));
     return std::unique_ptr<Tokenizer>(new Gpt2Tokenizer(std::move(bpe)));
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown tokenizer '", spec, "' (byte, spm:MODEL_FILE or gpt2:DIR with vocab.json and merges.txt)"));
+      "unknown tokenizer '", spec, "' (byte, spm:MODEL_FILE, gpt2:DIR with vocab.json and merges.txt, or hf:PATH: a Hugging Face tokenizer.json or its folder)"));
 }
 
 Status TrainSentencePieceModel(const std::vector<std::string>& files, int vocab_size,

@@ -1,7 +1,8 @@
 // Tokenizers for text data: bytes (a vocabulary of 256, no model needed), a
 // SentencePiece model (`cleave tokenizer train` makes one; so do Debian's spm_train),
-// or GPT-2's byte-level BPE (a checkpoint's vocab.json and merges.txt,
-// data/gpt2_bpe.h). Specs: "byte", "spm:PATH" or "gpt2:DIR".
+// GPT-2's byte-level BPE (a checkpoint's vocab.json and merges.txt, data/gpt2_bpe.h),
+// or a Hugging Face tokenizer.json (Llama 2 and 3, Mistral, Qwen; data/hf_tokenizer.h).
+// Specs: "byte", "spm:PATH", "gpt2:DIR" or "hf:PATH" (a tokenizer.json or its folder).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,9 @@ class Tokenizer {
   // process, data/spm_bridge.h).
   virtual StatusOr<std::vector<std::vector<int32_t>>> Encode(
       const std::vector<std::string>& texts) const = 0;
+  // One text; `special`: with the special tokens the model's tokenizer adds around a
+  // sequence (a beginning-of-text id, ...); tokenizers that add none ignore it.
+  virtual StatusOr<std::vector<int32_t>> EncodeText(const std::string& text, bool special) const;
   // Ids outside the vocabulary are skipped.
   virtual StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const = 0;
   // The vocabulary's end-of-text id, or -1 when it has none.

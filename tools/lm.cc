@@ -108,6 +108,24 @@ int RunTokenizerTrain(const TokenizerTrainOptions& o) {
   return 0;
 }
 
+int RunTokenizerEncode(const TokenizerCodecOptions& o) {
+  auto tokenizer = Tokenizer::Create(o.tokenizer);
+  if (!tokenizer.ok()) return Fail("tokenizer encode", tokenizer.status(), 2);
+  auto ids = (*tokenizer)->EncodeText(o.text, o.special);
+  if (!ids.ok()) return Fail("tokenizer encode", ids.status(), 2);
+  std::cout << absl::StrJoin(*ids, " ") << "\n";
+  return 0;
+}
+
+int RunTokenizerDecode(const TokenizerCodecOptions& o) {
+  auto tokenizer = Tokenizer::Create(o.tokenizer);
+  if (!tokenizer.ok()) return Fail("tokenizer decode", tokenizer.status(), 2);
+  auto text = (*tokenizer)->Decode(o.ids);
+  if (!text.ok()) return Fail("tokenizer decode", text.status(), 2);
+  std::cout << *text << "\n";
+  return 0;
+}
+
 int RunGenerate(const GenerateOptions& o) {
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return Fail("generate", loaded.status(), 2);

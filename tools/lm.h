@@ -17,6 +17,17 @@ struct TokenizerTrainOptions {
 };
 int RunTokenizerTrain(const TokenizerTrainOptions& o);
 
+// cleave tokenizer encode / decode: a text's ids on one line, separated by spaces, or the
+// text of ids.
+struct TokenizerCodecOptions {
+  std::string tokenizer = "byte";  // a tokenizer spec (data/tokenizer.h): hf:PATH, ...
+  std::string text;                // encode
+  std::vector<int32_t> ids;        // decode
+  bool special = false;            // encode: add the model's special tokens
+};
+int RunTokenizerEncode(const TokenizerCodecOptions& o);
+int RunTokenizerDecode(const TokenizerCodecOptions& o);
+
 // Where a trained model comes from: a run directory (its config.yaml and checkpoint.pb)
 // or a config and a checkpoint (a checkpoint.pb or a safetensors file) given apart.
 struct ModelSource {

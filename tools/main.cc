@@ -277,7 +277,19 @@ Command AddTokenizer(CLI::App& app) {
   train->add_option("--type", o->type, "unigram (default), bpe, char or word")
       ->check(CLI::IsMember({"unigram", "bpe", "char", "word"}));
   train->add_option("--out", o->out, "writes OUT.model and OUT.vocab")->required();
-  return {tokenizer, [o] { return cleave::RunTokenizerTrain(*o); }};
+  auto c = std::make_shared<cleave::TokenizerCodecOptions>();
+  auto* encode = tokenizer->add_subcommand("encode", "a text's token ids, on one line");
+  encode->add_option("--tokenizer", c->tokenizer, "byte, spm:MODEL, gpt2:DIR or hf:PATH (default byte)");
+  encode->add_option("--text", c->text, "the text")->required();
+  encode->add_flag("--special", c->special, "add the model's special tokens (beginning of text, ...)");
+  auto* decode = tokenizer->add_subcommand("decode", "the text of token ids");
+  decode->add_option("--tokenizer", c->tokenizer, "byte, spm:MODEL, gpt2:DIR or hf:PATH (default byte)");
+  decode->add_option("ids", c->ids, "the ids")->required();
+  return {tokenizer, [o, c, encode, decode] {
+            if (encode->parsed()) return cleave::RunTokenizerEncode(*c);
+            if (decode->parsed()) return cleave::RunTokenizerDecode(*c);
+            return cleave::RunTokenizerTrain(*o);
+          }};
 }
 
 // A trained model: a run directory, or a config and a checkpoint given apart.
