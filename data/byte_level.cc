@@ -1,6 +1,6 @@
 #include "data/byte_level.h"
 
-#include <climits>
+#include <queue>
 #include <unordered_map>
 
 namespace cleave {
@@ -69,30 +69,47 @@ int ByteOfCodePoint(uint32_t cp) {
 
 std::vector<std::string> MergeByRank(std::vector<std::string> parts,
                                      const std::function<int(const std::string&, const std::string&)>& rank) {
-  while (parts.size() > 1) {
-    int best = INT_MAX;
-    size_t at = 0;
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      const int r = rank(parts[i], parts[i + 1]);
-      if (r >= 0 && r < best) {
-        best = r;
-        at = i;
-      }
-    }
-    if (best == INT_MAX) break;
-    const std::string first = parts[at], second = parts[at + 1];
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      if (i + 1 < parts.size() && parts[i] == first && parts[i + 1] == second) {
-        merged.push_back(first + second);
-        ++i;
-      } else {
-        merged.push_back(parts[i]);
-      }
-    }
-    parts = std::move(merged);
+  // A heap of the adjacent pairs by (rank, position), over a linked list of the parts:
+  // O(n log n) for long words. A BPE merge's parts come from earlier merges, so a pair
+  // that merging creates ranks after the merge that created it, and this order is the
+  // one above.
+  const int n = static_cast<int>(parts.size());
+  std::vector<int> next(n), prev(n);
+  std::vector<int> version(n, 0);
+  for (int i = 0; i < n; ++i) {
+    next[i] = i + 1 < n ? i + 1 : -1;
+    prev[i] = i - 1;
   }
-  return parts;
+  struct Pair {
+    int rank, left, right, left_version, right_version;
+    bool operator>(const Pair& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Pair, std::vector<Pair>, std::greater<Pair>> heap;
+  auto push = [&](int l) {
+    const int r = l < 0 ? -1 : next[l];
+    if (r < 0) return;
+    const int k = rank(parts[l], parts[r]);
+    if (k >= 0) heap.push({k, l, r, version[l], version[r]});
+  };
+  for (int i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Pair p = heap.top();
+    heap.pop();
+    if (next[p.left] != p.right || version[p.left] != p.left_version || version[p.right] != p.right_version) {
+      continue;  // one side merged since
+    }
+    parts[p.left] += parts[p.right];
+    ++version[p.left];
+    ++version[p.right];
+    next[p.left] = next[p.right];
+    if (next[p.left] >= 0) prev[next[p.left]] = p.left;
+    next[p.right] = -1;
+    push(prev[p.left]);
+    push(p.left);
+  }
+  std::vector<std::string> out;
+  for (int i = n > 0 ? 0 : -1; i >= 0; i = next[i]) out.push_back(std::move(parts[i]));
+  return out;
 }
 
 }  // namespace cleave

@@ -234,6 +234,7 @@ struct HfTokenizer::Impl {
   bool ignore_merges = false, byte_fallback = false, fuse_unk = false;
   int32_t unk = -1, eos = -1;
   std::vector<AddedToken> added;  // longest first
+  std::vector<std::vector<const AddedToken*>> added_by_byte = std::vector<std::vector<const AddedToken*>>(256);
   std::vector<bool> special;      // by id
   std::vector<int32_t> prefix, suffix;  // EncodeText(special)
   mutable std::mutex cache_mu;
@@ -253,9 +254,9 @@ struct HfTokenizer::Impl {
     size_t at = 0, start = 0;
     while (at < text.size()) {
       const AddedToken* hit = nullptr;
-      for (const AddedToken& t : added) {
-        if (!t.content.empty() && text.compare(at, t.content.size(), t.content) == 0) {
-          hit = &t;  // longest first
+      for (const AddedToken* t : added_by_byte[static_cast<unsigned char>(text[at])]) {
+        if (text.compare(at, t->content.size(), t->content) == 0) {
+          hit = t;  // longest first
           break;
         }
       }
@@ -617,6 +618,7 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
   for (const AddedToken& a : t->added) {
     t->tokens[a.id] = a.content;
     t->special[a.id] = a.special;
+    t->added_by_byte[static_cast<unsigned char>(a.content[0])].push_back(&a);
   }
   RETURN_IF_ERROR(ReadSpecials(j.value("post_processor", Json()), config, *t));
   const Json eos = config.value("eos_token", Json());
