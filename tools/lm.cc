@@ -31,8 +31,16 @@ int Fail(const std::string& command, const Status& s, int code = 1) {
 
 struct Loaded {
   JobConfig config;
+  ModelSpec spec;
   std::unique_ptr<Model> model;
 };
+
+// A Hugging Face folder given as --checkpoint with no job config: model hf, its own
+// weights, its context up to config.json's max_position_embeddings.
+bool IsHfFolder(const ModelSource& src) {
+  return src.run_dir.empty() && src.config.empty() && !src.checkpoint.empty() &&
+         std::filesystem::is_regular_file(std::filesystem::path(src.checkpoint) / "config.json");
+}
 
 // The model a ModelSource names, built from its config and loaded with its weights.
 StatusOr<Loaded> LoadModel(const ModelSource& src) {
@@ -41,11 +49,19 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
     if (config.empty()) config = src.run_dir + "/config.yaml";
     if (checkpoint.empty()) checkpoint = src.run_dir + "/checkpoint.pb";
   }
-  if (config.empty() || checkpoint.empty()) {
-    return absl::InvalidArgumentError("give a run directory, or --config and --checkpoint");
-  }
   Loaded out;
-  ASSIGN_OR_RETURN(out.config, LoadJob(config));
+  const bool folder = IsHfFolder(src);
+  if (folder) {
+    out.config.model.name = "hf";
+    out.config.model.path = checkpoint;
+    out.config.model.gpt.context = 65536;  // capped by config.json
+    out.config.data.test.clear();
+  } else if (config.empty() || checkpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "give a run directory, --config and --checkpoint, or --checkpoint with a Hugging Face folder");
+  } else {
+    ASSIGN_OR_RETURN(out.config, LoadJob(config));
+  }
   const ModelConfig& m = out.config.model;
   ModelSpec spec = ModelSpecOf(out.config.model, out.config.run.seed);
   if (m.name == "torchscript") {
@@ -63,7 +79,9 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
   } else if (!m.weights.empty()) {
     ASSIGN_OR_RETURN(weights, LoadWeights(m.weights, m.name, weights));
   }
-  if (absl::EndsWith(checkpoint, ".safetensors")) {
+  if (folder) {
+    // The folder's weights are the model's.
+  } else if (absl::EndsWith(checkpoint, ".safetensors")) {
     ASSIGN_OR_RETURN(weights, LoadWeights(checkpoint, m.name, weights));
   } else {
     ASSIGN_OR_RETURN(std::string bytes, ReadFile(checkpoint));
@@ -79,6 +97,7 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
     }
   }
   RETURN_IF_ERROR(out.model->SetParameters(weights));
+  out.spec = std::move(spec);
   return out;
 }
 
@@ -129,14 +148,17 @@ int RunTokenizerDecode(const TokenizerCodecOptions& o) {
 int RunGenerate(const GenerateOptions& o) {
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return Fail("generate", loaded.status(), 2);
-  const std::string spec = o.tokenizer.empty() ? TokenizerOf(loaded->config.local.data) : o.tokenizer;
+  const std::string spec = !o.tokenizer.empty() ? o.tokenizer
+                           : IsHfFolder(o.model) ? "hf:" + o.model.checkpoint
+                                                 : TokenizerOf(loaded->config.local.data);
   auto tokenizer = Tokenizer::Create(spec);
   if (!tokenizer.ok()) return Fail("generate", tokenizer.status(), 2);
-  if ((*tokenizer)->vocab_size() != loaded->config.model.gpt.vocab) {
+  // A Hugging Face model's embedding may have rows the tokenizer never uses (Qwen pads it).
+  const int64_t vocab = loaded->spec.gpt.vocab, words = (*tokenizer)->vocab_size();
+  if (loaded->spec.name == "hf" ? words > vocab : words != vocab) {
     return Fail("generate",
-                absl::InvalidArgumentError(absl::StrCat(
-                    "the tokenizer ", spec, " has a vocabulary of ", (*tokenizer)->vocab_size(),
-                    " but the model's is ", loaded->config.model.gpt.vocab)),
+                absl::InvalidArgumentError(absl::StrCat("the tokenizer ", spec, " has a vocabulary of ",
+                                                        words, " but the model's is ", vocab)),
                 2);
   }
   auto prompt = (*tokenizer)->Encode({o.prompt});
@@ -159,7 +181,7 @@ int RunEvaluate(const EvaluateOptions& o) {
   auto data = LoadDataSpec(spec, /*train=*/false);
   if (!data.ok()) return Fail("evaluate", data.status(), 2);
   const std::string& loss = loaded->config.train.loss;
-  if (Status s = CheckDataFitsModel(*data, ModelSpecOf(loaded->config.model, loaded->config.run.seed), loss, spec); !s.ok()) {
+  if (Status s = CheckDataFitsModel(*data, loaded->spec, loss, spec); !s.ok()) {
     return Fail("evaluate", s, 2);
   }
   // The rows: the whole set, then each group or client with the indices it holds.
@@ -226,12 +248,36 @@ int RunEvaluate(const EvaluateOptions& o) {
   return 0;
 }
 
+namespace {
+
+// A Hugging Face folder of the model: config.json, model.safetensors and the source
+// folder's tokenizer files.
+int ExportHfFolder(const Loaded& loaded, const ParameterSet& params, const std::string& out) {
+  namespace fs = std::filesystem;
+  if (Status s = WriteHfFolder(out, loaded.spec.hf_config, params, loaded.spec.gpt.layers); !s.ok()) {
+    return Fail("export", s);
+  }
+  int copied = 0;
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+    const fs::path from = fs::path(loaded.config.model.path) / file;
+    std::error_code ec;
+    if (fs::exists(from) && fs::copy_file(from, fs::path(out) / file, fs::copy_options::overwrite_existing, ec)) ++copied;
+  }
+  std::cout << params.size() << " tensors (" << params.total_elements() << " values) in " << out
+            << "/model.safetensors with config.json and " << copied << " tokenizer files"
+            << (loaded.config.model.lora.enabled() ? ", LoRA adapters merged" : "") << "\n";
+  return 0;
+}
+
+}  // namespace
+
 int RunExport(const ExportOptions& o) {
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return Fail("export", loaded.status(), 2);
   ParameterSet params = loaded->model->Parameters();
   const LoraConfig& lora = loaded->config.model.lora;
   if (lora.enabled()) params = MergeLora(params, lora.alpha / lora.rank);  // a plain GPT-2
+  if (loaded->spec.name == "hf") return ExportHfFolder(*loaded, params, o.out);
   const bool gpt = loaded->config.model.name == "gpt";
   if (gpt) params = ToGpt2Layout(params);
   const std::map<std::string, std::string> metadata = {

@@ -28,8 +28,10 @@ struct TokenizerCodecOptions {
 int RunTokenizerEncode(const TokenizerCodecOptions& o);
 int RunTokenizerDecode(const TokenizerCodecOptions& o);
 
-// Where a trained model comes from: a run directory (its config.yaml and checkpoint.pb)
-// or a config and a checkpoint (a checkpoint.pb or a safetensors file) given apart.
+// Where a trained model comes from: a run directory (its config.yaml and checkpoint.pb),
+// a config and a checkpoint (a checkpoint.pb or a safetensors file) given apart, or a
+// Hugging Face folder as the checkpoint with no config (model hf; generate takes its
+// tokenizer from it unless --tokenizer says otherwise).
 struct ModelSource {
   std::string run_dir;
   std::string config;
@@ -60,7 +62,7 @@ int RunEvaluate(const EvaluateOptions& o);
 
 struct ExportOptions {
   ModelSource model;
-  std::string out;  // a .safetensors file
+  std::string out;  // a .safetensors file; for model hf, a Hugging Face folder
 };
 int RunExport(const ExportOptions& o);
 

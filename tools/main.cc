@@ -297,7 +297,8 @@ void AddModelSource(CLI::App* cmd, cleave::ModelSource& src) {
   cmd->add_option("run_dir", src.run_dir, "a run directory (its config.yaml and checkpoint.pb)");
   cmd->add_option("--config", src.config, "the job config (default: RUN_DIR/config.yaml)");
   cmd->add_option("--checkpoint", src.checkpoint,
-                  "a checkpoint.pb or a .safetensors file (default: RUN_DIR/checkpoint.pb)");
+                  "a checkpoint.pb, a .safetensors file, or a Hugging Face folder (no config needed) "
+                  "(default: RUN_DIR/checkpoint.pb)");
 }
 
 Command AddGenerate(CLI::App& app) {

@@ -284,6 +284,39 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
       << *log1;
 }
 
+// A Hugging Face folder with no job config (the Llama folder tests/models/
+// llama_reference.py writes): `cleave generate` and `cleave evaluate` take it as the
+// checkpoint, and `cleave export` writes a folder of its own that evaluates the same.
+TEST_F(LocalTest, AHuggingFaceFolderIsSampledEvaluatedAndExported) {
+  const std::string folder = (dir_ / "llama").string(), out = (dir_ / "exported").string();
+  ASSERT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
+                         "/tests/models/llama_reference.py make " + folder + " bytes BF16 2 9").c_str()),
+            0);
+  auto command = [&](std::vector<std::string> argv, const std::string& name) {
+    EXPECT_EQ(Wait(Spawn(argv, name), 120), 0) << ReadFile((dir_ / name).string()).value_or("");
+    return ReadFile((dir_ / name).string()).value_or("");
+  };
+  const std::vector<std::string> gen = {"cleave", "generate", "--checkpoint", folder, "--tokenizer", "byte",
+                                        "--prompt", "The ", "--tokens", "12", "--seed", "4"};
+  const std::string a = command(gen, "gen1.txt");
+  EXPECT_EQ(a, command(gen, "gen2.txt"));
+  EXPECT_EQ(a.rfind("The ", 0), 0u) << a;
+  const std::string data = "text:/usr/share/games/fortunes/pets,context=32";
+  auto all_row = [](const std::string& t) {
+    const size_t at = t.find("| all | ");
+    return at == std::string::npos ? std::string() : t.substr(at, t.find('\n', at) - at);
+  };
+  const std::string table = all_row(command({"cleave", "evaluate", "--checkpoint", folder, "--data", data}, "eval.txt"));
+  ASSERT_FALSE(table.empty());
+  EXPECT_NE(command({"cleave", "export", "--checkpoint", folder, "--out", out}, "export.txt").find("config.json"),
+            std::string::npos);
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors") && fs::exists(out + "/config.json"));
+  EXPECT_EQ(all_row(command({"cleave", "evaluate", "--checkpoint", out, "--data", data}, "eval2.txt")), table);
+  // Without a tokenizer in the folder and none given, generate says what is missing.
+  EXPECT_EQ(Wait(Spawn({"cleave", "generate", "--checkpoint", folder, "--prompt", "x"}, "bad.txt"), 60), 2);
+  EXPECT_NE(ReadFile((dir_ / "bad.txt").string())->find("tokenizer.json"), std::string::npos);
+}
+
 // A language model from `cleave local` to what a user does with it: perplexity per
 // client (`cleave evaluate --by client:2`), sampling (`cleave generate`: the same seed,
 // the same text), and an export to GPT-2-layout safetensors that evaluates exactly like
