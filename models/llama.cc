@@ -109,6 +109,7 @@ struct SelfAttentionImpl : nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), rep = heads / kv_heads;
+    const int64_t past = caching && k_cache.defined() ? k_cache.size(2) : 0;
     auto q = q_proj(x).view({b, t, heads, hd});
     auto k = k_proj(x).view({b, t, kv_heads, hd});
     auto v = v_proj(x).view({b, t, kv_heads, hd}).transpose(1, 2);
@@ -116,35 +117,50 @@ struct SelfAttentionImpl : nn::Module {
       q = q_norm(q);
       k = k_norm(k);
     }
-    Positions(t);
+    Positions(past, t);
     q = Rotate(q.transpose(1, 2), cos, sin);  // b h t hd
     k = Rotate(k.transpose(1, 2), cos, sin);  // b kv t hd
+    if (caching) {
+      if (past > 0) {
+        k = torch::cat({k_cache, k}, 2);
+        v = torch::cat({v_cache, v}, 2);
+      }
+      k_cache = k;
+      v_cache = v;
+    }
+    const int64_t total = past + t;
     // Grouped-query attention: query head g * rep + r reads key/value head g (transformers'
     // repeat_kv), without copying the keys and values.
     auto qg = q.reshape({b, kv_heads, rep * t, hd});
     auto att = torch::matmul(qg, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(double(hd)));
-    att = torch::softmax(att.view({b, kv_heads, rep, t, t}) + mask, -1);
-    auto y = torch::matmul(att.view({b, kv_heads, rep * t, t}), v);  // b kv rep*t hd
+    att = torch::softmax(att.view({b, kv_heads, rep, t, total}) + mask, -1);
+    auto y = torch::matmul(att.view({b, kv_heads, rep * t, total}), v);  // b kv rep*t hd
     y = y.view({b, heads, t, hd}).transpose(1, 2).reshape({b, t, heads * hd});
     return o_proj(y);
   }
 
-  // The cos / sin tables and the mask for sequences of t tokens.
-  void Positions(int64_t t) {
-    if (cos.defined() && cos.size(0) == t) return;
-    auto freqs = torch::outer(torch::arange(t, torch::kFloat64), inv_freq);
+  // The cos / sin tables of positions [past, past + t) and the mask of those t queries
+  // over the past + t keys.
+  void Positions(int64_t past, int64_t t) {
+    if (cos.defined() && cos.size(0) == t && positions_from == past) return;
+    positions_from = past;
+    auto freqs = torch::outer(torch::arange(past, past + t, torch::kFloat64), inv_freq);
     auto emb = torch::cat({freqs, freqs}, -1);
     cos = emb.cos().to(torch::kFloat32);
     sin = emb.sin().to(torch::kFloat32);
-    auto i = torch::arange(t).unsqueeze(1), j = torch::arange(t).unsqueeze(0);
+    auto i = torch::arange(past, past + t).unsqueeze(1), j = torch::arange(past + t).unsqueeze(0);
     auto allowed = j <= i;
     if (window > 0) allowed = allowed.logical_and(i - j < window);
-    mask = torch::zeros({t, t}).masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    mask = torch::zeros({t, past + t}).masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   }
 
   int64_t heads, kv_heads, hd, window;
   torch::Tensor inv_freq;  // not buffers: they are not part of the model's state
   torch::Tensor cos, sin, mask;
+  int64_t positions_from = 0;
+  // The key/value cache (SetKvCache): keys and values of the tokens seen so far.
+  bool caching = false;
+  torch::Tensor k_cache, v_cache;
   Projection q_proj, k_proj, v_proj, o_proj;
   RmsNorm q_norm{nullptr}, k_norm{nullptr};
 };
@@ -199,6 +215,19 @@ struct DecoderHeadImpl : nn::Module {
 TORCH_MODULE(DecoderHead);
 
 }  // namespace
+
+bool SetKvCache(nn::Sequential& seq, bool on) {
+  bool found = false;
+  for (const auto& m : seq->modules(/*include_self=*/false)) {
+    if (auto* attention = m->as<SelfAttentionImpl>()) {
+      attention->caching = on;
+      attention->k_cache = torch::Tensor();
+      attention->v_cache = torch::Tensor();
+      found = true;
+    }
+  }
+  return found;
+}
 
 nn::Sequential BuildLlama(const DecoderConfig& c, const LoraConfig& lora) {
   nn::Sequential seq;

@@ -28,4 +28,10 @@ namespace cleave {
 // dtype: split learning carries them as floats); the output is [batch, T, vocab] logits.
 torch::nn::Sequential BuildLlama(const DecoderConfig& config, const LoraConfig& lora);
 
+// Turns the key/value cache of `seq`'s attention on (empty) or off: with it on, each
+// forward takes only the tokens that follow those already seen (batch 1 for generation),
+// at the positions after them, and attends to the cached keys and values. False when
+// `seq` is not a Llama-family decoder.
+bool SetKvCache(torch::nn::Sequential& seq, bool on);
+
 }  // namespace cleave

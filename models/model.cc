@@ -17,6 +17,7 @@
 #include "models/builtin_models.h"
 #include "models/fast_trainer.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "models/losses.h"
 #include "models/optimizer_step.h"
 #include "models/optimizers.h"
@@ -548,8 +549,30 @@ StatusOr<std::vector<int32_t>> Model::Generate(const std::vector<int32_t>& promp
     impl_->SetTraining(false);
     auto gen = at::detail::createCPUGenerator(seed);
     std::vector<int64_t> ids(prompt.begin(), prompt.end());
+    // A Llama-family decoder keeps its keys and values (models/llama.h): each step runs
+    // the new token only. The cache holds ids[window, seen); past the context it starts
+    // again from the last `context` ids, as the uncached window does.
+    const bool cached = !impl_->seq.is_empty() && SetKvCache(impl_->seq, true);
+    struct CacheOff {
+      nn::Sequential& seq;
+      bool on;
+      ~CacheOff() {
+        if (on) SetKvCache(seq, false);
+      }
+    } off{impl_->seq, cached};
+    int64_t window = 0, seen = 0;
     for (int i = 0; i < tokens; ++i) {
-      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - context);
+      const int64_t n = static_cast<int64_t>(ids.size());
+      int64_t start = std::max<int64_t>(0, n - context);
+      if (cached) {
+        if (seen == 0 || n - window > context) {
+          SetKvCache(impl_->seq, true);
+          window = start;
+        } else {
+          start = seen;
+        }
+        seen = n;
+      }
       auto x = torch::tensor(std::vector<int64_t>(ids.begin() + start, ids.end())).unsqueeze(0);
       auto logits = impl_->Forward(x)[0][-1];
       int64_t next;

@@ -8,6 +8,9 @@
 #   make DIR FAMILY DTYPE SHARDS SEED      a random folder of FAMILY (llama, mistral,
 #                                          qwen2, qwen3, bytes), DTYPE F32 or BF16
 #   forward DIR TOKENS.i64 B T OUT         float64 logits [B, T, vocab], raw
+#   generate DIR PROMPT_LEN TOKENS SEED    greedy generation in float32 with a key/value
+#                                          cache (PyTorch eager, one thread), timed;
+#                                          prints "TOKENS_PER_S id id ..."
 # Either takes several jobs, one after another on the command line (torch loads once).
 import json
 import math
@@ -48,6 +51,12 @@ CONFIGS = {
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
                   tie_word_embeddings=False, hidden_act="silu"),
+    # SmolLM2-135M's shape (random weights, transformers' initialisation), for
+    # bench/llama_generate.cc.
+    "smol": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                 num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                 max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                 tie_word_embeddings=True, hidden_act="silu"),
 }
 
 
@@ -61,7 +70,7 @@ def random_weights(c, seed):
     h, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
     w = {}
 
-    trained = c["vocab_size"] == 256  # "bytes": transformers' own initialisation
+    trained = c["vocab_size"] in (256, 49152)  # "bytes", "smol": transformers' initialisation
 
     def normal(*shape, std=0.2):
         return torch.randn(*shape, generator=g) * (0.02 if trained else std)
@@ -234,6 +243,53 @@ def forward(c, w, ids):
     return x @ head.t()
 
 
+def generate(c, w, prompt, new_tokens):
+    """Greedy decoding with a key/value cache, as transformers' generate does."""
+    h, kv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c), c["rms_norm_eps"]
+    inv = inv_freq(c).float()
+    head = w["model.embed_tokens.weight"] if c.get("tie_word_embeddings") else w["lm_head.weight"]
+    cache = [None] * c["num_hidden_layers"]
+    ids, out = list(prompt), []
+    feed, past = torch.tensor([ids]), 0
+    for _ in range(new_tokens):
+        t = feed.shape[1]
+        freqs = torch.outer(torch.arange(past, past + t, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        x = w["model.embed_tokens.weight"][feed]
+        for layer in range(c["num_hidden_layers"]):
+            p = f"model.layers.{layer}."
+            y = rms(x, w[p + "input_layernorm.weight"], eps)
+            q = (y @ w[p + "self_attn.q_proj.weight"].t()).view(1, t, h, hd).transpose(1, 2)
+            k = (y @ w[p + "self_attn.k_proj.weight"].t()).view(1, t, kv, hd).transpose(1, 2)
+            v = (y @ w[p + "self_attn.v_proj.weight"].t()).view(1, t, kv, hd).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            if cache[layer] is not None:
+                k = torch.cat((cache[layer][0], k), dim=2)
+                v = torch.cat((cache[layer][1], v), dim=2)
+            cache[layer] = (k, v)
+            rep = h // kv
+            kr = k[:, :, None].expand(1, kv, rep, past + t, hd).reshape(1, h, past + t, hd)
+            vr = v[:, :, None].expand(1, kv, rep, past + t, hd).reshape(1, h, past + t, hd)
+            att = (q @ kr.transpose(-2, -1)) / math.sqrt(hd)
+            if t > 1:
+                mask = torch.ones(t, past + t, dtype=torch.bool).tril(diagonal=past)
+                att = att.masked_fill(~mask, float("-inf"))
+            y = (att.softmax(dim=-1) @ vr).transpose(1, 2).reshape(1, t, h * hd)
+            x = x + y @ w[p + "self_attn.o_proj.weight"].t()
+            y = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+            gate, up = y @ w[p + "mlp.gate_proj.weight"].t(), y @ w[p + "mlp.up_proj.weight"].t()
+            x = x + (F.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].t()
+        logits = rms(x[:, -1], w["model.norm.weight"], eps) @ head.t()
+        nxt = int(logits.argmax(dim=-1))
+        ids.append(nxt)
+        out.append(nxt)
+        past += t
+        feed = torch.tensor([[nxt]])
+    return out
+
+
 def run_forward(folder, tokens, b, t, out):
     with open(tokens, "rb") as f:
         ids = torch.frombuffer(bytearray(f.read()), dtype=torch.int64).reshape(b, t)
@@ -245,6 +301,20 @@ def run_forward(folder, tokens, b, t, out):
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "generate":
+        import time
+        torch.set_num_threads(1)
+        folder, prompt_len, new_tokens, seed = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+        config, weights = load(folder)
+        weights = {k: v.float() for k, v in weights.items()}
+        prompt = torch.randint(0, config["vocab_size"], (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+        with torch.no_grad():
+            generate(config, weights, prompt, 2)  # warm-up
+            start = time.perf_counter()
+            out = generate(config, weights, prompt, new_tokens)
+            seconds = time.perf_counter() - start
+        print(new_tokens / seconds, " ".join(map(str, prompt)), "|", " ".join(map(str, out)))
+        sys.exit(0)
     args = sys.argv[2:]
     for i in range(0, len(args), 5):
         a, b, c, d, e = args[i:i + 5]

@@ -234,6 +234,39 @@ TEST(LlamaTest, StagesComposeToTheWholeModel) {
   fs::remove_all(dir);
 }
 
+// Generation keeps the keys and values: greedy tokens equal those of running the whole
+// sequence at every step, for grouped-query attention with llama3 rope scaling and for
+// Mistral's sliding window (shorter than the sequence); past the context the cache starts
+// again as the window moves.
+TEST(LlamaTest, GenerationWithTheKeyValueCacheEqualsTheFullForward) {
+  for (const auto& [family, vocab] : std::vector<std::pair<std::string, int>>{{"llama", 97}, {"mistral", 101}}) {
+    SCOPED_TRACE(family);
+    const std::string dir = MakeFolder(family, "F32", 1);
+    auto spec = SpecOf(dir);
+    ASSERT_TRUE(spec.ok());
+    spec->gpt.context = 24;  // the 6-token prompt and 30 new tokens run past it
+    auto model = Model::Create(*spec);
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto weights = LoadHfWeights(dir, (*model)->Parameters(), spec->gpt.layers);
+    ASSERT_TRUE(weights.ok() && (*model)->SetParameters(*weights).ok());
+    const std::vector<int32_t> prompt = RandomIds(6, vocab, 3);
+    auto fast = (*model)->Generate(prompt, 30, /*temperature=*/0, 0, 1);
+    ASSERT_TRUE(fast.ok()) << fast.status();
+    std::vector<int32_t> ids = prompt, slow;
+    for (int i = 0; i < 30; ++i) {
+      const size_t start = ids.size() > 24 ? ids.size() - 24 : 0;
+      auto logits = (*model)->Logits(std::vector<int32_t>(ids.begin() + start, ids.end()));
+      ASSERT_TRUE(logits.ok());
+      const float* last = logits->data() + logits->size() - vocab;
+      const int32_t next = static_cast<int32_t>(std::max_element(last, last + vocab) - last);
+      ids.push_back(next);
+      slow.push_back(next);
+    }
+    EXPECT_EQ(*fast, slow);
+    fs::remove_all(dir);
+  }
+}
+
 // Trained on a repeating pattern, its loss falls; with LoRA only the adapters move.
 TEST(LlamaTest, LearnsAndLoraTrainsOnlyItsAdapters) {
   const std::string dir = MakeFolder("qwen2", "F32", 1);
