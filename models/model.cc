@@ -539,7 +539,8 @@ StatusOr<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids) {
 }
 
 StatusOr<std::vector<int32_t>> Model::Generate(const std::vector<int32_t>& prompt, int tokens,
-                                               double temperature, int top_k, uint64_t seed) {
+                                               double temperature, int top_k, uint64_t seed,
+                                               double top_p, int32_t eos) {
   if (impl_->vocab == 0) return absl::FailedPreconditionError("only a language model (gpt, hf) reads token ids");
   const int64_t context = impl_->context, vocab = impl_->vocab;
   RETURN_IF_ERROR(CheckIds(prompt, vocab, "prompt"));
@@ -584,10 +585,19 @@ StatusOr<std::vector<int32_t>> Model::Generate(const std::vector<int32_t>& promp
           const auto kth = std::get<0>(logits.topk(top_k))[-1];
           logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
         }
+        if (top_p < 1) {
+          // Drop the least likely tokens whose probabilities add up to at most 1 - top_p,
+          // keeping the most likely one.
+          auto [sorted, order] = logits.sort(/*dim=*/0, /*descending=*/false);
+          auto drop = torch::softmax(sorted, 0).cumsum(0) <= (1 - top_p);
+          drop[-1] = false;
+          logits = logits.index_fill(0, order.masked_select(drop), -std::numeric_limits<float>::infinity());
+        }
         next = torch::multinomial(torch::softmax(logits, 0), 1, false, gen).item<int64_t>();
       }
       ids.push_back(next);
       out.push_back(static_cast<int32_t>(next));
+      if (eos >= 0 && next == eos) break;
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("generation failed: ", e.what_without_backtrace()));

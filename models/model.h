@@ -131,14 +131,18 @@ class Model {
   // Text models: the logits [ids.size(), vocab] (row-major) of the next token after
   // each prefix of `ids`. Errors as Generate's.
   StatusOr<std::vector<float>> Logits(const std::vector<int32_t>& ids);
-  // Text models: extends `prompt` (token ids) by `tokens` ids sampled one at a time
-  // from the model's next-token distribution at `temperature` (0: the most likely
-  // token), restricted to the `top_k` most likely when top_k > 0, seeded by `seed`.
-  // Only the last `context` tokens are fed back. Returns the new ids only.
+  // Text models: extends `prompt` (token ids) by up to `tokens` ids sampled one at a
+  // time from the model's next-token distribution at `temperature` (0: the most likely
+  // token), restricted to the `top_k` most likely when top_k > 0, then to the smallest
+  // set of them whose probability reaches `top_p` when top_p < 1 (nucleus sampling, as
+  // transformers' TopPLogitsWarper), seeded by `seed`; it stops after `eos` (>= 0).
+  // Only the last `context` tokens are fed back (a Llama-family model keeps its keys and
+  // values, models/llama.h). Returns the new ids only.
   // FAILED_PRECONDITION for a model that is not a language model, INVALID_ARGUMENT for
   // an empty prompt or ids outside the vocabulary.
   StatusOr<std::vector<int32_t>> Generate(const std::vector<int32_t>& prompt, int tokens,
-                                          double temperature, int top_k, uint64_t seed);
+                                          double temperature, int top_k, uint64_t seed,
+                                          double top_p = 1.0, int32_t eos = -1);
 
  private:
   struct Impl;

@@ -163,7 +163,9 @@ int RunGenerate(const GenerateOptions& o) {
   }
   auto prompt = (*tokenizer)->Encode({o.prompt});
   if (!prompt.ok()) return Fail("generate", prompt.status());
-  auto ids = loaded->model->Generate((*prompt)[0], o.tokens, o.temperature, o.top_k, o.seed);
+  // Generation ends at the tokenizer's end-of-text token, when it has one.
+  auto ids = loaded->model->Generate((*prompt)[0], o.tokens, o.temperature, o.top_k, o.seed, o.top_p,
+                                     (*tokenizer)->eos_id());
   if (!ids.ok()) return Fail("generate", ids.status());
   auto text = (*tokenizer)->Decode(*ids);
   if (!text.ok()) return Fail("generate", text.status());

@@ -45,6 +45,7 @@ struct GenerateOptions {
   int tokens = 200;
   double temperature = 0.8;
   int top_k = 40;
+  double top_p = 1.0;  // nucleus sampling; 1 = off
   uint64_t seed = 0;
 };
 int RunGenerate(const GenerateOptions& o);

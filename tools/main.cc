@@ -311,6 +311,8 @@ Command AddGenerate(CLI::App& app) {
   generate->add_option("--temperature", o->temperature,
                        "sampling temperature; 0 = greedy (default 0.8)")
       ->check(CLI::Range(0.0, 100.0));
+  generate->add_option("--top-p", o->top_p, "sample among the most likely tokens whose probability reaches p (default 1: off)")
+      ->check(CLI::Range(0.0, 1.0));
   generate->add_option("--top-k", o->top_k, "sample among the k most likely (default 40; 0 = all)")
       ->check(CLI::NonNegativeNumber);
   generate->add_option("--seed", o->seed, "sampling seed");

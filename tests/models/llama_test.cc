@@ -263,6 +263,14 @@ TEST(LlamaTest, GenerationWithTheKeyValueCacheEqualsTheFullForward) {
       slow.push_back(next);
     }
     EXPECT_EQ(*fast, slow);
+    // Nucleus sampling with a tiny top_p keeps only the most likely token: greedy again.
+    auto nucleus = (*model)->Generate(prompt, 30, /*temperature=*/1.0, 0, 9, /*top_p=*/1e-9);
+    ASSERT_TRUE(nucleus.ok()) << nucleus.status();
+    EXPECT_EQ(*nucleus, slow);
+    // It stops after the end-of-sequence token: here the third greedy token.
+    auto stopped = (*model)->Generate(prompt, 30, 0, 0, 1, 1.0, slow[2]);
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(*stopped, std::vector<int32_t>(slow.begin(), slow.begin() + 3));
     fs::remove_all(dir);
   }
 }
