@@ -298,6 +298,19 @@ namespace {
 
 class SplitTextTest : public ::testing::TestWithParam<std::string> {};
 
+// LoRA across a run from `start` to `end`: every frozen tensor ends as it started (a
+// failure names it); returns how many adapter tensors changed.
+int TrainedAdapters(const ParameterSet& start, const ParameterSet& end) {
+  int changed = 0;
+  for (const Tensor& t : start.tensors()) {
+    const bool adapter = t.name.find(".lora_") != std::string::npos;
+    const bool same = end.Find(t.name)->values == t.values;
+    if (!adapter) EXPECT_TRUE(same) << t.name << " is frozen";
+    changed += adapter && !same;
+  }
+  return changed;
+}
+
 // The decoder cut between device and server learns English in every mode: fortunes
 // categories as clients, token labels crossing the cut except in U-shaped learning,
 // where the device keeps the head and the next tokens never leave it.
@@ -355,17 +368,7 @@ TEST(SplitTextTest, LoraAdaptersTrainOnBothSidesOfTheCut) {
     f.Join();
     ASSERT_TRUE(f.server_status.ok()) << f.server_status;
     const ParameterSet end = f.server->GlobalModel();
-    int changed = 0;
-    for (const Tensor& t : start.tensors()) {
-      const bool adapter = t.name.find(".lora_") != std::string::npos;
-      const bool same = end.Find(t.name)->values == t.values;
-      if (!adapter) {
-        EXPECT_TRUE(same) << t.name << " is frozen";
-      } else if (!same) {
-        ++changed;
-      }
-    }
-    EXPECT_EQ(changed, 2 * 4 * 2) << "A and B of the 4 projections of both blocks trained";
+    EXPECT_EQ(TrainedAdapters(start, end), 2 * 4 * 2) << "A and B of the 4 projections of both blocks trained";
     // Only the client's adapters travel up: what went up besides the split streams is
     // two uploads of one block's adapters (4 K values), not of the part (the embedding
     // and a block: 70 K values).
@@ -419,14 +422,7 @@ TEST(SplitTextTest, AHuggingFaceLlamaTrainsAcrossTheCut) {
   f.Join();
   ASSERT_TRUE(f.server_status.ok()) << f.server_status;
   const ParameterSet end = f.server->GlobalModel();
-  int changed = 0;
-  for (const Tensor& t : start.tensors()) {
-    const bool adapter = t.name.find(".lora_") != std::string::npos;
-    const bool same = end.Find(t.name)->values == t.values;
-    if (!adapter) EXPECT_TRUE(same) << t.name << " is frozen";
-    changed += adapter && !same;
-  }
-  EXPECT_EQ(changed, 2 * 2 * 2) << "A and B of q_proj and v_proj in both blocks trained";
+  EXPECT_EQ(TrainedAdapters(start, end), 2 * 2 * 2) << "A and B of q_proj and v_proj in both blocks trained";
   std::filesystem::remove_all(dir);
 }
 

@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "models/part.h"
 #include "models/safetensors.h"
+#include "tests/models/token_data.h"
 
 namespace cleave {
 namespace {
@@ -26,27 +27,6 @@ ModelSpec Gpt(bool tie, uint64_t seed = 7) {
   spec.seed = seed;
   spec.gpt = {/*vocab=*/61, /*context=*/16, /*layers=*/2, /*heads=*/4, /*dim=*/32, tie};
   return spec;
-}
-
-std::vector<int32_t> RandomIds(size_t n, int vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& id : ids) id = static_cast<int32_t>(rng() % vocab);
-  return ids;
-}
-
-// Sequences of `length` ids as text data (the tokenizer's vocabulary `vocab`).
-Dataset Sequences(const std::vector<int32_t>& ids, int64_t length, int vocab) {
-  Dataset d;
-  d.type = ExampleType::kToken;
-  d.shape = {length};
-  d.size = static_cast<int64_t>(ids.size()) / length;
-  d.num_classes = vocab;
-  d.bytes.resize(d.size * length * sizeof(int32_t));
-  std::memcpy(d.bytes.data(), ids.data(), d.bytes.size());
-  d.labels.assign(d.size, 0);
-  d.bytes_per_token = 1;
-  return d;
 }
 
 std::string Temp(const std::string& name) { return (fs::temp_directory_path() / name).string(); }

@@ -18,6 +18,7 @@
 #include "models/hf_folder.h"
 #include "models/model.h"
 #include "models/part.h"
+#include "tests/models/token_data.h"
 
 namespace cleave {
 namespace {
@@ -60,25 +61,6 @@ StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, const LoraConfig& 
   return model;
 }
 
-std::vector<int32_t> RandomIds(size_t n, int vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& id : ids) id = static_cast<int32_t>(rng() % vocab);
-  return ids;
-}
-
-Dataset Sequences(const std::vector<int32_t>& ids, int64_t length, int vocab) {
-  Dataset d;
-  d.type = ExampleType::kToken;
-  d.shape = {length};
-  d.size = static_cast<int64_t>(ids.size()) / length;
-  d.num_classes = vocab;
-  d.bytes.resize(d.size * length * sizeof(int32_t));
-  std::memcpy(d.bytes.data(), ids.data(), d.bytes.size());
-  d.labels.assign(d.size, 0);
-  d.bytes_per_token = 1;
-  return d;
-}
 
 // Each family's logits equal transformers' definition in float64 to 1e-4, from a folder
 // in BF16 split over shards and from one in F32 (the folders made, and the reference's
