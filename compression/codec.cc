@@ -598,6 +598,7 @@ Registry<CodecFactory>& Codecs() {
     r->AddBuiltin("randk", MakeRandK, "randk:F");
     r->AddBuiltin("sign", MakeSign);
     r->AddBuiltin("powersgd", MakePowerSgd, "powersgd:R");
+    r->AddBuiltin("nf4", MakeNf4, "nf4[:dq]");
     return r;
   }();
   return *r;

@@ -32,6 +32,10 @@
 //                   matrix, warm-started from the previous call's Q, sends P (rows x R,
 //                   orthonormal columns) and Q (cols x R); error feedback. Tensors where
 //                   rank R would not save bytes (1-D, small) are sent as float32
+//   nf4[:dq]        4-bit NormalFloat (QLoRA): per block of 64 values a float32 absmax
+//                   and per value the nearest of NF4's 16 codes (nf4_codec.cc); :dq
+//                   quantizes the absmax values to int8 in groups of 256 (the frozen
+//                   bases of model.quantize: nf4)
 //
 // With error feedback the codec keeps a residual per slot (one tensor of one client):
 // what was not sent is added to the next call's input, so nothing is lost, only delayed.

@@ -128,6 +128,7 @@ StatusOr<std::unique_ptr<Codec>> MakeTopK(const CodecSpec& s);
 StatusOr<std::unique_ptr<Codec>> MakeRandK(const CodecSpec& s);
 StatusOr<std::unique_ptr<Codec>> MakeSign(const CodecSpec& s);
 StatusOr<std::unique_ptr<Codec>> MakePowerSgd(const CodecSpec& s);
+StatusOr<std::unique_ptr<Codec>> MakeNf4(const CodecSpec& s);  // nf4_codec.cc
 
 }  // namespace codec_internal
 }  // namespace cleave

@@ -60,7 +60,8 @@ float MaxAbs(const float* v, int64_t n) {
 // Every codec, with its parameters.
 const std::vector<std::string> kAllSpecs = {
     "none", "fp16", "bf16", "int8", "int8:sr", "int8:channel", "int8:channel:sr", "int8:token",
-    "int8:token:sr", "qsgd:1", "qsgd:4", "qsgd:127", "topk:0.1", "randk:0.1", "sign", "powersgd:1", "powersgd:3"};
+    "int8:token:sr", "qsgd:1", "qsgd:4", "qsgd:127", "topk:0.1", "randk:0.1", "sign", "powersgd:1", "powersgd:3",
+    "nf4", "nf4:dq"};
 
 TEST(CodecTest, HalfAndBfloatConversionsRoundToNearestEven) {
   EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
@@ -385,7 +386,7 @@ TEST(CodecTest, MalformedEncodingsAreRejected) {
     b[2] = static_cast<char>(0xff);
     expect_bad(spec, b, "not finite");
   }
-  for (const char* spec : {"int8", "int8:channel", "sign", "qsgd:4"}) {
+  for (const char* spec : {"int8", "int8:channel", "sign", "qsgd:4", "nf4", "nf4:dq"}) {
     b = encode(spec);
     std::memcpy(&b[0], &nan, 4);
     expect_bad(spec, b, "not a finite number");
@@ -403,7 +404,7 @@ TEST(CodecTest, MalformedEncodingsAreRejected) {
   expect_bad("qsgd:4", b, "level beyond 4");
   // Bit-packed codecs with unused bits in the last byte (3 values: qsgd:1 uses 6 of 8
   // bits, sign 3 of 8): those bits must be zero.
-  for (const char* spec : {"qsgd:1", "sign"}) {
+  for (const char* spec : {"qsgd:1", "sign", "nf4"}) {
     auto c = Make(spec);
     std::string three;
     c->Encode(0, v.data(), {3}, &three);
@@ -495,6 +496,69 @@ TEST(CodecTest, UnknownSpecsAreRefused) {
     const auto families = SupportedCodecFamilies();
     EXPECT_NE(std::find(families.begin(), families.end(), CodecFamily(spec)), families.end()) << spec;
   }
+}
+
+// NF4 against an independent quantizer (tests/compression/nf4_reference.py) that builds
+// the code table from the normal distribution's quantiles as bitsandbytes defines it.
+TEST(CodecTest, Nf4QuantizesAsTheReference) {
+  const std::string dir = ::testing::TempDir();
+  const std::string in_path = dir + "/cleave_nf4_in.f32", out_path = dir + "/cleave_nf4_out.f32";
+  // 1000 values: 15 full blocks and a partial one; one block of zeros; an outlier.
+  std::vector<float> in = Random(1000, 21, 0.05f);
+  std::fill(in.begin() + 128, in.begin() + 192, 0.0f);
+  in[700] = 3.0f;
+  {
+    std::FILE* f = std::fopen(in_path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(in.data(), 4, in.size(), f);
+    std::fclose(f);
+  }
+  const std::string cmd = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
+                          "/tests/compression/nf4_reference.py " + in_path + " " + out_path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const int64_t blocks = 16;
+  std::vector<float> ref(16 + blocks + in.size());
+  {
+    std::FILE* f = std::fopen(out_path.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fread(ref.data(), 4, ref.size(), f), ref.size());
+    std::fclose(f);
+  }
+  auto c = Make("nf4");
+  const std::string bytes = Encode(*c, in, {10, 100});
+  ASSERT_EQ(bytes.size(), 4 * blocks + 500);
+  // The table: the decoded value of code i in a block of absmax 1 is ref[i].
+  for (int i = 0; i < 16; ++i) {
+    std::string one(4 + 1, '\0');
+    const float a = 1.0f;
+    std::memcpy(&one[0], &a, 4);
+    one[4] = static_cast<char>(i);
+    float v[1];
+    ASSERT_TRUE(c->Decode(one, {1}, v).ok());
+    EXPECT_NEAR(v[0], ref[i], 1e-7) << "code " << i;
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    float a;
+    std::memcpy(&a, bytes.data() + 4 * b, 4);
+    EXPECT_EQ(a, ref[16 + b]) << "block " << b;
+  }
+  std::vector<float> out(in.size());
+  ASSERT_TRUE(c->Decode(bytes, {10, 100}, out.data()).ok());
+  for (size_t i = 0; i < in.size(); ++i) ASSERT_NEAR(out[i], ref[16 + blocks + i], 1e-7) << i;
+  // Double quantization moves each block's absmax by at most half of its int8 step (the
+  // outlier's block sets it); each value is then within half the widest gap between codes
+  // (1 - 0.7230) of that absmax.
+  auto dq = Make("nf4:dq");
+  const std::string small = Encode(*dq, in, {10, 100});
+  EXPECT_EQ(small.size(), 4 + 4 + blocks + 500);
+  std::vector<float> approx(in.size());
+  ASSERT_TRUE(dq->Decode(small, {10, 100}, approx.data()).ok());
+  const float half_step = 3.0f / 127 / 2;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const float a = ref[16 + i / 64] + half_step;
+    ASSERT_LE(std::abs(approx[i] - in[i]), 0.1386f * a + half_step + 1e-6f) << i;
+  }
+  EXPECT_EQ(approx[128], 0.0f);  // the block of zeros: absmax ~0, code 0
 }
 
 }  // namespace
