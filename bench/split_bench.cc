@@ -8,6 +8,11 @@
 //                             shallow cut against one training the whole model (federated).
 //   bench_split busy [gpt]    the server's busy fraction with 1, 2 and 4 clients on a
 //                             limited link (window 1 and 2): its compute hiding transfers.
+//   bench_split qlora [STEPS] a SmolLM2-135M-shaped model (tests/models/llama_reference.py
+//                             smol: random weights) LoRA-fine-tuned split (sfl-v2, auto
+//                             cut, window 2) on fortunes with a float32, int8 and NF4
+//                             base: the cut, bytes a step each way, tokens/s, the
+//                             server's busy share (device memory: bench_qlora memory).
 // Workloads: vgg on Fashion-MNIST (default), or `gpt`: the decoder of
 // deploy/examples/fortunes-gpt.yaml on fortunes (4 blocks of width 128, context 64).
 // Server and client run in this process (the client emulating the device) over loopback.
@@ -285,6 +290,37 @@ long PeakRssKb(const Workload& w, const std::string& split, int batch, int64_t e
   return ru.ru_maxrss;
 }
 
+int QloraBench(int steps) {
+  const std::string dir = "/tmp/cleave_bench_smol";
+  if (access((dir + "/model.safetensors").c_str(), R_OK) != 0 &&
+      std::system(absl::StrCat("/usr/bin/python3 ", CLEAVE_SOURCE_DIR, "/tests/models/llama_reference.py make ", dir,
+                               " smol F32 1 7").c_str()) != 0) {
+    return 1;
+  }
+  const int batch = 4;
+  const Device d{"1 Gbit/s, as fast as the server", {1000, 1000, 1, 0}};
+  std::printf("SmolLM2-135M shape, LoRA rank 8 (all seven projections), adamw, sfl-v2, cut: auto, window 2, "
+              "one device (%s), %d steps of %d x 64 tokens of fortunes (bytes)\n\n",
+              d.name.c_str(), steps, batch);
+  std::printf("| base | cut | KiB up / step | KiB down / step | step (ms) | tokens/s | server busy |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const char* base : {"none", "int8", "nf4"}) {
+    const Workload w{"smol",
+                     absl::StrCat("name: hf, path: ", dir, ", gpt: {context: 64}, lora: {rank: 8}, quantize: ", base),
+                     absl::StrCat("test: \"text:", kFortunes, "/wisdom,context=64\", test_limit: 8"),
+                     "optimizer: adamw, lr: 0.001", absl::StrCat("text:", kFortunes, "/wisdom,context=64"), 0};
+    auto h = Run(w, "mode: sfl-v2, cut: auto, window: 2", d, 1, int64_t{steps} * batch, batch);
+    if (h.empty()) return 1;
+    const SplitMetrics& m = h[0].split.value();
+    std::string cuts;
+    for (const auto& [client, cut] : m.cuts) cuts += absl::StrCat(cuts.empty() ? "" : ",", cut);
+    std::printf("| %s | %s | %.1f | %.1f | %.0f | %.0f | %.2f |\n", base, cuts.c_str(),
+                m.activation_bytes_up / 1024.0 / steps, m.gradient_bytes_down / 1024.0 / steps, 1e3 * m.step_s,
+                batch * 64 / m.step_s, m.server_busy);
+  }
+  return 0;
+}
+
 int MemoryBench(const Workload& w) {
   const bool gpt = w.name == "gpt";
   const int batch = gpt ? 64 : 128;
@@ -312,12 +348,13 @@ int main(int argc, char** argv) {
   std::string what = argc > 1 ? argv[1] : "";
   const std::string workload = argc > 2 ? argv[2] : "vgg";
   SetTorchThreads(1);
+  if (what == "qlora") return QloraBench(argc > 2 ? std::atoi(argv[2]) : 16);
   if (workload != "vgg" && workload != "gpt") what.clear();
   const Workload w = workload == "gpt" ? Gpt() : Vgg();
   if (what == "cut") return CutBench(w);
   if (what == "window") return WindowBench();
   if (what == "memory") return MemoryBench(w);
   if (what == "busy") return BusyBench(w);
-  std::fprintf(stderr, "usage: bench_split cut|memory|busy [vgg|gpt] | window\n");
+  std::fprintf(stderr, "usage: bench_split cut|memory|busy [vgg|gpt] | window | qlora [STEPS]\n");
   return 2;
 }

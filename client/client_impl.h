@@ -107,6 +107,10 @@ struct Client::Impl {
   // The frozen tensors of a LoRA model (Task.base_digest), fetched once.
   std::string base_digest;
   ParameterSet base;
+  // A quantized base's weights (Task.quantized_base_digest), fetched once; the models
+  // built from it share its bytes.
+  std::string quantized_digest;
+  QuantizedSet quantized_base;
 
   // Outcome of one connection.
   enum class End { kRunEnded, kRetry, kFatal, kCrashed, kStopped };

@@ -166,6 +166,7 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
                  d.lora().dropout()};
   }
   if (spec.name == "hf") RETURN_IF_ERROR(SetHfModel(spec, d.hf_config(), "the server's config.json"));
+  spec.quantize = d.quantize();
   if (spec.name == "torchscript") {
     if (script_digest != d.torchscript_digest()) {
       ASSIGN_OR_RETURN(script_bytes, FetchBlob(stub, w.client_id(), w.session_token(),
@@ -446,6 +447,18 @@ StatusOr<Client::Impl::TaskModel> Client::Impl::FetchTaskModel(const TaskCall& c
     ASSIGN_OR_RETURN(base, ParameterSet::Decode(bytes));
     base_digest = c.task.base_digest();
   }
+  if (m.spec.quantize.empty() != c.task.quantized_base_digest().empty()) {
+    return absl::InvalidArgumentError("a quantized model needs its quantized base, and only it");
+  }
+  if (!c.task.quantized_base_digest().empty() && quantized_digest != c.task.quantized_base_digest()) {
+    quantized_base = {};  // its bytes are freed before the next arrive
+    quantized_digest.clear();
+    ASSIGN_OR_RETURN(std::string bytes, FetchBlob(c.stub, c.w.client_id(), c.w.session_token(),
+                                                  c.task.quantized_base_digest(), 600, &emulator));
+    ASSIGN_OR_RETURN(quantized_base, QuantizedSet::Parse(std::make_shared<const std::string>(std::move(bytes)),
+                                                         m.spec.quantize));
+    quantized_digest = c.task.quantized_base_digest();
+  }
   return m;
 }
 
@@ -460,6 +473,7 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   so.emulator = &emulator;
   so.cancel = &stop;
   if (!task.base_digest().empty()) so.base = &base;
+  if (!task.quantized_base_digest().empty()) so.quantized = &quantized_base;
   if (opts.crash_after_split_step) {
     const int64_t round = task.round();
     so.crash_after_step = [this, round](int64_t step) {
@@ -523,6 +537,7 @@ StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c,
   }
   if (personal.size() > 0) RETURN_IF_ERROR(Overwrite(personal, &global));
   RETURN_IF_ERROR(model->SetParameters(global));
+  if (!task.quantized_base_digest().empty()) RETURN_IF_ERROR(model->LoadQuantized(quantized_base));
   return personal_names;
 }
 

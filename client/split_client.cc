@@ -118,12 +118,14 @@ class Writer {
 
 // Loads a part's tensors from the part the server sent and, when there is a base (a
 // LoRA model's frozen tensors), the rest from the base; every tensor must come from one.
-Status LoadPart(ModelPart& p, const ParameterSet& part, const ParameterSet* base) {
+// A quantized base's weights come from `quantized` (shared, not copied).
+Status LoadPart(ModelPart& p, const ParameterSet& part, const ParameterSet* base,
+                const QuantizedSet* quantized) {
+  if (quantized != nullptr) RETURN_IF_ERROR(p.LoadQuantized(*quantized));
   if (base == nullptr) return p.LoadFrom(part);
-  const ParameterSet mine = p.Parameters();
-  for (const Tensor& t : mine.tensors()) {
-    if (part.Find(t.name) == nullptr && base->Find(t.name) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", t.name,
+  for (const std::string& name : p.TensorNames()) {
+    if (part.Find(name) == nullptr && base->Find(name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name,
                                                      " is neither in the task's part nor in its base"));
     }
   }
@@ -220,10 +222,10 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
         ") tokens; the data's are ", data_.shape[0] - 1, " (its context= option)"));
   }
   ASSIGN_OR_RETURN(head_, ModelPart::Create(o_.model, 0, st_.cut()));
-  RETURN_IF_ERROR(LoadPart(*head_, part, o_.base));
+  RETURN_IF_ERROR(LoadPart(*head_, part, o_.base, o_.quantized));
   if (ushaped_) {
     ASSIGN_OR_RETURN(tail_, ModelPart::Create(o_.model, st_.tail_begin(), st_.num_stages()));
-    RETURN_IF_ERROR(LoadPart(*tail_, part, o_.base));
+    RETURN_IF_ERROR(LoadPart(*tail_, part, o_.base, o_.quantized));
   }
   const LocalTrainOptions training = TrainOptions(task_.train());
   RETURN_IF_ERROR(head_->ResetOptimizer(training));

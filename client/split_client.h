@@ -32,6 +32,8 @@ struct SplitTaskOptions {
   // A LoRA model's frozen tensors (Task.base_digest): the part then holds the adapters
   // only, and the frozen tensors of the client's stages come from here.
   const ParameterSet* base = nullptr;
+  // A quantized base's weights for the part (Task.quantized_base_digest), or nullptr.
+  const QuantizedSet* quantized = nullptr;
 };
 
 // The local training a task's TrainConfig asks for (whole-model or split); the caller

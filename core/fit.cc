@@ -23,6 +23,7 @@ void ReadTrain(ConfigSection& s, TrainConfig& c) {
   s.Read("weight_decay", c.weight_decay);
   s.Read("clip_norm", c.clip_norm);
   s.Read("label_smoothing", c.label_smoothing);
+  s.Read("recompute", c.recompute);
   s.Read("schedule", c.schedule);
   s.Read("warmup_rounds", c.warmup_rounds);
   s.Read("step_rounds", c.step_rounds);
@@ -66,6 +67,7 @@ FitSettings FitOf(const TrainConfig& t) {
   f.weight_decay = t.weight_decay;
   f.clip_norm = t.clip_norm;
   f.label_smoothing = t.label_smoothing;
+  f.recompute = t.recompute;
   return f;
 }
 

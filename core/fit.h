@@ -30,6 +30,9 @@ struct FitSettings {
   double clip_norm = 0.0;        // > 0: clip the gradient's global L2 norm to this
   double label_smoothing = 0.0;  // cross-entropy's label smoothing, in [0, 1)
   double proximal_mu = 0.0;      // FedProx: adds mu/2 * ||w - w_start||^2 to the loss
+  // Activation checkpointing: each decoder block keeps only its input for the backward
+  // pass and runs its forward pass again there (hf models).
+  bool recompute = false;
 };
 
 
@@ -52,6 +55,9 @@ struct TrainConfig {
   double weight_decay = 0.0;     // train.weight_decay (adamw: decoupled)
   double clip_norm = 0;          // train.clip_norm: the gradient's global L2 norm bound (0 = off)
   double label_smoothing = 0;    // train.label_smoothing
+  // train.recompute: activation checkpointing per decoder block (hf): each block keeps
+  // only its input and is run again in the backward pass; less memory, one more forward
+  bool recompute = false;
   // The learning rate of each round (ScheduledLr): warm-up, then the schedule.
   std::string schedule = "constant";  // train.schedule: constant | step | cosine
   int warmup_rounds = 0;         // train.warmup_rounds: linear warm-up from lr / W

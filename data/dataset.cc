@@ -31,7 +31,14 @@ int32_t Dataset::token(int64_t example, int64_t position) const {
   int32_t id;
   std::memcpy(&id, bytes.data() + (example * example_elements() + position) * sizeof(id),
               sizeof(id));
-  return id;
+  return id < 0 ? -1 - id : id;
+}
+
+int64_t Dataset::target(int64_t example, int64_t position) const {
+  int32_t id;
+  std::memcpy(&id, bytes.data() + (example * example_elements() + position) * sizeof(id),
+              sizeof(id));
+  return id < 0 ? kNoTarget : id;
 }
 
 Dataset Dataset::Subset(const std::vector<int64_t>& indices) const {
@@ -330,6 +337,7 @@ Registry<DataSource>& DataSources() {
                             return LoadTable(p, '\t', o);
                           }});
     r->AddBuiltin("text", {{"tokenizer", "context", "test", "field"}, LoadText});
+    r->AddBuiltin("instruct", {{"tokenizer", "context", "test", "template"}, LoadInstruct});
     return r;
   }();
   return *r;

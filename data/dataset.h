@@ -16,7 +16,9 @@ enum class ExampleType {
   kUint8,    // pixels: a model sees value / 255, then normalised
   kFloat32,  // features: a model sees the value, then normalised
   // Text: each example is a sequence of shape[0] token ids (int32); a language model
-  // reads the first shape[0] - 1 and predicts each next one. No normalisation.
+  // reads the first shape[0] - 1 and predicts each next one. An id stored as -1 - id is
+  // read but not predicted (an instruction's prompt, padding: kNoTarget). No
+  // normalisation.
   kToken,
 };
 
@@ -29,6 +31,10 @@ struct Augmentation {
 
   bool enabled() const { return crop_padding > 0 || flip; }
 };
+
+// The target of a token that is read but not predicted (LibTorch's cross-entropy
+// ignore_index): its loss is not counted.
+constexpr int64_t kNoTarget = -100;
 
 struct Dataset {
   int64_t size = 0;
@@ -59,8 +65,10 @@ struct Dataset {
 
   int64_t example_elements() const;
   int64_t example_bytes() const;
-  // Text: the id at `position` of sequence `example`.
+  // Text: the id at `position` of sequence `example`, and what the model is trained to
+  // predict there: the id, or kNoTarget.
   int32_t token(int64_t example, int64_t position) const;
+  int64_t target(int64_t example, int64_t position) const;
   // The examples at `indices`, in that order. Indices must be < size.
   Dataset Subset(const std::vector<int64_t>& indices) const;
   // Writes example `i`'s normalised values (example_elements() floats) to `out`.
@@ -72,7 +80,7 @@ struct Dataset {
 
 // Loads a data spec (docs/configuration.md, "Data sources"):
 //   SOURCE:PATH[,OPTION...]  with SOURCE one of idx, fmnist (= idx), folder, cifar10,
-//   cifar100, csv, tsv, text. `train` picks the training or the test part of sources that
+//   cifar100, csv, tsv, text, instruct. `train` picks the training or the test part of sources that
 //   have both (IDX train-* or t10k-*, CIFAR data_batch_* or test_batch, a folder's
 //   train/ or test/ subfolder when it has them). Errors name the file and the entry.
 StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train);

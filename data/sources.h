@@ -18,5 +18,6 @@ StatusOr<Dataset> LoadCifar(const std::string& dir, bool train, int classes, Spe
 StatusOr<Dataset> LoadTable(const std::string& path, char separator, SpecOptions& o);
 StatusOr<Dataset> LoadImageFolder(const std::string& dir, bool train, SpecOptions& o);
 StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o);
+StatusOr<Dataset> LoadInstruct(const std::string& path, bool train, SpecOptions& o);  // instruct.cc
 
 }  // namespace cleave

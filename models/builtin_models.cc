@@ -210,15 +210,27 @@ Status CheckGptSpec(const ModelSpec& spec) {
 // model hf: the Llama-family decoder of the folder's config.json (models/llama.h).
 Status CheckHfSpec(const ModelSpec& spec) {
   RETURN_IF_ERROR(ParseHfConfig(spec.hf_config, "config.json").status());
+  if (!spec.quantize.empty()) {
+    if (spec.quantize != "int8:channel" && spec.quantize != "nf4" && spec.quantize != "nf4:dq") {
+      return absl::InvalidArgumentError(absl::StrCat("model hf cannot hold its base in codec '",
+                                                     spec.quantize, "' (int8:channel, nf4, nf4:dq)"));
+    }
+    if (!spec.lora.enabled()) {
+      return absl::InvalidArgumentError(
+          "a quantized base (model.quantize) is frozen: it needs LoRA adapters (model.lora.rank)");
+    }
+  }
   return CheckLoraOf("hf", spec.lora,
                      {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
 }
 
-nn::Sequential BuildHf(const ModelSpec& spec) {
+nn::Sequential BuildHfStages(const ModelSpec& spec, int begin, int end) {
   DecoderConfig c = *ParseHfConfig(spec.hf_config, "config.json");  // CheckHfSpec'd
   c.context = std::min(c.context, spec.gpt.context);
-  return BuildLlama(c, spec.lora);
+  return BuildLlama(c, {spec.lora, spec.quantize, begin, end});
 }
+
+nn::Sequential BuildHf(const ModelSpec& spec) { return BuildHfStages(spec, 0, -1); }
 
 }  // namespace
 
@@ -231,7 +243,7 @@ Registry<ModelKind>& Models() {
     r->AddBuiltin("vgg", {ModelInput::kImages, BuildVgg});
     r->AddBuiltin("resnet", {ModelInput::kImages, BuildResNet});
     r->AddBuiltin("gpt", {ModelInput::kTokens, BuildGpt, CheckGptSpec});
-    r->AddBuiltin("hf", {ModelInput::kTokens, BuildHf, CheckHfSpec});
+    r->AddBuiltin("hf", {ModelInput::kTokens, BuildHf, CheckHfSpec, BuildHfStages});
     return r;
   }();
   return *models;
@@ -241,7 +253,7 @@ std::vector<std::string> BuiltinModelNames() { return Models().Names(); }
 
 // The built-in model `spec` names. INVALID_ARGUMENT for an unknown name or an input
 // shape it cannot take.
-StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec) {
+StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec, int begin, int end) {
   const ModelKind* kind = Models().Find(spec.name);
   if (kind == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("model.name: unknown '", spec.name,
@@ -251,6 +263,9 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec) {
   }
   const std::string shape = absl::StrJoin(spec.input_shape, "x");
   if (kind->check != nullptr) RETURN_IF_ERROR(kind->check(spec));
+  if (!spec.quantize.empty() && spec.name != "hf") {
+    return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no quantized base (model.quantize is for hf)"));
+  }
   const bool images = kind->input == ModelInput::kImages;
   if (kind->input != ModelInput::kTokens &&
       (spec.input_shape.empty() || Product(spec.input_shape) <= 0 || spec.num_classes < 1 ||
@@ -261,6 +276,7 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec) {
   }
   torch::manual_seed(spec.seed);
   try {
+    if (kind->build_stages != nullptr && (begin > 0 || end >= 0)) return kind->build_stages(spec, begin, end);
     return kind->build(spec);
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " cannot take input ",

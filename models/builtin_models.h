@@ -35,12 +35,17 @@ struct ModelKind {
   torch::nn::Sequential (*build)(const ModelSpec& spec) = nullptr;
   // The spec's own checks before build (a decoder's size, its LoRA targets); null: none.
   Status (*check)(const ModelSpec& spec) = nullptr;
+  // Builds only the stages [begin, end) (end < 0: to the last), the others empty
+  // placeholders, for a part of a model too large to build whole; null: build does.
+  torch::nn::Sequential (*build_stages)(const ModelSpec& spec, int begin, int end) = nullptr;
 };
 
 Registry<ModelKind>& Models();
 
 // The built-in model `spec` names, seeded with spec.seed: INVALID_ARGUMENT for an
-// unknown name or an input it cannot take. For LibTorch translation units.
-StatusOr<torch::nn::Sequential> BuildBuiltin(const ModelSpec& spec);
+// unknown name or an input it cannot take. With a stage range, a model that can builds
+// only those stages (ModelKind::build_stages): their initial values may then differ from
+// the whole model's. For LibTorch translation units.
+StatusOr<torch::nn::Sequential> BuildBuiltin(const ModelSpec& spec, int begin = 0, int end = -1);
 
 }  // namespace cleave

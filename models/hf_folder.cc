@@ -170,6 +170,45 @@ StatusOr<ParameterSet> LoadHfWeights(const std::string& dir, const ParameterSet&
   return out;
 }
 
+StatusOr<QuantizedSet> LoadHfQuantized(const std::string& dir, const QuantizedSet& layout, int layers) {
+  if (layout.empty()) return layout;
+  ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeStatelessCodec(layout.spec, 0));
+  if (codec == nullptr) return absl::InvalidArgumentError("a quantized base needs a codec");
+  std::map<std::string, const QuantizedTensor*> wanted;  // by the folder's name
+  std::vector<std::string> names;
+  for (const QuantizedTensor& t : layout.tensors) {
+    const std::string hf = HfTensorName(t.name, layers);
+    if (hf.empty()) return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " is not a decoder's"));
+    wanted[hf] = &t;
+    names.push_back(hf);
+  }
+  ASSIGN_OR_RETURN(auto files, FilesOf(dir, names));
+  std::map<std::string, QuantizedTensor> loaded;  // by stage name
+  for (const auto& [path, in_file] : files) {
+    ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+    // One tensor at a time: its float32 values exist only until they are quantized.
+    for (const std::string& name : in_file) {
+      SafetensorsFilter filter;
+      filter.wanted = [&name](const std::string& n) { return n == name; };
+      filter.done = [&file](const char* p, size_t n) { file->Release(p, n); };
+      ASSIGN_OR_RETURN(ParameterSet got, ParseSafetensors(file->bytes(), path, filter));
+      const QuantizedTensor& want = *wanted.at(name);
+      if (got.size() != 1) return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, " is missing"));
+      const Tensor& t = got.tensors()[0];
+      if (t.shape != want.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, " is ",
+                                                       absl::StrJoin(t.shape, "x"), ", the model's is ",
+                                                       absl::StrJoin(want.shape, "x")));
+      }
+      loaded[want.name] = QuantizeTensor(*codec, want.name, want.shape, t.values.data());
+    }
+  }
+  QuantizedSet out;
+  out.spec = layout.spec;
+  for (const QuantizedTensor& t : layout.tensors) out.tensors.push_back(std::move(loaded.at(t.name)));
+  return out;
+}
+
 Status WriteHfFolder(const std::string& dir, const std::string& config_json,
                      const ParameterSet& model, int layers) {
   ParameterSet named;

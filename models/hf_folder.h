@@ -33,6 +33,11 @@ std::string HfTensorName(const std::string& stage_name, int layers);
 // keep `layout`'s values. Errors name the file and the tensor.
 StatusOr<ParameterSet> LoadHfWeights(const std::string& dir, const ParameterSet& layout, int layers);
 
+// The quantized weights of `layout` (a model's QuantizedBase, under stage names) from
+// DIR's safetensors, each read as LoadHfWeights reads it and quantized in layout's codec
+// before the next is read.
+StatusOr<QuantizedSet> LoadHfQuantized(const std::string& dir, const QuantizedSet& layout, int layers);
+
 // Writes a folder Hugging Face's from_pretrained reads: config.json and model.safetensors
 // (F32) of `model` under the folder's names (no LoRA adapters: merge them first).
 Status WriteHfFolder(const std::string& dir, const std::string& config_json,

@@ -6,33 +6,71 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
 namespace cleave {
 namespace {
 
 namespace nn = torch::nn;
 
-// nn.Linear's layout (weight [out, in]), with a bias or not; with a LoRA adapter (PEFT's
-// layout: lora_A [rank, in], lora_B [out, rank]) it adds scale * B A dropout(x).
+// A frozen weight held quantized (model.quantize) is used through this: the forward pass
+// dequantizes it for the product and the backward pass again for the input's gradient,
+// so autograd keeps no float32 copy (QLoRA's scheme; the weight itself gets no
+// gradient).
+struct DequantizedMatmul : torch::autograd::Function<DequantizedMatmul> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const QuantizedWeight* w) {
+    ctx->saved_data["w"] = reinterpret_cast<int64_t>(w);
+    return torch::linear(x, w->Dequantize());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const auto* w = reinterpret_cast<const QuantizedWeight*>(ctx->saved_data["w"].toInt());
+    return {torch::matmul(grad[0], w->Dequantize()), torch::Tensor()};
+  }
+};
+
+// nn.Linear's layout (weight [out, in]), with a bias or not, the weight float32 or held
+// quantized (`quant`); with a LoRA adapter (PEFT's layout: lora_A [rank, in], lora_B
+// [out, rank]) it adds scale * B A dropout(x).
 struct ProjectionImpl : nn::Module {
-  ProjectionImpl(int64_t in, int64_t out, bool bias)
-      : weight(register_parameter("weight", torch::empty({out, in}))) {
+  ProjectionImpl(int64_t in, int64_t out, bool bias, const std::shared_ptr<Codec>& codec)
+      : in(in), out(out) {
+    if (codec != nullptr) {
+      quant = std::make_shared<QuantizedWeight>();
+      quant->codec = codec;
+      quant->shape = {out, in};
+    } else {
+      weight = register_parameter("weight", torch::empty({out, in}));
+    }
     if (bias) this->bias = register_parameter("bias", torch::zeros({out}));
   }
   void AddLora(int64_t rank, double scale_, double dropout_) {
-    lora_a = register_parameter("lora_A", torch::empty({rank, weight.size(1)}));
-    lora_b = register_parameter("lora_B", torch::zeros({weight.size(0), rank}));
+    lora_a = register_parameter("lora_A", torch::empty({rank, in}));
+    lora_b = register_parameter("lora_B", torch::zeros({out, rank}));
     scale = scale_;
     dropout = dropout_;
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor y = torch::linear(x, weight, bias);
+    torch::Tensor y;
+    if (quant) {
+      y = DequantizedMatmul::apply(x, quant.get());
+      if (bias.defined()) y = y + bias;
+    } else {
+      y = torch::linear(x, weight, bias);
+    }
     if (lora_a.defined()) {
       auto in = dropout > 0 ? torch::dropout(x, dropout, is_training()) : x;
       y = y + torch::linear(torch::linear(in, lora_a), lora_b).mul_(scale);
     }
     return y;
   }
-  torch::Tensor weight, bias;
+  int64_t in, out;
+  torch::Tensor weight, bias;  // weight undefined when quantized
+  std::shared_ptr<QuantizedWeight> quant;
   torch::Tensor lora_a, lora_b;  // undefined without an adapter
   double scale = 0, dropout = 0;
 };
@@ -94,13 +132,13 @@ torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const tor
 }
 
 struct SelfAttentionImpl : nn::Module {
-  explicit SelfAttentionImpl(const DecoderConfig& c)
+  SelfAttentionImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q)
       : heads(c.heads), kv_heads(c.kv_heads), hd(c.head_dim), window(c.sliding_window),
         inv_freq(InverseFrequencies(c)),
-        q_proj(register_module("q_proj", Projection(c.dim, c.heads * c.head_dim, c.qkv_bias))),
-        k_proj(register_module("k_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias))),
-        v_proj(register_module("v_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias))),
-        o_proj(register_module("o_proj", Projection(c.heads * c.head_dim, c.dim, c.o_bias))) {
+        q_proj(register_module("q_proj", Projection(c.dim, c.heads * c.head_dim, c.qkv_bias, q))),
+        k_proj(register_module("k_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, q))),
+        v_proj(register_module("v_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, q))),
+        o_proj(register_module("o_proj", Projection(c.heads * c.head_dim, c.dim, c.o_bias, q))) {
     if (c.qk_norm) {
       q_norm = register_module("q_norm", RmsNorm(c.head_dim, c.rms_eps));
       k_norm = register_module("k_norm", RmsNorm(c.head_dim, c.rms_eps));
@@ -167,10 +205,10 @@ struct SelfAttentionImpl : nn::Module {
 TORCH_MODULE(SelfAttention);
 
 struct SwiGluImpl : nn::Module {
-  explicit SwiGluImpl(const DecoderConfig& c)
-      : gate_proj(register_module("gate_proj", Projection(c.dim, c.ffn, c.mlp_bias))),
-        up_proj(register_module("up_proj", Projection(c.dim, c.ffn, c.mlp_bias))),
-        down_proj(register_module("down_proj", Projection(c.ffn, c.dim, c.mlp_bias))) {}
+  SwiGluImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q)
+      : gate_proj(register_module("gate_proj", Projection(c.dim, c.ffn, c.mlp_bias, q))),
+        up_proj(register_module("up_proj", Projection(c.dim, c.ffn, c.mlp_bias, q))),
+        down_proj(register_module("down_proj", Projection(c.ffn, c.dim, c.mlp_bias, q))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
   }
@@ -179,12 +217,13 @@ struct SwiGluImpl : nn::Module {
 TORCH_MODULE(SwiGlu);
 
 struct DecoderBlockImpl : nn::Module {
-  explicit DecoderBlockImpl(const DecoderConfig& c)
+  DecoderBlockImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q)
       : input_layernorm(register_module("input_layernorm", RmsNorm(c.dim, c.rms_eps))),
-        self_attn(register_module("self_attn", SelfAttention(c))),
+        self_attn(register_module("self_attn", SelfAttention(c, q))),
         post_attention_layernorm(register_module("post_attention_layernorm", RmsNorm(c.dim, c.rms_eps))),
-        mlp(register_module("mlp", SwiGlu(c))) {}
-  torch::Tensor forward(torch::Tensor x) {
+        mlp(register_module("mlp", SwiGlu(c, q))) {}
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor Run(torch::Tensor x) {
     x = x + self_attn(input_layernorm(x));
     return x + mlp(post_attention_layernorm(x));
   }
@@ -192,8 +231,57 @@ struct DecoderBlockImpl : nn::Module {
   SelfAttention self_attn;
   RmsNorm post_attention_layernorm;
   SwiGlu mlp;
+  bool recompute = false;  // SetRecompute
 };
 TORCH_MODULE(DecoderBlock);
+
+// Activation checkpointing (train.recompute): the block's forward pass runs without a
+// graph and keeps only its input; the backward pass runs it again with one, under the
+// random state the first pass had (the same dropout masks), and back-propagates through
+// it. torch.utils.checkpoint's reentrant scheme.
+struct Recomputed : torch::autograd::Function<Recomputed> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               DecoderBlockImpl* block) {
+    ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      ctx->saved_data["rng"] = gen.get_state();
+    }
+    ctx->save_for_backward({x});
+    return block->Run(x);  // autograd is off inside a Function's forward
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto* block = reinterpret_cast<DecoderBlockImpl*>(ctx->saved_data["block"].toInt());
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    auto gen = at::detail::getDefaultCPUGenerator();
+    torch::Tensor now;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      now = gen.get_state();
+      gen.set_state(ctx->saved_data["rng"].toTensor());
+    }
+    torch::Tensor y;
+    {
+      torch::AutoGradMode on(true);
+      y = block->Run(x);
+    }
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(now);
+    }
+    torch::autograd::backward({y}, {grad[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+torch::Tensor DecoderBlockImpl::forward(const torch::Tensor& x) {
+  if (!(recompute && is_training() && torch::GradMode::is_enabled())) return Run(x);
+  // The output needs a graph to the adapters inside even when the input has none (a
+  // frozen embedding's): the function then stands for the block with an input that does.
+  return Recomputed::apply(x.requires_grad() ? x : x.detach().requires_grad_(true), this);
+}
 
 // The untied head's weight, [vocab, dim] as nn.Linear without bias.
 struct LmHeadImpl : nn::Module {
@@ -216,6 +304,17 @@ TORCH_MODULE(DecoderHead);
 
 }  // namespace
 
+bool SetRecompute(const nn::Module& seq, bool on) {
+  bool found = false;
+  for (const auto& m : seq.modules(/*include_self=*/true)) {
+    if (auto* block = m->as<DecoderBlockImpl>()) {
+      block->recompute = on;
+      found = true;
+    }
+  }
+  return found;
+}
+
 bool SetKvCache(nn::Sequential& seq, bool on) {
   bool found = false;
   for (const auto& m : seq->modules(/*include_self=*/false)) {
@@ -229,27 +328,55 @@ bool SetKvCache(nn::Sequential& seq, bool on) {
   return found;
 }
 
-nn::Sequential BuildLlama(const DecoderConfig& c, const LoraConfig& lora) {
+nn::Sequential BuildLlama(const DecoderConfig& c, const LlamaBuild& o) {
+  const LoraConfig& lora = o.lora;
+  std::shared_ptr<Codec> codec;
+  if (!o.quantize.empty()) {
+    auto made = MakeStatelessCodec(o.quantize, 0);
+    TORCH_CHECK(made.ok() && *made != nullptr, "model.quantize: ", std::string(made.status().message()));
+    codec = std::shared_ptr<Codec>(std::move(*made));
+  }
+  const int stages = c.layers + 2, end = o.end < 0 ? stages : o.end;
+  auto kept = [&](int stage) { return stage >= o.begin && stage < end; };
+  // The head tied to the embedding needs its weight even where stage 0 is not kept.
+  const bool need_embed = kept(0) || (c.tie && kept(stages - 1));
   nn::Sequential seq;
-  Embedding embed(c.vocab, c.dim, c.context);
-  seq->push_back(embed);
+  Embedding embed{nullptr};
+  if (need_embed) embed = Embedding(c.vocab, c.dim, c.context);
+  seq->push_back(kept(0) ? nn::AnyModule(embed) : nn::AnyModule(nn::Identity()));
   std::vector<DecoderBlock> blocks;
   for (int i = 0; i < c.layers; ++i) {
-    blocks.push_back(DecoderBlock(c));
-    seq->push_back(blocks.back());
-  }
-  seq->push_back(DecoderHead(c, c.tie ? embed->embed_tokens->weight : torch::Tensor()));
-  // transformers' _init_weights: N(0, 0.02) for projections and embeddings, zero biases,
-  // unit norms (already ones).
-  torch::NoGradGuard no_grad;
-  for (auto& p : seq->named_parameters(/*recurse=*/true)) {
-    const std::string& name = p.key();
-    if (name.find("norm.weight") != std::string::npos) continue;
-    if (p.value().dim() == 1) {
-      p.value().zero_();
+    if (kept(i + 1)) {
+      blocks.push_back(DecoderBlock(c, codec));
+      seq->push_back(blocks.back());
     } else {
-      p.value().normal_(0, 0.02);
+      seq->push_back(nn::Identity());
     }
+  }
+  if (kept(stages - 1)) {
+    seq->push_back(DecoderHead(c, c.tie ? embed->embed_tokens->weight : torch::Tensor()));
+  } else {
+    seq->push_back(nn::Identity());
+  }
+  // transformers' _init_weights: N(0, 0.02) for projections and embeddings, zero biases,
+  // unit norms (already ones). A quantized weight is drawn, then quantized.
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  if (need_embed && !kept(0)) params.emplace_back("embed_tokens.weight", embed->embed_tokens->weight);
+  for (auto& p : seq->named_parameters(/*recurse=*/true)) params.emplace_back(p.key(), p.value());
+  for (auto& [name, value] : params) {
+    if (name.find("norm.weight") != std::string::npos) continue;
+    if (value.dim() == 1) {
+      value.zero_();
+    } else {
+      value.normal_(0, 0.02);
+    }
+  }
+  for (auto& [name, w] : QuantizedWeights(*seq)) {
+    auto values = torch::empty(w->shape).normal_(0, 0.02);
+    QuantizedTensor q = QuantizeTensor(*codec, name, w->shape, values.data_ptr<float>());
+    w->owner = std::move(q.owner);
+    w->bytes = q.bytes;
   }
   if (lora.enabled()) {
     for (auto& block : blocks) {
@@ -261,15 +388,72 @@ nn::Sequential BuildLlama(const DecoderConfig& c, const LoraConfig& lora) {
       for (auto [name, proj] : targets) {
         if (!lora.Targets(name)) continue;
         proj->AddLora(lora.rank, lora.alpha / lora.rank, lora.dropout);
-        const double bound = 1.0 / std::sqrt(static_cast<double>(proj->weight.size(1)));
+        const double bound = 1.0 / std::sqrt(static_cast<double>(proj->in));
         proj->lora_a.uniform_(-bound, bound);
       }
     }
     for (auto& p : seq->named_parameters(/*recurse=*/true)) {
       if (p.key().find(".lora_") == std::string::npos) p.value().requires_grad_(false);
     }
+    if (need_embed) embed->embed_tokens->weight.requires_grad_(false);
   }
   return seq;
+}
+
+torch::Tensor QuantizedWeight::Dequantize() const {
+  auto w = torch::empty(shape);
+  codec->DecodeRange(bytes, shape, 0, w.numel(), w.data_ptr<float>());
+  return w;
+}
+
+std::vector<std::pair<std::string, QuantizedWeight*>> QuantizedWeights(const nn::Module& seq) {
+  std::vector<std::pair<std::string, QuantizedWeight*>> out;
+  for (const auto& m : seq.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    if (auto* p = m.value()->as<ProjectionImpl>(); p != nullptr && p->quant) {
+      out.emplace_back(m.key() + ".weight", p->quant.get());
+    }
+  }
+  return out;
+}
+
+QuantizedSet QuantizedSetOf(const std::vector<std::pair<std::string, QuantizedWeight*>>& weights) {
+  QuantizedSet set;
+  for (const auto& [name, w] : weights) {
+    set.spec = w->codec->name();
+    set.tensors.push_back({name, w->shape, w->bytes, w->owner});
+  }
+  return set;
+}
+
+Status LoadQuantizedWeights(const std::vector<std::pair<std::string, QuantizedWeight*>>& weights,
+                            const QuantizedSet& set) {
+  for (const auto& [name, w] : weights) {
+    if (set.spec != w->codec->name()) {
+      return absl::InvalidArgumentError(absl::StrCat("a quantized base in codec '", set.spec,
+                                                     "' for a model quantized in ", w->codec->name()));
+    }
+    const QuantizedTensor* t = set.Find(name);
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("the quantized base has no tensor ", name));
+    }
+    if (t->shape != w->shape) {
+      return absl::InvalidArgumentError(absl::StrCat("quantized tensor ", name, " is shaped [",
+                                                     absl::StrJoin(t->shape, ", "), "], expected [",
+                                                     absl::StrJoin(w->shape, ", "), "]"));
+    }
+  }
+  for (const auto& [name, w] : weights) {
+    const QuantizedTensor* t = set.Find(name);
+    w->owner = t->owner;
+    w->bytes = t->bytes;
+  }
+  return absl::OkStatus();
+}
+
+torch::Tensor TiedHeadWeight(const nn::Module& stage) {
+  const auto* head = stage.as<DecoderHeadImpl>();
+  if (head == nullptr || head->named_parameters().contains("lm_head.weight")) return {};
+  return head->weight;
 }
 
 }  // namespace cleave

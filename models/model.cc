@@ -152,9 +152,11 @@ struct Model::Impl {
     if (cached && cached_key == key) return;
     x = ExamplesToTensor(d);
     y = LabelsToTensor(d);
-    if (d.type == ExampleType::kToken) {
+    if (d.type == ExampleType::kToken) {  // ids stored as -1 - id are read, not predicted
       const int64_t length = x.size(1);
-      y = x.slice(1, 1, length).contiguous();
+      const auto read_only = x.lt(0);
+      x = torch::where(read_only, -1 - x, x);
+      y = x.slice(1, 1, length).masked_fill(read_only.slice(1, 1, length), kNoTarget).contiguous();
       x = x.slice(1, 0, length - 1).contiguous();
     }
     t = d.targets.empty() ? torch::Tensor()
@@ -321,6 +323,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
     // FastTrainer's loss is plain cross-entropy.
     const bool fast = impl_->fast && o.loss == "cross_entropy" && o.label_smoothing == 0;
     impl_->SetTraining(true);
+    if (impl_->seq) SetRecompute(*impl_->seq, o.recompute);
     auto gen = at::detail::createCPUGenerator(o.seed);
     const int64_t n = data.size;
     const int64_t total_steps = TaskSteps(o.local_steps, o.local_epochs, n, o.batch_size);
@@ -386,8 +389,8 @@ struct EvalTally {
 
   void AddText(const torch::Tensor& out, const torch::Tensor& y) {
     TORCH_CHECK(out.dim() == 3, "text needs outputs of shape [N, T, vocab], not ", out.sizes());
-    correct += out.argmax(2).eq(y).sum().item<int64_t>();
-    tokens += y.numel();
+    correct += out.argmax(2).eq(y).sum().item<int64_t>();  // kNoTarget never equals
+    tokens += y.ne(kNoTarget).sum().item<int64_t>();
   }
   void AddRegression(const torch::Tensor& out, const torch::Tensor& t) {
     TORCH_CHECK(out.numel() == t.numel(), "regression needs one output per example, not ",
@@ -614,6 +617,16 @@ std::vector<std::string> Model::FrozenTensors() const {
   return out;
 }
 
+QuantizedSet Model::QuantizedBase() const {
+  if (impl_->script) return {};
+  return QuantizedSetOf(QuantizedWeights(*impl_->seq));
+}
+
+Status Model::LoadQuantized(const QuantizedSet& set) {
+  if (impl_->script) return absl::InvalidArgumentError("a TorchScript model has no quantized base");
+  return LoadQuantizedWeights(QuantizedWeights(*impl_->seq), set);
+}
+
 int Model::num_stages() const {
   if (impl_->script) {
     int n = 0;
@@ -707,10 +720,18 @@ Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std:
 }
 
 ModelSpec ModelSpecOf(const ModelConfig& m, uint64_t seed) {
-  return {m.name, "", seed, m.input, m.classes, m.gpt, m.lora};
+  ModelSpec spec;
+  spec.name = m.name;
+  spec.seed = seed;
+  spec.input_shape = m.input;
+  spec.num_classes = m.classes;
+  spec.gpt = m.gpt;
+  spec.lora = m.lora;
+  spec.quantize = QuantizeCodec(m);
+  return spec;
 }
 
-StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
+StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec, int begin, int end) {
   std::vector<TorchStage> stages;
   try {
     if (spec.name == "torchscript") {
@@ -732,10 +753,12 @@ StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
         };
         s.forward = [m](const torch::Tensor& x) mutable { return m.forward({x}).toTensor(); };
         s.train = [m](bool on) mutable { m.train(on); };
+        s.quantized = [] { return std::vector<std::pair<std::string, QuantizedWeight*>>(); };
+        s.recompute = [](bool) {};
         stages.push_back(std::move(s));
       }
     } else {
-      ASSIGN_OR_RETURN(nn::Sequential seq, BuildBuiltin(spec));
+      ASSIGN_OR_RETURN(nn::Sequential seq, BuildBuiltin(spec, begin, end));
       for (size_t i = 0; i < seq->size(); ++i) {
         nn::AnyModule stage = *(seq->begin() + i);  // a Stage, or a module of the decoder
         const std::string prefix = absl::StrCat(i, ".");
@@ -746,12 +769,21 @@ StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec) {
             out.emplace_back(prefix + p.key(), p.value());
           }
           AppendFloatBuffers(stage.ptr()->named_buffers(/*recurse=*/true), prefix, out);
+          if (torch::Tensor tied = TiedHeadWeight(*stage.ptr()); tied.defined()) {
+            out.emplace_back("0.embed_tokens.weight", tied);
+          }
+          return out;
+        };
+        s.quantized = [stage, prefix] {
+          auto out = QuantizedWeights(*stage.ptr());
+          for (auto& [name, w] : out) name = prefix + name;
           return out;
         };
         s.forward = [stage](const torch::Tensor& x) mutable {
           return stage.forward<torch::Tensor>(x);
         };
         s.train = [stage](bool on) { stage.ptr()->train(on); };
+        s.recompute = [stage](bool on) { SetRecompute(*stage.ptr(), on); };
         stages.push_back(std::move(s));
       }
     }

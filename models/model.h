@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/quantized_set.h"
 #include "core/fit.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
@@ -48,7 +49,11 @@ struct ModelSpec {
   // code for token models reads.
   GptConfig gpt{};
   LoraConfig lora{};                               // adapters, for "gpt" and "hf"
-  std::string hf_config;  // config.json's text, for name == "hf" (models/llama.h)
+  std::string hf_config{};  // config.json's text, for name == "hf" (models/llama.h)
+  // The codec of a quantized frozen base (model.quantize; "int8:channel", "nf4",
+  // "nf4:dq"): hf's block projections held in it, dequantized inside each matmul and
+  // never part of Parameters() (QuantizedBase). "" = float32.
+  std::string quantize{};
 
   // Whether the model reads token ids (gpt, hf).
   bool text() const { return name == "gpt" || name == "hf"; }
@@ -107,6 +112,13 @@ class Model {
   ParameterSet Parameters() const;
   // Copies `params` in. INVALID_ARGUMENT unless the layout equals Parameters()'s.
   Status SetParameters(const ParameterSet& params);
+
+  // A quantized base (ModelSpec::quantize): its weights, sharing their bytes (empty for a
+  // model without one), and their replacement by `set`'s, whose bytes are shared, not
+  // copied. INVALID_ARGUMENT (nothing changed) unless `set` is in the model's codec and
+  // has each of its quantized weights with its shape (more are ignored).
+  QuantizedSet QuantizedBase() const;
+  Status LoadQuantized(const QuantizedSet& set);
 
   // Loads the loss for loss "torchscript": a scripted module whose forward(output,
   // target) returns the batch's mean loss as a scalar, `target` being the labels (int64)

@@ -18,6 +18,8 @@ void ReadModel(ConfigSection& s, ModelConfig& c) {
   s.Read("classes", c.classes);
   s.Read("personal", c.personal);
   s.ReadPath("weights", c.weights);
+  s.Read("quantize", c.quantize);
+  s.Read("double_quant", c.double_quant);
   ConfigSection g = s.Section("gpt");
   g.Read("vocab", c.gpt.vocab);
   g.Read("context", c.gpt.context);
@@ -58,7 +60,25 @@ Status CheckLora(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
+Status CheckQuantize(const ModelConfig& c) {
+  RETURN_IF_ERROR(Range(c.quantize == "none" || c.quantize == "int8" || c.quantize == "nf4",
+                        "model.quantize", "none, int8 or nf4"));
+  if (c.double_quant) RETURN_IF_ERROR(Range(c.quantize == "nf4", "model.double_quant", "used with model.quantize: nf4"));
+  if (c.quantize == "none") return absl::OkStatus();
+  RETURN_IF_ERROR(Range(c.name == "hf", "model.quantize", "used with model.name: hf"));
+  RETURN_IF_ERROR(Range(c.lora.enabled(), "model.quantize",
+                        "used with LoRA (model.lora.rank > 0): a quantized base is frozen"));
+  return Range(c.weights.empty(), "model.quantize",
+               "used with the weights of model.path (not model.weights)");
+}
+
 }  // namespace
+
+std::string QuantizeCodec(const ModelConfig& c) {
+  if (c.quantize == "int8") return "int8:channel";
+  if (c.quantize == "nf4") return c.double_quant ? "nf4:dq" : "nf4";
+  return "";
+}
 
 Status CheckModel(ModelConfig& c) {
   RETURN_IF_ERROR(Range(!c.input.empty() && c.input.size() <= 3, "model.input",
@@ -69,6 +89,7 @@ Status CheckModel(ModelConfig& c) {
   RETURN_IF_ERROR(Range(c.classes >= 1 && c.classes <= 1000000, "model.classes", "in [1, 1000000]"));
   RETURN_IF_ERROR(CheckGpt(c.gpt));
   RETURN_IF_ERROR(CheckLora(c));
+  RETURN_IF_ERROR(CheckQuantize(c));
   for (const std::string& p : c.personal) {
     RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
   }

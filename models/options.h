@@ -55,6 +55,11 @@ struct ModelConfig {
   std::vector<std::string> personal;
   GptConfig gpt{};               // model.gpt, for name=gpt
   LoraConfig lora{};             // model.lora, for name=gpt
+  // model.quantize: none | int8 | nf4: the frozen base of a LoRA hf model held quantized
+  // (QLoRA) on devices and server, int8 per output channel or NF4 in blocks of 64,
+  // dequantized inside each matmul; it travels to devices quantized
+  std::string quantize = "none";
+  bool double_quant = false;  // model.double_quant: nf4's absmax values quantized too
   // model.weights: the starting weights, a safetensors file (GPT-2's layout for gpt,
   // the model's own tensor names otherwise); "" = initialised from run.seed
   std::string weights;
@@ -63,6 +68,9 @@ struct ModelConfig {
 // The sections (core/config_section.h). CheckModel resolves nothing by name: model.name
 // is checked where the model is built (it may be a TorchScript archive).
 void ReadModel(ConfigSection& s, ModelConfig& c);
+// The codec of model.quantize (ModelSpec::quantize): "" for none, "int8:channel", "nf4",
+// "nf4:dq" (double_quant).
+std::string QuantizeCodec(const ModelConfig& c);
 Status CheckModel(ModelConfig& c);
 
 }  // namespace cleave

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "models/optimizer_step.h"
@@ -64,7 +65,7 @@ std::vector<int64_t> BatchLabels(const Dataset& data, const std::vector<int64_t>
   }
   const int64_t n = data.example_elements();
   for (int64_t i : indices) {
-    for (int64_t j = 1; j < n; ++j) labels.push_back(data.token(i, j));
+    for (int64_t j = 1; j < n; ++j) labels.push_back(data.target(i, j));
   }
   return labels;
 }
@@ -186,7 +187,7 @@ ModelPart::~ModelPart() = default;
 
 StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, int begin,
                                                        int end) {
-  ASSIGN_OR_RETURN(std::vector<TorchStage> all, BuildTorchStages(spec));
+  ASSIGN_OR_RETURN(std::vector<TorchStage> all, BuildTorchStages(spec, begin, end));
   const int n = static_cast<int>(all.size());
   if (begin < 0 || begin >= end || end > n) {
     return absl::InvalidArgumentError(absl::StrCat("stages [", begin, ", ", end, ") of model ",
@@ -199,15 +200,36 @@ StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, in
   // keeps them alive in its module tree).
   impl->stages.assign(std::make_move_iterator(all.begin() + begin),
                       std::make_move_iterator(all.begin() + end));
+  std::set<std::string> names;  // a tied head's weight is listed by stage 0 and the head
   for (auto& s : impl->stages) {
     impl->first_param.push_back(impl->params.size());
-    for (auto& p : s.parameters()) impl->params.push_back(std::move(p));
+    for (auto& p : s.parameters()) {
+      if (names.insert(p.first).second) impl->params.push_back(std::move(p));
+    }
     s.train(true);
   }
   impl->first.resize(impl->params.size());
   impl->second.resize(impl->params.size());
   impl->steps.assign(impl->params.size(), 0);
   return std::unique_ptr<ModelPart>(new ModelPart(std::move(impl)));
+}
+
+QuantizedSet ModelPart::QuantizedBase() const {
+  std::vector<std::pair<std::string, QuantizedWeight*>> all;
+  for (const auto& s : impl_->stages) {
+    auto q = s.quantized();
+    all.insert(all.end(), q.begin(), q.end());
+  }
+  return QuantizedSetOf(all);
+}
+
+Status ModelPart::LoadQuantized(const QuantizedSet& set) {
+  std::vector<std::pair<std::string, QuantizedWeight*>> all;
+  for (const auto& s : impl_->stages) {
+    auto q = s.quantized();
+    all.insert(all.end(), q.begin(), q.end());
+  }
+  return LoadQuantizedWeights(all, set);
 }
 
 int ModelPart::begin() const { return impl_->begin; }
@@ -221,6 +243,12 @@ int64_t ModelPart::OptimizerStateElements() const {
     if (impl_->second[i].defined()) n += impl_->second[i].numel();
   }
   return n;
+}
+
+std::vector<std::string> ModelPart::TensorNames() const {
+  std::vector<std::string> out;
+  for (const auto& [name, p] : impl_->params) out.push_back(name);
+  return out;
 }
 
 ParameterSet ModelPart::Parameters() const {
@@ -274,6 +302,7 @@ StatusOr<double> DistanceCorrelation(const Activations& x, const Activations& z)
 Status ModelPart::ResetOptimizer(const LocalTrainOptions& training) {
   ASSIGN_OR_RETURN(impl_->optimizer, Optimizers().Get(training.optimizer));
   impl_->training = training;
+  for (auto& s : impl_->stages) s.recompute(training.recompute);
   impl_->pending.clear();
   torch::NoGradGuard no_grad;
   const bool adam = impl_->optimizer->second_moment;
@@ -395,15 +424,18 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
 StatusOr<std::vector<int>> ParameterStages(const ModelSpec& spec) {
   ASSIGN_OR_RETURN(std::vector<TorchStage> stages, BuildTorchStages(spec));
   std::vector<int> out;
+  std::set<std::string> names;
   for (size_t i = 0; i < stages.size(); ++i) {
-    out.insert(out.end(), stages[i].parameters().size(), static_cast<int>(i));
+    for (const auto& p : stages[i].parameters()) {
+      if (names.insert(p.first).second) out.push_back(static_cast<int>(i));
+    }
   }
   return out;
 }
 
 StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
                                                   const std::vector<int64_t>& sample_shape,
-                                                  int batch, int reps) {
+                                                  int batch, int reps, bool recompute) {
   ASSIGN_OR_RETURN(std::vector<TorchStage> stages, BuildTorchStages(spec));
   std::vector<StageProfile> out;
   try {
@@ -415,6 +447,8 @@ StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
                           : torch::randn(shape);
     for (auto& s : stages) {
       StageProfile p;
+      s.recompute(recompute);
+      for (auto& [name, w] : s.quantized()) p.quantized_bytes += static_cast<int64_t>(w->bytes.size());
       for (auto& [name, t] : s.parameters()) {
         p.param_elements += t.numel();
         if (t.requires_grad()) p.trainable_elements += t.numel();

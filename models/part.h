@@ -61,10 +61,16 @@ class ModelPart {
 
   // This part's parameters (whole-model names, model order).
   ParameterSet Parameters() const;
+  // Their names alone.
+  std::vector<std::string> TensorNames() const;
   // Copies in this part's tensors, looked up by name in `params` (the whole model or
   // just this part). INVALID_ARGUMENT when one is missing (unless `partial`: then only
   // those present are copied) or has another shape.
   Status LoadFrom(const ParameterSet& params, bool partial = false);
+  // A quantized base (ModelSpec::quantize): this part's quantized weights, and their
+  // replacement by `set`'s (shared, not copied), as Model's.
+  QuantizedSet QuantizedBase() const;
+  Status LoadQuantized(const QuantizedSet& set);
   // Sets how the part steps, from whole-model training's options: optimizer, lr,
   // momentum, nesterov, weight_decay, clip_norm (the norm of this part's own gradient:
   // neither side of a cut sees the other's) and label_smoothing (TrainWithLoss's); the
@@ -118,6 +124,7 @@ struct StageProfile {
   int64_t out_elements = 0;        // output elements per sample (what crosses a cut after it)
   int64_t param_elements = 0;      // parameters, frozen ones included
   int64_t trainable_elements = 0;  // those that train (all but LoRA's frozen base)
+  int64_t quantized_bytes = 0;     // a quantized base's weights (not parameters), encoded
   // Heap bytes per sample that the forward pass leaves allocated until its backward
   // pass: the output and everything autograd saved (a transformer block's attention
   // probabilities, heads x tokens^2, its MLP's hidden activations), measured.
@@ -127,9 +134,10 @@ struct StageProfile {
 
 // Times every stage of `spec` (forward and backward, median of `reps` after a warm-up)
 // on a random batch of `batch` samples shaped `sample_shape` (e.g. {1, 28, 28}), and
-// measures what its forward pass keeps for the backward pass (glibc's heap in use).
+// measures what its forward pass keeps for the backward pass (glibc's heap in use),
+// with activation checkpointing when `recompute` (train.recompute).
 StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
                                                   const std::vector<int64_t>& sample_shape,
-                                                  int batch, int reps);
+                                                  int batch, int reps, bool recompute = false);
 
 }  // namespace cleave

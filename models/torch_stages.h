@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "models/llama.h"
 #include "models/model.h"
 
 namespace cleave {
@@ -21,10 +22,18 @@ struct TorchStage {
   std::function<std::vector<std::pair<std::string, torch::Tensor>>()> parameters;
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<void(bool)> train;
+  // Activation checkpointing of its decoder blocks (train.recompute); a no-op elsewhere.
+  std::function<void(bool)> recompute;
+  // Its weights held quantized (ModelSpec::quantize), named as in the whole model.
+  std::function<std::vector<std::pair<std::string, QuantizedWeight*>>()> quantized;
 };
 
 // Builds the model `spec` names (initialised from spec.seed, exactly as Model::Create
-// does) and returns its stages in order.
-StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec);
+// does) and returns its stages in order. With a range [begin, end), a model that can
+// builds only those stages (BuildBuiltin) and the others have no tensors. A head tied to
+// the embedding lists the embedding's weight among its tensors too (under stage 0's
+// name): a part that holds the head without stage 0 needs it; where both are held, the
+// first is the one.
+StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec, int begin = 0, int end = -1);
 
 }  // namespace cleave

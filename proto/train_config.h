@@ -21,6 +21,7 @@ inline void ToProto(const FitSettings& f, v1::TrainConfig* t) {
   t->set_clip_norm(f.clip_norm);
   t->set_label_smoothing(f.label_smoothing);
   t->set_proximal_mu(f.proximal_mu);
+  t->set_recompute(f.recompute);
 }
 
 // Empty loss and optimizer mean the defaults (cross_entropy, sgd), as older servers
@@ -39,6 +40,7 @@ inline FitSettings FitFromProto(const v1::TrainConfig& t) {
   f.clip_norm = t.clip_norm();
   f.label_smoothing = t.label_smoothing();
   f.proximal_mu = t.proximal_mu();
+  f.recompute = t.recompute();
   return f;
 }
 

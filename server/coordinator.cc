@@ -89,10 +89,11 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   if (cfg_.model.name == "hf") {
     ASSIGN_OR_RETURN(std::string config, ReadHfConfig(cfg_.model.path));
     RETURN_IF_ERROR(SetHfModel(spec, std::move(config), cfg_.model.path + "/config.json"));
-    if (cfg_.split.enabled() && spec.gpt.tie) {
+    if (cfg_.split.enabled() && spec.gpt.tie && !spec.lora.enabled()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model.path: ", cfg_.model.path, "/config.json ties the head to the embedding "
-          "(tie_word_embeddings), which split learning places on two sides of the cut"));
+          "(tie_word_embeddings), which split learning places on two sides of the cut: "
+          "train LoRA adapters (model.lora.rank), which leave the shared weight frozen"));
     }
   }
   DescribeModelLocked(spec);
@@ -105,6 +106,19 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
     auto weights = LoadHfWeights(cfg_.model.path, global_, spec.gpt.layers);
     if (!weights.ok()) return absl::InvalidArgumentError(absl::StrCat("model.path: ", weights.status().message()));
     global_ = *std::move(weights);
+    if (!spec.quantize.empty()) {
+      auto quantized = LoadHfQuantized(cfg_.model.path, model_->QuantizedBase(), spec.gpt.layers);
+      if (!quantized.ok()) return absl::InvalidArgumentError(absl::StrCat("model.path: ", quantized.status().message()));
+      RETURN_IF_ERROR(model_->LoadQuantized(*quantized));
+      quantized_base_ = *std::move(quantized);
+      auto blob = std::make_shared<const std::string>(quantized_base_.Encode());
+      quantized_base_digest_ = Sha256Hex(*blob);
+      quantized_base_size_ = static_cast<int64_t>(blob->size());
+      blobs_[quantized_base_digest_] = std::move(blob);
+      pinned_blobs_.insert(quantized_base_digest_);
+      spdlog::info("quantized base: {} projection weights in {}, {} bytes", quantized_base_.tensors.size(),
+                   spec.quantize, quantized_base_size_);
+    }
   } else if (!cfg_.model.weights.empty()) {
     auto weights = LoadWeights(cfg_.model.weights, cfg_.model.name, global_);
     if (!weights.ok()) {
@@ -137,6 +151,7 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
   for (int64_t d : spec.input_shape) model_desc_.add_input_shape(d);
   model_desc_.set_num_classes(spec.num_classes);
   if (spec.name == "hf") model_desc_.set_hf_config(spec.hf_config);
+  model_desc_.set_quantize(spec.quantize);
   if (spec.text()) {
     v1::GptDescription* g = model_desc_.mutable_gpt();
     g->set_vocab(spec.gpt.vocab);

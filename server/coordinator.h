@@ -181,6 +181,7 @@ class Coordinator : private RoundContext {
   const Codec* update_codec() const override { return update_codec_.get(); }
   const ModelSpec& model_spec() const override { return model_spec_; }
   const std::vector<std::string>& frozen() const override { return frozen_; }
+  const QuantizedSet& quantized_base() const override { return quantized_base_; }
   const std::string& RunIdLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return run_id_;
   }
@@ -411,6 +412,11 @@ class Coordinator : private RoundContext {
   std::vector<std::string> frozen_;
   std::string base_digest_;
   int64_t base_size_ = 0;
+  // model.quantize: the whole model's quantized weights (their bytes shared with model_'s)
+  // and their blob, pinned.
+  QuantizedSet quantized_base_;
+  std::string quantized_base_digest_;
+  int64_t quantized_base_size_ = 0;
   // What updates leave out: personal_ and frozen_. Updates, the strategy and secure
   // aggregation see shared_layout_ (global_ without them).
   std::vector<std::string> not_updated_;

@@ -78,6 +78,8 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   rec.id = task->task_id();
   task->set_base_digest(base_digest_);
   task->set_base_size(base_size_);
+  task->set_quantized_base_digest(quantized_base_digest_);
+  task->set_quantized_base_size(quantized_base_size_);
   task->set_model_digest(model_digest_);
   task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
   if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "compression/quantized_set.h"
 #include "core/clock.h"
 #include "core/mutex.h"
 #include "core/parameter_set.h"
@@ -56,6 +57,9 @@ class RoundContext {
   virtual const ModelSpec& model_spec() const = 0;
   // The frozen tensors (a LoRA model's base): never in an update nor a round's blob.
   virtual const std::vector<std::string>& frozen() const = 0;
+  // A quantized base's weights (model.quantize; empty without one): never in a
+  // ParameterSet, sent to clients as their own blob.
+  virtual const QuantizedSet& quantized_base() const = 0;
 
   // --- The run and the round in progress.
   virtual const std::string& RunIdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;

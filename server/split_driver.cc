@@ -41,7 +41,7 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   const bool text = spec.text();
   const std::vector<int64_t> sample = text ? std::vector<int64_t>{spec.gpt.context} : spec.input_shape;
   num_classes_ = text ? static_cast<int>(spec.gpt.vocab) : spec.num_classes;
-  ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg.train.batch_size, 3));
+  ASSIGN_OR_RETURN(server_profile_, ProfileStages(spec, sample, cfg.train.batch_size, 3, cfg.train.recompute));
   stage_shapes_ = {sample};
   for (const auto& p : server_profile_) stage_shapes_.push_back(p.out_shape);
   // What the cost model needs from the model and this server; ProblemFor adds a client.
@@ -173,6 +173,7 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
   o.max_batch = fit.batch_size;
   o.num_classes = num_classes_;
   o.stage_input_shapes = stage_shapes_;
+  o.quantized = ctx_.quantized_base();
   ASSIGN_OR_RETURN(round_, SplitRound::Create(std::move(o), ctx_.GlobalLocked(), cuts));
   *clients = std::move(chosen);
   return absl::OkStatus();
@@ -213,6 +214,25 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   if (!frozen.empty()) {
     task->set_base_digest(cut_bases_[st.cut].first);
     task->set_base_size(cut_bases_[st.cut].second);
+  }
+  // A quantized base: the weights of the client's stages, in a blob per cut too.
+  task->clear_quantized_base_digest();
+  task->clear_quantized_base_size();
+  if (!ctx_.quantized_base().empty()) {
+    auto& q = cut_quantized_[st.cut];
+    if (q.first.empty()) {
+      QuantizedSet mine;
+      mine.spec = ctx_.quantized_base().spec;
+      for (const QuantizedTensor& t : ctx_.quantized_base().tensors) {
+        const int stage = std::stoi(t.name.substr(0, t.name.find('.')));
+        if (stage < st.cut || stage >= tail_begin_) mine.tensors.push_back(t);
+      }
+      auto blob = std::make_shared<const std::string>(mine.Encode());
+      q = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
+      ctx_.PinBlobLocked(q.first, std::move(blob));
+    }
+    task->set_quantized_base_digest(q.first);
+    task->set_quantized_base_size(q.second);
   }
   task->set_model_digest(pb.digest);
   task->set_model_size(pb.size);

@@ -139,6 +139,8 @@ class SplitDriver : public RoundDriver {
   std::map<int, PartBlob> part_blobs_ ABSL_GUARDED_BY(ctx_.mu());
   // LoRA: each cut's frozen tensors (digest, size of the pinned blob), all run long.
   std::map<int, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(ctx_.mu());
+  // A quantized base: each cut's quantized weights (digest, size of the pinned blob).
+  std::map<int, std::pair<std::string, int64_t>> cut_quantized_ ABSL_GUARDED_BY(ctx_.mu());
 };
 
 }  // namespace cleave

@@ -86,7 +86,7 @@ CutProblem ModelCutProblem(const std::vector<StageProfile>& stages,
   p.input_bytes = {in};
   for (const StageProfile& st : stages) {
     p.server_stage_s.push_back(st.seconds);
-    p.param_bytes.push_back(4 * st.param_elements);
+    p.param_bytes.push_back(4 * st.param_elements + st.quantized_bytes);
     p.trainable_bytes.push_back(4 * st.trainable_elements);
     p.saved_bytes.push_back(st.saved_bytes);
     p.out_bytes.push_back(4 * st.out_elements);

@@ -88,6 +88,7 @@ StatusOr<std::unique_ptr<SplitRound>> SplitRound::Create(SplitRoundOptions optio
     if (o.mode == SplitMode::kSflV1) {
       ASSIGN_OR_RETURN(c->copy, ModelPart::Create(o.model, cut, server_end));
       RETURN_IF_ERROR(c->copy->LoadFrom(global));
+      if (!o.quantized.empty()) RETURN_IF_ERROR(c->copy->LoadQuantized(o.quantized));
       RETURN_IF_ERROR(c->copy->ResetOptimizer(o.training));
     }
     r->clients_[id] = std::move(c);
@@ -95,6 +96,7 @@ StatusOr<std::unique_ptr<SplitRound>> SplitRound::Create(SplitRoundOptions optio
   if (o.mode != SplitMode::kSflV1) {
     ASSIGN_OR_RETURN(r->shared_, ModelPart::Create(o.model, r->min_cut_, server_end));
     RETURN_IF_ERROR(r->shared_->LoadFrom(global));
+    if (!o.quantized.empty()) RETURN_IF_ERROR(r->shared_->LoadQuantized(o.quantized));
     RETURN_IF_ERROR(r->shared_->ResetOptimizer(o.training));
   }
   r->current_ = global;
@@ -182,12 +184,18 @@ Status SplitRound::CheckLabels(const Activations& a, const std::vector<int64_t>&
                                                        ? absl::StrCat(" of ", per_sample, " tokens")
                                                        : ""));
   }
+  // Text: a token that is read but not predicted (an instruction's prompt) has label
+  // kNoTarget; a micro-batch needs one to predict (a loss over none is not a number).
+  bool any = false;
   for (int64_t y : labels) {
+    if (per_sample > 1 && y == kNoTarget) continue;
     if (y < 0 || y >= opts_.num_classes) {
       return absl::InvalidArgumentError(
           absl::StrCat("label ", y, " is not in [0, ", opts_.num_classes, ")"));
     }
+    any = true;
   }
+  if (!any) return absl::InvalidArgumentError("a micro-batch with no token to predict");
   return absl::OkStatus();
 }
 

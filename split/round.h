@@ -52,6 +52,9 @@ struct SplitRoundOptions {
   int num_classes = 10;
   // Per-sample input shape of every stage s in [0, n] (s = n: the model's output).
   std::vector<std::vector<int64_t>> stage_input_shapes;
+  // A quantized base (ModelSpec::quantize): the whole model's quantized weights, which
+  // the server's parts load (sharing the bytes).
+  QuantizedSet quantized;
 };
 
 class SplitRound {

@@ -97,6 +97,10 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
     }
   }
   RETURN_IF_ERROR(out.model->SetParameters(weights));
+  if (!spec.quantize.empty()) {  // the base as training saw it
+    ASSIGN_OR_RETURN(QuantizedSet quantized, LoadHfQuantized(m.path, out.model->QuantizedBase(), spec.gpt.layers));
+    RETURN_IF_ERROR(out.model->LoadQuantized(quantized));
+  }
   out.spec = std::move(spec);
   return out;
 }
@@ -277,6 +281,12 @@ int RunExport(const ExportOptions& o) {
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return Fail("export", loaded.status(), 2);
   ParameterSet params = loaded->model->Parameters();
+  // A quantized base is exported as the float32 weights it holds (what training saw).
+  auto base = DequantizeSet(loaded->model->QuantizedBase());
+  if (!base.ok()) return Fail("export", base.status());
+  for (Tensor& t : base->mutable_tensors()) {
+    if (Status s = params.Add(std::move(t)); !s.ok()) return Fail("export", s);
+  }
   const LoraConfig& lora = loaded->config.model.lora;
   if (lora.enabled()) params = MergeLora(params, lora.alpha / lora.rank);  // a plain GPT-2
   if (loaded->spec.name == "hf") return ExportHfFolder(*loaded, params, o.out);

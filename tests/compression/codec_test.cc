@@ -1,4 +1,5 @@
 #include "compression/codec.h"
+#include "compression/quantized_set.h"
 
 #include <gtest/gtest.h>
 
@@ -559,6 +560,54 @@ TEST(CodecTest, Nf4QuantizesAsTheReference) {
     ASSERT_LE(std::abs(approx[i] - in[i]), 0.1386f * a + half_step + 1e-6f) << i;
   }
   EXPECT_EQ(approx[128], 0.0f);  // the block of zeros: absmax ~0, code 0
+}
+
+// A quantized set travels as CLVQ: it parses back sharing the received bytes, and a
+// malformed one is refused naming what is wrong.
+TEST(CodecTest, QuantizedSetsParseBackAndRefuseMalformedOnes) {
+  auto codec = Make("nf4");
+  QuantizedSet set;
+  set.spec = "nf4";
+  const auto a = Random(96 * 4, 5), b = Random(33, 6);
+  set.tensors.push_back(QuantizeTensor(*codec, "1.q.weight", {96, 4}, a.data()));
+  set.tensors.push_back(QuantizeTensor(*codec, "2.o.weight", {3, 11}, b.data()));
+  auto blob = std::make_shared<const std::string>(set.Encode());
+  auto back = QuantizedSet::Parse(blob, "nf4");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->tensors.size(), 2u);
+  EXPECT_EQ(back->tensors[1].shape, (std::vector<int64_t>{3, 11}));
+  EXPECT_EQ(back->tensors[1].bytes, set.tensors[1].bytes);
+  EXPECT_EQ(back->tensors[0].bytes.data(), blob->data() + 4 + 4 + 4 + 3 + 4 + 4 + 10 + 4 + 16 + 8);  // no copy
+  auto dequantized = DequantizeSet(*back);
+  ASSERT_TRUE(dequantized.ok());
+  std::vector<float> expect(33);
+  ASSERT_TRUE(codec->Decode(set.tensors[1].bytes, {3, 11}, expect.data()).ok());
+  EXPECT_EQ(dequantized->Find("2.o.weight")->values, expect);
+  auto bad = [&](std::string bytes, const std::string& spec, const std::string& needle) {
+    auto r = QuantizedSet::Parse(std::make_shared<const std::string>(std::move(bytes)), spec);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(needle), std::string::npos) << r.status();
+  };
+  bad(*blob, "nf4:dq", "expected nf4:dq");
+  bad(blob->substr(0, blob->size() - 1), "nf4", "truncated");
+  bad(*blob + "x", "nf4", "trailing");
+  bad("CLVP" + blob->substr(4), "nf4", "bad magic");
+  const float not_a_number = std::numeric_limits<float>::quiet_NaN();
+  QuantizedSet nan_set = set;
+  std::string broken(set.tensors[0].bytes);
+  std::memcpy(&broken[0], &not_a_number, 4);
+  nan_set.tensors[0].bytes = broken;
+  bad(nan_set.Encode(), "nf4", "tensor 1.q.weight: nf4 scale");
+  QuantizedSet twice = set;
+  twice.tensors[1].name = "1.q.weight";
+  bad(twice.Encode(), "nf4", "duplicate tensor name");
+  QuantizedSet short_one = set;
+  short_one.tensors[1].shape = {3, 12};
+  bad(short_one.Encode(), "nf4", "2.o.weight: 21 bytes, nf4 encodes its shape in 22");
+  QuantizedSet raw = set;
+  raw.spec = "none";
+  bad(raw.Encode(), "none", "needs a codec");
 }
 
 }  // namespace

@@ -51,12 +51,22 @@ CONFIGS = {
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
                   tie_word_embeddings=False, hidden_act="silu"),
+    # The same with its head tied to the embedding (as SmolLM2's and Qwen's small models).
+    "bytes-tied": dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                       tie_word_embeddings=True, hidden_act="silu"),
     # SmolLM2-135M's shape (random weights, transformers' initialisation), for
     # bench/llama_generate.cc.
     "smol": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                  num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                  max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
                  tie_word_embeddings=True, hidden_act="silu"),
+    # SmolLM2's blocks, six of them, over bytes: bench/qlora.cc fine-tunes it.
+    "smol6": dict(model_type="llama", vocab_size=256, hidden_size=576, intermediate_size=1536,
+                  num_hidden_layers=6, num_attention_heads=9, num_key_value_heads=3,
+                  max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                  tie_word_embeddings=True, hidden_act="silu"),
 }
 
 
@@ -204,7 +214,8 @@ def forward(c, w, ids):
     h, kv, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], head_dim(c), c["rms_norm_eps"]
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq(c))
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+    dtype = w["model.embed_tokens.weight"].dtype  # float64 for logits, float32 to train
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     allowed = j <= i
     window = c.get("sliding_window") if c["model_type"] == "mistral" else None
@@ -314,6 +325,32 @@ if __name__ == "__main__":
             out = generate(config, weights, prompt, new_tokens)
             seconds = time.perf_counter() - start
         print(new_tokens / seconds, " ".join(map(str, prompt)), "|", " ".join(map(str, out)))
+        sys.exit(0)
+    if sys.argv[1] == "train":
+        # Full fine-tuning in float32, PyTorch eager, for bench/llama_train.cc: AdamW (lr
+        # 1e-3, no weight decay) on random sequences; prints tokens/s over STEPS steps
+        # after one warm-up step.
+        import time
+        folder, batch, t, steps, threads = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+        torch.set_num_threads(threads)
+        config, weights = load(folder)
+        w = {k: v.float().requires_grad_(True) for k, v in weights.items()}
+        opt = torch.optim.AdamW(list(w.values()), lr=1e-3, weight_decay=0.0)
+        data = torch.randint(0, config["vocab_size"], (steps + 1, batch, t + 1), generator=torch.Generator().manual_seed(1))
+
+        def step(ids):
+            logits = forward(config, w, ids[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        step(data[0])
+        start = time.perf_counter()
+        for s in range(1, steps + 1):
+            step(data[s])
+        print(batch * t * steps / (time.perf_counter() - start))
         sys.exit(0)
     args = sys.argv[2:]
     for i in range(0, len(args), 5):

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,26 @@ StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, const LoraConfig& 
   return model;
 }
 
+// The folder's model with its base quantized in `codec` (ModelSpec::quantize) and LoRA
+// adapters, as the server loads it.
+StatusOr<std::unique_ptr<Model>> LoadQuantized(const std::string& dir, const LoraConfig& lora,
+                                               const std::string& codec) {
+  ASSIGN_OR_RETURN(ModelSpec spec, SpecOf(dir, lora));
+  spec.quantize = codec;
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec));
+  ASSIGN_OR_RETURN(ParameterSet weights, LoadHfWeights(dir, model->Parameters(), spec.gpt.layers));
+  RETURN_IF_ERROR(model->SetParameters(weights));
+  ASSIGN_OR_RETURN(QuantizedSet q, LoadHfQuantized(dir, model->QuantizedBase(), spec.gpt.layers));
+  RETURN_IF_ERROR(model->LoadQuantized(q));
+  return model;
+}
+
+LoraConfig AllTargets(int rank, double dropout = 0) {
+  LoraConfig lora;
+  lora.rank = rank;
+  lora.dropout = dropout;
+  return lora;
+}
 
 // Each family's logits equal transformers' definition in float64 to 1e-4, from a folder
 // in BF16 split over shards and from one in F32 (the folders made, and the reference's
@@ -303,6 +324,162 @@ TEST(LlamaTest, LearnsAndLoraTrainsOnlyItsAdapters) {
   auto bad = Model::Create(*refused);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("hf has no projection attn.c_attn"), std::string::npos) << bad.status();
+  fs::remove_all(dir);
+}
+
+// A quantized base (QLoRA) computes exactly as a float32 model holding its dequantized
+// weights, forward and in training (the adapters' gradients pass through the dequantized
+// matmul); its weights are not parameters, and NF4 holds them in about an eighth of the
+// bytes.
+TEST(LlamaTest, AQuantizedBaseComputesAsItsDequantizedWeights) {
+  const std::string dir = MakeFolder("qwen2", "F32", 1);  // q/k/v biases, a tied head
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 17 * 8; ++i) ids.push_back((i * 5) % 89);
+  const Dataset data = Sequences(ids, 17, 89);
+  const std::vector<int32_t> probe(ids.begin(), ids.begin() + 16);
+  auto original = Load(dir, AllTargets(4));
+  ASSERT_TRUE(original.ok()) << original.status();
+  auto exact = (*original)->Logits(probe);
+  ASSERT_TRUE(exact.ok());
+  LocalTrainOptions o;
+  o.optimizer = "adamw";
+  o.lr = 1e-2;
+  o.batch_size = 4;
+  o.local_steps = 4;
+  std::map<std::string, double> errors;  // mean |logit - float32 logit|
+  for (const std::string codec : {"int8:channel", "nf4", "nf4:dq"}) {
+    SCOPED_TRACE(codec);
+    auto q = LoadQuantized(dir, AllTargets(4), codec);
+    ASSERT_TRUE(q.ok()) << q.status();
+    const QuantizedSet base = (*q)->QuantizedBase();
+    ASSERT_EQ(base.tensors.size(), 2u * 7);  // two blocks' seven projections
+    EXPECT_EQ((*q)->Parameters().Find("1.self_attn.q_proj.weight"), nullptr);
+    EXPECT_NE((*q)->Parameters().Find("1.self_attn.q_proj.bias"), nullptr);
+    int64_t values = 0;
+    for (const auto& t : base.tensors) values += NumElements(t.shape);
+    const double bytes_per_value = double(base.payload_bytes()) / values;
+    // Rows of 32 and 48 values: int8's scale per row and nf4's absmax per 64 weigh more than
+    // they would in a real model (1.004 and 0.5625 bytes a value at width 576).
+    EXPECT_LT(bytes_per_value, codec == "int8:channel" ? 1.13 : codec == "nf4" ? 0.57 : 0.53);
+
+    // The float32 twin: the dequantized weights, the same adapters and the rest.
+    auto twin = Load(dir, AllTargets(4));
+    ASSERT_TRUE(twin.ok());
+    ParameterSet weights = (*twin)->Parameters();
+    auto dequantized = DequantizeSet(base);
+    ASSERT_TRUE(dequantized.ok()) << dequantized.status();
+    ASSERT_TRUE(Overwrite(*dequantized, &weights).ok());
+    ASSERT_TRUE(Overwrite((*q)->Parameters(), &weights).ok());
+    ASSERT_TRUE((*twin)->SetParameters(weights).ok());
+    auto a = (*q)->Logits(probe), b = (*twin)->Logits(probe);
+    ASSERT_TRUE(a.ok() && b.ok());
+    double err = 0, moved = 0;
+    for (size_t i = 0; i < a->size(); ++i) {
+      ASSERT_NEAR((*a)[i], (*b)[i], 1e-4) << i;
+      moved = std::max(moved, double(std::abs((*a)[i] - (*exact)[i])));
+      err += std::abs((*a)[i] - (*exact)[i]);
+    }
+    EXPECT_GT(moved, 1e-6);  // quantization changed the weights
+    errors[codec] = err / a->size();
+    ASSERT_TRUE((*q)->Train(data, o).ok());
+    ASSERT_TRUE((*twin)->Train(data, o).ok());
+    const ParameterSet tq = (*q)->Parameters(), tt = (*twin)->Parameters();
+    int adapters = 0;
+    for (const Tensor& t : tq.tensors()) {
+      const Tensor* u = tt.Find(t.name);
+      ASSERT_NE(u, nullptr) << t.name;
+      for (size_t i = 0; i < t.values.size(); ++i) ASSERT_NEAR(t.values[i], u->values[i], 1e-4) << t.name;
+      adapters += t.name.find(".lora_") != std::string::npos;
+    }
+    EXPECT_EQ(adapters, 2 * 7 * 2);
+    // Another shape or codec is refused and changes nothing.
+    QuantizedSet wrong = base;
+    wrong.tensors[3].shape = {1, 2};
+    auto refused = (*q)->LoadQuantized(wrong);
+    EXPECT_NE(refused.message().find("is shaped [1, 2]"), std::string::npos) << refused;
+    wrong = base;
+    wrong.spec = codec == "nf4" ? "nf4:dq" : "nf4";
+    EXPECT_FALSE((*q)->LoadQuantized(wrong).ok());
+    wrong = base;
+    wrong.tensors.pop_back();
+    EXPECT_NE((*q)->LoadQuantized(wrong).message().find("has no tensor"), std::string::npos);
+    auto again = (*q)->Logits(probe);
+    ASSERT_TRUE(again.ok());
+    auto trained = (*twin)->Logits(probe);
+    for (size_t i = 0; i < again->size(); ++i) ASSERT_NEAR((*again)[i], (*trained)[i], 1e-3);
+  }
+  // 8 bits a weight err less than 4, and double quantization adds little.
+  EXPECT_LT(errors["int8:channel"] * 5, errors["nf4"]);
+  EXPECT_LT(errors["nf4:dq"], errors["nf4"] * 1.2);
+  fs::remove_all(dir);
+}
+
+// A part of a model builds only its own stages: a device's part of a quantized model holds
+// its blocks' weights and no others, and a part with a tied head (qwen2) holds the
+// embedding's weight too, so that split learning cuts such a model (LoRA leaves the
+// shared weight frozen on both sides).
+TEST(LlamaTest, PartsBuildOnlyTheirStagesAndATiedHeadKeepsItsWeight) {
+  const std::string dir = MakeFolder("qwen2", "F32", 1);
+  auto whole = LoadQuantized(dir, AllTargets(2), "nf4");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto spec = SpecOf(dir, AllTargets(2));
+  ASSERT_TRUE(spec.ok());
+  spec->quantize = "nf4";
+  const std::vector<int32_t> ids = RandomIds(17, 89, 7);
+  const Dataset data = Sequences(ids, 17, 89);
+  auto expected = (*whole)->Logits(std::vector<int32_t>(ids.begin(), ids.end() - 1));
+  ASSERT_TRUE(expected.ok());
+  auto front = ModelPart::Create(*spec, 0, 2), back = ModelPart::Create(*spec, 2, 4);
+  ASSERT_TRUE(front.ok() && back.ok());
+  for (const auto& t : (*front)->QuantizedBase().tensors) EXPECT_EQ(t.name.substr(0, 2), "1.") << t.name;
+  EXPECT_EQ((*front)->QuantizedBase().tensors.size(), 7u);
+  const auto back_names = (*back)->TensorNames();
+  EXPECT_NE(std::find(back_names.begin(), back_names.end(), "0.embed_tokens.weight"), back_names.end());
+  for (auto* part : {front->get(), back->get()}) {
+    ASSERT_TRUE(part->LoadFrom((*whole)->Parameters(), /*partial=*/true).ok());
+    ASSERT_TRUE(part->LoadQuantized((*whole)->QuantizedBase()).ok());
+  }
+  auto a = (*front)->Forward(1, InputBatch(data, {0}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto logits = (*back)->Forward(1, *a);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  for (size_t i = 0; i < expected->size(); ++i) ASSERT_NEAR(logits->values[i], (*expected)[i], 1e-4);
+  fs::remove_all(dir);
+}
+
+// train.recompute: each block runs again in the backward pass, under the random state of
+// its first pass (LoRA dropout draws the same masks), so training is unchanged, and what
+// a block keeps from forward to backward shrinks to its input.
+TEST(LlamaTest, RecomputingBlocksTrainsTheSameWithLessKept) {
+  const std::string dir = MakeFolder("llama", "F32", 1);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 17 * 8; ++i) ids.push_back((i * 3) % 97);
+  const Dataset data = Sequences(ids, 17, 97);
+  LocalTrainOptions o;
+  o.optimizer = "adamw";
+  o.lr = 1e-2;
+  o.batch_size = 4;
+  o.local_steps = 3;
+  o.seed = 5;
+  std::vector<ParameterSet> trained;
+  for (bool recompute : {false, true}) {
+    auto model = Load(dir, AllTargets(4, /*dropout=*/0.2));  // seeds torch: the same masks
+    ASSERT_TRUE(model.ok());
+    o.recompute = recompute;
+    auto done = (*model)->Train(data, o);
+    ASSERT_TRUE(done.ok()) << done.status();
+    trained.push_back((*model)->Parameters());
+  }
+  for (const Tensor& t : trained[0].tensors()) {
+    const Tensor* u = trained[1].Find(t.name);
+    for (size_t i = 0; i < t.values.size(); ++i) ASSERT_NEAR(t.values[i], u->values[i], 1e-5) << t.name;
+  }
+  auto spec = SpecOf(dir, AllTargets(4));
+  ASSERT_TRUE(spec.ok());
+  auto plain = ProfileStages(*spec, {16}, 4, 1, false), checkpointed = ProfileStages(*spec, {16}, 4, 1, true);
+  ASSERT_TRUE(plain.ok() && checkpointed.ok());
+  EXPECT_LT((*checkpointed)[1].saved_bytes * 3, (*plain)[1].saved_bytes)
+      << (*checkpointed)[1].saved_bytes << " vs " << (*plain)[1].saved_bytes;
   fs::remove_all(dir);
 }
 
