@@ -10,6 +10,8 @@
 //       quantized blob, shared) and trains STEPS micro-batches of 1 x 64 tokens with the
 //       server's side replaced by a random gradient. Prints peak RSS and what the blocks
 //       [1, CUT) add over cut 1, and the ratio to float32.
+//   bench_qlora profile [BATCH [THREADS]]  (default 4 1) each base's forward and backward
+//       time per batch of the whole model and of its blocks, as the cut policy profiles it.
 //   bench_qlora perplexity [STEPS]     (default 60) the same blocks, 6 of them and a byte
 //       vocabulary, LoRA-fine-tuned on fortunes for STEPS batches of 4 x 64 with each
 //       base, from the same random start; the held-out perplexity of each and the ratio.
@@ -201,6 +203,33 @@ int Memory(const char* self, int cut, int steps) {
   return 0;
 }
 
+// What the cut policy sees: each base's forward and backward time per stage of the whole
+// model (ProfileStages), summed, and the part the blocks take.
+int Profile(int batch, int threads) {
+  const std::string dir = Folder();
+  SetTorchThreads(threads);
+  std::cout << "SmolLM2-135M shape, LoRA rank 8, " << batch << " x 64 tokens, " << threads
+            << " thread(s): forward + backward per batch (ProfileStages)\n\n| base | whole model (ms) | blocks (ms) | vs fp32 |\n| --- | --- | --- | --- |\n";
+  double fp32 = 0;
+  for (const auto& [name, codec] : kBases) {
+    auto spec = SpecOf(dir, codec, 64);
+    if (!spec.ok()) return 1;
+    auto profile = ProfileStages(*spec, {64}, batch, 2);
+    if (!profile.ok()) {
+      std::cerr << profile.status() << "\n";
+      return 1;
+    }
+    double whole = 0, blocks = 0;
+    for (size_t i = 0; i < profile->size(); ++i) {
+      whole += (*profile)[i].seconds;
+      if (i > 0 && i + 1 < profile->size()) blocks += (*profile)[i].seconds;
+    }
+    if (codec.empty()) fp32 = blocks;
+    std::cout << absl::StrFormat("| %s | %.0f | %.0f | %.2fx |\n", name, 1e3 * whole, 1e3 * blocks, blocks / fp32);
+  }
+  return 0;
+}
+
 int Perplexity(int steps) {
   const std::string dir = (fs::temp_directory_path() / "cleave_bench_smol6").string();
   const std::string script = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR + "/tests/models/llama_reference.py";
@@ -265,6 +294,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "memory") return cleave::Memory(argv[0], argc > 2 ? std::atoi(argv[2]) : 9, argc > 3 ? std::atoi(argv[3]) : 4);
   if (mode == "perplexity") return cleave::Perplexity(argc > 2 ? std::atoi(argv[2]) : 60);
-  std::cerr << "usage: bench_qlora memory [CUT [STEPS]] | perplexity [STEPS]\n";
+  if (mode == "profile") return cleave::Profile(argc > 2 ? std::atoi(argv[2]) : 4, argc > 3 ? std::atoi(argv[3]) : 1);
+  std::cerr << "usage: bench_qlora memory [CUT [STEPS]] | profile [BATCH [THREADS]] | perplexity [STEPS]\n";
   return 2;
 }
