@@ -101,7 +101,8 @@ Status WriteBlobs(const std::string& dir, const std::string& quantize, int cut, 
   return WriteFileAtomic(out + ".quantized", q.Encode());
 }
 
-// A device: loads its part as the split client does and trains `steps` micro-batches.
+// A device: loads its part as the split client does (keeping what it keeps: the base
+// blob, the quantized blob) and trains `steps` micro-batches.
 int Device(const std::string& dir, const std::string& quantize, int cut, int steps, const std::string& blobs) {
   SetTorchThreads(1);
   auto spec = SpecOf(dir, quantize, 64);
@@ -111,9 +112,12 @@ int Device(const std::string& dir, const std::string& quantize, int cut, int ste
     std::cerr << part.status() << "\n";
     return 1;
   }
+  // The base blob is kept as received, as the client keeps it to load later rounds' parts.
+  auto base_bytes = ReadFile(blobs + ".base");
+  if (!base_bytes.ok()) return 1;
+  auto base_blob = std::make_shared<const std::string>(std::move(*base_bytes));
   {
-    auto bytes = ReadFile(blobs + ".base");
-    auto base = ParameterSet::Decode(*bytes);
+    auto base = ParseParameterSet(*base_blob);
     if (!base.ok() || !(*part)->LoadFrom(*base, /*partial=*/true).ok()) return 1;
   }
   QuantizedSet q;  // held as received, as the client holds it

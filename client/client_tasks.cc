@@ -59,6 +59,25 @@ void AddDpNoise(const v1::DpTask& dp, ParameterSet* delta) {
 }
 
 
+// Copies each view's values over the tensor of the same name in `set` (Overwrite for an
+// encoded set). INVALID_ARGUMENT, `set` unchanged, when one is absent or shaped otherwise.
+Status OverwriteFrom(const std::vector<TensorView>& views, ParameterSet* set) {
+  std::vector<Tensor*> targets;
+  for (const TensorView& v : views) {
+    Tensor* target = nullptr;
+    for (Tensor& u : set->mutable_tensors()) {
+      if (u.name == v.name) target = &u;
+    }
+    if (target == nullptr || target->shape != v.shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", Printable(v.name),
+                                                     target ? " has another shape" : " is not in the model"));
+    }
+    targets.push_back(target);
+  }
+  for (size_t i = 0; i < targets.size(); ++i) views[i].Read(0, views[i].numel, targets[i]->values.data());
+  return absl::OkStatus();
+}
+
 // trained - base, tensor by tensor (the same layout).
 ParameterSet Delta(ParameterSet trained, const ParameterSet& base) {
   for (size_t i = 0; i < trained.size(); ++i) {
@@ -444,7 +463,10 @@ StatusOr<Client::Impl::TaskModel> Client::Impl::FetchTaskModel(const TaskCall& c
   if (!c.task.base_digest().empty() && base_digest != c.task.base_digest()) {
     ASSIGN_OR_RETURN(std::string bytes, FetchBlob(c.stub, c.w.client_id(), c.w.session_token(),
                                                   c.task.base_digest(), 600, &emulator));
-    ASSIGN_OR_RETURN(base, ParameterSet::Decode(bytes));
+    base.clear();
+    base_digest.clear();
+    base_blob = std::make_shared<const std::string>(std::move(bytes));
+    ASSIGN_OR_RETURN(base, ParseParameterSet(*base_blob));
     base_digest = c.task.base_digest();
   }
   if (m.spec.quantize.empty() != c.task.quantized_base_digest().empty()) {
@@ -511,7 +533,7 @@ StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c,
           "the model's base (", base.size(), " tensors) and its blob (", global.size(),
           ") do not make up the model (", whole.size(), ")"));
     }
-    RETURN_IF_ERROR(Overwrite(base, &whole));
+    RETURN_IF_ERROR(OverwriteFrom(base, &whole));
     RETURN_IF_ERROR(Overwrite(global, &whole));
     global = std::move(whole);
   }

@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -119,12 +120,14 @@ class Writer {
 // Loads a part's tensors from the part the server sent and, when there is a base (a
 // LoRA model's frozen tensors), the rest from the base; every tensor must come from one.
 // A quantized base's weights come from `quantized` (shared, not copied).
-Status LoadPart(ModelPart& p, const ParameterSet& part, const ParameterSet* base,
+Status LoadPart(ModelPart& p, const ParameterSet& part, const std::vector<TensorView>* base,
                 const QuantizedSet* quantized) {
   if (quantized != nullptr) RETURN_IF_ERROR(p.LoadQuantized(*quantized));
   if (base == nullptr) return p.LoadFrom(part);
+  std::set<std::string_view> in_base;
+  for (const TensorView& v : *base) in_base.insert(v.name);
   for (const std::string& name : p.TensorNames()) {
-    if (part.Find(name) == nullptr && base->Find(name) == nullptr) {
+    if (part.Find(name) == nullptr && in_base.count(name) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("parameter ", name,
                                                      " is neither in the task's part nor in its base"));
     }

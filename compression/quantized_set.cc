@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/printable.h"
+#include "core/byte_reader.h"
 
 namespace cleave {
 namespace {
@@ -17,28 +18,6 @@ void Put(std::string& out, T v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
-class Reader {
- public:
-  explicit Reader(std::string_view b) : b_(b) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (b_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, b_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool GetBytes(uint64_t n, std::string_view* out) {
-    if (b_.size() - pos_ < n) return false;
-    *out = b_.substr(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  size_t remaining() const { return b_.size() - pos_; }
-
- private:
-  std::string_view b_;
-  size_t pos_ = 0;
-};
 
 Status Truncated(const char* what) {
   return absl::InvalidArgumentError(absl::StrCat("quantized set truncated in ", what));
@@ -79,7 +58,7 @@ std::string QuantizedSet::Encode() const {
 StatusOr<QuantizedSet> QuantizedSet::Parse(std::shared_ptr<const std::string> bytes,
                                            const std::string& expected_spec,
                                            int64_t max_elements) {
-  Reader r(*bytes);
+  ByteReader r(*bytes);
   std::string_view magic, spec;
   if (!r.GetBytes(4, &magic)) return Truncated("magic");
   if (std::memcmp(magic.data(), kMagic, 4) != 0) {

@@ -39,10 +39,20 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  // Straight into a string of the file's size (a stringstream and its str() held the
+  // file up to three times over at once); then whatever follows, for files that grow or
+  // report no size (pipes, /proc).
+  std::string out;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > 0) {
+    out.resize(size);
+    in.read(out.data(), static_cast<std::streamsize>(size));
+    out.resize(static_cast<size_t>(in.gcount()));
+  }
+  char buf[1 << 16];
+  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) out.append(buf, static_cast<size_t>(in.gcount()));
   if (in.bad()) return absl::DataLossError(absl::StrCat("error while reading ", path));
-  return ss.str();
+  return out;
 }
 
 Status WriteFileAtomic(const std::string& path, std::string_view data) {

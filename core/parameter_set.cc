@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "core/byte_reader.h"
 
 namespace cleave {
 namespace {
@@ -23,28 +24,6 @@ void Put(std::string& out, T v) {
   out.append(buf, sizeof(T));
 }
 
-class Reader {
- public:
-  explicit Reader(std::string_view b) : b_(b) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (b_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, b_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool GetBytes(size_t n, std::string_view* out) {
-    if (b_.size() - pos_ < n) return false;
-    *out = b_.substr(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  size_t remaining() const { return b_.size() - pos_; }
-
- private:
-  std::string_view b_;
-  size_t pos_ = 0;
-};
 
 Status Truncated(std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("parameter set truncated in ", std::string(what)));
@@ -155,7 +134,7 @@ std::string ParameterSet::Encode() const {
 
 StatusOr<std::vector<TensorView>> ParseParameterSet(std::string_view bytes,
                                                     int64_t max_elements) {
-  Reader r(bytes);
+  ByteReader r(bytes);
   std::string_view magic;
   if (!r.GetBytes(4, &magic)) return Truncated("magic");
   if (std::memcmp(magic.data(), kMagic, 4) != 0) {

@@ -1046,6 +1046,7 @@ class Renderer {
         if (e.args.size() > 2) step = static_cast<int64_t>(Number(Eval(*e.args[2]), "range"));
       }
       if (step == 0) Fail("range step cannot be zero");
+      if ((stop - start) / step > 1000000) Fail("range of more than a million numbers");
       Json out = Json::array();
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
       return out;
@@ -1271,7 +1272,7 @@ StatusOr<std::string> RenderChatTemplate(const std::string& tmpl, const std::str
     return out;
   } catch (const TemplateError& e) {
     return absl::InvalidArgumentError(absl::StrCat("chat template: ", e.what()));
-  } catch (const Json::exception& e) {
+  } catch (const std::exception& e) {  // nlohmann's type errors, a number out of range
     return absl::InvalidArgumentError(absl::StrCat("chat template: ", e.what()));
   }
 }

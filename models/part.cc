@@ -285,6 +285,31 @@ Status ModelPart::LoadFrom(const ParameterSet& params, bool partial) {
   return absl::OkStatus();
 }
 
+Status ModelPart::LoadFrom(const std::vector<TensorView>& views, bool partial) {
+  std::map<std::string_view, const TensorView*> by_name;
+  for (const TensorView& v : views) by_name[v.name] = &v;
+  auto find = [&by_name](const std::string& name) -> const TensorView* {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
+  };
+  for (const auto& [name, p] : impl_->params) {
+    const TensorView* src = find(name);
+    std::vector<int64_t> shape(p.sizes().begin(), p.sizes().end());
+    if (src == nullptr ? !partial : src->shape != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", name, src == nullptr ? " is missing" : " has another shape"));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : impl_->params) {
+    const TensorView* src = find(name);
+    if (src == nullptr) continue;
+    auto dst = p.data();  // contiguous: the part's own tensors
+    src->Read(0, src->numel, dst.data_ptr<float>());
+  }
+  return absl::OkStatus();
+}
+
 void ModelPart::SetNoPeek(double alpha) { impl_->nopeek = alpha; }
 
 StatusOr<double> DistanceCorrelation(const Activations& x, const Activations& z) {

@@ -67,6 +67,9 @@ class ModelPart {
   // just this part). INVALID_ARGUMENT when one is missing (unless `partial`: then only
   // those present are copied) or has another shape.
   Status LoadFrom(const ParameterSet& params, bool partial = false);
+  // The same from an encoded parameter set's views (ParseParameterSet), copied straight
+  // from the encoding into the part's tensors.
+  Status LoadFrom(const std::vector<TensorView>& views, bool partial = false);
   // A quantized base (ModelSpec::quantize): this part's quantized weights, and their
   // replacement by `set`'s (shared, not copied), as Model's.
   QuantizedSet QuantizedBase() const;
