@@ -267,22 +267,7 @@ ParameterSet ModelPart::Parameters() const {
 }
 
 Status ModelPart::LoadFrom(const ParameterSet& params, bool partial) {
-  for (const auto& [name, p] : impl_->params) {
-    const Tensor* src = params.Find(name);
-    std::vector<int64_t> shape(p.sizes().begin(), p.sizes().end());
-    if (src == nullptr ? !partial : src->shape != shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter ", name, src == nullptr ? " is missing" : " has another shape"));
-    }
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& [name, p] : impl_->params) {
-    const Tensor* src = params.Find(name);
-    if (src == nullptr) continue;
-    p.data().copy_(torch::from_blob(const_cast<float*>(src->values.data()), p.sizes(),
-                                    torch::kFloat32));
-  }
-  return absl::OkStatus();
+  return LoadFrom(ViewsOf(params), partial);
 }
 
 Status ModelPart::LoadFrom(const std::vector<TensorView>& views, bool partial) {
