@@ -12,8 +12,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "models/hf_folder.h"
-#include "models/model.h"
+#include "bench/hf_model.h"
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
@@ -51,16 +50,11 @@ int main(int argc, char** argv) {
   }
   cleave::SetTorchThreads(1);
   cleave::ModelSpec spec;
-  spec.gpt.context = 2048;
-  auto config = cleave::ReadHfConfig(dir);
-  if (!config.ok() || !cleave::SetHfModel(spec, *config, dir).ok()) return 1;
-  auto model = cleave::Model::Create(spec);
+  auto model = cleave::LoadHfModel(dir, 2048, &spec);
   if (!model.ok()) {
     std::cerr << model.status() << "\n";
     return 1;
   }
-  auto weights = cleave::LoadHfWeights(dir, (*model)->Parameters(), spec.gpt.layers);
-  if (!weights.ok() || !(*model)->SetParameters(*weights).ok()) return 1;
   (void)(*model)->Generate(prompt, 2, 0, 0, 1);  // warm-up
   const auto start = std::chrono::steady_clock::now();
   auto out = (*model)->Generate(prompt, new_tokens, /*temperature=*/0, 0, 1);

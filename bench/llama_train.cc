@@ -13,8 +13,7 @@
 #include <iostream>
 #include <random>
 
-#include "models/hf_folder.h"
-#include "models/model.h"
+#include "bench/hf_model.h"
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
@@ -38,16 +37,11 @@ int main(int argc, char** argv) {
   }
   cleave::SetTorchThreads(threads);
   cleave::ModelSpec spec;
-  spec.gpt.context = t;
-  auto config = cleave::ReadHfConfig(dir);
-  if (!config.ok() || !cleave::SetHfModel(spec, *config, dir).ok()) return 1;
-  auto model = cleave::Model::Create(spec);
+  auto model = cleave::LoadHfModel(dir, t, &spec);
   if (!model.ok()) {
     std::cerr << model.status() << "\n";
     return 1;
   }
-  auto weights = cleave::LoadHfWeights(dir, (*model)->Parameters(), spec.gpt.layers);
-  if (!weights.ok() || !(*model)->SetParameters(*weights).ok()) return 1;
   cleave::Dataset data;
   data.type = cleave::ExampleType::kToken;
   data.shape = {t + 1};

@@ -142,6 +142,16 @@ struct ModelPart::Impl {
     return from;
   }
 
+  // The stages' quantized weights, in order.
+  std::vector<std::pair<std::string, QuantizedWeight*>> Quantized() const {
+    std::vector<std::pair<std::string, QuantizedWeight*>> all;
+    for (const auto& s : stages) {
+      auto q = s.quantized();
+      all.insert(all.end(), q.begin(), q.end());
+    }
+    return all;
+  }
+
   torch::Tensor Run(torch::Tensor x, int from) const {
     for (int i = from; i < end; ++i) x = stages[i - begin].forward(x);
     return x;
@@ -214,22 +224,10 @@ StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, in
   return std::unique_ptr<ModelPart>(new ModelPart(std::move(impl)));
 }
 
-QuantizedSet ModelPart::QuantizedBase() const {
-  std::vector<std::pair<std::string, QuantizedWeight*>> all;
-  for (const auto& s : impl_->stages) {
-    auto q = s.quantized();
-    all.insert(all.end(), q.begin(), q.end());
-  }
-  return QuantizedSetOf(all);
-}
+QuantizedSet ModelPart::QuantizedBase() const { return QuantizedSetOf(impl_->Quantized()); }
 
 Status ModelPart::LoadQuantized(const QuantizedSet& set) {
-  std::vector<std::pair<std::string, QuantizedWeight*>> all;
-  for (const auto& s : impl_->stages) {
-    auto q = s.quantized();
-    all.insert(all.end(), q.begin(), q.end());
-  }
-  return LoadQuantizedWeights(all, set);
+  return LoadQuantizedWeights(impl_->Quantized(), set);
 }
 
 int ModelPart::begin() const { return impl_->begin; }
