@@ -3,7 +3,9 @@
 // tests/models/llama_reference.py, as bench_llama_generate) on random sequences, ours
 // (Model::Train) against PyTorch eager on transformers' definition
 // (llama_reference.py train), the same batch, sequence length and thread count. Prints
-// tokens/s of each and the ratio.
+// tokens/s of each and the ratio, and the ceiling both share: tokens/s if a step did
+// nothing but its matrix products (for each weight, forward, input gradient and weight
+// gradient), timed here with LibTorch's float32 GEMM on the same shapes and threads.
 //   bench_llama_train [BATCH [TOKENS [STEPS [THREADS [FAMILY]]]]]   (default 4 64 4 2 smol)
 #include <chrono>
 #include <cstdio>
@@ -11,9 +13,40 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <random>
 
+#include <torch/torch.h>
+
 #include "bench/hf_model.h"
+
+namespace {
+
+// Seconds of one step's matrix products: for every matrix weight [out, in] and n tokens,
+// y = x W^T, dx = dy W and dW = dy^T x, the fastest of three timings of each shape.
+double GemmSeconds(const cleave::ParameterSet& weights, int64_t n) {
+  std::map<std::pair<int64_t, int64_t>, int> shapes;
+  for (const auto& t : weights.tensors()) {
+    if (t.shape.size() == 2) ++shapes[{t.shape[0], t.shape[1]}];
+  }
+  double total = 0;
+  for (const auto& [shape, count] : shapes) {
+    const auto w = torch::randn({shape.first, shape.second}), x = torch::randn({n, shape.second});
+    const auto dy = torch::randn({n, shape.first});
+    double best = 1e9;
+    for (int r = 0; r < 3; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      auto y = torch::mm(x, w.t());
+      auto dx = torch::mm(dy, w);
+      auto dw = torch::mm(dy.t(), x);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    total += best * count;
+  }
+  return total;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
@@ -68,9 +101,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double ours = double(batch) * t * steps / seconds;
+  const double ceiling = double(batch) * t / GemmSeconds((*model)->Parameters(), int64_t{batch} * t);
   std::printf("%s, full fine-tuning, AdamW, batch %d x %d tokens, %d steps, %d threads\n", family.c_str(), batch, t,
               steps, threads);
   std::printf("cleave:          %8.1f tokens/s\nPyTorch eager:   %8.1f tokens/s\nratio:           %8.2fx\n", ours,
               reference, ours / reference);
+  std::printf("GEMM ceiling:    %8.1f tokens/s (cleave %.2f of it, PyTorch %.2f)\n", ceiling, ours / ceiling,
+              reference / ceiling);
   return 0;
 }

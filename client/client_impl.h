@@ -248,11 +248,11 @@ struct Client::Impl {
   StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);
   // A gossip task: train the model held, exchange it with the neighbours, average.
   Status HandleGossipTask(const TaskCall& c);
-  // Sends `trained` to every neighbour of the gossip task while theirs arrive, until the
+  // Sends `mine` to every neighbour of the gossip task while theirs arrive, until the
   // task's deadline; the models heard, and what the exchange measured in *report
   // (neighbours, heard, bytes each way, the uplink the sends used).
   std::map<std::string, ParameterSet> ExchangeModels(const TaskCall& c,
-                                                     const ParameterSet& trained,
+                                                     const ParameterSet& mine,
                                                      v1::GossipStats* report);
   // The update codec and its state (error-feedback residuals, one per tensor), kept
   // across rounds while the codec and the tensors it encodes stay the same.

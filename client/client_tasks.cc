@@ -2,6 +2,9 @@
 // kind (Client::Impl::TaskHandlers), and what they share.
 #include "client/client_impl.h"
 
+#include "absl/strings/str_format.h"
+#include "aggregation/gossip_mix.h"
+
 namespace cleave {
 namespace {
 
@@ -283,43 +286,14 @@ StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& 
 
 namespace {
 
-// Gossip's average: x = w_self x_self + sum_j w_j x_j over the neighbours heard from (a
-// missing neighbour's weight is kept by self), and in *disagreement the sum over them of
-// ||x_self - x_j||^2.
-ParameterSet MixWithNeighbours(const v1::GossipTask& g, const ParameterSet& trained,
-                               const std::map<std::string, ParameterSet>& theirs,
-                               double* disagreement) {
-  double self_weight = g.self_weight();
-  for (const auto& n : g.neighbours()) {
-    if (!theirs.count(n.name())) self_weight += n.weight();
-  }
-  ParameterSet mixed = trained;
-  for (size_t i = 0; i < mixed.size(); ++i) {
-    auto& x = mixed.mutable_tensors()[i].values;
-    for (float& v : x) v = static_cast<float>(self_weight * v);
-    for (const auto& n : g.neighbours()) {
-      auto it = theirs.find(n.name());
-      if (it == theirs.end()) continue;
-      const auto& y = it->second.tensors()[i].values;
-      const auto& mine = trained.tensors()[i].values;
-      for (size_t j = 0; j < x.size(); ++j) {
-        x[j] += static_cast<float>(n.weight() * y[j]);
-        const double d = static_cast<double>(mine[j]) - y[j];
-        *disagreement += d * d;
-      }
-    }
-  }
-  return mixed;
-}
-
 }  // namespace
 
 std::map<std::string, ParameterSet> Client::Impl::ExchangeModels(const TaskCall& c,
-                                                                 const ParameterSet& trained,
+                                                                 const ParameterSet& mine,
                                                                  v1::GossipStats* report) {
   const v1::Task& task = c.task;
   const v1::GossipTask& g = task.gossip();
-  const std::string bytes = trained.Encode();
+  const std::string bytes = mine.Encode();
   const double timeout_s = std::max(
       1.0, (task.deadline_unix_ms() -
             std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -385,6 +359,12 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   }
   if (Status s = model->SetParameters(held); !s.ok()) return c.Reject(s);
   const v1::GossipTask& g = task.gossip();
+  if (!g.rule().empty()) {
+    if (Status s = GossipRuleNames().Check(g.rule()); !s.ok()) return c.Reject(s);
+  }
+  if (!(g.byzantine() >= 0 && g.byzantine() < 1)) {
+    return c.Reject(absl::InvalidArgumentError("scheduler.gossip_byzantine must be in [0, 1)"));
+  }
   std::map<std::string, std::string> tokens;
   for (const auto& n : g.neighbours()) tokens[n.name()] = n.token();
   peer->Expect(task.run_id(), task.round(), tokens, held);
@@ -397,18 +377,50 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   LocalTrainOptions o = TrainOptions(task.train());
   o.cancel = &stop;
   o.seed = BatchSeed(task, w, opts.name);
-  ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
+  auto trained_stats = model->Train(opts.train, o);
+  if (!trained_stats.ok()) {
+    // The neighbours expect a model: they get the one this client holds rather than wait
+    // for the round's deadline; the task fails with the reason.
+    if (trained_stats.status().code() != absl::StatusCode::kCancelled) {
+      v1::GossipStats unused;
+      ExchangeModels(c, held, &unused);
+    }
+    return trained_stats.status();
+  }
+  TrainStats stats = *trained_stats;
   emulator.Compute(stats.seconds);
   stats.seconds *= emulator.slowdown;
   RecordTraining(stats);
   const ParameterSet trained = model->Parameters();
+  // A simulated attacker sends its neighbours the held model moved by its attack's update
+  // (a finite poisoned model every round) and keeps mixing honestly itself.
+  ParameterSet sent;
+  if (!opts.attack.empty() && opts.attack != "label-flip") {
+    ParameterSet delta = Delta(trained, held);
+    RETURN_IF_ERROR(Attack(held, o, &delta));
+    sent = held;
+    for (size_t i = 0; i < sent.size(); ++i) {
+      auto& x = sent.mutable_tensors()[i].values;
+      const auto& d = delta.tensors()[i].values;
+      for (size_t j = 0; j < x.size(); ++j) x[j] += d[j];
+    }
+  }
 
   v1::GossipStats report;
-  const std::map<std::string, ParameterSet> theirs = ExchangeModels(c, trained, &report);
+  const std::map<std::string, ParameterSet> theirs =
+      ExchangeModels(c, sent.size() > 0 ? sent : trained, &report);
   UpdateState([&](ClientState& st) { st.gossip_uplink_mbps = report.uplink_mbps(); });
-  double disagreement = 0;
-  ParameterSet mixed = MixWithNeighbours(g, trained, theirs, &disagreement);
-  report.set_disagreement(theirs.empty() ? 0 : disagreement / theirs.size());
+  std::vector<HeardModel> heard;
+  for (const auto& n : g.neighbours()) {
+    if (auto it = theirs.find(n.name()); it != theirs.end()) heard.push_back({n.weight(), &it->second});
+  }
+  GossipRule rule;
+  rule.name = g.rule().empty() ? "mean" : g.rule();
+  rule.byzantine = g.byzantine();
+  GossipMixStats mix;
+  ParameterSet mixed = MixGossip(rule, trained, heard, &mix);
+  report.set_disagreement(theirs.empty() ? 0 : mix.disagreement / theirs.size());
+  report.set_clipped(mix.clipped);
   {
     std::lock_guard<std::mutex> l(gossip_mu);
     gossip_model = std::move(mixed);
@@ -419,10 +431,12 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
                                 stats.seconds, nullptr, evaluation ? &*evaluation : nullptr,
                                 &report));
   ++tasks_done;
-  spdlog::info("round {}: trained {} examples (loss {:.4f}), averaged with {} of {} neighbours "
-               "(disagreement {:.3g}){}",
-               task.round(), stats.examples, stats.loss, theirs.size(), g.neighbours_size(),
-               report.disagreement(), reply.duplicate() ? " (duplicate)" : "");
+  spdlog::info("round {}: trained {} examples (loss {:.4f}), averaged ({}) with {} of {} neighbours "
+               "(disagreement {:.3g}{}){}",
+               task.round(), stats.examples, stats.loss, rule.name, theirs.size(), g.neighbours_size(),
+               report.disagreement(),
+               rule.name == "clipped" ? absl::StrFormat(", %d clipped to %.3g", mix.clipped, mix.radius) : "",
+               reply.duplicate() ? " (duplicate)" : "");
   return absl::OkStatus();
 }
 

@@ -97,6 +97,7 @@ StatusOr<std::unique_ptr<RunFiles>> RunFiles::Open(const std::string& dir, const
 }
 
 RunFiles::~RunFiles() {
+  if (spare_fd_ >= 0) ::unlinkat(dir_fd_, (state_ + ".tmp").c_str(), 0);  // unused: nothing to keep
   for (int fd : {spare_fd_, log_fd_, dir_fd_}) {
     if (fd >= 0) ::close(fd);
   }

@@ -44,7 +44,8 @@ class AppendFile {
 // run out (thousands of connections) can still append a line and replace its state.
 // `log` is appended to (AppendLine's contract); `state` is replaced atomically like
 // WriteFileAtomic does, through a spare file `state.tmp` that is opened ahead of each
-// replacement (right after the previous one closes its descriptor). Not thread-safe.
+// replacement (right after the previous one closes its descriptor) and removed when the
+// RunFiles closes, so a finished run leaves only `log` and `state`. Not thread-safe.
 class RunFiles {
  public:
   static StatusOr<std::unique_ptr<RunFiles>> Open(const std::string& dir, const std::string& log,

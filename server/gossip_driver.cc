@@ -43,6 +43,8 @@ Status GossipDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
   for (size_t i = 0; i < peers.size(); ++i) {
     v1::GossipTask gt;
     gt.set_self_weight(g.self_weight[i]);
+    gt.set_rule(sc.gossip_rule);
+    gt.set_byzantine(sc.gossip_byzantine);
     for (const auto& [j, w] : g.neighbours[i]) {
       const int self = static_cast<int>(i);
       std::string& token = tokens[{std::min(self, j), std::max(self, j)}];
@@ -82,11 +84,12 @@ void GossipDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
 Status GossipDriver::CheckUploadLocked(const TaskRecord& /*t*/, const v1::UploadHeader& h) {
   const auto& g = h.gossip();
   if (g.neighbours() < 0 || g.heard() < 0 || g.heard() > g.neighbours() ||
+      g.clipped() < 0 || g.clipped() > g.heard() ||
       g.neighbours() > 1024 || g.bytes_sent() < 0 || g.bytes_received() < 0 ||
       !std::isfinite(g.disagreement()) || g.disagreement() < 0 ||
       !std::isfinite(g.uplink_mbps()) || g.uplink_mbps() < 0) {
     return absl::InvalidArgumentError(
-        "gossip stats: counts and bytes must be >= 0, heard <= neighbours <= 1024, "
+        "gossip stats: counts and bytes must be >= 0, clipped <= heard <= neighbours <= 1024, "
         "disagreement and uplink_mbps finite and >= 0");
   }
   return absl::OkStatus();
@@ -107,6 +110,7 @@ void GossipDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
     const v1::GossipStats& g = report->second;
     gm.neighbours += g.neighbours();
     gm.heard += g.heard();
+    gm.clipped += g.clipped();
     gm.peer_bytes += g.bytes_sent();
     weighted += g.disagreement() * g.heard();
     if (g.uplink_mbps() > 0 && ctx_.FindSessionLocked(t.client_id)) {  // finite: checked

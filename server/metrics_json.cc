@@ -48,7 +48,7 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
   }
   if (const GossipMetrics* g = m.gossip ? &*m.gossip : nullptr) {
     j["gossip"] = {{"disagreement", g->disagreement}, {"peer_bytes", g->peer_bytes},
-                   {"neighbours", g->neighbours}, {"heard", g->heard}};
+                   {"neighbours", g->neighbours}, {"heard", g->heard}, {"clipped", g->clipped}};
   }
   if (m.client_eval.clients > 0) {
     const auto& e = m.client_eval;

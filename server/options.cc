@@ -1,6 +1,7 @@
 #include "server/options.h"
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/gossip_mix.h"
 #include "aggregation/staleness.h"
 
 namespace cleave {
@@ -71,10 +72,15 @@ void ReadScheduler(ConfigSection& s, SchedulerConfig& c) {
   s.Read("min_local_steps", c.min_local_steps);
   s.Read("topology", c.topology);
   s.Read("degree", c.degree);
+  s.Read("gossip_rule", c.gossip_rule);
+  s.Read("gossip_byzantine", c.gossip_byzantine);
 }
 
 Status CheckScheduler(SchedulerConfig& c) {
   RETURN_IF_ERROR(TopologyNames().Check(c.topology));
+  RETURN_IF_ERROR(GossipRuleNames().Check(c.gossip_rule));
+  RETURN_IF_ERROR(Range(c.gossip_byzantine >= 0 && c.gossip_byzantine < 1, "scheduler.gossip_byzantine",
+                        "in [0, 1)"));
   RETURN_IF_ERROR(Range(c.degree >= 2 && c.degree % 2 == 0, "scheduler.degree",
                         "even and >= 2 (random: the union of degree / 2 rings)"));
   RETURN_IF_ERROR(Range(c.buffer_size >= 1, "scheduler.buffer_size", ">= 1"));

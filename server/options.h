@@ -61,6 +61,10 @@ struct SchedulerConfig {
   // gossip: clients average with their neighbours over this graph, drawn each round
   std::string topology = "ring";            // scheduler.topology: ring | random | measured
   int degree = 4;                           // scheduler.degree: random, measured: up to this many neighbours
+  // How a client combines its neighbours' models (aggregation/gossip_mix.h): mean | clipped |
+  // trimmed, and the share of a client's neighbour weight the robust rules assume hostile.
+  std::string gossip_rule = "mean";         // scheduler.gossip_rule
+  double gossip_byzantine = 0.5;            // scheduler.gossip_byzantine, in [0, 1)
   bool async() const { return mode == "async"; }
   bool gossip() const { return mode == "gossip"; }
 };

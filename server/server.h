@@ -78,11 +78,12 @@ struct SplitMetrics {
 // Decentralised rounds (scheduler.mode: gossip): what the clients reported of their
 // exchange. The mean squared distance between neighbouring models after local
 // training, over the edges heard (the models' spread: 0 when they agree), the model
-// bytes that went between peers, and the neighbours heard against those named.
+// bytes that went between peers, the neighbours heard against those named, and of the
+// heard those whose models scheduler.gossip_rule: clipped shortened.
 struct GossipMetrics {
   double disagreement = 0;
   int64_t peer_bytes = 0;
-  int neighbours = 0, heard = 0;
+  int neighbours = 0, heard = 0, clipped = 0;
 };
 
 // scheduler.mode: async: the buffer's updates by staleness (versions applied since the

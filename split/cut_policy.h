@@ -16,7 +16,8 @@
 // gradient, the optimizer's state (none for SGD, momentum, Adam's two moments) and W - 1
 // stashed copies, plus for each of W micro-batches in flight its input and what each
 // stage's forward pass keeps for the backward pass (measured: for a transformer block the
-// attention probabilities, heads x tokens^2 a sequence, and the MLP's hidden activations,
+// attention probabilities, heads x tokens^2 a sequence, the keys and values of its
+// key/value heads, fewer with grouped-query attention, and the MLP's hidden activations,
 // so sequence length and attention memory count).
 #pragma once
 

@@ -131,6 +131,15 @@ std::vector<double> Ticks(double lo, double hi) {
   return ticks;
 }
 
+// A tick's label: enough significant digits to tell it from its neighbours `step` away
+// (at least six, so round values print plainly), where Short's four would print 3.572 for
+// every tick of values that move by 1e-5.
+std::string TickLabel(double t, double step) {
+  if (t == 0) return "0";
+  const int digits = static_cast<int>(std::floor(std::log10(std::abs(t))) - std::floor(std::log10(step))) + 1;
+  return absl::StrFormat("%.*g", std::clamp(digits, 6, 17), t);
+}
+
 std::string Svg(const Chart& chart) {
   constexpr double kW = 600, kH = 300, kLeft = 64, kRight = 16, kTop = 14, kBottom = 44;
   double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
@@ -157,17 +166,19 @@ std::string Svg(const Chart& chart) {
       "<svg class=\"chart\" viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" role=\"img\" "
       "aria-label=\"%s\">\n",
       kW, kH, kW, kH, Escape(chart.title));
-  for (double t : Ticks(y0, y1)) {
+  const std::vector<double> y_ticks = Ticks(y0, y1), x_ticks = Ticks(x0, x1);
+  auto step = [](const std::vector<double>& ticks) { return ticks.size() > 1 ? ticks[1] - ticks[0] : 1.0; };
+  for (double t : y_ticks) {
     absl::StrAppend(&svg, absl::StrFormat(
         "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
         "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-        kLeft, kW - kRight, py(t), py(t), kLeft - 6, py(t) + 4, Short(t)));
+        kLeft, kW - kRight, py(t), py(t), kLeft - 6, py(t) + 4, TickLabel(t, step(y_ticks))));
   }
-  for (double t : Ticks(x0, x1)) {
+  for (double t : x_ticks) {
     absl::StrAppend(&svg, absl::StrFormat(
         "<line class=\"tick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
         "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-        px(t), px(t), kH - kBottom, kH - kBottom + 5, px(t), kH - kBottom + 18, Short(t)));
+        px(t), px(t), kH - kBottom, kH - kBottom + 5, px(t), kH - kBottom + 18, TickLabel(t, step(x_ticks))));
   }
   absl::StrAppend(&svg, absl::StrFormat(
       "<line class=\"axis\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>\n"

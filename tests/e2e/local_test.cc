@@ -116,6 +116,7 @@ TEST_F(LocalTest, RunsAFederationForTwoRounds) {
   EXPECT_EQ(rows[1]["participants"], 3);
   EXPECT_GT(rows[1]["test_accuracy"].get<double>(), 0.65);
   EXPECT_TRUE(fs::exists(dir_ / "run" / "checkpoint.pb"));
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "checkpoint.pb.tmp")) << "a finished run leaves no spare";
   EXPECT_TRUE(fs::exists(dir_ / "run" / "server.log"));
   EXPECT_TRUE(fs::exists(dir_ / "run" / "config.yaml"));
   // `make demo` ends with the report's path.

@@ -307,7 +307,9 @@ int TrainedAdapters(const ParameterSet& start, const ParameterSet& end) {
   for (const Tensor& t : start.tensors()) {
     const bool adapter = t.name.find(".lora_") != std::string::npos;
     const bool same = end.Find(t.name)->values == t.values;
-    if (!adapter) EXPECT_TRUE(same) << t.name << " is frozen";
+    if (!adapter) {
+      EXPECT_TRUE(same) << t.name << " is frozen";
+    }
     changed += adapter && !same;
   }
   return changed;

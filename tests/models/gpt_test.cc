@@ -236,7 +236,8 @@ TEST(GptTest, ProfilesMeasureWhatEachStageKeepsAndWhatTrains) {
   }
 
   ModelSpec lora = Gpt(false);
-  lora.lora = {/*rank=*/4, /*alpha=*/8};
+  lora.lora.rank = 4;
+  lora.lora.alpha = 8;
   auto profile = ProfileStages(lora, {16}, 4, 1);
   ASSERT_TRUE(profile.ok());
   // Each block: A (4 x in) and B (out x 4) on its four projections, 32 wide, MLP 128.

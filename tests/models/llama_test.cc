@@ -312,7 +312,9 @@ TEST(LlamaTest, LearnsAndLoraTrainsOnlyItsAdapters) {
   int moved = 0;
   for (const Tensor& t : base.tensors()) {
     const bool adapter = t.name.find(".lora_") != std::string::npos;
-    if (!adapter) EXPECT_EQ(trained.Find(t.name)->values, t.values) << t.name;
+    if (!adapter) {
+      EXPECT_EQ(trained.Find(t.name)->values, t.values) << t.name;
+    }
     moved += adapter && trained.Find(t.name)->values != t.values;
   }
   EXPECT_GT(moved, 0);
@@ -481,6 +483,27 @@ TEST(LlamaTest, RecomputingBlocksTrainsTheSameWithLessKept) {
   EXPECT_LT((*checkpointed)[1].saved_bytes * 3, (*plain)[1].saved_bytes)
       << (*checkpointed)[1].saved_bytes << " vs " << (*plain)[1].saved_bytes;
   fs::remove_all(dir);
+}
+
+// The cut policy's memory model counts grouped-query attention: what a block keeps for
+// its backward pass (measured by ProfileStages) shrinks with its key/value heads, by the
+// keys and values of the heads it no longer has (within the heap measurement's noise).
+TEST(LlamaTest, ABlockKeepsKeysAndValuesOfItsKeyValueHeadsOnly) {
+  auto saved = [](int kv_heads) -> int64_t {
+    ModelSpec spec;
+    spec.seed = 3;
+    const std::string config = absl::StrCat(
+        R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": )",
+        kv_heads, R"(, "num_hidden_layers": 1, "intermediate_size": 96, "vocab_size": 97})");
+    EXPECT_TRUE(SetHfModel(spec, config, "config.json").ok());
+    auto profile = ProfileStages(spec, {64}, 4, 3, false);
+    EXPECT_TRUE(profile.ok()) << profile.status();
+    return profile.ok() ? (*profile)[1].saved_bytes : 0;
+  };
+  const int64_t mha = saved(8), gqa = saved(2), mqa = saved(1);
+  const int64_t kv_head_bytes = 2 * 64 * 8 * 4;  // keys and values of one head: 64 tokens x 8 dims
+  EXPECT_NEAR(mha - gqa, 6 * kv_head_bytes, 0.1 * kv_head_bytes) << mha << " vs " << gqa;
+  EXPECT_NEAR(gqa - mqa, 1 * kv_head_bytes, 0.1 * kv_head_bytes) << gqa << " vs " << mqa;
 }
 
 }  // namespace

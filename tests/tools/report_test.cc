@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "core/files.h"
@@ -173,6 +174,32 @@ TEST_F(ReportTest, ValuesBeyondTheirPrecisionStillDraw) {
   const std::string page = *ReadFile(*html);
   EXPECT_THAT(page, HasSubstr("Training loss against round"));
   EXPECT_LT(std::count(page.begin(), page.end(), '\n'), 2000);
+}
+
+// Ticks of values that move below four significant digits (the bytes of a round, 3.572 MB
+// give or take a few bytes) get labels that tell them apart.
+TEST_F(ReportTest, TickLabelsTellTheirTicksApart) {
+  std::vector<json> rows = Rounds(4, 0.1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i]["bytes_up"] = 3572000 + 7 * static_cast<int>(i);
+    rows[i]["bytes_down"] = 0;
+  }
+  auto html = WriteReport({{Run("bytes", rows)}, ""});
+  ASSERT_TRUE(html.ok());
+  const std::string page = *ReadFile(*html);
+  const size_t title = page.find("aria-label=\"Bytes per round\"");
+  ASSERT_NE(title, std::string::npos);
+  const std::string chart = page.substr(title, page.find("</svg>", title) - title);
+  std::vector<std::string> labels;
+  const std::string open = "text-anchor=\"end\">";  // the y axis' labels
+  for (size_t at = chart.find(open); at != std::string::npos; at = chart.find(open, at + 1)) {
+    const size_t begin = at + open.size();
+    labels.push_back(chart.substr(begin, chart.find('<', begin) - begin));
+  }
+  ASSERT_GE(labels.size(), 3u) << chart;
+  EXPECT_EQ(std::set<std::string>(labels.begin(), labels.end()).size(), labels.size())
+      << ::testing::PrintToString(labels);
+  EXPECT_THAT(labels, ::testing::Contains(::testing::StartsWith("3.57201")));
 }
 
 TEST_F(ReportTest, BadRunDirectoriesAreClearErrors) {
