@@ -1,16 +1,19 @@
 # The two commands of the README:
-#   make demo   installs what is missing, builds, runs the default local federation
-#   make test   installs what is missing, builds, runs the test suite
+#   make demo   installs what the binaries need, builds only them (cleave, cleave-server,
+#               cleave-client), runs the default local federation
+#   make test   installs what is missing (the tests' tools too), builds everything, runs
+#               the test suite, as many tests at once as there are cores
 BUILD ?= build
 CONFIG ?= deploy/examples/fmnist-fedavg.yaml
+BINARIES = cleave cleave-server cleave-client
 
-.PHONY: demo test test-all test-asan test-tsan test-arm64 fuzz build deps bench clean
+.PHONY: demo test test-all test-asan test-tsan test-arm64 fuzz build binaries configure deps deps-run clean
 
-demo: build
+demo: binaries
 	./$(BUILD)/bin/cleave local --config $(CONFIG)
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure --timeout 600 -LE slow
+	cd $(BUILD) && ctest --output-on-failure --timeout 600 -LE slow -j$$(nproc)
 
 test-all: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 3600
@@ -49,12 +52,21 @@ test-arm64:
 fuzz: deps
 	./scripts/fuzz.sh --seconds 60
 
-build: deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+build: deps configure
 	cmake --build $(BUILD)
+
+binaries: deps-run configure
+	cmake --build $(BUILD) --target $(BINARIES)
+
+configure:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 deps:
 	./scripts/install-deps.sh
+
+# What building and running the binaries needs, without the tests' tools.
+deps-run:
+	./scripts/install-deps.sh --no-test-tools
 
 clean:
 	rm -rf $(BUILD)

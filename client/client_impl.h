@@ -244,6 +244,15 @@ struct Client::Impl {
   std::string gossip_run;
   // (Re)builds the whole model when the task's description changed.
   Status BuildModel(const v1::Task& task, const ModelSpec& spec);
+  // --memory-limit-mb: OK when training `spec` as `fit` says fits beside what this
+  // process holds now; else RESOURCE_EXHAUSTED with both figures. What training adds is
+  // the cut policy's memory model for the whole model on this device (gradients,
+  // optimizer state, the activations a batch keeps; from ProfileStages here, once per
+  // model and settings) plus one more copy of the parameters (the trained model beside
+  // the global one; the update is made in place of one of them).
+  Status CheckMemory(const v1::Task& task, const ModelSpec& spec, const FitSettings& fit);
+  std::string memory_key;       // the model and settings memory_need was measured for
+  int64_t memory_need = 0;
   // Federated evaluation: `model` as it is, on the held-out data, under `loss`.
   StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);
   // A gossip task: train the model held, exchange it with the neighbours, average.

@@ -2,8 +2,11 @@
 // kind (Client::Impl::TaskHandlers), and what they share.
 #include "client/client_impl.h"
 
-#include "absl/strings/str_format.h"
 #include "aggregation/gossip_mix.h"
+#include "core/memory.h"
+#include "models/part.h"
+#include "proto/train_config.h"
+#include "split/cut_policy.h"
 
 namespace cleave {
 namespace {
@@ -358,6 +361,7 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
     held = *std::move(initial);
   }
   if (Status s = model->SetParameters(held); !s.ok()) return c.Reject(s);
+  if (Status s = CheckMemory(task, *spec, FitFromProto(task.train())); !s.ok()) return c.Reject(s);
   const v1::GossipTask& g = task.gossip();
   if (!g.rule().empty()) {
     if (Status s = GossipRuleNames().Check(g.rule()); !s.ok()) return c.Reject(s);
@@ -431,9 +435,9 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
                                 stats.seconds, nullptr, evaluation ? &*evaluation : nullptr,
                                 &report));
   ++tasks_done;
-  spdlog::info("round {}: trained {} examples (loss {:.4f}), averaged ({}) with {} of {} neighbours "
-               "(disagreement {:.3g}{}){}",
-               task.round(), stats.examples, stats.loss, rule.name, theirs.size(), g.neighbours_size(),
+  spdlog::info("round {}: trained {} examples (loss {:.4f}), averaged with {} of {} neighbours "
+               "({}, disagreement {:.3g}{}){}",
+               task.round(), stats.examples, stats.loss, theirs.size(), g.neighbours_size(), rule.name,
                report.disagreement(),
                rule.name == "clipped" ? absl::StrFormat(", %d clipped to %.3g", mix.clipped, mix.radius) : "",
                reply.duplicate() ? " (duplicate)" : "");
@@ -597,12 +601,41 @@ Status Client::Impl::HandleEvaluationTask(const TaskCall& c) {
   return absl::OkStatus();
 }
 
+Status Client::Impl::CheckMemory(const v1::Task& task, const ModelSpec& spec, const FitSettings& fit) {
+  if (opts.memory_limit_bytes <= 0) return absl::OkStatus();
+  const std::string key = absl::StrCat(task.model().SerializeAsString(), "|", fit.batch_size, "|", fit.optimizer,
+                                       "|", fit.momentum, "|", fit.recompute);
+  if (key != memory_key) {
+    std::vector<int64_t> sample = opts.train.shape;
+    if (opts.train.type == ExampleType::kToken) sample = {opts.train.shape[0] - 1};
+    ASSIGN_OR_RETURN(std::vector<StageProfile> stages,
+                     ProfileStages(spec, sample, fit.batch_size, 1, fit.recompute));
+    TrainConfig train;
+    train.optimizer = fit.optimizer;
+    train.momentum = fit.momentum;
+    train.batch_size = fit.batch_size;
+    const CutProblem p = ModelCutProblem(stages, sample, train, 1);
+    memory_need = StagesMemoryBytes(p, 0, p.num_stages());
+    for (int64_t b : p.param_bytes) memory_need += b;
+    memory_key = key;
+  }
+  const int64_t held = ResidentBytes();
+  if (held + memory_need > opts.memory_limit_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "training this model (batch %d, %s) needs about %d MiB beside the %d MiB this client holds, "
+        "over its --memory-limit-mb %d",
+        fit.batch_size, fit.optimizer, memory_need >> 20, held >> 20, opts.memory_limit_bytes >> 20));
+  }
+  return absl::OkStatus();
+}
+
 Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
   const v1::Task& task = c.task;
   auto m = FetchTaskModel(c);
   if (!m.ok()) return c.Reject(m.status());
   auto personal_names = SetTaskModel(c, *m);
   if (!personal_names.ok()) return c.Reject(personal_names.status());
+  if (Status s = CheckMemory(task, m->spec, FitFromProto(task.train())); !s.ok()) return c.Reject(s);
   const ParameterSet& global = m->global;
   c.Accept();
   // Federated evaluation: the global model on the held-out data, before training.

@@ -11,9 +11,10 @@
 #include "core/cli.h"
 #include "core/http_endpoint.h"
 #include "core/logging.h"
-#include "privacy/tls.h"
+#include "core/memory.h"
 #include "core/signals.h"
 #include "models/model.h"
+#include "privacy/tls.h"
 
 namespace {
 
@@ -86,14 +87,18 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "loopback address, else HTTPS with --cert/--key");
 }
 
-// The local data: the data spec, its partition, and the held-out part.
+// The local data: the data spec, its partition (only this client's part read where the
+// source can), and the held-out part.
 cleave::Status LoadData(const Flags& f, cleave::ClientOptions* opts) {
-  ASSIGN_OR_RETURN(cleave::Dataset data, cleave::LoadDataSpec(f.data_spec, /*train=*/true));
-  if (!f.partition.empty()) RETURN_IF_ERROR(cleave::TakePartition(f.partition, &data));
+  cleave::PartFilter part;
+  if (!f.partition.empty()) {
+    ASSIGN_OR_RETURN(part, cleave::PartitionFilter(f.partition));
+  }
+  ASSIGN_OR_RETURN(cleave::Dataset data, cleave::LoadDataSpecPart(f.data_spec, /*train=*/true, part));
   opts->holdout = cleave::TakeHoldout(&data, f.holdout, /*seed=*/7);
-  spdlog::info("{} local training examples{}", data.size,
-               opts->holdout.size > 0 ? ", " + std::to_string(opts->holdout.size) + " held out"
-                                      : "");
+  spdlog::info("{} local training examples{}; {} MiB resident (peak {} MiB)", data.size,
+               opts->holdout.size > 0 ? ", " + std::to_string(opts->holdout.size) + " held out" : "",
+               cleave::ResidentBytes() >> 20, cleave::PeakResidentBytes() >> 20);
   opts->train = std::move(data);
   return absl::OkStatus();
 }

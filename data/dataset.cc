@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 
@@ -202,7 +203,7 @@ Status SpecOptions::CheckKnown(const std::vector<std::string>& known) const {
 
 Status ApplyCommonOptions(SpecOptions& o, Dataset& d) {
   ASSIGN_OR_RETURN(int64_t limit, o.Int("limit", 0, 0, INT64_MAX));
-  if (limit > 0 && limit < d.size) {
+  if (limit > 0 && limit < d.size && !o.part_taken) {
     d.size = limit;
     d.bytes.resize(limit * d.example_bytes());
     d.labels.resize(limit);
@@ -240,69 +241,167 @@ Status ApplyCommonOptions(SpecOptions& o, Dataset& d) {
 
 namespace {
 
-// Reads a gzip file or, when `path`.gz is absent, the uncompressed `path`.
-StatusOr<std::string> ReadMaybeGzip(const std::string& path) {
-  std::string chosen = path + ".gz";
-  gzFile f = gzopen(chosen.c_str(), "rb");
-  if (f == nullptr) {
-    chosen = path;
-    f = gzopen(chosen.c_str(), "rb");  // zlib reads an uncompressed file as it is
+// A gzip file or, when `path`.gz is absent, the uncompressed `path`, read in order.
+class GzReader {
+ public:
+  static StatusOr<std::unique_ptr<GzReader>> Open(const std::string& path) {
+    std::string chosen = path + ".gz";
+    gzFile f = gzopen(chosen.c_str(), "rb");
+    if (f == nullptr) {
+      chosen = path;
+      f = gzopen(chosen.c_str(), "rb");  // zlib reads an uncompressed file as it is
+    }
+    if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path, "(.gz)"));
+    gzbuffer(f, 1 << 16);
+    return std::unique_ptr<GzReader>(new GzReader(f, chosen));
   }
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat("cannot open ", path, "(.gz)"));
-  std::string out;
-  char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, n);
-  int err = 0;
-  const char* msg = gzerror(f, &err);
-  gzclose(f);
-  if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
-    return absl::DataLossError(absl::StrCat("corrupt gzip ", chosen, ": ", msg));
-  }
-  return out;
-}
+  ~GzReader() { gzclose(f_); }
 
-uint32_t BigEndian32(const std::string& b, size_t off) {
-  const auto* p = reinterpret_cast<const unsigned char*>(b.data() + off);
+  // Reads up to n bytes (fewer at the end of the file); DATA_LOSS for a gzip stream that
+  // is corrupt or ends inside itself (zlib's Z_BUF_ERROR behind a read of 0 bytes).
+  StatusOr<size_t> Read(void* out, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - done, 1u << 30));
+      const int got = gzread(f_, static_cast<char*>(out) + done, chunk);
+      if (got < 0) return Error();
+      if (got == 0) {
+        int err = Z_OK;
+        gzerror(f_, &err);
+        if (err != Z_OK && err != Z_STREAM_END) return Error();
+        break;
+      }
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
+  // Reads exactly n bytes; DATA_LOSS naming `what` when the file ends first.
+  Status ReadExactly(void* out, size_t n, const std::string& what) {
+    ASSIGN_OR_RETURN(size_t got, Read(out, n));
+    if (got != n) return absl::DataLossError(absl::StrCat(path_, ": ends inside ", what));
+    return absl::OkStatus();
+  }
+  // Passes over n bytes (decompressing them: gzip has no index).
+  Status Skip(int64_t n, const std::string& what) {
+    char buf[1 << 16];
+    while (n > 0) {
+      const size_t chunk = static_cast<size_t>(std::min<int64_t>(n, sizeof(buf)));
+      RETURN_IF_ERROR(ReadExactly(buf, chunk, what));
+      n -= static_cast<int64_t>(chunk);
+    }
+    return absl::OkStatus();
+  }
+  StatusOr<bool> AtEnd() {
+    char c;
+    ASSIGN_OR_RETURN(size_t got, Read(&c, 1));
+    return got == 0;
+  }
+
+ private:
+  GzReader(gzFile f, std::string path) : f_(f), path_(std::move(path)) {}
+  Status Error() {
+    int err = 0;
+    const char* msg = gzerror(f_, &err);
+    return absl::DataLossError(absl::StrCat("corrupt gzip ", path_, ": ", msg));
+  }
+  gzFile f_;
+  std::string path_;
+};
+
+uint32_t BigEndian32(const unsigned char* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
 }
 
 }  // namespace
 
-StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, SpecOptions&) {
+// The labels are read whole (a byte each); the images straight into the Dataset, all of
+// them or, with a part to keep (SpecOptions::part), only the kept ones: the whole file is
+// never in memory.
+StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, SpecOptions& o) {
   const std::string prefix = dir + (train ? "/train" : "/t10k");
   const std::string img_path = prefix + "-images-idx3-ubyte", lab_path = prefix + "-labels-idx1-ubyte";
-  ASSIGN_OR_RETURN(std::string img, ReadMaybeGzip(img_path));
-  ASSIGN_OR_RETURN(std::string lab, ReadMaybeGzip(lab_path));
-  if (img.size() < 16 || BigEndian32(img, 0) != 0x803) {
+  ASSIGN_OR_RETURN(auto img, GzReader::Open(img_path));
+  ASSIGN_OR_RETURN(auto lab, GzReader::Open(lab_path));
+  unsigned char ih[16], lh[8];
+  ASSIGN_OR_RETURN(size_t ih_got, img->Read(ih, sizeof ih));
+  if (ih_got < sizeof ih || BigEndian32(ih) != 0x803) {
     return absl::DataLossError(absl::StrCat(img_path, ": not an IDX3 ubyte file"));
   }
-  if (lab.size() < 8 || BigEndian32(lab, 0) != 0x801) {
+  ASSIGN_OR_RETURN(size_t lh_got, lab->Read(lh, sizeof lh));
+  if (lh_got < sizeof lh || BigEndian32(lh) != 0x801) {
     return absl::DataLossError(absl::StrCat(lab_path, ": not an IDX1 ubyte file"));
   }
-  const int64_t n = BigEndian32(img, 4);
-  const int64_t rows = BigEndian32(img, 8), cols = BigEndian32(img, 12);
-  if (BigEndian32(lab, 4) != n) {
+  const int64_t n = BigEndian32(ih + 4), rows = BigEndian32(ih + 8), cols = BigEndian32(ih + 12);
+  if (BigEndian32(lh + 4) != n) {
     return absl::DataLossError(absl::StrCat(prefix, ": image and label counts differ"));
   }
-  if (static_cast<int64_t>(img.size()) != 16 + n * rows * cols ||
-      static_cast<int64_t>(lab.size()) != 8 + n) {
-    return absl::DataLossError(absl::StrCat(prefix, ": IDX sizes do not match the header"));
+  if (rows < 1 || cols < 1 || rows * cols > (int64_t{1} << 24)) {
+    return absl::DataLossError(absl::StrCat(img_path, ": images of ", rows, " x ", cols));
   }
-  Dataset d;
-  d.size = n;
-  d.shape = {1, rows, cols};
-  d.mean = {0.2860f};  // Fashion-MNIST training-set statistics
-  d.stddev = {0.3530f};
-  d.bytes.assign(img.begin() + 16, img.end());
-  d.labels.resize(n);
+  Dataset index;  // every example's label; no bytes
+  index.size = n;
+  index.shape = {1, rows, cols};
+  index.mean = {0.2860f};  // Fashion-MNIST training-set statistics
+  index.stddev = {0.3530f};
+  std::vector<unsigned char> labels(static_cast<size_t>(n));
+  RETURN_IF_ERROR(lab->ReadExactly(labels.data(), labels.size(), "its labels"));
+  ASSIGN_OR_RETURN(bool labels_end, lab->AtEnd());
+  if (!labels_end) return absl::DataLossError(absl::StrCat(prefix, ": IDX sizes do not match the header"));
+  index.labels.resize(n);
   for (int64_t i = 0; i < n; ++i) {
-    d.labels[i] = static_cast<unsigned char>(lab[8 + i]);
-    if (d.labels[i] >= d.num_classes) {
-      return absl::DataLossError(absl::StrCat(lab_path, ": entry ", i, ": label ", d.labels[i],
-                                              " is not in [0, ", d.num_classes, ")"));
+    index.labels[i] = labels[i];
+    if (index.labels[i] >= index.num_classes) {
+      return absl::DataLossError(absl::StrCat(lab_path, ": entry ", i, ": label ", index.labels[i],
+                                              " is not in [0, ", index.num_classes, ")"));
     }
   }
+  const int64_t eb = rows * cols;
+  if (!o.part) {
+    Dataset d = std::move(index);
+    d.bytes.resize(static_cast<size_t>(n * eb));
+    RETURN_IF_ERROR(img->ReadExactly(d.bytes.data(), d.bytes.size(), "its images"));
+    ASSIGN_OR_RETURN(bool end, img->AtEnd());
+    if (!end) return absl::DataLossError(absl::StrCat(prefix, ": IDX sizes do not match the header"));
+    return d;
+  }
+  // The part: `limit` first (LoadDataSpec applies it before a part is taken), then the
+  // kept examples read in file order into their places.
+  ASSIGN_OR_RETURN(int64_t limit, o.Int("limit", 0, 0, INT64_MAX));
+  if (limit > 0 && limit < index.size) {
+    index.size = limit;
+    index.labels.resize(limit);
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> keep, o.part(index));
+  std::vector<std::pair<int64_t, int64_t>> order;  // (example, place in the part)
+  for (size_t k = 0; k < keep.size(); ++k) {
+    if (keep[k] < 0 || keep[k] >= index.size) {
+      return absl::InvalidArgumentError(absl::StrCat("a part's example ", keep[k], " is not in [0, ", index.size, ")"));
+    }
+    order.emplace_back(keep[k], static_cast<int64_t>(k));
+  }
+  std::sort(order.begin(), order.end());
+  Dataset d = std::move(index);
+  d.size = static_cast<int64_t>(keep.size());
+  d.labels.assign(keep.size(), 0);
+  d.bytes.resize(keep.size() * static_cast<size_t>(eb));
+  int64_t at = 0;  // the next example of the file
+  const uint8_t* last = nullptr;  // the bytes of the example read last (kept twice: copied)
+  for (const auto& [example, place] : order) {
+    d.labels[place] = labels[example];
+    uint8_t* out = d.bytes.data() + place * eb;
+    if (example < at) {
+      std::memcpy(out, last, static_cast<size_t>(eb));
+      continue;
+    }
+    RETURN_IF_ERROR(img->Skip((example - at) * eb, "its images"));
+    RETURN_IF_ERROR(img->ReadExactly(out, static_cast<size_t>(eb), "its images"));
+    at = example + 1;
+    last = out;
+  }
+  RETURN_IF_ERROR(img->Skip((n - at) * eb, "its images"));
+  ASSIGN_OR_RETURN(bool end, img->AtEnd());
+  if (!end) return absl::DataLossError(absl::StrCat(prefix, ": IDX sizes do not match the header"));
+  o.part_taken = true;
   return d;
 }
 
@@ -346,6 +445,10 @@ Registry<DataSource>& DataSources() {
 std::vector<std::string> DataSourceNames() { return DataSources().Names(); }
 
 StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train) {
+  return LoadDataSpecPart(spec, train, PartFilter());
+}
+
+StatusOr<Dataset> LoadDataSpecPart(const std::string& spec, bool train, const PartFilter& part) {
   std::vector<std::string> items = absl::StrSplit(spec, ',');
   const size_t colon = items[0].find(':');
   const std::string name = items[0].substr(0, colon);
@@ -360,8 +463,14 @@ StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train) {
                    SpecOptions::Parse(std::vector<std::string>(items.begin() + 1, items.end()),
                                       spec));
   RETURN_IF_ERROR(options.CheckKnown(source->options));
+  options.part = part;
   ASSIGN_OR_RETURN(Dataset d, source->load(path, train, options));
   RETURN_IF_ERROR(ApplyCommonOptions(options, d));
+  if (part && !options.part_taken) {
+    if (d.size == 0) return absl::InvalidArgumentError(absl::StrCat("no examples in ", path));
+    ASSIGN_OR_RETURN(std::vector<int64_t> keep, part(d));
+    d = PartOf(d, keep);
+  }
   if (d.size == 0) return absl::InvalidArgumentError(absl::StrCat("no examples in ", path));
   return d;
 }
@@ -381,7 +490,7 @@ Dataset TakeHoldout(Dataset* data, double fraction, uint64_t seed) {
   return holdout;
 }
 
-Status TakePartition(const std::string& spec, Dataset* data) {
+StatusOr<PartFilter> PartitionFilter(const std::string& spec) {
   std::vector<std::string> parts = absl::StrSplit(spec, ',');
   int64_t index = -1, count = 0;
   uint64_t seed = 42;
@@ -395,8 +504,17 @@ Status TakePartition(const std::string& spec, Dataset* data) {
   if (count < 1 || count > 1000000 || index < 0 || index >= count) {
     return absl::InvalidArgumentError("a partition needs client=I,of=N with 0 <= I < N");
   }
-  ASSIGN_OR_RETURN(auto split, PartitionDataset(*data, parts[0], static_cast<int>(count), seed));
-  *data = PartOf(*data, split[index]);
+  const std::string scheme = parts[0];
+  return PartFilter([scheme, index, count, seed](const Dataset& d) -> StatusOr<std::vector<int64_t>> {
+    ASSIGN_OR_RETURN(auto split, PartitionDataset(d, scheme, static_cast<int>(count), seed));
+    return std::move(split[index]);
+  });
+}
+
+Status TakePartition(const std::string& spec, Dataset* data) {
+  ASSIGN_OR_RETURN(PartFilter part, PartitionFilter(spec));
+  ASSIGN_OR_RETURN(std::vector<int64_t> keep, part(*data));
+  *data = PartOf(*data, keep);
   return absl::OkStatus();
 }
 

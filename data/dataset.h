@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -84,8 +85,17 @@ struct Dataset {
 //   have both (IDX train-* or t10k-*, CIFAR data_batch_* or test_batch, a folder's
 //   train/ or test/ subfolder when it has them). Errors name the file and the entry.
 StatusOr<Dataset> LoadDataSpec(const std::string& spec, bool train);
-// Keeps this client's part of `data`: `spec` is "SCHEME,client=I,of=N[,seed=S]" with
-// SCHEME a PartitionDataset scheme, e.g. "dirichlet:0.5,client=3,of=10,seed=42".
+// Which examples of a data set a client keeps, decided from an index of it: a Dataset
+// with the examples' count, labels, targets and groups but no bytes.
+using PartFilter = std::function<StatusOr<std::vector<int64_t>>(const Dataset& index)>;
+// A partition spec "SCHEME,client=I,of=N[,seed=S]" (SCHEME a PartitionDataset scheme, e.g.
+// "dirichlet:0.5,client=3,of=10,seed=42") as a filter.
+StatusOr<PartFilter> PartitionFilter(const std::string& spec);
+// LoadDataSpec then PartOf the examples `part` keeps, with the same result; a source
+// that can (idx) reads only those examples' bytes, so that the whole data set is never
+// in memory at once.
+StatusOr<Dataset> LoadDataSpecPart(const std::string& spec, bool train, const PartFilter& part);
+// Keeps this client's part of `data` by a partition spec (PartitionFilter).
 // Standardised data is standardised again on the part.
 Status TakePartition(const std::string& spec, Dataset* data);
 // Client `indices`'s part of `data`, as TakePartition keeps it (standardised data is

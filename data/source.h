@@ -37,6 +37,12 @@ class SpecOptions {
                                       bool positive);
   Status CheckKnown(const std::vector<std::string>& known) const;
 
+  // Set by LoadDataSpecPart: the examples to keep. A source that reads only those sets
+  // part_taken, having applied `limit` to its index first (as LoadDataSpec applies it
+  // before the part is taken); otherwise LoadDataSpecPart takes the part afterwards.
+  PartFilter part;
+  bool part_taken = false;
+
  private:
   std::string spec_;
   std::map<std::string, std::string> values_;

@@ -1,10 +1,7 @@
 #include "server/observe.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -31,13 +28,6 @@ LatencyHistogram::Snapshot LatencyHistogram::Get() const {
   }
   s.sum_s = static_cast<double>(sum_us_.load(std::memory_order_relaxed)) / 1e6;
   return s;
-}
-
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  if (!(statm >> size >> resident)) return 0;
-  return resident * sysconf(_SC_PAGESIZE);
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"  // ResidentBytes
 #include "server/server.h"
 
 namespace cleave {
@@ -78,8 +79,5 @@ std::string StateJson(const ObservedState& s);
 // The dashboard page: self-contained (inline script and styles, nothing fetched but
 // /api/state), drawn from `initial_state` (StateJson) at once, then polled every second.
 std::string DashboardHtml(const std::string& initial_state);
-
-// This process's resident memory in bytes (/proc/self/statm); 0 if unknown.
-int64_t ResidentBytes();
 
 }  // namespace cleave

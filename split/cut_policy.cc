@@ -23,6 +23,16 @@ double Seconds(double bytes, double bps) { return bps > 0 ? bytes / bps : 0.0; }
 
 }  // namespace
 
+int64_t StagesMemoryBytes(const CutProblem& p, int begin, int end, int window) {
+  const std::vector<int64_t>& trainable = p.trainable_bytes.empty() ? p.param_bytes : p.trainable_bytes;
+  const std::vector<int64_t>& kept = p.saved_bytes.empty() ? p.out_bytes : p.saved_bytes;
+  const int64_t params = SumBytes(p.param_bytes, begin, end), trains = SumBytes(trainable, begin, end);
+  int64_t saved = SumBytes(kept, begin, end);
+  if (begin == 0) saved += SumBytes(p.input_bytes, 0, static_cast<int>(p.input_bytes.size()));
+  const int w = std::max(1, window);
+  return params + (1 + int64_t{p.optimizer_slots} + w - 1) * trains + int64_t{w} * p.batch * saved;
+}
+
 CutPrediction PredictStep(const CutProblem& p, int cut) {
   const int n = p.num_stages();
   const int server_end = p.tail_begin > 0 ? p.tail_begin : n;
@@ -50,18 +60,11 @@ CutPrediction PredictStep(const CutProblem& p, int cut) {
                     : std::max({r.client_s, r.up_s, r.server_s, r.down_s, chain / w});
 
   // Client memory (see the header): its stages [0, cut) and, U-shaped, [server_end, n).
-  const std::vector<int64_t>& trainable = p.trainable_bytes.empty() ? p.param_bytes : p.trainable_bytes;
-  const std::vector<int64_t>& kept = p.saved_bytes.empty() ? p.out_bytes : p.saved_bytes;
-  int64_t params = SumBytes(p.param_bytes, 0, cut), trains = SumBytes(trainable, 0, cut);
-  int64_t saved = SumBytes(p.input_bytes, 0, static_cast<int>(p.input_bytes.size())) +
-                  SumBytes(kept, 0, cut);
+  r.client_memory_bytes = StagesMemoryBytes(p, 0, cut, w);
   if (ushaped) {
-    params += SumBytes(p.param_bytes, server_end, n);
-    trains += SumBytes(trainable, server_end, n);
-    saved += p.out_bytes[server_end - 1] + SumBytes(kept, server_end, n);
+    r.client_memory_bytes += StagesMemoryBytes(p, server_end, n, w) +
+                             int64_t{w} * p.batch * p.out_bytes[server_end - 1];
   }
-  r.client_memory_bytes = params + (1 + int64_t{p.optimizer_slots} + w - 1) * trains +
-                          int64_t{w} * p.batch * saved;
   // Message size is judged uncompressed: a codec never makes a tensor larger.
   r.message_bytes = std::max(act, ushaped ? p.out_bytes[server_end - 1] * p.batch : 0);
   if (p.memory_limit_bytes > 0 && r.client_memory_bytes > p.memory_limit_bytes) {

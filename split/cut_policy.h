@@ -72,6 +72,10 @@ struct CutPrediction {
 
 // The cost model above for one cut (1 <= cut < server end).
 CutPrediction PredictStep(const CutProblem& p, int cut);
+// The memory term of the model above for a device holding stages [begin, end) with
+// `window` micro-batches in flight (the model's input counted when begin is 0).
+// [0, num_stages()) is training the whole model on one device.
+int64_t StagesMemoryBytes(const CutProblem& p, int begin, int end, int window = 1);
 
 // The model's side of a problem, from the server's profile of every stage (ProfileStages
 // on a batch of train.batch_size samples shaped `sample_shape`): server stage times,

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <set>
 
@@ -35,6 +37,61 @@ TEST(FashionMnistTest, DataSpecErrors) {
   auto d = LoadDataSpec(std::string("fmnist:") + kFmnist + ",limit=100", true);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->size, 100);
+}
+
+// A client's part read on its own (only the kept examples' bytes) equals the part taken
+// from the whole data set, for each scheme, with a limit, and for a filter that keeps an
+// example twice; a file that ends early is an error naming it.
+TEST(FashionMnistTest, APartReadAloneEqualsThePartTaken) {
+  const std::string spec = std::string("fmnist:") + kFmnist;
+  for (const char* partition : {"iid,client=3,of=10", "dirichlet:0.3,client=1,of=4,seed=7",
+                                       "shards:2,client=9,of=10", "labels:2,client=0,of=5"}) {
+    for (const char* options : {"", ",limit=7000"}) {
+      auto whole = LoadDataSpec(spec + options, true);
+      ASSERT_TRUE(whole.ok());
+      ASSERT_TRUE(TakePartition(partition, &*whole).ok());
+      auto filter = PartitionFilter(partition);
+      ASSERT_TRUE(filter.ok());
+      auto part = LoadDataSpecPart(spec + options, true, *filter);
+      ASSERT_TRUE(part.ok()) << part.status();
+      EXPECT_EQ(part->size, whole->size) << partition << options;
+      EXPECT_EQ(part->labels, whole->labels) << partition << options;
+      EXPECT_TRUE(part->bytes == whole->bytes) << partition << options;
+      EXPECT_EQ(part->shape, whole->shape);
+      EXPECT_EQ(part->mean, whole->mean);
+    }
+  }
+  const PartFilter twice = [](const Dataset&) -> StatusOr<std::vector<int64_t>> {
+    return std::vector<int64_t>{59999, 5, 5, 0};
+  };
+  auto all = LoadDataSpec(spec, true);
+  auto odd = LoadDataSpecPart(spec, true, twice);
+  ASSERT_TRUE(all.ok() && odd.ok()) << odd.status();
+  ASSERT_EQ(odd->size, 4);
+  EXPECT_EQ(odd->labels, (std::vector<int64_t>{all->labels[59999], all->labels[5], all->labels[5], all->labels[0]}));
+  EXPECT_TRUE(std::equal(odd->bytes.begin() + 784, odd->bytes.begin() + 1568, all->bytes.begin() + 5 * 784));
+  EXPECT_TRUE(std::equal(odd->bytes.begin() + 1568, odd->bytes.begin() + 2352, all->bytes.begin() + 5 * 784));
+  EXPECT_TRUE(std::equal(odd->bytes.begin(), odd->bytes.begin() + 784, all->bytes.begin() + 59999 * 784));
+  const PartFilter outside = [](const Dataset& d) -> StatusOr<std::vector<int64_t>> {
+    return std::vector<int64_t>{d.size};
+  };
+  EXPECT_EQ(LoadDataSpecPart(spec, true, outside).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A copy whose images end 100 bytes early, uncompressed (read as it is).
+  const std::string dir = ::testing::TempDir() + "cleave_idx_short";
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    const std::string cmd = std::string("gzip -dc ") + kFmnist + "/" + name + ".gz > " + dir + "/" + name;
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  std::filesystem::resize_file(dir + "/t10k-images-idx3-ubyte", 16 + 10000 * 784 - 100);
+  for (const PartFilter& f : {PartFilter(), *PartitionFilter("iid,client=0,of=2")}) {
+    auto short_file = LoadDataSpecPart("idx:" + dir, false, f);
+    EXPECT_EQ(short_file.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(short_file.status().message().find("t10k-images-idx3-ubyte: ends inside its images"), std::string::npos)
+        << short_file.status();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Labels 0..9, 100 each, in a scrambled order.

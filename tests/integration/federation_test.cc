@@ -11,9 +11,11 @@
 
 #include "client/client.h"
 #include "core/files.h"
+#include "core/memory.h"
 #include "models/model.h"
 #include "server/checkpoint.h"
 #include "server/server.h"
+#include "core/memory.h"
 #include "tests/integration/federation.h"
 #include "tests/server/test_peer.h"
 #include "tests/torchscript_export.h"
@@ -729,6 +731,37 @@ TEST(ClientTest, ReconnectsUntilTheServerComesUp) {
   EXPECT_TRUE(run.ok()) << run;
   EXPECT_TRUE(client_status.ok()) << client_status;
   EXPECT_EQ(client.tasks_completed(), 1);
+}
+
+// --memory-limit-mb is kept by the client itself: under what it already holds it does
+// not start; with room for itself but not for a batch of 2,048 (LeNet-5's activations,
+// tens of MiB) it refuses each training task with the reason, while a client without a
+// limit trains.
+TEST(FederationTest, AClientKeepsToItsMemoryLimit) {
+  auto tiny = Options(1, 600);
+  tiny[0].memory_limit_bytes = 1 << 20;
+  tiny[0].server = "127.0.0.1:1";
+  tiny[0].insecure = true;
+  Status refused = Client(std::move(tiny[0])).Run();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("--memory-limit-mb 1"), std::string::npos) << refused;
+
+  auto clients = Options(2, 1200);
+  clients[0].memory_limit_bytes = ResidentBytes() + (16 << 20);
+  Federation f;
+  f.Start("model: {name: lenet5}\nrun: {rounds: 1, seed: 42}\nclients: {min: 2, quorum: 0.5}\n"
+          "train: {batch_size: 2048, local_epochs: 1, lr: 0.05}\n"
+          "server: {heartbeat_s: 0.5, client_timeout_s: 30, evaluate: false}\n",
+          std::move(clients));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  EXPECT_EQ(f.clients[0]->State().tasks_done, 0);
+  EXPECT_GE(f.clients[0]->State().tasks_failed, 1);
+  EXPECT_EQ(f.clients[1]->State().tasks_done, 1);
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 1);
+  EXPECT_EQ(h[0].failures, 1);
 }
 
 }  // namespace
