@@ -44,7 +44,8 @@ ParameterSet MoveTowards(const ParameterSet& self, const std::vector<HeardModel>
 ParameterSet TrimmedMean(const ParameterSet& self, const std::vector<HeardModel>& heard,
                          double byzantine) {
   const size_t n = heard.size() + 1;
-  const size_t drop = static_cast<size_t>(std::floor(byzantine * static_cast<double>(heard.size())));
+  // At most (n - 1) / 2 from each end: a median is left at worst.
+  const size_t drop = std::min((n - 1) / 2, static_cast<size_t>(std::floor(byzantine * static_cast<double>(heard.size()))));
   ParameterSet out = self;
   std::vector<float> v(n);
   for (size_t i = 0; i < out.size(); ++i) {

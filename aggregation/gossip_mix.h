@@ -12,7 +12,7 @@
 //            and tau_i is set by the honest ones.
 //   trimmed  coordinate-wise trimmed mean over x_i and the neighbours heard from: the
 //            floor(byzantine x heard) largest and smallest values of each coordinate
-//            dropped, the rest averaged with equal weights.
+//            dropped (at most down to the median), the rest averaged with equal weights.
 #pragma once
 
 #include <string>

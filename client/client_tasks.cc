@@ -287,10 +287,6 @@ StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& 
   return evaluation;
 }
 
-namespace {
-
-}  // namespace
-
 std::map<std::string, ParameterSet> Client::Impl::ExchangeModels(const TaskCall& c,
                                                                  const ParameterSet& mine,
                                                                  v1::GossipStats* report) {
@@ -361,7 +357,6 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
     held = *std::move(initial);
   }
   if (Status s = model->SetParameters(held); !s.ok()) return c.Reject(s);
-  if (Status s = CheckMemory(task, *spec, FitFromProto(task.train())); !s.ok()) return c.Reject(s);
   const v1::GossipTask& g = task.gossip();
   if (!g.rule().empty()) {
     if (Status s = GossipRuleNames().Check(g.rule()); !s.ok()) return c.Reject(s);
@@ -369,6 +364,7 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   if (!(g.byzantine() >= 0 && g.byzantine() < 1)) {
     return c.Reject(absl::InvalidArgumentError("scheduler.gossip_byzantine must be in [0, 1)"));
   }
+  if (Status s = CheckMemory(task, *spec, FitFromProto(task.train())); !s.ok()) return c.Reject(s);
   std::map<std::string, std::string> tokens;
   for (const auto& n : g.neighbours()) tokens[n.name()] = n.token();
   peer->Expect(task.run_id(), task.round(), tokens, held);

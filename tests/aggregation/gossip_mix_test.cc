@@ -73,6 +73,8 @@ TEST(GossipMixTest, TrimmedMeanDropsTheExtremesOfEachCoordinate) {
   EXPECT_EQ(Values(MixGossip(Rule("trimmed", 0.25), self, heard, &s1)), (std::vector<float>{2, 11}));
   EXPECT_EQ(Values(MixGossip(Rule("trimmed", 0.5), self, heard, &s2)), (std::vector<float>{1, 11}));
   EXPECT_EQ(Values(MixGossip(Rule("trimmed", 0), self, heard, &s0)), (std::vector<float>{11.2f, 196.6f}));
+  GossipMixStats s9;  // 0.9 x 4 = 3 from each end of 5 values: no more than down to the median
+  EXPECT_EQ(Values(MixGossip(Rule("trimmed", 0.9), self, heard, &s9)), (std::vector<float>{1, 11}));
   EXPECT_GT(s1.disagreement, 0);
 }
 
