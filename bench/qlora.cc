@@ -22,7 +22,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
@@ -34,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "compression/quantized_set.h"
 #include "core/files.h"
+#include "core/memory.h"
 #include "data/dataset.h"
 #include "models/hf_folder.h"
 #include "models/model.h"
@@ -43,19 +43,6 @@ namespace cleave {
 namespace {
 
 namespace fs = std::filesystem;
-
-int64_t StatusKb(const std::string& key) {
-  std::ifstream f("/proc/self/status");
-  std::string k;
-  while (f >> k) {
-    if (k == key) {
-      int64_t kb;
-      f >> kb;
-      return kb;
-    }
-  }
-  return 0;
-}
 
 const std::vector<std::pair<std::string, std::string>> kBases = {
     {"fp32", ""}, {"int8", "int8:channel"}, {"nf4", "nf4"}};
@@ -127,7 +114,7 @@ int Device(const std::string& dir, const std::string& quantize, int cut, int ste
     if (!parsed.ok() || !(*part)->LoadQuantized(*parsed).ok()) return 1;
     q = *std::move(parsed);
   }
-  const int64_t loaded_kb = StatusKb("VmRSS:");
+  const int64_t loaded_kb = ResidentBytes() >> 10;
   LocalTrainOptions o;
   o.optimizer = "adamw";
   o.lr = 1e-3;
@@ -151,8 +138,8 @@ int Device(const std::string& dir, const std::string& quantize, int cut, int ste
   }
   const double ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
   malloc_trim(0);  // what the process holds, not what the allocator keeps for later
-  std::cout << StatusKb("VmHWM:") << " " << loaded_kb << " " << ms << " " << q.payload_bytes() << " "
-            << StatusKb("VmRSS:") << "\n";
+  std::cout << (PeakResidentBytes() >> 10) << " " << loaded_kb << " " << ms << " " << q.payload_bytes() << " "
+            << (ResidentBytes() >> 10) << "\n";
   return 0;
 }
 

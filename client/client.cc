@@ -57,10 +57,10 @@ void Client::Stop() {
 Status Client::Impl::Run() {
   UseTorchThreads();  // clients of a simulation run on threads of their own
   if (!opts.attack.empty()) RETURN_IF_ERROR(AttackNames().Check(opts.attack));
-  if (opts.memory_limit_bytes > 0 && ResidentBytes() > opts.memory_limit_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this client already holds ", ResidentBytes() >> 20, " MiB (its libraries and data), over its "
-        "--memory-limit-mb ", opts.memory_limit_bytes >> 20));
+  if (const int64_t held = ResidentBytes(); opts.memory_limit_bytes > 0 && held > opts.memory_limit_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("this client already holds ", held >> 20,
+                                                     " MiB (its libraries and data), over its --memory-limit-mb ",
+                                                     opts.memory_limit_bytes >> 20));
   }
   if (opts.tls_ca.empty() && !opts.insecure && !opts.channel) {
     return absl::FailedPreconditionError(
