@@ -32,13 +32,19 @@ Status WriteAll(int fd, std::string_view data, const std::string& path) {
 
 }  // namespace
 
-StatusOr<std::string> ReadFile(const std::string& path) {
+StatusOr<std::ifstream> OpenForReading(const std::string& path) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {  // an ifstream would read it as empty
+  if (std::filesystem::is_directory(path, ec)) {
     return absl::FailedPreconditionError(absl::StrCat(path, " is a directory, not a file"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  return in;
+}
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::ifstream in, OpenForReading(path));
+  std::error_code ec;
   // Straight into a string of the file's size (a stringstream and its str() held the
   // file up to three times over at once); then whatever follows, for files that grow or
   // report no size (pipes, /proc).

@@ -1,6 +1,7 @@
 // Small file helpers with Status errors.
 #pragma once
 
+#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -11,6 +12,9 @@
 namespace cleave {
 
 StatusOr<std::string> ReadFile(const std::string& path);
+// `path` opened for reading in binary, with ReadFile's errors (NOT_FOUND "cannot read
+// PATH"; FAILED_PRECONDITION for a directory, which an ifstream would read as empty).
+StatusOr<std::ifstream> OpenForReading(const std::string& path);
 // Writes `data` to `path` atomically: write to a temporary file beside it, fsync it,
 // rename over `path`, fsync the directory. A crash leaves the old or the new file.
 Status WriteFileAtomic(const std::string& path, std::string_view data);

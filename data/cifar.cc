@@ -2,6 +2,9 @@
 // records of label byte(s) then 3072 pixel bytes, red plane, green plane, blue plane.
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
 #include "data/sources.h"
@@ -49,29 +52,50 @@ StatusOr<Dataset> LoadCifar(const std::string& dir, bool train, int classes, Spe
     d.mean = {0.5071f, 0.4865f, 0.4409f};
     d.stddev = {0.2673f, 0.2564f, 0.2762f};
   }
+  // The index: every record's label, read in chunks; the pixels are read by ReadPart,
+  // only those of the examples kept.
   const int64_t record = label_bytes + kPixels;
-  for (size_t f = 0; f < files.size(); ++f) {
-    ASSIGN_OR_RETURN(std::string bytes, ReadFile(files[f]));
-    if (bytes.empty() || bytes.size() % record != 0) {
-      return absl::DataLossError(absl::StrCat(files[f], ": ", bytes.size(),
+  std::vector<std::ifstream> streams;
+  std::vector<int64_t> first;  // the first example of each file
+  std::vector<char> chunk(static_cast<size_t>(256 * record));
+  for (const std::string& path : files) {
+    ASSIGN_OR_RETURN(std::ifstream in, OpenForReading(path));
+    in.seekg(0, std::ios::end);
+    const int64_t bytes = static_cast<int64_t>(in.tellg());
+    if (bytes <= 0 || bytes % record != 0) {
+      return absl::DataLossError(absl::StrCat(path, ": ", bytes,
                                               " bytes is not a whole number of ", record,
                                               "-byte CIFAR records"));
     }
-    const int64_t n = static_cast<int64_t>(bytes.size()) / record;
-    d.bytes.reserve(d.bytes.size() + n * kPixels);
-    for (int64_t i = 0; i < n; ++i) {
-      const char* r = bytes.data() + i * record;
-      const int64_t label = static_cast<unsigned char>(r[label_offset]);
-      if (label >= classes) {
-        return absl::DataLossError(absl::StrCat(files[f], ": record ", i, ": label ", label,
-                                                " is not in [0, ", classes, ")"));
+    in.seekg(0);
+    first.push_back(d.size);
+    const int64_t n = bytes / record;
+    for (int64_t i = 0; i < n; i += 256) {
+      const int64_t count = std::min<int64_t>(256, n - i);
+      if (!in.read(chunk.data(), count * record)) return absl::DataLossError(path + ": read failed");
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t label = static_cast<unsigned char>(chunk[r * record + label_offset]);
+        if (label >= classes) {
+          return absl::DataLossError(absl::StrCat(path, ": record ", i + r, ": label ", label,
+                                                  " is not in [0, ", classes, ")"));
+        }
+        d.labels.push_back(label);
       }
-      d.labels.push_back(label);
-      d.bytes.insert(d.bytes.end(), r + label_bytes, r + record);
     }
     d.size += n;
+    streams.push_back(std::move(in));
   }
-  return d;
+  return ReadPart(o, std::move(d), [&](int64_t example, std::vector<uint8_t>& out) -> Status {
+    const size_t f = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), example) -
+                                         first.begin() - 1);
+    std::ifstream& in = streams[f];
+    out.resize(kPixels);
+    in.seekg((example - first[f]) * record + label_bytes);
+    if (!in.read(reinterpret_cast<char*>(out.data()), kPixels)) {
+      return absl::DataLossError(absl::StrCat(files[f], ": cannot read record ", example - first[f]));
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace cleave

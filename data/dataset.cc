@@ -237,6 +237,63 @@ Status ApplyCommonOptions(SpecOptions& o, Dataset& d) {
   return absl::OkStatus();
 }
 
+StatusOr<Dataset> ReadPart(SpecOptions& o, Dataset index, const ExampleReader& read) {
+  ASSIGN_OR_RETURN(int64_t limit, o.Int("limit", 0, 0, INT64_MAX));
+  if (limit > 0 && limit < index.size) {  // as ApplyCommonOptions cuts the whole set
+    index.size = limit;
+    index.labels.resize(limit);
+    if (!index.groups.empty()) index.groups.resize(limit);
+    if (!index.targets.empty()) index.targets.resize(limit);
+  }
+  std::vector<int64_t> keep;
+  if (o.part) {
+    ASSIGN_OR_RETURN(keep, o.part(index));
+  } else {
+    keep.resize(static_cast<size_t>(index.size));
+    std::iota(keep.begin(), keep.end(), 0);
+  }
+  std::vector<std::pair<int64_t, int64_t>> order;  // (example, place in the part)
+  for (size_t k = 0; k < keep.size(); ++k) {
+    if (keep[k] < 0 || keep[k] >= index.size) {
+      return absl::InvalidArgumentError(absl::StrCat("a part's example ", keep[k], " is not in [0, ", index.size, ")"));
+    }
+    order.emplace_back(keep[k], static_cast<int64_t>(k));
+  }
+  std::sort(order.begin(), order.end());
+  Dataset d = std::move(index);
+  const std::vector<int64_t> labels = std::move(d.labels);
+  const std::vector<int32_t> groups = std::move(d.groups);
+  const std::vector<float> targets = std::move(d.targets);
+  d.size = static_cast<int64_t>(keep.size());
+  d.labels.resize(keep.size());
+  d.groups.resize(groups.empty() ? 0 : keep.size());
+  d.targets.resize(targets.empty() ? 0 : keep.size());
+  for (size_t k = 0; k < keep.size(); ++k) {
+    d.labels[k] = labels[keep[k]];
+    if (!groups.empty()) d.groups[k] = groups[keep[k]];
+    if (!targets.empty()) d.targets[k] = targets[keep[k]];
+  }
+  d.bytes.clear();
+  std::vector<uint8_t> example;
+  size_t eb = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto [e, place] = order[i];
+    if (i == 0 || e != order[i - 1].first) {
+      RETURN_IF_ERROR(read(e, example));
+      if (i == 0) {
+        eb = example.size();
+        d.bytes.resize(keep.size() * eb);
+      } else if (example.size() != eb) {
+        return absl::InternalError(absl::StrCat("example ", e, " has ", example.size(),
+                                                " bytes, example ", order[0].first, " ", eb));
+      }
+    }
+    std::memcpy(d.bytes.data() + place * eb, example.data(), eb);
+  }
+  o.part_taken = static_cast<bool>(o.part);
+  return d;
+}
+
 // ---- IDX (MNIST, Fashion-MNIST) ----
 
 namespace {
@@ -364,44 +421,16 @@ StatusOr<Dataset> LoadIdx(const std::string& dir, bool train, SpecOptions& o) {
     if (!end) return absl::DataLossError(absl::StrCat(prefix, ": IDX sizes do not match the header"));
     return d;
   }
-  // The part: `limit` first (LoadDataSpec applies it before a part is taken), then the
-  // kept examples read in file order into their places.
-  ASSIGN_OR_RETURN(int64_t limit, o.Int("limit", 0, 0, INT64_MAX));
-  if (limit > 0 && limit < index.size) {
-    index.size = limit;
-    index.labels.resize(limit);
-  }
-  ASSIGN_OR_RETURN(std::vector<int64_t> keep, o.part(index));
-  std::vector<std::pair<int64_t, int64_t>> order;  // (example, place in the part)
-  for (size_t k = 0; k < keep.size(); ++k) {
-    if (keep[k] < 0 || keep[k] >= index.size) {
-      return absl::InvalidArgumentError(absl::StrCat("a part's example ", keep[k], " is not in [0, ", index.size, ")"));
-    }
-    order.emplace_back(keep[k], static_cast<int64_t>(k));
-  }
-  std::sort(order.begin(), order.end());
-  Dataset d = std::move(index);
-  d.size = static_cast<int64_t>(keep.size());
-  d.labels.assign(keep.size(), 0);
-  d.bytes.resize(keep.size() * static_cast<size_t>(eb));
   int64_t at = 0;  // the next example of the file
-  const uint8_t* last = nullptr;  // the bytes of the example read last (kept twice: copied)
-  for (const auto& [example, place] : order) {
-    d.labels[place] = labels[example];
-    uint8_t* out = d.bytes.data() + place * eb;
-    if (example < at) {
-      std::memcpy(out, last, static_cast<size_t>(eb));
-      continue;
-    }
+  ASSIGN_OR_RETURN(Dataset d, ReadPart(o, std::move(index), [&](int64_t example, std::vector<uint8_t>& out) -> Status {
     RETURN_IF_ERROR(img->Skip((example - at) * eb, "its images"));
-    RETURN_IF_ERROR(img->ReadExactly(out, static_cast<size_t>(eb), "its images"));
+    out.resize(static_cast<size_t>(eb));
     at = example + 1;
-    last = out;
-  }
+    return img->ReadExactly(out.data(), out.size(), "its images");
+  }));
   RETURN_IF_ERROR(img->Skip((n - at) * eb, "its images"));
   ASSIGN_OR_RETURN(bool end, img->AtEnd());
   if (!end) return absl::DataLossError(absl::StrCat(prefix, ": IDX sizes do not match the header"));
-  o.part_taken = true;
   return d;
 }
 

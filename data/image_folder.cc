@@ -75,14 +75,14 @@ StatusOr<FilesByClass> ListImages(const fs::path& root, const std::vector<std::s
   return files_by_class;
 }
 
-// Decodes images into a dataset's planar (CHW) bytes, all of one size: size=HxW, else
-// the first image's.
+// Decodes images into planar (CHW) bytes, all of one size: size=HxW, else the first
+// decoded image's.
 class ImageDecoder {
  public:
   ImageDecoder(int64_t channels, int64_t height, int64_t width)
       : channels_(channels), height_(height), width_(width), resize_(height > 0) {}
 
-  Status Append(const fs::path& path, Dataset& d) {
+  Status Decode(const fs::path& path, std::vector<uint8_t>& out) {
     ASSIGN_OR_RETURN(std::string bytes, ReadFile(path.string()));
     int w = 0, h = 0, n = 0;
     unsigned char* px = stbi_load_from_memory(reinterpret_cast<const unsigned char*>(bytes.data()),
@@ -114,10 +114,9 @@ class ImageDecoder {
       src = resized.data();
     }
     // Interleaved (HWC) to planar (CHW).
-    const size_t base = d.bytes.size();
-    d.bytes.resize(base + plane * channels_);
+    out.resize(plane * channels_);
     for (size_t i = 0; i < plane; ++i) {
-      for (int64_t c = 0; c < channels_; ++c) d.bytes[base + c * plane + i] = src[i * channels_ + c];
+      for (int64_t c = 0; c < channels_; ++c) out[c * plane + i] = src[i * channels_ + c];
     }
     return absl::OkStatus();
   }
@@ -160,17 +159,22 @@ StatusOr<Dataset> LoadImageFolder(const std::string& dir, bool train, SpecOption
   d.mean = {0.5f};
   d.stddev = {0.5f};
   if (grouped) d.group_names = group_dirs;
-  ImageDecoder decoder(channels, height, width);
+  // The index from the listing; ReadPart decodes the images kept.
+  std::vector<const fs::path*> paths;
   int label = 0;
   for (const auto& [cls, files] : files_by_class) {
     for (const auto& [group, path] : files) {
-      RETURN_IF_ERROR(decoder.Append(path, d));
+      paths.push_back(&path);
       d.labels.push_back(label);
       if (grouped) d.groups.push_back(group);
       ++d.size;
     }
     ++label;
   }
+  ImageDecoder decoder(channels, height, width);
+  ASSIGN_OR_RETURN(d, ReadPart(o, std::move(d), [&](int64_t example, std::vector<uint8_t>& out) {
+                     return decoder.Decode(*paths[example], out);
+                   }));
   d.shape = decoder.shape();
   return d;
 }

@@ -48,6 +48,18 @@ class SpecOptions {
   std::map<std::string, std::string> values_;
 };
 
+// Reads one example's bytes into `out` (replacing what it held). ReadPart asks for
+// examples in increasing order, each once.
+using ExampleReader = std::function<Status(int64_t example, std::vector<uint8_t>& out)>;
+
+// What a source that can read single examples does: from `index`, the whole data set
+// without bytes (its size, labels, targets, groups and every other field), applies
+// `limit`, asks the part (SpecOptions::part) which examples it keeps (all when there is
+// none), and reads only those, each once, in file order, into their places (an example
+// kept twice is copied). With a part, sets o.part_taken: the result equals LoadDataSpec's
+// whole set with PartOf taken, while only the part's bytes are ever held.
+StatusOr<Dataset> ReadPart(SpecOptions& o, Dataset index, const ExampleReader& read);
+
 // The options ApplyCommonOptions reads.
 inline const std::vector<std::string> kCommonOptions = {"limit", "standardise", "mean", "std",
                                                         "crop", "flip"};

@@ -2,6 +2,7 @@
 // group column (the natural partition key) and columns to drop.
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -53,9 +54,12 @@ class TableReader {
   Status ReadOptions(SpecOptions& o);
   // The columns, from line `at` (the header's names, or the column numbers).
   Status ReadColumns(absl::string_view line, size_t at);
-  // Row `line` (number `at`, from 0) into the dataset; blank lines are skipped.
-  Status AddRow(absl::string_view line, size_t at);
-  Dataset Finish();
+  // Row `line` (number `at`, from 0, not blank): its label (or target) and group added
+  // to the data set when `index`, its feature values appended to `values`.
+  Status ReadRow(absl::string_view line, size_t at, bool index, std::vector<float>& values);
+  // The data set: the rows read with `index`, and the values of `values` as its bytes
+  // (none: an index for ReadPart).
+  Dataset Finish(const std::vector<float>& values);
 
   int64_t skip() const { return skip_; }
   int64_t header() const { return header_; }
@@ -85,7 +89,6 @@ class TableReader {
   std::vector<bool> feature_;
 
   Dataset d_;
-  std::vector<float> values_;
   std::map<std::string, int32_t> group_index_;
   int64_t max_label_ = -1;
 };
@@ -164,8 +167,8 @@ Status TableReader::AddLabel(const std::string& field, size_t at) {
   return absl::OkStatus();
 }
 
-Status TableReader::AddRow(absl::string_view line, size_t at) {
-  if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();  // blank lines
+Status TableReader::ReadRow(absl::string_view line, size_t at, bool index,
+                            std::vector<float>& values) {
   ASSIGN_OR_RETURN(std::vector<std::string> fields, Fields(line, at));
   if (fields.size() != names_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(Where(at), ": ", fields.size(),
@@ -174,6 +177,7 @@ Status TableReader::AddRow(absl::string_view line, size_t at) {
   for (size_t c = 0; c < names_.size(); ++c) {
     const std::string& field = fields[c];
     if (c == static_cast<size_t>(group_col_)) {
+      if (!index) continue;
       auto [it, added] = group_index_.emplace(field, static_cast<int32_t>(group_index_.size()));
       if (added) d_.group_names.push_back(field);
       d_.groups.push_back(it->second);
@@ -185,7 +189,7 @@ Status TableReader::AddRow(absl::string_view line, size_t at) {
           absl::StrCat(Where(at), ": column '", Printable(names_[c]), "' is empty (missing value)"));
     }
     if (c == static_cast<size_t>(label_col_)) {
-      RETURN_IF_ERROR(AddLabel(field, at));
+      if (index) RETURN_IF_ERROR(AddLabel(field, at));
       continue;
     }
     double v = 0;
@@ -194,38 +198,63 @@ Status TableReader::AddRow(absl::string_view line, size_t at) {
                                                      "': '", Printable(field),
                                                      "' is not a finite number"));
     }
-    values_.push_back(static_cast<float>(v));
+    values.push_back(static_cast<float>(v));
   }
-  ++d_.size;
+  if (index) ++d_.size;
   return absl::OkStatus();
 }
 
-Dataset TableReader::Finish() {
+Dataset TableReader::Finish(const std::vector<float>& values) {
   d_.num_classes = regression_ ? 1
                    : classes_ > 0 ? static_cast<int>(classes_)
                                   : static_cast<int>(max_label_ + 1);
-  d_.bytes.resize(values_.size() * sizeof(float));
-  std::memcpy(d_.bytes.data(), values_.data(), d_.bytes.size());
+  d_.bytes.resize(values.size() * sizeof(float));
+  std::memcpy(d_.bytes.data(), values.data(), d_.bytes.size());
   return std::move(d_);
 }
 
 }  // namespace
 
+// Read line by line. With a part to keep, the first pass checks every row and keeps
+// only labels, groups and where each row starts; ReadPart then reads the kept rows again.
 StatusOr<Dataset> LoadTable(const std::string& path, char sep, SpecOptions& o) {
   TableReader table(path, sep);
   RETURN_IF_ERROR(table.ReadOptions(o));
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
-  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  ASSIGN_OR_RETURN(std::ifstream in, OpenForReading(path));
   const size_t skip = static_cast<size_t>(table.skip());
-  if (lines.size() <= skip + table.header()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": no data rows"));
+  std::vector<float> values;  // the whole table's, or one row's with a part
+  std::vector<std::pair<int64_t, size_t>> rows;  // where each data row starts, its line
+  int64_t offset = 0;
+  bool columns = false, data_lines = false;
+  std::string line;
+  for (size_t at = 0; std::getline(in, line); ++at) {
+    const int64_t start = offset;
+    offset += static_cast<int64_t>(line.size()) + 1;
+    if (at < skip) continue;
+    if (!columns) {
+      RETURN_IF_ERROR(table.ReadColumns(line, at));
+      columns = true;
+      if (table.header()) continue;
+    }
+    data_lines = true;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;  // blank lines
+    if (o.part) values.clear();
+    RETURN_IF_ERROR(table.ReadRow(line, at, /*index=*/true, values));
+    rows.emplace_back(start, at);
   }
-  RETURN_IF_ERROR(table.ReadColumns(lines[skip], skip));
-  for (size_t l = skip + table.header(); l < lines.size(); ++l) {
-    RETURN_IF_ERROR(table.AddRow(lines[l], l));
-  }
-  return table.Finish();
+  if (in.bad()) return absl::DataLossError(path + ": read failed");
+  if (!data_lines) return absl::InvalidArgumentError(absl::StrCat(path, ": no data rows"));
+  if (!o.part) return table.Finish(values);
+  in.clear();
+  return ReadPart(o, table.Finish({}), [&](int64_t example, std::vector<uint8_t>& out) -> Status {
+    in.seekg(rows[example].first);
+    if (!std::getline(in, line)) return absl::DataLossError(path + ": read failed");
+    values.clear();
+    RETURN_IF_ERROR(table.ReadRow(line, rows[example].second, /*index=*/false, values));
+    out.resize(values.size() * sizeof(float));
+    std::memcpy(out.data(), values.data(), out.size());
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace cleave

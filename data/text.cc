@@ -74,6 +74,8 @@ StatusOr<std::vector<std::string>> TextFilesUnder(const std::string& path) {
   return out;
 }
 
+// With a part to keep, the files are tokenized twice: once for the index (each
+// window's group), then again only for the files that hold a kept window.
 StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) {
   const std::string tokenizer_spec = o.String("tokenizer", "byte");
   ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::Create(tokenizer_spec));
@@ -83,15 +85,9 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
   ASSIGN_OR_RETURN(std::vector<std::string> files, TextFilesUnder(path));
   const std::vector<int32_t> separator = tokenizer->DocumentSeparator();
   const fs::path root = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-
-  Dataset d;
-  d.type = ExampleType::kToken;
-  d.shape = {context + 1};
-  d.num_classes = tokenizer->vocab_size();
-  d.tokenizer = tokenizer_spec;
   int64_t text_bytes = 0, tokens = 0;
-  std::vector<int32_t> seq;
-  for (const std::string& file : files) {
+  // A file's documents tokenized and joined by the separator.
+  auto file_ids = [&](const std::string& file) -> StatusOr<std::vector<int32_t>> {
     ASSIGN_OR_RETURN(std::vector<std::string> docs, Documents(file, field));
     ASSIGN_OR_RETURN(auto encoded, tokenizer->Encode(docs));
     std::vector<int32_t> ids;
@@ -101,6 +97,18 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
       text_bytes += static_cast<int64_t>(docs[i].size());
     }
     tokens += static_cast<int64_t>(ids.size());
+    return ids;
+  };
+
+  Dataset d;
+  d.type = ExampleType::kToken;
+  d.shape = {context + 1};
+  d.num_classes = tokenizer->vocab_size();
+  d.tokenizer = tokenizer_spec;
+  const int64_t window_bytes = (context + 1) * static_cast<int64_t>(sizeof(int32_t));
+  std::vector<std::pair<size_t, int64_t>> windows_at;  // with a part: each example's file, window
+  for (size_t f = 0; f < files.size(); ++f) {
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, file_ids(files[f]));
     // Windows of context + 1 tokens, `context` apart: every token but the first is a
     // target exactly once. The file's last `test` fraction of windows is its test part.
     const int64_t windows = ids.empty() ? 0 : (static_cast<int64_t>(ids.size()) - 1) / context;
@@ -111,13 +119,16 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
     // Every file with a window is a group on both sides (train and test number the
     // groups alike), named by its path under the root as listed (links not followed).
     const int32_t group = static_cast<int32_t>(d.group_names.size());
-    const fs::path name = fs::path(file).lexically_normal().lexically_relative(root.lexically_normal());
-    d.group_names.push_back(name.empty() || name == "." ? fs::path(file).filename().string()
+    const fs::path name = fs::path(files[f]).lexically_normal().lexically_relative(root.lexically_normal());
+    d.group_names.push_back(name.empty() || name == "." ? fs::path(files[f]).filename().string()
                                                          : name.string());
-    if (first == last) continue;
     for (int64_t w = first; w < last; ++w) {
-      const auto* begin = reinterpret_cast<const uint8_t*>(&ids[w * context]);
-      d.bytes.insert(d.bytes.end(), begin, begin + (context + 1) * sizeof(int32_t));
+      if (o.part) {
+        windows_at.emplace_back(f, w);
+      } else {
+        const auto* begin = reinterpret_cast<const uint8_t*>(&ids[w * context]);
+        d.bytes.insert(d.bytes.end(), begin, begin + window_bytes);
+      }
       d.groups.push_back(group);
       ++d.size;
     }
@@ -129,7 +140,19 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
   }
   d.labels.assign(d.size, 0);
   d.bytes_per_token = tokens > 0 ? static_cast<double>(text_bytes) / tokens : 1;
-  return d;
+  if (!o.part) return d;
+  size_t held_file = files.size();  // the file whose ids are held
+  std::vector<int32_t> ids;
+  return ReadPart(o, std::move(d), [&](int64_t example, std::vector<uint8_t>& out) -> Status {
+    const auto [f, w] = windows_at[example];
+    if (f != held_file) {
+      ASSIGN_OR_RETURN(ids, file_ids(files[f]));
+      held_file = f;
+    }
+    const auto* begin = reinterpret_cast<const uint8_t*>(&ids[w * context]);
+    out.assign(begin, begin + window_bytes);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace cleave

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -306,6 +307,91 @@ TEST_F(SourcesTest, CsvErrorsNameTheLine) {
   const std::string empty = Write("e.csv", "a,label\n");
   EXPECT_NE(Error("csv:" + empty).find("no data rows"), std::string::npos);
   Error("csv:" + (dir_ / "absent.csv").string(), absl::StatusCode::kNotFound);
+}
+
+// Every source reads a client's part alone (only the kept examples' bytes) with the
+// same result as the part taken from the whole set: for each scheme that applies, with a
+// limit, and for a filter that keeps an example twice. A folder's image outside the part
+// is never decoded.
+TEST_F(SourcesTest, EverySourceReadsAPartAloneAsThePartTaken) {
+  testing::WriteImageFolder(fmnist_, dir_ / "png");
+  testing::WriteCifar10(fmnist_, dir_ / "cifar", /*train=*/true, /*per_file=*/25);
+  testing::WriteCsv(fmnist_, dir_ / "fmnist.csv");
+  const std::string tsv = Write("t.tsv", "site\tx\ty\n" "a\t1\t0\n" "b\t2\t1\n" "\n" "a\t3\t1\n"
+                                         "c\t4\t0\n" "b\t5\t1\n");
+  struct Case {
+    std::string spec;
+    std::vector<std::string> partitions;
+    std::string limit;  // an option that cuts the set before the part is taken
+  };
+  const std::vector<Case> cases = {
+      {"folder:" + (dir_ / "png").string() + ",channels=1",
+       {"iid,client=1,of=3", "shards:2,client=0,of=4,seed=5", "labels:3,client=2,of=4"},
+       ",limit=41"},
+      {"cifar10:" + (dir_ / "cifar").string(), {"iid,client=2,of=3", "dirichlet:0.5,client=1,of=3"}, ",limit=41"},
+      {"csv:" + (dir_ / "fmnist.csv").string() + ",label=label", {"iid,client=0,of=4", "labels:2,client=3,of=5"}, ",limit=41"},
+      {"tsv:" + tsv + ",label=y,group=site,standardise", {"natural,client=1,of=2", "iid,client=0,of=2"}, ",limit=4"},
+      {"text:/usr/share/games/fortunes,context=256", {"natural,client=3,of=10", "iid,client=7,of=10"}, ",limit=6000"},
+  };
+  for (const auto& [spec, partitions, limit] : cases) {
+    for (const std::string& partition : partitions) {
+      for (const std::string& options : {std::string(), limit}) {
+        const std::string what = spec + options + " " + partition;
+        auto whole = LoadDataSpec(spec + options, true);
+        ASSERT_TRUE(whole.ok()) << what << whole.status();
+        ASSERT_TRUE(TakePartition(partition, &*whole).ok()) << what;
+        auto filter = PartitionFilter(partition);
+        ASSERT_TRUE(filter.ok());
+        auto part = LoadDataSpecPart(spec + options, true, *filter);
+        ASSERT_TRUE(part.ok()) << what << part.status();
+        EXPECT_EQ(part->size, whole->size) << what;
+        EXPECT_EQ(part->shape, whole->shape) << what;
+        EXPECT_EQ(part->labels, whole->labels) << what;
+        EXPECT_EQ(part->groups, whole->groups) << what;
+        EXPECT_EQ(part->group_names, whole->group_names) << what;
+        EXPECT_EQ(part->num_classes, whole->num_classes) << what;
+        EXPECT_EQ(part->mean, whole->mean) << what;
+        EXPECT_EQ(part->stddev, whole->stddev) << what;
+        EXPECT_EQ(part->bytes_per_token, whole->bytes_per_token) << what;
+        EXPECT_TRUE(part->bytes == whole->bytes) << what;
+      }
+    }
+    const PartFilter twice = [](const Dataset& d) -> StatusOr<std::vector<int64_t>> {
+      return std::vector<int64_t>{d.size - 1, 3, 3, 0};
+    };
+    auto all = LoadDataSpec(spec, true);
+    auto odd = LoadDataSpecPart(spec, true, twice);
+    ASSERT_TRUE(all.ok() && odd.ok()) << spec << odd.status();
+    EXPECT_TRUE(odd->bytes == all->Subset({all->size - 1, 3, 3, 0}).bytes) << spec;
+  }
+  // The regression table keeps each row's target with it.
+  const std::string boston = "csv:" + kSklearn + "/boston_house_prices.csv,skip=1,label=MEDV,regression";
+  auto whole = LoadDataSpec(boston, true);
+  ASSERT_TRUE(whole.ok() && TakePartition("iid,client=2,of=5", &*whole).ok());
+  auto part = LoadDataSpecPart(boston, true, *PartitionFilter("iid,client=2,of=5"));
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(part->targets, whole->targets);
+  EXPECT_TRUE(part->bytes == whole->bytes);
+
+  // An undecodable image kept by client 1 of 2 only: the whole set and client 1's part
+  // fail on it, client 0's part never reads it.
+  auto listing = LoadDataSpec("folder:" + (dir_ / "png").string() + ",channels=1", true);
+  ASSERT_TRUE(listing.ok());
+  std::vector<fs::path> images;
+  for (const auto& e : fs::recursive_directory_iterator(dir_ / "png")) {
+    if (e.is_regular_file()) images.push_back(e.path());
+  }
+  std::sort(images.begin(), images.end());  // the folder source's order: class, then name
+  auto zero = PartitionDataset(*listing, "iid", 2, 42);
+  ASSERT_TRUE(zero.ok());
+  const int64_t theirs = (*zero)[1][0];
+  std::ofstream(images[theirs], std::ios::binary | std::ios::trunc) << "not an image";
+  const std::string folder = "folder:" + (dir_ / "png").string() + ",channels=1";
+  EXPECT_NE(Error(folder, absl::StatusCode::kDataLoss).find("cannot decode"), std::string::npos);
+  EXPECT_FALSE(LoadDataSpecPart(folder, true, *PartitionFilter("iid,client=1,of=2")).ok());
+  auto mine = LoadDataSpecPart(folder, true, *PartitionFilter("iid,client=0,of=2"));
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->size, static_cast<int64_t>((*zero)[0].size()));
 }
 
 TEST_F(SourcesTest, CommonOptions) {
