@@ -307,6 +307,9 @@ std::map<std::string, ParameterSet> Client::Impl::ExchangeModels(const TaskCall&
       sent[i] = SendModel(n.address(), n.name(), task.run_id(), task.round(), self, n.token(),
                           bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator,
                           &spans[i]);
+      // Unreachable (crashed, not just slow: a slow one admits the call and we wait for
+      // it): the edge's other direction will not come either.
+      if (sent[i].code() == absl::StatusCode::kUnavailable) peer->GiveUp(task.round(), n.name());
     });
   }
   const auto deadline = std::chrono::steady_clock::now() +

@@ -182,6 +182,13 @@ std::map<std::string, ParameterSet> PeerServer::Collect(
   return out;
 }
 
+void PeerServer::GiveUp(int64_t round, const std::string& sender) {
+  std::lock_guard<std::mutex> l(box_->mu);
+  if (box_->round != round || box_->received.count(sender)) return;
+  box_->tokens.erase(sender);  // a late model from it is refused like a stranger's
+  box_->cv.notify_all();
+}
+
 int64_t PeerServer::bytes_received() const {
   std::lock_guard<std::mutex> l(box_->mu);
   return box_->bytes;

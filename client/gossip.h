@@ -50,6 +50,9 @@ class PeerServer {
   // is in), by sender; then stops taking models of the round.
   std::map<std::string, ParameterSet> Collect(int64_t round,
                                               std::chrono::steady_clock::time_point deadline);
+  // Stops waiting in `round` for `sender`, unless its model is already in: a neighbour
+  // that cannot be reached (its process is gone) will not send one either.
+  void GiveUp(int64_t round, const std::string& sender);
   // Model bytes received in the round last expected.
   int64_t bytes_received() const;
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <thread>
 
 namespace cleave {
@@ -86,6 +87,35 @@ TEST_F(PeerTest, ASenderAheadWaitsForTheRound) {
   EXPECT_TRUE(early.ok()) << early;
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got.at("a").tensors()[1].values[0], 2.0f);
+}
+
+// A neighbour that crashed: sending to it fails as UNAVAILABLE (its port is closed), and
+// Collect, told to give up on it, returns at once with the models that came rather than
+// at the round's deadline. Giving up on a sender whose model is in keeps its model.
+TEST_F(PeerTest, ACrashedNeighbourIsNotWaitedFor) {
+  std::string gone_address;
+  {
+    auto gone = PeerServer::Start("127.0.0.1:0", "", "", "");
+    ASSERT_TRUE(gone.ok());
+    gone_address = "127.0.0.1:" + std::to_string((*gone)->port());
+  }
+  const Status to_gone = SendModel(gone_address, "b", "run-1", 4, "me", "t-b", Model(1).Encode(),
+                                   "", "", "", 10, nullptr);
+  EXPECT_EQ(to_gone.code(), absl::StatusCode::kUnavailable) << to_gone;
+
+  peer_->Expect("run-1", 4, {{"a", "t-a"}, {"b", "t-b"}}, Model(0));
+  ASSERT_TRUE(Send("run-1", 4, "a", "t-a", Model(3).Encode()).ok());
+  peer_->GiveUp(4, "a");  // already in: kept
+  peer_->GiveUp(3, "b");  // another round: nothing
+  std::map<std::string, ParameterSet> got;
+  std::thread collector([&] {
+    got = peer_->Collect(4, std::chrono::steady_clock::now() + std::chrono::minutes(10));
+  });
+  peer_->GiveUp(4, "b");
+  collector.join();  // without GiveUp this waits the ten minutes
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got.at("a").tensors()[1].values[0], 3.0f);
+  EXPECT_EQ(Send("run-1", 4, "b", "t-b", Model(1).Encode()).code(), absl::StatusCode::kPermissionDenied);
 }
 
 }  // namespace
