@@ -56,6 +56,7 @@ struct Client::Impl {
     a.set_task_id(task.task_id());
     a.set_accepted(false);
     a.set_error(std::string(why.message()));
+    a.set_code(static_cast<int32_t>(why.code()));
     ack(a);
     return why;
   }

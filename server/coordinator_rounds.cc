@@ -278,10 +278,13 @@ Status Coordinator::AwaitClientsLocked() {
   const auto deadline = clock_->Now() + Seconds(cfg_.clients.join_timeout_s);
   while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
     if (clock_->Now() > deadline) {
+      int unfit = 0;
+      for (const auto& [id, s] : sessions_) unfit += !s.unfit.empty();
       return absl::DeadlineExceededError(absl::StrCat(
           "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
           " clients connected", NeedProfile() ? " and profiled" : "", " within ",
-          cfg_.clients.join_timeout_s, "s"));
+          cfg_.clients.join_timeout_s, "s",
+          unfit ? absl::StrCat(" (", unfit, " more cannot hold the model)") : ""));
     }
     WaitLocked(deadline);
   }

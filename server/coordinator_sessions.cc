@@ -179,8 +179,15 @@ void Coordinator::Ack(const std::string& client_id, const v1::TaskAck& ack) {
   auto it = tasks_.find(ack.task_id());
   if (it == tasks_.end() || it->second.client_id != client_id) return;
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
-    FailTaskLocked(it->first, it->second,
-                   absl::StrCat("rejected by the client: ", Printable(ack.error(), 200)));
+    const std::string why = Printable(ack.error(), 200);
+    if (ack.code() == static_cast<int32_t>(absl::StatusCode::kResourceExhausted)) {
+      if (auto s = sessions_.find(client_id); s != sessions_.end()) {
+        s->second.unfit = why;
+        spdlog::warn("client {} ({}) cannot hold the model: {}; it gets no more tasks until it "
+                     "joins again", client_id, s->second.name, why);
+      }
+    }
+    FailTaskLocked(it->first, it->second, absl::StrCat("rejected by the client: ", why));
     cv_.SignalAll();
   }
 }
@@ -339,7 +346,7 @@ std::vector<std::string> Coordinator::AvailableLocked() const {
   // same clients however their connections raced.
   std::vector<std::pair<std::string, std::string>> named;  // (name, id)
   for (const auto& [id, s] : sessions_) {
-    if (s.ready && mode_driver_->ServesLocked(id)) named.emplace_back(s.name, id);
+    if (s.ready && s.unfit.empty() && mode_driver_->ServesLocked(id)) named.emplace_back(s.name, id);
   }
   const auto numeric = [](const std::string& a, const std::string& b) {
     return a.size() != b.size() ? a.size() < b.size() : a < b;

@@ -72,6 +72,9 @@ struct Session {
   std::string peer_address;  // where it serves Peer (gossip rounds); empty: it does not
   std::shared_ptr<ClientLink> link;  // its control stream
   bool ready = false;  // Welcome queued: tasks may follow it
+  // Why it refused a task for lack of memory (TaskAck.code RESOURCE_EXHAUSTED); while
+  // set, it is not available for tasks. A new Join starts a new session without it.
+  std::string unfit;
   Clock::time_point last_seen;
   // What the operator sees of it (Observe): tasks accepted and failed, the last accepted
   // task's training time and (split) mean step time.
