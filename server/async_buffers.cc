@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -159,25 +161,35 @@ Status AsyncBuffers::OpenBufferLocked(int64_t version) {
 
 void AsyncBuffers::DispatchLocked() {
   const int cap = cfg().scheduler.concurrency > 0 ? cfg().scheduler.concurrency : INT_MAX;
-  std::set<std::string> busy;       // clients with a task in flight
-  std::set<std::string> in_buffer;  // dp: clients whose update is in the open buffer
+  // A client's updates in one buffer are bounded (a fast or flooding client cannot fill
+  // it alone); with dp at one (the accounting's premise). A client has one task in flight
+  // at a time, given only while it is under the bound, so no buffer gets more.
+  const bool dp = cfg().dp.enabled;
+  const int per_client =
+      dp ? 1
+         : static_cast<int>(std::ceil(cfg().scheduler.max_client_share * cfg().scheduler.buffer_size - 1e-9));
+  std::set<std::string> busy;              // clients with a task in flight
+  std::map<std::string, int> in_buffer;    // clients' updates in the open buffer
   for (const auto& [id, t] : ctx_.TasksLocked()) {
     if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) {
       busy.insert(t.client_id);
-    } else if (cfg().dp.enabled && t.state == TaskState::kDone &&
-               t.resolved_in == ctx_.CurrentRoundLocked()) {
-      in_buffer.insert(t.client_id);
+    } else if (t.state == TaskState::kDone && t.resolved_in == ctx_.CurrentRoundLocked()) {
+      ++in_buffer[t.client_id];
     }
   }
   const int free = cap - static_cast<int>(busy.size());
   if (free <= 0) return;
-  std::vector<std::string> idle, too_slow;
+  std::vector<std::string> idle, too_slow, at_bound;
   bool any_admissible = false;  // some client, idle or training, is fast enough
   const int64_t max_late = cfg().scheduler.max_staleness;
   for (const auto& cid : ctx_.AvailableLocked()) {
     const bool admissible = LateLocked(cid) <= max_late;
     any_admissible |= admissible;
-    if (busy.count(cid) || in_buffer.count(cid)) continue;
+    if (busy.count(cid)) continue;
+    if (auto n = in_buffer.find(cid); n != in_buffer.end() && n->second >= per_client) {
+      at_bound.push_back(cid);
+      continue;
+    }
     if (admissible) {
       refused_.erase(cid);
       idle.push_back(cid);
@@ -190,6 +202,9 @@ void AsyncBuffers::DispatchLocked() {
     // a task now and then, to be measured again.
     if (!any_admissible || RetryLocked(cid, *ctx_.FindSessionLocked(cid))) idle.push_back(cid);
   }
+  // Without dp the bound gives way when nobody else trains or can (fewer clients than
+  // the buffer needs at the bound): the buffer still fills.
+  if (idle.empty() && busy.empty() && !dp) idle = std::move(at_bound);
   if (idle.empty()) return;
   const int k = std::min<int>(free, idle.size());
   for (int i = 0; i < k; ++i) {  // the first k of a seeded shuffle

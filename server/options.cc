@@ -65,6 +65,7 @@ void ReadScheduler(ConfigSection& s, SchedulerConfig& c) {
   s.Read("buffer_size", c.buffer_size);
   s.Read("concurrency", c.concurrency);
   s.Read("max_staleness", c.max_staleness);
+  s.Read("max_client_share", c.max_client_share);
   s.Read("staleness", c.staleness);
   s.Read("staleness_exponent", c.staleness_exponent);
   s.Read("staleness_hinge", c.staleness_hinge);
@@ -86,6 +87,8 @@ Status CheckScheduler(SchedulerConfig& c) {
   RETURN_IF_ERROR(Range(c.buffer_size >= 1, "scheduler.buffer_size", ">= 1"));
   RETURN_IF_ERROR(Range(c.concurrency >= 0, "scheduler.concurrency", ">= 0"));
   RETURN_IF_ERROR(Range(c.max_staleness >= 0, "scheduler.max_staleness", ">= 0"));
+  RETURN_IF_ERROR(Range(c.max_client_share > 0 && c.max_client_share <= 1,
+                        "scheduler.max_client_share", "in (0, 1]"));
   RETURN_IF_ERROR(StalenessNames().Check(c.staleness));
   RETURN_IF_ERROR(Range(c.staleness_exponent >= 0, "scheduler.staleness_exponent", ">= 0"));
   RETURN_IF_ERROR(Range(c.staleness_hinge >= 0, "scheduler.staleness_hinge", ">= 0"));

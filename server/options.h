@@ -49,6 +49,9 @@ struct SchedulerConfig {
   int buffer_size = 10;                     // scheduler.buffer_size
   int concurrency = 0;                      // scheduler.concurrency: trainers at once; 0 = all
   int max_staleness = 10;                   // scheduler.max_staleness: versions; older refused
+  // A client's updates in one buffer: at most ceil(max_client_share x buffer_size) (1 with
+  // dp), unless no other client is training or can train; 1 = no bound but the buffer's.
+  double max_client_share = 1;              // scheduler.max_client_share, in (0, 1]
   // scheduler.staleness: constant | polynomial | hinge (aggregation/staleness.h)
   std::string staleness = "polynomial";
   double staleness_exponent = 0.5;          // scheduler.staleness_exponent: polynomial a, hinge a

@@ -2,6 +2,7 @@
 // coordinator make the model four clients make under the top alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -223,6 +224,51 @@ TEST(EdgeTest, AnEdgeDeclaresClientsThatJoinedAfterIt) {
     EXPECT_LE(r.examples, 1000);
   }
   EXPECT_EQ(h.back().examples, 1000) << "the edge declared its second client's examples";
+}
+
+// An edge is one client to its upstream, and its example count is its own word: the
+// upstream bounds it as any client's, at max_weight_ratio (3) x the median count its
+// round's clients declared. Two honest edges of 500 examples hand up a zero update, a
+// lying one declares and claims 10^9 with an update of 1.0 in every coordinate: it
+// weighs 3 x 500, so the model moves by 1,500 / 2,500 = 0.6, not by almost 1.
+TEST(EdgeTest, AnEdgeThatLiesAboutItsExamplesWeighsAtMostTheCap) {
+  SetTorchThreads(1);
+  auto top = StartServer(absl::StrCat(kTop, "run: {rounds: 1, seed: 5}\nclients: {min: 3, quorum: 1.0}\n"),
+                         std::make_shared<FakeClock>());
+  ASSERT_TRUE(top);
+  const ParameterSet initial = top->GlobalModel();
+  Status top_status;
+  std::thread top_thread([&] { top_status = top->Run(); });
+  std::vector<std::unique_ptr<Client>> edges;
+  for (int e = 0; e < 3; ++e) {
+    const bool liar = e == 2;
+    ClientOptions o;
+    o.server = Address(*top);
+    o.name = "edge-" + std::to_string(e);
+    o.insecure = true;
+    o.declared_examples = liar ? 1000000000 : 500;
+    o.aggregate = [liar](const v1::Task&, const ParameterSet& model) -> StatusOr<ClientOptions::Aggregate> {
+      ParameterSet delta = model.ZerosLike();
+      for (auto& t : delta.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), liar ? 1.0f : 0.0f);
+      return ClientOptions::Aggregate{std::move(delta), liar ? 1000000000 : 500, 0.1};
+    };
+    edges.push_back(std::make_unique<Client>(std::move(o)));
+  }
+  std::vector<Status> status(edges.size());
+  std::vector<std::thread> threads;
+  for (size_t e = 0; e < edges.size(); ++e) threads.emplace_back([&, e] { status[e] = edges[e]->Run(); });
+  top_thread.join();
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(top_status.ok()) << top_status;
+  for (const Status& s : status) EXPECT_TRUE(s.ok()) << s;
+  ASSERT_EQ(top->History().size(), 1u);
+  EXPECT_EQ(top->History()[0].examples, 2500);
+  const ParameterSet model = top->GlobalModel();
+  for (size_t i = 0; i < model.size(); ++i) {
+    for (size_t j = 0; j < model.tensors()[i].values.size(); ++j) {
+      ASSERT_NEAR(model.tensors()[i].values[j] - initial.tensors()[i].values[j], 0.6, 1e-5);
+    }
+  }
 }
 
 TEST(EdgeTest, AnEdgeMustHandUpAPlainMean) {

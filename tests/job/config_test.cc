@@ -84,6 +84,8 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("scheduler: {mode: fedbuff}", "scheduler.mode");
   expect_error("scheduler: {mode: async, buffer_size: 0}", "scheduler.buffer_size");
   expect_error("scheduler: {mode: async, max_staleness: -1}", "scheduler.max_staleness");
+  expect_error("scheduler: {mode: async, max_client_share: 0}", "scheduler.max_client_share");
+  expect_error("scheduler: {mode: async, max_client_share: 1.5}", "scheduler.max_client_share");
   expect_error("scheduler: {mode: async, staleness: linear}", "scheduler.staleness");
   expect_error("scheduler: {mode: async, max_staleness: 3, target_staleness: 4}",
                "scheduler.target_staleness must be in [0, scheduler.max_staleness=3]");

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "client/transfer.h"
 #include "tests/deadline.h"
 #include "tests/server/running_server.h"
@@ -456,21 +457,84 @@ server: {client_timeout_s: 100000}
   EXPECT_EQ(server_->History()[2].async.value().staleness, (std::map<int64_t, int>{{0, 1}, {2, 1}}));
 }
 
+// A client that uploads as fast as it gets tasks (a flooder) fills at most
+// ceil(max_client_share x buffer_size) of a buffer: with a buffer of 4 and a share of
+// 1/2, its first two tasks build version 1, and its third trains from version 1, given
+// only once the two other clients' updates applied it.
+TEST_F(AsyncTest, AFloodingClientFillsAtMostItsShareOfABuffer) {
+  ServerOptions o;
+  o.config = TestConfig(R"(
+run: {rounds: 3}
+model: {name: mlp}
+clients: {min: 3, round_deadline_s: 60}
+scheduler: {mode: async, buffer_size: 4, max_client_share: 0.5}
+server: {client_timeout_s: 120}
+)");
+  StartServerWith(std::move(o));
+  const ParameterSet g0 = server_->GlobalModel();
+  TestPeer a(address_, 100), b(address_, 100), c(address_, 100);
+  ASSERT_TRUE(a.Join("a") && b.Join("b") && c.Join("c"));
+  auto ta = a.NextTask(), tb = b.NextTask(), tc = c.NextTask();
+  ASSERT_TRUE(ta && tb && tc);
+  const int64_t first = ta->round();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(ta->round(), first);
+    ASSERT_TRUE(UploadPayload(a.stub(), a.Header(*ta, 100), Delta(g0, 0.01f).Encode()).ok());
+    if (i == 0) ta = a.NextTask();
+    ASSERT_TRUE(ta);
+  }
+  ASSERT_TRUE(UploadPayload(b.stub(), b.Header(*tb, 100), Delta(g0, 0.01f).Encode()).ok());
+  ASSERT_TRUE(UploadPayload(c.stub(), c.Header(*tc, 100), Delta(g0, 0.01f).Encode()).ok());
+  ASSERT_TRUE(WaitForVersion(1));
+  auto third = a.NextTask();
+  ASSERT_TRUE(third);
+  EXPECT_EQ(third->round(), first + 1) << "a's third task was for the buffer its two filled half of";
+  EXPECT_EQ(server_->History()[0].participants, 4);
+}
+
+// A lone client is not held to the bound: nobody else could fill its buffer.
+TEST_F(AsyncTest, ALoneClientIsNotHeldToItsShare) {
+  ServerOptions o;
+  o.config = TestConfig(R"(
+run: {rounds: 1}
+model: {name: mlp}
+clients: {min: 1, round_deadline_s: 60}
+scheduler: {mode: async, buffer_size: 3, max_client_share: 0.5}
+server: {client_timeout_s: 120}
+)");
+  StartServerWith(std::move(o));
+  const ParameterSet g0 = server_->GlobalModel();
+  TestPeer a(address_, 100);
+  ASSERT_TRUE(a.Join("a"));
+  auto t = a.NextTask();
+  ASSERT_TRUE(t);
+  const int64_t first = t->round();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->round(), first);
+    ASSERT_TRUE(UploadPayload(a.stub(), a.Header(*t, 100), Delta(g0, 0.01f).Encode()).ok());
+    if (i < 2) t = a.NextTask();
+  }
+  ASSERT_TRUE(WaitForVersion(1));
+  EXPECT_EQ(server_->History()[0].participants, 3);
+}
+
 // With dp, a client's update is in a buffer at most once (the accounting's premise): a
 // client whose update is in the open buffer gets its next task only once it is applied.
-// Without dp it gets one at once, for the same buffer. Returns the round of a's second
-// task, taken after b's upload applied version 1.
+// Without dp the bound is scheduler.max_client_share of the buffer: at 1 (the default) it
+// gets one at once, for the same buffer; at 1/2 of a buffer of 2, it waits like with dp.
+// Returns the round of a's second task, taken after b's upload applied version 1.
 class AsyncDpTest : public AsyncTest {
  protected:
-  int64_t RoundOfSecondTask(bool dp) {
+  int64_t RoundOfSecondTask(bool dp, double share = 1) {
     ServerOptions o;
-    o.config = TestConfig(std::string(R"(
+    o.config = TestConfig(absl::StrCat(R"(
 run: {rounds: 2}
 model: {name: mlp}
 clients: {min: 2, round_deadline_s: 60}
-scheduler: {mode: async, buffer_size: 2}
+scheduler: {mode: async, buffer_size: 2, max_client_share: )", share, R"(}
 server: {client_timeout_s: 120}
-)") + (dp ? "dp: {noise_multiplier: 0.5, clip: 1.0}\n" : ""));
+)", dp ? "dp: {noise_multiplier: 0.5, clip: 1.0}\n" : ""));
     StartServerWith(std::move(o));
     const ParameterSet g0 = server_->GlobalModel();
     TestPeer a(address_, 100), b(address_, 300);
@@ -495,6 +559,10 @@ server: {client_timeout_s: 120}
 
 TEST_F(AsyncDpTest, WithoutDpAnIdleClientTrainsAgainForTheSameBuffer) {
   EXPECT_EQ(RoundOfSecondTask(false), 1);
+}
+
+TEST_F(AsyncDpTest, AtAShareOfAHalfAClientFillsAtMostHalfABuffer) {
+  EXPECT_EQ(RoundOfSecondTask(false, 0.5), 2);
 }
 
 TEST_F(AsyncDpTest, WithDpAClientContributesOnceToABuffer) {
