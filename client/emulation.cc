@@ -5,23 +5,23 @@
 
 namespace cleave {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 TokenBucket::TokenBucket(double bytes_per_s, double burst_bytes)
-    : rate_(bytes_per_s), burst_(burst_bytes), tokens_(burst_bytes), last_(Clock::now()) {}
+    : rate_(bytes_per_s), burst_(burst_bytes), tokens_(burst_bytes), last_(SteadyClock::now()) {}
 
 void TokenBucket::Consume(int64_t bytes) {
   if (bytes > 0) passed_.fetch_add(bytes, std::memory_order_relaxed);
   if (rate_ <= 0 || bytes <= 0) return;
-  Clock::time_point wake;
+  SteadyClock::time_point wake;
   {
     std::lock_guard<std::mutex> l(mu_);
-    const auto now = Clock::now();
+    const auto now = SteadyClock::now();
     tokens_ = std::min(burst_, tokens_ + rate_ * std::chrono::duration<double>(now - last_).count());
     last_ = now;
     tokens_ -= static_cast<double>(bytes);  // may go into debt: later callers wait for it
     if (tokens_ >= 0) return;
-    wake = now + std::chrono::duration_cast<Clock::duration>(
+    wake = now + std::chrono::duration_cast<SteadyClock::duration>(
                      std::chrono::duration<double>(-tokens_ / rate_));
   }
   std::this_thread::sleep_until(wake);

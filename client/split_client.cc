@@ -25,10 +25,10 @@
 namespace cleave {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
+double Since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
 // A tensor and the codec it travels with (`spec` "" = float32).
@@ -166,7 +166,7 @@ class SplitTaskRun {
   // Runs `f`, counting its time (scaled by the emulated slowdown) as client compute.
   template <typename F>
   auto Timed(F&& f) {
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     auto r = f();
     const double dt = Since(t0);
     compute_ += dt;
@@ -209,7 +209,7 @@ class SplitTaskRun {
   int64_t seq_ = 1, steps_ = 0;
   double loss_sum_ = 0;  // of the last epoch
   int64_t loss_n_ = 0;
-  Clock::time_point start_;
+  SteadyClock::time_point start_;
   double compute_ = 0, wait_ = 0, server_ = 0;  // seconds, summed over steps
 };
 
@@ -260,7 +260,7 @@ Status SplitTaskRun::Open(v1::Coordinator::Stub* stub, const v1::Welcome& w) {
   if (!stream_->Write(open) || !stream_->Read(&ready) || !ready.has_ready()) {
     return FromGrpc(stream_->Finish(), "split stream");
   }
-  start_ = Clock::now();
+  start_ = SteadyClock::now();
   writer_ = std::make_unique<Writer>(stream_.get(), o_.emulator);
   return absl::OkStatus();
 }
@@ -293,7 +293,7 @@ Status SplitTaskRun::Forward(const v1::SplitForward& f) {
 Status SplitTaskRun::Receive() {
   while (true) {
     v1::SplitDown piece;
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     if (!stream_->Read(&piece)) {
       return absl::UnavailableError("split stream: the server ended it early");
     }
@@ -435,12 +435,12 @@ StatusOr<v1::Profile> ProfileDevice(v1::Coordinator::Stub* stub, const v1::Welco
     grpc::ClientContext ctx;
     v1::StatusRequest req;
     v1::StatusReply reply;
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     if (stub->GetStatus(&ctx, req, &reply).ok()) rtt = std::min(rtt, Since(t0));
   }
   p.set_rtt_s(rtt < 1e9 ? rtt : 0);
   if (!w.probe_digest().empty()) {
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     ASSIGN_OR_RETURN(std::string probe,
                      FetchBlob(stub, w.client_id(), w.session_token(), w.probe_digest(), 120, emulator));
     p.set_downlink_bytes_per_s(probe.size() / std::max(1e-6, Since(t0) - p.rtt_s()));

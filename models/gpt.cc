@@ -113,14 +113,6 @@ struct BlockImpl : nn::Module {
 };
 TORCH_MODULE(Block);
 
-// The untied head's weight, [vocab, dim] as nn.Linear without bias.
-struct LmHeadImpl : nn::Module {
-  LmHeadImpl(int64_t vocab, int64_t dim)
-      : weight(register_parameter("weight", torch::empty({vocab, dim}))) {}
-  torch::Tensor weight;
-};
-TORCH_MODULE(LmHead);
-
 struct HeadImpl : nn::Module {
   // `tied`: the embedding's wte weight, used as the head's and not registered here.
   HeadImpl(int64_t vocab, int64_t dim, torch::Tensor tied)

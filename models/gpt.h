@@ -27,4 +27,13 @@ namespace cleave {
 // context; the output is [batch, T, vocab] logits.
 torch::nn::Sequential BuildGpt(const ModelSpec& spec);
 
+// An untied language-model head's weight, [vocab, dim] as nn.Linear without bias (the
+// GPT-style and the Llama-family decoders').
+struct LmHeadImpl : torch::nn::Module {
+  LmHeadImpl(int64_t vocab, int64_t dim)
+      : weight(register_parameter("weight", torch::empty({vocab, dim}))) {}
+  torch::Tensor weight;
+};
+TORCH_MODULE(LmHead);
+
 }  // namespace cleave

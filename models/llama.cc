@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/gpt.h"
 
 namespace cleave {
 namespace {
@@ -282,13 +283,6 @@ torch::Tensor DecoderBlockImpl::forward(const torch::Tensor& x) {
   // frozen embedding's): the function then stands for the block with an input that does.
   return Recomputed::apply(x.requires_grad() ? x : x.detach().requires_grad_(true), this);
 }
-
-// The untied head's weight, [vocab, dim] as nn.Linear without bias.
-struct LmHeadImpl : nn::Module {
-  LmHeadImpl(int64_t vocab, int64_t dim) : weight(register_parameter("weight", torch::empty({vocab, dim}))) {}
-  torch::Tensor weight;
-};
-TORCH_MODULE(LmHead);
 
 struct DecoderHeadImpl : nn::Module {
   // `tied`: the embedding's weight, used as the head's and not registered here.

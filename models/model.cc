@@ -38,29 +38,34 @@ void AppendFloatBuffers(const Named& buffers, const std::string& prefix,
   }
 }
 
-// A batch of examples as the model's input: normalised floats [n, shape...]; for text,
-// the token ids (int64 [n, length]).
+// A data set's examples as held for training and evaluation: as stored (pixels as
+// uint8, a quarter of their floats; features as float32), normalised a batch at a time
+// by Normalise; text as its token ids (int64 [n, length]).
 torch::Tensor ExamplesToTensor(const Dataset& d) {
   std::vector<int64_t> sizes = {d.size};
   sizes.insert(sizes.end(), d.shape.begin(), d.shape.end());
-  torch::Tensor x;
-  if (d.type == ExampleType::kToken) {
-    return torch::from_blob(const_cast<uint8_t*>(d.bytes.data()), sizes, torch::kInt32)
-        .to(torch::kInt64);
+  void* bytes = const_cast<uint8_t*>(d.bytes.data());
+  switch (d.type) {
+    case ExampleType::kToken: return torch::from_blob(bytes, sizes, torch::kInt32).to(torch::kInt64);
+    case ExampleType::kUint8: return torch::from_blob(bytes, sizes, torch::kUInt8).clone();
+    case ExampleType::kFloat32: break;
   }
-  if (d.type == ExampleType::kUint8) {
-    x = torch::from_blob(const_cast<uint8_t*>(d.bytes.data()), sizes, torch::kUInt8)
-            .to(torch::kFloat32) / 255.0f;
-  } else {
-    x = torch::from_blob(const_cast<uint8_t*>(d.bytes.data()), sizes, torch::kFloat32).clone();
-  }
-  if (d.mean.empty()) return x;
-  if (d.mean.size() == 1) return (x - d.mean[0]) / d.stddev[0];
-  std::vector<int64_t> per_channel(sizes.size(), 1);
-  per_channel[1] = static_cast<int64_t>(d.mean.size());  // 1 or shape[0]
-  auto mean = torch::tensor(d.mean).view(per_channel);
-  auto stddev = torch::tensor(d.stddev).view(per_channel);
-  return (x - mean) / stddev;
+  return torch::from_blob(bytes, sizes, torch::kFloat32).clone();
+}
+
+// Examples held by ExamplesToTensor as the model's input: (x - mean[c]) / stddev[c],
+// x the value (pixels / 255) and c the channel or feature; text ids as they are.
+torch::Tensor Normalise(const torch::Tensor& held, const std::vector<float>& mean,
+                        const std::vector<float>& stddev) {
+  if (held.scalar_type() == torch::kInt64) return held;
+  torch::Tensor x = held.scalar_type() == torch::kUInt8 ? held.to(torch::kFloat32).div_(255.0f)
+                    : mean.empty()                      ? held
+                                                        : held.clone();
+  if (mean.empty()) return x;
+  if (mean.size() == 1) return x.sub_(mean[0]).div_(stddev[0]);
+  std::vector<int64_t> per_channel(held.dim(), 1);
+  per_channel[1] = static_cast<int64_t>(mean.size());  // shape[0]
+  return x.sub_(torch::tensor(mean).view(per_channel)).div_(torch::tensor(stddev).view(per_channel));
 }
 
 torch::Tensor LabelsToTensor(const Dataset& d) {
@@ -104,9 +109,13 @@ struct Model::Impl {
   // subset, say) is not mistaken for it.
   size_t cached_key = 0;
   bool cached = false;
-  // Examples, labels, regression targets (undefined if none). Text: x holds each
-  // sequence but its last token, y (int64 [n, length - 1]) each next token.
+  // Examples as held (ExamplesToTensor), labels, regression targets (undefined if
+  // none). Text: x holds each sequence but its last token, y (int64 [n, length - 1])
+  // each next token. mean and stddev normalise a batch of x (Input).
   torch::Tensor x, y, t;
+  std::vector<float> mean, stddev;
+
+  torch::Tensor Input(const torch::Tensor& held) const { return Normalise(held, mean, stddev); }
 
   // Parameters, then floating-point buffers (AppendFloatBuffers).
   std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const {
@@ -152,6 +161,8 @@ struct Model::Impl {
     if (cached && cached_key == key) return;
     x = ExamplesToTensor(d);
     y = LabelsToTensor(d);
+    mean = d.mean;
+    stddev = d.stddev;
     if (d.type == ExampleType::kToken) {  // ids stored as -1 - id are read, not predicted
       const int64_t length = x.size(1);
       const auto read_only = x.lt(0);
@@ -331,7 +342,8 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
     double loss_sum = 0;
     int64_t loss_count = 0;
     while (steps < total_steps) {
-      // Shuffle once per epoch; batches are then contiguous views, not gathers.
+      // Shuffle once per epoch (the examples as held: pixels stay bytes); batches are
+      // then contiguous views, not gathers.
       auto perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
       const auto xs = impl_->x.index_select(0, perm);
       const auto ys = impl_->y.index_select(0, perm);
@@ -344,7 +356,7 @@ StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& 
           return absl::CancelledError("training cancelled");
         }
         const int64_t e = std::min(n, b + o.batch_size);
-        auto xb = xs.slice(0, b, e);
+        auto xb = impl_->Input(xs.slice(0, b, e));
         if (data.augment.enabled()) xb = Augment(xb, data.augment, gen);
         auto yb = ys.slice(0, b, e);
         double loss;
@@ -476,7 +488,7 @@ StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
     impl_->SetTraining(false);
     for (int64_t b = 0; b < data.size; b += batch_size) {
       const int64_t e = std::min(data.size, b + batch_size);
-      auto out = impl_->Forward(impl_->x.slice(0, b, e));
+      auto out = impl_->Forward(impl_->Input(impl_->x.slice(0, b, e)));
       auto yb = impl_->y.slice(0, b, e);
       auto tb = regression ? impl_->t.slice(0, b, e) : torch::Tensor();
       tally.loss_sum += kind->compute({out, yb, tb, 0, impl_->loss_script.get(), /*sum=*/true})

@@ -29,7 +29,7 @@ namespace cleave {
 namespace {
 
 namespace fs = std::filesystem;
-volatile sig_atomic_t g_interrupted = 0;
+volatile sig_atomic_t g_local_interrupted = 0;
 
 struct Child {
   std::string name;
@@ -250,11 +250,11 @@ int AwaitServerAddress(LocalRun& r, std::string* addr) {
                 << " before listening; see " << r.run_dir << "/server.stderr.log\n";
       return 1;
     }
-    if (g_interrupted || std::chrono::steady_clock::now() > bind_deadline) {
+    if (g_local_interrupted || std::chrono::steady_clock::now() > bind_deadline) {
       StopAll(r.procs, std::chrono::seconds(5));
-      std::cerr << "cleave local: " << (g_interrupted ? "interrupted" : "server did not start")
+      std::cerr << "cleave local: " << (g_local_interrupted ? "interrupted" : "server did not start")
                 << "\n";
-      return g_interrupted ? 130 : 1;
+      return g_local_interrupted ? 130 : 1;
     }
     auto text = ReadFile(addr_file);
     if (text.ok() && !text->empty() && text->back() == '\n') {
@@ -329,7 +329,7 @@ void StartClients(LocalRun& r, const std::string& addr) {
 // starting clients as the device trace says. -1 while the run may end normally, or the
 // exit code once too few clients are left for clients.min.
 int Supervise(LocalRun& r, RoundPrinter& printer, std::chrono::steady_clock::time_point start) {
-  while (r.procs[0].exit_code == -1 && !g_interrupted) {
+  while (r.procs[0].exit_code == -1 && !g_local_interrupted) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     Reap(r.procs);
     printer.Drain();
@@ -404,7 +404,7 @@ int RunLocal(const LocalOptions& o) {
   if (int code = Prepare(r); code != 0) return code;
   if (int code = ProvisionCertificates(r); code != 0) return code;
   struct sigaction sa {};
-  sa.sa_handler = [](int) { g_interrupted = 1; };
+  sa.sa_handler = [](int) { g_local_interrupted = 1; };
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
@@ -423,7 +423,7 @@ int RunLocal(const LocalOptions& o) {
   RoundPrinter printer(r.run_dir, r.rounds);
   if (int code = Supervise(r, printer, start); code >= 0) return code;
   printer.Drain();
-  if (g_interrupted) {
+  if (g_local_interrupted) {
     std::cout << "cleave local: interrupted; stopping every process\n";
     StopAll(r.procs, std::chrono::seconds(5));
     std::cout << "the last committed round is checkpointed in " << r.run_dir << "\n";

@@ -32,7 +32,7 @@ namespace cleave {
 namespace {
 
 namespace fs = std::filesystem;
-volatile sig_atomic_t g_interrupted = 0;
+volatile sig_atomic_t g_simulation_interrupted = 0;
 
 // The process's peak resident memory so far.
 int64_t PeakRssBytes() {
@@ -198,7 +198,7 @@ Status Drive(Simulation& sim, RoundPrinter& printer, std::chrono::steady_clock::
   while (!server_done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     printer.Drain();
-    if (g_interrupted) sim.server->Stop();
+    if (g_simulation_interrupted) sim.server->Stop();
     if (sim.traces.empty()) continue;
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::vector<Virtual*> leaving;
@@ -267,7 +267,7 @@ int RunSimulate(const SimulateOptions& o) {
                              sim.config.clients.min_clients));
   }
   struct sigaction sa {};
-  sa.sa_handler = [](int) { g_interrupted = 1; };
+  sa.sa_handler = [](int) { g_simulation_interrupted = 1; };
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
@@ -283,7 +283,7 @@ int RunSimulate(const SimulateOptions& o) {
   const int64_t peak = PeakRssBytes();
   sim.virtuals.clear();  // before the server whose channel they hold
   sim.server.reset();
-  if (g_interrupted) {
+  if (g_simulation_interrupted) {
     std::cout << "cleave simulate: interrupted; the last committed round is checkpointed in "
               << sim.run_dir << "\n";
     return 130;

@@ -457,34 +457,46 @@ server: {client_timeout_s: 100000}
   EXPECT_EQ(server_->History()[2].async.value().staleness, (std::map<int64_t, int>{{0, 1}, {2, 1}}));
 }
 
+// scheduler.max_client_share 1/2 over a buffer of `buffer` updates, `min` clients.
+class AsyncShareTest : public AsyncTest {
+ protected:
+  void Start(int buffer, int min) {
+    ServerOptions o;
+    o.config = TestConfig(absl::StrCat("run: {rounds: 3}\nmodel: {name: mlp}\n"
+                                       "clients: {min: ", min, ", round_deadline_s: 60}\n"
+                                       "scheduler: {mode: async, buffer_size: ", buffer,
+                                       ", max_client_share: 0.5}\n"
+                                       "server: {client_timeout_s: 120}\n"));
+    StartServerWith(std::move(o));
+    g0_ = server_->GlobalModel();
+  }
+  // Uploads `p`'s update for task `t`.
+  ::testing::AssertionResult Upload(TestPeer& p, const v1::Task& t) {
+    auto r = UploadPayload(p.stub(), p.Header(t, 100), Delta(g0_, 0.01f).Encode());
+    if (r.ok()) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << r.status();
+  }
+  ParameterSet g0_;
+};
+
 // A client that uploads as fast as it gets tasks (a flooder) fills at most
 // ceil(max_client_share x buffer_size) of a buffer: with a buffer of 4 and a share of
 // 1/2, its first two tasks build version 1, and its third trains from version 1, given
 // only once the two other clients' updates applied it.
-TEST_F(AsyncTest, AFloodingClientFillsAtMostItsShareOfABuffer) {
-  ServerOptions o;
-  o.config = TestConfig(R"(
-run: {rounds: 3}
-model: {name: mlp}
-clients: {min: 3, round_deadline_s: 60}
-scheduler: {mode: async, buffer_size: 4, max_client_share: 0.5}
-server: {client_timeout_s: 120}
-)");
-  StartServerWith(std::move(o));
-  const ParameterSet g0 = server_->GlobalModel();
+TEST_F(AsyncShareTest, AFloodingClientFillsAtMostItsShareOfABuffer) {
+  Start(/*buffer=*/4, /*min=*/3);
   TestPeer a(address_, 100), b(address_, 100), c(address_, 100);
   ASSERT_TRUE(a.Join("a") && b.Join("b") && c.Join("c"));
   auto ta = a.NextTask(), tb = b.NextTask(), tc = c.NextTask();
   ASSERT_TRUE(ta && tb && tc);
   const int64_t first = ta->round();
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_EQ(ta->round(), first);
-    ASSERT_TRUE(UploadPayload(a.stub(), a.Header(*ta, 100), Delta(g0, 0.01f).Encode()).ok());
-    if (i == 0) ta = a.NextTask();
-    ASSERT_TRUE(ta);
-  }
-  ASSERT_TRUE(UploadPayload(b.stub(), b.Header(*tb, 100), Delta(g0, 0.01f).Encode()).ok());
-  ASSERT_TRUE(UploadPayload(c.stub(), c.Header(*tc, 100), Delta(g0, 0.01f).Encode()).ok());
+  ASSERT_TRUE(Upload(a, *ta));
+  ta = a.NextTask();
+  ASSERT_TRUE(ta);
+  EXPECT_EQ(ta->round(), first);
+  ASSERT_TRUE(Upload(a, *ta));
+  ASSERT_TRUE(Upload(b, *tb));
+  ASSERT_TRUE(Upload(c, *tc));
   ASSERT_TRUE(WaitForVersion(1));
   auto third = a.NextTask();
   ASSERT_TRUE(third);
@@ -493,17 +505,8 @@ server: {client_timeout_s: 120}
 }
 
 // A lone client is not held to the bound: nobody else could fill its buffer.
-TEST_F(AsyncTest, ALoneClientIsNotHeldToItsShare) {
-  ServerOptions o;
-  o.config = TestConfig(R"(
-run: {rounds: 1}
-model: {name: mlp}
-clients: {min: 1, round_deadline_s: 60}
-scheduler: {mode: async, buffer_size: 3, max_client_share: 0.5}
-server: {client_timeout_s: 120}
-)");
-  StartServerWith(std::move(o));
-  const ParameterSet g0 = server_->GlobalModel();
+TEST_F(AsyncShareTest, ALoneClientIsNotHeldToItsShare) {
+  Start(/*buffer=*/3, /*min=*/1);
   TestPeer a(address_, 100);
   ASSERT_TRUE(a.Join("a"));
   auto t = a.NextTask();
@@ -512,7 +515,7 @@ server: {client_timeout_s: 120}
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(t);
     EXPECT_EQ(t->round(), first);
-    ASSERT_TRUE(UploadPayload(a.stub(), a.Header(*t, 100), Delta(g0, 0.01f).Encode()).ok());
+    ASSERT_TRUE(Upload(a, *t));
     if (i < 2) t = a.NextTask();
   }
   ASSERT_TRUE(WaitForVersion(1));
