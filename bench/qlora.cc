@@ -88,25 +88,29 @@ Status WriteBlobs(const std::string& dir, const std::string& quantize, int cut, 
   return WriteFileAtomic(out + ".quantized", q.Encode());
 }
 
-// A device: loads its part as the split client does (keeping what it keeps: the base
-// blob, the quantized blob) and trains `steps` micro-batches.
+// A device: loads its part as the split client does (keeping what it keeps: the decoded
+// base, whose values the part's frozen tensors are; the quantized blob) and trains
+// `steps` micro-batches.
 int Device(const std::string& dir, const std::string& quantize, int cut, int steps, const std::string& blobs) {
   SetTorchThreads(1);
   auto spec = SpecOf(dir, quantize, 64);
   if (!spec.ok()) return 1;
+  // The base is received and decoded (the bytes then freed) before the part is built,
+  // and kept, as the client keeps it to load later rounds' parts.
+  ParameterSet base;
+  {
+    auto base_bytes = ReadFile(blobs + ".base");
+    if (!base_bytes.ok()) return 1;
+    auto decoded = ParameterSet::Decode(*base_bytes);
+    if (!decoded.ok()) return 1;
+    base = *std::move(decoded);
+  }
   auto part = ModelPart::Create(*spec, 0, cut);
   if (!part.ok()) {
     std::cerr << part.status() << "\n";
     return 1;
   }
-  // The base blob is kept as received, as the client keeps it to load later rounds' parts.
-  auto base_bytes = ReadFile(blobs + ".base");
-  if (!base_bytes.ok()) return 1;
-  auto base_blob = std::make_shared<const std::string>(std::move(*base_bytes));
-  {
-    auto base = ParseParameterSet(*base_blob);
-    if (!base.ok() || !(*part)->LoadFrom(*base, /*partial=*/true).ok()) return 1;
-  }
+  if (!(*part)->LoadBase(base).ok()) return 1;
   QuantizedSet q;  // held as received, as the client holds it
   if (!quantize.empty()) {
     auto bytes = ReadFile(blobs + ".quantized");

@@ -105,11 +105,11 @@ struct Client::Impl {
   // them; empty until its first task. They never leave the client.
   ParameterSet personal;
   std::string loss_digest;  // the TorchScript loss `model` holds (TrainConfig.loss_digest)
-  // The frozen tensors of a LoRA model (Task.base_digest), fetched once and kept as
-  // received: models load from views into the blob, with no decoded copy beside it.
+  // The frozen tensors of a LoRA model (Task.base_digest), fetched once and decoded (the
+  // received bytes are then freed): a split part's frozen tensors are these values, not
+  // a copy of them.
   std::string base_digest;
-  std::shared_ptr<const std::string> base_blob;
-  std::vector<TensorView> base;
+  ParameterSet base;
   // A quantized base's weights (Task.quantized_base_digest), fetched once; the models
   // built from it share its bytes.
   std::string quantized_digest;

@@ -480,10 +480,9 @@ StatusOr<Client::Impl::TaskModel> Client::Impl::FetchTaskModel(const TaskCall& c
   if (!c.task.base_digest().empty() && base_digest != c.task.base_digest()) {
     ASSIGN_OR_RETURN(std::string bytes, FetchBlob(c.stub, c.w.client_id(), c.w.session_token(),
                                                   c.task.base_digest(), 600, &emulator));
-    base.clear();
+    base = ParameterSet();
     base_digest.clear();
-    base_blob = std::make_shared<const std::string>(std::move(bytes));
-    ASSIGN_OR_RETURN(base, ParseParameterSet(*base_blob));
+    ASSIGN_OR_RETURN(base, ParameterSet::Decode(bytes));
     base_digest = c.task.base_digest();
   }
   if (m.spec.quantize.empty() != c.task.quantized_base_digest().empty()) {
@@ -550,7 +549,7 @@ StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c,
           "the model's base (", base.size(), " tensors) and its blob (", global.size(),
           ") do not make up the model (", whole.size(), ")"));
     }
-    RETURN_IF_ERROR(OverwriteFrom(base, &whole));
+    RETURN_IF_ERROR(OverwriteFrom(ViewsOf(base), &whole));
     RETURN_IF_ERROR(Overwrite(global, &whole));
     global = std::move(whole);
   }

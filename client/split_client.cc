@@ -120,19 +120,17 @@ class Writer {
 // Loads a part's tensors from the part the server sent and, when there is a base (a
 // LoRA model's frozen tensors), the rest from the base; every tensor must come from one.
 // A quantized base's weights come from `quantized` (shared, not copied).
-Status LoadPart(ModelPart& p, const ParameterSet& part, const std::vector<TensorView>* base,
+Status LoadPart(ModelPart& p, const ParameterSet& part, const ParameterSet* base,
                 const QuantizedSet* quantized) {
   if (quantized != nullptr) RETURN_IF_ERROR(p.LoadQuantized(*quantized));
   if (base == nullptr) return p.LoadFrom(part);
-  std::set<std::string_view> in_base;
-  for (const TensorView& v : *base) in_base.insert(v.name);
   for (const std::string& name : p.TensorNames()) {
-    if (part.Find(name) == nullptr && in_base.count(name) == 0) {
+    if (part.Find(name) == nullptr && base->Find(name) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("parameter ", name,
                                                      " is neither in the task's part nor in its base"));
     }
   }
-  RETURN_IF_ERROR(p.LoadFrom(*base, /*partial=*/true));
+  RETURN_IF_ERROR(p.LoadBase(*base));
   return p.LoadFrom(part, /*partial=*/true);
 }
 

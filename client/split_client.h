@@ -31,7 +31,7 @@ struct SplitTaskOptions {
   std::function<bool(int64_t step)> crash_after_step;
   // A LoRA model's frozen tensors (Task.base_digest): the part then holds the adapters
   // only, and the frozen tensors of the client's stages come from here.
-  const std::vector<TensorView>* base = nullptr;  // views into the received blob
+  const ParameterSet* base = nullptr;  // its frozen tensors use these values in place
   // A quantized base's weights for the part (Task.quantized_base_digest), or nullptr.
   const QuantizedSet* quantized = nullptr;
 };

@@ -293,6 +293,27 @@ Status ModelPart::LoadFrom(const std::vector<TensorView>& views, bool partial) {
   return absl::OkStatus();
 }
 
+Status ModelPart::LoadBase(const ParameterSet& base) {
+  for (const auto& [name, p] : impl_->params) {
+    const Tensor* src = base.Find(name);
+    if (src != nullptr && src->shape != std::vector<int64_t>(p.sizes().begin(), p.sizes().end())) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, " has another shape in the base"));
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : impl_->params) {
+    const Tensor* src = base.Find(name);
+    if (src == nullptr) continue;
+    auto values = torch::from_blob(const_cast<float*>(src->values.data()), p.sizes(), torch::kFloat32);
+    if (p.requires_grad()) {
+      p.data().copy_(values);
+    } else {
+      p.set_data(values);  // the base's memory: the part's own copy is freed
+    }
+  }
+  return absl::OkStatus();
+}
+
 void ModelPart::SetNoPeek(double alpha) { impl_->nopeek = alpha; }
 
 StatusOr<double> DistanceCorrelation(const Activations& x, const Activations& z) {

@@ -70,6 +70,11 @@ class ModelPart {
   // The same from an encoded parameter set's views (ParseParameterSet), copied straight
   // from the encoding into the part's tensors.
   Status LoadFrom(const std::vector<TensorView>& views, bool partial = false);
+  // A frozen base's tensors (LoRA's, Task.base_digest), looked up by name (partial): a
+  // frozen one (not trained) uses `base`'s values in place, with no copy; a trainable one
+  // is copied. `base` must outlive the part and not change while it lives; the part
+  // never writes a frozen tensor. INVALID_ARGUMENT for a tensor of another shape.
+  Status LoadBase(const ParameterSet& base);
   // A quantized base (ModelSpec::quantize): this part's quantized weights, and their
   // replacement by `set`'s (shared, not copied), as Model's.
   QuantizedSet QuantizedBase() const;

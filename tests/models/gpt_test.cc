@@ -260,6 +260,60 @@ TEST(GptTest, ProfilesMeasureWhatEachStageKeepsAndWhatTrains) {
   EXPECT_EQ((*part)->OptimizerStateElements(), 0);
 }
 
+// A split device's LoRA part uses its frozen base's values in place (LoadBase): no copy
+// beside the base it keeps for later rounds. The base's values show through at once, a
+// training step leaves them as they were (only the adapters move), and a base tensor of
+// another shape is refused.
+TEST(GptTest, ALoraPartUsesItsFrozenBaseInPlace) {
+  ModelSpec lora = Gpt(false);
+  lora.lora.rank = 4;
+  lora.lora.alpha = 8;
+  auto part = ModelPart::Create(lora, 0, 2);
+  ASSERT_TRUE(part.ok());
+  ParameterSet base;
+  const ParameterSet initial = (*part)->Parameters();
+  for (Tensor t : initial.tensors()) {
+    if (t.name.find("lora_") != std::string::npos) continue;
+    for (float& v : t.values) v += 0.5f;
+    ASSERT_TRUE(base.Add(std::move(t)).ok());
+  }
+  ASSERT_GT(base.size(), 4u);
+  ASSERT_TRUE((*part)->LoadBase(base).ok());
+  const Tensor& wte = base.tensors()[0];
+  EXPECT_EQ((*part)->Parameters().Find(wte.name)->values, wte.values);
+  base.mutable_tensors()[0].values[3] = 42.0f;  // in place: the part sees it
+  EXPECT_EQ((*part)->Parameters().Find(wte.name)->values[3], 42.0f);
+
+  const ParameterSet before_base = base;
+  const ParameterSet before = (*part)->Parameters();
+  LocalTrainOptions o;
+  o.optimizer = "adamw";
+  o.lr = 0.01;
+  ASSERT_TRUE((*part)->ResetOptimizer(o).ok());
+  Activations in;
+  in.shape = {2, 16};
+  for (int i = 0; i < 32; ++i) in.values.push_back(static_cast<float>(i % 61));
+  auto out = (*part)->Forward(0, in);
+  ASSERT_TRUE(out.ok()) << out.status();
+  Activations grad;
+  grad.shape = out->shape;
+  grad.values.assign(out->values.size(), 0.01f);
+  ASSERT_TRUE((*part)->Backward(0, grad).ok());
+  for (size_t i = 0; i < base.size(); ++i) {
+    EXPECT_EQ(base.tensors()[i].values, before_base.tensors()[i].values) << base.tensors()[i].name;
+  }
+  bool adapters_moved = false;
+  const ParameterSet after = (*part)->Parameters();
+  for (const Tensor& t : after.tensors()) {
+    if (t.name.find("lora_B") != std::string::npos) adapters_moved |= t.values != before.Find(t.name)->values;
+  }
+  EXPECT_TRUE(adapters_moved);
+
+  ParameterSet wrong;
+  ASSERT_TRUE(wrong.Add({wte.name, {2, 2}, {1, 2, 3, 4}}).ok());
+  EXPECT_EQ((*part)->LoadBase(wrong).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Bad input: ids outside the vocabulary, sequences longer than the context, a
 // tokenizer whose vocabulary is not the model's, text for a model that is not a
 // language model; each refused before anything trains.
