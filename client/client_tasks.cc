@@ -304,11 +304,17 @@ std::map<std::string, ParameterSet> Client::Impl::ExchangeModels(const TaskCall&
   for (int i = 0; i < g.neighbours_size(); ++i) {
     senders.emplace_back([&, i] {
       const auto& n = g.neighbours(i);
-      sent[i] = SendModel(n.address(), n.name(), task.run_id(), task.round(), self, n.token(),
-                          bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator,
-                          &spans[i]);
-      // Unreachable (crashed, not just slow: a slow one admits the call and we wait for
-      // it): the edge's other direction will not come either.
+      // A connection that fails is tried twice more (0.25 s, then 0.5 s later: a loaded
+      // machine refuses one now and then). Still unreachable, the neighbour is taken for
+      // crashed (a slow one admits the call and is waited for): the edge's other
+      // direction will not come either.
+      for (int attempt = 0;; ++attempt) {
+        sent[i] = SendModel(n.address(), n.name(), task.run_id(), task.round(), self, n.token(),
+                            bytes, opts.tls_ca, opts.tls_cert, opts.tls_key, timeout_s, &emulator,
+                            &spans[i]);
+        if (sent[i].code() != absl::StatusCode::kUnavailable || attempt == 2 || stop) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(250 << attempt));
+      }
       if (sent[i].code() == absl::StatusCode::kUnavailable) peer->GiveUp(task.round(), n.name());
     });
   }
