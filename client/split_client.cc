@@ -10,7 +10,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <set>
 #include <numeric>
 #include <random>
 #include <thread>

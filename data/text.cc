@@ -86,17 +86,17 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
   const std::vector<int32_t> separator = tokenizer->DocumentSeparator();
   const fs::path root = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
   int64_t text_bytes = 0, tokens = 0;
-  // A file's documents tokenized and joined by the separator.
-  auto file_ids = [&](const std::string& file) -> StatusOr<std::vector<int32_t>> {
+  // A file's documents tokenized and joined by the separator; their bytes added to
+  // *bytes when given (the first pass).
+  auto file_ids = [&](const std::string& file, int64_t* bytes) -> StatusOr<std::vector<int32_t>> {
     ASSIGN_OR_RETURN(std::vector<std::string> docs, Documents(file, field));
     ASSIGN_OR_RETURN(auto encoded, tokenizer->Encode(docs));
     std::vector<int32_t> ids;
     for (size_t i = 0; i < docs.size(); ++i) {
       if (!ids.empty()) ids.insert(ids.end(), separator.begin(), separator.end());
       ids.insert(ids.end(), encoded[i].begin(), encoded[i].end());
-      text_bytes += static_cast<int64_t>(docs[i].size());
+      if (bytes) *bytes += static_cast<int64_t>(docs[i].size());
     }
-    tokens += static_cast<int64_t>(ids.size());
     return ids;
   };
 
@@ -108,7 +108,8 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
   const int64_t window_bytes = (context + 1) * static_cast<int64_t>(sizeof(int32_t));
   std::vector<std::pair<size_t, int64_t>> windows_at;  // with a part: each example's file, window
   for (size_t f = 0; f < files.size(); ++f) {
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, file_ids(files[f]));
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, file_ids(files[f], &text_bytes));
+    tokens += static_cast<int64_t>(ids.size());
     // Windows of context + 1 tokens, `context` apart: every token but the first is a
     // target exactly once. The file's last `test` fraction of windows is its test part.
     const int64_t windows = ids.empty() ? 0 : (static_cast<int64_t>(ids.size()) - 1) / context;
@@ -146,7 +147,7 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
   return ReadPart(o, std::move(d), [&](int64_t example, std::vector<uint8_t>& out) -> Status {
     const auto [f, w] = windows_at[example];
     if (f != held_file) {
-      ASSIGN_OR_RETURN(ids, file_ids(files[f]));
+      ASSIGN_OR_RETURN(ids, file_ids(files[f], nullptr));
       held_file = f;
     }
     const auto* begin = reinterpret_cast<const uint8_t*>(&ids[w * context]);
