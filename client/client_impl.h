@@ -106,8 +106,8 @@ struct Client::Impl {
   ParameterSet personal;
   std::string loss_digest;  // the TorchScript loss `model` holds (TrainConfig.loss_digest)
   // The frozen tensors of a LoRA model (Task.base_digest), fetched once and decoded (the
-  // received bytes are then freed): a split part's frozen tensors are these values, not
-  // a copy of them.
+  // received bytes are then freed): the frozen tensors of `model` and of a split part
+  // are these values, not a copy of them.
   std::string base_digest;
   ParameterSet base;
   // A quantized base's weights (Task.quantized_base_digest), fetched once; the models
@@ -211,10 +211,11 @@ struct Client::Impl {
     ParameterSet global;
   };
   StatusOr<TaskModel> FetchTaskModel(const TaskCall& c);
-  // Whole-model tasks: `model` built from `m.spec` and set to the global model (frozen
-  // base joined, this client's personal layers written over it, a TorchScript loss
-  // fetched once); `m.global` becomes that whole model. Returns the personal layers'
-  // names; an error declines the task.
+  // Whole-model tasks: `model` built from `m.spec` and set to the global model (its
+  // frozen tensors the values of `base`, in place; this client's personal layers written
+  // over it; a TorchScript loss fetched once). `m.global` keeps the tensors an update
+  // carries (Model::TrainedParameters's layout), with the personal layers. Returns the
+  // personal layers' names; an error declines the task.
   StatusOr<std::vector<std::string>> SetTaskModel(const TaskCall& c, TaskModel& m);
   // Where this client keeps its personal layers ("" = in memory only), and the key that
   // ties them to a task's run and model.

@@ -151,9 +151,9 @@ Status Client::Impl::Attack(const ParameterSet& global, const LocalTrainOptions&
   for (int64_t i = 0; i < opts.train.size; ++i) shards[i % kShards].push_back(i);
   std::vector<ParameterSet> ds;
   for (const auto& idx : shards) {
-    RETURN_IF_ERROR(model->SetParameters(global));
+    RETURN_IF_ERROR(model->SetTrainedParameters(global));
     RETURN_IF_ERROR(model->Train(opts.train.Subset(idx), o).status());
-    ParameterSet d = Delta(model->Parameters(), global);
+    ParameterSet d = Delta(model->TrainedParameters(), global);
     for (auto& t : d.mutable_tensors()) {
       for (float& v : t.values) v *= kShards;
     }
@@ -546,18 +546,12 @@ StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c,
   const v1::Task& task = c.task;
   ParameterSet& global = m.global;
   RETURN_IF_ERROR(BuildModel(task, m.spec));
-  // A model with a frozen base: the blob holds the rest; put them together in the
-  // model's order.
+  // A model with a frozen base: its frozen tensors are the base's values (held once);
+  // the blob, and `global`, hold the rest.
   if (!task.base_digest().empty()) {
-    ParameterSet whole = model->Parameters();
-    if (base.size() + global.size() != whole.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the model's base (", base.size(), " tensors) and its blob (", global.size(),
-          ") do not make up the model (", whole.size(), ")"));
-    }
-    RETURN_IF_ERROR(OverwriteFrom(ViewsOf(base), &whole));
-    RETURN_IF_ERROR(Overwrite(global, &whole));
-    global = std::move(whole);
+    RETURN_IF_ERROR(model->LoadBase(base));
+  } else if (!model->FrozenTensors().empty()) {
+    return absl::InvalidArgumentError("a model with frozen tensors needs its base (Task.base_digest)");
   }
   if (m.loss == "torchscript" && loss_digest != task.train().loss_digest()) {
     ASSIGN_OR_RETURN(std::string archive,
@@ -580,7 +574,7 @@ StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c,
     personal = LoadPersonal(PersonalFile(), PersonalKey(task), personal_names, global);
   }
   if (personal.size() > 0) RETURN_IF_ERROR(Overwrite(personal, &global));
-  RETURN_IF_ERROR(model->SetParameters(global));
+  RETURN_IF_ERROR(model->SetTrainedParameters(global));
   if (!task.quantized_base_digest().empty()) RETURN_IF_ERROR(model->LoadQuantized(quantized_base));
   return personal_names;
 }
@@ -665,7 +659,7 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
     *c.crashed = true;
     return absl::AbortedError("simulated crash");
   }
-  ParameterSet trained = model->Parameters();
+  ParameterSet trained = model->TrainedParameters();
   if (!personal_names->empty()) {
     personal = Only(trained, *personal_names);
     if (!PersonalFile().empty()) {
@@ -680,9 +674,6 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
     RETURN_IF_ERROR(Attack(global, o, &delta));
   }
   if (!personal_names->empty()) delta = Without(delta, *personal_names);  // stays here
-  if (const auto frozen = model->FrozenTensors(); !frozen.empty()) {
-    delta = Without(delta, frozen);  // never trained: not part of an update
-  }
   v1::UploadReply reply;
   if (secagg) {
     if (task.has_dp()) AddDpNoise(task.dp(), &delta);

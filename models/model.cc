@@ -118,7 +118,8 @@ struct Model::Impl {
   torch::Tensor Input(const torch::Tensor& held) const { return Normalise(held, mean, stddev); }
 
   // Parameters, then floating-point buffers (AppendFloatBuffers).
-  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters() const {
+  // Parameters() order; without the frozen tensors (FrozenTensors()) unless `frozen`.
+  std::vector<std::pair<std::string, torch::Tensor>> NamedParameters(bool frozen = true) const {
     std::vector<std::pair<std::string, torch::Tensor>> out;
     if (script) {
       for (const auto& p : script->named_parameters(/*recurse=*/true)) {
@@ -129,7 +130,7 @@ struct Model::Impl {
       }
     } else {
       for (const auto& p : seq->named_parameters(/*recurse=*/true)) {
-        out.emplace_back(p.key(), p.value());
+        if (frozen || p.value().requires_grad()) out.emplace_back(p.key(), p.value());
       }
       AppendFloatBuffers(seq->named_buffers(/*recurse=*/true), "", out);
     }
@@ -205,10 +206,12 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
   return std::unique_ptr<Model>(new Model(std::move(impl)));
 }
 
-ParameterSet Model::Parameters() const {
+namespace {
+
+ParameterSet Copy(const std::vector<std::pair<std::string, torch::Tensor>>& named) {
   ParameterSet ps;
   torch::NoGradGuard no_grad;
-  for (const auto& [name, t] : impl_->NamedParameters()) {
+  for (const auto& [name, t] : named) {
     auto c = t.detach().to(torch::kFloat32).contiguous();
     Tensor out;
     out.name = name;
@@ -220,8 +223,7 @@ ParameterSet Model::Parameters() const {
   return ps;
 }
 
-Status Model::SetParameters(const ParameterSet& params) {
-  auto named = impl_->NamedParameters();
+Status CopyIn(const ParameterSet& params, const std::vector<std::pair<std::string, torch::Tensor>>& named) {
   if (named.size() != params.size()) {
     return absl::InvalidArgumentError(absl::StrCat("model has ", named.size(),
                                                    " parameter tensors, got ", params.size()));
@@ -241,6 +243,48 @@ Status Model::SetParameters(const ParameterSet& params) {
     auto dst = named[i].second;
     dst.copy_(torch::from_blob(const_cast<float*>(src.values.data()), dst.sizes(),
                                torch::kFloat32));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ParameterSet Model::Parameters() const { return Copy(impl_->NamedParameters()); }
+
+Status Model::SetParameters(const ParameterSet& params) {
+  return CopyIn(params, impl_->NamedParameters());
+}
+
+ParameterSet Model::TrainedParameters() const {
+  return Copy(impl_->NamedParameters(/*frozen=*/false));
+}
+
+Status Model::SetTrainedParameters(const ParameterSet& params) {
+  return CopyIn(params, impl_->NamedParameters(/*frozen=*/false));
+}
+
+Status Model::LoadBase(const ParameterSet& base) {
+  const std::vector<std::string> frozen = FrozenTensors();
+  if (base.size() != frozen.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the base holds ", base.size(), " tensors; the model has ",
+                                                   frozen.size(), " frozen ones"));
+  }
+  if (frozen.empty()) return absl::OkStatus();
+  std::vector<std::pair<torch::Tensor, const Tensor*>> pairs;
+  for (const auto& p : impl_->seq->named_parameters(/*recurse=*/true)) {
+    if (p.value().requires_grad()) continue;
+    const Tensor* src = base.Find(p.key());
+    const std::vector<int64_t> shape(p.value().sizes().begin(), p.value().sizes().end());
+    if (src == nullptr || src->shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat("frozen tensor ", p.key(),
+                                                     src == nullptr ? " is not in the base" : " has another shape in the base"));
+    }
+    pairs.emplace_back(p.value(), src);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [p, src] : pairs) {
+    // The base's memory: the model's own copy is freed.
+    p.set_data(torch::from_blob(const_cast<float*>(src->values.data()), p.sizes(), torch::kFloat32));
   }
   return absl::OkStatus();
 }

@@ -112,6 +112,18 @@ class Model {
   ParameterSet Parameters() const;
   // Copies `params` in. INVALID_ARGUMENT unless the layout equals Parameters()'s.
   Status SetParameters(const ParameterSet& params);
+  // The tensors an update carries: Parameters() less FrozenTensors() (all of them for a
+  // model without a frozen base), and their copy in, as SetParameters's; the frozen ones
+  // stay as they are.
+  ParameterSet TrainedParameters() const;
+  Status SetTrainedParameters(const ParameterSet& params);
+  // A frozen base (LoRA's, Task.base_digest): exactly FrozenTensors(), by name. The
+  // model's frozen tensors then use `base`'s values in place, with no copy (as
+  // ModelPart::LoadBase); `base` must outlive the model or the next LoadBase, and not
+  // change meanwhile; SetParameters, which writes every tensor, must not be called in
+  // between. INVALID_ARGUMENT (nothing changed) for a tensor missing, extra or of
+  // another shape.
+  Status LoadBase(const ParameterSet& base);
 
   // A quantized base (ModelSpec::quantize): its weights, sharing their bytes (empty for a
   // model without one), and their replacement by `set`'s, whose bytes are shared, not

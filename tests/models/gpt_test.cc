@@ -314,6 +314,59 @@ TEST(GptTest, ALoraPartUsesItsFrozenBaseInPlace) {
   EXPECT_EQ((*part)->LoadBase(wrong).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The same for a whole model, as a federated client holds it: its frozen tensors are the
+// base's values (a change to the base shows through), updates carry only the rest
+// (TrainedParameters), training leaves the base alone, and a base that is not exactly
+// the frozen tensors is refused with nothing changed.
+TEST(GptTest, ALoraModelUsesItsFrozenBaseInPlace) {
+  ModelSpec spec = Gpt(false);
+  spec.lora = {/*rank=*/4, /*alpha=*/8, {"attn.c_attn", "mlp.c_proj"}, /*dropout=*/0};
+  auto model = Model::Create(spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<std::string> frozen = (*model)->FrozenTensors();
+  const ParameterSet initial = (*model)->Parameters();
+  ParameterSet base = Only(initial, frozen);
+  for (Tensor& t : base.mutable_tensors()) {
+    for (float& v : t.values) v += 0.5f;
+  }
+  ParameterSet missing = Without(base, {frozen[1]});
+  ParameterSet misshapen = base;
+  misshapen.mutable_tensors()[1].shape = {static_cast<int64_t>(misshapen.tensors()[1].values.size())};
+  for (const ParameterSet* bad : {&missing, &misshapen}) {
+    EXPECT_EQ((*model)->LoadBase(*bad).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*model)->Parameters().Find(frozen[0])->values, initial.Find(frozen[0])->values);
+  }
+
+  ASSERT_TRUE((*model)->LoadBase(base).ok());
+  const ParameterSet trained = (*model)->TrainedParameters();
+  EXPECT_EQ(trained.size() + frozen.size(), initial.size());
+  for (const std::string& n : frozen) EXPECT_EQ(trained.Find(n), nullptr) << n;
+  EXPECT_EQ(trained.Find("1.attn.c_attn.lora_A")->values, initial.Find("1.attn.c_attn.lora_A")->values);
+  const Tensor& wte = base.tensors()[0];
+  EXPECT_EQ((*model)->Parameters().Find(wte.name)->values, wte.values);
+  base.mutable_tensors()[0].values[3] = 42.0f;  // in place: the model sees it
+  EXPECT_EQ((*model)->Parameters().Find(wte.name)->values[3], 42.0f);
+
+  const ParameterSet before_base = base;
+  LocalTrainOptions o;
+  o.optimizer = "adamw";
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  o.batch_size = 2;
+  o.local_steps = 3;
+  ASSERT_TRUE((*model)->Train(Sequences(RandomIds(68, 61, 4), 17, 61), o).ok());
+  for (size_t i = 0; i < base.size(); ++i) {
+    EXPECT_EQ(base.tensors()[i].values, before_base.tensors()[i].values) << base.tensors()[i].name;
+  }
+  const ParameterSet after = (*model)->TrainedParameters();
+  EXPECT_NE(after.Find("2.mlp.c_proj.lora_B")->values, trained.Find("2.mlp.c_proj.lora_B")->values);
+  // The trained tensors go back in alone; the whole layout is not theirs.
+  ASSERT_TRUE((*model)->SetTrainedParameters(trained).ok());
+  EXPECT_EQ((*model)->TrainedParameters().Find("2.mlp.c_proj.lora_B")->values,
+            trained.Find("2.mlp.c_proj.lora_B")->values);
+  EXPECT_EQ((*model)->SetTrainedParameters(initial).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Bad input: ids outside the vocabulary, sequences longer than the context, a
 // tokenizer whose vocabulary is not the model's, text for a model that is not a
 // language model; each refused before anything trains.
