@@ -65,25 +65,6 @@ void AddDpNoise(const v1::DpTask& dp, ParameterSet* delta) {
 }
 
 
-// Copies each view's values over the tensor of the same name in `set` (Overwrite for an
-// encoded set). INVALID_ARGUMENT, `set` unchanged, when one is absent or shaped otherwise.
-Status OverwriteFrom(const std::vector<TensorView>& views, ParameterSet* set) {
-  std::vector<Tensor*> targets;
-  for (const TensorView& v : views) {
-    Tensor* target = nullptr;
-    for (Tensor& u : set->mutable_tensors()) {
-      if (u.name == v.name) target = &u;
-    }
-    if (target == nullptr || target->shape != v.shape) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", Printable(v.name),
-                                                     target ? " has another shape" : " is not in the model"));
-    }
-    targets.push_back(target);
-  }
-  for (size_t i = 0; i < targets.size(); ++i) views[i].Read(0, views[i].numel, targets[i]->values.data());
-  return absl::OkStatus();
-}
-
 // trained - base, tensor by tensor (the same layout).
 ParameterSet Delta(ParameterSet trained, const ParameterSet& base) {
   for (size_t i = 0; i < trained.size(); ++i) {
@@ -315,7 +296,15 @@ std::map<std::string, ParameterSet> Client::Impl::ExchangeModels(const TaskCall&
         if (sent[i].code() != absl::StatusCode::kUnavailable || attempt == 2 || stop) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(250 << attempt));
       }
-      if (sent[i].code() == absl::StatusCode::kUnavailable) peer->GiveUp(task.round(), n.name());
+      if (sent[i].code() == absl::StatusCode::kUnavailable) {
+        peer->GiveUp(task.round(), n.name());
+        return;
+      }
+      // Reachable once, it may still crash before sending its own: while its model is
+      // awaited, its port is tried each second, and three failures give it up too.
+      peer->Watch(task.round(), n.name(), [&] {
+        return PeerReachable(n.address(), n.name(), opts.tls_ca, opts.tls_cert, opts.tls_key, 2.0);
+      }, std::chrono::seconds(1));
     });
   }
   const auto deadline = std::chrono::steady_clock::now() +

@@ -178,8 +178,27 @@ std::map<std::string, ParameterSet> PeerServer::Collect(
     out = std::move(box_->received);
     box_->received.clear();
     box_->tokens.clear();  // late models of the round are refused from now on
+    box_->cv.notify_all();  // Watch: nothing is awaited any more
   }
   return out;
+}
+
+void PeerServer::Watch(int64_t round, const std::string& sender, const std::function<bool()>& reachable,
+                       std::chrono::milliseconds period, int strikes) {
+  auto awaited = [&] {
+    return box_->round == round && box_->tokens.count(sender) > 0 && box_->received.count(sender) == 0;
+  };
+  for (int missed = 0;;) {
+    {
+      std::unique_lock<std::mutex> l(box_->mu);
+      if (box_->cv.wait_for(l, period, [&] { return !awaited(); })) return;
+    }
+    missed = reachable() ? 0 : missed + 1;
+    if (missed >= strikes) {
+      GiveUp(round, sender);
+      return;
+    }
+  }
 }
 
 void PeerServer::GiveUp(int64_t round, const std::string& sender) {
@@ -231,6 +250,25 @@ Status SendModel(const std::string& address, const std::string& name, const std:
   RETURN_IF_ERROR(FromGrpc(writer->Finish(), absl::StrCat("gossip to ", name)));
   if (span) *span = {admitted, std::chrono::steady_clock::now()};
   return absl::OkStatus();
+}
+
+bool PeerReachable(const std::string& address, const std::string& name, const std::string& ca,
+                   const std::string& cert, const std::string& key, double timeout_s) {
+  grpc::ChannelArguments args;
+  if (!ca.empty()) args.SetSslTargetNameOverride(name + kPeerNameSuffix);
+  // A connection of its own: not a subchannel shared with (and backing off for) a send.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel = grpc::CreateCustomChannel(address, ClientCredentials(ca, cert, key), args);
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  // The first attempt decides: a refused connection (or handshake) is a failure at once,
+  // not retried until the deadline as WaitForConnected would.
+  for (grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);;) {
+    if (state == GRPC_CHANNEL_READY) return true;
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) return false;
+    if (!channel->WaitForStateChange(state, deadline)) return false;
+    state = channel->GetState(/*try_to_connect=*/false);
+  }
 }
 
 double UplinkMbps(int64_t bytes, const std::vector<SendSpan>& spans) {

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,6 +54,13 @@ class PeerServer {
   // Stops waiting in `round` for `sender`, unless its model is already in: a neighbour
   // that cannot be reached (its process is gone) will not send one either.
   void GiveUp(int64_t round, const std::string& sender);
+  // While `round`'s model from `sender` is awaited (not in, not given up, the round still
+  // collected), calls `reachable` every `period`; after `strikes` calls in a row return
+  // false, gives up on the sender (its process is gone: a neighbour that took this
+  // client's model and then crashed will not send its own). Returns once the model is no
+  // longer awaited.
+  void Watch(int64_t round, const std::string& sender, const std::function<bool()>& reachable,
+             std::chrono::milliseconds period, int strikes = 3);
   // Model bytes received in the round last expected.
   int64_t bytes_received() const;
 
@@ -83,6 +91,11 @@ Status SendModel(const std::string& address, const std::string& name, const std:
                  const std::string& model, const std::string& ca, const std::string& cert,
                  const std::string& key, double timeout_s, DeviceEmulator* emulator,
                  SendSpan* span = nullptr);
+
+// Whether a connection to the neighbour `name` serving Peer at `address` can be made
+// (over TLS as SendModel makes it, the handshake included) within `timeout_s`.
+bool PeerReachable(const std::string& address, const std::string& name, const std::string& ca,
+                   const std::string& cert, const std::string& key, double timeout_s);
 
 // The uplink `bytes` sent over `spans` used, in Mbit/s: the bytes over the time from the
 // first admission to the last end (the sends shared the uplink); 0 without spans.

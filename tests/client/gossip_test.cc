@@ -5,9 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <thread>
+
+#include "privacy/certs.h"
 
 namespace cleave {
 namespace {
@@ -116,6 +120,73 @@ TEST_F(PeerTest, ACrashedNeighbourIsNotWaitedFor) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got.at("a").tensors()[1].values[0], 3.0f);
   EXPECT_EQ(Send("run-1", 4, "b", "t-b", Model(1).Encode()).code(), absl::StatusCode::kPermissionDenied);
+}
+
+// A neighbour that took this client's model and then crashed: its port is closed, so
+// watching it (PeerReachable each period) gives it up after three failures in a row, and
+// Collect returns with the models that came instead of at the deadline. A live
+// neighbour is probed for as long as its model is awaited, never given up, and its
+// model is then taken; a watch ends as soon as nothing is awaited.
+TEST_F(PeerTest, ANeighbourThatCrashesAfterTakingOurModelIsNotWaitedFor) {
+  std::string gone_address;
+  {
+    auto gone = PeerServer::Start("127.0.0.1:0", "", "", "");
+    ASSERT_TRUE(gone.ok());
+    gone_address = "127.0.0.1:" + std::to_string((*gone)->port());
+    (*gone)->Expect("run-1", 5, {{"me", "t-me"}}, Model(0));
+    ASSERT_TRUE(SendModel(gone_address, "b", "run-1", 5, "me", "t-me", Model(1).Encode(), "", "", "",
+                          10, nullptr).ok());
+    EXPECT_TRUE(PeerReachable(gone_address, "b", "", "", "", 5));
+  }  // b crashes before sending its own
+  EXPECT_FALSE(PeerReachable(gone_address, "b", "", "", "", 5));
+
+  peer_->Expect("run-1", 5, {{"a", "t-a"}, {"b", "t-b"}, {"c", "t-c"}}, Model(0));
+  ASSERT_TRUE(Send("run-1", 5, "a", "t-a", Model(3).Encode()).ok());
+  std::map<std::string, ParameterSet> got;
+  std::thread collector([&] {
+    got = peer_->Collect(5, std::chrono::steady_clock::now() + std::chrono::minutes(10));
+  });
+  int gone_probes = 0;
+  std::atomic<int> live_probes{0};
+  // a's model is in: nothing to watch.
+  peer_->Watch(5, "a", [] { return false; }, std::chrono::milliseconds(1));
+  std::thread live([&] {
+    peer_->Watch(5, "c", [&] {
+      ++live_probes;
+      return PeerReachable(address_, "c", "", "", "", 5);
+    }, std::chrono::milliseconds(20));
+  });
+  peer_->Watch(5, "b", [&] {
+    ++gone_probes;
+    return PeerReachable(gone_address, "b", "", "", "", 5);
+  }, std::chrono::milliseconds(20));
+  EXPECT_EQ(gone_probes, 3);
+  while (live_probes < 5) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(Send("run-1", 5, "c", "t-c", Model(4).Encode()).ok());  // not given up
+  live.join();
+  collector.join();  // without the watch on b this waits the ten minutes
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got.at("a").tensors()[1].values[0], 3.0f);
+  EXPECT_EQ(got.at("c").tensors()[1].values[0], 4.0f);
+}
+
+// The probe over mutual TLS connects as a send does: to the neighbour's certificate
+// under its peer name, presenting this client's. A certificate that does not name the
+// neighbour probed fails the handshake and counts as unreachable.
+TEST(PeerReachableTest, ProbesOverMutualTlsAsASendConnects) {
+  const std::string dir = ::testing::TempDir() + "/peer-reachable-fed";
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(InitFederation(dir).ok());
+  ASSERT_TRUE(IssueClientCert(dir, "b").ok());
+  ASSERT_TRUE(IssueClientCert(dir, "me").ok());
+  const std::string ca = dir + "/ca.crt";
+  auto b = PeerServer::Start("127.0.0.1:0", ca, dir + "/clients/b.crt", dir + "/clients/b.key");
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::string address = "127.0.0.1:" + std::to_string((*b)->port());
+  const std::string cert = dir + "/clients/me.crt", key = dir + "/clients/me.key";
+  EXPECT_TRUE(PeerReachable(address, "b", ca, cert, key, 10));
+  EXPECT_FALSE(PeerReachable(address, "me", ca, cert, key, 10));  // b's certificate is not me's
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
