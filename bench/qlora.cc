@@ -12,6 +12,11 @@
 //       [1, CUT) add over cut 1, and the ratio to float32.
 //   bench_qlora profile [BATCH [THREADS]]  (default 4 1) each base's forward and backward
 //       time per batch of the whole model and of its blocks, as the cut policy profiles it.
+//   bench_qlora load [CUT]             (default 9) a device reading its part [0, CUT) from
+//       the folder itself (ModelPart::LoadHfFolder: straight into the part's tensors),
+//       from an F32 file and from BF16 shards, each in a fresh process, beside reading it
+//       into a parameter set first (LoadHfWeights, then LoadFrom). Prints what the part
+//       holds and the peak while loading, above the process's resident memory before.
 //   bench_qlora perplexity [STEPS]     (default 60) the same blocks, 6 of them and a byte
 //       vocabulary, LoRA-fine-tuned on fortunes for STEPS batches of 4 x 64 with each
 //       base, from the same random start; the held-out perplexity of each and the ratio.
@@ -47,10 +52,13 @@ namespace fs = std::filesystem;
 const std::vector<std::pair<std::string, std::string>> kBases = {
     {"fp32", ""}, {"int8", "int8:channel"}, {"nf4", "nf4"}};
 
-std::string Folder() {
-  const std::string dir = (fs::temp_directory_path() / "cleave_bench_smol").string();
+// The SmolLM2-shaped folder (F32 in one file, or `shards` files of BF16).
+std::string Folder(const std::string& dtype = "F32", int shards = 1) {
+  const std::string dir =
+      (fs::temp_directory_path() / (dtype == "F32" ? "cleave_bench_smol" : "cleave_bench_smol_" + dtype)).string();
   const std::string script = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR + "/tests/models/llama_reference.py";
-  if (!fs::exists(dir + "/model.safetensors") && std::system((script + " make " + dir + " smol F32 1 7").c_str()) != 0) {
+  const bool there = fs::exists(dir + "/config.json");
+  if (!there && std::system(absl::StrCat(script, " make ", dir, " smol ", dtype, " ", shards, " 7").c_str()) != 0) {
     std::cerr << "could not write " << dir << "\n";
     std::exit(1);
   }
@@ -225,6 +233,61 @@ int Profile(int batch, int threads) {
   return 0;
 }
 
+// A device loading its part [0, cut) of the fp32 model with LoRA from `dir`, `into` the
+// part's tensors or through a parameter set. Prints the resident KiB before, after (the
+// temporaries freed) and at the peak, and the part's tensors' KiB.
+int LoadChild(const std::string& dir, int cut, bool into) {
+  SetTorchThreads(1);
+  auto spec = SpecOf(dir, "", 64);
+  if (!spec.ok()) return 1;
+  malloc_trim(0);
+  const int64_t before = ResidentBytes();
+  auto part = ModelPart::Create(*spec, 0, cut);
+  if (!part.ok()) return 1;
+  Status s;
+  if (into) {
+    s = (*part)->LoadHfFolder(dir);
+  } else {
+    auto weights = LoadHfWeights(dir, (*part)->Parameters(), spec->gpt.layers);
+    s = weights.ok() ? (*part)->LoadFrom(*weights) : weights.status();
+  }
+  if (!s.ok()) {
+    std::cerr << s << "\n";
+    return 1;
+  }
+  malloc_trim(0);
+  const int64_t held = ResidentBytes(), peak = PeakResidentBytes();
+  const int64_t tensors = 4 * (*part)->Parameters().total_elements();  // a copy: after the peak is read
+  std::cout << (before >> 10) << " " << (held >> 10) << " " << (peak >> 10) << " " << (tensors >> 10) << "\n";
+  return 0;
+}
+
+int Load(const char* self, int cut) {
+  std::cout << "SmolLM2-135M shape, fp32 with LoRA rank 8, a device's part [0, " << cut
+            << "): resident memory above the process's before loading (MiB)\n\n"
+            << "| folder | how | the part's tensors | held after | peak while loading | peak / held |\n"
+            << "| --- | --- | --- | --- | --- | --- |\n";
+  for (const auto& [dtype, shards] : std::vector<std::pair<std::string, int>>{{"F32", 1}, {"BF16", 3}}) {
+    const std::string dir = Folder(dtype, shards);
+    for (const bool into : {true, false}) {
+      const std::string cmd = absl::StrCat(self, " loadchild ", dir, " ", cut, " ", into ? 1 : 0);
+      FILE* pipe = popen(cmd.c_str(), "r");
+      int64_t before = 0, held = 0, peak = 0, tensors = 0;
+      if (pipe == nullptr || std::fscanf(pipe, "%ld %ld %ld %ld", &before, &held, &peak, &tensors) != 4 ||
+          pclose(pipe) != 0) {
+        std::cerr << "the device failed: " << cmd << "\n";
+        return 1;
+      }
+      std::cout << absl::StrFormat("| %s%s | %s | %.1f | %.1f | %.1f | %.2fx |\n", dtype,
+                                   shards > 1 ? absl::StrCat(", ", shards, " shards") : "",
+                                   into ? "into the part (LoadHfFolder)" : "a parameter set, then LoadFrom",
+                                   tensors / 1024.0, (held - before) / 1024.0, (peak - before) / 1024.0,
+                                   static_cast<double>(peak - before) / (held - before));
+    }
+  }
+  return 0;
+}
+
 int Perplexity(int steps) {
   const std::string dir = (fs::temp_directory_path() / "cleave_bench_smol6").string();
   const std::string script = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR + "/tests/models/llama_reference.py";
@@ -287,9 +350,11 @@ int main(int argc, char** argv) {
   if (mode == "device" && argc == 7) {
     return cleave::Device(argv[2], argv[3], std::atoi(argv[4]), std::atoi(argv[5]), argv[6]);
   }
+  if (mode == "loadchild" && argc == 5) return cleave::LoadChild(argv[2], std::atoi(argv[3]), std::atoi(argv[4]) != 0);
+  if (mode == "load") return cleave::Load(argv[0], argc > 2 ? std::atoi(argv[2]) : 9);
   if (mode == "memory") return cleave::Memory(argv[0], argc > 2 ? std::atoi(argv[2]) : 9, argc > 3 ? std::atoi(argv[3]) : 4);
   if (mode == "perplexity") return cleave::Perplexity(argc > 2 ? std::atoi(argv[2]) : 60);
   if (mode == "profile") return cleave::Profile(argc > 2 ? std::atoi(argv[2]) : 4, argc > 3 ? std::atoi(argv[3]) : 1);
-  std::cerr << "usage: bench_qlora memory [CUT [STEPS]] | profile [BATCH [THREADS]] | perplexity [STEPS]\n";
+  std::cerr << "usage: bench_qlora memory [CUT [STEPS]] | load [CUT] | profile [BATCH [THREADS]] | perplexity [STEPS]\n";
   return 2;
 }

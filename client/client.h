@@ -50,6 +50,11 @@ struct ClientOptions {
   // (cleave-client --state-dir): DIR/personal.pb, tied to the run and the model. Empty =
   // in memory only: a restarted client starts them again from the initial values.
   std::string state_dir;
+  // A local copy of the model's Hugging Face folder (cleave-client --model-dir), for
+  // split tasks of model hf with LoRA: the frozen tensors of this device's stages are
+  // read from it into the part (only the shards that hold them), instead of fetched
+  // from the server and held beside it, and checked against the task's base digest.
+  std::string model_dir;
   double initial_backoff_s = 0.5;  // first reconnect delay; doubles up to max_backoff_s
   double max_backoff_s = 30;
   double give_up_after_s = 600;    // unreachable this long: Run() returns UNAVAILABLE

@@ -211,6 +211,9 @@ struct Client::Impl {
     ParameterSet global;
   };
   StatusOr<TaskModel> FetchTaskModel(const TaskCall& c);
+  // Whether a task's frozen base is read from opts.model_dir instead of fetched: split
+  // tasks of model hf with a base, except U-shaped ones.
+  bool BaseFromFolder(const v1::Task& task, const ModelSpec& spec) const;
   // Whole-model tasks: `model` built from `m.spec` and set to the global model (its
   // frozen tensors the values of `base`, in place; this client's personal layers written
   // over it; a TorchScript loss fetched once). `m.global` keeps the tensors an update

@@ -465,14 +465,20 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   return call.Reject(absl::InternalError("no handler for the task"));
 }
 
+bool Client::Impl::BaseFromFolder(const v1::Task& task, const ModelSpec& spec) const {
+  return !opts.model_dir.empty() && spec.name == "hf" && task.has_split() && !task.base_digest().empty() &&
+         task.split().mode() != "ushaped";
+}
+
 StatusOr<Client::Impl::TaskModel> Client::Impl::FetchTaskModel(const TaskCall& c) {
   TaskModel m;
   ASSIGN_OR_RETURN(m.spec, Spec(c.stub, c.w, c.task.model()));
   m.loss = c.task.train().loss().empty() ? "cross_entropy" : c.task.train().loss();
   RETURN_IF_ERROR(CheckDataFitsModel(opts.train, m.spec, m.loss, "local data"));
   ASSIGN_OR_RETURN(m.global, FetchModel(c.stub, c.w, c.task));
-  // A model with a frozen base (LoRA): the blob with it, fetched once.
-  if (!c.task.base_digest().empty() && base_digest != c.task.base_digest()) {
+  // A model with a frozen base (LoRA): the blob with it, fetched once (unless a split
+  // task reads it from this device's copy of the model's folder).
+  if (!c.task.base_digest().empty() && !BaseFromFolder(c.task, m.spec) && base_digest != c.task.base_digest()) {
     ASSIGN_OR_RETURN(std::string bytes, FetchBlob(c.stub, c.w.client_id(), c.w.session_token(),
                                                   c.task.base_digest(), 600, &emulator));
     base = ParameterSet();
@@ -505,7 +511,11 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   so.seed = BatchSeed(task, c.w, opts.name);
   so.emulator = &emulator;
   so.cancel = &stop;
-  if (!task.base_digest().empty()) so.base = &base;
+  if (BaseFromFolder(task, m->spec)) {
+    so.model_dir = opts.model_dir;
+  } else if (!task.base_digest().empty()) {
+    so.base = &base;
+  }
   if (!task.quantized_base_digest().empty()) so.quantized = &quantized_base;
   if (opts.crash_after_split_step) {
     const int64_t round = task.round();

@@ -45,6 +45,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--state-dir", f.client.state_dir,
                  "keep this device's personal layers (model.personal) in DIR/personal.pb "
                  "across restarts");
+  app.add_option("--model-dir", f.client.model_dir,
+                 "this device's copy of the model's Hugging Face folder (model hf): split "
+                 "tasks read their stages' frozen weights from it instead of downloading them")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--name", f.client.name, "client name shown by the server (with --cert: its CN)");
   app.add_option("--ca", f.client.tls_ca,
                  "federation CA certificate: speak TLS and verify the server");

@@ -135,6 +135,24 @@ Status LoadPart(ModelPart& p, const ParameterSet& part, const ParameterSet* base
 
 }  // namespace
 
+Status LoadPartFromFolder(ModelPart& p, const ParameterSet& part, const std::string& dir,
+                          const std::string& base_digest, const QuantizedSet* quantized) {
+  for (const std::string& name : p.TensorNames()) {
+    if (name.find(".lora_") != std::string::npos && part.Find(name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("adapter ", name, " is not in the task's part"));
+    }
+  }
+  if (quantized != nullptr) RETURN_IF_ERROR(p.LoadQuantized(*quantized));
+  RETURN_IF_ERROR(p.LoadHfFolder(dir));
+  const std::string digest = EncodedSha256Hex(p.FrozenViews());
+  if (digest != base_digest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--model-dir ", dir, " does not hold the server's model: the frozen weights of stages [0, ", p.end(),
+        ") read from it have digest ", digest.substr(0, 12), ", the server's ", base_digest.substr(0, 12)));
+  }
+  return p.LoadFrom(part, /*partial=*/true);
+}
+
 LocalTrainOptions TrainOptions(const v1::TrainConfig& tc) {
   return LocalTrainOptions(FitFromProto(tc));
 }
@@ -222,7 +240,12 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
         ") tokens; the data's are ", data_.shape[0] - 1, " (its context= option)"));
   }
   ASSIGN_OR_RETURN(head_, ModelPart::Create(o_.model, 0, st_.cut()));
-  RETURN_IF_ERROR(LoadPart(*head_, part, o_.base, o_.quantized));
+  if (!o_.model_dir.empty()) {
+    if (ushaped_) return absl::InvalidArgumentError("a U-shaped task's part is not read from --model-dir");
+    RETURN_IF_ERROR(LoadPartFromFolder(*head_, part, o_.model_dir, task_.base_digest(), o_.quantized));
+  } else {
+    RETURN_IF_ERROR(LoadPart(*head_, part, o_.base, o_.quantized));
+  }
   if (ushaped_) {
     ASSIGN_OR_RETURN(tail_, ModelPart::Create(o_.model, st_.tail_begin(), st_.num_stages()));
     RETURN_IF_ERROR(LoadPart(*tail_, part, o_.base, o_.quantized));

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "data/dataset.h"
 #include "models/model.h"
+#include "models/part.h"
 
 namespace cleave {
 
@@ -34,6 +35,11 @@ struct SplitTaskOptions {
   const ParameterSet* base = nullptr;  // its frozen tensors use these values in place
   // A quantized base's weights for the part (Task.quantized_base_digest), or nullptr.
   const QuantizedSet* quantized = nullptr;
+  // Instead of `base`: the model's Hugging Face folder on this device
+  // (ClientOptions::model_dir), from which the part reads its frozen tensors
+  // (ModelPart::LoadHfFolder); FAILED_PRECONDITION unless they are the server's (their
+  // encoding's digest is the task's base_digest). Not for U-shaped tasks.
+  std::string model_dir;
 };
 
 // The local training a task's TrainConfig asks for (whole-model or split); the caller
@@ -46,6 +52,14 @@ LocalTrainOptions TrainOptions(const v1::TrainConfig& tc);
 StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::Welcome& welcome,
                                        const v1::Task& task, const ParameterSet& part,
                                        const Dataset& data, const SplitTaskOptions& options);
+
+// A split task's client part `p` with its frozen tensors read from the model's folder
+// `dir` (SplitTaskOptions::model_dir), its adapters from `part` (the task's) and a
+// quantized base's weights from `quantized` (or none). FAILED_PRECONDITION naming `dir`
+// unless the frozen tensors read are the server's: the digest of their encoding must be
+// the task's `base_digest`.
+Status LoadPartFromFolder(ModelPart& p, const ParameterSet& part, const std::string& dir,
+                          const std::string& base_digest, const QuantizedSet* quantized);
 
 // Measures this device for the server's cut policy: every stage's time (scaled by the
 // emulated slowdown) and the link, with the probe blob and the Probe call.

@@ -1,11 +1,13 @@
 #include "core/parameter_set.h"
 
 #include <fnmatch.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -316,6 +318,40 @@ std::string Sha256Hex(std::string_view bytes) {
   for (unsigned char c : md) {
     out.push_back(kHex[c >> 4]);
     out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+std::string EncodedSha256Hex(const std::vector<TensorView>& views) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  std::string head;  // the encoding up to each tensor's values, as Encode writes it
+  auto flush = [&] {
+    EVP_DigestUpdate(ctx.get(), head.data(), head.size());
+    head.clear();
+  };
+  head.append(kMagic, 4);
+  Put<uint32_t>(head, kVersion);
+  Put<uint32_t>(head, static_cast<uint32_t>(views.size()));
+  for (const TensorView& t : views) {
+    Put<uint32_t>(head, static_cast<uint32_t>(t.name.size()));
+    head.append(t.name);
+    Put<uint8_t>(head, static_cast<uint8_t>(DType::kFloat32));
+    Put<uint32_t>(head, static_cast<uint32_t>(t.shape.size()));
+    for (int64_t d : t.shape) Put<int64_t>(head, d);
+    Put<uint64_t>(head, static_cast<uint64_t>(t.numel * sizeof(float)));
+    flush();
+    EVP_DigestUpdate(ctx.get(), t.data, static_cast<size_t>(t.numel) * sizeof(float));
+  }
+  flush();
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &n);
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < n; ++i) {
+    out.push_back(kHex[md[i] >> 4]);
+    out.push_back(kHex[md[i] & 15]);
   }
   return out;
 }

@@ -127,5 +127,9 @@ Status Overwrite(const ParameterSet& part, ParameterSet* set);
 
 // Hex SHA-256 of `bytes`: the content address of a blob.
 std::string Sha256Hex(std::string_view bytes);
+// Sha256Hex of the encoding (ParameterSet::Encode) of a set of `views`' values, computed
+// as it goes: no encoding is ever whole in memory. Views of float32 values only (no
+// decoder, scale 1), as ViewsOf makes them.
+std::string EncodedSha256Hex(const std::vector<TensorView>& views);
 
 }  // namespace cleave

@@ -170,6 +170,39 @@ StatusOr<ParameterSet> LoadHfWeights(const std::string& dir, const ParameterSet&
   return out;
 }
 
+Status LoadHfInto(const std::string& dir, const std::vector<HfTarget>& targets, int layers) {
+  std::map<std::string, const HfTarget*> wanted;  // by the folder's name
+  std::vector<std::string> names;
+  for (const HfTarget& t : targets) {
+    const std::string hf = HfTensorName(t.name, layers);
+    if (hf.empty() || absl::StrContains(t.name, ".lora_")) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " is not a decoder's"));
+    }
+    wanted[hf] = &t;
+    names.push_back(hf);
+  }
+  ASSIGN_OR_RETURN(auto files, FilesOf(dir, names));
+  for (const auto& [path, in_file] : files) {
+    ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+    std::set<std::string> missing(in_file.begin(), in_file.end());
+    SafetensorsFilter filter;
+    filter.wanted = [&missing](const std::string& name) { return missing.count(name) > 0; };
+    filter.done = [&file](const char* p, size_t n) { file->Release(p, n); };
+    filter.into = [&](const std::string& name, const std::vector<int64_t>& shape) -> StatusOr<float*> {
+      const HfTarget& want = *wanted.at(name);
+      if (shape != want.shape) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, " is ", absl::StrJoin(shape, "x"),
+                                                       ", the model's is ", absl::StrJoin(want.shape, "x")));
+      }
+      missing.erase(name);
+      return want.values;
+    };
+    RETURN_IF_ERROR(ParseSafetensors(file->bytes(), path, filter).status());
+    if (!missing.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", *missing.begin(), " is missing"));
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<QuantizedSet> LoadHfQuantized(const std::string& dir, const QuantizedSet& layout, int layers) {
   if (layout.empty()) return layout;
   ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeStatelessCodec(layout.spec, 0));

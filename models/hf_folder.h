@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/parameter_set.h"
 #include "core/status.h"
@@ -32,6 +33,20 @@ std::string HfTensorName(const std::string& stage_name, int layers);
 // tensor of `layout` must be in the folder with its shape, except LoRA adapters, which
 // keep `layout`'s values. Errors name the file and the tensor.
 StatusOr<ParameterSet> LoadHfWeights(const std::string& dir, const ParameterSet& layout, int layers);
+
+// Where a tensor read from a folder goes: its stage name, its shape, and memory for its
+// float32 values (a model part's own tensor).
+struct HfTarget {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* values = nullptr;
+};
+
+// LoadHfWeights straight into `targets` (no LoRA adapters among them): each tensor
+// converted from its mapped file into its target a slice at a time, each slice's pages
+// released once read, so that loading holds nothing beside the targets but a slice.
+// Errors as LoadHfWeights's; a target may be partly written when one is returned.
+Status LoadHfInto(const std::string& dir, const std::vector<HfTarget>& targets, int layers);
 
 // The quantized weights of `layout` (a model's QuantizedBase, under stage names) from
 // DIR's safetensors, each read as LoadHfWeights reads it and quantized in layout's codec

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "models/hf_folder.h"
 #include "models/optimizer_step.h"
 #include "models/optimizers.h"
 #include "models/torch_stages.h"
@@ -112,6 +113,8 @@ torch::Tensor DistanceCorrelationTensor(const torch::Tensor& x, const torch::Ten
 struct ModelPart::Impl {
   std::vector<TorchStage> stages;  // [begin, end) only
   int begin = 0, end = 0;
+  std::string model;  // ModelSpec::name
+  int layers = 0;     // ModelSpec::gpt.layers
   std::vector<std::pair<std::string, torch::Tensor>> params;
   std::vector<size_t> first_param;  // per stage: index of its first tensor in params
   // Optimizer state per tensor of params: momentum / first moment, second moment, steps.
@@ -206,6 +209,8 @@ StatusOr<std::unique_ptr<ModelPart>> ModelPart::Create(const ModelSpec& spec, in
   auto impl = std::make_unique<Impl>();
   impl->begin = begin;
   impl->end = end;
+  impl->model = spec.name;
+  impl->layers = spec.gpt.layers;
   // Keep only this part's stages: the others' parameters are freed (unless TorchScript
   // keeps them alive in its module tree).
   impl->stages.assign(std::make_move_iterator(all.begin() + begin),
@@ -312,6 +317,31 @@ Status ModelPart::LoadBase(const ParameterSet& base) {
     }
   }
   return absl::OkStatus();
+}
+
+Status ModelPart::LoadHfFolder(const std::string& dir) {
+  if (impl_->model != "hf") return absl::FailedPreconditionError("only model hf is read from a folder");
+  std::vector<HfTarget> targets;
+  for (auto& [name, p] : impl_->params) {
+    if (name.find(".lora_") != std::string::npos) continue;
+    targets.push_back({name, std::vector<int64_t>(p.sizes().begin(), p.sizes().end()), p.data_ptr<float>()});
+  }
+  torch::NoGradGuard no_grad;
+  return LoadHfInto(dir, targets, impl_->layers);
+}
+
+std::vector<TensorView> ModelPart::FrozenViews() const {
+  std::vector<TensorView> out;
+  for (const auto& [name, p] : impl_->params) {
+    if (p.requires_grad()) continue;
+    TensorView v;
+    v.name = name;
+    v.shape.assign(p.sizes().begin(), p.sizes().end());
+    v.data = reinterpret_cast<const char*>(p.data_ptr<float>());
+    v.numel = p.numel();
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 void ModelPart::SetNoPeek(double alpha) { impl_->nopeek = alpha; }

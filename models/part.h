@@ -75,6 +75,15 @@ class ModelPart {
   // is copied. `base` must outlive the part and not change while it lives; the part
   // never writes a frozen tensor. INVALID_ARGUMENT for a tensor of another shape.
   Status LoadBase(const ParameterSet& base);
+  // A device with the model's Hugging Face folder (model hf): this part's tensors, all
+  // but its LoRA adapters, read from DIR straight into the part's own memory
+  // (LoadHfInto: only the shards that hold them, nothing whole beside the part). Not
+  // after LoadBase. Errors name the file and the tensor; the part may then be partly
+  // loaded.
+  Status LoadHfFolder(const std::string& dir);
+  // Views of its frozen tensors (those training leaves alone: a LoRA part's base), in
+  // the part's order; valid while the part lives and they are not loaded again.
+  std::vector<TensorView> FrozenViews() const;
   // A quantized base (ModelSpec::quantize): this part's quantized weights, and their
   // replacement by `set`'s (shared, not copied), as Model's.
   QuantizedSet QuantizedBase() const;

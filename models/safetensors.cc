@@ -148,6 +148,22 @@ StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::strin
       return loss(absl::StrCat("tensors ", entries[i - 1].name, " and ", e.name, " overlap"));
     }
     if (filter.wanted && !filter.wanted(e.name)) continue;
+    float* into = nullptr;
+    if (filter.into) {
+      ASSIGN_OR_RETURN(into, filter.into(e.name, e.shape));
+    }
+    if (into != nullptr) {
+      constexpr int64_t kSlice = int64_t{1} << 18;  // values: 1 MiB of float32
+      const int64_t numel = NumElements(e.shape);
+      const size_t size = DtypeSize(e.dtype);
+      for (int64_t at = 0; at < numel; at += kSlice) {
+        const int64_t n = std::min(kSlice, numel - at);
+        const char* src = data.data() + e.begin + at * size;
+        Convert(e.dtype, src, n, into + at);
+        if (filter.done) filter.done(src, n * size);
+      }
+      continue;
+    }
     Tensor t;
     t.name = e.name;
     t.shape = e.shape;

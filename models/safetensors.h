@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/parameter_set.h"
 #include "core/status.h"
@@ -23,10 +24,15 @@ namespace cleave {
 StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what);
 // ParseSafetensors of the tensors `wanted` names only (every tensor's entry is still
 // checked); `done`, when set, is told each converted tensor's bytes, so that a mapped
-// file's pages can be released as soon as they are read.
+// file's pages can be released as soon as they are read. `into`, when set, is asked for
+// each wanted tensor (its name and shape in the file) where its float32 values go: an
+// error stops the parse, nullptr takes it into the result as usual, and memory for all
+// of its values receives them instead, converted a slice at a time (`done` told each
+// slice's bytes), so that the tensor is never whole anywhere else.
 struct SafetensorsFilter {
   std::function<bool(const std::string& name)> wanted;
   std::function<void(const char* data, size_t size)> done;
+  std::function<StatusOr<float*>(const std::string& name, const std::vector<int64_t>& shape)> into;
 };
 StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what,
                                         const SafetensorsFilter& filter);

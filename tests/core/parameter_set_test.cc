@@ -33,6 +33,23 @@ TEST(ParameterSetTest, EncodeDecodeRoundTrip) {
   EXPECT_EQ(back->total_elements(), 10);
 }
 
+// The digest computed as it goes is the content address of the encoding (the blob a
+// server sends), and any change of a value, a name or a shape changes it.
+TEST(ParameterSetTest, TheDigestOfViewsIsTheDigestOfTheEncoding) {
+  ParameterSet ps = Sample();
+  const std::string digest = EncodedSha256Hex(ViewsOf(ps));
+  EXPECT_EQ(digest, Sha256Hex(ps.Encode()));
+  EXPECT_EQ(EncodedSha256Hex({}), Sha256Hex(ParameterSet().Encode()));
+  ParameterSet value = ps, shape = ps;
+  value.mutable_tensors()[1].values[2] = 7.5f;
+  shape.mutable_tensors()[0].shape = {3, 2};
+  EXPECT_NE(EncodedSha256Hex(ViewsOf(value)), digest);
+  EXPECT_NE(EncodedSha256Hex(ViewsOf(shape)), digest);
+  std::vector<TensorView> renamed = ViewsOf(ps);
+  renamed[2].name = "t";
+  EXPECT_NE(EncodedSha256Hex(renamed), digest);
+}
+
 TEST(ParameterSetTest, AddRejectsBadTensors) {
   ParameterSet ps;
   EXPECT_EQ(ps.Add({"w", {2, 2}, {1, 2, 3}}).code(), absl::StatusCode::kInvalidArgument);

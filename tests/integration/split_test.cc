@@ -8,7 +8,10 @@
 #include <tuple>
 
 #include "core/files.h"
+#include "client/split_client.h"
+#include "models/hf_folder.h"
 #include "models/model.h"
+#include "models/part.h"
 #include "tests/integration/federation.h"
 
 namespace cleave {
@@ -461,6 +464,86 @@ TEST(SplitTextTest, AQuantizedTiedLlamaTrainsAcrossTheCutAndFederated) {
     EXPECT_LT(h[0].test_metrics.at("perplexity"), 230);  // from about 256
   }
   std::filesystem::remove_all(dir);
+}
+
+// A device with its own copy of the model's folder (--model-dir) reads its stages'
+// frozen weights from it instead of downloading them: one client, so that both runs take
+// the same steps, trains to exactly the model it trains to with the base downloaded, and
+// at least the base's bytes fewer go down. A folder of other weights is refused, naming
+// it, by the digest the server's base has.
+TEST(SplitTextTest, ADeviceReadsItsStagesFromItsOwnCopyOfTheFolder) {
+  const std::string dir = ::testing::TempDir() + "cleave_split_hf_local", other = dir + "_other";
+  for (const auto& [d, seed] : {std::pair{dir, 5}, std::pair{other, 6}}) {
+    std::filesystem::remove_all(d);
+    ASSERT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
+                           "/tests/models/llama_reference.py make " + d + " bytes-tied F32 1 " + std::to_string(seed))
+                              .c_str()),
+              0);
+  }
+  const std::string data = "text:/usr/share/games/fortunes,context=32";
+  const std::string yaml = "server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+                           "data: {test: \"" + data + "\", test_limit: 64}\n"
+                           "run: {rounds: 1, seed: 3}\nclients: {min: 1, quorum: 1.0}\n"
+                           "model: {name: hf, path: " + dir + ", gpt: {context: 32}, lora: {rank: 4, alpha: 8}}\n"
+                           "train: {optimizer: adamw, lr: 0.01, local_steps: 6, batch_size: 8}\n"
+                           "split: {mode: sfl-v2, cut: 2, window: 1}\n";
+  std::vector<ParameterSet> trained;
+  std::vector<int64_t> down;
+  ParameterSet initial;
+  for (const std::string& model_dir : {std::string(), dir}) {
+    SCOPED_TRACE(model_dir.empty() ? "base downloaded" : "base read from the folder");
+    std::vector<ClientOptions> clients = NaturalClients(data, 1);
+    clients[0].model_dir = model_dir;
+    Federation f;
+    f.Start(yaml, std::move(clients));
+    f.Join();
+    ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+    EXPECT_TRUE(f.client_status[0].ok()) << f.client_status[0];
+    const auto h = f.server->History();
+    ASSERT_EQ(h.size(), 1u);
+    EXPECT_EQ(h[0].participants, 1);
+    trained.push_back(f.server->GlobalModel());
+    down.push_back(h[0].bytes_down);
+    initial = f.initial;
+  }
+  EXPECT_EQ(TrainedAdapters(initial, trained[1]), 2 * 7 * 2);
+  for (const Tensor& t : trained[0].tensors()) EXPECT_EQ(trained[1].Find(t.name)->values, t.values) << t.name;
+  ParameterSet base;  // the frozen tensors of the device's stages 0 and 1
+  for (const Tensor& t : initial.tensors()) {
+    const bool device = t.name.rfind("0.", 0) == 0 || t.name.rfind("1.", 0) == 0;
+    if (device && t.name.find(".lora_") == std::string::npos) {
+      ASSERT_TRUE(base.Add(t).ok());
+    }
+  }
+  EXPECT_GE(down[0] - down[1], static_cast<int64_t>(base.EncodedSize())) << down[0] << " " << down[1];
+
+  ModelSpec spec;
+  spec.lora.rank = 4;
+  spec.lora.alpha = 8;
+  auto config = ReadHfConfig(dir);
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(SetHfModel(spec, *config, "config.json").ok());
+  spec.gpt.context = 32;
+  for (const std::string& folder : {dir, other}) {
+    auto part = ModelPart::Create(spec, 0, 2);
+    ASSERT_TRUE(part.ok()) << part.status();
+    const ParameterSet own = (*part)->Parameters();
+    ParameterSet adapters;
+    for (const Tensor& t : own.tensors()) {
+      if (t.name.find(".lora_") != std::string::npos) {
+        ASSERT_TRUE(adapters.Add(t).ok());
+      }
+    }
+    const Status s = LoadPartFromFolder(**part, adapters, folder, Sha256Hex(base.Encode()), nullptr);
+    if (folder == dir) {
+      EXPECT_TRUE(s.ok()) << s;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      EXPECT_NE(s.message().find("--model-dir " + other + " does not hold the server's model"), std::string::npos) << s;
+    }
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(other);
 }
 
 // Instruction data across the cut: prompts are read but only responses are predicted, so

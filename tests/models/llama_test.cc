@@ -449,6 +449,56 @@ TEST(LlamaTest, PartsBuildOnlyTheirStagesAndATiedHeadKeepsItsWeight) {
   fs::remove_all(dir);
 }
 
+// A device with the folder reads its part's tensors from it straight into the part
+// (ModelPart::LoadHfFolder): from BF16 shards, a tied head's weight included, the parts
+// hold exactly the whole model's values and compose to its logits; LoRA adapters keep
+// their own. A tensor of another shape is refused naming the file and the tensor, and a
+// model that is not hf has no folder to read.
+TEST(LlamaTest, APartReadsItsTensorsFromTheFolderIntoItsOwn) {
+  const std::string dir = MakeFolder("qwen2", "BF16", 2);  // q/k/v biases, a tied head
+  auto whole = Load(dir, AllTargets(2));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto spec = SpecOf(dir, AllTargets(2));
+  ASSERT_TRUE(spec.ok());
+  const ParameterSet all = (*whole)->Parameters();
+  const std::vector<int32_t> ids = RandomIds(17, 89, 7);
+  const Dataset data = Sequences(ids, 17, 89);
+  auto expected = (*whole)->Logits(std::vector<int32_t>(ids.begin(), ids.end() - 1));
+  ASSERT_TRUE(expected.ok());
+  auto front = ModelPart::Create(*spec, 0, 2), back = ModelPart::Create(*spec, 2, 4);
+  ASSERT_TRUE(front.ok() && back.ok());
+  for (auto* part : {front->get(), back->get()}) {
+    const ParameterSet before = part->Parameters();
+    ASSERT_TRUE(part->LoadHfFolder(dir).ok());
+    int read = 0;
+    const ParameterSet loaded = part->Parameters();
+    for (const Tensor& t : loaded.tensors()) {
+      const bool adapter = t.name.find(".lora_") != std::string::npos;
+      EXPECT_EQ(t.values, adapter ? before.Find(t.name)->values : all.Find(t.name)->values) << t.name;
+      read += !adapter;
+    }
+    EXPECT_GT(read, 4);
+  }
+  auto a = (*front)->Forward(1, InputBatch(data, {0}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto logits = (*back)->Forward(1, *a);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  for (size_t i = 0; i < expected->size(); ++i) ASSERT_NEAR(logits->values[i], (*expected)[i], 1e-4);
+
+  std::vector<float> room(64);
+  const Status misshapen = LoadHfInto(dir, {{"1.self_attn.q_proj.weight", {8, 8}, room.data()}}, spec->gpt.layers);
+  EXPECT_EQ(misshapen.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(misshapen.message().find(".safetensors: tensor model.layers.0.self_attn.q_proj.weight is"),
+            std::string::npos) << misshapen;
+  ModelSpec gpt;
+  gpt.name = "gpt";
+  gpt.gpt = {61, 16, 2, 2, 32};
+  auto plain = ModelPart::Create(gpt, 0, 1);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->LoadHfFolder(dir).code(), absl::StatusCode::kFailedPrecondition);
+  fs::remove_all(dir);
+}
+
 // train.recompute: each block runs again in the backward pass, under the random state of
 // its first pass (LoRA dropout draws the same masks), so training is unchanged, and what
 // a block keeps from forward to backward shrinks to its input.
