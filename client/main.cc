@@ -26,6 +26,7 @@ struct Flags {
   double holdout = 0;
   std::string token_file;
   int64_t memory_limit_mb = 0;
+  int64_t buffer_cache_mb = -1;  // -1: 1024, or an eighth of --memory-limit-mb
   std::string metrics_listen;
 };
 
@@ -85,6 +86,10 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->needs("--peer-listen");
   app.add_option("--memory-limit-mb", f.memory_limit_mb,
                  "memory training may use here, for the server's cut choice (0 = no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--buffer-cache-mb", f.buffer_cache_mb,
+                 "keep up to this many MiB of LibTorch's freed large buffers for the next "
+                 "training step (0 = none; default 1024, or an eighth of --memory-limit-mb)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics-listen", f.metrics_listen,
                  "serve this device's /metrics (Prometheus) on HOST:PORT: plain HTTP on a "
@@ -152,6 +157,9 @@ int main(int argc, char** argv) {
     std::cerr << "cleave-client: " << s.message() << "\n";
     return 2;
   }
+  cleave::SetTorchBufferCache(f.buffer_cache_mb >= 0     ? f.buffer_cache_mb << 20
+                              : f.memory_limit_mb > 0 ? (f.memory_limit_mb << 20) / 8
+                                                      : cleave::kTorchBufferCacheBytes);
   cleave::SetTorchThreads(f.torch_threads);
   auto opts = MakeOptions(f);
   if (!opts.ok()) {

@@ -855,12 +855,16 @@ namespace {
 std::atomic<int> g_torch_threads{0};  // SetTorchThreads' value; 0 = not set
 }  // namespace
 
+// SetTorchBufferCache(kTorchBufferCacheBytes) unless it was called (models/buffer_cache.cc).
+void SetDefaultTorchBufferCache();
+
 void UseTorchThreads() {
   const int n = g_torch_threads.load();
   if (n > 0) at::set_num_threads(n);  // in an OpenMP build: this thread's team size
 }
 
 void SetTorchThreads(int threads) {
+  SetDefaultTorchBufferCache();
   g_torch_threads = threads;
   at::set_num_threads(threads);
   // LibTorch's BLAS here is OpenBLAS with its own thread pool, which

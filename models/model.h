@@ -187,6 +187,15 @@ Status CheckDataFitsModel(const Dataset& data, const ModelSpec& spec, const std:
 // Sets LibTorch's intra-op thread count for this process (this thread, and every thread
 // that calls UseTorchThreads).
 void SetTorchThreads(int threads);
+// LibTorch's CPU buffers of 16 MiB and more (a language model's logits, an embedding's
+// gradient: what glibc maps fresh, and the kernel faults in and zeroes page by page,
+// every step) are kept when freed, by exact size, for the next request of that size, up
+// to `max_cached_bytes` of them (0: each is freed at once). The first call installs the
+// allocator for the process; SetTorchThreads makes that call with kTorchBufferCacheBytes
+// unless one came first. It costs memory only between steps (what a step freed), not at
+// a step's peak, unless sizes change from step to step.
+inline constexpr int64_t kTorchBufferCacheBytes = int64_t{1} << 30;
+void SetTorchBufferCache(int64_t max_cached_bytes);
 // OpenMP keeps its thread count per thread, and a new thread starts from the default
 // (the core count), not from SetTorchThreads: each LibTorch op it runs would then keep
 // an OpenMP team of its own. A thread that runs LibTorch work calls this first (no-op
