@@ -64,7 +64,6 @@ void AddDpNoise(const v1::DpTask& dp, ParameterSet* delta) {
   }
 }
 
-
 // trained - base, tensor by tensor (the same layout).
 ParameterSet Delta(ParameterSet trained, const ParameterSet& base) {
   for (size_t i = 0; i < trained.size(); ++i) {

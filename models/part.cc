@@ -326,7 +326,6 @@ Status ModelPart::LoadHfFolder(const std::string& dir) {
     if (name.find(".lora_") != std::string::npos) continue;
     targets.push_back({name, std::vector<int64_t>(p.sizes().begin(), p.sizes().end()), p.data_ptr<float>()});
   }
-  torch::NoGradGuard no_grad;
   return LoadHfInto(dir, targets, impl_->layers);
 }
 
