@@ -135,6 +135,7 @@ struct ModelPart::Impl {
   };
   std::map<int64_t, Pending> pending;
   double nopeek = 0;
+  int accumulate = 0;  // SetAccumulate's: > 0, no step until Step()
 
   StatusOr<int> From(int from) const {
     if (from < 0) return begin;
@@ -238,6 +239,20 @@ Status ModelPart::LoadQuantized(const QuantizedSet& set) {
 int ModelPart::begin() const { return impl_->begin; }
 int ModelPart::end() const { return impl_->end; }
 size_t ModelPart::pending() const { return impl_->pending.size(); }
+
+void ModelPart::SetAccumulate(int micro_batches) { impl_->accumulate = std::max(0, micro_batches); }
+
+Status ModelPart::Step() {
+  if (!impl_->pending.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(impl_->pending.size(), " micro-batches are still pending"));
+  }
+  try {
+    impl_->Step(impl_->begin);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("step failed: ", e.what_without_backtrace()));
+  }
+  return absl::OkStatus();
+}
 
 int64_t ModelPart::OptimizerStateElements() const {
   int64_t n = 0;
@@ -433,6 +448,7 @@ StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_ou
     } else {
       p.output.backward(ToTensor(grad_out));
     }
+    if (impl_->accumulate > 0) return Impl::InputGrad(p.input);  // nothing stashed: no step yet
     if (!live.empty()) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < impl_->params.size(); ++i) {
@@ -466,8 +482,12 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
         logits, y,
         torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
             impl_->training.label_smoothing));
-    loss.backward();
-    impl_->Step(from);
+    if (impl_->accumulate > 0) {
+      (loss / impl_->accumulate).backward();
+    } else {
+      loss.backward();
+      impl_->Step(from);
+    }
     LossStep r;
     r.loss = loss.item<double>();
     r.correct = logits.argmax(1).eq(y).sum().item<int64_t>();

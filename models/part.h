@@ -119,6 +119,15 @@ class ModelPart {
   StatusOr<LossStep> TrainWithLoss(const Activations& in, const std::vector<int64_t>& labels,
                                    int from = -1);
 
+  // Pipelines (issue 38): with `micro_batches` > 0, Backward and TrainWithLoss take no
+  // optimizer step: gradients add up over micro-batches (TrainWithLoss back-propagates
+  // its loss divided by `micro_batches`, so that a batch of that many equal micro-batches
+  // gets the gradient of its mean loss) until Step. 0 (the default) steps after each.
+  void SetAccumulate(int micro_batches);
+  // One optimizer step with the gradients added up since the last (clip_norm applied to
+  // their sum), then zeroes them. FAILED_PRECONDITION while a micro-batch is pending.
+  Status Step();
+
   size_t pending() const;
   // Values of optimizer state held (momentum, Adam's moments): trainable tensors only.
   int64_t OptimizerStateElements() const;
