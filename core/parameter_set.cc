@@ -116,19 +116,33 @@ size_t ParameterSet::EncodedSize() const {
   return n;
 }
 
+namespace {
+
+// The encoding's header (magic, version, tensor count), and each tensor's ahead of its
+// float32 values.
+void AppendSetHeader(std::string& out, size_t tensors) {
+  out.append(kMagic, 4);
+  Put<uint32_t>(out, kVersion);
+  Put<uint32_t>(out, static_cast<uint32_t>(tensors));
+}
+
+void AppendTensorHeader(std::string& out, std::string_view name, const std::vector<int64_t>& shape, int64_t numel) {
+  Put<uint32_t>(out, static_cast<uint32_t>(name.size()));
+  out.append(name);
+  Put<uint8_t>(out, static_cast<uint8_t>(DType::kFloat32));
+  Put<uint32_t>(out, static_cast<uint32_t>(shape.size()));
+  for (int64_t d : shape) Put<int64_t>(out, d);
+  Put<uint64_t>(out, static_cast<uint64_t>(numel) * sizeof(float));
+}
+
+}  // namespace
+
 std::string ParameterSet::Encode() const {
   std::string out;
   out.reserve(EncodedSize());
-  out.append(kMagic, 4);
-  Put<uint32_t>(out, kVersion);
-  Put<uint32_t>(out, static_cast<uint32_t>(tensors_.size()));
+  AppendSetHeader(out, tensors_.size());
   for (const auto& t : tensors_) {
-    Put<uint32_t>(out, static_cast<uint32_t>(t.name.size()));
-    out.append(t.name);
-    Put<uint8_t>(out, static_cast<uint8_t>(DType::kFloat32));
-    Put<uint32_t>(out, static_cast<uint32_t>(t.shape.size()));
-    for (int64_t d : t.shape) Put<int64_t>(out, d);
-    Put<uint64_t>(out, static_cast<uint64_t>(t.values.size() * sizeof(float)));
+    AppendTensorHeader(out, t.name, t.shape, static_cast<int64_t>(t.values.size()));
     out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
   }
   return out;
@@ -330,16 +344,9 @@ std::string EncodedSha256Hex(const std::vector<TensorView>& views) {
     EVP_DigestUpdate(ctx.get(), head.data(), head.size());
     head.clear();
   };
-  head.append(kMagic, 4);
-  Put<uint32_t>(head, kVersion);
-  Put<uint32_t>(head, static_cast<uint32_t>(views.size()));
+  AppendSetHeader(head, views.size());
   for (const TensorView& t : views) {
-    Put<uint32_t>(head, static_cast<uint32_t>(t.name.size()));
-    head.append(t.name);
-    Put<uint8_t>(head, static_cast<uint8_t>(DType::kFloat32));
-    Put<uint32_t>(head, static_cast<uint32_t>(t.shape.size()));
-    for (int64_t d : t.shape) Put<int64_t>(head, d);
-    Put<uint64_t>(head, static_cast<uint64_t>(t.numel * sizeof(float)));
+    AppendTensorHeader(head, t.name, t.shape, t.numel);
     flush();
     EVP_DigestUpdate(ctx.get(), t.data, static_cast<size_t>(t.numel) * sizeof(float));
   }

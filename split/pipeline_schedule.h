@@ -36,7 +36,8 @@ struct PipelineStepResult {
 // token for a language model: B x T) cut into `micro_batches` equal micro-batches, each
 // part running its passes in PipelineOrder's order (a pass waits for its input from the
 // part before, or its gradient from the part after), gradients added up (SetAccumulate),
-// then one optimizer step on every part. INVALID_ARGUMENT when the batch does not divide.
+// then one optimizer step on every part. INVALID_ARGUMENT when the batch does not divide;
+// after any other error the parts are left mid-step (ResetOptimizer clears them).
 StatusOr<PipelineStepResult> RunLocalPipelineStep(const std::vector<ModelPart*>& parts, const Activations& input,
                                                   const std::vector<int64_t>& labels, int micro_batches,
                                                   PipelineSchedule schedule);

@@ -416,6 +416,19 @@ TEST(LlamaTest, AQuantizedBaseComputesAsItsDequantizedWeights) {
   fs::remove_all(dir);
 }
 
+// The part [0, 2) then the part [2, 4) on a sequence of the model's ids give `whole`'s
+// logits, to 1e-4.
+void ExpectPartsComposeTo(Model& whole, ModelPart& front, ModelPart& back, int vocab) {
+  const std::vector<int32_t> ids = RandomIds(17, vocab, 7);
+  auto expected = whole.Logits(std::vector<int32_t>(ids.begin(), ids.end() - 1));
+  ASSERT_TRUE(expected.ok());
+  auto a = front.Forward(1, InputBatch(Sequences(ids, 17, vocab), {0}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto logits = back.Forward(1, *a);
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  for (size_t i = 0; i < expected->size(); ++i) ASSERT_NEAR(logits->values[i], (*expected)[i], 1e-4);
+}
+
 // A part of a model builds only its own stages: a device's part of a quantized model holds
 // its blocks' weights and no others, and a part with a tied head (qwen2) holds the
 // embedding's weight too, so that split learning cuts such a model (LoRA leaves the
@@ -427,10 +440,6 @@ TEST(LlamaTest, PartsBuildOnlyTheirStagesAndATiedHeadKeepsItsWeight) {
   auto spec = SpecOf(dir, AllTargets(2));
   ASSERT_TRUE(spec.ok());
   spec->quantize = "nf4";
-  const std::vector<int32_t> ids = RandomIds(17, 89, 7);
-  const Dataset data = Sequences(ids, 17, 89);
-  auto expected = (*whole)->Logits(std::vector<int32_t>(ids.begin(), ids.end() - 1));
-  ASSERT_TRUE(expected.ok());
   auto front = ModelPart::Create(*spec, 0, 2), back = ModelPart::Create(*spec, 2, 4);
   ASSERT_TRUE(front.ok() && back.ok());
   for (const auto& t : (*front)->QuantizedBase().tensors) EXPECT_EQ(t.name.substr(0, 2), "1.") << t.name;
@@ -441,11 +450,7 @@ TEST(LlamaTest, PartsBuildOnlyTheirStagesAndATiedHeadKeepsItsWeight) {
     ASSERT_TRUE(part->LoadFrom((*whole)->Parameters(), /*partial=*/true).ok());
     ASSERT_TRUE(part->LoadQuantized((*whole)->QuantizedBase()).ok());
   }
-  auto a = (*front)->Forward(1, InputBatch(data, {0}));
-  ASSERT_TRUE(a.ok()) << a.status();
-  auto logits = (*back)->Forward(1, *a);
-  ASSERT_TRUE(logits.ok()) << logits.status();
-  for (size_t i = 0; i < expected->size(); ++i) ASSERT_NEAR(logits->values[i], (*expected)[i], 1e-4);
+  ExpectPartsComposeTo(**whole, **front, **back, 89);
   fs::remove_all(dir);
 }
 
@@ -461,10 +466,6 @@ TEST(LlamaTest, APartReadsItsTensorsFromTheFolderIntoItsOwn) {
   auto spec = SpecOf(dir, AllTargets(2));
   ASSERT_TRUE(spec.ok());
   const ParameterSet all = (*whole)->Parameters();
-  const std::vector<int32_t> ids = RandomIds(17, 89, 7);
-  const Dataset data = Sequences(ids, 17, 89);
-  auto expected = (*whole)->Logits(std::vector<int32_t>(ids.begin(), ids.end() - 1));
-  ASSERT_TRUE(expected.ok());
   auto front = ModelPart::Create(*spec, 0, 2), back = ModelPart::Create(*spec, 2, 4);
   ASSERT_TRUE(front.ok() && back.ok());
   for (auto* part : {front->get(), back->get()}) {
@@ -479,11 +480,7 @@ TEST(LlamaTest, APartReadsItsTensorsFromTheFolderIntoItsOwn) {
     }
     EXPECT_GT(read, 4);
   }
-  auto a = (*front)->Forward(1, InputBatch(data, {0}));
-  ASSERT_TRUE(a.ok()) << a.status();
-  auto logits = (*back)->Forward(1, *a);
-  ASSERT_TRUE(logits.ok()) << logits.status();
-  for (size_t i = 0; i < expected->size(); ++i) ASSERT_NEAR(logits->values[i], (*expected)[i], 1e-4);
+  ExpectPartsComposeTo(**whole, **front, **back, 89);
 
   std::vector<float> room(64);
   const Status misshapen = LoadHfInto(dir, {{"1.self_attn.q_proj.weight", {8, 8}, room.data()}}, spec->gpt.layers);
