@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/files.h"
@@ -103,9 +104,15 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   model_ = *std::move(model);
   global_ = model_->Parameters();
   if (cfg_.model.name == "hf" && cfg_.model.weights.empty()) {
-    auto weights = LoadHfWeights(cfg_.model.path, global_, spec.gpt.layers);
-    if (!weights.ok()) return absl::InvalidArgumentError(absl::StrCat("model.path: ", weights.status().message()));
-    global_ = *std::move(weights);
+    // Read straight into the global model's own tensors (LoRA adapters keep their
+    // initial values): no second copy of the weights while they load.
+    std::vector<HfTarget> targets;
+    for (Tensor& t : global_.mutable_tensors()) {
+      if (!absl::StrContains(t.name, ".lora_")) targets.push_back({t.name, t.shape, t.values.data()});
+    }
+    if (Status s = LoadHfInto(cfg_.model.path, targets, spec.gpt.layers); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.path: ", s.message()));
+    }
     if (!spec.quantize.empty()) {
       auto quantized = LoadHfQuantized(cfg_.model.path, model_->QuantizedBase(), spec.gpt.layers);
       if (!quantized.ok()) return absl::InvalidArgumentError(absl::StrCat("model.path: ", quantized.status().message()));

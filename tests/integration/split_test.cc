@@ -546,6 +546,42 @@ TEST(SplitTextTest, ADeviceReadsItsStagesFromItsOwnCopyOfTheFolder) {
   std::filesystem::remove_all(other);
 }
 
+// The server reads a Hugging Face folder straight into its global model: exactly the
+// folder's values (LoRA adapters keep their initial ones), and a folder without its
+// weights is refused naming model.path and what is missing.
+TEST(SplitTextTest, TheServerReadsTheFolderIntoItsGlobalModel) {
+  const std::string dir = ::testing::TempDir() + "cleave_server_hf";
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
+                         "/tests/models/llama_reference.py make " + dir + " bytes-tied BF16 2 5").c_str()),
+            0);
+  auto server_of = [&] {
+    ServerOptions o;
+    o.config = TestConfig("model: {name: hf, path: " + dir + ", gpt: {context: 32}, lora: {rank: 4, alpha: 8}}\n"
+                          "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 8}\n");
+    o.listen = "127.0.0.1:0";
+    o.insecure = true;
+    return Server::Create(std::move(o));
+  };
+  auto server = server_of();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const ParameterSet global = (*server)->GlobalModel();
+  auto weights = LoadHfWeights(dir, global, 2);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  int read = 0;
+  for (const Tensor& t : weights->tensors()) {
+    EXPECT_EQ(global.Find(t.name)->values, t.values) << t.name;
+    read += t.name.find(".lora_") == std::string::npos;
+  }
+  EXPECT_GT(read, 10);
+  std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
+  auto refused = server_of();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("model.path: cannot open " + dir + "/model-00002-of-00002.safetensors"),
+            std::string::npos) << refused.status();
+  std::filesystem::remove_all(dir);
+}
+
 // Instruction data across the cut: prompts are read but only responses are predicted, so
 // labels of the prompts cross the cut as "no target" (kNoTarget), which the server takes
 // and leaves out of the loss; the model learns the task (answer = the instruction's word,
