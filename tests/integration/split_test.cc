@@ -303,6 +303,19 @@ namespace {
 
 class SplitTextTest : public ::testing::TestWithParam<std::string> {};
 
+// A random tiny Hugging Face folder at TempDir()/NAME, written afresh by the reference
+// script (tests/models/llama_reference.py make NAME KIND DTYPE SHARDS SEED); its path.
+std::string MakeHfFolder(const std::string& name, const std::string& kind, const std::string& dtype, int shards,
+                         int seed) {
+  const std::string dir = ::testing::TempDir() + name;
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR + "/tests/models/llama_reference.py make " +
+                         dir + " " + kind + " " + dtype + " " + std::to_string(shards) + " " + std::to_string(seed))
+                            .c_str()),
+            0);
+  return dir;
+}
+
 // LoRA across a run from `start` to `end`: every frozen tensor ends as it started (a
 // failure names it); returns how many adapter tensors changed.
 int TrainedAdapters(const ParameterSet& start, const ParameterSet& end) {
@@ -398,11 +411,7 @@ TEST(SplitTextTest, LoraAdaptersTrainOnBothSidesOfTheCut) {
 // projections in U-shaped learning, its adapters train on both sides and every frozen
 // tensor ends as it started.
 TEST(SplitTextTest, AHuggingFaceLlamaTrainsAcrossTheCut) {
-  const std::string dir = ::testing::TempDir() + "cleave_split_hf_llama";
-  std::filesystem::remove_all(dir);
-  ASSERT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
-                         "/tests/models/llama_reference.py make " + dir + " bytes F32 2 5").c_str()),
-            0);
+  const std::string dir = MakeHfFolder("cleave_split_hf_llama", "bytes", "F32", 2, 5);
   const std::string base = "server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
                            "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 128}\n"
                            "run: {rounds: 1, seed: 3}\nclients: {min: 2, quorum: 1.0}\n";
@@ -438,11 +447,7 @@ TEST(SplitTextTest, AHuggingFaceLlamaTrainsAcrossTheCut) {
 // with activation checkpointing; the adapters on both sides train and the model learns.
 // The same base in a federated round, where each client loads the whole quantized set.
 TEST(SplitTextTest, AQuantizedTiedLlamaTrainsAcrossTheCutAndFederated) {
-  const std::string dir = ::testing::TempDir() + "cleave_split_hf_qlora";
-  std::filesystem::remove_all(dir);
-  ASSERT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
-                         "/tests/models/llama_reference.py make " + dir + " bytes-tied F32 1 5").c_str()),
-            0);
+  const std::string dir = MakeHfFolder("cleave_split_hf_qlora", "bytes-tied", "F32", 1, 5);
   const std::string base = "server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
                            "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 128}\n"
                            "run: {rounds: 1, seed: 3}\nclients: {min: 2, quorum: 1.0}\n"
@@ -472,14 +477,8 @@ TEST(SplitTextTest, AQuantizedTiedLlamaTrainsAcrossTheCutAndFederated) {
 // at least the base's bytes fewer go down. A folder of other weights is refused, naming
 // it, by the digest the server's base has.
 TEST(SplitTextTest, ADeviceReadsItsStagesFromItsOwnCopyOfTheFolder) {
-  const std::string dir = ::testing::TempDir() + "cleave_split_hf_local", other = dir + "_other";
-  for (const auto& [d, seed] : {std::pair{dir, 5}, std::pair{other, 6}}) {
-    std::filesystem::remove_all(d);
-    ASSERT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
-                           "/tests/models/llama_reference.py make " + d + " bytes-tied F32 1 " + std::to_string(seed))
-                              .c_str()),
-              0);
-  }
+  const std::string dir = MakeHfFolder("cleave_split_hf_local", "bytes-tied", "F32", 1, 5);
+  const std::string other = MakeHfFolder("cleave_split_hf_local_other", "bytes-tied", "F32", 1, 6);
   const std::string data = "text:/usr/share/games/fortunes,context=32";
   const std::string yaml = "server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
                            "data: {test: \"" + data + "\", test_limit: 64}\n"
@@ -550,11 +549,7 @@ TEST(SplitTextTest, ADeviceReadsItsStagesFromItsOwnCopyOfTheFolder) {
 // folder's values (LoRA adapters keep their initial ones), and a folder without its
 // weights is refused naming model.path and what is missing.
 TEST(SplitTextTest, TheServerReadsTheFolderIntoItsGlobalModel) {
-  const std::string dir = ::testing::TempDir() + "cleave_server_hf";
-  std::filesystem::remove_all(dir);
-  ASSERT_EQ(std::system((std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
-                         "/tests/models/llama_reference.py make " + dir + " bytes-tied BF16 2 5").c_str()),
-            0);
+  const std::string dir = MakeHfFolder("cleave_server_hf", "bytes-tied", "BF16", 2, 5);
   auto server_of = [&] {
     ServerOptions o;
     o.config = TestConfig("model: {name: hf, path: " + dir + ", gpt: {context: 32}, lora: {rank: 4, alpha: 8}}\n"
