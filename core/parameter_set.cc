@@ -323,17 +323,25 @@ std::vector<TensorView> ViewsOf(const ParameterSet& set) {
   return views;
 }
 
+namespace {
+
+std::string Hex(const unsigned char* md, size_t n) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(kHex[md[i] >> 4]);
+    out.push_back(kHex[md[i] & 15]);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string Sha256Hex(std::string_view bytes) {
   unsigned char md[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), md);
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * SHA256_DIGEST_LENGTH);
-  for (unsigned char c : md) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
+  return Hex(md, SHA256_DIGEST_LENGTH);
 }
 
 std::string EncodedSha256Hex(const std::vector<TensorView>& views) {
@@ -354,13 +362,7 @@ std::string EncodedSha256Hex(const std::vector<TensorView>& views) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   EVP_DigestFinal_ex(ctx.get(), md, &n);
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < n; ++i) {
-    out.push_back(kHex[md[i] >> 4]);
-    out.push_back(kHex[md[i] & 15]);
-  }
-  return out;
+  return Hex(md, n);
 }
 
 StatusOr<std::vector<std::string>> MatchTensorNames(const ParameterSet& set,

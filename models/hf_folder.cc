@@ -128,46 +128,17 @@ std::string HfTensorName(const std::string& stage_name, int layers) {
 }
 
 StatusOr<ParameterSet> LoadHfWeights(const std::string& dir, const ParameterSet& layout, int layers) {
-  std::map<std::string, const Tensor*> wanted;  // by the folder's name
-  std::vector<std::string> names;
-  for (const Tensor& t : layout.tensors()) {
-    if (absl::StrContains(t.name, ".lora_")) continue;
-    const std::string hf = HfTensorName(t.name, layers);
-    if (hf.empty()) return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " is not a decoder's"));
-    wanted[hf] = &t;
-    names.push_back(hf);
-  }
-  ASSIGN_OR_RETURN(auto files, FilesOf(dir, names));
-  std::map<std::string, Tensor> loaded;  // by stage name
-  for (const auto& [path, in_file] : files) {
-    ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
-    const std::set<std::string> here(in_file.begin(), in_file.end());
-    SafetensorsFilter filter;
-    filter.wanted = [&here](const std::string& name) { return here.count(name) > 0; };
-    filter.done = [&file](const char* p, size_t n) { file->Release(p, n); };
-    ASSIGN_OR_RETURN(ParameterSet got, ParseSafetensors(file->bytes(), path, filter));
-    for (Tensor& t : got.mutable_tensors()) {
-      const Tensor& want = *wanted.at(t.name);
-      if (t.shape != want.shape) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", t.name, " is ",
-                                                       absl::StrJoin(t.shape, "x"), ", the model's is ",
-                                                       absl::StrJoin(want.shape, "x")));
-      }
-      t.name = want.name;
-      loaded[want.name] = std::move(t);
-    }
-    for (const std::string& name : in_file) {
-      if (!loaded.count(wanted.at(name)->name)) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, " is missing"));
-      }
-    }
-  }
-  ParameterSet out;
-  for (const Tensor& t : layout.tensors()) {
-    auto it = loaded.find(t.name);
-    RETURN_IF_ERROR(out.Add(it == loaded.end() ? t : std::move(it->second)));
-  }
+  ParameterSet out = layout;  // LoRA adapters keep layout's values
+  RETURN_IF_ERROR(LoadHfInto(dir, HfTargetsOf(out), layers));
   return out;
+}
+
+std::vector<HfTarget> HfTargetsOf(ParameterSet& set) {
+  std::vector<HfTarget> targets;
+  for (Tensor& t : set.mutable_tensors()) {
+    if (!absl::StrContains(t.name, ".lora_")) targets.push_back({t.name, t.shape, t.values.data()});
+  }
+  return targets;
 }
 
 Status LoadHfInto(const std::string& dir, const std::vector<HfTarget>& targets, int layers) {

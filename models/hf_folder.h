@@ -42,11 +42,14 @@ struct HfTarget {
   float* values = nullptr;
 };
 
-// LoadHfWeights straight into `targets` (no LoRA adapters among them): each tensor
+// What LoadHfWeights does (into a copy of its layout), straight into `targets` (no LoRA
+// adapters among them): each tensor
 // converted from its mapped file into its target a slice at a time, each slice's pages
 // released once read, so that loading holds nothing beside the targets but a slice.
 // Errors as LoadHfWeights's; a target may be partly written when one is returned.
 Status LoadHfInto(const std::string& dir, const std::vector<HfTarget>& targets, int layers);
+// Targets for every tensor of `set` but its LoRA adapters, each its own values.
+std::vector<HfTarget> HfTargetsOf(ParameterSet& set);
 
 // The quantized weights of `layout` (a model's QuantizedBase, under stage names) from
 // DIR's safetensors, each read as LoadHfWeights reads it and quantized in layout's codec

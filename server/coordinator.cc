@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/files.h"
@@ -106,11 +105,7 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   if (cfg_.model.name == "hf" && cfg_.model.weights.empty()) {
     // Read straight into the global model's own tensors (LoRA adapters keep their
     // initial values): no second copy of the weights while they load.
-    std::vector<HfTarget> targets;
-    for (Tensor& t : global_.mutable_tensors()) {
-      if (!absl::StrContains(t.name, ".lora_")) targets.push_back({t.name, t.shape, t.values.data()});
-    }
-    if (Status s = LoadHfInto(cfg_.model.path, targets, spec.gpt.layers); !s.ok()) {
+    if (Status s = LoadHfInto(cfg_.model.path, HfTargetsOf(global_), spec.gpt.layers); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("model.path: ", s.message()));
     }
     if (!spec.quantize.empty()) {
