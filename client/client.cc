@@ -84,7 +84,7 @@ Status Client::Impl::Run() {
       peer_address = opts.peer_listen.substr(0, opts.peer_listen.rfind(':')) + ":" +
                      std::to_string(peer->port());
     }
-    spdlog::info("serving Peer on {} (gossip rounds)", peer_address);
+    spdlog::info("serving Peer on {} (gossip rounds, pipelines)", peer_address);
   }
   double backoff = opts.initial_backoff_s;
   auto last_contact = clock->Now();
@@ -277,8 +277,11 @@ Status Client::Impl::SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome&
                                  ControlStream& cs) {
   if (welcome.profile_batch_size() <= 0) return absl::OkStatus();  // no cut: auto
   auto spec = Spec(stub, welcome, welcome.model());
-  auto profile = spec.ok() ? ProfileDevice(stub, welcome, *spec, opts.train,
-                                           opts.memory_limit_bytes, &emulator)
+  // What training may use (Profile.memory_limit_bytes): the limit less what this process
+  // holds already (its libraries and data).
+  const int64_t headroom =
+      opts.memory_limit_bytes > 0 ? std::max<int64_t>(1, opts.memory_limit_bytes - ResidentBytes()) : 0;
+  auto profile = spec.ok() ? ProfileDevice(stub, welcome, *spec, opts.train, headroom, &emulator)
                            : StatusOr<v1::Profile>(spec.status());
   if (!profile.ok()) {
     // Without a profile the server never gives this client a task: end the session (for

@@ -1,6 +1,7 @@
 // Client: the task handlers (training, evaluation, split, gossip, edge), one per task
 // kind (Client::Impl::TaskHandlers), and what they share.
 #include "client/client_impl.h"
+#include "client/pipeline_relay.h"
 
 #include "aggregation/gossip_mix.h"
 #include "core/memory.h"
@@ -522,7 +523,10 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
       return opts.crash_after_split_step(round, step);
     };
   }
-  auto r = RunSplitTask(c.stub, c.w, task, m->global, opts.train, so);
+  so.peer = {opts.tls_ca, opts.tls_cert, opts.tls_key, opts.name};
+  // A pipeline's device past its data owner takes its micro-batches from upstream.
+  auto r = task.split().has_upstream() ? RunPipelineRelay(c.stub, c.w, task, m->global, so, peer.get())
+                                       : RunSplitTask(c.stub, c.w, task, m->global, opts.train, so);
   if (!r.ok() && r.status().code() == absl::StatusCode::kAborted && opts.crash_after_split_step) {
     *c.crashed = true;
     return r.status();
@@ -532,9 +536,9 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
                    UploadUpdate(c.stub, c.w, task, Delta(r->trained, m->global), r->examples,
                                 r->loss, r->stats.wall_s() * r->stats.steps(), &r->stats));
   ++tasks_done;
-  spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step (client {:.1f}, "
+  spdlog::info("round {}: split task at [{}, {}) done: {} steps, {:.1f} ms/step (client {:.1f}, "
                "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
-               task.round(), task.split().cut(), r->stats.steps(), 1e3 * r->stats.wall_s(),
+               task.round(), task.split().begin(), task.split().cut(), r->stats.steps(), 1e3 * r->stats.wall_s(),
                1e3 * r->stats.client_compute_s(), 1e3 * r->stats.transfer_s(),
                1e3 * r->stats.server_compute_s(), r->loss, reply.duplicate() ? " (duplicate)" : "");
   return absl::OkStatus();

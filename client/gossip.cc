@@ -28,6 +28,47 @@ struct PeerServer::Mailbox {
   int64_t size = 0;  // the encoded size a model of `layout` has
   std::map<std::string, ParameterSet> received;
   int64_t bytes = 0;
+  // The pipeline hop expected (ExpectPipeline), while `open`.
+  struct Hop {
+    bool open = false, taken = false;
+    std::string run_id, sender, token;
+    int64_t round = 0;
+    PeerServer::PipelineServe serve;
+  } hop;
+
+  // Checks a pipeline hop's opening against the one expected (waiting up to `until` for
+  // it); OK with what serves it, now taken.
+  grpc::Status AdmitHop(const v1::PipelineOpen& h, const std::string& peer_cn,
+                        std::chrono::system_clock::time_point until, PeerServer::PipelineServe* serve) {
+    std::unique_lock<std::mutex> l(mu);
+    // A sender ahead of this device (its task of the round came first) waits for it.
+    cv.wait_until(l, until, [&] { return hop.round >= h.round(); });
+    if (!hop.open) {
+      return {grpc::StatusCode::FAILED_PRECONDITION, "this device expects no pipeline hop now"};
+    }
+    if (h.run_id() != hop.run_id || h.round() != hop.round) {
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              absl::StrCat("a hop of run ", Printable(h.run_id()), " round ", h.round(), "; this device is in round ",
+                           hop.round, " of run ", Printable(hop.run_id))};
+    }
+    if (h.sender() != hop.sender || h.token() != hop.token) {
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              absl::StrCat("'", Printable(h.sender()),
+                           "' is not this device's upstream neighbour in this round (or its secret is wrong)")};
+    }
+    if (!peer_cn.empty() && peer_cn != h.sender()) {
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              absl::StrCat("a hop opened as '", Printable(h.sender()), "' under the certificate of '",
+                           Printable(peer_cn), "'")};
+    }
+    if (hop.taken) {
+      return {grpc::StatusCode::ALREADY_EXISTS,
+              absl::StrCat("'", Printable(h.sender()), "' already opened its hop of round ", hop.round)};
+    }
+    hop.taken = true;
+    *serve = hop.serve;
+    return grpc::Status::OK;
+  }
 
   // Checks a header against the round expected (waiting up to `until` while the sender
   // is a round ahead); OK with the bytes to read.
@@ -90,6 +131,16 @@ struct PeerServer::Mailbox {
 
 namespace {
 
+// The CN of the caller's certificate under mutual TLS; "" otherwise.
+std::string PeerCommonName(grpc::ServerContext* ctx) {
+  std::string cn;
+  if (auto auth = ctx->auth_context(); auth && auth->IsPeerAuthenticated()) {
+    const auto v = auth->FindPropertyValues("x509_common_name");
+    if (!v.empty()) cn.assign(v[0].data(), v[0].size());
+  }
+  return cn;
+}
+
 class PeerService final : public v1::Peer::Service {
  public:
   explicit PeerService(PeerServer::Mailbox* box) : box_(box) {}
@@ -101,11 +152,7 @@ class PeerService final : public v1::Peer::Service {
       return {grpc::StatusCode::INVALID_ARGUMENT, "a gossip stream must start with its header"};
     }
     const v1::GossipChunk::Header h = chunk.header();
-    std::string cn;
-    if (auto auth = ctx->auth_context(); auth && auth->IsPeerAuthenticated()) {
-      const auto v = auth->FindPropertyValues("x509_common_name");
-      if (!v.empty()) cn.assign(v[0].data(), v[0].size());
-    }
+    const std::string cn = PeerCommonName(ctx);
     // A sender whose task came before ours waits for it, within its call's deadline.
     const auto until = std::min(ctx->deadline(),
                                 std::chrono::system_clock::now() + std::chrono::minutes(10));
@@ -124,6 +171,18 @@ class PeerService final : public v1::Peer::Service {
       return {grpc::StatusCode::INVALID_ARGUMENT, "fewer model bytes than the header announced"};
     }
     return box_->Deliver(h, bytes);
+  }
+
+  grpc::Status Pipeline(grpc::ServerContext* ctx,
+                        grpc::ServerReaderWriter<v1::SplitDown, v1::SplitUp>* stream) override {
+    v1::SplitUp first;
+    if (!stream->Read(&first) || !first.has_hop()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, "a pipeline stream must start with its PipelineOpen"};
+    }
+    const auto until = std::min(ctx->deadline(), std::chrono::system_clock::now() + std::chrono::minutes(10));
+    PeerServer::PipelineServe serve;
+    if (grpc::Status s = box_->AdmitHop(first.hop(), PeerCommonName(ctx), until, &serve); !s.ok()) return s;
+    return serve(ctx, stream, first.hop());
   }
 
  private:
@@ -206,6 +265,21 @@ void PeerServer::GiveUp(int64_t round, const std::string& sender) {
   if (box_->round != round || box_->received.count(sender)) return;
   box_->tokens.erase(sender);  // a late model from it is refused like a stranger's
   box_->cv.notify_all();
+}
+
+void PeerServer::ExpectPipeline(const std::string& run_id, int64_t round, const std::string& sender,
+                                const std::string& token, PipelineServe serve) {
+  std::lock_guard<std::mutex> l(box_->mu);
+  box_->hop = {true, false, run_id, sender, token, round, std::move(serve)};
+  box_->cv.notify_all();
+}
+
+bool PeerServer::EndPipeline() {
+  std::lock_guard<std::mutex> l(box_->mu);
+  box_->hop.open = false;
+  box_->hop.serve = nullptr;  // what it captured may go (a call that took it holds its copy)
+  box_->cv.notify_all();
+  return box_->hop.taken;
 }
 
 int64_t PeerServer::bytes_received() const {

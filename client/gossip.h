@@ -8,7 +8,13 @@
 // another run or round, with a wrong secret, of another layout or size, or not finite,
 // is refused with a status that says so and changes nothing. Under mutual TLS the
 // sender must also present the certificate of the neighbour it claims to be.
+//
+// Pipelines (split.mode: pipeline) use the same service: a device past a chain's data
+// owner takes its upstream neighbour's Peer.Pipeline call (ExpectPipeline), under the
+// same rules.
 #pragma once
+
+#include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <cstdint>
@@ -18,13 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "cleave/v1/cleave.grpc.pb.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
-
-namespace grpc {
-class Server;
-class Service;
-}  // namespace grpc
 
 namespace cleave {
 
@@ -63,6 +65,17 @@ class PeerServer {
              std::chrono::milliseconds period, int strikes = 3);
   // Model bytes received in the round last expected.
   int64_t bytes_received() const;
+
+  // Pipelines: serves the Peer.Pipeline call of `round` of run `run_id` from `sender`
+  // with the hop's `token` (under mutual TLS, with the certificate of `sender`) by
+  // `serve`, once; any other call is refused. A call that comes before this (the
+  // sender's task came first) waits for it within its deadline.
+  using PipelineServe = std::function<grpc::Status(
+      grpc::ServerContext*, grpc::ServerReaderWriter<v1::SplitDown, v1::SplitUp>*, const v1::PipelineOpen&)>;
+  void ExpectPipeline(const std::string& run_id, int64_t round, const std::string& sender,
+                      const std::string& token, PipelineServe serve);
+  // Stops taking the call ExpectPipeline named: true if it was taken (`serve` runs or ran).
+  bool EndPipeline();
 
   struct Mailbox;  // the service's state (client/gossip.cc)
 

@@ -85,7 +85,7 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "the HOST:PORT neighbours dial (default: --peer-listen's host, bound port)")
       ->needs("--peer-listen");
   app.add_option("--memory-limit-mb", f.memory_limit_mb,
-                 "memory training may use here, for the server's cut choice (0 = no limit)")
+                 "memory this client may use; what is left for training goes to the server's cut choice (0 = no limit)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--buffer-cache-mb", f.buffer_cache_mb,
                  "keep up to this many MiB of LibTorch's freed large buffers for the next "

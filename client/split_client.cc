@@ -15,13 +15,71 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/split_wire.h"
 #include "client/transfer.h"
+#include "privacy/certs.h"
+#include "privacy/tls.h"
 #include "compression/codec.h"
 #include "models/part.h"
 #include "proto/split_chunks.h"
 #include "proto/train_config.h"
 
 namespace cleave {
+
+void ToWire(const Activations& a, WireCodec& c, v1::TensorData* t) {
+  for (int64_t d : a.shape) t->add_shape(d);
+  t->set_codec(c.spec);
+  t->set_data(EncodeValues(c.codec.get(), a.values, a.shape));
+}
+
+StatusOr<Activations> FromWire(const v1::TensorData& t, const WireCodec& c, const std::string& from) {
+  Activations a;
+  a.shape.assign(t.shape().begin(), t.shape().end());
+  int64_t n = 1;
+  for (int64_t d : a.shape) {
+    if (d <= 0 || n > (int64_t{1} << 31) / d) {
+      return absl::DataLossError(absl::StrCat(from, " sent a tensor with a bad shape"));
+    }
+    n *= d;
+  }
+  if (a.shape.empty() || t.codec() != c.spec) {
+    return absl::DataLossError(absl::StrCat(from, " sent a tensor without a shape or in another codec"));
+  }
+  auto values = DecodeValues(c.codec.get(), t.data(), a.shape);
+  if (!values.ok()) {
+    return absl::DataLossError(absl::StrCat(from, " sent a bad tensor: ", values.status().message()));
+  }
+  a.values = *std::move(values);
+  return a;
+}
+
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+StatusOr<std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>>> OpenHop(
+    const v1::PipelineHop& hop, const PeerLink& link, const v1::Task& task, grpc::ClientContext* ctx) {
+  grpc::ChannelArguments args;
+  // The neighbour's certificate names it (certs.h); the address is whatever reaches it.
+  if (!link.ca.empty()) args.SetSslTargetNameOverride(hop.name() + kPeerNameSuffix);
+  args.SetMaxReceiveMessageSize(4 << 20);
+  auto channel = grpc::CreateCustomChannel(hop.address(), ClientCredentials(link.ca, link.cert, link.key), args);
+  auto stub = v1::Peer::NewStub(channel);
+  ctx->set_deadline(std::chrono::system_clock::time_point(std::chrono::milliseconds(task.deadline_unix_ms())));
+  auto stream = stub->Pipeline(ctx);
+  v1::SplitUp open;
+  v1::PipelineOpen* o = open.mutable_hop();
+  o->set_run_id(task.run_id());
+  o->set_round(task.round());
+  o->set_sender(link.name);
+  o->set_token(hop.token());
+  v1::SplitDown ready;
+  if (!stream->Write(open) || !stream->Read(&ready) || !ready.has_ready()) {
+    return FromGrpc(stream->Finish(), absl::StrCat("pipeline hop to ", hop.name()));
+  }
+  return stream;
+}
+
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -30,91 +88,7 @@ double Since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
-// A tensor and the codec it travels with (`spec` "" = float32).
-struct WireCodec {
-  std::string spec;
-  std::unique_ptr<Codec> codec;
-};
-
-void ToWire(const Activations& a, WireCodec& c, v1::TensorData* t) {
-  for (int64_t d : a.shape) t->add_shape(d);
-  t->set_codec(c.spec);
-  t->set_data(EncodeValues(c.codec.get(), a.values, a.shape));
-}
-
-StatusOr<Activations> FromWire(const v1::TensorData& t, const WireCodec& c) {
-  Activations a;
-  a.shape.assign(t.shape().begin(), t.shape().end());
-  int64_t n = 1;
-  for (int64_t d : a.shape) {
-    if (d <= 0 || n > (int64_t{1} << 31) / d) {
-      return absl::DataLossError("the server sent a tensor with a bad shape");
-    }
-    n *= d;
-  }
-  if (a.shape.empty() || t.codec() != c.spec) {
-    return absl::DataLossError("the server sent a tensor without a shape or in another codec");
-  }
-  auto values = DecodeValues(c.codec.get(), t.data(), a.shape);
-  if (!values.ok()) {
-    return absl::DataLossError(absl::StrCat("the server sent a bad tensor: ",
-                                            values.status().message()));
-  }
-  a.values = *std::move(values);
-  return a;
-}
-
-// Writes queued messages on its own thread, so that sending overlaps computing.
-class Writer {
- public:
-  Writer(grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>* stream, DeviceEmulator* emu)
-      : stream_(stream), emu_(emu), thread_([this] { Loop(); }) {}
-  ~Writer() { Close(); }
-
-  // Queues `msg`, its tensor in chunks when large (proto/split_chunks.h).
-  void Push(v1::SplitUp msg) {
-    std::lock_guard<std::mutex> l(mu_);
-    for (auto& m : Chunked(std::move(msg))) queue_.push_back(std::move(m));
-    cv_.notify_one();
-  }
-  // Sends what is queued, then half-closes the stream. Returns false if a write failed.
-  bool Close() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      closing_ = true;
-      cv_.notify_one();
-    }
-    if (thread_.joinable()) thread_.join();
-    return ok_;
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      v1::SplitUp msg;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return closing_ || !queue_.empty(); });
-        if (queue_.empty()) break;
-        msg = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      if (!ok_) continue;  // drain after a failure
-      if (emu_) emu_->up.Consume(static_cast<int64_t>(msg.ByteSizeLong()));
-      ok_ = stream_->Write(msg);
-    }
-    if (ok_) stream_->WritesDone();
-  }
-
-  grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>* stream_;
-  DeviceEmulator* emu_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::SplitUp> queue_;
-  bool closing_ = false;
-  std::atomic<bool> ok_{true};
-  std::thread thread_;
-};
+using Writer = StreamWriter<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>, v1::SplitUp>;
 
 // Loads a part's tensors from the part the server sent and, when there is a base (a
 // LoRA model's frozen tensors), the rest from the base; every tensor must come from one.
@@ -147,10 +121,15 @@ Status LoadPartFromFolder(ModelPart& p, const ParameterSet& part, const std::str
   const std::string digest = EncodedSha256Hex(p.FrozenViews());
   if (digest != base_digest) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--model-dir ", dir, " does not hold the server's model: the frozen weights of stages [0, ", p.end(),
+        "--model-dir ", dir, " does not hold the server's model: the frozen weights of stages [", p.begin(), ", ", p.end(),
         ") read from it have digest ", digest.substr(0, 12), ", the server's ", base_digest.substr(0, 12)));
   }
   return p.LoadFrom(part, /*partial=*/true);
+}
+
+Status LoadSplitPart(ModelPart& p, const ParameterSet& part, const v1::Task& task, const SplitTaskOptions& o) {
+  if (o.model_dir.empty()) return LoadPart(p, part, o.base, o.quantized);
+  return LoadPartFromFolder(p, part, o.model_dir, task.base_digest(), o.quantized);
 }
 
 LocalTrainOptions TrainOptions(const v1::TrainConfig& tc) {
@@ -164,7 +143,10 @@ namespace {
 class SplitTaskRun {
  public:
   SplitTaskRun(const v1::Task& task, const Dataset& data, const SplitTaskOptions& o)
-      : task_(task), st_(task.split()), data_(data), o_(o), ushaped_(st_.mode() == "ushaped") {}
+      : task_(task), st_(task.split()), data_(data), o_(o), ushaped_(st_.mode() == "ushaped"),
+        pipeline_(st_.mode() == "pipeline"),
+        peer_(pipeline_ && st_.has_downstream() ? absl::StrCat("the chain's next device ", st_.downstream().name())
+                                                : "the server") {}
 
   // Checks the task, builds the client part(s) from `part` (and the base) with their
   // optimizers, and the codecs.
@@ -174,6 +156,9 @@ class SplitTaskRun {
   // Streams the local epochs (or steps) of micro-batches, split.window in flight, and
   // ends the stream.
   Status Train();
+  // A pipeline's data owner: each batch as micro_batches micro-batches (window in
+  // flight), one step per batch once all came back.
+  Status TrainPipeline();
   // The trained part in the layout of `part` it was given, its loss and step times.
   StatusOr<SplitTaskResult> Result(const ParameterSet& part) const;
 
@@ -207,8 +192,10 @@ class SplitTaskRun {
   const v1::SplitTask& st_;
   const Dataset& data_;
   const SplitTaskOptions& o_;
-  const bool ushaped_;
+  const bool ushaped_, pipeline_;
+  const std::string peer_;  // who the stream goes to, for errors
   std::unique_ptr<ModelPart> head_, tail_;
+  std::vector<v1::PipelineSpan> spans_;  // pipeline: the first batch's passes
   // Activation noise comes from the OS: the server must not be able to predict it.
   std::mt19937_64 noise_rng_{(static_cast<uint64_t>(std::random_device{}()) << 32) ^
                              std::random_device{}()};
@@ -232,6 +219,10 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
   if (st_.cut() < 1 || st_.window() < 1 || (ushaped_ && st_.tail_begin() <= st_.cut())) {
     return absl::InvalidArgumentError("bad split task");
   }
+  if (pipeline_ && (st_.begin() != 0 || st_.micro_batches() < 1 ||
+                    std::max(1, task_.train().batch_size()) % st_.micro_batches() != 0)) {
+    return absl::InvalidArgumentError("bad pipeline task: its owner holds stage 0 and micro-batches divide the batch");
+  }
   // The server checks every micro-batch against the model's shapes: a language model's
   // activations are [B, context, dim].
   if (data_.type == ExampleType::kToken && data_.shape[0] - 1 != o_.model.gpt.context) {
@@ -240,12 +231,10 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
         ") tokens; the data's are ", data_.shape[0] - 1, " (its context= option)"));
   }
   ASSIGN_OR_RETURN(head_, ModelPart::Create(o_.model, 0, st_.cut()));
-  if (!o_.model_dir.empty()) {
-    if (ushaped_) return absl::InvalidArgumentError("a U-shaped task's part is not read from --model-dir");
-    RETURN_IF_ERROR(LoadPartFromFolder(*head_, part, o_.model_dir, task_.base_digest(), o_.quantized));
-  } else {
-    RETURN_IF_ERROR(LoadPart(*head_, part, o_.base, o_.quantized));
+  if (ushaped_ && !o_.model_dir.empty()) {
+    return absl::InvalidArgumentError("a U-shaped task's part is not read from --model-dir");
   }
+  RETURN_IF_ERROR(LoadSplitPart(*head_, part, task_, o_));
   if (ushaped_) {
     ASSIGN_OR_RETURN(tail_, ModelPart::Create(o_.model, st_.tail_begin(), st_.num_stages()));
     RETURN_IF_ERROR(LoadPart(*tail_, part, o_.base, o_.quantized));
@@ -253,6 +242,7 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
   const LocalTrainOptions training = TrainOptions(task_.train());
   RETURN_IF_ERROR(head_->ResetOptimizer(training));
   head_->SetNoPeek(st_.nopeek());
+  if (pipeline_) head_->SetAccumulate(st_.micro_batches());
   if (tail_) RETURN_IF_ERROR(tail_->ResetOptimizer(training));
   if (!(st_.activation_noise() >= 0) || !(st_.nopeek() >= 0)) {
     return absl::InvalidArgumentError("bad split privacy settings");
@@ -266,6 +256,12 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
 }
 
 Status SplitTaskRun::Open(v1::Coordinator::Stub* stub, const v1::Welcome& w) {
+  if (pipeline_ && st_.has_downstream()) {
+    ASSIGN_OR_RETURN(stream_, OpenHop(st_.downstream(), o_.peer, task_, &ctx_));
+    start_ = SteadyClock::now();
+    writer_ = std::make_unique<Writer>(stream_.get(), o_.emulator);
+    return absl::OkStatus();
+  }
   ctx_.set_deadline(std::chrono::system_clock::time_point(
       std::chrono::milliseconds(task_.deadline_unix_ms())));
   stream_ = stub->Split(&ctx_);
@@ -290,7 +286,7 @@ Status SplitTaskRun::Finish(Status status) {
   finished_ = true;
   if (!status.ok()) ctx_.TryCancel();
   writer_->Close();
-  Status server = FromGrpc(stream_->Finish(), "split stream");
+  Status server = FromGrpc(stream_->Finish(), peer_ == "the server" ? "split stream" : peer_);
   return !server.ok() && server.code() != absl::StatusCode::kCancelled ? server : status;
 }
 
@@ -298,7 +294,7 @@ Status SplitTaskRun::Forward(const v1::SplitForward& f) {
   server_ += f.server_seconds();
   auto it = inflight_.find(f.seq());
   if (!tail_ || it == inflight_.end()) return absl::DataLossError("unexpected SplitForward");
-  ASSIGN_OR_RETURN(Activations act, FromWire(f.activations(), acts_));
+  ASSIGN_OR_RETURN(Activations act, FromWire(f.activations(), acts_, "the server"));
   ASSIGN_OR_RETURN(ModelPart::LossStep step,
                    Timed([&] { return tail_->TrainWithLoss(act, it->second); }));
   loss_sum_ += step.loss * act.batch();
@@ -315,7 +311,7 @@ Status SplitTaskRun::Receive() {
     v1::SplitDown piece;
     const auto t0 = SteadyClock::now();
     if (!stream_->Read(&piece)) {
-      return absl::UnavailableError("split stream: the server ended it early");
+      return absl::UnavailableError(absl::StrCat("split stream: ", peer_, " ended it early"));
     }
     wait_ += Since(t0);
     if (o_.emulator) o_.emulator->down.Consume(static_cast<int64_t>(piece.ByteSizeLong()));
@@ -332,12 +328,19 @@ Status SplitTaskRun::Receive() {
     server_ += r.server_seconds();
     auto it = inflight_.find(r.seq());
     if (it == inflight_.end()) return absl::DataLossError("gradient for an unknown micro-batch");
-    ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad(), grads_));
+    ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad(), grads_, peer_));
     if (!tail_) {
       loss_sum_ += r.loss() * grad.batch();
       loss_n_ += grad.batch();
     }
+    const double began = UnixSeconds();
     RETURN_IF_ERROR(Timed([&] { return head_->Backward(r.seq(), grad).status(); }));
+    if (pipeline_ && r.seq() <= st_.micro_batches()) {
+      v1::PipelineSpan& x = spans_.emplace_back();
+      x.set_micro_batch(static_cast<int>(r.seq() - 1));
+      x.set_start_s(began);
+      x.set_end_s(UnixSeconds());
+    }
     inflight_.erase(it);
     ++steps_;
     if (o_.crash_after_step && o_.crash_after_step(steps_)) {
@@ -349,8 +352,16 @@ Status SplitTaskRun::Receive() {
 
 Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx) {
   std::vector<int64_t> labels = BatchLabels(data_, idx);
+  const double t0 = UnixSeconds();
   auto act = Timed([&] { return head_->Forward(seq_, InputBatch(data_, idx)); });
   if (!act.ok()) return act.status();
+  if (pipeline_ && seq_ <= st_.micro_batches()) {
+    v1::PipelineSpan& x = spans_.emplace_back();
+    x.set_micro_batch(static_cast<int>(seq_ - 1));
+    x.set_forward(true);
+    x.set_start_s(t0);
+    x.set_end_s(UnixSeconds());
+  }
   if (st_.activation_noise() > 0) {
     for (float& v : act->values) v += noise_(noise_rng_);
   }
@@ -366,7 +377,47 @@ Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx) {
   return absl::OkStatus();
 }
 
+Status SplitTaskRun::TrainPipeline() {
+  std::mt19937_64 rng(o_.seed);
+  std::vector<int64_t> order(data_.size);
+  std::iota(order.begin(), order.end(), 0);
+  const int batch = std::max(1, task_.train().batch_size());
+  const int m = st_.micro_batches(), micro = batch / m;
+  if (data_.size < batch) {
+    return Finish(absl::FailedPreconditionError(
+        absl::StrCat(data_.size, " examples: a pipeline trains whole batches of ", batch)));
+  }
+  // local_steps > 0: exactly that many batches (epochs as needed), else epochs; an
+  // epoch's last, smaller batch is dropped (its micro-batches would not be equal).
+  const int64_t max_steps = task_.train().local_steps();
+  int64_t batches = 0;
+  for (int epoch = 0; max_steps > 0 ? batches < max_steps : epoch < task_.train().local_epochs(); ++epoch) {
+    std::shuffle(order.begin(), order.end(), rng);
+    loss_sum_ = 0;
+    loss_n_ = 0;
+    for (int64_t b = 0; b + batch <= data_.size && (max_steps <= 0 || batches < max_steps); b += batch, ++batches) {
+      for (int i = 0; i < m; ++i) {
+        if (o_.cancel && o_.cancel->load()) return Finish(absl::CancelledError("training cancelled"));
+        std::vector<int64_t> idx(order.begin() + b + i * micro, order.begin() + b + (i + 1) * micro);
+        if (Status s = SendBatch(idx); !s.ok()) return Finish(s);
+        while (static_cast<int>(inflight_.size()) >= st_.window()) {
+          if (Status s = Receive(); !s.ok()) return Finish(s);
+        }
+      }
+      while (!inflight_.empty()) {  // the batch's gradients, all of them, before its step
+        if (Status s = Receive(); !s.ok()) return Finish(s);
+      }
+      if (Status s = Timed([&] { return head_->Step(); }); !s.ok()) return Finish(s);
+    }
+  }
+  writer_->Close();
+  v1::SplitDown extra;
+  if (stream_->Read(&extra)) return Finish(absl::DataLossError("unexpected message after the last step"));
+  return Finish(absl::OkStatus());
+}
+
 Status SplitTaskRun::Train() {
+  if (pipeline_) return TrainPipeline();
   std::mt19937_64 rng(o_.seed);
   std::vector<int64_t> order(data_.size);
   std::iota(order.begin(), order.end(), 0);
@@ -421,6 +472,7 @@ StatusOr<SplitTaskResult> SplitTaskRun::Result(const ParameterSet& part) const {
     s.set_transfer_s(std::max(0.0, wait_ - server_) / steps_);
     s.set_wall_s(Since(start_) / steps_);
   }
+  for (const v1::PipelineSpan& x : spans_) *s.add_spans() = x;
   return result;
 }
 

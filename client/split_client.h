@@ -23,6 +23,12 @@ struct SplitTaskResult {
   v1::SplitStats stats;
 };
 
+// How a pipeline's device dials its next one (split.mode: pipeline).
+struct PeerLink {
+  std::string ca, cert, key;  // this device's TLS files ("" ca: plaintext)
+  std::string name;           // this device's name: the sender its neighbour expects
+};
+
 struct SplitTaskOptions {
   ModelSpec model;
   uint64_t seed = 0;                          // batch order
@@ -40,6 +46,8 @@ struct SplitTaskOptions {
   // (ModelPart::LoadHfFolder); FAILED_PRECONDITION unless they are the server's (their
   // encoding's digest is the task's base_digest). Not for U-shaped tasks.
   std::string model_dir;
+  // A pipeline's data owner: how it dials the chain's next device.
+  PeerLink peer;
 };
 
 // The local training a task's TrainConfig asks for (whole-model or split); the caller
@@ -60,6 +68,11 @@ StatusOr<SplitTaskResult> RunSplitTask(v1::Coordinator::Stub* stub, const v1::We
 // the task's `base_digest`.
 Status LoadPartFromFolder(ModelPart& p, const ParameterSet& part, const std::string& dir,
                           const std::string& base_digest, const QuantizedSet* quantized);
+
+// Loads a split task's part `p`: its frozen tensors from options.model_dir (as
+// LoadPartFromFolder) or options.base, the rest from `part`, a quantized base's weights
+// from options.quantized.
+Status LoadSplitPart(ModelPart& p, const ParameterSet& part, const v1::Task& task, const SplitTaskOptions& o);
 
 // Measures this device for the server's cut policy: every stage's time (scaled by the
 // emulated slowdown) and the link, with the probe blob and the Probe call.

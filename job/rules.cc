@@ -43,6 +43,12 @@ Status CheckSplit(const JobConfig& c) {
                           "cross_entropy with split learning (the server computes the loss "
                           "from labels it receives as integers)"));
   }
+  if (c.split.mode == "pipeline") {
+    RETURN_IF_ERROR(Range(c.train.batch_size % c.split.micro_batches == 0, "split.micro_batches",
+                          "a divisor of train.batch_size (micro-batches are equal)"));
+    RETURN_IF_ERROR(Range(c.split.cut == 0 || c.split.cut >= c.split.devices, "split.cut",
+                          "\"auto\" or at least split.devices (each device of a chain holds a stage)"));
+  }
   return absl::OkStatus();
 }
 

@@ -45,6 +45,17 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
     j["transfer_s"] = s->transfer_s;
     j["server_compute_s"] = s->server_compute_s;
     j["server_busy"] = s->server_busy;
+    if (!s->chains.empty()) {
+      auto& chains = j["pipeline"] = nlohmann::json::array();
+      for (const SplitMetrics::Chain& c : s->chains) {
+        auto spans = nlohmann::json::array();
+        for (const auto& x : c.spans) {
+          spans.push_back({x.device, x.micro_batch, x.forward ? "F" : "B", x.start_s, x.end_s});
+        }
+        chains.push_back({{"devices", c.devices}, {"bounds", c.bounds}, {"done", c.done},
+                          {"busy", c.busy}, {"bubble", c.bubble}, {"spans", std::move(spans)}});
+      }
+    }
   }
   if (const GossipMetrics* g = m.gossip ? &*m.gossip : nullptr) {
     j["gossip"] = {{"disagreement", g->disagreement}, {"peer_bytes", g->peer_bytes},

@@ -73,6 +73,23 @@ struct SplitMetrics {
   // The share of the round the server's parts computed (SplitRound::ServerLoad: busy
   // seconds / span); with several clients the server computes while others transfer.
   double server_busy = 0;
+  // split.mode: pipeline: each chain of the round.
+  struct Chain {
+    std::vector<std::string> devices;  // by name, the data owner first
+    std::vector<int> bounds;           // devices[i] held [bounds[i], bounds[i + 1]); the server the rest
+    bool done = false;                 // every device's task finished
+    std::vector<double> busy;          // per device: its compute over its task's wall time
+    double bubble = 0;                 // 1 - the devices' mean busy share
+    // Each device's passes over its first batch (PipelineSpan; seconds from the chain's
+    // first), for the timeline cleave report draws.
+    struct Span {
+      int device = 0, micro_batch = 0;
+      bool forward = true;
+      double start_s = 0, end_s = 0;
+    };
+    std::vector<Span> spans;
+  };
+  std::vector<Chain> chains;
 };
 
 // Decentralised rounds (scheduler.mode: gossip): what the clients reported of their

@@ -20,7 +20,10 @@ std::string SplitTensorCodec(const std::string& spec) {
   return CodecFamily(spec) == "none" ? "" : spec;
 }
 
-bool SplitDriver::NeedProfile() const { return ctx_.config().split.cut == 0; }
+// A pipeline's planner places segments from the profiles even at a fixed cut.
+bool SplitDriver::NeedProfile() const {
+  return ctx_.config().split.cut == 0 || ctx_.config().split.mode == "pipeline";
+}
 
 Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   const FederationConfig& cfg = ctx_.config();
@@ -114,7 +117,7 @@ CutProblem SplitDriver::ProblemFor(const v1::Profile& profile, int clients_in_ro
   CutProblem p = model_problem_;
   p.client_stage_s.assign(profile.stage_seconds().begin(), profile.stage_seconds().end());
   // One shared server part runs one step at a time; per-client copies share the pool.
-  p.server_load = mode_ == SplitMode::kSflV1
+  p.server_load = mode_ == SplitMode::kSflV1 || mode_ == SplitMode::kPipeline
                       ? std::max(1.0, static_cast<double>(clients_in_round) /
                                           ctx_.config().server.worker_threads)
                       : clients_in_round;
@@ -134,6 +137,7 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
   down_ = 0;
   labels_ = 0;
   closed_.reset();
+  if (mode_ == SplitMode::kPipeline) return BeginPipelineLocked(round, fit, clients);
   std::map<std::string, int> cuts;
   std::vector<std::string> chosen;
   // In sl the clients take turns, one at a time, so the server serves one at a time.
@@ -184,9 +188,11 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   // tensors, so the round builds, encodes and hashes each cut's once (in sl each turn has
   // its own: the clients before it changed it).
   SplitTask& st = tasks_[rec->id];
+  st.begin = *round_->BeginOf(rec->client_id);
   st.cut = *round_->CutOf(rec->client_id);
+  const Segment segment = {st.begin, st.cut};
   PartBlob turn;
-  PartBlob& pb = mode_ == SplitMode::kSl ? turn : part_blobs_[st.cut];
+  PartBlob& pb = mode_ == SplitMode::kSl ? turn : part_blobs_[segment];
   const std::vector<std::string>& frozen = ctx_.frozen();
   if (!pb.part) {
     ParameterSet part = *round_->ClientPart(rec->client_id);
@@ -194,7 +200,7 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
     // of the part's own frozen tensors (the same every round: pinned), which the client
     // fetches once per cut.
     if (!frozen.empty()) {
-      auto& base = cut_bases_[st.cut];
+      auto& base = cut_bases_[segment];
       if (base.first.empty()) {
         auto blob = std::make_shared<const std::string>(Only(part, frozen).Encode());
         base = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
@@ -212,20 +218,20 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   task->clear_base_digest();
   task->clear_base_size();
   if (!frozen.empty()) {
-    task->set_base_digest(cut_bases_[st.cut].first);
-    task->set_base_size(cut_bases_[st.cut].second);
+    task->set_base_digest(cut_bases_[segment].first);
+    task->set_base_size(cut_bases_[segment].second);
   }
   // A quantized base: the weights of the client's stages, in a blob per cut too.
   task->clear_quantized_base_digest();
   task->clear_quantized_base_size();
   if (!ctx_.quantized_base().empty()) {
-    auto& q = cut_quantized_[st.cut];
+    auto& q = cut_quantized_[segment];
     if (q.first.empty()) {
       QuantizedSet mine;
       mine.spec = ctx_.quantized_base().spec;
       for (const QuantizedTensor& t : ctx_.quantized_base().tensors) {
         const int stage = std::stoi(t.name.substr(0, t.name.find('.')));
-        if (stage < st.cut || stage >= tail_begin_) mine.tensors.push_back(t);
+        if ((stage >= st.begin && stage < st.cut) || stage >= tail_begin_) mine.tensors.push_back(t);
       }
       auto blob = std::make_shared<const std::string>(mine.Encode());
       q = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
@@ -241,11 +247,21 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
                              : static_cast<int64_t>(st.part->EncodedSize());
   const FederationConfig& cfg = ctx_.config();
   auto* split = task->mutable_split();
+  split->Clear();
+  if (mode_ == SplitMode::kPipeline) {
+    *split = hops_.at(rec->client_id);
+    // The data owner keeps this many micro-batches in flight: all of a batch's (GPipe), or
+    // one per holder of the chain after it, the server's included (1F1B).
+    const int holders = static_cast<int>(chains_.at(split->chain()).devices.size()) + 1;
+    split->set_window(cfg.split.schedule == "gpipe" ? cfg.split.micro_batches
+                                                    : std::min(cfg.split.micro_batches, holders));
+  } else {
+    split->set_window(cfg.split.window);
+  }
   split->set_mode(cfg.split.mode);
   split->set_cut(st.cut);
   split->set_tail_begin(tail_begin_);
   split->set_num_stages(num_stages_);
-  split->set_window(cfg.split.window);
   split->set_activation_codec(SplitTensorCodec(cfg.compression.activations));
   split->set_gradient_codec(SplitTensorCodec(cfg.compression.gradients));
   split->set_activation_noise(cfg.split.activation_noise);
@@ -257,6 +273,13 @@ Status SplitDriver::CheckUploadLocked(const TaskRecord& /*t*/, const v1::UploadH
   for (double v : {st.client_compute_s(), st.transfer_s(), st.server_compute_s(), st.wall_s()}) {
     if (!std::isfinite(v) || v < 0) {
       return absl::InvalidArgumentError("split stats must be finite and >= 0");
+    }
+  }
+  if (st.spans_size() > 64) return absl::InvalidArgumentError("more than 64 pipeline spans");
+  for (const v1::PipelineSpan& x : st.spans()) {
+    if (!std::isfinite(x.start_s()) || !std::isfinite(x.end_s()) || x.end_s() < x.start_s() ||
+        x.micro_batch() < 0) {
+      return absl::InvalidArgumentError("a pipeline span must be finite, end after it starts, micro-batch >= 0");
     }
   }
   return absl::OkStatus();
@@ -278,7 +301,9 @@ RoundDriver::AddUpload SplitDriver::ClaimUploadLocked(const TaskRecord& t) {
   // The client's trained part: the part it was given plus its delta (with LoRA, the
   // adapters; the frozen tensors are as the round started). Added into the split round
   // under its own lock.
-  return [this, round = round_, part = tasks_.at(t.id).part, client = t.client_id](
+  auto chain = chain_weights_.find(t.client_id);
+  const int64_t chain_weight = chain != chain_weights_.end() ? chain->second : 0;
+  return [this, round = round_, part = tasks_.at(t.id).part, client = t.client_id, chain_weight](
              const std::vector<TensorView>& delta, int64_t weight) -> Status {
     ParameterSet trained = *part;
     for (size_t i = 0; i < delta.size(); ++i) {
@@ -292,7 +317,7 @@ RoundDriver::AddUpload SplitDriver::ClaimUploadLocked(const TaskRecord& t) {
       RETURN_IF_ERROR(Overwrite(trained, &whole));
       trained = std::move(whole);
     }
-    return round->Finish(client, trained, weight);
+    return round->Finish(client, trained, chain_weight > 0 ? chain_weight : weight);
   };
 }
 
@@ -301,6 +326,7 @@ void SplitDriver::CloseLocked(int64_t round, RoundMetrics* m) {
   sm.activation_bytes_up = up_;
   sm.gradient_bytes_down = down_;
   sm.labels_up = labels_;
+  if (mode_ == SplitMode::kPipeline) ClosePipelineLocked(round, &sm);
   for (const auto& [id, t] : ctx_.TasksLocked()) {
     auto it = tasks_.find(id);
     if (it == tasks_.end()) continue;
@@ -372,13 +398,21 @@ StatusOr<SplitStreamTask> SplitDriver::OpenLocked(const v1::SplitOpen& open) {
     return absl::AlreadyExistsError(
         absl::StrCat("task ", Printable(open.task_id()), " already has a split stream"));
   }
+  auto hop = hops_.find(open.client_id());
+  if (hop != hops_.end() && hop->second.has_downstream()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "task ", Printable(open.task_id()), " holds a chain's stages [", hop->second.begin(), ", ",
+        st->second.cut, "): it streams to ", Printable(hop->second.downstream().name()), ", not to the server"));
+  }
   st->second.open = true;
   const FederationConfig& cfg = ctx_.config();
   SplitStreamTask task;
   task.client_id = open.client_id();
   task.task_id = open.task_id();
   task.round = round_;
-  task.window = cfg.split.window;
+  // A chain's last device passes on what its data owner keeps in flight.
+  task.window = mode_ == SplitMode::kPipeline ? std::max(cfg.split.window, cfg.split.micro_batches)
+                                              : cfg.split.window;
   task.act_codec = SplitTensorCodec(cfg.compression.activations);
   task.grad_codec = SplitTensorCodec(cfg.compression.gradients);
   task.max_elements = cfg.server.max_model_elements;

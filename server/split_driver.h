@@ -7,6 +7,14 @@
 // SplitRound; a client's upload is its trained part, which the driver hands to the
 // SplitRound. At the round's end the measured step times feed the clients'
 // CutFeedback, and the round's mean model enters the strategy as one update.
+//
+// split.mode: pipeline forms chains of up to split.devices clients each round: the data
+// owners first (clients that serve no Peer, then those with the most examples), each
+// followed by devices that serve Peer, placed by PlanPipeline from the devices' profiles
+// (their speeds corrected by the compute each measured last round; a fixed split.cut is
+// where the server's stages start, and a chain is then split.devices long). Each device's task
+// names its neighbours and the hop's secret; the chain's last device streams to the
+// server as a client does.
 #pragma once
 
 #include <atomic>
@@ -24,6 +32,8 @@
 
 namespace cleave {
 
+struct SplitMetrics;  // server/server.h
+
 // The codec name split tensors carry for a compression.* value ("" = float32).
 std::string SplitTensorCodec(const std::string& spec);
 
@@ -39,7 +49,7 @@ class SplitDriver : public RoundDriver {
   // Loads the mode, profiles the server's stages of `model`, publishes the probe blob
   // (auto cut).
   Status Init(const ModelSpec& spec, const Model& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
-  // split.cut: auto: clients must send a Profile before they take part.
+  // split.cut: auto, or a pipeline: clients must send a Profile before they take part.
   bool NeedProfile() const;
   int num_stages() const { return num_stages_; }
   const std::string& probe_digest() const { return probe_digest_; }
@@ -101,18 +111,32 @@ class SplitDriver : public RoundDriver {
     v1::Profile profile;
     CutFeedback feedback;
     CutPrediction prediction;
+    // pipeline: measured over predicted compute per micro-batch (a running mean), which
+    // divides its speed when the next round is planned.
+    double pipeline_slowdown = 1;
+    double pipeline_predicted_s = 0;  // its last segment's predicted compute per micro-batch
   };
   // A split task: its cut, the client part it was given (without frozen tensors; its
   // upload is a delta from it; shared by the round's tasks at the same cut), whether its
   // stream opened, and the step times its upload reported.
   struct SplitTask {
-    int cut = 0;
+    int begin = 0, cut = 0;
     std::shared_ptr<const ParameterSet> part;
     bool open = false;
     v1::SplitStats stats;
   };
 
   CutProblem ProblemFor(const v1::Profile& profile, int clients_in_round) const;
+  // split.mode: pipeline: the round's chains from `clients`, which become their devices.
+  Status BeginPipelineLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // Its chain's devices and bounds, by PlanPipeline from the profiles (a fixed split.cut:
+  // exactly split.devices devices holding [0, cut)); `pool` (devices serving Peer) loses
+  // those it takes. FAILED_PRECONDITION when no plan fits the devices' memory.
+  StatusOr<SplitChain> PlanChainLocked(int64_t round, const std::string& owner, std::vector<std::string>* pool,
+                                       int chains) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // The pipeline's round metrics: each chain's devices, their busy shares and bubble.
+  void ClosePipelineLocked(int64_t round, SplitMetrics* sm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
   RoundContext& ctx_;
   // Fixed by Init.
@@ -136,11 +160,20 @@ class SplitDriver : public RoundDriver {
     std::string digest;
     int64_t size = 0;
   };
-  std::map<int, PartBlob> part_blobs_ ABSL_GUARDED_BY(ctx_.mu());
-  // LoRA: each cut's frozen tensors (digest, size of the pinned blob), all run long.
-  std::map<int, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(ctx_.mu());
-  // A quantized base: each cut's quantized weights (digest, size of the pinned blob).
-  std::map<int, std::pair<std::string, int64_t>> cut_quantized_ ABSL_GUARDED_BY(ctx_.mu());
+  // Keyed by the stages [begin, cut) a part holds.
+  using Segment = std::pair<int, int>;
+  std::map<Segment, PartBlob> part_blobs_ ABSL_GUARDED_BY(ctx_.mu());
+  // LoRA: each segment's frozen tensors (digest, size of the pinned blob), all run long.
+  std::map<Segment, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(ctx_.mu());
+  // A quantized base: each segment's quantized weights (digest, size of the pinned blob).
+  std::map<Segment, std::pair<std::string, int64_t>> cut_quantized_ ABSL_GUARDED_BY(ctx_.mu());
+  // pipeline: the round's chains, and each device's place in its chain (its task's
+  // begin, micro_batches, neighbours and chain), by session id.
+  std::vector<SplitChain> chains_ ABSL_GUARDED_BY(ctx_.mu());
+  std::map<std::string, v1::SplitTask> hops_ ABSL_GUARDED_BY(ctx_.mu());
+  // Each device's weight: its chain's data owner's declared examples (a device past the
+  // owner trains on the owner's data, and reports 1).
+  std::map<std::string, int64_t> chain_weights_ ABSL_GUARDED_BY(ctx_.mu());
 };
 
 }  // namespace cleave

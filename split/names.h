@@ -6,7 +6,7 @@
 namespace cleave {
 
 inline const NameTable& SplitModeNames() {
-  static const NameTable t{"split.mode", {"sl", "sfl-v1", "sfl-v2", "ushaped"}};
+  static const NameTable t{"split.mode", {"sl", "sfl-v1", "sfl-v2", "ushaped", "pipeline"}};
   return t;
 }
 

@@ -19,6 +19,9 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("window", c.window);
   s.Read("activation_noise", c.activation_noise);
   s.Read("nopeek", c.nopeek);
+  s.Read("devices", c.devices);
+  s.Read("micro_batches", c.micro_batches);
+  s.Read("schedule", c.schedule);
 }
 
 Status CheckSplit(SplitConfig& c) {
@@ -28,6 +31,11 @@ Status CheckSplit(SplitConfig& c) {
   if (!c.enabled()) return absl::OkStatus();
   RETURN_IF_ERROR(SplitModeNames().Check(c.mode));
   RETURN_IF_ERROR(Range(c.tail >= 1, "split.tail", ">= 1"));
+  if (c.mode == "pipeline") {
+    RETURN_IF_ERROR(Range(c.devices >= 1 && c.devices <= 16, "split.devices", "in [1, 16]"));
+    RETURN_IF_ERROR(Range(c.micro_batches >= 1 && c.micro_batches <= 64, "split.micro_batches", "in [1, 64]"));
+    RETURN_IF_ERROR(Range(c.schedule == "gpipe" || c.schedule == "1f1b", "split.schedule", "gpipe or 1f1b"));
+  }
   return Range(c.window >= 1 && c.window <= 64, "split.window", "in [1, 64]");
 }
 

@@ -17,6 +17,10 @@ struct SplitConfig {
   double activation_noise = 0;   // split.activation_noise: std of Gaussian noise the client
                                  //   adds to the activations it sends (0 = none)
   double nopeek = 0;             // split.nopeek: NoPeek's distance-correlation weight alpha
+  // pipeline: devices per chain, micro-batches per batch, and their order on each holder.
+  int devices = 2;               // split.devices
+  int micro_batches = 4;         // split.micro_batches: divides train.batch_size
+  std::string schedule = "1f1b"; // split.schedule: gpipe | 1f1b
 
   bool enabled() const { return !mode.empty(); }
 };

@@ -39,6 +39,7 @@ class ChainCosts {
   }
 
   int stages() const { return p_.model.num_stages(); }
+  int server_begin() const { return p_.server_begin; }
 
   // Device i (of the chain) computing [a, b), per micro-batch.
   double Compute(int i, int a, int b) const {
@@ -95,7 +96,12 @@ Status CheckProblem(const PipelineProblem& p) {
   for (const ChainDevice& d : p.devices) {
     if (!(d.speed > 0)) return absl::InvalidArgumentError(absl::StrCat("device ", d.name, ": speed must be > 0"));
   }
-  if (p.max_devices < 1) return absl::InvalidArgumentError("max_devices must be >= 1");
+  if (p.max_devices < 1 || p.min_devices < 1 || p.min_devices > p.max_devices) {
+    return absl::InvalidArgumentError("1 <= min_devices <= max_devices");
+  }
+  if (p.server_begin < 0 || p.server_begin >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("server_begin ", p.server_begin, " is not a stage the server can start at"));
+  }
   return absl::OkStatus();
 }
 
@@ -121,7 +127,7 @@ std::vector<std::vector<int>> Chains(const PipelineProblem& p, size_t limit) {
     for (int i = 1; i <= others; ++i) order.push_back(i);
     std::stable_sort(order.begin(), order.end(),
                      [&](int a, int b) { return p.devices[a].speed > p.devices[b].speed; });
-    for (int k = 0; k <= longest; ++k) {
+    for (int k = p.min_devices - 1; k <= longest; ++k) {
       std::vector<int> chain = {0};
       chain.insert(chain.end(), order.begin(), order.begin() + k);
       out.push_back(std::move(chain));
@@ -132,7 +138,7 @@ std::vector<std::vector<int>> Chains(const PipelineProblem& p, size_t limit) {
   std::vector<bool> used(p.devices.size(), false);
   used[0] = true;
   std::function<void()> extend = [&] {
-    out.push_back(chain);
+    if (static_cast<int>(chain.size()) >= p.min_devices) out.push_back(chain);
     if (static_cast<int>(chain.size()) > longest) return;
     for (int d = 1; d <= others; ++d) {
       if (used[d]) continue;
@@ -173,7 +179,7 @@ std::vector<int> BestBounds(const ChainCosts& c, int k, double cap, bool bottlen
   int end = -1;
   double value = kInf;
   for (int b = k; b < n; ++b) {
-    if (std::isinf(best[k][b])) continue;
+    if (std::isinf(best[k][b]) || (c.server_begin() > 0 && b != c.server_begin())) continue;
     const double server = c.Server(b);
     if (server > cap) continue;
     const double v = bottleneck ? std::max(best[k][b], server) : best[k][b] + server;
@@ -212,6 +218,9 @@ StatusOr<PipelinePlan> PredictPipeline(const PipelineProblem& p, PipelinePlan pl
     if (plan.bounds[i + 1] <= plan.bounds[i]) return absl::InvalidArgumentError("every device must hold a stage");
   }
   if (plan.bounds[k] >= n) return absl::InvalidArgumentError("the server must hold a stage (the loss)");
+  if (p.server_begin > 0 && plan.bounds[k] != p.server_begin) {
+    return absl::InvalidArgumentError(absl::StrCat("the server's stages start at ", p.server_begin));
+  }
   const int m = plan.micro_batches;
   if (m < 1 || m > p.model.batch || p.model.batch % m != 0) {
     return absl::InvalidArgumentError(absl::StrCat(m, " micro-batches do not divide a batch of ", p.model.batch));
@@ -250,6 +259,10 @@ StatusOr<PipelinePlan> PredictPipeline(const PipelineProblem& p, PipelinePlan pl
 
 StatusOr<PipelinePlan> PlanPipeline(const PipelineProblem& p) {
   RETURN_IF_ERROR(CheckProblem(p));
+  if (static_cast<int>(p.devices.size()) < p.min_devices) {
+    return absl::FailedPreconditionError(absl::StrCat("a chain of ", p.min_devices, " devices, of ",
+                                                      p.devices.size(), " available"));
+  }
   StatusOr<PipelinePlan> best = absl::FailedPreconditionError(
       "no pipeline fits: every chain leaves some device more stages than its memory holds");
   for (int m : MicroBatches(p)) {

@@ -50,6 +50,8 @@ struct PipelineProblem {
   CutProblem model;                  // its client_stage_s, server_stage_s, bytes, batch
   std::vector<ChainDevice> devices;  // devices[0] is the data owner
   int max_devices = 4;               // at most this many in the chain
+  int min_devices = 1;               // and at least this many
+  int server_begin = 0;              // > 0: the server's stages start here (bounds.back())
   std::vector<int> micro_batches = {1, 2, 4, 8, 16};  // M to choose from (dividing batch)
   PipelineSchedule schedule = PipelineSchedule::k1f1b;
 };
@@ -77,7 +79,8 @@ struct PipelinePlan {
 
 // The cost model above for one plan (chain, bounds, micro_batches set; the rest filled
 // in). INVALID_ARGUMENT for an ill-formed plan (a device twice, the owner not first,
-// bounds not increasing from 0, the server left nothing, M not dividing the batch);
+// bounds not increasing from 0, the server left nothing or not starting at server_begin,
+// M not dividing the batch);
 // FAILED_PRECONDITION naming the device whose memory it exceeds.
 StatusOr<PipelinePlan> PredictPipeline(const PipelineProblem& p, PipelinePlan plan);
 

@@ -13,6 +13,7 @@ StatusOr<SplitMode> ParseSplitMode(const std::string& name) {
   if (name == "sfl-v1") return SplitMode::kSflV1;
   if (name == "sfl-v2") return SplitMode::kSflV2;
   if (name == "ushaped") return SplitMode::kUShaped;
+  if (name == "pipeline") return SplitMode::kPipeline;
   return SplitModeNames().Check(name);  // not one of them: the error naming them
 }
 
@@ -22,6 +23,7 @@ const char* SplitModeName(SplitMode mode) {
     case SplitMode::kSflV1: return "sfl-v1";
     case SplitMode::kSflV2: return "sfl-v2";
     case SplitMode::kUShaped: return "ushaped";
+    case SplitMode::kPipeline: return "pipeline";
   }
   return "?";
 }
@@ -36,8 +38,10 @@ int64_t PendingId(const std::string& client, int64_t seq) {
 }  // namespace
 
 struct SplitRound::ClientState {
-  int cut = 0;
-  std::unique_ptr<ModelPart> copy;  // sfl-v1: this client's server copy
+  int begin = 0, cut = 0;
+  bool streams = true;              // it sends the server micro-batches (pipeline: the last device)
+  std::unique_ptr<ModelPart> copy;  // sfl-v1: this client's server copy; pipeline: its chain's
+  int64_t steps = 0;                // micro-batches through `copy` (pipeline: it steps every M)
   bool finished = false, failed = false;
   int64_t weight = 0;
   ParameterSet part;  // the finished client's trained part
@@ -65,41 +69,78 @@ SplitRound::SplitRound(SplitRoundOptions options, ParameterSet global, std::vect
     : opts_(std::move(options)), global_(std::move(global)), stage_of_(std::move(stage_of)) {}
 SplitRound::~SplitRound() = default;
 
-StatusOr<std::unique_ptr<SplitRound>> SplitRound::Create(SplitRoundOptions options,
-                                                         const ParameterSet& global,
-                                                         const std::map<std::string, int>& cuts) {
+StatusOr<std::unique_ptr<SplitRound>> SplitRound::Empty(SplitRoundOptions options,
+                                                        const ParameterSet& global) {
   ASSIGN_OR_RETURN(std::vector<int> stage_of, ParameterStages(options.model));
   if (stage_of.size() != global.size()) {
     return absl::InvalidArgumentError("the global model does not match the model's stages");
   }
-  const int server_end = options.tail_begin;
-  if (cuts.empty()) return absl::InvalidArgumentError("a split round needs clients");
   std::unique_ptr<SplitRound> r(new SplitRound(std::move(options), global, std::move(stage_of)));
+  r->min_cut_ = r->opts_.tail_begin;
+  r->current_ = global;
+  return r;
+}
+
+Status SplitRound::AddClient(const std::string& id, int begin, int cut, bool copy) {
+  const int server_end = opts_.tail_begin;
+  if (begin < 0 || cut <= begin || cut >= server_end) {
+    return absl::InvalidArgumentError(absl::StrCat("stages [", begin, ", ", cut, ") for ", id,
+                                                   " are not a segment before stage ", server_end));
+  }
+  if (clients_.count(id)) return absl::InvalidArgumentError(absl::StrCat(id, " holds two segments"));
+  auto c = std::make_unique<ClientState>();
+  c->begin = begin;
+  c->cut = cut;
+  c->streams = copy || opts_.mode != SplitMode::kPipeline;
+  if (copy) {
+    ASSIGN_OR_RETURN(c->copy, ModelPart::Create(opts_.model, cut, server_end));
+    RETURN_IF_ERROR(c->copy->LoadFrom(global_));
+    if (!opts_.quantized.empty()) RETURN_IF_ERROR(c->copy->LoadQuantized(opts_.quantized));
+    RETURN_IF_ERROR(c->copy->ResetOptimizer(opts_.training));
+    if (opts_.mode == SplitMode::kPipeline) c->copy->SetAccumulate(opts_.micro_batches);
+  }
+  if (c->streams) min_cut_ = std::min(min_cut_, cut);
+  clients_[id] = std::move(c);
+  return absl::OkStatus();
+}
+
+StatusOr<std::unique_ptr<SplitRound>> SplitRound::Create(SplitRoundOptions options,
+                                                         const ParameterSet& global,
+                                                         const std::map<std::string, int>& cuts) {
+  if (cuts.empty()) return absl::InvalidArgumentError("a split round needs clients");
+  if (options.mode == SplitMode::kPipeline) return absl::InvalidArgumentError("a pipeline round has chains");
+  ASSIGN_OR_RETURN(std::unique_ptr<SplitRound> r, Empty(std::move(options), global));
   const auto& o = r->opts_;
-  r->min_cut_ = server_end;
   for (const auto& [id, cut] : cuts) {
-    if (cut < 1 || cut >= server_end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cut ", cut, " for ", id, " is not in [1, ", server_end - 1, "]"));
-    }
-    r->min_cut_ = std::min(r->min_cut_, cut);
-    auto c = std::make_unique<ClientState>();
-    c->cut = cut;
-    if (o.mode == SplitMode::kSflV1) {
-      ASSIGN_OR_RETURN(c->copy, ModelPart::Create(o.model, cut, server_end));
-      RETURN_IF_ERROR(c->copy->LoadFrom(global));
-      if (!o.quantized.empty()) RETURN_IF_ERROR(c->copy->LoadQuantized(o.quantized));
-      RETURN_IF_ERROR(c->copy->ResetOptimizer(o.training));
-    }
-    r->clients_[id] = std::move(c);
+    if (cut < 1) return absl::InvalidArgumentError(absl::StrCat("cut ", cut, " for ", id, " is not >= 1"));
+    RETURN_IF_ERROR(r->AddClient(id, 0, cut, o.mode == SplitMode::kSflV1));
   }
   if (o.mode != SplitMode::kSflV1) {
-    ASSIGN_OR_RETURN(r->shared_, ModelPart::Create(o.model, r->min_cut_, server_end));
+    ASSIGN_OR_RETURN(r->shared_, ModelPart::Create(o.model, r->min_cut_, o.tail_begin));
     RETURN_IF_ERROR(r->shared_->LoadFrom(global));
     if (!o.quantized.empty()) RETURN_IF_ERROR(r->shared_->LoadQuantized(o.quantized));
     RETURN_IF_ERROR(r->shared_->ResetOptimizer(o.training));
   }
-  r->current_ = global;
+  return r;
+}
+
+StatusOr<std::unique_ptr<SplitRound>> SplitRound::CreatePipeline(SplitRoundOptions options,
+                                                                 const ParameterSet& global,
+                                                                 const std::vector<SplitChain>& chains) {
+  if (chains.empty()) return absl::InvalidArgumentError("a pipeline round needs chains");
+  if (options.mode != SplitMode::kPipeline || options.micro_batches < 1) {
+    return absl::InvalidArgumentError("a pipeline round needs mode pipeline and micro_batches >= 1");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<SplitRound> r, Empty(std::move(options), global));
+  for (const SplitChain& chain : chains) {
+    if (chain.devices.empty() || chain.bounds.size() != chain.devices.size() + 1 || chain.bounds[0] != 0) {
+      return absl::InvalidArgumentError("a chain's bounds start at 0 with one more than its devices");
+    }
+    for (size_t i = 0; i < chain.devices.size(); ++i) {
+      RETURN_IF_ERROR(r->AddClient(chain.devices[i], chain.bounds[i], chain.bounds[i + 1],
+                                   /*copy=*/i + 1 == chain.devices.size()));
+    }
+  }
   return r;
 }
 
@@ -117,8 +158,14 @@ StatusOr<int> SplitRound::CutOf(const std::string& client) const {
   return c->cut;
 }
 
-bool SplitRound::ClientHolds(int cut, int stage) const {
-  return stage < cut || stage >= opts_.tail_begin;
+StatusOr<int> SplitRound::BeginOf(const std::string& client) const {
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, Find(client));
+  return c->begin;
+}
+
+bool SplitRound::ClientHolds(const ClientState& c, int stage) const {
+  return (stage >= c.begin && stage < c.cut) || stage >= opts_.tail_begin;
 }
 
 StatusOr<ParameterSet> SplitRound::ClientPart(const std::string& client) const {
@@ -135,7 +182,7 @@ StatusOr<ParameterSet> SplitRound::ClientPart(const std::string& client) const {
   }
   ParameterSet part;
   for (size_t i = 0; i < source.size(); ++i) {
-    if (ClientHolds(c->cut, stage_of_[i])) RETURN_IF_ERROR(part.Add(source.tensors()[i]));
+    if (ClientHolds(*c, stage_of_[i])) RETURN_IF_ERROR(part.Add(source.tensors()[i]));
   }
   return part;
 }
@@ -210,6 +257,17 @@ StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
     std::lock_guard<std::mutex> l(mu_);
     ASSIGN_OR_RETURN(c, Find(client));
     if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+    if (!c->streams) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "client ", client, " holds stages [", c->begin, ", ", c->cut, ") of a chain: only its last device streams"));
+    }
+  }
+  if (c->copy && opts_.mode == SplitMode::kPipeline) {  // the chain's copy steps once per batch
+    return Timed([&]() -> StatusOr<ModelPart::LossStep> {
+      ASSIGN_OR_RETURN(ModelPart::LossStep step, c->copy->TrainWithLoss(a, labels));
+      if (++c->steps % opts_.micro_batches == 0) RETURN_IF_ERROR(c->copy->Step());
+      return step;
+    });
   }
   if (c->copy) return Timed([&] { return c->copy->TrainWithLoss(a, labels); });  // its copy
   std::lock_guard<std::mutex> l(shared_mu_);  // the shared part: one step at a time
@@ -321,7 +379,7 @@ StatusOr<ParameterSet> SplitRound::Aggregate() {
       for (const auto& t : server.tensors()) add(index.at(t.name), t.values, c->weight);
     } else {
       for (size_t i = 0; i < n; ++i) {
-        if (!ClientHolds(c->cut, stage_of_[i])) shared_weight[i] += c->weight;
+        if (!ClientHolds(*c, stage_of_[i])) shared_weight[i] += c->weight;
       }
     }
   }

@@ -10,6 +10,10 @@
 //            arrive; the client parts are averaged.
 //   ushaped  like sfl-v2, but the client keeps the first stages and the last ones with
 //            the loss; the server holds the middle and never sees a label.
+//   pipeline a chain of devices holds the first stages, each a contiguous segment
+//            (SplitChain); only its last device streams to the server, which keeps a
+//            copy of its stages per chain that steps once per batch of micro_batches
+//            micro-batches. Every holder's tensors average across chains as in sfl-v1.
 // Clients may be cut at different stages. A shared server part then starts at the
 // smallest cut and runs each client's micro-batches from that client's cut.
 //
@@ -37,7 +41,7 @@
 
 namespace cleave {
 
-enum class SplitMode { kSl, kSflV1, kSflV2, kUShaped };
+enum class SplitMode { kSl, kSflV1, kSflV2, kUShaped, kPipeline };
 
 StatusOr<SplitMode> ParseSplitMode(const std::string& name);
 const char* SplitModeName(SplitMode mode);
@@ -55,6 +59,15 @@ struct SplitRoundOptions {
   // A quantized base (ModelSpec::quantize): the whole model's quantized weights, which
   // the server's parts load (sharing the bytes).
   QuantizedSet quantized;
+  // pipeline: a batch's micro-batches; each chain's server copy steps once per this many.
+  int micro_batches = 1;
+};
+
+// pipeline: one chain, its devices in order; devices[i] holds stages [bounds[i],
+// bounds[i + 1]), the server [bounds.back(), n).
+struct SplitChain {
+  std::vector<std::string> devices;
+  std::vector<int> bounds;
 };
 
 class SplitRound {
@@ -63,14 +76,21 @@ class SplitRound {
   static StatusOr<std::unique_ptr<SplitRound>> Create(SplitRoundOptions options,
                                                       const ParameterSet& global,
                                                       const std::map<std::string, int>& cuts);
+  // mode pipeline: the round's chains (each device in one). INVALID_ARGUMENT for bounds
+  // that do not rise from 0 to a stage the server can start at.
+  static StatusOr<std::unique_ptr<SplitRound>> CreatePipeline(SplitRoundOptions options,
+                                                              const ParameterSet& global,
+                                                              const std::vector<SplitChain>& chains);
   ~SplitRound();
 
   const SplitRoundOptions& options() const { return opts_; }
   // NOT_FOUND for a client not in this round.
   StatusOr<int> CutOf(const std::string& client) const;
+  // The first stage it holds: 0 but in a pipeline.
+  StatusOr<int> BeginOf(const std::string& client) const;
 
-  // What `client` trains: stages [0, cut) and, U-shaped, [tail_begin, n). In sl, as the
-  // clients before it left them.
+  // What `client` trains: stages [begin, cut) and, U-shaped, [tail_begin, n). In sl, as
+  // the clients before it left them.
   StatusOr<ParameterSet> ClientPart(const std::string& client) const;
 
   // Checks a micro-batch arriving from `client` at its cut: shape [B, <the stage's input
@@ -80,8 +100,9 @@ class SplitRound {
   Status CheckActivations(const std::string& client, const Activations& a) const;
   Status CheckLabels(const Activations& a, const std::vector<int64_t>& labels) const;
 
-  // sl / sfl: the server's step on a checked micro-batch; returns the loss and the
-  // gradient of the activations.
+  // sl / sfl / pipeline: the server's step on a checked micro-batch; returns the loss
+  // and the gradient of the activations. In a pipeline only a chain's last device
+  // streams (FAILED_PRECONDITION for the others).
   StatusOr<ModelPart::LossStep> TrainStep(const std::string& client, const Activations& a,
                                           const std::vector<int64_t>& labels);
   // U-shaped: the middle's forward (kept under `seq` for its backward), and its backward
@@ -112,11 +133,15 @@ class SplitRound {
  private:
   struct ClientState;
   SplitRound(SplitRoundOptions options, ParameterSet global, std::vector<int> stage_of);
+  // Create's common part: the round with no client yet.
+  static StatusOr<std::unique_ptr<SplitRound>> Empty(SplitRoundOptions options, const ParameterSet& global);
+  // Adds a client holding [begin, cut), with a server copy of [cut, tail_begin) if `copy`.
+  Status AddClient(const std::string& id, int begin, int cut, bool copy);
   StatusOr<ClientState*> Find(const std::string& client) const;
   // Runs one step of a server part and counts its time as busy.
   template <typename F>
   auto Timed(F&& step) -> decltype(step());
-  bool ClientHolds(int cut, int stage) const;
+  bool ClientHolds(const ClientState& c, int stage) const;
 
   const SplitRoundOptions opts_;
   const ParameterSet global_;

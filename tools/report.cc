@@ -363,6 +363,80 @@ std::string StepBreakdown(const std::vector<RunRecord>& runs) {
   return svg + "</svg>\n";
 }
 
+// split.mode: pipeline: each chain's timeline in the last round that has one, a row per
+// device and a bar per pass over its first batch (forward blue, backward orange,
+// labelled with its micro-batch); the gaps are the pipeline's bubbles and transfers.
+std::string PipelineTimelines(const std::vector<RunRecord>& runs) {
+  std::string out;
+  for (const RunRecord& run : runs) {
+    const json* last = nullptr;
+    for (const json& row : run.rounds) {
+      if (row.contains("pipeline") && row["pipeline"].is_array() && !row["pipeline"].empty()) last = &row;
+    }
+    if (last == nullptr) continue;
+    for (size_t c = 0; c < (*last)["pipeline"].size(); ++c) {
+      const json& chain = (*last)["pipeline"][c];
+      if (!chain.is_object() || !chain.contains("devices") || !chain["devices"].is_array() ||
+          !chain.contains("spans") || !chain["spans"].is_array()) {
+        continue;
+      }
+      const json& devices = chain["devices"];
+      const json& spans = chain["spans"];
+      // A span: [device, micro-batch, "F" or "B", start, end], of a device of the chain.
+      auto well_formed = [&](const json& x) {
+        return x.is_array() && x.size() == 5 && x[0].is_number_integer() && x[1].is_number_integer() &&
+               x[3].is_number() && x[4].is_number() && x[0].get<int64_t>() >= 0 &&
+               x[0].get<int64_t>() < static_cast<int64_t>(devices.size());
+      };
+      double end = 0;
+      for (const json& x : spans) {
+        if (well_formed(x)) end = std::max(end, x[4].get<double>());
+      }
+      if (devices.empty() || end <= 0) continue;
+      constexpr double kW = 720, kLeft = 150, kRight = 20, kRow = 22, kGap = 6;
+      const double height = devices.size() * (kRow + kGap) + 24;
+      const double scale = (kW - kLeft - kRight) / end;
+      std::string svg = absl::StrFormat(
+          "<svg class=\"chart\" viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" role=\"img\" "
+          "aria-label=\"pipeline timeline\">\n",
+          kW, height, kW, height);
+      for (size_t d = 0; d < devices.size(); ++d) {
+        const double y = d * (kRow + kGap);
+        const json& shares = chain.contains("busy") ? chain["busy"] : json::array();
+        const double busy = shares.is_array() && d < shares.size() && shares[d].is_number() ? shares[d].get<double>() : 0;
+        absl::StrAppend(&svg, absl::StrFormat("<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s (%.0f%%)</text>\n",
+                                              kLeft - 6, y + kRow * 0.7,
+                                              Escape(devices[d].is_string() ? devices[d].get<std::string>() : "?"),
+                                              100 * busy));
+      }
+      for (const json& x : spans) {
+        if (!well_formed(x)) continue;
+        const int d = x[0].get<int>();
+        const bool forward = x[2] == "F";
+        const double x0 = kLeft + x[3].get<double>() * scale, w = std::max(1.0, (x[4].get<double>() - x[3].get<double>()) * scale);
+        const double y = d * (kRow + kGap);
+        absl::StrAppend(&svg, absl::StrFormat(
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"><title>%s %d: %.2f ms</title></rect>"
+            "<text x=\"%.1f\" y=\"%.1f\" fill=\"#fff\">%d</text>\n",
+            x0, y, w, kRow, forward ? "#1f77b4" : "#ff7f0e", forward ? "forward" : "backward",
+            x[1].get<int>(), 1e3 * (x[4].get<double>() - x[3].get<double>()), x0 + 2, y + kRow * 0.7, x[1].get<int>()));
+      }
+      absl::StrAppend(&svg, absl::StrFormat("<text x=\"%.0f\" y=\"%.0f\">0</text><text x=\"%.0f\" y=\"%.0f\" "
+                                            "text-anchor=\"end\">%s</text>\n",
+                                            kLeft, height - 6, kW - kRight, height - 6,
+                                            absl::StrFormat("%.1f ms", 1e3 * end)));
+      absl::StrAppend(&out, "<figure><figcaption>", Escape(run.name), ": pipeline chain ", c, " (round ",
+                      Number(*last, "round").value_or(0), "), bubble ",
+                      absl::StrFormat("%.0f%%", 100 * Number(chain, "bubble").value_or(0)),
+                      "</figcaption>\n", svg,
+                      "</svg><p class=\"note\">Each device's passes over its first batch: forward (blue) and "
+                      "backward (orange) of each micro-batch; in brackets the share of its task it computed. The "
+                      "server's passes are not drawn.</p></figure>\n");
+    }
+  }
+  return out;
+}
+
 // ---- The summary: one row per run ----
 
 struct Summary {
@@ -518,6 +592,7 @@ pre { background: #f6f6f6; padding: 8px; overflow: auto; max-height: 400px; }
                     "transfer (waiting minus the server's compute) and the server part's compute "
                     "(including waiting its turn).</p></figure>\n");
   }
+  absl::StrAppend(&html, PipelineTimelines(runs));
   absl::StrAppend(&html, "</div>\n<h2>Runs</h2>\n");
   for (size_t i = 0; i < runs.size(); ++i) {
     absl::StrAppend(&html, "<details><summary><span class=\"swatch\" style=\"background:", Color(i),

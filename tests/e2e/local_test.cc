@@ -743,6 +743,51 @@ local:
   EXPECT_NE(log->find("measured"), std::string::npos);
 }
 
+// A pipeline of three processes over mutual TLS: `cleave local` gives each client a
+// Peer port, the planner places LeNet-5's first three stages over a chain of three
+// devices from their profiles (memory limits declared), activations and gradients go
+// device to device under the devices' certificates, the chain learns, and the report
+// draws its timeline.
+TEST_F(LocalTest, APipelineOfThreeProcessesOverMutualTls) {
+  std::ofstream(config_) << R"(
+run: {name: e2e-pipeline, rounds: 2}
+model: {name: lenet5}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 1000}
+clients: {min: 3, quorum: 1.0, round_deadline_s: 120}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
+split: {mode: pipeline, cut: 3, devices: 3, micro_batches: 4, schedule: gpipe}
+tls: {mutual: true}
+local:
+  data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000"
+  partition: iid
+  clients: 3
+  profiles:
+    - {slowdown: 2, memory_limit_mb: 400}
+)";
+  pid_t pid = Start({});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& r : rows) {
+    EXPECT_EQ(r["participants"], 3) << r.dump();
+    ASSERT_EQ(r["pipeline"].size(), 1u) << r.dump();
+    const auto& chain = r["pipeline"][0];
+    EXPECT_TRUE(chain["done"].get<bool>()) << r.dump();
+    EXPECT_EQ(chain["devices"].size(), chain["busy"].size());
+    EXPECT_EQ(chain["devices"].size(), 3u) << r.dump();
+    EXPECT_EQ(chain["bounds"], nlohmann::json({0, 1, 2, 3})) << r.dump();
+    EXPECT_GT(chain["spans"].size(), 0u);
+  }
+  EXPECT_LT(rows[1]["test_loss"].get<double>(), rows[0]["test_loss"].get<double>());
+  EXPECT_GT(rows[1]["test_accuracy"].get<double>(), 0.4);
+  auto log = ReadFile((dir_ / "run" / "server.log").string());
+  ASSERT_TRUE(log.ok());
+  EXPECT_NE(log->find("planned: predicted step"), std::string::npos) << *log;
+  auto report = ReadFile((dir_ / "run" / "report.html").string());
+  ASSERT_TRUE(report.ok());
+  EXPECT_NE(report->find("pipeline chain 0"), std::string::npos);
+}
+
 // The rounds metrics.jsonl of run directory `run` records, in order.
 std::vector<int> RecordedRounds(const fs::path& run) {
   std::vector<int> rounds;

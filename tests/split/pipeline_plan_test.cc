@@ -136,10 +136,20 @@ TEST(PipelinePlanTest, PlansWithinTenPercentOfTheExhaustiveBest) {
       dev.memory_limit_bytes = trial % 3 == 0 ? int64_t{400} << 20 : 0;
       p.devices.push_back(dev);
     }
+    // A fixed split.cut: the server's stages start there, and the chain is exactly as
+    // long as split.devices.
+    if (trial % 2 == 1) {
+      p.server_begin = n - 2;
+      p.min_devices = p.max_devices;
+    }
     auto plan = PlanPipeline(p);
     auto best = PlanPipelineExhaustively(p);
     ASSERT_EQ(plan.ok(), best.ok()) << trial;
     if (!best.ok()) continue;
+    if (p.server_begin > 0) {
+      EXPECT_EQ(plan->bounds.back(), p.server_begin) << trial;
+      EXPECT_EQ(static_cast<int>(plan->chain.size()), p.min_devices) << trial;
+    }
     EXPECT_GE(plan->step_s, best->step_s * (1 - 1e-12)) << trial;
     EXPECT_LE(plan->step_s, 1.10 * best->step_s) << trial;
     worst = std::max(worst, plan->step_s / best->step_s);

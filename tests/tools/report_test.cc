@@ -164,6 +164,31 @@ TEST_F(ReportTest, SplitRunsGetTheirStepTimeBreakdown) {
   EXPECT_THAT(page, HasSubstr(">12.0 ms</text>"));
 }
 
+// A pipeline run: each chain of its last round gets a timeline, a bar per device pass
+// over the first batch, placed by its time and named by its micro-batch; a span that
+// is not well formed is left out, not drawn.
+TEST_F(ReportTest, PipelineRunsGetEachChainsTimeline) {
+  std::vector<json> rows = Rounds(2, 0.1);
+  rows[1]["pipeline"] = json::array(
+      {{{"devices", {"client-0", "client-1"}},
+        {"bounds", {0, 1, 3}},
+        {"done", true},
+        {"busy", {0.5, 0.25}},
+        {"bubble", 0.6},
+        {"spans", {{0, 0, "F", 0.0, 0.001}, {1, 0, "F", 0.002, 0.004}, {1, 0, "B", 0.006, 0.010},
+                   {0, 0, "B", 0.011, 0.012}, {7, 0, "F", 0.0, 1.0}, {"bad"}}}}});
+  auto html = WriteReport({{Run("pipe", rows)}, ""});
+  ASSERT_TRUE(html.ok());
+  const std::string page = *ReadFile(*html);
+  EXPECT_THAT(page, HasSubstr("pipe: pipeline chain 0 (round 2), bubble 60%"));
+  EXPECT_THAT(page, HasSubstr("client-1 (25%)"));
+  EXPECT_THAT(page, HasSubstr("<title>backward 0: 4.00 ms</title>"));
+  EXPECT_THAT(page, HasSubstr(">12.0 ms</text>")) << "the axis ends at the last span, not the ill-formed one";
+  size_t bars = 0;
+  for (size_t at = page.find("<title>forward"); at != std::string::npos; at = page.find("<title>forward", at + 1)) ++bars;
+  EXPECT_EQ(bars, 2u);
+}
+
 // Values far apart in magnitude from their spread (a loss near 1e15 moving by 0.01)
 // still make a finite chart with a bounded number of ticks.
 TEST_F(ReportTest, ValuesBeyondTheirPrecisionStillDraw) {

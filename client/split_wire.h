@@ -1,0 +1,105 @@
+// What the client's split streams share: tensors on the wire in a codec, and a writer
+// thread that sends queued messages (in chunks) while the caller computes. Used by the
+// split task (client/split_client.cc) and by a pipeline's relay (client/pipeline_relay.cc)
+// on both of its streams.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "cleave/v1/cleave.grpc.pb.h"
+#include "client/emulation.h"
+#include "client/split_client.h"
+#include "compression/codec.h"
+#include "core/status.h"
+#include "models/part.h"
+#include "proto/split_chunks.h"
+
+namespace cleave {
+
+// A tensor and the codec it travels with (`spec` "" = float32).
+struct WireCodec {
+  std::string spec;
+  std::unique_ptr<Codec> codec;
+};
+
+void ToWire(const Activations& a, WireCodec& c, v1::TensorData* t);
+// DATA_LOSS naming `from` (who sent it) for a tensor without a good shape, in another
+// codec, or that does not decode.
+StatusOr<Activations> FromWire(const v1::TensorData& t, const WireCodec& c, const std::string& from);
+
+// Half-closes a stream this side opened; the side that serves one ends it by returning.
+inline void HalfClose(grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>* s) { s->WritesDone(); }
+inline void HalfClose(grpc::ServerReaderWriter<v1::SplitDown, v1::SplitUp>*) {}
+
+// Writes queued messages on its own thread, so that sending overlaps computing; each
+// message's bytes go through the emulated uplink (when there is one) first.
+template <typename Stream, typename Message>
+class StreamWriter {
+ public:
+  StreamWriter(Stream* stream, DeviceEmulator* emu) : stream_(stream), emu_(emu), thread_([this] { Loop(); }) {}
+  ~StreamWriter() { Close(); }
+
+  // Queues `msg`, its tensor in chunks when large (proto/split_chunks.h).
+  void Push(Message msg) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& m : Chunked(std::move(msg))) queue_.push_back(std::move(m));
+    cv_.notify_one();
+  }
+  // Sends what is queued, then half-closes the stream. Returns false if a write failed.
+  bool Close() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      closing_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+    return ok_;
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      Message msg;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return closing_ || !queue_.empty(); });
+        if (queue_.empty()) break;
+        msg = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (!ok_) continue;  // drain after a failure
+      if (emu_) emu_->up.Consume(static_cast<int64_t>(msg.ByteSizeLong()));
+      ok_ = stream_->Write(msg);
+    }
+    if (ok_) HalfClose(stream_);
+  }
+
+  Stream* stream_;
+  DeviceEmulator* emu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Message> queue_;
+  bool closing_ = false;
+  std::atomic<bool> ok_{true};
+  std::thread thread_;
+};
+
+// A pipeline's link to its next device (split.mode: pipeline): Peer.Pipeline on the
+// device `hop` names, opened with the hop's secret; the neighbour must present the certificate of hop.name() under TLS (`link.ca` set).
+// Waits for the neighbour's SplitReady (it sends one once its own link onward is up).
+// `ctx` (its deadline: the task's) must outlive the stream.
+StatusOr<std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>>> OpenHop(
+    const v1::PipelineHop& hop, const PeerLink& link, const v1::Task& task, grpc::ClientContext* ctx);
+
+// Wall-clock seconds since the Unix epoch, for PipelineSpan.
+double UnixSeconds();
+
+}  // namespace cleave

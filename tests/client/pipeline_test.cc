@@ -1,0 +1,138 @@
+// A pipeline's hop (split.mode: pipeline) against hostile or mistaken neighbours: only
+// the upstream device the task names, with its secret, is served; a micro-batch that is
+// not finite ends the call with the reason and fails the relay's task.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "client/gossip.h"
+#include "client/pipeline_relay.h"
+#include "models/part.h"
+
+namespace cleave {
+namespace {
+
+using UpStream = grpc::ServerReaderWriter<v1::SplitDown, v1::SplitUp>;
+using HopStream = grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>;
+
+// Opens Peer.Pipeline on `port` as `sender`; the call's status once the receiver ends it
+// (after SplitReady, `then` runs on the open stream).
+grpc::Status OpenAs(int port, const std::string& run, int64_t round, const std::string& sender,
+                    const std::string& token, const std::function<void(HopStream*)>& then = nullptr) {
+  auto stub = v1::Peer::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->Pipeline(&ctx);
+  v1::SplitUp open;
+  open.mutable_hop()->set_run_id(run);
+  open.mutable_hop()->set_round(round);
+  open.mutable_hop()->set_sender(sender);
+  open.mutable_hop()->set_token(token);
+  stream->Write(open);
+  v1::SplitDown ready;
+  if (stream->Read(&ready) && ready.has_ready() && then) then(stream.get());
+  stream->WritesDone();
+  v1::SplitDown rest;
+  while (stream->Read(&rest)) {
+  }
+  return stream->Finish();
+}
+
+TEST(PipelineHopTest, OnlyTheNamedUpstreamWithItsSecretIsServed) {
+  auto peer = PeerServer::Start("127.0.0.1:0", "", "", "");
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::atomic<int> served{0};
+  (*peer)->ExpectPipeline("run", 3, "alice", "secret", [&](grpc::ServerContext*, UpStream* up, const v1::PipelineOpen& o) {
+    EXPECT_EQ(o.sender(), "alice");
+    ++served;
+    v1::SplitDown ready;
+    ready.mutable_ready();
+    up->Write(ready);
+    return grpc::Status::OK;
+  });
+  const int port = (*peer)->port();
+  EXPECT_EQ(OpenAs(port, "run", 3, "mallory", "secret").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(OpenAs(port, "run", 3, "alice", "guess").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(OpenAs(port, "other", 3, "alice", "secret").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(OpenAs(port, "run", 2, "alice", "secret").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(served, 0);
+  EXPECT_TRUE(OpenAs(port, "run", 3, "alice", "secret").ok());
+  EXPECT_EQ(served, 1);
+  const grpc::Status again = OpenAs(port, "run", 3, "alice", "secret");
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::ALREADY_EXISTS) << again.error_message();
+  EXPECT_TRUE((*peer)->EndPipeline()) << "it was taken";
+  EXPECT_EQ(OpenAs(port, "run", 3, "alice", "secret").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(served, 1);
+}
+
+// A relay (stages [1, 2) of LeNet-5) between a test upstream and a test downstream: a
+// micro-batch with a NaN ends the upstream's call with INVALID_ARGUMENT naming it, and
+// the relay's task fails with the same reason; nothing went onward.
+TEST(PipelineHopTest, ARelayRefusesActivationsThatAreNotFinite) {
+  ModelSpec spec;
+  spec.name = "lenet5";
+  spec.seed = 1;
+  auto part = ModelPart::Create(spec, 1, 2);
+  ASSERT_TRUE(part.ok());
+  auto relay_peer = PeerServer::Start("127.0.0.1:0", "", "", "");
+  auto down_peer = PeerServer::Start("127.0.0.1:0", "", "", "");
+  ASSERT_TRUE(relay_peer.ok() && down_peer.ok());
+  std::atomic<int> onward{0};
+  (*down_peer)->ExpectPipeline("run", 1, "relay", "t2", [&](grpc::ServerContext*, UpStream* up, const v1::PipelineOpen&) {
+    v1::SplitDown ready;
+    ready.mutable_ready();
+    up->Write(ready);
+    v1::SplitUp m;
+    while (up->Read(&m)) ++onward;
+    return grpc::Status::OK;
+  });
+  v1::Task task;
+  task.set_run_id("run");
+  task.set_round(1);
+  task.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                (std::chrono::system_clock::now() + std::chrono::seconds(60)).time_since_epoch())
+                                .count());
+  task.mutable_train()->set_batch_size(8);
+  task.mutable_train()->set_lr(0.1);
+  v1::SplitTask* st = task.mutable_split();
+  st->set_mode("pipeline");
+  st->set_begin(1);
+  st->set_cut(2);
+  st->set_num_stages(5);
+  st->set_micro_batches(2);
+  st->mutable_upstream()->set_name("alice");
+  st->mutable_upstream()->set_token("t1");
+  st->mutable_downstream()->set_name("bob");
+  st->mutable_downstream()->set_address("127.0.0.1:" + std::to_string((*down_peer)->port()));
+  st->mutable_downstream()->set_token("t2");
+  SplitTaskOptions o;
+  o.model = spec;
+  o.peer.name = "relay";
+  StatusOr<SplitTaskResult> result = absl::UnknownError("not run");
+  std::thread relay([&] {
+    result = RunPipelineRelay(nullptr, v1::Welcome(), task, (*part)->Parameters(), o, relay_peer->get());
+  });
+  const grpc::Status call = OpenAs((*relay_peer)->port(), "run", 1, "alice", "t1", [](HopStream* s) {
+    v1::SplitUp batch;
+    batch.mutable_batch()->set_seq(1);
+    v1::TensorData* t = batch.mutable_batch()->mutable_activations();
+    for (int64_t d : {4, 6, 12, 12}) t->add_shape(d);
+    std::vector<float> values(4 * 6 * 12 * 12, 0.5f);
+    values[17] = std::numeric_limits<float>::quiet_NaN();
+    t->set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+    s->Write(batch);
+  });
+  relay.join();
+  EXPECT_EQ(call.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << call.error_message();
+  EXPECT_NE(call.error_message().find("not finite"), std::string::npos) << call.error_message();
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  EXPECT_EQ(onward, 0);
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,171 @@
+// split.mode: pipeline end to end: chains of real clients over real gRPC, each device
+// past the data owner serving Peer on a port of its own.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/integration/federation.h"
+
+namespace cleave {
+namespace {
+
+constexpr char kBase[] = R"(
+data: {test_limit: 1000}
+server: {heartbeat_s: 0.5, client_timeout_s: 30}
+)";
+
+double MaxDiff(const ParameterSet& a, const ParameterSet& b) {
+  EXPECT_TRUE(a.SameLayout(b));
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
+      d = std::max<double>(d, std::abs(a.tensors()[i].values[j] - b.tensors()[i].values[j]));
+    }
+  }
+  return d;
+}
+
+struct Chain {
+  int devices;
+  int micro_batches;
+  std::string schedule;
+};
+
+class PipelineExactnessTest : public ::testing::TestWithParam<Chain> {};
+
+// One batch through a chain of K devices and the server, as M micro-batches in either
+// schedule, steps every holder as one step of the uncut model on the whole batch does.
+TEST_P(PipelineExactnessTest, OneBatchEqualsTheUncutModelsStep) {
+  const auto [k, m, schedule] = GetParam();
+  auto data = ClientData(1, 32)[0];
+  ASSERT_EQ(data.size, 32);
+  auto reference = Model::Create({"lenet5", "", 7});
+  ASSERT_TRUE(reference.ok());
+  const ParameterSet before = (*reference)->Parameters();
+  LocalTrainOptions t;
+  t.local_epochs = 1;
+  t.batch_size = 32;
+  t.lr = 0.1;
+  t.momentum = 0.9;
+  t.weight_decay = 1e-3;
+  ASSERT_TRUE((*reference)->Train(data, t).ok());
+  const ParameterSet expected = (*reference)->Parameters();
+
+  // client-0 owns the data (it serves no Peer); the others relay.
+  std::vector<ClientOptions> opts(k);
+  for (int i = 0; i < k; ++i) {
+    opts[i].train = data;
+    if (i > 0) opts[i].peer_listen = "127.0.0.1:0";
+  }
+  Federation f;
+  f.Start(std::string(kBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 7}\n" +
+              "clients: {min: " + std::to_string(k) + "}\n" +
+              "train: {local_epochs: 1, batch_size: 32, lr: 0.1, momentum: 0.9, weight_decay: 0.001}\n" +
+              "split: {mode: pipeline, cut: 4, devices: " + std::to_string(k) +
+              ", micro_batches: " + std::to_string(m) + ", schedule: " + schedule + "}\n",
+          std::move(opts));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  const ParameterSet got = f.server->GlobalModel();
+  EXPECT_GT(MaxDiff(before, got), 1e-3) << "the step changed nothing";
+  EXPECT_LT(MaxDiff(expected, got), 1e-5);
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, k);
+  const auto& chains = h[0].split.value().chains;
+  ASSERT_EQ(chains.size(), 1u);
+  EXPECT_TRUE(chains[0].done);
+  ASSERT_EQ(chains[0].devices.size(), static_cast<size_t>(k));
+  EXPECT_EQ(chains[0].devices[0], "client-0");
+  EXPECT_EQ(chains[0].bounds.front(), 0);
+  EXPECT_EQ(chains[0].bounds.back(), 4);
+  // Every device's passes over the batch are on the timeline: M forward and M backward.
+  std::vector<int> passes(k, 0);
+  for (const auto& s : chains[0].spans) {
+    ++passes.at(s.device);
+    EXPECT_GE(s.end_s, s.start_s);
+  }
+  for (int i = 0; i < k; ++i) EXPECT_EQ(passes[i], 2 * m) << "device " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Chains, PipelineExactnessTest,
+                         ::testing::Values(Chain{1, 4, "1f1b"}, Chain{2, 2, "gpipe"}, Chain{3, 4, "1f1b"},
+                                           Chain{3, 8, "gpipe"}, Chain{4, 1, "1f1b"}, Chain{4, 4, "1f1b"}),
+                         [](const ::testing::TestParamInfo<Chain>& i) {
+                           return "k" + std::to_string(i.param.devices) + "_m" + std::to_string(i.param.micro_batches) +
+                                  "_" + i.param.schedule;
+                         });
+
+// Two chains of three train one model: the segments' replicas average across the chains,
+// and the model learns over two rounds; int8 on every hop.
+TEST(PipelineTest, TwoChainsOfThreeLearnOneModel) {
+  auto init = Model::Create({"lenet5", "", 3});
+  ASSERT_TRUE(init.ok());
+  Dataset test = *LoadFashionMnist(kFmnist, false, 1000);
+  const double before = (*init)->Evaluate(test, 256)->accuracy;
+  auto opts = Options(6, 6000);
+  for (int i = 2; i < 6; ++i) opts[i].peer_listen = "127.0.0.1:0";
+  Federation f;
+  f.Start(std::string(kBase) + "model: {name: lenet5}\nrun: {rounds: 2, seed: 3}\n" +
+              "clients: {min: 6, quorum: 1.0}\n" +
+              "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}\n" +
+              "compression: {activations: int8, gradients: int8}\n"
+              "split: {mode: pipeline, cut: 3, devices: 3, micro_batches: 4}\n",
+          std::move(opts));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 2u);
+  for (const auto& r : h) {
+    EXPECT_EQ(r.participants, 6);
+    ASSERT_EQ(r.split.value().chains.size(), 2u);
+    for (const auto& c : r.split.value().chains) {
+      EXPECT_TRUE(c.done);
+      EXPECT_EQ(c.bounds, (std::vector<int>{0, 1, 2, 3}));
+      EXPECT_GE(c.bubble, 0);
+      EXPECT_LE(c.bubble, 1);
+    }
+    EXPECT_GT(r.split.value().activation_bytes_up, 0);
+    // The owners' examples (1,000 each) in whole batches of 32: 31 of them per chain.
+    EXPECT_EQ(r.split.value().labels_up, 2 * 31 * 32);
+  }
+  // Owners are the clients that serve no Peer.
+  EXPECT_EQ(h[0].split.value().chains[0].devices[0].substr(0, 7), "client-");
+  EXPECT_LT(h[0].split.value().chains[0].devices[0], "client-2");
+  EXPECT_GT(h[0].test_accuracy, before + 0.1) << "initial " << before;
+  EXPECT_GT(h[1].test_accuracy, before + 0.3) << "initial " << before;
+  EXPECT_LT(h[1].train_loss, h[0].train_loss);
+}
+
+// A device that drops in the middle of a round fails its chain's round at once (every
+// device of the chain fails its task, none hangs); the other chain's round commits.
+TEST(PipelineFailureTest, ADeviceThatDropsFailsItsChainOnly) {
+  auto opts = Options(4, 1500);
+  for (int i = 2; i < 4; ++i) opts[i].peer_listen = "127.0.0.1:0";
+  // The relay of one chain drops after its fifth micro-batch.
+  opts[3].crash_after_split_step = [](int64_t, int64_t step) { return step == 5; };
+  Federation f;
+  f.Start(std::string(kBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 4}\n" +
+              "clients: {min: 4, quorum: 0.5}\n" +
+              "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.5}\n" +
+              "split: {mode: pipeline, cut: 2, devices: 2, micro_batches: 2}\n",
+          std::move(opts));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  EXPECT_EQ(f.client_status[3].code(), absl::StatusCode::kAborted) << f.client_status[3];
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 2);
+  EXPECT_EQ(h[0].failures, 2) << "the dropped device and its chain's owner";
+  EXPECT_LT(h[0].wall_s, 20) << "the failure was noticed, not waited out";
+  const auto& chains = h[0].split.value().chains;
+  ASSERT_EQ(chains.size(), 2u);
+  EXPECT_NE(chains[0].done, chains[1].done);
+  int completed = 0;
+  for (const auto& c : f.clients) completed += c->tasks_completed();
+  EXPECT_EQ(completed, 2);
+}
+
+}  // namespace
+}  // namespace cleave
