@@ -91,23 +91,12 @@ class Relay {
 
  private:
   Status Run(grpc::ServerContext* ctx, UpStream* up) {
+    // Onward: the next device, or, last in the chain, the server as from a client.
     std::unique_ptr<DownStream> down;
     if (st_.has_downstream()) {
       ASSIGN_OR_RETURN(down, OpenHop(st_.downstream(), o_.peer, task_, &down_ctx_));
-    } else {  // the chain's last device: the server takes it from here, as from a client
-      down_ctx_.set_deadline(std::chrono::system_clock::time_point(std::chrono::milliseconds(task_.deadline_unix_ms())));
-      down = stub_->Split(&down_ctx_);
-      v1::SplitUp open;
-      auto* op = open.mutable_open();
-      op->set_run_id(task_.run_id());
-      op->set_client_id(w_.client_id());
-      op->set_session_token(w_.session_token());
-      op->set_round(task_.round());
-      op->set_task_id(task_.task_id());
-      v1::SplitDown ready;
-      if (!down->Write(open) || !down->Read(&ready) || !ready.has_ready()) {
-        return FromGrpc(down->Finish(), "split stream");
-      }
+    } else {
+      ASSIGN_OR_RETURN(down, OpenSplit(stub_, w_, task_, &down_ctx_));
     }
     v1::SplitDown ready;
     ready.mutable_ready();
@@ -122,7 +111,13 @@ class Relay {
       StreamWriter<DownStream, v1::SplitUp> down_writer(down.get(), o_.emulator);
       std::thread backward([&] { back = Back(ctx, down.get(), &up_writer); });
       forward = Forward(ctx, up, &down_writer);
-      if (!forward.ok()) down_ctx_.TryCancel();
+      if (!forward.ok()) {
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          forward_failed_ = true;  // its status, not a cancellation, goes back upstream
+        }
+        down_ctx_.TryCancel();
+      }
       down_writer.Close();  // the hop onward is half-closed: its end comes back
       backward.join();
       up_writer.Close();    // every gradient is sent before the call returns
@@ -197,7 +192,7 @@ class Relay {
     if (s.ok() && !inflight_.empty()) s = absl::UnavailableError(absl::StrCat(downstream_, " ended the stream early"));
     if (!s.ok()) {
       back_error_ = s;
-      ctx->TryCancel();  // the upstream's micro-batches have nowhere to go
+      if (!forward_failed_) ctx->TryCancel();  // the upstream's micro-batches have nowhere to go
     }
     cv_.notify_all();
     return s;
@@ -286,6 +281,7 @@ class Relay {
   std::condition_variable cv_;
   std::set<int64_t> inflight_;
   Status back_error_, result_ = absl::UnknownError("the hop never opened");
+  bool forward_failed_ = false;
   int64_t backward_ = 0, steps_ = 0;
   double loss_sum_ = 0;
   int64_t loss_n_ = 0;

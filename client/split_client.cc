@@ -80,6 +80,24 @@ StatusOr<std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>>> 
   return stream;
 }
 
+StatusOr<std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>>> OpenSplit(
+    v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task, grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::time_point(std::chrono::milliseconds(task.deadline_unix_ms())));
+  auto stream = stub->Split(ctx);
+  v1::SplitUp open;
+  auto* op = open.mutable_open();
+  op->set_run_id(task.run_id());
+  op->set_client_id(w.client_id());
+  op->set_session_token(w.session_token());
+  op->set_round(task.round());
+  op->set_task_id(task.task_id());
+  v1::SplitDown ready;
+  if (!stream->Write(open) || !stream->Read(&ready) || !ready.has_ready()) {
+    return FromGrpc(stream->Finish(), "split stream");
+  }
+  return stream;
+}
+
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -262,20 +280,7 @@ Status SplitTaskRun::Open(v1::Coordinator::Stub* stub, const v1::Welcome& w) {
     writer_ = std::make_unique<Writer>(stream_.get(), o_.emulator);
     return absl::OkStatus();
   }
-  ctx_.set_deadline(std::chrono::system_clock::time_point(
-      std::chrono::milliseconds(task_.deadline_unix_ms())));
-  stream_ = stub->Split(&ctx_);
-  v1::SplitUp open;
-  auto* op = open.mutable_open();
-  op->set_run_id(task_.run_id());
-  op->set_client_id(w.client_id());
-  op->set_session_token(w.session_token());
-  op->set_round(task_.round());
-  op->set_task_id(task_.task_id());
-  v1::SplitDown ready;
-  if (!stream_->Write(open) || !stream_->Read(&ready) || !ready.has_ready()) {
-    return FromGrpc(stream_->Finish(), "split stream");
-  }
+  ASSIGN_OR_RETURN(stream_, OpenSplit(stub, w, task_, &ctx_));
   start_ = SteadyClock::now();
   writer_ = std::make_unique<Writer>(stream_.get(), o_.emulator);
   return absl::OkStatus();

@@ -99,6 +99,11 @@ class StreamWriter {
 StatusOr<std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>>> OpenHop(
     const v1::PipelineHop& hop, const PeerLink& link, const v1::Task& task, grpc::ClientContext* ctx);
 
+// The split stream of `task` to the server, opened with this session's SplitOpen; waits
+// for the server's SplitReady. `ctx` (its deadline set here: the task's) must outlive it.
+StatusOr<std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>>> OpenSplit(
+    v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task, grpc::ClientContext* ctx);
+
 // Wall-clock seconds since the Unix epoch, for PipelineSpan.
 double UnixSeconds();
 

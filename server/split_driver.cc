@@ -168,25 +168,31 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
                  1e3 * choice->down_s, choice->client_memory_bytes >> 10);
   }
   if (chosen.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no client to cut for"));
+  ASSIGN_OR_RETURN(round_, SplitRound::Create(RoundOptionsLocked(fit), ctx_.GlobalLocked(), cuts));
+  *clients = std::move(chosen);
+  return absl::OkStatus();
+}
+
+SplitRoundOptions SplitDriver::RoundOptionsLocked(const FitSettings& fit) const {
   SplitRoundOptions o;
   o.mode = mode_;
   o.model = ctx_.model_spec();
-  o.training = LocalTrainOptions(fit, cfg.run.seed);
+  o.training = LocalTrainOptions(fit, ctx_.config().run.seed);
   o.num_stages = num_stages_;
   o.tail_begin = tail_begin_;
   o.max_batch = fit.batch_size;
   o.num_classes = num_classes_;
   o.stage_input_shapes = stage_shapes_;
   o.quantized = ctx_.quantized_base();
-  ASSIGN_OR_RETURN(round_, SplitRound::Create(std::move(o), ctx_.GlobalLocked(), cuts));
-  *clients = std::move(chosen);
-  return absl::OkStatus();
+  o.micro_batches = ctx_.config().split.micro_batches;
+  return o;
 }
 
 void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
-  // The client part, published as a blob of its own. Parts at the same cut are the same
-  // tensors, so the round builds, encodes and hashes each cut's once (in sl each turn has
-  // its own: the clients before it changed it).
+  // The client part, published as a blob of its own. Parts of the same segment (the same
+  // cut; in a pipeline the same [begin, cut)) are the same tensors, so the round builds,
+  // encodes and hashes each segment's once (in sl each turn has its own: the clients
+  // before it changed it).
   SplitTask& st = tasks_[rec->id];
   st.begin = *round_->BeginOf(rec->client_id);
   st.cut = *round_->CutOf(rec->client_id);
@@ -198,7 +204,7 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
     ParameterSet part = *round_->ClientPart(rec->client_id);
     // LoRA: the part's adapters travel (down and up); its frozen tensors come from a base
     // of the part's own frozen tensors (the same every round: pinned), which the client
-    // fetches once per cut.
+    // fetches once per segment.
     if (!frozen.empty()) {
       auto& base = cut_bases_[segment];
       if (base.first.empty()) {
@@ -221,7 +227,7 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
     task->set_base_digest(cut_bases_[segment].first);
     task->set_base_size(cut_bases_[segment].second);
   }
-  // A quantized base: the weights of the client's stages, in a blob per cut too.
+  // A quantized base: the weights of the client's stages, in a blob per segment too.
   task->clear_quantized_base_digest();
   task->clear_quantized_base_size();
   if (!ctx_.quantized_base().empty()) {

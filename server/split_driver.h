@@ -114,7 +114,7 @@ class SplitDriver : public RoundDriver {
     // pipeline: measured over predicted compute per micro-batch (a running mean), which
     // divides its speed when the next round is planned.
     double pipeline_slowdown = 1;
-    double pipeline_predicted_s = 0;  // its last segment's predicted compute per micro-batch
+    double pipeline_predicted_s = 0;  // its last segment's compute per micro-batch by its profile
   };
   // A split task: its cut, the client part it was given (without frozen tensors; its
   // upload is a delta from it; shared by the round's tasks at the same cut), whether its
@@ -127,6 +127,8 @@ class SplitDriver : public RoundDriver {
   };
 
   CutProblem ProblemFor(const v1::Profile& profile, int clients_in_round) const;
+  // The round's SplitRound options for the clients' `fit` (what every mode shares).
+  SplitRoundOptions RoundOptionsLocked(const FitSettings& fit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // split.mode: pipeline: the round's chains from `clients`, which become their devices.
   Status BeginPipelineLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());

@@ -27,12 +27,17 @@ StatusOr<SplitChain> SplitDriver::PlanChainLocked(int64_t round, const std::stri
                                                   std::vector<std::string>* pool, int chains) {
   const SplitConfig& sc = ctx_.config().split;
   SplitChain chain;
-  // The planner, over the owner and every device left, each at its measured speed
-  // relative to the owner's (corrected by last round's measurement). A fixed cut is the
-  // server's first stage, and the chain then has exactly split.devices devices.
+  // The planner, over the owner and every device left. Stage costs have the shape of the
+  // server's own profile (taken alone, before any client ran: a device's profile, taken
+  // while other clients profile beside it, is noisier stage by stage than in sum), and
+  // each device its measured total relative to it, corrected by last round's
+  // measurement. A fixed cut is the server's first stage, and the chain then has
+  // exactly split.devices devices.
   const ClientState& o = clients_.at(owner);
   PipelineProblem p;
   p.model = ProblemFor(o.profile, chains);
+  p.model.client_stage_s = p.model.server_stage_s;
+  const double server_s = std::accumulate(p.model.server_stage_s.begin(), p.model.server_stage_s.end(), 0.0);
   p.max_devices = sc.devices;
   if (sc.cut > 0) {
     p.server_begin = sc.cut;
@@ -42,13 +47,12 @@ StatusOr<SplitChain> SplitDriver::PlanChainLocked(int64_t round, const std::stri
   p.schedule = sc.schedule == "gpipe" ? PipelineSchedule::kGpipe : PipelineSchedule::k1f1b;
   std::vector<std::string> ids = {owner};
   ids.insert(ids.end(), pool->begin(), pool->end());
-  const double owner_s = Total(o.profile) * o.pipeline_slowdown;
   for (const std::string& id : ids) {
     const ClientState& c = clients_.at(id);
     ChainDevice d;
     d.name = id;
     const double s = Total(c.profile) * c.pipeline_slowdown;
-    d.speed = s > 0 && owner_s > 0 ? owner_s / s : 1;
+    d.speed = s > 0 && server_s > 0 ? server_s / s : 1;
     d.up_bps = c.profile.uplink_bytes_per_s();
     d.down_bps = c.profile.downlink_bytes_per_s();
     d.rtt_s = c.profile.rtt_s();
@@ -61,12 +65,11 @@ StatusOr<SplitChain> SplitDriver::PlanChainLocked(int64_t round, const std::stri
   for (size_t i = 1; i < plan.chain.size(); ++i) {
     pool->erase(std::find(pool->begin(), pool->end(), ids[plan.chain[i]]));
   }
-  // What each device's segment should cost per micro-batch, to measure it against.
+  // What each device's segment should cost per micro-batch by its profile alone (the
+  // plan's compute without last round's correction), to measure it against.
   for (size_t i = 0; i < plan.chain.size(); ++i) {
     ClientState& c = clients_.at(ids[plan.chain[i]]);
-    double s = 0;
-    for (int stage = plan.bounds[i]; stage < plan.bounds[i + 1]; ++stage) s += c.profile.stage_seconds(stage);
-    c.pipeline_predicted_s = s / plan.micro_batches;
+    c.pipeline_predicted_s = plan.resource_s[2 * i] / c.pipeline_slowdown;
   }
   std::vector<std::string> memory;
   for (size_t i = 0; i < plan.chain.size(); ++i) {
@@ -82,14 +85,16 @@ StatusOr<SplitChain> SplitDriver::PlanChainLocked(int64_t round, const std::stri
 Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients) {
   const FederationConfig& cfg = ctx_.config();
   const SplitConfig& sc = cfg.split;
-  // Data owners first: a client that serves no Peer can only send; then the most examples.
+  // Data owners first: a client that serves no Peer can only send; then the most examples
+  // (then by name: the same federation forms the same chains).
   std::vector<std::string> order = *clients;
   auto serves = [&](const std::string& id) { return !ctx_.FindSessionLocked(id)->peer_address.empty(); };
   std::stable_sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
     const Session& x = *ctx_.FindSessionLocked(a);
     const Session& y = *ctx_.FindSessionLocked(b);
     if (x.peer_address.empty() != y.peer_address.empty()) return x.peer_address.empty();
-    return x.num_examples > y.num_examples;
+    if (x.num_examples != y.num_examples) return x.num_examples > y.num_examples;
+    return x.name < y.name;
   });
   // As many chains as there are devices for: each needs split.devices - 1 that serve Peer
   // (with an auto cut the planner may use fewer, and the rest sit the round out).
@@ -158,18 +163,7 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
       spdlog::info("round {}: client {} is in no chain", round, ctx_.FindSessionLocked(id)->name);
     }
   }
-  SplitRoundOptions o;
-  o.mode = mode_;
-  o.model = ctx_.model_spec();
-  o.training = LocalTrainOptions(fit, cfg.run.seed);
-  o.num_stages = num_stages_;
-  o.tail_begin = tail_begin_;
-  o.max_batch = fit.batch_size;
-  o.num_classes = num_classes_;
-  o.stage_input_shapes = stage_shapes_;
-  o.quantized = ctx_.quantized_base();
-  o.micro_batches = sc.micro_batches;
-  ASSIGN_OR_RETURN(round_, SplitRound::CreatePipeline(std::move(o), ctx_.GlobalLocked(), chains_));
+  ASSIGN_OR_RETURN(round_, SplitRound::CreatePipeline(RoundOptionsLocked(fit), ctx_.GlobalLocked(), chains_));
   *clients = std::move(chosen);
   return absl::OkStatus();
 }

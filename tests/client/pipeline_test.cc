@@ -70,8 +70,9 @@ TEST(PipelineHopTest, OnlyTheNamedUpstreamWithItsSecretIsServed) {
 }
 
 // A relay (stages [1, 2) of LeNet-5) between a test upstream and a test downstream: a
-// micro-batch with a NaN ends the upstream's call with INVALID_ARGUMENT naming it, and
-// the relay's task fails with the same reason; nothing went onward.
+// micro-batch with a NaN, sent while a good one is in flight, ends the upstream's call
+// with INVALID_ARGUMENT naming it (not a cancellation), and the relay's task fails with
+// the same reason.
 TEST(PipelineHopTest, ARelayRefusesActivationsThatAreNotFinite) {
   ModelSpec spec;
   spec.name = "lenet5";
@@ -117,21 +118,23 @@ TEST(PipelineHopTest, ARelayRefusesActivationsThatAreNotFinite) {
     result = RunPipelineRelay(nullptr, v1::Welcome(), task, (*part)->Parameters(), o, relay_peer->get());
   });
   const grpc::Status call = OpenAs((*relay_peer)->port(), "run", 1, "alice", "t1", [](HopStream* s) {
-    v1::SplitUp batch;
-    batch.mutable_batch()->set_seq(1);
-    v1::TensorData* t = batch.mutable_batch()->mutable_activations();
-    for (int64_t d : {4, 6, 12, 12}) t->add_shape(d);
-    std::vector<float> values(4 * 6 * 12 * 12, 0.5f);
-    values[17] = std::numeric_limits<float>::quiet_NaN();
-    t->set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
-    s->Write(batch);
+    for (int seq : {1, 2}) {  // the second has a NaN
+      v1::SplitUp batch;
+      batch.mutable_batch()->set_seq(seq);
+      v1::TensorData* t = batch.mutable_batch()->mutable_activations();
+      for (int64_t d : {4, 6, 12, 12}) t->add_shape(d);
+      std::vector<float> values(4 * 6 * 12 * 12, 0.5f);
+      if (seq == 2) values[17] = std::numeric_limits<float>::quiet_NaN();
+      t->set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+      s->Write(batch);
+    }
   });
   relay.join();
   EXPECT_EQ(call.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << call.error_message();
   EXPECT_NE(call.error_message().find("not finite"), std::string::npos) << call.error_message();
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
-  EXPECT_EQ(onward, 0);
+  EXPECT_LE(onward, 1) << "only the good micro-batch may have gone onward";
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -94,6 +96,18 @@ struct Federation {
     Join();
   }
 };
+
+// The largest absolute difference between two sets of the same layout.
+inline double MaxDiff(const ParameterSet& a, const ParameterSet& b) {
+  EXPECT_TRUE(a.SameLayout(b));
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
+      d = std::max<double>(d, std::abs(a.tensors()[i].values[j] - b.tensors()[i].values[j]));
+    }
+  }
+  return d;
+}
 
 inline std::vector<ClientOptions> Options(int n, int64_t examples) {
   std::vector<ClientOptions> out;

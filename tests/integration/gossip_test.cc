@@ -33,16 +33,6 @@ std::vector<ClientOptions> GossipClients(int n, int64_t examples, double holdout
   return opts;
 }
 
-double MaxDiff(const ParameterSet& a, const ParameterSet& b) {
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
-      d = std::max<double>(d, std::abs(a.tensors()[i].values[j] - b.tensors()[i].values[j]));
-    }
-  }
-  return d;
-}
-
 // Two clients are one edge with weight 1/2: after a round both hold the same average of
 // their trained models, which differs from the initial model; the server's model is
 // still the initial one, its uploads are empty parameter sets, and the report says one

@@ -24,18 +24,6 @@ server: {heartbeat_s: 0.5, client_timeout_s: 30}
 
 const std::vector<std::string> kSplitModes = {"sl", "sfl-v1", "sfl-v2", "ushaped"};
 
-// The largest absolute difference between two sets of the same layout.
-double MaxDiff(const ParameterSet& a, const ParameterSet& b) {
-  EXPECT_TRUE(a.SameLayout(b));
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    for (size_t j = 0; j < a.tensors()[i].values.size(); ++j) {
-      d = std::max<double>(d, std::abs(a.tensors()[i].values[j] - b.tensors()[i].values[j]));
-    }
-  }
-  return d;
-}
-
 struct Exactness {
   std::string mode;
   int cut;

@@ -61,6 +61,43 @@ TEST_F(SplitRoundTest, ClientPartsHoldTheStagesBeforeTheCut) {
   EXPECT_FALSE(SplitRound::Create({}, global_, {{"a", 3}}).ok());
 }
 
+// Pipelines: two chains cut differently hold their segments; only a chain's last device
+// streams to the server; each tensor averages over the chains' holders that trained it
+// (the server's copies too: here untrained, equal to the global model), and a chain's
+// ill-formed bounds are refused.
+TEST_F(SplitRoundTest, PipelineChainsHoldSegmentsAndAveragePerTensor) {
+  SplitRoundOptions o;
+  o.mode = SplitMode::kPipeline;
+  o.model = {"mlp", "", 1};
+  o.num_stages = 3;
+  o.tail_begin = 3;
+  o.micro_batches = 2;
+  o.stage_input_shapes = {{1, 28, 28}, {200}, {200}, {10}};
+  // Chain x: a [0, 1), b [1, 2), the server [2, 3); chain y: c [0, 2), the server [2, 3).
+  auto r = SplitRound::CreatePipeline(o, global_, {{{"a", "b"}, {0, 1, 2}}, {{"c"}, {0, 2}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  SplitRound& round = **r;
+  EXPECT_EQ(*round.BeginOf("b"), 1);
+  EXPECT_EQ(round.ClientPart("a")->size(), 2u);
+  EXPECT_EQ(round.ClientPart("b")->tensors()[0].name, "1.0.weight");
+  EXPECT_EQ(round.ClientPart("c")->size(), 4u);
+  Activations act{{1, 200}, std::vector<float>(200, 0.1f)};
+  EXPECT_EQ(round.TrainStep("a", act, {3}).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "the owner of a longer chain does not stream";
+  ASSERT_TRUE(round.Finish("a", Trained(round, "a", 1), 10).ok());
+  ASSERT_TRUE(round.Finish("b", Trained(round, "b", 1), 10).ok());
+  ASSERT_TRUE(round.Finish("c", Trained(round, "c", 4), 30).ok());
+  auto next = round.Aggregate();
+  ASSERT_TRUE(next.ok());
+  EXPECT_NEAR(Shift(*next, 0), (10 * 1 + 30 * 4) / 40.0, 1e-5);  // stage 0: a and c
+  EXPECT_NEAR(Shift(*next, 2), (10 * 1 + 30 * 4) / 40.0, 1e-5);  // stage 1: b and c
+  EXPECT_NEAR(Shift(*next, 4), 0, 1e-6);                          // stage 2: the two server copies
+  for (const std::vector<SplitChain>& bad : std::vector<std::vector<SplitChain>>{
+           {{{"a"}, {1, 2}}}, {{{"a", "b"}, {0, 2, 2}}}, {{{"a"}, {0, 3}}}, {{{"a"}, {0, 1}}, {{"a"}, {0, 2}}}}) {
+    EXPECT_EQ(SplitRound::CreatePipeline(o, global_, bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 // Per tensor, the weighted mean over every holder. Nothing trained on the server here,
 // so its copies equal the global model.
 TEST_F(SplitRoundTest, SflV1AveragesClientPartsWithTheServerCopies) {
