@@ -441,9 +441,10 @@ StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_ou
       // Nothing before the output trains (every tensor frozen, the input not a
       // gradient's concern): no backward pass, and the step below changes nothing.
     } else if (impl_->nopeek > 0 && p.from == 0) {
-      // grad_out back-propagated, plus the gradient of alpha · dCor(input, output).
-      auto total = (p.output * ToTensor(grad_out)).sum() +
-                   impl_->nopeek * DistanceCorrelationTensor(p.input.detach(), p.output);
+      // grad_out back-propagated, plus the gradient of alpha · dCor(input, output); over
+      // accumulated micro-batches, of the mean of theirs (as the loss is).
+      const double alpha = impl_->accumulate > 0 ? impl_->nopeek / impl_->accumulate : impl_->nopeek;
+      auto total = (p.output * ToTensor(grad_out)).sum() + alpha * DistanceCorrelationTensor(p.input.detach(), p.output);
       total.backward();
     } else {
       p.output.backward(ToTensor(grad_out));

@@ -96,7 +96,8 @@ class ModelPart {
   Status ResetOptimizer(const LocalTrainOptions& training);
   // NoPeek (Vepakomma et al. 2020): Backward of a micro-batch that started at stage 0
   // also minimises alpha · dCor(input, output), the distance correlation between the
-  // raw input and the activations sent across the cut. 0 = off.
+  // raw input and the activations sent across the cut (under SetAccumulate(M), the mean
+  // of the micro-batches' terms: alpha / M each). 0 = off.
   void SetNoPeek(double alpha);
 
   // Runs stages [from, end()) on `in` (from < 0: begin()) and keeps what Backward(id)

@@ -179,5 +179,40 @@ TEST(ModelPartTest, NoPeekLowersTheDistanceCorrelationOfTheActivations) {
   EXPECT_LT(a1, b1 - 0.05) << "before " << b1;
 }
 
+// Over accumulated micro-batches NoPeek's term is their mean, as the loss is: two equal
+// micro-batches accumulated step as one of them alone does.
+TEST(ModelPartTest, NoPeekOverMicroBatchesIsTheirMean) {
+  auto step = [](int micro_batches) {
+    auto part = ModelPart::Create({"mlp", "", 1}, 0, 1);
+    EXPECT_TRUE(part.ok());
+    LocalTrainOptions sgd;
+    sgd.lr = 0.5;
+    EXPECT_TRUE((*part)->ResetOptimizer(sgd).ok());
+    (*part)->SetNoPeek(1.0);
+    if (micro_batches > 1) (*part)->SetAccumulate(micro_batches);
+    const Activations x = Random({16, 1, 28, 28}, 5);
+    for (int m = 0; m < micro_batches; ++m) {
+      Activations zero = *(*part)->Forward(m, x);
+      std::fill(zero.values.begin(), zero.values.end(), 0.0f);
+      EXPECT_TRUE((*part)->Backward(m, zero).ok());
+    }
+    if (micro_batches > 1) {
+      EXPECT_TRUE((*part)->Step().ok());
+    }
+    return (*part)->Parameters();
+  };
+  const ParameterSet one = step(1), two = step(2);
+  double diff = 0, moved = 0;
+  const ParameterSet start = (*ModelPart::Create({"mlp", "", 1}, 0, 1))->Parameters();
+  for (size_t i = 0; i < one.size(); ++i) {
+    for (size_t j = 0; j < one.tensors()[i].values.size(); ++j) {
+      diff = std::max<double>(diff, std::abs(one.tensors()[i].values[j] - two.tensors()[i].values[j]));
+      moved = std::max<double>(moved, std::abs(one.tensors()[i].values[j] - start.tensors()[i].values[j]));
+    }
+  }
+  EXPECT_GT(moved, 1e-5) << "the term moved the weights";
+  EXPECT_LT(diff, 1e-6);
+}
+
 }  // namespace
 }  // namespace cleave
