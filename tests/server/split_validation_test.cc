@@ -228,6 +228,23 @@ TEST_F(SplitValidationTest, BadMicroBatchesAreRejected) {
   }
 }
 
+// A split upload's stats are checked, the pipeline's timeline included: a span that
+// ends before it starts, or that is not finite, is refused with the reason.
+TEST_F(SplitValidationTest, UploadsWithBadPipelineSpansAreRefused) {
+  Start("sfl-v1");
+  for (double end : {0.5, std::numeric_limits<double>::quiet_NaN()}) {
+    v1::UploadHeader h = peer_->Header(task_, 10);
+    h.set_total_size(task_.model_size());  // the client part's encoding, as the stats' check comes after
+    v1::PipelineSpan* x = h.mutable_split()->add_spans();
+    x->set_start_s(1.0);
+    x->set_end_s(end);
+    v1::UploadReply reply;
+    const grpc::Status s = peer_->RawUpload(h, {}, &reply);
+    EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find("pipeline span"), std::string::npos) << s.error_message();
+  }
+}
+
 TEST_F(SplitValidationTest, UShapedRefusesLabelsAndUnknownGradients) {
   Start("ushaped");
   auto s = Exchange({Open(), Batch(1, 8, 8)});
