@@ -17,12 +17,16 @@
 #               (M = 2, 8), three rounds (the planner re-plans from the compute each
 #               device measured): in the last round, the devices' busy share against the
 #               analytic bound M / (M + K - 1) of K equal holders.
+#   hetero-auto, hetero-even   devices of 1x, 3x and 10x compute on 100, 30 and 10
+#               Mbit/s links (a 10x spread of each), two rounds of 10 batches: the
+#               planner's plan against the even split of the blocks (split.plan: even).
+#   single-limited  the single-machine run under the devices' LIMIT: refused.
 #
-# Both training runs see the same tokens (ROUNDS x STEPS batches of 32 sequences); it
+# The training runs see the same tokens (ROUNDS x STEPS batches of 32 sequences); it
 # prints each one's held-out perplexity by round, the planner's line (each device's
 # training memory against its limit), the activation bytes per micro-batch on the last
-# hop (every hop carries the same shape), and the bubble of the equal-device runs.
-#   single-limited  the single-machine run under the devices' LIMIT: refused.
+# hop (every hop carries the same shape), the equal devices' busy shares and the
+# heterogeneous runs' time per batch.
 #   bench/pipeline.sh [ROUNDS=4] [STEPS=25] [LIMIT=200]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +62,15 @@ pipeline pipeline "$rounds" none 8 1 "$limit" > "$work/pipeline.yaml"
 pipeline pipeline-int8 "$rounds" int8:token 8 1 "$limit" > "$work/pipeline-int8.yaml"
 pipeline equal-m2 3 none 2 4 0 > "$work/equal-m2.yaml"
 pipeline equal-m8 3 none 8 4 0 > "$work/equal-m8.yaml"
+hetero() {  # NAME PLAN: devices 1x, 3x and 10x slow with 100, 30 and 10 Mbit/s links
+  pipeline "$1" 2 none 8 1 0 | sed -e "s/schedule: 1f1b}/schedule: 1f1b, plan: $2}/" \
+    -e 's/profiles: .*/profiles: [{slowdown: 1, uplink_mbps: 100, downlink_mbps: 100},/' \
+    -e "s/local_steps: $steps/local_steps: 10/"
+  echo "                   {slowdown: 3, uplink_mbps: 30, downlink_mbps: 30},"
+  echo "                   {slowdown: 10, uplink_mbps: 10, downlink_mbps: 10}]}"
+}
+hetero hetero-auto auto > "$work/hetero-auto.yaml"
+hetero hetero-even even > "$work/hetero-even.yaml"
 # The whole model on one device under the same limit: refused (what it would need).
 { common single-limited 1
   echo "clients: {min: 1, quorum: 1.0, round_deadline_s: 1200}"
@@ -67,7 +80,7 @@ pipeline equal-m8 3 none 8 4 0 > "$work/equal-m8.yaml"
 timeout 60 "$bin/cleave" local --insecure --config "$work/single-limited.yaml" --run-dir "$work/single-limited" \
   > "$work/single-limited.out" 2>&1 || true
 echo "single-limited: $(grep -h -o 'cannot hold the model: .*' "$work/single-limited/server.log" | head -1)"
-for run in single pipeline pipeline-int8 equal-m2 equal-m8; do
+for run in single pipeline pipeline-int8 equal-m2 equal-m8 hetero-auto hetero-even; do
   start=$(date +%s)
   "$bin/cleave" local --insecure --config "$work/$run.yaml" --run-dir "$work/$run" > "$work/$run.out" 2>&1 ||
     { tail -30 "$work/$run.out"; exit 1; }
@@ -88,7 +101,7 @@ while [ ! -s "$work/single-owner/server.addr" ]; do sleep 0.2; done
   --partition "iid,client=${owner#client-},of=3,seed=42" --name "$owner" --insecure > "$work/single-owner/client.out" 2>&1
 wait "$server"
 echo "single-owner ($owner's share): $(( $(date +%s) - start )) s"
-for run in pipeline equal-m2 equal-m8; do
+for run in pipeline equal-m2 equal-m8 hetero-auto hetero-even; do
   echo "$run, the planner's last plan: $(grep -h -o 'chain of [0-9]* planned.*' "$work/$run/server.log" | tail -1)"
 done
 /usr/bin/python3 - "$work" "$steps" <<'PY'
@@ -117,4 +130,13 @@ for n, m in (("equal-m2", 2), ("equal-m8", 8)):
     busy = sum(c["busy"]) / k
     print(f"  M={m}: {k} devices, bounds {c['bounds']}, busy {', '.join(f'{b:.3f}' for b in c['busy'])}; "
           f"mean {busy:.3f} against the bound M/(M+K-1) = {bound:.3f}: {busy / bound:.3f}x")
+print("\nheterogeneous devices (1x, 3x, 10x compute; 100, 30, 10 Mbit/s), the second of two rounds of 10 batches:")
+wall = {}
+for n in ("hetero-auto", "hetero-even"):
+    r = rows(n)[-1]
+    c = r["pipeline"][0]
+    wall[n] = r["wall_s"] / 10
+    print(f"  {n}: devices {c['devices']}, bounds {c['bounds']}, busy {', '.join(f'{b:.2f}' for b in c['busy'])}, "
+          f"{wall[n]:.2f} s a batch (the round's wall time / 10)")
+print(f"  the planner's plan against the even split: {wall['hetero-even'] / wall['hetero-auto']:.2f}x faster")
 PY

@@ -59,7 +59,8 @@ StatusOr<SplitChain> SplitDriver::PlanChainLocked(int64_t round, const std::stri
     d.memory_limit_bytes = c.profile.memory_limit_bytes();
     p.devices.push_back(d);
   }
-  ASSIGN_OR_RETURN(PipelinePlan plan, PlanPipeline(p));
+  // split.plan: even: the devices in order, [0, cut) shared out evenly (a baseline).
+  ASSIGN_OR_RETURN(PipelinePlan plan, sc.plan == "even" ? EqualSplitPlan(p, sc.micro_batches) : PlanPipeline(p));
   for (int i : plan.chain) chain.devices.push_back(ids[i]);
   chain.bounds = plan.bounds;
   for (size_t i = 1; i < plan.chain.size(); ++i) {
@@ -76,9 +77,10 @@ StatusOr<SplitChain> SplitDriver::PlanChainLocked(int64_t round, const std::stri
     const int64_t limit = p.devices[plan.chain[i]].memory_limit_bytes;
     memory.push_back(absl::StrCat(plan.memory_bytes[i] >> 20, limit > 0 ? absl::StrCat("/", limit >> 20) : "", " MiB"));
   }
-  spdlog::info("round {}: chain of {} planned: predicted step {:.1f} ms, bottleneck {:.1f} ms per micro-batch, "
+  spdlog::info("round {}: chain of {} planned{}: predicted step {:.1f} ms, bottleneck {:.1f} ms per micro-batch, "
                "training memory {}",
-               round, plan.chain.size(), 1e3 * plan.step_s, 1e3 * plan.bottleneck_s, absl::StrJoin(memory, ", "));
+               round, plan.chain.size(), sc.plan == "even" ? " (even)" : "", 1e3 * plan.step_s, 1e3 * plan.bottleneck_s,
+               absl::StrJoin(memory, ", "));
   return chain;
 }
 

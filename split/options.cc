@@ -22,6 +22,7 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("devices", c.devices);
   s.Read("micro_batches", c.micro_batches);
   s.Read("schedule", c.schedule);
+  s.Read("plan", c.plan);
 }
 
 Status CheckSplit(SplitConfig& c) {
@@ -35,6 +36,8 @@ Status CheckSplit(SplitConfig& c) {
     RETURN_IF_ERROR(Range(c.devices >= 1 && c.devices <= 16, "split.devices", "in [1, 16]"));
     RETURN_IF_ERROR(Range(c.micro_batches >= 1 && c.micro_batches <= 64, "split.micro_batches", "in [1, 64]"));
     RETURN_IF_ERROR(Range(c.schedule == "gpipe" || c.schedule == "1f1b", "split.schedule", "gpipe or 1f1b"));
+    RETURN_IF_ERROR(Range(c.plan == "auto" || (c.plan == "even" && c.cut > 0), "split.plan",
+                          "auto, or even with a fixed split.cut"));
   }
   return Range(c.window >= 1 && c.window <= 64, "split.window", "in [1, 64]");
 }

@@ -21,6 +21,8 @@ struct SplitConfig {
   int devices = 2;               // split.devices
   int micro_batches = 4;         // split.micro_batches: divides train.batch_size
   std::string schedule = "1f1b"; // split.schedule: gpipe | 1f1b
+  std::string plan = "auto";     // split.plan: auto (the planner) | even (a fixed cut's
+                                 //   stages shared out evenly, devices in order)
 
   bool enabled() const { return !mode.empty(); }
 };

@@ -316,9 +316,15 @@ StatusOr<PipelinePlan> PlanPipelineExhaustively(const PipelineProblem& p) {
 StatusOr<PipelinePlan> EqualSplitPlan(const PipelineProblem& p, int m) {
   RETURN_IF_ERROR(CheckProblem(p));
   const int n = p.model.num_stages();
-  const int k = std::min({static_cast<int>(p.devices.size()), p.max_devices, n - 1});
   PipelinePlan plan;
   plan.micro_batches = m;
+  if (p.server_begin > 0) {  // the devices share [0, server_begin)
+    const int k = std::min({static_cast<int>(p.devices.size()), p.max_devices, p.server_begin});
+    for (int i = 0; i < k; ++i) plan.chain.push_back(i);
+    for (int i = 0; i <= k; ++i) plan.bounds.push_back(i * p.server_begin / k);
+    return PredictPipeline(p, std::move(plan));
+  }
+  const int k = std::min({static_cast<int>(p.devices.size()), p.max_devices, n - 1});
   for (int i = 0; i < k; ++i) plan.chain.push_back(i);
   for (int i = 0; i <= k; ++i) plan.bounds.push_back(static_cast<int>(std::lround(double(i) * n / (k + 1))));
   for (int i = 1; i <= k; ++i) plan.bounds[i] = std::max(plan.bounds[i], plan.bounds[i - 1] + 1);

@@ -94,8 +94,9 @@ StatusOr<PipelinePlan> PlanPipeline(const PipelineProblem& p);
 // Every chain, every bounds and every M, for tests and the benchmark on small cases.
 StatusOr<PipelinePlan> PlanPipelineExhaustively(const PipelineProblem& p);
 
-// The plan a person would write by hand: every device in the given order, the stages
-// before the server's last one shared out as evenly as their count allows, M = `m`.
+// The plan a person would write by hand: every device in the given order (up to
+// max_devices), the stages before the server's last one (with server_begin, before it)
+// shared out as evenly as their count allows, M = `m`.
 StatusOr<PipelinePlan> EqualSplitPlan(const PipelineProblem& p, int m);
 
 }  // namespace cleave

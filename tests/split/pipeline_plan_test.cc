@@ -149,6 +149,11 @@ TEST(PipelinePlanTest, PlansWithinTenPercentOfTheExhaustiveBest) {
     if (p.server_begin > 0) {
       EXPECT_EQ(plan->bounds.back(), p.server_begin) << trial;
       EXPECT_EQ(static_cast<int>(plan->chain.size()), p.min_devices) << trial;
+      // The even split (split.plan: even) shares the same stages and is never better.
+      if (auto even = EqualSplitPlan(p, 2); even.ok()) {
+        EXPECT_EQ(even->bounds.back(), p.server_begin) << trial;
+        EXPECT_GE(even->step_s, best->step_s * (1 - 1e-12)) << trial;
+      }
     }
     EXPECT_GE(plan->step_s, best->step_s * (1 - 1e-12)) << trial;
     EXPECT_LE(plan->step_s, 1.10 * best->step_s) << trial;
