@@ -78,9 +78,9 @@ class SplitDriver : public RoundDriver {
   AddUpload ClaimUploadLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void AcceptedLocked(const TaskRecord& t, const v1::UploadHeader& h) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
-  void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
-    if (tasks_.count(t.id) && round_) round_->Fail(t.client_id);
-  }
+  // Its part is not averaged; in a pipeline, the tasks of its chain still running fail
+  // too, at once (their hops go through it): the round need not wait for them.
+  void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   bool ServesLocked(const std::string& client_id) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
     return !NeedProfile() || clients_.count(client_id) > 0;

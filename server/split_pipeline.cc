@@ -170,6 +170,24 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
   return absl::OkStatus();
 }
 
+void SplitDriver::TaskFailedLocked(const TaskRecord& t) {
+  if (!tasks_.count(t.id) || !round_) return;
+  round_->Fail(t.client_id);
+  if (mode_ != SplitMode::kPipeline) return;
+  for (const SplitChain& chain : chains_) {
+    if (std::find(chain.devices.begin(), chain.devices.end(), t.client_id) == chain.devices.end()) continue;
+    const Session* s = ctx_.FindSessionLocked(t.client_id);
+    for (auto& [id, other] : ctx_.TasksLocked()) {
+      if (other.state != TaskState::kAssigned || !tasks_.count(id) ||
+          std::find(chain.devices.begin(), chain.devices.end(), other.client_id) == chain.devices.end()) {
+        continue;
+      }
+      ctx_.FailTaskLocked(id, other, absl::StrCat("its pipeline chain broke: the task of ", s ? s->name : t.client_id,
+                                                  " failed (", t.failure, ")"));
+    }
+  }
+}
+
 void SplitDriver::ClosePipelineLocked(int64_t round, SplitMetrics* sm) {
   std::map<std::string, const TaskRecord*> by_client;
   for (const auto& [id, t] : ctx_.TasksLocked()) {
