@@ -282,6 +282,11 @@ bool PeerServer::EndPipeline() {
   return box_->hop.taken;
 }
 
+bool PeerServer::PipelineTaken() const {
+  std::lock_guard<std::mutex> l(box_->mu);
+  return box_->hop.taken;
+}
+
 int64_t PeerServer::bytes_received() const {
   std::lock_guard<std::mutex> l(box_->mu);
   return box_->bytes;

@@ -76,6 +76,8 @@ class PeerServer {
                       const std::string& token, PipelineServe serve);
   // Stops taking the call ExpectPipeline named: true if it was taken (`serve` runs or ran).
   bool EndPipeline();
+  // Whether that call was taken.
+  bool PipelineTaken() const;
 
   struct Mailbox;  // the service's state (client/gossip.cc)
 

@@ -310,14 +310,26 @@ StatusOr<SplitTaskResult> RunPipelineRelay(v1::Coordinator::Stub* stub, const v1
                          return s;
                        });
   const auto deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(task.deadline_unix_ms()));
+  // Until the upstream's call comes, its Peer port (when it serves one) is probed once a
+  // second: three failures in a row (its process is gone) end the wait, as in gossip.
+  auto next_probe = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  int strikes = 0;
   while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-    if ((options.cancel && options.cancel->load()) || std::chrono::system_clock::now() >= deadline) {
+    const bool gone = strikes >= 3;
+    if (gone || (options.cancel && options.cancel->load()) || std::chrono::system_clock::now() >= deadline) {
       if (!peer->EndPipeline()) {
-        return absl::DeadlineExceededError(absl::StrCat("the chain's previous device ", Printable(upstream.name()),
-                                                        " never opened its hop"));
+        return gone ? absl::UnavailableError(absl::StrCat("the chain's previous device ", Printable(upstream.name()),
+                                                          " cannot be reached at ", Printable(upstream.address())))
+                    : absl::DeadlineExceededError(absl::StrCat("the chain's previous device ",
+                                                               Printable(upstream.name()), " never opened its hop"));
       }
       done.wait();  // it runs: its streams end by the task's deadline
       break;
+    }
+    if (!upstream.address().empty() && !peer->PipelineTaken() && std::chrono::steady_clock::now() >= next_probe) {
+      const PeerLink& l = options.peer;
+      strikes = PeerReachable(upstream.address(), upstream.name(), l.ca, l.cert, l.key, 1.0) ? 0 : strikes + 1;
+      next_probe = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     }
   }
   peer->EndPipeline();

@@ -21,8 +21,9 @@
 namespace cleave {
 
 // The whole task: loads the part, has `peer` serve the upstream neighbour's call with it,
-// waits for that call to end (or the task's deadline, or options.cancel, if it never
-// comes), and returns the trained part (its examples 1: the server weights a chain's
+// waits for that call to end (or, if it never comes, the task's deadline, options.cancel,
+// or three failed probes in a row of the upstream's Peer port, a second apart, when it
+// serves one: UNAVAILABLE), and returns the trained part (its examples 1: the server weights a chain's
 // segments by its data owner's declared examples).
 // FAILED_PRECONDITION without a Peer service (cleave-client --peer-listen).
 StatusOr<SplitTaskResult> RunPipelineRelay(v1::Coordinator::Stub* stub, const v1::Welcome& w,

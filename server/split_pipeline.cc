@@ -145,6 +145,7 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
       if (i > 0) {
         const Session& up = *ctx_.FindSessionLocked(chain->devices[i - 1]);
         h.mutable_upstream()->set_name(up.name);
+        h.mutable_upstream()->set_address(up.peer_address);  // "" when it serves no Peer
         h.mutable_upstream()->set_token(tokens[i]);
       }
       if (i + 1 < n) {

@@ -137,5 +137,49 @@ TEST(PipelineHopTest, ARelayRefusesActivationsThatAreNotFinite) {
   EXPECT_LE(onward, 1) << "only the good micro-batch may have gone onward";
 }
 
+// A relay whose upstream is gone before it dials (nothing listens at its Peer address)
+// gives up after three failed probes, not at the task's deadline a minute away.
+TEST(PipelineHopTest, ARelayWhoseUpstreamIsGoneGivesUpWithoutWaitingForTheDeadline) {
+  ModelSpec spec;
+  spec.name = "lenet5";
+  auto part = ModelPart::Create(spec, 1, 2);
+  ASSERT_TRUE(part.ok());
+  auto relay_peer = PeerServer::Start("127.0.0.1:0", "", "", "");
+  ASSERT_TRUE(relay_peer.ok());
+  // A port that was just free: nothing listens there.
+  int gone_port = 0;
+  {
+    auto probe = PeerServer::Start("127.0.0.1:0", "", "", "");
+    ASSERT_TRUE(probe.ok());
+    gone_port = (*probe)->port();
+  }
+  v1::Task task;
+  task.set_run_id("run");
+  task.set_round(1);
+  task.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                (std::chrono::system_clock::now() + std::chrono::seconds(60)).time_since_epoch())
+                                .count());
+  task.mutable_train()->set_batch_size(8);
+  v1::SplitTask* st = task.mutable_split();
+  st->set_mode("pipeline");
+  st->set_begin(1);
+  st->set_cut(2);
+  st->set_num_stages(5);
+  st->set_micro_batches(1);
+  st->mutable_upstream()->set_name("alice");
+  st->mutable_upstream()->set_address("127.0.0.1:" + std::to_string(gone_port));
+  st->mutable_upstream()->set_token("t1");
+  SplitTaskOptions o;
+  o.model = spec;
+  o.peer.name = "relay";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto result = RunPipelineRelay(nullptr, v1::Welcome(), task, (*part)->Parameters(), o, relay_peer->get());
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable) << result.status();
+  EXPECT_NE(result.status().message().find("alice"), std::string::npos) << result.status();
+  EXPECT_LT(waited, 30) << "not the task's deadline";
+}
+
 }  // namespace
 }  // namespace cleave
