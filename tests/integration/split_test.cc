@@ -464,6 +464,37 @@ TEST(SplitTextTest, AQuantizedTiedLlamaTrainsAcrossTheCutAndFederated) {
 // the same steps, trains to exactly the model it trains to with the base downloaded, and
 // at least the base's bytes fewer go down. A folder of other weights is refused, naming
 // it, by the digest the server's base has.
+// QLoRA over a pipeline: each device of the chain gets the quantized weights and the
+// frozen base of its own segment only, and every block's adapters train (the device's and
+// the server's) while the frozen tensors stay as they were.
+TEST(SplitTextTest, AQuantizedLlamaTrainsAcrossAPipeline) {
+  const std::string dir = MakeHfFolder("cleave_pipeline_hf_qlora", "bytes", "F32", 1, 6);
+  auto clients = NaturalClients("text:/usr/share/games/fortunes,context=32", 2);
+  clients[1].peer_listen = "127.0.0.1:0";
+  Federation f;
+  f.Start("server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+          "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 128}\n"
+          "run: {rounds: 1, seed: 3}\nclients: {min: 2, quorum: 1.0}\n"
+          "model: {name: hf, path: " + dir + ", gpt: {context: 32}, quantize: nf4, lora: {rank: 4, alpha: 8}}\n"
+          "train: {optimizer: adamw, lr: 0.01, local_steps: 10, batch_size: 16}\n"
+          "split: {mode: pipeline, cut: 2, devices: 2, micro_batches: 2}\n",
+          std::move(clients));
+  const ParameterSet start = f.server->GlobalModel();
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& st : f.client_status) EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(start.Find("1.self_attn.q_proj.weight"), nullptr);  // held quantized, not a parameter
+  int adapters = 0;
+  for (const Tensor& t : start.tensors()) adapters += t.name.find(".lora_") != std::string::npos;
+  EXPECT_GT(adapters, 0);
+  EXPECT_EQ(TrainedAdapters(start, f.server->GlobalModel()), adapters) << "every block's, on the device and the server";
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].split.value().chains.at(0).bounds, (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(h[0].split.value().chains.at(0).done);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SplitTextTest, ADeviceReadsItsStagesFromItsOwnCopyOfTheFolder) {
   const std::string dir = MakeHfFolder("cleave_split_hf_local", "bytes-tied", "F32", 1, 5);
   const std::string other = MakeHfFolder("cleave_split_hf_local_other", "bytes-tied", "F32", 1, 6);
