@@ -42,6 +42,30 @@ grpc::Status OpenAs(int port, const std::string& run, int64_t round, const std::
   return stream->Finish();
 }
 
+// A relay's task: stages [1, 2) of LeNet-5 in run "run" round 1, batches of 8 in
+// `micro_batches`, the upstream "alice" with secret "t1" (at `upstream_address`, or none),
+// a deadline a minute away.
+v1::Task RelayTask(int micro_batches, const std::string& upstream_address = "") {
+  v1::Task task;
+  task.set_run_id("run");
+  task.set_round(1);
+  task.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                (std::chrono::system_clock::now() + std::chrono::seconds(60)).time_since_epoch())
+                                .count());
+  task.mutable_train()->set_batch_size(8);
+  task.mutable_train()->set_lr(0.1);
+  v1::SplitTask* st = task.mutable_split();
+  st->set_mode("pipeline");
+  st->set_begin(1);
+  st->set_cut(2);
+  st->set_num_stages(5);
+  st->set_micro_batches(micro_batches);
+  st->mutable_upstream()->set_name("alice");
+  st->mutable_upstream()->set_address(upstream_address);
+  st->mutable_upstream()->set_token("t1");
+  return task;
+}
+
 TEST(PipelineHopTest, OnlyTheNamedUpstreamWithItsSecretIsServed) {
   auto peer = PeerServer::Start("127.0.0.1:0", "", "", "");
   ASSERT_TRUE(peer.ok()) << peer.status();
@@ -91,22 +115,8 @@ TEST(PipelineHopTest, ARelayRefusesActivationsThatAreNotFinite) {
     while (up->Read(&m)) ++onward;
     return grpc::Status::OK;
   });
-  v1::Task task;
-  task.set_run_id("run");
-  task.set_round(1);
-  task.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                (std::chrono::system_clock::now() + std::chrono::seconds(60)).time_since_epoch())
-                                .count());
-  task.mutable_train()->set_batch_size(8);
-  task.mutable_train()->set_lr(0.1);
+  v1::Task task = RelayTask(2);
   v1::SplitTask* st = task.mutable_split();
-  st->set_mode("pipeline");
-  st->set_begin(1);
-  st->set_cut(2);
-  st->set_num_stages(5);
-  st->set_micro_batches(2);
-  st->mutable_upstream()->set_name("alice");
-  st->mutable_upstream()->set_token("t1");
   st->mutable_downstream()->set_name("bob");
   st->mutable_downstream()->set_address("127.0.0.1:" + std::to_string((*down_peer)->port()));
   st->mutable_downstream()->set_token("t2");
@@ -153,22 +163,7 @@ TEST(PipelineHopTest, ARelayWhoseUpstreamIsGoneGivesUpWithoutWaitingForTheDeadli
     ASSERT_TRUE(probe.ok());
     gone_port = (*probe)->port();
   }
-  v1::Task task;
-  task.set_run_id("run");
-  task.set_round(1);
-  task.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                (std::chrono::system_clock::now() + std::chrono::seconds(60)).time_since_epoch())
-                                .count());
-  task.mutable_train()->set_batch_size(8);
-  v1::SplitTask* st = task.mutable_split();
-  st->set_mode("pipeline");
-  st->set_begin(1);
-  st->set_cut(2);
-  st->set_num_stages(5);
-  st->set_micro_batches(1);
-  st->mutable_upstream()->set_name("alice");
-  st->mutable_upstream()->set_address("127.0.0.1:" + std::to_string(gone_port));
-  st->mutable_upstream()->set_token("t1");
+  const v1::Task task = RelayTask(1, "127.0.0.1:" + std::to_string(gone_port));
   SplitTaskOptions o;
   o.model = spec;
   o.peer.name = "relay";
