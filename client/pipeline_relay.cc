@@ -169,7 +169,7 @@ class Relay {
         if (!y.ok()) {
           return absl::InvalidArgumentError(absl::StrCat("micro-batch ", b.seq(), " from ", upstream_, ": ", y.status().message()));
         }
-        Span(b.seq(), true, t0);
+        AddPipelineSpan(&spans_, b.seq(), st_.micro_batches(), /*forward=*/true, t0);
         inflight_.insert(b.seq());
         next->set_seq(b.seq());
         ToWire(*y, acts_, next->mutable_activations());
@@ -229,7 +229,7 @@ class Relay {
         if (!g.ok()) return g.status();
         if (++backward_ % st_.micro_batches() == 0) RETURN_IF_ERROR(part_->Step());
         Count(c0);
-        Span(r.seq(), false, t0);
+        AddPipelineSpan(&spans_, r.seq(), st_.micro_batches(), /*forward=*/false, t0);
         inflight_.erase(r.seq());
         ++steps_;
         loss_sum_ += r.loss() * grad.batch();
@@ -255,14 +255,6 @@ class Relay {
       o_.emulator->Compute(dt);
       compute_ += (o_.emulator->slowdown - 1) * dt;
     }
-  }
-  void Span(int64_t seq, bool forward, double t0) {
-    if (seq > st_.micro_batches() || spans_.size() >= 64) return;  // the first batch's
-    v1::PipelineSpan& x = spans_.emplace_back();
-    x.set_micro_batch(static_cast<int>(seq - 1));
-    x.set_forward(forward);
-    x.set_start_s(t0);
-    x.set_end_s(UnixSeconds());
   }
 
   v1::Coordinator::Stub* stub_;

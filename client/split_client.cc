@@ -57,6 +57,16 @@ double UnixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+void AddPipelineSpan(std::vector<v1::PipelineSpan>* spans, int64_t seq, int micro_batches, bool forward,
+                     double start_s) {
+  if (seq > micro_batches || spans->size() >= 64) return;
+  v1::PipelineSpan& x = spans->emplace_back();
+  x.set_micro_batch(static_cast<int>(seq - 1));
+  x.set_forward(forward);
+  x.set_start_s(start_s);
+  x.set_end_s(UnixSeconds());
+}
+
 StatusOr<std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>>> OpenHop(
     const v1::PipelineHop& hop, const PeerLink& link, const v1::Task& task, grpc::ClientContext* ctx) {
   grpc::ChannelArguments args;
@@ -162,9 +172,8 @@ class SplitTaskRun {
  public:
   SplitTaskRun(const v1::Task& task, const Dataset& data, const SplitTaskOptions& o)
       : task_(task), st_(task.split()), data_(data), o_(o), ushaped_(st_.mode() == "ushaped"),
-        pipeline_(st_.mode() == "pipeline"),
-        peer_(pipeline_ && st_.has_downstream() ? absl::StrCat("the chain's next device ", st_.downstream().name())
-                                                : "the server") {}
+        pipeline_(st_.mode() == "pipeline"), hop_(pipeline_ && st_.has_downstream()),
+        peer_(hop_ ? absl::StrCat("the chain's next device ", st_.downstream().name()) : "the server") {}
 
   // Checks the task, builds the client part(s) from `part` (and the base) with their
   // optimizers, and the codecs.
@@ -211,6 +220,7 @@ class SplitTaskRun {
   const Dataset& data_;
   const SplitTaskOptions& o_;
   const bool ushaped_, pipeline_;
+  const bool hop_;          // the stream goes to the chain's next device, not to the server
   const std::string peer_;  // who the stream goes to, for errors
   std::unique_ptr<ModelPart> head_, tail_;
   std::vector<v1::PipelineSpan> spans_;  // pipeline: the first batch's passes
@@ -274,13 +284,11 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
 }
 
 Status SplitTaskRun::Open(v1::Coordinator::Stub* stub, const v1::Welcome& w) {
-  if (pipeline_ && st_.has_downstream()) {
+  if (hop_) {  // a pipeline's data owner streams to the chain's next device
     ASSIGN_OR_RETURN(stream_, OpenHop(st_.downstream(), o_.peer, task_, &ctx_));
-    start_ = SteadyClock::now();
-    writer_ = std::make_unique<Writer>(stream_.get(), o_.emulator);
-    return absl::OkStatus();
+  } else {
+    ASSIGN_OR_RETURN(stream_, OpenSplit(stub, w, task_, &ctx_));
   }
-  ASSIGN_OR_RETURN(stream_, OpenSplit(stub, w, task_, &ctx_));
   start_ = SteadyClock::now();
   writer_ = std::make_unique<Writer>(stream_.get(), o_.emulator);
   return absl::OkStatus();
@@ -291,7 +299,7 @@ Status SplitTaskRun::Finish(Status status) {
   finished_ = true;
   if (!status.ok()) ctx_.TryCancel();
   writer_->Close();
-  Status server = FromGrpc(stream_->Finish(), peer_ == "the server" ? "split stream" : peer_);
+  Status server = FromGrpc(stream_->Finish(), hop_ ? peer_ : "split stream");
   return !server.ok() && server.code() != absl::StatusCode::kCancelled ? server : status;
 }
 
@@ -340,12 +348,7 @@ Status SplitTaskRun::Receive() {
     }
     const double began = UnixSeconds();
     RETURN_IF_ERROR(Timed([&] { return head_->Backward(r.seq(), grad).status(); }));
-    if (pipeline_ && r.seq() <= st_.micro_batches()) {
-      v1::PipelineSpan& x = spans_.emplace_back();
-      x.set_micro_batch(static_cast<int>(r.seq() - 1));
-      x.set_start_s(began);
-      x.set_end_s(UnixSeconds());
-    }
+    if (pipeline_) AddPipelineSpan(&spans_, r.seq(), st_.micro_batches(), /*forward=*/false, began);
     inflight_.erase(it);
     ++steps_;
     if (o_.crash_after_step && o_.crash_after_step(steps_)) {
@@ -360,13 +363,7 @@ Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx) {
   const double t0 = UnixSeconds();
   auto act = Timed([&] { return head_->Forward(seq_, InputBatch(data_, idx)); });
   if (!act.ok()) return act.status();
-  if (pipeline_ && seq_ <= st_.micro_batches()) {
-    v1::PipelineSpan& x = spans_.emplace_back();
-    x.set_micro_batch(static_cast<int>(seq_ - 1));
-    x.set_forward(true);
-    x.set_start_s(t0);
-    x.set_end_s(UnixSeconds());
-  }
+  if (pipeline_) AddPipelineSpan(&spans_, seq_, st_.micro_batches(), /*forward=*/true, t0);
   if (st_.activation_noise() > 0) {
     for (float& v : act->values) v += noise_(noise_rng_);
   }

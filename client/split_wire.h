@@ -107,4 +107,10 @@ StatusOr<std::unique_ptr<grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>>> 
 // Wall-clock seconds since the Unix epoch, for PipelineSpan.
 double UnixSeconds();
 
+// Pipelines: the forward or backward pass of micro-batch `seq` (1, 2, ...) that began at
+// `start_s` (UnixSeconds) and ends now, added to `spans` when it is of the first batch
+// (seq <= micro_batches) and fewer than 64 are there (SplitStats.spans).
+void AddPipelineSpan(std::vector<v1::PipelineSpan>* spans, int64_t seq, int micro_batches, bool forward,
+                     double start_s);
+
 }  // namespace cleave
