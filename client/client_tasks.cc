@@ -467,7 +467,7 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
 
 bool Client::Impl::BaseFromFolder(const v1::Task& task, const ModelSpec& spec) const {
   return !opts.model_dir.empty() && spec.name == "hf" && task.has_split() && !task.base_digest().empty() &&
-         task.split().mode() != "ushaped";
+         task.split().tail_begin() >= task.split().num_stages();  // not U-shaped
 }
 
 StatusOr<Client::Impl::TaskModel> Client::Impl::FetchTaskModel(const TaskCall& c) {

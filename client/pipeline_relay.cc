@@ -31,6 +31,7 @@ class Relay {
  public:
   Relay(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task, const SplitTaskOptions& o)
       : stub_(stub), w_(w), task_(task), st_(task.split()), o_(o),
+        ushaped_(st_.tail_begin() < st_.num_stages()),
         upstream_(absl::StrCat("the chain's previous device ", st_.upstream().name())),
         downstream_(st_.has_downstream() ? absl::StrCat("the chain's next device ", st_.downstream().name())
                                          : std::string("the server")) {}
@@ -143,6 +144,17 @@ class Relay {
       partial = !whole->has_value();
       if (partial) continue;
       v1::SplitUp msg = std::move(**whole);
+      if (ushaped_ && msg.has_grad()) {  // the head's gradient, on its way to the server
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          if (!headed_.erase(msg.grad().seq()) || !head_done_.insert(msg.grad().seq()).second) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(upstream_, " sent the head's gradient of micro-batch ", msg.grad().seq(), ", which is not due"));
+          }
+        }
+        down->Push(std::move(msg));
+        continue;
+      }
       if (!msg.has_batch()) return absl::InvalidArgumentError(absl::StrCat(upstream_, " sent something else than a micro-batch"));
       const v1::SplitBatch& b = msg.batch();
       auto act = FromWire(b.activations(), acts_, upstream_);
@@ -207,6 +219,18 @@ class Relay {
       if (!whole.ok()) return absl::DataLossError(absl::StrCat(downstream_, ": ", whole.status().message()));
       if (!whole->has_value()) continue;
       v1::SplitDown msg = std::move(**whole);
+      if (ushaped_ && msg.has_forward()) {  // the head's input, on its way to the data owner
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          const int64_t seq = msg.forward().seq();
+          if (!inflight_.count(seq) || head_done_.count(seq) || !headed_.insert(seq).second) {
+            return absl::DataLossError(absl::StrCat(downstream_, " sent the head's input of micro-batch ", seq,
+                                                    ", which is not due"));
+          }
+        }
+        up->Push(std::move(msg));
+        continue;
+      }
       if (!msg.has_result()) return absl::DataLossError(absl::StrCat(downstream_, " sent something else than a gradient"));
       const v1::SplitResult& r = msg.result();
       ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad(), grads_, downstream_));
@@ -220,7 +244,7 @@ class Relay {
       v1::SplitResult* back = out.mutable_result();
       {
         std::lock_guard<std::mutex> l(mu_);
-        if (!inflight_.count(r.seq())) {
+        if (!inflight_.count(r.seq()) || (ushaped_ && !head_done_.erase(r.seq()))) {
           return absl::DataLossError(absl::StrCat(downstream_, " sent a gradient for an unknown micro-batch"));
         }
         const double t0 = UnixSeconds();
@@ -262,6 +286,9 @@ class Relay {
   const v1::Task& task_;
   const v1::SplitTask& st_;
   const SplitTaskOptions& o_;
+  // U-shaped: the head's input passes through, back to the data owner, and its gradient
+  // back up, as they came (the owner and the server check them).
+  const bool ushaped_;
   const std::string upstream_, downstream_;  // who they are, for errors
   std::unique_ptr<ModelPart> part_;
   WireCodec acts_, grads_;
@@ -272,6 +299,8 @@ class Relay {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::set<int64_t> inflight_;
+  std::set<int64_t> headed_;     // U-shaped: passed up to the head, its gradient due
+  std::set<int64_t> head_done_;  // and its gradient passed on: the result is due
   Status back_error_, result_ = absl::UnknownError("the hop never opened");
   bool forward_failed_ = false;
   int64_t backward_ = 0, steps_ = 0;

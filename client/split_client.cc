@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -171,7 +173,8 @@ namespace {
 class SplitTaskRun {
  public:
   SplitTaskRun(const v1::Task& task, const Dataset& data, const SplitTaskOptions& o)
-      : task_(task), st_(task.split()), data_(data), o_(o), ushaped_(st_.mode() == "ushaped"),
+      : task_(task), st_(task.split()), data_(data), o_(o),
+        ushaped_(st_.mode() == "ushaped" || (st_.mode() == "pipeline" && st_.tail_begin() < st_.num_stages())),
         pipeline_(st_.mode() == "pipeline"), hop_(pipeline_ && st_.has_downstream()),
         peer_(hop_ ? absl::StrCat("the chain's next device ", st_.downstream().name()) : "the server") {}
 
@@ -236,6 +239,7 @@ class SplitTaskRun {
   bool finished_ = false;
   ChunkAssembler<v1::SplitDown> assembler_{size_t{4} << 30};
   std::map<int64_t, std::vector<int64_t>> inflight_;  // seq -> labels
+  std::set<int64_t> headed_;  // U-shaped: micro-batches through the head, their gradient due
   int64_t seq_ = 1, steps_ = 0;
   double loss_sum_ = 0;  // of the last epoch
   int64_t loss_n_ = 0;
@@ -270,8 +274,11 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
   const LocalTrainOptions training = TrainOptions(task_.train());
   RETURN_IF_ERROR(head_->ResetOptimizer(training));
   head_->SetNoPeek(st_.nopeek());
-  if (pipeline_) head_->SetAccumulate(st_.micro_batches());
   if (tail_) RETURN_IF_ERROR(tail_->ResetOptimizer(training));
+  if (pipeline_) {
+    head_->SetAccumulate(st_.micro_batches());
+    if (tail_) tail_->SetAccumulate(st_.micro_batches());
+  }
   if (!(st_.activation_noise() >= 0) || !(st_.nopeek() >= 0)) {
     return absl::InvalidArgumentError("bad split privacy settings");
   }
@@ -306,8 +313,14 @@ Status SplitTaskRun::Finish(Status status) {
 Status SplitTaskRun::Forward(const v1::SplitForward& f) {
   server_ += f.server_seconds();
   auto it = inflight_.find(f.seq());
-  if (!tail_ || it == inflight_.end()) return absl::DataLossError("unexpected SplitForward");
-  ASSIGN_OR_RETURN(Activations act, FromWire(f.activations(), acts_, "the server"));
+  if (!tail_ || it == inflight_.end() || headed_.count(f.seq())) {
+    return absl::DataLossError(absl::StrCat(peer_, " sent an unexpected SplitForward"));
+  }
+  ASSIGN_OR_RETURN(Activations act, FromWire(f.activations(), acts_, peer_));
+  for (float v : act.values) {  // a pipeline's relay is a peer, not the server
+    if (!std::isfinite(v)) return absl::DataLossError(absl::StrCat(peer_, " sent activations that are not all finite"));
+  }
+  headed_.insert(f.seq());
   ASSIGN_OR_RETURN(ModelPart::LossStep step,
                    Timed([&] { return tail_->TrainWithLoss(act, it->second); }));
   loss_sum_ += step.loss * act.batch();
@@ -340,7 +353,9 @@ Status SplitTaskRun::Receive() {
     const auto& r = msg.result();
     server_ += r.server_seconds();
     auto it = inflight_.find(r.seq());
-    if (it == inflight_.end()) return absl::DataLossError("gradient for an unknown micro-batch");
+    if (it == inflight_.end() || (tail_ && !headed_.erase(r.seq()))) {
+      return absl::DataLossError(absl::StrCat(peer_, " sent a gradient for an unknown micro-batch"));
+    }
     ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad(), grads_, peer_));
     if (!tail_) {
       loss_sum_ += r.loss() * grad.batch();
@@ -410,6 +425,9 @@ Status SplitTaskRun::TrainPipeline() {
         if (Status s = Receive(); !s.ok()) return Finish(s);
       }
       if (Status s = Timed([&] { return head_->Step(); }); !s.ok()) return Finish(s);
+      if (tail_) {
+        if (Status s = Timed([&] { return tail_->Step(); }); !s.ok()) return Finish(s);
+      }
     }
   }
   writer_->Close();

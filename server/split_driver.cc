@@ -29,11 +29,11 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   const FederationConfig& cfg = ctx_.config();
   ASSIGN_OR_RETURN(mode_, ParseSplitMode(cfg.split.mode));
   num_stages_ = model.num_stages();
-  tail_begin_ = mode_ == SplitMode::kUShaped ? num_stages_ - cfg.split.tail : num_stages_;
+  tail_begin_ = cfg.split.keeps_head() ? num_stages_ - cfg.split.tail : num_stages_;
   if (tail_begin_ < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model ", cfg.model.name, " has ", num_stages_, " stages: too few to cut",
-        mode_ == SplitMode::kUShaped ? absl::StrCat(" with split.tail ", cfg.split.tail) : ""));
+        cfg.split.keeps_head() ? absl::StrCat(" with split.tail ", cfg.split.tail) : ""));
   }
   if (cfg.split.cut >= tail_begin_) {
     return absl::InvalidArgumentError(absl::StrCat("split.cut ", cfg.split.cut, " is not in [1, ",
@@ -53,7 +53,7 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   // Tensors travel in chunks (proto/split_chunks.h): a micro-batch is bounded by the
   // largest tensor the server takes, not by a message.
   p.max_message_bytes = 4 * cfg.server.max_model_elements;
-  p.tail_begin = mode_ == SplitMode::kUShaped ? tail_begin_ : -1;
+  p.tail_begin = cfg.split.keeps_head() ? tail_begin_ : -1;
   auto factor = [](const std::string& codec_spec) {  // encoded / float32 bytes
     auto codec = MakeStatelessCodec(codec_spec, 0);
     return codec.ok() && *codec ? (*codec)->EncodedSize({1 << 20}) / double{4 << 20} : 1.0;
@@ -237,7 +237,10 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
       mine.spec = ctx_.quantized_base().spec;
       for (const QuantizedTensor& t : ctx_.quantized_base().tensors) {
         const int stage = std::stoi(t.name.substr(0, t.name.find('.')));
-        if ((stage >= st.begin && stage < st.cut) || stage >= tail_begin_) mine.tensors.push_back(t);
+        // The head's (U-shaped) only for the client at stage 0, the data owner.
+        if ((stage >= st.begin && stage < st.cut) || (st.begin == 0 && stage >= tail_begin_)) {
+          mine.tensors.push_back(t);
+        }
       }
       auto blob = std::make_shared<const std::string>(mine.Encode());
       q = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};

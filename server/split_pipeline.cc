@@ -156,8 +156,12 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
       }
       chosen.push_back(id);
     }
-    spdlog::info("round {}: chain {}: {} -> server [{}, {}), {} micro-batches ({})", round, index,
-                 absl::StrJoin(names, " -> "), chain->bounds.back(), num_stages_, sc.micro_batches, sc.schedule);
+    spdlog::info("round {}: chain {}: {} -> server [{}, {}){}, {} micro-batches ({})", round, index,
+                 absl::StrJoin(names, " -> "), chain->bounds.back(), tail_begin_,
+                 tail_begin_ < num_stages_ ? absl::StrCat(" -> ", names[0].substr(0, names[0].find(' ')), " [",
+                                                          tail_begin_, ", ", num_stages_, ")")
+                                           : "",
+                 sc.micro_batches, sc.schedule);
     chains_.push_back(*std::move(chain));
   }
   if (chains_.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no chain could be planned"));

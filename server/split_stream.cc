@@ -37,7 +37,7 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
     RETURN_IF_ERROR(round.CheckLabels(act, labels));
     core_.CountLabels(static_cast<int64_t>(labels.size()));
     ++next_seq_;
-    if (round.options().mode == SplitMode::kUShaped) {
+    if (round.ushaped()) {
       ASSIGN_OR_RETURN(Activations mid, round.ForwardMiddle(task_.client_id, b.seq(), act));
       pending_.insert(b.seq());
       auto* f = out.mutable_forward();
@@ -54,7 +54,7 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
     }
   } else if (msg.kind_case() == v1::SplitUp::kGrad) {
     const v1::SplitGrad& g = msg.grad();
-    if (round.options().mode != SplitMode::kUShaped) {
+    if (!round.ushaped()) {
       return absl::InvalidArgumentError("SplitGrad is only sent in U-shaped split learning");
     }
     if (!pending_.count(g.seq())) {

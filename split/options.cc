@@ -23,6 +23,7 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("micro_batches", c.micro_batches);
   s.Read("schedule", c.schedule);
   s.Read("plan", c.plan);
+  s.Read("ushaped", c.ushaped);
 }
 
 Status CheckSplit(SplitConfig& c) {
@@ -32,6 +33,9 @@ Status CheckSplit(SplitConfig& c) {
   if (!c.enabled()) return absl::OkStatus();
   RETURN_IF_ERROR(SplitModeNames().Check(c.mode));
   RETURN_IF_ERROR(Range(c.tail >= 1, "split.tail", ">= 1"));
+  if (c.ushaped && c.mode != "pipeline") {
+    return absl::InvalidArgumentError("split.ushaped applies to split.mode: pipeline (mode ushaped is U-shaped already)");
+  }
   if (c.mode == "pipeline") {
     RETURN_IF_ERROR(Range(c.devices >= 1 && c.devices <= 16, "split.devices", "in [1, 16]"));
     RETURN_IF_ERROR(Range(c.micro_batches >= 1 && c.micro_batches <= 64, "split.micro_batches", "in [1, 64]"));

@@ -12,7 +12,8 @@ struct SplitConfig {
   std::string mode;              // split.mode: "" (federated, the default) | sl | sfl-v1 |
                                  //   sfl-v2 | ushaped (SplitModeNames(), split/names.h)
   int cut = 0;                   // split.cut: "auto" (0) or the first server stage
-  int tail = 1;                  // split.tail: ushaped: last stages kept by the client
+  int tail = 1;                  // split.tail: ushaped (and pipeline with split.ushaped):
+                                 //   last stages kept by the client
   int window = 1;                // split.window: micro-batches in flight per client
   double activation_noise = 0;   // split.activation_noise: std of Gaussian noise the client
                                  //   adds to the activations it sends (0 = none)
@@ -23,8 +24,12 @@ struct SplitConfig {
   std::string schedule = "1f1b"; // split.schedule: gpipe | 1f1b
   std::string plan = "auto";     // split.plan: auto (the planner) | even (a fixed cut's
                                  //   stages shared out evenly, devices in order)
+  bool ushaped = false;          // split.ushaped: the chain's data owner also keeps the
+                                 //   last split.tail stages (the head, the loss, the labels)
 
   bool enabled() const { return !mode.empty(); }
+  // The client keeps the head: mode ushaped, or a U-shaped pipeline.
+  bool keeps_head() const { return mode == "ushaped" || (mode == "pipeline" && ushaped); }
 };
 
 void ReadSplit(ConfigSection& s, SplitConfig& c);

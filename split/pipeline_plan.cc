@@ -13,6 +13,12 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Where the server's stages end: the model's last stage, or U-shaped the head's first.
+int ServerEnd(const PipelineProblem& p) {
+  const int n = p.model.num_stages();
+  return p.model.tail_begin > 0 && p.model.tail_begin < n ? p.model.tail_begin : n;
+}
+
 double StageSum(const std::vector<double>& v, int begin, int end) {
   double s = 0;
   for (int i = begin; i < end; ++i) s += v[i];
@@ -38,38 +44,51 @@ class ChainCosts {
     weights_only_.batch = 0;
   }
 
-  int stages() const { return p_.model.num_stages(); }
+  // The server's stages end here: the head's first stage when U-shaped.
+  int stages() const { return ServerEnd(p_); }
   int server_begin() const { return p_.server_begin; }
 
-  // Device i (of the chain) computing [a, b), per micro-batch.
+  // Device i (of the chain) computing [a, b), per micro-batch; U-shaped, the owner (0)
+  // also computes the head.
   double Compute(int i, int a, int b) const {
-    return StageSum(p_.model.client_stage_s, a, b) / m_ / Device(i).speed;
+    const double head = i == 0 ? StageSum(p_.model.client_stage_s, stages(), p_.model.num_stages()) : 0;
+    return (StageSum(p_.model.client_stage_s, a, b) + head) / m_ / Device(i).speed;
   }
-  // The hop out of device i whose stages end at b, per micro-batch.
+  // The hop out of device i whose stages end at b, per micro-batch. U-shaped, every hop
+  // also carries the head's input back to the owner and its gradient up to the server.
   double Hop(int i, int b) const {
     const double act = static_cast<double>(p_.model.out_bytes[b - 1]) * micro_.batch;
+    const double head = stages() < p_.model.num_stages()
+                            ? static_cast<double>(p_.model.out_bytes[stages() - 1]) * micro_.batch
+                            : 0;
+    const double up = act * p_.model.activation_bytes_factor + head * p_.model.gradient_bytes_factor;
+    const double down = act * p_.model.gradient_bytes_factor + head * p_.model.activation_bytes_factor;
     const ChainDevice& from = Device(i);
     if (i + 1 == k_) {  // to the server, whose own links are free
-      return std::max(Transfer(act * p_.model.activation_bytes_factor, from.up_bps, 0),
-                      Transfer(act * p_.model.gradient_bytes_factor, 0, from.down_bps));
+      return std::max(Transfer(up, from.up_bps, 0), Transfer(down, 0, from.down_bps));
     }
     const ChainDevice& to = Device(i + 1);
-    return std::max(Transfer(act * p_.model.activation_bytes_factor, from.up_bps, to.down_bps),
-                    Transfer(act * p_.model.gradient_bytes_factor, to.up_bps, from.down_bps));
+    return std::max(Transfer(up, from.up_bps, to.down_bps), Transfer(down, to.up_bps, from.down_bps));
   }
+  // A hop's round trips per batch: U-shaped, a micro-batch crosses each hop twice each way.
   double Rtt(int i) const {
-    return i + 1 == k_ ? Device(i).rtt_s : std::max(Device(i).rtt_s, Device(i + 1).rtt_s);
+    const double rtt = i + 1 == k_ ? Device(i).rtt_s : std::max(Device(i).rtt_s, Device(i + 1).rtt_s);
+    return stages() < p_.model.num_stages() ? 2 * rtt : rtt;
   }
   double Server(int b) const {
     return StageSum(p_.model.server_stage_s, b, stages()) / m_ * std::max(1.0, p_.model.server_load);
   }
   // Device i's memory holding [a, b): one micro-batch's as the cut policy counts it, plus
-  // what each further micro-batch in flight keeps.
+  // what each further micro-batch in flight keeps; U-shaped, the owner also holds the head
+  // (one micro-batch at a time: its forward and backward run back to back).
   int64_t Memory(int i, int a, int b) const {
     const int in_flight = p_.schedule == PipelineSchedule::kGpipe ? m_ : std::min(m_, k_ + 1 - i);
     const int64_t one = StagesMemoryBytes(micro_, a, b, 1);
     const int64_t kept = one - StagesMemoryBytes(weights_only_, a, b, 1);  // one micro-batch's
-    return one + int64_t{in_flight - 1} * kept;
+    const int64_t head = i == 0 && stages() < p_.model.num_stages()
+                             ? StagesMemoryBytes(micro_, stages(), p_.model.num_stages(), 1)
+                             : 0;
+    return one + int64_t{in_flight - 1} * kept + head;
   }
   bool Fits(int i, int a, int b) const {
     const int64_t limit = Device(i).memory_limit_bytes;
@@ -99,7 +118,10 @@ Status CheckProblem(const PipelineProblem& p) {
   if (p.max_devices < 1 || p.min_devices < 1 || p.min_devices > p.max_devices) {
     return absl::InvalidArgumentError("1 <= min_devices <= max_devices");
   }
-  if (p.server_begin < 0 || p.server_begin >= n) {
+  if (p.model.tail_begin > 0 && p.model.tail_begin < 2) {
+    return absl::InvalidArgumentError("a U-shaped pipeline leaves the chain and the server a stage each");
+  }
+  if (p.server_begin < 0 || p.server_begin >= ServerEnd(p)) {
     return absl::InvalidArgumentError(absl::StrCat("server_begin ", p.server_begin, " is not a stage the server can start at"));
   }
   return absl::OkStatus();
@@ -203,7 +225,7 @@ bool Better(const PipelinePlan& a, const StatusOr<PipelinePlan>& best) {
 
 StatusOr<PipelinePlan> PredictPipeline(const PipelineProblem& p, PipelinePlan plan) {
   RETURN_IF_ERROR(CheckProblem(p));
-  const int n = p.model.num_stages(), k = static_cast<int>(plan.chain.size());
+  const int n = ServerEnd(p), k = static_cast<int>(plan.chain.size());
   if (k < 1 || plan.chain[0] != 0) return absl::InvalidArgumentError("the chain must start at the data owner");
   std::set<int> seen;
   for (int d : plan.chain) {
@@ -217,7 +239,7 @@ StatusOr<PipelinePlan> PredictPipeline(const PipelineProblem& p, PipelinePlan pl
   for (int i = 0; i < k; ++i) {
     if (plan.bounds[i + 1] <= plan.bounds[i]) return absl::InvalidArgumentError("every device must hold a stage");
   }
-  if (plan.bounds[k] >= n) return absl::InvalidArgumentError("the server must hold a stage (the loss)");
+  if (plan.bounds[k] >= n) return absl::InvalidArgumentError("the server must hold a stage");
   if (p.server_begin > 0 && plan.bounds[k] != p.server_begin) {
     return absl::InvalidArgumentError(absl::StrCat("the server's stages start at ", p.server_begin));
   }
@@ -268,7 +290,7 @@ StatusOr<PipelinePlan> PlanPipeline(const PipelineProblem& p) {
   for (int m : MicroBatches(p)) {
     for (const std::vector<int>& chain : Chains(p, 2000)) {
       const int k = static_cast<int>(chain.size());
-      if (k >= p.model.num_stages()) continue;
+      if (k >= ServerEnd(p)) continue;
       const ChainCosts c(p, chain, m);
       const std::vector<int> least = BestBounds(c, k, kInf, /*bottleneck=*/true);
       if (least.empty()) continue;
@@ -290,7 +312,7 @@ StatusOr<PipelinePlan> PlanPipeline(const PipelineProblem& p) {
 
 StatusOr<PipelinePlan> PlanPipelineExhaustively(const PipelineProblem& p) {
   RETURN_IF_ERROR(CheckProblem(p));
-  const int n = p.model.num_stages();
+  const int n = ServerEnd(p);
   StatusOr<PipelinePlan> best = absl::FailedPreconditionError("no pipeline fits");
   for (int m : MicroBatches(p)) {
     for (const std::vector<int>& chain : Chains(p, std::numeric_limits<size_t>::max())) {
@@ -315,7 +337,7 @@ StatusOr<PipelinePlan> PlanPipelineExhaustively(const PipelineProblem& p) {
 
 StatusOr<PipelinePlan> EqualSplitPlan(const PipelineProblem& p, int m) {
   RETURN_IF_ERROR(CheckProblem(p));
-  const int n = p.model.num_stages();
+  const int n = ServerEnd(p);
   PipelinePlan plan;
   plan.micro_batches = m;
   if (p.server_begin > 0) {  // the devices share [0, server_begin)

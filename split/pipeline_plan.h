@@ -24,6 +24,10 @@
 // gradient and the optimizer's state for those that train, and what each micro-batch in
 // flight keeps for its backward pass: all M under GPipe, at most K + 1 - i under 1F1B
 // (a device waits for as many backward passes as there are holders after it).
+//
+// U-shaped (model.tail_begin > 0): the server holds [bounds[K], tail_begin) and the data
+// owner also the head [tail_begin, n): its compute and memory count on the owner, and
+// every hop also carries the head's input down and its gradient up (two round trips).
 #pragma once
 
 #include <cstdint>

@@ -165,7 +165,12 @@ StatusOr<int> SplitRound::BeginOf(const std::string& client) const {
 }
 
 bool SplitRound::ClientHolds(const ClientState& c, int stage) const {
-  return (stage >= c.begin && stage < c.cut) || stage >= opts_.tail_begin;
+  // The head (U-shaped) is the data owner's: the client that holds stage 0.
+  return (stage >= c.begin && stage < c.cut) || (c.begin == 0 && stage >= opts_.tail_begin);
+}
+
+bool SplitRound::ushaped() const {
+  return opts_.mode == SplitMode::kUShaped || (opts_.mode == SplitMode::kPipeline && opts_.tail_begin < opts_.num_stages);
 }
 
 StatusOr<ParameterSet> SplitRound::ClientPart(const std::string& client) const {
@@ -216,7 +221,7 @@ Status SplitRound::CheckActivations(const std::string& client, const Activations
 }
 
 Status SplitRound::CheckLabels(const Activations& a, const std::vector<int64_t>& labels) const {
-  if (opts_.mode == SplitMode::kUShaped) {
+  if (ushaped()) {
     if (!labels.empty()) {
       return absl::InvalidArgumentError("labels must not be sent in U-shaped split learning");
     }
@@ -249,9 +254,7 @@ Status SplitRound::CheckLabels(const Activations& a, const std::vector<int64_t>&
 StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
                                                     const Activations& a,
                                                     const std::vector<int64_t>& labels) {
-  if (opts_.mode == SplitMode::kUShaped) {
-    return absl::FailedPreconditionError("U-shaped rounds take ForwardMiddle/BackwardMiddle");
-  }
+  if (ushaped()) return absl::FailedPreconditionError("U-shaped rounds take ForwardMiddle/BackwardMiddle");
   ClientState* c;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -275,34 +278,38 @@ StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
 }
 
 
+StatusOr<SplitRound::ClientState*> SplitRound::MiddleOf(const std::string& client) const {
+  if (!ushaped()) return absl::FailedPreconditionError("only U-shaped rounds have a middle part");
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, Find(client));
+  if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+  if (!c->streams) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "client ", client, " holds stages [", c->begin, ", ", c->cut, ") of a chain: only its last device streams"));
+  }
+  return c;
+}
+
 StatusOr<Activations> SplitRound::ForwardMiddle(const std::string& client, int64_t seq,
                                                 const Activations& a) {
-  if (opts_.mode != SplitMode::kUShaped) {
-    return absl::FailedPreconditionError("only U-shaped rounds have a middle part");
-  }
-  int cut;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    ASSIGN_OR_RETURN(ClientState * c, Find(client));
-    if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
-    cut = c->cut;
-  }
+  ASSIGN_OR_RETURN(ClientState * c, MiddleOf(client));
+  if (c->copy) return Timed([&] { return c->copy->Forward(seq, a); });  // its chain's copy
   std::lock_guard<std::mutex> l(shared_mu_);
-  return Timed([&] { return shared_->Forward(PendingId(client, seq), a, cut); });
+  return Timed([&] { return shared_->Forward(PendingId(client, seq), a, c->cut); });
 }
 
 StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int64_t seq,
                                                  const Activations& grad) {
-  if (opts_.mode != SplitMode::kUShaped) {
-    return absl::FailedPreconditionError("only U-shaped rounds have a middle part");
-  }
   for (float v : grad.values) {
     if (!std::isfinite(v)) return absl::InvalidArgumentError("gradients are not all finite");
   }
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    ASSIGN_OR_RETURN(ClientState * c, Find(client));
-    if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+  ASSIGN_OR_RETURN(ClientState * c, MiddleOf(client));
+  if (c->copy) {  // a chain's copy steps once per batch
+    return Timed([&]() -> StatusOr<Activations> {
+      ASSIGN_OR_RETURN(Activations g, c->copy->Backward(seq, grad));
+      if (++c->steps % opts_.micro_batches == 0) RETURN_IF_ERROR(c->copy->Step());
+      return g;
+    });
   }
   std::lock_guard<std::mutex> l(shared_mu_);
   return Timed([&] { return shared_->Backward(PendingId(client, seq), grad); });

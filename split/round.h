@@ -14,6 +14,8 @@
 //            (SplitChain); only its last device streams to the server, which keeps a
 //            copy of its stages per chain that steps once per batch of micro_batches
 //            micro-batches. Every holder's tensors average across chains as in sfl-v1.
+//            U-shaped (tail_begin < num_stages): the chain's data owner also holds
+//            [tail_begin, n), and the server's copy is the middle.
 // Clients may be cut at different stages. A shared server part then starts at the
 // smallest cut and runs each client's micro-batches from that client's cut.
 //
@@ -84,6 +86,9 @@ class SplitRound {
   ~SplitRound();
 
   const SplitRoundOptions& options() const { return opts_; }
+  // The client keeps the head and the labels: mode ushaped, or a pipeline whose
+  // tail_begin is before the last stage (its data owners keep [tail_begin, n)).
+  bool ushaped() const;
   // NOT_FOUND for a client not in this round.
   StatusOr<int> CutOf(const std::string& client) const;
   // The first stage it holds: 0 but in a pipeline.
@@ -106,7 +111,9 @@ class SplitRound {
   StatusOr<ModelPart::LossStep> TrainStep(const std::string& client, const Activations& a,
                                           const std::vector<int64_t>& labels);
   // U-shaped: the middle's forward (kept under `seq` for its backward), and its backward
-  // from the gradient of its output (checked here) with one SGD step.
+  // from the gradient of its output (checked here) with one SGD step (a pipeline's chain
+  // copy: one step per micro_batches backward passes). In a pipeline only the chain's
+  // last device streams.
   StatusOr<Activations> ForwardMiddle(const std::string& client, int64_t seq,
                                       const Activations& a);
   StatusOr<Activations> BackwardMiddle(const std::string& client, int64_t seq,
@@ -138,6 +145,8 @@ class SplitRound {
   // Adds a client holding [begin, cut), with a server copy of [cut, tail_begin) if `copy`.
   Status AddClient(const std::string& id, int begin, int cut, bool copy);
   StatusOr<ClientState*> Find(const std::string& client) const;
+  // The state of a client whose micro-batches may run through the middle part.
+  StatusOr<ClientState*> MiddleOf(const std::string& client) const;
   // Runs one step of a server part and counts its time as busy.
   template <typename F>
   auto Timed(F&& step) -> decltype(step());

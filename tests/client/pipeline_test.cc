@@ -147,6 +147,116 @@ TEST(PipelineHopTest, ARelayRefusesActivationsThatAreNotFinite) {
   EXPECT_LE(onward, 1) << "only the good micro-batch may have gone onward";
 }
 
+// A U-shaped chain's relay passes the head's input from downstream back up as it came,
+// once per micro-batch in flight: a second copy (a hostile or broken downstream) fails
+// its task with DATA_LOSS; and the head's gradient from upstream goes on only when due.
+class UShapedRelayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec_.name = "lenet5";
+    spec_.seed = 1;
+    auto part = ModelPart::Create(spec_, 1, 2);
+    ASSERT_TRUE(part.ok());
+    part_ = (*part)->Parameters();
+    auto relay = PeerServer::Start("127.0.0.1:0", "", "", "");
+    auto down = PeerServer::Start("127.0.0.1:0", "", "", "");
+    ASSERT_TRUE(relay.ok() && down.ok());
+    relay_peer_ = *std::move(relay);
+    down_peer_ = *std::move(down);
+    task_ = RelayTask(2);
+    v1::SplitTask* st = task_.mutable_split();
+    st->set_tail_begin(4);  // the owner keeps stage 4
+    st->mutable_downstream()->set_name("bob");
+    st->mutable_downstream()->set_address("127.0.0.1:" + std::to_string(down_peer_->port()));
+    st->mutable_downstream()->set_token("t2");
+  }
+
+  // Runs the relay between a test upstream (`up`) and downstream (`down`, after Ready).
+  void Run(const std::function<void(HopStream*)>& up, const std::function<void(UpStream*)>& down) {
+    down_peer_->ExpectPipeline("run", 1, "relay", "t2", [&](grpc::ServerContext*, UpStream* s, const v1::PipelineOpen&) {
+      v1::SplitDown ready;
+      ready.mutable_ready();
+      s->Write(ready);
+      down(s);
+      return grpc::Status::OK;
+    });
+    SplitTaskOptions o;
+    o.model = spec_;
+    o.peer.name = "relay";
+    std::thread relay([&] { result_ = RunPipelineRelay(nullptr, v1::Welcome(), task_, part_, o, relay_peer_.get()); });
+    call_ = OpenAs(relay_peer_->port(), "run", 1, "alice", "t1", up);
+    relay.join();
+  }
+
+  static v1::SplitUp Batch(int64_t seq) {
+    v1::SplitUp batch;
+    batch.mutable_batch()->set_seq(seq);
+    v1::TensorData* t = batch.mutable_batch()->mutable_activations();
+    for (int64_t d : {4, 6, 12, 12}) t->add_shape(d);
+    std::vector<float> values(4 * 6 * 12 * 12, 0.5f);
+    t->set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+    return batch;
+  }
+  static v1::SplitDown HeadInput(int64_t seq) {
+    v1::SplitDown f;
+    f.mutable_forward()->set_seq(seq);
+    f.mutable_forward()->mutable_activations()->add_shape(4);
+    f.mutable_forward()->mutable_activations()->add_shape(84);
+    f.mutable_forward()->mutable_activations()->set_data(std::string(4 * 84 * 4, '\0'));
+    return f;
+  }
+
+  ModelSpec spec_;
+  ParameterSet part_;
+  std::unique_ptr<PeerServer> relay_peer_, down_peer_;
+  v1::Task task_;
+  StatusOr<SplitTaskResult> result_ = absl::UnknownError("not run");
+  grpc::Status call_;
+};
+
+TEST_F(UShapedRelayTest, PassesTheHeadsInputUpOnceAndRefusesACopy) {
+  std::atomic<int> heads{0};
+  Run(
+      [&](HopStream* s) {
+        s->Write(Batch(1));
+        v1::SplitDown m;
+        while (s->Read(&m)) {
+          if (m.has_forward() && m.forward().seq() == 1 && m.forward().activations().shape(1) == 84) ++heads;
+        }
+      },
+      [&](UpStream* s) {
+        v1::SplitUp m;
+        if (!s->Read(&m) || !m.has_batch()) return;
+        s->Write(HeadInput(1));
+        s->Write(HeadInput(1));  // again: not due
+        while (s->Read(&m)) {
+        }
+      });
+  EXPECT_EQ(heads, 1);
+  ASSERT_FALSE(result_.ok());
+  EXPECT_EQ(result_.status().code(), absl::StatusCode::kDataLoss) << result_.status();
+  EXPECT_NE(result_.status().message().find("not due"), std::string::npos) << result_.status();
+}
+
+TEST_F(UShapedRelayTest, RefusesTheHeadsGradientBeforeItsInputWentUp) {
+  std::atomic<int> onward{0};
+  Run(
+      [&](HopStream* s) {
+        s->Write(Batch(1));
+        v1::SplitUp g;
+        g.mutable_grad()->set_seq(1);  // its head input never came
+        s->Write(g);
+      },
+      [&](UpStream* s) {
+        v1::SplitUp m;
+        while (s->Read(&m)) onward += m.has_grad();
+      });
+  EXPECT_EQ(call_.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << call_.error_message();
+  EXPECT_NE(call_.error_message().find("not due"), std::string::npos) << call_.error_message();
+  EXPECT_FALSE(result_.ok());
+  EXPECT_EQ(onward, 0);
+}
+
 // A relay whose upstream is gone before it dials (nothing listens at its Peer address)
 // gives up after three failed probes, not at the task's deadline a minute away.
 TEST(PipelineHopTest, ARelayWhoseUpstreamIsGoneGivesUpWithoutWaitingForTheDeadline) {

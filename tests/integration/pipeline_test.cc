@@ -18,14 +18,17 @@ struct Chain {
   int devices;
   int micro_batches;
   std::string schedule;
+  bool ushaped = false;  // the owner keeps the last stage and the labels; the server [3, 4)
 };
 
 class PipelineExactnessTest : public ::testing::TestWithParam<Chain> {};
 
 // One batch through a chain of K devices and the server, as M micro-batches in either
-// schedule, steps every holder as one step of the uncut model on the whole batch does.
+// schedule, steps every holder as one step of the uncut model on the whole batch does;
+// U-shaped too, the head's input passing back down the chain to the data owner.
 TEST_P(PipelineExactnessTest, OneBatchEqualsTheUncutModelsStep) {
-  const auto [k, m, schedule] = GetParam();
+  const auto [k, m, schedule, ushaped] = GetParam();
+  const int cut = ushaped ? 3 : 4;
   auto data = ClientData(1, 32)[0];
   ASSERT_EQ(data.size, 32);
   auto reference = Model::Create({"lenet5", "", 7});
@@ -50,8 +53,9 @@ TEST_P(PipelineExactnessTest, OneBatchEqualsTheUncutModelsStep) {
   f.Start(std::string(kBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 7}\n" +
               "clients: {min: " + std::to_string(k) + "}\n" +
               "train: {local_epochs: 1, batch_size: 32, lr: 0.1, momentum: 0.9, weight_decay: 0.001}\n" +
-              "split: {mode: pipeline, cut: 4, devices: " + std::to_string(k) +
-              ", micro_batches: " + std::to_string(m) + ", schedule: " + schedule + "}\n",
+              "split: {mode: pipeline, cut: " + std::to_string(cut) + ", devices: " + std::to_string(k) +
+              ", micro_batches: " + std::to_string(m) + ", schedule: " + schedule +
+              (ushaped ? ", ushaped: true" : "") + "}\n",
           std::move(opts));
   f.Join();
   ASSERT_TRUE(f.server_status.ok()) << f.server_status;
@@ -68,7 +72,9 @@ TEST_P(PipelineExactnessTest, OneBatchEqualsTheUncutModelsStep) {
   ASSERT_EQ(chains[0].devices.size(), static_cast<size_t>(k));
   EXPECT_EQ(chains[0].devices[0], "client-0");
   EXPECT_EQ(chains[0].bounds.front(), 0);
-  EXPECT_EQ(chains[0].bounds.back(), 4);
+  EXPECT_EQ(chains[0].bounds.back(), cut);
+  // U-shaped, no label reaches the server.
+  EXPECT_EQ(h[0].split.value().labels_up > 0, !ushaped);
   // Every device's passes over the batch are on the timeline: M forward and M backward.
   std::vector<int> passes(k, 0);
   for (const auto& s : chains[0].spans) {
@@ -80,10 +86,12 @@ TEST_P(PipelineExactnessTest, OneBatchEqualsTheUncutModelsStep) {
 
 INSTANTIATE_TEST_SUITE_P(Chains, PipelineExactnessTest,
                          ::testing::Values(Chain{1, 4, "1f1b"}, Chain{2, 2, "gpipe"}, Chain{3, 4, "1f1b"},
-                                           Chain{3, 8, "gpipe"}, Chain{4, 1, "1f1b"}, Chain{4, 4, "1f1b"}),
+                                           Chain{3, 8, "gpipe"}, Chain{4, 1, "1f1b"}, Chain{4, 4, "1f1b"},
+                                           Chain{1, 4, "1f1b", true}, Chain{2, 2, "gpipe", true},
+                                           Chain{3, 4, "1f1b", true}),
                          [](const ::testing::TestParamInfo<Chain>& i) {
                            return "k" + std::to_string(i.param.devices) + "_m" + std::to_string(i.param.micro_batches) +
-                                  "_" + i.param.schedule;
+                                  "_" + i.param.schedule + (i.param.ushaped ? "_ushaped" : "");
                          });
 
 // Two chains of three train one model: the segments' replicas average across the chains,

@@ -73,6 +73,7 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("split: {mode: sl, cut: deep}", "split.cut");
   expect_error("split: {mode: sl, window: 0}", "split.window");
   expect_error("split: {mode: ushaped, tail: 0}", "split.tail");
+  expect_error("split: {mode: sfl-v2, ushaped: true}", "split.ushaped applies to split.mode: pipeline");
   expect_error("split: {mode: sl}\nstrategy: {name: fedprox}", "fedprox is not supported");
   expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");
   expect_error("clients: {selection: fastest}", "clients.selection");

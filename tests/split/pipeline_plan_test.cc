@@ -47,6 +47,39 @@ TEST(PipelinePlanTest, PredictsTheFillDrainAndSlowestResource) {
   EXPECT_DOUBLE_EQ(plan->busy[1], 2 * 1.25 / plan->step_s);
 }
 
+// U-shaped (split.ushaped): the owner also computes and holds the head, and every hop
+// carries the head's input down and its gradient up besides the cut's tensors.
+TEST(PipelinePlanTest, AUShapedChainCountsTheHeadOnTheOwnerAndOnEveryHop) {
+  PipelineProblem p;
+  p.model = Blocks(5, 0.0);
+  p.model.client_stage_s = {1, 2, 3, 4, 6};
+  p.model.server_stage_s = {9, 9, 9, 0.5, 9};
+  p.model.out_bytes = {100, 200, 300, 400, 10};
+  p.model.batch = 4;
+  p.model.tail_begin = 4;
+  p.devices = {{"owner", 1, 1000, 2000, 0.01, 0}, {"laptop", 2, 4000, 500, 0.02, 0}};
+  auto plan = PredictPipeline(p, PipelinePlan::Of({0, 1}, {0, 1, 3}, 2));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The owner: stages 0 and 4, (1 + 6) / 2. Hop 0: 100 x 2 of activations and 400 x 2 of
+  // the head's gradient up, over min(1000, 500): 2 s; as much down over min(4000, 2000):
+  // 0.5 s. The laptop as before, 1.25. Hop 1: 1,400 B each way, up over 4000 (0.35 s),
+  // down over 500: 2.8 s. The server: stage 3 only.
+  const std::vector<double> expected = {3.5, 2.0, 1.25, 2.8, 0.25};
+  ASSERT_EQ(plan->resource_s.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_DOUBLE_EQ(plan->resource_s[i], expected[i]) << i;
+  // Each hop is crossed twice each way: four round trips.
+  EXPECT_DOUBLE_EQ(plan->step_s, 9.8 + 3.5 + 4 * 0.02 + 4 * 0.02);
+  PipelineProblem line = p;
+  line.model.tail_begin = -1;
+  auto without = PredictPipeline(line, PipelinePlan::Of({0, 1}, {0, 1, 3}, 2));
+  ASSERT_TRUE(without.ok());
+  EXPECT_GT(plan->memory_bytes[0], without->memory_bytes[0]);  // the head's parameters
+  EXPECT_EQ(plan->memory_bytes[1], without->memory_bytes[1]);
+  // The server must keep a stage before the head.
+  EXPECT_EQ(PredictPipeline(p, PipelinePlan::Of({0, 1}, {0, 1, 4}, 2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PipelinePlanTest, RefusesIllFormedPlansAndNamesTheDeviceOverItsMemory) {
   PipelineProblem p;
   p.model = Blocks(6, 0.1);
@@ -142,6 +175,7 @@ TEST(PipelinePlanTest, PlansWithinTenPercentOfTheExhaustiveBest) {
       p.server_begin = n - 2;
       p.min_devices = p.max_devices;
     }
+    if (trial % 4 == 2) p.model.tail_begin = n - 1;  // U-shaped
     auto plan = PlanPipeline(p);
     auto best = PlanPipelineExhaustively(p);
     ASSERT_EQ(plan.ok(), best.ok()) << trial;

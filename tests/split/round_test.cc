@@ -98,6 +98,47 @@ TEST_F(SplitRoundTest, PipelineChainsHoldSegmentsAndAveragePerTensor) {
   }
 }
 
+// A U-shaped pipeline: the data owner also holds the head; the server's chain copy is the
+// middle, runs forward and backward and steps once per micro_batches backward passes;
+// no labels reach it.
+TEST_F(SplitRoundTest, AUShapedPipelineRunsTheMiddleOnTheChainsCopy) {
+  SplitRoundOptions o;
+  o.mode = SplitMode::kPipeline;
+  o.model = {"mlp", "", 1};
+  o.num_stages = 3;
+  o.tail_begin = 2;
+  o.micro_batches = 2;
+  o.stage_input_shapes = {{1, 28, 28}, {200}, {200}, {10}};
+  auto r = SplitRound::CreatePipeline(o, global_, {{{"a"}, {0, 1}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  SplitRound& round = **r;
+  EXPECT_TRUE(round.ushaped());
+  const ParameterSet part = *round.ClientPart("a");
+  ASSERT_EQ(part.size(), 4u);
+  EXPECT_EQ(part.tensors()[2].name, "2.0.weight");
+  Activations act{{1, 200}, std::vector<float>(200, 0.1f)};
+  EXPECT_EQ(round.TrainStep("a", act, {3}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(round.CheckLabels(act, {3}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(round.CheckLabels(act, {}).ok());
+  Activations grad{{1, 200}, std::vector<float>(200, 1.0f)};
+  ASSERT_TRUE(round.ForwardMiddle("a", 1, act).ok());
+  ASSERT_TRUE(round.BackwardMiddle("a", 1, grad).ok());
+  ASSERT_TRUE(round.Finish("a", part, 10).ok());
+  EXPECT_NEAR(Shift(*round.Aggregate(), 2), 0, 1e-7) << "one backward pass of two: no step yet";
+  auto again = SplitRound::CreatePipeline(o, global_, {{{"a"}, {0, 1}}});
+  ASSERT_TRUE(again.ok());
+  for (int64_t seq : {1, 2}) {
+    ASSERT_TRUE((*again)->ForwardMiddle("a", seq, act).ok());
+    ASSERT_TRUE((*again)->BackwardMiddle("a", seq, grad).ok());
+  }
+  ASSERT_TRUE((*again)->Finish("a", part, 10).ok());
+  const ParameterSet next = *(*again)->Aggregate();
+  EXPECT_GT(std::abs(next.tensors()[2].values[0] - global_.tensors()[2].values[0]), 1e-6) << "the middle stepped";
+  EXPECT_EQ(next.tensors()[4].values, global_.tensors()[4].values) << "the head is the owner's (sent back unchanged)";
+  grad.values[0] = NAN;
+  EXPECT_EQ((*again)->BackwardMiddle("a", 3, grad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Per tensor, the weighted mean over every holder. Nothing trained on the server here,
 // so its copies equal the global model.
 TEST_F(SplitRoundTest, SflV1AveragesClientPartsWithTheServerCopies) {
