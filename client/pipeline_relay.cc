@@ -181,9 +181,15 @@ class Relay {
         if (!y.ok()) {
           return absl::InvalidArgumentError(absl::StrCat("micro-batch ", b.seq(), " from ", upstream_, ": ", y.status().message()));
         }
-        AddPipelineSpan(&spans_, b.seq(), st_.micro_batches(), /*forward=*/true, t0);
+        if (b.batch_end()) {
+          ends_.insert(b.seq());
+          if (first_end_ == 0) first_end_ = b.seq();
+        }
+        AddPipelineSpan(&spans_, b.seq(), first_end_, /*forward=*/true, t0);
         inflight_.insert(b.seq());
         next->set_seq(b.seq());
+        next->set_loss_weight(b.loss_weight());
+        next->set_batch_end(b.batch_end());
         ToWire(*y, acts_, next->mutable_activations());
       }
       *next->mutable_labels() = b.labels();  // the server checks them
@@ -251,9 +257,9 @@ class Relay {
         const auto c0 = SteadyClock::now();
         auto g = part_->Backward(r.seq(), grad);
         if (!g.ok()) return g.status();
-        if (++backward_ % st_.micro_batches() == 0) RETURN_IF_ERROR(part_->Step());
+        if (ends_.erase(r.seq())) RETURN_IF_ERROR(part_->Step());  // the batch's last
         Count(c0);
-        AddPipelineSpan(&spans_, r.seq(), st_.micro_batches(), /*forward=*/false, t0);
+        AddPipelineSpan(&spans_, r.seq(), first_end_, /*forward=*/false, t0);
         inflight_.erase(r.seq());
         ++steps_;
         loss_sum_ += r.loss() * grad.batch();
@@ -303,7 +309,9 @@ class Relay {
   std::set<int64_t> head_done_;  // and its gradient passed on: the result is due
   Status back_error_, result_ = absl::UnknownError("the hop never opened");
   bool forward_failed_ = false;
-  int64_t backward_ = 0, steps_ = 0;
+  std::set<int64_t> ends_;  // micro-batches that end their batch: a step after their backward pass
+  int64_t first_end_ = 0;   // the first batch's last micro-batch (0: not seen yet)
+  int64_t steps_ = 0;
   double loss_sum_ = 0;
   int64_t loss_n_ = 0;
   double compute_ = 0, server_ = 0, wall_ = 0;

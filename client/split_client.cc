@@ -25,6 +25,7 @@
 #include "models/part.h"
 #include "proto/split_chunks.h"
 #include "proto/train_config.h"
+#include "split/pipeline_schedule.h"
 
 namespace cleave {
 
@@ -59,9 +60,9 @@ double UnixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void AddPipelineSpan(std::vector<v1::PipelineSpan>* spans, int64_t seq, int micro_batches, bool forward,
+void AddPipelineSpan(std::vector<v1::PipelineSpan>* spans, int64_t seq, int64_t first_end, bool forward,
                      double start_s) {
-  if (seq > micro_batches || spans->size() >= 64) return;
+  if ((first_end > 0 && seq > first_end) || spans->size() >= 64) return;
   v1::PipelineSpan& x = spans->emplace_back();
   x.set_micro_batch(static_cast<int>(seq - 1));
   x.set_forward(forward);
@@ -209,8 +210,19 @@ class SplitTaskRun {
   // Ends the stream: cancels it unless `status` is OK, and returns the server's status
   // when it has one to tell, else `status`.
   Status Finish(Status status);
-  // Sends micro-batch `idx` (its activations, and its labels unless U-shaped).
-  Status SendBatch(const std::vector<int64_t>& idx);
+  // Sends micro-batch `idx` (its activations, and its labels unless U-shaped). Text:
+  // `length` > 0 cuts its sequences there. A pipeline's: its share of the batch's loss
+  // and whether it ends the batch.
+  Status SendBatch(const std::vector<int64_t>& idx, int64_t length = 0, double share = 0, bool batch_end = false);
+  // A pipeline's batch `idx` as micro-batches: micro_batches equal ones, or by the token
+  // budget (PackByTokens); text micro-batches end after their last target. Sequences
+  // without a target are left out (they add nothing to the loss).
+  struct MicroBatch {
+    std::vector<int64_t> idx;
+    int64_t length = 0;  // text: tokens read per sequence
+    double share = 0;    // of the batch's loss: its targets over the batch's
+  };
+  std::vector<MicroBatch> MicroBatches(const std::vector<int64_t>& idx) const;
   // Reads until one micro-batch completes (its activation gradient arrived and the
   // client part stepped).
   Status Receive();
@@ -238,7 +250,12 @@ class SplitTaskRun {
   std::unique_ptr<Writer> writer_;
   bool finished_ = false;
   ChunkAssembler<v1::SplitDown> assembler_{size_t{4} << 30};
-  std::map<int64_t, std::vector<int64_t>> inflight_;  // seq -> labels
+  struct InFlight {
+    std::vector<int64_t> labels;
+    double share = 0;  // U-shaped: of the batch's loss, for the head
+  };
+  std::map<int64_t, InFlight> inflight_;  // by seq
+  int64_t first_end_ = 0;  // a pipeline's first batch's last micro-batch (for its spans)
   std::set<int64_t> headed_;  // U-shaped: micro-batches through the head, their gradient due
   int64_t seq_ = 1, steps_ = 0;
   double loss_sum_ = 0;  // of the last epoch
@@ -322,7 +339,7 @@ Status SplitTaskRun::Forward(const v1::SplitForward& f) {
   }
   headed_.insert(f.seq());
   ASSIGN_OR_RETURN(ModelPart::LossStep step,
-                   Timed([&] { return tail_->TrainWithLoss(act, it->second); }));
+                   Timed([&] { return tail_->TrainWithLoss(act, it->second.labels, -1, it->second.share); }));
   loss_sum_ += step.loss * act.batch();
   loss_n_ += act.batch();
   v1::SplitUp up;
@@ -363,7 +380,7 @@ Status SplitTaskRun::Receive() {
     }
     const double began = UnixSeconds();
     RETURN_IF_ERROR(Timed([&] { return head_->Backward(r.seq(), grad).status(); }));
-    if (pipeline_) AddPipelineSpan(&spans_, r.seq(), st_.micro_batches(), /*forward=*/false, began);
+    if (pipeline_) AddPipelineSpan(&spans_, r.seq(), first_end_, /*forward=*/false, began);
     inflight_.erase(it);
     ++steps_;
     if (o_.crash_after_step && o_.crash_after_step(steps_)) {
@@ -373,12 +390,12 @@ Status SplitTaskRun::Receive() {
   }
 }
 
-Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx) {
-  std::vector<int64_t> labels = BatchLabels(data_, idx);
+Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx, int64_t length, double share, bool batch_end) {
+  std::vector<int64_t> labels = BatchLabels(data_, idx, length);
   const double t0 = UnixSeconds();
-  auto act = Timed([&] { return head_->Forward(seq_, InputBatch(data_, idx)); });
+  auto act = Timed([&] { return head_->Forward(seq_, InputBatch(data_, idx, length)); });
   if (!act.ok()) return act.status();
-  if (pipeline_) AddPipelineSpan(&spans_, seq_, st_.micro_batches(), /*forward=*/true, t0);
+  if (pipeline_) AddPipelineSpan(&spans_, seq_, first_end_, /*forward=*/true, t0);
   if (st_.activation_noise() > 0) {
     for (float& v : act->values) v += noise_(noise_rng_);
   }
@@ -389,9 +406,61 @@ Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx) {
   if (!ushaped_) {
     for (int64_t y : labels) mb->add_labels(y);
   }
+  mb->set_loss_weight(share);
+  mb->set_batch_end(batch_end);
   writer_->Push(std::move(up));
-  inflight_[seq_++] = std::move(labels);
+  inflight_[seq_++] = {std::move(labels), share};
   return absl::OkStatus();
+}
+
+std::vector<SplitTaskRun::MicroBatch> SplitTaskRun::MicroBatches(const std::vector<int64_t>& idx) const {
+  const bool text = data_.type == ExampleType::kToken;
+  // Text: a sequence is read up to its last target (0: it has none).
+  std::vector<int64_t> ends(idx.size(), 0);
+  if (text) {
+    for (size_t i = 0; i < idx.size(); ++i) {
+      for (int64_t p = data_.example_elements() - 1; p >= 1 && ends[i] == 0; --p) {
+        if (data_.target(idx[i], p) != kNoTarget) ends[i] = p;
+      }
+    }
+  }
+  std::vector<std::vector<int>> groups;
+  if (st_.micro_batch_tokens() > 0 && text) {
+    std::vector<int> kept;
+    std::vector<int64_t> lengths;
+    for (size_t i = 0; i < idx.size(); ++i) {
+      if (ends[i] > 0) kept.push_back(static_cast<int>(i)), lengths.push_back(ends[i]);
+    }
+    for (const std::vector<int>& g : PackByTokens(lengths, st_.micro_batch_tokens())) {
+      auto& out = groups.emplace_back();
+      for (int j : g) out.push_back(kept[j]);
+    }
+  } else {
+    const int m = st_.micro_batches(), micro = static_cast<int>(idx.size()) / m;
+    for (int i = 0; i < m; ++i) {
+      auto& out = groups.emplace_back();
+      for (int j = i * micro; j < (i + 1) * micro; ++j) out.push_back(j);
+    }
+  }
+  std::vector<MicroBatch> out;
+  double total = 0;
+  for (const std::vector<int>& g : groups) {
+    MicroBatch& mb = out.emplace_back();
+    double targets = 0;
+    for (int j : g) {
+      mb.idx.push_back(idx[j]);
+      mb.length = std::max(mb.length, ends[j]);
+      if (!text) {
+        targets += 1;
+        continue;
+      }
+      for (int64_t p = 1; p <= ends[j]; ++p) targets += data_.target(idx[j], p) != kNoTarget;
+    }
+    mb.share = targets;
+    total += targets;
+  }
+  for (MicroBatch& mb : out) mb.share = total > 0 ? mb.share / total : 0;
+  return out;
 }
 
 Status SplitTaskRun::TrainPipeline() {
@@ -399,13 +468,12 @@ Status SplitTaskRun::TrainPipeline() {
   std::vector<int64_t> order(data_.size);
   std::iota(order.begin(), order.end(), 0);
   const int batch = std::max(1, task_.train().batch_size());
-  const int m = st_.micro_batches(), micro = batch / m;
   if (data_.size < batch) {
     return Finish(absl::FailedPreconditionError(
         absl::StrCat(data_.size, " examples: a pipeline trains whole batches of ", batch)));
   }
   // local_steps > 0: exactly that many batches (epochs as needed), else epochs; an
-  // epoch's last, smaller batch is dropped (its micro-batches would not be equal).
+  // epoch's last, smaller batch is dropped (a batch is train.batch_size examples).
   const int64_t max_steps = task_.train().local_steps();
   int64_t batches = 0;
   for (int epoch = 0; max_steps > 0 ? batches < max_steps : epoch < task_.train().local_epochs(); ++epoch) {
@@ -413,10 +481,13 @@ Status SplitTaskRun::TrainPipeline() {
     loss_sum_ = 0;
     loss_n_ = 0;
     for (int64_t b = 0; b + batch <= data_.size && (max_steps <= 0 || batches < max_steps); b += batch, ++batches) {
-      for (int i = 0; i < m; ++i) {
+      const std::vector<MicroBatch> micro = MicroBatches({order.begin() + b, order.begin() + b + batch});
+      if (micro.empty()) continue;  // no sequence of the batch has a target
+      if (first_end_ == 0) first_end_ = seq_ + static_cast<int64_t>(micro.size()) - 1;
+      for (size_t i = 0; i < micro.size(); ++i) {
         if (o_.cancel && o_.cancel->load()) return Finish(absl::CancelledError("training cancelled"));
-        std::vector<int64_t> idx(order.begin() + b + i * micro, order.begin() + b + (i + 1) * micro);
-        if (Status s = SendBatch(idx); !s.ok()) return Finish(s);
+        const MicroBatch& mb = micro[i];
+        if (Status s = SendBatch(mb.idx, mb.length, mb.share, i + 1 == micro.size()); !s.ok()) return Finish(s);
         while (static_cast<int>(inflight_.size()) >= st_.window()) {
           if (Status s = Receive(); !s.ok()) return Finish(s);
         }

@@ -109,8 +109,9 @@ double UnixSeconds();
 
 // Pipelines: the forward or backward pass of micro-batch `seq` (1, 2, ...) that began at
 // `start_s` (UnixSeconds) and ends now, added to `spans` when it is of the first batch
-// (seq <= micro_batches) and fewer than 64 are there (SplitStats.spans).
-void AddPipelineSpan(std::vector<v1::PipelineSpan>* spans, int64_t seq, int micro_batches, bool forward,
+// (seq <= first_end, the first batch's last micro-batch; 0 while not known) and fewer
+// than 64 are there (SplitStats.spans).
+void AddPipelineSpan(std::vector<v1::PipelineSpan>* spans, int64_t seq, int64_t first_end, bool forward,
                      double start_s);
 
 }  // namespace cleave

@@ -48,6 +48,8 @@ Status CheckSplit(const JobConfig& c) {
                           "a divisor of train.batch_size (micro-batches are equal)"));
     RETURN_IF_ERROR(Range(c.split.cut == 0 || c.split.cut >= c.split.devices, "split.cut",
                           "\"auto\" or at least split.devices (each device of a chain holds a stage)"));
+    RETURN_IF_ERROR(Range(c.split.micro_batch_tokens == 0 || c.model.name == "gpt" || c.model.name == "hf",
+                          "split.micro_batch_tokens", "0 unless the model is a language model (gpt, hf)"));
   }
   return absl::OkStatus();
 }

@@ -58,26 +58,27 @@ Status CheckActivations(const Activations& a) {
 
 }  // namespace
 
-std::vector<int64_t> BatchLabels(const Dataset& data, const std::vector<int64_t>& indices) {
+std::vector<int64_t> BatchLabels(const Dataset& data, const std::vector<int64_t>& indices, int64_t length) {
   std::vector<int64_t> labels;
   if (data.type != ExampleType::kToken) {
     for (int64_t i : indices) labels.push_back(data.labels[i]);
     return labels;
   }
-  const int64_t n = data.example_elements();
+  const int64_t n = length > 0 ? std::min(length + 1, data.example_elements()) : data.example_elements();
   for (int64_t i : indices) {
     for (int64_t j = 1; j < n; ++j) labels.push_back(data.target(i, j));
   }
   return labels;
 }
 
-Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices) {
+Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices, int64_t length) {
   Activations a;
   a.shape = {static_cast<int64_t>(indices.size())};
   a.shape.insert(a.shape.end(), data.shape.begin(), data.shape.end());
   const int64_t n = data.example_elements();
   // Text: a language model reads each sequence but its last token (as floats).
-  const int64_t kept = data.type == ExampleType::kToken ? n - 1 : n;
+  int64_t kept = data.type == ExampleType::kToken ? n - 1 : n;
+  if (data.type == ExampleType::kToken && length > 0) kept = std::min(kept, length);
   if (data.type == ExampleType::kToken) a.shape.back() = kept;
   a.values.resize(indices.size() * kept);
   std::vector<float> example(n);
@@ -465,7 +466,7 @@ StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_ou
 
 StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
                                                        const std::vector<int64_t>& labels,
-                                                       int from) {
+                                                       int from, double share) {
   RETURN_IF_ERROR(CheckActivations(in));
   ASSIGN_OR_RETURN(from, impl_->From(from));
   try {
@@ -484,7 +485,7 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
         torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
             impl_->training.label_smoothing));
     if (impl_->accumulate > 0) {
-      (loss / impl_->accumulate).backward();
+      (share > 0 ? loss * share : loss / impl_->accumulate).backward();
     } else {
       loss.backward();
       impl_->Step(from);

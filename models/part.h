@@ -44,11 +44,14 @@ struct Activations {
 
 // The examples `indices` of `data` as the input of a model's first stage (normalised;
 // text: each sequence's token ids but the last, as floats).
-Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices);
+// Text: `length` > 0 reads only each sequence's first `length` tokens (a causal model's
+// outputs there are the same).
+Activations InputBatch(const Dataset& data, const std::vector<int64_t>& indices, int64_t length = 0);
 
 // What the examples `indices` of `data` are trained to predict, in order: their labels;
-// text: each sequence's next tokens (length - 1 per sequence).
-std::vector<int64_t> BatchLabels(const Dataset& data, const std::vector<int64_t>& indices);
+// text: each sequence's next tokens (length - 1 per sequence; `length` > 0: the first
+// `length` of them, the targets of InputBatch's tokens).
+std::vector<int64_t> BatchLabels(const Dataset& data, const std::vector<int64_t>& indices, int64_t length = 0);
 
 class ModelPart {
  public:
@@ -117,8 +120,10 @@ class ModelPart {
   // Forward from stage `from` (as Forward), mean cross-entropy against `labels` (one
   // per sample; for outputs [B, T, classes], one per token, B * T), backward, optimizer
   // step.
+  // Under SetAccumulate, `share` > 0 is the micro-batch's share of the batch's loss (it
+  // back-propagates loss x share; 0: 1 / micro_batches).
   StatusOr<LossStep> TrainWithLoss(const Activations& in, const std::vector<int64_t>& labels,
-                                   int from = -1);
+                                   int from = -1, double share = 0);
 
   // Pipelines (issue 38): with `micro_batches` > 0, Backward and TrainWithLoss take no
   // optimizer step: gradients add up over micro-batches (TrainWithLoss back-propagates

@@ -260,10 +260,11 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   if (mode_ == SplitMode::kPipeline) {
     *split = hops_.at(rec->client_id);
     // The data owner keeps this many micro-batches in flight: all of a batch's (GPipe), or
-    // one per holder of the chain after it, the server's included (1F1B).
+    // one per holder of the chain after it, the server's included (1F1B). By a token
+    // budget a batch has up to one micro-batch per sequence.
     const int holders = static_cast<int>(chains_.at(split->chain()).devices.size()) + 1;
-    split->set_window(cfg.split.schedule == "gpipe" ? cfg.split.micro_batches
-                                                    : std::min(cfg.split.micro_batches, holders));
+    const int most = cfg.split.micro_batch_tokens > 0 ? std::max(1, cfg.train.batch_size) : cfg.split.micro_batches;
+    split->set_window(cfg.split.schedule == "gpipe" ? most : std::min(most, holders));
   } else {
     split->set_window(cfg.split.window);
   }

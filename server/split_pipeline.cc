@@ -141,6 +141,7 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
       v1::SplitTask& h = hops_[id];
       h.set_begin(chain->bounds[i]);
       h.set_micro_batches(sc.micro_batches);
+      h.set_micro_batch_tokens(sc.micro_batch_tokens);
       h.set_chain(index);
       if (i > 0) {
         const Session& up = *ctx_.FindSessionLocked(chain->devices[i - 1]);
@@ -156,12 +157,14 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
       }
       chosen.push_back(id);
     }
-    spdlog::info("round {}: chain {}: {} -> server [{}, {}){}, {} micro-batches ({})", round, index,
+    spdlog::info("round {}: chain {}: {} -> server [{}, {}){}, {} ({})", round, index,
                  absl::StrJoin(names, " -> "), chain->bounds.back(), tail_begin_,
                  tail_begin_ < num_stages_ ? absl::StrCat(" -> ", names[0].substr(0, names[0].find(' ')), " [",
                                                           tail_begin_, ", ", num_stages_, ")")
                                            : "",
-                 sc.micro_batches, sc.schedule);
+                 sc.micro_batch_tokens > 0 ? absl::StrCat("micro-batches of ", sc.micro_batch_tokens, " tokens")
+                                           : absl::StrCat(sc.micro_batches, " micro-batches"),
+                 sc.schedule);
     chains_.push_back(*std::move(chain));
   }
   if (chains_.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no chain could be planned"));

@@ -35,17 +35,21 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
     RETURN_IF_ERROR(round.CheckActivations(task_.client_id, act));
     std::vector<int64_t> labels(b.labels().begin(), b.labels().end());
     RETURN_IF_ERROR(round.CheckLabels(act, labels));
+    if (!(b.loss_weight() >= 0 && b.loss_weight() <= 1)) {
+      return absl::InvalidArgumentError("a micro-batch's loss_weight must be in [0, 1]");
+    }
     core_.CountLabels(static_cast<int64_t>(labels.size()));
     ++next_seq_;
     if (round.ushaped()) {
       ASSIGN_OR_RETURN(Activations mid, round.ForwardMiddle(task_.client_id, b.seq(), act));
-      pending_.insert(b.seq());
+      pending_[b.seq()] = b.batch_end();
       auto* f = out.mutable_forward();
       f->set_seq(b.seq());
       ToWire(mid, task_.act_codec, act_codec_.get(), f->mutable_activations());
       f->set_server_seconds(seconds());
     } else {
-      ASSIGN_OR_RETURN(ModelPart::LossStep step, round.TrainStep(task_.client_id, act, labels));
+      ASSIGN_OR_RETURN(ModelPart::LossStep step,
+                       round.TrainStep(task_.client_id, act, labels, {b.loss_weight(), b.batch_end()}));
       auto* r = out.mutable_result();
       r->set_seq(b.seq());
       ToWire(step.grad_in, task_.grad_codec, grad_codec_.get(), r->mutable_grad());
@@ -62,7 +66,7 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
           absl::StrCat("gradient for micro-batch ", g.seq(), ", which is not pending"));
     }
     ASSIGN_OR_RETURN(Activations grad, FromWire(g.grad(), task_.grad_codec, grad_codec_.get()));
-    ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad));
+    ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad, pending_.at(g.seq())));
     pending_.erase(g.seq());
     auto* r = out.mutable_result();
     r->set_seq(g.seq());

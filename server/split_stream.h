@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <set>
+#include <map>
 #include <vector>
 
 #include "cleave/v1/cleave.pb.h"
@@ -48,7 +48,7 @@ class SplitStream {
   Coordinator& core_;
   const SplitStreamTask task_;
   int64_t next_seq_ = 1;
-  std::set<int64_t> pending_;  // U-shaped: micro-batches whose gradient is due
+  std::map<int64_t, bool> pending_;  // U-shaped: micro-batches whose gradient is due -> batch_end
   std::unique_ptr<Codec> act_codec_, grad_codec_;  // this stream's (stochastic rounding)
   ChunkAssembler<v1::SplitUp> assembler_;
 };

@@ -21,6 +21,7 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("nopeek", c.nopeek);
   s.Read("devices", c.devices);
   s.Read("micro_batches", c.micro_batches);
+  s.Read("micro_batch_tokens", c.micro_batch_tokens);
   s.Read("schedule", c.schedule);
   s.Read("plan", c.plan);
   s.Read("ushaped", c.ushaped);
@@ -33,6 +34,10 @@ Status CheckSplit(SplitConfig& c) {
   if (!c.enabled()) return absl::OkStatus();
   RETURN_IF_ERROR(SplitModeNames().Check(c.mode));
   RETURN_IF_ERROR(Range(c.tail >= 1, "split.tail", ">= 1"));
+  RETURN_IF_ERROR(Range(c.micro_batch_tokens >= 0, "split.micro_batch_tokens", ">= 0"));
+  if (c.micro_batch_tokens > 0 && c.mode != "pipeline") {
+    return absl::InvalidArgumentError("split.micro_batch_tokens applies to split.mode: pipeline");
+  }
   if (c.ushaped && c.mode != "pipeline") {
     return absl::InvalidArgumentError("split.ushaped applies to split.mode: pipeline (mode ushaped is U-shaped already)");
   }

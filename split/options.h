@@ -21,6 +21,8 @@ struct SplitConfig {
   // pipeline: devices per chain, micro-batches per batch, and their order on each holder.
   int devices = 2;               // split.devices
   int micro_batches = 4;         // split.micro_batches: divides train.batch_size
+  int micro_batch_tokens = 0;    // split.micro_batch_tokens: > 0 (text): micro-batches by
+                                 //   this token budget instead (sequence-length balancing)
   std::string schedule = "1f1b"; // split.schedule: gpipe | 1f1b
   std::string plan = "auto";     // split.plan: auto (the planner) | even (a fixed cut's
                                  //   stages shared out evenly, devices in order)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 
@@ -107,6 +108,22 @@ StatusOr<PipelineStepResult> RunLocalPipelineStep(const std::vector<ModelPart*>&
   }
   result.loss = loss;
   return result;
+}
+
+std::vector<std::vector<int>> PackByTokens(const std::vector<int64_t>& lengths, int64_t budget) {
+  std::vector<int> order(lengths.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return lengths[a] > lengths[b]; });
+  std::vector<std::vector<int>> out;
+  int64_t longest = 0;
+  for (int i : order) {
+    if (out.empty() || static_cast<int64_t>(out.back().size() + 1) * longest > budget) {
+      out.emplace_back();
+      longest = lengths[i];
+    }
+    out.back().push_back(i);
+  }
+  return out;
 }
 
 }  // namespace cleave

@@ -42,4 +42,11 @@ StatusOr<PipelineStepResult> RunLocalPipelineStep(const std::vector<ModelPart*>&
                                                   const std::vector<int64_t>& labels, int micro_batches,
                                                   PipelineSchedule schedule);
 
+// Token-budget micro-batches (sequence-length balancing): sequences of `lengths` tokens
+// (a text micro-batch is cut after its longest, so each costs its count times its
+// longest), longest first, packed greedily while a micro-batch's count times its longest
+// stays within `budget`; a sequence longer than the budget goes alone. Returns the
+// micro-batches as indices into `lengths` (every index once), each's longest first.
+std::vector<std::vector<int>> PackByTokens(const std::vector<int64_t>& lengths, int64_t budget);
+
 }  // namespace cleave

@@ -41,7 +41,6 @@ struct SplitRound::ClientState {
   int begin = 0, cut = 0;
   bool streams = true;              // it sends the server micro-batches (pipeline: the last device)
   std::unique_ptr<ModelPart> copy;  // sfl-v1: this client's server copy; pipeline: its chain's
-  int64_t steps = 0;                // micro-batches through `copy` (pipeline: it steps every M)
   bool finished = false, failed = false;
   int64_t weight = 0;
   ParameterSet part;  // the finished client's trained part
@@ -202,6 +201,12 @@ Status SplitRound::CheckActivations(const std::string& client, const Activations
   const auto& sample = opts_.stage_input_shapes[cut];
   std::vector<int64_t> expected = {a.batch()};
   expected.insert(expected.end(), sample.begin(), sample.end());
+  // Text: a micro-batch may be cut after its longest sequence's last target (a causal
+  // model's outputs before it are the same).
+  if (opts_.model.text() && a.shape.size() == expected.size() && expected.size() >= 2 && a.shape[1] >= 1 &&
+      a.shape[1] <= expected[1]) {
+    expected[1] = a.shape[1];
+  }
   if (a.shape != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         "activations shaped [", absl::StrJoin(a.shape, ","), "], expected [B,",
@@ -229,7 +234,7 @@ Status SplitRound::CheckLabels(const Activations& a, const std::vector<int64_t>&
   }
   // A language model's output is [T, vocab] per sample: a label for each token.
   const auto& out = opts_.stage_input_shapes.back();
-  const int64_t per_sample = out.size() == 2 ? out[0] : 1;
+  const int64_t per_sample = out.size() == 2 ? (a.shape.size() >= 2 ? a.shape[1] : out[0]) : 1;
   if (static_cast<int64_t>(labels.size()) != a.batch() * per_sample) {
     return absl::InvalidArgumentError(absl::StrCat(labels.size(), " labels for ", a.batch(),
                                                    " samples", per_sample > 1
@@ -253,7 +258,8 @@ Status SplitRound::CheckLabels(const Activations& a, const std::vector<int64_t>&
 
 StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
                                                     const Activations& a,
-                                                    const std::vector<int64_t>& labels) {
+                                                    const std::vector<int64_t>& labels,
+                                                    const SplitMicroBatch& mb) {
   if (ushaped()) return absl::FailedPreconditionError("U-shaped rounds take ForwardMiddle/BackwardMiddle");
   ClientState* c;
   {
@@ -267,8 +273,8 @@ StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
   }
   if (c->copy && opts_.mode == SplitMode::kPipeline) {  // the chain's copy steps once per batch
     return Timed([&]() -> StatusOr<ModelPart::LossStep> {
-      ASSIGN_OR_RETURN(ModelPart::LossStep step, c->copy->TrainWithLoss(a, labels));
-      if (++c->steps % opts_.micro_batches == 0) RETURN_IF_ERROR(c->copy->Step());
+      ASSIGN_OR_RETURN(ModelPart::LossStep step, c->copy->TrainWithLoss(a, labels, -1, mb.loss_weight));
+      if (mb.batch_end) RETURN_IF_ERROR(c->copy->Step());
       return step;
     });
   }
@@ -299,7 +305,7 @@ StatusOr<Activations> SplitRound::ForwardMiddle(const std::string& client, int64
 }
 
 StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int64_t seq,
-                                                 const Activations& grad) {
+                                                 const Activations& grad, bool batch_end) {
   for (float v : grad.values) {
     if (!std::isfinite(v)) return absl::InvalidArgumentError("gradients are not all finite");
   }
@@ -307,7 +313,7 @@ StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int6
   if (c->copy) {  // a chain's copy steps once per batch
     return Timed([&]() -> StatusOr<Activations> {
       ASSIGN_OR_RETURN(Activations g, c->copy->Backward(seq, grad));
-      if (++c->steps % opts_.micro_batches == 0) RETURN_IF_ERROR(c->copy->Step());
+      if (batch_end) RETURN_IF_ERROR(c->copy->Step());
       return g;
     });
   }

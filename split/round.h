@@ -12,8 +12,7 @@
 //            the loss; the server holds the middle and never sees a label.
 //   pipeline a chain of devices holds the first stages, each a contiguous segment
 //            (SplitChain); only its last device streams to the server, which keeps a
-//            copy of its stages per chain that steps once per batch of micro_batches
-//            micro-batches. Every holder's tensors average across chains as in sfl-v1.
+//            copy of its stages per chain that steps once per batch of micro-batches. Every holder's tensors average across chains as in sfl-v1.
 //            U-shaped (tail_begin < num_stages): the chain's data owner also holds
 //            [tail_begin, n), and the server's copy is the middle.
 // Clients may be cut at different stages. A shared server part then starts at the
@@ -61,8 +60,17 @@ struct SplitRoundOptions {
   // A quantized base (ModelSpec::quantize): the whole model's quantized weights, which
   // the server's parts load (sharing the bytes).
   QuantizedSet quantized;
-  // pipeline: a batch's micro-batches; each chain's server copy steps once per this many.
+  // pipeline: a batch's micro-batches (when equal); each chain's server copy adds their
+  // gradients up (a micro-batch's loss weighs 1 / this unless it says its share) and
+  // steps after the batch's last.
   int micro_batches = 1;
+};
+
+// A pipeline's micro-batch (SplitBatch): its share of the batch's loss (0: 1 /
+// micro_batches) and whether the chain's copy steps after it.
+struct SplitMicroBatch {
+  double loss_weight = 0;
+  bool batch_end = false;
 };
 
 // pipeline: one chain, its devices in order; devices[i] holds stages [bounds[i],
@@ -109,15 +117,15 @@ class SplitRound {
   // and the gradient of the activations. In a pipeline only a chain's last device
   // streams (FAILED_PRECONDITION for the others).
   StatusOr<ModelPart::LossStep> TrainStep(const std::string& client, const Activations& a,
-                                          const std::vector<int64_t>& labels);
+                                          const std::vector<int64_t>& labels, const SplitMicroBatch& mb = {});
   // U-shaped: the middle's forward (kept under `seq` for its backward), and its backward
   // from the gradient of its output (checked here) with one SGD step (a pipeline's chain
-  // copy: one step per micro_batches backward passes). In a pipeline only the chain's
-  // last device streams.
+  // copy: after the backward pass of its batch's last micro-batch, `batch_end`). In a
+  // pipeline only the chain's last device streams.
   StatusOr<Activations> ForwardMiddle(const std::string& client, int64_t seq,
                                       const Activations& a);
   StatusOr<Activations> BackwardMiddle(const std::string& client, int64_t seq,
-                                       const Activations& grad);
+                                       const Activations& grad, bool batch_end = false);
 
   // The client's trained part (weights, the layout of ClientPart), weighted by `weight`.
   Status Finish(const std::string& client, const ParameterSet& part, int64_t weight);

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <random>
 
+#include "core/files.h"
 #include "tests/integration/federation.h"
 
 namespace cleave {
@@ -93,6 +96,79 @@ INSTANTIATE_TEST_SUITE_P(Chains, PipelineExactnessTest,
                            return "k" + std::to_string(i.param.devices) + "_m" + std::to_string(i.param.micro_batches) +
                                   "_" + i.param.schedule + (i.param.ushaped ? "_ushaped" : "");
                          });
+
+// Variable-length text by a token budget (split.micro_batch_tokens): instruction data
+// whose responses differ in length, each micro-batch cut after its longest sequence's
+// last target and weighted by its share of the batch's targets, steps every holder as
+// one step of the uncut model on the whole batch does (whose loss is the mean over all
+// of the batch's targets); U-shaped too.
+class TokenBudgetExactnessTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(TokenBudgetExactnessTest, OneBatchEqualsTheUncutModelsStep) {
+  const bool ushaped = GetParam();
+  const std::string dir = ::testing::TempDir() + "cleave_pipeline_tokens";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::mt19937 rng(5);
+  std::string lines;
+  for (int i = 0; i < 32; ++i) {
+    std::string word, answer;
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 30); k < n; ++k) word += static_cast<char>('a' + rng() % 26);
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 90); k < n; ++k) answer += static_cast<char>('a' + rng() % 26);
+    lines += "{\"instruction\": \"" + word + "\", \"output\": \"" + answer + "\"}\n";
+  }
+  ASSERT_TRUE(WriteFileAtomic(dir + "/a.jsonl", lines).ok());
+  auto data = LoadDataSpec("instruct:" + dir + "/a.jsonl,context=256,test=0", true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->size, 32);
+  ModelSpec spec{"gpt", "", 7};
+  spec.gpt = {256, 256, 3, 2, 32, false};
+  auto reference = Model::Create(spec);
+  ASSERT_TRUE(reference.ok());
+  const ParameterSet before = (*reference)->Parameters();
+  LocalTrainOptions t;
+  t.local_epochs = 1;
+  t.batch_size = 32;
+  t.lr = 0.1;
+  t.momentum = 0.9;
+  ASSERT_TRUE((*reference)->Train(*data, t).ok());
+  const ParameterSet expected = (*reference)->Parameters();
+
+  std::vector<ClientOptions> opts(2);
+  opts[0].train = *data;
+  opts[1].train = *data;
+  opts[1].peer_listen = "127.0.0.1:0";
+  Federation f;
+  f.Start(std::string("server: {heartbeat_s: 0.5, client_timeout_s: 30}\n") +
+              "model: {name: gpt, gpt: {vocab: 256, context: 256, layers: 3, heads: 2, dim: 32}}\n" +
+              "data: {test: \"instruct:" + dir + "/a.jsonl,context=256\", test_limit: 8}\n" +
+              "run: {rounds: 1, seed: 7}\nclients: {min: 2}\n" +
+              "train: {local_steps: 1, batch_size: 32, lr: 0.1, momentum: 0.9}\n" +
+              "split: {mode: pipeline, cut: " + (ushaped ? "2" : "3") +
+              ", devices: 2, micro_batches: 4, micro_batch_tokens: 1024, schedule: 1f1b" +
+              (ushaped ? ", ushaped: true" : "") + "}\n",
+          std::move(opts));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  const ParameterSet got = f.server->GlobalModel();
+  EXPECT_GT(MaxDiff(before, got), 1e-3) << "the step changed nothing";
+  EXPECT_LT(MaxDiff(expected, got), 1e-5);
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  const auto& chains = h[0].split.value().chains;
+  ASSERT_EQ(chains.size(), 1u);
+  // The owner's passes: a forward and a backward per micro-batch; by a budget of 1,024
+  // tokens, sequences of 140 to 256 go three to seven at a time, not four equal eighths.
+  int owner = 0;
+  for (const auto& x : chains[0].spans) owner += x.device == 0;
+  EXPECT_GT(owner / 2, 4) << "micro-batches";
+  EXPECT_LE(owner / 2, 12);
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, TokenBudgetExactnessTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "ushaped" : "line"; });
 
 // Two chains of three train one model: the segments' replicas average across the chains,
 // and the model learns over two rounds; int8 on every hop.

@@ -208,6 +208,20 @@ TEST_F(SplitValidationTest, BadMicroBatchesAreRejected) {
          return m;
        },
        "oversized"},
+      {"a loss share over 1",
+       [] {
+         auto m = Batch(2, 8, 8);
+         m.mutable_batch()->set_loss_weight(1.5);
+         return m;
+       },
+       "loss_weight must be in [0, 1]"},
+      {"a loss share that is not a number",
+       [] {
+         auto m = Batch(2, 8, 8);
+         m.mutable_batch()->set_loss_weight(std::numeric_limits<double>::quiet_NaN());
+         return m;
+       },
+       "loss_weight must be in [0, 1]"},
       {"a gradient in sfl",
        [] {
          v1::SplitUp m;

@@ -106,5 +106,15 @@ TEST(PipelineScheduleTest, AStepEqualsTheUncutModelsForEveryCutScheduleAndMicroB
             absl::StatusCode::kInvalidArgument);  // 3 does not divide 8
 }
 
+// Token-budget micro-batches: longest first, each micro-batch's count x longest within
+// the budget, a sequence over it alone, every sequence once.
+TEST(PackByTokensTest, PacksLongestFirstWithinTheBudget) {
+  EXPECT_EQ(PackByTokens({5, 60, 30, 31, 2, 64}, 64),
+            (std::vector<std::vector<int>>{{5}, {1}, {3, 2}, {0, 4}}));
+  EXPECT_EQ(PackByTokens({100, 10, 10}, 64), (std::vector<std::vector<int>>{{0}, {1, 2}}));
+  EXPECT_EQ(PackByTokens({8, 8, 8, 8}, 16), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  EXPECT_TRUE(PackByTokens({}, 64).empty());
+}
+
 }  // namespace
 }  // namespace cleave

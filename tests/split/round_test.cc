@@ -99,8 +99,8 @@ TEST_F(SplitRoundTest, PipelineChainsHoldSegmentsAndAveragePerTensor) {
 }
 
 // A U-shaped pipeline: the data owner also holds the head; the server's chain copy is the
-// middle, runs forward and backward and steps once per micro_batches backward passes;
-// no labels reach it.
+// middle, runs forward and backward and steps after its batch's last backward pass; no
+// labels reach it.
 TEST_F(SplitRoundTest, AUShapedPipelineRunsTheMiddleOnTheChainsCopy) {
   SplitRoundOptions o;
   o.mode = SplitMode::kPipeline;
@@ -124,12 +124,12 @@ TEST_F(SplitRoundTest, AUShapedPipelineRunsTheMiddleOnTheChainsCopy) {
   ASSERT_TRUE(round.ForwardMiddle("a", 1, act).ok());
   ASSERT_TRUE(round.BackwardMiddle("a", 1, grad).ok());
   ASSERT_TRUE(round.Finish("a", part, 10).ok());
-  EXPECT_NEAR(Shift(*round.Aggregate(), 2), 0, 1e-7) << "one backward pass of two: no step yet";
+  EXPECT_NEAR(Shift(*round.Aggregate(), 2), 0, 1e-7) << "not the batch's end: no step yet";
   auto again = SplitRound::CreatePipeline(o, global_, {{{"a"}, {0, 1}}});
   ASSERT_TRUE(again.ok());
   for (int64_t seq : {1, 2}) {
     ASSERT_TRUE((*again)->ForwardMiddle("a", seq, act).ok());
-    ASSERT_TRUE((*again)->BackwardMiddle("a", seq, grad).ok());
+    ASSERT_TRUE((*again)->BackwardMiddle("a", seq, grad, /*batch_end=*/seq == 2).ok());
   }
   ASSERT_TRUE((*again)->Finish("a", part, 10).ok());
   const ParameterSet next = *(*again)->Aggregate();
@@ -256,6 +256,19 @@ TEST(SplitRoundTextTest, LabelsArePerTokenAndInTheVocabulary) {
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(step->grad_in.shape, a.shape);
   EXPECT_NEAR(step->loss, std::log(50.0), 0.5);  // about uniform at the start
+  // A micro-batch cut short (token budgets): 5 tokens a sequence, 5 labels each; not
+  // longer than the context.
+  Activations cut;
+  cut.shape = {2, 5, 16};
+  cut.values.assign(2 * 5 * 16, 0.1f);
+  EXPECT_TRUE((*r)->CheckActivations("a", cut).ok());
+  EXPECT_TRUE((*r)->CheckLabels(cut, std::vector<int64_t>(10, 3)).ok());
+  EXPECT_FALSE((*r)->CheckLabels(cut, labels).ok());
+  ASSERT_TRUE((*r)->TrainStep("a", cut, std::vector<int64_t>(10, 3)).ok());
+  Activations longer;
+  longer.shape = {2, 9, 16};
+  longer.values.assign(2 * 9 * 16, 0.1f);
+  EXPECT_EQ((*r)->CheckActivations("a", longer).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
