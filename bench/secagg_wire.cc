@@ -95,7 +95,7 @@ int RunPeers(int port, int clients, int64_t params, bool secure, const std::stri
           return absl::UnavailableError("stream closed");
         };
         auto sa = SecAggClient::Prepare(stub.get(), w, task, next);
-        s = sa.ok() ? sa->Submit(stub.get(), w, task, delta, 100, 0.5, 1, nullptr, next).status()
+        s = sa.ok() ? sa->Submit(stub.get(), w, task, delta, 100, 100, 0.5, 1, nullptr, next).status()
                     : sa.status();
       } else {
         s = UploadPayload(stub.get(), TaskUploadHeader(w, task, 100, "fp32"), plain_payload).status();

@@ -229,7 +229,7 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   v1::UploadReply reply;
   if (secagg) {
-    ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, r.delta, r.examples, r.loss, seconds,
+    ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, r.delta, r.examples, r.examples, r.loss, seconds,
                                            &emulator, next));
   } else {
     ASSIGN_OR_RETURN(reply,
@@ -524,6 +524,11 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     };
   }
   so.peer = {opts.tls_ca, opts.tls_cert, opts.tls_key, opts.name};
+  // A pipeline under secure aggregation: keys and shares before the chain runs.
+  std::optional<SecAggClient> secagg;
+  if (task.has_secagg()) {
+    ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(c.stub, c.w, task, c.next));
+  }
   // A pipeline's device past its data owner takes its micro-batches from upstream.
   auto r = task.split().has_upstream() ? RunPipelineRelay(c.stub, c.w, task, m->global, so, peer.get())
                                        : RunSplitTask(c.stub, c.w, task, m->global, opts.train, so);
@@ -532,15 +537,23 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     return r.status();
   }
   if (!r.ok()) return r.status();
-  ASSIGN_OR_RETURN(v1::UploadReply reply,
-                   UploadUpdate(c.stub, c.w, task, Delta(r->trained, m->global), r->examples,
-                                r->loss, r->stats.wall_s() * r->stats.steps(), &r->stats));
+  const double seconds = r->stats.wall_s() * r->stats.steps();
+  v1::UploadReply reply;
+  if (secagg) {  // the part masked in the round's vector, weighted by the chain's owner
+    ASSIGN_OR_RETURN(ParameterSet masked, MaskedPipelineVector(task.split(), Delta(r->trained, m->global)));
+    ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, masked, r->examples, task.split().chain_weight(),
+                                           r->loss, seconds, &emulator, c.next, &r->stats));
+  } else {
+    ASSIGN_OR_RETURN(reply, UploadUpdate(c.stub, c.w, task, Delta(r->trained, m->global), r->examples, r->loss,
+                                         seconds, &r->stats));
+  }
   ++tasks_done;
   spdlog::info("round {}: split task at [{}, {}) done: {} steps, {:.1f} ms/step (client {:.1f}, "
                "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
                task.round(), task.split().begin(), task.split().cut(), r->stats.steps(), 1e3 * r->stats.wall_s(),
                1e3 * r->stats.client_compute_s(), 1e3 * r->stats.transfer_s(),
-               1e3 * r->stats.server_compute_s(), r->loss, reply.duplicate() ? " (duplicate)" : "");
+               1e3 * r->stats.server_compute_s(), r->loss,
+               secagg ? " (masked)" : reply.duplicate() ? " (duplicate)" : "");
   return absl::OkStatus();
 }
 
@@ -679,8 +692,8 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
   v1::UploadReply reply;
   if (secagg) {
     if (task.has_dp()) AddDpNoise(task.dp(), &delta);
-    ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, delta, stats.examples, stats.loss,
-                                           stats.seconds, &emulator, c.next));
+    ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, delta, stats.examples, stats.examples,
+                                           stats.loss, stats.seconds, &emulator, c.next));
   } else {
     ASSIGN_OR_RETURN(reply, UploadUpdate(c.stub, c.w, task, delta, stats.examples, stats.loss,
                                          stats.seconds, nullptr,

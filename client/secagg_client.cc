@@ -129,13 +129,35 @@ StatusOr<SecAggClient> SecAggClient::Prepare(v1::Coordinator::Stub* stub, const 
   return SecAggClient(std::move(st));
 }
 
+StatusOr<ParameterSet> MaskedPipelineVector(const v1::SplitTask& split, const ParameterSet& delta) {
+  const int64_t length = split.secagg_length();
+  if (length <= 0 || split.secagg_offsets_size() != static_cast<int>(delta.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("the task's masked vector (", length, " values, ",
+                                                   split.secagg_offsets_size(), " offsets) does not fit a part of ",
+                                                   delta.size(), " tensors"));
+  }
+  Tensor v{"masked", {length}, std::vector<float>(static_cast<size_t>(length), 0.0f)};
+  for (size_t i = 0; i < delta.size(); ++i) {
+    const Tensor& t = delta.tensors()[i];
+    const int64_t at = split.secagg_offsets(static_cast<int>(i));
+    if (at < 0 || at > length - static_cast<int64_t>(t.values.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " does not fit the masked vector at ", at));
+    }
+    std::copy(t.values.begin(), t.values.end(), v.values.begin() + at);
+  }
+  ParameterSet out;
+  RETURN_IF_ERROR(out.Add(std::move(v)));
+  return out;
+}
+
 StatusOr<v1::UploadReply> SecAggClient::Submit(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                                const v1::Task& task, const ParameterSet& delta,
-                                               int64_t examples, double loss, double seconds,
-                                               DeviceEmulator* emulator, const NextMessage& next) {
+                                               int64_t examples, int64_t weight, double loss, double seconds,
+                                               DeviceEmulator* emulator, const NextMessage& next,
+                                               const v1::SplitStats* split) {
   State& st = *state_;
   // Stage 3: clip, scale by our weight, quantize (stochastic rounding), mask.
-  const double ratio = std::min(1.0, static_cast<double>(examples) / st.max_weight);
+  const double ratio = std::min(1.0, static_cast<double>(weight) / st.max_weight);
   std::vector<float> x;
   x.reserve(delta.total_elements());
   for (const auto& t : delta.tensors()) {
@@ -161,6 +183,7 @@ StatusOr<v1::UploadReply> SecAggClient::Submit(v1::Coordinator::Stub* stub, cons
   v1::UploadHeader h = TaskUploadHeader(w, task, examples, "secagg");
   h.set_train_loss(loss);
   h.set_train_seconds(seconds);
+  if (split) *h.mutable_split() = *split;
   ASSIGN_OR_RETURN(v1::UploadReply reply, UploadPayload(stub, h, payload, 1 << 20, 600, emulator));
 
   // Stage 4: reveal, per neighbour we masked with, one share: never both of one client.

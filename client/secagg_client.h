@@ -22,6 +22,11 @@ namespace cleave {
 // new task or the end of the run arrived instead; the caller keeps that message).
 using NextMessage = std::function<Status(v1::ServerMessage*)>;
 
+// A pipeline's device under secure aggregation: the vector it masks, `split`'s
+// secagg_length values, zero but where each tensor of `delta` (its part's, in order)
+// begins at its secagg_offsets entry. INVALID_ARGUMENT when they do not fit.
+StatusOr<ParameterSet> MaskedPipelineVector(const v1::SplitTask& split, const ParameterSet& delta);
+
 class SecAggClient {
  public:
   ~SecAggClient();
@@ -31,11 +36,15 @@ class SecAggClient {
   // Stages 1 and 2.
   static StatusOr<SecAggClient> Prepare(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                         const v1::Task& task, const NextMessage& next);
-  // Stages 3 and 4: `delta` is the trained model minus the global one.
+  // Stages 3 and 4: `delta` is the trained model minus the global one (a pipeline's
+  // device: its masked vector, MaskedPipelineVector), scaled by `weight` over max_weight
+  // (its examples; a pipeline's device: its chain's weight); `examples` is what the
+  // upload declares; `split`, a split task's stats.
   StatusOr<v1::UploadReply> Submit(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                    const v1::Task& task, const ParameterSet& delta,
-                                   int64_t examples, double loss, double seconds,
-                                   DeviceEmulator* emulator, const NextMessage& next);
+                                   int64_t examples, int64_t weight, double loss, double seconds,
+                                   DeviceEmulator* emulator, const NextMessage& next,
+                                   const v1::SplitStats* split = nullptr);
 
  private:
   struct State;

@@ -169,9 +169,10 @@ Status CheckPrivacy(const JobConfig& c) {
     }
   }
   if (c.secure_aggregation.enabled) {
-    if (c.split.enabled()) {
+    if (c.split.enabled() && c.split.mode != "pipeline") {
       return absl::InvalidArgumentError(
-          "secure_aggregation: not with split learning (the server holds activations)");
+          "secure_aggregation: of split learning's modes only split.mode: pipeline masks the devices' "
+          "parts (split.devices: 1 trains as sfl-v1 does)");
     }
     if (c.compression.update != "none") {
       return absl::InvalidArgumentError(

@@ -19,14 +19,6 @@ bool SecAggDriver::UniformWeights() const {
 
 Status SecAggDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
                                  std::vector<std::string>* clients) {
-  closed_.reset();
-  const auto& c = ctx_.config().secure_aggregation;
-  const uint64_t levels = (uint64_t{1} << c.bits) - 1;
-  if (levels * clients->size() >= c.modulus) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "secure_aggregation.modulus ", c.modulus, " is too small for ", clients->size(),
-        " clients of 2^", c.bits, " levels each: sums would wrap"));
-  }
   // Updates are weighted by examples, except under DP, where every clipped update counts
   // the same (max_weight 1: every client's scale is 1).
   int64_t max_weight = 1;
@@ -35,9 +27,21 @@ Status SecAggDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
       max_weight = std::max(max_weight, ctx_.RoundWeightsLocked().Weight(ctx_.FindSessionLocked(cid)->num_examples));
     }
   }
-  round_ = std::make_unique<SecAggRound>(c, absl::StrCat(ctx_.RunIdLocked(), "|round ", round), *clients,
-                                         ctx_.UpdateLayoutLocked().total_elements(), max_weight,
-                                         ctx_.RngLocked()());
+  return StartLocked(round, *clients, ctx_.UpdateLayoutLocked().total_elements(), max_weight);
+}
+
+Status SecAggDriver::StartLocked(int64_t round, const std::vector<std::string>& clients, int64_t length,
+                                 int64_t max_weight) {
+  closed_.reset();
+  const auto& c = ctx_.config().secure_aggregation;
+  const uint64_t levels = (uint64_t{1} << c.bits) - 1;
+  if (levels * clients.size() >= c.modulus) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "secure_aggregation.modulus ", c.modulus, " is too small for ", clients.size(),
+        " clients of 2^", c.bits, " levels each: sums would wrap"));
+  }
+  round_ = std::make_unique<SecAggRound>(c, absl::StrCat(ctx_.RunIdLocked(), "|round ", round), clients, length,
+                                         max_weight, ctx_.RngLocked()());
   return absl::OkStatus();
 }
 
@@ -135,16 +139,19 @@ void SecAggDriver::CloseLocked(int64_t /*round*/, RoundMetrics* /*m*/) {
   closed_ = std::move(round_);
 }
 
-Status SecAggDriver::Fold(const ParameterSet& start, int64_t weight) {
+StatusOr<SecAggDriver::Unmasked> SecAggDriver::TakeUnmasked() {
   const std::unique_ptr<SecAggRound> round = std::move(closed_);
   if (!round) return absl::InternalError("secure aggregation: no closed round to unmask");
   ASSIGN_OR_RETURN(SecAggRound::Result r, round->Finish());
+  return Unmasked{std::move(r.sum), std::move(r.survivors), round->TaskMessage().max_weight()};
+}
+
+Status SecAggDriver::Fold(const ParameterSet& start, int64_t weight) {
+  ASSIGN_OR_RETURN(Unmasked r, TakeUnmasked());
   if (weight <= 0) return absl::AbortedError("secure aggregation: no survivors' weight");
   // Clients sent n_u / max_weight * x_u: the weighted mean is the sum over the survivors'
   // total weight in the same units (or, with uniform weights, over their number).
-  const double scale = UniformWeights()
-                           ? 1.0 / r.survivors.size()
-                           : static_cast<double>(round->TaskMessage().max_weight()) / weight;
+  const double scale = UniformWeights() ? 1.0 / r.survivors.size() : static_cast<double>(r.max_weight) / weight;
   ParameterSet mean = start;
   size_t i = 0;
   for (auto& t : mean.mutable_tensors()) {

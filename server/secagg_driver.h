@@ -26,6 +26,11 @@ class SecAggDriver : public RoundDriver {
 
   Status BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
       override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // Starts the round's SecAgg+ over `clients` with masked vectors of `length` values,
+  // each scaled by its weight over `max_weight` (BeginLocked: the update layout's length
+  // and the largest weight of the clients' declared examples).
+  Status StartLocked(int64_t round, const std::vector<std::string>& clients, int64_t length, int64_t max_weight)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void PrepareTaskLocked(v1::Task* task, TaskRecord* rec) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Drives the stages until the unmasking closes (OK) or the round cannot go on; masked
@@ -46,6 +51,14 @@ class SecAggDriver : public RoundDriver {
   void CloseLocked(int64_t round, RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Unmasks the closed round's sum into the strategy.
   Status Fold(const ParameterSet& start, int64_t weight) override;
+  // The closed round's unmasked sum (of weight / max_weight x each survivor's vector),
+  // its survivors and max_weight; once (Fold takes it too).
+  struct Unmasked {
+    std::vector<double> sum;
+    std::vector<std::string> survivors;
+    int64_t max_weight = 1;
+  };
+  StatusOr<Unmasked> TakeUnmasked();
   // Clients report no evaluation under secure aggregation (one client's numbers would
   // show what masking hides).
   bool ClientsEvaluate() const override { return false; }

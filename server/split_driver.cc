@@ -12,6 +12,7 @@
 #include "models/part.h"
 #include "server/observe.h"
 #include "server/options.h"
+#include "server/secagg_driver.h"
 #include "server/server.h"
 
 namespace cleave {
@@ -19,6 +20,12 @@ namespace cleave {
 std::string SplitTensorCodec(const std::string& spec) {
   return CodecFamily(spec) == "none" ? "" : spec;
 }
+
+SplitDriver::SplitDriver(RoundContext& ctx) : ctx_(ctx) {
+  // Pipelines under secure aggregation (job/rules.cc allows no other split mode).
+  if (ctx.config().secure_aggregation.enabled) secagg_ = std::make_unique<SecAggDriver>(ctx);
+}
+SplitDriver::~SplitDriver() = default;
 
 // A pipeline's planner places segments from the profiles even at a fixed cut.
 bool SplitDriver::NeedProfile() const {
@@ -137,7 +144,25 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
   down_ = 0;
   labels_ = 0;
   closed_.reset();
-  if (mode_ == SplitMode::kPipeline) return BeginPipelineLocked(round, fit, clients);
+  if (mode_ == SplitMode::kPipeline) {
+    RETURN_IF_ERROR(BeginPipelineLocked(round, fit, clients));
+    if (!secagg_) return absl::OkStatus();
+    // The masked vector: the update layout's tensors that some chain's device trains.
+    masked_ = MaskedLayout();
+    for (const Tensor& t : ctx_.UpdateLayoutLocked().tensors()) {
+      ASSIGN_OR_RETURN(const int stage, round_->StageOf(t.name));
+      bool held = stage >= tail_begin_;
+      for (const SplitChain& c : chains_) held = held || stage < c.bounds.back();
+      if (!held) continue;
+      const int64_t size = static_cast<int64_t>(t.values.size());
+      masked_.slots.push_back({t.name, masked_.length, size});
+      masked_.length += size;
+    }
+    int64_t max_weight = 1;
+    for (const auto& [id, w] : chain_weights_) max_weight = std::max(max_weight, w);
+    secagg_->mu().AssertHeld();  // ctx_.mu()
+    return secagg_->StartLocked(round, *clients, masked_.length, max_weight);
+  }
   std::map<std::string, int> cuts;
   std::vector<std::string> chosen;
   // In sl the clients take turns, one at a time, so the server serves one at a time.
@@ -276,6 +301,40 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   split->set_gradient_codec(SplitTensorCodec(cfg.compression.gradients));
   split->set_activation_noise(cfg.split.activation_noise);
   split->set_nopeek(cfg.split.nopeek);
+  if (secagg_) {  // the upload is a masked vector of the round's layout (MaskedLayout)
+    secagg_->mu().AssertHeld();  // ctx_.mu()
+    secagg_->PrepareTaskLocked(task, rec);
+    const int64_t weight = chain_weights_.at(rec->client_id);
+    auto& holder = masked_.holders[rec->client_id];
+    holder.first = weight;
+    split->set_chain_weight(weight);
+    split->set_secagg_length(masked_.length);
+    for (const Tensor& t : st.part->tensors()) {
+      for (const MaskedLayout::Slot& slot : masked_.slots) {
+        if (slot.name == t.name) split->add_secagg_offsets(slot.offset);
+      }
+      holder.second.push_back(t.name);
+    }
+  }
+}
+
+std::optional<Status> SplitDriver::AwaitLocked(Clock::time_point deadline) {
+  if (!secagg_) return std::nullopt;
+  secagg_->mu().AssertHeld();  // ctx_.mu()
+  return secagg_->AwaitLocked(deadline);
+}
+
+bool SplitDriver::TakeLocked(const v1::UploadHeader& h, const std::string& payload, const TaskRecord& t,
+                             Status* status) {
+  if (!secagg_) return false;
+  secagg_->mu().AssertHeld();  // ctx_.mu()
+  return secagg_->TakeLocked(h, payload, t, status);
+}
+
+void SplitDriver::ClientLeftLocked(const std::string& client_id) {
+  if (!secagg_) return;
+  secagg_->mu().AssertHeld();  // ctx_.mu()
+  secagg_->ClientLeftLocked(client_id);
 }
 
 Status SplitDriver::CheckUploadLocked(const TaskRecord& /*t*/, const v1::UploadHeader& h) {
@@ -372,12 +431,37 @@ void SplitDriver::CloseLocked(int64_t round, RoundMetrics* m) {
     sm.server_compute_s /= m->participants;
   }
   closed_ = std::move(round_);
+  if (secagg_) {
+    secagg_->mu().AssertHeld();  // ctx_.mu()
+    secagg_->CloseLocked(round, m);
+    masked_closed_ = std::move(masked_);
+    masked_ = MaskedLayout();
+  }
 }
 
 Status SplitDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
   const std::shared_ptr<SplitRound> round = std::move(closed_);
   if (!round) return absl::InternalError("split learning: no closed round to aggregate");
-  ASSIGN_OR_RETURN(ParameterSet mean, round->Aggregate());
+  std::map<std::string, SplitRound::MaskedSum> masked;
+  if (secagg_) {
+    // The devices' parts come in the unmasked sum of chain weight / max_weight x each
+    // survivor's vector: per tensor, the sum over its holders of weight x delta.
+    ASSIGN_OR_RETURN(SecAggDriver::Unmasked u, secagg_->TakeUnmasked());
+    const MaskedLayout layout = std::move(masked_closed_);
+    for (const MaskedLayout::Slot& slot : layout.slots) {
+      SplitRound::MaskedSum& m = masked[slot.name];
+      m.weighted_delta.assign(u.sum.begin() + slot.offset, u.sum.begin() + slot.offset + slot.size);
+      for (double& v : m.weighted_delta) v *= static_cast<double>(u.max_weight);
+    }
+    for (const std::string& client : u.survivors) {
+      auto h = layout.holders.find(client);
+      if (h == layout.holders.end()) return absl::InternalError(absl::StrCat("no masked layout for ", client));
+      for (const std::string& name : h->second.second) masked.at(name).weight += static_cast<double>(h->second.first);
+      RETURN_IF_ERROR(round->FinishMasked(client, h->second.first));  // its server copy counts
+    }
+    spdlog::info("secure aggregation: unmasked the sum of {} pipeline segments", u.survivors.size());
+  }
+  ASSIGN_OR_RETURN(ParameterSet mean, round->Aggregate(masked));
   // The mean's change from the round's model, in the update layout (a LoRA model's
   // frozen base is left out), as one result that is no single client's.
   ParameterSet delta = start;

@@ -33,6 +33,7 @@
 namespace cleave {
 
 struct SplitMetrics;  // server/server.h
+class SecAggDriver;   // server/secagg_driver.h
 
 // The codec name split tensors carry for a compression.* value ("" = float32).
 std::string SplitTensorCodec(const std::string& spec);
@@ -42,7 +43,8 @@ class SplitDriver : public RoundDriver {
   // The bytes of the probe blob clients time their downlink with (auto cut).
   static constexpr int64_t kProbeBytes = 256 << 10;
 
-  explicit SplitDriver(RoundContext& ctx) : ctx_(ctx) {}
+  explicit SplitDriver(RoundContext& ctx);
+  ~SplitDriver() override;
   // The coordinator's mutex, which guards the driver's round state.
   Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
 
@@ -72,6 +74,15 @@ class SplitDriver : public RoundDriver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Split stats (times) finite and >= 0.
   Status CheckUploadLocked(const TaskRecord& t, const v1::UploadHeader& h) override;
+  // Pipelines under secure aggregation: SecAgg+'s stages (secure_aggregation()), and the
+  // masked inputs consumed whole.
+  std::optional<Status> AwaitLocked(Clock::time_point deadline) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  bool TakeLocked(const v1::UploadHeader& h, const std::string& payload, const TaskRecord& t,
+                  Status* status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void ClientLeftLocked(const std::string& client_id) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // secure_aggregation with split.mode: pipeline: the driver of its stages (the
+  // coordinator hands it the clients' stage messages); else null.
+  SecAggDriver* secure_aggregation() const { return secagg_.get(); }
   // The client part the task was given: its upload is a delta from it.
   const ParameterSet* UploadLayoutLocked(const TaskRecord& t) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
@@ -172,6 +183,21 @@ class SplitDriver : public RoundDriver {
   // pipeline: the round's chains, and each device's place in its chain (its task's
   // begin, micro_batches, neighbours and chain), by session id.
   std::vector<SplitChain> chains_ ABSL_GUARDED_BY(ctx_.mu());
+  // pipeline under secure aggregation: every device masks one vector, the concatenation
+  // of the update layout's tensors that some device of the round trains (each device's
+  // own at their offsets, zeros elsewhere), scaled by its chain's weight.
+  struct MaskedLayout {
+    struct Slot {
+      std::string name;
+      int64_t offset = 0, size = 0;
+    };
+    std::vector<Slot> slots;
+    int64_t length = 0;
+    std::map<std::string, std::pair<int64_t, std::vector<std::string>>> holders;  // by session: weight, tensors
+  };
+  std::unique_ptr<SecAggDriver> secagg_;
+  MaskedLayout masked_ ABSL_GUARDED_BY(ctx_.mu());  // the open round's
+  MaskedLayout masked_closed_;                      // the closed round's, for Fold
   std::map<std::string, v1::SplitTask> hops_ ABSL_GUARDED_BY(ctx_.mu());
   // Each device's weight: its chain's data owner's declared examples (a device past the
   // owner trains on the owner's data, and reports 1).

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/observe.h"
+#include "server/secagg_driver.h"
 #include "server/server.h"
 #include "server/split_driver.h"
 #include "split/pipeline_plan.h"
@@ -137,7 +138,8 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
       const std::string& id = chain->devices[i];
       const Session& s = *ctx_.FindSessionLocked(id);
       names.push_back(absl::StrCat(s.name, " [", chain->bounds[i], ", ", chain->bounds[i + 1], ")"));
-      chain_weights_[id] = ctx_.FindSessionLocked(chain->devices[0])->num_examples;
+      // Every device of a chain weighs its data owner's examples (capped as a client's are).
+      chain_weights_[id] = ctx_.RoundWeightsLocked().Weight(ctx_.FindSessionLocked(chain->devices[0])->num_examples);
       v1::SplitTask& h = hops_[id];
       h.set_begin(chain->bounds[i]);
       h.set_micro_batches(sc.micro_batches);
@@ -181,6 +183,10 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
 void SplitDriver::TaskFailedLocked(const TaskRecord& t) {
   if (!tasks_.count(t.id) || !round_) return;
   round_->Fail(t.client_id);
+  if (secagg_) {
+    secagg_->mu().AssertHeld();  // ctx_.mu()
+    secagg_->TaskFailedLocked(t);
+  }
   if (mode_ != SplitMode::kPipeline) return;
   for (const SplitChain& chain : chains_) {
     if (std::find(chain.devices.begin(), chain.devices.end(), t.client_id) == chain.devices.end()) continue;

@@ -163,6 +163,13 @@ StatusOr<int> SplitRound::BeginOf(const std::string& client) const {
   return c->begin;
 }
 
+StatusOr<int> SplitRound::StageOf(const std::string& name) const {
+  for (size_t i = 0; i < global_.size(); ++i) {
+    if (global_.tensors()[i].name == name) return stage_of_[i];
+  }
+  return absl::NotFoundError(absl::StrCat("no tensor ", name, " in the model"));
+}
+
 bool SplitRound::ClientHolds(const ClientState& c, int stage) const {
   // The head (U-shaped) is the data owner's: the client that holds stage 0.
   return (stage >= c.begin && stage < c.cut) || (c.begin == 0 && stage >= opts_.tail_begin);
@@ -346,6 +353,16 @@ Status SplitRound::Finish(const std::string& client, const ParameterSet& part, i
   return absl::OkStatus();
 }
 
+Status SplitRound::FinishMasked(const std::string& client, int64_t weight) {
+  if (weight <= 0) return absl::InvalidArgumentError("a client's weight must be > 0");
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, Find(client));
+  if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
+  c->finished = true;
+  c->weight = weight;
+  return absl::OkStatus();
+}
+
 void SplitRound::Fail(const std::string& client) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = clients_.find(client);
@@ -361,7 +378,7 @@ int SplitRound::finished() const {
   return n;
 }
 
-StatusOr<ParameterSet> SplitRound::Aggregate() {
+StatusOr<ParameterSet> SplitRound::Aggregate(const std::map<std::string, MaskedSum>& masked) {
   std::lock_guard<std::mutex> l(mu_);
   std::lock_guard<std::mutex> sl(shared_mu_);
   ParameterSet next = global_;
@@ -395,6 +412,18 @@ StatusOr<ParameterSet> SplitRound::Aggregate() {
         if (!ClientHolds(*c, stage_of_[i])) shared_weight[i] += c->weight;
       }
     }
+  }
+  for (const auto& [name, m] : masked) {
+    auto it = index.find(name);
+    if (it == index.end() || m.weighted_delta.size() != global_.tensors()[it->second].values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("a masked sum for ", name, ", which is not the model's"));
+    }
+    if (m.weight <= 0) continue;
+    const size_t i = it->second;
+    const auto& start = global_.tensors()[i].values;
+    if (sum[i].empty()) sum[i].assign(start.size(), 0.0);
+    for (size_t j = 0; j < start.size(); ++j) sum[i][j] += m.weight * start[j] + m.weighted_delta[j];
+    weight[i] += m.weight;
   }
   if (shared_) {
     const ParameterSet server = shared_->Parameters();

@@ -101,6 +101,8 @@ class SplitRound {
   StatusOr<int> CutOf(const std::string& client) const;
   // The first stage it holds: 0 but in a pipeline.
   StatusOr<int> BeginOf(const std::string& client) const;
+  // The stage of the model's tensor `name`; NOT_FOUND for none of the model's.
+  StatusOr<int> StageOf(const std::string& name) const;
 
   // What `client` trains: stages [begin, cut) and, U-shaped, [tail_begin, n). In sl, as
   // the clients before it left them.
@@ -129,12 +131,22 @@ class SplitRound {
 
   // The client's trained part (weights, the layout of ClientPart), weighted by `weight`.
   Status Finish(const std::string& client, const ParameterSet& part, int64_t weight);
+  // Secure aggregation (pipelines): the client's part comes in the round's masked sum,
+  // not here; its server copy (a chain's last device's) counts with `weight`.
+  Status FinishMasked(const std::string& client, int64_t weight);
   // The client's task failed: its part is not averaged, its server copy is dropped.
   void Fail(const std::string& client);
   int finished() const;
 
-  // The next global model (after every client finished or failed).
-  StatusOr<ParameterSet> Aggregate();
+  // Per tensor, what secure aggregation unmasked: the sum over the devices that trained
+  // it of weight x (value - the round's start), and those weights' total.
+  struct MaskedSum {
+    std::vector<double> weighted_delta;
+    double weight = 0;
+  };
+  // The next global model (after every client finished or failed), with `masked` (by
+  // tensor name) added to what the clients and the server's parts hold.
+  StatusOr<ParameterSet> Aggregate(const std::map<std::string, MaskedSum>& masked = {});
 
   // How busy the server's parts were: compute seconds summed over every step (sfl-v1's
   // copies run in parallel, so the sum can exceed the span), and the span from Create

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <random>
 
+#include <unistd.h>
+
 #include "core/files.h"
 #include "tests/integration/federation.h"
 
@@ -106,7 +108,8 @@ class TokenBudgetExactnessTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(TokenBudgetExactnessTest, OneBatchEqualsTheUncutModelsStep) {
   const bool ushaped = GetParam();
-  const std::string dir = ::testing::TempDir() + "cleave_pipeline_tokens";
+  const std::string dir = ::testing::TempDir() + "cleave_pipeline_tokens_" + (ushaped ? "u" : "line") + "_" +
+                          std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::mt19937 rng(5);
@@ -211,6 +214,40 @@ TEST(PipelineTest, TwoChainsOfThreeLearnOneModel) {
   EXPECT_LT(h[1].train_loss, h[0].train_loss);
 }
 
+// Secure aggregation per segment: two chains of two, each device's segment masked in one
+// SecAgg+ round (a vector of every stage the devices train, zero outside its own), so
+// that the server unmasks only the sums across chains; the model equals the same round's
+// without masking up to SecAgg's quantization (2^24 levels over [-1, 1]).
+TEST(PipelineTest, SecureAggregationMasksEverySegmentAndChangesNothingElse) {
+  auto run = [](const std::string& secagg) {
+    auto opts = Options(4, 640);
+    for (int i = 2; i < 4; ++i) opts[i].peer_listen = "127.0.0.1:0";
+    Federation f;
+    f.Start(std::string(kBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 5}\n" +
+                "clients: {min: 4, quorum: 1.0}\n" +
+                "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.5}\n" +
+                "split: {mode: pipeline, cut: 2, devices: 2, micro_batches: 2}\n" + secagg,
+            std::move(opts));
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+    for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+    auto h = f.server->History();
+    EXPECT_EQ(h.size(), 1u);
+    return std::make_pair(f.server->GlobalModel(), h.empty() ? RoundMetrics{} : h[0]);
+  };
+  const auto [plain_model, plain] = run("");
+  const auto [masked_model, masked] = run("secure_aggregation: {k: 3, t: 2, bits: 24}\n");
+  EXPECT_EQ(masked.participants, 4);
+  ASSERT_EQ(masked.split.value().chains.size(), 2u);
+  for (const auto& c : masked.split.value().chains) EXPECT_EQ(c.bounds, (std::vector<int>{0, 1, 2}));
+  EXPECT_GT(MaxDiff(plain_model, masked_model), 0) << "masked, quantized: not bit for bit";
+  EXPECT_LT(MaxDiff(plain_model, masked_model), 1e-5);
+  // Each device uploaded the masked vector of both client stages (4 bytes a value), not
+  // its own segment: the two convolutions' 2,572 parameters, four times.
+  EXPECT_EQ(masked.update_bytes, 4 * 4 * (6 * 25 + 6 + 16 * 6 * 25 + 16));
+  EXPECT_LT(plain.update_bytes, masked.update_bytes);
+}
+
 // LoRA per segment: a decoder of three blocks over a chain of three devices and the
 // server; each device takes the frozen tensors of its own segment from a base of just
 // those, and every block's adapters train (the server's too) while every frozen tensor
@@ -277,6 +314,32 @@ TEST(PipelineFailureTest, ADeviceThatDropsFailsItsChainOnly) {
   int completed = 0;
   for (const auto& c : f.clients) completed += c->tasks_completed();
   EXPECT_EQ(completed, 2);
+}
+
+// Under secure aggregation a broken chain's devices are dropped clients of SecAgg+: the
+// others unmask without them, and the round commits the surviving chains' segments.
+TEST(PipelineFailureTest, ABrokenChainUnderSecureAggregationIsADroppedClient) {
+  auto opts = Options(6, 640);
+  for (int i = 3; i < 6; ++i) opts[i].peer_listen = "127.0.0.1:0";
+  opts[5].crash_after_split_step = [](int64_t, int64_t step) { return step == 5; };
+  Federation f;
+  f.Start(std::string(kBase) + "model: {name: lenet5}\nrun: {rounds: 1, seed: 4}\n" +
+              "clients: {min: 6, quorum: 0.5}\n" +
+              "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.5}\n" +
+              "split: {mode: pipeline, cut: 2, devices: 2, micro_batches: 2}\n" +
+              "secure_aggregation: {k: 5, t: 3}\n",
+          std::move(opts));
+  const ParameterSet start = f.server->GlobalModel();
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 4);
+  EXPECT_EQ(h[0].failures, 2) << "the dropped device and its chain's owner";
+  const auto& chains = h[0].split.value().chains;
+  ASSERT_EQ(chains.size(), 3u);
+  EXPECT_EQ(std::count_if(chains.begin(), chains.end(), [](const auto& c) { return c.done; }), 2);
+  EXPECT_GT(MaxDiff(start, f.server->GlobalModel()), 1e-4) << "the surviving chains trained it";
 }
 
 }  // namespace

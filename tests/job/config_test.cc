@@ -107,7 +107,9 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("secure_aggregation: {t: 1}", "secure_aggregation.t");
   expect_error("secure_aggregation: {bits: 16, modulus: 1000}", "secure_aggregation.modulus");
   expect_error("secure_aggregation: {clip: 0}", "secure_aggregation.clip");
-  expect_error("secure_aggregation: {}\nsplit: {mode: sfl-v2}", "split learning");
+  expect_error("secure_aggregation: {}\nsplit: {mode: sfl-v2}", "only split.mode: pipeline masks");
+  EXPECT_TRUE(ParseJob("secure_aggregation: {k: 3, t: 2}\nsplit: {mode: pipeline, cut: 2, devices: 2}\n"
+                       "train: {batch_size: 32}\n", "").ok());
   expect_error("secure_aggregation: {}\ncompression: {update: int8}", "compression.update");
   expect_error("compression: {update: \"topk:0.01:ef21\"}\ndp: {}", "EF21");
   expect_error("compression: {update: \"topk:0.01:ef21\"}\naggregation: {rule: median}", "EF21");
