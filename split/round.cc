@@ -328,15 +328,20 @@ StatusOr<Activations> SplitRound::BackwardMiddle(const std::string& client, int6
   return Timed([&] { return shared_->Backward(PendingId(client, seq), grad); });
 }
 
-Status SplitRound::Finish(const std::string& client, const ParameterSet& part, int64_t weight) {
-  ASSIGN_OR_RETURN(ParameterSet layout, ClientPart(client));
-  RETURN_IF_ERROR(layout.CheckSameLayout(part));
+StatusOr<SplitRound::ClientState*> SplitRound::FinishLocked(const std::string& client, int64_t weight) {
   if (weight <= 0) return absl::InvalidArgumentError("a client's weight must be > 0");
-  std::lock_guard<std::mutex> l(mu_);
   ASSIGN_OR_RETURN(ClientState * c, Find(client));
   if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
   c->finished = true;
   c->weight = weight;
+  return c;
+}
+
+Status SplitRound::Finish(const std::string& client, const ParameterSet& part, int64_t weight) {
+  ASSIGN_OR_RETURN(ParameterSet layout, ClientPart(client));
+  RETURN_IF_ERROR(layout.CheckSameLayout(part));
+  std::lock_guard<std::mutex> l(mu_);
+  ASSIGN_OR_RETURN(ClientState * c, FinishLocked(client, weight));
   if (opts_.mode == SplitMode::kSl) {
     // The next client continues from this one's part; the shared part learns the
     // stages it also covers.
@@ -354,13 +359,8 @@ Status SplitRound::Finish(const std::string& client, const ParameterSet& part, i
 }
 
 Status SplitRound::FinishMasked(const std::string& client, int64_t weight) {
-  if (weight <= 0) return absl::InvalidArgumentError("a client's weight must be > 0");
   std::lock_guard<std::mutex> l(mu_);
-  ASSIGN_OR_RETURN(ClientState * c, Find(client));
-  if (c->finished || c->failed) return absl::FailedPreconditionError("the task is over");
-  c->finished = true;
-  c->weight = weight;
-  return absl::OkStatus();
+  return FinishLocked(client, weight).status();
 }
 
 void SplitRound::Fail(const std::string& client) {

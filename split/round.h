@@ -165,6 +165,8 @@ class SplitRound {
   // Adds a client holding [begin, cut), with a server copy of [cut, tail_begin) if `copy`.
   Status AddClient(const std::string& id, int begin, int cut, bool copy);
   StatusOr<ClientState*> Find(const std::string& client) const;
+  // Marks a client finished with `weight` (mu_ held); FAILED_PRECONDITION once over.
+  StatusOr<ClientState*> FinishLocked(const std::string& client, int64_t weight);
   // The state of a client whose micro-batches may run through the middle part.
   StatusOr<ClientState*> MiddleOf(const std::string& client) const;
   // Runs one step of a server part and counts its time as busy.

@@ -28,6 +28,17 @@ struct Chain {
 
 class PipelineExactnessTest : public ::testing::TestWithParam<Chain> {};
 
+// Joins a one-round federation whose step must be the uncut model's from `before` to
+// `expected` (to 1e-5).
+void ExpectTheUncutStep(Federation& f, const ParameterSet& before, const ParameterSet& expected) {
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  const ParameterSet got = f.server->GlobalModel();
+  EXPECT_GT(MaxDiff(before, got), 1e-3) << "the step changed nothing";
+  EXPECT_LT(MaxDiff(expected, got), 1e-5);
+}
+
 // One batch through a chain of K devices and the server, as M micro-batches in either
 // schedule, steps every holder as one step of the uncut model on the whole batch does;
 // U-shaped too, the head's input passing back down the chain to the data owner.
@@ -62,12 +73,8 @@ TEST_P(PipelineExactnessTest, OneBatchEqualsTheUncutModelsStep) {
               ", micro_batches: " + std::to_string(m) + ", schedule: " + schedule +
               (ushaped ? ", ushaped: true" : "") + "}\n",
           std::move(opts));
-  f.Join();
-  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
-  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
-  const ParameterSet got = f.server->GlobalModel();
-  EXPECT_GT(MaxDiff(before, got), 1e-3) << "the step changed nothing";
-  EXPECT_LT(MaxDiff(expected, got), 1e-5);
+  ExpectTheUncutStep(f, before, expected);
+  if (HasFatalFailure()) return;
   const auto h = f.server->History();
   ASSERT_EQ(h.size(), 1u);
   EXPECT_EQ(h[0].participants, k);
@@ -151,12 +158,8 @@ TEST_P(TokenBudgetExactnessTest, OneBatchEqualsTheUncutModelsStep) {
               ", devices: 2, micro_batches: 4, micro_batch_tokens: 1024, schedule: 1f1b" +
               (ushaped ? ", ushaped: true" : "") + "}\n",
           std::move(opts));
-  f.Join();
-  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
-  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
-  const ParameterSet got = f.server->GlobalModel();
-  EXPECT_GT(MaxDiff(before, got), 1e-3) << "the step changed nothing";
-  EXPECT_LT(MaxDiff(expected, got), 1e-5);
+  ExpectTheUncutStep(f, before, expected);
+  if (HasFatalFailure()) return;
   const auto h = f.server->History();
   ASSERT_EQ(h.size(), 1u);
   const auto& chains = h[0].split.value().chains;
