@@ -100,10 +100,12 @@ int Prepare(const SimulateOptions& o, Simulation& sim) {
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   sim.slots = o.task_slots > 0 ? o.task_slots : cores;
-  if (c.secure_aggregation.enabled || c.scheduler.gossip()) {
-    // Every sampled client takes part in each SecAgg stage, and a gossip client waits for
-    // its neighbours' models: one waiting for a slot would stall the others until the
-    // stage or the round times out.
+  const bool peers = c.scheduler.gossip() || c.split.mode == "pipeline";
+  if (c.secure_aggregation.enabled || peers) {
+    // Every sampled client takes part in each SecAgg stage, a gossip client waits for
+    // its neighbours' models and a pipeline's device for its upstream's micro-batches:
+    // one waiting for a slot would stall the others until the stage or the round times
+    // out.
     const int sampled = c.clients.per_round > 0 ? c.clients.per_round : sim.clients;
     sim.slots = std::max(sim.slots, sampled);
   }
@@ -155,9 +157,10 @@ int MakeVirtualClients(Simulation& sim) {
     if (c.local.attackers > 0 && i >= sim.clients - c.local.attackers) v.attack = c.local.attack;
     v.task_slots = task_slots;
     v.heartbeats = heartbeats;
-    // Gossip: the server stays in-process, but neighbours exchange models peer to peer,
-    // each virtual client serving Peer on a loopback port of its own.
-    if (c.scheduler.gossip()) v.peer_listen = "127.0.0.1:0";
+    // Gossip and pipelines: the server stays in-process, but neighbours exchange models
+    // or micro-batches peer to peer, each virtual client serving Peer on a loopback port
+    // of its own.
+    if (c.scheduler.gossip() || c.split.mode == "pipeline") v.peer_listen = "127.0.0.1:0";
     Virtual virt;
     virt.options = std::move(v);
     virt.trace = trace;

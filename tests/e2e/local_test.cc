@@ -204,6 +204,34 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
             rows[0]["client_eval"]["accuracy"].get<double>() + 0.2);
 }
 
+// Pipelines in one process: chains of virtual clients, micro-batches going peer to peer
+// over loopback (each serving Peer on a port of its own), the last device of each chain
+// streaming to the in-process server.
+TEST_F(LocalTest, SimulatesPipelines) {
+  std::ofstream(config_) << R"(
+run: {name: sim-pipeline, rounds: 2, seed: 3}
+model: {name: lenet5}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 1000}
+clients: {min: 6, quorum: 1.0, round_deadline_s: 120}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
+split: {mode: pipeline, cut: 3, devices: 3, micro_batches: 4}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: iid, clients: 6}
+)";
+  pid_t pid = Spawn({"cleave", "simulate", "--config", config_, "--run-dir", (dir_ / "run").string()});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) {
+    EXPECT_EQ(row["participants"], 6) << row;
+    ASSERT_EQ(row["pipeline"].size(), 2u) << row;
+    for (const auto& chain : row["pipeline"]) {
+      EXPECT_TRUE(chain["done"].get<bool>()) << chain;
+      EXPECT_EQ(chain["bounds"], nlohmann::json({0, 1, 2, 3})) << chain;
+    }
+  }
+  EXPECT_GT(rows[1]["test_accuracy"].get<double>(), 0.3) << "it learns (0.1 at the start)";
+}
+
 // A device trace decides who is online: here every odd client never is, so rounds only
 // ever sample the even ones. `cleave trace` writes traces that read back.
 TEST_F(LocalTest, ASimulationFollowsItsDeviceTrace) {
