@@ -58,4 +58,27 @@ Status CheckAggregation(AggregationConfig& a) {
                "> 0 for norm_bound");
 }
 
+void ReadWidth(ConfigSection& s, WidthConfig& c) {
+  c.enabled = s.given();
+  s.Read("enabled", c.enabled);
+  s.Read("method", c.method);
+  s.Read("rate", c.rate);
+  s.ForEach("clients", [&c](ConfigSection& item) {
+    WidthConfig::Client client;
+    item.Read("name", client.name);
+    item.Read("rate", client.rate);
+    if (item.given()) c.clients.push_back(client);
+  });
+}
+
+Status CheckWidth(WidthConfig& c) {
+  RETURN_IF_ERROR(Range(c.method == "heterofl" || c.method == "fedrolex", "width.method", "heterofl or fedrolex"));
+  RETURN_IF_ERROR(Range(c.rate > 0 && c.rate <= 1, "width.rate", "in (0, 1]"));
+  for (const WidthConfig::Client& client : c.clients) {
+    RETURN_IF_ERROR(Range(!client.name.empty(), "width.clients[].name", "a client's name"));
+    RETURN_IF_ERROR(Range(client.rate > 0 && client.rate <= 1, "width.clients[].rate", "in (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace cleave

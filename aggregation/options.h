@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config_section.h"
 #include "core/names.h"
@@ -38,6 +39,24 @@ struct AggregationConfig {
   double max_weight_ratio = 3;         // aggregation.max_weight_ratio
   int64_t max_client_examples = 0;     // aggregation.max_client_examples: absolute cap (0 = none)
 };
+
+// Width-scaled submodels (HeteroFL, Diao et al. 2021; FedRolex, Alam et al. 2022): each
+// device trains a submodel keeping a fraction (its rate) of every hidden layer, and the
+// server averages each element over the devices that hold it (aggregation/submodel.h).
+struct WidthConfig {
+  bool enabled = false;             // width.enabled (true when the section is given)
+  std::string method = "heterofl";  // width.method: heterofl (the leading channels) |
+                                    //   fedrolex (a window that rolls by one each round)
+  double rate = 1;                  // width.rate: a device's rate unless width.clients pins it
+  struct Client {
+    std::string name;  // cleave-client --name
+    double rate = 1;
+  };
+  std::vector<Client> clients;      // width.clients: [{name, rate}, ...]
+};
+
+void ReadWidth(ConfigSection& s, WidthConfig& c);
+Status CheckWidth(WidthConfig& c);
 
 // What an update can weigh (aggregation.weighting; aggregation/weighting.h).
 const NameTable& WeightingNames();

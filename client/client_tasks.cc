@@ -173,6 +173,7 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
   }
   if (spec.name == "hf") RETURN_IF_ERROR(SetHfModel(spec, d.hf_config(), "the server's config.json"));
   spec.quantize = d.quantize();
+  if (d.width() > 0) spec.width = d.width();
   if (spec.name == "torchscript") {
     if (script_digest != d.torchscript_digest()) {
       ASSIGN_OR_RETURN(script_bytes, FetchBlob(stub, w.client_id(), w.session_token(),

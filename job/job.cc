@@ -79,6 +79,7 @@ const std::vector<JobSection>& Sections() {
               CheckSecureAggregation),
       Section("dp", &JobConfig::dp, ReadDp, CheckDp),
       Section("aggregation", &JobConfig::aggregation, ReadAggregation, CheckAggregation),
+      Section("width", &JobConfig::width, ReadWidth, CheckWidth),
       Section("local", &JobConfig::local, ReadLocal, CheckLocal),
   };
   return *sections;

@@ -182,9 +182,28 @@ Status CheckPrivacy(const JobConfig& c) {
   return absl::OkStatus();
 }
 
+// Width-scaled submodels (section width) against what they do not combine with yet.
+Status CheckWidth(const JobConfig& c) {
+  if (!c.width.enabled) return absl::OkStatus();
+  const std::string& m = c.model.name;
+  RETURN_IF_ERROR(Range(m == "mlp" || m == "lenet5" || m == "cnn", "width", "used with model.name mlp, lenet5 or cnn"));
+  const auto no = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("width: submodels do not combine with ", what, " yet"));
+  };
+  if (c.split.enabled()) return no("split learning");
+  if (c.scheduler.mode != "sync") return no("scheduler.mode: " + c.scheduler.mode);
+  if (c.secure_aggregation.enabled) return no("secure_aggregation (masks per slice)");
+  if (c.dp.enabled) return no("dp");
+  if (c.aggregation.rule != "mean") return no("a robust aggregation.rule");
+  if (c.compression.update != "none") return no("compression.update (error feedback would mix windows)");
+  if (!c.model.personal.empty() || c.model.lora.enabled()) return no("model.personal or model.lora");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Status CheckCombinations(const JobConfig& c) {
+  RETURN_IF_ERROR(CheckWidth(c));
   RETURN_IF_ERROR(CheckModel(c));
   RETURN_IF_ERROR(CheckSplit(c));
   RETURN_IF_ERROR(CheckScheduler(c));

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/fast_trainer.h"
@@ -65,26 +67,74 @@ int64_t FlatSize(nn::Sequential& features, const std::vector<int64_t>& shape) {
   return features->forward(torch::zeros(batch)).numel();
 }
 
+// HeteroFL's scaler (Diao et al. 2021), for models without normalization: a width-r
+// submodel's layer whose inputs were cut sums r of the terms the whole model's does.
+// HeteroFL divides its output by r in training and lets (static) batch normalization
+// absorb the rest and rescale at inference; these models have none, and dividing by r
+// left the narrow tiers' outputs 1/sqrt(r) times too spread per layer (4x at r = 1/16):
+// they never learned (bench/width.sh: a width-1/16 LeNet-5 stayed at chance). So the
+// scaler divides by sqrt(r), which keeps the spread of a sum of zero-mean terms, follows
+// the layers whose inputs shrink, and applies in evaluation too.
+struct ScalerImpl : nn::Module {
+  explicit ScalerImpl(double width) : width(width) {}
+  torch::Tensor forward(torch::Tensor x) { return x / std::sqrt(width); }
+  double width;
+};
+TORCH_MODULE(Scaler);
+
+// A hidden layer's width in the spec's submodel.
+int64_t Width(const ModelSpec& s, int64_t n) {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(s.width * static_cast<double>(n) - 1e-9)));
+}
+
+// The scaler makes each weight's gradient in the layer before it 1/sqrt(r) times what
+// the same product would get without it: those gradients are multiplied by sqrt(r)
+// again, so that a weight steps as the whole model's would (with momentum SGD the
+// narrow tiers diverged without it).
+template <typename Layer>
+Layer Rescaled(const ModelSpec& s, Layer layer) {
+  if (s.width < 1) {
+    const double factor = std::sqrt(s.width);
+    for (auto& p : layer->parameters()) p.register_hook([factor](torch::Tensor g) { return g * factor; });
+  }
+  return layer;
+}
+
+// A stage of `layer`, whose inputs a submodel cuts, then its scaler, then `rest`.
+template <typename Layer, typename... Rest>
+Stage Scaled(const ModelSpec& s, Layer layer, Rest... rest) {
+  if (s.width >= 1) return Stage(layer, rest...);
+  return Stage(Rescaled(s, layer), Scaler(s.width), rest...);
+}
+// The same after a flatten.
+template <typename Layer, typename... Rest>
+Stage FlatScaled(const ModelSpec& s, Layer layer, Rest... rest) {
+  if (s.width >= 1) return Stage(nn::Flatten(), layer, rest...);
+  return Stage(nn::Flatten(), Rescaled(s, layer), Scaler(s.width), rest...);
+}
+
 // Layers are built one statement at a time, first to last: each draws its initial
 // weights from the seeded generator in turn. (Built as the arguments of one call, their
 // order would be the compiler's: GCC builds them last to first, clang first to last.)
 
 nn::Sequential BuildMlp(const ModelSpec& s) {
   nn::Sequential seq;
-  seq->push_back(Stage(nn::Flatten(), nn::Linear(Product(s.input_shape), 200), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(200, 200), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(200, s.num_classes)));
+  const int64_t h = Width(s, 200);
+  seq->push_back(Stage(nn::Flatten(), nn::Linear(Product(s.input_shape), h), nn::ReLU()));
+  seq->push_back(Scaled(s, nn::Linear(h, h), nn::ReLU()));
+  seq->push_back(Scaled(s, nn::Linear(h, s.num_classes)));
   return seq;
 }
 
 nn::Sequential BuildLeNet5(const ModelSpec& s) {
   nn::Sequential seq;
-  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 6, 5)), ReluMaxPool()));
-  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(6, 16, 5)), ReluMaxPool()));
+  const int64_t c1 = Width(s, 6), c2 = Width(s, 16), f1 = Width(s, 120), f2 = Width(s, 84);
+  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], c1, 5)), ReluMaxPool()));
+  seq->push_back(Scaled(s, nn::Conv2d(nn::Conv2dOptions(c1, c2, 5)), ReluMaxPool()));
   const int64_t flat = FlatSize(seq, s.input_shape);
-  seq->push_back(Stage(nn::Flatten(), nn::Linear(flat, 120), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(120, 84), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(84, s.num_classes)));
+  seq->push_back(FlatScaled(s, nn::Linear(flat, f1), nn::ReLU()));
+  seq->push_back(Scaled(s, nn::Linear(f1, f2), nn::ReLU()));
+  seq->push_back(Scaled(s, nn::Linear(f2, s.num_classes)));
   return seq;
 }
 
@@ -120,12 +170,12 @@ nn::Sequential BuildVgg(const ModelSpec& s) {
 
 nn::Sequential BuildCnn(const ModelSpec& s) {
   nn::Sequential seq;
-  seq->push_back(
-      Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 32, 3).padding(1)), ReluMaxPool()));
-  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), ReluMaxPool()));
+  const int64_t c1 = Width(s, 32), c2 = Width(s, 64), f1 = Width(s, 128);
+  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], c1, 3).padding(1)), ReluMaxPool()));
+  seq->push_back(Scaled(s, nn::Conv2d(nn::Conv2dOptions(c1, c2, 3).padding(1)), ReluMaxPool()));
   const int64_t flat = FlatSize(seq, s.input_shape);
-  seq->push_back(Stage(nn::Flatten(), nn::Linear(flat, 128), nn::ReLU()));
-  seq->push_back(Stage(nn::Linear(128, s.num_classes)));
+  seq->push_back(FlatScaled(s, nn::Linear(flat, f1), nn::ReLU()));
+  seq->push_back(Scaled(s, nn::Linear(f1, s.num_classes)));
   return seq;
 }
 
@@ -237,9 +287,9 @@ nn::Sequential BuildHf(const ModelSpec& spec) { return BuildHfStages(spec, 0, -1
 Registry<ModelKind>& Models() {
   static Registry<ModelKind>* models = [] {
     auto* r = new Registry<ModelKind>("model.name");
-    r->AddBuiltin("mlp", {ModelInput::kAny, BuildMlp});
-    r->AddBuiltin("lenet5", {ModelInput::kImages, BuildLeNet5});
-    r->AddBuiltin("cnn", {ModelInput::kImages, BuildCnn});
+    r->AddBuiltin("mlp", {ModelInput::kAny, BuildMlp, nullptr, nullptr, /*scales=*/true});
+    r->AddBuiltin("lenet5", {ModelInput::kImages, BuildLeNet5, nullptr, nullptr, /*scales=*/true});
+    r->AddBuiltin("cnn", {ModelInput::kImages, BuildCnn, nullptr, nullptr, /*scales=*/true});
     r->AddBuiltin("vgg", {ModelInput::kImages, BuildVgg});
     r->AddBuiltin("resnet", {ModelInput::kImages, BuildResNet});
     r->AddBuiltin("gpt", {ModelInput::kTokens, BuildGpt, CheckGptSpec});
@@ -263,6 +313,10 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec, int begin, int end)
   }
   const std::string shape = absl::StrJoin(spec.input_shape, "x");
   if (kind->check != nullptr) RETURN_IF_ERROR(kind->check(spec));
+  if (!(spec.width > 0 && spec.width <= 1) || (spec.width < 1 && !kind->scales)) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no width-", spec.width,
+                                                   " submodel (widths in (0, 1] for mlp, lenet5 and cnn)"));
+  }
   if (!spec.quantize.empty() && spec.name != "hf") {
     return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no quantized base (model.quantize is for hf)"));
   }

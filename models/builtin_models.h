@@ -38,6 +38,8 @@ struct ModelKind {
   // Builds only the stages [begin, end) (end < 0: to the last), the others empty
   // placeholders, for a part of a model too large to build whole; null: build does.
   torch::nn::Sequential (*build_stages)(const ModelSpec& spec, int begin, int end) = nullptr;
+  // Whether build honours ModelSpec::width (width-scaled submodels).
+  bool scales = false;
 };
 
 Registry<ModelKind>& Models();

@@ -186,6 +186,7 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
   auto impl = std::make_unique<Impl>();
   try {
     if (spec.name == "torchscript") {
+      if (spec.width != 1) return absl::InvalidArgumentError("a TorchScript model has no width-scaled submodels");
       std::istringstream in(spec.torchscript);
       impl->script = std::make_unique<torch::jit::Module>(torch::jit::load(in));
     } else {

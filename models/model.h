@@ -54,6 +54,11 @@ struct ModelSpec {
   // "nf4:dq"): hf's block projections held in it, dequantized inside each matmul and
   // never part of Parameters() (QuantizedBase). "" = float32.
   std::string quantize{};
+  // Width-scaled submodels (HeteroFL, FedRolex; section width): every hidden layer keeps
+  // ceil(width x) of its x channels or features (at least 1), and a layer whose inputs
+  // were cut is followed by a scaler (output / sqrt(width); models/builtin_models.cc says
+  // why not HeteroFL's / width). 1 = the whole model. mlp, lenet5 and cnn.
+  double width = 1;
 
   // Whether the model reads token ids (gpt, hf).
   bool text() const { return name == "gpt" || name == "hf"; }

@@ -57,6 +57,7 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
       }
     }
   }
+  if (!m.widths.empty()) j["widths"] = m.widths;
   if (const GossipMetrics* g = m.gossip ? &*m.gossip : nullptr) {
     j["gossip"] = {{"disagreement", g->disagreement}, {"peer_bytes", g->peer_bytes},
                    {"neighbours", g->neighbours}, {"heard", g->heard}, {"clipped", g->clipped}};

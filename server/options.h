@@ -130,6 +130,7 @@ struct FederationConfig {
   TlsConfig tls;
   AuthConfig auth;
   SecureAggregationConfig secure_aggregation;
+  WidthConfig width;
   ServerConfig server;
 };
 

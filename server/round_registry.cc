@@ -5,6 +5,7 @@
 #include "server/scheduler.h"
 #include "server/secagg_driver.h"
 #include "server/split_driver.h"
+#include "server/width_driver.h"
 
 namespace cleave {
 
@@ -32,6 +33,10 @@ Registry<DriverKind>& RoundDrivers() {
     r->AddBuiltin("split", {[](const FederationConfig& c) { return c.split.enabled(); },
                             [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
                               return std::make_unique<SplitDriver>(ctx);
+                            }});
+    r->AddBuiltin("width", {[](const FederationConfig& c) { return c.width.enabled; },
+                            [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
+                              return std::make_unique<WidthDriver>(ctx);
                             }});
     r->AddBuiltin("secagg", {[](const FederationConfig& c) { return c.secure_aggregation.enabled; },
                              [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {

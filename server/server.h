@@ -150,6 +150,8 @@ struct RoundMetrics {
   std::optional<SplitMetrics> split;
   std::optional<GossipMetrics> gossip;
   std::optional<AsyncMetrics> async;
+  // WidthDriver (section width): the rate each participant trained at, by name.
+  std::map<std::string, double> widths;
   int64_t examples = 0;  // the accepted updates' weights, summed
 };
 

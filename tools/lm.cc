@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "aggregation/submodel.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -187,6 +188,20 @@ int RunEvaluate(const EvaluateOptions& o) {
   auto data = LoadDataSpec(spec, /*train=*/false);
   if (!data.ok()) return Fail("evaluate", data.status(), 2);
   const std::string& loss = loaded->config.train.loss;
+  if (o.width < 1) {  // the submodel a device of that width trains (HeteroFL's leading one)
+    ModelSpec sub_spec = loaded->spec;
+    sub_spec.width = o.width;
+    auto sub = Model::Create(sub_spec);
+    if (!sub.ok()) return Fail("evaluate", sub.status(), 2);
+    const ParameterSet whole = loaded->model->Parameters();
+    auto positions = SubmodelPositions(whole, (*sub)->Parameters(), 0);
+    if (!positions.ok()) return Fail("evaluate", positions.status(), 2);
+    if (Status s = (*sub)->SetParameters(Gather(whole, (*sub)->Parameters(), *positions)); !s.ok()) {
+      return Fail("evaluate", s, 2);
+    }
+    loaded->model = *std::move(sub);
+    loaded->spec = sub_spec;
+  }
   if (Status s = CheckDataFitsModel(*data, loaded->spec, loss, spec); !s.ok()) {
     return Fail("evaluate", s, 2);
   }

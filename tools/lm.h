@@ -56,6 +56,7 @@ struct EvaluateOptions {
   std::string by;           // "" = the whole set; "group": each of the data's groups;
                             //   "client:N": the N clients of the natural partition
   int batch_size = 64;
+  double width = 1;         // < 1: the model's width-scaled submodel (its leading window)
 };
 // Prints a Markdown table: examples, loss, accuracy and the task's metrics (perplexity,
 // bits per byte for text), for the whole set and each group or client.

@@ -333,6 +333,10 @@ Command AddEvaluate(CLI::App& app) {
                        "per client of the natural partition into N");
   evaluate->add_option("--batch-size", o->batch_size, "evaluation batch (default 64)")
       ->check(cleave::AtLeastOne());
+  evaluate->add_option("--width", o->width,
+                       "evaluate the width-scaled submodel a device of this rate trains (the leading channels; "
+                       "job section width), in (0, 1] (default 1: the whole model)")
+      ->check(CLI::Range(1e-6, 1.0));
   return {evaluate, [o] { return cleave::RunEvaluate(*o); }};
 }
 

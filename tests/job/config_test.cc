@@ -74,6 +74,14 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("split: {mode: sl, window: 0}", "split.window");
   expect_error("split: {mode: ushaped, tail: 0}", "split.tail");
   expect_error("split: {mode: sfl-v2, ushaped: true}", "split.ushaped applies to split.mode: pipeline");
+  // Width-scaled submodels.
+  expect_error("width: {rate: 0}", "width.rate");
+  expect_error("width: {method: fedavg}", "width.method");
+  expect_error("width: {clients: [{rate: 0.5}]}", "width.clients[].name");
+  expect_error("model: {name: resnet}\nwidth: {rate: 0.5}", "mlp, lenet5 or cnn");
+  expect_error("width: {rate: 0.5}\nsplit: {mode: sfl-v2}", "do not combine with split learning");
+  expect_error("width: {rate: 0.5}\nsecure_aggregation: {}", "secure_aggregation");
+  EXPECT_TRUE(ParseJob("model: {name: cnn}\nwidth: {method: fedrolex, rate: 0.25, clients: [{name: big, rate: 1}]}\n", "").ok());
   expect_error("split: {mode: sl}\nstrategy: {name: fedprox}", "fedprox is not supported");
   expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");
   expect_error("clients: {selection: fastest}", "clients.selection");

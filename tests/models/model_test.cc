@@ -58,6 +58,29 @@ TEST(ModelTest, LeNet5HasThePublishedShapes) {
   EXPECT_EQ(p.total_elements(), 44426);
 }
 
+// A width-scaled submodel (section width): ceil(width x n) of every hidden layer, the
+// input and the classes whole, the same names; only mlp, lenet5 and cnn have them.
+TEST(ModelTest, AWidthScaledSubmodelKeepsTheLeadingShareOfEveryHiddenLayer) {
+  ModelSpec spec{"lenet5", "", 1};
+  spec.width = 0.25;
+  auto m = Model::Create(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ParameterSet params = (*m)->Parameters();
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& t : params.tensors()) shapes.push_back(t.shape);
+  const std::vector<std::vector<int64_t>> expected = {{2, 1, 5, 5}, {2}, {4, 2, 5, 5}, {4}, {30, 64},
+                                                      {30},         {21, 30}, {21}, {10, 21}, {10}};
+  EXPECT_EQ(shapes, expected);
+  EXPECT_EQ(params.tensors()[4].name, Build("lenet5")->Parameters().tensors()[4].name);
+  for (const char* name : {"vgg", "resnet", "gpt"}) {
+    ModelSpec other{name, "", 1};
+    other.width = 0.5;
+    EXPECT_EQ(Model::Create(other).status().code(), absl::StatusCode::kInvalidArgument) << name;
+  }
+  spec.width = 0;
+  EXPECT_FALSE(Model::Create(spec).ok());
+}
+
 TEST(ModelTest, EveryZooModelIsStaged) {
   EXPECT_EQ(Build("mlp")->num_stages(), 3);
   EXPECT_EQ(Build("cnn")->num_stages(), 4);

@@ -1,0 +1,140 @@
+#include "aggregation/submodel.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace cleave {
+namespace {
+
+// The window of `n` of `full` indices starting at `roll`, wrapping around.
+std::vector<int64_t> Window(int64_t n, int64_t full, int64_t roll) {
+  std::vector<int64_t> out(n);
+  for (int64_t k = 0; k < n; ++k) out[k] = (roll + k) % full;
+  return out;
+}
+
+std::vector<int64_t> All(int64_t n) { return Window(n, n, 0); }
+
+}  // namespace
+
+StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet& whole, const ParameterSet& sub,
+                                                             int64_t roll) {
+  if (whole.size() != sub.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));
+  }
+  std::vector<std::vector<int64_t>> out;
+  std::vector<int64_t> kept;  // the last layer's kept outputs
+  int64_t outputs = 0;        // and how many it has in the whole model
+  for (size_t t = 0; t < whole.size(); ++t) {
+    const Tensor& w = whole.tensors()[t];
+    const Tensor& s = sub.tensors()[t];
+    const auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","),
+                                                     "] of ", w.name, " [", absl::StrJoin(w.shape, ","), "]: ", why));
+    };
+    if (w.name != s.name || w.shape.size() != s.shape.size() || w.shape.empty()) return bad("not the same tensor");
+    for (size_t d = 0; d < w.shape.size(); ++d) {
+      if (s.shape[d] < 1 || s.shape[d] > w.shape[d]) return bad("larger, or empty");
+    }
+    std::vector<int64_t> rows;  // the kept indices of dimension 0
+    if (w.shape.size() == 1) {  // a bias: its layer's outputs
+      if (s.shape[0] == w.shape[0]) {
+        rows = All(w.shape[0]);
+      } else if (w.shape[0] == outputs && static_cast<int64_t>(kept.size()) == s.shape[0]) {
+        rows = kept;
+      } else {
+        return bad("not its layer's outputs");
+      }
+      out.push_back(rows);
+      continue;
+    }
+    rows = s.shape[0] == w.shape[0] ? All(w.shape[0]) : Window(s.shape[0], w.shape[0], roll % w.shape[0]);
+    // Inputs: whole, the last layer's kept outputs, or (after a flatten) each kept
+    // output's block of positions.
+    std::vector<int64_t> cols;
+    const int64_t in = w.shape[1], in_sub = s.shape[1];
+    if (in_sub == in) {
+      cols = All(in);
+    } else if (outputs > 0 && in == outputs && static_cast<int64_t>(kept.size()) == in_sub) {
+      cols = kept;
+    } else if (outputs > 0 && in % outputs == 0 && in_sub == static_cast<int64_t>(kept.size()) * (in / outputs)) {
+      const int64_t block = in / outputs;
+      for (int64_t c : kept) {
+        for (int64_t p = 0; p < block; ++p) cols.push_back(c * block + p);
+      }
+    } else {
+      return bad("its inputs are not the last layer's kept outputs");
+    }
+    int64_t rest = 1;  // a kernel's positions, whole
+    for (size_t d = 2; d < w.shape.size(); ++d) {
+      if (s.shape[d] != w.shape[d]) return bad("a kernel of another size");
+      rest *= w.shape[d];
+    }
+    std::vector<int64_t> positions;
+    positions.reserve(rows.size() * cols.size() * rest);
+    for (int64_t r : rows) {
+      for (int64_t c : cols) {
+        for (int64_t k = 0; k < rest; ++k) positions.push_back((r * in + c) * rest + k);
+      }
+    }
+    out.push_back(std::move(positions));
+    kept = rows;
+    outputs = w.shape[0];
+  }
+  return out;
+}
+
+ParameterSet Gather(const ParameterSet& whole, const ParameterSet& sub,
+                    const std::vector<std::vector<int64_t>>& positions) {
+  ParameterSet out = sub;
+  for (size_t t = 0; t < out.size(); ++t) {
+    auto& v = out.mutable_tensors()[t].values;
+    const auto& from = whole.tensors()[t].values;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = from[positions[t][i]];
+  }
+  return out;
+}
+
+SubmodelSum::SubmodelSum(const ParameterSet& whole) : layout_(whole) {
+  for (const Tensor& t : whole.tensors()) {
+    sum_.emplace_back(t.values.size(), 0.0);
+    weight_.emplace_back(t.values.size(), 0.0);
+  }
+}
+
+Status SubmodelSum::Add(const std::vector<TensorView>& delta, const std::vector<std::vector<int64_t>>& positions,
+                        double weight) {
+  if (delta.size() != positions.size() || delta.size() != sum_.size()) {
+    return absl::InvalidArgumentError("a submodel update of another layout");
+  }
+  std::vector<std::vector<float>> values(delta.size());
+  for (size_t t = 0; t < delta.size(); ++t) {
+    if (static_cast<size_t>(delta[t].numel) != positions[t].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", std::string(delta[t].name), " has ",
+                                                     delta[t].numel, " values, its place ",
+                                                     static_cast<int64_t>(positions[t].size())));
+    }
+    values[t].resize(positions[t].size());
+    delta[t].Read(0, delta[t].numel, values[t].data());
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  for (size_t t = 0; t < values.size(); ++t) {
+    for (size_t i = 0; i < values[t].size(); ++i) {
+      sum_[t][positions[t][i]] += weight * values[t][i];
+      weight_[t][positions[t][i]] += weight;
+    }
+  }
+  return absl::OkStatus();
+}
+
+ParameterSet SubmodelSum::Mean() const {
+  std::lock_guard<std::mutex> l(mu_);
+  ParameterSet out = layout_;
+  for (size_t t = 0; t < out.size(); ++t) {
+    auto& v = out.mutable_tensors()[t].values;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = weight_[t][i] > 0 ? static_cast<float>(sum_[t][i] / weight_[t][i]) : 0.0f;
+  }
+  return out;
+}
+
+}  // namespace cleave

@@ -1,0 +1,50 @@
+// Width-scaled submodels (HeteroFL, Diao et al. 2021; FedRolex, Alam et al. 2022; job
+// section `width`): where a submodel's tensors sit in the whole model's, and the mean of
+// the devices' submodel updates element by element. No LibTorch: layouts come in as
+// ParameterSets (names and shapes).
+//
+// A submodel keeps, of every hidden layer, a window of its output channels or features;
+// the next layer keeps the same window of its inputs (after a flatten, each kept
+// channel's block of positions). HeteroFL's window is the leading one; FedRolex's starts
+// at `roll` (its round's index) and wraps around. The input and the classes are whole.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "core/parameter_set.h"
+#include "core/status.h"
+
+namespace cleave {
+
+// For each tensor of `sub` (the whole model's tensors, in order, each no larger in any
+// dimension), the flat positions in the whole model's tensor of its elements, in its
+// own row-major order. Tensors are read in order as layers: a weight ([out, in, ...]) and
+// then its bias ([out]). INVALID_ARGUMENT when the layouts differ in names or rank, or a
+// smaller input dimension does not follow from the layer before.
+StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet& whole, const ParameterSet& sub,
+                                                             int64_t roll);
+
+// The submodel's values: `whole`'s elements at `positions`, in `sub`'s layout.
+ParameterSet Gather(const ParameterSet& whole, const ParameterSet& sub,
+                    const std::vector<std::vector<int64_t>>& positions);
+
+// The round's submodel updates, summed into the whole model's layout: each element's
+// weighted sum and the weights of the devices that hold it. Thread-safe.
+class SubmodelSum {
+ public:
+  explicit SubmodelSum(const ParameterSet& whole);
+  // A device's update (its submodel's layout, as views) placed at `positions`, weighted.
+  Status Add(const std::vector<TensorView>& delta, const std::vector<std::vector<int64_t>>& positions,
+             double weight);
+  // Per element, the weighted mean over the devices that hold it; 0 where none does.
+  ParameterSet Mean() const;
+
+ private:
+  mutable std::mutex mu_;
+  ParameterSet layout_;
+  std::vector<std::vector<double>> sum_, weight_;
+};
+
+}  // namespace cleave

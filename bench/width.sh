@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Width-scaled submodels (section width, issue 39), run by `cleave local` as real
+# processes: LeNet-5 on Fashion-MNIST split non-IID (Dirichlet 0.5) among 9 clients in
+# three tiers of three, whose budgets admit rates 1, 1/4 and 1/16 of the model; ROUNDS
+# rounds of one local epoch (momentum SGD, gradients clipped to norm 2: without the clip
+# the narrow tiers diverged after 12 to 18 rounds), the same seed and data everywhere.
+#
+#   heterofl   every client at its tier's rate, HeteroFL's leading submodels
+#   fedrolex   the same with FedRolex's rolling window
+#   all-1/16   everyone trains the model the smallest tier can hold (width 1/16)
+#   top-only   only the top tier trains (the whole model): three clients holding a third
+#              of the training set (limit=20000), split among them Dirichlet 0.5
+#
+# Prints each run's held-out accuracy of the whole model (width 1; all-1/16: its own
+# model) by round, and at the end each tier's submodel (cleave evaluate --width).
+#   bench/width.sh [ROUNDS=20]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-20}
+work=$(mktemp -d /tmp/cleave-width-XXXXXX)
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
+bin=$work/bin
+mkdir -p "$bin"
+cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+data="fmnist:/usr/share/datasets/fashion-mnist"
+run() {  # NAME CLIENTS WIDTH-SECTION [DATA]
+  local d=${4:-$data}
+  cat <<YAML
+run: {name: width-bench-$1, rounds: $rounds, seed: 1}
+model: {name: lenet5}
+data: {test_limit: 5000}
+clients: {min: $2, quorum: 1.0, round_deadline_s: 600}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9, clip_norm: 2}
+local: {data: "$d", partition: "dirichlet:0.5", clients: $2}
+$3
+YAML
+}
+tiers="clients: [{name: client-3, rate: 0.25}, {name: client-4, rate: 0.25}, {name: client-5, rate: 0.25},
+                   {name: client-6, rate: 0.0625}, {name: client-7, rate: 0.0625}, {name: client-8, rate: 0.0625}]"
+run heterofl 9 "width: {method: heterofl, $tiers}" > "$work/heterofl.yaml"
+run fedrolex 9 "width: {method: fedrolex, $tiers}" > "$work/fedrolex.yaml"
+run all-1-16 9 "width: {rate: 0.0625}" > "$work/all-1-16.yaml"
+run top-only 3 "" "$data,limit=20000" > "$work/top-only.yaml"
+for r in heterofl fedrolex all-1-16 top-only; do
+  start=$(date +%s)
+  "$bin/cleave" local --insecure --config "$work/$r.yaml" --run-dir "$work/$r" > "$work/$r.out" 2>&1 ||
+    { tail -30 "$work/$r.out"; exit 1; }
+  echo "$r: $(( $(date +%s) - start )) s"
+done
+/usr/bin/python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+runs = ("heterofl", "fedrolex", "all-1-16", "top-only")
+acc = {r: [json.loads(l)["test_accuracy"] for l in open(f"{work}/{r}/metrics.jsonl")] for r in runs}
+print("round | " + " | ".join(runs))
+for i in range(len(acc["heterofl"])):
+    print(f"{i + 1:5d} | " + " | ".join(f"{acc[r][i]:.4f}" if i < len(acc[r]) else "" for r in runs))
+PY
+for r in heterofl fedrolex; do
+  for w in 1 0.25 0.0625; do
+    echo "$r, submodel width $w: $("$bin/cleave" evaluate "$work/$r" --width "$w" | tail -1)"
+  done
+done
+echo "all-1-16 (its own width-1/16 model): $("$bin/cleave" evaluate "$work/all-1-16" --width 0.0625 | tail -1)"

@@ -1,0 +1,77 @@
+// Width-scaled submodels (aggregation/submodel.h): where a submodel's elements sit in the
+// whole model's, with HeteroFL's leading window and FedRolex's rolled one, across a
+// flatten; and the per-element mean of updates from devices of different widths.
+#include "aggregation/submodel.h"
+
+#include <gtest/gtest.h>
+
+namespace cleave {
+namespace {
+
+// A layer of 4 outputs over 3 inputs, then (after a flatten of 2 positions per channel)
+// a layer of 2 outputs over 4 x 2; a submodel keeping 2 of the 4 channels.
+ParameterSet Layout(int64_t channels) {
+  ParameterSet p;
+  EXPECT_TRUE(p.Add({"0.weight", {channels, 3}, std::vector<float>(channels * 3, 0)}).ok());
+  EXPECT_TRUE(p.Add({"0.bias", {channels}, std::vector<float>(channels, 0)}).ok());
+  EXPECT_TRUE(p.Add({"1.weight", {2, channels * 2}, std::vector<float>(2 * channels * 2, 0)}).ok());
+  EXPECT_TRUE(p.Add({"1.bias", {2}, std::vector<float>(2, 0)}).ok());
+  return p;
+}
+
+TEST(SubmodelTest, HeteroFlKeepsTheLeadingChannelsAndTheirBlocks) {
+  auto p = SubmodelPositions(Layout(4), Layout(2), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)[0], (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));  // rows 0 and 1, every input
+  EXPECT_EQ((*p)[1], (std::vector<int64_t>{0, 1}));
+  // Inputs of channels 0 and 1 (positions 0-1 and 2-3 of 8), both outputs.
+  EXPECT_EQ((*p)[2], (std::vector<int64_t>{0, 1, 2, 3, 8, 9, 10, 11}));
+  EXPECT_EQ((*p)[3], (std::vector<int64_t>{0, 1}));
+}
+
+TEST(SubmodelTest, FedRolexRollsTheWindowAndWrapsAround) {
+  auto p = SubmodelPositions(Layout(4), Layout(2), 3);  // channels 3, then 0
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)[0], (std::vector<int64_t>{9, 10, 11, 0, 1, 2}));
+  EXPECT_EQ((*p)[1], (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ((*p)[2], (std::vector<int64_t>{6, 7, 0, 1, 14, 15, 8, 9}));
+  // The whole model is its own submodel at any roll.
+  auto whole = SubmodelPositions(Layout(4), Layout(4), 3);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ((*whole)[2], (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+}
+
+TEST(SubmodelTest, RefusesWhatIsNotASubmodel) {
+  EXPECT_FALSE(SubmodelPositions(Layout(2), Layout(4), 0).ok()) << "larger";
+  ParameterSet renamed = Layout(2);
+  renamed.mutable_tensors()[0].name = "x";
+  EXPECT_FALSE(SubmodelPositions(Layout(4), renamed, 0).ok());
+  ParameterSet odd = Layout(2);
+  odd.mutable_tensors()[2] = {"1.weight", {2, 3}, std::vector<float>(6, 0)};  // 3 inputs: no kept block
+  EXPECT_FALSE(SubmodelPositions(Layout(4), odd, 0).ok());
+}
+
+// Each element: the weighted mean over the devices that hold it; none: 0.
+TEST(SubmodelTest, TheMeanIsPerElementOverItsHolders) {
+  const ParameterSet whole = Layout(4);
+  SubmodelSum sum(whole);
+  auto half = *SubmodelPositions(whole, Layout(2), 0);
+  ParameterSet small = Layout(2);
+  for (auto& t : small.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), 1.0f);
+  ASSERT_TRUE(sum.Add(ViewsOf(small), half, 1).ok());
+  EXPECT_EQ(sum.Mean().tensors()[0].values[6], 0.0f) << "row 2: nobody yet";
+  ParameterSet big = whole;
+  for (auto& t : big.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), 3.0f);
+  ASSERT_TRUE(sum.Add(ViewsOf(big), *SubmodelPositions(whole, whole, 0), 3).ok());
+  const ParameterSet mean = sum.Mean();
+  EXPECT_FLOAT_EQ(mean.tensors()[0].values[0], 2.5f);  // (1 x 1 + 3 x 3) / 4
+  EXPECT_FLOAT_EQ(mean.tensors()[0].values[6], 3.0f);  // the big device's alone
+  EXPECT_FLOAT_EQ(mean.tensors()[2].values[9], 2.5f);
+  EXPECT_FLOAT_EQ(mean.tensors()[2].values[12], 3.0f);
+  // An update of another layout changes nothing.
+  EXPECT_FALSE(sum.Add(ViewsOf(small), *SubmodelPositions(whole, whole, 0), 1).ok());
+  EXPECT_EQ(sum.Mean().tensors()[0].values, mean.tensors()[0].values);
+}
+
+}  // namespace
+}  // namespace cleave
