@@ -204,6 +204,31 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
             rows[0]["client_eval"]["accuracy"].get<double>() + 0.2);
 }
 
+// Devices of three widths (section width) as processes; `cleave evaluate --width`
+// measures a tier's submodel of the run's model.
+TEST_F(LocalTest, TrainsWidthScaledSubmodelsAndEvaluatesATier) {
+  std::ofstream(config_) << R"(
+run: {name: widths, rounds: 2, seed: 3}
+model: {name: lenet5}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 1000}
+clients: {min: 3, quorum: 1.0, round_deadline_s: 120}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9, clip_norm: 2}
+width: {clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.25}]}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: iid, clients: 3}
+)";
+  pid_t pid = Spawn({"cleave", "local", "--insecure", "--config", config_, "--run-dir", (dir_ / "run").string()});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1]["widths"], nlohmann::json({{"client-0", 1.0}, {"client-1", 0.5}, {"client-2", 0.25}}));
+  pid = Spawn({"cleave", "evaluate", (dir_ / "run").string(), "--width", "0.5", "--data",
+               "fmnist:/usr/share/datasets/fashion-mnist,limit=1000"},
+              "eval.txt");
+  ASSERT_EQ(Wait(pid, 120), 0) << ReadFile((dir_ / "eval.txt").string()).value_or("");
+  const std::string table = ReadFile((dir_ / "eval.txt").string()).value_or("");
+  EXPECT_NE(table.find("| all | 1000 |"), std::string::npos) << table;
+}
+
 // Pipelines in one process: chains of virtual clients, micro-batches going peer to peer
 // over loopback (each serving Peer on a port of its own), the last device of each chain
 // streaming to the in-process server.
