@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <future>
 #include <limits>
 #include <thread>
 
@@ -216,18 +217,23 @@ class UShapedRelayTest : public ::testing::Test {
 
 TEST_F(UShapedRelayTest, PassesTheHeadsInputUpOnceAndRefusesACopy) {
   std::atomic<int> heads{0};
+  std::promise<void> arrived;  // the copy goes after the first reached upstream: the
+  std::future<void> first = arrived.get_future();  // refusal cancels what is still queued
   Run(
       [&](HopStream* s) {
         s->Write(Batch(1));
         v1::SplitDown m;
         while (s->Read(&m)) {
-          if (m.has_forward() && m.forward().seq() == 1 && m.forward().activations().shape(1) == 84) ++heads;
+          if (m.has_forward() && m.forward().seq() == 1 && m.forward().activations().shape(1) == 84 && ++heads == 1) {
+            arrived.set_value();
+          }
         }
       },
       [&](UpStream* s) {
         v1::SplitUp m;
         if (!s->Read(&m) || !m.has_batch()) return;
         s->Write(HeadInput(1));
+        first.wait_for(std::chrono::seconds(30));
         s->Write(HeadInput(1));  // again: not due
         while (s->Read(&m)) {
         }
