@@ -155,7 +155,7 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
       for (const SplitChain& c : chains_) held = held || stage < c.bounds.back();
       if (!held) continue;
       const int64_t size = static_cast<int64_t>(t.values.size());
-      masked_.slots.push_back({t.name, masked_.length, size});
+      masked_.slots[t.name] = {masked_.length, size};
       masked_.length += size;
     }
     int64_t max_weight = 1;
@@ -310,9 +310,7 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
     split->set_chain_weight(weight);
     split->set_secagg_length(masked_.length);
     for (const Tensor& t : st.part->tensors()) {
-      for (const MaskedLayout::Slot& slot : masked_.slots) {
-        if (slot.name == t.name) split->add_secagg_offsets(slot.offset);
-      }
+      split->add_secagg_offsets(masked_.slots.at(t.name).offset);  // a trained tensor: in the layout
       holder.second.push_back(t.name);
     }
   }
@@ -448,8 +446,8 @@ Status SplitDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
     // survivor's vector: per tensor, the sum over its holders of weight x delta.
     ASSIGN_OR_RETURN(SecAggDriver::Unmasked u, secagg_->TakeUnmasked());
     const MaskedLayout layout = std::move(masked_closed_);
-    for (const MaskedLayout::Slot& slot : layout.slots) {
-      SplitRound::MaskedSum& m = masked[slot.name];
+    for (const auto& [name, slot] : layout.slots) {
+      SplitRound::MaskedSum& m = masked[name];
       m.weighted_delta.assign(u.sum.begin() + slot.offset, u.sum.begin() + slot.offset + slot.size);
       for (double& v : m.weighted_delta) v *= static_cast<double>(u.max_weight);
     }

@@ -188,10 +188,9 @@ class SplitDriver : public RoundDriver {
   // own at their offsets, zeros elsewhere), scaled by its chain's weight.
   struct MaskedLayout {
     struct Slot {
-      std::string name;
       int64_t offset = 0, size = 0;
     };
-    std::vector<Slot> slots;
+    std::map<std::string, Slot> slots;  // by tensor name
     int64_t length = 0;
     std::map<std::string, std::pair<int64_t, std::vector<std::string>>> holders;  // by session: weight, tensors
   };

@@ -97,6 +97,24 @@ struct Federation {
   }
 };
 
+// The uncut model `spec`'s parameters before and after training on `data` with `t`: the
+// step a split or pipelined round must equal. Both empty when it fails (a test failure).
+struct UncutStep {
+  ParameterSet before, after;
+};
+inline UncutStep TrainUncut(const ModelSpec& spec, const Dataset& data, const LocalTrainOptions& t) {
+  auto model = Model::Create(spec);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  UncutStep step;
+  step.before = (*model)->Parameters();
+  auto trained = (*model)->Train(data, t);
+  EXPECT_TRUE(trained.ok()) << trained.status();
+  if (!trained.ok()) return {};
+  step.after = (*model)->Parameters();
+  return step;
+}
+
 // The largest absolute difference between two sets of the same layout.
 inline double MaxDiff(const ParameterSet& a, const ParameterSet& b) {
   EXPECT_TRUE(a.SameLayout(b));
