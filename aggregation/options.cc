@@ -1,5 +1,9 @@
 #include "aggregation/options.h"
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
 #include "aggregation/registry.h"
 
 namespace cleave {
@@ -63,6 +67,9 @@ void ReadWidth(ConfigSection& s, WidthConfig& c) {
   s.Read("enabled", c.enabled);
   s.Read("method", c.method);
   s.Read("rate", c.rate);
+  s.Read("assign", c.assign);
+  s.Read("rates", c.rates);
+  s.Read("max_task_s", c.max_task_s);
   s.ForEach("clients", [&c](ConfigSection& item) {
     WidthConfig::Client client;
     item.Read("name", client.name);
@@ -72,8 +79,14 @@ void ReadWidth(ConfigSection& s, WidthConfig& c) {
 }
 
 Status CheckWidth(WidthConfig& c) {
-  RETURN_IF_ERROR(Range(c.method == "heterofl" || c.method == "fedrolex", "width.method", "heterofl or fedrolex"));
+  RETURN_IF_ERROR(Range(c.method == "heterofl" || c.method == "fedrolex" || c.ranks(), "width.method",
+                        "heterofl, fedrolex, hetlora or flexlora"));
   RETURN_IF_ERROR(Range(c.rate > 0 && c.rate <= 1, "width.rate", "in (0, 1]"));
+  RETURN_IF_ERROR(Range(c.assign == "fixed" || c.assign == "profile", "width.assign", "fixed or profile"));
+  RETURN_IF_ERROR(Range(!c.rates.empty(), "width.rates", "at least one rate"));
+  for (double r : c.rates) RETURN_IF_ERROR(Range(r > 0 && r <= 1, "width.rates", "rates in (0, 1]"));
+  std::sort(c.rates.begin(), c.rates.end(), std::greater<double>());
+  RETURN_IF_ERROR(Range(c.max_task_s >= 0 && std::isfinite(c.max_task_s), "width.max_task_s", ">= 0"));
   for (const WidthConfig::Client& client : c.clients) {
     RETURN_IF_ERROR(Range(!client.name.empty(), "width.clients[].name", "a client's name"));
     RETURN_IF_ERROR(Range(client.rate > 0 && client.rate <= 1, "width.clients[].rate", "in (0, 1]"));

@@ -40,19 +40,31 @@ struct AggregationConfig {
   int64_t max_client_examples = 0;     // aggregation.max_client_examples: absolute cap (0 = none)
 };
 
-// Width-scaled submodels (HeteroFL, Diao et al. 2021; FedRolex, Alam et al. 2022): each
-// device trains a submodel keeping a fraction (its rate) of every hidden layer, and the
-// server averages each element over the devices that hold it (aggregation/submodel.h).
+// Devices of unequal size. Width-scaled submodels (HeteroFL, Diao et al. 2021; FedRolex,
+// Alam et al. 2022): each device trains a submodel keeping a fraction (its rate) of every
+// hidden layer, and the server averages each element over the devices that hold it
+// (aggregation/submodel.h). Per-device LoRA ranks (HetLoRA, Cho et al. 2024; FlexLoRA,
+// Bai et al. 2024): a device's rate is the fraction of model.lora.rank it trains
+// (models/lora_ranks.h).
 struct WidthConfig {
   bool enabled = false;             // width.enabled (true when the section is given)
   std::string method = "heterofl";  // width.method: heterofl (the leading channels) |
-                                    //   fedrolex (a window that rolls by one each round)
+                                    //   fedrolex (a window that rolls by one each round) |
+                                    //   hetlora (LoRA ranks, zero-padded mean) |
+                                    //   flexlora (LoRA ranks, mean product, SVD back)
   double rate = 1;                  // width.rate: a device's rate unless width.clients pins it
   struct Client {
     std::string name;  // cleave-client --name
     double rate = 1;
   };
   std::vector<Client> clients;      // width.clients: [{name, rate}, ...]
+  // width.assign: fixed (width.rate) | profile: a device not pinned gets the largest of
+  // width.rates its Profile admits (memory, and with width.max_task_s its task's time).
+  std::string assign = "fixed";
+  std::vector<double> rates = {1, 0.5, 0.25, 0.125, 0.0625};  // width.rates
+  double max_task_s = 0;            // width.max_task_s: 0 = no bound on the task's time
+  // Whether a rate is a fraction of the LoRA rank (hetlora, flexlora), not of the widths.
+  bool ranks() const { return method == "hetlora" || method == "flexlora"; }
 };
 
 void ReadWidth(ConfigSection& s, WidthConfig& c);

@@ -84,6 +84,40 @@ StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet
   return out;
 }
 
+StatusOr<std::vector<std::vector<int64_t>>> LeadingPositions(const ParameterSet& whole, const ParameterSet& sub) {
+  if (whole.size() != sub.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (size_t t = 0; t < whole.size(); ++t) {
+    const Tensor& w = whole.tensors()[t];
+    const Tensor& s = sub.tensors()[t];
+    if (w.name != s.name || w.shape.size() != s.shape.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " is not ", w.name));
+    }
+    for (size_t d = 0; d < w.shape.size(); ++d) {
+      if (s.shape[d] < 1 || s.shape[d] > w.shape[d]) {
+        return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","),
+                                                       "] is not a block of [", absl::StrJoin(w.shape, ","), "]"));
+      }
+    }
+    // Row-major: an index of the block, digit by digit, into the whole's strides.
+    std::vector<int64_t> positions(static_cast<size_t>(s.numel()));
+    std::vector<int64_t> index(s.shape.size(), 0);
+    for (int64_t& p : positions) {
+      int64_t flat = 0;
+      for (size_t d = 0; d < w.shape.size(); ++d) flat = flat * w.shape[d] + index[d];
+      p = flat;
+      for (size_t d = s.shape.size(); d-- > 0;) {
+        if (++index[d] < s.shape[d]) break;
+        index[d] = 0;
+      }
+    }
+    out.push_back(std::move(positions));
+  }
+  return out;
+}
+
 ParameterSet Gather(const ParameterSet& whole, const ParameterSet& sub,
                     const std::vector<std::vector<int64_t>>& positions) {
   ParameterSet out = sub;
@@ -118,6 +152,7 @@ Status SubmodelSum::Add(const std::vector<TensorView>& delta, const std::vector<
     delta[t].Read(0, delta[t].numel, values[t].data());
   }
   std::lock_guard<std::mutex> l(mu_);
+  total_ += weight;
   for (size_t t = 0; t < values.size(); ++t) {
     for (size_t i = 0; i < values[t].size(); ++i) {
       sum_[t][positions[t][i]] += weight * values[t][i];
@@ -133,6 +168,21 @@ ParameterSet SubmodelSum::Mean() const {
   for (size_t t = 0; t < out.size(); ++t) {
     auto& v = out.mutable_tensors()[t].values;
     for (size_t i = 0; i < v.size(); ++i) v[i] = weight_[t][i] > 0 ? static_cast<float>(sum_[t][i] / weight_[t][i]) : 0.0f;
+  }
+  return out;
+}
+
+ParameterSet SubmodelSum::ZeroPadded(const ParameterSet& start) const {
+  std::lock_guard<std::mutex> l(mu_);
+  ParameterSet out = layout_;
+  if (total_ <= 0) return out.ZerosLike();
+  for (size_t t = 0; t < out.size(); ++t) {
+    auto& v = out.mutable_tensors()[t].values;
+    const auto& from = start.tensors()[t].values;
+    // mean = (sum_ + weight_ start) / total_, less start.
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = static_cast<float>((sum_[t][i] - (total_ - weight_[t][i]) * from[i]) / total_);
+    }
   }
   return out;
 }

@@ -26,6 +26,10 @@ namespace cleave {
 StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet& whole, const ParameterSet& sub,
                                                              int64_t roll);
 
+// For each tensor of `sub` (as above), the positions of the leading block: in every
+// dimension, its first indices (per-device LoRA ranks: a lower rank's adapters).
+StatusOr<std::vector<std::vector<int64_t>>> LeadingPositions(const ParameterSet& whole, const ParameterSet& sub);
+
 // The submodel's values: `whole`'s elements at `positions`, in `sub`'s layout.
 ParameterSet Gather(const ParameterSet& whole, const ParameterSet& sub,
                     const std::vector<std::vector<int64_t>>& positions);
@@ -40,11 +44,17 @@ class SubmodelSum {
              double weight);
   // Per element, the weighted mean over the devices that hold it; 0 where none does.
   ParameterSet Mean() const;
+  // HetLoRA's zero-padded mean, as a change of `start` (the values the devices started
+  // from): each device's values (start plus its delta) padded with zeros where it holds
+  // no element, averaged over all the devices; an element only some hold shrinks
+  // towards 0 by the weight of those that do not.
+  ParameterSet ZeroPadded(const ParameterSet& start) const;
 
  private:
   mutable std::mutex mu_;
   ParameterSet layout_;
   std::vector<std::vector<double>> sum_, weight_;
+  double total_ = 0;  // the weight of every device added
 };
 
 }  // namespace cleave

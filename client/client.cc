@@ -57,7 +57,8 @@ void Client::Stop() {
 Status Client::Impl::Run() {
   UseTorchThreads();  // clients of a simulation run on threads of their own
   if (!opts.attack.empty()) RETURN_IF_ERROR(AttackNames().Check(opts.attack));
-  if (const int64_t held = ResidentBytes(); opts.memory_limit_bytes > 0 && held > opts.memory_limit_bytes) {
+  if (const int64_t held = opts.count_resident ? ResidentBytes() : 0;
+      opts.memory_limit_bytes > 0 && held > opts.memory_limit_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("this client already holds ", held >> 20,
                                                      " MiB (its libraries and data), over its --memory-limit-mb ",
                                                      opts.memory_limit_bytes >> 20));
@@ -280,7 +281,9 @@ Status Client::Impl::SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome&
   // What training may use (Profile.memory_limit_bytes): the limit less what this process
   // holds already (its libraries and data).
   const int64_t headroom =
-      opts.memory_limit_bytes > 0 ? std::max<int64_t>(1, opts.memory_limit_bytes - ResidentBytes()) : 0;
+      opts.memory_limit_bytes > 0
+          ? std::max<int64_t>(1, opts.memory_limit_bytes - (opts.count_resident ? ResidentBytes() : 0))
+          : 0;
   auto profile = spec.ok() ? ProfileDevice(stub, welcome, *spec, opts.train, headroom, &emulator)
                            : StatusOr<v1::Profile>(spec.status());
   if (!profile.ok()) {

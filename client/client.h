@@ -71,6 +71,9 @@ struct ClientOptions {
   // training, declared to the server's cut policy (0 = no limit).
   DeviceEmulation emulation;
   int64_t memory_limit_bytes = 0;
+  // Whether what the process holds counts against memory_limit_bytes (false: clients
+  // sharing one process, as `cleave simulate`'s, budget their training alone).
+  bool count_resident = true;
 
   // TLS (cleave-client --ca --cert --key): the federation CA to verify the server with,
   // and this client's certificate and key for mutual TLS (its CN is its identity).

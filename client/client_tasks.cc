@@ -622,18 +622,11 @@ Status Client::Impl::CheckMemory(const v1::Task& task, const ModelSpec& spec, co
   if (key != memory_key) {
     std::vector<int64_t> sample = opts.train.shape;
     if (opts.train.type == ExampleType::kToken) sample = {opts.train.shape[0] - 1};
-    ASSIGN_OR_RETURN(std::vector<StageProfile> stages,
-                     ProfileStages(spec, sample, fit.batch_size, 1, fit.recompute));
-    TrainConfig train;
-    train.optimizer = fit.optimizer;
-    train.momentum = fit.momentum;
-    train.batch_size = fit.batch_size;
-    const CutProblem p = ModelCutProblem(stages, sample, train, 1);
-    memory_need = StagesMemoryBytes(p, 0, p.num_stages());
-    for (int64_t b : p.param_bytes) memory_need += b;
+    ASSIGN_OR_RETURN(const TrainingCost cost, WholeModelCost(spec, sample, fit, 1));
+    memory_need = cost.memory_bytes;
     memory_key = key;
   }
-  const int64_t held = ResidentBytes();
+  const int64_t held = opts.count_resident ? ResidentBytes() : 0;
   if (held + memory_need > opts.memory_limit_bytes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "training this model (batch %d, %s) needs about %d MiB beside the %d MiB this client holds, "

@@ -119,6 +119,7 @@ template void ConfigSection::Read<double>(const std::string&, double&);
 template void ConfigSection::Read<std::string>(const std::string&, std::string&);
 template void ConfigSection::Read<std::vector<std::string>>(const std::string&, std::vector<std::string>&);
 template void ConfigSection::Read<std::vector<int64_t>>(const std::string&, std::vector<int64_t>&);
+template void ConfigSection::Read<std::vector<double>>(const std::string&, std::vector<double>&);
 
 void ConfigSection::ReadPath(const std::string& key, std::string& out) {
   const bool present = node_->At(key).IsDefined();

@@ -40,7 +40,8 @@ class ConfigSection {
   bool given() const;
 
   // Reads `key` into `out` when present. T: bool, int, int64_t, uint64_t, double,
-  // std::string, std::vector<std::string>, std::vector<int64_t>. Doubles must be finite.
+  // std::string, std::vector<std::string>, std::vector<int64_t>, std::vector<double>.
+  // Doubles must be finite (a list's, checked by its reader).
   template <typename T>
   void Read(const std::string& key, T& out);
   // Read, then resolves a relative path against the config file's directory.

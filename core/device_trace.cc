@@ -16,6 +16,7 @@ namespace {
 
 constexpr double kForever = std::numeric_limits<double>::infinity();
 constexpr char kHeader[] = "client,slowdown,uplink_mbps,downlink_mbps,online";
+constexpr char kMemoryHeader[] = "client,slowdown,uplink_mbps,downlink_mbps,online,memory_mb";
 
 StatusOr<double> Number(absl::string_view field, const std::string& where, double min) {
   double v = 0;
@@ -71,23 +72,25 @@ StatusOr<std::vector<DeviceTrace>> ParseDeviceTraces(const std::string& text,
   std::vector<DeviceTrace> out;
   int line_no = 0;
   bool header = false;
+  size_t fields = 5;  // 6 with memory_mb
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
     const std::string where = absl::StrCat(what, ":", line_no);
     if (!header) {
-      if (line != kHeader) {
+      if (line != kHeader && line != kMemoryHeader) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ": the first line must be '", kHeader, "'"));
+            absl::StrCat(where, ": the first line must be '", kHeader, "' or '", kMemoryHeader, "'"));
       }
+      fields = line == kHeader ? 5 : 6;
       header = true;
       continue;
     }
     std::vector<absl::string_view> f = absl::StrSplit(line, ',');
-    if (f.size() != 5) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": ", f.size(), " fields, expected 5 (", kHeader, ")"));
+    if (f.size() != fields) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", f.size(), " fields, expected ", fields, " (",
+                                                     fields == 5 ? kHeader : kMemoryHeader, ")"));
     }
     int64_t client = -1;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(f[0]), &client) ||
@@ -99,6 +102,11 @@ StatusOr<std::vector<DeviceTrace>> ParseDeviceTraces(const std::string& text,
     ASSIGN_OR_RETURN(t.device.slowdown, Number(f[1], where + " slowdown", 1));
     ASSIGN_OR_RETURN(t.device.uplink_mbps, Number(f[2], where + " uplink_mbps", 0));
     ASSIGN_OR_RETURN(t.device.downlink_mbps, Number(f[3], where + " downlink_mbps", 0));
+    if (fields == 6) {
+      ASSIGN_OR_RETURN(const double mb, Number(f[5], where + " memory_mb", 0));
+      if (mb != std::floor(mb)) return absl::InvalidArgumentError(absl::StrCat(where, " memory_mb: whole MiB"));
+      t.device.memory_limit_mb = static_cast<int64_t>(mb);
+    }
     const absl::string_view online = absl::StripAsciiWhitespace(f[4]);
     if (online == "none") {
       t.always_online = false;
@@ -120,7 +128,9 @@ StatusOr<std::vector<DeviceTrace>> ReadDeviceTraces(const std::string& path) {
 }
 
 std::string FormatDeviceTraces(const std::vector<DeviceTrace>& traces) {
-  std::string out = absl::StrCat(kHeader, "\n");
+  bool memory = false;
+  for (const DeviceTrace& t : traces) memory = memory || t.device.memory_limit_mb > 0;
+  std::string out = absl::StrCat(memory ? kMemoryHeader : kHeader, "\n");
   for (size_t i = 0; i < traces.size(); ++i) {
     const DeviceTrace& t = traces[i];
     std::string online;
@@ -132,7 +142,9 @@ std::string FormatDeviceTraces(const std::vector<DeviceTrace>& traces) {
       }
     }
     absl::StrAppend(&out, i, ",", Num(t.device.slowdown), ",", Num(t.device.uplink_mbps), ",",
-                    Num(t.device.downlink_mbps), ",", online, "\n");
+                    Num(t.device.downlink_mbps), ",", online);
+    if (memory) absl::StrAppend(&out, ",", t.device.memory_limit_mb);
+    absl::StrAppend(&out, "\n");
   }
   return out;
 }
@@ -151,6 +163,9 @@ StatusOr<std::vector<DeviceTrace>> GenerateDeviceTraces(const TraceSpec& s) {
     return bad("the online fraction must be in (0, 1]");
   }
   if (!(s.session_s > 0) || !(s.horizon_s > 0)) return bad("session and horizon must be > 0 s");
+  for (const TraceSpec::Tier& tier : s.tiers) {
+    if (tier.memory_mb < 0 || !(tier.slowdown >= 1)) return bad("a tier: memory >= 0 MiB, slowdown >= 1");
+  }
   std::mt19937_64 rng(s.seed);
   std::uniform_real_distribution<double> unit(0, 1);
   auto log_uniform = [&](double lo, double hi) {
@@ -159,8 +174,14 @@ StatusOr<std::vector<DeviceTrace>> GenerateDeviceTraces(const TraceSpec& s) {
   // Rounded to 3 significant decimals so that the file reads back unchanged.
   auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
   std::vector<DeviceTrace> out(s.clients);
-  for (DeviceTrace& t : out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    DeviceTrace& t = out[i];
     t.device.slowdown = round3(log_uniform(1, s.speed_spread));
+    if (!s.tiers.empty()) {
+      const TraceSpec::Tier& tier = s.tiers[i % s.tiers.size()];
+      t.device.slowdown = round3(t.device.slowdown * tier.slowdown);
+      t.device.memory_limit_mb = tier.memory_mb;
+    }
     if (s.uplink_max_mbps > 0) t.device.uplink_mbps = round3(log_uniform(s.uplink_min_mbps, s.uplink_max_mbps));
     if (s.downlink_max_mbps > 0) {
       t.device.downlink_mbps = round3(log_uniform(s.downlink_min_mbps, s.downlink_max_mbps));
@@ -182,6 +203,23 @@ StatusOr<std::vector<DeviceTrace>> GenerateDeviceTraces(const TraceSpec& s) {
       t.online.emplace_back(now, kForever);  // past the horizon: online for good
     }
   }
+  return out;
+}
+
+StatusOr<std::vector<TraceSpec::Tier>> ParseTiers(const std::string& text) {
+  std::vector<TraceSpec::Tier> out;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(item, ':');
+    TraceSpec::Tier tier;
+    if (parts.size() != 2 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(parts[0]), &tier.memory_mb) ||
+        !absl::SimpleAtod(absl::StripAsciiWhitespace(parts[1]), &tier.slowdown) || tier.memory_mb < 0 ||
+        !(tier.slowdown >= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("tier '", item,
+                                                     "': MEMORY_MB:SLOWDOWN, memory >= 0 MiB, slowdown >= 1"));
+    }
+    out.push_back(tier);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--tiers: at least one MEMORY_MB:SLOWDOWN");
   return out;
 }
 

@@ -7,6 +7,9 @@
 //   1,6.5,2,8,0-120;300-
 //   2,2,10,40,none
 //
+// A sixth column, memory_mb (header ...,online,memory_mb), gives each device the memory
+// it lends to training (cleave-client --memory-limit-mb; 0 = no limit).
+//
 // `online`: the windows (seconds since the federation started) in which the client is
 // connected, `START-END` separated by ';', the last one may be open (`START-`); empty =
 // always, `none` = never. Outside its windows a client is stopped (a dropout: its task
@@ -63,7 +66,17 @@ struct TraceSpec {
   double online_fraction = 1;
   double session_s = 600;
   double horizon_s = 24 * 3600;
+  // Device tiers (`cleave trace --tiers`), in equal numbers: client i is of tier
+  // i mod tiers.size(), whose memory it lends to training and whose slowdown multiplies
+  // its speed draw. Empty: no tiers (no memory limit).
+  struct Tier {
+    int64_t memory_mb = 0;
+    double slowdown = 1;
+  };
+  std::vector<Tier> tiers;
 };
+// Tiers written MEMORY_MB:SLOWDOWN,... ("4096:1,1024:4,256:16").
+StatusOr<std::vector<TraceSpec::Tier>> ParseTiers(const std::string& text);
 StatusOr<std::vector<DeviceTrace>> GenerateDeviceTraces(const TraceSpec& spec);
 
 }  // namespace cleave

@@ -1,5 +1,10 @@
 // The rules that combine modules, all in one place (job/job.h). Each refusal names the
 // key and says why the combination is unsound.
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "job/job.h"
@@ -186,7 +191,28 @@ Status CheckPrivacy(const JobConfig& c) {
 Status CheckWidth(const JobConfig& c) {
   if (!c.width.enabled) return absl::OkStatus();
   const std::string& m = c.model.name;
-  RETURN_IF_ERROR(Range(m == "mlp" || m == "lenet5" || m == "cnn", "width", "used with model.name mlp, lenet5 or cnn"));
+  const WidthConfig& w = c.width;
+  if (w.ranks()) {
+    RETURN_IF_ERROR(Range((m == "gpt" || m == "hf") && c.model.lora.enabled(), "width.method",
+                          "hetlora or flexlora used with model.lora on model.name gpt or hf"));
+    // Every rate must name a whole rank of model.lora.rank.
+    const int rank = c.model.lora.rank;
+    std::vector<std::pair<std::string, double>> rates = {{"width.rate", w.rate}};
+    for (const WidthConfig::Client& client : w.clients) rates.emplace_back("width.clients[].rate", client.rate);
+    if (w.assign == "profile") {
+      for (double r : w.rates) rates.emplace_back("width.rates", r);
+    }
+    for (const auto& [key, rate] : rates) {
+      const double r = rate * rank;
+      RETURN_IF_ERROR(Range(std::abs(r - std::round(r)) < 1e-9 && std::round(r) >= 1, key,
+                            absl::StrCat("a whole fraction k / ", rank, " of model.lora.rank (", rate, " gives rank ",
+                                         r, ")")));
+    }
+  } else {
+    RETURN_IF_ERROR(Range(m == "mlp" || m == "lenet5" || m == "cnn", "width",
+                          "used with model.name mlp, lenet5 or cnn (LoRA ranks of gpt or hf: width.method "
+                          "hetlora or flexlora)"));
+  }
   const auto no = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("width: submodels do not combine with ", what, " yet"));
   };
@@ -195,8 +221,13 @@ Status CheckWidth(const JobConfig& c) {
   if (c.secure_aggregation.enabled) return no("secure_aggregation (masks per slice)");
   if (c.dp.enabled) return no("dp");
   if (c.aggregation.rule != "mean") return no("a robust aggregation.rule");
-  if (c.compression.update != "none") return no("compression.update (error feedback would mix windows)");
-  if (!c.model.personal.empty() || c.model.lora.enabled()) return no("model.personal or model.lora");
+  // A device's window is fixed but for FedRolex's, so a client's error-feedback memory
+  // stays in place; EF21's server estimate is a sum of every client's full-model estimate.
+  if (c.compression.update != "none" && w.method == "fedrolex") {
+    return no("compression.update with width.method fedrolex (error feedback would mix rolled windows)");
+  }
+  if (absl::EndsWith(c.compression.update, ":ef21")) return no("compression.update :ef21");
+  if (!c.model.personal.empty()) return no("model.personal");
   return absl::OkStatus();
 }
 

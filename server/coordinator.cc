@@ -36,6 +36,12 @@ Status Coordinator::Init() {
     split_->mu().AssertHeld();  // this->mu_
     RETURN_IF_ERROR(split_->Init(spec, *model_));
   }
+  if (NeedProfile()) {  // what profiling clients time their downlink with
+    auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
+    probe_digest_ = Sha256Hex(*probe);
+    blobs_[probe_digest_] = std::move(probe);
+    pinned_blobs_.insert(probe_digest_);
+  }
   run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
   if (!opts_.run_dir.empty()) {
     std::error_code ec;

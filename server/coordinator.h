@@ -135,7 +135,9 @@ class Coordinator : private RoundContext {
   void CountSplitUp(int64_t bytes);
   void CountLabels(int64_t labels);
   void CountSplitDown(int64_t bytes);
-  int64_t probe_size() const;
+  // The bytes of the probe blob clients time their downlink with when they profile.
+  static constexpr int64_t kProbeBytes = 256 << 10;
+  int64_t probe_size() const { return kProbeBytes; }
   ThreadPool& pool() { return pool_; }
   const Clock& clock() const override { return *clock_; }
   // Upload admission (server/upload_slots.h), used by the transport's upload calls.
@@ -274,8 +276,8 @@ class Coordinator : private RoundContext {
   // The task message for `cid` in `round` (split: publishes its client part); records it.
   v1::ServerMessage MakeTaskLocked(int64_t round, const std::string& cid, const FitSettings& fit,
                                    int64_t deadline_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // split.cut: auto: clients take part once they sent a Profile.
-  bool NeedProfile() const;
+  // The mode's driver wants a Profile of every client before it takes part.
+  bool NeedProfile() const { return mode_driver_->NeedsProfile(); }
   // Encodes global_ and makes it the model version clients fetch.
   void PublishModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest)
@@ -416,6 +418,7 @@ class Coordinator : private RoundContext {
   // and their blob, pinned.
   QuantizedSet quantized_base_;
   std::string quantized_base_digest_;
+  std::string probe_digest_;  // the probe blob, when clients profile
   int64_t quantized_base_size_ = 0;
   // What updates leave out: personal_ and frozen_. Updates, the strategy and secure
   // aggregation see shared_layout_ (global_ without them).

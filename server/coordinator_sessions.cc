@@ -147,8 +147,8 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
     if (NeedProfile()) {
       *welcome->mutable_model() = model_desc_;
       welcome->set_profile_batch_size(cfg_.train.batch_size);
-      welcome->set_probe_digest(split_->probe_digest());
-      welcome->set_probe_size(SplitDriver::kProbeBytes);
+      welcome->set_probe_digest(probe_digest_);
+      welcome->set_probe_size(kProbeBytes);
     }
     spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
     sessions_[s.id] = std::move(s);
@@ -266,11 +266,10 @@ Status Coordinator::SecAggSubmit(const v1::SecAggRequest& req, const std::string
 
 Status Coordinator::SetProfile(const std::string& client_id, const v1::Profile& p) {
   if (!NeedProfile()) return absl::OkStatus();  // nothing to decide from it
-  RETURN_IF_ERROR(split_->CheckProfile(p));
+  RETURN_IF_ERROR(mode_driver_->CheckProfile(p));
   MutexLock l(&mu_);
   if (!sessions_.count(client_id)) return absl::OkStatus();
-  split_->mu().AssertHeld();  // this->mu_
-  split_->ProfileLocked(client_id, p);
+  mode_driver_->ProfileLocked(client_id, p);
   return absl::OkStatus();
 }
 
@@ -331,7 +330,6 @@ void Coordinator::Revoke(std::set<std::string> revoked) {
   }
 }
 
-bool Coordinator::NeedProfile() const { return split_ && split_->NeedProfile(); }
 
 int Coordinator::ConnectedLocked() const {
   int n = 0;
@@ -409,7 +407,6 @@ void Coordinator::CountLabels(int64_t labels) {
   if (split_) split_->CountLabels(labels);
 }
 
-int64_t Coordinator::probe_size() const { return SplitDriver::kProbeBytes; }
 
 int Coordinator::SetMaxSessions(int derived) {
   MutexLock l(&mu_);

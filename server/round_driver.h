@@ -41,6 +41,7 @@
 namespace cleave {
 
 namespace v1 {
+class Profile;
 class Task;
 class UploadHeader;
 }  // namespace v1
@@ -100,6 +101,12 @@ class RoundDriver {
   virtual Status Fold(const ParameterSet& /*start*/, int64_t /*weight*/) {
     return absl::OkStatus();
   }
+  // The mode's driver: whether clients must send a Profile (what they measured of the
+  // model, their link and memory; Welcome.profile_batch_size) before they take part
+  // (split with cut: auto, width.assign: profile); its checks; keeping a checked one.
+  virtual bool NeedsProfile() const { return false; }
+  virtual Status CheckProfile(const v1::Profile& /*p*/) const { return absl::OkStatus(); }
+  virtual void ProfileLocked(const std::string& /*client_id*/, const v1::Profile& /*p*/) {}
   // The mode's driver: whether session `client_id` can be given tasks yet (split with
   // cut: auto: once it sent a Profile).
   virtual bool ServesLocked(const std::string& /*client_id*/) const { return true; }

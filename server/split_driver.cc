@@ -28,7 +28,7 @@ SplitDriver::SplitDriver(RoundContext& ctx) : ctx_(ctx) {
 SplitDriver::~SplitDriver() = default;
 
 // A pipeline's planner places segments from the profiles even at a fixed cut.
-bool SplitDriver::NeedProfile() const {
+bool SplitDriver::NeedsProfile() const {
   return ctx_.config().split.cut == 0 || ctx_.config().split.mode == "pipeline";
 }
 
@@ -74,18 +74,19 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
                                                      "; lower train.batch_size or cut deeper"));
     }
   }
-  auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
-  probe_digest_ = Sha256Hex(*probe);
-  ctx_.PinBlobLocked(probe_digest_, std::move(probe));
   spdlog::info("split learning: {}, {} stages, cut {}, window {}", cfg.split.mode, num_stages_,
                cfg.split.cut ? std::to_string(cfg.split.cut) : "auto", cfg.split.window);
   return absl::OkStatus();
 }
 
 Status SplitDriver::CheckProfile(const v1::Profile& p) const {
-  if (p.stage_seconds_size() != num_stages_) {
+  return CheckProfileValues(p, num_stages_);
+}
+
+Status CheckProfileValues(const v1::Profile& p, int num_stages) {
+  if (p.stage_seconds_size() != num_stages) {
     return absl::InvalidArgumentError(absl::StrCat("profile has ", p.stage_seconds_size(),
-                                                   " stage times, the model ", num_stages_));
+                                                   " stage times, the model ", num_stages));
   }
   for (double t : p.stage_seconds()) {
     if (!std::isfinite(t) || t < 0) {

@@ -38,28 +38,27 @@ class SecAggDriver;   // server/secagg_driver.h
 // The codec name split tensors carry for a compression.* value ("" = float32).
 std::string SplitTensorCodec(const std::string& spec);
 
+// A client's Profile against a model of `num_stages` stages: INVALID_ARGUMENT unless it
+// has one finite time >= 0 per stage, finite links >= 0 and a memory limit >= 0.
+Status CheckProfileValues(const v1::Profile& p, int num_stages);
+
 class SplitDriver : public RoundDriver {
  public:
-  // The bytes of the probe blob clients time their downlink with (auto cut).
-  static constexpr int64_t kProbeBytes = 256 << 10;
-
   explicit SplitDriver(RoundContext& ctx);
   ~SplitDriver() override;
   // The coordinator's mutex, which guards the driver's round state.
   Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
 
-  // Loads the mode, profiles the server's stages of `model`, publishes the probe blob
-  // (auto cut).
+  // Loads the mode, profiles the server's stages of `model`.
   Status Init(const ModelSpec& spec, const Model& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // split.cut: auto, or a pipeline: clients must send a Profile before they take part.
-  bool NeedProfile() const;
+  bool NeedsProfile() const override;
   int num_stages() const { return num_stages_; }
-  const std::string& probe_digest() const { return probe_digest_; }
   // A client's Profile (stage times, link, memory): INVALID_ARGUMENT unless it has one
   // finite time >= 0 per stage and finite links >= 0. No lock.
-  Status CheckProfile(const v1::Profile& p) const;
+  Status CheckProfile(const v1::Profile& p) const override;
   // Keeps the checked profile of session `client_id`, which may now take part.
-  void ProfileLocked(const std::string& client_id, const v1::Profile& p)
+  void ProfileLocked(const std::string& client_id, const v1::Profile& p) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // What crossed the cut this round (the transport counts it, without the lock).
   void CountUp(int64_t bytes) { up_ += bytes; }
@@ -94,7 +93,7 @@ class SplitDriver : public RoundDriver {
   void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   bool ServesLocked(const std::string& client_id) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
-    return !NeedProfile() || clients_.count(client_id) > 0;
+    return !NeedsProfile() || clients_.count(client_id) > 0;
   }
   // Its measured links and its last cut.
   void DescribeClientLocked(const std::string& client_id, ClientHealth* c) const override
@@ -160,7 +159,6 @@ class SplitDriver : public RoundDriver {
   std::vector<StageProfile> server_profile_;
   std::vector<std::vector<int64_t>> stage_shapes_;  // per-sample input of stage s, s <= n
   CutProblem model_problem_;  // the cost model's model- and server-side inputs
-  std::string probe_digest_;
 
   std::map<std::string, ClientState> clients_ ABSL_GUARDED_BY(ctx_.mu());  // by session id
   std::map<std::string, SplitTask> tasks_ ABSL_GUARDED_BY(ctx_.mu());  // the round's, by id

@@ -2,7 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cleave/v1/cleave.pb.h"
+#include "compression/codec.h"
+#include "server/split_driver.h"
 #include "aggregation/strategy.h"
 #include "models/model.h"
 #include "server/options.h"
@@ -10,12 +18,111 @@
 
 namespace cleave {
 
-double WidthDriver::RateOf(const std::string& name) const {
-  const WidthConfig& w = ctx_.config().width;
+namespace {
+
+// The rate width.clients pins for a device named `name`.
+std::optional<double> Pinned(const WidthConfig& w, const std::string& name) {
   for (const WidthConfig::Client& c : w.clients) {
     if (c.name == name) return c.rate;
   }
-  return w.rate;
+  return std::nullopt;
+}
+
+}  // namespace
+
+double WidthDriver::RateOfLocked(const Session& s) const {
+  const WidthConfig& w = ctx_.config().width;
+  if (auto pinned = Pinned(w, s.name)) return *pinned;
+  auto assigned = assigned_.find(s.id);
+  return assigned != assigned_.end() ? assigned->second : w.rate;
+}
+
+bool WidthDriver::NeedsProfile() const { return ctx_.config().width.assign == "profile"; }
+
+Status WidthDriver::CheckProfile(const v1::Profile& p) const {
+  if (p.stage_seconds_size() == 0) return absl::InvalidArgumentError("profile has no stage times");
+  return CheckProfileValues(p, p.stage_seconds_size());
+}
+
+bool WidthDriver::ServesLocked(const std::string& client_id) const {
+  return !NeedsProfile() || assigned_.count(client_id) > 0;
+}
+
+void WidthDriver::SessionEndedLocked(const std::string& client_id) { assigned_.erase(client_id); }
+
+void WidthDriver::ProfileLocked(const std::string& client_id, const v1::Profile& p) {
+  Session* s = ctx_.FindSessionLocked(client_id);
+  if (s == nullptr) return;
+  StatusOr<double> rate = ChooseRateLocked(*s, p);
+  if (!rate.ok()) {  // left out, as a device that refused a task for lack of memory
+    spdlog::warn("client {} ({}) is left out: {}", client_id, s->name, std::string(rate.status().message()));
+    s->unfit = std::string(rate.status().message());
+    return;
+  }
+  assigned_[client_id] = *rate;
+}
+
+ModelSpec WidthDriver::SpecAt(double rate) const {
+  ModelSpec spec = ctx_.model_spec();
+  if (ctx_.config().width.ranks()) {
+    spec.lora.rank = static_cast<int>(RankOf(rate));
+    spec.lora.alpha = AlphaAtRank(ctx_.model_spec().lora, spec.lora.rank);
+  } else {
+    spec.width = rate;
+  }
+  return spec;
+}
+
+StatusOr<const WidthDriver::RateCost*> WidthDriver::CostLocked(double rate) {
+  auto it = costs_.find(rate);
+  if (it != costs_.end()) return &it->second;
+  const ModelSpec spec = SpecAt(rate);
+  const std::vector<int64_t> sample = spec.text() ? std::vector<int64_t>{spec.gpt.context} : spec.input_shape;
+  RateCost c;
+  ASSIGN_OR_RETURN(c.cost, WholeModelCost(spec, sample, FitOf(ctx_.config().train), 3));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec));
+  c.bytes = static_cast<int64_t>(Without(model->Parameters(), model->FrozenTensors()).EncodedSize());
+  return &costs_.emplace(rate, c).first->second;
+}
+
+StatusOr<double> WidthDriver::ChooseRateLocked(const Session& s, const v1::Profile& p) {
+  const WidthConfig& w = ctx_.config().width;
+  if (auto pinned = Pinned(w, s.name)) return *pinned;
+  const TrainConfig& train = ctx_.config().train;
+  // Batches per task, and the device's time per batch of the whole model.
+  const int64_t batch = std::max(1, train.batch_size);
+  const int64_t steps = train.local_steps > 0 ? train.local_steps
+                                              : train.local_epochs * ((s.num_examples + batch - 1) / batch);
+  double device_s = 0;
+  for (double t : p.stage_seconds()) device_s += t;
+  if (p.batch_size() > 0) device_s *= static_cast<double>(batch) / p.batch_size();
+  ASSIGN_OR_RETURN(const RateCost* whole, CostLocked(1.0));
+  std::string why;
+  for (double rate : w.rates) {
+    ASSIGN_OR_RETURN(const RateCost* c, CostLocked(rate));
+    double task_s = steps * device_s * c->cost.seconds / std::max(1e-9, whole->cost.seconds);
+    if (p.downlink_bytes_per_s() > 0) task_s += c->bytes / p.downlink_bytes_per_s();
+    if (p.uplink_bytes_per_s() > 0) task_s += c->bytes / p.uplink_bytes_per_s();
+    const bool memory = p.memory_limit_bytes() == 0 || c->cost.memory_bytes <= p.memory_limit_bytes();
+    const bool time = w.max_task_s == 0 || task_s <= w.max_task_s;
+    const auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+    why = absl::StrFormat("rate %g needs about %.2f MiB to train (%s) and a task of about %.1f s (%s)", rate,
+                          mib(c->cost.memory_bytes),
+                          p.memory_limit_bytes() > 0 ? absl::StrFormat("it has %.2f MiB", mib(p.memory_limit_bytes()))
+                                                     : std::string("no memory limit"),
+                          task_s,
+                          w.max_task_s > 0 ? absl::StrFormat("width.max_task_s %g", w.max_task_s)
+                                           : std::string("no width.max_task_s"));
+    if (memory && time) {
+      spdlog::info("client {} ({}) gets width rate {}: {}", s.id, s.name, rate, why);
+      return rate;
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat("no rate of width.rates fits it; the smallest, ", why));
+}
+
+int64_t WidthDriver::RankOf(double rate) const {
+  return std::llround(rate * ctx_.model_spec().lora.rank);
 }
 
 Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::vector<std::string>* clients) {
@@ -24,9 +131,17 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
   task_rates_.clear();
   submodels_.clear();
   closed_.reset();
-  sum_ = std::make_shared<SubmodelSum>(ctx_.GlobalLocked());
+  closed_products_.reset();
+  start_ = Without(ctx_.GlobalLocked(), ctx_.frozen());
+  sum_.reset();
+  products_.reset();
+  if (ctx_.config().width.method == "flexlora") {
+    ASSIGN_OR_RETURN(products_, FlexLoraSum::Create(ctx_.model_spec(), start_));
+  } else {
+    sum_ = std::make_shared<SubmodelSum>(start_);
+  }
   for (const std::string& id : *clients) {
-    const double rate = RateOf(ctx_.FindSessionLocked(id)->name);
+    const double rate = RateOfLocked(*ctx_.FindSessionLocked(id));
     RETURN_IF_ERROR(SubmodelLocked(rate).status());
     rates_[id] = rate;
   }
@@ -36,19 +151,27 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
 StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   auto it = submodels_.find(rate);
   if (it != submodels_.end()) return &it->second;
+  const WidthConfig& w = ctx_.config().width;
   auto layout = layouts_.find(rate);
-  if (layout == layouts_.end()) {  // the submodel's shapes, from the model built at its width
-    ModelSpec spec = ctx_.model_spec();
-    spec.width = rate;
-    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec));
-    layout = layouts_.emplace(rate, model->Parameters()).first;
+  if (layout == layouts_.end()) {
+    if (w.ranks()) {  // the adapters at the rate's rank
+      ASSIGN_OR_RETURN(ParameterSet adapters, AdaptersAtRank(ctx_.model_spec(), start_, RankOf(rate)));
+      layout = layouts_.emplace(rate, std::move(adapters)).first;
+    } else {  // the submodel's shapes, from the model built at its width
+      ModelSpec spec = ctx_.model_spec();
+      spec.width = rate;
+      ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec));
+      layout = layouts_.emplace(rate, model->Parameters()).first;
+    }
   }
-  // FedRolex's window starts one further each round; HeteroFL's is the leading one.
-  const int64_t roll = ctx_.config().width.method == "fedrolex" ? round_ - 1 : 0;
+  // A rank's adapters are the leading block; FedRolex's window starts one further each
+  // round; HeteroFL's is the leading one.
+  const int64_t roll = w.method == "fedrolex" ? round_ - 1 : 0;
   Submodel s;
-  ASSIGN_OR_RETURN(auto positions, SubmodelPositions(ctx_.GlobalLocked(), layout->second, roll));
+  ASSIGN_OR_RETURN(auto positions, w.ranks() ? LeadingPositions(start_, layout->second)
+                                             : SubmodelPositions(start_, layout->second, roll));
   s.positions = std::make_shared<const std::vector<std::vector<int64_t>>>(std::move(positions));
-  auto part = std::make_shared<const ParameterSet>(Gather(ctx_.GlobalLocked(), layout->second, *s.positions));
+  auto part = std::make_shared<const ParameterSet>(Gather(start_, layout->second, *s.positions));
   auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(*part));
   s.digest = Sha256Hex(*blob);
   s.size = static_cast<int64_t>(blob->size());
@@ -60,10 +183,17 @@ StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
 void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   const double rate = rates_.at(rec->client_id);
   const Submodel& s = submodels_.at(rate);  // made by BeginLocked
-  task->mutable_model()->set_width(rate);
+  if (ctx_.config().width.ranks()) {
+    const int64_t rank = RankOf(rate);
+    task->mutable_model()->mutable_lora()->set_rank(static_cast<int32_t>(rank));
+    task->mutable_model()->mutable_lora()->set_alpha(AlphaAtRank(ctx_.model_spec().lora, rank));
+  } else {
+    task->mutable_model()->set_width(rate);
+  }
   task->set_model_digest(s.digest);
   task->set_model_size(s.size);
-  rec->expected_size = static_cast<int64_t>(s.part->EncodedSize());
+  rec->expected_size = ctx_.update_codec() ? EncodedTensorsSize(*ctx_.update_codec(), *s.part)
+                                           : static_cast<int64_t>(s.part->EncodedSize());
   task_rates_[rec->id] = rate;
 }
 
@@ -77,6 +207,12 @@ const ParameterSet* WidthDriver::UploadLayoutLocked(const TaskRecord& t) {
 RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
   auto rate = task_rates_.find(t.id);
   if (rate == task_rates_.end()) return nullptr;
+  if (products_) {
+    return [products = products_, rank = RankOf(rate->second)](const std::vector<TensorView>& delta,
+                                                               int64_t weight) -> Status {
+      return products->Add(delta, rank, static_cast<double>(weight));
+    };
+  }
   return [sum = sum_, positions = submodels_.at(rate->second).positions](const std::vector<TensorView>& delta,
                                                                          int64_t weight) -> Status {
     return sum->Add(delta, *positions, static_cast<double>(weight));
@@ -91,13 +227,27 @@ void WidthDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
     m->widths[s ? s->name : t.client_id] = rate->second;
   }
   closed_ = std::move(sum_);
+  closed_products_ = std::move(products_);
 }
 
-Status WidthDriver::Fold(const ParameterSet& /*start*/, int64_t /*weight*/) {
+Status WidthDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
   const std::shared_ptr<SubmodelSum> sum = std::move(closed_);
-  if (!sum) return absl::InternalError("width: no closed round to aggregate");
-  const ParameterSet mean = sum->Mean();
-  ctx_.Accumulate(ClientUpdate::Unnamed(ViewsOf(mean), 1));
+  const std::shared_ptr<FlexLoraSum> products = std::move(closed_products_);
+  ParameterSet change;
+  if (products) {  // FlexLoRA: the factored mean product, as a change of the start
+    ASSIGN_OR_RETURN(change, products->Result());
+    if (!change.SameLayout(start)) return absl::InternalError("flexlora: the result is not the round's layout");
+    for (size_t t = 0; t < change.size(); ++t) {
+      auto& v = change.mutable_tensors()[t].values;
+      const auto& from = start.tensors()[t].values;
+      for (size_t i = 0; i < v.size(); ++i) v[i] -= from[i];
+    }
+  } else if (sum) {
+    change = ctx_.config().width.method == "hetlora" ? sum->ZeroPadded(start) : sum->Mean();
+  } else {
+    return absl::InternalError("width: no closed round to aggregate");
+  }
+  ctx_.Accumulate(ClientUpdate::Unnamed(ViewsOf(change), 1));
   return absl::OkStatus();
 }
 

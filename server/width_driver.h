@@ -7,6 +7,18 @@
 // the submodel's delta, is placed back element by element (aggregation/submodel.h), and
 // the round's mean, per element over the devices that hold it, enters the strategy as one
 // update. A device that cannot hold its rate refuses the task (--memory-limit-mb).
+//
+// With width.assign: profile a device not pinned by name sends a Profile when it joins
+// (its time per batch of the whole model, its link, its memory budget) and gets the
+// largest of width.rates whose training fits its memory and, with width.max_task_s, whose
+// task would take no longer (local steps at its measured speed scaled by the rate's
+// share of the server's time per batch, plus the rate's model down and its delta up over
+// its measured link). A device no rate fits is left out with the reason.
+//
+// With width.method hetlora or flexlora a rate is a fraction of model.lora.rank
+// (models/lora_ranks.h): the task's model is the leading block of the federation's
+// adapters at the device's rank, and the round aggregates by HetLoRA's zero-padded mean
+// or FlexLoRA's SVD of the mean product.
 #pragma once
 
 #include <map>
@@ -15,6 +27,8 @@
 #include <vector>
 
 #include "aggregation/submodel.h"
+#include "models/lora_ranks.h"
+#include "split/cut_policy.h"
 #include "server/round_context.h"
 #include "server/round_driver.h"
 
@@ -39,8 +53,19 @@ class WidthDriver : public RoundDriver {
   // A client's evaluation would be of its submodel, not of the model the server holds.
   bool ClientsEvaluate() const override { return false; }
 
-  // The rate of a client named `name`.
-  double RateOf(const std::string& name) const;
+  // width.assign: profile.
+  bool NeedsProfile() const override;
+  Status CheckProfile(const v1::Profile& p) const override;
+  void ProfileLocked(const std::string& client_id, const v1::Profile& p) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  bool ServesLocked(const std::string& client_id) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void SessionEndedLocked(const std::string& client_id) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+
+  // The rate of session `s`: pinned by its name, else assigned from its profile, else
+  // width.rate.
+  double RateOfLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // The LoRA rank of `rate` (width.method hetlora or flexlora).
+  int64_t RankOf(double rate) const;
 
  private:
   // A rate's submodel this round: its layout (values: the round's model) and where its
@@ -52,15 +77,35 @@ class WidthDriver : public RoundDriver {
     int64_t size = 0;
   };
   StatusOr<Submodel*> SubmodelLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // The model a device of `rate` trains.
+  ModelSpec SpecAt(double rate) const;
+  // What training a rate's model takes on the server (memory, seconds per batch) and the
+  // bytes of its trained tensors, measured once.
+  struct RateCost {
+    TrainingCost cost;
+    int64_t bytes = 0;
+  };
+  StatusOr<const RateCost*> CostLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // The largest of width.rates session `s`'s profile admits; FAILED_PRECONDITION, with
+  // why, when none does.
+  StatusOr<double> ChooseRateLocked(const Session& s, const v1::Profile& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
   RoundContext& ctx_;
   int64_t round_ ABSL_GUARDED_BY(ctx_.mu()) = 0;
   std::map<double, ParameterSet> layouts_ ABSL_GUARDED_BY(ctx_.mu());  // each rate's, all run long
+  std::map<double, RateCost> costs_ ABSL_GUARDED_BY(ctx_.mu());        // likewise
+  std::map<std::string, double> assigned_ ABSL_GUARDED_BY(ctx_.mu());  // from profiles, by session id
   std::map<double, Submodel> submodels_ ABSL_GUARDED_BY(ctx_.mu());    // the round's, by rate
   std::map<std::string, double> rates_ ABSL_GUARDED_BY(ctx_.mu());     // the round's, by session id
   std::map<std::string, double> task_rates_ ABSL_GUARDED_BY(ctx_.mu());  // by task id
+  // The round's start in the update layout (LoRA: the adapters, without the frozen base).
+  ParameterSet start_ ABSL_GUARDED_BY(ctx_.mu());
+  // The round's sum: FlexLoRA's products, or every other method's elements.
   std::shared_ptr<SubmodelSum> sum_ ABSL_GUARDED_BY(ctx_.mu());
-  std::shared_ptr<SubmodelSum> closed_;  // the closed round's, for Fold (round thread)
+  std::shared_ptr<FlexLoraSum> products_ ABSL_GUARDED_BY(ctx_.mu());
+  // The closed round's, for Fold (round thread).
+  std::shared_ptr<SubmodelSum> closed_;
+  std::shared_ptr<FlexLoraSum> closed_products_;
 };
 
 }  // namespace cleave

@@ -175,4 +175,20 @@ CutProblem CutFeedback::Apply(CutProblem p) const {
   return p;
 }
 
+StatusOr<TrainingCost> WholeModelCost(const ModelSpec& spec, const std::vector<int64_t>& sample_shape,
+                                      const FitSettings& fit, int reps) {
+  ASSIGN_OR_RETURN(std::vector<StageProfile> stages,
+                   ProfileStages(spec, sample_shape, fit.batch_size, reps, fit.recompute));
+  TrainConfig train;
+  train.optimizer = fit.optimizer;
+  train.momentum = fit.momentum;
+  train.batch_size = fit.batch_size;
+  const CutProblem p = ModelCutProblem(stages, sample_shape, train, 1);
+  TrainingCost cost;
+  cost.memory_bytes = StagesMemoryBytes(p, 0, p.num_stages());
+  for (int64_t b : p.param_bytes) cost.memory_bytes += b;
+  for (const StageProfile& s : stages) cost.seconds += s.seconds;
+  return cost;
+}
+
 }  // namespace cleave

@@ -30,6 +30,8 @@
 
 namespace cleave {
 
+struct FitSettings;   // core/fit.h
+struct ModelSpec;     // models/model.h
 struct StageProfile;  // models/part.h
 struct TrainConfig;   // core/fit.h
 
@@ -85,6 +87,18 @@ int64_t StagesMemoryBytes(const CutProblem& p, int begin, int end, int window = 
 CutProblem ModelCutProblem(const std::vector<StageProfile>& stages,
                            const std::vector<int64_t>& sample_shape, const TrainConfig& train,
                            int window);
+
+// Training the whole of `spec` on one device, batches of fit.batch_size samples shaped
+// `sample_shape`: the memory it takes (parameters, gradients, optimizer state,
+// activations: StagesMemoryBytes of every stage, plus the frozen parameters; what a
+// client checks its --memory-limit-mb against) and the seconds of one batch's forward
+// and backward here (`reps` timed).
+struct TrainingCost {
+  int64_t memory_bytes = 0;
+  double seconds = 0;
+};
+StatusOr<TrainingCost> WholeModelCost(const ModelSpec& spec, const std::vector<int64_t>& sample_shape,
+                                      const FitSettings& fit, int reps);
 
 class CutPolicy {
  public:

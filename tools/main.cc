@@ -93,7 +93,7 @@ Command AddSimulate(CLI::App& app) {
 
 struct TraceArgs {
   cleave::TraceSpec spec;
-  std::string out, up, down;
+  std::string out, up, down, tiers;
 };
 
 int RunTrace(TraceArgs& t) {
@@ -108,6 +108,14 @@ int RunTrace(TraceArgs& t) {
       std::cerr << "cleave trace: " << flag << " wants MIN:MAX, got '" << text << "'\n";
       return 2;
     }
+  }
+  if (!t.tiers.empty()) {
+    auto tiers = cleave::ParseTiers(t.tiers);
+    if (!tiers.ok()) {
+      std::cerr << "cleave trace: " << tiers.status().message() << "\n";
+      return 2;
+    }
+    t.spec.tiers = *std::move(tiers);
   }
   auto traces = cleave::GenerateDeviceTraces(t.spec);
   cleave::Status s = traces.ok() ? cleave::WriteFileAtomic(t.out, cleave::FormatDeviceTraces(*traces))
@@ -135,6 +143,9 @@ Command AddTrace(CLI::App& app) {
   trace->add_option("--online", t->spec.online_fraction,
                     "fraction of the time a client is online (default 1: always)");
   trace->add_option("--session-s", t->spec.session_s, "mean online session (seconds)");
+  trace->add_option("--tiers", t->tiers,
+                    "device tiers in equal numbers, MEMORY_MB:SLOWDOWN,... (client i is of tier i mod n: the "
+                    "memory it lends to training, a factor on its slowdown), e.g. 4096:1,1024:4,256:16");
   trace->add_option("--horizon-s", t->spec.horizon_s,
                     "windows up to this time (seconds); online for good after it");
   return {trace, [t] { return RunTrace(*t); }};

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -487,6 +488,29 @@ Summary Summarise(const RunRecord& run) {
   return s;
 }
 
+// Devices of unequal size (job section width): which method each run used, and the
+// rate each device had in its last round. Empty when no run had a width section.
+std::vector<std::vector<std::string>> UnequalDevices(const std::vector<RunRecord>& runs) {
+  static const std::map<std::string, std::string> kMethods = {
+      {"heterofl", "HeteroFL: width-scaled submodels, leading channels"},
+      {"fedrolex", "FedRolex: width-scaled submodels, rolling window"},
+      {"hetlora", "HetLoRA: per-device LoRA ranks, zero-padded mean"},
+      {"flexlora", "FlexLoRA: per-device LoRA ranks, mean product factored by SVD"}};
+  std::vector<std::vector<std::string>> rows;
+  for (const RunRecord& r : runs) {
+    if (r.width_method.empty()) continue;
+    auto m = kMethods.find(r.width_method);
+    std::vector<std::string> rates;
+    if (!r.rounds.empty() && r.rounds.back().contains("widths") && r.rounds.back()["widths"].is_object()) {
+      for (const auto& [client, rate] : r.rounds.back()["widths"].items()) {
+        if (rate.is_number()) rates.push_back(absl::StrFormat("%s %g", client, rate.get<double>()));
+      }
+    }
+    rows.push_back({r.name, m != kMethods.end() ? m->second : r.width_method, absl::StrJoin(rates, ", ")});
+  }
+  return rows;
+}
+
 const char* const kSummaryColumns[] = {"run", "rounds", "metric", "final", "best", "final loss",
                                        "wall time", "bytes up", "bytes down", "epsilon", "failures"};
 
@@ -542,6 +566,10 @@ StatusOr<RunRecord> LoadRun(const std::string& run_dir) {
       if (node["run"] && node["run"]["name"] && node["run"]["name"].IsScalar()) {
         run.name = node["run"]["name"].as<std::string>();
       }
+      if (const YAML::Node width = node["width"]; width && width.IsMap()) {
+        const YAML::Node method = width["method"];
+        run.width_method = method && method.IsScalar() ? method.as<std::string>() : "heterofl";
+      }
     } catch (const YAML::Exception&) {  // the name stays the directory's
     }
   }
@@ -579,7 +607,18 @@ pre { background: #f6f6f6; padding: 8px; overflow: auto; max-height: 400px; }
   }
   absl::StrAppend(&html, "</table>\n<p class=\"note\">Final: the last model's value (the final "
                          "evaluation's, when the run had one). Bytes: what crossed the transport, "
-                         "framing included.</p>\n<div class=\"charts\">\n");
+                         "framing included.</p>\n");
+  if (const auto devices = UnequalDevices(runs); !devices.empty()) {
+    absl::StrAppend(&html, "<h2>Devices of unequal size</h2>\n<table id=\"widths\"><tr><th>run</th>"
+                           "<th>method</th><th>rates in the last round</th></tr>\n");
+    for (const auto& row : devices) {
+      absl::StrAppend(&html, "<tr><td>", Escape(row[0]), "</td><td>", Escape(row[1]), "</td><td>", Escape(row[2]),
+                      "</td></tr>\n");
+    }
+    absl::StrAppend(&html, "</table>\n<p class=\"note\">A rate is the fraction of every hidden layer "
+                           "(submodels) or of model.lora.rank (LoRA ranks) a device trained.</p>\n");
+  }
+  absl::StrAppend(&html, "<div class=\"charts\">\n");
   for (const Chart& chart : Charts(runs)) {
     if (chart.empty()) continue;
     absl::StrAppend(&html, "<figure><figcaption>", Escape(chart.title), "</figcaption>\n", Svg(chart));
@@ -621,6 +660,10 @@ std::string ReportMarkdown(const std::vector<RunRecord>& runs) {
   std::string md = row(header);
   absl::StrAppend(&md, "|", absl::StrJoin(std::vector<std::string>(header.size(), "---"), "|"), "|\n");
   for (const RunRecord& r : runs) absl::StrAppend(&md, row(Cells(Summarise(r))));
+  if (const auto devices = UnequalDevices(runs); !devices.empty()) {
+    absl::StrAppend(&md, "\n", row({"run", "method", "rates in the last round"}), "|---|---|---|\n");
+    for (const auto& d : devices) absl::StrAppend(&md, row(d));
+  }
   return md;
 }
 

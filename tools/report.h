@@ -17,6 +17,7 @@ struct RunRecord {
   std::string dir;
   std::string name;              // config.yaml's run.name, else the directory's name
   std::string config;            // config.yaml's text ("" when absent)
+  std::string width_method;      // config.yaml's width.method when it has a width section
   std::vector<nlohmann::json> rounds;       // one per committed round (or applied buffer)
   std::optional<nlohmann::json> final_eval;  // the evaluation-only line, if any
 };

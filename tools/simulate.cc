@@ -152,8 +152,10 @@ int MakeVirtualClients(Simulation& sim) {
       v.emulation = trace->device;
     } else if (!c.local.profiles.empty()) {
       v.emulation = c.local.profiles[i % c.local.profiles.size()];
-      v.memory_limit_bytes = v.emulation.memory_limit_mb << 20;
     }
+    // One process holds every virtual client: a budget is for its training alone.
+    v.memory_limit_bytes = v.emulation.memory_limit_mb << 20;
+    v.count_resident = false;
     if (c.local.attackers > 0 && i >= sim.clients - c.local.attackers) v.attack = c.local.attack;
     v.task_slots = task_slots;
     v.heartbeats = heartbeats;

@@ -1,6 +1,7 @@
 // Width-scaled submodels (aggregation/submodel.h): where a submodel's elements sit in the
 // whole model's, with HeteroFL's leading window and FedRolex's rolled one, across a
-// flatten; and the per-element mean of updates from devices of different widths.
+// flatten; the leading blocks of per-device LoRA ranks; and the per-element mean of
+// updates from devices of different widths, over the holders or zero-padded (HetLoRA).
 #include "aggregation/submodel.h"
 
 #include <gtest/gtest.h>
@@ -71,6 +72,44 @@ TEST(SubmodelTest, TheMeanIsPerElementOverItsHolders) {
   // An update of another layout changes nothing.
   EXPECT_FALSE(sum.Add(ViewsOf(small), *SubmodelPositions(whole, whole, 0), 1).ok());
   EXPECT_EQ(sum.Mean().tensors()[0].values, mean.tensors()[0].values);
+}
+
+// A LoRA pair at rank 4, A [3, 4] and B [4, 2] (the decoder's Conv1D layout), and its
+// rank-2 cut.
+ParameterSet Adapters(int64_t rank) {
+  ParameterSet p;
+  EXPECT_TRUE(p.Add({"c.lora_A", {3, rank}, std::vector<float>(3 * rank, 0)}).ok());
+  EXPECT_TRUE(p.Add({"c.lora_B", {rank, 2}, std::vector<float>(rank * 2, 0)}).ok());
+  return p;
+}
+
+TEST(SubmodelTest, ALowerRankIsTheLeadingBlock) {
+  auto p = LeadingPositions(Adapters(4), Adapters(2));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)[0], (std::vector<int64_t>{0, 1, 4, 5, 8, 9}));  // A's first 2 columns
+  EXPECT_EQ((*p)[1], (std::vector<int64_t>{0, 1, 2, 3}));        // B's first 2 rows
+  EXPECT_FALSE(LeadingPositions(Adapters(2), Adapters(4)).ok()) << "larger";
+}
+
+// HetLoRA: each device's values (start + delta) padded with zeros, averaged over all; an
+// element one device lacks shrinks by its weight.
+TEST(SubmodelTest, ZeroPaddingAveragesOverEveryDevice) {
+  ParameterSet start = Adapters(4);
+  for (auto& t : start.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), 2.0f);
+  SubmodelSum sum(start);
+  ParameterSet low = Adapters(2);  // weight 1, delta 1: values 3 on its block
+  for (auto& t : low.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), 1.0f);
+  ASSERT_TRUE(sum.Add(ViewsOf(low), *LeadingPositions(start, low), 1).ok());
+  ParameterSet high = Adapters(4);  // weight 3, delta -1: values 1 everywhere
+  for (auto& t : high.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), -1.0f);
+  ASSERT_TRUE(sum.Add(ViewsOf(high), *LeadingPositions(start, high), 3).ok());
+  const ParameterSet change = sum.ZeroPadded(start);
+  // A[0][0]: (1 x 3 + 3 x 1) / 4 = 1.5, a change of -0.5; A[0][3]: (1 x 0 + 3 x 1) / 4.
+  EXPECT_FLOAT_EQ(change.tensors()[0].values[0], -0.5f);
+  EXPECT_FLOAT_EQ(change.tensors()[0].values[3], 0.75f - 2.0f);
+  EXPECT_FLOAT_EQ(change.tensors()[1].values[7], 0.75f - 2.0f);  // B's last row
+  // The holders' mean, for comparison: no shrinking.
+  EXPECT_FLOAT_EQ(sum.Mean().tensors()[0].values[3], -1.0f);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 namespace cleave {
 namespace {
@@ -110,6 +112,39 @@ TEST(DeviceTraceTest, GeneratedTracesFollowTheSpecAndTheSeed) {
     edit(&bad);
     EXPECT_EQ(GenerateDeviceTraces(bad).status().code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+// Memory/compute tiers: the sixth column lends each device its memory; `cleave trace
+// --tiers` deals the tiers out in equal numbers and reads back unchanged.
+TEST(DeviceTraceTest, TiersGiveMemoryAndSlowdownAndReadBack) {
+  auto t = ParseDeviceTraces("client,slowdown,uplink_mbps,downlink_mbps,online,memory_mb\n0,1,0,0,,4096\n1,4,0,0,,0\n",
+                             "t.csv");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)[0].device.memory_limit_mb, 4096);
+  EXPECT_EQ((*t)[1].device.memory_limit_mb, 0);
+  EXPECT_FALSE(ParseDeviceTraces(std::string(kHeader) + "0,1,0,0,,256\n", "t.csv").ok()) << "6 fields, 5-column header";
+  EXPECT_FALSE(ParseDeviceTraces("client,slowdown,uplink_mbps,downlink_mbps,online,memory_mb\n0,1,0,0,,1.5\n", "t.csv").ok());
+
+  auto tiers = ParseTiers("4096:1, 1024:4,256:16");
+  ASSERT_TRUE(tiers.ok()) << tiers.status();
+  EXPECT_FALSE(ParseTiers("256").ok());
+  EXPECT_FALSE(ParseTiers("256:0.5").ok()) << "faster than no slowdown";
+  TraceSpec spec;
+  spec.clients = 7;
+  spec.speed_spread = 2;
+  spec.tiers = *tiers;
+  auto g = GenerateDeviceTraces(spec);
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (size_t i = 0; i < g->size(); ++i) {
+    const DeviceTrace& d = (*g)[i];
+    EXPECT_EQ(d.device.memory_limit_mb, (std::vector<int64_t>{4096, 1024, 256})[i % 3]) << i;
+    const double tier = (std::vector<double>{1, 4, 16})[i % 3];
+    EXPECT_GE(d.device.slowdown, tier * 0.999) << i;
+    EXPECT_LE(d.device.slowdown, tier * 2 * 1.001) << i;
+  }
+  auto back = ParseDeviceTraces(FormatDeviceTraces(*g), "back");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(FormatDeviceTraces(*back), FormatDeviceTraces(*g));
 }
 
 }  // namespace

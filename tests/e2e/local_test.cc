@@ -229,6 +229,30 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: 
   EXPECT_NE(table.find("| all | 1000 |"), std::string::npos) << table;
 }
 
+// Memory tiers from `cleave trace --tiers` (the trace's memory_mb) become each virtual
+// device's training budget, and width.assign: profile gives each the largest rate it
+// holds: the MLP takes about 3.2, 1.5 and 0.8 MiB to train at rates 1, 1/2 and 1/4.
+TEST_F(LocalTest, ASimulationAssignsWidthsFromItsDevicesMemoryTiers) {
+  const std::string trace = (dir_ / "tiers.csv").string();
+  pid_t pid = Spawn({"cleave", "trace", "--clients", "3", "--tiers", "64:1,2:1,1:1", "--out", trace}, "trace.txt");
+  ASSERT_EQ(Wait(pid, 60), 0) << ReadFile((dir_ / "trace.txt").string()).value_or("");
+  std::ofstream(config_) << R"(
+run: {name: tiers, rounds: 2, seed: 3}
+model: {name: mlp}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
+clients: {min: 3, quorum: 1.0, round_deadline_s: 120}
+train: {local_epochs: 1, batch_size: 32, lr: 0.1}
+width: {assign: profile}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: iid, clients: 3, trace: )"
+                         << trace << "}\n";
+  pid = Spawn({"cleave", "simulate", "--config", config_, "--run-dir", (dir_ / "run").string()});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1]["widths"], nlohmann::json({{"sim-0", 1.0}, {"sim-1", 0.5}, {"sim-2", 0.25}}));
+  EXPECT_GT(rows[1]["test_accuracy"].get<double>(), 0.3) << "it learns (0.1 at the start)";
+}
+
 // Pipelines in one process: chains of virtual clients, micro-batches going peer to peer
 // over loopback (each serving Peer on a port of its own), the last device of each chain
 // streaming to the in-process server.

@@ -145,5 +145,26 @@ TEST(TextFederationTest, LoraFineTunesAPretrainedBaseMovingOnlyAdapters) {
   fs::remove_all(dir);
 }
 
+// Per-device LoRA ranks (width.method hetlora, flexlora): three clients train adapters
+// of ranks 8, 4 and 2 of one decoder, each its rank's leading block, and the held-out
+// perplexity falls with either aggregation rule.
+TEST(TextFederationTest, DevicesOfThreeLoraRanksFineTuneOneDecoder) {
+  auto init = Model::Create(Gpt());
+  ASSERT_TRUE(init.ok());
+  auto test = LoadDataSpec("text:/usr/share/games/fortunes,context=32,limit=256", false);
+  const double initial = (*init)->Evaluate(*test, 64)->metrics.at("perplexity");
+  for (const char* method : {"hetlora", "flexlora"}) {
+    const auto h = RunToEnd(std::string(kFederation) + "model: {" + kGpt + ", lora: {rank: 8, alpha: 16}}\n" +
+                                "train: {optimizer: adamw, lr: 0.01, local_steps: 20, batch_size: 16}\n"
+                                "run: {rounds: 2, seed: 7}\nwidth: {method: " + method +
+                                ", clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.25}]}\n",
+                            NaturalClients(kText, 3));
+    ASSERT_EQ(h.size(), 2u) << method;
+    EXPECT_EQ(h[1].widths, (std::map<std::string, double>{{"client-0", 1.0}, {"client-1", 0.5}, {"client-2", 0.25}}));
+    EXPECT_LT(h[0].test_metrics.at("perplexity"), initial) << method;
+    EXPECT_LT(h[1].test_metrics.at("perplexity"), h[0].test_metrics.at("perplexity")) << method;
+  }
+}
+
 }  // namespace
 }  // namespace cleave

@@ -34,6 +34,28 @@ TEST(WidthTest, DevicesOfThreeWidthsTrainOneModel) {
   EXPECT_LT(h[2].test_loss, h[0].test_loss);
 }
 
+// Width-scaled submodels under an update codec: each device's int8 upload is decoded in
+// its submodel's layout, a quarter of the fp32 bytes, and the model still learns.
+TEST(WidthTest, SubmodelsUploadThroughACodec) {
+  auto run = [](const std::string& codec) {
+    Federation f;
+    f.Start(std::string(kWidthBase) + "run: {rounds: 2, seed: 3}\nclients: {min: 3, quorum: 1.0}\n" +
+                "width: {clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.25}]}\n" +
+                "compression: {update: " + codec + "}\n",
+            Options(3, 3000));
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+    for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+    return f.server->History();
+  };
+  const auto fp32 = run("none"), int8 = run("int8");
+  ASSERT_EQ(int8.size(), 2u);
+  ASSERT_EQ(fp32.size(), 2u);
+  EXPECT_EQ(int8[1].participants, 3);
+  EXPECT_LT(int8[1].bytes_up, fp32[1].bytes_up * 0.3) << "about a quarter, framing included";
+  EXPECT_GT(int8[1].test_accuracy, 0.4) << "it learns (0.1 at the start)";
+}
+
 // One device at width 1/2 for two rounds: HeteroFL trains conv1's first 3 of 6 output
 // channels only; FedRolex's window moves on by one, so the fourth trains too.
 TEST(WidthTest, FedRolexReachesChannelsHeteroFlLeaves) {

@@ -82,6 +82,17 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("width: {rate: 0.5}\nsplit: {mode: sfl-v2}", "do not combine with split learning");
   expect_error("width: {rate: 0.5}\nsecure_aggregation: {}", "secure_aggregation");
   EXPECT_TRUE(ParseJob("model: {name: cnn}\nwidth: {method: fedrolex, rate: 0.25, clients: [{name: big, rate: 1}]}\n", "").ok());
+  // Codecs: not with FedRolex's rolling windows, nor EF21's server estimate.
+  expect_error("width: {method: fedrolex}\ncompression: {update: int8}", "fedrolex");
+  expect_error("width: {rate: 0.5}\ncompression: {update: \"topk:0.1:ef21\"}", ":ef21");
+  EXPECT_TRUE(ParseJob("width: {rate: 0.5}\ncompression: {update: \"topk:0.1\"}\n", "").ok());
+  // Per-device LoRA ranks: a LoRA decoder, and rates that give whole ranks.
+  const std::string lora = "model: {name: gpt, lora: {rank: 8}}\n";
+  expect_error("width: {method: hetlora, rate: 0.5}", "model.lora");
+  expect_error(lora + "width: {method: flexlora, rate: 0.3}", "a whole fraction k / 8");
+  expect_error(lora + "width: {method: hetlora, clients: [{name: a, rate: 0.0625}]}", "width.clients[].rate");
+  expect_error(lora + "width: {method: heterofl, rate: 0.5}", "LoRA ranks of gpt or hf: width.method hetlora");
+  EXPECT_TRUE(ParseJob(lora + "width: {method: flexlora, rate: 0.25, clients: [{name: big, rate: 1}]}\n", "").ok());
   expect_error("split: {mode: sl}\nstrategy: {name: fedprox}", "fedprox is not supported");
   expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");
   expect_error("clients: {selection: fastest}", "clients.selection");

@@ -35,6 +35,12 @@ bool TestPeer::Join(const std::string& name, const std::vector<std::string>& cod
   return true;
 }
 
+bool TestPeer::SendProfile(const v1::Profile& p) {
+  v1::ClientMessage m;
+  *m.mutable_profile() = p;
+  return stream_->Write(m);
+}
+
 void TestPeer::ReadLoop() {
   v1::ServerMessage m;
   while (stream_->Read(&m)) {

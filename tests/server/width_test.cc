@@ -1,11 +1,21 @@
 // Width-scaled submodels through a real server (job section width): each device's task
 // carries its rate and the submodel's values, its upload is the submodel's delta, and the
 // round's model is the per-element mean over the devices that hold each element; an
-// upload in another shape is refused and changes nothing.
+// upload in another shape is refused and changes nothing. Per-device LoRA ranks: a
+// device's task is the leading block of the adapters at its rank, and the round is
+// HetLoRA's zero-padded mean or FlexLoRA's factored mean product.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <map>
+#include <utility>
+#include <string>
+#include <tuple>
+
 #include "client/transfer.h"
+#include "models/model.h"
 #include "server/server.h"
+#include "split/cut_policy.h"
 #include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
 
@@ -73,6 +83,185 @@ width: {clients: [{name: a, rate: 0.5}]}
   const auto h1 = server_->History();
   ASSERT_EQ(h1.size(), 1u);
   EXPECT_EQ(h1[0].widths, (std::map<std::string, double>{{"a", 0.5}, {"b", 1.0}}));
+}
+
+// width.assign: profile. Each device's Profile picks the largest of width.rates it
+// admits: a no limits gets 1; b's memory budget holds rate 1/4 but not 1/2; d's link
+// (no compute time) moves rate 1/2's model and delta within width.max_task_s, not rate
+// 1's; c's budget holds none, so it is left out and the round goes on without it.
+TEST_F(WidthTest, ProfilesAssignTheLargestRateThatFits) {
+  const std::string yaml = R"(
+run: {rounds: 1}
+model: {name: mlp, input: [4], classes: 3}
+data: {test: ""}
+clients: {min: 3, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
+train: {local_steps: 5, batch_size: 8}
+width: {assign: profile, rates: [0.25, 1, 0.5], max_task_s: 10}
+)";
+  ServerOptions o;
+  o.config = TestConfig(yaml);
+  const FitSettings fit = FitOf(o.config.train);
+  auto spec = [](double rate) {
+    ModelSpec s;
+    s.name = "mlp";
+    s.input_shape = {4};
+    s.num_classes = 3;
+    s.width = rate;
+    return s;
+  };
+  auto need = [&](double rate) { return WholeModelCost(spec(rate), {4}, fit, 1)->memory_bytes; };
+  auto bytes = [&](double rate) { return static_cast<double>((*Model::Create(spec(rate)))->Parameters().EncodedSize()); };
+  ASSERT_LT(need(0.25), need(0.5));
+  StartServerWith(std::move(o));
+  auto profile = [](int64_t memory, double link) {
+    v1::Profile p;
+    for (int i = 0; i < 3; ++i) p.add_stage_seconds(0);
+    p.set_batch_size(8);
+    p.set_memory_limit_bytes(memory);
+    p.set_uplink_bytes_per_s(link);
+    p.set_downlink_bytes_per_s(link);
+    return p;
+  };
+  TestPeer a(address_, 10), b(address_, 10), c(address_, 10), d(address_, 10);
+  for (auto [peer, name] : {std::pair{&a, "a"}, {&b, "b"}, {&c, "c"}, {&d, "d"}}) ASSERT_TRUE(peer->Join(name));
+  EXPECT_EQ(a.welcome().profile_batch_size(), 8) << "asked for a profile";
+  ASSERT_TRUE(a.SendProfile(profile(0, 0)));
+  ASSERT_TRUE(b.SendProfile(profile((need(0.25) + need(0.5)) / 2, 0)));
+  ASSERT_TRUE(c.SendProfile(profile(need(0.25) / 2, 0)));
+  // task_s = 2 bytes / link: 10 s between rate 1/2's and rate 1's.
+  ASSERT_TRUE(d.SendProfile(profile(0, (bytes(0.5) + bytes(1)) / 10)));
+  std::map<std::string, double> rates;
+  for (auto [peer, name] : {std::pair{&a, "a"}, {&b, "b"}, {&d, "d"}}) {
+    auto t = peer->NextTask();
+    ASSERT_TRUE(t) << name;
+    rates[name] = t->model().width();
+    const std::string payload = Filled(*ParameterSet::Decode(*FetchBlob(peer->stub(), peer->welcome().client_id(),
+                                                                        peer->welcome().session_token(),
+                                                                        t->model_digest())),
+                                       0.0f)
+                                    .Encode();
+    v1::UploadHeader up = peer->Header(*t, 10);
+    up.set_total_size(static_cast<int64_t>(payload.size()));
+    ASSERT_TRUE(peer->RawUpload(up, {payload}).ok()) << name;
+  }
+  EXPECT_EQ(rates, (std::map<std::string, double>{{"a", 1.0}, {"b", 0.25}, {"d", 0.5}}));
+  ASSERT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_EQ(server_->History()[0].widths, (std::map<std::string, double>{{"a", 1.0}, {"b", 0.25}, {"d", 0.5}}));
+  EXPECT_FALSE(c.NextTask(0.1)) << "c is left out";
+}
+
+constexpr char kLoraRanks[] = R"(
+run: {rounds: 1}
+model: {name: gpt, gpt: {vocab: 256, context: 8, layers: 1, heads: 2, dim: 8}, lora: {rank: 4, alpha: 8}}
+data: {test: ""}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
+)";
+
+// Device a trains rank 2 of 4 (weight 100), b rank 4 (weight 300). Returns the round's
+// adapters before and after, with `deltas(sub, whole)` making a's and b's uploads.
+struct LoraRound {
+  ParameterSet before, after, a_part;
+};
+
+class LoraRanksTest : public RunningServerTest {
+ protected:
+  LoraRound Run(const std::string& method, const std::function<ParameterSet(const ParameterSet&)>& delta) {
+    ServerOptions o;
+    o.config = TestConfig(std::string(kLoraRanks) + "width: {method: " + method + ", clients: [{name: a, rate: 0.5}]}\n");
+    StartServerWith(std::move(o));
+    LoraRound r;
+    r.before = server_->GlobalModel();
+    TestPeer a(address_, 100), b(address_, 300);
+    EXPECT_TRUE(a.Join("a"));
+    EXPECT_TRUE(b.Join("b"));
+    auto ta = a.NextTask(), tb = b.NextTask();
+    EXPECT_TRUE(ta && tb);
+    if (!ta || !tb) return r;
+    EXPECT_EQ(ta->model().lora().rank(), 2);
+    EXPECT_DOUBLE_EQ(ta->model().lora().alpha(), 4.0) << "the federation's scale, 8 / 4";
+    EXPECT_EQ(tb->model().lora().rank(), 4);
+    EXPECT_DOUBLE_EQ(ta->model().width(), 0.0) << "no width-scaled layers";
+    auto part = [](TestPeer& p, const v1::Task& t) {
+      auto blob = FetchBlob(p.stub(), p.welcome().client_id(), p.welcome().session_token(), t.model_digest());
+      EXPECT_TRUE(blob.ok()) << blob.status();
+      return blob.ok() ? *ParameterSet::Decode(*blob) : ParameterSet();
+    };
+    r.a_part = part(a, *ta);
+    const ParameterSet b_part = part(b, *tb);
+    // b's rank-4 adapters from a, a device claiming a rank it was not given: refused.
+    const std::string wrong = b_part.Encode();
+    v1::UploadHeader h = a.Header(*ta, 100);
+    h.set_total_size(static_cast<int64_t>(wrong.size()));
+    EXPECT_EQ(a.RawUpload(h, {wrong}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    for (auto [peer, task, sub, examples] : {std::tuple{&a, &*ta, static_cast<const ParameterSet*>(&r.a_part), 100}, std::tuple{&b, &*tb, &b_part, 300}}) {
+      const std::string payload = delta(*sub).Encode();
+      v1::UploadHeader up = peer->Header(*task, examples);
+      up.set_total_size(static_cast<int64_t>(payload.size()));
+      const grpc::Status s = peer->RawUpload(up, {payload});
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    }
+    EXPECT_TRUE(a.WaitRunEnded());
+    runner_.join();
+    EXPECT_TRUE(run_status_.ok()) << run_status_;
+    r.after = server_->GlobalModel();
+    return r;
+  }
+};
+
+TEST_F(LoraRanksTest, HetLoraAveragesZeroPaddedAdapters) {
+  const LoraRound r = Run("hetlora", [](const ParameterSet& sub) {
+    return Filled(sub, sub.tensors()[0].shape[1] == 2 ? 1.0f : 3.0f);  // a's A is [8, 2]
+  });
+  // a's task: the leading 2 columns of A [8, 4], the leading 2 rows of B [4, 24].
+  const Tensor& a_a = *r.a_part.Find("1.attn.c_attn.lora_A");
+  ASSERT_EQ(a_a.shape, (std::vector<int64_t>{8, 2}));
+  EXPECT_EQ(a_a.values[3], r.before.Find("1.attn.c_attn.lora_A")->values[5]) << "row 1, column 1";
+  EXPECT_EQ(r.a_part.Find("1.attn.c_attn.lora_B")->shape, (std::vector<int64_t>{2, 24}));
+  const Tensor& before = *r.before.Find("1.attn.c_attn.lora_A");
+  const Tensor& after = *r.after.Find("1.attn.c_attn.lora_A");
+  // Column 1, both devices: start + (100 x 1 + 300 x 3) / 400. Column 3, b's alone,
+  // padded with a's zero: (300 x (start + 3)) / 400.
+  EXPECT_NEAR(after.values[1], before.values[1] + 2.5f, 1e-5);
+  EXPECT_NEAR(after.values[3], 0.75f * (before.values[3] + 3.0f), 1e-5);
+  EXPECT_EQ(r.after.Find("1.attn.c_attn.weight")->values, r.before.Find("1.attn.c_attn.weight")->values)
+      << "the frozen base";
+  const auto h = server_->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].widths, (std::map<std::string, double>{{"a", 0.5}, {"b", 1.0}}));
+}
+
+TEST_F(LoraRanksTest, FlexLoraFactorsTheMeanProduct) {
+  // Deltas on B only (A stays the start's), so the mean product lies in A's column
+  // space and rank 4 holds it exactly.
+  const LoraRound r = Run("flexlora", [](const ParameterSet& sub) {
+    ParameterSet d = sub.ZerosLike();
+    for (Tensor& t : d.mutable_tensors()) {
+      if (t.name.find("lora_B") == std::string::npos) continue;
+      for (size_t i = 0; i < t.values.size(); ++i) t.values[i] = 0.01f * static_cast<float>(i % 7) - (t.shape[0] == 2 ? 0.02f : 0.0f);
+    }
+    return d;
+  });
+  const std::vector<float>& a = r.before.Find("1.mlp.c_fc.lora_A")->values;  // [8, 4]
+  const int64_t out = r.before.Find("1.mlp.c_fc.lora_B")->shape[1];           // [4, 32]
+  // The devices' trained B: 0 (the start) plus the delta above; a's rows 0-1, b's 0-3.
+  const auto b_of = [&](int64_t rows, int64_t k, int64_t j) {
+    return 0.01f * static_cast<float>((k * out + j) % 7) - (rows == 2 ? 0.02f : 0.0f);
+  };
+  const std::vector<float>& na = r.after.Find("1.mlp.c_fc.lora_A")->values;
+  const std::vector<float>& nb = r.after.Find("1.mlp.c_fc.lora_B")->values;
+  for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t j = 0; j < out; ++j) {
+      double pa = 0, pb = 0, got = 0;
+      for (int64_t k = 0; k < 2; ++k) pa += a[i * 4 + k] * b_of(2, k, j);
+      for (int64_t k = 0; k < 4; ++k) pb += a[i * 4 + k] * b_of(4, k, j);
+      for (int64_t k = 0; k < 4; ++k) got += double{na[i * 4 + k]} * nb[k * out + j];
+      EXPECT_NEAR(got, (100 * pa + 300 * pb) / 400, 1e-5) << i << "," << j;
+    }
+  }
 }
 
 }  // namespace

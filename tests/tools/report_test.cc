@@ -164,6 +164,23 @@ TEST_F(ReportTest, SplitRunsGetTheirStepTimeBreakdown) {
   EXPECT_THAT(page, HasSubstr(">12.0 ms</text>"));
 }
 
+// Devices of unequal size: the method the config names, in words, and each device's
+// rate in the last round; no such section for a run without width.
+TEST_F(ReportTest, WidthRunsSayWhichMethodAndRates) {
+  std::vector<json> rows = Rounds(2, 0.1);
+  rows.back()["widths"] = {{"phone", 0.25}, {"server", 1.0}};
+  const std::string run = Run("ranks", rows);
+  std::ofstream(fs::path(run) / "config.yaml", std::ios::app) << "width: {method: flexlora}\n";
+  auto html = WriteReport({{run}, ""});
+  ASSERT_TRUE(html.ok()) << html.status();
+  const std::string page = *ReadFile(*html);
+  EXPECT_THAT(page, HasSubstr("FlexLoRA: per-device LoRA ranks, mean product factored by SVD"));
+  EXPECT_THAT(page, HasSubstr("phone 0.25, server 1"));
+  auto plain = WriteReport({{Run("plain", Rounds(2, 0.1))}, ""});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_THAT(*ReadFile(*plain), Not(HasSubstr("Devices of unequal size")));
+}
+
 // A pipeline run: each chain of its last round gets a timeline, a bar per device pass
 // over the first batch, placed by its time and named by its micro-batch; a span that
 // is not well formed is left out, not drawn.
