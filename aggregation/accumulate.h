@@ -1,4 +1,5 @@
-// Internal to aggregation/: the streaming accumulate every strategy and wrapper uses.
+// The streaming accumulate every strategy and wrapper uses (and the width driver's sums
+// of a start and a change).
 #pragma once
 
 #include <vector>

@@ -70,6 +70,12 @@ void ReadWidth(ConfigSection& s, WidthConfig& c) {
   s.Read("assign", c.assign);
   s.Read("rates", c.rates);
   s.Read("max_task_s", c.max_task_s);
+  ConfigSection d = s.Section("distill");
+  d.Read("data", c.distill.data);
+  d.Read("steps", c.distill.steps);
+  d.Read("lr", c.distill.lr);
+  d.Read("batch_size", c.distill.batch_size);
+  d.Read("temperature", c.distill.temperature);
   s.ForEach("clients", [&c](ConfigSection& item) {
     WidthConfig::Client client;
     item.Read("name", client.name);
@@ -87,6 +93,14 @@ Status CheckWidth(WidthConfig& c) {
   for (double r : c.rates) RETURN_IF_ERROR(Range(r > 0 && r <= 1, "width.rates", "rates in (0, 1]"));
   std::sort(c.rates.begin(), c.rates.end(), std::greater<double>());
   RETURN_IF_ERROR(Range(c.max_task_s >= 0 && std::isfinite(c.max_task_s), "width.max_task_s", ">= 0"));
+  RETURN_IF_ERROR(Range(c.distill.steps >= 1 && c.distill.steps <= 1000000, "width.distill.steps", "in [1, 1000000]"));
+  RETURN_IF_ERROR(Range(c.distill.lr > 0, "width.distill.lr", "> 0"));
+  RETURN_IF_ERROR(Range(c.distill.batch_size >= 1 && c.distill.batch_size <= 65536, "width.distill.batch_size",
+                        "in [1, 65536]"));
+  RETURN_IF_ERROR(Range(c.distill.temperature > 0, "width.distill.temperature", "> 0"));
+  if (!c.distill.data.empty()) {
+    RETURN_IF_ERROR(Range(!c.ranks(), "width.distill", "used with width.method heterofl or fedrolex"));
+  }
   for (const WidthConfig::Client& client : c.clients) {
     RETURN_IF_ERROR(Range(!client.name.empty(), "width.clients[].name", "a client's name"));
     RETURN_IF_ERROR(Range(client.rate > 0 && client.rate <= 1, "width.clients[].rate", "in (0, 1]"));

@@ -63,6 +63,16 @@ struct WidthConfig {
   std::string assign = "fixed";
   std::vector<double> rates = {1, 0.5, 0.25, 0.125, 0.0625};  // width.rates
   double max_task_s = 0;            // width.max_task_s: 0 = no bound on the task's time
+  // width.distill: FedDF (Lin et al. 2020) after each round's aggregation: the server
+  // distils the ensemble of the devices' trained submodels (their mean logits) into the
+  // whole model on unlabeled data it holds (submodel methods; models/model.h Distill).
+  struct Distill {
+    std::string data;        // width.distill.data: a data spec (labels unused); "" = off
+    int64_t steps = 200;     // width.distill.steps: Adam steps a round
+    double lr = 1e-3;        // width.distill.lr
+    int batch_size = 128;    // width.distill.batch_size
+    double temperature = 1;  // width.distill.temperature
+  } distill;
   // Whether a rate is a fraction of the LoRA rank (hetlora, flexlora), not of the widths.
   bool ranks() const { return method == "hetlora" || method == "flexlora"; }
 };

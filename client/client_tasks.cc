@@ -174,6 +174,10 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
   if (spec.name == "hf") RETURN_IF_ERROR(SetHfModel(spec, d.hf_config(), "the server's config.json"));
   spec.quantize = d.quantize();
   if (d.width() > 0) spec.width = d.width();
+  if (d.has_interop()) {
+    spec.interop_base = d.interop().base();
+    spec.interop_width = d.interop().width();
+  }
   if (spec.name == "torchscript") {
     if (script_digest != d.torchscript_digest()) {
       ASSIGN_OR_RETURN(script_bytes, FetchBlob(stub, w.client_id(), w.session_token(),
@@ -588,6 +592,22 @@ StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c,
   }
   if (personal.size() == 0 && !personal_names.empty() && !PersonalFile().empty()) {
     personal = LoadPersonal(PersonalFile(), PersonalKey(task), personal_names, global);
+  }
+  if (m.spec.name == "interop") {
+    // Interoperable architectures: the blob is the shared block; this device's base and
+    // fusion are its own, from its model's initialisation until it has trained them.
+    ParameterSet whole = model->Parameters();
+    std::vector<std::string> own;
+    for (const Tensor& t : whole.tensors()) {
+      if (InteropPrivate(t.name)) own.push_back(t.name);
+    }
+    if (personal.size() == 0 && !PersonalFile().empty()) {
+      personal = LoadPersonal(PersonalFile(), PersonalKey(task), own, whole);
+    }
+    if (personal.size() == 0) personal = Only(whole, own);
+    RETURN_IF_ERROR(Overwrite(global, &whole));
+    global = std::move(whole);
+    personal_names = std::move(own);
   }
   if (personal.size() > 0) RETURN_IF_ERROR(Overwrite(personal, &global));
   RETURN_IF_ERROR(model->SetTrainedParameters(global));

@@ -201,7 +201,27 @@ Status SpecOptions::CheckKnown(const std::vector<std::string>& known) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The first `n` examples of `d` left out (its bytes too when it holds them).
+void DropFirst(int64_t n, Dataset& d) {
+  n = std::min(n, d.size);
+  if (n <= 0) return;
+  const auto drop = [n](auto& v, int64_t per) {
+    if (!v.empty()) v.erase(v.begin(), v.begin() + n * per);
+  };
+  if (!d.bytes.empty()) drop(d.bytes, d.example_bytes());
+  drop(d.labels, 1);
+  drop(d.groups, 1);
+  drop(d.targets, 1);
+  d.size -= n;
+}
+
+}  // namespace
+
 Status ApplyCommonOptions(SpecOptions& o, Dataset& d) {
+  ASSIGN_OR_RETURN(const int64_t offset, o.Int("offset", 0, 0, INT64_MAX));
+  if (!o.offset_taken) DropFirst(offset, d);
   ASSIGN_OR_RETURN(int64_t limit, o.Int("limit", 0, 0, INT64_MAX));
   if (limit > 0 && limit < d.size && !o.part_taken) {
     d.size = limit;
@@ -238,6 +258,10 @@ Status ApplyCommonOptions(SpecOptions& o, Dataset& d) {
 }
 
 StatusOr<Dataset> ReadPart(SpecOptions& o, Dataset index, const ExampleReader& read) {
+  ASSIGN_OR_RETURN(const int64_t offset, o.Int("offset", 0, 0, INT64_MAX));
+  const int64_t first = std::min(offset, index.size);  // the file's example of index 0
+  DropFirst(first, index);
+  o.offset_taken = true;
   ASSIGN_OR_RETURN(int64_t limit, o.Int("limit", 0, 0, INT64_MAX));
   if (limit > 0 && limit < index.size) {  // as ApplyCommonOptions cuts the whole set
     index.size = limit;
@@ -279,7 +303,7 @@ StatusOr<Dataset> ReadPart(SpecOptions& o, Dataset index, const ExampleReader& r
   for (size_t i = 0; i < order.size(); ++i) {
     const auto [e, place] = order[i];
     if (i == 0 || e != order[i - 1].first) {
-      RETURN_IF_ERROR(read(e, example));
+      RETURN_IF_ERROR(read(first + e, example));
       if (i == 0) {
         eb = example.size();
         d.bytes.resize(keep.size() * eb);

@@ -42,6 +42,7 @@ class SpecOptions {
   // before the part is taken); otherwise LoadDataSpecPart takes the part afterwards.
   PartFilter part;
   bool part_taken = false;
+  bool offset_taken = false;  // ReadPart applied `offset` to its index
 
  private:
   std::string spec_;
@@ -61,11 +62,12 @@ using ExampleReader = std::function<Status(int64_t example, std::vector<uint8_t>
 StatusOr<Dataset> ReadPart(SpecOptions& o, Dataset index, const ExampleReader& read);
 
 // The options ApplyCommonOptions reads.
-inline const std::vector<std::string> kCommonOptions = {"limit", "standardise", "mean", "std",
+inline const std::vector<std::string> kCommonOptions = {"offset", "limit", "standardise", "mean", "std",
                                                         "crop", "flip"};
 
-// Options every source takes: limit, standardise, mean, std, crop, flip. Applies them
-// to what a loader returned (its mean and std are the source's defaults).
+// Options every source takes: offset (leave out the first N examples), limit (then keep
+// the first N), standardise, mean, std, crop, flip. Applies them to what a loader returned
+// (its mean and std are the source's defaults).
 Status ApplyCommonOptions(SpecOptions& o, Dataset& d);
 
 struct DataSource {

@@ -31,6 +31,19 @@ Status CheckModel(const JobConfig& c) {
                           "personal layers (set data.test: \"\" or server.evaluate: false and "
                           "measure with federated evaluation, local.holdout)"));
   }
+  if (c.model.name == "interop") {
+    RETURN_IF_ERROR(Range(!c.server.evaluate, "model.name interop",
+                          "used without server-side evaluation: the server holds no device's base "
+                          "(set data.test: \"\" or server.evaluate: false and measure with federated "
+                          "evaluation, local.holdout)"));
+    const auto no = [](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.name interop (devices' own bases) does not combine with ", what, " yet"));
+    };
+    if (c.split.enabled()) return no("split learning");
+    if (c.width.enabled) return no("width");
+    if (c.scheduler.mode == "gossip") return no("scheduler.mode: gossip (peers exchange whole models)");
+  }
   return absl::OkStatus();
 }
 

@@ -227,6 +227,41 @@ nn::Sequential BuildResNet(const ModelSpec& s) {
   return seq;
 }
 
+// Interoperable architectures (Krouka & Bennis): four stages whatever the base, so that
+// the shared block's tensors have the same names on every device. Stage 0: the base (its
+// built-in model's stages but the last, the classifier); stage 1: the fusion layer,
+// the base's features to the common width; stages 2 and 3: the shared block, a hidden
+// layer of that width and the classes.
+nn::Sequential BuildBuiltinByName(const ModelSpec& spec);
+
+nn::Sequential BuildInterop(const ModelSpec& s) {
+  ModelSpec base_spec = s;
+  base_spec.name = s.interop_base;
+  nn::Sequential whole = BuildBuiltinByName(base_spec);
+  Stage base;
+  for (size_t i = 0; i + 1 < whole->size(); ++i) base->push_back(whole->ptr<StageImpl>(i));
+  nn::Sequential seq;
+  seq->push_back(base);
+  const int64_t features = FlatSize(seq, s.input_shape);
+  const int64_t w = s.interop_width;
+  seq->push_back(Stage(nn::Flatten(), nn::Linear(features, w), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(w, w), nn::ReLU()));
+  seq->push_back(Stage(nn::Linear(w, s.num_classes)));
+  return seq;
+}
+
+Status CheckInteropSpec(const ModelSpec& spec) {
+  if (spec.interop_base != "mlp" && spec.interop_base != "lenet5" && spec.interop_base != "cnn") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model interop: base '", spec.interop_base, "' is not one of mlp, lenet5, cnn"));
+  }
+  if (spec.interop_width < 1) return absl::InvalidArgumentError("model interop: the width must be >= 1");
+  if (spec.interop_base != "mlp" && spec.input_shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("model interop: base ", spec.interop_base, " needs [C, H, W] input"));
+  }
+  return absl::OkStatus();
+}
+
 Status CheckLoraOf(const std::string& model, const LoraConfig& lora,
                    const std::vector<std::string>& projections) {
   if (lora.rank < 0 || lora.rank > 4096 || !(lora.alpha > 0) || !(lora.dropout >= 0 && lora.dropout < 1)) {
@@ -294,6 +329,7 @@ Registry<ModelKind>& Models() {
     r->AddBuiltin("resnet", {ModelInput::kImages, BuildResNet});
     r->AddBuiltin("gpt", {ModelInput::kTokens, BuildGpt, CheckGptSpec});
     r->AddBuiltin("hf", {ModelInput::kTokens, BuildHf, CheckHfSpec, BuildHfStages});
+    r->AddBuiltin("interop", {ModelInput::kAny, BuildInterop, CheckInteropSpec});
     return r;
   }();
   return *models;
@@ -338,5 +374,12 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec, int begin, int end)
                                                    e.what_without_backtrace()));
   }
 }
+
+namespace {
+
+// A built-in model already checked (an interop model's base).
+nn::Sequential BuildBuiltinByName(const ModelSpec& spec) { return Models().Find(spec.name)->build(spec); }
+
+}  // namespace
 
 }  // namespace cleave

@@ -85,7 +85,7 @@ StatusOr<std::unique_ptr<FlexLoraSum>> FlexLoraSum::Create(const ModelSpec& spec
   for (size_t i = 0; i < ts.size(); ++i) {
     ASSIGN_OR_RETURN(const int dim, RankDim(spec, ts[i]));
     if (!absl::EndsWith(ts[i].name, kA)) continue;
-    const std::string b_name = absl::StrCat(ts[i].name.substr(0, ts[i].name.size() - 7), kB);
+    const std::string b_name = absl::StrCat(ts[i].name.substr(0, ts[i].name.size() - (sizeof(kA) - 1)), kB);
     size_t j = 0;
     while (j < ts.size() && ts[j].name != b_name) ++j;
     if (j == ts.size()) return absl::InvalidArgumentError(absl::StrCat("adapter ", ts[i].name, " has no ", b_name));

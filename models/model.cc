@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/builtin_models.h"
@@ -563,6 +564,70 @@ StatusOr<EvalStats> Model::Evaluate(const Dataset& data, int batch_size,
   return s;
 }
 
+StatusOr<std::vector<float>> Model::Outputs(const Dataset& data, int batch_size) {
+  if (data.size == 0) return absl::FailedPreconditionError("no data");
+  if (data.type == ExampleType::kToken) return absl::FailedPreconditionError("outputs are for classification models");
+  std::vector<float> out;
+  try {
+    torch::NoGradGuard no_grad;
+    impl_->PrepareData(data);
+    impl_->SetTraining(false);
+    for (int64_t b = 0; b < data.size; b += batch_size) {
+      const int64_t e = std::min(data.size, b + batch_size);
+      const torch::Tensor o = impl_->Forward(impl_->Input(impl_->x.slice(0, b, e))).contiguous();
+      if (o.dim() != 2) return absl::FailedPreconditionError("outputs are for classification models");
+      out.insert(out.end(), o.data_ptr<float>(), o.data_ptr<float>() + o.numel());
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("outputs failed: ", e.what_without_backtrace()));
+  }
+  return out;
+}
+
+StatusOr<double> Model::Distill(const Dataset& data, const std::vector<float>& teacher_logits,
+                                const DistillOptions& o) {
+  if (data.size == 0 || teacher_logits.empty() || teacher_logits.size() % data.size != 0) {
+    return absl::InvalidArgumentError("distillation: the teachers' outputs do not match the data");
+  }
+  const int64_t classes = static_cast<int64_t>(teacher_logits.size()) / data.size;
+  const double t = o.temperature;
+  std::vector<double> last;
+  try {
+    impl_->PrepareData(data);
+    std::vector<torch::Tensor> params;
+    for (auto& [name, p] : impl_->NamedParameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+    torch::optim::Adam adam(params, torch::optim::AdamOptions(o.lr));
+    const torch::Tensor teacher =
+        torch::from_blob(const_cast<float*>(teacher_logits.data()), {data.size, classes}, torch::kFloat32);
+    auto gen = at::detail::createCPUGenerator(o.seed);
+    impl_->SetTraining(true);
+    for (int64_t step = 0; step < o.steps; ++step) {
+      const auto idx = torch::randint(data.size, {std::min<int64_t>(o.batch_size, data.size)}, gen,
+                                      torch::TensorOptions().dtype(torch::kInt64));
+      const torch::Tensor out = impl_->Forward(impl_->Input(impl_->x.index_select(0, idx)));
+      if (out.dim() != 2 || out.size(1) != classes) {
+        return absl::InvalidArgumentError("distillation: the model's outputs are not the teachers' classes");
+      }
+      const torch::Tensor target = torch::softmax(teacher.index_select(0, idx) / t, 1);
+      const torch::Tensor loss =
+          torch::kl_div(torch::log_softmax(out / t, 1), target, at::Reduction::Sum) / out.size(0) * (t * t);
+      adam.zero_grad();
+      loss.backward();
+      adam.step();
+      last.push_back(loss.item<double>());
+      if (last.size() > 10) last.erase(last.begin());
+    }
+    impl_->SetTraining(false);
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("distillation failed: ", e.what_without_backtrace()));
+  }
+  double sum = 0;
+  for (double l : last) sum += l;
+  return last.empty() ? 0.0 : sum / static_cast<double>(last.size());
+}
+
 namespace {
 
 // The context and vocabulary of a language model's embedding stage; FAILED_PRECONDITION
@@ -785,8 +850,14 @@ ModelSpec ModelSpecOf(const ModelConfig& m, uint64_t seed) {
   spec.gpt = m.gpt;
   spec.lora = m.lora;
   spec.quantize = QuantizeCodec(m);
+  if (m.name == "interop") {
+    spec.interop_base = m.interop.base;
+    spec.interop_width = m.interop.width;
+  }
   return spec;
 }
+
+bool InteropPrivate(const std::string& name) { return absl::StartsWith(name, "0.") || absl::StartsWith(name, "1."); }
 
 StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec, int begin, int end) {
   std::vector<TorchStage> stages;

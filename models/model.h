@@ -59,10 +59,18 @@ struct ModelSpec {
   // were cut is followed by a scaler (output / sqrt(width); models/builtin_models.cc says
   // why not HeteroFL's / width). 1 = the whole model. mlp, lenet5 and cnn.
   double width = 1;
+  // For name == "interop": this device's base (mlp, lenet5 or cnn, without its last
+  // layer) and the shared block's width (model.interop).
+  std::string interop_base{};
+  int64_t interop_width = 0;
 
   // Whether the model reads token ids (gpt, hf).
   bool text() const { return name == "gpt" || name == "hf"; }
 };
+
+// model.name interop: whether tensor `name` is a device's own (its base, stage 0, and
+// its fusion layer, stage 1), never sent nor averaged; the shared block is stages 2 and 3.
+bool InteropPrivate(const std::string& name);
 
 // The model a job's model section describes, initialised from `seed` (run.seed); for
 // torchscript the caller reads model.path into `torchscript`.
@@ -70,6 +78,15 @@ ModelSpec ModelSpecOf(const ModelConfig& model, uint64_t seed);
 
 // The built-in model names (without torchscript), for validation and messages.
 std::vector<std::string> BuiltinModelNames();
+
+// What Model::Distill does (FedDF's server step; width.distill).
+struct DistillOptions {
+  int64_t steps = 200;
+  double lr = 1e-3;
+  int batch_size = 128;
+  double temperature = 1;
+  uint64_t seed = 0;  // batch order
+};
 
 // FitSettings (core/fit.h) plus what only the trainer needs.
 struct LocalTrainOptions : FitSettings {
@@ -150,6 +167,16 @@ class Model {
   // classification.
   StatusOr<EvalStats> Evaluate(const Dataset& data, int batch_size,
                                const std::string& loss = "cross_entropy") const;
+
+  // Classification models: the outputs (logits) for every example of `data`,
+  // [data.size, classes] row-major (a teacher's, for Distill).
+  StatusOr<std::vector<float>> Outputs(const Dataset& data, int batch_size);
+  // Ensemble distillation (FedDF, Lin et al. 2020): o.steps Adam steps, each on a batch
+  // of `data` drawn at random (its labels unused), minimising T² KL(softmax(teacher / T)
+  // || softmax(outputs / T)) with `teacher_logits` in Outputs' layout (an ensemble's
+  // mean). Returns the mean loss of the last ten steps.
+  StatusOr<double> Distill(const Dataset& data, const std::vector<float>& teacher_logits,
+                           const DistillOptions& o);
 
   int num_stages() const;
 

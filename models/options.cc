@@ -4,6 +4,11 @@
 
 namespace cleave {
 
+const NameTable& InteropBaseNames() {
+  static const NameTable t{"model.interop.base", {"mlp", "lenet5", "cnn"}};
+  return t;
+}
+
 const NameTable& LoraTargetNames() {
   static const NameTable t{"model.lora.targets",
                            {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj", "q_proj", "k_proj",
@@ -27,6 +32,15 @@ void ReadModel(ConfigSection& s, ModelConfig& c) {
   g.Read("heads", c.gpt.heads);
   g.Read("dim", c.gpt.dim);
   g.Read("tie", c.gpt.tie);
+  ConfigSection x = s.Section("interop");
+  x.Read("base", c.interop.base);
+  x.Read("width", c.interop.width);
+  x.ForEach("clients", [&c](ConfigSection& item) {
+    InteropConfig::Client client;
+    item.Read("name", client.name);
+    item.Read("base", client.base);
+    if (item.given()) c.interop.clients.push_back(client);
+  });
   ConfigSection l = s.Section("lora");
   l.Read("rank", c.lora.rank);
   l.Read("alpha", c.lora.alpha);
@@ -56,6 +70,24 @@ Status CheckLora(const ModelConfig& c) {
                           "used with model.name gpt or hf"));
     RETURN_IF_ERROR(Range(c.personal.empty(), "model.lora",
                           "off with model.personal (the adapters are what is federated)"));
+  }
+  return absl::OkStatus();
+}
+
+Status CheckInterop(const ModelConfig& c) {
+  const InteropConfig& x = c.interop;
+  RETURN_IF_ERROR(InteropBaseNames().Check(x.base));
+  RETURN_IF_ERROR(Range(x.width >= 1 && x.width <= 65536, "model.interop.width", "in [1, 65536]"));
+  for (const InteropConfig::Client& client : x.clients) {
+    RETURN_IF_ERROR(Range(!client.name.empty(), "model.interop.clients[].name", "a client's name"));
+    if (Status s = InteropBaseNames().Check(client.base); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.interop.clients[].base: ", s.message()));
+    }
+  }
+  if (c.name == "interop") {
+    RETURN_IF_ERROR(Range(c.personal.empty() && !c.lora.enabled() && c.weights.empty(), "model.name interop",
+                          "without model.personal, model.lora and model.weights (the bases are the "
+                          "devices' own)"));
   }
   return absl::OkStatus();
 }
@@ -90,6 +122,7 @@ Status CheckModel(ModelConfig& c) {
   RETURN_IF_ERROR(CheckGpt(c.gpt));
   RETURN_IF_ERROR(CheckLora(c));
   RETURN_IF_ERROR(CheckQuantize(c));
+  RETURN_IF_ERROR(CheckInterop(c));
   for (const std::string& p : c.personal) {
     RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
   }

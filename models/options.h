@@ -44,6 +44,30 @@ struct LoraConfig {
 // The projections LoRA can adapt: gpt's four, hf's seven.
 const NameTable& LoraTargetNames();
 
+// Interoperable architectures (Krouka & Bennis; model.name interop): each device keeps a
+// private base of its own architecture (a built-in model without its classifier layer)
+// and a fusion layer mapping its features to `width`; the shared block on top (two
+// layers of `width`, then the classes) is all that travels and is averaged.
+struct InteropConfig {
+  std::string base = "cnn";  // model.interop.base: a device's base unless clients names it
+  int64_t width = 64;        // model.interop.width: the fusion's output, the shared block's width
+  struct Client {
+    std::string name;  // cleave-client --name
+    std::string base;
+  };
+  std::vector<Client> clients;  // model.interop.clients: [{name, base}, ...]
+  // The base of a device named `name`.
+  const std::string& BaseOf(const std::string& name) const {
+    for (const Client& c : clients) {
+      if (c.name == name) return c.base;
+    }
+    return base;
+  }
+};
+
+// The architectures a private base may have.
+const NameTable& InteropBaseNames();
+
 struct ModelConfig {
   std::string name = "lenet5";   // model.name: a Models() name (models/builtin_models.h) |
                                  //   torchscript
@@ -55,6 +79,7 @@ struct ModelConfig {
   std::vector<std::string> personal;
   GptConfig gpt{};               // model.gpt, for name=gpt
   LoraConfig lora{};             // model.lora, for name=gpt
+  InteropConfig interop{};       // model.interop, for name=interop
   // model.quantize: none | int8 | nf4: the frozen base of a LoRA hf model held quantized
   // (QLoRA) on devices and server, int8 per output channel or NF4 in blocks of 64,
   // dequantized inside each matmul; it travels to devices quantized

@@ -170,6 +170,10 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
     g->set_dim(spec.gpt.dim);
     g->set_tie(spec.gpt.tie);
   }
+  if (spec.name == "interop") {
+    model_desc_.mutable_interop()->set_base(spec.interop_base);
+    model_desc_.mutable_interop()->set_width(spec.interop_width);
+  }
   if (spec.lora.enabled()) {
     v1::LoraDescription* l = model_desc_.mutable_lora();
     l->set_rank(spec.lora.rank);
@@ -209,6 +213,17 @@ Status Coordinator::SplitLayoutLocked() {
                  100.0 * trained.total_elements() / global_.total_elements(), frozen_.size(),
                  base_size_);
   }
+  if (cfg_.model.name == "interop") {  // the devices' own bases and fusion layers
+    for (const Tensor& t : global_.tensors()) {
+      if (InteropPrivate(t.name)) unpublished_.push_back(t.name);
+    }
+    not_updated_.insert(not_updated_.end(), unpublished_.begin(), unpublished_.end());
+    const ParameterSet shared = Without(global_, unpublished_);
+    spdlog::info("interoperable architectures: the shared block ({} tensors, {} values) is federated; each "
+                 "device keeps its own base and fusion layer",
+                 shared.size(), shared.total_elements());
+  }
+  unpublished_.insert(unpublished_.end(), frozen_.begin(), frozen_.end());
   if (!not_updated_.empty()) shared_layout_ = Without(global_, not_updated_);
   return absl::OkStatus();
 }
@@ -415,7 +430,7 @@ Status Coordinator::LoadCheckpoint() {
                      frozen_.empty() ? "" : " with these LoRA adapters"));
   }
   if (Status s = strategy_->Restore(ck.strategy_state); !s.ok()) return in_file(s);
-  if (frozen_.empty()) {
+  if (unpublished_.empty()) {
     global_ = std::move(ck.global);
   } else {
     RETURN_IF_ERROR(in_file(Overwrite(ck.global, &global_)));  // the adapters on the base

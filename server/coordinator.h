@@ -412,6 +412,9 @@ class Coordinator : private RoundContext {
   // in the model blob of a round; clients fetch them once, as the pinned base blob.
   // Checkpoints hold the rest: the base follows from the config (seed, model.weights).
   std::vector<std::string> frozen_;
+  // What no model blob nor checkpoint holds: frozen_, and with model.name interop the
+  // devices' own bases and fusion layers (stages 0 and 1), which the server never trains.
+  std::vector<std::string> unpublished_;
   std::string base_digest_;
   int64_t base_size_ = 0;
   // model.quantize: the whole model's quantized weights (their bytes shared with model_'s)
@@ -431,8 +434,8 @@ class Coordinator : private RoundContext {
   // What a round's model blob and a checkpoint hold: the model without its frozen base;
   // `model` itself (no copy) when nothing is frozen, else that part of it in `scratch`.
   const ParameterSet& Published(const ParameterSet& model, ParameterSet& scratch) const {
-    if (frozen_.empty()) return model;
-    scratch = Without(model, frozen_);
+    if (unpublished_.empty()) return model;
+    scratch = Without(model, unpublished_);
     return scratch;
   }
   // The Run thread is the only writer of global_ (under mu_), so it may read it without.

@@ -64,6 +64,9 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   task->set_round(round);
   task->set_task_id(absl::StrCat("r", round, "-", cid));
   *task->mutable_model() = model_desc_;
+  if (cfg_.model.name == "interop") {  // this device's own base
+    task->mutable_model()->mutable_interop()->set_base(cfg_.model.interop.BaseOf(sessions_[cid].name));
+  }
   auto* tc = task->mutable_train();
   ToProto(fit, tc);
   tc->set_loss_digest(loss_digest_);

@@ -21,8 +21,8 @@ Status CheckEdgeConfig(const FederationConfig& c) {
   if (c.split.enabled()) return no("split.mode is not supported");
   if (c.scheduler.async()) return no("scheduler.mode must be sync");
   if (c.width.enabled) return no("width (devices of unequal size) is not supported yet");
-  if (!c.model.personal.empty() || c.model.lora.rank > 0) {
-    return no("models with personal or frozen (LoRA) tensors are not supported");
+  if (!c.model.personal.empty() || c.model.lora.rank > 0 || c.model.name == "interop") {
+    return no("models with personal, frozen (LoRA) or private (interop) tensors are not supported");
   }
   return absl::OkStatus();
 }

@@ -8,12 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "aggregation/accumulate.h"
+#include "aggregation/strategy.h"
 #include "cleave/v1/cleave.pb.h"
 #include "compression/codec.h"
-#include "server/split_driver.h"
-#include "aggregation/strategy.h"
 #include "models/model.h"
 #include "server/options.h"
+#include "server/split_driver.h"
 #include "server/server.h"
 
 namespace cleave {
@@ -135,6 +136,8 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
   start_ = Without(ctx_.GlobalLocked(), ctx_.frozen());
   sum_.reset();
   products_.reset();
+  closed_teachers_.reset();
+  teachers_ = ctx_.config().width.distill.data.empty() ? nullptr : std::make_shared<Teachers>();
   if (ctx_.config().width.method == "flexlora") {
     ASSIGN_OR_RETURN(products_, FlexLoraSum::Create(ctx_.model_spec(), start_));
   } else {
@@ -213,13 +216,21 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
       return products->Add(delta, rank, static_cast<double>(weight));
     };
   }
-  return [sum = sum_, positions = submodels_.at(rate->second).positions](const std::vector<TensorView>& delta,
-                                                                         int64_t weight) -> Status {
-    return sum->Add(delta, *positions, static_cast<double>(weight));
+  const Submodel& s = submodels_.at(rate->second);
+  return [sum = sum_, positions = s.positions, teachers = teachers_, part = s.part, r = rate->second](
+             const std::vector<TensorView>& delta, int64_t weight) -> Status {
+    RETURN_IF_ERROR(sum->Add(delta, *positions, static_cast<double>(weight)));
+    if (teachers) {  // FedDF's teacher: the device's trained submodel
+      ParameterSet trained = *part;
+      AddScaled(delta, 1.0f, &trained);
+      std::lock_guard<std::mutex> l(teachers->mu);
+      teachers->models.emplace_back(r, std::move(trained));
+    }
+    return absl::OkStatus();
   };
 }
 
-void WidthDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
+void WidthDriver::CloseLocked(int64_t round, RoundMetrics* m) {
   for (const auto& [id, t] : ctx_.TasksLocked()) {
     auto rate = task_rates_.find(id);
     if (rate == task_rates_.end() || t.state != TaskState::kDone) continue;
@@ -228,6 +239,41 @@ void WidthDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
   }
   closed_ = std::move(sum_);
   closed_products_ = std::move(products_);
+  closed_teachers_ = std::move(teachers_);
+  closed_round_ = round;
+}
+
+Status WidthDriver::DistillInto(ParameterSet* whole, const Teachers& teachers) {
+  const WidthConfig::Distill& o = ctx_.config().width.distill;
+  if (teachers.models.empty()) return absl::OkStatus();
+  if (!distill_data_) {
+    ASSIGN_OR_RETURN(Dataset d, LoadDataSpec(o.data, /*train=*/true));
+    distill_data_ = std::move(d);
+  }
+  // The ensemble: the mean of the devices' logits.
+  std::vector<float> mean;
+  for (const auto& [rate, params] : teachers.models) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> teacher, Model::Create(SpecAt(rate)));
+    RETURN_IF_ERROR(teacher->SetParameters(params));
+    ASSIGN_OR_RETURN(std::vector<float> logits, teacher->Outputs(*distill_data_, 256));
+    if (mean.empty()) mean.assign(logits.size(), 0.0f);
+    if (logits.size() != mean.size()) return absl::InternalError("width.distill: teachers of other outputs");
+    for (size_t i = 0; i < logits.size(); ++i) mean[i] += logits[i] / static_cast<float>(teachers.models.size());
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> student, Model::Create(ctx_.model_spec()));
+  RETURN_IF_ERROR(student->SetParameters(*whole));
+  DistillOptions d;
+  d.steps = o.steps;
+  d.lr = o.lr;
+  d.batch_size = o.batch_size;
+  d.temperature = o.temperature;
+  d.seed = ctx_.config().run.seed * 1000003 + static_cast<uint64_t>(closed_round_);
+  ASSIGN_OR_RETURN(const double loss, student->Distill(*distill_data_, mean, d));
+  spdlog::info("round {}: FedDF distilled {} devices' submodels into the whole model ({} steps on {} examples, "
+               "loss {:.4f})",
+               closed_round_, teachers.models.size(), o.steps, distill_data_->size, loss);
+  *whole = student->Parameters();
+  return absl::OkStatus();
 }
 
 Status WidthDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
@@ -237,13 +283,17 @@ Status WidthDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
   if (products) {  // FlexLoRA: the factored mean product, as a change of the start
     ASSIGN_OR_RETURN(change, products->Result());
     if (!change.SameLayout(start)) return absl::InternalError("flexlora: the result is not the round's layout");
-    for (size_t t = 0; t < change.size(); ++t) {
-      auto& v = change.mutable_tensors()[t].values;
-      const auto& from = start.tensors()[t].values;
-      for (size_t i = 0; i < v.size(); ++i) v[i] -= from[i];
-    }
+    AddScaled(ViewsOf(start), -1.0f, &change);
   } else if (sum) {
     change = ctx_.config().width.method == "hetlora" ? sum->ZeroPadded(start) : sum->Mean();
+    if (const std::shared_ptr<Teachers> teachers = std::move(closed_teachers_)) {
+      // FedDF on the aggregate (start + mean), distilled, as a change of the start.
+      ParameterSet whole = start;
+      AddScaled(ViewsOf(change), 1.0f, &whole);
+      RETURN_IF_ERROR(DistillInto(&whole, *teachers));
+      AddScaled(ViewsOf(start), -1.0f, &whole);
+      change = std::move(whole);
+    }
   } else {
     return absl::InternalError("width: no closed round to aggregate");
   }

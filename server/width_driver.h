@@ -23,10 +23,14 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "aggregation/submodel.h"
+#include "data/dataset.h"
 #include "models/lora_ranks.h"
 #include "split/cut_policy.h"
 #include "server/round_context.h"
@@ -103,9 +107,20 @@ class WidthDriver : public RoundDriver {
   // The round's sum: FlexLoRA's products, or every other method's elements.
   std::shared_ptr<SubmodelSum> sum_ ABSL_GUARDED_BY(ctx_.mu());
   std::shared_ptr<FlexLoraSum> products_ ABSL_GUARDED_BY(ctx_.mu());
+  // width.distill: the devices' trained submodels, by rate, added as they upload.
+  struct Teachers {
+    std::mutex mu;
+    std::vector<std::pair<double, ParameterSet>> models;
+  };
+  std::shared_ptr<Teachers> teachers_ ABSL_GUARDED_BY(ctx_.mu());
   // The closed round's, for Fold (round thread).
   std::shared_ptr<SubmodelSum> closed_;
   std::shared_ptr<FlexLoraSum> closed_products_;
+  std::shared_ptr<Teachers> closed_teachers_;
+  int64_t closed_round_ = 0;
+  // FedDF's step on `whole`, the round's aggregate (round thread): distilled in place.
+  Status DistillInto(ParameterSet* whole, const Teachers& teachers);
+  std::optional<Dataset> distill_data_;  // width.distill.data, loaded at the first round
 };
 
 }  // namespace cleave

@@ -64,6 +64,11 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
     ASSIGN_OR_RETURN(out.config, LoadJob(config));
   }
   const ModelConfig& m = out.config.model;
+  if (m.name == "interop") {
+    return absl::FailedPreconditionError(
+        "an interop run checkpoints its shared block only: each device keeps its own base, so no whole model "
+        "exists here to load (the devices measure it: local.holdout, client_eval in metrics.jsonl)");
+  }
   ModelSpec spec = ModelSpecOf(out.config.model, out.config.run.seed);
   if (m.name == "torchscript") {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(m.path));

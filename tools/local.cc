@@ -287,7 +287,8 @@ std::vector<std::string> ClientArgv(const LocalRun& r, int i, const std::string&
   if (c.scheduler.gossip() || c.split.mode == "pipeline") {
     argv.insert(argv.end(), {"--peer-listen", "127.0.0.1:0"});
   }
-  if (!c.model.personal.empty()) {  // kept across a resumed run's client restarts
+  // Personal layers and interop's private bases: kept across a resumed run's client restarts.
+  if (!c.model.personal.empty() || c.model.name == "interop") {
     argv.insert(argv.end(), {"--state-dir", r.run_dir + "/clients/" + name});
   }
   if (i >= r.clients - c.local.attackers) argv.insert(argv.end(), {"--attack", c.local.attack});

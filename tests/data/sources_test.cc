@@ -259,6 +259,14 @@ TEST_F(SourcesTest, SklearnRegressionTable) {
   auto limited = LoadDataSpec(spec + ",limit=7", true);
   ASSERT_TRUE(limited.ok()) << limited.status();
   EXPECT_EQ(limited->targets, std::vector<float>(d->targets.begin(), d->targets.begin() + 7));
+  // offset leaves out the first rows, then limit keeps the next ones.
+  auto later = LoadDataSpec(spec + ",offset=5,limit=7", true);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->targets, std::vector<float>(d->targets.begin() + 5, d->targets.begin() + 12));
+  std::vector<float> row(d->example_bytes() / sizeof(float)), expected(row.size());
+  later->Normalised(0, row.data());
+  d->Normalised(5, expected.data());
+  EXPECT_EQ(row, expected);
   const std::string bad = Write("r.csv", "a,y\n1,2.5\n2,inf\n");
   EXPECT_NE(Error("csv:" + bad + ",label=y,regression").find("r.csv:3: target 'inf' is not a finite number"),
             std::string::npos);
@@ -322,16 +330,16 @@ TEST_F(SourcesTest, EverySourceReadsAPartAloneAsThePartTaken) {
   struct Case {
     std::string spec;
     std::vector<std::string> partitions;
-    std::string limit;  // an option that cuts the set before the part is taken
+    std::string limit;  // options that cut the set before the part is taken
   };
   const std::vector<Case> cases = {
       {"folder:" + (dir_ / "png").string() + ",channels=1",
        {"iid,client=1,of=3", "shards:2,client=0,of=4,seed=5", "labels:3,client=2,of=4"},
-       ",limit=41"},
-      {"cifar10:" + (dir_ / "cifar").string(), {"iid,client=2,of=3", "dirichlet:0.5,client=1,of=3"}, ",limit=41"},
-      {"csv:" + (dir_ / "fmnist.csv").string() + ",label=label", {"iid,client=0,of=4", "labels:2,client=3,of=5"}, ",limit=41"},
-      {"tsv:" + tsv + ",label=y,group=site,standardise", {"natural,client=1,of=2", "iid,client=0,of=2"}, ",limit=4"},
-      {"text:/usr/share/games/fortunes,context=256", {"natural,client=3,of=10", "iid,client=7,of=10"}, ",limit=6000"},
+       ",offset=7,limit=41"},
+      {"cifar10:" + (dir_ / "cifar").string(), {"iid,client=2,of=3", "dirichlet:0.5,client=1,of=3"}, ",offset=30,limit=41"},
+      {"csv:" + (dir_ / "fmnist.csv").string() + ",label=label", {"iid,client=0,of=4", "labels:2,client=3,of=5"}, ",offset=3,limit=41"},
+      {"tsv:" + tsv + ",label=y,group=site,standardise", {"natural,client=1,of=2", "iid,client=0,of=2"}, ",offset=1,limit=3"},
+      {"text:/usr/share/games/fortunes,context=256", {"natural,client=3,of=10", "iid,client=7,of=10"}, ",offset=500,limit=6000"},
   };
   for (const auto& [spec, partitions, limit] : cases) {
     for (const std::string& partition : partitions) {

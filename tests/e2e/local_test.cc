@@ -229,6 +229,33 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: 
   EXPECT_NE(table.find("| all | 1000 |"), std::string::npos) << table;
 }
 
+// Interoperable architectures as processes: three clients with bases of three
+// architectures keep them in their state directories and report their held-out accuracy;
+// the run's checkpoint holds the shared block only, so `cleave evaluate` says why it
+// cannot load a whole model.
+TEST_F(LocalTest, PrivateBasesOfThreeArchitecturesAsProcesses) {
+  std::ofstream(config_) << R"(
+run: {name: interop, rounds: 2, seed: 3}
+model: {name: interop, interop: {base: mlp, width: 32, clients: [{name: client-1, base: lenet5}, {name: client-2, base: cnn}]}}
+data: {test: ""}
+clients: {min: 3, quorum: 1.0, round_deadline_s: 120}
+train: {local_epochs: 1, batch_size: 32, optimizer: adam, lr: 0.002}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: iid, clients: 3, holdout: 0.1}
+)";
+  pid_t pid = Spawn({"cleave", "local", "--insecure", "--config", config_, "--run-dir", (dir_ / "run").string()});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows.back()["client_eval"]["clients"], 3) << rows.back();
+  EXPECT_GT(rows.back()["client_eval"]["accuracy"].get<double>(), 0.4) << rows.back();
+  for (const char* name : {"client-0", "client-1", "client-2"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir_ / "run" / "clients" / name / "personal.pb")) << name;
+  }
+  pid = Spawn({"cleave", "evaluate", (dir_ / "run").string()}, "eval.txt");
+  EXPECT_NE(Wait(pid, 120), 0);
+  EXPECT_NE(ReadFile((dir_ / "eval.txt").string()).value_or("").find("shared block only"), std::string::npos);
+}
+
 // Memory tiers from `cleave trace --tiers` (the trace's memory_mb) become each virtual
 // device's training budget, and width.assign: profile gives each the largest rate it
 // holds: the MLP takes about 3.2, 1.5 and 0.8 MiB to train at rates 1, 1/2 and 1/4.

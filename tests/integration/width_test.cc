@@ -56,6 +56,28 @@ TEST(WidthTest, SubmodelsUploadThroughACodec) {
   EXPECT_GT(int8[1].test_accuracy, 0.4) << "it learns (0.1 at the start)";
 }
 
+// FedDF on width-scaled submodels (width.distill): the server distils the devices'
+// trained submodels into the whole model on unlabeled images it holds (the training
+// set past the clients'), so the round's model differs from HeteroFL's mean alone, and
+// it still learns.
+TEST(WidthTest, FedDfDistilsTheDevicesSubmodelsIntoTheWholeModel) {
+  auto run = [](const std::string& distill) {
+    Federation f;
+    f.Start(std::string(kWidthBase) + "run: {rounds: 2, seed: 3}\nclients: {min: 3, quorum: 1.0}\n" +
+                "width: {clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.25}]" + distill + "}\n",
+            Options(3, 3000));
+    f.Join();
+    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+    return std::pair{f.server->GlobalModel(), f.server->History()};
+  };
+  const auto [plain, plain_h] = run("");
+  const auto [distilled, h] = run(
+      ", distill: {data: \"fmnist:/usr/share/datasets/fashion-mnist,offset=50000,limit=2000\", steps: 50}");
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_NE(plain.tensors()[0].values, distilled.tensors()[0].values);
+  EXPECT_GT(h[1].test_accuracy, 0.4) << "it learns (0.1 at the start)";
+}
+
 // One device at width 1/2 for two rounds: HeteroFL trains conv1's first 3 of 6 output
 // channels only; FedRolex's window moves on by one, so the fourth trains too.
 TEST(WidthTest, FedRolexReachesChannelsHeteroFlLeaves) {
@@ -76,6 +98,53 @@ TEST(WidthTest, FedRolexReachesChannelsHeteroFlLeaves) {
   };
   EXPECT_EQ(trained_channels("heterofl"), (std::vector<bool>{true, true, true, false, false, false}));
   EXPECT_EQ(trained_channels("fedrolex"), (std::vector<bool>{true, true, true, true, false, false}));
+}
+
+// Interoperable architectures (model.name interop): three devices with private bases of
+// three architectures (mlp, lenet5, cnn) share one block. Only the shared block travels
+// (each upload is its size), the server never changes a base, and the clients'
+// federated accuracy on their held-out data rises.
+TEST(InteropTest, ThreeBasesShareOneBlock) {
+  std::vector<ClientOptions> clients = Options(3, 3000);
+  for (size_t i = 0; i < clients.size(); ++i) clients[i].holdout = TakeHoldout(&clients[i].train, 0.1, 11 + i);
+  Federation f;
+  f.Start(R"(
+model: {name: interop, interop: {base: mlp, width: 32, clients: [{name: client-1, base: lenet5}, {name: client-2, base: cnn}]}}
+data: {test: ""}
+server: {heartbeat_s: 0.5, client_timeout_s: 30}
+train: {local_epochs: 1, batch_size: 32, optimizer: adam, lr: 0.002}
+run: {rounds: 3, seed: 3}
+clients: {min: 3, quorum: 1.0}
+)",
+          std::move(clients));
+  const ParameterSet start = f.server->GlobalModel();
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 4u) << "three rounds, then the clients' final evaluation";
+  EXPECT_TRUE(h[3].evaluation_only);
+  const ParameterSet end = f.server->GlobalModel();
+  int64_t shared = 0;
+  for (size_t t = 0; t < start.size(); ++t) {
+    const Tensor& a = start.tensors()[t];
+    if (InteropPrivate(a.name)) {
+      EXPECT_EQ(a.values, end.tensors()[t].values) << a.name << " is a device's own";
+    } else {
+      EXPECT_NE(a.values, end.tensors()[t].values) << a.name << " is shared";
+      shared += a.numel();
+    }
+  }
+  EXPECT_EQ(shared, 32 * 32 + 32 + 10 * 32 + 10);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(h[r].participants, 3);
+    EXPECT_LT(h[r].bytes_up, 3 * (4 * shared + 4096)) << "the shared block only";
+  }
+  // Each row's client evaluation is of the model before that round's training; the
+  // final one, of the last model.
+  ASSERT_EQ(h[3].client_eval.clients, 3);
+  EXPECT_GT(h[3].client_eval.accuracy, h[1].client_eval.accuracy);
+  EXPECT_GT(h[3].client_eval.accuracy, 0.5) << "0.1 at the start";
 }
 
 }  // namespace

@@ -86,6 +86,14 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("width: {method: fedrolex}\ncompression: {update: int8}", "fedrolex");
   expect_error("width: {rate: 0.5}\ncompression: {update: \"topk:0.1:ef21\"}", ":ef21");
   EXPECT_TRUE(ParseJob("width: {rate: 0.5}\ncompression: {update: \"topk:0.1\"}\n", "").ok());
+  // Interoperable architectures: known bases, no server-side evaluation, no split.
+  const std::string interop = "model: {name: interop, interop: {base: cnn, clients: [{name: a, base: mlp}]}}\n";
+  expect_error(interop, "the server holds no device's base");
+  expect_error("model: {name: interop, interop: {base: vgg}}\ndata: {test: \"\"}", "model.interop.base");
+  expect_error("model: {name: interop, interop: {clients: [{name: a, base: gpt}]}}\ndata: {test: \"\"}",
+               "model.interop.clients[].base");
+  expect_error(interop + "data: {test: \"\"}\nsplit: {mode: sfl-v2}", "does not combine with split");
+  EXPECT_TRUE(ParseJob(interop + "data: {test: \"\"}\n", "").ok());
   // Per-device LoRA ranks: a LoRA decoder, and rates that give whole ranks.
   const std::string lora = "model: {name: gpt, lora: {rank: 8}}\n";
   expect_error("width: {method: hetlora, rate: 0.5}", "model.lora");

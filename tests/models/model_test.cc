@@ -400,7 +400,7 @@ TEST(ModelTest, BuiltinsTakeTheInputShapeAndClasses) {
   auto tiny = Model::Create({"lenet5", "", 1, {1, 8, 8}, 2});
   EXPECT_NE(tiny.status().message().find("cannot take input 1x8x8"), std::string::npos) << tiny.status();
   auto unknown = Model::Create({"resnet9000", "", 0});
-  EXPECT_NE(unknown.status().message().find("mlp, lenet5, cnn, vgg, resnet, gpt, hf, torchscript"),
+  EXPECT_NE(unknown.status().message().find("mlp, lenet5, cnn, vgg, resnet, gpt, hf, interop, torchscript"),
             std::string::npos);
 }
 
@@ -573,6 +573,88 @@ TEST(ModelTest, TrainsOnTheDataItIsGivenNotACachedOne) {
     after.push_back((*m)->Parameters().tensors()[0].values);
   }
   EXPECT_NE(after[0], after[1]);
+}
+
+// Interoperable architectures: whatever the base, four stages, and the shared block
+// (stages 2 and 3) has the same tensors; the base and fusion (0 and 1) differ.
+TEST(ModelTest, InteropModelsShareTheirBlockAcrossBases) {
+  std::vector<ParameterSet> shared, own;
+  for (const char* base : {"mlp", "lenet5", "cnn"}) {
+    ModelSpec spec;
+    spec.name = "interop";
+    spec.interop_base = base;
+    spec.interop_width = 16;
+    auto m = Model::Create(spec);
+    ASSERT_TRUE(m.ok()) << base << ": " << m.status();
+    EXPECT_EQ((*m)->num_stages(), 4) << base;
+    const ParameterSet p = (*m)->Parameters();
+    std::vector<std::string> names;
+    for (const Tensor& t : p.tensors()) {
+      if (InteropPrivate(t.name)) names.push_back(t.name);
+    }
+    own.push_back(Only(p, names));
+    shared.push_back(Without(p, names));
+    auto out = (*m)->Evaluate(Train().Subset({0, 1, 2, 3}), 4);
+    EXPECT_TRUE(out.ok()) << base << ": " << out.status();
+  }
+  for (size_t i = 1; i < shared.size(); ++i) {
+    EXPECT_TRUE(shared[i].SameLayout(shared[0]));
+    EXPECT_FALSE(own[i].SameLayout(own[0]));
+  }
+  ASSERT_EQ(shared[0].size(), 4u);
+  EXPECT_EQ(shared[0].tensors()[0].shape, (std::vector<int64_t>{16, 16}));
+  EXPECT_EQ(own[0].tensors().back().shape, (std::vector<int64_t>{16}));  // the fusion's bias
+  ModelSpec bad;
+  bad.name = "interop";
+  bad.interop_base = "gpt";
+  bad.interop_width = 16;
+  EXPECT_FALSE(Model::Create(bad).ok());
+}
+
+// FedDF's step: an untrained MLP distilled from a trained LeNet-5's outputs on images
+// alone comes to agree with it on images it never saw (from chance).
+TEST(ModelTest, DistillationTeachesTheTeachersPredictions) {
+  ModelSpec t;
+  t.name = "lenet5";
+  t.seed = 1;
+  auto teacher = Model::Create(t);
+  ASSERT_TRUE(teacher.ok());
+  LocalTrainOptions o;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.batch_size = 32;
+  ASSERT_TRUE((*teacher)->Train(Train(), o).ok());
+  std::vector<int64_t> a(1000), b(1000);
+  for (int i = 0; i < 1000; ++i) {
+    a[i] = i;
+    b[i] = 1000 + i;
+  }
+  const Dataset unlabeled = Train().Subset(a), unseen = Train().Subset(b);
+  ModelSpec s;
+  s.name = "mlp";
+  s.seed = 2;
+  auto student = Model::Create(s);
+  ASSERT_TRUE(student.ok());
+  auto agreement = [&] {
+    const std::vector<float> x = *(*teacher)->Outputs(unseen, 256), y = *(*student)->Outputs(unseen, 256);
+    const auto argmax = [](const std::vector<float>& v, int i) {
+      return std::max_element(v.begin() + 10 * i, v.begin() + 10 * i + 10) - (v.begin() + 10 * i);
+    };
+    int same = 0;
+    for (int i = 0; i < 1000; ++i) same += argmax(x, i) == argmax(y, i);
+    return same / 1000.0;
+  };
+  const double before = agreement();
+  DistillOptions d;
+  d.steps = 300;
+  d.lr = 1e-3;
+  d.batch_size = 64;
+  d.temperature = 2;
+  auto loss = (*student)->Distill(unlabeled, *(*teacher)->Outputs(unlabeled, 256), d);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_LT(before, 0.4);
+  EXPECT_GT(agreement(), 0.75) << "from " << before;
+  EXPECT_FALSE((*student)->Distill(unlabeled, std::vector<float>(7, 0.0f), d).ok()) << "outputs of other data";
 }
 
 }  // namespace
