@@ -227,13 +227,14 @@ nn::Sequential BuildResNet(const ModelSpec& s) {
   return seq;
 }
 
+// A built-in model already checked (an interop model's base; defined below Models()).
+nn::Sequential BuildBuiltinByName(const ModelSpec& spec);
+
 // Interoperable architectures (Krouka & Bennis): four stages whatever the base, so that
 // the shared block's tensors have the same names on every device. Stage 0: the base (its
 // built-in model's stages but the last, the classifier); stage 1: the fusion layer,
 // the base's features to the common width; stages 2 and 3: the shared block, a hidden
 // layer of that width and the classes.
-nn::Sequential BuildBuiltinByName(const ModelSpec& spec);
-
 nn::Sequential BuildInterop(const ModelSpec& s) {
   ModelSpec base_spec = s;
   base_spec.name = s.interop_base;
@@ -251,10 +252,7 @@ nn::Sequential BuildInterop(const ModelSpec& s) {
 }
 
 Status CheckInteropSpec(const ModelSpec& spec) {
-  if (spec.interop_base != "mlp" && spec.interop_base != "lenet5" && spec.interop_base != "cnn") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model interop: base '", spec.interop_base, "' is not one of mlp, lenet5, cnn"));
-  }
+  RETURN_IF_ERROR(InteropBaseNames().Check(spec.interop_base));
   if (spec.interop_width < 1) return absl::InvalidArgumentError("model interop: the width must be >= 1");
   if (spec.interop_base != "mlp" && spec.input_shape.size() != 3) {
     return absl::InvalidArgumentError(absl::StrCat("model interop: base ", spec.interop_base, " needs [C, H, W] input"));
@@ -377,7 +375,6 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec, int begin, int end)
 
 namespace {
 
-// A built-in model already checked (an interop model's base).
 nn::Sequential BuildBuiltinByName(const ModelSpec& spec) { return Models().Find(spec.name)->build(spec); }
 
 }  // namespace

@@ -566,7 +566,8 @@ StatusOr<RunRecord> LoadRun(const std::string& run_dir) {
       if (node["run"] && node["run"]["name"] && node["run"]["name"].IsScalar()) {
         run.name = node["run"]["name"].as<std::string>();
       }
-      if (const YAML::Node width = node["width"]; width && width.IsMap()) {
+      if (const YAML::Node width = node["width"];
+          width && width.IsMap() && !(width["enabled"] && width["enabled"].IsScalar() && !width["enabled"].as<bool>())) {
         const YAML::Node method = width["method"];
         run.width_method = method && method.IsScalar() ? method.as<std::string>() : "heterofl";
       }
