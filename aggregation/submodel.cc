@@ -1,5 +1,10 @@
 #include "aggregation/submodel.h"
 
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -182,6 +187,92 @@ ParameterSet SubmodelSum::ZeroPadded(const ParameterSet& start) const {
     // mean = (sum_ + weight_ start) / total_, less start.
     for (size_t i = 0; i < v.size(); ++i) {
       v[i] = static_cast<float>((sum_[t][i] - (total_ - weight_[t][i]) * from[i]) / total_);
+    }
+  }
+  return out;
+}
+
+Status SubmodelUpdates::Add(const std::vector<TensorView>& delta,
+                            std::shared_ptr<const std::vector<std::vector<int64_t>>> positions, double weight) {
+  if (delta.size() != positions->size() || delta.size() != layout_.size()) {
+    return absl::InvalidArgumentError("a submodel update of another layout");
+  }
+  Update u{std::move(positions), std::vector<std::vector<float>>(delta.size()), weight};
+  for (size_t t = 0; t < delta.size(); ++t) {
+    if (static_cast<size_t>(delta[t].numel) != (*u.positions)[t].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", std::string(delta[t].name), " has ",
+                                                     delta[t].numel, " values, its place ",
+                                                     static_cast<int64_t>((*u.positions)[t].size())));
+    }
+    u.values[t].resize(static_cast<size_t>(delta[t].numel));
+    delta[t].Read(0, delta[t].numel, u.values[t].data());
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  updates_.push_back(std::move(u));
+  return absl::OkStatus();
+}
+
+StatusOr<ParameterSet> SubmodelUpdates::Aggregate(const AggregationConfig& rule) const {
+  const std::string& r = rule.rule;
+  if (r != "median" && r != "trimmed_mean" && r != "norm_bound") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "aggregation.rule ", r, " compares whole updates, which submodels of different widths are not"));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  // norm_bound: each device's factor min(1, max_norm / ||delta||).
+  std::vector<double> scale(updates_.size(), 1.0);
+  if (r == "norm_bound") {
+    for (size_t d = 0; d < updates_.size(); ++d) {
+      double sq = 0;
+      for (const auto& v : updates_[d].values) {
+        for (float x : v) sq += static_cast<double>(x) * x;
+      }
+      const double norm = std::sqrt(sq);
+      if (norm > rule.max_norm) scale[d] = rule.max_norm / norm;
+    }
+  }
+  ParameterSet out = layout_;
+  for (size_t t = 0; t < out.size(); ++t) {
+    // Each element's (value, weight) from the devices that hold it.
+    std::vector<std::vector<std::pair<float, double>>> held(out.tensors()[t].values.size());
+    for (size_t d = 0; d < updates_.size(); ++d) {
+      const Update& u = updates_[d];
+      const std::vector<int64_t>& where = (*u.positions)[t];
+      for (size_t i = 0; i < where.size(); ++i) {
+        held[where[i]].emplace_back(static_cast<float>(u.values[t][i] * scale[d]), u.weight);
+      }
+    }
+    auto& v = out.mutable_tensors()[t].values;
+    for (size_t e = 0; e < v.size(); ++e) {
+      auto& h = held[e];
+      if (h.empty()) {
+        v[e] = 0.0f;
+        continue;
+      }
+      if (r == "norm_bound") {
+        double sum = 0, weight = 0;
+        for (const auto& [x, w] : h) {
+          sum += w * x;
+          weight += w;
+        }
+        v[e] = weight > 0 ? static_cast<float>(sum / weight) : 0.0f;
+        continue;
+      }
+      std::sort(h.begin(), h.end());
+      const size_t n = h.size();
+      if (r == "median") {
+        v[e] = n % 2 ? h[n / 2].first : static_cast<float>((static_cast<double>(h[n / 2 - 1].first) + h[n / 2].first) / 2);
+        continue;
+      }
+      const size_t f = static_cast<size_t>(rule.f);
+      if (n <= 2 * f) {
+        return absl::FailedPreconditionError(absl::StrCat("aggregation.rule trimmed_mean with f = ", rule.f,
+                                                          ": an element of ", out.tensors()[t].name, " is held by ",
+                                                          n, " devices this round, not more than 2f"));
+      }
+      double sum = 0;
+      for (size_t k = f; k < n - f; ++k) sum += h[k].first;
+      v[e] = static_cast<float>(sum / static_cast<double>(n - 2 * f));
     }
   }
   return out;

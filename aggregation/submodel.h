@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include "aggregation/options.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
 
@@ -55,6 +57,35 @@ class SubmodelSum {
   ParameterSet layout_;
   std::vector<std::vector<double>> sum_, weight_;
   double total_ = 0;  // the weight of every device added
+};
+
+// The round's submodel updates kept whole, for a robust aggregation.rule applied element by
+// element over the devices that hold each element: `median` (the holders' median),
+// `trimmed_mean` (their mean without the f largest and f smallest; every element must
+// be held by more than 2f devices) and `norm_bound` (each device's delta scaled to an L2
+// norm of at most max_norm, then the holders' weighted mean). The rules that compare
+// whole updates (krum, multi_krum, bulyan, fltrust) are not defined between submodels of
+// different shapes. Thread-safe.
+class SubmodelUpdates {
+ public:
+  explicit SubmodelUpdates(const ParameterSet& whole) : layout_(whole) {}
+  // A device's update (its submodel's layout, as views) placed at `positions`, weighted.
+  Status Add(const std::vector<TensorView>& delta,
+             std::shared_ptr<const std::vector<std::vector<int64_t>>> positions, double weight);
+  // The rule's result per element, in the whole model's layout; 0 where no device holds
+  // an element. FAILED_PRECONDITION when the rule is not defined here, or trimmed_mean
+  // finds an element held by 2f devices or fewer.
+  StatusOr<ParameterSet> Aggregate(const AggregationConfig& rule) const;
+
+ private:
+  struct Update {
+    std::shared_ptr<const std::vector<std::vector<int64_t>>> positions;
+    std::vector<std::vector<float>> values;  // per tensor, in the submodel's order
+    double weight = 0;
+  };
+  mutable std::mutex mu_;
+  ParameterSet layout_;
+  std::vector<Update> updates_;
 };
 
 }  // namespace cleave

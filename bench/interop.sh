@@ -10,13 +10,19 @@
 #   interop-cnn  the same with every base a cnn (homogeneous bases, still private)
 #   fedavg-cnn   a homogeneous federation of the best base: plain FedAvg of the whole cnn
 #
+# With MU > 0 every run uses FedProx (strategy.name fedprox, proximal_mu MU) instead of
+# FedAvg's plain mean.
+#
 # Prints each run's clients' held-out accuracy (their weighted mean, min and max) by round
 # and at the end, and the bytes each uploaded per round.
-#   bench/interop.sh [ROUNDS=15] [LIMIT=18000]
+#   bench/interop.sh [ROUNDS=15] [LIMIT=18000] [MU=0]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-15}
 limit=${2:-18000}
+mu=${3:-0}
+strategy="{name: fedavg}"
+[ "$mu" = 0 ] || strategy="{name: fedprox, proximal_mu: $mu}"
 work=$(mktemp -d /tmp/cleave-interop-XXXXXX)
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
 bin=$work/bin
@@ -30,6 +36,7 @@ model: $2
 data: {test: ""}
 clients: {min: 9, quorum: 1.0, round_deadline_s: 600}
 train: {local_epochs: 1, batch_size: 32, optimizer: adam, lr: 0.002}
+strategy: $strategy
 local: {data: "$data", partition: "dirichlet:0.5", clients: 9, holdout: 0.1}
 YAML
 }

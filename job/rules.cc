@@ -233,7 +233,12 @@ Status CheckWidth(const JobConfig& c) {
   if (c.scheduler.mode != "sync") return no("scheduler.mode: " + c.scheduler.mode);
   if (c.secure_aggregation.enabled) return no("secure_aggregation (masks per slice)");
   if (c.dp.enabled) return no("dp");
-  if (c.aggregation.rule != "mean") return no("a robust aggregation.rule");
+  const std::string& rule = c.aggregation.rule;
+  if (rule != "mean" && (w.ranks() || (rule != "median" && rule != "trimmed_mean" && rule != "norm_bound"))) {
+    return no(absl::StrCat("aggregation.rule ", rule, w.ranks() ? " on LoRA ranks"
+                                                              : " (it compares whole updates; median, trimmed_mean "
+                                                                "and norm_bound apply per element)"));
+  }
   // A device's window is fixed but for FedRolex's, so a client's error-feedback memory
   // stays in place; EF21's server estimate is a sum of every client's full-model estimate.
   if (c.compression.update != "none" && w.method == "fedrolex") {

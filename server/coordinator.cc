@@ -36,6 +36,7 @@ Status Coordinator::Init() {
     split_->mu().AssertHeld();  // this->mu_
     RETURN_IF_ERROR(split_->Init(spec, *model_));
   }
+  RETURN_IF_ERROR(mode_driver_->PrepareLocked());
   if (NeedProfile()) {  // what profiling clients time their downlink with
     auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
     probe_digest_ = Sha256Hex(*probe);
@@ -615,9 +616,9 @@ ObservedState Coordinator::Observe(bool history) const {
       c.name = s.name;
       c.id = id;
       auto b = busy.find(id);
-      c.state = b == busy.end() ? "idle"
-                : b->second == TaskState::kAccumulating ? "adding"
-                                                        : "training";
+      c.state = b != busy.end() ? (b->second == TaskState::kAccumulating ? "adding" : "training")
+                : !s.unfit.empty() ? "unfit"
+                                   : "idle";
       c.last_seen_s = std::chrono::duration<double>(now - s.last_seen).count();
       c.task_s = s.task_s;
       c.step_s = s.step_s;

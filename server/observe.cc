@@ -117,7 +117,7 @@ void ClientSeries(const ObservedState& s, int client_series, Exposition& e) {
       {"cleave_client_last_seen_seconds", "gauge", "Seconds since the client's last message.",
        [](const ClientHealth& c) { return c.last_seen_s; }},
       {"cleave_client_training", "gauge", "1 while the client has a task in flight.",
-       [](const ClientHealth& c) { return c.state == "idle" ? 0.0 : 1.0; }},
+       [](const ClientHealth& c) { return c.state == "training" || c.state == "adding" ? 1.0 : 0.0; }},
       {"cleave_client_task_seconds", "gauge", "The client's last task's training time.",
        [](const ClientHealth& c) { return c.task_s; }},
       {"cleave_client_step_seconds", "gauge", "Split learning: the client's mean step time.",

@@ -40,7 +40,9 @@ class LatencyHistogram {
 struct ClientHealth {
   std::string name;
   std::string id;
-  std::string state;          // "idle", "training" (a task in flight) or "adding" (its upload)
+  // "idle", "training" (a task in flight), "adding" (its upload) or "unfit" (it cannot
+  // hold the model, or no width rate fits it: no tasks until it joins again)
+  std::string state;
   double last_seen_s = 0;     // since its last message
   double task_s = 0;          // its last accepted task's training time (0: none yet)
   double step_s = 0;          // split learning: its last task's mean step time

@@ -15,6 +15,9 @@ StrategyJob StrategyJobOf(const FederationConfig& c) {
   StrategyJob j;
   j.strategy = c.strategy;
   j.aggregation = c.aggregation;
+  // Width-scaled submodels: the width driver applies the rule element by element and
+  // hands the strategy one update.
+  if (c.width.enabled) j.aggregation.rule = "mean";
   j.dp = c.dp;
   j.train = c.train;
   j.rounds = c.run.rounds;

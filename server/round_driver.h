@@ -18,8 +18,10 @@
 // the others.
 //
 // The driver of the job's mode also keeps that mode's state of each session (a split
-// client's profile and cut, a gossip client's measured uplink): it decides which
-// sessions it can serve (ServesLocked), fills in what the operator sees of them
+// client's profile and cut, a gossip client's measured uplink, a width client's rate):
+// it prepares once before anything is served (PrepareLocked), asks for and keeps
+// clients' profiles (NeedsProfile, CheckProfile, ProfileLocked), decides which sessions
+// it can serve (ServesLocked), fills in what the operator sees of them
 // (DescribeClientLocked) and forgets them (SessionEndedLocked).
 //
 // Drivers reach the round through server/round_context.h, never the coordinator.
@@ -101,6 +103,9 @@ class RoundDriver {
   virtual Status Fold(const ParameterSet& /*start*/, int64_t /*weight*/) {
     return absl::OkStatus();
   }
+  // The mode's driver: the run's model is loaded and nothing is served yet (the process
+  // is quiet): one-time work, such as measuring what its models cost.
+  virtual Status PrepareLocked() { return absl::OkStatus(); }
   // The mode's driver: whether clients must send a Profile (what they measured of the
   // model, their link and memory; Welcome.profile_batch_size) before they take part
   // (split with cut: auto, width.assign: profile); its checks; keeping a checked one.

@@ -38,6 +38,13 @@ double WidthDriver::RateOfLocked(const Session& s) const {
   return assigned != assigned_.end() ? assigned->second : w.rate;
 }
 
+Status WidthDriver::PrepareLocked() {
+  if (!NeedsProfile()) return absl::OkStatus();
+  RETURN_IF_ERROR(CostLocked(1.0).status());
+  for (double rate : ctx_.config().width.rates) RETURN_IF_ERROR(CostLocked(rate).status());
+  return absl::OkStatus();
+}
+
 bool WidthDriver::NeedsProfile() const { return ctx_.config().width.assign == "profile"; }
 
 Status WidthDriver::CheckProfile(const v1::Profile& p) const {
@@ -136,10 +143,14 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
   start_ = Without(ctx_.GlobalLocked(), ctx_.frozen());
   sum_.reset();
   products_.reset();
+  updates_.reset();
+  closed_updates_.reset();
   closed_teachers_.reset();
   teachers_ = ctx_.config().width.distill.data.empty() ? nullptr : std::make_shared<Teachers>();
   if (ctx_.config().width.method == "flexlora") {
     ASSIGN_OR_RETURN(products_, FlexLoraSum::Create(ctx_.model_spec(), start_));
+  } else if (ctx_.config().aggregation.rule != "mean") {
+    updates_ = std::make_shared<SubmodelUpdates>(start_);
   } else {
     sum_ = std::make_shared<SubmodelSum>(start_);
   }
@@ -217,9 +228,10 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
     };
   }
   const Submodel& s = submodels_.at(rate->second);
-  return [sum = sum_, positions = s.positions, teachers = teachers_, part = s.part, r = rate->second](
-             const std::vector<TensorView>& delta, int64_t weight) -> Status {
-    RETURN_IF_ERROR(sum->Add(delta, *positions, static_cast<double>(weight)));
+  return [sum = sum_, updates = updates_, positions = s.positions, teachers = teachers_, part = s.part,
+          r = rate->second](const std::vector<TensorView>& delta, int64_t weight) -> Status {
+    RETURN_IF_ERROR(updates ? updates->Add(delta, positions, static_cast<double>(weight))
+                            : sum->Add(delta, *positions, static_cast<double>(weight)));
     if (teachers) {  // FedDF's teacher: the device's trained submodel
       ParameterSet trained = *part;
       AddScaled(delta, 1.0f, &trained);
@@ -239,6 +251,7 @@ void WidthDriver::CloseLocked(int64_t round, RoundMetrics* m) {
   }
   closed_ = std::move(sum_);
   closed_products_ = std::move(products_);
+  closed_updates_ = std::move(updates_);
   closed_teachers_ = std::move(teachers_);
   closed_round_ = round;
 }
@@ -279,13 +292,18 @@ Status WidthDriver::DistillInto(ParameterSet* whole, const Teachers& teachers) {
 Status WidthDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
   const std::shared_ptr<SubmodelSum> sum = std::move(closed_);
   const std::shared_ptr<FlexLoraSum> products = std::move(closed_products_);
+  const std::shared_ptr<SubmodelUpdates> updates = std::move(closed_updates_);
   ParameterSet change;
   if (products) {  // FlexLoRA: the factored mean product, as a change of the start
     ASSIGN_OR_RETURN(change, products->Result());
     if (!change.SameLayout(start)) return absl::InternalError("flexlora: the result is not the round's layout");
     AddScaled(ViewsOf(start), -1.0f, &change);
-  } else if (sum) {
-    change = ctx_.config().width.method == "hetlora" ? sum->ZeroPadded(start) : sum->Mean();
+  } else if (sum || updates) {
+    if (updates) {
+      ASSIGN_OR_RETURN(change, updates->Aggregate(ctx_.config().aggregation));
+    } else {
+      change = ctx_.config().width.method == "hetlora" ? sum->ZeroPadded(start) : sum->Mean();
+    }
     if (const std::shared_ptr<Teachers> teachers = std::move(closed_teachers_)) {
       // FedDF on the aggregate (start + mean), distilled, as a change of the start.
       ParameterSet whole = start;

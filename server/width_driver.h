@@ -19,6 +19,9 @@
 // (models/lora_ranks.h): the task's model is the leading block of the federation's
 // adapters at the device's rank, and the round aggregates by HetLoRA's zero-padded mean
 // or FlexLoRA's SVD of the mean product.
+//
+// A robust aggregation.rule applies element by element over the devices that hold each
+// element (SubmodelUpdates: median, trimmed_mean, norm_bound), instead of the mean.
 #pragma once
 
 #include <map>
@@ -57,7 +60,9 @@ class WidthDriver : public RoundDriver {
   // A client's evaluation would be of its submodel, not of the model the server holds.
   bool ClientsEvaluate() const override { return false; }
 
-  // width.assign: profile.
+  // width.assign: profile: measures each of width.rates' cost once, before anything is
+  // served (the memory estimate reads the process's heap, which other threads disturb).
+  Status PrepareLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   bool NeedsProfile() const override;
   Status CheckProfile(const v1::Profile& p) const override;
   void ProfileLocked(const std::string& client_id, const v1::Profile& p) override
@@ -84,7 +89,7 @@ class WidthDriver : public RoundDriver {
   // The model a device of `rate` trains.
   ModelSpec SpecAt(double rate) const;
   // What training a rate's model takes on the server (memory, seconds per batch) and the
-  // bytes of its trained tensors, measured once.
+  // bytes of its trained tensors, measured once (PrepareLocked).
   struct RateCost {
     TrainingCost cost;
     int64_t bytes = 0;
@@ -107,6 +112,7 @@ class WidthDriver : public RoundDriver {
   // The round's sum: FlexLoRA's products, or every other method's elements.
   std::shared_ptr<SubmodelSum> sum_ ABSL_GUARDED_BY(ctx_.mu());
   std::shared_ptr<FlexLoraSum> products_ ABSL_GUARDED_BY(ctx_.mu());
+  std::shared_ptr<SubmodelUpdates> updates_ ABSL_GUARDED_BY(ctx_.mu());  // a robust aggregation.rule
   // width.distill: the devices' trained submodels, by rate, added as they upload.
   struct Teachers {
     std::mutex mu;
@@ -116,6 +122,7 @@ class WidthDriver : public RoundDriver {
   // The closed round's, for Fold (round thread).
   std::shared_ptr<SubmodelSum> closed_;
   std::shared_ptr<FlexLoraSum> closed_products_;
+  std::shared_ptr<SubmodelUpdates> closed_updates_;
   std::shared_ptr<Teachers> closed_teachers_;
   int64_t closed_round_ = 0;
   // FedDF's step on `whole`, the round's aggregate (round thread): distilled in place.

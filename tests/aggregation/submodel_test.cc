@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <vector>
+
 namespace cleave {
 namespace {
 
@@ -110,6 +113,47 @@ TEST(SubmodelTest, ZeroPaddingAveragesOverEveryDevice) {
   EXPECT_FLOAT_EQ(change.tensors()[1].values[7], 0.75f - 2.0f);  // B's last row
   // The holders' mean, for comparison: no shrinking.
   EXPECT_FLOAT_EQ(sum.Mean().tensors()[0].values[3], -1.0f);
+}
+
+// Robust rules element by element over the holders: three whole devices and one half
+// device, one whole device hostile (100 everywhere).
+TEST(SubmodelTest, RobustRulesApplyPerElementOverTheHolders) {
+  const ParameterSet whole = Layout(4);
+  auto full = std::make_shared<const std::vector<std::vector<int64_t>>>(*SubmodelPositions(whole, whole, 0));
+  auto half = std::make_shared<const std::vector<std::vector<int64_t>>>(*SubmodelPositions(whole, Layout(2), 0));
+  auto filled = [](ParameterSet p, float v) {
+    for (auto& t : p.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), v);
+    return p;
+  };
+  SubmodelUpdates u(whole);
+  ASSERT_TRUE(u.Add(ViewsOf(filled(whole, 1)), full, 1).ok());
+  ASSERT_TRUE(u.Add(ViewsOf(filled(whole, 2)), full, 1).ok());
+  ASSERT_TRUE(u.Add(ViewsOf(filled(whole, 100)), full, 1).ok());
+  ASSERT_TRUE(u.Add(ViewsOf(filled(Layout(2), 3)), half, 1).ok());
+  EXPECT_FALSE(u.Add(ViewsOf(filled(Layout(2), 3)), full, 1).ok()) << "another layout";
+  AggregationConfig c;
+  c.rule = "median";
+  auto median = u.Aggregate(c);
+  ASSERT_TRUE(median.ok()) << median.status();
+  EXPECT_FLOAT_EQ(median->tensors()[0].values[0], 2.5f);  // row 0: 1, 2, 3, 100
+  EXPECT_FLOAT_EQ(median->tensors()[0].values[6], 2.0f);  // row 2: 1, 2, 100
+  c.rule = "trimmed_mean";
+  c.f = 1;
+  auto trimmed = u.Aggregate(c);
+  ASSERT_TRUE(trimmed.ok()) << trimmed.status();
+  EXPECT_FLOAT_EQ(trimmed->tensors()[0].values[0], 2.5f);  // 2 and 3
+  EXPECT_FLOAT_EQ(trimmed->tensors()[0].values[6], 2.0f);  // 2
+  c.f = 2;
+  auto too_few = u.Aggregate(c);
+  EXPECT_EQ(too_few.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(too_few.status().message().find("held by 4 devices"), std::string::npos) << too_few.status();
+  c.rule = "norm_bound";
+  c.max_norm = 1;  // the hostile device's delta (norm 100 x sqrt(34)) shrinks to norm 1
+  auto bounded = u.Aggregate(c);
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  EXPECT_LT(bounded->tensors()[0].values[6], 1.0f);
+  c.rule = "krum";
+  EXPECT_EQ(u.Aggregate(c).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

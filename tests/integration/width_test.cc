@@ -56,6 +56,28 @@ TEST(WidthTest, SubmodelsUploadThroughACodec) {
   EXPECT_GT(int8[1].test_accuracy, 0.4) << "it learns (0.1 at the start)";
 }
 
+// A robust rule per element: among four devices of two widths one sends Gaussian noise;
+// the holders' median keeps the model learning, where their mean makes a model whose
+// next round diverges on every device (the run fails).
+TEST(WidthTest, TheHoldersMedianWithstandsAHostileDevice) {
+  auto run = [](const std::string& rule) {
+    std::vector<ClientOptions> clients = Options(4, 4000);
+    clients[3].attack = "gaussian";
+    Federation f;
+    f.Start(std::string(kWidthBase) + "run: {rounds: 2, seed: 3}\nclients: {min: 4, quorum: 1.0}\n" +
+                "width: {clients: [{name: client-2, rate: 0.5}]}\naggregation: {rule: " + rule + "}\n",
+            std::move(clients));
+    f.Join();
+    return std::pair{f.server_status, f.server->History()};
+  };
+  const auto [median_status, median] = run("median");
+  ASSERT_TRUE(median_status.ok()) << median_status;
+  ASSERT_EQ(median.size(), 2u);
+  EXPECT_GT(median[1].test_accuracy, 0.3) << "0.1 at the start";
+  const auto [mean_status, mean] = run("mean");
+  EXPECT_TRUE(!mean_status.ok() || mean.back().test_accuracy + 0.2 < median[1].test_accuracy) << mean_status;
+}
+
 // FedDF on width-scaled submodels (width.distill): the server distils the devices'
 // trained submodels into the whole model on unlabeled images it holds (the training
 // set past the clients'), so the round's model differs from HeteroFL's mean alone, and

@@ -82,6 +82,10 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("width: {rate: 0.5}\nsplit: {mode: sfl-v2}", "do not combine with split learning");
   expect_error("width: {rate: 0.5}\nsecure_aggregation: {}", "secure_aggregation");
   EXPECT_TRUE(ParseJob("model: {name: cnn}\nwidth: {method: fedrolex, rate: 0.25, clients: [{name: big, rate: 1}]}\n", "").ok());
+  // Robust rules: per element (median, trimmed_mean, norm_bound), not those that compare
+  // whole updates, nor on LoRA ranks.
+  EXPECT_TRUE(ParseJob("width: {rate: 0.5}\naggregation: {rule: median}\n", "").ok());
+  expect_error("width: {rate: 0.5}\naggregation: {rule: krum, f: 1}", "compares whole updates");
   // Codecs: not with FedRolex's rolling windows, nor EF21's server estimate.
   expect_error("width: {method: fedrolex}\ncompression: {update: int8}", "fedrolex");
   expect_error("width: {rate: 0.5}\ncompression: {update: \"topk:0.1:ef21\"}", ":ef21");

@@ -3,14 +3,19 @@
 // round's model is the per-element mean over the devices that hold each element; an
 // upload in another shape is refused and changes nothing. Per-device LoRA ranks: a
 // device's task is the leading block of the adapters at its rank, and the round is
-// HetLoRA's zero-padded mean or FlexLoRA's factored mean product.
+// HetLoRA's zero-padded mean or FlexLoRA's factored mean product. With width.assign:
+// profile, each device's Profile picks its rate, and one no rate fits is left out.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
+#include <chrono>
 #include <functional>
 #include <map>
-#include <utility>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <utility>
 
 #include "client/transfer.h"
 #include "models/model.h"
@@ -95,7 +100,7 @@ run: {rounds: 1}
 model: {name: mlp, input: [4], classes: 3}
 data: {test: ""}
 clients: {min: 3, quorum: 1.0, round_deadline_s: 60}
-server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
+server: {client_timeout_s: 120, final_evaluation: false, evaluate: false, metrics_listen: "127.0.0.1:0"}
 train: {local_steps: 5, batch_size: 8}
 width: {assign: profile, rates: [0.25, 1, 0.5], max_task_s: 10}
 )";
@@ -132,6 +137,20 @@ width: {assign: profile, rates: [0.25, 1, 0.5], max_task_s: 10}
   // task_s = 2 bytes / link: 10 s between rate 1/2's and rate 1's.
   ASSERT_TRUE(d.SendProfile(profile(0, (bytes(0.5) + bytes(1)) / 10)));
   std::map<std::string, double> rates;
+  // The operator sees c as unfit.
+  httplib::Client http("127.0.0.1", server_->metrics_port());
+  for (int i = 0; i < 500; ++i) {  // its profile may still be on its way
+    auto state = http.Get("/api/state");
+    ASSERT_TRUE(state);
+    std::map<std::string, std::string> states;
+    const nlohmann::json j = nlohmann::json::parse(state->body);
+    for (const auto& client : j["clients"]) {
+      states[client["name"].get<std::string>()] = client["state"].get<std::string>();
+    }
+    if (states["c"] == "unfit") break;
+    ASSERT_LT(i, 499) << state->body;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   for (auto [peer, name] : {std::pair{&a, "a"}, {&b, "b"}, {&d, "d"}}) {
     auto t = peer->NextTask();
     ASSERT_TRUE(t) << name;
