@@ -12,11 +12,15 @@
 #              of the training set (limit=20000), split among them Dirichlet 0.5
 #
 # Prints each run's held-out accuracy of the whole model (width 1; all-1/16: its own
-# model) by round, and at the end each tier's submodel (cleave evaluate --width).
-#   bench/width.sh [ROUNDS=20]
+# model) by round, and at the end each tier's submodel (cleave evaluate --width). With
+# MU > 0 every run uses FedProx (strategy.name fedprox, proximal_mu MU).
+#   bench/width.sh [ROUNDS=20] [MU=0]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-20}
+mu=${2:-0}
+strategy="{name: fedavg}"
+[ "$mu" = 0 ] || strategy="{name: fedprox, proximal_mu: $mu}"
 work=$(mktemp -d /tmp/cleave-width-XXXXXX)
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
 bin=$work/bin
@@ -31,6 +35,7 @@ model: {name: lenet5}
 data: {test_limit: 5000}
 clients: {min: $2, quorum: 1.0, round_deadline_s: 600}
 train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9, clip_norm: 2}
+strategy: $strategy
 local: {data: "$d", partition: "dirichlet:0.5", clients: $2}
 $3
 YAML
