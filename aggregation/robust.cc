@@ -52,15 +52,17 @@ std::vector<float> Mean(const Updates& u) {
   return out;
 }
 
-std::vector<float> Median(const Updates& u) {
-  return PerCoordinate(u, [](const std::vector<float>& c) {
-    const size_t n = c.size();
-    return n % 2 ? c[n / 2] : static_cast<float>((static_cast<double>(c[n / 2 - 1]) + c[n / 2]) / 2);
-  });
+float SortedMedian(const std::vector<float>& c) {
+  const size_t n = c.size();
+  return n % 2 ? c[n / 2] : static_cast<float>((static_cast<double>(c[n / 2 - 1]) + c[n / 2]) / 2);
 }
 
+float SortedTrimmedMean(const std::vector<float>& c, int f) { return MeanOf(c, f, c.size() - f); }
+
+std::vector<float> Median(const Updates& u) { return PerCoordinate(u, SortedMedian); }
+
 std::vector<float> TrimmedMean(const Updates& u, int f) {
-  return PerCoordinate(u, [f](const std::vector<float>& c) { return MeanOf(c, f, c.size() - f); });
+  return PerCoordinate(u, [f](const std::vector<float>& c) { return SortedTrimmedMean(c, f); });
 }
 
 std::vector<int> KrumSelect(const Updates& u, int f, int m) {

@@ -19,6 +19,11 @@ namespace cleave::robust {
 
 using Updates = std::vector<std::vector<float>>;
 
+// Of one coordinate's values, sorted: their median, and their mean without the f
+// smallest and f largest (n > 2f).
+float SortedMedian(const std::vector<float>& sorted);
+float SortedTrimmedMean(const std::vector<float>& sorted, int f);
+
 std::vector<float> Mean(const Updates& u);
 std::vector<float> Median(const Updates& u);
 // Per coordinate: drops the f largest and f smallest values, averages the rest.

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "aggregation/robust.h"
 
 namespace cleave {
 namespace {
@@ -19,6 +20,27 @@ std::vector<int64_t> Window(int64_t n, int64_t full, int64_t roll) {
 }
 
 std::vector<int64_t> All(int64_t n) { return Window(n, n, 0); }
+
+// A device's update read into its submodel's order, checked against `positions` and a
+// model of `tensors` tensors.
+StatusOr<std::vector<std::vector<float>>> ReadPlaced(const std::vector<TensorView>& delta,
+                                                     const std::vector<std::vector<int64_t>>& positions,
+                                                     size_t tensors) {
+  if (delta.size() != positions.size() || delta.size() != tensors) {
+    return absl::InvalidArgumentError("a submodel update of another layout");
+  }
+  std::vector<std::vector<float>> values(delta.size());
+  for (size_t t = 0; t < delta.size(); ++t) {
+    if (static_cast<size_t>(delta[t].numel) != positions[t].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", std::string(delta[t].name), " has ",
+                                                     delta[t].numel, " values, its place ",
+                                                     static_cast<int64_t>(positions[t].size())));
+    }
+    values[t].resize(positions[t].size());
+    delta[t].Read(0, delta[t].numel, values[t].data());
+  }
+  return values;
+}
 
 }  // namespace
 
@@ -143,19 +165,7 @@ SubmodelSum::SubmodelSum(const ParameterSet& whole) : layout_(whole) {
 
 Status SubmodelSum::Add(const std::vector<TensorView>& delta, const std::vector<std::vector<int64_t>>& positions,
                         double weight) {
-  if (delta.size() != positions.size() || delta.size() != sum_.size()) {
-    return absl::InvalidArgumentError("a submodel update of another layout");
-  }
-  std::vector<std::vector<float>> values(delta.size());
-  for (size_t t = 0; t < delta.size(); ++t) {
-    if (static_cast<size_t>(delta[t].numel) != positions[t].size()) {
-      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", std::string(delta[t].name), " has ",
-                                                     delta[t].numel, " values, its place ",
-                                                     static_cast<int64_t>(positions[t].size())));
-    }
-    values[t].resize(positions[t].size());
-    delta[t].Read(0, delta[t].numel, values[t].data());
-  }
+  ASSIGN_OR_RETURN(const std::vector<std::vector<float>> values, ReadPlaced(delta, positions, sum_.size()));
   std::lock_guard<std::mutex> l(mu_);
   total_ += weight;
   for (size_t t = 0; t < values.size(); ++t) {
@@ -194,21 +204,9 @@ ParameterSet SubmodelSum::ZeroPadded(const ParameterSet& start) const {
 
 Status SubmodelUpdates::Add(const std::vector<TensorView>& delta,
                             std::shared_ptr<const std::vector<std::vector<int64_t>>> positions, double weight) {
-  if (delta.size() != positions->size() || delta.size() != layout_.size()) {
-    return absl::InvalidArgumentError("a submodel update of another layout");
-  }
-  Update u{std::move(positions), std::vector<std::vector<float>>(delta.size()), weight};
-  for (size_t t = 0; t < delta.size(); ++t) {
-    if (static_cast<size_t>(delta[t].numel) != (*u.positions)[t].size()) {
-      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", std::string(delta[t].name), " has ",
-                                                     delta[t].numel, " values, its place ",
-                                                     static_cast<int64_t>((*u.positions)[t].size())));
-    }
-    u.values[t].resize(static_cast<size_t>(delta[t].numel));
-    delta[t].Read(0, delta[t].numel, u.values[t].data());
-  }
+  ASSIGN_OR_RETURN(std::vector<std::vector<float>> values, ReadPlaced(delta, *positions, layout_.size()));
   std::lock_guard<std::mutex> l(mu_);
-  updates_.push_back(std::move(u));
+  updates_.push_back({std::move(positions), std::move(values), weight});
   return absl::OkStatus();
 }
 
@@ -233,46 +231,43 @@ StatusOr<ParameterSet> SubmodelUpdates::Aggregate(const AggregationConfig& rule)
   }
   ParameterSet out = layout_;
   for (size_t t = 0; t < out.size(); ++t) {
-    // Each element's (value, weight) from the devices that hold it.
-    std::vector<std::vector<std::pair<float, double>>> held(out.tensors()[t].values.size());
+    auto& v = out.mutable_tensors()[t].values;
+    // Each element's values from the devices that hold it (norm_bound: its weighted sum
+    // and weight instead).
+    std::vector<std::vector<float>> held(v.size());
+    std::vector<double> sum(v.size(), 0.0), weight(v.size(), 0.0);
     for (size_t d = 0; d < updates_.size(); ++d) {
       const Update& u = updates_[d];
       const std::vector<int64_t>& where = (*u.positions)[t];
       for (size_t i = 0; i < where.size(); ++i) {
-        held[where[i]].emplace_back(static_cast<float>(u.values[t][i] * scale[d]), u.weight);
+        if (r == "norm_bound") {
+          sum[where[i]] += u.weight * scale[d] * u.values[t][i];
+          weight[where[i]] += u.weight;
+        } else {
+          held[where[i]].push_back(u.values[t][i]);
+        }
       }
     }
-    auto& v = out.mutable_tensors()[t].values;
     for (size_t e = 0; e < v.size(); ++e) {
+      if (r == "norm_bound") {
+        v[e] = weight[e] > 0 ? static_cast<float>(sum[e] / weight[e]) : 0.0f;
+        continue;
+      }
       auto& h = held[e];
       if (h.empty()) {
         v[e] = 0.0f;
         continue;
       }
-      if (r == "norm_bound") {
-        double sum = 0, weight = 0;
-        for (const auto& [x, w] : h) {
-          sum += w * x;
-          weight += w;
-        }
-        v[e] = weight > 0 ? static_cast<float>(sum / weight) : 0.0f;
-        continue;
-      }
       std::sort(h.begin(), h.end());
-      const size_t n = h.size();
       if (r == "median") {
-        v[e] = n % 2 ? h[n / 2].first : static_cast<float>((static_cast<double>(h[n / 2 - 1].first) + h[n / 2].first) / 2);
-        continue;
-      }
-      const size_t f = static_cast<size_t>(rule.f);
-      if (n <= 2 * f) {
+        v[e] = robust::SortedMedian(h);
+      } else if (h.size() <= 2 * static_cast<size_t>(rule.f)) {
         return absl::FailedPreconditionError(absl::StrCat("aggregation.rule trimmed_mean with f = ", rule.f,
                                                           ": an element of ", out.tensors()[t].name, " is held by ",
-                                                          n, " devices this round, not more than 2f"));
+                                                          h.size(), " devices this round, not more than 2f"));
+      } else {
+        v[e] = robust::SortedTrimmedMean(h, rule.f);
       }
-      double sum = 0;
-      for (size_t k = f; k < n - f; ++k) sum += h[k].first;
-      v[e] = static_cast<float>(sum / static_cast<double>(n - 2 * f));
     }
   }
   return out;

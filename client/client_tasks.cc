@@ -590,24 +590,19 @@ StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c,
           absl::StrCat("personal tensor '", Printable(n), "' is not in the model"));
     }
   }
-  if (personal.size() == 0 && !personal_names.empty() && !PersonalFile().empty()) {
-    personal = LoadPersonal(PersonalFile(), PersonalKey(task), personal_names, global);
-  }
   if (m.spec.name == "interop") {
     // Interoperable architectures: the blob is the shared block; this device's base and
-    // fusion are its own, from its model's initialisation until it has trained them.
+    // fusion are personal layers the blob does not hold, from its model's initialisation
+    // until it has trained them.
     ParameterSet whole = model->Parameters();
-    std::vector<std::string> own;
     for (const Tensor& t : whole.tensors()) {
-      if (InteropPrivate(t.name)) own.push_back(t.name);
+      if (InteropPrivate(t.name)) personal_names.push_back(t.name);
     }
-    if (personal.size() == 0 && !PersonalFile().empty()) {
-      personal = LoadPersonal(PersonalFile(), PersonalKey(task), own, whole);
-    }
-    if (personal.size() == 0) personal = Only(whole, own);
     RETURN_IF_ERROR(Overwrite(global, &whole));
     global = std::move(whole);
-    personal_names = std::move(own);
+  }
+  if (personal.size() == 0 && !personal_names.empty() && !PersonalFile().empty()) {
+    personal = LoadPersonal(PersonalFile(), PersonalKey(task), personal_names, global);
   }
   if (personal.size() > 0) RETURN_IF_ERROR(Overwrite(personal, &global));
   RETURN_IF_ERROR(model->SetTrainedParameters(global));

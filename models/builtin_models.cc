@@ -227,9 +227,6 @@ nn::Sequential BuildResNet(const ModelSpec& s) {
   return seq;
 }
 
-// A built-in model already checked (an interop model's base; defined below Models()).
-nn::Sequential BuildBuiltinByName(const ModelSpec& spec);
-
 // Interoperable architectures (Krouka & Bennis): four stages whatever the base, so that
 // the shared block's tensors have the same names on every device. Stage 0: the base (its
 // built-in model's stages but the last, the classifier); stage 1: the fusion layer,
@@ -238,7 +235,7 @@ nn::Sequential BuildBuiltinByName(const ModelSpec& spec);
 nn::Sequential BuildInterop(const ModelSpec& s) {
   ModelSpec base_spec = s;
   base_spec.name = s.interop_base;
-  nn::Sequential whole = BuildBuiltinByName(base_spec);
+  nn::Sequential whole = Models().Find(base_spec.name)->build(base_spec);  // checked by CheckInteropSpec
   Stage base;
   for (size_t i = 0; i + 1 < whole->size(); ++i) base->push_back(whole->ptr<StageImpl>(i));
   nn::Sequential seq;
@@ -372,11 +369,5 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec, int begin, int end)
                                                    e.what_without_backtrace()));
   }
 }
-
-namespace {
-
-nn::Sequential BuildBuiltinByName(const ModelSpec& spec) { return Models().Find(spec.name)->build(spec); }
-
-}  // namespace
 
 }  // namespace cleave

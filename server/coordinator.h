@@ -421,8 +421,8 @@ class Coordinator : private RoundContext {
   // and their blob, pinned.
   QuantizedSet quantized_base_;
   std::string quantized_base_digest_;
-  std::string probe_digest_;  // the probe blob, when clients profile
   int64_t quantized_base_size_ = 0;
+  std::string probe_digest_;  // the probe blob, when clients profile
   // What updates leave out: personal_ and frozen_. Updates, the strategy and secure
   // aggregation see shared_layout_ (global_ without them).
   std::vector<std::string> not_updated_;

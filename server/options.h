@@ -132,6 +132,10 @@ struct FederationConfig {
   SecureAggregationConfig secure_aggregation;
   WidthConfig width;
   ServerConfig server;
+
+  // Whether clients serve the Peer service (--peer-listen): gossip rounds exchange
+  // models, a pipeline's devices micro-batches, peer to peer.
+  bool ClientsServePeer() const { return scheduler.gossip() || split.mode == "pipeline"; }
 };
 
 // What the job's strategy is built from (CreateStrategy).

@@ -306,13 +306,13 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
     secagg_->mu().AssertHeld();  // ctx_.mu()
     secagg_->PrepareTaskLocked(task, rec);
     const int64_t weight = chain_weights_.at(rec->client_id);
-    auto& holder = masked_.holders[rec->client_id];
-    holder.first = weight;
+    MaskedLayout::Holder& holder = masked_.holders[rec->client_id];
+    holder.weight = weight;
     split->set_chain_weight(weight);
     split->set_secagg_length(masked_.length);
     for (const Tensor& t : st.part->tensors()) {
       split->add_secagg_offsets(masked_.slots.at(t.name).offset);  // a trained tensor: in the layout
-      holder.second.push_back(t.name);
+      holder.tensors.push_back(t.name);
     }
   }
 }
@@ -455,8 +455,8 @@ Status SplitDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
     for (const std::string& client : u.survivors) {
       auto h = layout.holders.find(client);
       if (h == layout.holders.end()) return absl::InternalError(absl::StrCat("no masked layout for ", client));
-      for (const std::string& name : h->second.second) masked.at(name).weight += static_cast<double>(h->second.first);
-      RETURN_IF_ERROR(round->FinishMasked(client, h->second.first));  // its server copy counts
+      for (const std::string& name : h->second.tensors) masked.at(name).weight += static_cast<double>(h->second.weight);
+      RETURN_IF_ERROR(round->FinishMasked(client, h->second.weight));  // its server copy counts
     }
     spdlog::info("secure aggregation: unmasked the sum of {} pipeline segments", u.survivors.size());
   }

@@ -190,7 +190,12 @@ class SplitDriver : public RoundDriver {
     };
     std::map<std::string, Slot> slots;  // by tensor name
     int64_t length = 0;
-    std::map<std::string, std::pair<int64_t, std::vector<std::string>>> holders;  // by session: weight, tensors
+    // What each device masks: its chain's weight and its tensors, by session id.
+    struct Holder {
+      int64_t weight = 0;
+      std::vector<std::string> tensors;
+    };
+    std::map<std::string, Holder> holders;
   };
   std::unique_ptr<SecAggDriver> secagg_;
   MaskedLayout masked_ ABSL_GUARDED_BY(ctx_.mu());  // the open round's

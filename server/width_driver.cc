@@ -81,6 +81,20 @@ ModelSpec WidthDriver::SpecAt(double rate) const {
   return spec;
 }
 
+StatusOr<const ParameterSet*> WidthDriver::LayoutLocked(double rate) {
+  auto it = layouts_.find(rate);
+  if (it != layouts_.end()) return &it->second;
+  ParameterSet layout;
+  if (ctx_.config().width.ranks()) {  // the adapters at the rate's rank
+    ASSIGN_OR_RETURN(layout, AdaptersAtRank(ctx_.model_spec(), Without(ctx_.GlobalLocked(), ctx_.frozen()),
+                                            RankOf(rate)));
+  } else {  // the submodel's shapes, from the model built at its width
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(SpecAt(rate)));
+    layout = model->Parameters();
+  }
+  return &layouts_.emplace(rate, std::move(layout)).first->second;
+}
+
 StatusOr<const WidthDriver::RateCost*> WidthDriver::CostLocked(double rate) {
   auto it = costs_.find(rate);
   if (it != costs_.end()) return &it->second;
@@ -88,8 +102,8 @@ StatusOr<const WidthDriver::RateCost*> WidthDriver::CostLocked(double rate) {
   const std::vector<int64_t> sample = spec.text() ? std::vector<int64_t>{spec.gpt.context} : spec.input_shape;
   RateCost c;
   ASSIGN_OR_RETURN(c.cost, WholeModelCost(spec, sample, FitOf(ctx_.config().train), 3));
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec));
-  c.bytes = static_cast<int64_t>(Without(model->Parameters(), model->FrozenTensors()).EncodedSize());
+  ASSIGN_OR_RETURN(const ParameterSet* layout, LayoutLocked(rate));
+  c.bytes = static_cast<int64_t>(layout->EncodedSize());
   return &costs_.emplace(rate, c).first->second;
 }
 
@@ -98,9 +112,8 @@ StatusOr<double> WidthDriver::ChooseRateLocked(const Session& s, const v1::Profi
   if (auto pinned = Pinned(w, s.name)) return *pinned;
   const TrainConfig& train = ctx_.config().train;
   // Batches per task, and the device's time per batch of the whole model.
-  const int64_t batch = std::max(1, train.batch_size);
-  const int64_t steps = train.local_steps > 0 ? train.local_steps
-                                              : train.local_epochs * ((s.num_examples + batch - 1) / batch);
+  const int batch = std::max(1, train.batch_size);
+  const int64_t steps = TaskSteps(train.local_steps, train.local_epochs, s.num_examples, batch);
   double device_s = 0;
   for (double t : p.stage_seconds()) device_s += t;
   if (p.batch_size() > 0) device_s *= static_cast<double>(batch) / p.batch_size();
@@ -138,22 +151,18 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
   rates_.clear();
   task_rates_.clear();
   submodels_.clear();
-  closed_.reset();
-  closed_products_.reset();
+  closed_ = Sums();
   start_ = Without(ctx_.GlobalLocked(), ctx_.frozen());
-  sum_.reset();
-  products_.reset();
-  updates_.reset();
-  closed_updates_.reset();
-  closed_teachers_.reset();
-  teachers_ = ctx_.config().width.distill.data.empty() ? nullptr : std::make_shared<Teachers>();
+  sums_ = Sums();
+  sums_.round = round;
   if (ctx_.config().width.method == "flexlora") {
-    ASSIGN_OR_RETURN(products_, FlexLoraSum::Create(ctx_.model_spec(), start_));
+    ASSIGN_OR_RETURN(sums_.products, FlexLoraSum::Create(ctx_.model_spec(), start_));
   } else if (ctx_.config().aggregation.rule != "mean") {
-    updates_ = std::make_shared<SubmodelUpdates>(start_);
+    sums_.updates = std::make_shared<SubmodelUpdates>(start_);
   } else {
-    sum_ = std::make_shared<SubmodelSum>(start_);
+    sums_.sum = std::make_shared<SubmodelSum>(start_);
   }
+  if (!ctx_.config().width.distill.data.empty()) sums_.teachers = std::make_shared<Teachers>();
   for (const std::string& id : *clients) {
     const double rate = RateOfLocked(*ctx_.FindSessionLocked(id));
     RETURN_IF_ERROR(SubmodelLocked(rate).status());
@@ -166,26 +175,15 @@ StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   auto it = submodels_.find(rate);
   if (it != submodels_.end()) return &it->second;
   const WidthConfig& w = ctx_.config().width;
-  auto layout = layouts_.find(rate);
-  if (layout == layouts_.end()) {
-    if (w.ranks()) {  // the adapters at the rate's rank
-      ASSIGN_OR_RETURN(ParameterSet adapters, AdaptersAtRank(ctx_.model_spec(), start_, RankOf(rate)));
-      layout = layouts_.emplace(rate, std::move(adapters)).first;
-    } else {  // the submodel's shapes, from the model built at its width
-      ModelSpec spec = ctx_.model_spec();
-      spec.width = rate;
-      ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec));
-      layout = layouts_.emplace(rate, model->Parameters()).first;
-    }
-  }
+  ASSIGN_OR_RETURN(const ParameterSet* layout, LayoutLocked(rate));
   // A rank's adapters are the leading block; FedRolex's window starts one further each
   // round; HeteroFL's is the leading one.
   const int64_t roll = w.method == "fedrolex" ? round_ - 1 : 0;
   Submodel s;
-  ASSIGN_OR_RETURN(auto positions, w.ranks() ? LeadingPositions(start_, layout->second)
-                                             : SubmodelPositions(start_, layout->second, roll));
+  ASSIGN_OR_RETURN(auto positions,
+                   w.ranks() ? LeadingPositions(start_, *layout) : SubmodelPositions(start_, *layout, roll));
   s.positions = std::make_shared<const std::vector<std::vector<int64_t>>>(std::move(positions));
-  auto part = std::make_shared<const ParameterSet>(Gather(start_, layout->second, *s.positions));
+  auto part = std::make_shared<const ParameterSet>(Gather(start_, *layout, *s.positions));
   auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(*part));
   s.digest = Sha256Hex(*blob);
   s.size = static_cast<int64_t>(blob->size());
@@ -221,15 +219,15 @@ const ParameterSet* WidthDriver::UploadLayoutLocked(const TaskRecord& t) {
 RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
   auto rate = task_rates_.find(t.id);
   if (rate == task_rates_.end()) return nullptr;
-  if (products_) {
-    return [products = products_, rank = RankOf(rate->second)](const std::vector<TensorView>& delta,
-                                                               int64_t weight) -> Status {
+  if (sums_.products) {
+    return [products = sums_.products, rank = RankOf(rate->second)](const std::vector<TensorView>& delta,
+                                                                    int64_t weight) -> Status {
       return products->Add(delta, rank, static_cast<double>(weight));
     };
   }
   const Submodel& s = submodels_.at(rate->second);
-  return [sum = sum_, updates = updates_, positions = s.positions, teachers = teachers_, part = s.part,
-          r = rate->second](const std::vector<TensorView>& delta, int64_t weight) -> Status {
+  return [sum = sums_.sum, updates = sums_.updates, positions = s.positions, teachers = sums_.teachers,
+          part = s.part, r = rate->second](const std::vector<TensorView>& delta, int64_t weight) -> Status {
     RETURN_IF_ERROR(updates ? updates->Add(delta, positions, static_cast<double>(weight))
                             : sum->Add(delta, *positions, static_cast<double>(weight)));
     if (teachers) {  // FedDF's teacher: the device's trained submodel
@@ -242,21 +240,18 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
   };
 }
 
-void WidthDriver::CloseLocked(int64_t round, RoundMetrics* m) {
+void WidthDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
   for (const auto& [id, t] : ctx_.TasksLocked()) {
     auto rate = task_rates_.find(id);
     if (rate == task_rates_.end() || t.state != TaskState::kDone) continue;
     const Session* s = ctx_.FindSessionLocked(t.client_id);
     m->widths[s ? s->name : t.client_id] = rate->second;
   }
-  closed_ = std::move(sum_);
-  closed_products_ = std::move(products_);
-  closed_updates_ = std::move(updates_);
-  closed_teachers_ = std::move(teachers_);
-  closed_round_ = round;
+  closed_ = std::move(sums_);
+  sums_ = Sums();
 }
 
-Status WidthDriver::DistillInto(ParameterSet* whole, const Teachers& teachers) {
+Status WidthDriver::DistillInto(ParameterSet* whole, const Teachers& teachers, int64_t round) {
   const WidthConfig::Distill& o = ctx_.config().width.distill;
   if (teachers.models.empty()) return absl::OkStatus();
   if (!distill_data_) {
@@ -280,40 +275,37 @@ Status WidthDriver::DistillInto(ParameterSet* whole, const Teachers& teachers) {
   d.lr = o.lr;
   d.batch_size = o.batch_size;
   d.temperature = o.temperature;
-  d.seed = ctx_.config().run.seed * 1000003 + static_cast<uint64_t>(closed_round_);
+  d.seed = ctx_.config().run.seed * 1000003 + static_cast<uint64_t>(round);
   ASSIGN_OR_RETURN(const double loss, student->Distill(*distill_data_, mean, d));
   spdlog::info("round {}: FedDF distilled {} devices' submodels into the whole model ({} steps on {} examples, "
                "loss {:.4f})",
-               closed_round_, teachers.models.size(), o.steps, distill_data_->size, loss);
+               round, teachers.models.size(), o.steps, distill_data_->size, loss);
   *whole = student->Parameters();
   return absl::OkStatus();
 }
 
 Status WidthDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
-  const std::shared_ptr<SubmodelSum> sum = std::move(closed_);
-  const std::shared_ptr<FlexLoraSum> products = std::move(closed_products_);
-  const std::shared_ptr<SubmodelUpdates> updates = std::move(closed_updates_);
+  const Sums closed = std::move(closed_);
+  closed_ = Sums();
   ParameterSet change;
-  if (products) {  // FlexLoRA: the factored mean product, as a change of the start
-    ASSIGN_OR_RETURN(change, products->Result());
+  if (closed.products) {  // FlexLoRA: the factored mean product, as a change of the start
+    ASSIGN_OR_RETURN(change, closed.products->Result());
     if (!change.SameLayout(start)) return absl::InternalError("flexlora: the result is not the round's layout");
     AddScaled(ViewsOf(start), -1.0f, &change);
-  } else if (sum || updates) {
-    if (updates) {
-      ASSIGN_OR_RETURN(change, updates->Aggregate(ctx_.config().aggregation));
-    } else {
-      change = ctx_.config().width.method == "hetlora" ? sum->ZeroPadded(start) : sum->Mean();
-    }
-    if (const std::shared_ptr<Teachers> teachers = std::move(closed_teachers_)) {
-      // FedDF on the aggregate (start + mean), distilled, as a change of the start.
-      ParameterSet whole = start;
-      AddScaled(ViewsOf(change), 1.0f, &whole);
-      RETURN_IF_ERROR(DistillInto(&whole, *teachers));
-      AddScaled(ViewsOf(start), -1.0f, &whole);
-      change = std::move(whole);
-    }
+  } else if (closed.updates) {
+    ASSIGN_OR_RETURN(change, closed.updates->Aggregate(ctx_.config().aggregation));
+  } else if (closed.sum) {
+    change = ctx_.config().width.method == "hetlora" ? closed.sum->ZeroPadded(start) : closed.sum->Mean();
   } else {
     return absl::InternalError("width: no closed round to aggregate");
+  }
+  if (closed.teachers) {
+    // FedDF on the aggregate (start + mean), distilled, as a change of the start.
+    ParameterSet whole = start;
+    AddScaled(ViewsOf(change), 1.0f, &whole);
+    RETURN_IF_ERROR(DistillInto(&whole, *closed.teachers, closed.round));
+    AddScaled(ViewsOf(start), -1.0f, &whole);
+    change = std::move(whole);
   }
   ctx_.Accumulate(ClientUpdate::Unnamed(ViewsOf(change), 1));
   return absl::OkStatus();

@@ -86,6 +86,8 @@ class WidthDriver : public RoundDriver {
     int64_t size = 0;
   };
   StatusOr<Submodel*> SubmodelLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // The layout (shapes; values unused) of what a device of `rate` trains, made once.
+  StatusOr<const ParameterSet*> LayoutLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The model a device of `rate` trains.
   ModelSpec SpecAt(double rate) const;
   // What training a rate's model takes on the server (memory, seconds per batch) and the
@@ -109,24 +111,25 @@ class WidthDriver : public RoundDriver {
   std::map<std::string, double> task_rates_ ABSL_GUARDED_BY(ctx_.mu());  // by task id
   // The round's start in the update layout (LoRA: the adapters, without the frozen base).
   ParameterSet start_ ABSL_GUARDED_BY(ctx_.mu());
-  // The round's sum: FlexLoRA's products, or every other method's elements.
-  std::shared_ptr<SubmodelSum> sum_ ABSL_GUARDED_BY(ctx_.mu());
-  std::shared_ptr<FlexLoraSum> products_ ABSL_GUARDED_BY(ctx_.mu());
-  std::shared_ptr<SubmodelUpdates> updates_ ABSL_GUARDED_BY(ctx_.mu());  // a robust aggregation.rule
   // width.distill: the devices' trained submodels, by rate, added as they upload.
   struct Teachers {
     std::mutex mu;
     std::vector<std::pair<double, ParameterSet>> models;
   };
-  std::shared_ptr<Teachers> teachers_ ABSL_GUARDED_BY(ctx_.mu());
-  // The closed round's, for Fold (round thread).
-  std::shared_ptr<SubmodelSum> closed_;
-  std::shared_ptr<FlexLoraSum> closed_products_;
-  std::shared_ptr<SubmodelUpdates> closed_updates_;
-  std::shared_ptr<Teachers> closed_teachers_;
-  int64_t closed_round_ = 0;
-  // FedDF's step on `whole`, the round's aggregate (round thread): distilled in place.
-  Status DistillInto(ParameterSet* whole, const Teachers& teachers);
+  // What a round adds its uploads into: exactly one of FlexLoRA's products, the
+  // elements kept whole for a robust aggregation.rule, or every other method's sums;
+  // FedDF's teachers besides, with width.distill.
+  struct Sums {
+    std::shared_ptr<SubmodelSum> sum;
+    std::shared_ptr<FlexLoraSum> products;
+    std::shared_ptr<SubmodelUpdates> updates;
+    std::shared_ptr<Teachers> teachers;
+    int64_t round = 0;
+  };
+  Sums sums_ ABSL_GUARDED_BY(ctx_.mu());  // the open round's
+  Sums closed_;                           // the closed round's, for Fold (round thread)
+  // FedDF's step on `whole`, round `round`'s aggregate (round thread): distilled in place.
+  Status DistillInto(ParameterSet* whole, const Teachers& teachers, int64_t round);
   std::optional<Dataset> distill_data_;  // width.distill.data, loaded at the first round
 };
 

@@ -180,7 +180,7 @@ int Prepare(LocalRun& r) {
     std::cerr << "cleave local: " << o.config_path << " sets tls.mutual; drop --insecure\n";
     return 2;
   }
-  if (!o.insecure && !r.config.tls.mutual && (r.config.scheduler.gossip() || r.config.split.mode == "pipeline")) {
+  if (!o.insecure && !r.config.tls.mutual && r.config.ClientsServePeer()) {
     std::cerr << "cleave local: " << o.config_path << ": clients that serve each other (scheduler.mode: gossip, "
               << "split.mode: pipeline) verify each other's certificates over TLS: set tls.mutual: true (or run "
               << "with --insecure)\n";
@@ -284,7 +284,7 @@ std::vector<std::string> ClientArgv(const LocalRun& r, int i, const std::string&
       "--name", name, "--give-up-after", "60"};
   if (c.local.holdout > 0) argv.insert(argv.end(), {"--holdout", absl::StrCat(c.local.holdout)});
   // Gossip neighbours and a pipeline's devices reach it on a port of its own.
-  if (c.scheduler.gossip() || c.split.mode == "pipeline") {
+  if (c.ClientsServePeer()) {
     argv.insert(argv.end(), {"--peer-listen", "127.0.0.1:0"});
   }
   // Personal layers and interop's private bases: kept across a resumed run's client restarts.

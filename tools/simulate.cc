@@ -100,8 +100,7 @@ int Prepare(const SimulateOptions& o, Simulation& sim) {
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   sim.slots = o.task_slots > 0 ? o.task_slots : cores;
-  const bool peers = c.scheduler.gossip() || c.split.mode == "pipeline";
-  if (c.secure_aggregation.enabled || peers) {
+  if (c.secure_aggregation.enabled || c.ClientsServePeer()) {
     // Every sampled client takes part in each SecAgg stage, a gossip client waits for
     // its neighbours' models and a pipeline's device for its upstream's micro-batches:
     // one waiting for a slot would stall the others until the stage or the round times
@@ -162,7 +161,7 @@ int MakeVirtualClients(Simulation& sim) {
     // Gossip and pipelines: the server stays in-process, but neighbours exchange models
     // or micro-batches peer to peer, each virtual client serving Peer on a loopback port
     // of its own.
-    if (c.scheduler.gossip() || c.split.mode == "pipeline") v.peer_listen = "127.0.0.1:0";
+    if (c.ClientsServePeer()) v.peer_listen = "127.0.0.1:0";
     Virtual virt;
     virt.options = std::move(v);
     virt.trace = trace;
