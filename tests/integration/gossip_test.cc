@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "tests/deadline.h"
 #include "tests/integration/federation.h"
@@ -125,7 +126,8 @@ TEST(GossipTest, MeasuredUplinksGiveFastClientsMoreNeighbours) {
 // of unit variance. On a random graph of degree 4, after five rounds, the honest five's
 // models on 2,000 test images: under plain gossip the poison reaches them (a neighbour's
 // training diverges; its task fails, and it still sends the model it holds, so nobody
-// waits for the deadline) and their accuracy falls by more than 10 points; self-centred
+// waits for the deadline; when every task of a round diverges the run ends early) and
+// their accuracy falls by more than 10 points; self-centred
 // clipping and the trimmed mean keep it within 2 points of the same federation with no
 // attacker.
 TEST(GossipTest, RobustRulesKeepHonestAccuracyAgainstAPoisoningNeighbour) {
@@ -140,9 +142,15 @@ TEST(GossipTest, RobustRulesKeepHonestAccuracyAgainstAPoisoningNeighbour) {
                 "scheduler: {mode: gossip, topology: random, degree: 4, gossip_rule: " + rule + "}\n",
             std::move(clients));
     f.Join();
-    EXPECT_TRUE(f.server_status.ok()) << f.server_status;
     const auto h = f.server->History();
-    EXPECT_EQ(h.size(), 5u);
+    if (rule == "mean" && attacked && !f.server_status.ok()) {
+      // The poison can make every client's training diverge, the attacker's too: then
+      // no round reaches its quorum and the run ends early, naming the quorum.
+      EXPECT_NE(f.server_status.ToString().find("quorum"), std::string::npos) << f.server_status;
+    } else {
+      EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+      EXPECT_EQ(h.size(), 5u);
+    }
     if (rule != "mean") {
       for (const auto& m : h) EXPECT_EQ(m.participants, kClients) << "nobody's training diverged";
     }
