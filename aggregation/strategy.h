@@ -148,6 +148,12 @@ class Strategy {
   // FinishRound.
   virtual void SetReference(const ParameterSet& server_update) { (void)server_update; }
 
+  // Width-scaled submodels under DP-FedAvg: how many of the round's results hold each
+  // element (every result is zero-padded where it holds none); given before
+  // FinishRound. DP divides each element's noised sum by its holders instead of by all
+  // the results: post-processing of the same noised sum, so the guarantee is unchanged.
+  virtual void SetHolders(const ParameterSet& holders) { (void)holders; }
+
   // Extra per-round values for metrics.jsonl after FinishRound (e.g. epsilon).
   virtual std::map<std::string, double> RoundStats() const { return {}; }
 };

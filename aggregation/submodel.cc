@@ -156,6 +156,24 @@ ParameterSet Gather(const ParameterSet& whole, const ParameterSet& sub,
   return out;
 }
 
+StatusOr<ParameterSet> Placed(const std::vector<TensorView>& delta, const std::vector<std::vector<int64_t>>& positions,
+                              const ParameterSet& whole) {
+  ASSIGN_OR_RETURN(const std::vector<std::vector<float>> values, ReadPlaced(delta, positions, whole.size()));
+  ParameterSet out = whole.ZerosLike();
+  for (size_t t = 0; t < values.size(); ++t) {
+    auto& v = out.mutable_tensors()[t].values;
+    for (size_t i = 0; i < values[t].size(); ++i) v[positions[t][i]] = values[t][i];
+  }
+  return out;
+}
+
+void CountHolders(const std::vector<std::vector<int64_t>>& positions, ParameterSet* holders) {
+  for (size_t t = 0; t < positions.size() && t < holders->size(); ++t) {
+    auto& v = holders->mutable_tensors()[t].values;
+    for (int64_t p : positions[t]) v[p] += 1.0f;
+  }
+}
+
 SubmodelSum::SubmodelSum(const ParameterSet& whole) : layout_(whole) {
   for (const Tensor& t : whole.tensors()) {
     sum_.emplace_back(t.values.size(), 0.0);

@@ -36,6 +36,15 @@ StatusOr<std::vector<std::vector<int64_t>>> LeadingPositions(const ParameterSet&
 ParameterSet Gather(const ParameterSet& whole, const ParameterSet& sub,
                     const std::vector<std::vector<int64_t>>& positions);
 
+// A device's update (its submodel's layout, as views) in the whole model's layout: its
+// values at `positions`, zero elsewhere (what DP-FedAvg clips and sums).
+StatusOr<ParameterSet> Placed(const std::vector<TensorView>& delta, const std::vector<std::vector<int64_t>>& positions,
+                              const ParameterSet& whole);
+
+// Adds 1 to `holders` (the whole model's layout) at every element of `positions`: after
+// each device of a round, how many hold each element.
+void CountHolders(const std::vector<std::vector<int64_t>>& positions, ParameterSet* holders);
+
 // The round's submodel updates, summed into the whole model's layout: each element's
 // weighted sum and the weights of the devices that hold it. Thread-safe.
 class SubmodelSum {

@@ -86,6 +86,7 @@ class DpStrategy : public Strategy {
 
   void BeginRound(const ParameterSet& global, int shards) override {
     inner_->BeginRound(global, shards);
+    holders_ = ParameterSet();
     sums_.Reset(shards);
     unclipped_.assign(std::max<size_t>(unclipped_.size(), shards), 0);
     distributed_count_.assign(std::max<size_t>(distributed_count_.size(), shards), 0);
@@ -103,6 +104,8 @@ class DpStrategy : public Strategy {
     if (norm <= clip_) ++unclipped_[shard];
     sums_.Add(shard, u.delta, static_cast<float>(ClipFactor(norm, clip_)), 1);
   }
+
+  void SetHolders(const ParameterSet& holders) override { holders_ = holders; }
 
   int accumulated() const override {
     int n = sums_.count();
@@ -125,8 +128,23 @@ class DpStrategy : public Strategy {
       noise_std_ = z_update * clip_ / count;
       std::normal_distribution<double> noise(0, noise_std_);
       ParameterSet& mean = *sums_.Merge();
-      for (auto& t : mean.mutable_tensors()) {
-        for (float& v : t.values) v = static_cast<float>(v / count + noise(rng_));
+      if (holders_.size() == 0) {
+        for (auto& t : mean.mutable_tensors()) {
+          for (float& v : t.values) v = static_cast<float>(v / count + noise(rng_));
+        }
+      } else {
+        // Submodels: each element's noised sum over its holders (the same noise, z·C on
+        // the sum); an element nobody held stays.
+        if (!holders_.SameLayout(mean)) return absl::InternalError("dp: holders of another layout");
+        std::normal_distribution<double> sum_noise(0, z_update * clip_);
+        for (size_t t = 0; t < mean.size(); ++t) {
+          const auto& h = holders_.tensors()[t].values;
+          auto& values = mean.mutable_tensors()[t].values;
+          for (size_t i = 0; i < values.size(); ++i) {
+            const double noised = values[i] + sum_noise(rng_);
+            values[i] = h[i] > 0 ? static_cast<float>(noised / h[i]) : 0.0f;
+          }
+        }
       }
       inner_->Accumulate(ClientUpdate::Unnamed(ViewsOf(mean), count), 0);
     } else {
@@ -200,6 +218,7 @@ class DpStrategy : public Strategy {
   std::vector<double> orders_, rdp_;
   double q_ = 1;
   PartialSums sums_;  // clipped updates (central noise)
+  ParameterSet holders_;  // the round's, when its results are zero-padded submodels
   // Per shard: updates within the clip norm; distributed noise: clients summed.
   std::vector<int> unclipped_, distributed_count_;
   double used_clip_ = 0, noise_std_ = 0, unclipped_fraction_ = 0;

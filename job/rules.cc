@@ -232,7 +232,10 @@ Status CheckWidth(const JobConfig& c) {
   if (c.split.enabled()) return no("split learning");
   if (c.scheduler.mode != "sync") return no("scheduler.mode: " + c.scheduler.mode);
   if (c.secure_aggregation.enabled) return no("secure_aggregation (masks per slice)");
-  if (c.dp.enabled) return no("dp");
+  if (c.dp.enabled && w.ranks()) return no("dp on LoRA ranks (dp applies to width.method heterofl and fedrolex)");
+  if (c.dp.enabled && !w.distill.data.empty()) {
+    return no("dp and width.distill (FedDF distils the devices' own models, which DP-FedAvg never releases)");
+  }
   const std::string& rule = c.aggregation.rule;
   if (rule != "mean" && (w.ranks() || (rule != "median" && rule != "trimmed_mean" && rule != "norm_bound"))) {
     return no(absl::StrCat("aggregation.rule ", rule, w.ranks() ? " on LoRA ranks"

@@ -155,7 +155,9 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
   start_ = Without(ctx_.GlobalLocked(), ctx_.frozen());
   sums_ = Sums();
   sums_.round = round;
-  if (ctx_.config().width.method == "flexlora") {
+  if (ctx_.config().dp.enabled) {
+    sums_.dp = true;
+  } else if (ctx_.config().width.method == "flexlora") {
     ASSIGN_OR_RETURN(sums_.products, FlexLoraSum::Create(ctx_.model_spec(), start_));
   } else if (ctx_.config().aggregation.rule != "mean") {
     sums_.updates = std::make_shared<SubmodelUpdates>(start_);
@@ -226,6 +228,15 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
     };
   }
   const Submodel& s = submodels_.at(rate->second);
+  if (sums_.dp) {  // the strategy clips and sums it, zero-padded
+    return [&ctx = ctx_, positions = s.positions,
+            whole = std::make_shared<const ParameterSet>(start_.ZerosLike())](const std::vector<TensorView>& delta,
+                                                                               int64_t weight) -> Status {
+      ASSIGN_OR_RETURN(const ParameterSet placed, Placed(delta, *positions, *whole));
+      ctx.Accumulate(ClientUpdate::Unnamed(ViewsOf(placed), weight));
+      return absl::OkStatus();
+    };
+  }
   return [sum = sums_.sum, updates = sums_.updates, positions = s.positions, teachers = sums_.teachers,
           part = s.part, r = rate->second](const std::vector<TensorView>& delta, int64_t weight) -> Status {
     RETURN_IF_ERROR(updates ? updates->Add(delta, positions, static_cast<double>(weight))
@@ -241,11 +252,13 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
 }
 
 void WidthDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
+  if (sums_.dp) sums_.holders = start_.ZerosLike();
   for (const auto& [id, t] : ctx_.TasksLocked()) {
     auto rate = task_rates_.find(id);
     if (rate == task_rates_.end() || t.state != TaskState::kDone) continue;
     const Session* s = ctx_.FindSessionLocked(t.client_id);
     m->widths[s ? s->name : t.client_id] = rate->second;
+    if (sums_.dp) CountHolders(*submodels_.at(rate->second).positions, &sums_.holders);
   }
   closed_ = std::move(sums_);
   sums_ = Sums();
@@ -287,6 +300,10 @@ Status WidthDriver::DistillInto(ParameterSet* whole, const Teachers& teachers, i
 Status WidthDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
   const Sums closed = std::move(closed_);
   closed_ = Sums();
+  if (closed.dp) {  // the uploads are in the strategy already
+    ctx_.strategy().SetHolders(closed.holders);
+    return absl::OkStatus();
+  }
   ParameterSet change;
   if (closed.products) {  // FlexLoRA: the factored mean product, as a change of the start
     ASSIGN_OR_RETURN(change, closed.products->Result());

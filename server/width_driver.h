@@ -22,6 +22,11 @@
 //
 // A robust aggregation.rule applies element by element over the devices that hold each
 // element (SubmodelUpdates: median, trimmed_mean, norm_bound), instead of the mean.
+//
+// With dp (DP-FedAvg, central noise) each upload goes to the strategy zero-padded to the
+// whole model (Placed), where it is clipped like any update: a device's sensitivity is
+// its submodel's clipped norm. The round tells the strategy each element's holders
+// (SetHolders), so the noised sum is divided per element by the devices that hold it.
 #pragma once
 
 #include <map>
@@ -117,13 +122,16 @@ class WidthDriver : public RoundDriver {
     std::vector<std::pair<double, ParameterSet>> models;
   };
   // What a round adds its uploads into: exactly one of FlexLoRA's products, the
-  // elements kept whole for a robust aggregation.rule, or every other method's sums;
-  // FedDF's teachers besides, with width.distill.
+  // elements kept whole for a robust aggregation.rule, every other method's sums, or
+  // (dp) none: the strategy adds them, and `holders` counts each element's devices as
+  // the round closes. FedDF's teachers besides, with width.distill.
   struct Sums {
     std::shared_ptr<SubmodelSum> sum;
     std::shared_ptr<FlexLoraSum> products;
     std::shared_ptr<SubmodelUpdates> updates;
     std::shared_ptr<Teachers> teachers;
+    bool dp = false;
+    ParameterSet holders;
     int64_t round = 0;
   };
   Sums sums_ ABSL_GUARDED_BY(ctx_.mu());  // the open round's

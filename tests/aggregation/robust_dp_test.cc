@@ -166,6 +166,38 @@ TEST(DpTest, UpdatesAreClippedAndAveragedWithEqualWeights) {
   for (float v : global.tensors()[0].values) EXPECT_NEAR(v, 0.3, 1e-4);
 }
 
+// Zero-padded submodel updates: each element's clipped sum is divided by the results
+// that hold it, with noise z·C on the sum; an element nobody holds stays.
+TEST(DpTest, HoldersDivideEachElementsNoisedSum) {
+  auto s = DpFedAvg("{noise_multiplier: 1e-6, clip: 1.0}", 7);
+  ParameterSet global = Filled(4, 0);
+  std::mt19937_64 rng(1);
+  s->ConfigureRound(1, {"a", "b"}, rng);
+  s->BeginRound(global, 1);
+  ParameterSet whole = Filled(4, 0), small = Filled(4, 0);
+  whole.mutable_tensors()[0].values = {0.2f, 0.2f, 0.2f, 0.2f};  // norm 0.4: kept
+  small.mutable_tensors()[0].values = {3.0f, 4.0f, 0.0f, 0.0f};  // norm 5: clipped to 1
+  s->Accumulate(ClientUpdate::Unnamed(ViewsOf(whole), 1), 0);
+  s->Accumulate(ClientUpdate::Unnamed(ViewsOf(small), 1), 0);
+  ParameterSet holders = Filled(4, 0);
+  holders.mutable_tensors()[0].values = {2, 2, 1, 1};
+  s->SetHolders(holders);
+  ASSERT_TRUE(s->FinishRound(0, &global).ok());
+  const auto& v = global.tensors()[0].values;
+  EXPECT_NEAR(v[0], (0.2 + 0.6) / 2, 1e-4);
+  EXPECT_NEAR(v[1], (0.2 + 0.8) / 2, 1e-4);
+  EXPECT_NEAR(v[2], 0.2, 1e-4) << "one holder: not halved";
+  EXPECT_NEAR(v[3], 0.2, 1e-4);
+  // The next round forgets them: the plain mean over both results.
+  s->ConfigureRound(2, {"a", "b"}, rng);
+  global = Filled(4, 0);
+  s->BeginRound(global, 1);
+  s->Accumulate(ClientUpdate::Unnamed(ViewsOf(whole), 1), 0);
+  s->Accumulate(ClientUpdate::Unnamed(ViewsOf(small), 1), 0);
+  ASSERT_TRUE(s->FinishRound(0, &global).ok());
+  EXPECT_NEAR(global.tensors()[0].values[2], 0.1, 1e-4);
+}
+
 // The reported epsilon is the accountant's for the job's settings, round after round;
 // adaptive clipping lowers C when most updates are within it.
 TEST(DpTest, ReportedEpsilonMatchesTheAccountantAndAdaptiveClipMoves) {

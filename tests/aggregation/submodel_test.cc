@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <numeric>
 #include <vector>
 
 namespace cleave {
@@ -75,6 +76,26 @@ TEST(SubmodelTest, TheMeanIsPerElementOverItsHolders) {
   // An update of another layout changes nothing.
   EXPECT_FALSE(sum.Add(ViewsOf(small), *SubmodelPositions(whole, whole, 0), 1).ok());
   EXPECT_EQ(sum.Mean().tensors()[0].values, mean.tensors()[0].values);
+}
+
+// DP's view of a submodel update: its values in place, zeros elsewhere; and how many
+// devices hold each element.
+TEST(SubmodelTest, PlacedPadsWithZerosAndHoldersCount) {
+  const ParameterSet whole = Layout(4);
+  auto half = *SubmodelPositions(whole, Layout(2), 3);  // channels 3 and 0
+  ParameterSet small = Layout(2);
+  for (auto& t : small.mutable_tensors()) std::iota(t.values.begin(), t.values.end(), 1.0f);
+  auto placed = Placed(ViewsOf(small), half, whole);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  ASSERT_TRUE(placed->SameLayout(whole));
+  EXPECT_EQ(placed->tensors()[1].values, (std::vector<float>{2, 0, 0, 1}));  // bias: channel 3 first
+  EXPECT_EQ(placed->tensors()[0].values[9], 1.0f);
+  EXPECT_EQ(placed->tensors()[0].values[3], 0.0f) << "channel 1: not held";
+  EXPECT_FALSE(Placed(ViewsOf(whole), half, whole).ok()) << "another layout";
+  ParameterSet holders = whole.ZerosLike();
+  CountHolders(half, &holders);
+  CountHolders(*SubmodelPositions(whole, whole, 0), &holders);
+  EXPECT_EQ(holders.tensors()[1].values, (std::vector<float>{2, 1, 1, 2}));
 }
 
 // A LoRA pair at rank 4, A [3, 4] and B [4, 2] (the decoder's Conv1D layout), and its

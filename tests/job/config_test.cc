@@ -90,6 +90,11 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("width: {method: fedrolex}\ncompression: {update: int8}", "fedrolex");
   expect_error("width: {rate: 0.5}\ncompression: {update: \"topk:0.1:ef21\"}", ":ef21");
   EXPECT_TRUE(ParseJob("width: {rate: 0.5}\ncompression: {update: \"topk:0.1\"}\n", "").ok());
+  // DP-FedAvg: with HeteroFL and FedRolex, not on LoRA ranks nor beside FedDF.
+  EXPECT_TRUE(ParseJob("width: {method: fedrolex, rate: 0.5}\ndp: {clip: 1}\n", "").ok());
+  expect_error("width: {rate: 0.5, distill: {data: \"fmnist:/x\"}}\ndp: {clip: 1}", "width.distill");
+  expect_error(std::string("model: {name: gpt, lora: {rank: 8}}\n") + "width: {method: hetlora, rate: 0.5}\ndp: {clip: 1}",
+               "dp on LoRA ranks");
   // Interoperable architectures: known bases, no server-side evaluation, no split.
   const std::string interop = "model: {name: interop, interop: {base: cnn, clients: [{name: a, base: mlp}]}}\n";
   expect_error(interop, "the server holds no device's base");
