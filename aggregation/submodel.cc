@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -52,6 +53,9 @@ StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet
   std::vector<std::vector<int64_t>> out;
   std::vector<int64_t> kept;  // the last layer's kept outputs
   int64_t outputs = 0;        // and how many it has in the whole model
+  // Every earlier layer's kept outputs by their number in the whole model: a residual
+  // shortcut's inputs are a block's inputs, not the last layer's outputs.
+  std::map<int64_t, std::vector<int64_t>> kept_of;
   for (size_t t = 0; t < whole.size(); ++t) {
     const Tensor& w = whole.tensors()[t];
     const Tensor& s = sub.tensors()[t];
@@ -89,6 +93,9 @@ StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet
       for (int64_t c : kept) {
         for (int64_t p = 0; p < block; ++p) cols.push_back(c * block + p);
       }
+    } else if (auto earlier = kept_of.find(in);
+               earlier != kept_of.end() && static_cast<int64_t>(earlier->second.size()) == in_sub) {
+      cols = earlier->second;
     } else {
       return bad("its inputs are not the last layer's kept outputs");
     }
@@ -107,6 +114,7 @@ StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet
     out.push_back(std::move(positions));
     kept = rows;
     outputs = w.shape[0];
+    kept_of[outputs] = kept;
   }
   return out;
 }

@@ -5,7 +5,8 @@
 //
 // A submodel keeps, of every hidden layer, a window of its output channels or features;
 // the next layer keeps the same window of its inputs (after a flatten, each kept
-// channel's block of positions). HeteroFL's window is the leading one; FedRolex's starts
+// channel's block of positions; a residual shortcut, the window of the earlier layer
+// whose outputs it takes). HeteroFL's window is the leading one; FedRolex's starts
 // at `roll` (its round's index) and wraps around. The input and the classes are whole.
 #pragma once
 
@@ -23,8 +24,9 @@ namespace cleave {
 // For each tensor of `sub` (the whole model's tensors, in order, each no larger in any
 // dimension), the flat positions in the whole model's tensor of its elements, in its
 // own row-major order. Tensors are read in order as layers: a weight ([out, in, ...]) and
-// then its bias ([out]). INVALID_ARGUMENT when the layouts differ in names or rank, or a
-// smaller input dimension does not follow from the layer before.
+// then its bias or its normalization's weight and bias ([out]). INVALID_ARGUMENT when the
+// layouts differ in names or rank, or a smaller input dimension does not follow from the
+// layer before (nor from an earlier layer of as many outputs: a shortcut).
 StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet& whole, const ParameterSet& sub,
                                                              int64_t roll);
 

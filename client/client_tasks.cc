@@ -174,6 +174,7 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
   if (spec.name == "hf") RETURN_IF_ERROR(SetHfModel(spec, d.hf_config(), "the server's config.json"));
   spec.quantize = d.quantize();
   if (d.width() > 0) spec.width = d.width();
+  spec.static_bn = d.static_batch_norm();
   if (d.has_interop()) {
     spec.interop_base = d.interop().base();
     spec.interop_width = d.interop().width();

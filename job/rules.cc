@@ -222,9 +222,14 @@ Status CheckWidth(const JobConfig& c) {
                                          r, ")")));
     }
   } else {
-    RETURN_IF_ERROR(Range(m == "mlp" || m == "lenet5" || m == "cnn", "width",
-                          "used with model.name mlp, lenet5 or cnn (LoRA ranks of gpt or hf: width.method "
-                          "hetlora or flexlora)"));
+    RETURN_IF_ERROR(Range(m == "mlp" || m == "lenet5" || m == "cnn" || m == "resnet", "width",
+                          "used with model.name mlp, lenet5, cnn or resnet (LoRA ranks of gpt or hf: "
+                          "width.method hetlora or flexlora)"));
+    // A submodel's running statistics are not the whole model's (HeteroFL's static
+    // batch normalization keeps none).
+    RETURN_IF_ERROR(Range(m != "resnet" || c.model.batch_norm == "static", "width",
+                          "used on resnet with model.batch_norm: static (a submodel's running statistics "
+                          "are not the whole model's)"));
   }
   const auto no = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("width: submodels do not combine with ", what, " yet"));

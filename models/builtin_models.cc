@@ -179,45 +179,68 @@ nn::Sequential BuildCnn(const ModelSpec& s) {
   return seq;
 }
 
+// HeteroFL's scaler as the paper defines it, for models with (static) batch
+// normalization: a width-r submodel's layer whose inputs were cut divides its output by
+// r in training and not in evaluation; the normalization after it absorbs the rest.
+struct TrainScalerImpl : nn::Module {
+  explicit TrainScalerImpl(double width) : width(width) {}
+  torch::Tensor forward(torch::Tensor x) { return is_training() ? x / width : x; }
+  double width;
+};
+TORCH_MODULE(TrainScaler);
+
+// Batch normalization over `channels`: with running statistics, or static (none kept;
+// each batch normalised by its own, in evaluation too).
+nn::BatchNorm2d Norm(const ModelSpec& s, int64_t channels) {
+  return nn::BatchNorm2d(nn::BatchNorm2dOptions(channels).track_running_stats(!s.static_bn));
+}
+
 // He et al.'s basic block: conv-BN-ReLU-conv-BN plus the input (a 1x1 conv + BN when
-// the shape changes), then ReLU.
+// the shape changes), then ReLU. In a width-r submodel (r < 1) each convolution's output
+// passes HeteroFL's scaler before its normalization.
 struct BasicBlockImpl : nn::Module {
-  BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
+  BasicBlockImpl(const ModelSpec& s, int64_t in, int64_t out, int64_t stride)
       : conv1(register_module(
             "conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)))),
-        bn1(register_module("bn1", nn::BatchNorm2d(out))),
+        bn1(register_module("bn1", Norm(s, out))),
         conv2(register_module("conv2",
                               nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)))),
-        bn2(register_module("bn2", nn::BatchNorm2d(out))) {
+        bn2(register_module("bn2", Norm(s, out))),
+        scale(s.width < 1 ? register_module("scale", TrainScaler(s.width)) : TrainScaler(nullptr)) {
     if (stride != 1 || in != out) {
       shortcut = register_module(
           "shortcut",
-          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-                         nn::BatchNorm2d(out)));
+          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), Norm(s, out)));
     }
   }
+  torch::Tensor Scaled(torch::Tensor x) { return scale ? scale->forward(x) : x; }
   torch::Tensor forward(torch::Tensor x) {
-    auto y = bn2(conv2(torch::relu(bn1(conv1(x)))));
-    return torch::relu(y + (shortcut ? shortcut->forward(x) : x));
+    auto y = bn2(Scaled(conv2(torch::relu(bn1(Scaled(conv1(x)))))));
+    torch::Tensor skip = x;
+    if (shortcut) skip = shortcut[1]->as<nn::BatchNorm2d>()->forward(Scaled(shortcut[0]->as<nn::Conv2d>()->forward(x)));
+    return torch::relu(y + skip);
   }
   nn::Conv2d conv1;
   nn::BatchNorm2d bn1;
   nn::Conv2d conv2;
   nn::BatchNorm2d bn2;
+  TrainScaler scale;
   nn::Sequential shortcut{nullptr};
 };
 TORCH_MODULE(BasicBlock);
 
+// A width-r submodel keeps ceil(r n) of each block's n channels; the stem's inputs and
+// the classes stay whole.
 nn::Sequential BuildResNet(const ModelSpec& s) {
   nn::Sequential seq;
-  seq->push_back(
-      Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], 16, 3).padding(1).bias(false)),
-            nn::BatchNorm2d(16), nn::ReLU()));
-  seq->push_back(Stage(BasicBlock(16, 16, 1)));
-  seq->push_back(Stage(BasicBlock(16, 32, 2)));
-  seq->push_back(Stage(BasicBlock(32, 64, 2)));
+  const int64_t c1 = Width(s, 16), c2 = Width(s, 32), c3 = Width(s, 64);
+  seq->push_back(Stage(nn::Conv2d(nn::Conv2dOptions(s.input_shape[0], c1, 3).padding(1).bias(false)),
+                       Norm(s, c1), nn::ReLU()));
+  seq->push_back(Stage(BasicBlock(s, c1, c1, 1)));
+  seq->push_back(Stage(BasicBlock(s, c1, c2, 2)));
+  seq->push_back(Stage(BasicBlock(s, c2, c3, 2)));
   seq->push_back(Stage(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)), nn::Flatten(),
-                       nn::Linear(64, s.num_classes)));
+                       nn::Linear(c3, s.num_classes)));
   torch::NoGradGuard no_grad;  // He initialisation of the convolutions, as torchvision's
   for (auto& p : seq->named_parameters(/*recurse=*/true)) {
     if (p.value().dim() == 4) {
@@ -321,7 +344,7 @@ Registry<ModelKind>& Models() {
     r->AddBuiltin("lenet5", {ModelInput::kImages, BuildLeNet5, nullptr, nullptr, /*scales=*/true});
     r->AddBuiltin("cnn", {ModelInput::kImages, BuildCnn, nullptr, nullptr, /*scales=*/true});
     r->AddBuiltin("vgg", {ModelInput::kImages, BuildVgg});
-    r->AddBuiltin("resnet", {ModelInput::kImages, BuildResNet});
+    r->AddBuiltin("resnet", {ModelInput::kImages, BuildResNet, nullptr, nullptr, /*scales=*/true});
     r->AddBuiltin("gpt", {ModelInput::kTokens, BuildGpt, CheckGptSpec});
     r->AddBuiltin("hf", {ModelInput::kTokens, BuildHf, CheckHfSpec, BuildHfStages});
     r->AddBuiltin("interop", {ModelInput::kAny, BuildInterop, CheckInteropSpec});
@@ -346,7 +369,7 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec, int begin, int end)
   if (kind->check != nullptr) RETURN_IF_ERROR(kind->check(spec));
   if (!(spec.width > 0 && spec.width <= 1) || (spec.width < 1 && !kind->scales)) {
     return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no width-", spec.width,
-                                                   " submodel (widths in (0, 1] for mlp, lenet5 and cnn)"));
+                                                   " submodel (widths in (0, 1] for mlp, lenet5, cnn and resnet)"));
   }
   if (!spec.quantize.empty() && spec.name != "hf") {
     return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no quantized base (model.quantize is for hf)"));

@@ -850,6 +850,7 @@ ModelSpec ModelSpecOf(const ModelConfig& m, uint64_t seed) {
   spec.gpt = m.gpt;
   spec.lora = m.lora;
   spec.quantize = QuantizeCodec(m);
+  spec.static_bn = m.batch_norm == "static";
   if (m.name == "interop") {
     spec.interop_base = m.interop.base;
     spec.interop_width = m.interop.width;

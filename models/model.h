@@ -59,6 +59,9 @@ struct ModelSpec {
   // were cut is followed by a scaler (output / sqrt(width); models/builtin_models.cc says
   // why not HeteroFL's / width). 1 = the whole model. mlp, lenet5 and cnn.
   double width = 1;
+  // Static batch normalization (model.batch_norm: static; resnet): no running
+  // statistics, each batch normalised by its own in training and evaluation.
+  bool static_bn = false;
   // For name == "interop": this device's base (mlp, lenet5 or cnn, without its last
   // layer) and the shared block's width (model.interop).
   std::string interop_base{};

@@ -25,6 +25,7 @@ void ReadModel(ConfigSection& s, ModelConfig& c) {
   s.ReadPath("weights", c.weights);
   s.Read("quantize", c.quantize);
   s.Read("double_quant", c.double_quant);
+  s.Read("batch_norm", c.batch_norm);
   ConfigSection g = s.Section("gpt");
   g.Read("vocab", c.gpt.vocab);
   g.Read("context", c.gpt.context);
@@ -123,6 +124,11 @@ Status CheckModel(ModelConfig& c) {
   RETURN_IF_ERROR(CheckLora(c));
   RETURN_IF_ERROR(CheckQuantize(c));
   RETURN_IF_ERROR(CheckInterop(c));
+  RETURN_IF_ERROR(Range(c.batch_norm == "running" || c.batch_norm == "static", "model.batch_norm",
+                        "running or static"));
+  if (c.batch_norm == "static") {
+    RETURN_IF_ERROR(Range(c.name == "resnet", "model.batch_norm: static", "used with model.name resnet"));
+  }
   for (const std::string& p : c.personal) {
     RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
   }

@@ -88,6 +88,11 @@ struct ModelConfig {
   // model.weights: the starting weights, a safetensors file (GPT-2's layout for gpt,
   // the model's own tensor names otherwise); "" = initialised from run.seed
   std::string weights;
+  // model.batch_norm: running | static: how resnet's batch normalization normalises in
+  // evaluation: by running statistics kept in training (PyTorch's default), or by each
+  // batch's own (HeteroFL's static batch normalization: no statistics are kept, so none
+  // travel or are averaged; width-scaled submodels need it)
+  std::string batch_norm = "running";
 };
 
 // The sections (core/config_section.h). CheckModel resolves nothing by name: model.name

@@ -162,6 +162,7 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
   model_desc_.set_num_classes(spec.num_classes);
   if (spec.name == "hf") model_desc_.set_hf_config(spec.hf_config);
   model_desc_.set_quantize(spec.quantize);
+  model_desc_.set_static_batch_norm(spec.static_bn);
   if (spec.text()) {
     v1::GptDescription* g = model_desc_.mutable_gpt();
     g->set_vocab(spec.gpt.vocab);

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <numeric>
 #include <vector>
 
@@ -44,6 +46,33 @@ TEST(SubmodelTest, FedRolexRollsTheWindowAndWrapsAround) {
   auto whole = SubmodelPositions(Layout(4), Layout(4), 3);
   ASSERT_TRUE(whole.ok());
   EXPECT_EQ((*whole)[2], (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+}
+
+// A residual block whose shortcut (a 1x1 convolution) takes the block's inputs, not the
+// last layer's outputs, each convolution followed by its normalization's weight and
+// bias; then a classifier.
+ParameterSet Residual(int64_t c) {
+  ParameterSet p;
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"stem", {c, 1, 3, 3}}, {"stem.bn.weight", {c}}, {"stem.bn.bias", {c}},
+           {"conv", {2 * c, c, 3, 3}}, {"bn.weight", {2 * c}}, {"bn.bias", {2 * c}},
+           {"shortcut", {2 * c, c, 1, 1}}, {"shortcut.bn.weight", {2 * c}}, {"shortcut.bn.bias", {2 * c}},
+           {"fc", {3, 2 * c}}, {"fc.bias", {3}}}) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    EXPECT_TRUE(p.Add({name, shape, std::vector<float>(n, 0)}).ok());
+  }
+  return p;
+}
+
+TEST(SubmodelTest, AShortcutTakesTheWindowOfTheBlocksInputs) {
+  auto p = SubmodelPositions(Residual(4), Residual(2), 1);  // FedRolex: windows start at 1
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)[1], (std::vector<int64_t>{1, 2})) << "the stem's normalization: its channels";
+  // The shortcut [8, 4, 1, 1]: rows 1-4 of 8, inputs the stem's kept channels 1 and 2.
+  EXPECT_EQ((*p)[6], (std::vector<int64_t>{5, 6, 9, 10, 13, 14, 17, 18}));
+  EXPECT_EQ((*p)[7], (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ((*p)[9], (std::vector<int64_t>{1, 2, 3, 4, 9, 10, 11, 12, 17, 18, 19, 20}));
 }
 
 TEST(SubmodelTest, RefusesWhatIsNotASubmodel) {

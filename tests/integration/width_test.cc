@@ -36,6 +36,27 @@ TEST(WidthTest, DevicesOfThreeWidthsTrainOneModel) {
   EXPECT_LT(h[2].test_loss, h[0].test_loss);
 }
 
+// ResNet submodels with static batch normalization: three devices at widths 1, 1/2 and
+// 1/4 train one model (its residual shortcuts and normalization weights sliced with their
+// channels) and it learns.
+TEST(WidthTest, ResNetSubmodelsWithStaticBatchNormTrainOneModel) {
+  Federation f;
+  f.Start("model: {name: resnet, batch_norm: static}\ndata: {test_limit: 500}\n"
+          "server: {heartbeat_s: 0.5, client_timeout_s: 60}\n"
+          "train: {local_epochs: 1, batch_size: 32, lr: 0.1, momentum: 0.9}\n"
+          "run: {rounds: 3, seed: 3}\nclients: {min: 3, quorum: 1.0}\n"
+          "width: {clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.25}]}\n",
+          Options(3, 1000));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[2].participants, 3);
+  EXPECT_EQ(f.server->GlobalModel().Find("0.1.running_mean"), nullptr);
+  EXPECT_GT(h[2].test_accuracy, 0.45) << "it learns (0.1 at the start; 0.55 in a run of this test)";
+}
+
 // Width-scaled submodels under an update codec: each device's int8 upload is decoded in
 // its submodel's layout, a quarter of the fp32 bytes, and the model still learns.
 TEST(WidthTest, SubmodelsUploadThroughACodec) {

@@ -78,7 +78,11 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("width: {rate: 0}", "width.rate");
   expect_error("width: {method: fedavg}", "width.method");
   expect_error("width: {clients: [{rate: 0.5}]}", "width.clients[].name");
-  expect_error("model: {name: resnet}\nwidth: {rate: 0.5}", "mlp, lenet5 or cnn");
+  expect_error("model: {name: vgg}\nwidth: {rate: 0.5}", "mlp, lenet5, cnn or resnet");
+  expect_error("model: {name: resnet}\nwidth: {rate: 0.5}", "model.batch_norm: static");
+  expect_error("model: {name: lenet5, batch_norm: static}", "used with model.name resnet");
+  expect_error("model: {name: resnet, batch_norm: frozen}", "model.batch_norm");
+  EXPECT_TRUE(ParseJob("model: {name: resnet, batch_norm: static}\nwidth: {rate: 0.5}\n", "").ok());
   expect_error("width: {rate: 0.5}\nsplit: {mode: sfl-v2}", "do not combine with split learning");
   expect_error("width: {rate: 0.5}\nsecure_aggregation: {}", "secure_aggregation");
   EXPECT_TRUE(ParseJob("model: {name: cnn}\nwidth: {method: fedrolex, rate: 0.25, clients: [{name: big, rate: 1}]}\n", "").ok());
