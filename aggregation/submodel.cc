@@ -119,6 +119,78 @@ StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet
   return out;
 }
 
+namespace {
+
+// The row-major positions in a tensor of shape `whole` of the elements whose index in
+// each dimension d is among kept[d], in that order.
+std::vector<int64_t> Product(const std::vector<int64_t>& whole, const std::vector<std::vector<int64_t>>& kept) {
+  size_t n = 1;
+  for (const auto& k : kept) n *= k.size();
+  std::vector<int64_t> positions(n);
+  std::vector<size_t> digit(kept.size(), 0);
+  for (int64_t& p : positions) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < whole.size(); ++d) flat = flat * whole[d] + kept[d][digit[d]];
+    p = flat;
+    for (size_t d = kept.size(); d-- > 0;) {
+      if (++digit[d] < kept[d].size()) break;
+      digit[d] = 0;
+    }
+  }
+  return positions;
+}
+
+// A window of `n` of `heads` heads of `head_dim` elements each, as element indices.
+std::vector<int64_t> Heads(int64_t n, int64_t heads, int64_t head_dim, int64_t roll) {
+  std::vector<int64_t> out;
+  for (int64_t h : Window(n, heads, roll % heads)) {
+    for (int64_t j = 0; j < head_dim; ++j) out.push_back(h * head_dim + j);
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet& whole, const ParameterSet& sub,
+                                                            int64_t head_dim, int64_t roll) {
+  if (whole.size() != sub.size() || head_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (size_t t = 0; t < whole.size(); ++t) {
+    const Tensor& w = whole.tensors()[t];
+    const Tensor& s = sub.tensors()[t];
+    const auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","),
+                                                     "] of ", w.name, " [", absl::StrJoin(w.shape, ","), "]: ", why));
+    };
+    if (w.name != s.name || w.shape.size() != s.shape.size() || w.shape.empty()) return bad("not the same tensor");
+    const bool qkv = w.name.find("attn.c_attn.") != std::string::npos;
+    const bool attn_out = w.name.find("attn.c_proj.weight") != std::string::npos;
+    std::vector<std::vector<int64_t>> kept(w.shape.size());
+    for (size_t d = 0; d < w.shape.size(); ++d) {
+      const int64_t full = w.shape[d], n = s.shape[d];
+      if (n < 1 || n > full) return bad("larger, or empty");
+      if (n == full) {
+        kept[d] = All(full);
+      } else if (qkv && d + 1 == w.shape.size()) {  // q | k | v, heads each
+        if (full % (3 * head_dim) != 0 || n % (3 * head_dim) != 0) return bad("not whole heads of q, k and v");
+        const int64_t third = full / 3;
+        for (int64_t b = 0; b < 3; ++b) {
+          for (int64_t i : Heads(n / 3 / head_dim, third / head_dim, head_dim, roll)) kept[d].push_back(b * third + i);
+        }
+      } else if (attn_out && d == 0) {  // the heads' outputs
+        if (full % head_dim != 0 || n % head_dim != 0) return bad("not whole heads");
+        kept[d] = Heads(n / head_dim, full / head_dim, head_dim, roll);
+      } else {
+        kept[d] = Window(n, full, roll % full);
+      }
+    }
+    out.push_back(Product(w.shape, kept));
+  }
+  return out;
+}
+
 StatusOr<std::vector<std::vector<int64_t>>> LeadingPositions(const ParameterSet& whole, const ParameterSet& sub) {
   if (whole.size() != sub.size()) {
     return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));

@@ -30,6 +30,15 @@ namespace cleave {
 StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet& whole, const ParameterSet& sub,
                                                              int64_t roll);
 
+// The same for a GPT-2-layout decoder (models/gpt.h: Conv1D weights [in, out]), whose
+// submodel keeps a window of each block's heads and of its MLP features: a dimension of
+// the packed q|k|v projection ("attn.c_attn") keeps the window of heads (of `head_dim`
+// each) in each third, the attention's output projection ("attn.c_proj") the same heads
+// as inputs, any other cut dimension (the MLP's features) a window of its own. Windows
+// start at `roll` (modulo their size) as SubmodelPositions'; every other dimension whole.
+StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet& whole, const ParameterSet& sub,
+                                                            int64_t head_dim, int64_t roll);
+
 // For each tensor of `sub` (as above), the positions of the leading block: in every
 // dimension, its first indices (per-device LoRA ranks: a lower rank's adapters).
 StatusOr<std::vector<std::vector<int64_t>>> LeadingPositions(const ParameterSet& whole, const ParameterSet& sub);

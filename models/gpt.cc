@@ -58,19 +58,40 @@ struct GptEmbeddingImpl : nn::Module {
 };
 TORCH_MODULE(GptEmbedding);
 
+// A width-r submodel's projection back into the residual stream sums r of the terms the
+// whole model's does (fewer heads, a narrower MLP): as the built-in image models' scaler
+// (models/builtin_models.cc), its output is divided by sqrt(r), in training and
+// evaluation (the residual stream has no normalization of its own), and its weights'
+// gradients are multiplied by sqrt(r) again, so that they step as the whole model's.
+struct ProjectionScale {
+  explicit ProjectionScale(double width) : factor(std::sqrt(width)) {}
+  void Rescale(Conv1D& proj) const {
+    if (factor >= 1) return;
+    for (auto& p : proj->parameters()) p.register_hook([f = factor](torch::Tensor g) { return g * f; });
+  }
+  torch::Tensor operator()(torch::Tensor y) const { return factor >= 1 ? y : y / factor; }
+  double factor;
+};
+
+// `heads` heads of `head_dim` each (a width-r submodel keeps ceil(r H) of the whole
+// model's H, each of the same size).
 struct AttentionImpl : nn::Module {
-  AttentionImpl(int64_t dim, int64_t heads)
+  AttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, double width)
       : heads(heads),
-        c_attn(register_module("c_attn", Conv1D(dim, 3 * dim))),
-        c_proj(register_module("c_proj", Conv1D(dim, dim))) {}
+        head_dim(head_dim),
+        c_attn(register_module("c_attn", Conv1D(dim, 3 * heads * head_dim))),
+        c_proj(register_module("c_proj", Conv1D(heads * head_dim, dim))),
+        scale(width) {
+    scale.Rescale(c_proj);
+  }
   torch::Tensor forward(const torch::Tensor& x) {
-    const int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads;
+    const int64_t b = x.size(0), t = x.size(1), hd = head_dim;
     auto qkv = c_attn(x).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});  // 3 b h t hd
     auto q = qkv[0], k = qkv[1], v = qkv[2];
     auto att = torch::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(double(hd)));
     att = torch::softmax(att + CausalMask(t), -1);
-    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
-    return c_proj(y);
+    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, heads * hd});
+    return scale(c_proj(y));
   }
   // 0 on and below the diagonal, -inf above: position i attends to positions <= i.
   const torch::Tensor& CausalMask(int64_t t) {
@@ -79,29 +100,43 @@ struct AttentionImpl : nn::Module {
     }
     return mask;
   }
-  int64_t heads;
+  int64_t heads, head_dim;
   Conv1D c_attn, c_proj;
+  ProjectionScale scale;
   torch::Tensor mask;  // not a buffer: it is not part of the model's state
 };
 TORCH_MODULE(Attention);
 
+// `hidden` features (4 dim in the whole model).
 struct MlpImpl : nn::Module {
-  explicit MlpImpl(int64_t dim)
-      : c_fc(register_module("c_fc", Conv1D(dim, 4 * dim))),
-        c_proj(register_module("c_proj", Conv1D(4 * dim, dim))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x), "tanh")); }
+  MlpImpl(int64_t dim, int64_t hidden, double width)
+      : c_fc(register_module("c_fc", Conv1D(dim, hidden))),
+        c_proj(register_module("c_proj", Conv1D(hidden, dim))),
+        scale(width) {
+    scale.Rescale(c_proj);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return scale(c_proj(torch::gelu(c_fc(x), "tanh"))); }
   Conv1D c_fc, c_proj;
+  ProjectionScale scale;
 };
 TORCH_MODULE(Mlp);
 
 nn::LayerNormOptions Norm(int64_t dim) { return nn::LayerNormOptions({dim}).eps(1e-5); }
 
+// The leading ceil(width x n) of n (at least 1): a width-scaled submodel's share.
+int64_t Share(double width, int64_t n) {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(width * static_cast<double>(n) - 1e-9)));
+}
+
+// A block of the whole model (width 1), or of a width-scaled submodel: ceil(width x H)
+// heads of the whole model's head size, ceil(width x 4 dim) MLP features; the residual
+// stream keeps its width.
 struct BlockImpl : nn::Module {
-  BlockImpl(int64_t dim, int64_t heads)
+  BlockImpl(int64_t dim, int64_t heads, double width)
       : ln_1(register_module("ln_1", nn::LayerNorm(Norm(dim)))),
-        attn(register_module("attn", Attention(dim, heads))),
+        attn(register_module("attn", Attention(dim, Share(width, heads), dim / heads, width))),
         ln_2(register_module("ln_2", nn::LayerNorm(Norm(dim)))),
-        mlp(register_module("mlp", Mlp(dim))) {}
+        mlp(register_module("mlp", Mlp(dim, Share(width, 4 * dim), width))) {}
   torch::Tensor forward(torch::Tensor x) {
     x = x + attn(ln_1(x));
     return x + mlp(ln_2(x));
@@ -134,7 +169,7 @@ nn::Sequential BuildGpt(const ModelSpec& spec) {
   seq->push_back(embed);
   std::vector<Block> blocks;
   for (int i = 0; i < g.layers; ++i) {
-    blocks.push_back(Block(g.dim, g.heads));
+    blocks.push_back(Block(g.dim, g.heads, spec.width));
     seq->push_back(blocks.back());
   }
   seq->push_back(Head(g.vocab, g.dim, g.tie ? embed->wte->weight : torch::Tensor()));

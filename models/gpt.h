@@ -8,7 +8,10 @@
 // prefix: "0.wte.weight" [vocab, dim], "0.wpe.weight" [context, dim]; block i is stage
 // i + 1 with "ln_1", "attn.c_attn" (weight [dim, 3 dim]: GPT-2's Conv1D stores
 // weights input-major), "attn.c_proj", "ln_2", "mlp.c_fc" [dim, 4 dim], "mlp.c_proj";
-// stage layers + 1 holds "ln_f" and, untied, "lm_head.weight" [vocab, dim]. Tied, the
+// stage layers + 1 holds "ln_f" and, untied, "lm_head.weight" [vocab, dim]. A
+// width-scaled submodel (spec.width < 1) keeps ceil(width x heads) heads of the same
+// size (c_attn [dim, 3 h head_dim], c_proj [h head_dim, dim]) and ceil(width x 4 dim) MLP
+// features; the embedding, norms and head stay whole. Tied, the
 // head multiplies by the embedding's wte and holds no tensor of its own. With LoRA
 // (spec.lora), each targeted projection also holds "lora_A" [in, rank] and "lora_B"
 // [rank, out] ("1.attn.c_attn.lora_A"), and every other tensor is frozen

@@ -182,8 +182,10 @@ StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   // round; HeteroFL's is the leading one.
   const int64_t roll = w.method == "fedrolex" ? round_ - 1 : 0;
   Submodel s;
-  ASSIGN_OR_RETURN(auto positions,
-                   w.ranks() ? LeadingPositions(start_, *layout) : SubmodelPositions(start_, *layout, roll));
+  const GptConfig& g = ctx_.model_spec().gpt;
+  ASSIGN_OR_RETURN(auto positions, w.ranks()                    ? LeadingPositions(start_, *layout)
+                                   : ctx_.model_spec().text() ? DecoderPositions(start_, *layout, g.dim / g.heads, roll)
+                                                               : SubmodelPositions(start_, *layout, roll));
   s.positions = std::make_shared<const std::vector<std::vector<int64_t>>>(std::move(positions));
   auto part = std::make_shared<const ParameterSet>(Gather(start_, *layout, *s.positions));
   auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(*part));

@@ -166,5 +166,23 @@ TEST(TextFederationTest, DevicesOfThreeLoraRanksFineTuneOneDecoder) {
   }
 }
 
+// Width-scaled decoders (width.method fedrolex on gpt): three clients train 1, 1/2 and
+// 1/4 of every block's heads and MLP features, and the held-out perplexity falls.
+TEST(TextFederationTest, DevicesOfThreeWidthsTrainOneDecoder) {
+  auto init = Model::Create(Gpt());
+  ASSERT_TRUE(init.ok());
+  auto test = LoadDataSpec("text:/usr/share/games/fortunes,context=32,limit=256", false);
+  const double initial = (*init)->Evaluate(*test, 64)->metrics.at("perplexity");
+  const auto h = RunToEnd(std::string(kFederation) + "model: {" + kGpt + "}\n" +
+                              "train: {optimizer: adamw, lr: 0.003, local_steps: 20, batch_size: 16}\n"
+                              "run: {rounds: 2, seed: 7}\nwidth: {method: fedrolex, clients: "
+                              "[{name: client-1, rate: 0.5}, {name: client-2, rate: 0.25}]}\n",
+                          NaturalClients(kText, 3));
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[1].widths, (std::map<std::string, double>{{"client-0", 1.0}, {"client-1", 0.5}, {"client-2", 0.25}}));
+  EXPECT_LT(h[0].test_metrics.at("perplexity"), initial);
+  EXPECT_LT(h[1].test_metrics.at("perplexity"), h[0].test_metrics.at("perplexity"));
+}
+
 }  // namespace
 }  // namespace cleave

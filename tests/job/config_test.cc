@@ -78,7 +78,9 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("width: {rate: 0}", "width.rate");
   expect_error("width: {method: fedavg}", "width.method");
   expect_error("width: {clients: [{rate: 0.5}]}", "width.clients[].name");
-  expect_error("model: {name: vgg}\nwidth: {rate: 0.5}", "mlp, lenet5, cnn or resnet");
+  expect_error("model: {name: vgg}\nwidth: {rate: 0.5}", "mlp, lenet5, cnn, resnet or gpt");
+  EXPECT_TRUE(ParseJob("model: {name: gpt}\nwidth: {method: fedrolex, rate: 0.5}\n", "").ok());
+  expect_error("model: {name: gpt}\nwidth: {rate: 0.5, distill: {data: \"fmnist:/x\"}}", "FedDF distils class logits");
   expect_error("model: {name: resnet}\nwidth: {rate: 0.5}", "model.batch_norm: static");
   expect_error("model: {name: lenet5, batch_norm: static}", "used with model.name resnet");
   expect_error("model: {name: resnet, batch_norm: frozen}", "model.batch_norm");
@@ -112,7 +114,7 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("width: {method: hetlora, rate: 0.5}", "model.lora");
   expect_error(lora + "width: {method: flexlora, rate: 0.3}", "a whole fraction k / 8");
   expect_error(lora + "width: {method: hetlora, clients: [{name: a, rate: 0.0625}]}", "width.clients[].rate");
-  expect_error(lora + "width: {method: heterofl, rate: 0.5}", "LoRA ranks of gpt or hf: width.method hetlora");
+  expect_error(lora + "width: {method: heterofl, rate: 0.5}", "on LoRA adapters with width.method hetlora");
   EXPECT_TRUE(ParseJob(lora + "width: {method: flexlora, rate: 0.25, clients: [{name: big, rate: 1}]}\n", "").ok());
   expect_error("split: {mode: sl}\nstrategy: {name: fedprox}", "fedprox is not supported");
   expect_error("local: {profiles: [{slowdown: 0.5}]}", "slowdown");

@@ -9,6 +9,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include <tuple>
 #include <utility>
 
+#include "aggregation/submodel.h"
 #include "client/transfer.h"
 #include "models/model.h"
 #include "server/server.h"
@@ -284,4 +286,61 @@ TEST_F(LoraRanksTest, FlexLoraFactorsTheMeanProduct) {
 }
 
 }  // namespace
+// A decoder's submodel (width 1/2 of 4 heads and 128 MLP features, FedRolex's window at
+// roll 3: heads 3 and 0, features 3..66) gathered from the whole model is the whole
+// model with the other heads and features switched off: with its projections back into
+// the residual stream multiplied by sqrt(1/2), which its scaler divides out again, its
+// logits equal the whole model's whose other heads' and features' output rows are zero.
+TEST(DecoderWidthTest, ASubmodelIsTheWholeModelWithTheOtherHeadsAndFeaturesOff) {
+  ModelSpec spec;
+  spec.name = "gpt";
+  spec.seed = 7;
+  spec.gpt = {/*vocab=*/61, /*context=*/16, /*layers=*/2, /*heads=*/4, /*dim=*/32, /*tie=*/false};
+  auto whole = Model::Create(spec);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ModelSpec half = spec;
+  half.width = 0.5;
+  auto sub = Model::Create(half);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const ParameterSet all = (*whole)->Parameters();
+  const ParameterSet layout = (*sub)->Parameters();
+  EXPECT_EQ(layout.Find("1.attn.c_attn.weight")->shape, (std::vector<int64_t>{32, 48}));
+  EXPECT_EQ(layout.Find("1.mlp.c_proj.weight")->shape, (std::vector<int64_t>{64, 32}));
+  auto positions = DecoderPositions(all, layout, /*head_dim=*/8, /*roll=*/3);
+  ASSERT_TRUE(positions.ok()) << positions.status();
+  ParameterSet part = Gather(all, layout, *positions);
+  for (auto& t : part.mutable_tensors()) {
+    if (t.name.find("c_proj") == std::string::npos) continue;
+    for (float& v : t.values) v *= std::sqrt(0.5f);
+  }
+  ASSERT_TRUE((*sub)->SetParameters(part).ok());
+  // The whole model, its output projections' rows of the other heads and features zero.
+  ParameterSet off = all;
+  for (size_t t = 0; t < off.size(); ++t) {
+    Tensor& x = off.mutable_tensors()[t];
+    const bool attn = x.name.find("attn.c_proj.weight") != std::string::npos;
+    if (!attn && x.name.find("mlp.c_proj.weight") == std::string::npos) continue;
+    std::vector<bool> kept(x.values.size(), false);
+    for (int64_t p : (*positions)[t]) kept[p] = true;
+    for (size_t i = 0; i < x.values.size(); ++i) {
+      if (!kept[i]) x.values[i] = 0;
+    }
+  }
+  ASSERT_TRUE((*whole)->SetParameters(off).ok());
+  const std::vector<int32_t> ids = {5, 17, 3, 60, 0, 9, 9, 41};
+  auto a = (*sub)->Logits(ids);
+  auto b = (*whole)->Logits(ids);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->size(), b->size());
+  double worst = 0;
+  for (size_t i = 0; i < a->size(); ++i) worst = std::max(worst, std::abs(double((*a)[i]) - (*b)[i]));
+  EXPECT_LT(worst, 1e-4);
+  // And the whole model unchanged is not that: the other heads matter.
+  ASSERT_TRUE((*whole)->SetParameters(all).ok());
+  auto c = (*whole)->Logits(ids);
+  double moved = 0;
+  for (size_t i = 0; i < a->size(); ++i) moved = std::max(moved, std::abs(double((*a)[i]) - (*c)[i]));
+  EXPECT_GT(moved, 1e-3);
+}
+
 }  // namespace cleave
