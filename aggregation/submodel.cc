@@ -140,11 +140,12 @@ std::vector<int64_t> Product(const std::vector<int64_t>& whole, const std::vecto
   return positions;
 }
 
-// A window of `n` of `heads` heads of `head_dim` elements each, as element indices.
-std::vector<int64_t> Heads(int64_t n, int64_t heads, int64_t head_dim, int64_t roll) {
+// A window of `n` of `heads` groups of `group` heads of `head_dim` elements each, as
+// element indices.
+std::vector<int64_t> Heads(int64_t n, int64_t heads, int64_t group, int64_t head_dim, int64_t roll) {
   std::vector<int64_t> out;
-  for (int64_t h : Window(n, heads, roll % heads)) {
-    for (int64_t j = 0; j < head_dim; ++j) out.push_back(h * head_dim + j);
+  for (int64_t g : Window(n, heads, roll % heads)) {
+    for (int64_t j = 0; j < group * head_dim; ++j) out.push_back(g * group * head_dim + j);
   }
   return out;
 }
@@ -152,8 +153,8 @@ std::vector<int64_t> Heads(int64_t n, int64_t heads, int64_t head_dim, int64_t r
 }  // namespace
 
 StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet& whole, const ParameterSet& sub,
-                                                            int64_t head_dim, int64_t roll) {
-  if (whole.size() != sub.size() || head_dim < 1) {
+                                                            int64_t head_dim, int64_t group, int64_t roll) {
+  if (whole.size() != sub.size() || head_dim < 1 || group < 1) {
     return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));
   }
   std::vector<std::vector<int64_t>> out;
@@ -165,23 +166,39 @@ StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet&
                                                      "] of ", w.name, " [", absl::StrJoin(w.shape, ","), "]: ", why));
     };
     if (w.name != s.name || w.shape.size() != s.shape.size() || w.shape.empty()) return bad("not the same tensor");
-    const bool qkv = w.name.find("attn.c_attn.") != std::string::npos;
-    const bool attn_out = w.name.find("attn.c_proj.weight") != std::string::npos;
+    const auto named = [&](const char* part) { return w.name.find(part) != std::string::npos; };
+    // Which dimension holds heads, and how many heads make one kept unit (a key/value
+    // head's group of query heads); -1: none.
+    int heads_dim = -1;
+    int64_t unit = 1;
+    bool packed = false;
+    if (named("attn.c_attn.")) {  // GPT-2: q | k | v outputs
+      heads_dim = static_cast<int>(w.shape.size()) - 1;
+      packed = true;
+    } else if (named("attn.c_proj.weight")) {  // GPT-2: the heads' outputs in
+      heads_dim = 0;
+    } else if (named("k_proj.") || named("v_proj.")) {
+      heads_dim = 0;
+    } else if (named("q_proj.")) {
+      heads_dim = 0;
+      unit = group;
+    } else if (named("o_proj.weight")) {
+      heads_dim = static_cast<int>(w.shape.size()) - 1;
+      unit = group;
+    }
     std::vector<std::vector<int64_t>> kept(w.shape.size());
     for (size_t d = 0; d < w.shape.size(); ++d) {
       const int64_t full = w.shape[d], n = s.shape[d];
       if (n < 1 || n > full) return bad("larger, or empty");
+      const int64_t parts = packed ? 3 : 1, size = unit * head_dim * parts;
       if (n == full) {
         kept[d] = All(full);
-      } else if (qkv && d + 1 == w.shape.size()) {  // q | k | v, heads each
-        if (full % (3 * head_dim) != 0 || n % (3 * head_dim) != 0) return bad("not whole heads of q, k and v");
-        const int64_t third = full / 3;
-        for (int64_t b = 0; b < 3; ++b) {
-          for (int64_t i : Heads(n / 3 / head_dim, third / head_dim, head_dim, roll)) kept[d].push_back(b * third + i);
+      } else if (static_cast<int>(d) == heads_dim) {
+        if (full % size != 0 || n % size != 0) return bad("not whole heads");
+        const int64_t part = full / parts;
+        for (int64_t b = 0; b < parts; ++b) {
+          for (int64_t i : Heads(n / size, full / size, unit, head_dim, roll)) kept[d].push_back(b * part + i);
         }
-      } else if (attn_out && d == 0) {  // the heads' outputs
-        if (full % head_dim != 0 || n % head_dim != 0) return bad("not whole heads");
-        kept[d] = Heads(n / head_dim, full / head_dim, head_dim, roll);
       } else {
         kept[d] = Window(n, full, roll % full);
       }

@@ -30,14 +30,18 @@ namespace cleave {
 StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet& whole, const ParameterSet& sub,
                                                              int64_t roll);
 
-// The same for a GPT-2-layout decoder (models/gpt.h: Conv1D weights [in, out]), whose
-// submodel keeps a window of each block's heads and of its MLP features: a dimension of
-// the packed q|k|v projection ("attn.c_attn") keeps the window of heads (of `head_dim`
-// each) in each third, the attention's output projection ("attn.c_proj") the same heads
-// as inputs, any other cut dimension (the MLP's features) a window of its own. Windows
-// start at `roll` (modulo their size) as SubmodelPositions'; every other dimension whole.
+// The same for a decoder whose submodel keeps a window of each block's heads (of
+// `head_dim` elements each) and of its MLP features. GPT-2's layout (models/gpt.h;
+// Conv1D weights [in, out]): the packed q|k|v projection ("attn.c_attn") keeps the
+// window of heads in each third of its outputs, the attention's output projection
+// ("attn.c_proj") the same heads as inputs. The Llama family's (models/llama.h; weights
+// [out, in]): the window is of key/value heads, each with its `group` query heads
+// ("k_proj", "v_proj" outputs: the kept key/value heads; "q_proj" outputs and "o_proj"
+// inputs: their groups' query heads). Any other cut dimension (the MLP's features) keeps
+// a window of its own. Windows start at `roll` (modulo their size) as
+// SubmodelPositions'; every other dimension stays whole.
 StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet& whole, const ParameterSet& sub,
-                                                            int64_t head_dim, int64_t roll);
+                                                            int64_t head_dim, int64_t group, int64_t roll);
 
 // For each tensor of `sub` (as above), the positions of the leading block: in every
 // dimension, its first indices (per-device LoRA ranks: a lower rank's adapters).

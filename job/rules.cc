@@ -222,12 +222,13 @@ Status CheckWidth(const JobConfig& c) {
                                          r, ")")));
     }
   } else {
-    RETURN_IF_ERROR(Range(m == "mlp" || m == "lenet5" || m == "cnn" || m == "resnet" || m == "gpt", "width",
-                          "used with model.name mlp, lenet5, cnn, resnet or gpt (LoRA ranks of gpt or hf: "
+    RETURN_IF_ERROR(Range(m == "mlp" || m == "lenet5" || m == "cnn" || m == "resnet" || m == "gpt" || m == "hf",
+                          "width",
+                          "used with model.name mlp, lenet5, cnn, resnet, gpt or hf (LoRA ranks of gpt or hf: "
                           "width.method hetlora or flexlora)"));
     RETURN_IF_ERROR(Range(!c.model.lora.enabled(), "width",
                           "used on LoRA adapters with width.method hetlora or flexlora (per-device ranks)"));
-    RETURN_IF_ERROR(Range(m != "gpt" || w.distill.data.empty(), "width.distill",
+    RETURN_IF_ERROR(Range((m != "gpt" && m != "hf") || w.distill.data.empty(), "width.distill",
                           "used with image and table models (FedDF distils class logits)"));
     // A submodel's running statistics are not the whole model's (HeteroFL's static
     // batch normalization keeps none).

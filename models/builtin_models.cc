@@ -330,7 +330,7 @@ Status CheckHfSpec(const ModelSpec& spec) {
 nn::Sequential BuildHfStages(const ModelSpec& spec, int begin, int end) {
   DecoderConfig c = *ParseHfConfig(spec.hf_config, "config.json");  // CheckHfSpec'd
   c.context = std::min(c.context, spec.gpt.context);
-  return BuildLlama(c, {spec.lora, spec.quantize, begin, end});
+  return BuildLlama(c, {spec.lora, spec.quantize, begin, end, spec.width});
 }
 
 nn::Sequential BuildHf(const ModelSpec& spec) { return BuildHfStages(spec, 0, -1); }
@@ -346,7 +346,7 @@ Registry<ModelKind>& Models() {
     r->AddBuiltin("vgg", {ModelInput::kImages, BuildVgg});
     r->AddBuiltin("resnet", {ModelInput::kImages, BuildResNet, nullptr, nullptr, /*scales=*/true});
     r->AddBuiltin("gpt", {ModelInput::kTokens, BuildGpt, CheckGptSpec, nullptr, /*scales=*/true});
-    r->AddBuiltin("hf", {ModelInput::kTokens, BuildHf, CheckHfSpec, BuildHfStages});
+    r->AddBuiltin("hf", {ModelInput::kTokens, BuildHf, CheckHfSpec, BuildHfStages, /*scales=*/true});
     r->AddBuiltin("interop", {ModelInput::kAny, BuildInterop, CheckInteropSpec});
     return r;
   }();
@@ -369,7 +369,7 @@ StatusOr<nn::Sequential> BuildBuiltin(const ModelSpec& spec, int begin, int end)
   if (kind->check != nullptr) RETURN_IF_ERROR(kind->check(spec));
   if (!(spec.width > 0 && spec.width <= 1) || (spec.width < 1 && !kind->scales)) {
     return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no width-", spec.width,
-                                                   " submodel (widths in (0, 1] for mlp, lenet5, cnn, resnet and gpt)"));
+                                                   " submodel (widths in (0, 1] for mlp, lenet5, cnn, resnet, gpt and hf)"));
   }
   if (!spec.quantize.empty() && spec.name != "hf") {
     return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no quantized base (model.quantize is for hf)"));

@@ -132,14 +132,24 @@ torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const tor
   return x * cos + rotated * sin;
 }
 
+// A width-r submodel's projection back into the residual stream: its output divided by
+// sqrt(r) and its parameters' gradients multiplied by it (as the GPT-style decoder's;
+// models/gpt.cc says why).
+void ScaleResidual(Projection& proj, double factor) {
+  if (factor >= 1) return;
+  for (auto& p : proj->parameters()) p.register_hook([factor](torch::Tensor g) { return g * factor; });
+}
+
 struct SelfAttentionImpl : nn::Module {
-  SelfAttentionImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q)
+  SelfAttentionImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q, double width)
       : heads(c.heads), kv_heads(c.kv_heads), hd(c.head_dim), window(c.sliding_window),
         inv_freq(InverseFrequencies(c)),
         q_proj(register_module("q_proj", Projection(c.dim, c.heads * c.head_dim, c.qkv_bias, q))),
         k_proj(register_module("k_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, q))),
         v_proj(register_module("v_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, q))),
-        o_proj(register_module("o_proj", Projection(c.heads * c.head_dim, c.dim, c.o_bias, q))) {
+        o_proj(register_module("o_proj", Projection(c.heads * c.head_dim, c.dim, c.o_bias, q))),
+        out_scale(std::sqrt(width)) {
+    ScaleResidual(o_proj, out_scale);
     if (c.qk_norm) {
       q_norm = register_module("q_norm", RmsNorm(c.head_dim, c.rms_eps));
       k_norm = register_module("k_norm", RmsNorm(c.head_dim, c.rms_eps));
@@ -175,7 +185,7 @@ struct SelfAttentionImpl : nn::Module {
     att = torch::softmax(att.view({b, kv_heads, rep, t, total}) + mask, -1);
     auto y = torch::matmul(att.view({b, kv_heads, rep * t, total}), v);  // b kv rep*t hd
     y = y.view({b, heads, t, hd}).transpose(1, 2).reshape({b, t, heads * hd});
-    return o_proj(y);
+    return out_scale < 1 ? o_proj(y) / out_scale : o_proj(y);
   }
 
   // The cos / sin tables of positions [past, past + t) and the mask of those t queries
@@ -201,28 +211,34 @@ struct SelfAttentionImpl : nn::Module {
   bool caching = false;
   torch::Tensor k_cache, v_cache;
   Projection q_proj, k_proj, v_proj, o_proj;
+  double out_scale;  // sqrt(width)
   RmsNorm q_norm{nullptr}, k_norm{nullptr};
 };
 TORCH_MODULE(SelfAttention);
 
 struct SwiGluImpl : nn::Module {
-  SwiGluImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q)
+  SwiGluImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q, double width)
       : gate_proj(register_module("gate_proj", Projection(c.dim, c.ffn, c.mlp_bias, q))),
         up_proj(register_module("up_proj", Projection(c.dim, c.ffn, c.mlp_bias, q))),
-        down_proj(register_module("down_proj", Projection(c.ffn, c.dim, c.mlp_bias, q))) {}
+        down_proj(register_module("down_proj", Projection(c.ffn, c.dim, c.mlp_bias, q))),
+        out_scale(std::sqrt(width)) {
+    ScaleResidual(down_proj, out_scale);
+  }
   torch::Tensor forward(const torch::Tensor& x) {
-    return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+    auto y = down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+    return out_scale < 1 ? y / out_scale : y;
   }
   Projection gate_proj, up_proj, down_proj;
+  double out_scale;  // sqrt(width)
 };
 TORCH_MODULE(SwiGlu);
 
 struct DecoderBlockImpl : nn::Module {
-  DecoderBlockImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q)
+  DecoderBlockImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q, double width)
       : input_layernorm(register_module("input_layernorm", RmsNorm(c.dim, c.rms_eps))),
-        self_attn(register_module("self_attn", SelfAttention(c, q))),
+        self_attn(register_module("self_attn", SelfAttention(c, q, width))),
         post_attention_layernorm(register_module("post_attention_layernorm", RmsNorm(c.dim, c.rms_eps))),
-        mlp(register_module("mlp", SwiGlu(c, q))) {}
+        mlp(register_module("mlp", SwiGlu(c, q, width))) {}
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor Run(torch::Tensor x) {
     x = x + self_attn(input_layernorm(x));
@@ -322,8 +338,18 @@ bool SetKvCache(nn::Sequential& seq, bool on) {
   return found;
 }
 
-nn::Sequential BuildLlama(const DecoderConfig& c, const LlamaBuild& o) {
+nn::Sequential BuildLlama(const DecoderConfig& whole, const LlamaBuild& o) {
   const LoraConfig& lora = o.lora;
+  DecoderConfig c = whole;
+  if (o.width < 1) {  // the submodel's heads (whole groups of query heads) and features
+    const auto share = [&](int64_t n) {
+      return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.width * static_cast<double>(n) - 1e-9)));
+    };
+    const int group = whole.heads / whole.kv_heads;
+    c.kv_heads = static_cast<int>(share(whole.kv_heads));
+    c.heads = c.kv_heads * group;
+    c.ffn = share(whole.ffn);
+  }
   std::shared_ptr<Codec> codec;
   if (!o.quantize.empty()) {
     auto made = MakeStatelessCodec(o.quantize, 0);
@@ -341,7 +367,7 @@ nn::Sequential BuildLlama(const DecoderConfig& c, const LlamaBuild& o) {
   std::vector<DecoderBlock> blocks;
   for (int i = 0; i < c.layers; ++i) {
     if (kept(i + 1)) {
-      blocks.push_back(DecoderBlock(c, codec));
+      blocks.push_back(DecoderBlock(c, codec, o.width));
       seq->push_back(blocks.back());
     } else {
       seq->push_back(nn::Identity());

@@ -38,6 +38,11 @@ struct LlamaBuild {
   // Only the stages [begin, end) are built (end < 0: all); the others are empty
   // placeholders, so that a part of a model too large for a device never exists whole.
   int begin = 0, end = -1;
+  // A width-scaled submodel (section width; ModelSpec::width < 1): ceil(width x kv_heads)
+  // key/value heads with their groups of query heads (the head size kept), ceil(width x
+  // ffn) MLP features; the projections back into the residual stream (o_proj,
+  // down_proj) divide their outputs by sqrt(width) and multiply their gradients by it.
+  double width = 1;
 };
 
 // The decoder `config` shapes, initialised as transformers does (normal, std 0.02; unit

@@ -12,6 +12,7 @@
 #include "aggregation/strategy.h"
 #include "cleave/v1/cleave.pb.h"
 #include "compression/codec.h"
+#include "models/hf_config.h"
 #include "models/model.h"
 #include "server/options.h"
 #include "server/split_driver.h"
@@ -173,6 +174,18 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
   return absl::OkStatus();
 }
 
+StatusOr<std::vector<std::vector<int64_t>>> WidthDriver::DecoderPositionsLocked(const ParameterSet& layout,
+                                                                                int64_t roll) {
+  const ModelSpec& spec = ctx_.model_spec();
+  int64_t head_dim = spec.gpt.dim / std::max(1, spec.gpt.heads), group = 1;
+  if (spec.name == "hf") {
+    ASSIGN_OR_RETURN(const DecoderConfig c, ParseHfConfig(spec.hf_config, "config.json"));
+    head_dim = c.head_dim;
+    group = c.heads / std::max(1, c.kv_heads);
+  }
+  return DecoderPositions(start_, layout, head_dim, group, roll);
+}
+
 StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   auto it = submodels_.find(rate);
   if (it != submodels_.end()) return &it->second;
@@ -182,9 +195,8 @@ StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   // round; HeteroFL's is the leading one.
   const int64_t roll = w.method == "fedrolex" ? round_ - 1 : 0;
   Submodel s;
-  const GptConfig& g = ctx_.model_spec().gpt;
   ASSIGN_OR_RETURN(auto positions, w.ranks()                    ? LeadingPositions(start_, *layout)
-                                   : ctx_.model_spec().text() ? DecoderPositions(start_, *layout, g.dim / g.heads, roll)
+                                   : ctx_.model_spec().text() ? DecoderPositionsLocked(*layout, roll)
                                                                : SubmodelPositions(start_, *layout, roll));
   s.positions = std::make_shared<const std::vector<std::vector<int64_t>>>(std::move(positions));
   auto part = std::make_shared<const ParameterSet>(Gather(start_, *layout, *s.positions));

@@ -91,6 +91,11 @@ class WidthDriver : public RoundDriver {
     int64_t size = 0;
   };
   StatusOr<Submodel*> SubmodelLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // Where a decoder submodel's tensors (`layout`) sit in the round's start, its windows
+  // at `roll`: heads of the decoder's head size, in groups of its query heads per
+  // key/value head.
+  StatusOr<std::vector<std::vector<int64_t>>> DecoderPositionsLocked(const ParameterSet& layout, int64_t roll)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The layout (shapes; values unused) of what a device of `rate` trains, made once.
   StatusOr<const ParameterSet*> LayoutLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The model a device of `rate` trains.

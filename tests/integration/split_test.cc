@@ -427,6 +427,30 @@ TEST(SplitTextTest, AHuggingFaceLlamaTrainsAcrossTheCut) {
   std::filesystem::remove_all(dir);
 }
 
+// The same Hugging Face folder as width-scaled submodels (width.method fedrolex): devices
+// at widths 1 and 1/2 (one of its two key/value heads with its query heads, half its MLP
+// features) train the folder's model federated, and it learns English.
+TEST(HfWidthTest, AHuggingFaceLlamaTrainsAsWidthScaledSubmodels) {
+  const std::string dir = MakeHfFolder("cleave_width_hf_llama", "bytes", "F32", 1, 5);
+  Federation f;
+  f.Start("server: {heartbeat_s: 0.5, client_timeout_s: 30}\n"
+          "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 128}\n"
+          "run: {rounds: 2, seed: 3}\nclients: {min: 2, quorum: 1.0}\n"
+          "model: {name: hf, path: " + dir + ", gpt: {context: 32}}\n"
+          "train: {optimizer: adamw, lr: 0.003, local_steps: 20, batch_size: 16}\n"
+          "width: {method: fedrolex, clients: [{name: client-1, rate: 0.5}]}\n",
+          NaturalClients("text:/usr/share/games/fortunes,context=32", 2));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& st : f.client_status) EXPECT_TRUE(st.ok()) << st;
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[1].widths, (std::map<std::string, double>{{"client-0", 1.0}, {"client-1", 0.5}}));
+  EXPECT_LT(h[1].test_metrics.at("perplexity"), h[0].test_metrics.at("perplexity"));
+  EXPECT_LT(h[1].test_metrics.at("perplexity"), 100);  // from about 256
+  std::filesystem::remove_all(dir);
+}
+
 // QLoRA across the cut: a model with a tied head (the embedding on the device, the head
 // on the server, both frozen) whose blocks are held in NF4 by the devices and the server,
 // with activation checkpointing; the adapters on both sides train and the model learns.

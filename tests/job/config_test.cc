@@ -78,7 +78,7 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("width: {rate: 0}", "width.rate");
   expect_error("width: {method: fedavg}", "width.method");
   expect_error("width: {clients: [{rate: 0.5}]}", "width.clients[].name");
-  expect_error("model: {name: vgg}\nwidth: {rate: 0.5}", "mlp, lenet5, cnn, resnet or gpt");
+  expect_error("model: {name: vgg}\nwidth: {rate: 0.5}", "mlp, lenet5, cnn, resnet, gpt or hf");
   EXPECT_TRUE(ParseJob("model: {name: gpt}\nwidth: {method: fedrolex, rate: 0.5}\n", "").ok());
   expect_error("model: {name: gpt}\nwidth: {rate: 0.5, distill: {data: \"fmnist:/x\"}}", "FedDF distils class logits");
   expect_error("model: {name: resnet}\nwidth: {rate: 0.5}", "model.batch_norm: static");

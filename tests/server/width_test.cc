@@ -20,6 +20,7 @@
 
 #include "aggregation/submodel.h"
 #include "client/transfer.h"
+#include "models/hf_folder.h"
 #include "models/model.h"
 #include "server/server.h"
 #include "split/cut_policy.h"
@@ -286,16 +287,13 @@ TEST_F(LoraRanksTest, FlexLoraFactorsTheMeanProduct) {
 }
 
 }  // namespace
-// A decoder's submodel (width 1/2 of 4 heads and 128 MLP features, FedRolex's window at
-// roll 3: heads 3 and 0, features 3..66) gathered from the whole model is the whole
-// model with the other heads and features switched off: with its projections back into
-// the residual stream multiplied by sqrt(1/2), which its scaler divides out again, its
-// logits equal the whole model's whose other heads' and features' output rows are zero.
-TEST(DecoderWidthTest, ASubmodelIsTheWholeModelWithTheOtherHeadsAndFeaturesOff) {
-  ModelSpec spec;
-  spec.name = "gpt";
-  spec.seed = 7;
-  spec.gpt = {/*vocab=*/61, /*context=*/16, /*layers=*/2, /*heads=*/4, /*dim=*/32, /*tie=*/false};
+// A decoder's submodel gathered from the whole model (DecoderPositions at `roll`) is the
+// whole model with the other heads and features switched off: with its projections back
+// into the residual stream (named by `residual`) multiplied by sqrt(1/2), which its
+// scaler divides out again, its logits equal the whole model's whose other heads' and
+// features' columns of those projections are zero; and they are not the whole model's.
+void ExpectSubmodelIsTheWholeModelWithTheRestOff(const ModelSpec& spec, int64_t head_dim, int64_t group,
+                                                 int64_t roll, const std::vector<std::string>& residual) {
   auto whole = Model::Create(spec);
   ASSERT_TRUE(whole.ok()) << whole.status();
   ModelSpec half = spec;
@@ -304,22 +302,24 @@ TEST(DecoderWidthTest, ASubmodelIsTheWholeModelWithTheOtherHeadsAndFeaturesOff) 
   ASSERT_TRUE(sub.ok()) << sub.status();
   const ParameterSet all = (*whole)->Parameters();
   const ParameterSet layout = (*sub)->Parameters();
-  EXPECT_EQ(layout.Find("1.attn.c_attn.weight")->shape, (std::vector<int64_t>{32, 48}));
-  EXPECT_EQ(layout.Find("1.mlp.c_proj.weight")->shape, (std::vector<int64_t>{64, 32}));
-  auto positions = DecoderPositions(all, layout, /*head_dim=*/8, /*roll=*/3);
+  auto positions = DecoderPositions(all, layout, head_dim, group, roll);
   ASSERT_TRUE(positions.ok()) << positions.status();
+  const auto is_residual = [&](const std::string& name) {
+    for (const std::string& r : residual) {
+      if (name.find(r) != std::string::npos) return true;
+    }
+    return false;
+  };
   ParameterSet part = Gather(all, layout, *positions);
   for (auto& t : part.mutable_tensors()) {
-    if (t.name.find("c_proj") == std::string::npos) continue;
+    if (!is_residual(t.name)) continue;
     for (float& v : t.values) v *= std::sqrt(0.5f);
   }
   ASSERT_TRUE((*sub)->SetParameters(part).ok());
-  // The whole model, its output projections' rows of the other heads and features zero.
   ParameterSet off = all;
   for (size_t t = 0; t < off.size(); ++t) {
     Tensor& x = off.mutable_tensors()[t];
-    const bool attn = x.name.find("attn.c_proj.weight") != std::string::npos;
-    if (!attn && x.name.find("mlp.c_proj.weight") == std::string::npos) continue;
+    if (!is_residual(x.name) || x.shape.size() != 2) continue;
     std::vector<bool> kept(x.values.size(), false);
     for (int64_t p : (*positions)[t]) kept[p] = true;
     for (size_t i = 0; i < x.values.size(); ++i) {
@@ -335,12 +335,54 @@ TEST(DecoderWidthTest, ASubmodelIsTheWholeModelWithTheOtherHeadsAndFeaturesOff) 
   double worst = 0;
   for (size_t i = 0; i < a->size(); ++i) worst = std::max(worst, std::abs(double((*a)[i]) - (*b)[i]));
   EXPECT_LT(worst, 1e-4);
-  // And the whole model unchanged is not that: the other heads matter.
   ASSERT_TRUE((*whole)->SetParameters(all).ok());
   auto c = (*whole)->Logits(ids);
   double moved = 0;
   for (size_t i = 0; i < a->size(); ++i) moved = std::max(moved, std::abs(double((*a)[i]) - (*c)[i]));
-  EXPECT_GT(moved, 1e-3);
+  EXPECT_GT(moved, 1e-3) << "the other heads matter";
+}
+
+// GPT-2's layout: width 1/2 of 4 heads and 128 MLP features, FedRolex's window at roll 3
+// (heads 3 and 0, features 3..66): c_attn keeps those heads in each of q, k and v.
+TEST(DecoderWidthTest, AGptSubmodelIsTheWholeModelWithTheOtherHeadsAndFeaturesOff) {
+  ModelSpec spec;
+  spec.name = "gpt";
+  spec.seed = 7;
+  spec.gpt = {/*vocab=*/61, /*context=*/16, /*layers=*/2, /*heads=*/4, /*dim=*/32, /*tie=*/false};
+  auto sub = Model::Create([&] {
+    ModelSpec half = spec;
+    half.width = 0.5;
+    return half;
+  }());
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  EXPECT_EQ((*sub)->Parameters().Find("1.attn.c_attn.weight")->shape, (std::vector<int64_t>{32, 48}));
+  EXPECT_EQ((*sub)->Parameters().Find("1.mlp.c_proj.weight")->shape, (std::vector<int64_t>{64, 32}));
+  ExpectSubmodelIsTheWholeModelWithTheRestOff(spec, 8, 1, 3, {"attn.c_proj", "mlp.c_proj"});
+}
+
+// The Llama family's layout with grouped-query attention (4 query heads over 2 key/value
+// heads, qwen2's q/k/v biases): width 1/2 keeps one key/value head and its two
+// query heads, at roll 1 the second group.
+TEST(DecoderWidthTest, AnHfSubmodelKeepsWholeGroupsOfQueryHeads) {
+  ModelSpec spec;
+  spec.name = "hf";
+  spec.seed = 7;
+  ASSERT_TRUE(SetHfModel(spec,
+                         R"({"model_type": "qwen2", "vocab_size": 61, "hidden_size": 32, "intermediate_size": 48,
+                             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                             "max_position_embeddings": 16, "tie_word_embeddings": false})",
+                         "config.json")
+                  .ok());
+  ModelSpec half = spec;
+  half.width = 0.5;
+  auto sub = Model::Create(half);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  const ParameterSet p = (*sub)->Parameters();
+  EXPECT_EQ(p.Find("1.self_attn.q_proj.weight")->shape, (std::vector<int64_t>{16, 32}));
+  EXPECT_EQ(p.Find("1.self_attn.k_proj.weight")->shape, (std::vector<int64_t>{8, 32}));
+  EXPECT_EQ(p.Find("1.self_attn.o_proj.weight")->shape, (std::vector<int64_t>{32, 16}));
+  EXPECT_EQ(p.Find("1.mlp.down_proj.weight")->shape, (std::vector<int64_t>{32, 24}));
+  ExpectSubmodelIsTheWholeModelWithTheRestOff(spec, 8, 2, 1, {"o_proj", "down_proj"});
 }
 
 }  // namespace cleave
