@@ -43,84 +43,6 @@ StatusOr<std::vector<std::vector<float>>> ReadPlaced(const std::vector<TensorVie
   return values;
 }
 
-}  // namespace
-
-StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet& whole, const ParameterSet& sub,
-                                                             int64_t roll) {
-  if (whole.size() != sub.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));
-  }
-  std::vector<std::vector<int64_t>> out;
-  std::vector<int64_t> kept;  // the last layer's kept outputs
-  int64_t outputs = 0;        // and how many it has in the whole model
-  // Every earlier layer's kept outputs by their number in the whole model: a residual
-  // shortcut's inputs are a block's inputs, not the last layer's outputs.
-  std::map<int64_t, std::vector<int64_t>> kept_of;
-  for (size_t t = 0; t < whole.size(); ++t) {
-    const Tensor& w = whole.tensors()[t];
-    const Tensor& s = sub.tensors()[t];
-    const auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","),
-                                                     "] of ", w.name, " [", absl::StrJoin(w.shape, ","), "]: ", why));
-    };
-    if (w.name != s.name || w.shape.size() != s.shape.size() || w.shape.empty()) return bad("not the same tensor");
-    for (size_t d = 0; d < w.shape.size(); ++d) {
-      if (s.shape[d] < 1 || s.shape[d] > w.shape[d]) return bad("larger, or empty");
-    }
-    std::vector<int64_t> rows;  // the kept indices of dimension 0
-    if (w.shape.size() == 1) {  // a bias: its layer's outputs
-      if (s.shape[0] == w.shape[0]) {
-        rows = All(w.shape[0]);
-      } else if (w.shape[0] == outputs && static_cast<int64_t>(kept.size()) == s.shape[0]) {
-        rows = kept;
-      } else {
-        return bad("not its layer's outputs");
-      }
-      out.push_back(rows);
-      continue;
-    }
-    rows = s.shape[0] == w.shape[0] ? All(w.shape[0]) : Window(s.shape[0], w.shape[0], roll % w.shape[0]);
-    // Inputs: whole, the last layer's kept outputs, or (after a flatten) each kept
-    // output's block of positions.
-    std::vector<int64_t> cols;
-    const int64_t in = w.shape[1], in_sub = s.shape[1];
-    if (in_sub == in) {
-      cols = All(in);
-    } else if (outputs > 0 && in == outputs && static_cast<int64_t>(kept.size()) == in_sub) {
-      cols = kept;
-    } else if (outputs > 0 && in % outputs == 0 && in_sub == static_cast<int64_t>(kept.size()) * (in / outputs)) {
-      const int64_t block = in / outputs;
-      for (int64_t c : kept) {
-        for (int64_t p = 0; p < block; ++p) cols.push_back(c * block + p);
-      }
-    } else if (auto earlier = kept_of.find(in);
-               earlier != kept_of.end() && static_cast<int64_t>(earlier->second.size()) == in_sub) {
-      cols = earlier->second;
-    } else {
-      return bad("its inputs are not the last layer's kept outputs");
-    }
-    int64_t rest = 1;  // a kernel's positions, whole
-    for (size_t d = 2; d < w.shape.size(); ++d) {
-      if (s.shape[d] != w.shape[d]) return bad("a kernel of another size");
-      rest *= w.shape[d];
-    }
-    std::vector<int64_t> positions;
-    positions.reserve(rows.size() * cols.size() * rest);
-    for (int64_t r : rows) {
-      for (int64_t c : cols) {
-        for (int64_t k = 0; k < rest; ++k) positions.push_back((r * in + c) * rest + k);
-      }
-    }
-    out.push_back(std::move(positions));
-    kept = rows;
-    outputs = w.shape[0];
-    kept_of[outputs] = kept;
-  }
-  return out;
-}
-
-namespace {
-
 // The row-major positions in a tensor of shape `whole` of the elements whose index in
 // each dimension d is among kept[d], in that order.
 std::vector<int64_t> Product(const std::vector<int64_t>& whole, const std::vector<std::vector<int64_t>>& kept) {
@@ -152,12 +74,79 @@ std::vector<int64_t> Heads(int64_t n, int64_t heads, int64_t group, int64_t head
 
 }  // namespace
 
-StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet& whole, const ParameterSet& sub,
-                                                            int64_t head_dim, int64_t group, int64_t roll) {
+StatusOr<std::vector<Kept>> SubmodelKept(const ParameterSet& whole, const ParameterSet& sub, int64_t roll) {
+  if (whole.size() != sub.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));
+  }
+  std::vector<Kept> out;
+  std::vector<int64_t> kept;  // the last layer's kept outputs
+  int64_t outputs = 0;        // and how many it has in the whole model
+  // Every earlier layer's kept outputs by their number in the whole model: a residual
+  // shortcut's inputs are a block's inputs, not the last layer's outputs.
+  std::map<int64_t, std::vector<int64_t>> kept_of;
+  for (size_t t = 0; t < whole.size(); ++t) {
+    const Tensor& w = whole.tensors()[t];
+    const Tensor& s = sub.tensors()[t];
+    const auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","),
+                                                     "] of ", w.name, " [", absl::StrJoin(w.shape, ","), "]: ", why));
+    };
+    if (w.name != s.name || w.shape.size() != s.shape.size() || w.shape.empty()) return bad("not the same tensor");
+    for (size_t d = 0; d < w.shape.size(); ++d) {
+      if (s.shape[d] < 1 || s.shape[d] > w.shape[d]) return bad("larger, or empty");
+    }
+    std::vector<int64_t> rows;  // the kept indices of dimension 0
+    if (w.shape.size() == 1) {  // a bias: its layer's outputs
+      if (s.shape[0] == w.shape[0]) {
+        rows = All(w.shape[0]);
+      } else if (w.shape[0] == outputs && static_cast<int64_t>(kept.size()) == s.shape[0]) {
+        rows = kept;
+      } else {
+        return bad("not its layer's outputs");
+      }
+      out.push_back({rows});
+      continue;
+    }
+    rows = s.shape[0] == w.shape[0] ? All(w.shape[0]) : Window(s.shape[0], w.shape[0], roll % w.shape[0]);
+    // Inputs: whole, the last layer's kept outputs, or (after a flatten) each kept
+    // output's block of positions.
+    std::vector<int64_t> cols;
+    const int64_t in = w.shape[1], in_sub = s.shape[1];
+    if (in_sub == in) {
+      cols = All(in);
+    } else if (outputs > 0 && in == outputs && static_cast<int64_t>(kept.size()) == in_sub) {
+      cols = kept;
+    } else if (outputs > 0 && in % outputs == 0 && in_sub == static_cast<int64_t>(kept.size()) * (in / outputs)) {
+      const int64_t block = in / outputs;
+      for (int64_t c : kept) {
+        for (int64_t p = 0; p < block; ++p) cols.push_back(c * block + p);
+      }
+    } else if (auto earlier = kept_of.find(in);
+               earlier != kept_of.end() && static_cast<int64_t>(earlier->second.size()) == in_sub) {
+      cols = earlier->second;
+    } else {
+      return bad("its inputs are not the last layer's kept outputs");
+    }
+    Kept dims = {rows, cols};
+    for (size_t d = 2; d < w.shape.size(); ++d) {  // a kernel, whole
+      if (s.shape[d] != w.shape[d]) return bad("a kernel of another size");
+      dims.push_back(All(w.shape[d]));
+    }
+    out.push_back(std::move(dims));
+    kept = rows;
+    outputs = w.shape[0];
+    kept_of[outputs] = kept;
+  }
+  return out;
+}
+
+
+StatusOr<std::vector<Kept>> DecoderKept(const ParameterSet& whole, const ParameterSet& sub, int64_t head_dim,
+                                        int64_t group, int64_t roll) {
   if (whole.size() != sub.size() || head_dim < 1 || group < 1) {
     return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));
   }
-  std::vector<std::vector<int64_t>> out;
+  std::vector<Kept> out;
   for (size_t t = 0; t < whole.size(); ++t) {
     const Tensor& w = whole.tensors()[t];
     const Tensor& s = sub.tensors()[t];
@@ -186,7 +175,7 @@ StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet&
       heads_dim = static_cast<int>(w.shape.size()) - 1;
       unit = group;
     }
-    std::vector<std::vector<int64_t>> kept(w.shape.size());
+    Kept kept(w.shape.size());
     for (size_t d = 0; d < w.shape.size(); ++d) {
       const int64_t full = w.shape[d], n = s.shape[d];
       if (n < 1 || n > full) return bad("larger, or empty");
@@ -203,43 +192,56 @@ StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet&
         kept[d] = Window(n, full, roll % full);
       }
     }
-    out.push_back(Product(w.shape, kept));
+    out.push_back(std::move(kept));
   }
   return out;
 }
 
-StatusOr<std::vector<std::vector<int64_t>>> LeadingPositions(const ParameterSet& whole, const ParameterSet& sub) {
+StatusOr<std::vector<Kept>> LeadingKept(const ParameterSet& whole, const ParameterSet& sub) {
   if (whole.size() != sub.size()) {
     return absl::InvalidArgumentError(absl::StrCat("a submodel of ", sub.size(), " tensors, the model has ", whole.size()));
   }
-  std::vector<std::vector<int64_t>> out;
+  std::vector<Kept> out;
   for (size_t t = 0; t < whole.size(); ++t) {
     const Tensor& w = whole.tensors()[t];
     const Tensor& s = sub.tensors()[t];
     if (w.name != s.name || w.shape.size() != s.shape.size()) {
       return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " is not ", w.name));
     }
+    Kept kept;
     for (size_t d = 0; d < w.shape.size(); ++d) {
       if (s.shape[d] < 1 || s.shape[d] > w.shape[d]) {
         return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","),
                                                        "] is not a block of [", absl::StrJoin(w.shape, ","), "]"));
       }
+      kept.push_back(All(s.shape[d]));
     }
-    // Row-major: an index of the block, digit by digit, into the whole's strides.
-    std::vector<int64_t> positions(static_cast<size_t>(s.numel()));
-    std::vector<int64_t> index(s.shape.size(), 0);
-    for (int64_t& p : positions) {
-      int64_t flat = 0;
-      for (size_t d = 0; d < w.shape.size(); ++d) flat = flat * w.shape[d] + index[d];
-      p = flat;
-      for (size_t d = s.shape.size(); d-- > 0;) {
-        if (++index[d] < s.shape[d]) break;
-        index[d] = 0;
-      }
-    }
-    out.push_back(std::move(positions));
+    out.push_back(std::move(kept));
   }
   return out;
+}
+
+std::vector<std::vector<int64_t>> PositionsOf(const ParameterSet& whole, const std::vector<Kept>& kept) {
+  std::vector<std::vector<int64_t>> out;
+  for (size_t t = 0; t < kept.size() && t < whole.size(); ++t) out.push_back(Product(whole.tensors()[t].shape, kept[t]));
+  return out;
+}
+
+StatusOr<std::vector<std::vector<int64_t>>> SubmodelPositions(const ParameterSet& whole, const ParameterSet& sub,
+                                                             int64_t roll) {
+  ASSIGN_OR_RETURN(const std::vector<Kept> kept, SubmodelKept(whole, sub, roll));
+  return PositionsOf(whole, kept);
+}
+
+StatusOr<std::vector<std::vector<int64_t>>> DecoderPositions(const ParameterSet& whole, const ParameterSet& sub,
+                                                            int64_t head_dim, int64_t group, int64_t roll) {
+  ASSIGN_OR_RETURN(const std::vector<Kept> kept, DecoderKept(whole, sub, head_dim, group, roll));
+  return PositionsOf(whole, kept);
+}
+
+StatusOr<std::vector<std::vector<int64_t>>> LeadingPositions(const ParameterSet& whole, const ParameterSet& sub) {
+  ASSIGN_OR_RETURN(const std::vector<Kept> kept, LeadingKept(whole, sub));
+  return PositionsOf(whole, kept);
 }
 
 ParameterSet Gather(const ParameterSet& whole, const ParameterSet& sub,

@@ -21,6 +21,21 @@
 
 namespace cleave {
 
+// Where a submodel's tensor sits in the whole model's: for each dimension, the indices of
+// the whole tensor's that it keeps, in its own order. Its elements' flat positions are
+// the row-major product of these lists (PositionsOf).
+using Kept = std::vector<std::vector<int64_t>>;
+
+// Each *Positions function below has a *Kept twin that gives every tensor's Kept instead
+// of its flat positions (what a device needs to place its submodel in the whole model:
+// secure aggregation with width).
+StatusOr<std::vector<Kept>> SubmodelKept(const ParameterSet& whole, const ParameterSet& sub, int64_t roll);
+StatusOr<std::vector<Kept>> DecoderKept(const ParameterSet& whole, const ParameterSet& sub, int64_t head_dim,
+                                        int64_t group, int64_t roll);
+StatusOr<std::vector<Kept>> LeadingKept(const ParameterSet& whole, const ParameterSet& sub);
+// The flat positions of `kept` in `whole`'s tensors (shapes), tensor by tensor.
+std::vector<std::vector<int64_t>> PositionsOf(const ParameterSet& whole, const std::vector<Kept>& kept);
+
 // For each tensor of `sub` (the whole model's tensors, in order, each no larger in any
 // dimension), the flat positions in the whole model's tensor of its elements, in its
 // own row-major order. Tensors are read in order as layers: a weight ([out, in, ...]) and

@@ -13,8 +13,10 @@
 #
 # Prints each run's held-out accuracy of the whole model (width 1; all-1/16: its own
 # model) by round, and at the end each tier's submodel (cleave evaluate --width). With
-# MU > 0 every run uses FedProx (strategy.name fedprox, proximal_mu MU).
-#   bench/width.sh [ROUNDS=20] [MU=0]
+# MU > 0 every run uses FedProx (strategy.name fedprox, proximal_mu MU). MODEL=resnet
+# runs the ResNet with static batch normalization instead of LeNet-5; LIMIT=N uses the
+# first N training images (top-only: N / 3).
+#   [MODEL=lenet5] [LIMIT=60000] bench/width.sh [ROUNDS=20] [MU=0]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-20}
@@ -26,12 +28,15 @@ work=$(mktemp -d /tmp/cleave-width-XXXXXX)
 bin=$work/bin
 mkdir -p "$bin"
 cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
-data="fmnist:/usr/share/datasets/fashion-mnist"
+limit=${LIMIT:-60000}
+data="fmnist:/usr/share/datasets/fashion-mnist,limit=$limit"
+model="{name: lenet5}"
+[ "${MODEL:-lenet5}" = lenet5 ] || model="{name: $MODEL, batch_norm: static}"
 run() {  # NAME CLIENTS WIDTH-SECTION [DATA]
   local d=${4:-$data}
   cat <<YAML
 run: {name: width-bench-$1, rounds: $rounds, seed: 1}
-model: {name: lenet5}
+model: $model
 data: {test_limit: 5000}
 clients: {min: $2, quorum: 1.0, round_deadline_s: 600}
 train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9, clip_norm: 2}
@@ -45,7 +50,7 @@ tiers="clients: [{name: client-3, rate: 0.25}, {name: client-4, rate: 0.25}, {na
 run heterofl 9 "width: {method: heterofl, $tiers}" > "$work/heterofl.yaml"
 run fedrolex 9 "width: {method: fedrolex, $tiers}" > "$work/fedrolex.yaml"
 run all-1-16 9 "width: {rate: 0.0625}" > "$work/all-1-16.yaml"
-run top-only 3 "" "$data,limit=20000" > "$work/top-only.yaml"
+run top-only 3 "" "fmnist:/usr/share/datasets/fashion-mnist,limit=$((limit / 3))" > "$work/top-only.yaml"
 for r in heterofl fedrolex all-1-16 top-only; do
   start=$(date +%s)
   "$bin/cleave" local --insecure --config "$work/$r.yaml" --run-dir "$work/$r" > "$work/$r.out" 2>&1 ||

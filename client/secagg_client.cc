@@ -150,6 +150,49 @@ StatusOr<ParameterSet> MaskedPipelineVector(const v1::SplitTask& split, const Pa
   return out;
 }
 
+StatusOr<ParameterSet> MaskedSubmodelVector(const v1::SecAggTask& secagg, const ParameterSet& delta) {
+  const int64_t length = secagg.length();
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("the task's submodel placement does not fit its delta: ", why));
+  };
+  if (length <= 0 || length > (int64_t{1} << 34) || secagg.placement_size() != static_cast<int>(delta.size())) {
+    return bad(absl::StrCat(secagg.placement_size(), " tensors placed in ", length, " values, ", delta.size(),
+                            " tensors trained"));
+  }
+  Tensor v{"masked", {length}, std::vector<float>(static_cast<size_t>(length), 0.0f)};
+  for (size_t i = 0; i < delta.size(); ++i) {
+    const Tensor& t = delta.tensors()[i];
+    const v1::SubmodelPlacement& p = secagg.placement(static_cast<int>(i));
+    if (p.shape_size() != static_cast<int>(t.shape.size()) || p.dims_size() != p.shape_size()) {
+      return bad(absl::StrCat("tensor ", t.name, " has ", t.shape.size(), " dimensions"));
+    }
+    int64_t whole = 1;
+    for (int d = 0; d < p.shape_size(); ++d) {
+      const int64_t size = p.shape(d);
+      if (size < 1 || p.dims(d).index_size() != t.shape[d]) return bad(absl::StrCat("tensor ", t.name, " dimension ", d));
+      for (int64_t k : p.dims(d).index()) {
+        if (k < 0 || k >= size) return bad(absl::StrCat("tensor ", t.name, " index ", k, " outside ", size));
+      }
+      whole *= size;
+    }
+    if (p.offset() < 0 || p.offset() > length - whole) return bad(absl::StrCat("tensor ", t.name, " at ", p.offset()));
+    // Row-major over the kept indices of each dimension.
+    std::vector<int> digit(p.dims_size(), 0);
+    for (float value : t.values) {
+      int64_t flat = 0;
+      for (int d = 0; d < p.dims_size(); ++d) flat = flat * p.shape(d) + p.dims(d).index(digit[d]);
+      v.values[p.offset() + flat] = value;
+      for (int d = p.dims_size(); d-- > 0;) {
+        if (++digit[d] < p.dims(d).index_size()) break;
+        digit[d] = 0;
+      }
+    }
+  }
+  ParameterSet out;
+  RETURN_IF_ERROR(out.Add(std::move(v)));
+  return out;
+}
+
 StatusOr<v1::UploadReply> SecAggClient::Submit(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                                const v1::Task& task, const ParameterSet& delta,
                                                int64_t examples, int64_t weight, double loss, double seconds,

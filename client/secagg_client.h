@@ -27,6 +27,11 @@ using NextMessage = std::function<Status(v1::ServerMessage*)>;
 // begins at its secagg_offsets entry. INVALID_ARGUMENT when they do not fit.
 StatusOr<ParameterSet> MaskedPipelineVector(const v1::SplitTask& split, const ParameterSet& delta);
 
+// A width-scaled submodel's device under secure aggregation: the vector it masks,
+// `secagg`'s length values, zero but at each tensor of `delta`'s elements as its
+// placement says (SecAggTask.placement). INVALID_ARGUMENT when they do not fit.
+StatusOr<ParameterSet> MaskedSubmodelVector(const v1::SecAggTask& secagg, const ParameterSet& delta);
+
 class SecAggClient {
  public:
   ~SecAggClient();

@@ -241,7 +241,12 @@ Status CheckWidth(const JobConfig& c) {
   };
   if (c.split.enabled()) return no("split learning");
   if (c.scheduler.mode != "sync") return no("scheduler.mode: " + c.scheduler.mode);
-  if (c.secure_aggregation.enabled) return no("secure_aggregation (masks per slice)");
+  if (c.secure_aggregation.enabled && (w.ranks() || !w.distill.data.empty())) {
+    return no("secure_aggregation with LoRA ranks or width.distill (they need each device's own update)");
+  }
+  if (c.secure_aggregation.enabled && c.dp.enabled) {
+    return no("dp under secure_aggregation (distributed noise on slices held by different devices)");
+  }
   if (c.dp.enabled && w.ranks()) return no("dp on LoRA ranks (dp applies to width.method heterofl and fedrolex)");
   if (c.dp.enabled && !w.distill.data.empty()) {
     return no("dp and width.distill (FedDF distils the devices' own models, which DP-FedAvg never releases)");

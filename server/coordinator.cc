@@ -69,8 +69,7 @@ Status Coordinator::ChooseRoundsLocked() {
     mode_owned_ = kind->make(context());
     mode_driver_ = mode_owned_.get();
     split_ = dynamic_cast<SplitDriver*>(mode_driver_);
-    secagg_ = dynamic_cast<SecAggDriver*>(mode_driver_);
-    if (secagg_ == nullptr && split_ != nullptr) secagg_ = split_->secure_aggregation();  // pipelines
+    secagg_ = mode_driver_->secure_aggregation();
     break;
   }
   ASSIGN_OR_RETURN(const SchedulerKind* scheduler, Schedulers().Get(cfg_.scheduler.mode));

@@ -48,6 +48,7 @@ class Task;
 class UploadHeader;
 }  // namespace v1
 
+class SecAggDriver;
 struct ClientHealth;
 struct FitSettings;
 struct RoundMetrics;
@@ -125,6 +126,9 @@ class RoundDriver {
   // Whether a round makes a new model on the server (false: gossip rounds, where the
   // clients' models never reach it; the round is committed as it closes).
   virtual bool Aggregates() const { return true; }
+  // The secure aggregation the driver's rounds run, which takes the clients' stage
+  // messages: the driver itself, or one it composes (a pipeline's, width's); null: none.
+  virtual SecAggDriver* secure_aggregation() { return nullptr; }
 };
 
 }  // namespace cleave

@@ -62,15 +62,16 @@ class SecAggDriver : public RoundDriver {
   // Clients report no evaluation under secure aggregation (one client's numbers would
   // show what masking hides).
   bool ClientsEvaluate() const override { return false; }
+  SecAggDriver* secure_aggregation() override { return this; }
+  // Distributed DP and aggregation.weighting: equal: every masked update counts the same
+  // (each client's scale is 1); otherwise its examples over the round's max_weight.
+  bool UniformWeights() const;
 
   // A stage message (keys, shares or revealed shares) of `task_id`, checked against
   // what the stage expects from `client_id` before any state changes.
   Status SubmitLocked(const v1::SecAggRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
  private:
-  // Distributed DP and aggregation.weighting: equal: every masked update counts the same.
-  bool UniformWeights() const;
-
   RoundContext& ctx_;
   std::unique_ptr<SecAggRound> round_ ABSL_GUARDED_BY(ctx_.mu());  // the open round's
   // The closed round's, for Fold (the round thread's alone by then).

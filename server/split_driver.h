@@ -81,7 +81,7 @@ class SplitDriver : public RoundDriver {
   void ClientLeftLocked(const std::string& client_id) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // secure_aggregation with split.mode: pipeline: the driver of its stages (the
   // coordinator hands it the clients' stage messages); else null.
-  SecAggDriver* secure_aggregation() const { return secagg_.get(); }
+  SecAggDriver* secure_aggregation() override { return secagg_.get(); }
   // The client part the task was given: its upload is a delta from it.
   const ParameterSet* UploadLayoutLocked(const TaskRecord& t) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());

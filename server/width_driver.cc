@@ -32,6 +32,10 @@ std::optional<double> Pinned(const WidthConfig& w, const std::string& name) {
 
 }  // namespace
 
+WidthDriver::WidthDriver(RoundContext& ctx) : ctx_(ctx) {
+  if (ctx.config().secure_aggregation.enabled) secagg_ = std::make_unique<SecAggDriver>(ctx);
+}
+
 double WidthDriver::RateOfLocked(const Session& s) const {
   const WidthConfig& w = ctx_.config().width;
   if (auto pinned = Pinned(w, s.name)) return *pinned;
@@ -147,7 +151,7 @@ int64_t WidthDriver::RankOf(double rate) const {
   return std::llround(rate * ctx_.model_spec().lora.rank);
 }
 
-Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::vector<std::string>* clients) {
+Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients) {
   round_ = round;
   rates_.clear();
   task_rates_.clear();
@@ -156,7 +160,9 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
   start_ = Without(ctx_.GlobalLocked(), ctx_.frozen());
   sums_ = Sums();
   sums_.round = round;
-  if (ctx_.config().dp.enabled) {
+  if (secagg_) {
+    // the masked vectors are summed by secagg_
+  } else if (ctx_.config().dp.enabled) {
     sums_.dp = true;
   } else if (ctx_.config().width.method == "flexlora") {
     ASSIGN_OR_RETURN(sums_.products, FlexLoraSum::Create(ctx_.model_spec(), start_));
@@ -171,11 +177,14 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, std::
     RETURN_IF_ERROR(SubmodelLocked(rate).status());
     rates_[id] = rate;
   }
+  if (secagg_) {  // masked vectors of the whole update layout
+    secagg_->mu().AssertHeld();  // ctx_.mu()
+    return secagg_->BeginLocked(round, fit, clients);
+  }
   return absl::OkStatus();
 }
 
-StatusOr<std::vector<std::vector<int64_t>>> WidthDriver::DecoderPositionsLocked(const ParameterSet& layout,
-                                                                                int64_t roll) {
+StatusOr<std::vector<Kept>> WidthDriver::DecoderKeptLocked(const ParameterSet& layout, int64_t roll) {
   const ModelSpec& spec = ctx_.model_spec();
   int64_t head_dim = spec.gpt.dim / std::max(1, spec.gpt.heads), group = 1;
   if (spec.name == "hf") {
@@ -183,7 +192,7 @@ StatusOr<std::vector<std::vector<int64_t>>> WidthDriver::DecoderPositionsLocked(
     head_dim = c.head_dim;
     group = c.heads / std::max(1, c.kv_heads);
   }
-  return DecoderPositions(start_, layout, head_dim, group, roll);
+  return DecoderKept(start_, layout, head_dim, group, roll);
 }
 
 StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
@@ -195,10 +204,10 @@ StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   // round; HeteroFL's is the leading one.
   const int64_t roll = w.method == "fedrolex" ? round_ - 1 : 0;
   Submodel s;
-  ASSIGN_OR_RETURN(auto positions, w.ranks()                    ? LeadingPositions(start_, *layout)
-                                   : ctx_.model_spec().text() ? DecoderPositionsLocked(*layout, roll)
-                                                               : SubmodelPositions(start_, *layout, roll));
-  s.positions = std::make_shared<const std::vector<std::vector<int64_t>>>(std::move(positions));
+  ASSIGN_OR_RETURN(s.kept, w.ranks()                    ? LeadingKept(start_, *layout)
+                           : ctx_.model_spec().text() ? DecoderKeptLocked(*layout, roll)
+                                                       : SubmodelKept(start_, *layout, roll));
+  s.positions = std::make_shared<const std::vector<std::vector<int64_t>>>(PositionsOf(start_, s.kept));
   auto part = std::make_shared<const ParameterSet>(Gather(start_, *layout, *s.positions));
   auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(*part));
   s.digest = Sha256Hex(*blob);
@@ -223,9 +232,28 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   rec->expected_size = ctx_.update_codec() ? EncodedTensorsSize(*ctx_.update_codec(), *s.part)
                                            : static_cast<int64_t>(s.part->EncodedSize());
   task_rates_[rec->id] = rate;
+  if (secagg_) {  // the masked vector: the submodel placed in the whole update layout
+    secagg_->mu().AssertHeld();  // ctx_.mu()
+    secagg_->PrepareTaskLocked(task, rec);
+    v1::SecAggTask* sa = task->mutable_secagg();
+    sa->set_length(start_.total_elements());
+    int64_t offset = 0;
+    for (size_t t = 0; t < start_.size(); ++t) {
+      const Tensor& whole = start_.tensors()[t];
+      v1::SubmodelPlacement* p = sa->add_placement();
+      p->set_offset(offset);
+      for (int64_t d : whole.shape) p->add_shape(d);
+      for (const std::vector<int64_t>& dim : s.kept[t]) {
+        v1::IndexList* list = p->add_dims();
+        for (int64_t i : dim) list->add_index(i);
+      }
+      offset += static_cast<int64_t>(whole.values.size());
+    }
+  }
 }
 
 const ParameterSet* WidthDriver::UploadLayoutLocked(const TaskRecord& t) {
+  if (secagg_) return nullptr;  // a masked vector of the whole update layout
   auto rate = task_rates_.find(t.id);
   if (rate == task_rates_.end()) return nullptr;
   auto s = submodels_.find(rate->second);
@@ -265,7 +293,32 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
   };
 }
 
-void WidthDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
+std::optional<Status> WidthDriver::AwaitLocked(Clock::time_point deadline) {
+  if (!secagg_) return std::nullopt;
+  secagg_->mu().AssertHeld();  // ctx_.mu()
+  return secagg_->AwaitLocked(deadline);
+}
+
+bool WidthDriver::TakeLocked(const v1::UploadHeader& h, const std::string& payload, const TaskRecord& t,
+                             Status* status) {
+  if (!secagg_) return false;
+  secagg_->mu().AssertHeld();  // ctx_.mu()
+  return secagg_->TakeLocked(h, payload, t, status);
+}
+
+void WidthDriver::TaskFailedLocked(const TaskRecord& t) {
+  if (!secagg_) return;
+  secagg_->mu().AssertHeld();  // ctx_.mu()
+  secagg_->TaskFailedLocked(t);
+}
+
+void WidthDriver::ClientLeftLocked(const std::string& client_id) {
+  if (!secagg_) return;
+  secagg_->mu().AssertHeld();  // ctx_.mu()
+  secagg_->ClientLeftLocked(client_id);
+}
+
+void WidthDriver::CloseLocked(int64_t round, RoundMetrics* m) {
   if (sums_.dp) sums_.holders = start_.ZerosLike();
   for (const auto& [id, t] : ctx_.TasksLocked()) {
     auto rate = task_rates_.find(id);
@@ -273,6 +326,14 @@ void WidthDriver::CloseLocked(int64_t /*round*/, RoundMetrics* m) {
     const Session* s = ctx_.FindSessionLocked(t.client_id);
     m->widths[s ? s->name : t.client_id] = rate->second;
     if (sums_.dp) CountHolders(*submodels_.at(rate->second).positions, &sums_.holders);
+    if (secagg_) {
+      sums_.masked[t.client_id] = {rate->second, t.num_examples};
+      sums_.positions[rate->second] = submodels_.at(rate->second).positions;
+    }
+  }
+  if (secagg_) {
+    secagg_->mu().AssertHeld();  // ctx_.mu()
+    secagg_->CloseLocked(round, m);
   }
   closed_ = std::move(sums_);
   sums_ = Sums();
@@ -319,7 +380,35 @@ Status WidthDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
     return absl::OkStatus();
   }
   ParameterSet change;
-  if (closed.products) {  // FlexLoRA: the factored mean product, as a change of the start
+  if (secagg_) {
+    // The survivors' masked vectors: sum of weight / max_weight x each one's delta, placed.
+    ASSIGN_OR_RETURN(SecAggDriver::Unmasked u, secagg_->TakeUnmasked());
+    if (static_cast<int64_t>(u.sum.size()) != start.total_elements()) {
+      return absl::InternalError("secure aggregation: the unmasked sum is not the update layout's length");
+    }
+    ParameterSet weight = start.ZerosLike();  // per element, the holders' scales
+    for (const std::string& client : u.survivors) {
+      auto c = closed.masked.find(client);
+      if (c == closed.masked.end()) return absl::InternalError(absl::StrCat("no rate for survivor ", client));
+      const auto& [rate, examples] = c->second;
+      const double scale = secagg_->UniformWeights()
+                               ? 1.0
+                               : std::min(1.0, static_cast<double>(examples) / static_cast<double>(u.max_weight));
+      const auto& positions = *closed.positions.at(rate);
+      for (size_t t = 0; t < positions.size(); ++t) {
+        auto& w = weight.mutable_tensors()[t].values;
+        for (int64_t p : positions[t]) w[p] += static_cast<float>(scale);
+      }
+    }
+    change = start.ZerosLike();
+    size_t i = 0;
+    for (size_t t = 0; t < change.size(); ++t) {
+      auto& v = change.mutable_tensors()[t].values;
+      const auto& w = weight.tensors()[t].values;
+      for (size_t e = 0; e < v.size(); ++e, ++i) v[e] = w[e] > 0 ? static_cast<float>(u.sum[i] / w[e]) : 0.0f;
+    }
+    spdlog::info("secure aggregation: unmasked the sum of {} submodels", u.survivors.size());
+  } else if (closed.products) {  // FlexLoRA: the factored mean product, as a change of the start
     ASSIGN_OR_RETURN(change, closed.products->Result());
     if (!change.SameLayout(start)) return absl::InternalError("flexlora: the result is not the round's layout");
     AddScaled(ViewsOf(start), -1.0f, &change);

@@ -23,6 +23,13 @@
 // A robust aggregation.rule applies element by element over the devices that hold each
 // element (SubmodelUpdates: median, trimmed_mean, norm_bound), instead of the mean.
 //
+// With secure_aggregation (SecAgg+, through a SecAggDriver it composes) each device
+// masks a vector of the whole model's update layout, its submodel's delta placed at its
+// elements (the task's SecAggTask.placement) and zeros elsewhere, so every device's
+// masks cancel in one sum; the server divides each element of the unmasked sum by the
+// weights of the survivors that hold it. A device's masked upload is the whole model's
+// length: under secure aggregation a small device's upload does not shrink.
+//
 // With dp (DP-FedAvg, central noise) each upload goes to the strategy zero-padded to the
 // whole model (Placed), where it is clipped like any update: a device's sensitivity is
 // its submodel's clipped norm. The round tells the strategy each element's holders
@@ -43,12 +50,13 @@
 #include "split/cut_policy.h"
 #include "server/round_context.h"
 #include "server/round_driver.h"
+#include "server/secagg_driver.h"
 
 namespace cleave {
 
 class WidthDriver : public RoundDriver {
  public:
-  explicit WidthDriver(RoundContext& ctx) : ctx_(ctx) {}
+  explicit WidthDriver(RoundContext& ctx);
 
   // The rate of each of the round's clients, their submodels, and the round's sum; an
   // error (a rate the model has no submodel for) fails the round.
@@ -59,6 +67,13 @@ class WidthDriver : public RoundDriver {
   // An upload is its submodel's delta.
   const ParameterSet* UploadLayoutLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   AddUpload ClaimUploadLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // Under secure aggregation: its stages, and the masked inputs consumed whole.
+  std::optional<Status> AwaitLocked(Clock::time_point deadline) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  bool TakeLocked(const v1::UploadHeader& h, const std::string& payload, const TaskRecord& t,
+                  Status* status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  void ClientLeftLocked(const std::string& client_id) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  SecAggDriver* secure_aggregation() override { return secagg_.get(); }
   void CloseLocked(int64_t round, RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The round's per-element mean delta, as one update.
   Status Fold(const ParameterSet& start, int64_t weight) override;
@@ -86,6 +101,7 @@ class WidthDriver : public RoundDriver {
   // tensors sit in the whole model's.
   struct Submodel {
     std::shared_ptr<const ParameterSet> part;
+    std::vector<Kept> kept;  // per tensor, the whole tensor's indices it keeps per dimension
     std::shared_ptr<const std::vector<std::vector<int64_t>>> positions;
     std::string digest;
     int64_t size = 0;
@@ -94,7 +110,7 @@ class WidthDriver : public RoundDriver {
   // Where a decoder submodel's tensors (`layout`) sit in the round's start, its windows
   // at `roll`: heads of the decoder's head size, in groups of its query heads per
   // key/value head.
-  StatusOr<std::vector<std::vector<int64_t>>> DecoderPositionsLocked(const ParameterSet& layout, int64_t roll)
+  StatusOr<std::vector<Kept>> DecoderKeptLocked(const ParameterSet& layout, int64_t roll)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The layout (shapes; values unused) of what a device of `rate` trains, made once.
   StatusOr<const ParameterSet*> LayoutLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
@@ -128,8 +144,10 @@ class WidthDriver : public RoundDriver {
   };
   // What a round adds its uploads into: exactly one of FlexLoRA's products, the
   // elements kept whole for a robust aggregation.rule, every other method's sums, or
-  // (dp) none: the strategy adds them, and `holders` counts each element's devices as
-  // the round closes. FedDF's teachers besides, with width.distill.
+  // none: (dp) the strategy adds them, and `holders` counts each element's devices as
+  // the round closes; (secure aggregation) the SecAggDriver sums the masked vectors, and
+  // `masked` keeps each accepted device's rate and weight for the per-element division.
+  // FedDF's teachers besides, with width.distill.
   struct Sums {
     std::shared_ptr<SubmodelSum> sum;
     std::shared_ptr<FlexLoraSum> products;
@@ -137,6 +155,9 @@ class WidthDriver : public RoundDriver {
     std::shared_ptr<Teachers> teachers;
     bool dp = false;
     ParameterSet holders;
+    // Secure aggregation: each accepted device's rate and weight, by session id.
+    std::map<std::string, std::pair<double, int64_t>> masked;
+    std::map<double, std::shared_ptr<const std::vector<std::vector<int64_t>>>> positions;  // by rate
     int64_t round = 0;
   };
   Sums sums_ ABSL_GUARDED_BY(ctx_.mu());  // the open round's
@@ -144,6 +165,7 @@ class WidthDriver : public RoundDriver {
   // FedDF's step on `whole`, round `round`'s aggregate (round thread): distilled in place.
   Status DistillInto(ParameterSet* whole, const Teachers& teachers, int64_t round);
   std::optional<Dataset> distill_data_;  // width.distill.data, loaded at the first round
+  std::unique_ptr<SecAggDriver> secagg_;  // with secure_aggregation
 };
 
 }  // namespace cleave

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "tests/integration/federation.h"
 
@@ -57,6 +58,38 @@ TEST(SecureAggregationTest, TheModelIsPlainFedAvgsUpToQuantization) {
     EXPECT_LT(MaxAbsDiff(plain, secure), 5e-4) << (crash ? "with" : "without") << " a crash";
     EXPECT_GT(MaxAbsDiff(plain, secure), 0) << "the updates really went through quantization";
     EXPECT_NEAR(secure_m.test_accuracy, plain_m.test_accuracy, 0.01);
+  }
+}
+
+// Width-scaled submodels under secure aggregation: five devices of three widths each
+// mask the whole model's layout with their submodel placed in it, and the round's model
+// is HeteroFL's per-element mean up to quantization, with and without a device (a
+// width-1/4 one) lost after training.
+TEST(SecureAggregationTest, SubmodelsOfThreeWidthsMaskOneLayout) {
+  const std::string widths =
+      "width: {method: fedrolex, clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.5}, "
+      "{name: client-3, rate: 0.25}, {name: client-4, rate: 0.25}]}\n";
+  for (bool crash : {false, true}) {
+    auto run = [&](bool secure, RoundMetrics* m) {
+      auto opts = Options(5, 5000);
+      if (crash) opts[4].crash_after_training = [](int64_t) { return true; };
+      Federation f;
+      f.Start(std::string(kJob) + widths + (secure ? kSecAgg : ""), std::move(opts));
+      f.Join();
+      EXPECT_TRUE(f.server_status.ok()) << f.server_status;
+      EXPECT_EQ(f.server->History().size(), 1u);
+      if (!f.server->History().empty()) *m = f.server->History()[0];
+      return f.server->GlobalModel();
+    };
+    RoundMetrics plain_m, secure_m;
+    const ParameterSet plain = run(false, &plain_m);
+    const ParameterSet secure = run(true, &secure_m);
+    EXPECT_EQ(secure_m.participants, crash ? 4 : 5);
+    EXPECT_EQ(secure_m.widths.size(), crash ? 4u : 5u);
+    EXPECT_LT(MaxAbsDiff(plain, secure), 5e-4) << (crash ? "with" : "without") << " a crash";
+    EXPECT_GT(MaxAbsDiff(plain, secure), 0) << "the updates really went through quantization";
+    // Every upload was the whole layout's masked vector, not the submodel.
+    EXPECT_GT(secure_m.update_bytes, plain_m.update_bytes);
   }
 }
 

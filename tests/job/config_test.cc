@@ -86,7 +86,10 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("model: {name: resnet, batch_norm: frozen}", "model.batch_norm");
   EXPECT_TRUE(ParseJob("model: {name: resnet, batch_norm: static}\nwidth: {rate: 0.5}\n", "").ok());
   expect_error("width: {rate: 0.5}\nsplit: {mode: sfl-v2}", "do not combine with split learning");
-  expect_error("width: {rate: 0.5}\nsecure_aggregation: {}", "secure_aggregation");
+  EXPECT_TRUE(ParseJob("width: {method: fedrolex, rate: 0.5}\nsecure_aggregation: {}\n", "").ok());
+  expect_error(std::string("model: {name: gpt, lora: {rank: 8}}\n") + "width: {method: hetlora, rate: 0.5}\nsecure_aggregation: {}",
+               "secure_aggregation with LoRA ranks");
+  expect_error("width: {rate: 0.5}\nsecure_aggregation: {}\ndp: {noise: distributed, clip: 1}", "dp under secure_aggregation");
   EXPECT_TRUE(ParseJob("model: {name: cnn}\nwidth: {method: fedrolex, rate: 0.25, clients: [{name: big, rate: 1}]}\n", "").ok());
   // Robust rules: per element (median, trimmed_mean, norm_bound), not those that compare
   // whole updates, nor on LoRA ranks.
