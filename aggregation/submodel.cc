@@ -72,6 +72,23 @@ std::vector<int64_t> Heads(int64_t n, int64_t heads, int64_t group, int64_t head
   return out;
 }
 
+// INVALID_ARGUMENT naming submodel tensor `s`, whole tensor `w` and why.
+Status NotASubmodel(const Tensor& s, const Tensor& w, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","), "] of ",
+                                                 w.name, " [", absl::StrJoin(w.shape, ","), "]: ", why));
+}
+
+// `s` is `w`'s tensor (its name and rank), no larger and not empty in any dimension.
+Status CheckSubmodelTensor(const Tensor& w, const Tensor& s) {
+  if (w.name != s.name || w.shape.size() != s.shape.size() || w.shape.empty()) {
+    return NotASubmodel(s, w, "not the same tensor");
+  }
+  for (size_t d = 0; d < w.shape.size(); ++d) {
+    if (s.shape[d] < 1 || s.shape[d] > w.shape[d]) return NotASubmodel(s, w, "larger, or empty");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StatusOr<std::vector<Kept>> SubmodelKept(const ParameterSet& whole, const ParameterSet& sub, int64_t roll) {
@@ -87,14 +104,8 @@ StatusOr<std::vector<Kept>> SubmodelKept(const ParameterSet& whole, const Parame
   for (size_t t = 0; t < whole.size(); ++t) {
     const Tensor& w = whole.tensors()[t];
     const Tensor& s = sub.tensors()[t];
-    const auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","),
-                                                     "] of ", w.name, " [", absl::StrJoin(w.shape, ","), "]: ", why));
-    };
-    if (w.name != s.name || w.shape.size() != s.shape.size() || w.shape.empty()) return bad("not the same tensor");
-    for (size_t d = 0; d < w.shape.size(); ++d) {
-      if (s.shape[d] < 1 || s.shape[d] > w.shape[d]) return bad("larger, or empty");
-    }
+    const auto bad = [&](const std::string& why) { return NotASubmodel(s, w, why); };
+    RETURN_IF_ERROR(CheckSubmodelTensor(w, s));
     std::vector<int64_t> rows;  // the kept indices of dimension 0
     if (w.shape.size() == 1) {  // a bias: its layer's outputs
       if (s.shape[0] == w.shape[0]) {
@@ -140,7 +151,6 @@ StatusOr<std::vector<Kept>> SubmodelKept(const ParameterSet& whole, const Parame
   return out;
 }
 
-
 StatusOr<std::vector<Kept>> DecoderKept(const ParameterSet& whole, const ParameterSet& sub, int64_t head_dim,
                                         int64_t group, int64_t roll) {
   if (whole.size() != sub.size() || head_dim < 1 || group < 1) {
@@ -150,11 +160,8 @@ StatusOr<std::vector<Kept>> DecoderKept(const ParameterSet& whole, const Paramet
   for (size_t t = 0; t < whole.size(); ++t) {
     const Tensor& w = whole.tensors()[t];
     const Tensor& s = sub.tensors()[t];
-    const auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(absl::StrCat("submodel tensor ", s.name, " [", absl::StrJoin(s.shape, ","),
-                                                     "] of ", w.name, " [", absl::StrJoin(w.shape, ","), "]: ", why));
-    };
-    if (w.name != s.name || w.shape.size() != s.shape.size() || w.shape.empty()) return bad("not the same tensor");
+    const auto bad = [&](const std::string& why) { return NotASubmodel(s, w, why); };
+    RETURN_IF_ERROR(CheckSubmodelTensor(w, s));
     const auto named = [&](const char* part) { return w.name.find(part) != std::string::npos; };
     // Which dimension holds heads, and how many heads make one kept unit (a key/value
     // head's group of query heads); -1: none.
@@ -178,7 +185,6 @@ StatusOr<std::vector<Kept>> DecoderKept(const ParameterSet& whole, const Paramet
     Kept kept(w.shape.size());
     for (size_t d = 0; d < w.shape.size(); ++d) {
       const int64_t full = w.shape[d], n = s.shape[d];
-      if (n < 1 || n > full) return bad("larger, or empty");
       const int64_t parts = packed ? 3 : 1, size = unit * head_dim * parts;
       if (n == full) {
         kept[d] = All(full);

@@ -345,83 +345,68 @@ Dataset Rgb32(const Dataset& d) {
   return out;
 }
 
-// The ResNet (autograd, BatchNorm in training mode, its running statistics part of the
-// parameter set) trains like the same network written with PyTorch's stock modules.
-TEST(ModelTest, ResNetTrainsLikePyTorch) {
+// Our `spec` and tests/models/resnet_reference.py run with `args` (PyTorch's stock
+// modules), the reference started from our initial values, train alike on the same 128
+// images (within `tol`) and evaluate alike. Returns our initial parameters.
+ParameterSet ExpectResNetTrainsLikePyTorch(const ModelSpec& spec, const std::string& args, double weight_decay,
+                                           double tol) {
   const std::string path = (std::filesystem::temp_directory_path() / "cleave_resnet_ref.pt").string();
-  const std::string cmd = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
-                          "/tests/models/resnet_reference.py " + path + " 3 10";
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  ModelSpec spec{"resnet", "", 5, {3, 32, 32}, 10};
+  const std::string cmd = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR + "/tests/models/resnet_reference.py " +
+                          path + " " + args;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
   auto ours = Model::Create(spec);
-  ASSERT_TRUE(ours.ok()) << ours.status();
-  auto stock = Model::Create({"torchscript", *ReadFile(path), 0});
+  EXPECT_TRUE(ours.ok()) << ours.status();
+  auto stock = Model::Create({"torchscript", ReadFile(path).value_or(""), 0});
   std::filesystem::remove(path);
-  ASSERT_TRUE(stock.ok()) << stock.status();
+  EXPECT_TRUE(stock.ok()) << stock.status();
+  if (!ours.ok() || !stock.ok()) return ParameterSet();
   const ParameterSet start = (*ours)->Parameters();
+  EXPECT_TRUE((*stock)->SetParameters(start).ok());
+  std::vector<int64_t> idx(128);
+  for (int i = 0; i < 128; ++i) idx[i] = i;
+  const Dataset data = Rgb32(Train().Subset(idx));
+  LocalTrainOptions o;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.weight_decay = weight_decay;
+  o.batch_size = 32;
+  o.seed = 3;
+  auto s1 = (*ours)->Train(data, o);
+  auto s2 = (*stock)->Train(data, o);
+  EXPECT_TRUE(s1.ok() && s2.ok());
+  if (s1.ok() && s2.ok()) EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
+  ExpectTrainedAlike(start, (*ours)->Parameters(), (*stock)->Parameters(), tol);
+  auto e1 = (*ours)->Evaluate(data, 64);
+  auto e2 = (*stock)->Evaluate(data, 64);
+  EXPECT_TRUE(e1.ok() && e2.ok());
+  if (e1.ok() && e2.ok()) EXPECT_NEAR(e1->loss, e2->loss, 1e-3);
+  return start;
+}
+
+// The ResNet (autograd, BatchNorm in training mode, its running statistics part of the
+// parameter set and used in evaluation) trains like the same network written with
+// PyTorch's stock modules.
+TEST(ModelTest, ResNetTrainsLikePyTorch) {
+  const ParameterSet start = ExpectResNetTrainsLikePyTorch({"resnet", "", 5, {3, 32, 32}, 10}, "3 10", 1e-4, 1e-6);
   EXPECT_NE(start.Find("0.1.running_mean"), nullptr);
   EXPECT_NE(start.Find("3.0.shortcut.1.running_var"), nullptr);
   EXPECT_EQ(start.Find("0.1.num_batches_tracked"), nullptr);  // an integer counter
-  ASSERT_TRUE((*stock)->SetParameters(start).ok());
-  std::vector<int64_t> idx(128);
-  for (int i = 0; i < 128; ++i) idx[i] = i;
-  const Dataset data = Rgb32(Train().Subset(idx));
-  LocalTrainOptions o;
-  o.lr = 0.05;
-  o.momentum = 0.9;
-  o.weight_decay = 1e-4;
-  o.batch_size = 32;
-  o.seed = 3;
-  auto s1 = (*ours)->Train(data, o);
-  auto s2 = (*stock)->Train(data, o);
-  ASSERT_TRUE(s1.ok() && s2.ok());
-  EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
-  ExpectTrainedAlike(start, (*ours)->Parameters(), (*stock)->Parameters(), 1e-6);
-  auto e1 = (*ours)->Evaluate(data, 64);
-  auto e2 = (*stock)->Evaluate(data, 64);  // eval mode: the running statistics
-  ASSERT_TRUE(e1.ok() && e2.ok());
-  EXPECT_NEAR(e1->loss, e2->loss, 1e-3);
 }
 
 // A width-1/4 ResNet with static batch normalization (HeteroFL's submodel: a quarter of
-// every block's channels, the scaler in training only, no running statistics) trains
-// and evaluates like the same network written with PyTorch's stock modules.
+// every block's channels, the scaler in training only, no running statistics; each
+// batch's own statistics in evaluation too) trains and evaluates like the same network
+// written with PyTorch's stock modules.
 TEST(ModelTest, AStaticBatchNormResNetSubmodelTrainsLikePyTorch) {
-  const std::string path = (std::filesystem::temp_directory_path() / "cleave_resnet_sbn.pt").string();
-  const std::string cmd = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR +
-                          "/tests/models/resnet_reference.py " + path + " 3 10 0.25 1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
   ModelSpec spec{"resnet", "", 5, {3, 32, 32}, 10};
   spec.width = 0.25;
   spec.static_bn = true;
-  auto ours = Model::Create(spec);
-  ASSERT_TRUE(ours.ok()) << ours.status();
-  auto stock = Model::Create({"torchscript", *ReadFile(path), 0});
-  std::filesystem::remove(path);
-  ASSERT_TRUE(stock.ok()) << stock.status();
-  const ParameterSet start = (*ours)->Parameters();
+  const ParameterSet start = ExpectResNetTrainsLikePyTorch(spec, "3 10 0.25 1", 0, 1e-5);
   EXPECT_EQ(start.Find("0.1.running_mean"), nullptr) << "static: no statistics kept";
+  ASSERT_NE(start.Find("3.0.conv1.weight"), nullptr);
   EXPECT_EQ(start.Find("3.0.conv1.weight")->shape, (std::vector<int64_t>{16, 8, 3, 3}));
   EXPECT_EQ(start.Find("3.0.shortcut.0.weight")->shape, (std::vector<int64_t>{16, 8, 1, 1}));
   EXPECT_EQ(start.Find("4.2.weight")->shape, (std::vector<int64_t>{10, 16}));
-  ASSERT_TRUE((*stock)->SetParameters(start).ok());
-  std::vector<int64_t> idx(128);
-  for (int i = 0; i < 128; ++i) idx[i] = i;
-  const Dataset data = Rgb32(Train().Subset(idx));
-  LocalTrainOptions o;
-  o.lr = 0.05;
-  o.momentum = 0.9;
-  o.batch_size = 32;
-  o.seed = 3;
-  auto s1 = (*ours)->Train(data, o);
-  auto s2 = (*stock)->Train(data, o);
-  ASSERT_TRUE(s1.ok() && s2.ok());
-  EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
-  ExpectTrainedAlike(start, (*ours)->Parameters(), (*stock)->Parameters(), 1e-5);
-  auto e1 = (*ours)->Evaluate(data, 64);
-  auto e2 = (*stock)->Evaluate(data, 64);  // eval mode: each batch's own statistics, no scaler
-  ASSERT_TRUE(e1.ok() && e2.ok());
-  EXPECT_NEAR(e1->loss, e2->loss, 1e-3);
 }
 
 TEST(ModelTest, BuiltinsTakeTheInputShapeAndClasses) {
