@@ -32,6 +32,18 @@ std::optional<double> Pinned(const WidthConfig& w, const std::string& name) {
 
 }  // namespace
 
+StatusOr<std::vector<Kept>> SubmodelKeptOf(const ModelSpec& spec, const ParameterSet& whole, const ParameterSet& sub,
+                                           int64_t roll) {
+  if (!spec.text()) return SubmodelKept(whole, sub, roll);
+  int64_t head_dim = spec.gpt.dim / std::max(1, spec.gpt.heads), group = 1;
+  if (spec.name == "hf") {
+    ASSIGN_OR_RETURN(const DecoderConfig c, ParseHfConfig(spec.hf_config, "config.json"));
+    head_dim = c.head_dim;
+    group = c.heads / std::max(1, c.kv_heads);
+  }
+  return DecoderKept(whole, sub, head_dim, group, roll);
+}
+
 WidthDriver::WidthDriver(RoundContext& ctx) : ctx_(ctx) {
   if (ctx.config().secure_aggregation.enabled) secagg_ = std::make_unique<SecAggDriver>(ctx);
 }
@@ -184,17 +196,6 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vect
   return absl::OkStatus();
 }
 
-StatusOr<std::vector<Kept>> WidthDriver::DecoderKeptLocked(const ParameterSet& layout, int64_t roll) {
-  const ModelSpec& spec = ctx_.model_spec();
-  int64_t head_dim = spec.gpt.dim / std::max(1, spec.gpt.heads), group = 1;
-  if (spec.name == "hf") {
-    ASSIGN_OR_RETURN(const DecoderConfig c, ParseHfConfig(spec.hf_config, "config.json"));
-    head_dim = c.head_dim;
-    group = c.heads / std::max(1, c.kv_heads);
-  }
-  return DecoderKept(start_, layout, head_dim, group, roll);
-}
-
 StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   auto it = submodels_.find(rate);
   if (it != submodels_.end()) return &it->second;
@@ -204,9 +205,8 @@ StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   // round; HeteroFL's is the leading one.
   const int64_t roll = w.method == "fedrolex" ? round_ - 1 : 0;
   Submodel s;
-  ASSIGN_OR_RETURN(s.kept, w.ranks()                    ? LeadingKept(start_, *layout)
-                           : ctx_.model_spec().text() ? DecoderKeptLocked(*layout, roll)
-                                                       : SubmodelKept(start_, *layout, roll));
+  ASSIGN_OR_RETURN(s.kept, w.ranks() ? LeadingKept(start_, *layout)
+                                     : SubmodelKeptOf(ctx_.model_spec(), start_, *layout, roll));
   s.positions = std::make_shared<const std::vector<std::vector<int64_t>>>(PositionsOf(start_, s.kept));
   auto part = std::make_shared<const ParameterSet>(Gather(start_, *layout, *s.positions));
   auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(*part));

@@ -54,6 +54,13 @@
 
 namespace cleave {
 
+// Where `sub`, a width-scaled submodel of the model `spec` describes, sits in `whole` (the
+// whole model's layout) with its windows at `roll` (FedRolex's round - 1; 0: HeteroFL's
+// leading windows): a decoder's heads and MLP features (DecoderKept, with the head size
+// and query-head groups of `spec`), another model's channels and features (SubmodelKept).
+StatusOr<std::vector<Kept>> SubmodelKeptOf(const ModelSpec& spec, const ParameterSet& whole, const ParameterSet& sub,
+                                           int64_t roll);
+
 class WidthDriver : public RoundDriver {
  public:
   explicit WidthDriver(RoundContext& ctx);
@@ -107,11 +114,6 @@ class WidthDriver : public RoundDriver {
     int64_t size = 0;
   };
   StatusOr<Submodel*> SubmodelLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
-  // Where a decoder submodel's tensors (`layout`) sit in the round's start, its windows
-  // at `roll`: heads of the decoder's head size, in groups of its query heads per
-  // key/value head.
-  StatusOr<std::vector<Kept>> DecoderKeptLocked(const ParameterSet& layout, int64_t roll)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The layout (shapes; values unused) of what a device of `rate` trains, made once.
   StatusOr<const ParameterSet*> LayoutLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The model a device of `rate` trains.

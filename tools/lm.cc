@@ -19,6 +19,7 @@
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "server/checkpoint.h"
+#include "server/width_driver.h"
 
 namespace cleave {
 namespace {
@@ -199,9 +200,10 @@ int RunEvaluate(const EvaluateOptions& o) {
     auto sub = Model::Create(sub_spec);
     if (!sub.ok()) return Fail("evaluate", sub.status(), 2);
     const ParameterSet whole = loaded->model->Parameters();
-    auto positions = SubmodelPositions(whole, (*sub)->Parameters(), 0);
-    if (!positions.ok()) return Fail("evaluate", positions.status(), 2);
-    if (Status s = (*sub)->SetParameters(Gather(whole, (*sub)->Parameters(), *positions)); !s.ok()) {
+    const ParameterSet layout = (*sub)->Parameters();
+    auto kept = SubmodelKeptOf(loaded->spec, whole, layout, 0);
+    if (!kept.ok()) return Fail("evaluate", kept.status(), 2);
+    if (Status s = (*sub)->SetParameters(Gather(whole, layout, PositionsOf(whole, *kept))); !s.ok()) {
       return Fail("evaluate", s, 2);
     }
     loaded->model = *std::move(sub);

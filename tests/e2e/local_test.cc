@@ -229,6 +229,32 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: 
   EXPECT_NE(table.find("| all | 1000 |"), std::string::npos) << table;
 }
 
+// A decoder of two widths as processes (every block's heads and MLP features halved on
+// client-1); `cleave evaluate --width 0.5` measures the half-width decoder, its heads
+// gathered from the run's model.
+TEST_F(LocalTest, TrainsAWidthScaledDecoderAndEvaluatesATier) {
+  std::ofstream(config_) << R"(
+run: {name: decoder-widths, rounds: 1, seed: 3}
+model: {name: gpt, gpt: {vocab: 256, context: 32, layers: 1, heads: 2, dim: 32}}
+data: {test: "text:/usr/share/games/fortunes/pets,context=32", test_limit: 64}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 120}
+train: {local_steps: 5, batch_size: 16, optimizer: adamw, lr: 0.003}
+width: {method: fedrolex, clients: [{name: client-1, rate: 0.5}]}
+local: {data: "text:/usr/share/games/fortunes/pets,context=32", partition: iid, clients: 2}
+)";
+  pid_t pid = Spawn({"cleave", "local", "--insecure", "--config", config_, "--run-dir", (dir_ / "run").string()});
+  ASSERT_EQ(Wait(pid, 300), 0) << Output();
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "run");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["widths"], nlohmann::json({{"client-0", 1.0}, {"client-1", 0.5}}));
+  pid = Spawn({"cleave", "evaluate", (dir_ / "run").string(), "--width", "0.5", "--data",
+               "text:/usr/share/games/fortunes/pets,context=32,limit=16"},
+              "eval.txt");
+  ASSERT_EQ(Wait(pid, 120), 0) << ReadFile((dir_ / "eval.txt").string()).value_or("");
+  const std::string table = ReadFile((dir_ / "eval.txt").string()).value_or("");
+  EXPECT_NE(table.find("| all | 16 |"), std::string::npos) << table;
+}
+
 // Interoperable architectures as processes: three clients with bases of three
 // architectures keep them in their state directories and report their held-out accuracy;
 // the run's checkpoint holds the shared block only, so `cleave evaluate` says why it
