@@ -240,7 +240,11 @@ Status CheckWidth(const JobConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("width: submodels do not combine with ", what, " yet"));
   };
   if (c.split.enabled()) return no("split learning");
-  if (c.scheduler.mode != "sync") return no("scheduler.mode: " + c.scheduler.mode);
+  if (c.scheduler.gossip()) return no("scheduler.mode: gossip (peers exchange whole models)");
+  if (c.scheduler.async() && (w.ranks() || c.dp.enabled || !w.distill.data.empty())) {
+    return no("scheduler.mode: async with LoRA ranks, dp or width.distill (async buffers take heterofl and "
+              "fedrolex submodels)");
+  }
   if (c.secure_aggregation.enabled && (w.ranks() || !w.distill.data.empty())) {
     return no("secure_aggregation with LoRA ranks or width.distill (they need each device's own update)");
   }

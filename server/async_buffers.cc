@@ -130,7 +130,8 @@ Status AsyncBuffers::OpenBufferLocked(int64_t version) {
   RoundPlan plan = ctx_.strategy().ConfigureBuffer(version);
   if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
   plan_ = std::move(plan);
-  ctx_.BeginBufferLocked(version);
+  ctx_.BeginBufferLocked(version, driver_);
+  RETURN_IF_ERROR(driver_.BufferOpenedLocked(version));
   claimed_ = 0;
   applying_ = false;
   start_ = ctx_.clock().Now();
@@ -296,8 +297,11 @@ StatusOr<RoundMetrics> AsyncBuffers::NextLocked() {
   // The buffer is full and nothing is being added: apply it. Uploads wait meanwhile.
   applying_ = true;
   RoundMetrics m = BufferMetricsLocked(round);
+  driver_.CloseLocked(round, &m);
   ctx_.CountRoundBytesLocked(&m);
-  if (Status s = ctx_.ApplyLocked(round, nullptr, &m); !s.ok()) {
+  const int64_t weight = m.examples;
+  if (Status s = ctx_.ApplyLocked(round, [&](const ParameterSet& layout) { return driver_.Fold(layout, weight); }, &m);
+      !s.ok()) {
     // The buffer is dropped; the next call opens it again (Run retries).
     ctx_.EndRoundLocked();
     applying_ = false;
@@ -372,8 +376,22 @@ void AsyncBuffers::ReplayLocked() {
   int n = 0;
   for (const BufferEntry& e : entries) {
     if (e.version != ctx_.CurrentRoundLocked()) continue;
-    // The checks its upload passed, again: the journal is disk input.
-    const ParameterSet& layout = ctx_.UpdateLayoutLocked();
+    // The task it answered, done: it counts in the buffer's metrics and fills its slot.
+    TaskRecord t;
+    t.id = absl::StrCat("journal-", e.version, "-", n);
+    t.client_id = absl::StrCat("journal:", e.client_name);
+    t.state = TaskState::kDone;
+    t.round = e.task_round;
+    t.resolved_in = e.version;
+    t.staleness = e.staleness;
+    t.train_loss = e.train_loss;
+    t.num_examples = e.weight;
+    t.steps = e.steps;
+    t.width = e.width;
+    // The checks its upload passed, again: the journal is disk input. A submodel's is in
+    // its own layout, and the driver adds it.
+    const ParameterSet* own = driver_.UploadLayoutLocked(t);
+    const ParameterSet& layout = own ? *own : ctx_.UpdateLayoutLocked();
     StatusOr<std::vector<TensorView>> views =
         e.codec == "fp32" ? ParseParameterSet(e.payload, cfg().server.max_model_elements)
         : ctx_.update_codec() && e.codec == cfg().compression.update
@@ -388,25 +406,23 @@ void AsyncBuffers::ReplayLocked() {
       continue;
     }
     for (auto& v : *views) v.scale = e.scale;
-    ClientUpdate u;
-    u.client_name = e.client_name;
-    u.base_version = e.task_round - 1;
-    u.staleness = e.staleness;
-    u.delta = *std::move(views);
-    u.weight = e.weight;
-    u.train_loss = e.train_loss;
-    ctx_.Accumulate(u);
-    // The task it answered, done: it counts in the buffer's metrics and fills its slot.
-    TaskRecord t;
-    t.client_id = absl::StrCat("journal:", e.client_name);
-    t.state = TaskState::kDone;
-    t.round = e.task_round;
-    t.resolved_in = e.version;
-    t.staleness = e.staleness;
-    t.train_loss = e.train_loss;
-    t.num_examples = e.weight;
-    t.steps = e.steps;
-    ctx_.TasksLocked()[absl::StrCat("journal-", e.version, "-", n++)] = std::move(t);
+    if (RoundDriver::AddUpload add = driver_.ClaimUploadLocked(t)) {
+      if (Status s = add(*views, e.weight); !s.ok()) {
+        spdlog::warn("buffer journal: an update of {} not added again: {}", e.client_name, std::string(s.message()));
+        continue;
+      }
+    } else {
+      ClientUpdate u;
+      u.client_name = e.client_name;
+      u.base_version = e.task_round - 1;
+      u.staleness = e.staleness;
+      u.delta = *std::move(views);
+      u.weight = e.weight;
+      u.train_loss = e.train_loss;
+      ctx_.Accumulate(u);
+    }
+    ++n;
+    ctx_.TasksLocked()[t.id] = std::move(t);
     ++claimed_;
   }
   if (n > 0) ctx_.Wake();

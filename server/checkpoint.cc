@@ -104,6 +104,7 @@ std::string EncodeBufferRecord(const BufferEntry& e) {
   p.set_scale(e.scale);
   p.set_train_loss(e.train_loss);
   p.set_steps(e.steps);
+  p.set_width(e.width);
   p.set_client_name(e.client_name);
   p.set_codec(e.codec);
   p.set_payload(e.payload);
@@ -146,7 +147,7 @@ StatusOr<std::vector<BufferEntry>> DecodeBufferJournal(std::string_view bytes, s
     if (p.version() < 1 || p.task_round() < 1 || p.task_round() > p.version() ||
         p.staleness() != p.version() - p.task_round() || p.weight() < 1 || p.steps() < 0 ||
         !std::isfinite(p.train_loss()) || !std::isfinite(p.scale()) || p.scale() < 0 ||
-        p.scale() > 1 || p.codec().empty()) {
+        p.scale() > 1 || p.codec().empty() || !(p.width() >= 0 && p.width() <= 1)) {
       return absl::DataLossError(absl::StrCat("record at byte ", at, " holds impossible values"));
     }
     BufferEntry e;
@@ -157,6 +158,7 @@ StatusOr<std::vector<BufferEntry>> DecodeBufferJournal(std::string_view bytes, s
     e.scale = p.scale();
     e.train_loss = p.train_loss();
     e.steps = p.steps();
+    e.width = p.width();
     e.client_name = p.client_name();
     e.codec = p.codec();
     e.payload = p.payload();

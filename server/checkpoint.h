@@ -45,6 +45,7 @@ struct BufferEntry {
   float scale = 1;
   double train_loss = 0;
   int64_t steps = 0;
+  double width = 0;  // the task's submodel rate (TaskRecord::width); 0: the whole model
   std::string client_name;
   std::string codec;
   std::string payload;

@@ -225,7 +225,7 @@ class Coordinator : private RoundContext {
   void BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
                         RoundDriver& driver, bool evaluate_only) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BeginBufferLocked(int64_t version) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginBufferLocked(int64_t version, RoundDriver& driver) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
                        const RoundPlan& plan, int64_t deadline_ms) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -207,13 +207,14 @@ void Coordinator::BeginRoundLocked(int64_t round, const std::vector<std::string>
   driver_ = &driver;
 }
 
-void Coordinator::BeginBufferLocked(int64_t version) {
+void Coordinator::BeginBufferLocked(int64_t version, RoundDriver& driver) {
   std::vector<int64_t> declared;
   for (const auto& cid : AvailableLocked()) declared.push_back(sessions_[cid].num_examples);
   // The cap follows the connected clients; with none connected the last one holds.
   if (!declared.empty()) round_weights_ = RoundWeights(cfg_.aggregation, declared);
   strategy_->BeginRound(UpdateLayout(), shards_);
   current_round_ = version;
+  driver_ = &driver;
   ResetRoundBytes();
 }
 

@@ -212,6 +212,7 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     record.scale = claim.scale;
     record.train_loss = h.train_loss();
     record.steps = task.steps;
+    record.width = task.width;
     record.client_name = update.client_name;
     record.codec = h.codec();
   }

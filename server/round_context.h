@@ -107,8 +107,8 @@ class RoundContext {
                                 RoundDriver& driver, bool evaluate_only)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // An async buffer opens for `version`: as BeginRoundLocked with the available
-  // clients, but the tasks of earlier versions stay.
-  virtual void BeginBufferLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+  // clients and `driver`, but the tasks of earlier versions stay.
+  virtual void BeginBufferLocked(int64_t version, RoundDriver& driver) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // Sends each of `client_ids` its task of `round` (plan.FitFor); a task whose control
   // stream is closed fails. Releases mu() while sending.
   virtual void SendTasksLocked(int64_t round, const std::vector<std::string>& client_ids,

@@ -13,6 +13,11 @@
 //   CloseLocked        the round closed: the driver's metrics
 //   Fold               before the strategy steps: hand it what is not an upload
 //
+// Asynchronous buffers (scheduler.mode: async) call the width driver's too:
+// BufferOpenedLocked as each buffer opens, then PrepareTaskLocked, UploadLayoutLocked and
+// ClaimUploadLocked for tasks of this and earlier versions (and for journaled uploads
+// replayed after a restart), CloseLocked and Fold as the buffer is applied.
+//
 // The base class is the plain federated round: every hook does nothing and each
 // upload's delta goes to the strategy. SecAggDriver, SplitDriver and GossipDriver are
 // the others.
@@ -104,6 +109,9 @@ class RoundDriver {
   virtual Status Fold(const ParameterSet& /*start*/, int64_t /*weight*/) {
     return absl::OkStatus();
   }
+  // scheduler.mode: async: the buffer of model version `version` opened (tasks of earlier
+  // versions stay); an error fails the buffer.
+  virtual Status BufferOpenedLocked(int64_t /*version*/) { return absl::OkStatus(); }
   // The mode's driver: the run's model is loaded and nothing is served yet (the process
   // is quiet): one-time work, such as measuring what its models cost.
   virtual Status PrepareLocked() { return absl::OkStatus(); }

@@ -18,8 +18,8 @@ Registry<SchedulerKind>& Schedulers() {
       return std::make_unique<SyncRounds>(ctx, driver);
     };
     r->AddBuiltin("sync", {sync});
-    r->AddBuiltin("async", {[](RoundContext& ctx, RoundDriver&) -> std::unique_ptr<RoundScheduler> {
-                    return std::make_unique<AsyncBuffers>(ctx);
+    r->AddBuiltin("async", {[](RoundContext& ctx, RoundDriver& driver) -> std::unique_ptr<RoundScheduler> {
+                    return std::make_unique<AsyncBuffers>(ctx, driver);
                   }});
     r->AddBuiltin("gossip", {sync});
     return r;

@@ -40,6 +40,9 @@ struct TaskRecord {
   Clock::time_point deadline;
   Clock::time_point sent;
   int64_t steps = 0;
+  // Width-scaled submodels (WidthDriver): the rate of the submodel it trains; 0: none.
+  // It travels into the buffer's journal.
+  double width = 0;
   double train_loss = 0;
   int64_t num_examples = 0;    // the update's weight (RoundWeights), once done
   int64_t expected_size = 0;   // bytes of the update

@@ -151,7 +151,8 @@ class TurnRounds : public SyncRounds {
 
 class AsyncBuffers : public RoundScheduler {
  public:
-  explicit AsyncBuffers(RoundContext& ctx) : ctx_(ctx) {}
+  // `driver`: the plain federated round's, or width-scaled submodels' (WidthDriver).
+  AsyncBuffers(RoundContext& ctx, RoundDriver& driver) : ctx_(ctx), driver_(driver) {}
   // The coordinator's mutex, which guards the scheduler's state.
   Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
 
@@ -217,6 +218,7 @@ class AsyncBuffers : public RoundScheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
   RoundContext& ctx_;
+  RoundDriver& driver_;
   // Each session's measured speed, which sizes its tasks (scheduler.target_staleness).
   std::map<std::string, ClientSpeed> speeds_ ABSL_GUARDED_BY(ctx_.mu());
   // The open buffer's settings and start; applying_: it is being applied, and uploads

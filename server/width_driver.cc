@@ -163,10 +163,9 @@ int64_t WidthDriver::RankOf(double rate) const {
   return std::llround(rate * ctx_.model_spec().lora.rank);
 }
 
-Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients) {
+Status WidthDriver::OpenLocked(int64_t round) {
   round_ = round;
   rates_.clear();
-  task_rates_.clear();
   submodels_.clear();
   closed_ = Sums();
   start_ = Without(ctx_.GlobalLocked(), ctx_.frozen());
@@ -184,6 +183,11 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vect
     sums_.sum = std::make_shared<SubmodelSum>(start_);
   }
   if (!ctx_.config().width.distill.data.empty()) sums_.teachers = std::make_shared<Teachers>();
+  return absl::OkStatus();
+}
+
+Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients) {
+  RETURN_IF_ERROR(OpenLocked(round));
   for (const std::string& id : *clients) {
     const double rate = RateOfLocked(*ctx_.FindSessionLocked(id));
     RETURN_IF_ERROR(SubmodelLocked(rate).status());
@@ -196,19 +200,45 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vect
   return absl::OkStatus();
 }
 
+Status WidthDriver::BufferOpenedLocked(int64_t version) {
+  RETURN_IF_ERROR(OpenLocked(version));
+  // Every rate a task of this version may get, made now: tasks are prepared as clients
+  // become free, where nothing can fail.
+  const WidthConfig& w = ctx_.config().width;
+  std::vector<double> rates = {w.rate};
+  for (const WidthConfig::Client& c : w.clients) rates.push_back(c.rate);
+  if (NeedsProfile()) rates.insert(rates.end(), w.rates.begin(), w.rates.end());
+  for (double rate : rates) RETURN_IF_ERROR(SubmodelLocked(rate).status());
+  return absl::OkStatus();
+}
+
+StatusOr<std::shared_ptr<const WidthDriver::Placement>> WidthDriver::PlacementLocked(double rate, int64_t round) {
+  const WidthConfig& w = ctx_.config().width;
+  // A rank's adapters are the leading block; FedRolex's window starts one further each
+  // round (version); HeteroFL's is the leading one.
+  const int64_t roll = w.method == "fedrolex" ? round - 1 : 0;
+  auto it = placements_.find({rate, roll});
+  if (it != placements_.end()) return it->second;
+  ASSIGN_OR_RETURN(const ParameterSet* layout, LayoutLocked(rate));
+  auto p = std::make_shared<Placement>();
+  ASSIGN_OR_RETURN(p->kept, w.ranks() ? LeadingKept(start_, *layout)
+                                      : SubmodelKeptOf(ctx_.model_spec(), start_, *layout, roll));
+  p->positions = std::make_shared<const std::vector<std::vector<int64_t>>>(PositionsOf(start_, p->kept));
+  // FedRolex's windows of versions no task can still answer are not needed again.
+  const int64_t keep = ctx_.config().scheduler.async() ? ctx_.config().scheduler.max_staleness + 1 : 1;
+  for (auto old = placements_.begin(); old != placements_.end();) {
+    old = old->first.second < roll - keep ? placements_.erase(old) : std::next(old);
+  }
+  return placements_[{rate, roll}] = std::move(p);
+}
+
 StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
   auto it = submodels_.find(rate);
   if (it != submodels_.end()) return &it->second;
-  const WidthConfig& w = ctx_.config().width;
   ASSIGN_OR_RETURN(const ParameterSet* layout, LayoutLocked(rate));
-  // A rank's adapters are the leading block; FedRolex's window starts one further each
-  // round; HeteroFL's is the leading one.
-  const int64_t roll = w.method == "fedrolex" ? round_ - 1 : 0;
   Submodel s;
-  ASSIGN_OR_RETURN(s.kept, w.ranks() ? LeadingKept(start_, *layout)
-                                     : SubmodelKeptOf(ctx_.model_spec(), start_, *layout, roll));
-  s.positions = std::make_shared<const std::vector<std::vector<int64_t>>>(PositionsOf(start_, s.kept));
-  auto part = std::make_shared<const ParameterSet>(Gather(start_, *layout, *s.positions));
+  ASSIGN_OR_RETURN(s.placement, PlacementLocked(rate, round_));
+  auto part = std::make_shared<const ParameterSet>(Gather(start_, *layout, *s.placement->positions));
   auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(*part));
   s.digest = Sha256Hex(*blob);
   s.size = static_cast<int64_t>(blob->size());
@@ -218,8 +248,18 @@ StatusOr<WidthDriver::Submodel*> WidthDriver::SubmodelLocked(double rate) {
 }
 
 void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
-  const double rate = rates_.at(rec->client_id);
-  const Submodel& s = submodels_.at(rate);  // made by BeginLocked
+  // The round's clients' rates were chosen as it began; an async task's is its client's.
+  auto chosen = rates_.find(rec->client_id);
+  const Session* session = ctx_.FindSessionLocked(rec->client_id);
+  const double rate = chosen != rates_.end() ? chosen->second
+                      : session               ? RateOfLocked(*session)
+                                              : ctx_.config().width.rate;
+  StatusOr<Submodel*> made = SubmodelLocked(rate);  // made as the round or buffer opened
+  if (!made.ok()) {  // its upload, the whole model's delta, is refused
+    spdlog::error("round {}: no width-{} submodel for task {}: {}", round_, rate, rec->id, made.status().ToString());
+    return;
+  }
+  const Submodel& s = **made;
   if (ctx_.config().width.ranks()) {
     const int64_t rank = RankOf(rate);
     task->mutable_model()->mutable_lora()->set_rank(static_cast<int32_t>(rank));
@@ -231,7 +271,7 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   task->set_model_size(s.size);
   rec->expected_size = ctx_.update_codec() ? EncodedTensorsSize(*ctx_.update_codec(), *s.part)
                                            : static_cast<int64_t>(s.part->EncodedSize());
-  task_rates_[rec->id] = rate;
+  rec->width = rate;
   if (secagg_) {  // the masked vector: the submodel placed in the whole update layout
     secagg_->mu().AssertHeld();  // ctx_.mu()
     secagg_->PrepareTaskLocked(task, rec);
@@ -243,7 +283,7 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
       v1::SubmodelPlacement* p = sa->add_placement();
       p->set_offset(offset);
       for (int64_t d : whole.shape) p->add_shape(d);
-      for (const std::vector<int64_t>& dim : s.kept[t]) {
+      for (const std::vector<int64_t>& dim : s.placement->kept[t]) {
         v1::IndexList* list = p->add_dims();
         for (int64_t i : dim) list->add_index(i);
       }
@@ -253,25 +293,27 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
 }
 
 const ParameterSet* WidthDriver::UploadLayoutLocked(const TaskRecord& t) {
-  if (secagg_) return nullptr;  // a masked vector of the whole update layout
-  auto rate = task_rates_.find(t.id);
-  if (rate == task_rates_.end()) return nullptr;
-  auto s = submodels_.find(rate->second);
-  return s != submodels_.end() ? s->second.part.get() : nullptr;
+  if (secagg_ || t.width <= 0) return nullptr;  // secure aggregation: a masked vector of the whole layout
+  StatusOr<const ParameterSet*> layout = LayoutLocked(t.width);
+  return layout.ok() ? *layout : nullptr;
 }
 
 RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
-  auto rate = task_rates_.find(t.id);
-  if (rate == task_rates_.end()) return nullptr;
+  if (t.width <= 0) return nullptr;
+  const double rate = t.width;
   if (sums_.products) {
-    return [products = sums_.products, rank = RankOf(rate->second)](const std::vector<TensorView>& delta,
-                                                                    int64_t weight) -> Status {
+    return [products = sums_.products, rank = RankOf(rate)](const std::vector<TensorView>& delta,
+                                                            int64_t weight) -> Status {
       return products->Add(delta, rank, static_cast<double>(weight));
     };
   }
-  const Submodel& s = submodels_.at(rate->second);
+  StatusOr<std::shared_ptr<const Placement>> placement = PlacementLocked(rate, t.round);
+  if (!placement.ok()) {
+    return [s = placement.status()](const std::vector<TensorView>&, int64_t) { return s; };
+  }
+  const auto& positions = (*placement)->positions;
   if (sums_.dp) {  // the strategy clips and sums it, zero-padded
-    return [&ctx = ctx_, positions = s.positions,
+    return [&ctx = ctx_, positions,
             whole = std::make_shared<const ParameterSet>(start_.ZerosLike())](const std::vector<TensorView>& delta,
                                                                                int64_t weight) -> Status {
       ASSIGN_OR_RETURN(const ParameterSet placed, Placed(delta, *positions, *whole));
@@ -279,8 +321,12 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
       return absl::OkStatus();
     };
   }
-  return [sum = sums_.sum, updates = sums_.updates, positions = s.positions, teachers = sums_.teachers,
-          part = s.part, r = rate->second](const std::vector<TensorView>& delta, int64_t weight) -> Status {
+  // FedDF's teacher is the device's trained submodel: its start (this round's part) plus
+  // its delta (synchronous rounds only).
+  auto sub = submodels_.find(rate);
+  std::shared_ptr<const ParameterSet> part = sub != submodels_.end() ? sub->second.part : nullptr;
+  return [sum = sums_.sum, updates = sums_.updates, positions, teachers = part ? sums_.teachers : nullptr, part,
+          r = rate](const std::vector<TensorView>& delta, int64_t weight) -> Status {
     RETURN_IF_ERROR(updates ? updates->Add(delta, positions, static_cast<double>(weight))
                             : sum->Add(delta, *positions, static_cast<double>(weight)));
     if (teachers) {  // FedDF's teacher: the device's trained submodel
@@ -320,15 +366,18 @@ void WidthDriver::ClientLeftLocked(const std::string& client_id) {
 
 void WidthDriver::CloseLocked(int64_t round, RoundMetrics* m) {
   if (sums_.dp) sums_.holders = start_.ZerosLike();
+  const bool async = ctx_.config().scheduler.async();
   for (const auto& [id, t] : ctx_.TasksLocked()) {
-    auto rate = task_rates_.find(id);
-    if (rate == task_rates_.end() || t.state != TaskState::kDone) continue;
+    // An async buffer's uploads: the tasks resolved into it, of any version.
+    if (t.width <= 0 || t.state != TaskState::kDone || (async && t.resolved_in != round)) continue;
     const Session* s = ctx_.FindSessionLocked(t.client_id);
-    m->widths[s ? s->name : t.client_id] = rate->second;
-    if (sums_.dp) CountHolders(*submodels_.at(rate->second).positions, &sums_.holders);
+    m->widths[s ? s->name : t.client_id] = t.width;
+    StatusOr<std::shared_ptr<const Placement>> placement = PlacementLocked(t.width, t.round);
+    if (!placement.ok()) continue;  // made when its upload was claimed
+    if (sums_.dp) CountHolders(*(*placement)->positions, &sums_.holders);
     if (secagg_) {
-      sums_.masked[t.client_id] = {rate->second, t.num_examples};
-      sums_.positions[rate->second] = submodels_.at(rate->second).positions;
+      sums_.masked[t.client_id] = {t.width, t.num_examples};
+      sums_.positions[t.width] = (*placement)->positions;
     }
   }
   if (secagg_) {

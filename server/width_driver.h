@@ -87,6 +87,10 @@ class WidthDriver : public RoundDriver {
   // A client's evaluation would be of its submodel, not of the model the server holds.
   bool ClientsEvaluate() const override { return false; }
 
+  // scheduler.mode: async: the buffer's sums and every configured rate's submodel of
+  // model version `version`; uploads of earlier versions' tasks are placed by their own
+  // version's windows.
+  Status BufferOpenedLocked(int64_t version) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // width.assign: profile: measures each of width.rates' cost once, before anything is
   // served (the memory estimate reads the process's heap, which other threads disturb).
   Status PrepareLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
@@ -104,16 +108,27 @@ class WidthDriver : public RoundDriver {
   int64_t RankOf(double rate) const;
 
  private:
-  // A rate's submodel this round: its layout (values: the round's model) and where its
-  // tensors sit in the whole model's.
+  // Where a rate's submodel sits in the whole model in some round: per tensor, the whole
+  // tensor's indices it keeps per dimension, and its elements' flat positions.
+  struct Placement {
+    std::vector<Kept> kept;
+    std::shared_ptr<const std::vector<std::vector<int64_t>>> positions;
+  };
+  // A rate's placement for tasks of round (version) `round` (FedRolex's window moves with
+  // it), made once.
+  StatusOr<std::shared_ptr<const Placement>> PlacementLocked(double rate, int64_t round)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // A rate's submodel this round: its values (the round's model) at its placement, and
+  // the blob they are published as.
   struct Submodel {
     std::shared_ptr<const ParameterSet> part;
-    std::vector<Kept> kept;  // per tensor, the whole tensor's indices it keeps per dimension
-    std::shared_ptr<const std::vector<std::vector<int64_t>>> positions;
+    std::shared_ptr<const Placement> placement;
     std::string digest;
     int64_t size = 0;
   };
   StatusOr<Submodel*> SubmodelLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // A round (or async buffer) `round` opens: its start, its sums, no submodels yet.
+  Status OpenLocked(int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The layout (shapes; values unused) of what a device of `rate` trains, made once.
   StatusOr<const ParameterSet*> LayoutLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The model a device of `rate` trains.
@@ -136,7 +151,8 @@ class WidthDriver : public RoundDriver {
   std::map<std::string, double> assigned_ ABSL_GUARDED_BY(ctx_.mu());  // from profiles, by session id
   std::map<double, Submodel> submodels_ ABSL_GUARDED_BY(ctx_.mu());    // the round's, by rate
   std::map<std::string, double> rates_ ABSL_GUARDED_BY(ctx_.mu());     // the round's, by session id
-  std::map<std::string, double> task_rates_ ABSL_GUARDED_BY(ctx_.mu());  // by task id
+  // By (rate, roll): this round's and, async, those of the versions tasks may answer.
+  std::map<std::pair<double, int64_t>, std::shared_ptr<const Placement>> placements_ ABSL_GUARDED_BY(ctx_.mu());
   // The round's start in the update layout (LoRA: the adapters, without the frozen base).
   ParameterSet start_ ABSL_GUARDED_BY(ctx_.mu());
   // width.distill: the devices' trained submodels, by rate, added as they upload.

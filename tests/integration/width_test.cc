@@ -3,6 +3,7 @@
 // channels that HeteroFL's leading one never does.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 #include "tests/integration/federation.h"
@@ -55,6 +56,29 @@ TEST(WidthTest, ResNetSubmodelsWithStaticBatchNormTrainOneModel) {
   EXPECT_EQ(h[2].participants, 3);
   EXPECT_EQ(f.server->GlobalModel().Find("0.1.running_mean"), nullptr);
   EXPECT_GT(h[2].test_accuracy, 0.45) << "it learns (0.1 at the start; 0.55 in a run of this test)";
+}
+
+// Async buffers of submodels (scheduler.mode: async): three devices of three widths
+// train continuously from the newest version, FedRolex's windows moving with it; stale
+// uploads are placed by their own version's windows, and the model learns.
+TEST(WidthTest, DevicesOfThreeWidthsFillAsyncBuffers) {
+  Federation f;
+  f.Start(std::string(kWidthBase) + "run: {rounds: 6, seed: 3}\nclients: {min: 3}\n" +
+              "scheduler: {mode: async, buffer_size: 2, max_staleness: 3}\n"
+              "width: {method: fedrolex, clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.25}]}\n",
+          Options(3, 2000));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  const auto h = f.server->History();
+  ASSERT_EQ(h.size(), 6u);
+  std::set<double> rates;
+  for (const auto& r : h) {
+    EXPECT_EQ(r.participants, 2);
+    for (const auto& [name, rate] : r.widths) rates.insert(rate);
+  }
+  EXPECT_EQ(rates, (std::set<double>{0.25, 0.5, 1.0})) << "every tier's uploads went into some buffer";
+  EXPECT_LT(h[5].test_loss, h[0].test_loss - 0.3) << "it learns (2.29 to 1.34-1.68 in runs of this test)";
+  EXPECT_GT(h[5].test_accuracy, 0.3) << "0.1 at the start";
 }
 
 // Width-scaled submodels under an update codec: each device's int8 upload is decoded in

@@ -87,6 +87,10 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   EXPECT_TRUE(ParseJob("model: {name: resnet, batch_norm: static}\nwidth: {rate: 0.5}\n", "").ok());
   expect_error("width: {rate: 0.5}\nsplit: {mode: sfl-v2}", "do not combine with split learning");
   EXPECT_TRUE(ParseJob("width: {method: fedrolex, rate: 0.5}\nsecure_aggregation: {}\n", "").ok());
+  EXPECT_TRUE(ParseJob("width: {method: fedrolex, rate: 0.5}\nscheduler: {mode: async}\n", "").ok());
+  expect_error(std::string("model: {name: gpt, lora: {rank: 8}}\n") + "width: {method: flexlora, rate: 0.5}\nscheduler: {mode: async}",
+               "async with LoRA ranks");
+  expect_error("width: {rate: 0.5}\nscheduler: {mode: gossip}", "scheduler.mode: gossip");
   expect_error(std::string("model: {name: gpt, lora: {rank: 8}}\n") + "width: {method: hetlora, rate: 0.5}\nsecure_aggregation: {}",
                "secure_aggregation with LoRA ranks");
   expect_error("width: {rate: 0.5}\nsecure_aggregation: {}\ndp: {noise: distributed, clip: 1}", "dp under secure_aggregation");

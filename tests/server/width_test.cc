@@ -7,9 +7,11 @@
 // profile, each device's Profile picks its rate, and one no rate fits is left out.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -91,6 +93,75 @@ width: {clients: [{name: a, rate: 0.5}]}
   const auto h1 = server_->History();
   ASSERT_EQ(h1.size(), 1u);
   EXPECT_EQ(h1[0].widths, (std::map<std::string, double>{{"a", 0.5}, {"b", 1.0}}));
+}
+
+// Width-scaled submodels in async buffers (scheduler.mode: async): a's half-width
+// submodel delta and b's whole-model one are journaled into version 1's buffer; a server
+// restarted on the run directory adds a's again in its own layout (the journal keeps its
+// rate); c's whole-model upload completes the buffer, whose model is the per-element
+// mean over the holders of each element, weighted by examples.
+TEST_F(WidthTest, AsyncBuffersPlaceSubmodelsAndReplayThemAfterARestart) {
+  const std::string run_dir = ::testing::TempDir() + "/cleave-width-async-" + std::to_string(::getpid());
+  std::filesystem::remove_all(run_dir);
+  auto options = [&] {
+    ServerOptions o;
+    o.config = TestConfig(R"(
+run: {rounds: 1}
+model: {name: mlp, input: [4], classes: 3}
+data: {test: ""}
+clients: {min: 1, round_deadline_s: 60}
+scheduler: {mode: async, buffer_size: 3, max_staleness: 2, staleness: constant}
+server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
+width: {clients: [{name: a, rate: 0.5}]}
+)");
+    o.run_dir = run_dir;
+    return o;
+  };
+  StartServerWith(options());
+  const ParameterSet initial = server_->GlobalModel();
+  auto upload = [](TestPeer& peer, const v1::Task& task, const ParameterSet& delta, int64_t examples) {
+    const std::string payload = delta.Encode();
+    v1::UploadHeader up = peer.Header(task, examples);
+    up.set_total_size(static_cast<int64_t>(payload.size()));
+    return peer.RawUpload(up, {payload});
+  };
+  {
+    TestPeer a(address_, 100), b(address_, 300);
+    ASSERT_TRUE(a.Join("a"));
+    ASSERT_TRUE(b.Join("b"));
+    auto ta = a.NextTask(), tb = b.NextTask();
+    ASSERT_TRUE(ta && tb);
+    EXPECT_DOUBLE_EQ(ta->model().width(), 0.5);
+    auto blob = FetchBlob(a.stub(), a.welcome().client_id(), a.welcome().session_token(), ta->model_digest());
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    const ParameterSet sub = *ParameterSet::Decode(*blob);
+    ASSERT_EQ(sub.tensors()[2].shape, (std::vector<int64_t>{100, 100}));
+    ASSERT_TRUE(upload(a, *ta, Filled(sub, 1.0f), 100).ok());
+    ASSERT_TRUE(upload(b, *tb, Filled(initial, 3.0f), 300).ok());
+    EXPECT_EQ(server_->committed_round(), 0);
+    server_->Stop();
+    runner_.join();
+  }
+  server_.reset();
+  StartServerWith(options());
+  TestPeer c(address_, 200);
+  ASSERT_TRUE(c.Join("c"));
+  auto tc = c.NextTask();
+  ASSERT_TRUE(tc);
+  EXPECT_DOUBLE_EQ(tc->model().width(), 1.0);
+  ASSERT_TRUE(upload(c, *tc, Filled(initial, 6.0f), 200).ok());
+  ASSERT_TRUE(c.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  const ParameterSet next = server_->GlobalModel();
+  auto shift = [&](size_t t, size_t i) { return next.tensors()[t].values[i] - initial.tensors()[t].values[i]; };
+  EXPECT_NEAR(shift(0, 0), (100 * 1.0 + 300 * 3.0 + 200 * 6.0) / 600, 1e-5);  // row 0: all three
+  EXPECT_NEAR(shift(0, 4 * 150), (300 * 3.0 + 200 * 6.0) / 500, 1e-5);         // row 150: not a
+  const auto h = server_->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].participants, 3);
+  EXPECT_EQ(h[0].widths.at("c"), 1.0);
+  std::filesystem::remove_all(run_dir);
 }
 
 // width.assign: profile. Each device's Profile picks the largest of width.rates it
