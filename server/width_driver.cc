@@ -194,6 +194,22 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vect
     rates_[id] = rate;
   }
   if (secagg_) {  // masked vectors of the whole update layout
+    // The elements of the widest rate's window alone are summed over its devices only: as
+    // many as the masking's threshold, or the server would read fewer devices' sum.
+    double widest = 0;
+    int holders = 0;
+    for (const auto& [id, rate] : rates_) {
+      if (rate > widest) holders = 0;
+      widest = std::max(widest, rate);
+      if (rate == widest) ++holders;
+    }
+    const int t = ctx_.config().secure_aggregation.t;
+    if (holders < t) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "round ", round, ": under secure aggregation only ", holders, " of the round's devices hold rate ", widest,
+          "'s widest elements, whose sum the server would read as theirs alone; secure_aggregation.t = ", t,
+          " needs as many (give the widest rate more devices)"));
+    }
     secagg_->mu().AssertHeld();  // ctx_.mu()
     return secagg_->BeginLocked(round, fit, clients);
   }

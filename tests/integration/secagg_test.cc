@@ -61,14 +61,14 @@ TEST(SecureAggregationTest, TheModelIsPlainFedAvgsUpToQuantization) {
   }
 }
 
-// Width-scaled submodels under secure aggregation: five devices of three widths each
-// mask the whole model's layout with their submodel placed in it, and the round's model
-// is HeteroFL's per-element mean up to quantization, with and without a device (a
-// width-1/4 one) lost after training.
-TEST(SecureAggregationTest, SubmodelsOfThreeWidthsMaskOneLayout) {
+// Width-scaled submodels under secure aggregation: five devices of two widths each mask
+// the whole model's layout with their submodel placed in it, and the round's model is
+// HeteroFL's per-element mean up to quantization, with and without a device (a half-
+// width one) lost after training. A round whose widest rate has fewer devices than the
+// masking's threshold t is refused: the server would read their sum alone.
+TEST(SecureAggregationTest, SubmodelsOfTwoWidthsMaskOneLayout) {
   const std::string widths =
-      "width: {method: fedrolex, clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.5}, "
-      "{name: client-3, rate: 0.25}, {name: client-4, rate: 0.25}]}\n";
+      "width: {method: fedrolex, clients: [{name: client-3, rate: 0.5}, {name: client-4, rate: 0.5}]}\n";
   for (bool crash : {false, true}) {
     auto run = [&](bool secure, RoundMetrics* m) {
       auto opts = Options(5, 5000);
@@ -91,6 +91,14 @@ TEST(SecureAggregationTest, SubmodelsOfThreeWidthsMaskOneLayout) {
     // Every upload was the whole layout's masked vector, not the submodel.
     EXPECT_GT(secure_m.update_bytes, plain_m.update_bytes);
   }
+  Federation f;
+  f.Start(std::string(kJob) + kSecAgg +
+              "width: {clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.5}, "
+              "{name: client-3, rate: 0.5}, {name: client-4, rate: 0.5}]}\n",
+          Options(5, 1000));
+  f.Join();
+  EXPECT_FALSE(f.server_status.ok());
+  EXPECT_NE(f.server_status.ToString().find("secure_aggregation.t = 3"), std::string::npos) << f.server_status;
 }
 
 // Distributed DP: clients clip and add their share of the noise before masking; the
