@@ -530,6 +530,22 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     };
   }
   so.peer = {opts.tls_ca, opts.tls_cert, opts.tls_key, opts.name};
+  // Interoperable architectures: the device's base and fusion (its stages before the
+  // cut) are its own, kept as personal layers: from its model's initialisation until it
+  // has trained them.
+  ParameterSet own;
+  if (m->spec.name == "interop") {
+    auto head = ModelPart::Create(m->spec, 0, task.split().cut());
+    if (!head.ok()) return head.status();
+    own = (*head)->Parameters();
+    std::vector<std::string> names;
+    for (const Tensor& t : own.tensors()) names.push_back(t.name);
+    if (personal.size() == 0 && !PersonalFile().empty()) {
+      personal = LoadPersonal(PersonalFile(), PersonalKey(task), names, own);
+    }
+    if (personal.size() > 0) RETURN_IF_ERROR(Overwrite(personal, &own));
+    so.own = &own;
+  }
   // A pipeline under secure aggregation: keys and shares before the chain runs.
   std::optional<SecAggClient> secagg;
   if (task.has_secagg()) {
@@ -543,6 +559,14 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     return r.status();
   }
   if (!r.ok()) return r.status();
+  if (so.own != nullptr) {
+    personal = std::move(r->own);
+    if (!PersonalFile().empty()) {
+      if (Status s = WriteFileAtomic(PersonalFile(), PersonalKey(task) + "\n" + personal.Encode()); !s.ok()) {
+        spdlog::warn("personal layers not saved: {}", s.ToString());
+      }
+    }
+  }
   const double seconds = r->stats.wall_s() * r->stats.steps();
   v1::UploadReply reply;
   if (secagg) {  // the part masked in the round's vector, weighted by the chain's owner

@@ -283,7 +283,14 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
   if (ushaped_ && !o_.model_dir.empty()) {
     return absl::InvalidArgumentError("a U-shaped task's part is not read from --model-dir");
   }
-  RETURN_IF_ERROR(LoadSplitPart(*head_, part, task_, o_));
+  if (o_.own != nullptr) {  // the device's own stages: the server sent none of them
+    if (part.size() != 0 || ushaped_ || pipeline_) {
+      return absl::InvalidArgumentError("a device's own stages take a cut with nothing of them sent");
+    }
+    RETURN_IF_ERROR(head_->LoadFrom(*o_.own));
+  } else {
+    RETURN_IF_ERROR(LoadSplitPart(*head_, part, task_, o_));
+  }
   if (ushaped_) {
     ASSIGN_OR_RETURN(tail_, ModelPart::Create(o_.model, st_.tail_begin(), st_.num_stages()));
     RETURN_IF_ERROR(LoadPart(*tail_, part, o_.base, o_.quantized));
@@ -553,6 +560,7 @@ StatusOr<SplitTaskResult> SplitTaskRun::Result(const ParameterSet& part) const {
     if (src == nullptr) return absl::InternalError(absl::StrCat("no trained ", p.name));
     RETURN_IF_ERROR(result.trained.Add(*src));
   }
+  if (o_.own != nullptr) result.own = std::move(h);
   result.examples = data_.size;
   result.loss = loss_n_ ? loss_sum_ / loss_n_ : 0;
   auto& s = result.stats;

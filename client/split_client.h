@@ -18,6 +18,7 @@ namespace cleave {
 
 struct SplitTaskResult {
   ParameterSet trained;   // the client part after training (the layout of `part`)
+  ParameterSet own;       // with SplitTaskOptions::own: the device's own stages, trained
   int64_t examples = 0;   // per epoch
   double loss = 0;        // mean loss over the last epoch
   v1::SplitStats stats;
@@ -48,6 +49,10 @@ struct SplitTaskOptions {
   std::string model_dir;
   // A pipeline's data owner: how it dials the chain's next device.
   PeerLink peer;
+  // Interoperable architectures (model.name interop): the device's own values of its
+  // stages (its private base and fusion), which the server never sends; the task's part
+  // is then empty, and the trained values come back in SplitTaskResult::own.
+  const ParameterSet* own = nullptr;
 };
 
 // The local training a task's TrainConfig asks for (whole-model or split); the caller

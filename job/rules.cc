@@ -40,7 +40,15 @@ Status CheckModel(const JobConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("model.name interop (devices' own bases) does not combine with ", what, " yet"));
     };
-    if (c.split.enabled()) return no("split learning");
+    // Split learning: the device's base and fusion are its part, the shared block the
+    // server's; modes that relay or average the devices' parts, or move the cut, need
+    // parts of one architecture.
+    if (c.split.enabled() && (c.split.mode != "sfl-v1" && c.split.mode != "sfl-v2")) {
+      return no("split.mode " + c.split.mode + " (sfl-v1 and sfl-v2 keep each device's part its own)");
+    }
+    RETURN_IF_ERROR(Range(!c.split.enabled() || c.split.cut == 2, "split.cut",
+                          "2 with model.name interop (the device's base and fusion; the server's part is the "
+                          "shared block)"));
     if (c.width.enabled) return no("width");
     if (c.scheduler.mode == "gossip") return no("scheduler.mode: gossip (peers exchange whole models)");
   }

@@ -241,5 +241,45 @@ clients: {min: 3, quorum: 1.0}
   EXPECT_GT(h[3].client_eval.accuracy, 0.5) << "0.1 at the start";
 }
 
+// Interoperable architectures in split learning (sfl-v2, cut 2): each device runs its own
+// base and fusion and sends the fusion's activations; the server trains the shared block
+// on all of them. Nothing of a device's stages travels either way (its task's part and
+// its upload are empty), the server never changes them, the block learns, and each
+// device's own stages train (the loss falls).
+TEST(InteropTest, ThreeBasesShareTheServersBlockAcrossTheCut) {
+  Federation f;
+  f.Start(R"(
+model: {name: interop, interop: {base: mlp, width: 32, clients: [{name: client-1, base: lenet5}, {name: client-2, base: cnn}]}}
+data: {test: ""}
+server: {heartbeat_s: 0.5, client_timeout_s: 30}
+train: {local_epochs: 1, batch_size: 32, optimizer: adam, lr: 0.002}
+run: {rounds: 3, seed: 3}
+clients: {min: 3, quorum: 1.0}
+split: {mode: sfl-v2, cut: 2}
+)",
+          Options(3, 2000));
+  const ParameterSet start = f.server->GlobalModel();
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;
+  const auto h = f.server->History();
+  ASSERT_GE(h.size(), 3u);
+  const ParameterSet end = f.server->GlobalModel();
+  for (size_t t = 0; t < start.size(); ++t) {
+    const Tensor& a = start.tensors()[t];
+    if (InteropPrivate(a.name)) {
+      EXPECT_EQ(a.values, end.tensors()[t].values) << a.name << " is a device's own";
+    } else {
+      EXPECT_NE(a.values, end.tensors()[t].values) << a.name << " is the server's part";
+    }
+  }
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(h[r].participants, 3);
+    ASSERT_TRUE(h[r].split.has_value());
+    EXPECT_GT(h[r].split.value().activation_bytes_up, 0);
+  }
+  EXPECT_LT(h[2].train_loss, h[0].train_loss - 0.2) << "the devices' bases and the block learn";
+}
+
 }  // namespace
 }  // namespace cleave

@@ -114,7 +114,9 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("model: {name: interop, interop: {base: vgg}}\ndata: {test: \"\"}", "model.interop.base");
   expect_error("model: {name: interop, interop: {clients: [{name: a, base: gpt}]}}\ndata: {test: \"\"}",
                "model.interop.clients[].base");
-  expect_error(interop + "data: {test: \"\"}\nsplit: {mode: sfl-v2}", "does not combine with split");
+  expect_error(interop + "data: {test: \"\"}\nsplit: {mode: sfl-v2}", "split.cut");
+  expect_error(interop + "data: {test: \"\"}\nsplit: {mode: sl, cut: 2}", "split.mode sl");
+  EXPECT_TRUE(ParseJob(interop + "data: {test: \"\"}\nsplit: {mode: sfl-v2, cut: 2}\n", "").ok());
   EXPECT_TRUE(ParseJob(interop + "data: {test: \"\"}\n", "").ok());
   // Per-device LoRA ranks: a LoRA decoder, and rates that give whole ranks.
   const std::string lora = "model: {name: gpt, lora: {rank: 8}}\n";
