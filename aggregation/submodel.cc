@@ -300,6 +300,48 @@ Status SubmodelSum::Add(const std::vector<TensorView>& delta, const std::vector<
   return absl::OkStatus();
 }
 
+Status SubmodelSum::AddWeighted(const std::vector<TensorView>& delta, const std::vector<TensorView>& weights) {
+  if (delta.size() != sum_.size() || weights.size() != sum_.size()) {
+    return absl::InvalidArgumentError("a weighted sum of another layout");
+  }
+  std::vector<std::vector<float>> d(sum_.size()), w(sum_.size());
+  for (size_t t = 0; t < sum_.size(); ++t) {
+    if (static_cast<size_t>(delta[t].numel) != sum_[t].size() || static_cast<size_t>(weights[t].numel) != sum_[t].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", layout_.tensors()[t].name, " of another size"));
+    }
+    d[t].resize(sum_[t].size());
+    w[t].resize(sum_[t].size());
+    delta[t].Read(0, delta[t].numel, d[t].data());
+    weights[t].Read(0, weights[t].numel, w[t].data());
+  }
+  double most = 0;
+  for (const auto& v : w) {
+    for (float x : v) {
+      if (!std::isfinite(x) || x < 0) return absl::InvalidArgumentError("an element's weight is negative or not finite");
+      most = std::max(most, static_cast<double>(x));
+    }
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  total_ += most;
+  for (size_t t = 0; t < d.size(); ++t) {
+    for (size_t i = 0; i < d[t].size(); ++i) {
+      sum_[t][i] += static_cast<double>(w[t][i]) * d[t][i];
+      weight_[t][i] += w[t][i];
+    }
+  }
+  return absl::OkStatus();
+}
+
+ParameterSet SubmodelSum::Weights() const {
+  std::lock_guard<std::mutex> l(mu_);
+  ParameterSet out = layout_;
+  for (size_t t = 0; t < out.size(); ++t) {
+    auto& v = out.mutable_tensors()[t].values;
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(weight_[t][i]);
+  }
+  return out;
+}
+
 ParameterSet SubmodelSum::Mean() const {
   std::lock_guard<std::mutex> l(mu_);
   ParameterSet out = layout_;

@@ -83,8 +83,13 @@ class SubmodelSum {
   // A device's update (its submodel's layout, as views) placed at `positions`, weighted.
   Status Add(const std::vector<TensorView>& delta, const std::vector<std::vector<int64_t>>& positions,
              double weight);
+  // A sum of devices' updates (an edge aggregator's mean, `delta`) whose elements carry
+  // weights of their own (`weights`, the same layout: each element's holders' weight).
+  Status AddWeighted(const std::vector<TensorView>& delta, const std::vector<TensorView>& weights);
   // Per element, the weighted mean over the devices that hold it; 0 where none does.
   ParameterSet Mean() const;
+  // Per element, the weight of the devices that hold it.
+  ParameterSet Weights() const;
   // HetLoRA's zero-padded mean, as a change of `start` (the values the devices started
   // from): each device's values (start plus its delta) padded with zeros where it holds
   // no element, averaged over all the devices; an element only some hold shrinks

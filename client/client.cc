@@ -271,6 +271,7 @@ v1::ClientMessage Client::Impl::JoinMessage() const {
   join->set_num_examples(DeclaredExamples());
   join->set_protocol_version(1);
   join->set_peer_address(peer_address);
+  join->set_edge(static_cast<bool>(opts.aggregate));
   return m;
 }
 

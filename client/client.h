@@ -96,6 +96,9 @@ struct ClientOptions {
     ParameterSet delta;
     int64_t examples = 0;
     double loss = 0;
+    // Under an upstream with width-scaled submodels: each element's weight (the examples
+    // of the devices below that hold it), in the delta's layout; uploaded after it.
+    ParameterSet weights;
   };
   std::function<StatusOr<Aggregate>(const v1::Task& task, const ParameterSet& model)> aggregate;
   // The example count declared at Join (0 = train.size); uploads claim at most this.

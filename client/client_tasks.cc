@@ -233,6 +233,24 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Under an upstream with width-scaled submodels: the mean, then each element's share of
+  // this edge's weight (every element held by all its devices when they train the whole
+  // model).
+  if (task.model().width() > 0 && !secagg) {
+    const ParameterSet mean = r.delta;
+    for (size_t t = 0; t < mean.size(); ++t) {
+      const Tensor& x = mean.tensors()[t];
+      Tensor share{x.name + "#weight", x.shape, std::vector<float>(x.values.size(), 1.0f)};
+      if (r.weights.size() > 0) {
+        if (!r.weights.SameLayout(mean)) return absl::InternalError("the edge's weights are not its mean's layout");
+        const auto& w = r.weights.tensors()[t].values;
+        for (size_t i = 0; i < w.size(); ++i) {
+          share.values[i] = r.examples > 0 ? std::min(1.0f, w[i] / static_cast<float>(r.examples)) : 0.0f;
+        }
+      }
+      RETURN_IF_ERROR(r.delta.Add(std::move(share)));
+    }
+  }
   v1::UploadReply reply;
   if (secagg) {
     ASSIGN_OR_RETURN(reply, secagg->Submit(stub, w, task, r.delta, r.examples, r.examples, r.loss, seconds,

@@ -322,6 +322,7 @@ StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const F
     for (size_t j = 0; j < v.size(); ++j) v[j] -= s[j];
   }
   r.examples = m->examples;
+  r.weights = mode_driver_->ElementWeights();
   r.metrics = *std::move(m);
   return r;
 }

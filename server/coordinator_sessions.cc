@@ -137,6 +137,7 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
     s.token = RandomHex(16);
     s.num_examples = join.num_examples();
     s.peer_address = join.peer_address();
+    s.edge = join.edge();
     s.link = std::move(link);
     s.last_seen = clock_->Now();
     welcome->set_run_id(run_id_);

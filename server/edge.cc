@@ -20,7 +20,9 @@ Status CheckEdgeConfig(const FederationConfig& c) {
   if (c.dp.enabled) return no("dp belongs to the top coordinator");
   if (c.split.enabled()) return no("split.mode is not supported");
   if (c.scheduler.async()) return no("scheduler.mode must be sync");
-  if (c.width.enabled) return no("width (devices of unequal size) is not supported yet");
+  if (c.width.enabled && (c.width.ranks() || !c.width.distill.data.empty() || c.secure_aggregation.enabled)) {
+    return no("width takes heterofl or fedrolex submodels here, without width.distill or secure_aggregation");
+  }
   if (!c.model.personal.empty() || c.model.lora.rank > 0 || c.model.name == "interop") {
     return no("models with personal, frozen (LoRA) or private (interop) tensors are not supported");
   }
@@ -44,7 +46,13 @@ Status Edge::Run() {
                      server_->RunEdgeRound(model, FitFromProto(task.train()), task.train().seed()));
     spdlog::info("upstream round {}: {} participants, {} examples, handing up their mean",
                  task.round(), r.metrics.participants, r.examples);
-    return ClientOptions::Aggregate{std::move(r.delta), r.examples, r.metrics.train_loss};
+    ClientOptions::Aggregate a{std::move(r.delta), r.examples, r.metrics.train_loss, std::move(r.weights)};
+    if (a.weights.size() > 0 && task.model().width() <= 0) {
+      return absl::FailedPreconditionError(
+          "this edge's devices train width-scaled submodels: its upstream must run width too (each element's "
+          "mean needs its weight there)");
+    }
+    return a;
   };
   spdlog::info("edge: {} examples across this server's clients; joining {}", examples,
                o.server);

@@ -134,6 +134,10 @@ class RoundDriver {
   // Whether a round makes a new model on the server (false: gossip rounds, where the
   // clients' models never reach it; the round is committed as it closes).
   virtual bool Aggregates() const { return true; }
+  // The last round's weight of each element in the update layout (width-scaled
+  // submodels: the examples of the devices that held it); empty when every element has
+  // the round's weight. An edge aggregator hands it up with its mean.
+  virtual ParameterSet ElementWeights() const { return ParameterSet(); }
   // The secure aggregation the driver's rounds run, which takes the clients' stage
   // messages: the driver itself, or one it composes (a pipeline's, width's); null: none.
   virtual SecAggDriver* secure_aggregation() { return nullptr; }

@@ -73,6 +73,7 @@ struct Session {
   std::string token;
   int64_t num_examples = 0;
   std::string peer_address;  // where it serves Peer (gossip rounds); empty: it does not
+  bool edge = false;         // an edge aggregator (Join.edge)
   std::shared_ptr<ClientLink> link;  // its control stream
   bool ready = false;  // Welcome queued: tasks may follow it
   // Why it refused a task for lack of memory (TaskAck.code RESOURCE_EXHAUSTED); while

@@ -160,6 +160,9 @@ struct EdgeRound {
   ParameterSet delta;    // the participants' weighted mean update
   int64_t examples = 0;  // their weights, summed
   RoundMetrics metrics;
+  // Width-scaled submodels: each element's weight, the examples of the participants that
+  // held it (RoundDriver::ElementWeights); empty otherwise.
+  ParameterSet weights;
 };
 
 class Server {

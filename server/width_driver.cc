@@ -49,6 +49,7 @@ WidthDriver::WidthDriver(RoundContext& ctx) : ctx_(ctx) {
 }
 
 double WidthDriver::RateOfLocked(const Session& s) const {
+  if (s.edge) return 1.0;  // an edge aggregator: its devices' rates are its own
   const WidthConfig& w = ctx_.config().width;
   if (auto pinned = Pinned(w, s.name)) return *pinned;
   auto assigned = assigned_.find(s.id);
@@ -163,8 +164,20 @@ int64_t WidthDriver::RankOf(double rate) const {
   return std::llround(rate * ctx_.model_spec().lora.rank);
 }
 
+const ParameterSet& WidthDriver::EdgeLayoutLocked() {
+  if (edge_layout_.size() == 0) {  // the mean, then its weights
+    edge_layout_ = start_.ZerosLike();
+    for (const Tensor& x : start_.tensors()) {
+      edge_layout_.Add(Tensor{x.name + kEdgeWeightSuffix, x.shape, std::vector<float>(x.values.size(), 0.0f)})
+          .IgnoreError();  // the names are the start's, each with the suffix: all new
+    }
+  }
+  return edge_layout_;
+}
+
 Status WidthDriver::OpenLocked(int64_t round) {
   round_ = round;
+  edge_layout_ = ParameterSet();
   rates_.clear();
   submodels_.clear();
   closed_ = Sums();
@@ -287,6 +300,7 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   task->set_model_size(s.size);
   rec->expected_size = ctx_.update_codec() ? EncodedTensorsSize(*ctx_.update_codec(), *s.part)
                                            : static_cast<int64_t>(s.part->EncodedSize());
+  if (session != nullptr && session->edge) rec->expected_size = static_cast<int64_t>(EdgeLayoutLocked().EncodedSize());
   rec->width = rate;
   if (secagg_) {  // the masked vector: the submodel placed in the whole update layout
     secagg_->mu().AssertHeld();  // ctx_.mu()
@@ -310,6 +324,7 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
 
 const ParameterSet* WidthDriver::UploadLayoutLocked(const TaskRecord& t) {
   if (secagg_ || t.width <= 0) return nullptr;  // secure aggregation: a masked vector of the whole layout
+  if (const Session* s = ctx_.FindSessionLocked(t.client_id); s != nullptr && s->edge) return &EdgeLayoutLocked();
   StatusOr<const ParameterSet*> layout = LayoutLocked(t.width);
   return layout.ok() ? *layout : nullptr;
 }
@@ -321,6 +336,33 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
     return [products = sums_.products, rank = RankOf(rate)](const std::vector<TensorView>& delta,
                                                             int64_t weight) -> Status {
       return products->Add(delta, rank, static_cast<double>(weight));
+    };
+  }
+  if (const Session* s = ctx_.FindSessionLocked(t.client_id); s != nullptr && s->edge) {
+    if (!sums_.sum) {
+      return [](const std::vector<TensorView>&, int64_t) -> Status {
+        return absl::FailedPreconditionError(
+            "an edge aggregator's per-element mean needs the plain mean of submodels (aggregation.rule mean, "
+            "no dp or secure aggregation)");
+      };
+    }
+    return [sum = sums_.sum, n = start_.size()](std::vector<TensorView> views, int64_t weight) -> Status {
+      if (views.size() != 2 * n) return absl::InvalidArgumentError("an edge's upload is its mean and its weights");
+      std::vector<TensorView> weights(views.begin() + static_cast<std::ptrdiff_t>(n), views.end());
+      views.resize(n);
+      // Each element's share of the edge's weight, which is bounded as any device's.
+      for (TensorView& w : weights) {
+        std::vector<float> v(static_cast<size_t>(w.numel));
+        w.Read(0, w.numel, v.data());
+        for (float x : v) {
+          if (!(x >= 0 && x <= 1)) {
+            return absl::InvalidArgumentError(absl::StrCat("an edge's weight share ", x, " of ", std::string(w.name),
+                                                           " is not in [0, 1]"));
+          }
+        }
+        w.scale = static_cast<float>(weight);
+      }
+      return sum->AddWeighted(views, weights);
     };
   }
   StatusOr<std::shared_ptr<const Placement>> placement = PlacementLocked(rate, t.round);
@@ -481,6 +523,7 @@ Status WidthDriver::Fold(const ParameterSet& start, int64_t /*weight*/) {
     ASSIGN_OR_RETURN(change, closed.updates->Aggregate(ctx_.config().aggregation));
   } else if (closed.sum) {
     change = ctx_.config().width.method == "hetlora" ? closed.sum->ZeroPadded(start) : closed.sum->Mean();
+    last_weights_ = closed.sum->Weights();
   } else {
     return absl::InternalError("width: no closed round to aggregate");
   }

@@ -30,6 +30,12 @@
 // weights of the survivors that hold it. A device's masked upload is the whole model's
 // length: under secure aggregation a small device's upload does not shrink.
 //
+// An edge aggregator (Join.edge) is a device of rate 1 whose upload is its devices'
+// per-element mean followed by each element's share of its weight, in [0, 1]
+// (kEdgeWeightSuffix), added per element at the edge's bounded weight
+// (SubmodelSum::AddWeighted). As an edge itself, the driver keeps each round's
+// per-element weights (ElementWeights) for the edge to hand up.
+//
 // With dp (DP-FedAvg, central noise) each upload goes to the strategy zero-padded to the
 // whole model (Placed), where it is clipped like any update: a device's sensitivity is
 // its submodel's clipped norm. The round tells the strategy each element's holders
@@ -81,6 +87,8 @@ class WidthDriver : public RoundDriver {
   void TaskFailedLocked(const TaskRecord& t) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void ClientLeftLocked(const std::string& client_id) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   SecAggDriver* secure_aggregation() override { return secagg_.get(); }
+  // The last round's per-element weights (this server as an edge aggregator).
+  ParameterSet ElementWeights() const override { return last_weights_; }
   void CloseLocked(int64_t round, RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The round's per-element mean delta, as one update.
   Status Fold(const ParameterSet& start, int64_t weight) override;
@@ -127,6 +135,8 @@ class WidthDriver : public RoundDriver {
     int64_t size = 0;
   };
   StatusOr<Submodel*> SubmodelLocked(double rate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // An edge aggregator's upload layout: the start's tensors, then their weight shares.
+  const ParameterSet& EdgeLayoutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // A round (or async buffer) `round` opens: its start, its sums, no submodels yet.
   Status OpenLocked(int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The layout (shapes; values unused) of what a device of `rate` trains, made once.
@@ -155,6 +165,7 @@ class WidthDriver : public RoundDriver {
   std::map<std::pair<double, int64_t>, std::shared_ptr<const Placement>> placements_ ABSL_GUARDED_BY(ctx_.mu());
   // The round's start in the update layout (LoRA: the adapters, without the frozen base).
   ParameterSet start_ ABSL_GUARDED_BY(ctx_.mu());
+  ParameterSet edge_layout_ ABSL_GUARDED_BY(ctx_.mu());  // an edge's upload: the start's, then weights
   // width.distill: the devices' trained submodels, by rate, added as they upload.
   struct Teachers {
     std::mutex mu;
@@ -184,6 +195,12 @@ class WidthDriver : public RoundDriver {
   Status DistillInto(ParameterSet* whole, const Teachers& teachers, int64_t round);
   std::optional<Dataset> distill_data_;  // width.distill.data, loaded at the first round
   std::unique_ptr<SecAggDriver> secagg_;  // with secure_aggregation
+  ParameterSet last_weights_;             // the last folded round's, per element (round thread)
 };
+
+// An edge aggregator's upload under width-scaled submodels: its mean's tensors, then
+// each one's per-element shares of the edge's weight under the name NAME +
+// kEdgeWeightSuffix.
+inline constexpr char kEdgeWeightSuffix[] = "#weight";
 
 }  // namespace cleave

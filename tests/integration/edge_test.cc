@@ -38,7 +38,8 @@ std::string Address(const Server& s) { return "127.0.0.1:" + std::to_string(s.po
 
 // The flat federation of `data` under one coordinator for `rounds` rounds, and the same
 // clients under `edges` edge aggregators (client i under edge i mod edges) that join one
-// top coordinator; `top` and `edge` are the two levels' extra configuration.
+// top coordinator; `top` and `edge` are the two levels' extra configuration, `flat` the
+// flat one's.
 struct TwoRuns {
   ParameterSet initial, flat, two_level;
   std::vector<RoundMetrics> top_history;
@@ -46,14 +47,14 @@ struct TwoRuns {
 };
 
 TwoRuns RunFlatAndTwoLevels(const std::vector<ClientOptions>& data, int edges, int rounds,
-                            const std::string& top, const std::string& edge) {
+                            const std::string& top, const std::string& edge, const std::string& flat = "") {
   SetTorchThreads(1);
   const int n = static_cast<int>(data.size());
   TwoRuns out;
   {
     Federation f;
     f.Start(absl::StrCat(kTop, "run: {rounds: ", rounds, ", seed: 5}\nclients: {min: ", n,
-                         ", quorum: 1.0}\n"),
+                         ", quorum: 1.0}\n", flat),
             data);
     f.Join();
     EXPECT_TRUE(f.server_status.ok()) << f.server_status;
@@ -144,6 +145,22 @@ TEST(EdgeTest, TwoLevelsMakeTheFlatModel) {
   EXPECT_EQ(r.top_history[0].participants, 2);
   EXPECT_EQ(r.top_history[0].examples, 4 * 500) << "each edge claims its clients' examples";
   for (int64_t rounds : r.edge_rounds) EXPECT_EQ(rounds, 2);
+  const Diff d = Compare(r);
+  EXPECT_LT(d.max_diff, 1e-5 * std::max(1.0, d.max_abs));
+  EXPECT_GT(d.trained, 1e-2) << "two rounds moved the model from where both runs started";
+}
+
+// Width-scaled submodels under edges: each edge hands up its devices' per-element mean
+// with each element's share of its weight, and the top combines the edges' means per
+// element; two edges with devices of widths 1, 1/2 and 1/4 make the model the four make
+// under the top alone.
+TEST(EdgeTest, EdgesOfSubmodelsMakeTheFlatModel) {
+  const std::string widths =
+      "width: {clients: [{name: client-1, rate: 0.5}, {name: client-2, rate: 0.25}, {name: client-3, rate: 0.5}]}\n";
+  const TwoRuns r = RunFlatAndTwoLevels(Named(Options(4, 2000)), 2, 2, "width: {}\n", widths, widths);
+  ASSERT_GE(r.top_history.size(), 2u);
+  EXPECT_EQ(r.top_history[0].participants, 2);
+  EXPECT_EQ(r.top_history[0].widths, (std::map<std::string, double>{{"edge-0", 1.0}, {"edge-1", 1.0}}));
   const Diff d = Compare(r);
   EXPECT_LT(d.max_diff, 1e-5 * std::max(1.0, d.max_abs));
   EXPECT_GT(d.trained, 1e-2) << "two rounds moved the model from where both runs started";
@@ -278,6 +295,8 @@ TEST(EdgeTest, AnEdgeMustHandUpAPlainMean) {
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("dp: {noise_multiplier: 1, clip: 1}\n")).ok());
   EXPECT_FALSE(CheckEdgeConfig(TestConfig("scheduler: {mode: async}\n")).ok());
   EXPECT_TRUE(CheckEdgeConfig(TestConfig("secure_aggregation: {}\n")).ok());
+  EXPECT_TRUE(CheckEdgeConfig(TestConfig("width: {method: fedrolex, rate: 0.5}\n")).ok());
+  EXPECT_FALSE(CheckEdgeConfig(TestConfig("width: {rate: 0.5}\nsecure_aggregation: {}\n")).ok());
   EXPECT_TRUE(CheckEdgeConfig(TestConfig("strategy: {name: fedavg}\n")).ok());
   auto shipped = LoadJob(CLEAVE_SOURCE_DIR "/deploy/examples/fmnist-edge.yaml");
   ASSERT_TRUE(shipped.ok()) << shipped.status();

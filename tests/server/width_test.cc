@@ -164,6 +164,52 @@ width: {clients: [{name: a, rate: 0.5}]}
   std::filesystem::remove_all(run_dir);
 }
 
+// An edge aggregator under width: its task is the whole model, and its upload is its mean
+// followed by each element's share of its weight. A share outside [0, 1] is refused and
+// changes nothing; a valid upload moves each element by the mean where its share is
+// positive and leaves the elements no device below the edge held.
+TEST_F(WidthTest, AnEdgeHandsUpItsMeanWithEachElementsShare) {
+  ServerOptions o;
+  o.config = TestConfig(R"(
+run: {rounds: 1}
+model: {name: mlp, input: [4], classes: 3}
+data: {test: ""}
+clients: {min: 1, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
+width: {}
+)");
+  StartServerWith(std::move(o));
+  const ParameterSet initial = server_->GlobalModel();
+  TestPeer e(address_, 100);
+  e.edge = true;
+  ASSERT_TRUE(e.Join("edge"));
+  auto task = e.NextTask();
+  ASSERT_TRUE(task);
+  EXPECT_DOUBLE_EQ(task->model().width(), 1.0);
+  auto upload = [&](float share) {
+    ParameterSet up = Filled(initial, 2.0f);
+    for (const Tensor& x : initial.tensors()) {
+      Tensor w{x.name + "#weight", x.shape, std::vector<float>(x.values.size(), share)};
+      w.values[0] = 0.0f;  // the first element of each tensor: nobody below held it
+      EXPECT_TRUE(up.Add(std::move(w)).ok());
+    }
+    const std::string payload = up.Encode();
+    v1::UploadHeader h = e.Header(*task, 100);
+    h.set_total_size(static_cast<int64_t>(payload.size()));
+    return e.RawUpload(h, {payload});
+  };
+  EXPECT_EQ(upload(1.5f).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(server_->GlobalModel().tensors()[0].values, initial.tensors()[0].values);
+  const grpc::Status ok = upload(0.5f);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  ASSERT_TRUE(e.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  const ParameterSet next = server_->GlobalModel();
+  EXPECT_NEAR(next.tensors()[0].values[1] - initial.tensors()[0].values[1], 2.0, 1e-6);
+  EXPECT_EQ(next.tensors()[0].values[0], initial.tensors()[0].values[0]) << "held by none below the edge";
+}
+
 // width.assign: profile. Each device's Profile picks the largest of width.rates it
 // admits: a no limits gets 1; b's memory budget holds rate 1/4 but not 1/2; d's link
 // (no compute time) moves rate 1/2's model and delta within width.max_task_s, not rate
