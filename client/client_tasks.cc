@@ -234,8 +234,8 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Under an upstream with width-scaled submodels: the mean, then each element's share of
-  // this edge's weight (every element held by all its devices when they train the whole
-  // model).
+  // this edge's weight as NAME#weight (kEdgeWeightSuffix, server/width_driver.h; every
+  // element held by all its devices when they train the whole model).
   if (task.model().width() > 0 && !secagg) {
     const ParameterSet mean = r.delta;
     for (size_t t = 0; t < mean.size(); ++t) {

@@ -46,6 +46,10 @@ Status Edge::Run() {
                      server_->RunEdgeRound(model, FitFromProto(task.train()), task.train().seed()));
     spdlog::info("upstream round {}: {} participants, {} examples, handing up their mean",
                  task.round(), r.metrics.participants, r.examples);
+    if (task.model().width() > 0 && task.has_secagg()) {
+      return absl::FailedPreconditionError(
+          "an upstream with width and secure aggregation: an edge's per-element weights cannot travel masked");
+    }
     ClientOptions::Aggregate a{std::move(r.delta), r.examples, r.metrics.train_loss, std::move(r.weights)};
     if (a.weights.size() > 0 && task.model().width() <= 0) {
       return absl::FailedPreconditionError(
