@@ -388,6 +388,7 @@ void AsyncBuffers::ReplayLocked() {
     t.num_examples = e.weight;
     t.steps = e.steps;
     t.width = e.width;
+    t.edge = e.edge;
     // The checks its upload passed, again: the journal is disk input. A submodel's is in
     // its own layout, and the driver adds it.
     const ParameterSet* own = driver_.UploadLayoutLocked(t);

@@ -105,6 +105,7 @@ std::string EncodeBufferRecord(const BufferEntry& e) {
   p.set_train_loss(e.train_loss);
   p.set_steps(e.steps);
   p.set_width(e.width);
+  p.set_edge(e.edge);
   p.set_client_name(e.client_name);
   p.set_codec(e.codec);
   p.set_payload(e.payload);
@@ -159,6 +160,7 @@ StatusOr<std::vector<BufferEntry>> DecodeBufferJournal(std::string_view bytes, s
     e.train_loss = p.train_loss();
     e.steps = p.steps();
     e.width = p.width();
+    e.edge = p.edge();
     e.client_name = p.client_name();
     e.codec = p.codec();
     e.payload = p.payload();

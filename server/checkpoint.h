@@ -46,6 +46,7 @@ struct BufferEntry {
   double train_loss = 0;
   int64_t steps = 0;
   double width = 0;  // the task's submodel rate (TaskRecord::width); 0: the whole model
+  bool edge = false;  // an edge aggregator's upload (TaskRecord::edge)
   std::string client_name;
   std::string codec;
   std::string payload;

@@ -213,6 +213,7 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     record.train_loss = h.train_loss();
     record.steps = task.steps;
     record.width = task.width;
+    record.edge = task.edge;
     record.client_name = update.client_name;
     record.codec = h.codec();
   }

@@ -40,9 +40,11 @@ struct TaskRecord {
   Clock::time_point deadline;
   Clock::time_point sent;
   int64_t steps = 0;
-  // Width-scaled submodels (WidthDriver): the rate of the submodel it trains; 0: none.
-  // It travels into the buffer's journal.
+  // Width-scaled submodels (WidthDriver): the rate of the submodel it trains; 0: none;
+  // and whether it is an edge aggregator's (its upload carries per-element weights).
+  // Both travel into the buffer's journal.
   double width = 0;
+  bool edge = false;
   double train_loss = 0;
   int64_t num_examples = 0;    // the update's weight (RoundWeights), once done
   int64_t expected_size = 0;   // bytes of the update

@@ -300,7 +300,8 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   task->set_model_size(s.size);
   rec->expected_size = ctx_.update_codec() ? EncodedTensorsSize(*ctx_.update_codec(), *s.part)
                                            : static_cast<int64_t>(s.part->EncodedSize());
-  if (session != nullptr && session->edge) rec->expected_size = static_cast<int64_t>(EdgeLayoutLocked().EncodedSize());
+  rec->edge = session != nullptr && session->edge;
+  if (rec->edge) rec->expected_size = static_cast<int64_t>(EdgeLayoutLocked().EncodedSize());
   rec->width = rate;
   if (secagg_) {  // the masked vector: the submodel placed in the whole update layout
     secagg_->mu().AssertHeld();  // ctx_.mu()
@@ -324,7 +325,7 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
 
 const ParameterSet* WidthDriver::UploadLayoutLocked(const TaskRecord& t) {
   if (secagg_ || t.width <= 0) return nullptr;  // secure aggregation: a masked vector of the whole layout
-  if (const Session* s = ctx_.FindSessionLocked(t.client_id); s != nullptr && s->edge) return &EdgeLayoutLocked();
+  if (t.edge) return &EdgeLayoutLocked();
   StatusOr<const ParameterSet*> layout = LayoutLocked(t.width);
   return layout.ok() ? *layout : nullptr;
 }
@@ -338,7 +339,7 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
       return products->Add(delta, rank, static_cast<double>(weight));
     };
   }
-  if (const Session* s = ctx_.FindSessionLocked(t.client_id); s != nullptr && s->edge) {
+  if (t.edge) {
     if (!sums_.sum) {
       return [](const std::vector<TensorView>&, int64_t) -> Status {
         return absl::FailedPreconditionError(

@@ -81,6 +81,8 @@ TEST(BufferJournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
   e.scale = 0.5f;
   e.train_loss = 0.25;
   e.steps = 7;
+  e.width = 0.25;
+  e.edge = true;
   e.client_name = "dev-3";
   e.codec = "fp32";
   e.payload = std::string(1000, 'x');
@@ -95,6 +97,8 @@ TEST(BufferJournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
   EXPECT_EQ(complete, two.size());
   EXPECT_EQ((*all)[0].task_round, 4);
   EXPECT_EQ((*all)[0].client_name, "dev-3");
+  EXPECT_EQ((*all)[0].width, 0.25);
+  EXPECT_TRUE((*all)[0].edge);
   EXPECT_EQ((*all)[0].payload, e.payload);
   EXPECT_EQ((*all)[1].staleness, 0);
   for (size_t cut : {one.size() + 3, one.size() + 20, two.size() - 1}) {
@@ -112,6 +116,10 @@ TEST(BufferJournalTest, TornTailsAreDroppedAndCorruptionIsRefused) {
   EXPECT_EQ(DecodeBufferJournal(flipped, &complete).status().code(),
             absl::StatusCode::kDataLoss);
   e.staleness = 3;  // does not add up to version - task_round
+  EXPECT_EQ(DecodeBufferJournal(EncodeBufferRecord(e) + one, &complete).status().code(),
+            absl::StatusCode::kDataLoss);
+  e.staleness = 0;
+  e.width = 1.5;  // no submodel is wider than the model
   EXPECT_EQ(DecodeBufferJournal(EncodeBufferRecord(e) + one, &complete).status().code(),
             absl::StatusCode::kDataLoss);
 }
