@@ -41,10 +41,10 @@ Status CheckModel(const JobConfig& c) {
           absl::StrCat("model.name interop (devices' own bases) does not combine with ", what, " yet"));
     };
     // Split learning: the device's base and fusion are its part, the shared block the
-    // server's; modes that relay or average the devices' parts, or move the cut, need
-    // parts of one architecture.
-    if (c.split.enabled() && (c.split.mode != "sfl-v1" && c.split.mode != "sfl-v2")) {
-      return no("split.mode " + c.split.mode + " (sfl-v1 and sfl-v2 keep each device's part its own)");
+    // server's; the U-shaped and pipeline modes put shared stages on devices, and a cut
+    // elsewhere would split a base or the block.
+    if (c.split.enabled() && c.split.mode != "sl" && c.split.mode != "sfl-v1" && c.split.mode != "sfl-v2") {
+      return no("split.mode " + c.split.mode + " (sl, sfl-v1 and sfl-v2 keep each device's part its own)");
     }
     RETURN_IF_ERROR(Range(!c.split.enabled() || c.split.cut == 2, "split.cut",
                           "2 with model.name interop (the device's base and fusion; the server's part is the "

@@ -249,14 +249,13 @@ TEST(InteropTest, ThreeBasesShareOneBlock) {
   EXPECT_GT(h[3].client_eval.accuracy, 0.5) << "0.1 at the start";
 }
 
-// Interoperable architectures in split learning (sfl-v2, cut 2): each device runs its own
-// base and fusion and sends the fusion's activations; the server trains the shared block
-// on all of them. Nothing of a device's stages travels either way (its task's part and
-// its upload are empty), the server never changes them, the block learns, and each
-// device's own stages train (the loss falls).
-TEST(InteropTest, ThreeBasesShareTheServersBlockAcrossTheCut) {
+// One interop split federation of `config` (three devices of three bases, three rounds):
+// nothing of a device's stages travels either way (its task's part and its upload are
+// empty), the server never changes them, the block learns, and each device's own stages
+// train (the loss falls).
+void ExpectTheServersBlockLearns(const std::string& config) {
   Federation f;
-  f.Start(std::string(kInterop) + "split: {mode: sfl-v2, cut: 2}\n", Options(3, 2000));
+  f.Start(config, Options(3, 2000));
   const ParameterSet start = f.server->GlobalModel();
   f.Join();
   ASSERT_TRUE(f.server_status.ok()) << f.server_status;
@@ -270,6 +269,16 @@ TEST(InteropTest, ThreeBasesShareTheServersBlockAcrossTheCut) {
     EXPECT_GT(h[r].split.value().activation_bytes_up, 0);
   }
   EXPECT_LT(h[2].train_loss, h[0].train_loss - 0.2) << "the devices' bases and the block learn";
+}
+
+// Interoperable architectures in split learning (sfl-v2, and sl's turns; cut 2): each
+// device runs its own base and fusion and sends the fusion's activations; the server
+// trains the shared block on all of them.
+TEST(InteropTest, ThreeBasesShareTheServersBlockAcrossTheCut) {
+  for (const char* mode : {"sfl-v2", "sl"}) {
+    SCOPED_TRACE(mode);
+    ExpectTheServersBlockLearns(std::string(kInterop) + "split: {mode: " + mode + ", cut: 2}\n");
+  }
 }
 
 }  // namespace
