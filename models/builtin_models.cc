@@ -93,10 +93,7 @@ int64_t Width(const ModelSpec& s, int64_t n) {
 // narrow tiers diverged without it).
 template <typename Layer>
 Layer Rescaled(const ModelSpec& s, Layer layer) {
-  if (s.width < 1) {
-    const double factor = std::sqrt(s.width);
-    for (auto& p : layer->parameters()) p.register_hook([factor](torch::Tensor g) { return g * factor; });
-  }
+  WidthScale(s.width).Rescale(*layer);
   return layer;
 }
 

@@ -58,21 +58,6 @@ struct GptEmbeddingImpl : nn::Module {
 };
 TORCH_MODULE(GptEmbedding);
 
-// A width-r submodel's projection back into the residual stream sums r of the terms the
-// whole model's does (fewer heads, a narrower MLP): as the built-in image models' scaler
-// (models/builtin_models.cc), its output is divided by sqrt(r), in training and
-// evaluation (the residual stream has no normalization of its own), and its weights'
-// gradients are multiplied by sqrt(r) again, so that they step as the whole model's.
-struct ProjectionScale {
-  explicit ProjectionScale(double width) : factor(std::sqrt(width)) {}
-  void Rescale(Conv1D& proj) const {
-    if (factor >= 1) return;
-    for (auto& p : proj->parameters()) p.register_hook([f = factor](torch::Tensor g) { return g * f; });
-  }
-  torch::Tensor operator()(torch::Tensor y) const { return factor >= 1 ? y : y / factor; }
-  double factor;
-};
-
 // `heads` heads of `head_dim` each (a width-r submodel keeps ceil(r H) of the whole
 // model's H, each of the same size).
 struct AttentionImpl : nn::Module {
@@ -82,7 +67,7 @@ struct AttentionImpl : nn::Module {
         c_attn(register_module("c_attn", Conv1D(dim, 3 * heads * head_dim))),
         c_proj(register_module("c_proj", Conv1D(heads * head_dim, dim))),
         scale(width) {
-    scale.Rescale(c_proj);
+    scale.Rescale(*c_proj);
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), hd = head_dim;
@@ -102,7 +87,7 @@ struct AttentionImpl : nn::Module {
   }
   int64_t heads, head_dim;
   Conv1D c_attn, c_proj;
-  ProjectionScale scale;
+  WidthScale scale;
   torch::Tensor mask;  // not a buffer: it is not part of the model's state
 };
 TORCH_MODULE(Attention);
@@ -113,11 +98,11 @@ struct MlpImpl : nn::Module {
       : c_fc(register_module("c_fc", Conv1D(dim, hidden))),
         c_proj(register_module("c_proj", Conv1D(hidden, dim))),
         scale(width) {
-    scale.Rescale(c_proj);
+    scale.Rescale(*c_proj);
   }
   torch::Tensor forward(const torch::Tensor& x) { return scale(c_proj(torch::gelu(c_fc(x), "tanh"))); }
   Conv1D c_fc, c_proj;
-  ProjectionScale scale;
+  WidthScale scale;
 };
 TORCH_MODULE(Mlp);
 

@@ -20,6 +20,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "models/model.h"
 
 namespace cleave {
@@ -29,6 +31,23 @@ namespace cleave {
 // [batch, T] token ids (any dtype: split learning carries them as floats), T <=
 // context; the output is [batch, T, vocab] logits.
 torch::nn::Sequential BuildGpt(const ModelSpec& spec);
+
+// A width-r submodel's layer whose inputs were cut sums r of the terms the whole model's
+// does (fewer channels, heads or MLP features): its output is divided by sqrt(r), in
+// training and evaluation, and its parameters' gradients are multiplied by sqrt(r) again,
+// so that they step as the whole model's would (models/builtin_models.cc says why not
+// HeteroFL's ÷ r). For the decoders' projections back into the residual stream, which
+// has no normalization of its own, and the built-in image models' layers. Width 1:
+// nothing.
+struct WidthScale {
+  explicit WidthScale(double width) : factor(std::sqrt(width)) {}
+  void Rescale(torch::nn::Module& layer) const {
+    if (factor >= 1) return;
+    for (auto& p : layer.parameters()) p.register_hook([f = factor](torch::Tensor g) { return g * f; });
+  }
+  torch::Tensor operator()(const torch::Tensor& y) const { return factor >= 1 ? y : y / factor; }
+  double factor;
+};
 
 // An untied language-model head's weight, [vocab, dim] as nn.Linear without bias (the
 // GPT-style and the Llama-family decoders').

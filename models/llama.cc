@@ -132,14 +132,6 @@ torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const tor
   return x * cos + rotated * sin;
 }
 
-// A width-r submodel's projection back into the residual stream: its output divided by
-// sqrt(r) and its parameters' gradients multiplied by it (as the GPT-style decoder's;
-// models/gpt.cc says why).
-void ScaleResidual(Projection& proj, double factor) {
-  if (factor >= 1) return;
-  for (auto& p : proj->parameters()) p.register_hook([factor](torch::Tensor g) { return g * factor; });
-}
-
 struct SelfAttentionImpl : nn::Module {
   SelfAttentionImpl(const DecoderConfig& c, const std::shared_ptr<Codec>& q, double width)
       : heads(c.heads), kv_heads(c.kv_heads), hd(c.head_dim), window(c.sliding_window),
@@ -148,8 +140,8 @@ struct SelfAttentionImpl : nn::Module {
         k_proj(register_module("k_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, q))),
         v_proj(register_module("v_proj", Projection(c.dim, c.kv_heads * c.head_dim, c.qkv_bias, q))),
         o_proj(register_module("o_proj", Projection(c.heads * c.head_dim, c.dim, c.o_bias, q))),
-        out_scale(std::sqrt(width)) {
-    ScaleResidual(o_proj, out_scale);
+        scale(width) {
+    scale.Rescale(*o_proj);
     if (c.qk_norm) {
       q_norm = register_module("q_norm", RmsNorm(c.head_dim, c.rms_eps));
       k_norm = register_module("k_norm", RmsNorm(c.head_dim, c.rms_eps));
@@ -185,7 +177,7 @@ struct SelfAttentionImpl : nn::Module {
     att = torch::softmax(att.view({b, kv_heads, rep, t, total}) + mask, -1);
     auto y = torch::matmul(att.view({b, kv_heads, rep * t, total}), v);  // b kv rep*t hd
     y = y.view({b, heads, t, hd}).transpose(1, 2).reshape({b, t, heads * hd});
-    return out_scale < 1 ? o_proj(y) / out_scale : o_proj(y);
+    return scale(o_proj(y));
   }
 
   // The cos / sin tables of positions [past, past + t) and the mask of those t queries
@@ -211,7 +203,7 @@ struct SelfAttentionImpl : nn::Module {
   bool caching = false;
   torch::Tensor k_cache, v_cache;
   Projection q_proj, k_proj, v_proj, o_proj;
-  double out_scale;  // sqrt(width)
+  WidthScale scale;
   RmsNorm q_norm{nullptr}, k_norm{nullptr};
 };
 TORCH_MODULE(SelfAttention);
@@ -221,15 +213,14 @@ struct SwiGluImpl : nn::Module {
       : gate_proj(register_module("gate_proj", Projection(c.dim, c.ffn, c.mlp_bias, q))),
         up_proj(register_module("up_proj", Projection(c.dim, c.ffn, c.mlp_bias, q))),
         down_proj(register_module("down_proj", Projection(c.ffn, c.dim, c.mlp_bias, q))),
-        out_scale(std::sqrt(width)) {
-    ScaleResidual(down_proj, out_scale);
+        scale(width) {
+    scale.Rescale(*down_proj);
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto y = down_proj(torch::silu(gate_proj(x)) * up_proj(x));
-    return out_scale < 1 ? y / out_scale : y;
+    return scale(down_proj(torch::silu(gate_proj(x)) * up_proj(x)));
   }
   Projection gate_proj, up_proj, down_proj;
-  double out_scale;  // sqrt(width)
+  WidthScale scale;
 };
 TORCH_MODULE(SwiGlu);
 

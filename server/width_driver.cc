@@ -15,6 +15,7 @@
 #include "models/hf_config.h"
 #include "models/model.h"
 #include "server/options.h"
+#include "server/secagg_driver.h"
 #include "server/split_driver.h"
 #include "server/server.h"
 
@@ -47,6 +48,8 @@ StatusOr<std::vector<Kept>> SubmodelKeptOf(const ModelSpec& spec, const Paramete
 WidthDriver::WidthDriver(RoundContext& ctx) : ctx_(ctx) {
   if (ctx.config().secure_aggregation.enabled) secagg_ = std::make_unique<SecAggDriver>(ctx);
 }
+
+WidthDriver::~WidthDriver() = default;
 
 double WidthDriver::RateOfLocked(const Session& s) const {
   if (s.edge) return 1.0;  // an edge aggregator: its devices' rates are its own

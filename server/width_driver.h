@@ -56,9 +56,10 @@
 #include "split/cut_policy.h"
 #include "server/round_context.h"
 #include "server/round_driver.h"
-#include "server/secagg_driver.h"
 
 namespace cleave {
+
+class SecAggDriver;  // server/secagg_driver.h
 
 // Where `sub`, a width-scaled submodel of the model `spec` describes, sits in `whole` (the
 // whole model's layout) with its windows at `roll` (FedRolex's round - 1; 0: HeteroFL's
@@ -70,6 +71,7 @@ StatusOr<std::vector<Kept>> SubmodelKeptOf(const ModelSpec& spec, const Paramete
 class WidthDriver : public RoundDriver {
  public:
   explicit WidthDriver(RoundContext& ctx);
+  ~WidthDriver() override;
 
   // The rate of each of the round's clients, their submodels, and the round's sum; an
   // error (a rate the model has no submodel for) fails the round.
