@@ -744,9 +744,6 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
   v1::UploadReply reply;
   if (secagg) {
     if (task.has_dp()) AddDpNoise(task.dp(), &delta);
-    if (task.secagg().length() > 0) {  // a submodel, placed in the whole model's layout
-      ASSIGN_OR_RETURN(delta, MaskedSubmodelVector(task.secagg(), delta));
-    }
     ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, delta, stats.examples, stats.examples,
                                            stats.loss, stats.seconds, &emulator, c.next));
   } else {

@@ -51,6 +51,9 @@ struct SecAggClient::State {
   int index = -1;
   std::map<int, crypto::Bytes> mask_keys, enc_keys;  // the neighbours' public keys
   std::map<int, secagg::SharesFor> held;             // shares the neighbours gave us
+  // Per-slice masking: our positions and the neighbours', by graph index (else empty).
+  secagg::Slices slices;
+  v1::SecAggTask task;  // our placement, to check the delta against
 };
 
 SecAggClient::SecAggClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -70,6 +73,12 @@ StatusOr<SecAggClient> SecAggClient::Prepare(v1::Coordinator::Stub* stub, const 
   st->params.modulus = sa.modulus();
   st->params.context = absl::StrCat(task.run_id(), "|round ", task.round());
   st->max_weight = sa.max_weight();
+  st->task = sa;
+  std::shared_ptr<const secagg::Positions> mine;
+  if (sa.length() > 0) {
+    ASSIGN_OR_RETURN(auto positions, PlacedPositions(sa.placement(), sa.length()));
+    mine = std::make_shared<const secagg::Positions>(std::move(positions));
+  }
 
   // Stage 1: fresh keys for this round.
   ASSIGN_OR_RETURN(st->keys, secagg::NewClientKeys());
@@ -94,7 +103,15 @@ StatusOr<SecAggClient> SecAggClient::Prepare(v1::Coordinator::Stub* stub, const 
     }
     st->mask_keys[p.index()] = p.mask_public_key();
     st->enc_keys[p.index()] = p.enc_public_key();
+    if (mine) {
+      auto theirs = PlacedPositions(p.placement(), sa.length());
+      if (!theirs.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("neighbour ", p.index(), ": ", theirs.status().message()));
+      }
+      st->slices[p.index()] = std::make_shared<const secagg::Positions>(std::move(*theirs));
+    }
   }
+  if (mine) st->slices[st->index] = mine;
   if (static_cast<int>(neighbours.size()) < st->params.t) {
     return absl::FailedPreconditionError(absl::StrCat(
         neighbours.size(), " neighbours; the threshold t = ", st->params.t, " needs more"));
@@ -126,6 +143,17 @@ StatusOr<SecAggClient> SecAggClient::Prepare(v1::Coordinator::Stub* stub, const 
                                         st->keys.enc_key.private_key, st->enc_keys[c.from()],
                                         st->params));
   }
+  if (mine) {
+    // Each of our values must be under some pair mask, or unmasking our self mask would
+    // show it to the server alone.
+    std::vector<const secagg::Positions*> theirs;
+    for (const auto& [v, shares] : st->held) theirs.push_back(st->slices.at(v).get());
+    if (const int64_t alone = secagg::Uncovered(*mine, theirs); alone > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          alone, " of our ", mine->size(), " values are held by none of the ", theirs.size(),
+          " neighbours we would mask with: the server would read them alone; not taking part"));
+    }
+  }
   return SecAggClient(std::move(st));
 }
 
@@ -150,46 +178,43 @@ StatusOr<ParameterSet> MaskedPipelineVector(const v1::SplitTask& split, const Pa
   return out;
 }
 
-StatusOr<ParameterSet> MaskedSubmodelVector(const v1::SecAggTask& secagg, const ParameterSet& delta) {
-  const int64_t length = secagg.length();
-  const auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("the task's submodel placement does not fit its delta: ", why));
+StatusOr<std::vector<int64_t>> PlacedPositions(
+    const google::protobuf::RepeatedPtrField<v1::SubmodelPlacement>& placement, int64_t length) {
+  const auto bad = [](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("a submodel placement does not fit: ", why));
   };
-  if (length <= 0 || length > (int64_t{1} << 34) || secagg.placement_size() != static_cast<int>(delta.size())) {
-    return bad(absl::StrCat(secagg.placement_size(), " tensors placed in ", length, " values, ", delta.size(),
-                            " tensors trained"));
-  }
-  Tensor v{"masked", {length}, std::vector<float>(static_cast<size_t>(length), 0.0f)};
-  for (size_t i = 0; i < delta.size(); ++i) {
-    const Tensor& t = delta.tensors()[i];
-    const v1::SubmodelPlacement& p = secagg.placement(static_cast<int>(i));
-    if (p.shape_size() != static_cast<int>(t.shape.size()) || p.dims_size() != p.shape_size()) {
-      return bad(absl::StrCat("tensor ", t.name, " has ", t.shape.size(), " dimensions"));
-    }
-    int64_t whole = 1;
+  if (length <= 0 || length > (int64_t{1} << 34)) return bad(absl::StrCat("a vector of ", length, " values"));
+  std::vector<int64_t> out;
+  for (const v1::SubmodelPlacement& p : placement) {
+    if (p.dims_size() != p.shape_size()) return bad(absl::StrCat(p.dims_size(), " kept lists for ", p.shape_size(), " dimensions"));
+    int64_t whole = 1, kept = 1;
     for (int d = 0; d < p.shape_size(); ++d) {
       const int64_t size = p.shape(d);
-      if (size < 1 || p.dims(d).index_size() != t.shape[d]) return bad(absl::StrCat("tensor ", t.name, " dimension ", d));
+      if (size < 1 || size > length) return bad(absl::StrCat("dimension of ", size));
       for (int64_t k : p.dims(d).index()) {
-        if (k < 0 || k >= size) return bad(absl::StrCat("tensor ", t.name, " index ", k, " outside ", size));
+        if (k < 0 || k >= size) return bad(absl::StrCat("index ", k, " outside ", size));
       }
       whole *= size;
+      kept *= p.dims(d).index_size();
+      if (whole > length) return bad("a tensor larger than the vector");
     }
-    if (p.offset() < 0 || p.offset() > length - whole) return bad(absl::StrCat("tensor ", t.name, " at ", p.offset()));
+    if (p.offset() < 0 || p.offset() > length - whole) return bad(absl::StrCat("a tensor at ", p.offset()));
+    if (static_cast<int64_t>(out.size()) + kept > length) return bad("more values than the vector holds");
     // Row-major over the kept indices of each dimension.
     std::vector<int> digit(p.dims_size(), 0);
-    for (float value : t.values) {
+    for (int64_t e = 0; e < kept; ++e) {
       int64_t flat = 0;
       for (int d = 0; d < p.dims_size(); ++d) flat = flat * p.shape(d) + p.dims(d).index(digit[d]);
-      v.values[p.offset() + flat] = value;
+      out.push_back(p.offset() + flat);
       for (int d = p.dims_size(); d-- > 0;) {
         if (++digit[d] < p.dims(d).index_size()) break;
         digit[d] = 0;
       }
     }
   }
-  ParameterSet out;
-  RETURN_IF_ERROR(out.Add(std::move(v)));
+  std::vector<int64_t> sorted = out;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return bad("two values at one position");
   return out;
 }
 
@@ -199,6 +224,16 @@ StatusOr<v1::UploadReply> SecAggClient::Submit(v1::Coordinator::Stub* stub, cons
                                                DeviceEmulator* emulator, const NextMessage& next,
                                                const v1::SplitStats* split) {
   State& st = *state_;
+  if (!st.slices.empty()) {  // our submodel's tensors, of the placement's kept shapes
+    bool fits = st.task.placement_size() == static_cast<int>(delta.size());
+    for (size_t i = 0; fits && i < delta.size(); ++i) {
+      const auto& p = st.task.placement(static_cast<int>(i));
+      const auto& shape = delta.tensors()[i].shape;
+      fits = p.dims_size() == static_cast<int>(shape.size());
+      for (int d = 0; fits && d < p.dims_size(); ++d) fits = p.dims(d).index_size() == shape[d];
+    }
+    if (!fits) return absl::InvalidArgumentError("the trained submodel does not have the task's placement's shapes");
+  }
   // Stage 3: clip, scale by our weight, quantize (stochastic rounding), mask.
   const double ratio = std::min(1.0, static_cast<double>(weight) / st.max_weight);
   std::vector<float> x;
@@ -217,7 +252,7 @@ StatusOr<v1::UploadReply> SecAggClient::Submit(v1::Coordinator::Stub* stub, cons
   for (const auto& [v, shares] : st.held) mask_with.insert(v);
   ASSIGN_OR_RETURN(std::vector<uint64_t> y,
                    secagg::Mask(st.index, secagg::Quantize(x, st.params, rng), st.keys, mask_with,
-                                st.mask_keys, st.params));
+                                st.mask_keys, st.params, st.slices.empty() ? nullptr : &st.slices));
   const int width = st.params.modulus <= (uint64_t{1} << 32) ? 4 : 8;
   std::string payload(y.size() * width, '\0');
   for (size_t i = 0; i < y.size(); ++i) {

@@ -27,10 +27,12 @@ using NextMessage = std::function<Status(v1::ServerMessage*)>;
 // begins at its secagg_offsets entry. INVALID_ARGUMENT when they do not fit.
 StatusOr<ParameterSet> MaskedPipelineVector(const v1::SplitTask& split, const ParameterSet& delta);
 
-// A width-scaled submodel's device under secure aggregation: the vector it masks,
-// `secagg`'s length values, zero but at each tensor of `delta`'s elements as its
-// placement says (SecAggTask.placement). INVALID_ARGUMENT when they do not fit.
-StatusOr<ParameterSet> MaskedSubmodelVector(const v1::SecAggTask& secagg, const ParameterSet& delta);
+// Per-slice masking (a width-scaled submodel's device): where a submodel's values sit in
+// the summed vector of `length` values, from its placement (one entry per tensor,
+// row-major over each dimension's kept indices). INVALID_ARGUMENT when a tensor or index
+// falls outside, or two values would share a position.
+StatusOr<std::vector<int64_t>> PlacedPositions(
+    const google::protobuf::RepeatedPtrField<v1::SubmodelPlacement>& placement, int64_t length);
 
 class SecAggClient {
  public:
@@ -42,7 +44,8 @@ class SecAggClient {
   static StatusOr<SecAggClient> Prepare(v1::Coordinator::Stub* stub, const v1::Welcome& w,
                                         const v1::Task& task, const NextMessage& next);
   // Stages 3 and 4: `delta` is the trained model minus the global one (a pipeline's
-  // device: its masked vector, MaskedPipelineVector), scaled by `weight` over max_weight
+  // device: its masked vector, MaskedPipelineVector; a submodel's: its own tensors, of the
+  // shapes SecAggTask.placement keeps), scaled by `weight` over max_weight
   // (its examples; a pipeline's device: its chain's weight); `examples` is what the
   // upload declares; `split`, a split task's stats.
   StatusOr<v1::UploadReply> Submit(v1::Coordinator::Stub* stub, const v1::Welcome& w,

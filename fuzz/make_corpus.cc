@@ -68,7 +68,7 @@ std::string SecAggSession() {
   session += fuzz::SecAggRecord(fuzz::kClose, 0, "");
   if (!round.CloseStage().ok()) return session;
   for (int i = 0; i < fuzz::kSecAggClients; ++i) {
-    const std::string masked = RandomBytes(rng, round.PayloadSize());
+    const std::string masked = RandomBytes(rng, round.PayloadSize(clients[i]));
     (void)round.AddMasked(clients[i], masked);
     session += fuzz::SecAggRecord(fuzz::kMasked, i, masked);
   }

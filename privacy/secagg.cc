@@ -24,13 +24,23 @@ StatusOr<Bytes> PairSeed(int u, int v, const Bytes& private_key, const Bytes& pe
                             32);
 }
 
-// out += sign * PRG(seed), mod M.
-Status AddPrg(std::vector<uint64_t>& out, const Bytes& seed, bool subtract, const Params& p) {
-  ASSIGN_OR_RETURN(std::vector<uint64_t> mask, crypto::MaskPrg(seed, p.modulus, out.size()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = subtract ? SubMod(out[i], mask[i], p.modulus) : AddMod(out[i], mask[i], p.modulus);
+// out += sign * PRG(seed), mod M; with `at`, PRG(seed)'s i-th value goes to out[at[i]].
+Status AddPrg(std::vector<uint64_t>& out, const Bytes& seed, bool subtract, const Params& p,
+              const std::vector<int64_t>* at = nullptr) {
+  const size_t n = at ? at->size() : out.size();
+  ASSIGN_OR_RETURN(std::vector<uint64_t> mask, crypto::MaskPrg(seed, p.modulus, n));
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t& o = out[at ? static_cast<size_t>((*at)[i]) : i];
+    o = subtract ? SubMod(o, mask[i], p.modulus) : AddMod(o, mask[i], p.modulus);
   }
   return absl::OkStatus();
+}
+
+// `indices` into `slice`, as the positions they hold.
+std::vector<int64_t> At(const Positions& slice, const std::vector<int64_t>& indices) {
+  std::vector<int64_t> out(indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) out[i] = slice[indices[i]];
+  return out;
 }
 
 }  // namespace
@@ -68,12 +78,41 @@ std::vector<uint64_t> Quantize(const std::vector<float>& x, const Params& p, std
 }
 
 std::vector<double> DequantizeSum(const std::vector<uint64_t>& sum, int count, const Params& p) {
+  return DequantizeSum(sum, std::vector<int>(sum.size(), count), p);
+}
+
+std::vector<double> DequantizeSum(const std::vector<uint64_t>& sum, const std::vector<int>& counts,
+                                  const Params& p) {
   const double levels = std::ldexp(1.0, p.bits) - 1;
   std::vector<double> out(sum.size());
   for (size_t i = 0; i < sum.size(); ++i) {
-    out[i] = static_cast<double>(sum[i]) / levels * (2 * p.clip) - count * p.clip;
+    out[i] = static_cast<double>(sum[i]) / levels * (2 * p.clip) - counts[i] * p.clip;
   }
   return out;
+}
+
+std::vector<int64_t> SharedIndices(const Positions& mine, const Positions& theirs) {
+  std::vector<int64_t> order(mine.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return mine[a] < mine[b]; });
+  Positions sorted = theirs;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> out;
+  auto t = sorted.begin();
+  for (int64_t i : order) {
+    t = std::lower_bound(t, sorted.end(), mine[i]);
+    if (t == sorted.end()) break;
+    if (*t == mine[i]) out.push_back(i);
+  }
+  return out;
+}
+
+int64_t Uncovered(const Positions& mine, const std::vector<const Positions*>& theirs) {
+  std::vector<char> covered(mine.size(), 0);
+  for (const Positions* other : theirs) {
+    for (int64_t i : SharedIndices(mine, *other)) covered[i] = 1;
+  }
+  return std::count(covered.begin(), covered.end(), 0);
 }
 
 StatusOr<ClientKeys> NewClientKeys() {
@@ -176,16 +215,40 @@ void AddMod(std::vector<uint64_t>& sum, const std::vector<uint64_t>& y, uint64_t
   for (size_t i = 0; i < sum.size(); ++i) sum[i] = AddMod(sum[i], y[i], modulus);
 }
 
+void AddMod(std::vector<uint64_t>& sum, const std::vector<uint64_t>& y, const Positions& at, uint64_t modulus) {
+  for (size_t i = 0; i < y.size(); ++i) sum[at[i]] = AddMod(sum[at[i]], y[i], modulus);
+}
+
 StatusOr<std::vector<uint64_t>> Mask(int u, const std::vector<uint64_t>& x, const ClientKeys& keys,
                                      const std::set<int>& neighbours,
-                                     const std::map<int, Bytes>& public_keys, const Params& p) {
+                                     const std::map<int, Bytes>& public_keys, const Params& p,
+                                     const Slices* slices) {
+  const auto slice_of = [&](int c) -> StatusOr<const Positions*> {
+    auto it = slices->find(c);
+    if (it == slices->end() || !it->second) return absl::FailedPreconditionError(absl::StrCat("no slice of ", c));
+    return it->second.get();
+  };
+  const Positions* mine = nullptr;
+  if (slices) {
+    ASSIGN_OR_RETURN(mine, slice_of(u));
+    if (mine->size() != x.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client ", u, ": ", x.size(), " values for a slice of ", mine->size()));
+    }
+  }
   std::vector<uint64_t> y = x;
   RETURN_IF_ERROR(AddPrg(y, keys.self_seed, false, p));
   for (int v : neighbours) {
     auto pk = public_keys.find(v);
     if (pk == public_keys.end()) return absl::FailedPreconditionError(absl::StrCat("no key of ", v));
     ASSIGN_OR_RETURN(Bytes seed, PairSeed(u, v, keys.mask_key.private_key, pk->second, p));
-    RETURN_IF_ERROR(AddPrg(y, seed, /*subtract=*/v < u, p));
+    if (slices) {
+      ASSIGN_OR_RETURN(const Positions* theirs, slice_of(v));
+      const std::vector<int64_t> shared = SharedIndices(*mine, *theirs);
+      RETURN_IF_ERROR(AddPrg(y, seed, /*subtract=*/v < u, p, &shared));
+    } else {
+      RETURN_IF_ERROR(AddPrg(y, seed, /*subtract=*/v < u, p));
+    }
   }
   return y;
 }
@@ -198,6 +261,15 @@ StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<st
           absl::StrCat("client ", v, ": a survivor's mask key must never be reconstructed"));
     }
   }
+  const bool sliced = !in.slices.empty();
+  for (int u : sliced ? in.survivors : std::set<int>{}) {
+    auto it = in.slices.find(u);
+    if (it == in.slices.end() || !it->second) return absl::InvalidArgumentError(absl::StrCat("no slice of ", u));
+    for (int v : graph[u]) {
+      if (!in.slices.count(v) || !in.slices.at(v)) return absl::InvalidArgumentError(absl::StrCat("no slice of ", v));
+    }
+  }
+  const auto slice = [&](int c) { return in.slices.at(c).get(); };
   std::vector<uint64_t> sum = in.masked_sum;
   for (int u : in.survivors) {
     // Remove u's self mask.
@@ -207,7 +279,7 @@ StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<st
           absl::StrCat("client ", u, ": fewer than ", p.t, " shares of its self mask"));
     }
     ASSIGN_OR_RETURN(Bytes seed, crypto::ShamirCombine(shares->second, p.t, 32));
-    RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/true, p));
+    RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/true, p, sliced ? slice(u) : nullptr));
   }
   // Remove the pairwise masks survivors shared with dropped clients (those between two
   // survivors cancel).
@@ -226,7 +298,12 @@ StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<st
       if (!in.survivors.count(u)) continue;
       ASSIGN_OR_RETURN(Bytes seed, PairSeed(u, v, key, public_keys.at(u), p));
       // u added PRG(s_uv) when v > u and subtracted it when v < u: undo that.
-      RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/v > u, p));
+      if (sliced) {
+        const std::vector<int64_t> at = At(*slice(u), SharedIndices(*slice(u), *slice(v)));
+        RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/v > u, p, &at));
+      } else {
+        RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/v > u, p));
+      }
     }
   }
   return sum;

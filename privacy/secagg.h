@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <vector>
@@ -38,6 +39,22 @@ std::vector<std::set<int>> NeighbourGraph(int n, int k, uint64_t seed);
 std::vector<uint64_t> Quantize(const std::vector<float>& x, const Params& p, std::mt19937_64& rng);
 std::vector<double> DequantizeSum(const std::vector<uint64_t>& sum, int count, const Params& p);
 
+std::vector<double> DequantizeSum(const std::vector<uint64_t>& sum, const std::vector<int>& counts,
+                                  const Params& p);  // count per element
+
+// Per-slice masking (width-scaled submodels): client u's input holds the values at the
+// summed vector's positions `slices[u]` (distinct), in that order, and the server adds it
+// there. A pair's mask covers the positions both hold, in increasing position, so the
+// masks cancel in the sum and no input is longer than its client's slice. Clients that
+// hold the whole vector (no slices) are the special case slice = 0..length-1.
+using Positions = std::vector<int64_t>;
+using Slices = std::map<int, std::shared_ptr<const Positions>>;
+// The indices into `mine` of the positions `theirs` holds too, in increasing position.
+std::vector<int64_t> SharedIndices(const Positions& mine, const Positions& theirs);
+// How many of `mine`'s positions none of `theirs` holds: values the pair masks leave
+// under the self mask alone, which the server reads once it unmasks.
+int64_t Uncovered(const Positions& mine, const std::vector<const Positions*>& theirs);
+
 // One client's secrets and public keys for a round.
 struct ClientKeys {
   crypto::X25519KeyPair mask_key;  // pairwise masks: agreed with each neighbour
@@ -64,10 +81,12 @@ StatusOr<SharesFor> OpenShares(int from, int to, const Bytes& sealed, const Byte
                                const Bytes& from_enc_public_key, const Params& p);
 
 // y_u = x_u + PRG(b_u) + sum over neighbours v > u of PRG(s_uv) - sum over v < u, mod M;
-// `public_keys` holds every client's mask public key.
+// `public_keys` holds every client's mask public key. With `slices` (u's and each
+// neighbour's), each pair's PRG covers only the positions both hold.
 StatusOr<std::vector<uint64_t>> Mask(int u, const std::vector<uint64_t>& x, const ClientKeys& keys,
                                      const std::set<int>& neighbours,
-                                     const std::map<int, Bytes>& public_keys, const Params& p);
+                                     const std::map<int, Bytes>& public_keys, const Params& p,
+                                     const Slices* slices = nullptr);
 
 // The server: the sum of the survivors' x, given the sum of their masked inputs (mod M),
 // and for each survivor u the self-seed shares its surviving neighbours returned, and
@@ -80,9 +99,11 @@ struct Unmasking {
   std::vector<uint64_t> masked_sum;                     // sum of the survivors' y_u
   std::map<int, std::vector<crypto::Share>> self_seed;  // survivor u -> shares of b_u
   std::map<int, std::vector<crypto::Share>> mask_key;   // dropped v -> shares of its key
+  Slices slices;  // per-slice masking: every client's positions (empty: the whole vector)
 };
-// sum += y (mod M), element by element.
+// sum += y (mod M), element by element; with `at`, y[i] is added to sum[at[i]].
 void AddMod(std::vector<uint64_t>& sum, const std::vector<uint64_t>& y, uint64_t modulus);
+void AddMod(std::vector<uint64_t>& sum, const std::vector<uint64_t>& y, const Positions& at, uint64_t modulus);
 StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<std::set<int>>& graph,
                                        const std::map<int, Bytes>& public_keys, const Params& p);
 

@@ -45,9 +45,14 @@ Status SecAggDriver::StartLocked(int64_t round, const std::vector<std::string>& 
   return absl::OkStatus();
 }
 
+Status SecAggDriver::SetSlicesLocked(const std::map<std::string, std::shared_ptr<const SecAggSlice>>& slices) {
+  if (!round_) return absl::FailedPreconditionError("this round has no secure aggregation");
+  return round_->SetSlices(slices);
+}
+
 void SecAggDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   rec->codec = kSecAggCodec;
-  rec->expected_size = round_->PayloadSize();
+  rec->expected_size = round_->PayloadSize(rec->client_id);
   *task->mutable_secagg() = round_->TaskMessage();
 }
 

@@ -31,6 +31,9 @@ class SecAggDriver : public RoundDriver {
   // and the largest weight of the clients' declared examples).
   Status StartLocked(int64_t round, const std::vector<std::string>& clients, int64_t length, int64_t max_weight)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // Per-slice masking (width-scaled submodels), after StartLocked: each client's slice.
+  Status SetSlicesLocked(const std::map<std::string, std::shared_ptr<const SecAggSlice>>& slices)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void PrepareTaskLocked(v1::Task* task, TaskRecord* rec) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Drives the stages until the unmasking closes (OK) or the round cannot go on; masked

@@ -1,6 +1,7 @@
 #include "server/secagg_round.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 
@@ -68,8 +69,30 @@ v1::SecAggTask SecAggRound::TaskMessage() const {
   return t;
 }
 
-int64_t SecAggRound::PayloadSize() const {
-  return length_ * (config_.modulus <= (uint64_t{1} << 32) ? 4 : 8);
+Status SecAggRound::SetSlices(const std::map<std::string, std::shared_ptr<const SecAggSlice>>& slices) {
+  if (stage_ != Stage::kKeys) return absl::FailedPreconditionError("slices are set before the keys stage closes");
+  std::vector<std::shared_ptr<const SecAggSlice>> by_index(clients_.size());
+  for (size_t u = 0; u < clients_.size(); ++u) {
+    auto it = slices.find(clients_[u]);
+    if (it == slices.end() || !it->second || !it->second->positions) {
+      return absl::InvalidArgumentError(absl::StrCat("client ", clients_[u], " has no slice"));
+    }
+    for (int64_t p : *it->second->positions) {
+      if (p < 0 || p >= length_) {
+        return absl::InvalidArgumentError(absl::StrCat("client ", clients_[u], "'s slice holds position ", p,
+                                                       " of ", length_));
+      }
+    }
+    by_index[u] = it->second;
+  }
+  slices_ = std::move(by_index);
+  return absl::OkStatus();
+}
+
+int64_t SecAggRound::PayloadSize(const std::string& client) const {
+  auto it = index_.find(client);
+  const int64_t n = it == index_.end() ? length_ : InputLength(it->second);
+  return n * (config_.modulus <= (uint64_t{1} << 32) ? 4 : 8);
 }
 
 std::set<int> SecAggRound::Alive(const std::set<int>& members) const {
@@ -150,14 +173,15 @@ Status SecAggRound::AddShares(const std::string& client, const v1::SecAggShares&
 Status SecAggRound::AddMasked(const std::string& client, const std::string& payload) {
   ASSIGN_OR_RETURN(int u, InStage(client, Stage::kMasked, u2_));
   if (u3_.count(u)) return absl::AlreadyExistsError("masked input already received this round");
-  if (static_cast<int64_t>(payload.size()) != PayloadSize()) {
+  const int64_t size = PayloadSize(client), n = InputLength(u);
+  if (static_cast<int64_t>(payload.size()) != size) {
     return absl::InvalidArgumentError(absl::StrCat("masked input of ", payload.size(),
-                                                   " bytes; expected ", PayloadSize()));
+                                                   " bytes; expected ", size));
   }
-  const int width = PayloadSize() / std::max<int64_t>(1, length_);
-  std::vector<uint64_t> y(length_);
+  const int width = config_.modulus <= (uint64_t{1} << 32) ? 4 : 8;
+  std::vector<uint64_t> y(n);
   const auto* p = reinterpret_cast<const unsigned char*>(payload.data());
-  for (int64_t i = 0; i < length_; ++i, p += width) {
+  for (int64_t i = 0; i < n; ++i, p += width) {
     uint64_t v = 0;
     for (int b = 0; b < width; ++b) v |= uint64_t{p[b]} << (8 * b);
     if (v >= config_.modulus) {
@@ -167,7 +191,11 @@ Status SecAggRound::AddMasked(const std::string& client, const std::string& payl
     y[i] = v;
   }
   if (masked_sum_.empty()) masked_sum_.assign(length_, 0);
-  secagg::AddMod(masked_sum_, y, config_.modulus);
+  if (slices_.empty()) {
+    secagg::AddMod(masked_sum_, y, config_.modulus);
+  } else {
+    secagg::AddMod(masked_sum_, y, *slices_[u]->positions, config_.modulus);
+  }
   u3_.insert(u);
   return absl::OkStatus();
 }
@@ -185,7 +213,8 @@ Status SecAggRound::AddReveal(const std::string& client, const v1::SecAggReveal&
         return absl::InvalidArgumentError(
             absl::StrCat(kind, " share of ", s.owner(), " was not asked for (or repeated)"));
       }
-      if (s.y_size() != kShareElements || s.x() < 1 || s.x() > static_cast<uint32_t>(config_.k + 1)) {
+      // x: the holder's place among the owner's neighbours (1-based).
+      if (s.y_size() != kShareElements || s.x() < 1 || s.x() > graph_[s.owner()].size()) {
         return absl::InvalidArgumentError(absl::StrCat("malformed ", kind, " share of ", s.owner()));
       }
       for (uint64_t y : s.y()) {
@@ -270,6 +299,7 @@ StatusOr<std::map<std::string, v1::ServerMessage>> SecAggRound::CloseKeys() {
   for (int i = 0; i < n; ++i) {
     for (int j : compact[i]) graph_[members[i]].insert(members[j]);
   }
+  if (!slices_.empty()) AddHoldingNeighbours(members);
   for (int u : members) {
     if (static_cast<int>(graph_[u].size()) < config_.t) {
       stage_ = Stage::kDone;
@@ -286,10 +316,45 @@ StatusOr<std::map<std::string, v1::ServerMessage>> SecAggRound::CloseKeys() {
       p->set_index(v);
       p->set_mask_public_key(keys_[v].mask_public_key());
       p->set_enc_public_key(keys_[v].enc_public_key());
+      if (!slices_.empty()) {
+        for (const v1::SubmodelPlacement& at : slices_[v]->placement) *p->add_placement() = at;
+      }
     }
   }
   stage_ = Stage::kShares;
   return out;
+}
+
+void SecAggRound::AddHoldingNeighbours(const std::vector<int>& members) {
+  // Whether v's slice holds all of u's, once per pair of distinct slices.
+  std::map<std::pair<const SecAggSlice*, const SecAggSlice*>, bool> known;
+  const auto holds = [&](int v, int u) {
+    const SecAggSlice *a = slices_[v].get(), *b = slices_[u].get();
+    if (a == b) return true;
+    auto it = known.find({a, b});
+    if (it == known.end()) {
+      const bool all = secagg::SharedIndices(*b->positions, *a->positions).size() == b->positions->size();
+      it = known.emplace(std::pair{a, b}, all).first;
+    }
+    return it->second;
+  };
+  std::mt19937_64 rng(graph_seed_ + 1);
+  const int want = (config_.k + 1) / 2;
+  for (int u : members) {
+    std::vector<int> holders;
+    for (int v : members) {
+      if (v != u && holds(v, u)) holders.push_back(v);
+    }
+    int have = CountIn(graph_[u], std::set<int>(holders.begin(), holders.end()));
+    std::shuffle(holders.begin(), holders.end(), rng);
+    for (int v : holders) {
+      if (have >= want) break;
+      if (graph_[u].insert(v).second) {
+        graph_[v].insert(u);
+        ++have;
+      }
+    }
+  }
 }
 
 StatusOr<std::map<std::string, v1::ServerMessage>> SecAggRound::CloseShares() {
@@ -379,10 +444,19 @@ StatusOr<SecAggRound::Result> SecAggRound::Finish() const {
   }
   std::map<int, crypto::Bytes> public_keys;
   for (int u : u2_) public_keys[u] = keys_.at(u).mask_public_key();
+  for (int u = 0; u < static_cast<int>(slices_.size()); ++u) in.slices[u] = slices_[u]->positions;
   auto sum = secagg::Unmask(in, masked_with_, public_keys, params_);
   if (!sum.ok()) return Abort(std::string(sum.status().message()));
   Result r;
-  r.sum = secagg::DequantizeSum(*sum, static_cast<int>(u3_.size()), params_);
+  if (slices_.empty()) {
+    r.sum = secagg::DequantizeSum(*sum, static_cast<int>(u3_.size()), params_);
+  } else {  // each position's count: the survivors that hold it
+    std::vector<int> count(length_, 0);
+    for (int u : u3_) {
+      for (int64_t p : *slices_[u]->positions) ++count[p];
+    }
+    r.sum = secagg::DequantizeSum(*sum, count, params_);
+  }
   for (int u : u3_) r.survivors.push_back(clients_[u]);
   return r;
 }

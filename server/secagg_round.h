@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -30,6 +31,14 @@
 #include "privacy/secagg.h"
 
 namespace cleave {
+
+// Per-slice masking (width-scaled submodels): a client's masked input holds the values at
+// its positions of the summed vector, in its order, and its neighbours are told where
+// those are, so that each pair masks the positions both hold (privacy/secagg.h).
+struct SecAggSlice {
+  std::shared_ptr<const secagg::Positions> positions;
+  std::vector<v1::SubmodelPlacement> placement;  // the same positions, as SecAggPeer.placement
+};
 
 class SecAggRound {
  public:
@@ -44,10 +53,17 @@ class SecAggRound {
 
   Stage stage() const { return stage_; }
   static const char* StageName(Stage s);
+  // Per-slice masking: every client's slice of the `length` values, before the keys
+  // stage closes. The neighbour graph then joins each client to at least ceil(k/2) others
+  // (as many as there are) whose slices hold its own, so the pair masks cover each of its
+  // values. INVALID_ARGUMENT when a client has none, or a position is outside `length`.
+  Status SetSlices(const std::map<std::string, std::shared_ptr<const SecAggSlice>>& slices);
+
   // What each client's Task carries.
   v1::SecAggTask TaskMessage() const;
-  // Bytes of a masked input: `length` little-endian values of 4 bytes (M <= 2^32) or 8.
-  int64_t PayloadSize() const;
+  // Bytes of `client`'s masked input: little-endian values of 4 bytes (M <= 2^32) or 8,
+  // `length` of them, or its slice's.
+  int64_t PayloadSize(const std::string& client) const;
 
   Status AddKeys(const std::string& client, const v1::SecAggKeys& keys);
   Status AddShares(const std::string& client, const v1::SecAggShares& shares);
@@ -75,6 +91,10 @@ class SecAggRound {
   StatusOr<int> InStage(const std::string& client, Stage stage,
                         const std::set<int>& members) const;
   std::set<int> Alive(const std::set<int>& members) const;
+  // Values in client u's masked input.
+  int64_t InputLength(int u) const { return slices_.empty() ? length_ : static_cast<int64_t>(slices_[u]->positions->size()); }
+  // Per-slice masking: joins each of `members` to clients whose slices hold its own.
+  void AddHoldingNeighbours(const std::vector<int>& members);
   StatusOr<std::map<std::string, v1::ServerMessage>> CloseKeys();
   StatusOr<std::map<std::string, v1::ServerMessage>> CloseShares();
   StatusOr<std::map<std::string, v1::ServerMessage>> CloseMasked();
@@ -86,6 +106,7 @@ class SecAggRound {
   int64_t length_;
   int64_t max_weight_;
   uint64_t graph_seed_;
+  std::vector<std::shared_ptr<const SecAggSlice>> slices_;  // by index; empty: the whole vector
   Stage stage_ = Stage::kKeys;
   std::set<int> dropped_;
 

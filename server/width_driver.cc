@@ -209,7 +209,7 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vect
     RETURN_IF_ERROR(SubmodelLocked(rate).status());
     rates_[id] = rate;
   }
-  if (secagg_) {  // masked vectors of the whole update layout
+  if (secagg_) {  // masked submodels, summed in the whole update layout
     // The elements of the widest rate's window alone are summed over its devices only: as
     // many as the masking's threshold, or the server would read fewer devices' sum.
     double widest = 0;
@@ -227,7 +227,10 @@ Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vect
           " needs as many (give the widest rate more devices)"));
     }
     secagg_->mu().AssertHeld();  // ctx_.mu()
-    return secagg_->BeginLocked(round, fit, clients);
+    RETURN_IF_ERROR(secagg_->BeginLocked(round, fit, clients));
+    std::map<std::string, std::shared_ptr<const SecAggSlice>> slices;
+    for (const auto& [id, rate] : rates_) slices[id] = submodels_.at(rate).placement->slice;
+    return secagg_->SetSlicesLocked(slices);
   }
   return absl::OkStatus();
 }
@@ -256,6 +259,25 @@ StatusOr<std::shared_ptr<const WidthDriver::Placement>> WidthDriver::PlacementLo
   ASSIGN_OR_RETURN(p->kept, w.ranks() ? LeadingKept(start_, *layout)
                                       : SubmodelKeptOf(ctx_.model_spec(), start_, *layout, roll));
   p->positions = std::make_shared<const std::vector<std::vector<int64_t>>>(PositionsOf(start_, p->kept));
+  if (secagg_) {  // the same positions in the whole update layout, and as the wire says them
+    auto slice = std::make_shared<SecAggSlice>();
+    auto flat = std::make_shared<secagg::Positions>();
+    int64_t offset = 0;
+    for (size_t t = 0; t < start_.size(); ++t) {
+      const Tensor& whole = start_.tensors()[t];
+      for (int64_t at : (*p->positions)[t]) flat->push_back(offset + at);
+      v1::SubmodelPlacement& placed = slice->placement.emplace_back();
+      placed.set_offset(offset);
+      for (int64_t d : whole.shape) placed.add_shape(d);
+      for (const std::vector<int64_t>& dim : p->kept[t]) {
+        v1::IndexList* list = placed.add_dims();
+        for (int64_t i : dim) list->add_index(i);
+      }
+      offset += static_cast<int64_t>(whole.values.size());
+    }
+    slice->positions = std::move(flat);
+    p->slice = std::move(slice);
+  }
   // FedRolex's windows of versions no task can still answer are not needed again.
   const int64_t keep = ctx_.config().scheduler.async() ? ctx_.config().scheduler.max_staleness + 1 : 1;
   for (auto old = placements_.begin(); old != placements_.end();) {
@@ -306,23 +328,12 @@ void WidthDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   rec->edge = session != nullptr && session->edge;
   if (rec->edge) rec->expected_size = static_cast<int64_t>(EdgeLayoutLocked().EncodedSize());
   rec->width = rate;
-  if (secagg_) {  // the masked vector: the submodel placed in the whole update layout
+  if (secagg_) {  // the masked input: the submodel's delta, and where it sits in the whole layout
     secagg_->mu().AssertHeld();  // ctx_.mu()
     secagg_->PrepareTaskLocked(task, rec);
     v1::SecAggTask* sa = task->mutable_secagg();
     sa->set_length(start_.total_elements());
-    int64_t offset = 0;
-    for (size_t t = 0; t < start_.size(); ++t) {
-      const Tensor& whole = start_.tensors()[t];
-      v1::SubmodelPlacement* p = sa->add_placement();
-      p->set_offset(offset);
-      for (int64_t d : whole.shape) p->add_shape(d);
-      for (const std::vector<int64_t>& dim : s.placement->kept[t]) {
-        v1::IndexList* list = p->add_dims();
-        for (int64_t i : dim) list->add_index(i);
-      }
-      offset += static_cast<int64_t>(whole.values.size());
-    }
+    for (const v1::SubmodelPlacement& p : s.placement->slice->placement) *sa->add_placement() = p;
   }
 }
 

@@ -24,11 +24,11 @@
 // element (SubmodelUpdates: median, trimmed_mean, norm_bound), instead of the mean.
 //
 // With secure_aggregation (SecAgg+, through a SecAggDriver it composes) each device
-// masks a vector of the whole model's update layout, its submodel's delta placed at its
-// elements (the task's SecAggTask.placement) and zeros elsewhere, so every device's
-// masks cancel in one sum; the server divides each element of the unmasked sum by the
-// weights of the survivors that hold it. A device's masked upload is the whole model's
-// length: under secure aggregation a small device's upload does not shrink.
+// masks its submodel's delta alone (per-slice masking): the server tells it where its
+// values and its neighbours' sit in the whole model's update layout (SecAggTask.placement,
+// SecAggPeer.placement), each pair mask covers the positions both hold, and the server
+// adds each masked input at its positions, so the masks cancel in one sum. It divides
+// each element of the unmasked sum by the weights of the survivors that hold it.
 //
 // An edge aggregator (Join.edge) is a device of rate 1 whose upload is its devices'
 // per-element mean followed by each element's share of its weight, in [0, 1]
@@ -60,6 +60,7 @@
 namespace cleave {
 
 class SecAggDriver;  // server/secagg_driver.h
+struct SecAggSlice;  // server/secagg_round.h
 
 // Where `sub`, a width-scaled submodel of the model `spec` describes, sits in `whole` (the
 // whole model's layout) with its windows at `roll` (FedRolex's round - 1; 0: HeteroFL's
@@ -123,6 +124,8 @@ class WidthDriver : public RoundDriver {
   struct Placement {
     std::vector<Kept> kept;
     std::shared_ptr<const std::vector<std::vector<int64_t>>> positions;
+    // Secure aggregation: where its values sit in the whole update layout, made once.
+    std::shared_ptr<const SecAggSlice> slice;
   };
   // A rate's placement for tasks of round (version) `round` (FedRolex's window moves with
   // it), made once.

@@ -267,7 +267,7 @@ TEST(EdgeTest, AnEdgeThatLiesAboutItsExamplesWeighsAtMostTheCap) {
     o.aggregate = [liar](const v1::Task&, const ParameterSet& model) -> StatusOr<ClientOptions::Aggregate> {
       ParameterSet delta = model.ZerosLike();
       for (auto& t : delta.mutable_tensors()) std::fill(t.values.begin(), t.values.end(), liar ? 1.0f : 0.0f);
-      return ClientOptions::Aggregate{std::move(delta), liar ? 1000000000 : 500, 0.1};
+      return ClientOptions::Aggregate{std::move(delta), liar ? 1000000000 : 500, 0.1, ParameterSet()};
     };
     edges.push_back(std::make_unique<Client>(std::move(o)));
   }

@@ -62,13 +62,15 @@ TEST(SecureAggregationTest, TheModelIsPlainFedAvgsUpToQuantization) {
 }
 
 // Width-scaled submodels under secure aggregation: five devices of two widths each mask
-// the whole model's layout with their submodel placed in it, and the round's model is
-// HeteroFL's per-element mean up to quantization, with and without a device (a half-
-// width one) lost after training. A round whose widest rate has fewer devices than the
-// masking's threshold t is refused: the server would read their sum alone.
-TEST(SecureAggregationTest, SubmodelsOfTwoWidthsMaskOneLayout) {
+// their own submodel's delta alone (per-slice masking: a pair's masks cover the
+// elements both hold), and the round's model is HeteroFL's per-element mean up to
+// quantization, with and without a device (a half-width one) lost after training. A
+// round whose widest rate has fewer devices than the masking's threshold t is refused:
+// the server would read their sum alone.
+TEST(SecureAggregationTest, SubmodelsOfTwoWidthsMaskTheirOwnSlices) {
   const std::string widths =
       "width: {method: fedrolex, clients: [{name: client-3, rate: 0.5}, {name: client-4, rate: 0.5}]}\n";
+  const ParameterSet initial = (*Model::Create({"mlp", "", 3}))->Parameters();
   for (bool crash : {false, true}) {
     auto run = [&](bool secure, RoundMetrics* m) {
       auto opts = Options(5, 5000);
@@ -88,8 +90,12 @@ TEST(SecureAggregationTest, SubmodelsOfTwoWidthsMaskOneLayout) {
     EXPECT_EQ(secure_m.widths.size(), crash ? 4u : 5u);
     EXPECT_LT(MaxAbsDiff(plain, secure), 5e-4) << (crash ? "with" : "without") << " a crash";
     EXPECT_GT(MaxAbsDiff(plain, secure), 0) << "the updates really went through quantization";
-    // Every upload was the whole layout's masked vector, not the submodel.
-    EXPECT_GT(secure_m.update_bytes, plain_m.update_bytes);
+    // Each upload was its submodel's values, 4 bytes each (M = 2^32), not the whole layout.
+    ModelSpec half{"mlp", "", 3};
+    half.width = 0.5;
+    const int64_t whole = initial.total_elements(), part = (*Model::Create(half))->Parameters().total_elements();
+    EXPECT_LT(part, whole / 2);
+    EXPECT_EQ(secure_m.update_bytes, 4 * (3 * whole + (crash ? 1 : 2) * part));
   }
   Federation f;
   f.Start(std::string(kJob) + kSecAgg +

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 namespace cleave::secagg {
 namespace {
 
@@ -16,8 +18,11 @@ struct Federation {
   std::vector<std::map<int, SharesFor>> shares;
   std::vector<std::vector<uint64_t>> inputs;
   std::map<int, std::vector<uint64_t>> masked;  // by Collect
+  size_t length;
+  Slices slices;  // per-slice masking: each client's positions (empty: the whole vector)
 
-  Federation(int clients, Params params, size_t length) : p(std::move(params)), n(clients) {
+  Federation(int clients, Params params, size_t length, Slices sliced = {})
+      : p(std::move(params)), n(clients), length(length), slices(std::move(sliced)) {
     graph = NeighbourGraph(n, p.k, 7);
     std::mt19937_64 rng(1);
     std::normal_distribution<float> normal(0, 0.3f);
@@ -25,7 +30,7 @@ struct Federation {
       keys.push_back(*NewClientKeys());
       public_keys[u] = keys[u].mask_key.public_key;
       shares.push_back(*ShareSecrets(u, keys[u], graph[u], p));
-      std::vector<float> x(length);
+      std::vector<float> x(slices.empty() ? length : slices.at(u)->size());
       for (auto& v : x) v = normal(rng);
       inputs.push_back(Quantize(x, p, rng));
     }
@@ -35,12 +40,13 @@ struct Federation {
   // self-seed shares of survivors and mask-key shares of the dropped.
   Unmasking Collect(const std::set<int>& dropped) {
     Unmasking in;
-    in.masked_sum.assign(inputs[0].size(), 0);
+    in.masked_sum.assign(length, 0);
+    in.slices = slices;
     for (int u = 0; u < n; ++u) {
       if (dropped.count(u)) continue;
-      masked[u] = *Mask(u, inputs[u], keys[u], graph[u], public_keys, p);
+      masked[u] = *Mask(u, inputs[u], keys[u], graph[u], public_keys, p, slices.empty() ? nullptr : &slices);
       in.survivors.insert(u);
-      AddMod(in.masked_sum, masked[u], p.modulus);
+      Add(in.masked_sum, u, masked[u]);
     }
     for (int u = 0; u < n; ++u) {
       for (int v : graph[u]) {
@@ -55,11 +61,19 @@ struct Federation {
     return in;
   }
 
+  // Client u's input into the whole vector's sum (at its slice's positions).
+  void Add(std::vector<uint64_t>& sum, int u, const std::vector<uint64_t>& y) const {
+    if (slices.empty()) {
+      AddMod(sum, y, p.modulus);
+    } else {
+      AddMod(sum, y, *slices.at(u), p.modulus);
+    }
+  }
+
   std::vector<uint64_t> PlainSum(const std::set<int>& dropped) const {
-    std::vector<uint64_t> s(inputs[0].size(), 0);
+    std::vector<uint64_t> s(length, 0);
     for (int u = 0; u < n; ++u) {
-      if (dropped.count(u)) continue;
-      for (size_t i = 0; i < s.size(); ++i) s[i] = (s[i] + inputs[u][i]) % p.modulus;
+      if (!dropped.count(u)) Add(s, u, inputs[u]);
     }
     return s;
   }
@@ -119,6 +133,52 @@ TEST(SecAggTest, TooManyDropoutsAbortAndSurvivorsKeysStaySecret) {
   in.mask_key[survivor] = in.self_seed[survivor];
   EXPECT_EQ(Unmask(in, f.graph, f.public_keys, f.p).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Nested windows of a whole vector of `length` (as width-scaled submodels' are): client
+// u holds the first length * rate[u] positions of one shuffled order, listed in an order
+// of its own.
+Slices NestedSlices(const std::vector<double>& rates, size_t length) {
+  std::mt19937_64 rng(11);
+  Positions order(length);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  Slices out;
+  for (int u = 0; u < static_cast<int>(rates.size()); ++u) {
+    Positions mine(order.begin(), order.begin() + static_cast<int64_t>(length * rates[u]));
+    std::shuffle(mine.begin(), mine.end(), rng);
+    out[u] = std::make_shared<const Positions>(std::move(mine));
+  }
+  return out;
+}
+
+TEST(SecAggTest, SharedIndicesListMyIndicesOfCommonPositionsInIncreasingPosition) {
+  EXPECT_EQ(SharedIndices({9, 2, 5, 7}, {7, 1, 2, 9}), (std::vector<int64_t>{1, 3, 0}));
+  EXPECT_EQ(SharedIndices({7, 1, 2, 9}, {9, 2, 5, 7}), (std::vector<int64_t>{2, 0, 3}));
+  EXPECT_TRUE(SharedIndices({1, 2}, {3}).empty());
+  EXPECT_EQ(Uncovered({9, 2, 5, 7}, {}), 4);
+  const Positions a = {7, 1}, b = {2, 9};
+  EXPECT_EQ(Uncovered({9, 2, 5, 7}, {&a, &b}), 1);  // 5
+}
+
+TEST(SecAggTest, PerSliceMasksAreSliceLongAndCancelExactlyWithDropouts) {
+  std::vector<double> rates;
+  for (int u = 0; u < 12; ++u) rates.push_back(std::vector<double>{1, 0.5, 0.25}[u % 3]);
+  Federation f(12, Default(), 400, NestedSlices(rates, 400));
+  for (const std::set<int>& dropped : {std::set<int>{}, std::set<int>{4}, std::set<int>{0, 5}}) {
+    auto in = f.Collect(dropped);
+    for (const auto& [u, y] : f.masked) {
+      EXPECT_EQ(y.size(), static_cast<size_t>(400 * rates[u])) << u;
+      EXPECT_NE(y, f.inputs[u]) << "masked";
+    }
+    auto sum = Unmask(in, f.graph, f.public_keys, f.p);
+    ASSERT_TRUE(sum.ok()) << sum.status();
+    EXPECT_EQ(*sum, f.PlainSum(dropped));
+  }
+  // The server needs every slice the masks used.
+  auto in = f.Collect({});
+  in.slices.erase(3);
+  EXPECT_EQ(Unmask(in, f.graph, f.public_keys, f.p).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The shares relayed by the server open only for their addressee, from their sender, in

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
+#include <random>
+
 #include "absl/strings/str_cat.h"
 
 namespace cleave {
@@ -19,13 +22,16 @@ struct SimClient {
   std::map<int, crypto::Bytes> mask_pks, enc_pks;
   std::map<int, SharesFor> held;
   std::vector<uint64_t> q;  // quantized input
+  secagg::Slices slices;    // per-slice masking: its own and its neighbours' positions
 };
 
 class SecAggRoundTest : public ::testing::Test {
  protected:
   static constexpr int64_t kLength = 50;
 
-  void Init(int n, int k = 4, int t = 3) {
+  // `rates`: per-slice masking, client i holding the first kLength * rates[i] positions
+  // of one shuffled order, listed in an order of its own.
+  void Init(int n, int k = 4, int t = 3, std::vector<double> rates = {}) {
     config_.k = k;
     config_.t = t;
     config_.modulus = (uint64_t{1} << 32) - 5;
@@ -38,16 +44,39 @@ class SecAggRoundTest : public ::testing::Test {
     std::vector<std::string> names;
     std::mt19937_64 rng(3);
     std::normal_distribution<float> normal(0, 0.2f);
-    clients_.resize(n);
+    clients_.assign(n, SimClient{});  // nothing of an earlier round
+    unmask_.clear();
     for (int i = 0; i < n; ++i) {
       clients_[i].name = absl::StrCat("c", i);
       clients_[i].keys = *secagg::NewClientKeys();
-      std::vector<float> x(kLength);
-      for (auto& v : x) v = normal(rng);
-      clients_[i].q = secagg::Quantize(x, params_, rng);
       names.push_back(clients_[i].name);
     }
     round_ = std::make_unique<SecAggRound>(config_, params_.context, names, kLength, 100, 9);
+    slices_.clear();
+    if (!rates.empty()) {
+      secagg::Positions order(kLength);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      std::map<std::string, std::shared_ptr<const SecAggSlice>> by_name;
+      for (int i = 0; i < n; ++i) {
+        auto slice = std::make_shared<SecAggSlice>();
+        secagg::Positions mine(order.begin(), order.begin() + static_cast<int64_t>(kLength * rates[i]));
+        std::shuffle(mine.begin(), mine.end(), rng);
+        v1::SubmodelPlacement& p = slice->placement.emplace_back();  // one tensor of kLength
+        p.add_shape(kLength);
+        v1::IndexList* kept = p.add_dims();
+        for (int64_t at : mine) kept->add_index(at);
+        slice->positions = std::make_shared<const secagg::Positions>(std::move(mine));
+        slices_.push_back(slice->positions);
+        by_name[names[i]] = std::move(slice);
+      }
+      ASSERT_TRUE(round_->SetSlices(by_name).ok());
+    }
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> x(slices_.empty() ? kLength : slices_[i]->size());
+      for (auto& v : x) v = normal(rng);
+      clients_[i].q = secagg::Quantize(x, params_, rng);
+    }
   }
 
   v1::SecAggKeys Keys(const SimClient& c) {
@@ -68,7 +97,13 @@ class SecAggRoundTest : public ::testing::Test {
         for (const auto& p : m.secagg_neighbours().peers()) {
           c.mask_pks[p.index()] = p.mask_public_key();
           c.enc_pks[p.index()] = p.enc_public_key();
+          if (!slices_.empty()) {  // one tensor: its kept list is the peer's positions
+            ASSERT_EQ(p.placement_size(), 1);
+            const auto& kept = p.placement(0).dims(0).index();
+            c.slices[p.index()] = std::make_shared<const secagg::Positions>(kept.begin(), kept.end());
+          }
         }
+        if (!slices_.empty()) c.slices[c.index] = slices_[&c - clients_.data()];
       } else if (m.has_secagg_relay()) {
         for (const auto& s : m.secagg_relay().shares()) {
           auto opened = secagg::OpenShares(s.from(), c.index, s.sealed(),
@@ -100,7 +135,7 @@ class SecAggRoundTest : public ::testing::Test {
   std::string Masked(const SimClient& c) {
     std::set<int> with;
     for (const auto& [v, s] : c.held) with.insert(v);
-    auto y = *secagg::Mask(c.index, c.q, c.keys, with, c.mask_pks, params_);
+    auto y = *secagg::Mask(c.index, c.q, c.keys, with, c.mask_pks, params_, c.slices.empty() ? nullptr : &c.slices);
     std::string out;
     for (uint64_t v : y) {
       for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>(v >> (8 * b)));
@@ -153,11 +188,16 @@ class SecAggRoundTest : public ::testing::Test {
   // The dequantized plain sum of the clients not in `absent`.
   std::vector<double> PlainSum(const std::set<int>& absent) {
     std::vector<uint64_t> sum(kLength, 0);
-    int count = 0;
+    std::vector<int> count(kLength, 0);
     for (int i = 0; i < static_cast<int>(clients_.size()); ++i) {
       if (absent.count(i)) continue;
-      secagg::AddMod(sum, clients_[i].q, params_.modulus);
-      ++count;
+      if (slices_.empty()) {
+        secagg::AddMod(sum, clients_[i].q, params_.modulus);
+        for (int& c : count) ++c;
+      } else {
+        secagg::AddMod(sum, clients_[i].q, *slices_[i], params_.modulus);
+        for (int64_t at : *slices_[i]) ++count[at];
+      }
     }
     return secagg::DequantizeSum(sum, count, params_);
   }
@@ -167,6 +207,7 @@ class SecAggRoundTest : public ::testing::Test {
   std::vector<SimClient> clients_;
   std::unique_ptr<SecAggRound> round_;
   std::map<std::string, v1::SecAggUnmask> unmask_;
+  std::vector<std::shared_ptr<const secagg::Positions>> slices_;  // by client, per-slice masking
 };
 
 TEST_F(SecAggRoundTest, TheSumIsExactWithoutDropouts) {
@@ -184,6 +225,47 @@ TEST_F(SecAggRoundTest, TheSumIsExactWithDropoutsAtEveryStage) {
   auto sum = RunAll({std::set<int>{1}, {4}, {7}, {9}});
   ASSERT_TRUE(sum.ok()) << sum.status();
   EXPECT_EQ(*sum, PlainSum({1, 4, 7}));
+}
+
+// Per-slice masking: nine clients of three nested widths. Each uploads its slice alone;
+// the graph joins each to at least k/2 clients that hold its whole slice (so pair masks
+// cover all its values); the sum, per position over its survivors, is exact with
+// dropouts at every stage.
+TEST_F(SecAggRoundTest, SlicesOfThreeWidthsSumExactlyPerPosition) {
+  const std::vector<double> rates = {1, 0.5, 0.25, 1, 0.5, 0.25, 1, 0.5, 0.25};
+  Init(9, 4, 2, rates);
+  EXPECT_EQ(round_->PayloadSize("c0"), 4 * kLength);
+  EXPECT_EQ(round_->PayloadSize("c2"), 4 * 12);  // 12 of the 50 positions, 4 bytes each
+  for (auto& c : clients_) ASSERT_TRUE(round_->AddKeys(c.name, Keys(c)).ok());
+  Close();
+  for (size_t i = 0; i < clients_.size(); ++i) {
+    int holding = 0;
+    for (const auto& [v, theirs] : clients_[i].slices) {
+      if (v != clients_[i].index && rates[v] >= rates[i]) ++holding;
+    }
+    EXPECT_GE(holding, 2) << clients_[i].name;
+    std::vector<const secagg::Positions*> others;
+    for (const auto& [v, theirs] : clients_[i].slices) {
+      if (v != clients_[i].index) others.push_back(theirs.get());
+    }
+    EXPECT_EQ(secagg::Uncovered(*slices_[i], others), 0) << clients_[i].name;
+  }
+  // A whole-length input from a client of a quarter slice is refused.
+  for (auto& c : clients_) ASSERT_TRUE(round_->AddShares(c.name, Shares(c)).ok());
+  Close();
+  EXPECT_EQ(round_->AddMasked("c2", std::string(4 * kLength, '\0')).code(), absl::StatusCode::kInvalidArgument);
+  for (auto& c : clients_) ASSERT_TRUE(round_->AddMasked(c.name, Masked(c)).ok());
+  Close();
+  for (auto& c : clients_) ASSERT_TRUE(round_->AddReveal(c.name, Reveal(c)).ok());
+  Close();
+  auto result = round_->Finish();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->sum, PlainSum({}));
+
+  Init(9, 4, 2, rates);
+  auto sum = RunAll({std::set<int>{}, {5}, {7}, {}});
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, PlainSum({5, 7}));
 }
 
 TEST_F(SecAggRoundTest, TooFewSurvivorsAbortTheRound) {
