@@ -1,6 +1,7 @@
 #include "models/part.h"
 
-#include <malloc.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,26 +16,26 @@
 #include "models/optimizers.h"
 #include "models/torch_stages.h"
 
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-// The sanitizer runtime's count of bytes its allocator holds for the program
-// (sanitizer/allocator_interface.h, which GCC does not install).
-extern "C" size_t __sanitizer_get_current_allocated_bytes();
-#endif
 
 namespace cleave {
 namespace {
 
-// Bytes allocated from glibc's heap, every arena and mmapped chunks included (LibTorch's
-// CPU allocator takes its tensors from it, uncached). A sanitizer replaces glibc's
-// allocator (mallinfo2 then reads 0): its own count is asked instead.
-size_t HeapInUse() {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-  return __sanitizer_get_current_allocated_bytes();
-#else
-  const struct mallinfo2 m = mallinfo2();
-  return m.uordblks + m.hblkhd;
-#endif
-}
+// The bytes of tensors the calling thread holds, counted from when it is made: LibTorch's
+// CPU allocator reports each allocation and free to the thread's memory reporter (the
+// profiler's hook, c10::MemoryReportingInfoBase), so what other threads allocate, a
+// simulation's other clients training say, does not count.
+class ThreadTensorBytes : public c10::MemoryReportingInfoBase {
+ public:
+  void reportMemoryUsage(void* /*ptr*/, int64_t size, int64_t /*total_allocated*/, int64_t /*total_reserved*/,
+                         c10::Device /*device*/) override {
+    held_ += size;
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+  int64_t held() const { return held_; }
+
+ private:
+  int64_t held_ = 0;
+};
 
 torch::Tensor ToTensor(const Activations& a) {
   return torch::from_blob(const_cast<float*>(a.values.data()), a.shape, torch::kFloat32).clone();
@@ -518,6 +519,9 @@ StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
                                                   int batch, int reps, bool recompute) {
   ASSIGN_OR_RETURN(std::vector<TorchStage> stages, BuildTorchStages(spec));
   std::vector<StageProfile> out;
+  // Each stage's forward pass keeps (for its backward) what this thread's tensors grow by.
+  auto tensors = std::make_shared<ThreadTensorBytes>();
+  const c10::DebugInfoGuard count(c10::DebugInfoKind::PROFILER_STATE, tensors);
   try {
     std::vector<int64_t> shape = {batch};
     shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
@@ -538,12 +542,12 @@ StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
       for (int r = 0; r <= reps; ++r) {  // r = 0 warms up
         auto xi = x.detach().requires_grad_(true);
         y.reset();  // the last pass's output is freed before, not during, the measurement
-        const size_t heap_before = HeapInUse();
+        const int64_t before = tensors->held();
         const auto t0 = std::chrono::steady_clock::now();
         y = s.forward(xi);
-        const size_t heap_after = HeapInUse();
+        const int64_t after = tensors->held();
         if (r > 0) {  // the least of the timed passes: the warm-up's one-time allocations aside
-          const int64_t saved = heap_after > heap_before ? (heap_after - heap_before) / batch : 0;
+          const int64_t saved = after > before ? (after - before) / batch : 0;
           p.saved_bytes = r == 1 ? saved : std::min(p.saved_bytes, saved);
         }
         if (y.requires_grad()) y.backward(torch::ones_like(y));  // else a frozen stage

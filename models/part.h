@@ -157,7 +157,7 @@ struct StageProfile {
   int64_t param_elements = 0;      // parameters, frozen ones included
   int64_t trainable_elements = 0;  // those that train (all but LoRA's frozen base)
   int64_t quantized_bytes = 0;     // a quantized base's weights (not parameters), encoded
-  // Heap bytes per sample that the forward pass leaves allocated until its backward
+  // Tensor bytes per sample that the forward pass leaves allocated until its backward
   // pass: the output and everything autograd saved (a transformer block's attention
   // probabilities, heads x tokens^2, its MLP's hidden activations), measured.
   int64_t saved_bytes = 0;
@@ -166,7 +166,8 @@ struct StageProfile {
 
 // Times every stage of `spec` (forward and backward, median of `reps` after a warm-up)
 // on a random batch of `batch` samples shaped `sample_shape` (e.g. {1, 28, 28}), and
-// measures what its forward pass keeps for the backward pass (glibc's heap in use),
+// measures what its forward pass keeps for the backward pass (the bytes of tensors the
+// calling thread allocates, whatever other threads do),
 // with activation checkpointing when `recompute` (train.recompute).
 StatusOr<std::vector<StageProfile>> ProfileStages(const ModelSpec& spec,
                                                   const std::vector<int64_t>& sample_shape,

@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "models/names.h"
 
@@ -138,6 +140,32 @@ TEST(ModelPartTest, PendingMicroBatchesUseTheWeightsTheirForwardUsed) {
   }
   EXPECT_EQ((*part)->pending(), 0u);
   EXPECT_EQ((*part)->Backward(2, g).status().code(), absl::StatusCode::kNotFound);
+}
+
+// What a stage's forward pass keeps is this thread's tensors alone: another thread
+// allocating and freeing large buffers meanwhile (a simulation's other clients
+// training) changes nothing of it.
+TEST(ModelPartTest, ProfilesCountOnlyTheirOwnThreadsTensors) {
+  ModelSpec spec{"lenet5", "", 1};
+  auto quiet = ProfileStages(spec, {1, 28, 28}, 32, 2);
+  ASSERT_TRUE(quiet.ok()) << quiet.status();
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    std::vector<std::vector<char>> held;
+    while (!stop) {
+      held.emplace_back(4 << 20, 'x');  // 4 MiB from glibc's heap
+      if (held.size() > 8) held.clear();
+    }
+  });
+  auto loaded = ProfileStages(spec, {1, 28, 28}, 32, 2);
+  stop = true;
+  busy.join();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(quiet->size(), loaded->size());
+  for (size_t i = 0; i < quiet->size(); ++i) {
+    EXPECT_GE((*quiet)[i].saved_bytes, 4 * (*quiet)[i].out_elements) << "stage " << i << " keeps its output";
+    EXPECT_EQ((*quiet)[i].saved_bytes, (*loaded)[i].saved_bytes) << "stage " << i;
+  }
 }
 
 TEST(DistanceCorrelationTest, KnownCases) {
