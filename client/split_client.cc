@@ -283,8 +283,8 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
   if (ushaped_ && !o_.model_dir.empty()) {
     return absl::InvalidArgumentError("a U-shaped task's part is not read from --model-dir");
   }
-  if (o_.own != nullptr) {  // the device's own stages: the server sent none of them
-    if (part.size() != 0 || ushaped_ || pipeline_) {
+  if (o_.own != nullptr) {  // the device's own stages: the server sent none of them (U-shaped: the tail alone)
+    if (pipeline_ || (!ushaped_ && part.size() != 0)) {
       return absl::InvalidArgumentError("a device's own stages take a cut with nothing of them sent");
     }
     RETURN_IF_ERROR(head_->LoadFrom(*o_.own));

@@ -40,11 +40,12 @@ Status CheckModel(const JobConfig& c) {
       return absl::InvalidArgumentError(
           absl::StrCat("model.name interop (devices' own bases) does not combine with ", what, " yet"));
     };
-    // Split learning: the device's base and fusion are its part, the shared block the
-    // server's; the U-shaped and pipeline modes put shared stages on devices, and a cut
-    // elsewhere would split a base or the block.
-    if (c.split.enabled() && c.split.mode != "sl" && c.split.mode != "sfl-v1" && c.split.mode != "sfl-v2") {
-      return no("split.mode " + c.split.mode + " (sl, sfl-v1 and sfl-v2 keep each device's part its own)");
+    // Split learning: the device's base and fusion are its part (U-shaped, with the
+    // block's last stages as its tail), the rest of the block the server's; a pipeline
+    // would run a device's base on other devices, and a cut elsewhere would split a base
+    // or the block.
+    if (c.split.mode == "pipeline") {
+      return no("split.mode pipeline (a chain's other devices would hold the data owner's own base)");
     }
     RETURN_IF_ERROR(Range(!c.split.enabled() || c.split.cut == 2, "split.cut",
                           "2 with model.name interop (the device's base and fusion; the server's part is the "

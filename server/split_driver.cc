@@ -211,6 +211,11 @@ SplitRoundOptions SplitDriver::RoundOptionsLocked(const FitSettings& fit) const 
   o.stage_input_shapes = stage_shapes_;
   o.quantized = ctx_.quantized_base();
   o.micro_batches = ctx_.config().split.micro_batches;
+  if (ctx_.model_spec().name == "interop") {  // the devices' own bases and fusion layers
+    for (const Tensor& t : ctx_.GlobalLocked().tensors()) {
+      if (InteropPrivate(t.name)) o.private_names.push_back(t.name);
+    }
+  }
   return o;
 }
 
@@ -227,9 +232,9 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   PartBlob& pb = mode_ == SplitMode::kSl ? turn : part_blobs_[segment];
   const std::vector<std::string>& frozen = ctx_.frozen();
   if (!pb.part) {
-    // Interoperable architectures: the device's stages are its own base and fusion;
-    // nothing of them is sent (or uploaded).
-    ParameterSet part = ctx_.model_spec().name == "interop" ? ParameterSet() : *round_->ClientPart(rec->client_id);
+    // Interoperable architectures: the device's base and fusion are its own; nothing of
+    // them is sent (or uploaded): its part is empty, or U-shaped the shared tail alone.
+    ParameterSet part = *round_->ClientPart(rec->client_id);
     // LoRA: the part's adapters travel (down and up); its frozen tensors come from a base
     // of the part's own frozen tensors (the same every round: pinned), which the client
     // fetches once per segment.
@@ -373,11 +378,6 @@ RoundDriver::AddUpload SplitDriver::ClaimUploadLocked(const TaskRecord& t) {
   // under its own lock.
   auto chain = chain_weights_.find(t.client_id);
   const int64_t chain_weight = chain != chain_weights_.end() ? chain->second : 0;
-  if (ctx_.model_spec().name == "interop") {  // an empty part (the layout checked it): the device is done
-    return [round = round_, client = t.client_id](const std::vector<TensorView>&, int64_t weight) -> Status {
-      return round->FinishMasked(client, weight);
-    };
-  }
   return [this, round = round_, part = tasks_.at(t.id).part, client = t.client_id, chain_weight](
              const std::vector<TensorView>& delta, int64_t weight) -> Status {
     ParameterSet trained = *part;

@@ -1,5 +1,6 @@
 #include "split/round.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -193,7 +194,11 @@ StatusOr<ParameterSet> SplitRound::ClientPart(const std::string& client) const {
   }
   ParameterSet part;
   for (size_t i = 0; i < source.size(); ++i) {
-    if (ClientHolds(*c, stage_of_[i])) RETURN_IF_ERROR(part.Add(source.tensors()[i]));
+    const Tensor& t = source.tensors()[i];
+    const auto& own = opts_.private_names;
+    if (ClientHolds(*c, stage_of_[i]) && std::find(own.begin(), own.end(), t.name) == own.end()) {
+      RETURN_IF_ERROR(part.Add(t));
+    }
   }
   return part;
 }

@@ -64,6 +64,9 @@ struct SplitRoundOptions {
   // gradients up (a micro-batch's loss weighs 1 / this unless it says its share) and
   // steps after the batch's last.
   int micro_batches = 1;
+  // Interoperable architectures: the devices' own tensors (bases and fusion layers),
+  // never in a client's part (so never sent, uploaded or averaged).
+  std::vector<std::string> private_names;
 };
 
 // A pipeline's micro-batch (SplitBatch): its share of the batch's loss (0: 1 /
@@ -104,8 +107,8 @@ class SplitRound {
   // The stage of the model's tensor `name`; NOT_FOUND for none of the model's.
   StatusOr<int> StageOf(const std::string& name) const;
 
-  // What `client` trains: stages [begin, cut) and, U-shaped, [tail_begin, n). In sl, as
-  // the clients before it left them.
+  // What `client` trains: stages [begin, cut) and, U-shaped, [tail_begin, n), less the
+  // devices' own tensors (private_names). In sl, as the clients before it left them.
   StatusOr<ParameterSet> ClientPart(const std::string& client) const;
 
   // Checks a micro-batch arriving from `client` at its cut: shape [B, <the stage's input

@@ -250,10 +250,10 @@ TEST(InteropTest, ThreeBasesShareOneBlock) {
 }
 
 // One interop split federation of `config` (three devices of three bases, three rounds):
-// nothing of a device's stages travels either way (its task's part and its upload are
-// empty), the server never changes them, the block learns, and each device's own stages
-// train (the loss falls).
-void ExpectTheServersBlockLearns(const std::string& config) {
+// nothing of a device's own stages travels either way (its upload is `uploaded` values:
+// none, or U-shaped its tail's), the server never changes them, the block learns, and
+// each device's own stages train (the loss falls).
+void ExpectTheServersBlockLearns(const std::string& config, int64_t uploaded = 0) {
   Federation f;
   f.Start(config, Options(3, 2000));
   const ParameterSet start = f.server->GlobalModel();
@@ -267,18 +267,23 @@ void ExpectTheServersBlockLearns(const std::string& config) {
     EXPECT_EQ(h[r].participants, 3);
     ASSERT_TRUE(h[r].split.has_value());
     EXPECT_GT(h[r].split.value().activation_bytes_up, 0);
+    EXPECT_GE(h[r].update_bytes, 3 * 4 * uploaded);
+    EXPECT_LT(h[r].update_bytes, 3 * (4 * uploaded + 512)) << "nothing of the devices' own stages";
   }
   EXPECT_LT(h[2].train_loss, h[0].train_loss - 0.2) << "the devices' bases and the block learn";
 }
 
 // Interoperable architectures in split learning (sfl-v2, and sl's turns; cut 2): each
 // device runs its own base and fusion and sends the fusion's activations; the server
-// trains the shared block on all of them.
+// trains the shared block on all of them. U-shaped, each device also keeps the block's
+// classifier (its tail, with the labels), which alone it uploads and the server averages.
 TEST(InteropTest, ThreeBasesShareTheServersBlockAcrossTheCut) {
   for (const char* mode : {"sfl-v2", "sl"}) {
     SCOPED_TRACE(mode);
     ExpectTheServersBlockLearns(std::string(kInterop) + "split: {mode: " + mode + ", cut: 2}\n");
   }
+  SCOPED_TRACE("ushaped");
+  ExpectTheServersBlockLearns(std::string(kInterop) + "split: {mode: ushaped, cut: 2}\n", 10 * 32 + 10);
 }
 
 }  // namespace

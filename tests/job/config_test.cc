@@ -115,7 +115,8 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("model: {name: interop, interop: {clients: [{name: a, base: gpt}]}}\ndata: {test: \"\"}",
                "model.interop.clients[].base");
   expect_error(interop + "data: {test: \"\"}\nsplit: {mode: sfl-v2}", "split.cut");
-  expect_error(interop + "data: {test: \"\"}\nsplit: {mode: ushaped, cut: 2, tail: 3}", "split.mode ushaped");
+  expect_error(interop + "data: {test: \"\"}\nsplit: {mode: pipeline, cut: 2, devices: 2}", "split.mode pipeline");
+  EXPECT_TRUE(ParseJob(interop + "data: {test: \"\"}\nsplit: {mode: ushaped, cut: 2}\n", "").ok());
   EXPECT_TRUE(ParseJob(interop + "data: {test: \"\"}\nsplit: {mode: sfl-v2, cut: 2}\n", "").ok());
   EXPECT_TRUE(ParseJob(interop + "data: {test: \"\"}\n", "").ok());
   // Per-device LoRA ranks: a LoRA decoder, and rates that give whole ranks.
