@@ -7,13 +7,18 @@ BUILD ?= build
 CONFIG ?= deploy/examples/fmnist-fedavg.yaml
 BINARIES = cleave cleave-server cleave-client
 
-.PHONY: demo test test-all test-asan test-tsan test-arm64 fuzz build binaries configure deps deps-run clean
+.PHONY: demo test test-all test-asan test-tsan test-arm64 fuzz build binaries configure deps deps-run clean python
 
 demo: binaries
 	./$(BUILD)/bin/cleave local --config $(CONFIG)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600 -LE slow -j$$(nproc)
+
+# The Python package's native module, into python/cleave/ (docs/python.md): then
+# PYTHONPATH=python, or pip install --no-build-isolation ./python in a virtualenv.
+python: deps configure
+	cmake --build $(BUILD) --target _cleave cleave-server
 
 test-all: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 3600

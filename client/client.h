@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -103,6 +104,34 @@ struct ClientOptions {
   std::function<StatusOr<Aggregate>(const v1::Task& task, const ParameterSet& model)> aggregate;
   // The example count declared at Join (0 = train.size); uploads claim at most this.
   int64_t declared_examples = 0;
+
+  // Training and evaluation in the caller's own code (the Python package's clients,
+  // python/): a whole-model federated task's global model goes to `fit`, whose trained
+  // parameters become the update, and (when set) to `evaluate` first, for federated
+  // evaluation; an evaluation-only task goes to `evaluate` alone. Everything on the wire
+  // stays this client's: TLS, codecs with error feedback, secure aggregation, DP
+  // clipping, heartbeats, reconnects. Split, gossip, submodel, frozen-base and
+  // personal-layer tasks are declined with the reason. An error, or parameters not of
+  // the model's tensors and shapes or not finite, fails the task with that message.
+  struct ExternalFit {
+    // The trained tensors, in the model's order: views of the caller's memory (raw
+    // float32), read in place, and whatever keeps that memory alive until they are read.
+    std::vector<TensorView> parameters;
+    std::shared_ptr<const void> keep;
+    int64_t examples = 0;
+    double loss = 0;  // metrics["loss"] when the caller reports one
+  };
+  struct ExternalEvaluation {
+    int64_t examples = 0;
+    double loss = 0;
+    double accuracy = 0;  // metrics["accuracy"] when the caller reports one
+    std::map<std::string, double> metrics;
+  };
+  struct External {
+    std::function<StatusOr<ExternalFit>(const v1::Task& task, const ParameterSet& global)> fit;
+    std::function<StatusOr<ExternalEvaluation>(const v1::Task& task, const ParameterSet& global)> evaluate;
+  };
+  External external;
 
   // Decentralised rounds (scheduler.mode: gossip; cleave-client --peer-listen): where
   // this client serves the Peer service its neighbours send their models to (host:port,

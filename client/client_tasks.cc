@@ -4,6 +4,7 @@
 #include "client/pipeline_relay.h"
 
 #include "aggregation/gossip_mix.h"
+#include "core/evaluation.h"
 #include "core/memory.h"
 #include "models/part.h"
 #include "proto/train_config.h"
@@ -267,6 +268,100 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
   return absl::OkStatus();
 }
 
+StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateExternal(const v1::Task& task, const ParameterSet& global) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(ClientOptions::ExternalEvaluation e, opts.external.evaluate(task, global));
+  if (e.examples < 0 || !std::isfinite(e.loss) || !std::isfinite(e.accuracy)) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluate returned ", e.examples, " examples, loss ", e.loss,
+                                                   ", accuracy ", e.accuracy));
+  }
+  v1::ClientEvaluation evaluation;
+  evaluation.set_examples(e.examples);
+  evaluation.set_accuracy(e.accuracy);
+  evaluation.set_loss(e.loss);
+  for (const auto& [k, v] : e.metrics) {  // the server's metrics; the caller's others stay here
+    if (ValidEvaluationMetric(k, v)) (*evaluation.mutable_metrics())[k] = v;
+  }
+  evaluation.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return evaluation;
+}
+
+Status Client::Impl::HandleExternalTask(const TaskCall& c) {
+  const v1::Task& task = c.task;
+  if (task.has_split() || task.has_gossip() || !task.base_digest().empty() || !task.quantized_base_digest().empty() ||
+      task.model().personal_size() > 0 || task.model().width() > 0 || task.model().has_lora() ||
+      task.model().has_interop()) {
+    return c.Reject(absl::FailedPreconditionError(
+        "this client trains in its own code (fit): it takes whole-model federated tasks only, not split learning, "
+        "gossip, width-scaled submodels, LoRA or quantized bases, personal layers or private bases"));
+  }
+  if (task.evaluate_only() && !opts.external.evaluate) {
+    return c.Reject(absl::FailedPreconditionError("no evaluate to run the final evaluation with"));
+  }
+  auto global = FetchModel(c.stub, c.w, task);
+  if (!global.ok()) return c.Reject(global.status());
+  c.Accept();
+  std::optional<v1::ClientEvaluation> evaluation;
+  // Federated evaluation, before training (not of a masked task: one client's numbers
+  // would show what masking hides).
+  if (opts.external.evaluate && (task.evaluate_only() || !task.has_secagg())) {
+    ASSIGN_OR_RETURN(evaluation, EvaluateExternal(task, *global));
+  }
+  if (task.evaluate_only()) {
+    ASSIGN_OR_RETURN(v1::UploadReply reply, UploadUpdate(c.stub, c.w, task, ParameterSet(), evaluation->examples(),
+                                                         0, 0, nullptr, &*evaluation));
+    ++tasks_done;
+    spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})", task.round(),
+                 evaluation->accuracy(), evaluation->examples(), reply.duplicate() ? ", duplicate" : "");
+    return absl::OkStatus();
+  }
+  std::optional<SecAggClient> secagg;
+  if (task.has_secagg()) {
+    ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(c.stub, c.w, task, c.next));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(ClientOptions::ExternalFit fit, opts.external.fit(task, *global));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (fit.examples <= 0 || !std::isfinite(fit.loss)) {
+    return absl::InvalidArgumentError(absl::StrCat("fit returned ", fit.examples, " examples and loss ", fit.loss));
+  }
+  if (Status s = CheckViews(*global, fit.parameters); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("fit returned parameters that are not the model's: ", s.message()));
+  }
+  if (opts.crash_after_training && opts.crash_after_training(task.round())) {
+    *c.crashed = true;
+    return absl::AbortedError("simulated crash");
+  }
+  // The update: the returned tensors, read where they are, less the global model.
+  ParameterSet delta = *global;
+  for (size_t t = 0; t < delta.size(); ++t) {
+    std::vector<float>& v = delta.mutable_tensors()[t].values;
+    const TensorView& trained = fit.parameters[t];
+    float block[kViewBlock];
+    for (int64_t at = 0; at < trained.numel; at += kViewBlock) {
+      const int64_t n = std::min<int64_t>(kViewBlock, trained.numel - at);
+      trained.Read(at, n, block);
+      for (int64_t i = 0; i < n; ++i) v[at + i] = block[i] - v[at + i];
+    }
+  }
+  fit.keep.reset();
+  const int64_t examples = std::min(fit.examples, DeclaredExamples());
+  RecordTraining(TrainStats{fit.loss, examples, seconds});
+  v1::UploadReply reply;
+  if (secagg) {
+    if (task.has_dp()) AddDpNoise(task.dp(), &delta);
+    ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, delta, examples, examples, fit.loss, seconds,
+                                           &emulator, c.next));
+  } else {
+    ASSIGN_OR_RETURN(reply, UploadUpdate(c.stub, c.w, task, delta, examples, fit.loss, seconds, nullptr,
+                                         evaluation ? &*evaluation : nullptr));
+  }
+  ++tasks_done;
+  spdlog::info("round {}: fit trained {} examples in {:.2f}s (loss {:.4f}), update uploaded{}", task.round(),
+               examples, seconds, fit.loss, reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
 Status Client::Impl::BuildModel(const v1::Task& task, const ModelSpec& spec) {
   const std::string key = task.model().DebugString();
   if (model && key == model_key) return absl::OkStatus();
@@ -466,6 +561,8 @@ const std::vector<Client::Impl::TaskHandler>& Client::Impl::TaskHandlers() {
   static const std::vector<TaskHandler> handlers = {
       {"edge", [](const ClientOptions& o, const v1::Task&) { return static_cast<bool>(o.aggregate); },
        &Impl::HandleEdgeTask},
+      {"external", [](const ClientOptions& o, const v1::Task&) { return static_cast<bool>(o.external.fit); },
+       &Impl::HandleExternalTask},
       {"gossip", [](const ClientOptions&, const v1::Task& t) { return t.has_gossip(); },
        &Impl::HandleGossipTask},
       {"split", [](const ClientOptions&, const v1::Task& t) { return t.has_split(); },

@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libstb-dev libicu-dev dataset-fashion-mnist
   libsentencepiece-dev sentencepiece fortunes
+  python3-dev pybind11-dev python3-numpy
 )
 # Only the tests and benchmarks use these: TorchScript export and the PyTorch reference,
 # validating deploy/docker-compose.yml, and clang with libFuzzer and the sanitizer

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/evaluation.h"
 #include "core/printable.h"
 #include "server/scheduler.h"
 
@@ -79,11 +80,7 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
           "], accuracy in [0, 1], loss and seconds finite and >= 0"));
     }
     for (const auto& [k, v] : e.metrics()) {
-      const bool fraction = k == "top5_accuracy" || k == "precision" || k == "recall" || k == "f1";
-      // Text: perplexity is exp(loss) >= 1; bits per byte and tokens counted are >= 0.
-      const bool text = k == "perplexity" || k == "bits_per_byte" || k == "tokens";
-      if (!(fraction || text || k == "mae" || k == "rmse") || !std::isfinite(v) || v < 0 ||
-          (fraction && v > 1) || (k == "perplexity" && v < 1)) {
+      if (!ValidEvaluationMetric(k, v)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "evaluation: metric '", Printable(k), "' unknown or out of range"));
       }

@@ -1,0 +1,13 @@
+"""cleave for Python: bring PyTorch training code to a cleave federation.
+
+A client is any object with Flower's NumPyClient shape (``get_parameters``, ``fit``,
+``evaluate``); :func:`start_client` runs it on cleave's C++ client, which does the
+whole protocol (TLS and mutual TLS, codecs with error feedback, secure aggregation,
+client-side DP, heartbeats, reconnects). :func:`run_local` runs a federation of them on
+this machine, and :func:`read_metrics` reads a run's rounds. docs/python.md has the rest.
+"""
+
+from .client import NumPyClient, start_client, copied_bytes
+from .local import run_local, read_metrics
+
+__all__ = ["NumPyClient", "start_client", "copied_bytes", "run_local", "read_metrics"]
