@@ -196,7 +196,7 @@ StatusOr<std::vector<int64_t>> PlacedPositions(
       }
       whole *= size;
       kept *= p.dims(d).index_size();
-      if (whole > length) return bad("a tensor larger than the vector");
+      if (whole > length || kept > length) return bad("a tensor larger than the vector");
     }
     if (p.offset() < 0 || p.offset() > length - whole) return bad(absl::StrCat("a tensor at ", p.offset()));
     if (static_cast<int64_t>(out.size()) + kept > length) return bad("more values than the vector holds");

@@ -10,7 +10,9 @@ missing=0
 for exe in cleave cleave-server cleave-client cleave-spm; do
   libs=$(ldd "$bin/$exe")
   for so in $(readelf -d "$bin/$exe" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
-    path=$(awk -v s="$so" '$1 == s && $3 ~ /^\// {print $3; exit}' <<< "$libs")
+    # "NAME => PATH (addr)", or the loader's "PATH (addr)" (code built position-independent
+    # asks it for __tls_get_addr).
+    path=$(awk -v s="$so" '$1 == s && $3 ~ /^\// {print $3; exit} $2 ~ /^\(/ && $1 ~ ("/" s "$") {print $1; exit}' <<< "$libs")
     if [ -z "$path" ]; then echo "$exe: $so is not found by ldd"; missing=1; continue; fi
     real=$(realpath "$path")
     # Debian 12 registers libraries under /lib or /usr/lib (merged /usr): try both.

@@ -4,10 +4,13 @@ A client is any object with Flower's NumPyClient shape (``get_parameters``, ``fi
 ``evaluate``); :func:`start_client` runs it on cleave's C++ client, which does the
 whole protocol (TLS and mutual TLS, codecs with error feedback, secure aggregation,
 client-side DP, heartbeats, reconnects). :func:`run_local` runs a federation of them on
-this machine, and :func:`read_metrics` reads a run's rounds. docs/python.md has the rest.
+this machine, and :func:`read_metrics` reads a run's rounds; :func:`start_server` runs
+the C++ coordinator in this process with a :class:`Strategy` written in Python.
+docs/python.md has the rest.
 """
 
 from .client import NumPyClient, start_client, copied_bytes
 from .local import run_local, read_metrics
+from .server import Strategy, start_server
 
-__all__ = ["NumPyClient", "start_client", "copied_bytes", "run_local", "read_metrics"]
+__all__ = ["NumPyClient", "start_client", "copied_bytes", "run_local", "read_metrics", "Strategy", "start_server"]

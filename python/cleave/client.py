@@ -34,8 +34,7 @@ def _implements(client, name):
 
 
 def start_client(*, client, num_examples, server=None, server_address=None, insecure=False, ca=None,
-                 cert=None, key=None, token=None, token_file=None, name=None, state_dir=None,
-                 give_up_after_s=600.0):
+                 cert=None, key=None, token=None, token_file=None, name=None, give_up_after_s=600.0):
     """Runs ``client`` in the federation at ``server`` ("HOST:PORT"; Flower's
     ``server_address`` is accepted too) until the server ends the run.
 
@@ -71,7 +70,6 @@ def start_client(*, client, num_examples, server=None, server_address=None, inse
         "key": key,
         "token": token,
         "name": name or "python-client",
-        "state_dir": state_dir,
         "num_examples": int(num_examples),
         "give_up_after_s": float(give_up_after_s),
     }

@@ -1,7 +1,9 @@
 // cleave._cleave: the native half of the Python package (python/cleave/). A client
 // whose training and evaluation are Python callables (ClientOptions::external) runs the
 // C++ client's whole protocol, TLS to heartbeats; the global model reaches Python as
-// NumPy arrays and the trained arrays are read in place (TensorView), not copied.
+// NumPy arrays and the trained arrays are read in place (TensorView), not copied. A
+// server runs the C++ coordinator in this process, calling a Python strategy's methods
+// (PythonStrategy) for its decisions only.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -13,8 +15,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/strategy.h"
 #include "cleave/v1/cleave.pb.h"
 #include "client/client.h"
+#include "core/files.h"
+#include "job/job.h"
+#include "server/options.h"
+#include "server/server.h"
 
 namespace py = pybind11;
 
@@ -169,7 +176,6 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
   o.tls_cert = get("cert", std::string());
   o.tls_key = get("key", std::string());
   o.token = get("token", std::string());
-  o.state_dir = get("state_dir", std::string());
   o.declared_examples = get("num_examples", int64_t{0});
   o.give_up_after_s = get("give_up_after_s", 600.0);
   if (o.declared_examples <= 0) throw py::value_error("num_examples must be positive");
@@ -205,6 +211,284 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
   return out;
 }
 
+// The arrays of `t`'s values as NumPy float32 arrays (copies: they outlive the call).
+py::list CopiesOf(const ParameterSet& set) {
+  py::list out;
+  for (const Tensor& t : set.tensors()) {
+    py::array_t<float> a(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()));
+    std::copy(t.values.begin(), t.values.end(), a.mutable_data());
+    out.append(std::move(a));
+  }
+  return out;
+}
+
+// A strategy whose decisions are a Python object's (cleave.Strategy's shape): which
+// clients train with what (configure_fit), the round's aggregate from the results
+// (aggregate_fit), the federated evaluation's figures (aggregate_evaluate) and the
+// server's own measure of each new model (evaluate). What it does not define, the job's
+// built-in strategy does (`fallback`). Results are kept whole until the round ends (as
+// robust rules keep them): aggregate_fit sees every client's parameters.
+class PythonStrategy : public Strategy {
+ public:
+  PythonStrategy(py::object strategy, std::unique_ptr<Strategy> fallback)
+      : py_(new py::object(std::move(strategy)), [](py::object* p) {
+          py::gil_scoped_acquire gil;
+          delete p;
+        }),
+        fallback_(std::move(fallback)) {}
+
+  std::string name() const override {
+    py::gil_scoped_acquire gil;
+    return "python:" + std::string(py::str(py_->get_type().attr("__name__")));
+  }
+
+  RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available, std::mt19937_64& rng) override {
+    round_ = round;
+    RoundPlan plan = fallback_->ConfigureRound(round, available, rng);
+    py::gil_scoped_acquire gil;
+    if (!Defines("configure_fit")) return plan;
+    try {
+      py::object chosen = py_->attr("configure_fit")(round, available);
+      if (chosen.is_none()) return plan;
+      plan.clients.clear();
+      plan.client_fit.clear();
+      for (py::handle item : chosen) {
+        if (py::isinstance<py::str>(item)) {
+          plan.clients.push_back(item.cast<std::string>());
+          continue;
+        }
+        auto pair = item.cast<py::tuple>();
+        const std::string id = pair[0].cast<std::string>();
+        plan.clients.push_back(id);
+        FitSettings fit = plan.fit;
+        py::dict c = pair[1].cast<py::dict>();
+        if (c.contains("lr")) fit.lr = c["lr"].cast<double>();
+        if (c.contains("local_epochs")) fit.local_epochs = c["local_epochs"].cast<int>();
+        if (c.contains("local_steps")) fit.local_steps = c["local_steps"].cast<int64_t>();
+        if (c.contains("batch_size")) fit.batch_size = c["batch_size"].cast<int>();
+        if (c.contains("momentum")) fit.momentum = c["momentum"].cast<double>();
+        if (c.contains("weight_decay")) fit.weight_decay = c["weight_decay"].cast<double>();
+        if (c.contains("proximal_mu")) fit.proximal_mu = c["proximal_mu"].cast<double>();
+        plan.client_fit[id] = fit;
+      }
+    } catch (py::error_already_set& e) {
+      plan = RoundPlan();
+      plan.stop_reason = absl::StrCat("the strategy's configure_fit raised ", e.what());
+    } catch (py::cast_error& e) {
+      plan = RoundPlan();
+      plan.stop_reason = absl::StrCat("configure_fit must return client ids or (id, config) pairs: ", e.what());
+    }
+    for (const std::string& id : plan.clients) {
+      if (std::find(available.begin(), available.end(), id) == available.end()) {
+        plan = RoundPlan();
+        plan.stop_reason = absl::StrCat("configure_fit chose ", id, ", which is not an available client");
+        break;
+      }
+    }
+    return plan;
+  }
+
+  RoundPlan ConfigureBuffer(int64_t version) override {
+    RoundPlan plan = fallback_->ConfigureBuffer(version);
+    plan.stop_reason = "a Python strategy aggregates synchronous rounds only (scheduler.mode: sync)";
+    return plan;
+  }
+
+  void BeginRound(const ParameterSet& global, int shards) override {
+    start_ = global;
+    shards_.assign(static_cast<size_t>(std::max(1, shards)), {});
+    count_ = 0;
+  }
+
+  void Accumulate(const ClientUpdate& update, int shard) override {
+    Result r;
+    r.name = update.client_name.empty() ? update.client_id : update.client_name;
+    r.weight = update.weight;
+    r.train_loss = update.train_loss;
+    r.parameters = start_;  // start + delta: the parameters the client trained to
+    for (size_t t = 0; t < update.delta.size(); ++t) {
+      std::vector<float>& v = r.parameters.mutable_tensors()[t].values;
+      std::vector<float> d(v.size());
+      update.delta[t].Read(0, update.delta[t].numel, d.data());
+      for (size_t i = 0; i < v.size(); ++i) v[i] += d[i];
+    }
+    shards_[shard].push_back(std::move(r));
+    ++count_;
+  }
+
+  int accumulated() const override { return count_; }
+
+  Status FinishRound(int num_failures, ParameterSet* global) override {
+    if (count_ == 0) return absl::FailedPreconditionError("no results this round");
+    stats_.clear();
+    py::gil_scoped_acquire gil;
+    py::module_ types = py::module_::import("types");
+    py::list results, failures;
+    for (const auto& shard : shards_) {
+      for (const Result& r : shard) {
+        py::dict metrics;
+        metrics["train_loss"] = r.train_loss;
+        py::object fit_res = types.attr("SimpleNamespace")(py::arg("parameters") = CopiesOf(r.parameters),
+                                                           py::arg("num_examples") = r.weight,
+                                                           py::arg("metrics") = metrics);
+        results.append(py::make_tuple(r.name, fit_res));
+      }
+    }
+    shards_.clear();
+    for (int i = 0; i < num_failures; ++i) {
+      failures.append(py::module_::import("builtins").attr("RuntimeError")("a client's task failed"));
+    }
+    ParameterSet next = *global;
+    try {
+      py::tuple out = py_->attr("aggregate_fit")(round_, results, failures).cast<py::tuple>();
+      if (out.size() != 2) return absl::InvalidArgumentError("aggregate_fit must return (parameters, metrics)");
+      if (out[0].is_none()) return absl::OkStatus();  // Flower's "no new model": keep it
+      py::sequence params = out[0].cast<py::sequence>();
+      if (py::len(params) != next.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("aggregate_fit returned ", py::len(params), " parameters; the model has ", next.size()));
+      }
+      for (size_t t = 0; t < next.size(); ++t) {
+        ASSIGN_OR_RETURN(py::array a, AsFloatArray(params[t], t));
+        Tensor& tensor = next.mutable_tensors()[t];
+        if (std::vector<int64_t>(a.shape(), a.shape() + a.ndim()) != tensor.shape) {
+          return absl::InvalidArgumentError(absl::StrCat("aggregate_fit's parameter ", t, " is not ", tensor.name,
+                                                         "'s shape"));
+        }
+        const float* v = static_cast<const float*>(a.data());
+        for (size_t i = 0; i < tensor.values.size(); ++i) {
+          if (!std::isfinite(v[i])) return absl::InvalidArgumentError(absl::StrCat("aggregate_fit's ", tensor.name, " is not finite"));
+          tensor.values[i] = v[i];
+        }
+      }
+      for (auto [k, v] : out[1].cast<py::dict>()) {
+        if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) stats_["fit_" + std::string(py::str(k))] = v.cast<double>();
+      }
+      if (Defines("evaluate")) {  // the server's own measure of the new model
+        py::object e = py_->attr("evaluate")(round_, CopiesOf(next));
+        if (!e.is_none()) {
+          py::tuple le = e.cast<py::tuple>();
+          stats_["evaluate_loss"] = le[0].cast<double>();
+          for (auto [k, v] : le[1].cast<py::dict>()) {
+            if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) {
+              stats_["evaluate_" + std::string(py::str(k))] = v.cast<double>();
+            }
+          }
+        }
+      }
+    } catch (py::error_already_set& e) {
+      return absl::InvalidArgumentError(absl::StrCat("the strategy raised ", e.what()));
+    } catch (py::cast_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat("the strategy returned the wrong types: ", e.what()));
+    }
+    *global = std::move(next);
+    return absl::OkStatus();
+  }
+
+  EvaluationSummary AggregateEvaluation(int64_t round, const std::vector<ClientEvaluationResult>& results) override {
+    EvaluationSummary summary = SummariseEvaluations(results);
+    py::gil_scoped_acquire gil;
+    if (!Defines("aggregate_evaluate")) return summary;
+    py::module_ types = py::module_::import("types");
+    py::list rs;
+    for (const ClientEvaluationResult& r : results) {
+      py::dict metrics;
+      metrics["accuracy"] = r.accuracy;
+      for (const auto& [k, v] : r.metrics) metrics[py::str(k)] = v;
+      rs.append(py::make_tuple(r.client_name, types.attr("SimpleNamespace")(py::arg("loss") = r.loss,
+                                                                            py::arg("num_examples") = r.examples,
+                                                                            py::arg("metrics") = metrics)));
+    }
+    try {
+      py::tuple out = py_->attr("aggregate_evaluate")(round, rs, py::list()).cast<py::tuple>();
+      if (!out[0].is_none()) summary.loss = out[0].cast<double>();
+      for (auto [k, v] : out[1].cast<py::dict>()) {
+        const std::string key = py::str(k);
+        if (key == "accuracy") {
+          summary.accuracy = v.cast<double>();
+        } else if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) {
+          summary.metrics[key] = v.cast<double>();
+        }
+      }
+    } catch (py::error_already_set&) {
+      stats_["aggregate_evaluate_failed"] = 1;  // the built-in summary stands
+    } catch (py::cast_error&) {
+      stats_["aggregate_evaluate_failed"] = 1;
+    }
+    return summary;
+  }
+
+  ParameterSet State() const override { return ParameterSet(); }
+  Status Restore(const ParameterSet& state) override {
+    return state.size() == 0 ? absl::OkStatus()
+                             : absl::FailedPreconditionError("a Python strategy keeps no state to resume from");
+  }
+  std::map<std::string, double> RoundStats() const override { return stats_; }
+
+ private:
+  struct Result {
+    std::string name;
+    int64_t weight = 0;
+    double train_loss = 0;
+    ParameterSet parameters;
+  };
+  // Whether the object has its own `method` (not cleave.Strategy's placeholder).
+  bool Defines(const char* method) const {
+    if (!py::hasattr(*py_, method)) return false;
+    py::object base = py::module_::import("cleave.server").attr("Strategy");
+    py::object mine = py_->get_type().attr(method), theirs = py::getattr(base, method, py::none());
+    return !mine.is(theirs);
+  }
+
+  std::shared_ptr<py::object> py_;
+  std::unique_ptr<Strategy> fallback_;
+  int64_t round_ = 0;
+  ParameterSet start_;
+  std::vector<std::vector<Result>> shards_;
+  std::atomic<int> count_{0};
+  std::map<std::string, double> stats_;
+};
+
+// Runs a server for the job `config` (a YAML file's path, or its text) in this process
+// until its run ends; `strategy` (or None: the job's) decides. `on_listen(port)` is
+// called once it serves. Returns the rounds' count; raises RuntimeError on failure.
+int64_t RunServer(const std::string& config, const py::dict& options, const py::object& strategy,
+                  const py::object& on_listen) {
+  const bool text = config.find('\n') != std::string::npos;
+  StatusOr<JobConfig> job = text ? ParseJob(config, ".") : LoadJob(config);
+  if (!job.ok()) throw py::value_error(job.status().ToString());
+  ServerOptions o;
+  o.config = *job;
+  o.listen = options.contains("listen") ? options["listen"].cast<std::string>() : "";
+  o.run_dir = options.contains("run_dir") && !options["run_dir"].is_none() ? options["run_dir"].cast<std::string>() : "";
+  o.insecure = options.contains("insecure") && options["insecure"].cast<bool>();
+  o.config_text = text ? config : ReadFile(config).value_or("");
+  if (!strategy.is_none()) {
+    auto held = std::make_shared<py::object>(strategy);
+    o.strategy = [held](const StrategyJob& j) -> StatusOr<std::unique_ptr<Strategy>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<Strategy> fallback, CreateStrategy(j));
+      py::gil_scoped_acquire gil;
+      return std::unique_ptr<Strategy>(new PythonStrategy(*held, std::move(fallback)));
+    };
+  }
+  StatusOr<std::unique_ptr<Server>> server;
+  Status s;
+  {
+    py::gil_scoped_release released;
+    server = Server::Create(std::move(o));
+    if (server.ok()) s = (*server)->Start();
+  }
+  if (!server.ok()) throw std::runtime_error(server.status().ToString());
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  if (!on_listen.is_none()) on_listen((*server)->port());
+  {
+    py::gil_scoped_release released;
+    s = (*server)->Run();
+  }
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+  return (*server)->committed_round();
+}
+
 }  // namespace
 }  // namespace cleave
 
@@ -212,6 +496,8 @@ PYBIND11_MODULE(_cleave, m) {
   m.doc() = "cleave's native client (see the cleave package)";
   m.def("run_client", &cleave::RunClient, py::arg("options"), py::arg("fit"), py::arg("evaluate"),
         "Runs a client whose training is `fit` (and evaluation `evaluate`) until the server ends the run.");
+  m.def("run_server", &cleave::RunServer, py::arg("config"), py::arg("options"), py::arg("strategy"),
+        py::arg("on_listen"), "Runs a server for the job `config` in this process until its run ends.");
   m.def("copied_bytes", [] { return cleave::g_copied_bytes.load(); },
         "Bytes of trained parameters copied between Python and C++ (only non-contiguous arrays are).");
 }

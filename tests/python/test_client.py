@@ -33,15 +33,16 @@ server: {{heartbeat_s: 0.5, client_timeout_s: 30}}
 class Server:
     """cleave-server on a loopback port of its own, plaintext, in a temporary run dir."""
 
-    def __init__(self, job):
+    def __init__(self, job, insecure=True):  # insecure=False: the job's tls section
         self.dir = tempfile.mkdtemp(prefix="cleave-pytest-")
         config = os.path.join(self.dir, "job.yaml")
         with open(config, "w", encoding="utf-8") as f:
             f.write(job)
         self.log = os.path.join(self.dir, "server.out")
         with open(self.log, "w", encoding="utf-8") as out:
-            self.proc = subprocess.Popen([cleave.local._server_binary(), "--config", config, "--insecure",
-                                          "--listen", "127.0.0.1:0", "--run-dir", os.path.join(self.dir, "run")],
+            self.proc = subprocess.Popen([cleave.local._server_binary(), "--config", config]
+                                         + (["--insecure"] if insecure else [])
+                                         + ["--listen", "127.0.0.1:0", "--run-dir", os.path.join(self.dir, "run")],
                                          stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -61,14 +62,18 @@ class Server:
         return code, cleave.read_metrics(os.path.join(self.dir, "run"))
 
 
-def run_clients(address, clients, examples):
-    """Runs each client in a thread of this process (start_client releases the GIL)."""
+def run_clients(address, clients, examples, tls=None):
+    """Runs each client in a thread of this process (start_client releases the GIL);
+    with `tls` (a `cleave certs` folder) over mutual TLS with its certificates."""
     results = [None] * len(clients)
 
     def run(i):
+        name = f"py-{i}"
+        how = {"insecure": True} if tls is None else {
+            "ca": f"{tls}/ca.crt", "cert": f"{tls}/clients/{name}.crt", "key": f"{tls}/clients/{name}.key"}
         try:
-            results[i] = cleave.start_client(server=address, client=clients[i], num_examples=examples,
-                                             insecure=True, name=f"py-{i}", give_up_after_s=60)
+            results[i] = cleave.start_client(server=address, client=clients[i], num_examples=examples, name=name,
+                                             give_up_after_s=60, **how)
         except Exception as e:  # the test reports it
             results[i] = e
 
@@ -144,6 +149,134 @@ class BadFitTest(unittest.TestCase):
 
 def _parts(client):
     return client.net, client.trainloader, client.valloader
+
+
+class WireTest(unittest.TestCase):
+    """What the C++ client does on the wire, a Python client does: mutual TLS and secure
+    aggregation; an update codec with error feedback."""
+
+    def test_mutual_tls_and_secure_aggregation(self):
+        torch.set_num_threads(1)
+        job = JOB.format(name="py-secure", rounds=3, clients=3, quorum=1.0) + """
+tls: {cert: "FED/server.crt", key: "FED/server.key", ca: "FED/ca.crt", mutual: true}
+secure_aggregation: {k: 2, t: 2, clip: 1.0, bits: 16}
+"""
+        cli = os.path.join(os.path.dirname(cleave.local._server_binary()), "cleave")
+        fed = os.path.join(tempfile.mkdtemp(prefix="cleave-pytest-"), "fed")
+        subprocess.run([cli, "certs", "init", fed], check=True, capture_output=True)
+        for i in range(3):
+            subprocess.run([cli, "certs", "issue", fed, f"py-{i}"], check=True, capture_output=True)
+        server = Server(job.replace("FED", fed), insecure=False)
+        with self.assertRaisesRegex(ValueError, "insecure=True"):
+            cleave.start_client(server=server.address, client=qs.client_fn(0, 10), num_examples=10)
+        results = run_clients(server.address, [qs.client_fn(i, 300) for i in range(3)], 300, tls=fed)
+        code, rows = server.wait()
+        self.assertEqual(code, 0, server.output()[-3000:])
+        self.assertTrue(all(isinstance(r, dict) and r["tasks_failed"] == 0 for r in results), results)
+        training = [r for r in rows if not r.get("evaluation_only")]
+        self.assertEqual([r["participants"] for r in training], [3, 3, 3])
+        self.assertIn("secure aggregation: unmasked the sum of 3 updates", server.output())
+        accuracy = [r["test_accuracy"] for r in training]
+        self.assertGreater(accuracy[-1], max(0.3, accuracy[0]), accuracy)
+
+    def test_an_update_codec_with_error_feedback(self):
+        torch.set_num_threads(1)
+        job = JOB.format(name="py-topk", rounds=2, clients=2, quorum=1.0) + "compression: {update: \"topk:0.1\"}\n"
+        server = Server(job)
+        results = run_clients(server.address, [qs.client_fn(i, 300) for i in range(2)], 300)
+        code, rows = server.wait()
+        self.assertEqual(code, 0, server.output()[-3000:])
+        self.assertTrue(all(isinstance(r, dict) and r["tasks_failed"] == 0 for r in results), results)
+        training = [r for r in rows if not r.get("evaluation_only")]
+        # top-k 10 %: index and value per kept entry, about a fifth of float32's bytes
+        dense = 2 * 4 * sum(p.numel() for p in qs.Net().parameters())
+        self.assertLess(training[0]["update_bytes"], dense / 3, training[0])
+
+
+class Offset(cleave.NumPyClient):
+    """Trains nothing: returns the global model plus its own offset, and keeps what it got."""
+
+    def __init__(self, offset, examples):
+        self.offset, self.examples, self.seen, self.sent = offset, examples, [], {}
+
+    def fit(self, parameters, config):
+        self.seen.append((config["server_round"], config["lr"], [p.copy() for p in parameters]))
+        self.sent[config["server_round"]] = [p + np.float32(self.offset) for p in parameters]
+        return self.sent[config["server_round"]], self.examples, {"loss": self.offset}
+
+    def evaluate(self, parameters, config):
+        return 1.0 + self.offset, 10, {"accuracy": 0.5}
+
+
+class Median(cleave.Strategy):
+    """The element-wise median of the clients' models, with a learning rate per round."""
+
+    def __init__(self):
+        self.calls = []
+
+    def configure_fit(self, server_round, clients):
+        return [(c, {"lr": 0.25 * server_round}) for c in clients]
+
+    def aggregate_fit(self, server_round, results, failures):
+        self.calls.append((server_round, sorted(r.num_examples for _, r in results), len(failures)))
+        per_tensor = zip(*[r.parameters for _, r in results])
+        return [np.median(np.stack(ps), axis=0).astype(np.float32) for ps in per_tensor], {"clients": len(results)}
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return 42.0, {"accuracy": 0.75}
+
+    def evaluate(self, server_round, parameters):
+        return float(sum(np.abs(p).sum() for p in parameters)), {"tensors": len(parameters)}
+
+
+class StrategyTest(unittest.TestCase):
+    """A strategy in Python on the C++ coordinator in this process."""
+
+    def run_server(self, strategy, clients, rounds=2):
+        run_dir = tempfile.mkdtemp(prefix="cleave-pytest-")
+        threads = []
+
+        def serve(port):  # the clients, once the server listens
+            for i, c in enumerate(clients):
+                threads.append(threading.Thread(target=cleave.start_client, kwargs=dict(
+                    server=f"127.0.0.1:{port}", client=c, num_examples=c.examples, insecure=True, name=f"py-{i}",
+                    give_up_after_s=30)))
+                threads[-1].start()
+
+        try:
+            committed = cleave.start_server(JOB.format(name="py-strategy", rounds=rounds, clients=len(clients),
+                                                       quorum=1.0), strategy=strategy, insecure=True,
+                                            run_dir=run_dir, on_listen=serve)
+        finally:
+            for t in threads:
+                t.join(timeout=60)
+        return committed, cleave.read_metrics(run_dir)
+
+    def test_the_strategy_decides_and_the_coordinator_does_the_rest(self):
+        clients = [Offset(0.1, 100), Offset(0.2, 200), Offset(0.9, 300)]
+        strategy = Median()
+        committed, rows = self.run_server(strategy, clients)
+        self.assertEqual(committed, 2)
+        self.assertEqual(strategy.calls, [(1, [100, 200, 300], 0), (2, [100, 200, 300], 0)])
+        for c in clients:
+            self.assertEqual([(r, lr) for r, lr, _ in c.seen], [(1, 0.25), (2, 0.5)])
+            # Round 2's model is exactly the median client's round-1 model.
+            for got, median in zip(c.seen[1][2], clients[1].sent[1]):
+                np.testing.assert_array_equal(got, median)
+        training = [r for r in rows if not r.get("evaluation_only")]
+        self.assertEqual(training[0]["fit_clients"], 3)
+        self.assertEqual(training[0]["evaluate_tensors"], 10)
+        self.assertGreater(training[0]["evaluate_loss"], 0)
+        self.assertEqual(training[1]["client_eval"]["loss"], 42.0)
+        self.assertEqual(training[1]["client_eval"]["accuracy"], 0.75)
+
+    def test_a_strategy_that_raises_ends_the_run_with_its_error(self):
+        class Broken(cleave.Strategy):
+            def aggregate_fit(self, server_round, results, failures):
+                raise KeyError("no such rule")
+
+        with self.assertRaisesRegex(RuntimeError, "no such rule"):
+            self.run_server(Broken(), [Offset(0.1, 100), Offset(0.2, 100)], rounds=1)
 
 
 class RunLocalTest(unittest.TestCase):
