@@ -278,6 +278,11 @@ v1::ClientMessage Client::Impl::JoinMessage() const {
 Status Client::Impl::SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome& welcome,
                                  ControlStream& cs) {
   if (welcome.profile_batch_size() <= 0) return absl::OkStatus();  // no cut: auto
+  if (opts.external.fit || opts.external.split) {
+    return absl::FailedPreconditionError(
+        "this client trains in its own code, so it cannot profile the model's stages for an automatic cut: give "
+        "the job a split.cut");
+  }
   auto spec = Spec(stub, welcome, welcome.model());
   // What training may use (Profile.memory_limit_bytes): the limit less what this process
   // holds already (its libraries and data).

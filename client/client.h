@@ -28,6 +28,8 @@ namespace cleave {
 class Heartbeats;
 class TaskSlots;
 
+struct ExternalSplit;  // client/split_client.h
+
 struct ClientOptions {
   std::string server;              // host:port
   // A channel to use instead of dialing `server` (then only named in logs): e.g.
@@ -130,6 +132,9 @@ struct ClientOptions {
   struct External {
     std::function<StatusOr<ExternalFit>(const v1::Task& task, const ParameterSet& global)> fit;
     std::function<StatusOr<ExternalEvaluation>(const v1::Task& task, const ParameterSet& global)> evaluate;
+    // Split tasks (sl, sfl-v1, sfl-v2 at a fixed split.cut): the device's stages in the
+    // caller's code (client/split_client.h).
+    std::shared_ptr<const ExternalSplit> split;
   };
   External external;
 

@@ -197,8 +197,10 @@ struct Client::Impl {
   static const std::vector<TaskHandler>& TaskHandlers();
   // A task of an edge aggregator (ClientOptions::aggregate): every task it gets.
   Status HandleEdgeTask(const TaskCall& c);
-  // opts.external: the caller's code trains and evaluates.
+  // opts.external: the caller's code trains and evaluates (HandleExternalSplitTask: its
+  // stages of a split model).
   Status HandleExternalTask(const TaskCall& c);
+  Status HandleExternalSplitTask(const TaskCall& c);
   StatusOr<v1::ClientEvaluation> EvaluateExternal(const v1::Task& task, const ParameterSet& global);
   // A split-learning task: the client part trained against the server.
   Status HandleSplitTask(const TaskCall& c);

@@ -362,6 +362,35 @@ Status Client::Impl::HandleExternalTask(const TaskCall& c) {
   return absl::OkStatus();
 }
 
+Status Client::Impl::HandleExternalSplitTask(const TaskCall& c) {
+  const v1::Task& task = c.task;
+  const v1::SplitTask& st = task.split();
+  if ((st.mode() != "sl" && st.mode() != "sfl-v1" && st.mode() != "sfl-v2") || !task.base_digest().empty() ||
+      !task.quantized_base_digest().empty() || task.model().has_interop() || task.has_secagg() ||
+      task.model().width() > 0) {
+    return c.Reject(absl::FailedPreconditionError(
+        "this client's stages are its own code: it takes sl, sfl-v1 and sfl-v2 tasks of a model without frozen, "
+        "quantized or private tensors, not U-shaped, pipeline, submodel or masked ones"));
+  }
+  auto part = FetchModel(c.stub, c.w, task);
+  if (!part.ok()) return c.Reject(part.status());
+  c.Accept();
+  SplitTaskOptions so;
+  so.seed = BatchSeed(task, c.w, opts.name);
+  so.emulator = &emulator;
+  so.cancel = &stop;
+  so.external = opts.external.split.get();
+  ASSIGN_OR_RETURN(SplitTaskResult r, RunSplitTask(c.stub, c.w, task, *part, Dataset(), so));
+  RecordTraining(TrainStats{r.loss, r.examples, r.stats.wall_s() * r.stats.steps()});
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadUpdate(c.stub, c.w, task, Delta(r.trained, *part), r.examples, r.loss,
+                                r.stats.wall_s() * r.stats.steps(), &r.stats));
+  ++tasks_done;
+  spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step, loss {:.4f}{}", task.round(), st.cut(),
+               r.stats.steps(), 1e3 * r.stats.wall_s(), r.loss, reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
 Status Client::Impl::BuildModel(const v1::Task& task, const ModelSpec& spec) {
   const std::string key = task.model().DebugString();
   if (model && key == model_key) return absl::OkStatus();
@@ -561,6 +590,8 @@ const std::vector<Client::Impl::TaskHandler>& Client::Impl::TaskHandlers() {
   static const std::vector<TaskHandler> handlers = {
       {"edge", [](const ClientOptions& o, const v1::Task&) { return static_cast<bool>(o.aggregate); },
        &Impl::HandleEdgeTask},
+      {"external split", [](const ClientOptions& o, const v1::Task& t) { return o.external.split && t.has_split(); },
+       &Impl::HandleExternalSplitTask},
       {"external", [](const ClientOptions& o, const v1::Task&) { return static_cast<bool>(o.external.fit); },
        &Impl::HandleExternalTask},
       {"gossip", [](const ClientOptions&, const v1::Task& t) { return t.has_gossip(); },

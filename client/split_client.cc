@@ -187,6 +187,8 @@ class SplitTaskRun {
   // Streams the local epochs (or steps) of micro-batches, split.window in flight, and
   // ends the stream.
   Status Train();
+  // The same with the caller's stages (SplitTaskOptions::external): its batches.
+  Status TrainExternal();
   // A pipeline's data owner: each batch as micro_batches micro-batches (window in
   // flight), one step per batch once all came back.
   Status TrainPipeline();
@@ -210,10 +212,14 @@ class SplitTaskRun {
   // Ends the stream: cancels it unless `status` is OK, and returns the server's status
   // when it has one to tell, else `status`.
   Status Finish(Status status);
+  // The activation noise and the activation and gradient codecs of the task.
+  Status PrepareCodecs();
   // Sends micro-batch `idx` (its activations, and its labels unless U-shaped). Text:
   // `length` > 0 cuts its sequences there. A pipeline's: its share of the batch's loss
   // and whether it ends the batch.
   Status SendBatch(const std::vector<int64_t>& idx, int64_t length = 0, double share = 0, bool batch_end = false);
+  // Sends a micro-batch's activations (noised, encoded) and labels, as SendBatch does.
+  void Push(Activations act, std::vector<int64_t> labels, double share, bool batch_end);
   // A pipeline's batch `idx` as micro-batches: micro_batches equal ones, or by the token
   // budget (PackByTokens); text micro-batches end after their last target. Sequences
   // without a target are left out (they add nothing to the loss).
@@ -258,6 +264,7 @@ class SplitTaskRun {
   int64_t first_end_ = 0;  // a pipeline's first batch's last micro-batch (for its spans)
   std::set<int64_t> headed_;  // U-shaped: micro-batches through the head, their gradient due
   int64_t seq_ = 1, steps_ = 0;
+  int64_t external_examples_ = 0;  // SplitTaskOptions::external: per epoch, as its begin said
   double loss_sum_ = 0;  // of the last epoch
   int64_t loss_n_ = 0;
   SteadyClock::time_point start_;
@@ -271,6 +278,16 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
   if (pipeline_ && (st_.begin() != 0 || st_.micro_batches() < 1 ||
                     std::max(1, task_.train().batch_size()) % st_.micro_batches() != 0)) {
     return absl::InvalidArgumentError("bad pipeline task: its owner holds stage 0 and micro-batches divide the batch");
+  }
+  if (o_.external != nullptr) {  // the caller's stages: it loads the part
+    if (ushaped_ || pipeline_ || o_.own != nullptr || o_.base != nullptr || o_.quantized != nullptr) {
+      return absl::FailedPreconditionError(
+          "a device whose stages are its own code takes sl, sfl-v1 and sfl-v2 tasks of a model without frozen or "
+          "private tensors");
+    }
+    ASSIGN_OR_RETURN(external_examples_, o_.external->begin(task_, part));
+    if (external_examples_ <= 0) return absl::InvalidArgumentError("begin returned no examples");
+    return PrepareCodecs();
   }
   // The server checks every micro-batch against the model's shapes: a language model's
   // activations are [B, context, dim].
@@ -303,6 +320,10 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
     head_->SetAccumulate(st_.micro_batches());
     if (tail_) tail_->SetAccumulate(st_.micro_batches());
   }
+  return PrepareCodecs();
+}
+
+Status SplitTaskRun::PrepareCodecs() {
   if (!(st_.activation_noise() >= 0) || !(st_.nopeek() >= 0)) {
     return absl::InvalidArgumentError("bad split privacy settings");
   }
@@ -386,7 +407,11 @@ Status SplitTaskRun::Receive() {
       loss_n_ += grad.batch();
     }
     const double began = UnixSeconds();
-    RETURN_IF_ERROR(Timed([&] { return head_->Backward(r.seq(), grad).status(); }));
+    if (o_.external != nullptr) {
+      RETURN_IF_ERROR(Timed([&] { return o_.external->backward(r.seq(), grad); }));
+    } else {
+      RETURN_IF_ERROR(Timed([&] { return head_->Backward(r.seq(), grad).status(); }));
+    }
     if (pipeline_) AddPipelineSpan(&spans_, r.seq(), first_end_, /*forward=*/false, began);
     inflight_.erase(it);
     ++steps_;
@@ -403,13 +428,18 @@ Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx, int64_t length, 
   auto act = Timed([&] { return head_->Forward(seq_, InputBatch(data_, idx, length)); });
   if (!act.ok()) return act.status();
   if (pipeline_) AddPipelineSpan(&spans_, seq_, first_end_, /*forward=*/true, t0);
+  Push(*std::move(act), std::move(labels), share, batch_end);
+  return absl::OkStatus();
+}
+
+void SplitTaskRun::Push(Activations act, std::vector<int64_t> labels, double share, bool batch_end) {
   if (st_.activation_noise() > 0) {
-    for (float& v : act->values) v += noise_(noise_rng_);
+    for (float& v : act.values) v += noise_(noise_rng_);
   }
   v1::SplitUp up;
   auto* mb = up.mutable_batch();
   mb->set_seq(seq_);
-  ToWire(*act, acts_, mb->mutable_activations());
+  ToWire(act, acts_, mb->mutable_activations());
   if (!ushaped_) {
     for (int64_t y : labels) mb->add_labels(y);
   }
@@ -417,7 +447,6 @@ Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx, int64_t length, 
   mb->set_batch_end(batch_end);
   writer_->Push(std::move(up));
   inflight_[seq_++] = {std::move(labels), share};
-  return absl::OkStatus();
 }
 
 std::vector<SplitTaskRun::MicroBatch> SplitTaskRun::MicroBatches(const std::vector<int64_t>& idx) const {
@@ -514,7 +543,43 @@ Status SplitTaskRun::TrainPipeline() {
   return Finish(absl::OkStatus());
 }
 
+Status SplitTaskRun::TrainExternal() {
+  const int64_t max_steps = task_.train().local_steps();
+  int64_t sent = 0;
+  for (int epoch = 0; max_steps > 0 ? sent < max_steps : epoch < task_.train().local_epochs(); ++epoch) {
+    loss_sum_ = 0;
+    loss_n_ = 0;
+    int64_t batches = 0;
+    while (max_steps <= 0 || sent < max_steps) {
+      if (o_.cancel && o_.cancel->load()) return Finish(absl::CancelledError("training cancelled"));
+      auto batch = Timed([&] { return o_.external->forward(seq_); });
+      if (!batch.ok()) return Finish(batch.status());
+      if (!batch->has_value()) break;  // the epoch ended
+      ExternalSplit::Batch& b = **batch;
+      if (b.activations.batch() < 1 || static_cast<int64_t>(b.labels.size()) != b.activations.batch()) {
+        return Finish(absl::InvalidArgumentError(absl::StrCat("forward gave ", b.activations.batch(), " activations and ",
+                                                              b.labels.size(), " labels")));
+      }
+      Push(std::move(b.activations), std::move(b.labels), 0, false);
+      ++sent;
+      ++batches;
+      while (static_cast<int>(inflight_.size()) >= st_.window()) {
+        if (Status s = Receive(); !s.ok()) return Finish(s);
+      }
+    }
+    if (batches == 0) return Finish(absl::InvalidArgumentError("forward gave no batch in an epoch"));
+    while (!inflight_.empty()) {
+      if (Status s = Receive(); !s.ok()) return Finish(s);
+    }
+  }
+  writer_->Close();
+  v1::SplitDown extra;
+  if (stream_->Read(&extra)) return Finish(absl::DataLossError("unexpected message after the last step"));
+  return Finish(absl::OkStatus());
+}
+
 Status SplitTaskRun::Train() {
+  if (o_.external != nullptr) return TrainExternal();
   if (pipeline_) return TrainPipeline();
   std::mt19937_64 rng(o_.seed);
   std::vector<int64_t> order(data_.size);
@@ -551,17 +616,26 @@ Status SplitTaskRun::Train() {
 
 StatusOr<SplitTaskResult> SplitTaskRun::Result(const ParameterSet& part) const {
   SplitTaskResult result;
-  // The trained part, in the layout of the part we were given.
-  ParameterSet h = head_->Parameters();
-  ParameterSet t = tail_ ? tail_->Parameters() : ParameterSet();
-  for (const auto& p : part.tensors()) {
-    const Tensor* src = h.Find(p.name);
-    if (src == nullptr) src = t.Find(p.name);
-    if (src == nullptr) return absl::InternalError(absl::StrCat("no trained ", p.name));
-    RETURN_IF_ERROR(result.trained.Add(*src));
+  if (o_.external != nullptr) {  // the caller's trained part, checked against the one it was given
+    ASSIGN_OR_RETURN(result.trained, o_.external->parameters());
+    if (result.trained.size() == part.size()) {  // the caller's tensors are the part's, in order
+      for (size_t i = 0; i < part.size(); ++i) result.trained.mutable_tensors()[i].name = part.tensors()[i].name;
+    }
+    if (Status s = CheckViews(part, ViewsOf(result.trained)); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("the trained part is not the part it was given: ", s.message()));
+    }
+  } else {  // the trained part, in the layout of the part we were given
+    ParameterSet h = head_->Parameters();
+    ParameterSet t = tail_ ? tail_->Parameters() : ParameterSet();
+    for (const auto& p : part.tensors()) {
+      const Tensor* src = h.Find(p.name);
+      if (src == nullptr) src = t.Find(p.name);
+      if (src == nullptr) return absl::InternalError(absl::StrCat("no trained ", p.name));
+      RETURN_IF_ERROR(result.trained.Add(*src));
+    }
+    if (o_.own != nullptr) result.own = std::move(h);
   }
-  if (o_.own != nullptr) result.own = std::move(h);
-  result.examples = data_.size;
+  result.examples = o_.external ? external_examples_ : data_.size;
   result.loss = loss_n_ ? loss_sum_ / loss_n_ : 0;
   auto& s = result.stats;
   s.set_steps(steps_);

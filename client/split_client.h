@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "client/emulation.h"
@@ -22,6 +23,25 @@ struct SplitTaskResult {
   int64_t examples = 0;   // per epoch
   double loss = 0;        // mean loss over the last epoch
   v1::SplitStats stats;
+};
+
+// A device whose stages are its caller's code (the Python package's split clients,
+// ClientOptions::external.split), in sl, sfl-v1 and sfl-v2: the task's part (the values
+// of the device's stages the server sent) goes to `begin`, which returns the examples of
+// an epoch; `forward` gives the next batch's activations at the cut and its labels (none
+// when the epoch has ended; the next call starts another); `backward` takes the gradient
+// of batch `seq`'s activations (and steps the caller's optimizer); `parameters` is the
+// trained part, in the part's order and shapes. The stream, codecs, activation noise and
+// window are this client's, as for its own stages.
+struct ExternalSplit {
+  struct Batch {
+    Activations activations;
+    std::vector<int64_t> labels;
+  };
+  std::function<StatusOr<int64_t>(const v1::Task& task, const ParameterSet& part)> begin;
+  std::function<StatusOr<std::optional<Batch>>(int64_t seq)> forward;
+  std::function<Status(int64_t seq, const Activations& grad)> backward;
+  std::function<StatusOr<ParameterSet>()> parameters;
 };
 
 // How a pipeline's device dials its next one (split.mode: pipeline).
@@ -53,6 +73,8 @@ struct SplitTaskOptions {
   // stages (its private base and fusion), which the server never sends; the task's part
   // is then empty, and the trained values come back in SplitTaskResult::own.
   const ParameterSet* own = nullptr;
+  // The device's stages in its caller's code instead of the model's (`data` unused).
+  const ExternalSplit* external = nullptr;
 };
 
 // The local training a task's TrainConfig asks for (whole-model or split); the caller

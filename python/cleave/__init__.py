@@ -9,8 +9,8 @@ the C++ coordinator in this process with a :class:`Strategy` written in Python.
 docs/python.md has the rest.
 """
 
-from .client import NumPyClient, start_client, copied_bytes
+from .client import NumPyClient, start_client, start_split_client, copied_bytes
 from .local import run_local, read_metrics
 from .server import Strategy, start_server
 
-__all__ = ["NumPyClient", "start_client", "copied_bytes", "run_local", "read_metrics", "Strategy", "start_server"]
+__all__ = ["NumPyClient", "start_client", "start_split_client", "copied_bytes", "run_local", "read_metrics", "Strategy", "start_server"]

@@ -80,3 +80,74 @@ def copied_bytes():
     """Bytes of trained parameters copied on their way from Python to the upload since
     the process started: 0 unless some ``fit`` returned a non-contiguous array."""
     return _cleave.copied_bytes()
+
+
+class _SplitRunner:
+    """The device's stages of a split model in PyTorch, driven by the C++ client."""
+
+    def __init__(self, module, optimizer, batches, examples):
+        self.module, self.optimizer, self.batches, self.examples = module, optimizer, batches, examples
+        self.config, self.it, self.acts = {}, None, {}
+
+    def begin(self, parameters, config):
+        import torch
+        tensors = list(self.module.state_dict().values())
+        if len(parameters) != len(tensors):
+            raise ValueError(f"the server's part has {len(parameters)} tensors; the module has {len(tensors)}")
+        with torch.no_grad():
+            for i, (t, v) in enumerate(zip(tensors, parameters)):
+                if tuple(t.shape) != tuple(v.shape):
+                    raise ValueError(f"the part's tensor {i} is {tuple(v.shape)}; the module's is {tuple(t.shape)}")
+                t.copy_(torch.from_numpy(v))
+        self.config, self.it, self.acts = config, None, {}
+        self.module.train()
+        return self.examples
+
+    def forward(self, seq):
+        if self.it is None:
+            self.it = iter(self.batches(self.config))
+        try:
+            x, y = next(self.it)
+        except StopIteration:
+            self.it = None
+            return None
+        act = self.module(x)
+        self.acts[seq] = act
+        return act.detach().contiguous().numpy(), y.numpy() if hasattr(y, "numpy") else y
+
+    def backward(self, seq, grad):
+        import torch
+        act = self.acts.pop(seq)
+        self.optimizer.zero_grad()
+        act.backward(torch.from_numpy(grad))
+        self.optimizer.step()
+
+    def parameters(self):
+        return [t.detach().cpu().contiguous().numpy() for t in self.module.state_dict().values()]
+
+
+def start_split_client(*, module, optimizer, batches, num_examples, server=None, server_address=None,
+                       insecure=False, ca=None, cert=None, key=None, token=None, token_file=None, name=None,
+                       give_up_after_s=600.0):
+    """Runs the device's part of a split model, ``module`` (a ``torch.nn.Module``: the
+    model's stages before the job's ``split.cut``, with their tensors in the model's order
+    and shapes), in split learning (``sl``, ``sfl-v1`` or ``sfl-v2``) until the server
+    ends the run. Each task loads the part the server sends into ``module``, then for
+    each batch of ``batches(config)`` (an iterable of ``(inputs, labels)`` tensors for one
+    local epoch) sends ``module(inputs)`` and the labels through the C++ client's split
+    stream (its codecs, activation noise and window), back-propagates the gradient that
+    returns and steps ``optimizer``; the trained part is uploaded. Connection arguments
+    as :func:`start_client`.
+    """
+    address = server or server_address
+    if not address:
+        raise ValueError("start_split_client needs server='HOST:PORT'")
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    if not insecure and not ca:
+        raise ValueError("no CA to verify the server with (ca=...); plaintext needs insecure=True")
+    options = {"server": address, "insecure": bool(insecure), "ca": ca, "cert": cert, "key": key, "token": token,
+               "name": name or "python-split-client", "num_examples": int(num_examples),
+               "give_up_after_s": float(give_up_after_s)}
+    return _cleave.run_client(options, None, None, _SplitRunner(module, optimizer, batches, int(num_examples)))

@@ -18,6 +18,7 @@
 #include "aggregation/strategy.h"
 #include "cleave/v1/cleave.pb.h"
 #include "client/client.h"
+#include "client/split_client.h"
 #include "core/files.h"
 #include "job/job.h"
 #include "server/options.h"
@@ -41,6 +42,17 @@ py::list ToArrays(const ParameterSet& global) {
   for (const Tensor& t : held->tensors()) {
     std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
     out.append(py::array_t<float>(shape, t.values.data(), owner));
+  }
+  return out;
+}
+
+// `set`'s tensors as NumPy float32 arrays of their own (copies: they outlive the call).
+py::list CopiesOf(const ParameterSet& set) {
+  py::list out;
+  for (const Tensor& t : set.tensors()) {
+    py::array_t<float> a(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()));
+    std::copy(t.values.begin(), t.values.end(), a.mutable_data());
+    out.append(std::move(a));
   }
   return out;
 }
@@ -163,8 +175,86 @@ StatusOr<ClientOptions::ExternalEvaluation> CallEvaluate(const py::object& evalu
   return out;
 }
 
+// A Python callable held by C++ code; released with the GIL.
+std::shared_ptr<py::object> Held(py::object o) {
+  return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+// The device's stages of a split model in Python (cleave.start_split_client's runner:
+// begin, forward, backward, parameters), as ExternalSplit hooks.
+std::shared_ptr<const ExternalSplit> SplitHooks(const py::object& runner) {
+  auto r = Held(runner);
+  auto out = std::make_shared<ExternalSplit>();
+  out->begin = [r](const v1::Task& task, const ParameterSet& part) -> StatusOr<int64_t> {
+    py::gil_scoped_acquire gil;
+    try {
+      return (*r).attr("begin")(CopiesOf(part), ConfigOf(task)).cast<int64_t>();
+    } catch (py::error_already_set& e) {
+      return PythonError("begin", e);
+    } catch (py::cast_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat("begin must return the examples of an epoch: ", e.what()));
+    }
+  };
+  out->forward = [r](int64_t seq) -> StatusOr<std::optional<ExternalSplit::Batch>> {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object got = (*r).attr("forward")(seq);
+      if (got.is_none()) return std::optional<ExternalSplit::Batch>();
+      py::tuple pair = got.cast<py::tuple>();
+      ASSIGN_OR_RETURN(py::array act, AsFloatArray(pair[0], 0));
+      py::array_t<int64_t, py::array::c_style | py::array::forcecast> labels(pair[1]);
+      ExternalSplit::Batch b;
+      b.activations.shape.assign(act.shape(), act.shape() + act.ndim());
+      const float* v = static_cast<const float*>(act.data());
+      b.activations.values.assign(v, v + act.size());
+      b.labels.assign(labels.data(), labels.data() + labels.size());
+      return std::optional<ExternalSplit::Batch>(std::move(b));
+    } catch (py::error_already_set& e) {
+      return PythonError("forward", e);
+    } catch (py::cast_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat("forward must return (activations, labels) or None: ", e.what()));
+    }
+  };
+  out->backward = [r](int64_t seq, const Activations& grad) -> Status {
+    py::gil_scoped_acquire gil;
+    py::array_t<float> g(std::vector<py::ssize_t>(grad.shape.begin(), grad.shape.end()));
+    std::copy(grad.values.begin(), grad.values.end(), g.mutable_data());
+    try {
+      (*r).attr("backward")(seq, g);
+    } catch (py::error_already_set& e) {
+      return PythonError("backward", e);
+    }
+    return absl::OkStatus();
+  };
+  out->parameters = [r]() -> StatusOr<ParameterSet> {
+    py::gil_scoped_acquire gil;
+    ParameterSet out;
+    try {
+      py::list params = (*r).attr("parameters")().cast<py::list>();
+      for (size_t i = 0; i < params.size(); ++i) {
+        ASSIGN_OR_RETURN(py::array a, AsFloatArray(params[i], i));
+        const float* v = static_cast<const float*>(a.data());
+        RETURN_IF_ERROR(out.Add(Tensor{absl::StrCat(i), std::vector<int64_t>(a.shape(), a.shape() + a.ndim()),
+                                       std::vector<float>(v, v + a.size())}));
+      }
+    } catch (py::error_already_set& e) {
+      return PythonError("parameters", e);
+    } catch (py::cast_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat("parameters must return a list of arrays: ", e.what()));
+    }
+    return out;
+  };
+  return out;
+}
+
 // Runs one client until the server ends the run; raises RuntimeError with the status.
-py::dict RunClient(const py::dict& options, const py::object& fit, const py::object& evaluate) {
+// `fit` and `evaluate` train and measure whole models; a `split` runner (with fit None)
+// runs the device's stages of split tasks.
+py::dict RunClient(const py::dict& options, const py::object& fit, const py::object& evaluate,
+                   const py::object& split) {
   ClientOptions o;
   const auto get = [&](const char* key, auto fallback) {
     return options.contains(key) && !options[key].is_none() ? options[key].cast<decltype(fallback)>() : fallback;
@@ -180,18 +270,15 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
   o.give_up_after_s = get("give_up_after_s", 600.0);
   if (o.declared_examples <= 0) throw py::value_error("num_examples must be positive");
   // The callables are called with the GIL held (CallFit takes it) and released with it.
-  auto fit_fn = std::shared_ptr<py::object>(new py::object(fit), [](py::object* p) {
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
-  o.external.fit = [fit_fn](const v1::Task& t, const ParameterSet& g) { return CallFit(*fit_fn, t, g); };
+  if (!fit.is_none()) {
+    auto fit_fn = Held(fit);
+    o.external.fit = [fit_fn](const v1::Task& t, const ParameterSet& g) { return CallFit(*fit_fn, t, g); };
+  }
   if (!evaluate.is_none()) {
-    auto eval_fn = std::shared_ptr<py::object>(new py::object(evaluate), [](py::object* p) {
-      py::gil_scoped_acquire gil;
-      delete p;
-    });
+    auto eval_fn = Held(evaluate);
     o.external.evaluate = [eval_fn](const v1::Task& t, const ParameterSet& g) { return CallEvaluate(*eval_fn, t, g); };
   }
+  if (!split.is_none()) o.external.split = SplitHooks(split);
   Status s;
   int tasks = 0;
   ClientState state;
@@ -208,17 +295,6 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
   out["tasks_failed"] = state.tasks_failed;
   out["bytes_sent"] = state.bytes_sent;
   out["bytes_received"] = state.bytes_received;
-  return out;
-}
-
-// The arrays of `t`'s values as NumPy float32 arrays (copies: they outlive the call).
-py::list CopiesOf(const ParameterSet& set) {
-  py::list out;
-  for (const Tensor& t : set.tensors()) {
-    py::array_t<float> a(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()));
-    std::copy(t.values.begin(), t.values.end(), a.mutable_data());
-    out.append(std::move(a));
-  }
   return out;
 }
 
@@ -495,7 +571,9 @@ int64_t RunServer(const std::string& config, const py::dict& options, const py::
 PYBIND11_MODULE(_cleave, m) {
   m.doc() = "cleave's native client (see the cleave package)";
   m.def("run_client", &cleave::RunClient, py::arg("options"), py::arg("fit"), py::arg("evaluate"),
-        "Runs a client whose training is `fit` (and evaluation `evaluate`) until the server ends the run.");
+        py::arg("split") = py::none(),
+        "Runs a client whose training is `fit` (and evaluation `evaluate`), or whose split stages are `split`, "
+        "until the server ends the run.");
   m.def("run_server", &cleave::RunServer, py::arg("config"), py::arg("options"), py::arg("strategy"),
         py::arg("on_listen"), "Runs a server for the job `config` in this process until its run ends.");
   m.def("copied_bytes", [] { return cleave::g_copied_bytes.load(); },

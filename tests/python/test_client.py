@@ -108,6 +108,24 @@ class FlowerShapedClientTest(unittest.TestCase):
         self.assertEqual(cleave.copied_bytes(), before)
 
 
+class MixedTest(unittest.TestCase):
+    def test_python_and_cpp_clients_train_one_model(self):
+        torch.set_num_threads(1)
+        server = Server(JOB.format(name="py-mixed", rounds=3, clients=2, quorum=1.0))
+        cpp = subprocess.Popen([os.path.join(os.path.dirname(cleave.local._server_binary()), "cleave-client"),
+                                "--server", server.address, "--insecure", "--name", "cpp-0",
+                                "--data", "fmnist:/usr/share/datasets/fashion-mnist,limit=1000"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        results = run_clients(server.address, [qs.client_fn(1, 1000)], 1000)
+        code, rows = server.wait()
+        self.assertEqual(cpp.wait(timeout=60), 0)
+        self.assertEqual(code, 0, server.output()[-3000:])
+        self.assertEqual(results[0]["tasks_failed"], 0, results)
+        training = [r for r in rows if not r.get("evaluation_only")]
+        self.assertEqual([r["participants"] for r in training], [2, 2, 2])
+        self.assertGreater(training[-1]["test_accuracy"], 0.55, "0.1 at the start")
+
+
 class Misbehaving(qs.FlowerClient):
     """A client whose fit goes wrong in its first four rounds, each a different way."""
 
@@ -277,6 +295,59 @@ class StrategyTest(unittest.TestCase):
 
         with self.assertRaisesRegex(RuntimeError, "no such rule"):
             self.run_server(Broken(), [Offset(0.1, 100), Offset(0.2, 100)], rounds=1)
+
+
+class SplitClientTest(unittest.TestCase):
+    """The device's part of a split LeNet-5 as a torch.nn.Module."""
+
+    @staticmethod
+    def head():  # cleave's lenet5 stages 0 and 1 (the part before split.cut 2)
+        return torch.nn.Sequential(torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                   torch.nn.Conv2d(6, 16, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+
+    def run_split(self, mode, heads, examples=1000, rounds=2, quorum=1.0):
+        torch.set_num_threads(1)
+        server = Server(JOB.format(name="py-split", rounds=rounds, clients=len(heads), quorum=quorum)
+                        + f"split: {{mode: {mode}, cut: 2}}\n")
+        results = [None] * len(heads)
+
+        def run(i):
+            data = qs.load_fmnist("train", i * examples, examples)
+            loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)
+            try:
+                results[i] = cleave.start_split_client(
+                    server=server.address, module=heads[i], batches=lambda config: loader, num_examples=examples,
+                    optimizer=torch.optim.SGD(heads[i].parameters(), lr=0.05, momentum=0.9), insecure=True,
+                    name=f"py-{i}", give_up_after_s=60)
+            except Exception as e:
+                results[i] = e
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(heads))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        code, rows = server.wait()
+        return code, rows, results, server
+
+    def test_sfl_v2_and_sl_learn_with_modules_as_the_devices_parts(self):
+        for mode in ("sfl-v2", "sl"):
+            code, rows, results, server = self.run_split(mode, [self.head(), self.head()])
+            self.assertEqual(code, 0, server.output()[-3000:])
+            self.assertTrue(all(isinstance(r, dict) and r["tasks_failed"] == 0 for r in results), results)
+            training = [r for r in rows if not r.get("evaluation_only")]
+            self.assertEqual([r["participants"] for r in training], [2, 2], mode)
+            # Each device's activations at the cut, [B, 16, 4, 4] float32, crossed the stream.
+            self.assertGreaterEqual(training[-1]["activation_bytes_up"], 2 * 1000 * 16 * 4 * 4 * 4)
+            self.assertGreater(training[-1]["test_accuracy"], 0.5, f"{mode}: 0.1 at the start")
+
+    def test_a_module_of_the_wrong_cut_fails_its_tasks(self):
+        wrong = torch.nn.Sequential(torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+        code, rows, results, server = self.run_split("sfl-v2", [self.head(), wrong], examples=200, rounds=2,
+                                                     quorum=0.5)
+        self.assertEqual(code, 0, server.output()[-3000:])
+        self.assertEqual(results[1]["tasks_failed"], 2, results)
+        self.assertIn("begin raised ValueError: the server's part has 4 tensors; the module has 2", server.output())
 
 
 class RunLocalTest(unittest.TestCase):
