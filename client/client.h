@@ -130,8 +130,10 @@ struct ClientOptions {
     std::map<std::string, double> metrics;
   };
   struct External {
-    std::function<StatusOr<ExternalFit>(const v1::Task& task, const ParameterSet& global)> fit;
-    std::function<StatusOr<ExternalEvaluation>(const v1::Task& task, const ParameterSet& global)> evaluate;
+    // `global` is shared so that the caller may view it without a copy while it needs it.
+    using Global = std::shared_ptr<const ParameterSet>;
+    std::function<StatusOr<ExternalFit>(const v1::Task& task, const Global& global)> fit;
+    std::function<StatusOr<ExternalEvaluation>(const v1::Task& task, const Global& global)> evaluate;
     // Split tasks (sl, sfl-v1, sfl-v2 at a fixed split.cut): the device's stages in the
     // caller's code (client/split_client.h).
     std::shared_ptr<const ExternalSplit> split;

@@ -201,7 +201,7 @@ struct Client::Impl {
   // stages of a split model).
   Status HandleExternalTask(const TaskCall& c);
   Status HandleExternalSplitTask(const TaskCall& c);
-  StatusOr<v1::ClientEvaluation> EvaluateExternal(const v1::Task& task, const ParameterSet& global);
+  StatusOr<v1::ClientEvaluation> EvaluateExternal(const v1::Task& task, const ClientOptions::External::Global& global);
   // A split-learning task: the client part trained against the server.
   Status HandleSplitTask(const TaskCall& c);
   // The final evaluation (Task.evaluate_only): the global model on the held-out data.

@@ -268,7 +268,8 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
   return absl::OkStatus();
 }
 
-StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateExternal(const v1::Task& task, const ParameterSet& global) {
+StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateExternal(const v1::Task& task,
+                                                              const ClientOptions::External::Global& global) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(ClientOptions::ExternalEvaluation e, opts.external.evaluate(task, global));
   if (e.examples < 0 || !std::isfinite(e.loss) || !std::isfinite(e.accuracy)) {
@@ -298,14 +299,15 @@ Status Client::Impl::HandleExternalTask(const TaskCall& c) {
   if (task.evaluate_only() && !opts.external.evaluate) {
     return c.Reject(absl::FailedPreconditionError("no evaluate to run the final evaluation with"));
   }
-  auto global = FetchModel(c.stub, c.w, task);
-  if (!global.ok()) return c.Reject(global.status());
+  auto fetched = FetchModel(c.stub, c.w, task);
+  if (!fetched.ok()) return c.Reject(fetched.status());
   c.Accept();
+  const auto global = std::make_shared<const ParameterSet>(*std::move(fetched));
   std::optional<v1::ClientEvaluation> evaluation;
   // Federated evaluation, before training (not of a masked task: one client's numbers
   // would show what masking hides).
   if (opts.external.evaluate && (task.evaluate_only() || !task.has_secagg())) {
-    ASSIGN_OR_RETURN(evaluation, EvaluateExternal(task, *global));
+    ASSIGN_OR_RETURN(evaluation, EvaluateExternal(task, global));
   }
   if (task.evaluate_only()) {
     ASSIGN_OR_RETURN(v1::UploadReply reply, UploadUpdate(c.stub, c.w, task, ParameterSet(), evaluation->examples(),
@@ -320,7 +322,7 @@ Status Client::Impl::HandleExternalTask(const TaskCall& c) {
     ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(c.stub, c.w, task, c.next));
   }
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(ClientOptions::ExternalFit fit, opts.external.fit(task, *global));
+  ASSIGN_OR_RETURN(ClientOptions::ExternalFit fit, opts.external.fit(task, global));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (fit.examples <= 0 || !std::isfinite(fit.loss)) {
     return absl::InvalidArgumentError(absl::StrCat("fit returned ", fit.examples, " examples and loss ", fit.loss));

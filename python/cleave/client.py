@@ -28,6 +28,21 @@ class NumPyClient:
         return self
 
 
+def _options(who, *, server, server_address, insecure, ca, cert, key, token, token_file, name, num_examples,
+             give_up_after_s):
+    """The native client's options from a start function's arguments, checked."""
+    address = server or server_address
+    if not address:
+        raise ValueError(f"{who} needs server='HOST:PORT'")
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    if not insecure and not ca:
+        raise ValueError("no CA to verify the server with (ca=...); plaintext needs insecure=True")
+    return {"server": address, "insecure": bool(insecure), "ca": ca, "cert": cert, "key": key, "token": token,
+            "name": name, "num_examples": int(num_examples), "give_up_after_s": float(give_up_after_s)}
+
+
 def _implements(client, name):
     method = getattr(type(client), name, None)
     return callable(method) and method is not getattr(NumPyClient, name)
@@ -50,29 +65,13 @@ def start_client(*, client, num_examples, server=None, server_address=None, inse
     goes on with the next round. Returns the client's counts (tasks completed, failed,
     bytes); raises RuntimeError when the run cannot go on (refused, unreachable).
     """
-    address = server or server_address
-    if not address:
-        raise ValueError("start_client needs server='HOST:PORT'")
-    if not _implements(client, "fit") and not callable(getattr(client, "fit", None)):
+    if not callable(getattr(client, "fit", None)):
         raise TypeError("the client has no fit(parameters, config)")
-    if token_file:
-        with open(token_file, encoding="utf-8") as f:
-            token = f.read().strip()
-    if not insecure and not ca:
-        raise ValueError("no CA to verify the server with (ca=...); plaintext needs insecure=True")
+    options = _options("start_client", server=server, server_address=server_address, insecure=insecure, ca=ca,
+                       cert=cert, key=key, token=token, token_file=token_file, name=name or "python-client",
+                       num_examples=num_examples, give_up_after_s=give_up_after_s)
     evaluate = client.evaluate if _implements(client, "evaluate") or (
         not isinstance(client, NumPyClient) and callable(getattr(client, "evaluate", None))) else None
-    options = {
-        "server": address,
-        "insecure": bool(insecure),
-        "ca": ca,
-        "cert": cert,
-        "key": key,
-        "token": token,
-        "name": name or "python-client",
-        "num_examples": int(num_examples),
-        "give_up_after_s": float(give_up_after_s),
-    }
     return _cleave.run_client(options, client.fit, evaluate)
 
 
@@ -139,15 +138,8 @@ def start_split_client(*, module, optimizer, batches, num_examples, server=None,
     returns and steps ``optimizer``; the trained part is uploaded. Connection arguments
     as :func:`start_client`.
     """
-    address = server or server_address
-    if not address:
-        raise ValueError("start_split_client needs server='HOST:PORT'")
-    if token_file:
-        with open(token_file, encoding="utf-8") as f:
-            token = f.read().strip()
-    if not insecure and not ca:
-        raise ValueError("no CA to verify the server with (ca=...); plaintext needs insecure=True")
-    options = {"server": address, "insecure": bool(insecure), "ca": ca, "cert": cert, "key": key, "token": token,
-               "name": name or "python-split-client", "num_examples": int(num_examples),
-               "give_up_after_s": float(give_up_after_s)}
+    options = _options("start_split_client", server=server, server_address=server_address, insecure=insecure,
+                       ca=ca, cert=cert, key=key, token=token, token_file=token_file,
+                       name=name or "python-split-client", num_examples=num_examples,
+                       give_up_after_s=give_up_after_s)
     return _cleave.run_client(options, None, None, _SplitRunner(module, optimizer, batches, int(num_examples)))

@@ -34,14 +34,17 @@ namespace {
 // where they are.
 std::atomic<int64_t> g_copied_bytes{0};
 
-// The global model as NumPy float32 arrays over one copy of it that they keep alive.
-py::list ToArrays(const ParameterSet& global) {
-  auto* held = new ParameterSet(global);
-  py::capsule owner(held, [](void* p) { delete static_cast<ParameterSet*>(p); });
+// The global model as read-only NumPy float32 arrays over its values (no copy), which
+// keep it alive. Read-only: the update is computed from the same values after fit.
+py::list ToArrays(const ClientOptions::External::Global& global) {
+  auto* held = new ClientOptions::External::Global(global);
+  py::capsule owner(held, [](void* p) { delete static_cast<ClientOptions::External::Global*>(p); });
   py::list out;
-  for (const Tensor& t : held->tensors()) {
+  for (const Tensor& t : global->tensors()) {
     std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
-    out.append(py::array_t<float>(shape, t.values.data(), owner));
+    py::array_t<float> a(shape, t.values.data(), owner);
+    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    out.append(std::move(a));
   }
   return out;
 }
@@ -102,7 +105,8 @@ StatusOr<py::array> AsFloatArray(py::handle value, size_t index) {
   return a;
 }
 
-StatusOr<ClientOptions::ExternalFit> CallFit(const py::object& fit, const v1::Task& task, const ParameterSet& global) {
+StatusOr<ClientOptions::ExternalFit> CallFit(const py::object& fit, const v1::Task& task,
+                                             const ClientOptions::External::Global& global) {
   py::gil_scoped_acquire gil;
   py::object result;
   try {
@@ -114,17 +118,17 @@ StatusOr<ClientOptions::ExternalFit> CallFit(const py::object& fit, const v1::Ta
     return absl::InvalidArgumentError("fit must return (parameters, num_examples, metrics)");
   }
   py::tuple r = result.cast<py::tuple>();
-  if (!py::isinstance<py::sequence>(r[0]) || py::len(r[0]) != global.size()) {
+  if (!py::isinstance<py::sequence>(r[0]) || py::len(r[0]) != global->size()) {
     return absl::InvalidArgumentError(absl::StrCat("fit returned ", py::isinstance<py::sequence>(r[0]) ? py::len(r[0]) : 0,
-                                                   " parameters; the model has ", global.size()));
+                                                   " parameters; the model has ", global->size()));
   }
   ClientOptions::ExternalFit out;
   auto keep = std::make_unique<py::list>();
   py::sequence params = r[0].cast<py::sequence>();
-  for (size_t i = 0; i < global.size(); ++i) {
+  for (size_t i = 0; i < global->size(); ++i) {
     ASSIGN_OR_RETURN(py::array a, AsFloatArray(params[i], i));
     TensorView view;
-    view.name = global.tensors()[i].name;
+    view.name = global->tensors()[i].name;
     view.shape.assign(a.shape(), a.shape() + a.ndim());
     view.data = static_cast<const char*>(a.data());
     view.numel = a.size();
@@ -150,7 +154,7 @@ StatusOr<ClientOptions::ExternalFit> CallFit(const py::object& fit, const v1::Ta
 }
 
 StatusOr<ClientOptions::ExternalEvaluation> CallEvaluate(const py::object& evaluate, const v1::Task& task,
-                                                         const ParameterSet& global) {
+                                                         const ClientOptions::External::Global& global) {
   py::gil_scoped_acquire gil;
   ClientOptions::ExternalEvaluation out;
   try {
@@ -272,11 +276,15 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
   // The callables are called with the GIL held (CallFit takes it) and released with it.
   if (!fit.is_none()) {
     auto fit_fn = Held(fit);
-    o.external.fit = [fit_fn](const v1::Task& t, const ParameterSet& g) { return CallFit(*fit_fn, t, g); };
+    o.external.fit = [fit_fn](const v1::Task& t, const ClientOptions::External::Global& g) {
+      return CallFit(*fit_fn, t, g);
+    };
   }
   if (!evaluate.is_none()) {
     auto eval_fn = Held(evaluate);
-    o.external.evaluate = [eval_fn](const v1::Task& t, const ParameterSet& g) { return CallEvaluate(*eval_fn, t, g); };
+    o.external.evaluate = [eval_fn](const v1::Task& t, const ClientOptions::External::Global& g) {
+      return CallEvaluate(*eval_fn, t, g);
+    };
   }
   if (!split.is_none()) o.external.split = SplitHooks(split);
   Status s;

@@ -62,27 +62,37 @@ class Server:
         return code, cleave.read_metrics(os.path.join(self.dir, "run"))
 
 
-def run_clients(address, clients, examples, tls=None):
-    """Runs each client in a thread of this process (start_client releases the GIL);
-    with `tls` (a `cleave certs` folder) over mutual TLS with its certificates."""
-    results = [None] * len(clients)
+def in_threads(n, run):
+    """run(i) for i < n, each in a thread of this process (the clients release the GIL
+    while not in Python); their results, or the exceptions they raised."""
+    results = [None] * n
 
-    def run(i):
-        name = f"py-{i}"
-        how = {"insecure": True} if tls is None else {
-            "ca": f"{tls}/ca.crt", "cert": f"{tls}/clients/{name}.crt", "key": f"{tls}/clients/{name}.key"}
+    def one(i):
         try:
-            results[i] = cleave.start_client(server=address, client=clients[i], num_examples=examples, name=name,
-                                             give_up_after_s=60, **how)
+            results[i] = run(i)
         except Exception as e:  # the test reports it
             results[i] = e
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
     return results
+
+
+def run_clients(address, clients, examples, tls=None):
+    """Runs each client through start_client in a thread; with `tls` (a `cleave certs`
+    folder) over mutual TLS with its certificates."""
+
+    def run(i):
+        name = f"py-{i}"
+        how = {"insecure": True} if tls is None else {
+            "ca": f"{tls}/ca.crt", "cert": f"{tls}/clients/{name}.crt", "key": f"{tls}/clients/{name}.key"}
+        return cleave.start_client(server=address, client=clients[i], num_examples=examples, name=name,
+                                   give_up_after_s=60, **how)
+
+    return in_threads(len(clients), run)
 
 
 class FlowerShapedClientTest(unittest.TestCase):
@@ -218,6 +228,8 @@ class Offset(cleave.NumPyClient):
         self.offset, self.examples, self.seen, self.sent = offset, examples, [], {}
 
     def fit(self, parameters, config):
+        # The global model's own values, lent read-only (not copies).
+        assert not any(p.flags.writeable for p in parameters)
         self.seen.append((config["server_round"], config["lr"], [p.copy() for p in parameters]))
         self.sent[config["server_round"]] = [p + np.float32(self.offset) for p in parameters]
         return self.sent[config["server_round"]], self.examples, {"loss": self.offset}
@@ -309,24 +321,16 @@ class SplitClientTest(unittest.TestCase):
         torch.set_num_threads(1)
         server = Server(JOB.format(name="py-split", rounds=rounds, clients=len(heads), quorum=quorum)
                         + f"split: {{mode: {mode}, cut: 2}}\n")
-        results = [None] * len(heads)
 
         def run(i):
             data = qs.load_fmnist("train", i * examples, examples)
             loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)
-            try:
-                results[i] = cleave.start_split_client(
-                    server=server.address, module=heads[i], batches=lambda config: loader, num_examples=examples,
-                    optimizer=torch.optim.SGD(heads[i].parameters(), lr=0.05, momentum=0.9), insecure=True,
-                    name=f"py-{i}", give_up_after_s=60)
-            except Exception as e:
-                results[i] = e
+            return cleave.start_split_client(
+                server=server.address, module=heads[i], batches=lambda config: loader, num_examples=examples,
+                optimizer=torch.optim.SGD(heads[i].parameters(), lr=0.05, momentum=0.9), insecure=True,
+                name=f"py-{i}", give_up_after_s=60)
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(heads))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=300)
+        results = in_threads(len(heads), run)
         code, rows = server.wait()
         return code, rows, results, server
 
