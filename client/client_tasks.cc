@@ -7,6 +7,7 @@
 #include "core/evaluation.h"
 #include "core/memory.h"
 #include "models/part.h"
+#include "proto/edge_weights.h"
 #include "proto/train_config.h"
 #include "split/cut_policy.h"
 
@@ -211,6 +212,11 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
         "an edge aggregator takes whole-model federated tasks only (no split learning, "
         "distributed DP, evaluation, personal or frozen tensors)"));
   }
+  if (task.model().width() > 0 && !task.update_codec().empty()) {
+    return c.Reject(absl::FailedPreconditionError(absl::StrCat(
+        "an edge's upload to an upstream running width-scaled submodels (its mean and each element's weight share) "
+        "goes as float32, not through compression.update ", task.update_codec(), ": drop the upstream's codec")));
+  }
   auto global = FetchModel(stub, w, task);
   if (!global.ok()) return c.Reject(global.status());
   c.Accept();
@@ -235,13 +241,13 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Under an upstream with width-scaled submodels: the mean, then each element's share of
-  // this edge's weight as NAME#weight (kEdgeWeightSuffix, server/width_driver.h; every
+  // this edge's weight as NAME#weight (kEdgeWeightSuffix, proto/edge_weights.h; every
   // element held by all its devices when they train the whole model).
   if (task.model().width() > 0 && !secagg) {
     const ParameterSet mean = r.delta;
     for (size_t t = 0; t < mean.size(); ++t) {
       const Tensor& x = mean.tensors()[t];
-      Tensor share{x.name + "#weight", x.shape, std::vector<float>(x.values.size(), 1.0f)};
+      Tensor share{x.name + kEdgeWeightSuffix, x.shape, std::vector<float>(x.values.size(), 1.0f)};
       if (r.weights.size() > 0) {
         if (!r.weights.SameLayout(mean)) return absl::InternalError("the edge's weights are not its mean's layout");
         const auto& w = r.weights.tensors()[t].values;

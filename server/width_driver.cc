@@ -14,6 +14,7 @@
 #include "compression/codec.h"
 #include "models/hf_config.h"
 #include "models/model.h"
+#include "proto/edge_weights.h"
 #include "server/options.h"
 #include "server/secagg_driver.h"
 #include "server/split_driver.h"

@@ -32,7 +32,7 @@
 //
 // An edge aggregator (Join.edge) is a device of rate 1 whose upload is its devices'
 // per-element mean followed by each element's share of its weight, in [0, 1]
-// (kEdgeWeightSuffix), added per element at the edge's bounded weight
+// (kEdgeWeightSuffix, proto/edge_weights.h), added per element at the edge's bounded weight
 // (SubmodelSum::AddWeighted). As an edge itself, the driver keeps each round's
 // per-element weights (ElementWeights) for the edge to hand up.
 //
@@ -202,10 +202,5 @@ class WidthDriver : public RoundDriver {
   std::unique_ptr<SecAggDriver> secagg_;  // with secure_aggregation
   ParameterSet last_weights_;             // the last folded round's, per element (round thread)
 };
-
-// An edge aggregator's upload under width-scaled submodels: its mean's tensors, then
-// each one's per-element shares of the edge's weight under the name NAME +
-// kEdgeWeightSuffix.
-inline constexpr char kEdgeWeightSuffix[] = "#weight";
 
 }  // namespace cleave

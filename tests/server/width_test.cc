@@ -24,6 +24,7 @@
 #include "client/transfer.h"
 #include "models/hf_folder.h"
 #include "models/model.h"
+#include "proto/edge_weights.h"
 #include "server/server.h"
 #include "split/cut_policy.h"
 #include "tests/server/running_server.h"
@@ -189,7 +190,7 @@ width: {}
   auto upload = [&](float share) {
     ParameterSet up = Filled(initial, 2.0f);
     for (const Tensor& x : initial.tensors()) {
-      Tensor w{x.name + "#weight", x.shape, std::vector<float>(x.values.size(), share)};
+      Tensor w{x.name + kEdgeWeightSuffix, x.shape, std::vector<float>(x.values.size(), share)};
       w.values[0] = 0.0f;  // the first element of each tensor: nobody below held it
       EXPECT_TRUE(up.Add(std::move(w)).ok());
     }
