@@ -43,7 +43,7 @@ py::list ToArrays(const ClientOptions::External::Global& global) {
   for (const Tensor& t : global->tensors()) {
     std::vector<py::ssize_t> shape(t.shape.begin(), t.shape.end());
     py::array_t<float> a(shape, t.values.data(), owner);
-    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    a.attr("setflags")(py::arg("write") = false);
     out.append(std::move(a));
   }
   return out;
