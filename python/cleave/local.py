@@ -29,6 +29,8 @@ def _server_binary():
 def _run_client(make_client, index, address, num_examples, queue):
     from .client import start_client  # in the child: its own gRPC
     try:
+        if not isinstance(address, str):  # a queue: the in-process server's, once it listens
+            address = address.get(timeout=120)
         client, examples = make_client(index), num_examples(index) if callable(num_examples) else num_examples
         result = start_client(server=address, client=client, num_examples=examples, insecure=True,
                               name=f"client-{index}", give_up_after_s=60)
@@ -37,13 +39,14 @@ def _run_client(make_client, index, address, num_examples, queue):
         queue.put((index, None, f"{type(e).__name__}: {e}"))
 
 
-def run_local(config, clients, num_clients, num_examples, run_dir=None, timeout_s=3600):
+def run_local(config, clients, num_clients, num_examples, run_dir=None, timeout_s=3600, strategy=None):
     """Runs the job ``config`` (a YAML file's path, or its text) with ``num_clients``
     Python clients, each ``clients(index)`` (a NumPyClient-shaped object) in a process of
     its own, against a cleave-server on loopback (plaintext), as ``cleave local`` does
-    with C++ clients. ``num_examples`` is each client's example count (or a function of
-    its index). Returns the run's rounds (:func:`read_metrics`); raises RuntimeError with
-    the server's log when the run fails."""
+    with C++ clients; with ``strategy``, against the coordinator in this process
+    (:func:`cleave.start_server`) deciding with it. ``num_examples`` is each client's
+    example count (or a function of its index). Returns the run's rounds
+    (:func:`read_metrics`); raises RuntimeError with the server's log when the run fails."""
     run_dir = os.path.abspath(run_dir or tempfile.mkdtemp(prefix="cleave-run-"))
     os.makedirs(run_dir, exist_ok=True)
     if "\n" in config or not os.path.exists(config):
@@ -51,6 +54,8 @@ def run_local(config, clients, num_clients, num_examples, run_dir=None, timeout_
         with open(path, "w", encoding="utf-8") as f:
             f.write(config)
         config = path
+    if strategy is not None:
+        return _run_local_in_process(config, strategy, clients, num_clients, num_examples, run_dir)
     log_path = os.path.join(run_dir, "server.out")
     with open(log_path, "w", encoding="utf-8") as log:
         server = subprocess.Popen([_server_binary(), "--config", config, "--listen", "127.0.0.1:0", "--insecure",
@@ -87,6 +92,33 @@ def run_local(config, clients, num_clients, num_examples, run_dir=None, timeout_
         if server.poll() is None:
             server.kill()
             server.wait()
+    return read_metrics(run_dir)
+
+
+def _run_local_in_process(config, strategy, clients, num_clients, num_examples, run_dir):
+    """run_local with the coordinator in this process: the clients are forked first (no
+    gRPC in this process yet) and told the port once the server listens."""
+    from .server import start_server
+    ctx = multiprocessing.get_context("fork")
+    queue, ports = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_run_client, args=(clients, i, ports, num_examples, queue)) for i in range(num_clients)]
+    for p in procs:
+        p.start()
+    try:
+        start_server(config, strategy=strategy, listen="127.0.0.1:0", run_dir=run_dir, insecure=True,
+                     on_listen=lambda port: [ports.put(f"127.0.0.1:{port}") for _ in procs])
+        errors = []
+        for _ in procs:
+            index, _, error = queue.get(timeout=120)
+            if error:
+                errors.append(f"client-{index}: {error}")
+        if errors:
+            raise RuntimeError("clients failed: " + "; ".join(errors))
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
     return read_metrics(run_dir)
 
 

@@ -207,6 +207,22 @@ secure_aggregation: {k: 2, t: 2, clip: 1.0, bits: 16}
         accuracy = [r["test_accuracy"] for r in training]
         self.assertGreater(accuracy[-1], max(0.3, accuracy[0]), accuracy)
 
+    def test_distributed_dp_noise_under_secure_aggregation(self):
+        # Each Python client's update is clipped and takes its share of the noise in C++
+        # before masking; the server accounts the privacy spent.
+        torch.set_num_threads(1)
+        job = JOB.format(name="py-dp", rounds=2, clients=3, quorum=1.0) + (
+            "secure_aggregation: {k: 2, t: 2, clip: 1.0, bits: 16}\n"
+            "dp: {noise: distributed, noise_multiplier: 0.5, clip: 0.5}\n")
+        server = Server(job)
+        results = run_clients(server.address, [qs.client_fn(i, 300) for i in range(3)], 300)
+        code, rows = server.wait()
+        self.assertEqual(code, 0, server.output()[-3000:])
+        self.assertTrue(all(isinstance(r, dict) and r["tasks_failed"] == 0 for r in results), results)
+        training = [r for r in rows if not r.get("evaluation_only")]
+        self.assertEqual([r["participants"] for r in training], [3, 3])
+        self.assertGreater(training[-1]["epsilon"], training[0]["epsilon"], training)
+
     def test_an_update_codec_with_error_feedback(self):
         torch.set_num_threads(1)
         job = JOB.format(name="py-topk", rounds=2, clients=2, quorum=1.0) + "compression: {update: \"topk:0.1\"}\n"
@@ -361,6 +377,15 @@ class RunLocalTest(unittest.TestCase):
         training = [r for r in rows if not r.get("evaluation_only")]
         self.assertEqual(len(training), 1)
         self.assertEqual(training[0]["participants"], 2)
+
+    def test_processes_against_a_python_strategy_in_this_process(self):
+        strategy = Median()
+        rows = cleave.run_local(JOB.format(name="py-local-median", rounds=2, clients=3, quorum=1.0),
+                                clients=lambda i: Offset(0.1 * (i + 1), 100), num_clients=3, num_examples=100,
+                                strategy=strategy)
+        self.assertEqual([c[0] for c in strategy.calls], [1, 2])
+        training = [r for r in rows if not r.get("evaluation_only")]
+        self.assertEqual([r["fit_clients"] for r in training], [3, 3])
 
 
 if __name__ == "__main__":
