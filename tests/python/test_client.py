@@ -181,7 +181,18 @@ def _parts(client):
 
 class WireTest(unittest.TestCase):
     """What the C++ client does on the wire, a Python client does: mutual TLS and secure
-    aggregation; an update codec with error feedback."""
+    aggregation; distributed DP; an update codec with error feedback."""
+
+    def run_plain(self, job, n):
+        """`n` quickstart clients of 300 examples in plaintext, all of whose tasks succeed;
+        the run's training rounds."""
+        torch.set_num_threads(1)
+        server = Server(job)
+        results = run_clients(server.address, [qs.client_fn(i, 300) for i in range(n)], 300)
+        code, rows = server.wait()
+        self.assertEqual(code, 0, server.output()[-3000:])
+        self.assertTrue(all(isinstance(r, dict) and r["tasks_failed"] == 0 for r in results), results)
+        return [r for r in rows if not r.get("evaluation_only")]
 
     def test_mutual_tls_and_secure_aggregation(self):
         torch.set_num_threads(1)
@@ -210,28 +221,15 @@ secure_aggregation: {k: 2, t: 2, clip: 1.0, bits: 16}
     def test_distributed_dp_noise_under_secure_aggregation(self):
         # Each Python client's update is clipped and takes its share of the noise in C++
         # before masking; the server accounts the privacy spent.
-        torch.set_num_threads(1)
-        job = JOB.format(name="py-dp", rounds=2, clients=3, quorum=1.0) + (
+        training = self.run_plain(JOB.format(name="py-dp", rounds=2, clients=3, quorum=1.0) + (
             "secure_aggregation: {k: 2, t: 2, clip: 1.0, bits: 16}\n"
-            "dp: {noise: distributed, noise_multiplier: 0.5, clip: 0.5}\n")
-        server = Server(job)
-        results = run_clients(server.address, [qs.client_fn(i, 300) for i in range(3)], 300)
-        code, rows = server.wait()
-        self.assertEqual(code, 0, server.output()[-3000:])
-        self.assertTrue(all(isinstance(r, dict) and r["tasks_failed"] == 0 for r in results), results)
-        training = [r for r in rows if not r.get("evaluation_only")]
+            "dp: {noise: distributed, noise_multiplier: 0.5, clip: 0.5}\n"), 3)
         self.assertEqual([r["participants"] for r in training], [3, 3])
         self.assertGreater(training[-1]["epsilon"], training[0]["epsilon"], training)
 
     def test_an_update_codec_with_error_feedback(self):
-        torch.set_num_threads(1)
-        job = JOB.format(name="py-topk", rounds=2, clients=2, quorum=1.0) + "compression: {update: \"topk:0.1\"}\n"
-        server = Server(job)
-        results = run_clients(server.address, [qs.client_fn(i, 300) for i in range(2)], 300)
-        code, rows = server.wait()
-        self.assertEqual(code, 0, server.output()[-3000:])
-        self.assertTrue(all(isinstance(r, dict) and r["tasks_failed"] == 0 for r in results), results)
-        training = [r for r in rows if not r.get("evaluation_only")]
+        training = self.run_plain(
+            JOB.format(name="py-topk", rounds=2, clients=2, quorum=1.0) + "compression: {update: \"topk:0.1\"}\n", 2)
         # top-k 10 %: index and value per kept entry, about a fifth of float32's bytes
         dense = 2 * 4 * sum(p.numel() for p in qs.Net().parameters())
         self.assertLess(training[0]["update_bytes"], dense / 3, training[0])
