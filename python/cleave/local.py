@@ -46,7 +46,13 @@ def run_local(config, clients, num_clients, num_examples, run_dir=None, timeout_
     with C++ clients; with ``strategy``, against the coordinator in this process
     (:func:`cleave.start_server`) deciding with it. ``num_examples`` is each client's
     example count (or a function of its index). Returns the run's rounds
-    (:func:`read_metrics`); raises RuntimeError with the server's log when the run fails."""
+    (:func:`read_metrics`); raises RuntimeError with the server's log when the run fails,
+    or at once when this process has run a cleave client or server already (forking it
+    would copy gRPC's threads' locks, not the threads)."""
+    from . import _cleave
+    if _cleave.grpc_started():
+        raise RuntimeError("run_local forks its clients, and this process has run a cleave client or server "
+                           "(gRPC's threads do not survive a fork): call it from a fresh process")
     run_dir = os.path.abspath(run_dir or tempfile.mkdtemp(prefix="cleave-run-"))
     os.makedirs(run_dir, exist_ok=True)
     if "\n" in config or not os.path.exists(config):

@@ -33,6 +33,9 @@ namespace {
 // non-contiguous array is (made contiguous once); float32 arrays in C order are read
 // where they are.
 std::atomic<int64_t> g_copied_bytes{0};
+// Whether this process has run a client or a server (and so gRPC's threads): forking it
+// then is unsafe (cleave.run_local refuses).
+std::atomic<bool> g_grpc_started{false};
 
 // The global model as read-only NumPy float32 arrays over its values (no copy), which
 // keep it alive. Read-only: the update is computed from the same values after fit.
@@ -287,6 +290,7 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
     };
   }
   if (!split.is_none()) o.external.split = SplitHooks(split);
+  g_grpc_started = true;
   Status s;
   int tasks = 0;
   ClientState state;
@@ -557,6 +561,7 @@ int64_t RunServer(const std::string& config, const py::dict& options, const py::
   }
   StatusOr<std::unique_ptr<Server>> server;
   Status s;
+  g_grpc_started = true;
   {
     py::gil_scoped_release released;
     server = Server::Create(std::move(o));
@@ -584,6 +589,8 @@ PYBIND11_MODULE(_cleave, m) {
         "until the server ends the run.");
   m.def("run_server", &cleave::RunServer, py::arg("config"), py::arg("options"), py::arg("strategy"),
         py::arg("on_listen"), "Runs a server for the job `config` in this process until its run ends.");
+  m.def("grpc_started", [] { return cleave::g_grpc_started.load(); },
+        "Whether this process has run a client or a server (gRPC's threads make forking it unsafe).");
   m.def("copied_bytes", [] { return cleave::g_copied_bytes.load(); },
         "Bytes of trained parameters copied between Python and C++ (only non-contiguous arrays are).");
 }

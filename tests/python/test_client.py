@@ -313,6 +313,9 @@ class StrategyTest(unittest.TestCase):
         self.assertGreater(training[0]["evaluate_loss"], 0)
         self.assertEqual(training[1]["client_eval"]["loss"], 42.0)
         self.assertEqual(training[1]["client_eval"]["accuracy"], 0.75)
+        # This process now runs gRPC's threads: run_local, which forks, refuses.
+        with self.assertRaisesRegex(RuntimeError, "fresh process"):
+            cleave.run_local("run: {rounds: 1}\n", clients=lambda i: None, num_clients=1, num_examples=1)
 
     def test_a_strategy_that_raises_ends_the_run_with_its_error(self):
         class Broken(cleave.Strategy):
@@ -369,6 +372,12 @@ class SplitClientTest(unittest.TestCase):
 
 
 class RunLocalTest(unittest.TestCase):
+    """run_local forks its clients: in a process of its own, as ctest runs each class."""
+
+    def setUp(self):
+        if cleave._cleave.grpc_started():
+            self.skipTest("this process ran a client or server already; run this class alone")
+
     def test_a_federation_of_processes(self):
         rows = cleave.run_local(JOB.format(name="py-local", rounds=1, clients=2, quorum=1.0),
                                 clients=lambda i: qs.client_fn(i, 300), num_clients=2, num_examples=300)
