@@ -184,6 +184,7 @@ class Coordinator : private RoundContext {
   const ModelSpec& model_spec() const override { return model_spec_; }
   const std::vector<std::string>& frozen() const override { return frozen_; }
   const QuantizedSet& quantized_base() const override { return quantized_base_; }
+  std::string RunPath(const std::string& name) const override { return opts_.run_dir.empty() ? "" : Path(name); }
   const std::string& RunIdLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return run_id_;
   }

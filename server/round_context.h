@@ -60,6 +60,8 @@ class RoundContext {
   // A quantized base's weights (model.quantize; empty without one): never in a
   // ParameterSet, sent to clients as their own blob.
   virtual const QuantizedSet& quantized_base() const = 0;
+  // The path of `name` in the run directory; "" when the run keeps none.
+  virtual std::string RunPath(const std::string& name) const = 0;
 
   // --- The run and the round in progress.
   virtual const std::string& RunIdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;

@@ -516,6 +516,10 @@ StatusOr<SplitStreamTask> SplitDriver::OpenLocked(const v1::SplitOpen& open) {
   task.act_codec = SplitTensorCodec(cfg.compression.activations);
   task.grad_codec = SplitTensorCodec(cfg.compression.gradients);
   task.max_elements = cfg.server.max_model_elements;
+  if (cfg.split.record > 0) {
+    task.record = cfg.split.record;
+    task.record_path = ctx_.RunPath(absl::StrCat("record/round-", ctx_.CurrentRoundLocked(), "/", open.client_id(), ".pb"));
+  }
   return task;
 }
 

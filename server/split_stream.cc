@@ -13,7 +13,17 @@ SplitStream::SplitStream(Coordinator& core, SplitStreamTask task)
       // The specs were checked when the server started.
       act_codec_(MakeStatelessCodec(task_.act_codec, 1).value()),
       grad_codec_(MakeStatelessCodec(task_.grad_codec, 2).value()),
-      assembler_(static_cast<size_t>(4 * task_.max_elements)) {}
+      assembler_(static_cast<size_t>(4 * task_.max_elements)),
+      recorder_(task_.record_path, task_.record) {}
+
+void SplitStream::Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient) {
+  ParameterSet part;
+  if (recorder_.empty()) {  // the part this client was sent, with its first micro-batch
+    StatusOr<ParameterSet> p = task_.round->ClientPart(task_.client_id);
+    if (p.ok()) part = *std::move(p);
+  }
+  recorder_.Add(part, RecordedBatch{std::move(activations), std::move(labels), Tensor{"", gradient.shape, gradient.values}});
+}
 
 StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
   ASSIGN_OR_RETURN(std::optional<v1::SplitUp> whole, assembler_.Add(std::move(in)));
@@ -40,6 +50,7 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
     }
     core_.CountLabels(static_cast<int64_t>(labels.size()));
     ++next_seq_;
+    if (recorder_.wants() && round.ushaped()) recording_[b.seq()] = Tensor{"", act.shape, act.values};
     if (round.ushaped()) {
       ASSIGN_OR_RETURN(Activations mid, round.ForwardMiddle(task_.client_id, b.seq(), act));
       pending_[b.seq()] = b.batch_end();
@@ -50,6 +61,7 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
     } else {
       ASSIGN_OR_RETURN(ModelPart::LossStep step,
                        round.TrainStep(task_.client_id, act, labels, {b.loss_weight(), b.batch_end()}));
+      if (recorder_.wants()) Record(Tensor{"", act.shape, act.values}, labels, step.grad_in);
       auto* r = out.mutable_result();
       r->set_seq(b.seq());
       ToWire(step.grad_in, task_.grad_codec, grad_codec_.get(), r->mutable_grad());
@@ -66,6 +78,10 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
           absl::StrCat("gradient for micro-batch ", g.seq(), ", which is not pending"));
     }
     ASSIGN_OR_RETURN(Activations grad, FromWire(g.grad(), task_.grad_codec, grad_codec_.get()));
+    if (auto rec = recording_.find(g.seq()); rec != recording_.end()) {  // U-shaped: the gradient received
+      Record(std::move(rec->second), {}, grad);
+      recording_.erase(rec);
+    }
     ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad, pending_.at(g.seq())));
     pending_.erase(g.seq());
     auto* r = out.mutable_result();

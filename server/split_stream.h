@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "proto/split_chunks.h"
 #include "server/coordinator.h"
+#include "split/record.h"
 #include "split/round.h"
 
 namespace cleave {
@@ -44,6 +45,8 @@ class SplitStream {
                                  const Codec* codec) const;
   void ToWire(const Activations& a, const std::string& spec, Codec* codec,
               v1::TensorData* t) const;
+  // split.record: one micro-batch as it crossed.
+  void Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient);
 
   Coordinator& core_;
   const SplitStreamTask task_;
@@ -51,6 +54,10 @@ class SplitStream {
   std::map<int64_t, bool> pending_;  // U-shaped: micro-batches whose gradient is due -> batch_end
   std::unique_ptr<Codec> act_codec_, grad_codec_;  // this stream's (stochastic rounding)
   ChunkAssembler<v1::SplitUp> assembler_;
+  // split.record: what this stream's first micro-batches brought and took; U-shaped,
+  // each one's activations until its gradient arrives.
+  SplitRecorder recorder_;
+  std::map<int64_t, Tensor> recording_;
 };
 
 }  // namespace cleave

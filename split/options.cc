@@ -25,11 +25,13 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("schedule", c.schedule);
   s.Read("plan", c.plan);
   s.Read("ushaped", c.ushaped);
+  s.Read("record", c.record);
 }
 
 Status CheckSplit(SplitConfig& c) {
   RETURN_IF_ERROR(Range(c.activation_noise >= 0, "split.activation_noise", ">= 0"));
   RETURN_IF_ERROR(Range(c.nopeek >= 0, "split.nopeek", ">= 0"));
+  RETURN_IF_ERROR(Range(c.record >= 0 && c.record <= 1000, "split.record", "in [0, 1000]"));
   RETURN_IF_ERROR(Range(c.cut >= 0, "split.cut", "\"auto\" (0) or a stage index >= 1"));
   if (!c.enabled()) return absl::OkStatus();
   RETURN_IF_ERROR(SplitModeNames().Check(c.mode));

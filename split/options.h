@@ -28,6 +28,8 @@ struct SplitConfig {
                                  //   stages shared out evenly, devices in order)
   bool ushaped = false;          // split.ushaped: the chain's data owner also keeps the
                                  //   last split.tail stages (the head, the loss, the labels)
+  int record = 0;                // split.record: the server keeps each split task's first
+                                 //   this many micro-batches as received (privacy/attacks)
 
   bool enabled() const { return !mode.empty(); }
   // The client keeps the head: mode ushaped, or a U-shaped pipeline.

@@ -15,6 +15,7 @@
 #include "privacy/accountant.h"
 #include "privacy/certs.h"
 #include "privacy/tls.h"
+#include "tools/attack.h"
 #include "tools/lm.h"
 #include "tools/local.h"
 #include "tools/report.h"
@@ -277,6 +278,16 @@ Command AddPrivacy(CLI::App& app) {
           }};
 }
 
+Command AddAttack(CLI::App& app) {
+  auto run_dir = std::make_shared<std::string>();
+  auto* attack = app.add_subcommand("attack", "attacks a curious server runs on what it recorded (split.record)");
+  attack->require_subcommand(1);
+  auto* tokens = attack->add_subcommand(
+      "tokens", "recover a decoder's tokens from the activations recorded at its embedding cut (split.cut: 1)");
+  tokens->add_option("run_dir", *run_dir, "the run directory")->required();
+  return {attack, [run_dir] { return cleave::RunTokenAttack(*run_dir, std::cout, std::cerr); }};
+}
+
 Command AddTokenizer(CLI::App& app) {
   auto o = std::make_shared<cleave::TokenizerTrainOptions>();
   auto* tokenizer = app.add_subcommand("tokenizer", "text tokenizers for language models");
@@ -367,7 +378,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   const Command commands[] = {
       AddLocal(app),   AddSimulate(app),  AddTrace(app),    AddReport(app),
-      AddStatus(app),  AddCerts(app),     AddPrivacy(app),  AddTokenizer(app),
+      AddStatus(app),  AddCerts(app),     AddPrivacy(app),  AddAttack(app),  AddTokenizer(app),
       AddGenerate(app), AddEvaluate(app), AddExport(app),
   };
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;

@@ -306,6 +306,40 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: 
   EXPECT_GT(rows[1]["test_accuracy"].get<double>(), 0.3) << "it learns (0.1 at the start)";
 }
 
+// A curious server's token attack on what it recorded (split.record) of a decoder cut
+// after its embedding: every token whose label crossed is recovered, unless the devices
+// drown their activations in noise (split.activation_noise).
+TEST_F(LocalTest, ACuriousServerRecoversTokensAtTheEmbeddingCut) {
+  for (const char* noise : {"0", "1"}) {
+    SCOPED_TRACE(noise);
+    std::ofstream(config_) << "run: {name: att, rounds: 1, seed: 1}\n"
+                           << "model: {name: gpt, gpt: {vocab: 256, context: 32, layers: 2, heads: 2, dim: 32}}\n"
+                           << "data: {test: \"text:/usr/share/games/fortunes,context=32\", test_limit: 64}\n"
+                           << "clients: {min: 2, quorum: 1.0, round_deadline_s: 120}\n"
+                           << "train: {local_steps: 5, batch_size: 8, optimizer: adamw, lr: 0.002}\n"
+                           << "split: {mode: sfl-v2, cut: 1, record: 2, activation_noise: " << noise << "}\n"
+                           << "local: {data: \"text:/usr/share/games/fortunes,context=32\", partition: natural, "
+                           << "clients: 2}\n";
+    const std::string run = std::string("run") + noise;
+    ASSERT_EQ(Wait(Start({}, run), 300), 0) << Output();
+    ASSERT_EQ(Wait(Spawn({"cleave", "attack", "tokens", (dir_ / run).string()}, "attack.txt"), 60), 0)
+        << ReadFile((dir_ / "attack.txt").string()).value_or("");
+    const std::string out = ReadFile((dir_ / "attack.txt").string()).value_or("");
+    // Two devices, two recorded micro-batches each of 8 sequences: 31 checked positions each.
+    if (std::string(noise) == "0") {
+      EXPECT_NE(out.find("total: recovered 992 of 992 tokens (100.00 %)"), std::string::npos) << out;
+    } else {
+      double percent = 100;
+      const size_t at = out.find("total: recovered ");
+      ASSERT_NE(at, std::string::npos) << out;
+      ASSERT_EQ(std::sscanf(out.c_str() + at, "total: recovered %*d of 992 tokens (%lf %%)", &percent), 1) << out;
+      EXPECT_LT(percent, 10) << out;
+    }
+  }
+  ASSERT_NE(Wait(Spawn({"cleave", "attack", "tokens", dir_.string()}, "none.txt"), 60), 0);
+  EXPECT_NE(ReadFile((dir_ / "none.txt").string())->find("no records"), std::string::npos);
+}
+
 // Pipelines in one process: chains of virtual clients, micro-batches going peer to peer
 // over loopback (each serving Peer on a port of its own), the last device of each chain
 // streaming to the in-process server.

@@ -1,0 +1,51 @@
+// What an honest-but-curious server keeps of a split task when the job asks for it
+// (split.record: N): the client part it sent, and each of the first N micro-batches as it
+// crossed the cut (the activations, the labels when they travel, the gradient). One
+// encoded ParameterSet per task (RUN_DIR/record/round-R/CLIENT.pb): tensors "part/NAME",
+// "act/K", "labels/K" (as float32) and "grad/K", K from 0. The attacks (split/attacks.h)
+// read it; nothing of it reaches a client.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/parameter_set.h"
+#include "core/status.h"
+
+namespace cleave {
+
+struct RecordedBatch {
+  Tensor activations;           // [B, <the cut stage's input>]
+  std::vector<int64_t> labels;  // as received (a language model: one per token); empty U-shaped
+  Tensor gradient;              // the gradient of the activations (sl/sfl: sent; U-shaped: of the middle's output, received)
+};
+
+struct SplitRecord {
+  ParameterSet part;  // the client part's values as the server sent them
+  std::vector<RecordedBatch> batches;
+};
+
+// Collects a task's first `limit` micro-batches and writes them to `path` when full, or
+// when it is destroyed with some (a task with fewer batches). Not thread-safe: one per
+// split stream.
+class SplitRecorder {
+ public:
+  SplitRecorder(std::string path, int limit) : path_(std::move(path)), limit_(limit) {}
+  ~SplitRecorder();
+  bool wants() const { return !path_.empty() && static_cast<int>(record_.batches.size()) < limit_ && !written_; }
+  bool empty() const { return record_.batches.empty(); }
+  // The part is taken with the first batch.
+  void Add(const ParameterSet& part, RecordedBatch batch);
+
+ private:
+  Status Write();
+  std::string path_;
+  int limit_;
+  bool written_ = false;
+  SplitRecord record_;
+};
+
+std::string EncodeSplitRecord(const SplitRecord& r);
+StatusOr<SplitRecord> DecodeSplitRecord(const std::string& bytes);
+
+}  // namespace cleave
