@@ -78,11 +78,11 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
           absl::StrCat("gradient for micro-batch ", g.seq(), ", which is not pending"));
     }
     ASSIGN_OR_RETURN(Activations grad, FromWire(g.grad(), task_.grad_codec, grad_codec_.get()));
-    if (auto rec = recording_.find(g.seq()); rec != recording_.end()) {  // U-shaped: the gradient received
+    ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad, pending_.at(g.seq())));
+    if (auto rec = recording_.find(g.seq()); rec != recording_.end()) {  // U-shaped: the gradient received, checked
       Record(std::move(rec->second), {}, grad);
       recording_.erase(rec);
     }
-    ASSIGN_OR_RETURN(Activations gin, round.BackwardMiddle(task_.client_id, g.seq(), grad, pending_.at(g.seq())));
     pending_.erase(g.seq());
     auto* r = out.mutable_result();
     r->set_seq(g.seq());

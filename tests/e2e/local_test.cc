@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "core/files.h"
+#include "core/parameter_set.h"
 #include "tests/e2e/processes.h"
 #include "privacy/certs.h"
 
@@ -308,7 +309,8 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=3000", partition: 
 
 // A curious server's token attack on what it recorded (split.record) of a decoder cut
 // after its embedding: every token whose label crossed is recovered, unless the devices
-// drown their activations in noise (split.activation_noise).
+// drown their activations in noise (split.activation_noise). A U-shaped run's record
+// holds no labels.
 TEST_F(LocalTest, ACuriousServerRecoversTokensAtTheEmbeddingCut) {
   for (const char* noise : {"0", "1"}) {
     SCOPED_TRACE(noise);
@@ -338,6 +340,31 @@ TEST_F(LocalTest, ACuriousServerRecoversTokensAtTheEmbeddingCut) {
   }
   ASSERT_NE(Wait(Spawn({"cleave", "attack", "tokens", dir_.string()}, "none.txt"), 60), 0);
   EXPECT_NE(ReadFile((dir_ / "none.txt").string())->find("no records"), std::string::npos);
+
+  // U-shaped: the record holds the activations and the gradient the server received, and
+  // no labels (they stay on the device); the token attack has nothing to go on.
+  std::ofstream(config_) << R"(
+run: {name: att-u, rounds: 1, seed: 1}
+model: {name: lenet5}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 200}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 120}
+train: {local_steps: 3, batch_size: 16, lr: 0.05}
+split: {mode: ushaped, cut: 1, record: 2}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=400", partition: iid, clients: 2}
+)";
+  ASSERT_EQ(Wait(Start({}, "run-u"), 300), 0) << Output();
+  int records = 0;
+  for (const auto& f : fs::recursive_directory_iterator(dir_ / "run-u" / "record")) {
+    if (!f.is_regular_file()) continue;
+    ++records;
+    auto set = ParameterSet::Decode(ReadFile(f.path().string()).value_or(""));
+    ASSERT_TRUE(set.ok()) << set.status();
+    for (const char* name : {"act/0", "grad/0", "act/1", "grad/1"}) EXPECT_NE(set->Find(name), nullptr) << name;
+    EXPECT_EQ(set->Find("labels/0"), nullptr) << "U-shaped: no label reached the server";
+  }
+  EXPECT_EQ(records, 2);
+  ASSERT_NE(Wait(Spawn({"cleave", "attack", "tokens", (dir_ / "run-u").string()}, "u.txt"), 60), 0);
+  EXPECT_NE(ReadFile((dir_ / "u.txt").string())->find("no token and position embeddings"), std::string::npos);
 }
 
 // Pipelines in one process: chains of virtual clients, micro-batches going peer to peer
