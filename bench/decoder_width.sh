@@ -16,11 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-8}
-work=$(mktemp -d /tmp/cleave-decoder-width-XXXXXX)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
-bin=$work/bin
-mkdir -p "$bin"
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+. bench/common.sh
+bench_workdir decoder-width
 text="text:/usr/share/games/fortunes,context=64"
 run() {  # NAME CLIENTS DATA [WIDTH-SECTION]
   cat <<YAML
@@ -48,12 +45,7 @@ run fedrolex 8 "$text" "width: {method: fedrolex, $tiers}" > "$work/fedrolex.yam
 run all-1-4 8 "$text" "width: {rate: 0.25}" > "$work/all-1-4.yaml"
 run top-only 2 "$text,limit=$((sequences / 4))" > "$work/top-only.yaml"
 runs="heterofl fedrolex all-1-4 top-only"
-for r in $runs; do
-  start=$(date +%s)
-  "$bin/cleave" local --insecure --config "$work/$r.yaml" --run-dir "$work/$r" > "$work/$r.out" 2>&1 ||
-    { tail -30 "$work/$r.out"; exit 1; }
-  echo "$r: $(( $(date +%s) - start )) s"
-done
+bench_run $runs
 /usr/bin/python3 - "$work" $runs <<'PY'
 import json, sys
 work, runs = sys.argv[1], sys.argv[2:]
@@ -63,9 +55,6 @@ for i in range(len(rows[runs[0]])):
     print(f"{i + 1:5d} | " + " | ".join(f"{rows[r][i]['test_perplexity']:.3f}" if i < len(rows[r]) else "" for r in runs))
 print("bytes up, all rounds | " + " | ".join(f"{sum(x['bytes_up'] for x in rows[r]) / 1e6:.2f} MB" for r in runs))
 PY
-for r in heterofl fedrolex; do
-  for w in 1 0.5 0.25; do
-    echo "$r, submodel width $w: $("$bin/cleave" evaluate "$work/$r" --width "$w" | tail -1)"
-  done
-done
+bench_widths heterofl 1 0.5 0.25
+bench_widths fedrolex 1 0.5 0.25
 echo "all-1-4 (its own quarter-width model): $("$bin/cleave" evaluate "$work/all-1-4" --width 0.25 | tail -1)"

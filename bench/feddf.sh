@@ -15,11 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-20}
 steps=${2:-200}
-work=$(mktemp -d /tmp/cleave-feddf-XXXXXX)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
-bin=$work/bin
-mkdir -p "$bin"
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+. bench/common.sh
+bench_workdir feddf
 fmnist="fmnist:/usr/share/datasets/fashion-mnist"
 run() {  # NAME DISTILL
   cat <<YAML
@@ -36,12 +33,7 @@ YAML
 }
 run heterofl "" > "$work/heterofl.yaml"
 run feddf ", distill: {data: \"$fmnist,offset=50000\", steps: $steps}" > "$work/feddf.yaml"
-for r in heterofl feddf; do
-  start=$(date +%s)
-  "$bin/cleave" local --insecure --config "$work/$r.yaml" --run-dir "$work/$r" > "$work/$r.out" 2>&1 ||
-    { tail -30 "$work/$r.out"; exit 1; }
-  echo "$r: $(( $(date +%s) - start )) s"
-done
+bench_run heterofl feddf
 /usr/bin/python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]

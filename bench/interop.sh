@@ -23,11 +23,8 @@ limit=${2:-18000}
 mu=${3:-0}
 strategy="{name: fedavg}"
 [ "$mu" = 0 ] || strategy="{name: fedprox, proximal_mu: $mu}"
-work=$(mktemp -d /tmp/cleave-interop-XXXXXX)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
-bin=$work/bin
-mkdir -p "$bin"
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+. bench/common.sh
+bench_workdir interop
 data="fmnist:/usr/share/datasets/fashion-mnist,limit=$limit"
 run() {  # NAME MODEL-SECTION
   cat <<YAML
@@ -46,12 +43,7 @@ run interop "{name: interop, interop: {base: mlp, width: 64, $bases}}" > "$work/
 run interop-cnn "{name: interop, interop: {base: cnn, width: 64}}" > "$work/interop-cnn.yaml"
 run fedavg-cnn "{name: cnn}" > "$work/fedavg-cnn.yaml"
 runs="interop interop-cnn fedavg-cnn"
-for r in $runs; do
-  start=$(date +%s)
-  "$bin/cleave" local --insecure --config "$work/$r.yaml" --run-dir "$work/$r" > "$work/$r.out" 2>&1 ||
-    { tail -30 "$work/$r.out"; exit 1; }
-  echo "$r: $(( $(date +%s) - start )) s"
-done
+bench_run $runs
 /usr/bin/python3 - "$work" $runs <<'PY'
 import json, sys
 work, runs = sys.argv[1], sys.argv[2:]

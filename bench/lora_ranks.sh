@@ -18,11 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-8}
 base_rounds=${2:-4}
-work=$(mktemp -d /tmp/cleave-lora-ranks-XXXXXX)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
-bin=$work/bin
-mkdir -p "$bin"
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+. bench/common.sh
+bench_workdir lora-ranks
 text="text:/usr/share/games/fortunes,context=64"
 common() {  # NAME ROUNDS LR LOCAL-STEPS
   cat <<YAML
@@ -48,10 +45,7 @@ lora hetlora 16 "width: {method: hetlora, $ranks}" > "$work/hetlora.yaml"
 lora flexlora 16 "width: {method: flexlora, $ranks}" > "$work/flexlora.yaml"
 runs="rank-2 rank-16 hetlora flexlora"
 for r in base $runs; do
-  start=$(date +%s)
-  "$bin/cleave" local --insecure --config "$work/$r.yaml" --run-dir "$work/$r" > "$work/$r.out" 2>&1 ||
-    { tail -30 "$work/$r.out"; exit 1; }
-  echo "$r: $(( $(date +%s) - start )) s"
+  bench_run "$r"
   [ "$r" != base ] || "$bin/cleave" export "$work/base" --out "$work/base.safetensors" > /dev/null
 done
 /usr/bin/python3 - "$work" $runs <<'PY'

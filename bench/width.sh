@@ -23,11 +23,8 @@ rounds=${1:-20}
 mu=${2:-0}
 strategy="{name: fedavg}"
 [ "$mu" = 0 ] || strategy="{name: fedprox, proximal_mu: $mu}"
-work=$(mktemp -d /tmp/cleave-width-XXXXXX)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
-bin=$work/bin
-mkdir -p "$bin"
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+. bench/common.sh
+bench_workdir width
 limit=${LIMIT:-60000}
 data="fmnist:/usr/share/datasets/fashion-mnist,limit=$limit"
 model="{name: lenet5}"
@@ -51,12 +48,7 @@ run heterofl 9 "width: {method: heterofl, $tiers}" > "$work/heterofl.yaml"
 run fedrolex 9 "width: {method: fedrolex, $tiers}" > "$work/fedrolex.yaml"
 run all-1-16 9 "width: {rate: 0.0625}" > "$work/all-1-16.yaml"
 run top-only 3 "" "fmnist:/usr/share/datasets/fashion-mnist,limit=$((limit / 3))" > "$work/top-only.yaml"
-for r in heterofl fedrolex all-1-16 top-only; do
-  start=$(date +%s)
-  "$bin/cleave" local --insecure --config "$work/$r.yaml" --run-dir "$work/$r" > "$work/$r.out" 2>&1 ||
-    { tail -30 "$work/$r.out"; exit 1; }
-  echo "$r: $(( $(date +%s) - start )) s"
-done
+bench_run heterofl fedrolex all-1-16 top-only
 /usr/bin/python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
@@ -66,9 +58,6 @@ print("round | " + " | ".join(runs))
 for i in range(len(acc["heterofl"])):
     print(f"{i + 1:5d} | " + " | ".join(f"{acc[r][i]:.4f}" if i < len(acc[r]) else "" for r in runs))
 PY
-for r in heterofl fedrolex; do
-  for w in 1 0.25 0.0625; do
-    echo "$r, submodel width $w: $("$bin/cleave" evaluate "$work/$r" --width "$w" | tail -1)"
-  done
-done
+bench_widths heterofl 1 0.25 0.0625
+bench_widths fedrolex 1 0.25 0.0625
 echo "all-1-16 (its own width-1/16 model): $("$bin/cleave" evaluate "$work/all-1-16" --width 0.0625 | tail -1)"

@@ -202,6 +202,12 @@ struct Client::Impl {
   Status HandleExternalTask(const TaskCall& c);
   Status HandleExternalSplitTask(const TaskCall& c);
   StatusOr<v1::ClientEvaluation> EvaluateExternal(const v1::Task& task, const ClientOptions::External::Global& global);
+  // A whole-model task's trained `delta`: masked under secure aggregation (with its DP
+  // noise share), else uploaded with `evaluation`.
+  StatusOr<v1::UploadReply> UploadTrained(const TaskCall& c, std::optional<SecAggClient>& secagg, ParameterSet delta,
+                                          const TrainStats& stats, const v1::ClientEvaluation* evaluation);
+  // The final evaluation's upload (an empty update carrying it), declaring `examples`.
+  Status UploadFinalEvaluation(const TaskCall& c, const v1::ClientEvaluation& evaluation, int64_t examples);
   // A split-learning task: the client part trained against the server.
   Status HandleSplitTask(const TaskCall& c);
   // The final evaluation (Task.evaluate_only): the global model on the held-out data.

@@ -3,6 +3,7 @@
 #include "client/client_impl.h"
 #include "client/pipeline_relay.h"
 
+#include "aggregation/accumulate.h"
 #include "aggregation/gossip_mix.h"
 #include "core/evaluation.h"
 #include "core/memory.h"
@@ -315,14 +316,7 @@ Status Client::Impl::HandleExternalTask(const TaskCall& c) {
   if (opts.external.evaluate && (task.evaluate_only() || !task.has_secagg())) {
     ASSIGN_OR_RETURN(evaluation, EvaluateExternal(task, global));
   }
-  if (task.evaluate_only()) {
-    ASSIGN_OR_RETURN(v1::UploadReply reply, UploadUpdate(c.stub, c.w, task, ParameterSet(), evaluation->examples(),
-                                                         0, 0, nullptr, &*evaluation));
-    ++tasks_done;
-    spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})", task.round(),
-                 evaluation->accuracy(), evaluation->examples(), reply.duplicate() ? ", duplicate" : "");
-    return absl::OkStatus();
-  }
+  if (task.evaluate_only()) return UploadFinalEvaluation(c, *evaluation, evaluation->examples());
   std::optional<SecAggClient> secagg;
   if (task.has_secagg()) {
     ASSIGN_OR_RETURN(secagg, SecAggClient::Prepare(c.stub, c.w, task, c.next));
@@ -341,32 +335,38 @@ Status Client::Impl::HandleExternalTask(const TaskCall& c) {
     return absl::AbortedError("simulated crash");
   }
   // The update: the returned tensors, read where they are, less the global model.
-  ParameterSet delta = *global;
-  for (size_t t = 0; t < delta.size(); ++t) {
-    std::vector<float>& v = delta.mutable_tensors()[t].values;
-    const TensorView& trained = fit.parameters[t];
-    float block[kViewBlock];
-    for (int64_t at = 0; at < trained.numel; at += kViewBlock) {
-      const int64_t n = std::min<int64_t>(kViewBlock, trained.numel - at);
-      trained.Read(at, n, block);
-      for (int64_t i = 0; i < n; ++i) v[at + i] = block[i] - v[at + i];
-    }
-  }
+  ParameterSet delta = global->ZerosLike();
+  AddScaled(fit.parameters, 1.0f, &delta);
+  AddScaled(ViewsOf(*global), -1.0f, &delta);
   fit.keep.reset();
-  const int64_t examples = std::min(fit.examples, DeclaredExamples());
-  RecordTraining(TrainStats{fit.loss, examples, seconds});
-  v1::UploadReply reply;
-  if (secagg) {
-    if (task.has_dp()) AddDpNoise(task.dp(), &delta);
-    ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, delta, examples, examples, fit.loss, seconds,
-                                           &emulator, c.next));
-  } else {
-    ASSIGN_OR_RETURN(reply, UploadUpdate(c.stub, c.w, task, delta, examples, fit.loss, seconds, nullptr,
-                                         evaluation ? &*evaluation : nullptr));
-  }
+  const TrainStats stats{fit.loss, std::min(fit.examples, DeclaredExamples()), seconds};
+  RecordTraining(stats);
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadTrained(c, secagg, std::move(delta), stats, evaluation ? &*evaluation : nullptr));
   ++tasks_done;
   spdlog::info("round {}: fit trained {} examples in {:.2f}s (loss {:.4f}), update uploaded{}", task.round(),
-               examples, seconds, fit.loss, reply.duplicate() ? " (duplicate)" : "");
+               stats.examples, seconds, fit.loss, reply.duplicate() ? " (duplicate)" : "");
+  return absl::OkStatus();
+}
+
+StatusOr<v1::UploadReply> Client::Impl::UploadTrained(const TaskCall& c, std::optional<SecAggClient>& secagg,
+                                                      ParameterSet delta, const TrainStats& stats,
+                                                      const v1::ClientEvaluation* evaluation) {
+  if (secagg) {
+    if (c.task.has_dp()) AddDpNoise(c.task.dp(), &delta);
+    return secagg->Submit(c.stub, c.w, c.task, delta, stats.examples, stats.examples, stats.loss, stats.seconds,
+                          &emulator, c.next);
+  }
+  return UploadUpdate(c.stub, c.w, c.task, delta, stats.examples, stats.loss, stats.seconds, nullptr, evaluation);
+}
+
+Status Client::Impl::UploadFinalEvaluation(const TaskCall& c, const v1::ClientEvaluation& evaluation,
+                                           int64_t examples) {
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadUpdate(c.stub, c.w, c.task, ParameterSet(), examples, 0, 0, nullptr, &evaluation));
+  ++tasks_done;
+  spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})", c.task.round(),
+               evaluation.accuracy(), evaluation.examples(), reply.duplicate() ? ", duplicate" : "");
   return absl::OkStatus();
 }
 
@@ -389,10 +389,10 @@ Status Client::Impl::HandleExternalSplitTask(const TaskCall& c) {
   so.cancel = &stop;
   so.external = opts.external.split.get();
   ASSIGN_OR_RETURN(SplitTaskResult r, RunSplitTask(c.stub, c.w, task, *part, Dataset(), so));
-  RecordTraining(TrainStats{r.loss, r.examples, r.stats.wall_s() * r.stats.steps()});
+  const double seconds = r.stats.wall_s() * r.stats.steps();
+  RecordTraining(TrainStats{r.loss, r.examples, seconds});
   ASSIGN_OR_RETURN(v1::UploadReply reply,
-                   UploadUpdate(c.stub, c.w, task, Delta(r.trained, *part), r.examples, r.loss,
-                                r.stats.wall_s() * r.stats.steps(), &r.stats));
+                   UploadUpdate(c.stub, c.w, task, Delta(r.trained, *part), r.examples, r.loss, seconds, &r.stats));
   ++tasks_done;
   spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step, loss {:.4f}{}", task.round(), st.cut(),
                r.stats.steps(), 1e3 * r.stats.wall_s(), r.loss, reply.duplicate() ? " (duplicate)" : "");
@@ -790,7 +790,6 @@ StatusOr<std::vector<std::string>> Client::Impl::SetTaskModel(const TaskCall& c,
 }
 
 Status Client::Impl::HandleEvaluationTask(const TaskCall& c) {
-  const v1::Task& task = c.task;
   auto m = FetchTaskModel(c);
   if (!m.ok()) return c.Reject(m.status());
   if (auto set = SetTaskModel(c, *m); !set.ok()) return c.Reject(set.status());
@@ -800,13 +799,7 @@ Status Client::Impl::HandleEvaluationTask(const TaskCall& c) {
   c.Accept();
   // No training: an empty update that carries the evaluation.
   ASSIGN_OR_RETURN(const v1::ClientEvaluation evaluation, EvaluateHoldout(m->loss));
-  ASSIGN_OR_RETURN(v1::UploadReply reply, UploadUpdate(c.stub, c.w, task, ParameterSet(),
-                                                       opts.train.size, 0, 0, nullptr, &evaluation));
-  ++tasks_done;
-  spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})",
-               task.round(), evaluation.accuracy(), evaluation.examples(),
-               reply.duplicate() ? ", duplicate" : "");
-  return absl::OkStatus();
+  return UploadFinalEvaluation(c, evaluation, opts.train.size);
 }
 
 Status Client::Impl::CheckMemory(const v1::Task& task, const ModelSpec& spec, const FitSettings& fit) {
@@ -877,16 +870,8 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
     RETURN_IF_ERROR(Attack(global, o, &delta));
   }
   if (!personal_names->empty()) delta = Without(delta, *personal_names);  // stays here
-  v1::UploadReply reply;
-  if (secagg) {
-    if (task.has_dp()) AddDpNoise(task.dp(), &delta);
-    ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, delta, stats.examples, stats.examples,
-                                           stats.loss, stats.seconds, &emulator, c.next));
-  } else {
-    ASSIGN_OR_RETURN(reply, UploadUpdate(c.stub, c.w, task, delta, stats.examples, stats.loss,
-                                         stats.seconds, nullptr,
-                                         evaluation ? &*evaluation : nullptr));
-  }
+  ASSIGN_OR_RETURN(v1::UploadReply reply,
+                   UploadTrained(c, secagg, std::move(delta), stats, evaluation ? &*evaluation : nullptr));
   ++tasks_done;
   spdlog::info("round {}: {}trained {} examples in {:.1f}s (loss {:.4f}), update uploaded{}",
                task.round(),

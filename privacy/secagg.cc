@@ -36,6 +36,13 @@ Status AddPrg(std::vector<uint64_t>& out, const Bytes& seed, bool subtract, cons
   return absl::OkStatus();
 }
 
+// Client c's slice; INVALID_ARGUMENT when `slices` has none.
+StatusOr<const Positions*> SliceOf(const Slices& slices, int c) {
+  auto it = slices.find(c);
+  if (it == slices.end() || !it->second) return absl::InvalidArgumentError(absl::StrCat("no slice of ", c));
+  return it->second.get();
+}
+
 // `indices` into `slice`, as the positions they hold.
 std::vector<int64_t> At(const Positions& slice, const std::vector<int64_t>& indices) {
   std::vector<int64_t> out(indices.size());
@@ -223,14 +230,9 @@ StatusOr<std::vector<uint64_t>> Mask(int u, const std::vector<uint64_t>& x, cons
                                      const std::set<int>& neighbours,
                                      const std::map<int, Bytes>& public_keys, const Params& p,
                                      const Slices* slices) {
-  const auto slice_of = [&](int c) -> StatusOr<const Positions*> {
-    auto it = slices->find(c);
-    if (it == slices->end() || !it->second) return absl::FailedPreconditionError(absl::StrCat("no slice of ", c));
-    return it->second.get();
-  };
   const Positions* mine = nullptr;
   if (slices) {
-    ASSIGN_OR_RETURN(mine, slice_of(u));
+    ASSIGN_OR_RETURN(mine, SliceOf(*slices, u));
     if (mine->size() != x.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("client ", u, ": ", x.size(), " values for a slice of ", mine->size()));
@@ -243,7 +245,7 @@ StatusOr<std::vector<uint64_t>> Mask(int u, const std::vector<uint64_t>& x, cons
     if (pk == public_keys.end()) return absl::FailedPreconditionError(absl::StrCat("no key of ", v));
     ASSIGN_OR_RETURN(Bytes seed, PairSeed(u, v, keys.mask_key.private_key, pk->second, p));
     if (slices) {
-      ASSIGN_OR_RETURN(const Positions* theirs, slice_of(v));
+      ASSIGN_OR_RETURN(const Positions* theirs, SliceOf(*slices, v));
       const std::vector<int64_t> shared = SharedIndices(*mine, *theirs);
       RETURN_IF_ERROR(AddPrg(y, seed, /*subtract=*/v < u, p, &shared));
     } else {
@@ -262,14 +264,6 @@ StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<st
     }
   }
   const bool sliced = !in.slices.empty();
-  for (int u : sliced ? in.survivors : std::set<int>{}) {
-    auto it = in.slices.find(u);
-    if (it == in.slices.end() || !it->second) return absl::InvalidArgumentError(absl::StrCat("no slice of ", u));
-    for (int v : graph[u]) {
-      if (!in.slices.count(v) || !in.slices.at(v)) return absl::InvalidArgumentError(absl::StrCat("no slice of ", v));
-    }
-  }
-  const auto slice = [&](int c) { return in.slices.at(c).get(); };
   std::vector<uint64_t> sum = in.masked_sum;
   for (int u : in.survivors) {
     // Remove u's self mask.
@@ -279,7 +273,11 @@ StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<st
           absl::StrCat("client ", u, ": fewer than ", p.t, " shares of its self mask"));
     }
     ASSIGN_OR_RETURN(Bytes seed, crypto::ShamirCombine(shares->second, p.t, 32));
-    RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/true, p, sliced ? slice(u) : nullptr));
+    const Positions* at = nullptr;
+    if (sliced) {
+      ASSIGN_OR_RETURN(at, SliceOf(in.slices, u));
+    }
+    RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/true, p, at));
   }
   // Remove the pairwise masks survivors shared with dropped clients (those between two
   // survivors cancel).
@@ -299,7 +297,9 @@ StatusOr<std::vector<uint64_t>> Unmask(const Unmasking& in, const std::vector<st
       ASSIGN_OR_RETURN(Bytes seed, PairSeed(u, v, key, public_keys.at(u), p));
       // u added PRG(s_uv) when v > u and subtracted it when v < u: undo that.
       if (sliced) {
-        const std::vector<int64_t> at = At(*slice(u), SharedIndices(*slice(u), *slice(v)));
+        ASSIGN_OR_RETURN(const Positions* mine, SliceOf(in.slices, u));
+        ASSIGN_OR_RETURN(const Positions* theirs, SliceOf(in.slices, v));
+        const std::vector<int64_t> at = At(*mine, SharedIndices(*mine, *theirs));
         RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/v > u, p, &at));
       } else {
         RETURN_IF_ERROR(AddPrg(sum, seed, /*subtract=*/v > u, p));

@@ -92,7 +92,7 @@ Status SecAggRound::SetSlices(const std::map<std::string, std::shared_ptr<const 
 int64_t SecAggRound::PayloadSize(const std::string& client) const {
   auto it = index_.find(client);
   const int64_t n = it == index_.end() ? length_ : InputLength(it->second);
-  return n * (config_.modulus <= (uint64_t{1} << 32) ? 4 : 8);
+  return n * ValueBytes();
 }
 
 std::set<int> SecAggRound::Alive(const std::set<int>& members) const {
@@ -178,7 +178,7 @@ Status SecAggRound::AddMasked(const std::string& client, const std::string& payl
     return absl::InvalidArgumentError(absl::StrCat("masked input of ", payload.size(),
                                                    " bytes; expected ", size));
   }
-  const int width = config_.modulus <= (uint64_t{1} << 32) ? 4 : 8;
+  const int width = ValueBytes();
   std::vector<uint64_t> y(n);
   const auto* p = reinterpret_cast<const unsigned char*>(payload.data());
   for (int64_t i = 0; i < n; ++i, p += width) {

@@ -91,6 +91,8 @@ class SecAggRound {
   StatusOr<int> InStage(const std::string& client, Stage stage,
                         const std::set<int>& members) const;
   std::set<int> Alive(const std::set<int>& members) const;
+  // Bytes of a masked value on the wire: 4 when M <= 2^32, else 8.
+  int ValueBytes() const { return config_.modulus <= (uint64_t{1} << 32) ? 4 : 8; }
   // Values in client u's masked input.
   int64_t InputLength(int u) const { return slices_.empty() ? length_ : static_cast<int64_t>(slices_[u]->positions->size()); }
   // Per-slice masking: joins each of `members` to clients whose slices hold its own.

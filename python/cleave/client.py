@@ -44,6 +44,7 @@ def _options(who, *, server, server_address, insecure, ca, cert, key, token, tok
 
 
 def _implements(client, name):
+    """Whether the client has its own `name` (not NumPyClient's placeholder)."""
     method = getattr(type(client), name, None)
     return callable(method) and method is not getattr(NumPyClient, name)
 
@@ -70,8 +71,7 @@ def start_client(*, client, num_examples, server=None, server_address=None, inse
     options = _options("start_client", server=server, server_address=server_address, insecure=insecure, ca=ca,
                        cert=cert, key=key, token=token, token_file=token_file, name=name or "python-client",
                        num_examples=num_examples, give_up_after_s=give_up_after_s)
-    evaluate = client.evaluate if _implements(client, "evaluate") or (
-        not isinstance(client, NumPyClient) and callable(getattr(client, "evaluate", None))) else None
+    evaluate = client.evaluate if _implements(client, "evaluate") else None
     return _cleave.run_client(options, client.fit, evaluate)
 
 

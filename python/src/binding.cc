@@ -11,10 +11,12 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "aggregation/accumulate.h"
 #include "aggregation/strategy.h"
 #include "cleave/v1/cleave.pb.h"
 #include "client/client.h"
@@ -52,13 +54,14 @@ py::list ToArrays(const ClientOptions::External::Global& global) {
   return out;
 }
 
-// `set`'s tensors as NumPy float32 arrays of their own (copies: they outlive the call).
-py::list CopiesOf(const ParameterSet& set) {
+// `set`'s tensors as NumPy float32 arrays over its values, which they own from now on
+// (a caller that keeps `set` passes a copy).
+py::list OwnedArrays(ParameterSet set) {
+  auto* held = new ParameterSet(std::move(set));
+  py::capsule owner(held, [](void* p) { delete static_cast<ParameterSet*>(p); });
   py::list out;
-  for (const Tensor& t : set.tensors()) {
-    py::array_t<float> a(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()));
-    std::copy(t.values.begin(), t.values.end(), a.mutable_data());
-    out.append(std::move(a));
+  for (Tensor& t : held->mutable_tensors()) {
+    out.append(py::array_t<float>(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()), t.values.data(), owner));
   }
   return out;
 }
@@ -198,7 +201,7 @@ std::shared_ptr<const ExternalSplit> SplitHooks(const py::object& runner) {
   out->begin = [r](const v1::Task& task, const ParameterSet& part) -> StatusOr<int64_t> {
     py::gil_scoped_acquire gil;
     try {
-      return (*r).attr("begin")(CopiesOf(part), ConfigOf(task)).cast<int64_t>();
+      return (*r).attr("begin")(OwnedArrays(part), ConfigOf(task)).cast<int64_t>();
     } catch (py::error_already_set& e) {
       return PythonError("begin", e);
     } catch (py::cast_error& e) {
@@ -318,12 +321,19 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
 // robust rules keep them): aggregate_fit sees every client's parameters.
 class PythonStrategy : public Strategy {
  public:
+  // Called with the GIL held.
   PythonStrategy(py::object strategy, std::unique_ptr<Strategy> fallback)
-      : py_(new py::object(std::move(strategy)), [](py::object* p) {
-          py::gil_scoped_acquire gil;
-          delete p;
-        }),
-        fallback_(std::move(fallback)) {}
+      : py_(Held(std::move(strategy))), fallback_(std::move(fallback)) {
+    py::object base = py::module_::import("cleave.server").attr("Strategy");
+    for (const char* method : {"configure_fit", "aggregate_evaluate", "evaluate"}) {
+      // Its own method, not cleave.Strategy's placeholder.
+      if (!py::hasattr(*py_, method)) continue;
+      const py::object mine = py_->get_type().attr(method), placeholder = py::getattr(base, method, py::none());
+      if (!mine.is(placeholder)) {
+        defines_.insert(method);
+      }
+    }
+  }
 
   std::string name() const override {
     py::gil_scoped_acquire gil;
@@ -394,12 +404,7 @@ class PythonStrategy : public Strategy {
     r.weight = update.weight;
     r.train_loss = update.train_loss;
     r.parameters = start_;  // start + delta: the parameters the client trained to
-    for (size_t t = 0; t < update.delta.size(); ++t) {
-      std::vector<float>& v = r.parameters.mutable_tensors()[t].values;
-      std::vector<float> d(v.size());
-      update.delta[t].Read(0, update.delta[t].numel, d.data());
-      for (size_t i = 0; i < v.size(); ++i) v[i] += d[i];
-    }
+    AddScaled(update.delta, 1.0f, &r.parameters);
     shards_[shard].push_back(std::move(r));
     ++count_;
   }
@@ -412,11 +417,11 @@ class PythonStrategy : public Strategy {
     py::gil_scoped_acquire gil;
     py::module_ types = py::module_::import("types");
     py::list results, failures;
-    for (const auto& shard : shards_) {
-      for (const Result& r : shard) {
+    for (auto& shard : shards_) {
+      for (Result& r : shard) {
         py::dict metrics;
         metrics["train_loss"] = r.train_loss;
-        py::object fit_res = types.attr("SimpleNamespace")(py::arg("parameters") = CopiesOf(r.parameters),
+        py::object fit_res = types.attr("SimpleNamespace")(py::arg("parameters") = OwnedArrays(std::move(r.parameters)),
                                                            py::arg("num_examples") = r.weight,
                                                            py::arg("metrics") = metrics);
         results.append(py::make_tuple(r.name, fit_res));
@@ -453,7 +458,7 @@ class PythonStrategy : public Strategy {
         if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) stats_["fit_" + std::string(py::str(k))] = v.cast<double>();
       }
       if (Defines("evaluate")) {  // the server's own measure of the new model
-        py::object e = py_->attr("evaluate")(round_, CopiesOf(next));
+        py::object e = py_->attr("evaluate")(round_, OwnedArrays(next));
         if (!e.is_none()) {
           py::tuple le = e.cast<py::tuple>();
           stats_["evaluate_loss"] = le[0].cast<double>();
@@ -520,15 +525,10 @@ class PythonStrategy : public Strategy {
     double train_loss = 0;
     ParameterSet parameters;
   };
-  // Whether the object has its own `method` (not cleave.Strategy's placeholder).
-  bool Defines(const char* method) const {
-    if (!py::hasattr(*py_, method)) return false;
-    py::object base = py::module_::import("cleave.server").attr("Strategy");
-    py::object mine = py_->get_type().attr(method), theirs = py::getattr(base, method, py::none());
-    return !mine.is(theirs);
-  }
+  bool Defines(const std::string& method) const { return defines_.count(method) > 0; }
 
   std::shared_ptr<py::object> py_;
+  std::set<std::string> defines_;  // which of the optional methods the object has
   std::unique_ptr<Strategy> fallback_;
   int64_t round_ = 0;
   ParameterSet start_;
@@ -552,7 +552,7 @@ int64_t RunServer(const std::string& config, const py::dict& options, const py::
   o.insecure = options.contains("insecure") && options["insecure"].cast<bool>();
   o.config_text = text ? config : ReadFile(config).value_or("");
   if (!strategy.is_none()) {
-    auto held = std::make_shared<py::object>(strategy);
+    auto held = Held(strategy);
     o.strategy = [held](const StrategyJob& j) -> StatusOr<std::unique_ptr<Strategy>> {
       ASSIGN_OR_RETURN(std::unique_ptr<Strategy> fallback, CreateStrategy(j));
       py::gil_scoped_acquire gil;

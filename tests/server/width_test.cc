@@ -41,12 +41,15 @@ ParameterSet Filled(const ParameterSet& layout, float v) {
 
 class WidthTest : public RunningServerTest {};
 
+// A one-round job of a small mlp without test data, with `sections` (clients, server,
+// width, ...) added.
+JobConfig SmallJob(const std::string& sections) {
+  return TestConfig("run: {rounds: 1}\nmodel: {name: mlp, input: [4], classes: 3}\ndata: {test: \"\"}\n" + sections);
+}
+
 TEST_F(WidthTest, EachElementIsTheMeanOfTheDevicesThatHoldIt) {
   ServerOptions o;
-  o.config = TestConfig(R"(
-run: {rounds: 1}
-model: {name: mlp, input: [4], classes: 3}
-data: {test: ""}
+  o.config = SmallJob(R"(
 clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
 server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
 width: {clients: [{name: a, rate: 0.5}]}
@@ -106,10 +109,7 @@ TEST_F(WidthTest, AsyncBuffersPlaceSubmodelsAndReplayThemAfterARestart) {
   std::filesystem::remove_all(run_dir);
   auto options = [&] {
     ServerOptions o;
-    o.config = TestConfig(R"(
-run: {rounds: 1}
-model: {name: mlp, input: [4], classes: 3}
-data: {test: ""}
+    o.config = SmallJob(R"(
 clients: {min: 1, round_deadline_s: 60}
 scheduler: {mode: async, buffer_size: 3, max_staleness: 2, staleness: constant}
 server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
@@ -171,10 +171,7 @@ width: {clients: [{name: a, rate: 0.5}]}
 // positive and leaves the elements no device below the edge held.
 TEST_F(WidthTest, AnEdgeHandsUpItsMeanWithEachElementsShare) {
   ServerOptions o;
-  o.config = TestConfig(R"(
-run: {rounds: 1}
-model: {name: mlp, input: [4], classes: 3}
-data: {test: ""}
+  o.config = SmallJob(R"(
 clients: {min: 1, quorum: 1.0, round_deadline_s: 60}
 server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
 width: {}
@@ -217,16 +214,13 @@ width: {}
 // 1's; c's budget holds none, so it is left out and the round goes on without it.
 TEST_F(WidthTest, ProfilesAssignTheLargestRateThatFits) {
   const std::string yaml = R"(
-run: {rounds: 1}
-model: {name: mlp, input: [4], classes: 3}
-data: {test: ""}
 clients: {min: 3, quorum: 1.0, round_deadline_s: 60}
 server: {client_timeout_s: 120, final_evaluation: false, evaluate: false, metrics_listen: "127.0.0.1:0"}
 train: {local_steps: 5, batch_size: 8}
 width: {assign: profile, rates: [0.25, 1, 0.5], max_task_s: 10}
 )";
   ServerOptions o;
-  o.config = TestConfig(yaml);
+  o.config = SmallJob(yaml);
   const FitSettings fit = FitOf(o.config.train);
   auto spec = [](double rate) {
     ModelSpec s;
