@@ -375,10 +375,10 @@ Status Client::Impl::HandleExternalSplitTask(const TaskCall& c) {
   const v1::SplitTask& st = task.split();
   if ((st.mode() != "sl" && st.mode() != "sfl-v1" && st.mode() != "sfl-v2") || !task.base_digest().empty() ||
       !task.quantized_base_digest().empty() || task.model().has_interop() || task.has_secagg() ||
-      task.model().width() > 0) {
+      task.model().width() > 0 || st.label_epsilon() > 0) {
     return c.Reject(absl::FailedPreconditionError(
         "this client's stages are its own code: it takes sl, sfl-v1 and sfl-v2 tasks of a model without frozen, "
-        "quantized or private tensors, not U-shaped, pipeline, submodel or masked ones"));
+        "quantized or private tensors, not U-shaped, pipeline, submodel, masked or label-DP ones"));
   }
   auto part = FetchModel(c.stub, c.w, task);
   if (!part.ok()) return c.Reject(part.status());
@@ -684,6 +684,10 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     };
   }
   so.peer = {opts.tls_ca, opts.tls_cert, opts.tls_key, opts.name};
+  if (opts.keep_sent > 0) {
+    so.sent_path = absl::StrCat(opts.state_dir, "/sent/round-", task.round(), "/", c.w.client_id(), ".pb");
+    so.keep_sent = opts.keep_sent;
+  }
   // Interoperable architectures: the device's base and fusion (its stages before the
   // cut) are its own, kept as personal layers: from its model's initialisation until it
   // has trained them.

@@ -46,6 +46,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--state-dir", f.client.state_dir,
                  "keep this device's personal layers (model.personal) in DIR/personal.pb "
                  "across restarts");
+  app.add_option("--keep-sent", f.client.keep_sent,
+                 "keep the inputs and labels of each split task's first N micro-batches in "
+                 "STATE_DIR/sent (the truth a privacy measurement scores the server's attacks against)")
+      ->check(CLI::Range(0, 1000));
   app.add_option("--model-dir", f.client.model_dir,
                  "this device's copy of the model's Hugging Face folder (model hf): split "
                  "tasks read their stages' frozen weights from it instead of downloading them")
@@ -123,6 +127,9 @@ cleave::StatusOr<cleave::ClientOptions> MakeOptions(const Flags& f) {
     opts.token = *token;
   }
   RETURN_IF_ERROR(LoadData(f, &opts));
+  if (opts.keep_sent > 0 && opts.state_dir.empty()) {
+    return absl::InvalidArgumentError("--keep-sent keeps what was sent under --state-dir: give one");
+  }
   if (!opts.state_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(opts.state_dir, ec);

@@ -20,12 +20,14 @@
 #include "client/split_wire.h"
 #include "client/transfer.h"
 #include "privacy/certs.h"
+#include "privacy/label_dp.h"
 #include "privacy/tls.h"
 #include "compression/codec.h"
 #include "models/part.h"
 #include "proto/split_chunks.h"
 #include "proto/train_config.h"
 #include "split/pipeline_schedule.h"
+#include "split/record.h"
 
 namespace cleave {
 
@@ -177,7 +179,8 @@ class SplitTaskRun {
       : task_(task), st_(task.split()), data_(data), o_(o),
         ushaped_(st_.mode() == "ushaped" || (st_.mode() == "pipeline" && st_.tail_begin() < st_.num_stages())),
         pipeline_(st_.mode() == "pipeline"), hop_(pipeline_ && st_.has_downstream()),
-        peer_(hop_ ? absl::StrCat("the chain's next device ", st_.downstream().name()) : "the server") {}
+        peer_(hop_ ? absl::StrCat("the chain's next device ", st_.downstream().name()) : "the server"),
+        sent_(o.sent_path, o.keep_sent) {}
 
   // Checks the task, builds the client part(s) from `part` (and the base) with their
   // optimizers, and the codecs.
@@ -243,6 +246,7 @@ class SplitTaskRun {
   const bool ushaped_, pipeline_;
   const bool hop_;          // the stream goes to the chain's next device, not to the server
   const std::string peer_;  // who the stream goes to, for errors
+  SplitRecorder sent_;      // --keep-sent: this device's own copy of what it sent
   std::unique_ptr<ModelPart> head_, tail_;
   std::vector<v1::PipelineSpan> spans_;  // pipeline: the first batch's passes
   // Activation noise comes from the OS: the server must not be able to predict it.
@@ -425,14 +429,20 @@ Status SplitTaskRun::Receive() {
 Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx, int64_t length, double share, bool batch_end) {
   std::vector<int64_t> labels = BatchLabels(data_, idx, length);
   const double t0 = UnixSeconds();
-  auto act = Timed([&] { return head_->Forward(seq_, InputBatch(data_, idx, length)); });
+  Activations in = InputBatch(data_, idx, length);
+  auto act = Timed([&] { return head_->Forward(seq_, in); });
   if (!act.ok()) return act.status();
+  sent_.Add({}, st_.cut(), RecordedBatch{Tensor{"", std::move(in.shape), std::move(in.values)}, labels, {}});
   if (pipeline_) AddPipelineSpan(&spans_, seq_, first_end_, /*forward=*/true, t0);
   Push(*std::move(act), std::move(labels), share, batch_end);
   return absl::OkStatus();
 }
 
 void SplitTaskRun::Push(Activations act, std::vector<int64_t> labels, double share, bool batch_end) {
+  if (st_.label_epsilon() > 0) {  // label DP: the labels sent, or the head's own (U-shaped)
+    const int64_t classes = o_.model.text() ? o_.model.gpt.vocab : o_.model.num_classes;
+    RandomizeLabels(st_.label_epsilon(), classes, noise_rng_, &labels);
+  }
   if (st_.activation_noise() > 0) {
     for (float& v : act.values) v += noise_(noise_rng_);
   }

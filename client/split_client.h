@@ -75,6 +75,10 @@ struct SplitTaskOptions {
   const ParameterSet* own = nullptr;
   // The device's stages in its caller's code instead of the model's (`data` unused).
   const ExternalSplit* external = nullptr;
+  // ClientOptions::keep_sent: where the inputs and labels of the first `keep_sent`
+  // micro-batches go (a SplitRecord), or "".
+  std::string sent_path;
+  int keep_sent = 0;
 };
 
 // The local training a task's TrainConfig asks for (whole-model or split); the caller

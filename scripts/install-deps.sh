@@ -21,10 +21,11 @@ PACKAGES=(
 # Only the tests and benchmarks use these: TorchScript export and the PyTorch reference,
 # validating deploy/docker-compose.yml, and clang with libFuzzer and the sanitizer
 # runtimes for the fuzz targets (scripts/fuzz.sh); real tables (sklearn) for the
-# data-source tests; Prometheus and headless Chromium watching a run (tests/e2e/observe_test.cc);
+# data-source tests and the AUC reference; scikit-image, the SSIM reference
+# (tests/split/similarity_reference.py); Prometheus and headless Chromium watching a run (tests/e2e/observe_test.cc);
 # rendering and checking deploy/k8s (kubectl kustomize, PyYAML) and verifying the systemd
 # units (systemd-analyze).
-TEST_TOOLS=(python3-torch python3-sklearn docker-compose clang-14 libclang-rt-14-dev
+TEST_TOOLS=(python3-torch python3-sklearn python3-skimage docker-compose clang-14 libclang-rt-14-dev
             prometheus chromium python3-yaml systemd)
 # kubectl: Debian's kubernetes-client, unless a kubectl is installed already.
 command -v kubectl > /dev/null || TEST_TOOLS+=(kubernetes-client)

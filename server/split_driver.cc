@@ -309,6 +309,7 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   split->set_gradient_codec(SplitTensorCodec(cfg.compression.gradients));
   split->set_activation_noise(cfg.split.activation_noise);
   split->set_nopeek(cfg.split.nopeek);
+  split->set_label_epsilon(cfg.split.label_epsilon);
   if (secagg_) {  // the upload is a masked vector of the round's layout (MaskedLayout)
     secagg_->mu().AssertHeld();  // ctx_.mu()
     secagg_->PrepareTaskLocked(task, rec);

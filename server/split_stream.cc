@@ -18,11 +18,13 @@ SplitStream::SplitStream(Coordinator& core, SplitStreamTask task)
 
 void SplitStream::Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient) {
   ParameterSet part;
-  if (recorder_.empty()) {  // the part this client was sent, with its first micro-batch
+  int cut = 0;
+  if (recorder_.empty()) {  // the part this client was sent, and its cut, with its first micro-batch
     StatusOr<ParameterSet> p = task_.round->ClientPart(task_.client_id);
     if (p.ok()) part = *std::move(p);
+    cut = task_.round->CutOf(task_.client_id).value_or(0);
   }
-  recorder_.Add(part, RecordedBatch{std::move(activations), std::move(labels), Tensor{"", gradient.shape, gradient.values}});
+  recorder_.Add(part, cut, RecordedBatch{std::move(activations), std::move(labels), Tensor{"", gradient.shape, gradient.values}});
 }
 
 StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {

@@ -25,4 +25,38 @@ struct TokenRecovery {
 // no labels (U-shaped); INVALID_ARGUMENT when the shapes do not fit.
 StatusOr<TokenRecovery> RecoverTokensAtTheEmbedding(const SplitRecord& r);
 
+// How close a reconstructed image is to the truth, both with values in [0, range]:
+// SSIM as Wang et al. 2004 define it (an 11 x 11 Gaussian window of sigma 1.5, K1 =
+// 0.01, K2 = 0.03, population variances, over the window positions inside the image,
+// the mean over channels; scikit-image's structural_similarity with
+// gaussian_weights=True and use_sample_covariance=False), and PSNR (dB; 99 when equal).
+// Images are [channels, h, w] with h, w >= 11.
+double Ssim(const float* truth, const float* image, int64_t channels, int64_t h, int64_t w, double range);
+double Psnr(const float* truth, const float* image, int64_t n, double range);
+
+// The area under the ROC curve of `scores` for telling `positive` examples from the
+// others (ties count half): 0.5 is chance, 1 a perfect split. 0.5 when one class is empty.
+double RocAuc(const std::vector<double>& scores, const std::vector<bool>& positive);
+
+// Label inference from the gradients at the cut (Li et al. 2022, "Label leakage and
+// protection in two-party split learning"), scored against the true labels:
+// - the norm attack (binary tasks; the positive class is the rarer one, as the
+//   paper's): the gradient's norm as the score of being positive;
+// - the direction attack: knowing one example's label per class, each other example's
+//   score for class c is its gradient's cosine similarity to that example's; the AUC is
+//   the mean over classes of class c against the rest, the accuracy that of the most
+//   similar class.
+struct LabelLeakage {
+  int64_t examples = 0;        // scored (the known ones left out)
+  int classes = 0;             // seen in the labels
+  double norm_auc = -1;        // -1 unless two classes
+  int64_t norm_positive = -1;  // its positive class
+  double direction_auc = 0;
+  double direction_accuracy = 0;
+};
+// `gradients` one per example (rows of equal length), `labels` theirs. INVALID_ARGUMENT
+// when they do not pair up or one class only is seen.
+StatusOr<LabelLeakage> InferLabelsFromGradients(const std::vector<std::vector<float>>& gradients,
+                                                const std::vector<int64_t>& labels);
+
 }  // namespace cleave

@@ -19,6 +19,7 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("window", c.window);
   s.Read("activation_noise", c.activation_noise);
   s.Read("nopeek", c.nopeek);
+  s.Read("label_epsilon", c.label_epsilon);
   s.Read("devices", c.devices);
   s.Read("micro_batches", c.micro_batches);
   s.Read("micro_batch_tokens", c.micro_batch_tokens);
@@ -31,6 +32,7 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
 Status CheckSplit(SplitConfig& c) {
   RETURN_IF_ERROR(Range(c.activation_noise >= 0, "split.activation_noise", ">= 0"));
   RETURN_IF_ERROR(Range(c.nopeek >= 0, "split.nopeek", ">= 0"));
+  RETURN_IF_ERROR(Range(c.label_epsilon >= 0 && c.label_epsilon <= 50, "split.label_epsilon", "in [0, 50]"));
   RETURN_IF_ERROR(Range(c.record >= 0 && c.record <= 1000, "split.record", "in [0, 1000]"));
   RETURN_IF_ERROR(Range(c.cut >= 0, "split.cut", "\"auto\" (0) or a stage index >= 1"));
   if (!c.enabled()) return absl::OkStatus();

@@ -18,6 +18,8 @@ struct SplitConfig {
   double activation_noise = 0;   // split.activation_noise: std of Gaussian noise the client
                                  //   adds to the activations it sends (0 = none)
   double nopeek = 0;             // split.nopeek: NoPeek's distance-correlation weight alpha
+  double label_epsilon = 0;      // split.label_epsilon: > 0, label DP by randomized response
+                                 //   (each label the device uses is epsilon-RR'd); 0 = off
   // pipeline: devices per chain, micro-batches per batch, and their order on each holder.
   int devices = 2;               // split.devices
   int micro_batches = 4;         // split.micro_batches: divides train.batch_size

@@ -17,9 +17,9 @@ SplitRecorder::~SplitRecorder() {
   }
 }
 
-void SplitRecorder::Add(const ParameterSet& part, RecordedBatch batch) {
+void SplitRecorder::Add(const ParameterSet& part, int cut, RecordedBatch batch) {
   if (!wants()) return;
-  if (record_.batches.empty()) record_.part = part;
+  if (record_.batches.empty()) record_.part = part, record_.cut = cut;
   record_.batches.push_back(std::move(batch));
   if (static_cast<int>(record_.batches.size()) == limit_) {
     if (Status s = Write(); !s.ok()) spdlog::warn("split.record: {}", s.ToString());
@@ -37,6 +37,7 @@ Status SplitRecorder::Write() {
 std::string EncodeSplitRecord(const SplitRecord& r) {
   ParameterSet out;
   for (const Tensor& t : r.part.tensors()) (void)out.Add(Tensor{"part/" + t.name, t.shape, t.values});
+  if (r.cut > 0) (void)out.Add(Tensor{"cut", {1}, {static_cast<float>(r.cut)}});
   for (size_t k = 0; k < r.batches.size(); ++k) {
     const RecordedBatch& b = r.batches[k];
     (void)out.Add(Tensor{absl::StrCat("act/", k), b.activations.shape, b.activations.values});
@@ -63,6 +64,11 @@ StatusOr<SplitRecord> DecodeSplitRecord(const std::string& bytes) {
   for (Tensor& t : set.mutable_tensors()) {
     if (absl::StartsWith(t.name, "part/")) {
       RETURN_IF_ERROR(r.part.Add(Tensor{t.name.substr(5), t.shape, std::move(t.values)}));
+    } else if (t.name == "cut") {
+      if (t.values.size() != 1 || !(t.values[0] >= 1 && t.values[0] <= 100000)) {
+        return absl::InvalidArgumentError("a recorded cut that is not one stage");
+      }
+      r.cut = static_cast<int>(t.values[0]);
     } else if (absl::StartsWith(t.name, "act/")) {
       ASSIGN_OR_RETURN(RecordedBatch * b, batch(t.name, 4));
       b->activations = std::move(t);

@@ -2,8 +2,14 @@
 // (split.record: N): the client part it sent, and each of the first N micro-batches as it
 // crossed the cut (the activations, the labels when they travel, the gradient). One
 // encoded ParameterSet per task (RUN_DIR/record/round-R/CLIENT.pb): tensors "part/NAME",
-// "act/K", "labels/K" (as float32) and "grad/K", K from 0. The attacks (split/attacks.h)
+// "cut" (one value: the stage the activations are the input of), "act/K", "labels/K"
+// (as float32) and "grad/K", K from 0. The attacks (split/attacks.h, models/inversion.h)
 // read it; nothing of it reaches a client.
+//
+// The same format holds a device's own copy of what it sent (cleave-client --keep-sent):
+// "act/K" is then the micro-batch's input (before the client part) and "labels/K" its
+// labels, the truth a measurement scores the server's attacks against. It stays on the
+// device.
 #pragma once
 
 #include <string>
@@ -22,6 +28,7 @@ struct RecordedBatch {
 
 struct SplitRecord {
   ParameterSet part;  // the client part's values as the server sent them
+  int cut = 0;        // the stage the recorded activations are the input of (0: unknown)
   std::vector<RecordedBatch> batches;
 };
 
@@ -34,8 +41,8 @@ class SplitRecorder {
   ~SplitRecorder();
   bool wants() const { return !path_.empty() && static_cast<int>(record_.batches.size()) < limit_ && !written_; }
   bool empty() const { return record_.batches.empty(); }
-  // The part is taken with the first batch.
-  void Add(const ParameterSet& part, RecordedBatch batch);
+  // The part and the cut are taken with the first batch.
+  void Add(const ParameterSet& part, int cut, RecordedBatch batch);
 
  private:
   Status Write();

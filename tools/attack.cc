@@ -1,35 +1,129 @@
 #include "tools/attack.h"
 
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include <stb/stb_image_write.h>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/files.h"
+#include "data/dataset.h"
+#include "job/job.h"
+#include "models/inversion.h"
+#include "models/model.h"
 #include "split/attacks.h"
 #include "split/record.h"
 
 namespace cleave {
+namespace {
 
-int RunTokenAttack(const std::string& run_dir, std::ostream& out, std::ostream& err) {
-  namespace fs = std::filesystem;
+namespace fs = std::filesystem;
+
+// The run's records, relative to RUN_DIR/record, in order.
+std::vector<std::string> RecordNames(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "record";
-  std::vector<fs::path> files;
+  std::vector<std::string> names;
   std::error_code ec;
   for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file() && it->path().extension() == ".pb") files.push_back(it->path());
+    if (it->is_regular_file() && it->path().extension() == ".pb") names.push_back(fs::relative(it->path(), root).string());
   }
-  std::sort(files.begin(), files.end());
-  if (files.empty()) {
-    err << "cleave attack tokens: no records under " << root.string()
-        << " (run the job with split.record: N, split learning at split.cut: 1)\n";
-    return 2;
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+StatusOr<SplitRecord> ReadRecord(const fs::path& path) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path.string()));
+  return DecodeSplitRecord(bytes);
+}
+
+// The device's own copy of what it sent in the recorded task `name` (round-R/CLIENT.pb),
+// from whichever device of the run kept it; NOT_FOUND when none did.
+StatusOr<SplitRecord> SentRecord(const std::string& run_dir, const std::string& name) {
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(run_dir) / "clients", ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path f = it->path() / "sent" / name;
+    if (fs::is_regular_file(f)) return ReadRecord(f);
   }
+  return absl::NotFoundError("no device kept a copy of what it sent");
+}
+
+// Example i of a batch of normalised images [B, C, H, W] as pixels in [0, 1].
+std::vector<float> Pixels(const std::vector<float>& batch, int64_t i, const std::vector<int64_t>& shape,
+                          const Dataset& space) {
+  const int64_t c = shape[0], hw = shape[1] * shape[2];
+  std::vector<float> px(c * hw);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const float mean = ch < static_cast<int64_t>(space.mean.size()) ? space.mean[ch] : 0;
+    const float sd = ch < static_cast<int64_t>(space.stddev.size()) ? space.stddev[ch] : 1;
+    for (int64_t p = 0; p < hw; ++p) {
+      px[ch * hw + p] = std::clamp(batch[(i * c + ch) * hw + p] * sd + mean, 0.0f, 1.0f);
+    }
+  }
+  return px;
+}
+
+// Rows of images ([C, H, W] pixels in [0, 1]) as one PNG, each image three times its size.
+Status WriteGrid(const std::string& path, const std::vector<std::vector<std::vector<float>>>& rows,
+                 const std::vector<int64_t>& shape) {
+  const int64_t c = shape[0], h = shape[1], w = shape[2], scale = 3, gap = 2;
+  size_t cols = 0;
+  for (const auto& r : rows) cols = std::max(cols, r.size());
+  const int64_t width = static_cast<int64_t>(cols) * (w * scale + gap) + gap;
+  const int64_t height = static_cast<int64_t>(rows.size()) * (h * scale + gap) + gap;
+  std::vector<unsigned char> png(width * height * c, 255);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (size_t k = 0; k < rows[r].size(); ++k) {
+      const int64_t y0 = gap + static_cast<int64_t>(r) * (h * scale + gap);
+      const int64_t x0 = gap + static_cast<int64_t>(k) * (w * scale + gap);
+      for (int64_t y = 0; y < h * scale; ++y) {
+        for (int64_t x = 0; x < w * scale; ++x) {
+          for (int64_t ch = 0; ch < c; ++ch) {
+            const float v = rows[r][k][(ch * h + y / scale) * w + x / scale];
+            png[((y0 + y) * width + x0 + x) * c + ch] = static_cast<unsigned char>(std::lround(255 * v));
+          }
+        }
+      }
+    }
+  }
+  if (!stbi_write_png(path.c_str(), static_cast<int>(width), static_cast<int>(height), static_cast<int>(c),
+                      png.data(), static_cast<int>(width * c))) {
+    return absl::InternalError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
+struct Similarity {
+  double ssim = 0, psnr = 0;
+  int64_t images = 0;
+  void Add(const Similarity& o) {
+    ssim += o.ssim, psnr += o.psnr, images += o.images;
+  }
+  std::string Line(const char* method) const {
+    return absl::StrFormat("%s SSIM %.3f PSNR %.1f dB", method, ssim / std::max<int64_t>(images, 1),
+                           psnr / std::max<int64_t>(images, 1));
+  }
+};
+
+int NoRecords(const std::string& what, const std::string& run_dir, std::ostream& err) {
+  err << "cleave attack " << what << ": no records under " << (fs::path(run_dir) / "record").string()
+      << " (run the job with split.record: N)\n";
+  return 2;
+}
+
+}  // namespace
+
+int RunTokenAttack(const std::string& run_dir, std::ostream& out, std::ostream& err) {
+  const std::vector<std::string> names = RecordNames(run_dir);
+  if (names.empty()) return NoRecords("tokens", run_dir, err);
   TokenRecovery total;
-  for (const fs::path& f : files) {
-    const std::string name = fs::relative(f, root).string();
-    StatusOr<std::string> bytes = ReadFile(f.string());
-    StatusOr<SplitRecord> record = bytes.ok() ? DecodeSplitRecord(*bytes) : StatusOr<SplitRecord>(bytes.status());
+  for (const std::string& name : names) {
+    StatusOr<SplitRecord> record = ReadRecord(fs::path(run_dir) / "record" / name);
     StatusOr<TokenRecovery> r = record.ok() ? RecoverTokensAtTheEmbedding(*record) : StatusOr<TokenRecovery>(record.status());
     if (!r.ok()) {
       err << "cleave attack tokens: " << name << ": " << r.status().message() << "\n";
@@ -41,6 +135,170 @@ int RunTokenAttack(const std::string& run_dir, std::ostream& out, std::ostream& 
   }
   out << absl::StrFormat("total: recovered %d of %d tokens (%.2f %%)\n", total.recovered, total.checked,
                          100 * total.rate());
+  return 0;
+}
+
+int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std::ostream& out, std::ostream& err) {
+  const auto fail = [&](const std::string& why) {
+    err << "cleave attack images: " << why << "\n";
+    return 2;
+  };
+  const std::vector<std::string> names = RecordNames(run_dir);
+  if (names.empty()) return NoRecords("images", run_dir, err);
+  StatusOr<JobConfig> job = LoadJob((fs::path(run_dir) / "config.yaml").string());
+  if (!job.ok()) return fail(std::string(job.status().message()));
+  SetTorchThreads(1);  // small networks: one thread is fastest (and OpenBLAS's pool spins)
+  ClientPartView view;
+  view.spec = ModelSpecOf(job->model, job->run.seed);
+  view.noise = job->split.activation_noise;
+  view.codec = job->compression.activations;
+  if (view.spec.text() || view.spec.input_shape.size() != 3) {
+    return fail(absl::StrCat("input reconstruction is for image models; model ", view.spec.name,
+                             view.spec.text() ? " reads tokens (cleave attack tokens)" : " reads no images"));
+  }
+  const std::string aux_spec = o.aux.empty() ? job->data.test : o.aux;
+  if (aux_spec.empty()) return fail("no auxiliary images: the job has no data.test; give --aux");
+  StatusOr<Dataset> aux = LoadDataSpec(aux_spec, /*train=*/false);
+  if (!aux.ok()) return fail(absl::StrCat("--aux ", aux_spec, ": ", aux.status().message()));
+  if (aux->shape != view.spec.input_shape) return fail(absl::StrCat("the auxiliary images ", aux_spec, " are not the model's input"));
+  std::vector<int64_t> idx(std::min(aux->size, o.aux_limit));
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+  const Activations aux_in = InputBatch(*aux, idx);
+  InversionOptions learned, optimised;
+  learned.steps = o.steps;
+  optimised.steps = o.optimise_steps;
+  optimised.lr = 0.05;
+  optimised.tv = o.tv;
+  for (size_t ch = 0; ch < aux->mean.size() && ch < aux->stddev.size(); ++ch) {
+    const float lo = (0 - aux->mean[ch]) / aux->stddev[ch], hi = (1 - aux->mean[ch]) / aux->stddev[ch];
+    learned.lo = optimised.lo = ch == 0 ? lo : std::min(learned.lo, lo);
+    learned.hi = optimised.hi = ch == 0 ? hi : std::max(learned.hi, hi);
+  }
+  const std::vector<int64_t>& shape = view.spec.input_shape;
+  std::map<std::string, std::unique_ptr<LearnedInverter>> inverters;  // by the part's values and cut
+  Similarity total_learned, total_optimised;
+  bool scored = false;
+  std::vector<std::vector<std::vector<float>>> grid(3);
+  for (const std::string& name : names) {
+    StatusOr<SplitRecord> record = ReadRecord(fs::path(run_dir) / "record" / name);
+    if (!record.ok()) return fail(absl::StrCat(name, ": ", record.status().message()));
+    if (record->cut < 1) return fail(absl::StrCat(name, ": the record does not say where the model was cut"));
+    view.cut = record->cut;
+    view.part = record->part;
+    std::unique_ptr<LearnedInverter>& inverter = inverters[absl::StrCat(view.cut, ":", view.part.Encode())];
+    if (inverter == nullptr) {
+      auto trained = LearnedInverter::Train(view, aux_in, learned);
+      if (!trained.ok()) return fail(absl::StrCat(name, ": ", trained.status().message()));
+      inverter = *std::move(trained);
+    }
+    StatusOr<SplitRecord> truth = SentRecord(run_dir, name);
+    Similarity by_learned, by_optimised;
+    for (size_t k = 0; k < record->batches.size(); ++k) {
+      const Tensor& act = record->batches[k].activations;
+      const Activations a{act.shape, act.values};
+      StatusOr<Activations> l = inverter->Invert(a);
+      if (!l.ok()) return fail(absl::StrCat(name, ": ", l.status().message()));
+      StatusOr<Activations> opt = Activations{};
+      if (o.optimise_steps > 0) opt = InvertByOptimisation(view, a, optimised);
+      if (!opt.ok()) return fail(absl::StrCat(name, ": ", opt.status().message()));
+      const bool known = truth.ok() && k < truth->batches.size() && truth->batches[k].activations.shape == l->shape;
+      for (int64_t i = 0; i < a.batch(); ++i) {
+        const std::vector<float> lp = Pixels(l->values, i, shape, *aux);
+        std::vector<float> op, tp;
+        if (o.optimise_steps > 0) op = Pixels(opt->values, i, shape, *aux);
+        if (known) tp = Pixels(truth->batches[k].activations.values, i, shape, *aux);
+        if (!o.grid.empty() && static_cast<int>(grid[1].size()) < o.grid_images) {
+          if (known) grid[0].push_back(tp);
+          grid[1].push_back(lp);
+          if (!op.empty()) grid[2].push_back(op);
+        }
+        if (!known) continue;
+        const int64_t n = static_cast<int64_t>(tp.size());
+        by_learned.Add({Ssim(tp.data(), lp.data(), shape[0], shape[1], shape[2], 1), Psnr(tp.data(), lp.data(), n, 1), 1});
+        if (!op.empty()) {
+          by_optimised.Add({Ssim(tp.data(), op.data(), shape[0], shape[1], shape[2], 1), Psnr(tp.data(), op.data(), n, 1), 1});
+        }
+      }
+    }
+    if (by_learned.images == 0) {
+      out << name << ": reconstructed (no copy of what the device sent to score against)\n";
+      continue;
+    }
+    scored = true;
+    out << name << ": " << by_learned.images << " images; " << by_learned.Line("learned");
+    if (by_optimised.images > 0) out << "; " << by_optimised.Line("optimised");
+    out << "\n";
+    total_learned.Add(by_learned);
+    total_optimised.Add(by_optimised);
+  }
+  if (scored) {
+    out << "total: " << total_learned.images << " images; " << total_learned.Line("learned");
+    if (total_optimised.images > 0) out << "; " << total_optimised.Line("optimised");
+    out << "\n";
+  }
+  if (!o.grid.empty()) {
+    const std::string kinds = absl::StrCat(grid[0].empty() ? "" : "the devices' inputs, ", "learned",
+                                           grid[2].empty() ? "" : ", optimised");
+    std::vector<std::vector<std::vector<float>>> rows;
+    for (auto& r : grid) {
+      if (!r.empty()) rows.push_back(std::move(r));
+    }
+    if (Status s = WriteGrid(o.grid, rows, shape); !s.ok()) return fail(std::string(s.message()));
+    out << "grid: " << o.grid << " (rows: " << kinds << ")\n";
+  }
+  return 0;
+}
+
+int RunLabelAttack(const std::string& run_dir, std::ostream& out, std::ostream& err) {
+  const auto fail = [&](const std::string& why) {
+    err << "cleave attack labels: " << why << "\n";
+    return 2;
+  };
+  const std::vector<std::string> names = RecordNames(run_dir);
+  if (names.empty()) return NoRecords("labels", run_dir, err);
+  double norm_auc = 0, direction_auc = 0, accuracy = 0;
+  int64_t examples = 0, norm_examples = 0;
+  for (const std::string& name : names) {
+    StatusOr<SplitRecord> record = ReadRecord(fs::path(run_dir) / "record" / name);
+    if (!record.ok()) return fail(absl::StrCat(name, ": ", record.status().message()));
+    const bool crossed = !record->batches.empty() && !record->batches[0].labels.empty();
+    StatusOr<SplitRecord> truth = crossed ? StatusOr<SplitRecord>(absl::UnknownError("")) : SentRecord(run_dir, name);
+    if (!crossed && !truth.ok()) {
+      return fail(absl::StrCat(name, ": no label crossed (U-shaped) and no device kept a copy of its labels to score "
+                               "against (cleave local keeps them with split.record)"));
+    }
+    std::vector<std::vector<float>> rows;
+    std::vector<int64_t> labels;
+    for (size_t k = 0; k < record->batches.size(); ++k) {
+      const RecordedBatch& b = record->batches[k];
+      const std::vector<int64_t>* y = crossed ? &b.labels
+                                      : k < truth->batches.size() ? &truth->batches[k].labels : nullptr;
+      if (y == nullptr || y->empty() || b.gradient.values.size() % y->size() != 0) {
+        return fail(absl::StrCat(name, ": micro-batch ", k, "'s gradient does not pair up with its labels"));
+      }
+      const size_t per = b.gradient.values.size() / y->size();
+      for (size_t i = 0; i < y->size(); ++i) {
+        if ((*y)[i] == kNoTarget) continue;
+        rows.emplace_back(b.gradient.values.begin() + i * per, b.gradient.values.begin() + (i + 1) * per);
+        labels.push_back((*y)[i]);
+      }
+    }
+    StatusOr<LabelLeakage> r = InferLabelsFromGradients(rows, labels);
+    if (!r.ok()) return fail(absl::StrCat(name, ": ", r.status().message()));
+    out << absl::StrFormat("%s: %d examples of %d classes (%s): direction AUC %.3f, accuracy %.1f %%", name, r->examples,
+                           r->classes, crossed ? "the labels that crossed" : "the device's copy", r->direction_auc,
+                           100 * r->direction_accuracy);
+    if (r->norm_auc >= 0) out << absl::StrFormat(", norm AUC %.3f (class %d positive)", r->norm_auc, r->norm_positive);
+    out << "\n";
+    direction_auc += r->direction_auc * r->examples;
+    accuracy += r->direction_accuracy * r->examples;
+    examples += r->examples;
+    if (r->norm_auc >= 0) norm_auc += r->norm_auc * r->examples, norm_examples += r->examples;
+  }
+  out << absl::StrFormat("total: %d examples: direction AUC %.3f, accuracy %.1f %%", examples, direction_auc / examples,
+                         100 * accuracy / examples);
+  if (norm_examples > 0) out << absl::StrFormat(", norm AUC %.3f", norm_auc / norm_examples);
+  out << "\n";
   return 0;
 }
 

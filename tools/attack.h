@@ -1,8 +1,12 @@
 // `cleave attack`: the attacks an honest-but-curious server runs on what it recorded of a
 // run (split.record, split/record.h), as an operator measures a cut's and a defense's
-// leakage (docs/security.md).
+// leakage (docs/security.md, "Measured leakage"). Each scores its guesses against the
+// devices' own copies of what they sent (cleave-client --keep-sent, which `cleave local`
+// turns on with split.record: RUN_DIR/clients/NAME/sent/round-R/CLIENT.pb) where they
+// are there.
 #pragma once
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 
@@ -13,5 +17,31 @@ namespace cleave {
 // and a total ("recovered R of N tokens (P %)"). 0 when some record was attacked; 2 with
 // the reason when none could be (no records, records of another cut or mode).
 int RunTokenAttack(const std::string& run_dir, std::ostream& out, std::ostream& err);
+
+struct ImageAttackOptions {
+  std::string aux;          // auxiliary images of the same domain (a data spec); "": the job's data.test
+  int64_t aux_limit = 5000; // of them, the first N
+  int steps = 1500;         // the learned inverter's training steps
+  int optimise_steps = 400; // the white-box optimisation's (0: not run)
+  double tv = 0.05;         // its total variation weight
+  std::string grid;         // a PNG of the first record's first images: truth, learned, optimised
+  int grid_images = 8;
+};
+// `cleave attack images RUN_DIR`: input reconstruction from the activations recorded at
+// an image model's cut, by a learned inverter trained on the auxiliary images (He et al.
+// 2019) and by white-box optimisation against the recorded client part (UnSplit), both
+// mimicking the job's activation noise and codec. One line per task and a total: SSIM
+// and PSNR against the devices' inputs ("learned SSIM S PSNR P dB"; without the
+// devices' copies, reconstructions only). 0 when some record was attacked; 2 with the
+// reason when none could be.
+int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& options, std::ostream& out,
+                   std::ostream& err);
+
+// `cleave attack labels RUN_DIR`: label inference from the recorded gradients at the cut
+// (InferLabelsFromGradients, Li et al. 2022): sl and sfl's gradients the server sent
+// back, scored against the labels that crossed; U-shaped's gradients the server
+// received, scored against the devices' copies. One line per task and a total (means
+// weighted by examples).
+int RunLabelAttack(const std::string& run_dir, std::ostream& out, std::ostream& err);
 
 }  // namespace cleave

@@ -288,9 +288,12 @@ std::vector<std::string> ClientArgv(const LocalRun& r, int i, const std::string&
     argv.insert(argv.end(), {"--peer-listen", "127.0.0.1:0"});
   }
   // Personal layers and interop's private bases: kept across a resumed run's client restarts.
-  if (!c.model.personal.empty() || c.model.name == "interop") {
+  // split.record: each device keeps its own copy of what it sent, the truth the
+  // recorded attacks are scored against (cleave attack).
+  if (!c.model.personal.empty() || c.model.name == "interop" || c.split.record > 0) {
     argv.insert(argv.end(), {"--state-dir", r.run_dir + "/clients/" + name});
   }
+  if (c.split.record > 0) argv.insert(argv.end(), {"--keep-sent", absl::StrCat(c.split.record)});
   if (i >= r.clients - c.local.attackers) argv.insert(argv.end(), {"--attack", c.local.attack});
   if (r.o.insecure) {
     argv.push_back("--insecure");

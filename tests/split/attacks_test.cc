@@ -4,7 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
+#include <string>
 
 #include "data/dataset.h"
 #include "split/record.h"
@@ -27,6 +33,7 @@ SplitRecord EmbeddingCutRecord(int batches, int64_t tokens, double noise, uint64
   for (float& v : wpe.values) v = init(rng);
   (void)r.part.Add(wte);
   (void)r.part.Add(wpe);
+  r.cut = 1;
   std::uniform_int_distribution<int64_t> token(0, vocab - 1);
   for (int k = 0; k < batches; ++k) {
     RecordedBatch b;
@@ -53,6 +60,7 @@ TEST(SplitRecordTest, EncodesAndDecodesWhatTheServerSaw) {
   auto back = DecodeSplitRecord(EncodeSplitRecord(r));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->part.SameLayout(r.part));
+  EXPECT_EQ(back->cut, 1);
   ASSERT_EQ(back->batches.size(), 3u);
   for (size_t k = 0; k < 3; ++k) {
     EXPECT_EQ(back->batches[k].activations.values, r.batches[k].activations.values);
@@ -81,6 +89,149 @@ TEST(TokenAttackTest, RecoversEveryTokenAtTheEmbeddingCutUnlessNoiseDrownsThem) 
   SplitRecord deeper = EmbeddingCutRecord(1, 4, 0, 5);
   deeper.part = ParameterSet();  // a part without the embeddings: a later cut's
   EXPECT_EQ(RecoverTokensAtTheEmbedding(deeper).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Writes `bytes` to a fresh file in the test's temporary folder, runs the reference
+// script's `what` on it and returns what it wrote, `count` doubles.
+std::vector<double> Reference(const std::string& what, const std::string& bytes, size_t count) {
+  // Tests run in parallel processes: a name of this one's own.
+  const std::string dir = ::testing::TempDir() + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string in = dir + "_in.bin", out = dir + "_out.bin";
+  std::FILE* f = std::fopen(in.c_str(), "wb");
+  EXPECT_NE(f, nullptr);
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+  const std::string cmd = std::string("/usr/bin/python3 ") + CLEAVE_SOURCE_DIR + "/tests/split/similarity_reference.py " +
+                          what + " " + in + " " + out;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<double> r(count);
+  f = std::fopen(out.c_str(), "rb");
+  EXPECT_NE(f, nullptr);
+  if (f != nullptr) {
+    EXPECT_EQ(std::fread(r.data(), 8, count, f), count);
+    std::fclose(f);
+  }
+  return r;
+}
+
+template <typename T>
+void Append(std::string* s, const T& v) {
+  s->append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// SSIM and PSNR equal scikit-image's (an independent implementation of Wang et al.
+// 2004) on grey and RGB images, from near copies to unrelated ones.
+TEST(ImageSimilarityTest, MatchesScikitImage) {
+  for (const int32_t c : {1, 3}) {
+    SCOPED_TRACE(c);
+    const int32_t n = 4, h = 28, w = 23;
+    const int64_t e = c * h * w;
+    std::mt19937_64 rng(c);
+    std::uniform_real_distribution<float> u(0, 1);
+    std::normal_distribution<float> jitter(0, 1);
+    std::vector<float> truth(n * e), other(n * e);
+    for (int64_t i = 0; i < n * e; ++i) truth[i] = u(rng) * u(rng);
+    const float spread[n] = {0.01f, 0.1f, 0.4f, -1};  // -1: an unrelated image
+    for (int32_t k = 0; k < n; ++k) {
+      for (int64_t i = 0; i < e; ++i) {
+        const float v = spread[k] < 0 ? u(rng) : truth[k * e + i] + spread[k] * jitter(rng);
+        other[k * e + i] = std::clamp(v, 0.0f, 1.0f);
+      }
+    }
+    std::string bytes;
+    for (int32_t d : {n, c, h, w}) Append(&bytes, d);
+    bytes.append(reinterpret_cast<const char*>(truth.data()), 4 * truth.size());
+    bytes.append(reinterpret_cast<const char*>(other.data()), 4 * other.size());
+    const std::vector<double> ref = Reference("ssim", bytes, 2 * n);
+    for (int32_t k = 0; k < n; ++k) {
+      EXPECT_NEAR(Ssim(&truth[k * e], &other[k * e], c, h, w, 1), ref[2 * k], 1e-6) << k;
+      EXPECT_NEAR(Psnr(&truth[k * e], &other[k * e], e, 1), ref[2 * k + 1], 1e-6) << k;
+    }
+    EXPECT_NEAR(Ssim(truth.data(), truth.data(), c, h, w, 1), 1, 1e-12);
+    EXPECT_EQ(Psnr(truth.data(), truth.data(), e, 1), 99);
+  }
+}
+
+// The AUC equals scikit-learn's roc_auc_score, ties included.
+TEST(ImageSimilarityTest, RocAucMatchesScikitLearn) {
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> tie(0, 6);
+  std::bernoulli_distribution coin(0.3);
+  const int32_t n = 200;
+  std::vector<double> scores(n);
+  std::vector<bool> positive(n);
+  std::string bytes;
+  Append(&bytes, n);
+  for (int32_t i = 0; i < n; ++i) {
+    positive[i] = coin(rng);
+    scores[i] = tie(rng) + (positive[i] ? 1.5 : 0);  // few distinct values: many ties
+  }
+  for (double v : scores) Append(&bytes, v);
+  for (bool p : positive) Append(&bytes, static_cast<int32_t>(p));
+  EXPECT_NEAR(RocAuc(scores, positive), Reference("auc", bytes, 1)[0], 1e-12);
+  EXPECT_EQ(RocAuc({1, 2, 3}, {true, true, true}), 0.5) << "one class only";
+}
+
+// Gradients of a softmax layer's input, W^T (p - onehot(y)), give their labels away by
+// direction; with a rare positive class of a binary task, by norm too (Li et al.).
+// Gradients that carry no label are near chance.
+TEST(LabelAttackTest, InfersLabelsFromTheGradientsAtTheCut) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0, 1);
+  std::uniform_real_distribution<float> u(0, 1);
+  const int classes = 5, dim = 16;
+  std::vector<float> w(classes * dim);
+  for (float& v : w) v = normal(rng);
+  auto gradient = [&](int64_t y, int k) {
+    std::vector<float> p(k), g(dim, 0);
+    float sum = 0;
+    for (float& v : p) sum += v = std::exp(normal(rng) * 0.3f);
+    for (int c = 0; c < k; ++c) {
+      const float d = p[c] / sum - (c == y ? 1.0f : 0.0f);
+      for (int i = 0; i < dim; ++i) g[i] += w[c * dim + i] * d;
+    }
+    return g;
+  };
+  std::vector<std::vector<float>> grads;
+  std::vector<int64_t> labels;
+  for (int i = 0; i < 300; ++i) labels.push_back(i % classes), grads.push_back(gradient(i % classes, classes));
+  auto r = InferLabelsFromGradients(grads, labels);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->examples, 300 - classes) << "one known example per class is not scored";
+  EXPECT_EQ(r->classes, classes);
+  EXPECT_GT(r->direction_accuracy, 0.95);
+  EXPECT_GT(r->direction_auc, 0.95);
+  EXPECT_EQ(r->norm_auc, -1) << "the norm attack is the binary one";
+
+  // Binary, positives (class 0) one in ten, an untrained model (p near the prior for
+  // both): the positives' gradients are the larger.
+  grads.clear(), labels.clear();
+  for (int i = 0; i < 300; ++i) {
+    const int64_t y = i % 10 == 0 ? 0 : 1;
+    const float p0 = 0.1f + 0.05f * u(rng);  // the model's probability of class 0
+    std::vector<float> g(dim);
+    for (int d = 0; d < dim; ++d) g[d] = (w[d] - w[dim + d]) * (p0 - (y == 0 ? 1.0f : 0.0f));
+    grads.push_back(g), labels.push_back(y);
+  }
+  r = InferLabelsFromGradients(grads, labels);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->norm_positive, 0);
+  EXPECT_GT(r->norm_auc, 0.99);
+
+  grads.clear(), labels.clear();
+  for (int i = 0; i < 400; ++i) {
+    std::vector<float> g(dim);
+    for (float& v : g) v = normal(rng);
+    grads.push_back(g), labels.push_back(i % 2);
+  }
+  r = InferLabelsFromGradients(grads, labels);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->direction_auc, 0.5, 0.1);
+  EXPECT_NEAR(r->norm_auc, 0.5, 0.1);
+
+  EXPECT_EQ(InferLabelsFromGradients(grads, {1, 2}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InferLabelsFromGradients({{1}, {2}}, {3, 3}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InferLabelsFromGradients({{1}, {2, 3}}, {0, 1}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

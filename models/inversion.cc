@@ -1,0 +1,217 @@
+#include "models/inversion.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "compression/codec.h"
+#include "models/torch_stages.h"
+
+namespace cleave {
+namespace {
+
+torch::Tensor ToTorch(const Activations& a) {
+  return torch::from_blob(const_cast<float*>(a.values.data()), a.shape, torch::kFloat32).clone();
+}
+
+Activations FromTorch(const torch::Tensor& t) {
+  torch::Tensor c = t.detach().contiguous().to(torch::kFloat32);
+  Activations a;
+  a.shape.assign(c.sizes().begin(), c.sizes().end());
+  a.values.assign(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  return a;
+}
+
+// The client part [0, cut) with the recorded values, frozen, in evaluation mode.
+struct FrozenPart {
+  std::vector<TorchStage> stages;
+
+  static StatusOr<FrozenPart> Build(const ClientPartView& v) {
+    if (v.spec.text()) {
+      return absl::InvalidArgumentError("input reconstruction is for image and table models; "
+                                        "a decoder's tokens: cleave attack tokens");
+    }
+    if (v.cut < 1) return absl::InvalidArgumentError("the record does not say where the model was cut");
+    FrozenPart p;
+    ASSIGN_OR_RETURN(p.stages, BuildTorchStages(v.spec, 0, v.cut));
+    if (static_cast<int>(p.stages.size()) < v.cut) {
+      return absl::InvalidArgumentError(absl::StrCat("model ", v.spec.name, " has ", p.stages.size(),
+                                                     " stages, the record's cut is ", v.cut));
+    }
+    p.stages.resize(v.cut);
+    torch::NoGradGuard no_grad;
+    for (TorchStage& s : p.stages) {
+      s.train(false);
+      for (auto& [name, t] : s.parameters()) {
+        const Tensor* src = v.part.Find(name);
+        if (src == nullptr) return absl::InvalidArgumentError(absl::StrCat("the recorded part has no ", name));
+        if (static_cast<int64_t>(src->values.size()) != t.numel()) {
+          return absl::InvalidArgumentError(absl::StrCat("the recorded part's ", name, " has another shape"));
+        }
+        t.copy_(torch::from_blob(const_cast<float*>(src->values.data()), t.sizes(), torch::kFloat32));
+        t.set_requires_grad(false);
+      }
+    }
+    return p;
+  }
+
+  torch::Tensor Forward(torch::Tensor x) const {
+    for (const TorchStage& s : stages) x = s.forward(x);
+    return x;
+  }
+};
+
+// What the device adds before sending: noise, then the codec's loss.
+StatusOr<torch::Tensor> AsSent(const ClientPartView& v, torch::Tensor act, std::mt19937_64& rng) {
+  if (v.noise > 0) {
+    torch::Tensor noise = torch::empty_like(act);
+    std::normal_distribution<float> n(0, static_cast<float>(v.noise));
+    float* p = noise.data_ptr<float>();
+    for (int64_t i = 0; i < noise.numel(); ++i) p[i] = n(rng);
+    act = act + noise;
+  }
+  if (v.codec.empty() || v.codec == "none") return act;
+  ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeStatelessCodec(v.codec, 1));
+  Activations a = FromTorch(act);
+  ASSIGN_OR_RETURN(a.values, DecodeValues(codec.get(), EncodeValues(codec.get(), a.values, a.shape), a.shape));
+  return ToTorch(a);
+}
+
+Status Catch(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("LibTorch: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StatusOr<Activations> ClientActivations(const ClientPartView& view, const Activations& inputs, uint64_t seed) {
+  ASSIGN_OR_RETURN(FrozenPart part, FrozenPart::Build(view));
+  std::mt19937_64 rng(seed);
+  torch::Tensor out;
+  {
+    torch::NoGradGuard no_grad;
+    Status s = Catch([&] { out = part.Forward(ToTorch(inputs)); });
+    RETURN_IF_ERROR(s);
+  }
+  ASSIGN_OR_RETURN(out, AsSent(view, out, rng));
+  return FromTorch(out);
+}
+
+struct LearnedInverter::Impl {
+  torch::nn::Sequential decoder{nullptr};
+  std::vector<int64_t> input_shape;  // one example's
+  int64_t act_elements = 0;          // per example
+  float lo = 0, hi = 0;
+  double loss = 0;
+};
+
+LearnedInverter::LearnedInverter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LearnedInverter::~LearnedInverter() = default;
+double LearnedInverter::train_loss() const { return impl_->loss; }
+
+StatusOr<std::unique_ptr<LearnedInverter>> LearnedInverter::Train(const ClientPartView& view, const Activations& aux,
+                                                                  const InversionOptions& o) {
+  if (aux.batch() < 2) return absl::InvalidArgumentError("the learned inversion needs auxiliary inputs");
+  ASSIGN_OR_RETURN(FrozenPart part, FrozenPart::Build(view));
+  auto impl = std::make_unique<Impl>();
+  impl->input_shape.assign(aux.shape.begin() + 1, aux.shape.end());
+  impl->lo = o.lo, impl->hi = o.hi;
+  torch::manual_seed(o.seed);
+  std::mt19937_64 rng(o.seed);
+  const torch::Tensor inputs = ToTorch(aux);
+  const int64_t in_elements = inputs[0].numel();
+  Status s = Catch([&] {
+    torch::NoGradGuard no_grad;
+    impl->act_elements = part.Forward(inputs.slice(0, 0, 1))[0].numel();
+  });
+  RETURN_IF_ERROR(s);
+  impl->decoder = torch::nn::Sequential(torch::nn::Linear(impl->act_elements, o.hidden), torch::nn::ReLU(),
+                                        torch::nn::Linear(o.hidden, o.hidden), torch::nn::ReLU(),
+                                        torch::nn::Linear(o.hidden, in_elements));
+  torch::optim::Adam adam(impl->decoder->parameters(), torch::optim::AdamOptions(o.lr));
+  std::uniform_int_distribution<int64_t> pick(0, aux.batch() - 1);
+  for (int step = 0; step < o.steps; ++step) {
+    std::vector<int64_t> idx(std::min<int64_t>(o.batch, aux.batch()));
+    for (int64_t& i : idx) i = pick(rng);
+    const torch::Tensor x = inputs.index_select(0, torch::tensor(idx, torch::kInt64));
+    torch::Tensor act;
+    s = Catch([&] {
+      torch::NoGradGuard no_grad;
+      act = part.Forward(x);
+    });
+    RETURN_IF_ERROR(s);
+    ASSIGN_OR_RETURN(act, AsSent(view, act, rng));
+    s = Catch([&] {
+      adam.zero_grad();
+      torch::Tensor loss = torch::mse_loss(impl->decoder->forward(act.reshape({act.size(0), -1})),
+                                           x.reshape({x.size(0), -1}));
+      loss.backward();
+      adam.step();
+      impl->loss = loss.item<double>();
+    });
+    RETURN_IF_ERROR(s);
+  }
+  return std::unique_ptr<LearnedInverter>(new LearnedInverter(std::move(impl)));
+}
+
+StatusOr<Activations> LearnedInverter::Invert(const Activations& activations) const {
+  int64_t per = 1;
+  for (size_t d = 1; d < activations.shape.size(); ++d) per *= activations.shape[d];
+  if (activations.batch() < 1 || per != impl_->act_elements) {
+    return absl::InvalidArgumentError(absl::StrCat("activations of ", per, " values per example; the inverter was "
+                                                   "trained on ", impl_->act_elements));
+  }
+  torch::Tensor out;
+  Status s = Catch([&] {
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> shape = {activations.batch()};
+    shape.insert(shape.end(), impl_->input_shape.begin(), impl_->input_shape.end());
+    out = impl_->decoder->forward(ToTorch(activations).reshape({activations.batch(), -1}))
+              .reshape(shape)
+              .clamp(impl_->lo, impl_->hi);
+  });
+  RETURN_IF_ERROR(s);
+  return FromTorch(out);
+}
+
+StatusOr<Activations> InvertByOptimisation(const ClientPartView& view, const Activations& activations,
+                                           const InversionOptions& o) {
+  ASSIGN_OR_RETURN(FrozenPart part, FrozenPart::Build(view));
+  if (o.lo > o.hi) return absl::InvalidArgumentError("an empty input range");
+  std::vector<int64_t> shape = {activations.batch()};
+  shape.insert(shape.end(), view.spec.input_shape.begin(), view.spec.input_shape.end());
+  torch::Tensor x;
+  Status s = Catch([&] {
+    const torch::Tensor target = ToTorch(activations);
+    const float mid = o.lo > -1e29f && o.hi < 1e29f ? (o.lo + o.hi) / 2 : 0.0f;
+    x = torch::full(shape, mid, torch::kFloat32).requires_grad_(true);
+    torch::optim::Adam adam({x}, torch::optim::AdamOptions(o.lr));
+    for (int step = 0; step < o.steps; ++step) {
+      adam.zero_grad();
+      const torch::Tensor out = part.Forward(x);
+      torch::Tensor loss = torch::mse_loss(out.reshape(target.sizes()), target);
+      if (o.tv > 0 && x.dim() == 4) {
+        using torch::indexing::Slice;
+        const torch::Tensor dh = x.index({Slice(), Slice(), Slice(1), Slice()}) -
+                                 x.index({Slice(), Slice(), Slice(0, -1), Slice()});
+        const torch::Tensor dw = x.index({Slice(), Slice(), Slice(), Slice(1)}) -
+                                 x.index({Slice(), Slice(), Slice(), Slice(0, -1)});
+        loss = loss + o.tv * (dh.abs().mean() + dw.abs().mean());
+      }
+      loss.backward();
+      adam.step();
+      torch::NoGradGuard no_grad;
+      x.clamp_(o.lo, o.hi);
+    }
+  });
+  RETURN_IF_ERROR(s);
+  return FromTorch(x);
+}
+
+}  // namespace cleave

@@ -1,0 +1,74 @@
+// Input reconstruction from the activations at a cut: the attacks an honest-but-curious
+// server runs on what it recorded of split learning (split.record, split/record.h) to
+// measure what a cut and a defense leak (docs/security.md, "Measured leakage"). Both
+// know the client part the server sent (its values travel in the record); neither needs
+// anything an honest server does not receive.
+//
+// Inputs and reconstructions are model inputs (normalised, ModelPart's InputBatch).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/parameter_set.h"
+#include "core/status.h"
+#include "models/model.h"
+#include "models/part.h"
+
+namespace cleave {
+
+// What the attacker knows of the client part and of what the device adds before
+// sending: it mimics both on auxiliary inputs (an adaptive attacker).
+struct ClientPartView {
+  ModelSpec spec;        // the model (images: mlp, lenet5, cnn, vgg, resnet)
+  int cut = 0;           // the client part is stages [0, cut)
+  ParameterSet part;     // its values, as the server sent them
+  double noise = 0;      // split.activation_noise: N(0, noise^2) added to every activation
+  std::string codec;     // split.activation_codec ("" or "none": float32)
+};
+
+struct InversionOptions {
+  int steps = 1500;   // optimiser steps
+  int batch = 64;     // learned: auxiliary inputs per step
+  double lr = 1e-3;   // Adam's
+  int hidden = 1024;  // learned: the decoder's hidden width
+  double tv = 0;      // optimisation: the weight of the total variation prior (UnSplit's)
+  uint64_t seed = 1;
+  // Each input value's range (normalised): reconstructions are clamped to it.
+  float lo = -1e30f, hi = 1e30f;
+};
+
+// He et al. 2019 ("Model inversion attacks against collaborative inference"), the
+// learned inverse network: a decoder (two hidden layers, ReLU) trained on auxiliary
+// inputs of the same domain to map the client part's activations back to its inputs,
+// minimising the squared error. Trained on the part's activations of `aux` as the
+// device would have sent them (noise and codec applied).
+class LearnedInverter {
+ public:
+  static StatusOr<std::unique_ptr<LearnedInverter>> Train(const ClientPartView& view, const Activations& aux,
+                                                          const InversionOptions& options);
+  ~LearnedInverter();
+  // The inputs that produced `activations` ([B, <the cut's activation shape>]).
+  StatusOr<Activations> Invert(const Activations& activations) const;
+  // Its mean squared error on the last training batch, for logs.
+  double train_loss() const;
+
+ private:
+  struct Impl;
+  explicit LearnedInverter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// White-box optimisation against the client part (UnSplit, Erdogan et al. 2022, with
+// the part known: the server sent it): inputs x, from the middle of their range,
+// minimising ||f(x) - a||^2 / |a| + tv * TV(x) with Adam, clamped to [lo, hi] after each
+// step. Best at shallow cuts.
+StatusOr<Activations> InvertByOptimisation(const ClientPartView& view, const Activations& activations,
+                                           const InversionOptions& options);
+
+// The client part's activations of `inputs`, as the device sends them (noise from
+// `seed`, codec applied).
+StatusOr<Activations> ClientActivations(const ClientPartView& view, const Activations& inputs, uint64_t seed);
+
+}  // namespace cleave
