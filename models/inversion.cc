@@ -28,10 +28,11 @@ Activations FromTorch(const torch::Tensor& t) {
 struct FrozenPart {
   std::vector<TorchStage> stages;
 
-  static StatusOr<FrozenPart> Build(const ClientPartView& v) {
-    if (v.spec.text()) {
-      return absl::InvalidArgumentError("input reconstruction is for image and table models; "
-                                        "a decoder's tokens: cleave attack tokens");
+  static StatusOr<FrozenPart> Build(const ClientPartView& v, bool text = false) {
+    if (v.spec.text() != text) {
+      return absl::InvalidArgumentError(text ? "token inversion is for decoders (model gpt or hf)"
+                                             : "input reconstruction is for image and table models; "
+                                               "a decoder's tokens: cleave attack tokens");
     }
     if (v.cut < 1) return absl::InvalidArgumentError("the record does not say where the model was cut");
     FrozenPart p;
@@ -91,7 +92,7 @@ Status Catch(const std::function<void()>& f) {
 }  // namespace
 
 StatusOr<Activations> ClientActivations(const ClientPartView& view, const Activations& inputs, uint64_t seed) {
-  ASSIGN_OR_RETURN(FrozenPart part, FrozenPart::Build(view));
+  ASSIGN_OR_RETURN(FrozenPart part, FrozenPart::Build(view, view.spec.text()));
   std::mt19937_64 rng(seed);
   torch::Tensor out;
   {
@@ -178,6 +179,73 @@ StatusOr<Activations> LearnedInverter::Invert(const Activations& activations) co
   });
   RETURN_IF_ERROR(s);
   return FromTorch(out);
+}
+
+struct LearnedTokenInverter::Impl {
+  torch::nn::Sequential classifier{nullptr};
+  int64_t dim = 0;
+};
+
+LearnedTokenInverter::LearnedTokenInverter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LearnedTokenInverter::~LearnedTokenInverter() = default;
+
+StatusOr<std::unique_ptr<LearnedTokenInverter>> LearnedTokenInverter::Train(const ClientPartView& view,
+                                                                            const Activations& aux,
+                                                                            const InversionOptions& o) {
+  if (aux.batch() < 2 || aux.shape.size() != 2) {
+    return absl::InvalidArgumentError("the learned token inversion needs auxiliary sequences [N, T]");
+  }
+  ASSIGN_OR_RETURN(FrozenPart part, FrozenPart::Build(view, /*text=*/true));
+  auto impl = std::make_unique<Impl>();
+  torch::manual_seed(o.seed);
+  std::mt19937_64 rng(o.seed);
+  const torch::Tensor inputs = ToTorch(aux);
+  const int64_t vocab = view.spec.gpt.vocab;
+  Status s = Catch([&] {
+    torch::NoGradGuard no_grad;
+    impl->dim = part.Forward(inputs.slice(0, 0, 1)).size(-1);
+  });
+  RETURN_IF_ERROR(s);
+  impl->classifier = torch::nn::Sequential(torch::nn::Linear(impl->dim, o.hidden), torch::nn::ReLU(),
+                                           torch::nn::Linear(o.hidden, o.hidden), torch::nn::ReLU(),
+                                           torch::nn::Linear(o.hidden, vocab));
+  torch::optim::Adam adam(impl->classifier->parameters(), torch::optim::AdamOptions(o.lr));
+  std::uniform_int_distribution<int64_t> pick(0, aux.batch() - 1);
+  for (int step = 0; step < o.steps; ++step) {
+    std::vector<int64_t> idx(std::min<int64_t>(o.batch, aux.batch()));
+    for (int64_t& i : idx) i = pick(rng);
+    const torch::Tensor x = inputs.index_select(0, torch::tensor(idx, torch::kInt64));
+    torch::Tensor act;
+    s = Catch([&] {
+      torch::NoGradGuard no_grad;
+      act = part.Forward(x);
+    });
+    RETURN_IF_ERROR(s);
+    ASSIGN_OR_RETURN(act, AsSent(view, act, rng));
+    s = Catch([&] {
+      adam.zero_grad();
+      torch::Tensor loss = torch::cross_entropy_loss(impl->classifier->forward(act.reshape({-1, impl->dim})),
+                                                     x.reshape({-1}).to(torch::kInt64));
+      loss.backward();
+      adam.step();
+    });
+    RETURN_IF_ERROR(s);
+  }
+  return std::unique_ptr<LearnedTokenInverter>(new LearnedTokenInverter(std::move(impl)));
+}
+
+StatusOr<std::vector<int64_t>> LearnedTokenInverter::Invert(const Activations& activations) const {
+  if (activations.shape.size() != 3 || activations.shape[2] != impl_->dim) {
+    return absl::InvalidArgumentError(absl::StrCat("activations of ", activations.shape.size(), " dimensions; the "
+                                                   "inverter reads [B, T, ", impl_->dim, "]"));
+  }
+  torch::Tensor ids;
+  Status s = Catch([&] {
+    torch::NoGradGuard no_grad;
+    ids = impl_->classifier->forward(ToTorch(activations).reshape({-1, impl_->dim})).argmax(1).contiguous();
+  });
+  RETURN_IF_ERROR(s);
+  return std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
 }
 
 StatusOr<Activations> InvertByOptimisation(const ClientPartView& view, const Activations& activations,

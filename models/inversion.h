@@ -60,6 +60,26 @@ class LearnedInverter {
   std::unique_ptr<Impl> impl_;
 };
 
+// The learned inversion for a decoder's tokens (model gpt or hf): a classifier (two
+// hidden layers, ReLU) trained on auxiliary token sequences to tell, from the client
+// part's activation at a position ([dim]), the token at that position, minimising the
+// cross-entropy. At the embedding cut it learns the embedding's inverse; deeper, what
+// the blocks keep of each position's own token.
+class LearnedTokenInverter {
+ public:
+  // `aux`: sequences of token ids as the model reads them ([N, T], as floats).
+  static StatusOr<std::unique_ptr<LearnedTokenInverter>> Train(const ClientPartView& view, const Activations& aux,
+                                                               const InversionOptions& options);
+  ~LearnedTokenInverter();
+  // Each position's most likely token, [B * T] in order, from activations [B, T, dim].
+  StatusOr<std::vector<int64_t>> Invert(const Activations& activations) const;
+
+ private:
+  struct Impl;
+  explicit LearnedTokenInverter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // White-box optimisation against the client part (UnSplit, Erdogan et al. 2022, with
 // the part known: the server sent it): inputs x, from the middle of their range,
 // minimising ||f(x) - a||^2 / |a| + tv * TV(x) with Adam, clamped to [lo, hi] after each

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "aggregation/strategy.h"
 #include "compression/codec.h"
 #include "core/printable.h"
@@ -13,6 +14,7 @@
 #include "server/observe.h"
 #include "server/options.h"
 #include "server/secagg_driver.h"
+#include "split/leakage.h"
 #include "server/server.h"
 
 namespace cleave {
@@ -67,6 +69,7 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   };
   p.activation_bytes_factor = factor(cfg.compression.activations);
   p.gradient_bytes_factor = factor(cfg.compression.gradients);
+  if (cfg.split.max_reconstruction_ssim > 0) RETURN_IF_ERROR(MeasureLeakage(spec, model.Parameters()));
   if (cfg.split.cut > 0) {  // a fixed cut must let a micro-batch through one message
     const CutPrediction r = PredictStep(p, cfg.split.cut);
     if (!r.fits) {
@@ -76,6 +79,38 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   }
   spdlog::info("split learning: {}, {} stages, cut {}, window {}", cfg.split.mode, num_stages_,
                cfg.split.cut ? std::to_string(cfg.split.cut) : "auto", cfg.split.window);
+  return absl::OkStatus();
+}
+
+Status SplitDriver::MeasureLeakage(const ModelSpec& spec, const ParameterSet& model) {
+  const FederationConfig& cfg = ctx_.config();
+  const double floor = cfg.split.max_reconstruction_ssim;
+  if (spec.text() || spec.input_shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("split.max_reconstruction_ssim measures how well images are "
+                                                   "reconstructed: model ", spec.name, " does not read images"));
+  }
+  if (cfg.data.test.empty()) {
+    return absl::InvalidArgumentError("split.max_reconstruction_ssim attacks the server's own images: set data.test");
+  }
+  auto aux = LoadDataSpec(cfg.data.test, /*train=*/false);
+  if (!aux.ok()) return absl::InvalidArgumentError(absl::StrCat("data.test: ", aux.status().message()));
+  ClientPartView view;
+  view.spec = spec;
+  view.part = model;
+  view.noise = cfg.split.activation_noise;
+  view.codec = cfg.compression.activations;
+  model_problem_.leakage.assign(tail_begin_, -1);
+  model_problem_.max_leakage = floor;
+  std::string measured;
+  for (int cut = 1; cut < tail_begin_; ++cut) {
+    view.cut = cut;
+    auto ssim = MeasureReconstructionSsim(view, *aux);
+    if (!ssim.ok()) return absl::InvalidArgumentError(absl::StrCat("split.max_reconstruction_ssim: ", ssim.status().message()));
+    model_problem_.leakage[cut] = *ssim;
+    absl::StrAppend(&measured, cut > 1 ? ", " : "", absl::StrFormat("cut %d: %.3f", cut, *ssim));
+  }
+  spdlog::info("split.max_reconstruction_ssim {}: the server's reconstruction attack on its test images reaches SSIM {} "
+               "(the automatic cut takes none above the floor)", floor, measured);
   return absl::OkStatus();
 }
 
@@ -188,10 +223,14 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
     cuts[cid] = choice->cut;
     chosen.push_back(cid);
     spdlog::info("round {}: client {} ({}) cut at {} by {}: predicted step {:.1f} ms (client "
-                 "{:.1f}, up {:.1f}, server {:.1f}, down {:.1f}), client memory {} KiB",
+                 "{:.1f}, up {:.1f}, server {:.1f}, down {:.1f}), client memory {} KiB{}",
                  round, cid, name, choice->cut, policy->name(), 1e3 * choice->step_s,
                  1e3 * choice->client_s, 1e3 * choice->up_s, 1e3 * choice->server_s,
-                 1e3 * choice->down_s, choice->client_memory_bytes >> 10);
+                 1e3 * choice->down_s, choice->client_memory_bytes >> 10,
+                 cfg.split.max_reconstruction_ssim > 0
+                     ? absl::StrFormat(", reconstruction SSIM %.3f under the floor %g", choice->leakage,
+                                       cfg.split.max_reconstruction_ssim)
+                     : "");
   }
   if (chosen.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no client to cut for"));
   ASSIGN_OR_RETURN(round_, SplitRound::Create(RoundOptionsLocked(fit), ctx_.GlobalLocked(), cuts));

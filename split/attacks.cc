@@ -73,6 +73,20 @@ StatusOr<TokenRecovery> RecoverTokensAtTheEmbedding(const SplitRecord& r) {
 }
 
 
+TokenRecovery ScoreTokens(const std::vector<int64_t>& guessed, const std::vector<int64_t>& labels, int64_t tokens) {
+  TokenRecovery out;
+  if (tokens < 1 || guessed.size() != labels.size() || labels.size() % tokens != 0) return out;
+  for (size_t i = 0; i < labels.size(); i += tokens) {
+    for (int64_t t = 1; t < tokens; ++t) {
+      const int64_t truth = labels[i + t - 1];
+      if (truth == kNoTarget) continue;
+      ++out.checked;
+      out.recovered += guessed[i + t] == truth;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // scikit-image's Gaussian window: sigma 1.5 truncated at 3.5 sigma (radius 5), normalised.
@@ -128,6 +142,30 @@ double Psnr(const float* truth, const float* image, int64_t n, double range) {
   for (int64_t i = 0; i < n; ++i) se += (static_cast<double>(truth[i]) - image[i]) * (static_cast<double>(truth[i]) - image[i]);
   if (n == 0 || se == 0) return 99;
   return std::min(99.0, 10 * std::log10(range * range / (se / static_cast<double>(n))));
+}
+
+std::vector<float> ImagePixels(const std::vector<float>& batch, int64_t i, const std::vector<int64_t>& shape,
+                               const Dataset& space) {
+  const int64_t c = shape[0], hw = shape[1] * shape[2];
+  std::vector<float> px(c * hw);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const float mean = ch < static_cast<int64_t>(space.mean.size()) ? space.mean[ch] : 0;
+    const float sd = ch < static_cast<int64_t>(space.stddev.size()) ? space.stddev[ch] : 1;
+    for (int64_t p = 0; p < hw; ++p) {
+      px[ch * hw + p] = std::clamp(batch[(i * c + ch) * hw + p] * sd + mean, 0.0f, 1.0f);
+    }
+  }
+  return px;
+}
+
+double MeanSsim(const std::vector<float>& truth, const std::vector<float>& images, int64_t batch,
+                const std::vector<int64_t>& shape, const Dataset& space) {
+  double sum = 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    const std::vector<float> a = ImagePixels(truth, i, shape, space), b = ImagePixels(images, i, shape, space);
+    sum += Ssim(a.data(), b.data(), shape[0], shape[1], shape[2], 1);
+  }
+  return batch > 0 ? sum / static_cast<double>(batch) : 0;
 }
 
 double RocAuc(const std::vector<double>& scores, const std::vector<bool>& positive) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/dataset.h"
 #include "split/record.h"
 
 namespace cleave {
@@ -24,6 +25,9 @@ struct TokenRecovery {
 // FAILED_PRECONDITION when the part has no token and position embeddings or the record
 // no labels (U-shaped); INVALID_ARGUMENT when the shapes do not fit.
 StatusOr<TokenRecovery> RecoverTokensAtTheEmbedding(const SplitRecord& r);
+// Guessed tokens ([B * T], each position's) scored as above against a micro-batch's
+// language-model labels ([B * T]: position t's token is the label at t - 1).
+TokenRecovery ScoreTokens(const std::vector<int64_t>& guessed, const std::vector<int64_t>& labels, int64_t tokens);
 
 // How close a reconstructed image is to the truth, both with values in [0, range]:
 // SSIM as Wang et al. 2004 define it (an 11 x 11 Gaussian window of sigma 1.5, K1 =
@@ -33,6 +37,15 @@ StatusOr<TokenRecovery> RecoverTokensAtTheEmbedding(const SplitRecord& r);
 // Images are [channels, h, w] with h, w >= 11.
 double Ssim(const float* truth, const float* image, int64_t channels, int64_t h, int64_t w, double range);
 double Psnr(const float* truth, const float* image, int64_t n, double range);
+
+// Example i of a batch of model inputs [B, C, H, W] (`shape` is [C, H, W]), normalised
+// as `space`'s images are (Dataset::mean, stddev per channel), as pixels in [0, 1].
+std::vector<float> ImagePixels(const std::vector<float>& batch, int64_t i, const std::vector<int64_t>& shape,
+                               const Dataset& space);
+// The mean SSIM (range 1) of `images`' examples to `truth`'s, both such batches of
+// `batch` examples, as pixels.
+double MeanSsim(const std::vector<float>& truth, const std::vector<float>& images, int64_t batch,
+                const std::vector<int64_t>& shape, const Dataset& space);
 
 // The area under the ROC curve of `scores` for telling `positive` examples from the
 // others (ties count half): 0.5 is chance, 1 a perfect split. 0.5 when one class is empty.

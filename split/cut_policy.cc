@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/fit.h"
 #include "models/part.h"
 
@@ -75,6 +76,12 @@ CutPrediction PredictStep(const CutProblem& p, int cut) {
     r.fits = false;
     r.why_not = absl::StrCat("a micro-batch of activations is ", r.message_bytes,
                              " bytes, the message limit ", p.max_message_bytes);
+  }
+  if (cut < static_cast<int>(p.leakage.size())) r.leakage = p.leakage[cut];
+  if (r.fits && p.max_leakage > 0 && r.leakage > p.max_leakage) {
+    r.fits = false;
+    r.why_not = absl::StrFormat("the server's reconstruction attack reaches SSIM %.3f at cut %d, above "
+                                "split.max_reconstruction_ssim %g", r.leakage, cut, p.max_leakage);
   }
   return r;
 }

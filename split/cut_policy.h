@@ -58,6 +58,11 @@ struct CutProblem {
   int tail_begin = -1;                 // U-shaped: first stage of the client's tail; -1 = none
   double activation_bytes_factor = 1;  // encoded / float32 size of activations on the wire
   double gradient_bytes_factor = 1;    // the same for activation gradients
+  // The privacy floor (split.max_reconstruction_ssim): per cut (indexed by cut), the
+  // reconstruction SSIM the server's own attack reached there (split/leakage.h), -1 or
+  // absent = not measured; a cut measured above max_leakage (> 0) does not fit.
+  std::vector<double> leakage;
+  double max_leakage = 0;
 
   int num_stages() const { return static_cast<int>(client_stage_s.size()); }
 };
@@ -68,7 +73,8 @@ struct CutPrediction {
   double step_s = 0;
   int64_t client_memory_bytes = 0;
   int64_t message_bytes = 0;  // largest message of a step
-  bool fits = true;           // memory and message size allow this cut
+  double leakage = -1;        // CutProblem::leakage at this cut (-1: not measured)
+  bool fits = true;           // memory, message size and the privacy floor allow this cut
   std::string why_not;        // when !fits
 };
 

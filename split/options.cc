@@ -27,6 +27,7 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("plan", c.plan);
   s.Read("ushaped", c.ushaped);
   s.Read("record", c.record);
+  s.Read("max_reconstruction_ssim", c.max_reconstruction_ssim);
 }
 
 Status CheckSplit(SplitConfig& c) {
@@ -35,6 +36,12 @@ Status CheckSplit(SplitConfig& c) {
   RETURN_IF_ERROR(Range(c.label_epsilon >= 0 && c.label_epsilon <= 50, "split.label_epsilon", "in [0, 50]"));
   RETURN_IF_ERROR(Range(c.record >= 0 && c.record <= 1000, "split.record", "in [0, 1000]"));
   RETURN_IF_ERROR(Range(c.cut >= 0, "split.cut", "\"auto\" (0) or a stage index >= 1"));
+  RETURN_IF_ERROR(Range(c.max_reconstruction_ssim >= 0 && c.max_reconstruction_ssim <= 1,
+                        "split.max_reconstruction_ssim", "in [0, 1]"));
+  if (c.max_reconstruction_ssim > 0 && (c.cut != 0 || c.mode == "pipeline")) {
+    return absl::InvalidArgumentError(
+        "split.max_reconstruction_ssim is a floor for the automatic cut: it needs split.cut: auto, and not a pipeline");
+  }
   if (!c.enabled()) return absl::OkStatus();
   RETURN_IF_ERROR(SplitModeNames().Check(c.mode));
   RETURN_IF_ERROR(Range(c.tail >= 1, "split.tail", ">= 1"));

@@ -30,6 +30,10 @@ struct SplitConfig {
                                  //   stages shared out evenly, devices in order)
   bool ushaped = false;          // split.ushaped: the chain's data owner also keeps the
                                  //   last split.tail stages (the head, the loss, the labels)
+  // split.max_reconstruction_ssim: > 0, the automatic cut's privacy floor: only cuts
+  // where the server's own reconstruction attack on its test images stays at or under
+  // this SSIM (split/leakage.h); 0 = none
+  double max_reconstruction_ssim = 0;
   int record = 0;                // split.record: the server keeps each split task's first
                                  //   this many micro-batches as received (privacy/attacks)
 

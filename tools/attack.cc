@@ -7,9 +7,11 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/files.h"
@@ -25,13 +27,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The run's records, relative to RUN_DIR/record, in order.
-std::vector<std::string> RecordNames(const std::string& run_dir) {
+// The run's records, relative to RUN_DIR/record, in order; round > 0: that round's only.
+std::vector<std::string> RecordNames(const std::string& run_dir, int round = 0) {
   const fs::path root = fs::path(run_dir) / "record";
   std::vector<std::string> names;
   std::error_code ec;
   for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file() && it->path().extension() == ".pb") names.push_back(fs::relative(it->path(), root).string());
+    if (!it->is_regular_file() || it->path().extension() != ".pb") continue;
+    std::string name = fs::relative(it->path(), root).string();
+    if (round <= 0 || absl::StartsWith(name, absl::StrCat("round-", round, "/"))) names.push_back(std::move(name));
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -51,21 +55,6 @@ StatusOr<SplitRecord> SentRecord(const std::string& run_dir, const std::string& 
     if (fs::is_regular_file(f)) return ReadRecord(f);
   }
   return absl::NotFoundError("no device kept a copy of what it sent");
-}
-
-// Example i of a batch of normalised images [B, C, H, W] as pixels in [0, 1].
-std::vector<float> Pixels(const std::vector<float>& batch, int64_t i, const std::vector<int64_t>& shape,
-                          const Dataset& space) {
-  const int64_t c = shape[0], hw = shape[1] * shape[2];
-  std::vector<float> px(c * hw);
-  for (int64_t ch = 0; ch < c; ++ch) {
-    const float mean = ch < static_cast<int64_t>(space.mean.size()) ? space.mean[ch] : 0;
-    const float sd = ch < static_cast<int64_t>(space.stddev.size()) ? space.stddev[ch] : 1;
-    for (int64_t p = 0; p < hw; ++p) {
-      px[ch * hw + p] = std::clamp(batch[(i * c + ch) * hw + p] * sd + mean, 0.0f, 1.0f);
-    }
-  }
-  return px;
 }
 
 // Rows of images ([C, H, W] pixels in [0, 1]) as one PNG, each image three times its size.
@@ -118,32 +107,97 @@ int NoRecords(const std::string& what, const std::string& run_dir, std::ostream&
 
 }  // namespace
 
-int RunTokenAttack(const std::string& run_dir, std::ostream& out, std::ostream& err) {
-  const std::vector<std::string> names = RecordNames(run_dir);
+int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostream& out, std::ostream& err) {
+  const auto fail = [&](const std::string& why) {
+    err << "cleave attack tokens: " << why << "\n";
+    return 2;
+  };
+  const std::vector<std::string> names = RecordNames(run_dir, o.round);
   if (names.empty()) return NoRecords("tokens", run_dir, err);
-  TokenRecovery total;
+  StatusOr<JobConfig> job = LoadJob((fs::path(run_dir) / "config.yaml").string());
+  if (!job.ok()) return fail(std::string(job.status().message()));
+  ClientPartView view;
+  view.spec = ModelSpecOf(job->model, job->run.seed);
+  view.noise = job->split.activation_noise;
+  view.codec = job->compression.activations;
+  if (view.spec.name != "gpt") {
+    return fail(absl::StrCat("token recovery is for a decoder (model gpt); model ", view.spec.name,
+                             view.spec.text() ? "" : " reads no tokens (cleave attack images)"));
+  }
+  SetTorchThreads(1);
+  const std::string aux_spec = o.aux.empty() ? job->data.test : o.aux;
+  Activations aux_in;  // empty: no learned inversion
+  if (!aux_spec.empty()) {
+    StatusOr<Dataset> aux = LoadDataSpec(aux_spec, /*train=*/false);
+    if (!aux.ok()) return fail(absl::StrCat("--aux ", aux_spec, ": ", aux.status().message()));
+    std::vector<int64_t> idx(std::min(aux->size, o.aux_limit));
+    std::iota(idx.begin(), idx.end(), 0);
+    aux_in = InputBatch(*aux, idx);
+  }
+  InversionOptions learned;
+  learned.steps = o.steps;
+  learned.batch = 16;    // sequences: 16 x T positions a step
+  learned.hidden = 256;  // a classifier of one position's activation
+  std::map<std::string, std::unique_ptr<LearnedTokenInverter>> inverters;  // by the part's values and cut
+  TokenRecovery total_nearest, total_learned;
   for (const std::string& name : names) {
     StatusOr<SplitRecord> record = ReadRecord(fs::path(run_dir) / "record" / name);
-    StatusOr<TokenRecovery> r = record.ok() ? RecoverTokensAtTheEmbedding(*record) : StatusOr<TokenRecovery>(record.status());
-    if (!r.ok()) {
-      err << "cleave attack tokens: " << name << ": " << r.status().message() << "\n";
-      return 2;
+    if (!record.ok()) return fail(absl::StrCat(name, ": ", record.status().message()));
+    // The true labels: the device's copy where it kept one, else those that crossed.
+    StatusOr<SplitRecord> truth = SentRecord(run_dir, name);
+    for (size_t k = 0; k < record->batches.size(); ++k) {
+      if (truth.ok() && k < truth->batches.size()) record->batches[k].labels = truth->batches[k].labels;
+      if (record->batches[k].labels.empty()) {
+        return fail(absl::StrCat(name, ": no label crossed (U-shaped) and no device kept a copy to score against"));
+      }
     }
-    out << absl::StrFormat("%s: recovered %d of %d tokens (%.2f %%)\n", name, r->recovered, r->checked, 100 * r->rate());
-    total.checked += r->checked;
-    total.recovered += r->recovered;
+    if (record->cut == 1) {
+      StatusOr<TokenRecovery> r = RecoverTokensAtTheEmbedding(*record);
+      if (!r.ok()) return fail(absl::StrCat(name, ": ", r.status().message()));
+      out << absl::StrFormat("%s: recovered %d of %d tokens (%.2f %%)\n", name, r->recovered, r->checked,
+                             100 * r->rate());
+      total_nearest.checked += r->checked;
+      total_nearest.recovered += r->recovered;
+    }
+    if (aux_in.batch() == 0) continue;
+    view.cut = record->cut;
+    view.part = record->part;
+    std::unique_ptr<LearnedTokenInverter>& inverter = inverters[absl::StrCat(view.cut, ":", view.part.Encode())];
+    if (inverter == nullptr) {
+      auto trained = LearnedTokenInverter::Train(view, aux_in, learned);
+      if (!trained.ok()) return fail(absl::StrCat(name, ": ", trained.status().message()));
+      inverter = *std::move(trained);
+    }
+    TokenRecovery by_learned;
+    for (const RecordedBatch& b : record->batches) {
+      StatusOr<std::vector<int64_t>> guessed = inverter->Invert({b.activations.shape, b.activations.values});
+      if (!guessed.ok()) return fail(absl::StrCat(name, ": ", guessed.status().message()));
+      const TokenRecovery r = ScoreTokens(*guessed, b.labels, b.activations.shape[1]);
+      by_learned.checked += r.checked;
+      by_learned.recovered += r.recovered;
+    }
+    out << absl::StrFormat("%s: the learned inverter recovered %d of %d tokens (%.2f %%)\n", name, by_learned.recovered,
+                           by_learned.checked, 100 * by_learned.rate());
+    total_learned.checked += by_learned.checked;
+    total_learned.recovered += by_learned.recovered;
   }
-  out << absl::StrFormat("total: recovered %d of %d tokens (%.2f %%)\n", total.recovered, total.checked,
-                         100 * total.rate());
+  if (total_nearest.checked > 0) {
+    out << absl::StrFormat("total: recovered %d of %d tokens (%.2f %%)\n", total_nearest.recovered,
+                           total_nearest.checked, 100 * total_nearest.rate());
+  }
+  if (total_learned.checked > 0) {
+    out << absl::StrFormat("total: the learned inverter recovered %d of %d tokens (%.2f %%)\n",
+                           total_learned.recovered, total_learned.checked, 100 * total_learned.rate());
+  }
   return 0;
 }
 
-int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std::ostream& out, std::ostream& err) {
+int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostream& out, std::ostream& err) {
   const auto fail = [&](const std::string& why) {
     err << "cleave attack images: " << why << "\n";
     return 2;
   };
-  const std::vector<std::string> names = RecordNames(run_dir);
+  const std::vector<std::string> names = RecordNames(run_dir, o.round);
   if (names.empty()) return NoRecords("images", run_dir, err);
   StatusOr<JobConfig> job = LoadJob((fs::path(run_dir) / "config.yaml").string());
   if (!job.ok()) return fail(std::string(job.status().message()));
@@ -164,6 +218,14 @@ int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std:
   std::vector<int64_t> idx(std::min(aux->size, o.aux_limit));
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
   const Activations aux_in = InputBatch(*aux, idx);
+  // What an attacker who learned nothing from the activations would guess: the
+  // auxiliary images' mean, as pixels.
+  const int64_t elements = aux->example_elements();
+  std::vector<float> mean_input(elements, 0);
+  for (int64_t i = 0; i < aux_in.batch(); ++i) {
+    for (int64_t p = 0; p < elements; ++p) mean_input[p] += aux_in.values[i * elements + p] / static_cast<float>(aux_in.batch());
+  }
+  const std::vector<float> mean_pixels = ImagePixels(mean_input, 0, view.spec.input_shape, *aux);
   InversionOptions learned, optimised;
   learned.steps = o.steps;
   optimised.steps = o.optimise_steps;
@@ -176,7 +238,7 @@ int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std:
   }
   const std::vector<int64_t>& shape = view.spec.input_shape;
   std::map<std::string, std::unique_ptr<LearnedInverter>> inverters;  // by the part's values and cut
-  Similarity total_learned, total_optimised;
+  Similarity total_learned, total_optimised, total_mean;
   bool scored = false;
   std::vector<std::vector<std::vector<float>>> grid(3);
   for (const std::string& name : names) {
@@ -192,7 +254,7 @@ int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std:
       inverter = *std::move(trained);
     }
     StatusOr<SplitRecord> truth = SentRecord(run_dir, name);
-    Similarity by_learned, by_optimised;
+    Similarity by_learned, by_optimised, by_mean;
     for (size_t k = 0; k < record->batches.size(); ++k) {
       const Tensor& act = record->batches[k].activations;
       const Activations a{act.shape, act.values};
@@ -203,10 +265,10 @@ int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std:
       if (!opt.ok()) return fail(absl::StrCat(name, ": ", opt.status().message()));
       const bool known = truth.ok() && k < truth->batches.size() && truth->batches[k].activations.shape == l->shape;
       for (int64_t i = 0; i < a.batch(); ++i) {
-        const std::vector<float> lp = Pixels(l->values, i, shape, *aux);
+        const std::vector<float> lp = ImagePixels(l->values, i, shape, *aux);
         std::vector<float> op, tp;
-        if (o.optimise_steps > 0) op = Pixels(opt->values, i, shape, *aux);
-        if (known) tp = Pixels(truth->batches[k].activations.values, i, shape, *aux);
+        if (o.optimise_steps > 0) op = ImagePixels(opt->values, i, shape, *aux);
+        if (known) tp = ImagePixels(truth->batches[k].activations.values, i, shape, *aux);
         if (!o.grid.empty() && static_cast<int>(grid[1].size()) < o.grid_images) {
           if (known) grid[0].push_back(tp);
           grid[1].push_back(lp);
@@ -214,6 +276,8 @@ int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std:
         }
         if (!known) continue;
         const int64_t n = static_cast<int64_t>(tp.size());
+        by_mean.Add({Ssim(tp.data(), mean_pixels.data(), shape[0], shape[1], shape[2], 1),
+                     Psnr(tp.data(), mean_pixels.data(), n, 1), 1});
         by_learned.Add({Ssim(tp.data(), lp.data(), shape[0], shape[1], shape[2], 1), Psnr(tp.data(), lp.data(), n, 1), 1});
         if (!op.empty()) {
           by_optimised.Add({Ssim(tp.data(), op.data(), shape[0], shape[1], shape[2], 1), Psnr(tp.data(), op.data(), n, 1), 1});
@@ -229,12 +293,13 @@ int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std:
     if (by_optimised.images > 0) out << "; " << by_optimised.Line("optimised");
     out << "\n";
     total_learned.Add(by_learned);
+    total_mean.Add(by_mean);
     total_optimised.Add(by_optimised);
   }
   if (scored) {
     out << "total: " << total_learned.images << " images; " << total_learned.Line("learned");
     if (total_optimised.images > 0) out << "; " << total_optimised.Line("optimised");
-    out << "\n";
+    out << "; " << total_mean.Line("the auxiliary mean image (knowing nothing)") << "\n";
   }
   if (!o.grid.empty()) {
     const std::string kinds = absl::StrCat(grid[0].empty() ? "" : "the devices' inputs, ", "learned",
@@ -249,31 +314,35 @@ int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& o, std:
   return 0;
 }
 
-int RunLabelAttack(const std::string& run_dir, std::ostream& out, std::ostream& err) {
+int RunLabelAttack(const std::string& run_dir, int round, std::ostream& out, std::ostream& err) {
   const auto fail = [&](const std::string& why) {
     err << "cleave attack labels: " << why << "\n";
     return 2;
   };
-  const std::vector<std::string> names = RecordNames(run_dir);
+  const std::vector<std::string> names = RecordNames(run_dir, round);
   if (names.empty()) return NoRecords("labels", run_dir, err);
   double norm_auc = 0, direction_auc = 0, accuracy = 0;
-  int64_t examples = 0, norm_examples = 0;
+  int64_t examples = 0, norm_examples = 0, total_crossed_true = 0, total_crossed = 0;
   for (const std::string& name : names) {
     StatusOr<SplitRecord> record = ReadRecord(fs::path(run_dir) / "record" / name);
     if (!record.ok()) return fail(absl::StrCat(name, ": ", record.status().message()));
+    // Scored against the device's copy (the truth, whatever label DP sent) where it kept
+    // one, else against the labels that crossed.
     const bool crossed = !record->batches.empty() && !record->batches[0].labels.empty();
-    StatusOr<SplitRecord> truth = crossed ? StatusOr<SplitRecord>(absl::UnknownError("")) : SentRecord(run_dir, name);
+    StatusOr<SplitRecord> truth = SentRecord(run_dir, name);
     if (!crossed && !truth.ok()) {
       return fail(absl::StrCat(name, ": no label crossed (U-shaped) and no device kept a copy of its labels to score "
                                "against (cleave local keeps them with split.record)"));
     }
     std::vector<std::vector<float>> rows;
     std::vector<int64_t> labels;
+    int64_t crossed_true = 0, crossed_n = 0;  // labels that crossed, and of them the true ones
     for (size_t k = 0; k < record->batches.size(); ++k) {
       const RecordedBatch& b = record->batches[k];
-      const std::vector<int64_t>* y = crossed ? &b.labels
+      const std::vector<int64_t>* y = !truth.ok() ? &b.labels
                                       : k < truth->batches.size() ? &truth->batches[k].labels : nullptr;
-      if (y == nullptr || y->empty() || b.gradient.values.size() % y->size() != 0) {
+      if (y == nullptr || y->empty() || b.gradient.values.size() % y->size() != 0 ||
+          (crossed && b.labels.size() != y->size())) {
         return fail(absl::StrCat(name, ": micro-batch ", k, "'s gradient does not pair up with its labels"));
       }
       const size_t per = b.gradient.values.size() / y->size();
@@ -281,14 +350,19 @@ int RunLabelAttack(const std::string& run_dir, std::ostream& out, std::ostream& 
         if ((*y)[i] == kNoTarget) continue;
         rows.emplace_back(b.gradient.values.begin() + i * per, b.gradient.values.begin() + (i + 1) * per);
         labels.push_back((*y)[i]);
+        if (crossed) crossed_true += b.labels[i] == (*y)[i], ++crossed_n;
       }
     }
     StatusOr<LabelLeakage> r = InferLabelsFromGradients(rows, labels);
     if (!r.ok()) return fail(absl::StrCat(name, ": ", r.status().message()));
-    out << absl::StrFormat("%s: %d examples of %d classes (%s): direction AUC %.3f, accuracy %.1f %%", name, r->examples,
-                           r->classes, crossed ? "the labels that crossed" : "the device's copy", r->direction_auc,
-                           100 * r->direction_accuracy);
+    out << absl::StrFormat("%s: %d examples of %d classes (against %s): direction AUC %.3f, accuracy %.1f %%", name,
+                           r->examples, r->classes, truth.ok() ? "the device's copy" : "the labels that crossed",
+                           r->direction_auc, 100 * r->direction_accuracy);
     if (r->norm_auc >= 0) out << absl::StrFormat(", norm AUC %.3f (class %d positive)", r->norm_auc, r->norm_positive);
+    if (crossed && truth.ok()) {
+      out << absl::StrFormat("; the labels that crossed: %.1f %% true", 100.0 * crossed_true / crossed_n);
+      total_crossed_true += crossed_true, total_crossed += crossed_n;
+    }
     out << "\n";
     direction_auc += r->direction_auc * r->examples;
     accuracy += r->direction_accuracy * r->examples;
@@ -298,6 +372,7 @@ int RunLabelAttack(const std::string& run_dir, std::ostream& out, std::ostream& 
   out << absl::StrFormat("total: %d examples: direction AUC %.3f, accuracy %.1f %%", examples, direction_auc / examples,
                          100 * accuracy / examples);
   if (norm_examples > 0) out << absl::StrFormat(", norm AUC %.3f", norm_auc / norm_examples);
+  if (total_crossed > 0) out << absl::StrFormat("; the labels that crossed: %.1f %% true", 100.0 * total_crossed_true / total_crossed);
   out << "\n";
   return 0;
 }

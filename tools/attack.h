@@ -12,21 +12,26 @@
 
 namespace cleave {
 
-// `cleave attack tokens RUN_DIR`: token recovery at a decoder's embedding cut
-// (RecoverTokensAtTheEmbedding) over every recorded task of the run, one line per task
-// and a total ("recovered R of N tokens (P %)"). 0 when some record was attacked; 2 with
-// the reason when none could be (no records, records of another cut or mode).
-int RunTokenAttack(const std::string& run_dir, std::ostream& out, std::ostream& err);
-
-struct ImageAttackOptions {
-  std::string aux;          // auxiliary images of the same domain (a data spec); "": the job's data.test
+struct AttackOptions {
+  std::string aux;          // auxiliary data of the same domain (a data spec); "": the job's data.test
   int64_t aux_limit = 5000; // of them, the first N
-  int steps = 1500;         // the learned inverter's training steps
-  int optimise_steps = 400; // the white-box optimisation's (0: not run)
+  int steps = 1500;         // a learned inverter's training steps
+  int optimise_steps = 400; // images: the white-box optimisation's (0: not run)
   double tv = 0.05;         // its total variation weight
-  std::string grid;         // a PNG of the first record's first images: truth, learned, optimised
+  std::string grid;         // images: a PNG of the first record's first images: truth, learned, optimised
   int grid_images = 8;
+  int round = 0;            // > 0: that round's records only
 };
+
+// `cleave attack tokens RUN_DIR`: a decoder's tokens (model gpt) from the activations
+// recorded at its cut, one line per task and a total ("recovered R of N tokens (P %)"):
+// at the embedding cut by the nearest token embedding (RecoverTokensAtTheEmbedding), and
+// at every cut by a learned token inverter trained on the auxiliary sequences
+// (LearnedTokenInverter; "the learned inverter recovered ..."). Scored against the
+// devices' copies, else the labels that crossed. 0 when some record was attacked; 2
+// with the reason when none could be.
+int RunTokenAttack(const std::string& run_dir, const AttackOptions& options, std::ostream& out, std::ostream& err);
+
 // `cleave attack images RUN_DIR`: input reconstruction from the activations recorded at
 // an image model's cut, by a learned inverter trained on the auxiliary images (He et al.
 // 2019) and by white-box optimisation against the recorded client part (UnSplit), both
@@ -34,14 +39,14 @@ struct ImageAttackOptions {
 // and PSNR against the devices' inputs ("learned SSIM S PSNR P dB"; without the
 // devices' copies, reconstructions only). 0 when some record was attacked; 2 with the
 // reason when none could be.
-int RunImageAttack(const std::string& run_dir, const ImageAttackOptions& options, std::ostream& out,
+int RunImageAttack(const std::string& run_dir, const AttackOptions& options, std::ostream& out,
                    std::ostream& err);
 
 // `cleave attack labels RUN_DIR`: label inference from the recorded gradients at the cut
 // (InferLabelsFromGradients, Li et al. 2022): sl and sfl's gradients the server sent
 // back, scored against the labels that crossed; U-shaped's gradients the server
 // received, scored against the devices' copies. One line per task and a total (means
-// weighted by examples).
-int RunLabelAttack(const std::string& run_dir, std::ostream& out, std::ostream& err);
+// weighted by examples). `round` > 0: that round's records only.
+int RunLabelAttack(const std::string& run_dir, int round, std::ostream& out, std::ostream& err);
 
 }  // namespace cleave

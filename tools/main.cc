@@ -285,7 +285,14 @@ Command AddAttack(CLI::App& app) {
   auto* tokens = attack->add_subcommand(
       "tokens", "recover a decoder's tokens from the activations recorded at its embedding cut (split.cut: 1)");
   tokens->add_option("run_dir", *run_dir, "the run directory")->required();
-  auto o = std::make_shared<cleave::ImageAttackOptions>();
+  auto o = std::make_shared<cleave::AttackOptions>();
+  tokens->add_option("--aux", o->aux, "auxiliary sequences for the learned inverter (a data spec; default: the job's "
+                     "data.test)");
+  tokens->add_option("--aux-limit", o->aux_limit, "use the first N auxiliary sequences (default 5000)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  tokens->add_option("--steps", o->steps, "the learned inverter's training steps (default 1500)")
+      ->check(CLI::Range(1, 1000000));
+  tokens->add_option("--round", o->round, "attack that round's records only (default: every round's)");
   auto* images = attack->add_subcommand(
       "images", "reconstruct an image model's inputs from the activations recorded at its cut (SSIM, PSNR)");
   images->add_option("run_dir", *run_dir, "the run directory")->required();
@@ -298,12 +305,14 @@ Command AddAttack(CLI::App& app) {
                      "white-box optimisation steps per micro-batch (default 400; 0: not run)")
       ->check(CLI::Range(0, 1000000));
   images->add_option("--grid", o->grid, "write the first images as a PNG: the devices' inputs, learned, optimised");
+  images->add_option("--round", o->round, "attack that round's records only (default: every round's)");
   auto* labels = attack->add_subcommand("labels", "infer labels from the gradients recorded at the cut (AUC)");
   labels->add_option("run_dir", *run_dir, "the run directory")->required();
+  labels->add_option("--round", o->round, "attack that round's records only (default: every round's)");
   return {attack, [run_dir, o, images, labels] {
             if (images->parsed()) return cleave::RunImageAttack(*run_dir, *o, std::cout, std::cerr);
-            if (labels->parsed()) return cleave::RunLabelAttack(*run_dir, std::cout, std::cerr);
-            return cleave::RunTokenAttack(*run_dir, std::cout, std::cerr);
+            if (labels->parsed()) return cleave::RunLabelAttack(*run_dir, o->round, std::cout, std::cerr);
+            return cleave::RunTokenAttack(*run_dir, *o, std::cout, std::cerr);
           }};
 }
 

@@ -176,6 +176,9 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("aggregation: {rule: median}\nsecure_aggregation: {}", "secure aggregation hides");
   expect_error("local: {attack: poison, attackers: 1}", "local.attack");
   expect_error("split: {mode: sfl-v2, nopeek: -1}", "split.nopeek");
+  expect_error("split: {mode: sfl-v2, label_epsilon: -1}", "split.label_epsilon");
+  expect_error("split: {mode: sfl-v2, max_reconstruction_ssim: 1.5}", "split.max_reconstruction_ssim");
+  expect_error("split: {mode: sfl-v2, cut: 2, max_reconstruction_ssim: 0.5}", "needs split.cut: auto");
   expect_error("tls: {cert: s.crt}", "tls.cert and tls.key");
   expect_error("tls: {cert: s.crt, key: s.key, reload_s: 0}", "tls.reload_s");
   expect_error("tls: {certificate: s.crt}", "tls.certificate");

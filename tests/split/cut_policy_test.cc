@@ -47,6 +47,29 @@ TEST(CutPolicyTest, TheChoiceMinimisesThePredictedStep) {
   }
 }
 
+// split.max_reconstruction_ssim: a slow device on a fast link would cut at 1, where the
+// server's attack reconstructs best; under the floor it takes the fastest cut whose
+// measured SSIM is at or under it, and none when no cut is.
+TEST(CutPolicyTest, APrivacyFloorTakesTheFastestCutUnderIt) {
+  CutProblem p = Synthetic(0.2, 125e6);
+  p.leakage = {-1, 0.74, 0.55, 0.49, 0.41, 0.30};
+  auto c = MakeCostModelPolicy()->Choose(p);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cut, 1) << "measured, but no floor";
+  EXPECT_DOUBLE_EQ(c->leakage, 0.74);
+  p.max_leakage = 0.5;
+  EXPECT_FALSE(PredictStep(p, 2).fits);
+  EXPECT_NE(PredictStep(p, 2).why_not.find("SSIM 0.550 at cut 2, above split.max_reconstruction_ssim 0.5"),
+            std::string::npos)
+      << PredictStep(p, 2).why_not;
+  c = MakeCostModelPolicy()->Choose(p);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cut, 3) << "the shallowest, so the fastest, of the cuts under 0.5";
+  EXPECT_LE(c->leakage, 0.5);
+  p.max_leakage = 0.2;
+  EXPECT_EQ(MakeCostModelPolicy()->Choose(p).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(CutPolicyTest, ACutOverTheMemoryLimitIsNeverChosen) {
   CutProblem p = Synthetic(0.001, 125e3);  // would cut at 5 without a limit
   p.memory_limit_bytes = 8 << 20;

@@ -9,6 +9,7 @@
 
 #include "data/dataset.h"
 #include "split/attacks.h"
+#include "split/leakage.h"
 
 namespace cleave {
 namespace {
@@ -37,19 +38,8 @@ class InversionTest : public ::testing::Test {
     options_.hi = (1 - space_.mean[0]) / space_.stddev[0];
   }
 
-  // The mean SSIM of `images` to the device's, both as pixels in [0, 1].
   double MeanSsim(const Activations& images) const {
-    double sum = 0;
-    const int64_t e = 28 * 28;
-    std::vector<float> a(e), b(e);
-    for (int64_t i = 0; i < device_.batch(); ++i) {
-      for (int64_t p = 0; p < e; ++p) {
-        a[p] = std::clamp(device_.values[i * e + p] * space_.stddev[0] + space_.mean[0], 0.0f, 1.0f);
-        b[p] = std::clamp(images.values[i * e + p] * space_.stddev[0] + space_.mean[0], 0.0f, 1.0f);
-      }
-      sum += Ssim(a.data(), b.data(), 1, 28, 28, 1);
-    }
-    return sum / static_cast<double>(device_.batch());
+    return cleave::MeanSsim(device_.values, images.values, device_.batch(), {1, 28, 28}, space_);
   }
 
   Dataset space_;
@@ -115,6 +105,31 @@ TEST_F(InversionTest, RefusesWhatItCannotAttack) {
   Activations wrong{{2, 5}, std::vector<float>(10)};
   EXPECT_EQ((*inverter)->Invert(wrong).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(InvertByOptimisation(view_, wrong, options_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The server's own measure for the privacy floor: the first cut leaks more than the
+// last; too few auxiliary images or images of another shape are refused.
+TEST_F(InversionTest, TheServersMeasureFindsTheFirstCutLeakiest) {
+  LeakageOptions o;
+  o.train_images = 500;
+  o.probe_images = 16;
+  o.steps = 150;
+  o.hidden = 256;
+  o.optimise_steps = 50;
+  auto test = LoadFashionMnist("/usr/share/datasets/fashion-mnist", /*train=*/false, 600);
+  ASSERT_TRUE(test.ok());
+  auto whole = ModelPart::Create(view_.spec, 0, 5);
+  ASSERT_TRUE(whole.ok());
+  view_.part = (*whole)->Parameters();
+  auto first = MeasureReconstructionSsim(view_, *test, o);
+  view_.cut = 4;
+  auto last = MeasureReconstructionSsim(view_, *test, o);
+  ASSERT_TRUE(first.ok() && last.ok()) << first.status() << last.status();
+  EXPECT_GT(*first, *last + 0.1);
+  EXPECT_EQ(MeasureReconstructionSsim(view_, test->Subset({0, 1, 2}), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  view_.spec.input_shape = {3, 32, 32};
+  EXPECT_EQ(MeasureReconstructionSsim(view_, *test, o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
