@@ -55,8 +55,9 @@ struct ClientOptions {
   std::string state_dir;
   // A privacy measurement (cleave-client --keep-sent N): the device keeps, in
   // STATE_DIR/sent/round-R/CLIENT_ID.pb, the inputs and labels of each split task's
-  // first N micro-batches (split/record.h), the truth the server's recorded attacks
-  // (split.record) are scored against. Nothing more is sent. 0 = none.
+  // first N micro-batches, or of a whole-model task's first batch (split/record.h), the
+  // truth the server's recorded attacks (split.record, server.record_updates) are
+  // scored against. Nothing more is sent. 0 = none.
   int keep_sent = 0;
   // A local copy of the model's Hugging Face folder (cleave-client --model-dir), for
   // split tasks of model hf with LoRA: the frozen tensors of this device's stages are

@@ -11,6 +11,7 @@
 #include "proto/edge_weights.h"
 #include "proto/train_config.h"
 #include "split/cut_policy.h"
+#include "split/record.h"
 
 namespace cleave {
 namespace {
@@ -409,6 +410,13 @@ Status Client::Impl::BuildModel(const v1::Task& task, const ModelSpec& spec) {
   model_key = key;
   loss_digest.clear();
   return absl::OkStatus();
+}
+
+void Client::Impl::KeepFirstBatch(const v1::Task& task, const v1::Welcome& w, const LocalTrainOptions& o) const {
+  const std::vector<int64_t> idx = FirstBatchIndices(opts.train.size, o.seed, o.batch_size);
+  Activations in = InputBatch(opts.train, idx);
+  SplitRecorder sent(absl::StrCat(opts.state_dir, "/sent/round-", task.round(), "/", w.client_id(), ".pb"), 1);
+  sent.Add({}, 0, RecordedBatch{Tensor{"", std::move(in.shape), std::move(in.values)}, BatchLabels(opts.train, idx), {}});
 }
 
 StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& loss) {
@@ -849,6 +857,7 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
   LocalTrainOptions o = TrainOptions(task.train());
   o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
   o.seed = BatchSeed(task, c.w, opts.name);
+  if (opts.keep_sent > 0) KeepFirstBatch(task, c.w, o);
   ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
   // An emulated slower device (--emulate-slowdown) takes that much longer to train; split
   // tasks idle after each step instead (split_client.cc).

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -280,6 +281,91 @@ StatusOr<Activations> InvertByOptimisation(const ClientPartView& view, const Act
   });
   RETURN_IF_ERROR(s);
   return FromTorch(x);
+}
+
+StatusOr<UpdateInversion> InvertUpdate(const ModelSpec& spec, const ParameterSet& model, const ParameterSet& update,
+                                       double lr, int64_t batch, const InversionOptions& o) {
+  if (spec.text() || spec.input_shape.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient inversion is for image models; model ", spec.name,
+                                                   " does not read images"));
+  }
+  if (!(lr > 0) || batch < 1) return absl::InvalidArgumentError("gradient inversion needs lr > 0 and a batch");
+  ASSIGN_OR_RETURN(std::vector<TorchStage> stages, BuildTorchStages(spec));
+  // The trainable tensors in float64 (so that every op has a second derivative), and
+  // each one's gradient as the update gives it.
+  std::vector<torch::Tensor> params, target;
+  torch::Tensor bias;  // the last layer's bias gradient
+  Status s = Catch([&] {
+    torch::NoGradGuard no_grad;
+    for (TorchStage& st : stages) {
+      st.train(false);
+      for (auto& [name, t] : st.parameters()) {
+        const Tensor* value = model.Find(name);
+        TORCH_CHECK(value != nullptr && static_cast<int64_t>(value->values.size()) == t.numel(),
+                    "the recorded model has no ", name, " of its shape");
+        const bool trainable = t.requires_grad();
+        t.set_data(torch::from_blob(const_cast<float*>(value->values.data()), t.sizes(), torch::kFloat32)
+                       .to(torch::kFloat64));
+        if (!trainable) continue;
+        const Tensor* delta = update.Find(name);
+        TORCH_CHECK(delta != nullptr && delta->values.size() == value->values.size(), "the update has no ", name,
+                    " of its shape");
+        params.push_back(t);
+        target.push_back(torch::from_blob(const_cast<float*>(delta->values.data()), t.sizes(), torch::kFloat32)
+                             .to(torch::kFloat64) / -lr);
+        if (t.dim() == 1 && t.size(0) == spec.num_classes) bias = target.back();
+      }
+    }
+  });
+  RETURN_IF_ERROR(s);
+  if (!bias.defined()) return absl::InvalidArgumentError("the model has no output bias to read labels from");
+  UpdateInversion out;
+  {
+    // A label's output gradient, softmax - 1, is the only negative one for a single example.
+    const torch::Tensor order = bias.argsort();
+    const int64_t negative = std::max<int64_t>(1, bias.lt(0).sum().item<int64_t>());
+    for (int64_t i = 0; i < batch; ++i) out.labels.push_back(order[i % negative].item<int64_t>());
+  }
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), spec.input_shape.begin(), spec.input_shape.end());
+  torch::Tensor x;
+  s = Catch([&] {
+    torch::manual_seed(o.seed);
+    x = (0.5 * torch::randn(shape, torch::kFloat64)).clamp(o.lo, o.hi).requires_grad_(true);
+    const torch::Tensor y = torch::tensor(out.labels, torch::kInt64);
+    double target_norm = 0;
+    for (const auto& t : target) target_norm += t.pow(2).sum().item<double>();
+    target_norm = std::sqrt(target_norm);
+    torch::optim::Adam adam({x}, torch::optim::AdamOptions(o.lr));
+    for (int step = 0; step < o.steps; ++step) {
+      adam.zero_grad();
+      torch::Tensor h = x;
+      for (const TorchStage& st : stages) h = st.forward(h);
+      const torch::Tensor loss = torch::cross_entropy_loss(h, y);
+      const std::vector<torch::Tensor> g = torch::autograd::grad({loss}, params, {}, true, true);
+      torch::Tensor dot = torch::zeros({}, torch::kFloat64), norm = torch::zeros({}, torch::kFloat64);
+      for (size_t i = 0; i < g.size(); ++i) {
+        dot = dot + (g[i] * target[i]).sum();
+        norm = norm + g[i].pow(2).sum();
+      }
+      torch::Tensor match = 1 - dot / (norm.sqrt() * target_norm + 1e-12);
+      if (o.tv > 0) {
+        using torch::indexing::Slice;
+        const torch::Tensor dh = x.index({Slice(), Slice(), Slice(1), Slice()}) -
+                                 x.index({Slice(), Slice(), Slice(0, -1), Slice()});
+        const torch::Tensor dw = x.index({Slice(), Slice(), Slice(), Slice(1)}) -
+                                 x.index({Slice(), Slice(), Slice(), Slice(0, -1)});
+        match = match + o.tv * (dh.abs().mean() + dw.abs().mean());
+      }
+      match.backward();
+      adam.step();
+      torch::NoGradGuard no_grad;
+      x.clamp_(o.lo, o.hi);
+    }
+  });
+  RETURN_IF_ERROR(s);
+  out.inputs = FromTorch(x.to(torch::kFloat32));
+  return out;
 }
 
 }  // namespace cleave

@@ -87,6 +87,22 @@ class LearnedTokenInverter {
 StatusOr<Activations> InvertByOptimisation(const ClientPartView& view, const Activations& activations,
                                            const InversionOptions& options);
 
+// Gradient inversion of a federated update (DLG, Zhu et al. 2019; the labels as iDLG
+// reads them, Zhao et al. 2020; cosine gradient matching with a total variation prior,
+// Geiping et al. 2020). From the model a client started from and its update after one
+// SGD step of learning rate `lr` on a batch of `batch` examples (update = -lr x the
+// batch's mean gradient): the labels are the classes whose output bias gradient is
+// negative, the most negative first; the inputs are optimised from noise until the
+// gradient they give points as the update does. Several local steps make the update a
+// sum of gradients at moving weights: the attack then treats it as one. Image models
+// without batch normalization (the model runs in float64 here).
+struct UpdateInversion {
+  Activations inputs;           // [batch, <input shape>]
+  std::vector<int64_t> labels;  // the labels read off the update
+};
+StatusOr<UpdateInversion> InvertUpdate(const ModelSpec& spec, const ParameterSet& model, const ParameterSet& update,
+                                       double lr, int64_t batch, const InversionOptions& options);
+
 // The client part's activations of `inputs`, as the device sends them (noise from
 // `seed`, codec applied).
 StatusOr<Activations> ClientActivations(const ClientPartView& view, const Activations& inputs, uint64_t seed);

@@ -364,6 +364,13 @@ class LocalOptimizer {
 
 }  // namespace
 
+std::vector<int64_t> FirstBatchIndices(int64_t n, uint64_t seed, int64_t batch) {
+  if (n < 1) return {};
+  auto gen = at::detail::createCPUGenerator(seed);  // as Train's first epoch
+  const torch::Tensor perm = torch::randperm(n, gen, torch::TensorOptions().dtype(torch::kInt64));
+  return std::vector<int64_t>(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + std::min(n, batch));
+}
+
 StatusOr<TrainStats> Model::Train(const Dataset& data, const LocalTrainOptions& o) {
   if (data.size == 0) return absl::FailedPreconditionError("no training data");
   ASSIGN_OR_RETURN(const OptimizerKind* optimizer_kind, Optimizers().Get(o.optimizer));

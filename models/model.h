@@ -71,6 +71,10 @@ struct ModelSpec {
   bool text() const { return name == "gpt" || name == "hf"; }
 };
 
+// The examples of Model::Train's first batch on `n` examples with `seed` and `batch`
+// (LocalTrainOptions'): the start of its first epoch's order.
+std::vector<int64_t> FirstBatchIndices(int64_t n, uint64_t seed, int64_t batch);
+
 // model.name interop: whether tensor `name` is a device's own (its base, stage 0, and
 // its fusion layer, stage 1), never sent nor averaged; the shared block is stages 2 and 3.
 bool InteropPrivate(const std::string& name);

@@ -299,11 +299,17 @@ class Coordinator : private RoundContext {
     RoundDriver::AddUpload add;   // the driver's, when it adds the update itself
     ClientUpdate update;          // otherwise what the strategy accumulates
     std::optional<BufferEntry> record;  // what the scheduler records of it
+    // server.record_updates: where the update goes with the model it started from.
+    std::string update_record_path;
+    ParameterSet update_record_base;
   };
   // Checks upload `h` against its task again and claims it (kAccumulating), or resolves
   // it at once (a duplicate, a masked input, an evaluation).
   StatusOr<ClaimedUpload> ClaimUploadLocked(const v1::UploadHeader& h, const std::string& payload,
                                             bool* duplicate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // server.record_updates: writes the claimed update (its checked values, before any
+  // scaling) with the model it started from; a failure is logged, the upload goes on.
+  void RecordUpdate(const ClaimedUpload& claim, const std::vector<TensorView>& views);
   // Validates a claimed upload's values (`views`, or its encoding) and adds them.
   Status AddClaimed(const v1::UploadHeader& h, const std::string& payload,
                     std::vector<TensorView> views, ClaimedUpload& claim);
@@ -446,6 +452,9 @@ class Coordinator : private RoundContext {
   int64_t loss_size_ = 0;
   int64_t committed_round_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t current_round_ ABSL_GUARDED_BY(mu_) = 0;  // round in progress; 0 when none
+  // server.record_updates: updates recorded in round recorded_round_.
+  int64_t recorded_round_ ABSL_GUARDED_BY(mu_) = 0;
+  int recorded_updates_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, TaskRecord> tasks_ ABSL_GUARDED_BY(mu_);  // tasks of the current round
   // kept across rounds (TorchScript, probe)
   std::set<std::string> pinned_blobs_ ABSL_GUARDED_BY(mu_);

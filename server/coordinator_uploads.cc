@@ -6,11 +6,14 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "core/evaluation.h"
+#include "core/files.h"
 #include "core/printable.h"
 #include "server/scheduler.h"
+#include "split/record.h"
 
 namespace cleave {
 
@@ -192,6 +195,16 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     return claim;
   }
   claim.add = driver_->ClaimUploadLocked(task);
+  // server.record_updates: a whole model's update, while the global model is still the
+  // one it started from (an asynchronous buffer may have moved on).
+  if (cfg_.server.record_updates > 0 && own == nullptr && task.width == 0 && task.round == current_round_) {
+    if (recorded_round_ != current_round_) recorded_round_ = current_round_, recorded_updates_ = 0;
+    if (recorded_updates_ < cfg_.server.record_updates) {
+      ++recorded_updates_;
+      claim.update_record_path = RunPath(absl::StrCat("record/round-", task.round, "/", h.client_id(), ".pb"));
+      claim.update_record_base = GlobalLocked();
+    }
+  }
   ClientUpdate& update = claim.update;
   update.client_id = h.client_id();
   auto s = sessions_.find(h.client_id());
@@ -219,6 +232,21 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   return claim;
 }
 
+void Coordinator::RecordUpdate(const ClaimedUpload& claim, const std::vector<TensorView>& views) {
+  SplitRecord r;
+  r.part = claim.update_record_base;
+  for (const TensorView& v : views) {
+    Tensor t{std::string(v.name), v.shape, std::vector<float>(v.numel)};
+    v.Read(0, v.numel, t.values.data());
+    (void)r.update.Add(std::move(t));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(claim.update_record_path).parent_path(), ec);
+  if (Status s = WriteFileAtomic(claim.update_record_path, EncodeSplitRecord(r)); !s.ok()) {
+    spdlog::warn("server.record_updates: {}", s.ToString());
+  }
+}
+
 Status Coordinator::AddClaimed(const v1::UploadHeader& h, const std::string& payload,
                                std::vector<TensorView> views, ClaimedUpload& claim) {
   if (h.codec() != "fp32") {
@@ -230,6 +258,7 @@ Status Coordinator::AddClaimed(const v1::UploadHeader& h, const std::string& pay
   // can make the model non-finite.
   RETURN_IF_ERROR(
       CheckViews(*claim.layout, views, static_cast<float>(cfg_.server.max_update_abs)));
+  if (!claim.update_record_path.empty()) RecordUpdate(claim, views);
   for (auto& v : views) v.scale = claim.scale;
   if (claim.record) {  // durable before it is added (async: the buffer survives a crash)
     claim.record->payload = payload;

@@ -113,6 +113,7 @@ void ReadServer(ConfigSection& s, ServerConfig& c) {
   s.Read("evaluate", c.evaluate);
   s.Read("final_evaluation", c.final_evaluation);
   s.Read("max_update_abs", c.max_update_abs);
+  s.Read("record_updates", c.record_updates);
   s.Read("upload_idle_timeout_s", c.upload_idle_timeout_s);
   s.Read("handshake_timeout_s", c.handshake_timeout_s);
   s.Read("max_sessions", c.max_sessions);
@@ -134,6 +135,7 @@ Status CheckServer(ServerConfig& c) {
   RETURN_IF_ERROR(Range(c.metrics_listen.empty() || c.metrics_listen.rfind(':') != std::string::npos,
                         "server.metrics_listen", "host:port, or empty (off)"));
   RETURN_IF_ERROR(Range(c.max_update_abs > 0, "server.max_update_abs", "> 0"));
+  RETURN_IF_ERROR(Range(c.record_updates >= 0 && c.record_updates <= 1000, "server.record_updates", "in [0, 1000]"));
   RETURN_IF_ERROR(Range(c.upload_idle_timeout_s > 0, "server.upload_idle_timeout_s", "> 0"));
   RETURN_IF_ERROR(Range(c.handshake_timeout_s > 0, "server.handshake_timeout_s", "> 0"));
   RETURN_IF_ERROR(Range(c.max_sessions >= 0, "server.max_sessions",

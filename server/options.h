@@ -88,6 +88,10 @@ struct ServerConfig {
   // the final model (federated evaluation of the model the run ends with)
   bool final_evaluation = true;
   double max_update_abs = 1e4;           // server.max_update_abs: bound on |update value|
+  // server.record_updates: the server keeps the first N whole-model updates of each round
+  // as received, with the model they started from (split/record.h), for a curious
+  // server's gradient inversion (cleave attack updates); 0 = none
+  int record_updates = 0;
   double upload_idle_timeout_s = 30;     // server.upload_idle_timeout_s: stalled upload = failed
   double handshake_timeout_s = 10;       // server.handshake_timeout_s: TLS/HTTP/2 handshake
   int max_sessions = 0;                  // server.max_sessions: 0 = from the fd limit

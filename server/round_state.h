@@ -66,7 +66,7 @@ struct SplitStreamTask {
   int window = 1;
   int64_t max_elements = 0;
   std::string act_codec, grad_codec;  // "" = float32
-  // split.record: the first `record` micro-batches go to `record_path` (privacy/record.h).
+  // split.record: the first `record` micro-batches go to `record_path` (split/record.h).
   int record = 0;
   std::string record_path;
 };

@@ -14,8 +14,8 @@
 #include "server/observe.h"
 #include "server/options.h"
 #include "server/secagg_driver.h"
-#include "split/leakage.h"
 #include "server/server.h"
+#include "split/leakage.h"
 
 namespace cleave {
 

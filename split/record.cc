@@ -38,6 +38,7 @@ std::string EncodeSplitRecord(const SplitRecord& r) {
   ParameterSet out;
   for (const Tensor& t : r.part.tensors()) (void)out.Add(Tensor{"part/" + t.name, t.shape, t.values});
   if (r.cut > 0) (void)out.Add(Tensor{"cut", {1}, {static_cast<float>(r.cut)}});
+  for (const Tensor& t : r.update.tensors()) (void)out.Add(Tensor{"update/" + t.name, t.shape, t.values});
   for (size_t k = 0; k < r.batches.size(); ++k) {
     const RecordedBatch& b = r.batches[k];
     (void)out.Add(Tensor{absl::StrCat("act/", k), b.activations.shape, b.activations.values});
@@ -64,6 +65,8 @@ StatusOr<SplitRecord> DecodeSplitRecord(const std::string& bytes) {
   for (Tensor& t : set.mutable_tensors()) {
     if (absl::StartsWith(t.name, "part/")) {
       RETURN_IF_ERROR(r.part.Add(Tensor{t.name.substr(5), t.shape, std::move(t.values)}));
+    } else if (absl::StartsWith(t.name, "update/")) {
+      RETURN_IF_ERROR(r.update.Add(Tensor{t.name.substr(7), t.shape, std::move(t.values)}));
     } else if (t.name == "cut") {
       if (t.values.size() != 1 || !(t.values[0] >= 1 && t.values[0] <= 100000)) {
         return absl::InvalidArgumentError("a recorded cut that is not one stage");

@@ -6,10 +6,13 @@
 // (as float32) and "grad/K", K from 0. The attacks (split/attacks.h, models/inversion.h)
 // read it; nothing of it reaches a client.
 //
+// And a federated round's update (server.record_updates): "part/NAME" the model the
+// client was sent, "update/NAME" its update as received, no micro-batch.
+//
 // The same format holds a device's own copy of what it sent (cleave-client --keep-sent):
 // "act/K" is then the micro-batch's input (before the client part) and "labels/K" its
-// labels, the truth a measurement scores the server's attacks against. It stays on the
-// device.
+// labels, the truth a measurement scores the server's attacks against (a whole-model
+// task's: its first batch). It stays on the device.
 #pragma once
 
 #include <string>
@@ -27,7 +30,8 @@ struct RecordedBatch {
 };
 
 struct SplitRecord {
-  ParameterSet part;  // the client part's values as the server sent them
+  ParameterSet part;  // the client part's values as the server sent them (an update's: the model)
+  ParameterSet update;  // server.record_updates: a whole-model update as received, "update/NAME"
   int cut = 0;        // the stage the recorded activations are the input of (0: unknown)
   std::vector<RecordedBatch> batches;
 };

@@ -314,6 +314,101 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   return 0;
 }
 
+int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ostream& out, std::ostream& err) {
+  const auto fail = [&](const std::string& why) {
+    err << "cleave attack updates: " << why << "\n";
+    return 2;
+  };
+  StatusOr<JobConfig> job = LoadJob((fs::path(run_dir) / "config.yaml").string());
+  if (!job.ok()) return fail(std::string(job.status().message()));
+  std::vector<std::string> names;
+  for (const std::string& name : RecordNames(run_dir, o.round)) {
+    StatusOr<SplitRecord> r = ReadRecord(fs::path(run_dir) / "record" / name);
+    if (r.ok() && r->update.size() > 0) names.push_back(name);
+  }
+  if (names.empty()) {
+    return fail(absl::StrCat("no recorded updates under ", (fs::path(run_dir) / "record").string(),
+                             job->secure_aggregation.enabled
+                                 ? " (under secure aggregation the server never holds a single client's update)"
+                                 : " (run the job with server.record_updates: N)"));
+  }
+  const TrainConfig& fit = job->train;
+  if (fit.local_steps != 1 || fit.optimizer != "sgd") {  // momentum does not change a first step
+    out << "note: the updates are not one SGD step (train.local_steps 1, optimizer sgd): each is attacked as one "
+           "gradient\n";
+  }
+  SetTorchThreads(1);
+  const ModelSpec spec = ModelSpecOf(job->model, job->run.seed);
+  StatusOr<Dataset> space = LoadDataSpec(job->data.test, /*train=*/false);  // for the images' normalisation
+  if (!space.ok()) return fail(absl::StrCat("data.test: ", space.status().message()));
+  InversionOptions io;
+  io.steps = o.steps;
+  io.lr = 0.1;
+  io.tv = 0.02;
+  for (size_t ch = 0; ch < space->mean.size() && ch < space->stddev.size(); ++ch) {
+    const float lo = -space->mean[ch] / space->stddev[ch], hi = (1 - space->mean[ch]) / space->stddev[ch];
+    io.lo = ch == 0 ? lo : std::min(io.lo, lo);
+    io.hi = ch == 0 ? hi : std::max(io.hi, hi);
+  }
+  const std::vector<int64_t>& shape = spec.input_shape;
+  Similarity total;
+  int64_t labels_right = 0, labels_n = 0;
+  std::vector<std::vector<std::vector<float>>> grid(2);
+  for (const std::string& name : names) {
+    StatusOr<SplitRecord> record = ReadRecord(fs::path(run_dir) / "record" / name);
+    StatusOr<SplitRecord> truth = SentRecord(run_dir, name);
+    const int64_t batch = truth.ok() && !truth->batches.empty() ? truth->batches[0].activations.shape[0]
+                                                                 : static_cast<int64_t>(fit.batch_size);
+    StatusOr<UpdateInversion> inv = InvertUpdate(spec, record->part, record->update, fit.lr, batch, io);
+    if (!inv.ok()) return fail(absl::StrCat(name, ": ", inv.status().message()));
+    if (!truth.ok() || truth->batches.empty()) {
+      out << name << ": reconstructed (no copy of the device's batch to score against)\n";
+      continue;
+    }
+    const RecordedBatch& t = truth->batches[0];
+    // Labels as multisets; images each against its best unused reconstruction.
+    std::vector<int64_t> want = t.labels, got = inv->labels;
+    std::sort(want.begin(), want.end());
+    std::sort(got.begin(), got.end());
+    std::vector<int64_t> common;
+    std::set_intersection(want.begin(), want.end(), got.begin(), got.end(), std::back_inserter(common));
+    labels_right += static_cast<int64_t>(common.size());
+    labels_n += static_cast<int64_t>(want.size());
+    Similarity by;
+    std::vector<bool> used(batch, false);
+    for (int64_t i = 0; i < batch; ++i) {
+      const std::vector<float> tp = ImagePixels(t.activations.values, i, shape, *space);
+      int64_t best = -1;
+      double best_ssim = -2;
+      std::vector<float> best_px;
+      for (int64_t j = 0; j < batch; ++j) {
+        if (used[j]) continue;
+        std::vector<float> rp = ImagePixels(inv->inputs.values, j, shape, *space);
+        const double ssim = Ssim(tp.data(), rp.data(), shape[0], shape[1], shape[2], 1);
+        if (ssim > best_ssim) best_ssim = ssim, best = j, best_px = std::move(rp);
+      }
+      used[best] = true;
+      by.Add({best_ssim, Psnr(tp.data(), best_px.data(), static_cast<int64_t>(tp.size()), 1), 1});
+      if (!o.grid.empty() && static_cast<int>(grid[0].size()) < o.grid_images) {
+        grid[0].push_back(tp);
+        grid[1].push_back(std::move(best_px));
+      }
+    }
+    out << absl::StrFormat("%s: %d of %d labels right; %d images; %s\n", name, common.size(), want.size(), by.images,
+                           by.Line("reconstructed"));
+    total.Add(by);
+  }
+  if (total.images > 0) {
+    out << absl::StrFormat("total: %d of %d labels right; %d images; %s\n", labels_right, labels_n, total.images,
+                           total.Line("reconstructed"));
+  }
+  if (!o.grid.empty() && !grid[0].empty()) {
+    if (Status s = WriteGrid(o.grid, grid, shape); !s.ok()) return fail(std::string(s.message()));
+    out << "grid: " << o.grid << " (rows: the devices' first batches, reconstructed)\n";
+  }
+  return 0;
+}
+
 int RunLabelAttack(const std::string& run_dir, int round, std::ostream& out, std::ostream& err) {
   const auto fail = [&](const std::string& why) {
     err << "cleave attack labels: " << why << "\n";

@@ -47,6 +47,14 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& options, std
 // back, scored against the labels that crossed; U-shaped's gradients the server
 // received, scored against the devices' copies. One line per task and a total (means
 // weighted by examples). `round` > 0: that round's records only.
+// `cleave attack updates RUN_DIR`: gradient inversion of the federated updates the server
+// recorded (server.record_updates; InvertUpdate: DLG with iDLG's labels), one line per
+// update and a total: the labels read off it and the SSIM of each of the device's first
+// batch's images to its best-matching reconstruction. Meaningful for updates of one SGD
+// step (train.local_steps: 1, optimizer sgd), as the papers'; other updates are attacked
+// as one gradient, and said so. `grid` and `steps` as for images (default 2000).
+int RunUpdateAttack(const std::string& run_dir, const AttackOptions& options, std::ostream& out, std::ostream& err);
+
 int RunLabelAttack(const std::string& run_dir, int round, std::ostream& out, std::ostream& err);
 
 }  // namespace cleave

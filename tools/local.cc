@@ -288,12 +288,14 @@ std::vector<std::string> ClientArgv(const LocalRun& r, int i, const std::string&
     argv.insert(argv.end(), {"--peer-listen", "127.0.0.1:0"});
   }
   // Personal layers and interop's private bases: kept across a resumed run's client restarts.
-  // split.record: each device keeps its own copy of what it sent, the truth the
-  // recorded attacks are scored against (cleave attack).
-  if (!c.model.personal.empty() || c.model.name == "interop" || c.split.record > 0) {
+  // split.record, server.record_updates: each device keeps its own copy of what it
+  // sent (its first batch, for an update), the truth the recorded attacks are scored
+  // against (cleave attack).
+  const int keep = c.split.record > 0 ? c.split.record : c.server.record_updates > 0 ? 1 : 0;
+  if (!c.model.personal.empty() || c.model.name == "interop" || keep > 0) {
     argv.insert(argv.end(), {"--state-dir", r.run_dir + "/clients/" + name});
   }
-  if (c.split.record > 0) argv.insert(argv.end(), {"--keep-sent", absl::StrCat(c.split.record)});
+  if (keep > 0) argv.insert(argv.end(), {"--keep-sent", absl::StrCat(keep)});
   if (i >= r.clients - c.local.attackers) argv.insert(argv.end(), {"--attack", c.local.attack});
   if (r.o.insecure) {
     argv.push_back("--insecure");

@@ -306,12 +306,22 @@ Command AddAttack(CLI::App& app) {
       ->check(CLI::Range(0, 1000000));
   images->add_option("--grid", o->grid, "write the first images as a PNG: the devices' inputs, learned, optimised");
   images->add_option("--round", o->round, "attack that round's records only (default: every round's)");
+  auto* updates = attack->add_subcommand(
+      "updates", "invert the federated updates recorded (server.record_updates): DLG with iDLG's labels (SSIM)");
+  updates->add_option("run_dir", *run_dir, "the run directory")->required();
+  updates->add_option("--steps", o->steps, "optimisation steps per update (default 2000)")->check(CLI::Range(1, 1000000));
+  updates->add_option("--round", o->round, "attack that round's records only (default: every round's)");
+  updates->add_option("--grid", o->grid, "write the first images as a PNG: the devices' batches, reconstructed");
   auto* labels = attack->add_subcommand("labels", "infer labels from the gradients recorded at the cut (AUC)");
   labels->add_option("run_dir", *run_dir, "the run directory")->required();
   labels->add_option("--round", o->round, "attack that round's records only (default: every round's)");
-  return {attack, [run_dir, o, images, labels] {
+  return {attack, [run_dir, o, images, labels, updates] {
             if (images->parsed()) return cleave::RunImageAttack(*run_dir, *o, std::cout, std::cerr);
             if (labels->parsed()) return cleave::RunLabelAttack(*run_dir, o->round, std::cout, std::cerr);
+            if (updates->parsed()) {
+              if (updates->count("--steps") == 0) o->steps = 2000;
+              return cleave::RunUpdateAttack(*run_dir, *o, std::cout, std::cerr);
+            }
             return cleave::RunTokenAttack(*run_dir, *o, std::cout, std::cerr);
           }};
 }

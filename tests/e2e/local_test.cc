@@ -434,6 +434,33 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=400", partition: i
   EXPECT_GT(Number(labels, "total: %*d examples: direction AUC %lf"), 0.7) << labels;
 }
 
+// Federated rounds: a curious server that keeps single updates (server.record_updates)
+// reads each one's labels off it and inverts its images (DLG/iDLG) from one SGD step on a
+// batch of two; under secure aggregation it never holds one to record.
+TEST_F(LocalTest, ACuriousServerInvertsSingleUpdatesButNotUnderSecureAggregation) {
+  const auto config = [&](int clients, const char* extra) {
+    std::ofstream(config_) << "run: {name: dlg, rounds: 1, seed: 1}\nmodel: {name: lenet5}\n"
+                           << "data: {test: \"fmnist:/usr/share/datasets/fashion-mnist\", test_limit: 200}\n"
+                           << "clients: {min: " << clients << ", quorum: 1.0, round_deadline_s: 120}\n"
+                           << "train: {local_steps: 1, batch_size: 2, lr: 0.1}\nserver: {record_updates: 2}\n" << extra
+                           << "local: {data: \"fmnist:/usr/share/datasets/fashion-mnist,limit=600\", partition: iid, "
+                           << "clients: " << clients << "}\n";
+  };
+  config(2, "");
+  ASSERT_EQ(Wait(Start({}, "run"), 300), 0) << Output();
+  ASSERT_EQ(Wait(Spawn({"cleave", "attack", "updates", (dir_ / "run").string(), "--steps", "1000"}, "dlg.txt"), 120), 0)
+      << ReadFile((dir_ / "dlg.txt").string()).value_or("");
+  const std::string out = ReadFile((dir_ / "dlg.txt").string()).value_or("");
+  EXPECT_NE(out.find("total: 4 of 4 labels right; 4 images"), std::string::npos) << out;
+  EXPECT_GT(Number(out, "total: %*d of %*d labels right; %*d images; reconstructed SSIM %lf"), 0.25) << out;
+
+  config(6, "secure_aggregation: {}\n");
+  ASSERT_EQ(Wait(Start({}, "run-secagg"), 300), 0) << Output();
+  ASSERT_EQ(Wait(Spawn({"cleave", "attack", "updates", (dir_ / "run-secagg").string()}, "secagg.txt"), 60), 2);
+  EXPECT_NE(ReadFile((dir_ / "secagg.txt").string())->find("under secure aggregation the server never holds"),
+            std::string::npos);
+}
+
 // split.max_reconstruction_ssim: the server measures its own reconstruction attack at
 // every cut of LeNet-5 before the first round and cuts each device only where that
 // stays under the floor (here the first cut, the one that leaks most, is out).

@@ -177,6 +177,7 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("local: {attack: poison, attackers: 1}", "local.attack");
   expect_error("split: {mode: sfl-v2, nopeek: -1}", "split.nopeek");
   expect_error("split: {mode: sfl-v2, label_epsilon: -1}", "split.label_epsilon");
+  expect_error("server: {record_updates: -1}", "server.record_updates");
   expect_error("split: {mode: sfl-v2, max_reconstruction_ssim: 1.5}", "split.max_reconstruction_ssim");
   expect_error("split: {mode: sfl-v2, cut: 2, max_reconstruction_ssim: 0.5}", "needs split.cut: auto");
   expect_error("tls: {cert: s.crt}", "tls.cert and tls.key");

@@ -61,6 +61,16 @@ TEST(SplitRecordTest, EncodesAndDecodesWhatTheServerSaw) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->part.SameLayout(r.part));
   EXPECT_EQ(back->cut, 1);
+  EXPECT_EQ(back->update.size(), 0u);
+  SplitRecord update;  // a federated round's: the model and the update, no micro-batch
+  update.part = r.part;
+  ASSERT_TRUE(update.update.Add(Tensor{"0.wte.weight", r.part.tensors()[0].shape, r.part.tensors()[0].values}).ok());
+  auto updated = DecodeSplitRecord(EncodeSplitRecord(update));
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  EXPECT_TRUE(updated->part.SameLayout(r.part));
+  ASSERT_EQ(updated->update.size(), 1u);
+  EXPECT_EQ(updated->update.tensors()[0].values, r.part.tensors()[0].values);
+  EXPECT_TRUE(updated->batches.empty());
   ASSERT_EQ(back->batches.size(), 3u);
   for (size_t k = 0; k < 3; ++k) {
     EXPECT_EQ(back->batches[k].activations.values, r.batches[k].activations.values);
