@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -98,6 +100,18 @@ struct Similarity {
                            psnr / std::max<int64_t>(images, 1));
   }
 };
+
+// What an attack measured, for `cleave report` (RunRecord::attacks): RUN_DIR/attack/KIND.json.
+void WriteSummary(const std::string& run_dir, const std::string& kind, int round, nlohmann::json summary,
+                  std::ostream& err) {
+  summary["round"] = round;  // 0: every round's records
+  const fs::path dir = fs::path(run_dir) / "attack";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (Status s = WriteFileAtomic((dir / (kind + ".json")).string(), summary.dump(2) + "\n"); !s.ok()) {
+    err << "cleave attack " << kind << ": " << s.message() << "\n";
+  }
+}
 
 int NoRecords(const std::string& what, const std::string& run_dir, std::ostream& err) {
   err << "cleave attack " << what << ": no records under " << (fs::path(run_dir) / "record").string()
@@ -189,6 +203,11 @@ int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
     out << absl::StrFormat("total: the learned inverter recovered %d of %d tokens (%.2f %%)\n",
                            total_learned.recovered, total_learned.checked, 100 * total_learned.rate());
   }
+  nlohmann::json summary;
+  if (total_nearest.checked > 0) summary["nearest_rate"] = total_nearest.rate();
+  if (total_learned.checked > 0) summary["learned_rate"] = total_learned.rate();
+  summary["tokens"] = std::max(total_nearest.checked, total_learned.checked);
+  WriteSummary(run_dir, "tokens", o.round, std::move(summary), err);
   return 0;
 }
 
@@ -300,6 +319,16 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
     out << "total: " << total_learned.images << " images; " << total_learned.Line("learned");
     if (total_optimised.images > 0) out << "; " << total_optimised.Line("optimised");
     out << "; " << total_mean.Line("the auxiliary mean image (knowing nothing)") << "\n";
+    const double n = static_cast<double>(total_learned.images);
+    nlohmann::json summary = {{"images", total_learned.images},
+                              {"learned_ssim", total_learned.ssim / n},
+                              {"learned_psnr", total_learned.psnr / n},
+                              {"mean_ssim", total_mean.ssim / n}};
+    if (total_optimised.images > 0) {
+      summary["optimised_ssim"] = total_optimised.ssim / n;
+      summary["optimised_psnr"] = total_optimised.psnr / n;
+    }
+    WriteSummary(run_dir, "images", o.round, std::move(summary), err);
   }
   if (!o.grid.empty()) {
     const std::string kinds = absl::StrCat(grid[0].empty() ? "" : "the devices' inputs, ", "learned",
@@ -401,6 +430,12 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
   if (total.images > 0) {
     out << absl::StrFormat("total: %d of %d labels right; %d images; %s\n", labels_right, labels_n, total.images,
                            total.Line("reconstructed"));
+    WriteSummary(run_dir, "updates", o.round,
+                 {{"images", total.images},
+                  {"ssim", total.ssim / static_cast<double>(total.images)},
+                  {"psnr", total.psnr / static_cast<double>(total.images)},
+                  {"labels_right", static_cast<double>(labels_right) / static_cast<double>(labels_n)}},
+                 err);
   }
   if (!o.grid.empty() && !grid[0].empty()) {
     if (Status s = WriteGrid(o.grid, grid, shape); !s.ok()) return fail(std::string(s.message()));
@@ -469,6 +504,12 @@ int RunLabelAttack(const std::string& run_dir, int round, std::ostream& out, std
   if (norm_examples > 0) out << absl::StrFormat(", norm AUC %.3f", norm_auc / norm_examples);
   if (total_crossed > 0) out << absl::StrFormat("; the labels that crossed: %.1f %% true", 100.0 * total_crossed_true / total_crossed);
   out << "\n";
+  nlohmann::json summary = {{"examples", examples},
+                            {"direction_auc", direction_auc / examples},
+                            {"direction_accuracy", accuracy / examples}};
+  if (norm_examples > 0) summary["norm_auc"] = norm_auc / norm_examples;
+  if (total_crossed > 0) summary["crossed_true"] = static_cast<double>(total_crossed_true) / total_crossed;
+  WriteSummary(run_dir, "labels", round, std::move(summary), err);
   return 0;
 }
 

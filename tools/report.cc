@@ -557,6 +557,12 @@ StatusOr<RunRecord> LoadRun(const std::string& run_dir) {
       run.rounds.push_back(std::move(row));
     }
   }
+  for (const char* kind : {"images", "labels", "tokens", "updates"}) {
+    auto attack = ReadFile((fs::path(run_dir) / "attack" / absl::StrCat(kind, ".json")).string());
+    if (!attack.ok()) continue;
+    json j = json::parse(*attack, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object()) run.attacks[kind] = std::move(j);
+  }
   run.name = fs::path(run_dir).lexically_normal().filename().string();
   if (run.name.empty()) run.name = fs::path(run_dir).lexically_normal().parent_path().filename().string();
   if (auto config = ReadFile((fs::path(run_dir) / "config.yaml").string()); config.ok()) {
@@ -575,6 +581,61 @@ StatusOr<RunRecord> LoadRun(const std::string& run_dir) {
     }
   }
   return run;
+}
+
+// What `cleave attack` measured on each run that recorded (RunRecord::attacks): a row per
+// such run, its final headline value beside each attack's total, and the chart of the
+// headline against the stronger image reconstruction's SSIM (the privacy frontier). Empty
+// when no run has one.
+struct Leakage {
+  std::vector<std::vector<std::string>> rows;
+  Chart chart;
+};
+const std::vector<std::string> kLeakageColumns = {
+    "run", "final", "reconstruction SSIM (learned / optimised)", "labels from gradients (accuracy, AUC)",
+    "labels that crossed, true", "tokens recovered (nearest / learned)", "federated updates: SSIM, labels"};
+
+Leakage LeakageOf(const std::vector<RunRecord>& runs) {
+  Leakage out;
+  out.chart.x_label = "reconstruction SSIM (the stronger attack)";
+  auto num = [](const json& j, const char* key) -> std::optional<double> { return Number(j, key); };
+  auto pct = [](std::optional<double> v) { return v ? absl::StrFormat("%.1f %%", 100 * *v) : std::string("-"); };
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const json& a = runs[i].attacks;
+    if (a.empty()) continue;
+    const Summary s = Summarise(runs[i]);
+    const json none = json::object();
+    const json& img = a.contains("images") ? a["images"] : none;
+    const json& lab = a.contains("labels") ? a["labels"] : none;
+    const json& tok = a.contains("tokens") ? a["tokens"] : none;
+    const json& upd = a.contains("updates") ? a["updates"] : none;
+    const auto learned = num(img, "learned_ssim"), optimised = num(img, "optimised_ssim");
+    out.rows.push_back({
+        runs[i].name, s.final_value,
+        learned ? absl::StrCat(Short(*learned), " / ", optimised ? Short(*optimised) : "-") : "-",
+        num(lab, "direction_accuracy")
+            ? absl::StrCat(pct(num(lab, "direction_accuracy")), ", ", Short(*num(lab, "direction_auc")))
+            : "-",
+        pct(num(lab, "crossed_true")),
+        num(tok, "nearest_rate") || num(tok, "learned_rate")
+            ? absl::StrCat(pct(num(tok, "nearest_rate")), " / ", pct(num(tok, "learned_rate")))
+            : "-",
+        num(upd, "ssim") ? absl::StrCat(Short(*num(upd, "ssim")), ", ", pct(num(upd, "labels_right"))) : "-"});
+    const Headline h = HeadlineOf(runs[i]);
+    std::optional<double> last;
+    for (const json& row : runs[i].rounds) {
+      if (auto v = h.get(row)) last = v;
+    }
+    if (learned && last) {
+      out.chart.y_label = absl::StrCat("final ", h.name);
+      out.chart.lines.push_back({i, {{std::max(*learned, optimised.value_or(0)), *last}}});
+    }
+  }
+  out.chart.title = "Measured leakage: " + (out.chart.y_label.empty() ? "" : out.chart.y_label) +
+                    " against reconstruction SSIM";
+  out.chart.caption = "One point per run: what it reached against what a curious server reconstructed from its "
+                      "record (cleave attack images); left and high is private and useful.";
+  return out;
 }
 
 std::string ReportHtml(const std::vector<RunRecord>& runs) {
@@ -619,7 +680,25 @@ pre { background: #f6f6f6; padding: 8px; overflow: auto; max-height: 400px; }
     absl::StrAppend(&html, "</table>\n<p class=\"note\">A rate is the fraction of every hidden layer "
                            "(submodels) or of model.lora.rank (LoRA ranks) a device trained.</p>\n");
   }
+  const Leakage leakage = LeakageOf(runs);
+  if (!leakage.rows.empty()) {
+    absl::StrAppend(&html, "<h2>Measured leakage</h2>\n<table id=\"leakage\"><tr>");
+    for (const std::string& c : kLeakageColumns) absl::StrAppend(&html, "<th>", Escape(c), "</th>");
+    absl::StrAppend(&html, "</tr>\n");
+    for (const auto& row : leakage.rows) {
+      absl::StrAppend(&html, "<tr>");
+      for (const std::string& c : row) absl::StrAppend(&html, "<td>", Escape(c), "</td>");
+      absl::StrAppend(&html, "</tr>\n");
+    }
+    absl::StrAppend(&html, "</table>\n<p class=\"note\">From cleave attack on the runs' records "
+                           "(split.record, server.record_updates), scored against the devices' own copies "
+                           "(docs/security.md, \"Measured leakage\").</p>\n");
+  }
   absl::StrAppend(&html, "<div class=\"charts\">\n");
+  if (!leakage.chart.empty()) {
+    absl::StrAppend(&html, "<figure><figcaption>", Escape(leakage.chart.title), "</figcaption>\n",
+                    Svg(leakage.chart), "<p class=\"note\">", Escape(leakage.chart.caption), "</p></figure>\n");
+  }
   for (const Chart& chart : Charts(runs)) {
     if (chart.empty()) continue;
     absl::StrAppend(&html, "<figure><figcaption>", Escape(chart.title), "</figcaption>\n", Svg(chart));
@@ -664,6 +743,11 @@ std::string ReportMarkdown(const std::vector<RunRecord>& runs) {
   if (const auto devices = UnequalDevices(runs); !devices.empty()) {
     absl::StrAppend(&md, "\n", row({"run", "method", "rates in the last round"}), "|---|---|---|\n");
     for (const auto& d : devices) absl::StrAppend(&md, row(d));
+  }
+  if (const Leakage leakage = LeakageOf(runs); !leakage.rows.empty()) {
+    absl::StrAppend(&md, "\n", row(kLeakageColumns), "|",
+                    absl::StrJoin(std::vector<std::string>(kLeakageColumns.size(), "---"), "|"), "|\n");
+    for (const auto& r : leakage.rows) absl::StrAppend(&md, row(r));
   }
   return md;
 }

@@ -20,6 +20,9 @@ struct RunRecord {
   std::string width_method;      // config.yaml's width.method when it has a width section
   std::vector<nlohmann::json> rounds;       // one per committed round (or applied buffer)
   std::optional<nlohmann::json> final_eval;  // the evaluation-only line, if any
+  // What `cleave attack` measured on the run: RUN_DIR/attack/KIND.json by KIND (images,
+  // labels, tokens, updates; tools/attack.h); an empty object when none ran.
+  nlohmann::json attacks = nlohmann::json::object();
 };
 
 // Reads RUN_DIR/metrics.jsonl (and config.yaml). NOT_FOUND without metrics.jsonl;

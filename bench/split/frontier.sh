@@ -9,10 +9,12 @@
 #                         SSIM against the devices' own copies of what they sent
 #   cleave attack labels  the gradients' direction (Li et al. 2022) and, in sl/sfl, the
 #                         labels that crossed, against the devices' true labels
-# Prints a Markdown table; each cell's reconstruction grid (PNG: the devices' inputs,
-# learned, optimised) is left in OUT/grids.
+# Prints a Markdown table (bench/split/frontier_table.py, which also plots accuracy
+# against SSIM in OUT/frontier.svg); each cell's reconstruction grid (PNG: the devices'
+# inputs, learned, optimised) is left in OUT/grids.
 #   bench/split/frontier.sh [ROUNDS=5] [CUTS="1 2 3 4"]
-# Run directories go to runs/bench-frontier-ROUNDS/ (OUT).
+# Run directories go to runs/bench-frontier-ROUNDS/ (OUT); a cell measured there already
+# is kept (delete OUT to start again).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-5}
@@ -33,6 +35,8 @@ for cut in $cuts; do
     # U-shaped keeps the last stage on the device: the server needs one before it.
     if [ "$name" = ushaped ] && [ "$cut" -ge 4 ]; then continue; fi
     dir="$out/cut$cut-$name"
+    # Cells already measured (their attacks ran) are kept: rerunning resumes.
+    if [ -s "$dir.labels" ] || [ -s "$dir.failed" ]; then continue; fi
     rm -rf "$dir"
     mode="mode: sfl-v2, "
     [ "$name" = ushaped ] && mode=""
@@ -47,36 +51,17 @@ compression: {${compression}}
 local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=8000", partition: iid, partition_seed: 42, clients: 4}
 YAML
     start=$(date +%s)
-    "$bin/cleave" local --insecure --config "$dir.yaml" --run-dir "$dir" > "$dir.log" 2>&1 ||
-      { tail -20 "$dir.log"; exit 1; }
+    # A run that fails (training diverged, say) is a result too: its reason goes in the table.
+    if ! "$bin/cleave" local --insecure --config "$dir.yaml" --run-dir "$dir" > "$dir.log" 2>&1; then
+      grep -h 'run ended' "$dir/server.log" | tail -1 | sed -E 's/.*run ended: //' > "$dir.failed"
+      [ -s "$dir.failed" ] || echo "the run failed: $dir.log" > "$dir.failed"
+      echo "cut $cut, $name: failed: $(cat "$dir.failed")" >&2
+      continue
+    fi
     "$bin/cleave" attack images "$dir" --round "$rounds" --grid "$out/grids/cut$cut-$name.png" > "$dir.images" 2>&1 ||
       { cat "$dir.images"; exit 1; }
     "$bin/cleave" attack labels "$dir" --round "$rounds" > "$dir.labels" 2>&1 || { cat "$dir.labels"; exit 1; }
     echo "cut $cut, $name: $(( $(date +%s) - start )) s" >&2
   done
 done
-/usr/bin/python3 - "$out" "$rounds" "$cuts" "${defenses[@]}" <<'PY'
-import json, os, re, sys
-out, rounds, cuts, defenses = sys.argv[1], sys.argv[2], sys.argv[3].split(), [d.split("|")[0] for d in sys.argv[4:]]
-def total(path, pattern):
-    line = [l for l in open(path) if l.startswith("total:")][-1]
-    m = re.search(pattern, line)
-    return float(m.group(1)) if m else None
-print(f"LeNet-5 on Fashion-MNIST, 4 IID devices, {rounds} rounds of 100 steps; attacks on round {rounds}'s records.\n")
-print("| cut | defense | test accuracy % | learned SSIM | optimised SSIM | learned PSNR dB | labels: crossed, true % | labels: gradient direction, accuracy % (AUC) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-for cut in cuts:
-    for name in defenses:
-        d = f"{out}/cut{cut}-{name}"
-        if not os.path.exists(f"{d}/metrics.jsonl"):
-            continue
-        acc = 100 * [json.loads(l) for l in open(f"{d}/metrics.jsonl")][-1]["test_accuracy"]
-        ls = total(f"{d}.images", r"learned SSIM ([0-9.]+)")
-        os_ = total(f"{d}.images", r"optimised SSIM ([0-9.]+)")
-        lp = total(f"{d}.images", r"learned SSIM [0-9.]+ PSNR ([0-9.]+)")
-        crossed = total(f"{d}.labels", r"crossed: ([0-9.]+) % true")
-        dacc = total(f"{d}.labels", r"accuracy ([0-9.]+) %")
-        dauc = total(f"{d}.labels", r"direction AUC ([0-9.]+)")
-        print(f"| {cut} | {name} | {acc:.2f} | {ls:.3f} | {os_:.3f} | {lp:.1f} | "
-              f"{'—' if crossed is None else f'{crossed:.1f}'} | {dacc:.1f} ({dauc:.3f}) |")
-PY
+/usr/bin/python3 bench/split/frontier_table.py "$out" "$rounds" "$cuts" "${defenses[@]%%|*}"

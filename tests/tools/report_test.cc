@@ -164,6 +164,38 @@ TEST_F(ReportTest, SplitRunsGetTheirStepTimeBreakdown) {
   EXPECT_THAT(page, HasSubstr(">12.0 ms</text>"));
 }
 
+// Runs that a curious server's attacks measured (cleave attack's RUN_DIR/attack/*.json):
+// their leakage beside their final accuracy, in a table and as one point each on the
+// frontier chart (x the stronger reconstruction's SSIM, y the final accuracy); a run
+// without attacks has no row, and a report without any has no such section.
+TEST_F(ReportTest, RecordedRunsGetTheirMeasuredLeakage) {
+  const std::string open = Run("open", Rounds(3, 0.2)), noisy = Run("noisy", Rounds(3, 0.1)), plain = Run("plain", Rounds(2, 0.1));
+  fs::create_directories(fs::path(open) / "attack");
+  fs::create_directories(fs::path(noisy) / "attack");
+  std::ofstream(fs::path(open) / "attack" / "images.json")
+      << R"({"images": 64, "learned_ssim": 0.71, "optimised_ssim": 0.76, "mean_ssim": 0.12, "round": 0})";
+  std::ofstream(fs::path(open) / "attack" / "labels.json")
+      << R"({"examples": 40, "direction_auc": 0.915, "direction_accuracy": 0.867, "crossed_true": 1.0})";
+  std::ofstream(fs::path(noisy) / "attack" / "images.json") << R"({"images": 64, "learned_ssim": 0.31, "round": 0})";
+  std::ofstream(fs::path(noisy) / "attack" / "updates.json") << "not json";  // ignored
+  auto html = WriteReport({{open, noisy, plain}, (dir_ / "report").string()});
+  ASSERT_TRUE(html.ok()) << html.status();
+  const std::string page = *ReadFile(*html);
+  EXPECT_THAT(page, HasSubstr("<h2>Measured leakage</h2>"));
+  EXPECT_THAT(page, HasSubstr("<tr><td>open</td><td>70.00%</td><td>0.71 / 0.76</td><td>86.7 %, 0.915</td>"
+                              "<td>100.0 %</td><td>-</td><td>-</td></tr>"));
+  EXPECT_THAT(page, HasSubstr("<tr><td>noisy</td><td>40.00%</td><td>0.31 / -</td><td>-</td>"));
+  EXPECT_THAT(page, Not(HasSubstr("<tr><td>plain</td><td>")));
+  EXPECT_THAT(page, HasSubstr("<title>0.76, 0.7</title>")) << "open's point: the stronger attack's SSIM";
+  EXPECT_THAT(page, HasSubstr("<title>0.31, 0.4</title>"));
+  const std::string md = *ReadFile((dir_ / "report.md").string());
+  EXPECT_THAT(md, HasSubstr("| open | 70.00% | 0.71 / 0.76 |"));
+
+  auto without = WriteReport({{plain}, (dir_ / "plain-report").string()});
+  ASSERT_TRUE(without.ok());
+  EXPECT_THAT(*ReadFile(*without), Not(HasSubstr("Measured leakage")));
+}
+
 // Devices of unequal size: the method the config names, in words, and each device's
 // rate in the last round; no such section for a run without width.
 TEST_F(ReportTest, WidthRunsSayWhichMethodAndRates) {
