@@ -92,6 +92,14 @@ Status Catch(const std::function<void()>& f) {
 
 }  // namespace
 
+void SetInputRange(const Dataset& space, InversionOptions* o) {
+  for (size_t ch = 0; ch < space.mean.size() && ch < space.stddev.size(); ++ch) {
+    const float lo = -space.mean[ch] / space.stddev[ch], hi = (1 - space.mean[ch]) / space.stddev[ch];
+    o->lo = ch == 0 ? lo : std::min(o->lo, lo);
+    o->hi = ch == 0 ? hi : std::max(o->hi, hi);
+  }
+}
+
 StatusOr<Activations> ClientActivations(const ClientPartView& view, const Activations& inputs, uint64_t seed) {
   ASSIGN_OR_RETURN(FrozenPart part, FrozenPart::Build(view, view.spec.text()));
   std::mt19937_64 rng(seed);

@@ -13,6 +13,7 @@
 
 #include "core/parameter_set.h"
 #include "core/status.h"
+#include "data/dataset.h"
 #include "models/model.h"
 #include "models/part.h"
 
@@ -27,6 +28,11 @@ struct ClientPartView {
   double noise = 0;      // split.activation_noise: N(0, noise^2) added to every activation
   std::string codec;     // split.activation_codec ("" or "none": float32)
 };
+
+struct InversionOptions;
+// Sets o->lo and o->hi to the range of `space`'s normalised inputs: pixels 0 and 1
+// through each channel's mean and stddev, the widest over channels.
+void SetInputRange(const Dataset& space, InversionOptions* o);
 
 struct InversionOptions {
   int steps = 1500;   // optimiser steps

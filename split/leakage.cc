@@ -26,11 +26,7 @@ StatusOr<double> MeasureReconstructionSsim(const ClientPartView& view, const Dat
   InversionOptions learned;
   learned.steps = o.steps;
   learned.hidden = o.hidden;
-  for (size_t ch = 0; ch < aux.mean.size() && ch < aux.stddev.size(); ++ch) {
-    const float lo = -aux.mean[ch] / aux.stddev[ch], hi = (1 - aux.mean[ch]) / aux.stddev[ch];
-    learned.lo = ch == 0 ? lo : std::min(learned.lo, lo);
-    learned.hi = ch == 0 ? hi : std::max(learned.hi, hi);
-  }
+  SetInputRange(aux, &learned);
   InversionOptions optimised = learned;
   optimised.steps = o.optimise_steps;
   optimised.lr = 0.05;

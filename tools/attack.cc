@@ -7,11 +7,10 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <numeric>
 #include <memory>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -89,15 +88,21 @@ Status WriteGrid(const std::string& path, const std::vector<std::vector<std::vec
   return absl::OkStatus();
 }
 
+// SSIM and PSNR summed over images (pixels in [0, 1], [C, H, W]).
 struct Similarity {
   double ssim = 0, psnr = 0;
   int64_t images = 0;
-  void Add(const Similarity& o) {
-    ssim += o.ssim, psnr += o.psnr, images += o.images;
+
+  void Add(const std::vector<float>& truth, const std::vector<float>& image, const std::vector<int64_t>& shape) {
+    ssim += Ssim(truth.data(), image.data(), shape[0], shape[1], shape[2], 1);
+    psnr += Psnr(truth.data(), image.data(), static_cast<int64_t>(truth.size()), 1);
+    ++images;
   }
+  void Add(const Similarity& o) { ssim += o.ssim, psnr += o.psnr, images += o.images; }
+  double mean_ssim() const { return ssim / static_cast<double>(std::max<int64_t>(images, 1)); }
+  double mean_psnr() const { return psnr / static_cast<double>(std::max<int64_t>(images, 1)); }
   std::string Line(const char* method) const {
-    return absl::StrFormat("%s SSIM %.3f PSNR %.1f dB", method, ssim / std::max<int64_t>(images, 1),
-                           psnr / std::max<int64_t>(images, 1));
+    return absl::StrFormat("%s SSIM %.3f PSNR %.1f dB", method, mean_ssim(), mean_psnr());
   }
 };
 
@@ -235,7 +240,7 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   if (!aux.ok()) return fail(absl::StrCat("--aux ", aux_spec, ": ", aux.status().message()));
   if (aux->shape != view.spec.input_shape) return fail(absl::StrCat("the auxiliary images ", aux_spec, " are not the model's input"));
   std::vector<int64_t> idx(std::min(aux->size, o.aux_limit));
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>(i);
+  std::iota(idx.begin(), idx.end(), 0);
   const Activations aux_in = InputBatch(*aux, idx);
   // What an attacker who learned nothing from the activations would guess: the
   // auxiliary images' mean, as pixels.
@@ -250,11 +255,8 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   optimised.steps = o.optimise_steps;
   optimised.lr = 0.05;
   optimised.tv = o.tv;
-  for (size_t ch = 0; ch < aux->mean.size() && ch < aux->stddev.size(); ++ch) {
-    const float lo = (0 - aux->mean[ch]) / aux->stddev[ch], hi = (1 - aux->mean[ch]) / aux->stddev[ch];
-    learned.lo = optimised.lo = ch == 0 ? lo : std::min(learned.lo, lo);
-    learned.hi = optimised.hi = ch == 0 ? hi : std::max(learned.hi, hi);
-  }
+  SetInputRange(*aux, &learned);
+  SetInputRange(*aux, &optimised);
   const std::vector<int64_t>& shape = view.spec.input_shape;
   std::map<std::string, std::unique_ptr<LearnedInverter>> inverters;  // by the part's values and cut
   Similarity total_learned, total_optimised, total_mean;
@@ -294,13 +296,9 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
           if (!op.empty()) grid[2].push_back(op);
         }
         if (!known) continue;
-        const int64_t n = static_cast<int64_t>(tp.size());
-        by_mean.Add({Ssim(tp.data(), mean_pixels.data(), shape[0], shape[1], shape[2], 1),
-                     Psnr(tp.data(), mean_pixels.data(), n, 1), 1});
-        by_learned.Add({Ssim(tp.data(), lp.data(), shape[0], shape[1], shape[2], 1), Psnr(tp.data(), lp.data(), n, 1), 1});
-        if (!op.empty()) {
-          by_optimised.Add({Ssim(tp.data(), op.data(), shape[0], shape[1], shape[2], 1), Psnr(tp.data(), op.data(), n, 1), 1});
-        }
+        by_mean.Add(tp, mean_pixels, shape);
+        by_learned.Add(tp, lp, shape);
+        if (!op.empty()) by_optimised.Add(tp, op, shape);
       }
     }
     if (by_learned.images == 0) {
@@ -319,14 +317,13 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
     out << "total: " << total_learned.images << " images; " << total_learned.Line("learned");
     if (total_optimised.images > 0) out << "; " << total_optimised.Line("optimised");
     out << "; " << total_mean.Line("the auxiliary mean image (knowing nothing)") << "\n";
-    const double n = static_cast<double>(total_learned.images);
     nlohmann::json summary = {{"images", total_learned.images},
-                              {"learned_ssim", total_learned.ssim / n},
-                              {"learned_psnr", total_learned.psnr / n},
-                              {"mean_ssim", total_mean.ssim / n}};
+                              {"learned_ssim", total_learned.mean_ssim()},
+                              {"learned_psnr", total_learned.mean_psnr()},
+                              {"mean_ssim", total_mean.mean_ssim()}};
     if (total_optimised.images > 0) {
-      summary["optimised_ssim"] = total_optimised.ssim / n;
-      summary["optimised_psnr"] = total_optimised.psnr / n;
+      summary["optimised_ssim"] = total_optimised.mean_ssim();
+      summary["optimised_psnr"] = total_optimised.mean_psnr();
     }
     WriteSummary(run_dir, "images", o.round, std::move(summary), err);
   }
@@ -374,11 +371,7 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
   io.steps = o.steps;
   io.lr = 0.1;
   io.tv = 0.02;
-  for (size_t ch = 0; ch < space->mean.size() && ch < space->stddev.size(); ++ch) {
-    const float lo = -space->mean[ch] / space->stddev[ch], hi = (1 - space->mean[ch]) / space->stddev[ch];
-    io.lo = ch == 0 ? lo : std::min(io.lo, lo);
-    io.hi = ch == 0 ? hi : std::max(io.hi, hi);
-  }
+  SetInputRange(*space, &io);
   const std::vector<int64_t>& shape = spec.input_shape;
   Similarity total;
   int64_t labels_right = 0, labels_n = 0;
@@ -417,7 +410,7 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
         if (ssim > best_ssim) best_ssim = ssim, best = j, best_px = std::move(rp);
       }
       used[best] = true;
-      by.Add({best_ssim, Psnr(tp.data(), best_px.data(), static_cast<int64_t>(tp.size()), 1), 1});
+      by.Add(tp, best_px, shape);
       if (!o.grid.empty() && static_cast<int>(grid[0].size()) < o.grid_images) {
         grid[0].push_back(tp);
         grid[1].push_back(std::move(best_px));
@@ -432,8 +425,8 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
                            total.Line("reconstructed"));
     WriteSummary(run_dir, "updates", o.round,
                  {{"images", total.images},
-                  {"ssim", total.ssim / static_cast<double>(total.images)},
-                  {"psnr", total.psnr / static_cast<double>(total.images)},
+                  {"ssim", total.mean_ssim()},
+                  {"psnr", total.mean_psnr()},
                   {"labels_right", static_cast<double>(labels_right) / static_cast<double>(labels_n)}},
                  err);
   }

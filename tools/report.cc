@@ -583,6 +583,8 @@ StatusOr<RunRecord> LoadRun(const std::string& run_dir) {
   return run;
 }
 
+namespace {
+
 // What `cleave attack` measured on each run that recorded (RunRecord::attacks): a row per
 // such run, its final headline value beside each attack's total, and the chart of the
 // headline against the stronger image reconstruction's SSIM (the privacy frontier). Empty
@@ -637,6 +639,8 @@ Leakage LeakageOf(const std::vector<RunRecord>& runs) {
                       "record (cleave attack images); left and high is private and useful.";
   return out;
 }
+
+}  // namespace
 
 std::string ReportHtml(const std::vector<RunRecord>& runs) {
   std::string html = R"(<!DOCTYPE html>

@@ -36,8 +36,7 @@ class InversionTest : public ::testing::Test {
     ASSERT_TRUE(part.ok()) << part.status();
     view_.part = (*part)->Parameters();
     options_.hidden = 256;  // smaller and quicker than the attack's own
-    options_.lo = -space_.mean[0] / space_.stddev[0];
-    options_.hi = (1 - space_.mean[0]) / space_.stddev[0];
+    SetInputRange(space_, &options_);
   }
 
   double MeanSsim(const Activations& images) const {
