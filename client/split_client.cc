@@ -328,8 +328,9 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
 }
 
 Status SplitTaskRun::PrepareCodecs() {
-  if (!(st_.activation_noise() >= 0) || !(st_.nopeek() >= 0)) {
-    return absl::InvalidArgumentError("bad split privacy settings");
+  const auto finite = [](double v) { return std::isfinite(v) && v >= 0; };
+  if (!finite(st_.activation_noise()) || !finite(st_.nopeek()) || !(st_.label_epsilon() >= 0 && st_.label_epsilon() <= 50)) {
+    return absl::InvalidArgumentError("bad split privacy settings (activation noise, NoPeek, label epsilon)");
   }
   noise_ = std::normal_distribution<float>(0, static_cast<float>(st_.activation_noise()));
   acts_.spec = st_.activation_codec();
