@@ -90,6 +90,48 @@ Status Catch(const std::function<void()>& f) {
   return absl::OkStatus();
 }
 
+// The mean absolute difference of neighbouring pixels of images [B, C, H, W], down and
+// across: the prior that keeps optimised images smooth.
+torch::Tensor TotalVariation(const torch::Tensor& x) {
+  using torch::indexing::Slice;
+  const torch::Tensor dh = x.index({Slice(), Slice(), Slice(1), Slice()}) - x.index({Slice(), Slice(), Slice(0, -1), Slice()});
+  const torch::Tensor dw = x.index({Slice(), Slice(), Slice(), Slice(1)}) - x.index({Slice(), Slice(), Slice(), Slice(0, -1)});
+  return dh.abs().mean() + dw.abs().mean();
+}
+
+// Two hidden layers of `hidden` with ReLU: the learned inverters' network.
+torch::nn::Sequential Mlp(int64_t in, int64_t hidden, int64_t out) {
+  return torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::ReLU(), torch::nn::Linear(hidden, hidden),
+                               torch::nn::ReLU(), torch::nn::Linear(hidden, out));
+}
+
+// Trains `net` with Adam for o.steps steps, each on o.batch auxiliary inputs drawn at
+// random: `loss(net, activations as the device sends them, the inputs)`.
+Status TrainOnAux(const ClientPartView& view, const FrozenPart& part, const torch::Tensor& inputs,
+                  const InversionOptions& o, torch::nn::Sequential& net,
+                  const std::function<torch::Tensor(const torch::Tensor& act, const torch::Tensor& x)>& loss) {
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(o.lr));
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int64_t> pick(0, inputs.size(0) - 1);
+  for (int step = 0; step < o.steps; ++step) {
+    std::vector<int64_t> idx(std::min<int64_t>(o.batch, inputs.size(0)));
+    for (int64_t& i : idx) i = pick(rng);
+    const torch::Tensor x = inputs.index_select(0, torch::tensor(idx, torch::kInt64));
+    torch::Tensor act;
+    RETURN_IF_ERROR(Catch([&] {
+      torch::NoGradGuard no_grad;
+      act = part.Forward(x);
+    }));
+    ASSIGN_OR_RETURN(act, AsSent(view, act, rng));
+    RETURN_IF_ERROR(Catch([&] {
+      adam.zero_grad();
+      loss(act, x).backward();
+      adam.step();
+    }));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void SetInputRange(const Dataset& space, InversionOptions* o) {
@@ -118,12 +160,10 @@ struct LearnedInverter::Impl {
   std::vector<int64_t> input_shape;  // one example's
   int64_t act_elements = 0;          // per example
   float lo = 0, hi = 0;
-  double loss = 0;
 };
 
 LearnedInverter::LearnedInverter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LearnedInverter::~LearnedInverter() = default;
-double LearnedInverter::train_loss() const { return impl_->loss; }
 
 StatusOr<std::unique_ptr<LearnedInverter>> LearnedInverter::Train(const ClientPartView& view, const Activations& aux,
                                                                   const InversionOptions& o) {
@@ -133,7 +173,6 @@ StatusOr<std::unique_ptr<LearnedInverter>> LearnedInverter::Train(const ClientPa
   impl->input_shape.assign(aux.shape.begin() + 1, aux.shape.end());
   impl->lo = o.lo, impl->hi = o.hi;
   torch::manual_seed(o.seed);
-  std::mt19937_64 rng(o.seed);
   const torch::Tensor inputs = ToTorch(aux);
   const int64_t in_elements = inputs[0].numel();
   Status s = Catch([&] {
@@ -141,32 +180,10 @@ StatusOr<std::unique_ptr<LearnedInverter>> LearnedInverter::Train(const ClientPa
     impl->act_elements = part.Forward(inputs.slice(0, 0, 1))[0].numel();
   });
   RETURN_IF_ERROR(s);
-  impl->decoder = torch::nn::Sequential(torch::nn::Linear(impl->act_elements, o.hidden), torch::nn::ReLU(),
-                                        torch::nn::Linear(o.hidden, o.hidden), torch::nn::ReLU(),
-                                        torch::nn::Linear(o.hidden, in_elements));
-  torch::optim::Adam adam(impl->decoder->parameters(), torch::optim::AdamOptions(o.lr));
-  std::uniform_int_distribution<int64_t> pick(0, aux.batch() - 1);
-  for (int step = 0; step < o.steps; ++step) {
-    std::vector<int64_t> idx(std::min<int64_t>(o.batch, aux.batch()));
-    for (int64_t& i : idx) i = pick(rng);
-    const torch::Tensor x = inputs.index_select(0, torch::tensor(idx, torch::kInt64));
-    torch::Tensor act;
-    s = Catch([&] {
-      torch::NoGradGuard no_grad;
-      act = part.Forward(x);
-    });
-    RETURN_IF_ERROR(s);
-    ASSIGN_OR_RETURN(act, AsSent(view, act, rng));
-    s = Catch([&] {
-      adam.zero_grad();
-      torch::Tensor loss = torch::mse_loss(impl->decoder->forward(act.reshape({act.size(0), -1})),
-                                           x.reshape({x.size(0), -1}));
-      loss.backward();
-      adam.step();
-      impl->loss = loss.item<double>();
-    });
-    RETURN_IF_ERROR(s);
-  }
+  impl->decoder = Mlp(impl->act_elements, o.hidden, in_elements);
+  RETURN_IF_ERROR(TrainOnAux(view, part, inputs, o, impl->decoder, [&](const torch::Tensor& act, const torch::Tensor& x) {
+    return torch::mse_loss(impl->decoder->forward(act.reshape({act.size(0), -1})), x.reshape({x.size(0), -1}));
+  }));
   return std::unique_ptr<LearnedInverter>(new LearnedInverter(std::move(impl)));
 }
 
@@ -207,39 +224,17 @@ StatusOr<std::unique_ptr<LearnedTokenInverter>> LearnedTokenInverter::Train(cons
   ASSIGN_OR_RETURN(FrozenPart part, FrozenPart::Build(view, /*text=*/true));
   auto impl = std::make_unique<Impl>();
   torch::manual_seed(o.seed);
-  std::mt19937_64 rng(o.seed);
   const torch::Tensor inputs = ToTorch(aux);
-  const int64_t vocab = view.spec.gpt.vocab;
   Status s = Catch([&] {
     torch::NoGradGuard no_grad;
     impl->dim = part.Forward(inputs.slice(0, 0, 1)).size(-1);
   });
   RETURN_IF_ERROR(s);
-  impl->classifier = torch::nn::Sequential(torch::nn::Linear(impl->dim, o.hidden), torch::nn::ReLU(),
-                                           torch::nn::Linear(o.hidden, o.hidden), torch::nn::ReLU(),
-                                           torch::nn::Linear(o.hidden, vocab));
-  torch::optim::Adam adam(impl->classifier->parameters(), torch::optim::AdamOptions(o.lr));
-  std::uniform_int_distribution<int64_t> pick(0, aux.batch() - 1);
-  for (int step = 0; step < o.steps; ++step) {
-    std::vector<int64_t> idx(std::min<int64_t>(o.batch, aux.batch()));
-    for (int64_t& i : idx) i = pick(rng);
-    const torch::Tensor x = inputs.index_select(0, torch::tensor(idx, torch::kInt64));
-    torch::Tensor act;
-    s = Catch([&] {
-      torch::NoGradGuard no_grad;
-      act = part.Forward(x);
-    });
-    RETURN_IF_ERROR(s);
-    ASSIGN_OR_RETURN(act, AsSent(view, act, rng));
-    s = Catch([&] {
-      adam.zero_grad();
-      torch::Tensor loss = torch::cross_entropy_loss(impl->classifier->forward(act.reshape({-1, impl->dim})),
-                                                     x.reshape({-1}).to(torch::kInt64));
-      loss.backward();
-      adam.step();
-    });
-    RETURN_IF_ERROR(s);
-  }
+  impl->classifier = Mlp(impl->dim, o.hidden, view.spec.gpt.vocab);
+  RETURN_IF_ERROR(TrainOnAux(view, part, inputs, o, impl->classifier, [&](const torch::Tensor& act, const torch::Tensor& x) {
+    return torch::cross_entropy_loss(impl->classifier->forward(act.reshape({-1, impl->dim})),
+                                     x.reshape({-1}).to(torch::kInt64));
+  }));
   return std::unique_ptr<LearnedTokenInverter>(new LearnedTokenInverter(std::move(impl)));
 }
 
@@ -273,14 +268,7 @@ StatusOr<Activations> InvertByOptimisation(const ClientPartView& view, const Act
       adam.zero_grad();
       const torch::Tensor out = part.Forward(x);
       torch::Tensor loss = torch::mse_loss(out.reshape(target.sizes()), target);
-      if (o.tv > 0 && x.dim() == 4) {
-        using torch::indexing::Slice;
-        const torch::Tensor dh = x.index({Slice(), Slice(), Slice(1), Slice()}) -
-                                 x.index({Slice(), Slice(), Slice(0, -1), Slice()});
-        const torch::Tensor dw = x.index({Slice(), Slice(), Slice(), Slice(1)}) -
-                                 x.index({Slice(), Slice(), Slice(), Slice(0, -1)});
-        loss = loss + o.tv * (dh.abs().mean() + dw.abs().mean());
-      }
+      if (o.tv > 0 && x.dim() == 4) loss = loss + o.tv * TotalVariation(x);
       loss.backward();
       adam.step();
       torch::NoGradGuard no_grad;
@@ -357,14 +345,7 @@ StatusOr<UpdateInversion> InvertUpdate(const ModelSpec& spec, const ParameterSet
         norm = norm + g[i].pow(2).sum();
       }
       torch::Tensor match = 1 - dot / (norm.sqrt() * target_norm + 1e-12);
-      if (o.tv > 0) {
-        using torch::indexing::Slice;
-        const torch::Tensor dh = x.index({Slice(), Slice(), Slice(1), Slice()}) -
-                                 x.index({Slice(), Slice(), Slice(0, -1), Slice()});
-        const torch::Tensor dw = x.index({Slice(), Slice(), Slice(), Slice(1)}) -
-                                 x.index({Slice(), Slice(), Slice(), Slice(0, -1)});
-        match = match + o.tv * (dh.abs().mean() + dw.abs().mean());
-      }
+      if (o.tv > 0) match = match + o.tv * TotalVariation(x);
       match.backward();
       adam.step();
       torch::NoGradGuard no_grad;

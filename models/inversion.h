@@ -57,8 +57,6 @@ class LearnedInverter {
   ~LearnedInverter();
   // The inputs that produced `activations` ([B, <the cut's activation shape>]).
   StatusOr<Activations> Invert(const Activations& activations) const;
-  // Its mean squared error on the last training batch, for logs.
-  double train_loss() const;
 
  private:
   struct Impl;
