@@ -69,7 +69,9 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   };
   p.activation_bytes_factor = factor(cfg.compression.activations);
   p.gradient_bytes_factor = factor(cfg.compression.gradients);
-  if (cfg.split.max_reconstruction_ssim > 0) RETURN_IF_ERROR(MeasureLeakage(spec, model.Parameters()));
+  if (cfg.split.max_reconstruction_ssim > 0 || cfg.split.max_token_recovery > 0) {
+    RETURN_IF_ERROR(MeasureLeakage(spec, model.Parameters()));
+  }
   if (cfg.split.cut > 0) {  // a fixed cut must let a micro-batch through one message
     const CutPrediction r = PredictStep(p, cfg.split.cut);
     if (!r.fits) {
@@ -84,14 +86,16 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
 
 Status SplitDriver::MeasureLeakage(const ModelSpec& spec, const ParameterSet& model) {
   const FederationConfig& cfg = ctx_.config();
-  const double floor = cfg.split.max_reconstruction_ssim;
-  if (spec.text() || spec.input_shape.size() != 3) {
-    return absl::InvalidArgumentError(absl::StrCat("split.max_reconstruction_ssim measures how well images are "
-                                                   "reconstructed: model ", spec.name, " does not read images"));
+  const bool images = cfg.split.max_reconstruction_ssim > 0;
+  const std::string key = images ? "split.max_reconstruction_ssim" : "split.max_token_recovery";
+  const double floor = images ? cfg.split.max_reconstruction_ssim : cfg.split.max_token_recovery;
+  if (images ? spec.text() || spec.input_shape.size() != 3 : spec.name != "gpt") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        key, images ? " measures how well images are reconstructed" : " measures how many of a decoder's tokens are recovered",
+        ": model ", spec.name, images ? " does not read images" : " is not a decoder (model gpt)",
+        images && spec.text() ? "; for a decoder, split.max_token_recovery" : ""));
   }
-  if (cfg.data.test.empty()) {
-    return absl::InvalidArgumentError("split.max_reconstruction_ssim attacks the server's own images: set data.test");
-  }
+  if (cfg.data.test.empty()) return absl::InvalidArgumentError(absl::StrCat(key, " attacks the server's own data: set data.test"));
   auto aux = LoadDataSpec(cfg.data.test, /*train=*/false);
   if (!aux.ok()) return absl::InvalidArgumentError(absl::StrCat("data.test: ", aux.status().message()));
   ClientPartView view;
@@ -101,16 +105,18 @@ Status SplitDriver::MeasureLeakage(const ModelSpec& spec, const ParameterSet& mo
   view.codec = cfg.compression.activations;
   model_problem_.leakage.assign(tail_begin_, -1);
   model_problem_.max_leakage = floor;
+  model_problem_.leakage_key = key;
   std::string measured;
   for (int cut = 1; cut < tail_begin_; ++cut) {
     view.cut = cut;
-    auto ssim = MeasureReconstructionSsim(view, *aux);
-    if (!ssim.ok()) return absl::InvalidArgumentError(absl::StrCat("split.max_reconstruction_ssim: ", ssim.status().message()));
-    model_problem_.leakage[cut] = *ssim;
-    absl::StrAppend(&measured, cut > 1 ? ", " : "", absl::StrFormat("cut %d: %.3f", cut, *ssim));
+    auto leak = images ? MeasureReconstructionSsim(view, *aux) : MeasureTokenRecovery(view, *aux);
+    if (!leak.ok()) return absl::InvalidArgumentError(absl::StrCat(key, ": ", leak.status().message()));
+    model_problem_.leakage[cut] = *leak;
+    absl::StrAppend(&measured, cut > 1 ? ", " : "", absl::StrFormat("cut %d: %.3f", cut, *leak));
   }
-  spdlog::info("split.max_reconstruction_ssim {}: the server's reconstruction attack on its test images reaches SSIM {} "
-               "(the automatic cut takes none above the floor)", floor, measured);
+  spdlog::info("{} {}: the server's own {} on its test data measures {} (the automatic cut takes none above the floor)",
+               key, floor, images ? "reconstruction attack (SSIM)" : "token inversion (share of tokens recovered)",
+               measured);
   return absl::OkStatus();
 }
 
@@ -227,9 +233,9 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
                  round, cid, name, choice->cut, policy->name(), 1e3 * choice->step_s,
                  1e3 * choice->client_s, 1e3 * choice->up_s, 1e3 * choice->server_s,
                  1e3 * choice->down_s, choice->client_memory_bytes >> 10,
-                 cfg.split.max_reconstruction_ssim > 0
-                     ? absl::StrFormat(", reconstruction SSIM %.3f under the floor %g", choice->leakage,
-                                       cfg.split.max_reconstruction_ssim)
+                 model_problem_.max_leakage > 0
+                     ? absl::StrFormat(", measured leakage %.3f under %s %g", choice->leakage,
+                                       model_problem_.leakage_key, model_problem_.max_leakage)
                      : "");
   }
   if (chosen.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no client to cut for"));

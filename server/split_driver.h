@@ -137,8 +137,9 @@ class SplitDriver : public RoundDriver {
   };
 
   CutProblem ProblemFor(const v1::Profile& profile, int clients_in_round) const;
-  // split.max_reconstruction_ssim: each cut's leakage (MeasureReconstructionSsim on the
-  // server's test images through the initial client part) into model_problem_.
+  // split.max_reconstruction_ssim, split.max_token_recovery: each cut's leakage
+  // (MeasureReconstructionSsim or MeasureTokenRecovery on the server's test data through
+  // the initial client part) into model_problem_.
   Status MeasureLeakage(const ModelSpec& spec, const ParameterSet& model);
   // The round's SplitRound options for the clients' `fit` (what every mode shares).
   SplitRoundOptions RoundOptionsLocked(const FitSettings& fit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());

@@ -80,8 +80,8 @@ CutPrediction PredictStep(const CutProblem& p, int cut) {
   if (cut < static_cast<int>(p.leakage.size())) r.leakage = p.leakage[cut];
   if (r.fits && p.max_leakage > 0 && r.leakage > p.max_leakage) {
     r.fits = false;
-    r.why_not = absl::StrFormat("the server's reconstruction attack reaches SSIM %.3f at cut %d, above "
-                                "split.max_reconstruction_ssim %g", r.leakage, cut, p.max_leakage);
+    r.why_not = absl::StrFormat("the server's own attack measures %.3f at cut %d, above %s %g", r.leakage, cut,
+                                p.leakage_key, p.max_leakage);
   }
   return r;
 }

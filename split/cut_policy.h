@@ -63,6 +63,7 @@ struct CutProblem {
   // absent = not measured; a cut measured above max_leakage (> 0) does not fit.
   std::vector<double> leakage;
   double max_leakage = 0;
+  std::string leakage_key = "split.max_reconstruction_ssim";  // the floor's key, for messages
 
   int num_stages() const { return static_cast<int>(client_stage_s.size()); }
 };

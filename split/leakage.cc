@@ -1,6 +1,7 @@
 #include "split/leakage.h"
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,38 @@ StatusOr<double> MeasureReconstructionSsim(const ClientPartView& view, const Dat
     ssim = std::max(ssim, MeanSsim(probe.values, by_optimisation.values, probe.batch(), aux.shape, aux));
   }
   return ssim;
+}
+
+StatusOr<double> MeasureTokenRecovery(const ClientPartView& view, const Dataset& aux, const LeakageOptions& o) {
+  if (!view.spec.text() || aux.type != ExampleType::kToken) {
+    return absl::InvalidArgumentError("token recovery is measured for a decoder on token sequences");
+  }
+  const int64_t train = std::min(o.train_images, aux.size - o.probe_images);
+  if (train < 2 || o.probe_images < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the auxiliary data hold ", aux.size, " sequences: too few to "
+                                                   "measure what a cut leaks"));
+  }
+  std::vector<int64_t> train_idx(train), probe_idx(o.probe_images);
+  std::iota(train_idx.begin(), train_idx.end(), 0);
+  std::iota(probe_idx.begin(), probe_idx.end(), train);
+  InversionOptions learned;
+  learned.steps = o.steps;
+  learned.batch = 16;
+  learned.hidden = 256;
+  ASSIGN_OR_RETURN(Activations sent, ClientActivations(view, InputBatch(aux, probe_idx), /*seed=*/2));
+  const std::vector<int64_t> labels = BatchLabels(aux, probe_idx);
+  ASSIGN_OR_RETURN(std::unique_ptr<LearnedTokenInverter> inverter,
+                   LearnedTokenInverter::Train(view, InputBatch(aux, train_idx), learned));
+  ASSIGN_OR_RETURN(std::vector<int64_t> guessed, inverter->Invert(sent));
+  double rate = ScoreTokens(guessed, labels, sent.shape[1]).rate();
+  if (view.cut == 1) {
+    SplitRecord r;
+    r.part = view.part;
+    r.batches.push_back({Tensor{"", sent.shape, sent.values}, labels, {}});
+    ASSIGN_OR_RETURN(TokenRecovery nearest, RecoverTokensAtTheEmbedding(r));
+    rate = std::max(rate, nearest.rate());
+  }
+  return rate;
 }
 
 }  // namespace cleave

@@ -1,7 +1,8 @@
 // The server's own measure of what a cut leaks, for the privacy floor of the automatic
-// cut (split.max_reconstruction_ssim): the reconstruction attacks of models/inversion.h
-// run on auxiliary images the server holds (its test set), through the client part the
-// devices would be sent, scored with SSIM on images the attacker did not train on.
+// cut (split.max_reconstruction_ssim, split.max_token_recovery): the attacks of
+// models/inversion.h and split/attacks.h run on auxiliary data the server holds (its
+// test set), through the client part the devices would be sent, scored on examples the
+// attacker did not train on.
 #pragma once
 
 #include <cstdint>
@@ -24,5 +25,12 @@ struct LeakageOptions {
 // says). INVALID_ARGUMENT when `aux` has too few images or is not the model's input.
 StatusOr<double> MeasureReconstructionSsim(const ClientPartView& view, const Dataset& aux,
                                            const LeakageOptions& options = {});
+
+// Its text counterpart (split.max_token_recovery), for a decoder: the share of the
+// probe sequences' tokens the learned token inverter recovers at `view.cut` (trained on
+// the sequences before them; hidden 256), or at the embedding cut the nearest
+// embedding, whichever recovers more. `aux`: token sequences (a text data set).
+StatusOr<double> MeasureTokenRecovery(const ClientPartView& view, const Dataset& aux,
+                                      const LeakageOptions& options = {});
 
 }  // namespace cleave

@@ -28,6 +28,7 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("ushaped", c.ushaped);
   s.Read("record", c.record);
   s.Read("max_reconstruction_ssim", c.max_reconstruction_ssim);
+  s.Read("max_token_recovery", c.max_token_recovery);
 }
 
 Status CheckSplit(SplitConfig& c) {
@@ -38,9 +39,17 @@ Status CheckSplit(SplitConfig& c) {
   RETURN_IF_ERROR(Range(c.cut >= 0, "split.cut", "\"auto\" (0) or a stage index >= 1"));
   RETURN_IF_ERROR(Range(c.max_reconstruction_ssim >= 0 && c.max_reconstruction_ssim <= 1,
                         "split.max_reconstruction_ssim", "in [0, 1]"));
-  if (c.max_reconstruction_ssim > 0 && (c.cut != 0 || c.mode == "pipeline")) {
-    return absl::InvalidArgumentError(
-        "split.max_reconstruction_ssim is a floor for the automatic cut: it needs split.cut: auto, and not a pipeline");
+  RETURN_IF_ERROR(Range(c.max_token_recovery >= 0 && c.max_token_recovery <= 1, "split.max_token_recovery", "in [0, 1]"));
+  if (c.max_reconstruction_ssim > 0 && c.max_token_recovery > 0) {
+    return absl::InvalidArgumentError("split.max_reconstruction_ssim (images) and split.max_token_recovery (a decoder): "
+                                      "set the one for the model");
+  }
+  for (const auto& [key, floor] : {std::pair<const char*, double>{"split.max_reconstruction_ssim", c.max_reconstruction_ssim},
+                                   {"split.max_token_recovery", c.max_token_recovery}}) {
+    if (floor > 0 && (c.cut != 0 || c.mode == "pipeline")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, " is a floor for the automatic cut: it needs split.cut: auto, and not a pipeline"));
+    }
   }
   if (!c.enabled()) return absl::OkStatus();
   RETURN_IF_ERROR(SplitModeNames().Check(c.mode));

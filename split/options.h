@@ -34,6 +34,9 @@ struct SplitConfig {
   // where the server's own reconstruction attack on its test images stays at or under
   // this SSIM (split/leakage.h); 0 = none
   double max_reconstruction_ssim = 0;
+  // split.max_token_recovery: its counterpart for a decoder: only cuts where the
+  // server's own token inversion on its test text recovers at most this share; 0 = none
+  double max_token_recovery = 0;
   int record = 0;                // split.record: the server keeps each split task's first
                                  //   this many micro-batches as received (privacy/attacks)
 

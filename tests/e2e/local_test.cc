@@ -491,7 +491,7 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=400", partition: i
     ASSERT_LE(cut.get<int>(), 4);
     EXPECT_LE(ssim[cut.get<int>()], 0.6) << name << " at cut " << cut;
   }
-  EXPECT_NE(log.find("under the floor 0.6"), std::string::npos) << log;
+  EXPECT_NE(log.find("under split.max_reconstruction_ssim 0.6"), std::string::npos) << log;
 }
 
 // Pipelines in one process: chains of virtual clients, micro-batches going peer to peer

@@ -59,7 +59,7 @@ TEST(CutPolicyTest, APrivacyFloorTakesTheFastestCutUnderIt) {
   EXPECT_DOUBLE_EQ(c->leakage, 0.74);
   p.max_leakage = 0.5;
   EXPECT_FALSE(PredictStep(p, 2).fits);
-  EXPECT_NE(PredictStep(p, 2).why_not.find("SSIM 0.550 at cut 2, above split.max_reconstruction_ssim 0.5"),
+  EXPECT_NE(PredictStep(p, 2).why_not.find("measures 0.550 at cut 2, above split.max_reconstruction_ssim 0.5"),
             std::string::npos)
       << PredictStep(p, 2).why_not;
   c = MakeCostModelPolicy()->Choose(p);

@@ -208,6 +208,31 @@ TEST(TokenInversionTest, RecoversTokensAtAndPastTheEmbeddingCut) {
   }
 }
 
+// The text floor's measure: on a small decoder, most of the probe sequences' tokens at the
+// embedding cut; an image data set is refused.
+TEST(TokenInversionTest, TheServersMeasureRecoversTokens) {
+  SetTorchThreads(1);
+  auto text = LoadDataSpec("text:/usr/share/games/fortunes,context=16", /*train=*/false);
+  ASSERT_TRUE(text.ok()) << text.status();
+  ClientPartView view;
+  view.spec.name = "gpt";
+  view.spec.gpt = {/*vocab=*/256, /*context=*/16, /*layers=*/1, /*heads=*/2, /*dim=*/16, /*tie=*/false};
+  view.cut = 1;
+  auto part = ModelPart::Create(view.spec, 0, 1);
+  ASSERT_TRUE(part.ok());
+  view.part = (*part)->Parameters();
+  LeakageOptions o;
+  o.train_images = 300;
+  o.probe_images = 16;
+  o.steps = 100;
+  auto rate = MeasureTokenRecovery(view, *text, o);
+  ASSERT_TRUE(rate.ok()) << rate.status();
+  EXPECT_GT(*rate, 0.9) << "the nearest embedding, undefended";
+  auto images = LoadFashionMnist("/usr/share/datasets/fashion-mnist", /*train=*/false, 100);
+  ASSERT_TRUE(images.ok());
+  EXPECT_EQ(MeasureTokenRecovery(view, *images, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // The server's own measure for the privacy floor: the first cut leaks more than the
 // last; too few auxiliary images or images of another shape are refused.
 TEST_F(InversionTest, TheServersMeasureFindsTheFirstCutLeakiest) {
