@@ -48,15 +48,10 @@ YAML
     echo "cut $cut, $name: $(( $(date +%s) - start )) s" >&2
   done
 done
-/usr/bin/python3 - "$out" "$rounds" "$cuts" "${defenses[@]}" <<'PY'
-import json, os, re, sys
+PYTHONPATH=bench/split /usr/bin/python3 - "$out" "$rounds" "$cuts" "${defenses[@]}" <<'PY'
+import json, os, sys
+from frontier_table import total
 out, rounds, cuts, defenses = sys.argv[1], sys.argv[2], sys.argv[3].split(), [d.split("|")[0] for d in sys.argv[4:]]
-def total(path, pattern):
-    for line in open(path):
-        m = re.search(pattern, line)
-        if line.startswith("total:") and m:
-            return float(m.group(1))
-    return None
 print(f"GPT-style decoder on fortunes, 4 devices, {rounds} rounds of 30 steps; attacks on round {rounds}'s records.\n")
 print("| cut | defense | test perplexity | tokens recovered, nearest embedding % | tokens recovered, learned inverter % |")
 print("| --- | --- | --- | --- | --- |")
