@@ -124,6 +124,24 @@ int NoRecords(const std::string& what, const std::string& run_dir, std::ostream&
   return 2;
 }
 
+// What the tokens, images and updates attacks start from: the run's job and the client
+// part's view of it (the model, the job's activation noise and codec; the cut and the
+// part come with each record), with LibTorch on one thread (small networks run fastest
+// so, and OpenBLAS's idle pool would spin).
+struct AttackRun {
+  JobConfig job;
+  ClientPartView view;
+};
+StatusOr<AttackRun> OpenRun(const std::string& run_dir) {
+  AttackRun r;
+  ASSIGN_OR_RETURN(r.job, LoadJob((fs::path(run_dir) / "config.yaml").string()));
+  r.view.spec = ModelSpecOf(r.job.model, r.job.run.seed);
+  r.view.noise = r.job.split.activation_noise;
+  r.view.codec = r.job.compression.activations;
+  SetTorchThreads(1);
+  return r;
+}
+
 }  // namespace
 
 int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostream& out, std::ostream& err) {
@@ -133,17 +151,14 @@ int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   };
   const std::vector<std::string> names = RecordNames(run_dir, o.round);
   if (names.empty()) return NoRecords("tokens", run_dir, err);
-  StatusOr<JobConfig> job = LoadJob((fs::path(run_dir) / "config.yaml").string());
-  if (!job.ok()) return fail(std::string(job.status().message()));
-  ClientPartView view;
-  view.spec = ModelSpecOf(job->model, job->run.seed);
-  view.noise = job->split.activation_noise;
-  view.codec = job->compression.activations;
+  StatusOr<AttackRun> run = OpenRun(run_dir);
+  if (!run.ok()) return fail(std::string(run.status().message()));
+  const JobConfig* job = &run->job;
+  ClientPartView& view = run->view;
   if (view.spec.name != "gpt") {
     return fail(absl::StrCat("token recovery is for a decoder (model gpt); model ", view.spec.name,
                              view.spec.text() ? "" : " reads no tokens (cleave attack images)"));
   }
-  SetTorchThreads(1);
   const std::string aux_spec = o.aux.empty() ? job->data.test : o.aux;
   Activations aux_in;  // empty: no learned inversion
   if (!aux_spec.empty()) {
@@ -223,13 +238,10 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   };
   const std::vector<std::string> names = RecordNames(run_dir, o.round);
   if (names.empty()) return NoRecords("images", run_dir, err);
-  StatusOr<JobConfig> job = LoadJob((fs::path(run_dir) / "config.yaml").string());
-  if (!job.ok()) return fail(std::string(job.status().message()));
-  SetTorchThreads(1);  // small networks: one thread is fastest (and OpenBLAS's pool spins)
-  ClientPartView view;
-  view.spec = ModelSpecOf(job->model, job->run.seed);
-  view.noise = job->split.activation_noise;
-  view.codec = job->compression.activations;
+  StatusOr<AttackRun> run = OpenRun(run_dir);
+  if (!run.ok()) return fail(std::string(run.status().message()));
+  const JobConfig* job = &run->job;
+  ClientPartView& view = run->view;
   if (view.spec.text() || view.spec.input_shape.size() != 3) {
     return fail(absl::StrCat("input reconstruction is for image models; model ", view.spec.name,
                              view.spec.text() ? " reads tokens (cleave attack tokens)" : " reads no images"));
@@ -345,8 +357,9 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
     err << "cleave attack updates: " << why << "\n";
     return 2;
   };
-  StatusOr<JobConfig> job = LoadJob((fs::path(run_dir) / "config.yaml").string());
-  if (!job.ok()) return fail(std::string(job.status().message()));
+  StatusOr<AttackRun> run = OpenRun(run_dir);
+  if (!run.ok()) return fail(std::string(run.status().message()));
+  const JobConfig* job = &run->job;
   std::vector<std::string> names;
   for (const std::string& name : RecordNames(run_dir, o.round)) {
     StatusOr<SplitRecord> r = ReadRecord(fs::path(run_dir) / "record" / name);
@@ -363,8 +376,7 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
     out << "note: the updates are not one SGD step (train.local_steps 1, optimizer sgd): each is attacked as one "
            "gradient\n";
   }
-  SetTorchThreads(1);
-  const ModelSpec spec = ModelSpecOf(job->model, job->run.seed);
+  const ModelSpec& spec = run->view.spec;
   StatusOr<Dataset> space = LoadDataSpec(job->data.test, /*train=*/false);  // for the images' normalisation
   if (!space.ok()) return fail(absl::StrCat("data.test: ", space.status().message()));
   InversionOptions io;
