@@ -47,8 +47,9 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "keep this device's personal layers (model.personal) in DIR/personal.pb "
                  "across restarts");
   app.add_option("--keep-sent", f.client.keep_sent,
-                 "keep the inputs and labels of each split task's first N micro-batches in "
-                 "STATE_DIR/sent (the truth a privacy measurement scores the server's attacks against)")
+                 "keep the inputs and labels of each split task's first N micro-batches (a federated "
+                 "task's first batch) in STATE_DIR/sent: the truth a privacy measurement scores the "
+                 "server's attacks against")
       ->check(CLI::Range(0, 1000));
   app.add_option("--model-dir", f.client.model_dir,
                  "this device's copy of the model's Hugging Face folder (model hf): split "
