@@ -9,7 +9,8 @@
 # embedding cut and, at every cut, a learned token inverter trained on the server's test
 # text, both scored against the devices' own copies. Prints a Markdown table.
 #   bench/split/frontier_decoder.sh [ROUNDS=5] [CUTS="1 2 3"]
-# Run directories go to runs/bench-frontier-decoder-ROUNDS/.
+# Run directories go to runs/bench-frontier-decoder-ROUNDS/; a cell measured there
+# already is kept (delete it to start again).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-5}
@@ -22,12 +23,14 @@ cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
 text="text:/usr/share/games/fortunes,context=64"
 # name|split options|compression options
 defenses=("none||" "noise-0.1|activation_noise: 0.1|" "noise-0.3|activation_noise: 0.3|"
-          "noise-1|activation_noise: 1|" "int8||activations: int8" "ushaped|mode: ushaped|")
+          "noise-1|activation_noise: 1|" "nopeek-0.5|nopeek: 0.5|" "int8||activations: int8"
+          "ushaped|mode: ushaped|" "labeldp-8|label_epsilon: 8|")
 for cut in $cuts; do
   for d in "${defenses[@]}"; do
     IFS='|' read -r name split compression <<< "$d"
     if [ "$name" = ushaped ] && [ "$cut" -ge 3 ]; then continue; fi  # the head stays on the device
     dir="$out/cut$cut-$name"
+    if [ -s "$dir.tokens" ]; then continue; fi  # measured already: rerunning resumes
     rm -rf "$dir"
     mode="mode: sfl-v2, "
     [ "$name" = ushaped ] && mode=""
