@@ -11,6 +11,14 @@ bench_workdir() {
   cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
 }
 
+# bench_bin: $bin, a temporary folder (removed on exit) holding copies of the binaries,
+# for benchmarks whose run directories stay (under runs/).
+bench_bin() {
+  bin=$(mktemp -d)
+  trap 'rm -rf "$bin"' EXIT
+  cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+}
+
 # bench_run RUN...: `cleave local` on $work/RUN.yaml into $work/RUN, each in turn, timed;
 # on a failure the log's tail, and the script exits.
 bench_run() {

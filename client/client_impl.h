@@ -269,8 +269,11 @@ struct Client::Impl {
   Status CheckMemory(const v1::Task& task, const ModelSpec& spec, const FitSettings& fit);
   std::string memory_key;       // the model and settings memory_need was measured for
   int64_t memory_need = 0;
+  // --keep-sent: where this device keeps its copy of what it sent in `task`,
+  // STATE_DIR/sent/round-R/CLIENT_ID.pb.
+  std::string SentPath(const v1::Task& task, const v1::Welcome& w) const;
   // --keep-sent: a whole-model task's first batch (Model::Train's with `o`), its inputs
-  // and labels, into STATE_DIR/sent/round-R/CLIENT_ID.pb; a failure is logged.
+  // and labels, into SentPath; a failure is logged.
   void KeepFirstBatch(const v1::Task& task, const v1::Welcome& w, const LocalTrainOptions& o) const;
   // Federated evaluation: `model` as it is, on the held-out data, under `loss`.
   StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);

@@ -412,10 +412,14 @@ Status Client::Impl::BuildModel(const v1::Task& task, const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
+std::string Client::Impl::SentPath(const v1::Task& task, const v1::Welcome& w) const {
+  return absl::StrCat(opts.state_dir, "/sent/round-", task.round(), "/", w.client_id(), ".pb");
+}
+
 void Client::Impl::KeepFirstBatch(const v1::Task& task, const v1::Welcome& w, const LocalTrainOptions& o) const {
   const std::vector<int64_t> idx = FirstBatchIndices(opts.train.size, o.seed, o.batch_size);
   Activations in = InputBatch(opts.train, idx);
-  SplitRecorder sent(absl::StrCat(opts.state_dir, "/sent/round-", task.round(), "/", w.client_id(), ".pb"), 1);
+  SplitRecorder sent(SentPath(task, w), 1);
   sent.Add({}, 0, RecordedBatch{Tensor{"", std::move(in.shape), std::move(in.values)}, BatchLabels(opts.train, idx), {}});
 }
 
@@ -693,7 +697,7 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   }
   so.peer = {opts.tls_ca, opts.tls_cert, opts.tls_key, opts.name};
   if (opts.keep_sent > 0) {
-    so.sent_path = absl::StrCat(opts.state_dir, "/sent/round-", task.round(), "/", c.w.client_id(), ".pb");
+    so.sent_path = SentPath(task, c.w);
     so.keep_sent = opts.keep_sent;
   }
   // Interoperable architectures: the device's base and fusion (its stages before the

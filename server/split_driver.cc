@@ -89,11 +89,14 @@ Status SplitDriver::MeasureLeakage(const ModelSpec& spec, const ParameterSet& mo
   const bool images = cfg.split.max_reconstruction_ssim > 0;
   const std::string key = images ? "split.max_reconstruction_ssim" : "split.max_token_recovery";
   const double floor = images ? cfg.split.max_reconstruction_ssim : cfg.split.max_token_recovery;
-  if (images ? spec.text() || spec.input_shape.size() != 3 : spec.name != "gpt") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        key, images ? " measures how well images are reconstructed" : " measures how many of a decoder's tokens are recovered",
-        ": model ", spec.name, images ? " does not read images" : " is not a decoder (model gpt)",
-        images && spec.text() ? "; for a decoder, split.max_token_recovery" : ""));
+  if (images && (spec.text() || spec.input_shape.size() != 3)) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " measures how well images are reconstructed: model ", spec.name,
+                                                   " does not read images",
+                                                   spec.text() ? "; for a decoder, split.max_token_recovery" : ""));
+  }
+  if (!images && spec.name != "gpt") {
+    return absl::InvalidArgumentError(absl::StrCat(key, " measures how many of a decoder's tokens are recovered: model ",
+                                                   spec.name, " is not a decoder (model gpt)"));
   }
   if (cfg.data.test.empty()) return absl::InvalidArgumentError(absl::StrCat(key, " attacks the server's own data: set data.test"));
   auto aux = LoadDataSpec(cfg.data.test, /*train=*/false);

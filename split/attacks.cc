@@ -49,10 +49,10 @@ StatusOr<TokenRecovery> RecoverTokensAtTheEmbedding(const SplitRecord& r) {
     if (static_cast<int64_t>(b.labels.size()) != batch * tokens) {
       return absl::InvalidArgumentError("recorded labels do not fit their activations");
     }
+    std::vector<int64_t> guessed(batch * tokens, -1);  // the positions ScoreTokens checks
     for (int64_t i = 0; i < batch; ++i) {
       for (int64_t t = 1; t < tokens; ++t) {
-        const int64_t truth = b.labels[i * tokens + t - 1];
-        if (truth == kNoTarget) continue;
+        if (b.labels[i * tokens + t - 1] == kNoTarget) continue;
         const float* x = &b.activations.values[(i * tokens + t) * dim];
         for (int64_t d = 0; d < dim; ++d) a[d] = x[d] - wpe->values[t * dim + d];
         // argmin ||a - w_v||^2 = argmax a.w_v - ||w_v||^2 / 2
@@ -64,14 +64,13 @@ StatusOr<TokenRecovery> RecoverTokensAtTheEmbedding(const SplitRecord& r) {
           for (int64_t d = 0; d < dim; ++d) dot += a[d] * w[d];
           if (dot - half_norm[v] > best_score) best_score = dot - half_norm[v], best = v;
         }
-        ++out.checked;
-        out.recovered += best == truth;
+        guessed[i * tokens + t] = best;
       }
     }
+    out.Add(ScoreTokens(guessed, b.labels, tokens));
   }
   return out;
 }
-
 
 TokenRecovery ScoreTokens(const std::vector<int64_t>& guessed, const std::vector<int64_t>& labels, int64_t tokens) {
   TokenRecovery out;

@@ -21,6 +21,7 @@ struct TokenRecovery {
   int64_t checked = 0;    // positions whose token is known from the labels
   int64_t recovered = 0;  // of them, recovered exactly
   double rate() const { return checked > 0 ? static_cast<double>(recovered) / checked : 0; }
+  void Add(const TokenRecovery& o) { checked += o.checked, recovered += o.recovered; }
 };
 // FAILED_PRECONDITION when the part has no token and position embeddings or the record
 // no labels (U-shaped); INVALID_ARGUMENT when the shapes do not fit.

@@ -153,13 +153,13 @@ int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   if (names.empty()) return NoRecords("tokens", run_dir, err);
   StatusOr<AttackRun> run = OpenRun(run_dir);
   if (!run.ok()) return fail(std::string(run.status().message()));
-  const JobConfig* job = &run->job;
+  const JobConfig& job = run->job;
   ClientPartView& view = run->view;
   if (view.spec.name != "gpt") {
     return fail(absl::StrCat("token recovery is for a decoder (model gpt); model ", view.spec.name,
                              view.spec.text() ? "" : " reads no tokens (cleave attack images)"));
   }
-  const std::string aux_spec = o.aux.empty() ? job->data.test : o.aux;
+  const std::string aux_spec = o.aux.empty() ? job.data.test : o.aux;
   Activations aux_in;  // empty: no learned inversion
   if (!aux_spec.empty()) {
     StatusOr<Dataset> aux = LoadDataSpec(aux_spec, /*train=*/false);
@@ -190,8 +190,7 @@ int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
       if (!r.ok()) return fail(absl::StrCat(name, ": ", r.status().message()));
       out << absl::StrFormat("%s: recovered %d of %d tokens (%.2f %%)\n", name, r->recovered, r->checked,
                              100 * r->rate());
-      total_nearest.checked += r->checked;
-      total_nearest.recovered += r->recovered;
+      total_nearest.Add(*r);
     }
     if (aux_in.batch() == 0) continue;
     view.cut = record->cut;
@@ -206,14 +205,11 @@ int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
     for (const RecordedBatch& b : record->batches) {
       StatusOr<std::vector<int64_t>> guessed = inverter->Invert({b.activations.shape, b.activations.values});
       if (!guessed.ok()) return fail(absl::StrCat(name, ": ", guessed.status().message()));
-      const TokenRecovery r = ScoreTokens(*guessed, b.labels, b.activations.shape[1]);
-      by_learned.checked += r.checked;
-      by_learned.recovered += r.recovered;
+      by_learned.Add(ScoreTokens(*guessed, b.labels, b.activations.shape[1]));
     }
     out << absl::StrFormat("%s: the learned inverter recovered %d of %d tokens (%.2f %%)\n", name, by_learned.recovered,
                            by_learned.checked, 100 * by_learned.rate());
-    total_learned.checked += by_learned.checked;
-    total_learned.recovered += by_learned.recovered;
+    total_learned.Add(by_learned);
   }
   if (total_nearest.checked > 0) {
     out << absl::StrFormat("total: recovered %d of %d tokens (%.2f %%)\n", total_nearest.recovered,
@@ -240,13 +236,13 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   if (names.empty()) return NoRecords("images", run_dir, err);
   StatusOr<AttackRun> run = OpenRun(run_dir);
   if (!run.ok()) return fail(std::string(run.status().message()));
-  const JobConfig* job = &run->job;
+  const JobConfig& job = run->job;
   ClientPartView& view = run->view;
   if (view.spec.text() || view.spec.input_shape.size() != 3) {
     return fail(absl::StrCat("input reconstruction is for image models; model ", view.spec.name,
                              view.spec.text() ? " reads tokens (cleave attack tokens)" : " reads no images"));
   }
-  const std::string aux_spec = o.aux.empty() ? job->data.test : o.aux;
+  const std::string aux_spec = o.aux.empty() ? job.data.test : o.aux;
   if (aux_spec.empty()) return fail("no auxiliary images: the job has no data.test; give --aux");
   StatusOr<Dataset> aux = LoadDataSpec(aux_spec, /*train=*/false);
   if (!aux.ok()) return fail(absl::StrCat("--aux ", aux_spec, ": ", aux.status().message()));
@@ -359,25 +355,25 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
   };
   StatusOr<AttackRun> run = OpenRun(run_dir);
   if (!run.ok()) return fail(std::string(run.status().message()));
-  const JobConfig* job = &run->job;
-  std::vector<std::string> names;
+  const JobConfig& job = run->job;
+  std::vector<std::pair<std::string, SplitRecord>> updates;  // the records of updates, by name
   for (const std::string& name : RecordNames(run_dir, o.round)) {
     StatusOr<SplitRecord> r = ReadRecord(fs::path(run_dir) / "record" / name);
-    if (r.ok() && r->update.size() > 0) names.push_back(name);
+    if (r.ok() && r->update.size() > 0) updates.emplace_back(name, *std::move(r));
   }
-  if (names.empty()) {
+  if (updates.empty()) {
     return fail(absl::StrCat("no recorded updates under ", (fs::path(run_dir) / "record").string(),
-                             job->secure_aggregation.enabled
+                             job.secure_aggregation.enabled
                                  ? " (under secure aggregation the server never holds a single client's update)"
                                  : " (run the job with server.record_updates: N)"));
   }
-  const TrainConfig& fit = job->train;
+  const TrainConfig& fit = job.train;
   if (fit.local_steps != 1 || fit.optimizer != "sgd") {  // momentum does not change a first step
     out << "note: the updates are not one SGD step (train.local_steps 1, optimizer sgd): each is attacked as one "
            "gradient\n";
   }
   const ModelSpec& spec = run->view.spec;
-  StatusOr<Dataset> space = LoadDataSpec(job->data.test, /*train=*/false);  // for the images' normalisation
+  StatusOr<Dataset> space = LoadDataSpec(job.data.test, /*train=*/false);  // for the images' normalisation
   if (!space.ok()) return fail(absl::StrCat("data.test: ", space.status().message()));
   InversionOptions io;
   io.steps = o.steps;
@@ -388,12 +384,11 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
   Similarity total;
   int64_t labels_right = 0, labels_n = 0;
   std::vector<std::vector<std::vector<float>>> grid(2);
-  for (const std::string& name : names) {
-    StatusOr<SplitRecord> record = ReadRecord(fs::path(run_dir) / "record" / name);
+  for (const auto& [name, record] : updates) {
     StatusOr<SplitRecord> truth = SentRecord(run_dir, name);
     const int64_t batch = truth.ok() && !truth->batches.empty() ? truth->batches[0].activations.shape[0]
                                                                  : static_cast<int64_t>(fit.batch_size);
-    StatusOr<UpdateInversion> inv = InvertUpdate(spec, record->part, record->update, fit.lr, batch, io);
+    StatusOr<UpdateInversion> inv = InvertUpdate(spec, record.part, record.update, fit.lr, batch, io);
     if (!inv.ok()) return fail(absl::StrCat(name, ": ", inv.status().message()));
     if (!truth.ok() || truth->batches.empty()) {
       out << name << ": reconstructed (no copy of the device's batch to score against)\n";

@@ -12,9 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=runs/bench-dlg
 mkdir -p "$out/grids"
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+source bench/common.sh
+bench_bin  # copies of the binaries: a rebuild meanwhile does not disturb the runs
 # name|clients|train options|other sections
 variants=("batch-1|4|local_steps: 1, batch_size: 1|" "batch-2|4|local_steps: 1, batch_size: 2|"
           "batch-4|4|local_steps: 1, batch_size: 4|" "batch-8|4|local_steps: 1, batch_size: 8|"

@@ -13,9 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=runs/bench-labels
 mkdir -p "$out"
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+source bench/common.sh
+bench_bin  # copies of the binaries: a rebuild meanwhile does not disturb the runs
 /usr/bin/python3 - "$out/imbalanced.csv" <<'PY'
 import sys
 lines = open("/usr/lib/python3/dist-packages/sklearn/datasets/data/breast_cancer.csv").read().splitlines()

@@ -17,9 +17,8 @@ out=runs/bench-robust-$rounds
 rules=(${RULES:-mean median trimmed_mean krum multi_krum norm_bound bulyan fltrust})
 attacks=(${ATTACKS:-sign-flip gaussian label-flip alie ipm})
 mkdir -p "$out"
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+source bench/common.sh
+bench_bin  # copies of the binaries: a rebuild meanwhile does not disturb the runs
 
 base() {
   cat <<YAML

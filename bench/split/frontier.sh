@@ -21,9 +21,8 @@ rounds=${1:-5}
 cuts=${2:-"1 2 3 4"}
 out=runs/bench-frontier-$rounds
 mkdir -p "$out/grids"
-bin=$(mktemp -d)  # a copy of the binaries: a rebuild meanwhile does not disturb the runs
-trap 'rm -rf "$bin"' EXIT
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+source bench/common.sh
+bench_bin  # copies of the binaries: a rebuild meanwhile does not disturb the runs
 # name|split options|compression options
 defenses=("none||" "noise-0.5|activation_noise: 0.5|" "noise-1|activation_noise: 1|"
           "noise-2|activation_noise: 2|" "nopeek-0.5|nopeek: 0.5|" "nopeek-2|nopeek: 2|"

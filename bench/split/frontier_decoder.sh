@@ -17,9 +17,8 @@ rounds=${1:-5}
 cuts=${2:-"1 2 3"}
 out=runs/bench-frontier-decoder-$rounds
 mkdir -p "$out"
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+source bench/common.sh
+bench_bin  # copies of the binaries: a rebuild meanwhile does not disturb the runs
 text="text:/usr/share/games/fortunes,context=64"
 # name|split options|compression options
 defenses=("none||" "noise-0.1|activation_noise: 0.1|" "noise-0.3|activation_noise: 0.3|"

@@ -12,9 +12,8 @@ cd "$(dirname "$0")/../.."
 rounds=${1:-5}
 out=runs/bench-split-privacy-$rounds
 mkdir -p "$out"
-bin=$(mktemp -d)  # a copy of the binaries: a rebuild meanwhile does not disturb the runs
-trap 'rm -rf "$bin"' EXIT
-cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
+source bench/common.sh
+bench_bin  # copies of the binaries: a rebuild meanwhile does not disturb the runs
 variants=("none|{}" "noise-0.1|{activation_noise: 0.1}" "noise-0.5|{activation_noise: 0.5}"
           "nopeek-0.1|{nopeek: 0.1}" "nopeek-0.5|{nopeek: 0.5}")
 for v in "${variants[@]}"; do
