@@ -14,6 +14,7 @@
 #include "core/parameter_set.h"
 #include "core/status.h"
 #include "data/dataset.h"
+#include "privacy/split_guard.h"
 
 namespace cleave::v1 {
 class Task;  // cleave.pb.h, kept out of this header
@@ -59,6 +60,11 @@ struct ClientOptions {
   // truth the server's recorded attacks (split.record, server.record_updates) are
   // scored against. Nothing more is sent. 0 = none.
   int keep_sent = 0;
+  // SplitGuard (cleave-client --split-guard, privacy/split_guard.h): in sl and sfl split
+  // tasks the device sends fake micro-batches now and then and checks that the server's
+  // gradients depend on the labels; when they do not (training hijacking), the task fails
+  // with PERMISSION_DENIED and the device refuses the server's later split tasks.
+  SplitGuardOptions split_guard;
   // A local copy of the model's Hugging Face folder (cleave-client --model-dir), for
   // split tasks of model hf with LoRA: the frozen tensors of this device's stages are
   // read from it into the part (only the shards that hold them), instead of fetched

@@ -75,6 +75,11 @@ struct Client::Impl {
   std::mt19937_64 jitter_rng;
   std::atomic<bool> stop{false};
   std::atomic<int> tasks_done{0};
+  // --split-guard: the guard over this client's split tasks, made with the first; once
+  // it caught the server hijacking training (its PERMISSION_DENIED), every later split
+  // task is declined with that. Used on the task's thread.
+  std::unique_ptr<SplitGuard> split_guard;
+  Status hijack_suspected;
   // An edge aggregator whose clients now hold more examples than it declared at Join:
   // the total to declare when it joins again (0: none).
   std::atomic<int64_t> grown_examples{0};

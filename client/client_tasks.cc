@@ -420,7 +420,7 @@ void Client::Impl::KeepFirstBatch(const v1::Task& task, const v1::Welcome& w, co
   const std::vector<int64_t> idx = FirstBatchIndices(opts.train.size, o.seed, o.batch_size);
   Activations in = InputBatch(opts.train, idx);
   SplitRecorder sent(SentPath(task, w), 1);
-  sent.Add({}, 0, RecordedBatch{Tensor{"", std::move(in.shape), std::move(in.values)}, BatchLabels(opts.train, idx), {}});
+  sent.Add({}, 0, RecordedBatch{Tensor{"", std::move(in.shape), std::move(in.values)}, BatchLabels(opts.train, idx), {}, {}});
 }
 
 StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& loss) {
@@ -675,6 +675,7 @@ StatusOr<Client::Impl::TaskModel> Client::Impl::FetchTaskModel(const TaskCall& c
 
 Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   const v1::Task& task = c.task;
+  if (!hijack_suspected.ok()) return c.Reject(hijack_suspected);
   auto m = FetchTaskModel(c);
   if (!m.ok()) return c.Reject(m.status());
   c.Accept();
@@ -700,6 +701,8 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     so.sent_path = SentPath(task, c.w);
     so.keep_sent = opts.keep_sent;
   }
+  if (opts.split_guard.enabled && !split_guard) split_guard = std::make_unique<SplitGuard>(opts.split_guard);
+  so.guard = split_guard.get();
   // Interoperable architectures: the device's base and fusion (its stages before the
   // cut) are its own, kept as personal layers: from its model's initialisation until it
   // has trained them.
@@ -728,6 +731,10 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     *c.crashed = true;
     return r.status();
   }
+  if (IsSplitGuardVerdict(r.status())) {
+    hijack_suspected = r.status();
+    spdlog::error("round {}: {}", task.round(), std::string(r.status().message()));
+  }
   if (!r.ok()) return r.status();
   if (so.own != nullptr) {
     personal = std::move(r->own);
@@ -748,6 +755,10 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
                                          seconds, &r->stats));
   }
   ++tasks_done;
+  if (split_guard && split_guard->fakes() > 0) {
+    spdlog::info("round {}: SplitGuard: mean score {:.3f} over {} fake micro-batches", task.round(),
+                 split_guard->mean_score(), split_guard->fakes());
+  }
   spdlog::info("round {}: split task at [{}, {}) done: {} steps, {:.1f} ms/step (client {:.1f}, "
                "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",
                task.round(), task.split().begin(), task.split().cut(), r->stats.steps(), 1e3 * r->stats.wall_s(),

@@ -51,6 +51,15 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "task's first batch) in STATE_DIR/sent: the truth a privacy measurement scores the "
                  "server's attacks against")
       ->check(CLI::Range(0, 1000));
+  app.add_flag("--split-guard", f.client.split_guard.enabled,
+               "SplitGuard: in sl and sfl split tasks, send fake micro-batches now and then and refuse a server "
+               "whose gradients do not depend on the labels (training hijacking)");
+  app.add_option("--split-guard-threshold", f.client.split_guard.threshold,
+                 "the mean SplitGuard score under which the device refuses the server (default 0.7)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--split-guard-fake-rate", f.client.split_guard.fake_rate,
+                 "the share of micro-batches sent as fakes after the warm-up (default 0.1)")
+      ->check(CLI::Range(0.01, 0.5));
   app.add_option("--model-dir", f.client.model_dir,
                  "this device's copy of the model's Hugging Face folder (model hf): split "
                  "tasks read their stages' frozen weights from it instead of downloading them")

@@ -180,7 +180,7 @@ class SplitTaskRun {
         ushaped_(st_.mode() == "ushaped" || (st_.mode() == "pipeline" && st_.tail_begin() < st_.num_stages())),
         pipeline_(st_.mode() == "pipeline"), hop_(pipeline_ && st_.has_downstream()),
         peer_(hop_ ? absl::StrCat("the chain's next device ", st_.downstream().name()) : "the server"),
-        sent_(o.sent_path, o.keep_sent) {}
+        sent_(o.sent_path, o.keep_sent), guard_(o.guard) {}
 
   // Checks the task, builds the client part(s) from `part` (and the base) with their
   // optimizers, and the codecs.
@@ -247,6 +247,7 @@ class SplitTaskRun {
   const bool hop_;          // the stream goes to the chain's next device, not to the server
   const std::string peer_;  // who the stream goes to, for errors
   SplitRecorder sent_;      // --keep-sent: this device's own copy of what it sent
+  SplitGuard* const guard_;  // --split-guard's, or nullptr
   std::unique_ptr<ModelPart> head_, tail_;
   std::vector<v1::PipelineSpan> spans_;  // pipeline: the first batch's passes
   // Activation noise comes from the OS: the server must not be able to predict it.
@@ -263,6 +264,7 @@ class SplitTaskRun {
   struct InFlight {
     std::vector<int64_t> labels;
     double share = 0;  // U-shaped: of the batch's loss, for the head
+    bool fake = false;  // SplitGuard's: its labels moved; the part does not step on it
   };
   std::map<int64_t, InFlight> inflight_;  // by seq
   int64_t first_end_ = 0;  // a pipeline's first batch's last micro-batch (for its spans)
@@ -282,6 +284,11 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
   if (pipeline_ && (st_.begin() != 0 || st_.micro_batches() < 1 ||
                     std::max(1, task_.train().batch_size()) % st_.micro_batches() != 0)) {
     return absl::InvalidArgumentError("bad pipeline task: its owner holds stage 0 and micro-batches divide the batch");
+  }
+  if (guard_ && (ushaped_ || pipeline_ || o_.external != nullptr)) {
+    return absl::FailedPreconditionError(
+        "--split-guard checks the server's gradients against the labels this device sends: U-shaped, pipeline "
+        "and external-stage tasks send none to the server");
   }
   if (o_.external != nullptr) {  // the caller's stages: it loads the part
     if (ushaped_ || pipeline_ || o_.own != nullptr || o_.base != nullptr || o_.quantized != nullptr) {
@@ -407,13 +414,17 @@ Status SplitTaskRun::Receive() {
       return absl::DataLossError(absl::StrCat(peer_, " sent a gradient for an unknown micro-batch"));
     }
     ASSIGN_OR_RETURN(Activations grad, FromWire(r.grad(), grads_, peer_));
-    if (!tail_) {
+    const bool fake = it->second.fake;
+    if (!tail_ && !fake) {
       loss_sum_ += r.loss() * grad.batch();
       loss_n_ += grad.batch();
     }
     const double began = UnixSeconds();
     if (o_.external != nullptr) {
       RETURN_IF_ERROR(Timed([&] { return o_.external->backward(r.seq(), grad); }));
+    } else if (guard_) {  // a fake's gradient is scored, never stepped on
+      ASSIGN_OR_RETURN(ModelPart::Probe probe, Timed([&] { return head_->BackwardProbe(r.seq(), grad, !fake); }));
+      RETURN_IF_ERROR(guard_->Add(fake, probe.first_gradient));
     } else {
       RETURN_IF_ERROR(Timed([&] { return head_->Backward(r.seq(), grad).status(); }));
     }
@@ -433,17 +444,19 @@ Status SplitTaskRun::SendBatch(const std::vector<int64_t>& idx, int64_t length, 
   Activations in = InputBatch(data_, idx, length);
   auto act = Timed([&] { return head_->Forward(seq_, in); });
   if (!act.ok()) return act.status();
-  sent_.Add({}, st_.cut(), RecordedBatch{Tensor{"", std::move(in.shape), std::move(in.values)}, labels, {}});
+  sent_.Add({}, st_.cut(), RecordedBatch{Tensor{"", std::move(in.shape), std::move(in.values)}, labels, {}, {}});
   if (pipeline_) AddPipelineSpan(&spans_, seq_, first_end_, /*forward=*/true, t0);
   Push(*std::move(act), std::move(labels), share, batch_end);
   return absl::OkStatus();
 }
 
 void SplitTaskRun::Push(Activations act, std::vector<int64_t> labels, double share, bool batch_end) {
+  const int64_t classes = o_.model.text() ? o_.model.gpt.vocab : o_.model.num_classes;
   if (st_.label_epsilon() > 0) {  // label DP: the labels sent, or the head's own (U-shaped)
-    const int64_t classes = o_.model.text() ? o_.model.gpt.vocab : o_.model.num_classes;
     RandomizeLabels(st_.label_epsilon(), classes, noise_rng_, &labels);
   }
+  const bool fake = guard_ && guard_->NextIsFake();
+  if (fake) guard_->Fake(classes, &labels);
   if (st_.activation_noise() > 0) {
     for (float& v : act.values) v += noise_(noise_rng_);
   }
@@ -457,7 +470,7 @@ void SplitTaskRun::Push(Activations act, std::vector<int64_t> labels, double sha
   mb->set_loss_weight(share);
   mb->set_batch_end(batch_end);
   writer_->Push(std::move(up));
-  inflight_[seq_++] = {std::move(labels), share};
+  inflight_[seq_++] = {std::move(labels), share, fake};
 }
 
 std::vector<SplitTaskRun::MicroBatch> SplitTaskRun::MicroBatches(const std::vector<int64_t>& idx) const {

@@ -14,6 +14,7 @@
 #include "data/dataset.h"
 #include "models/model.h"
 #include "models/part.h"
+#include "privacy/split_guard.h"
 
 namespace cleave {
 
@@ -79,6 +80,10 @@ struct SplitTaskOptions {
   // micro-batches go (a SplitRecord), or "".
   std::string sent_path;
   int keep_sent = 0;
+  // ClientOptions::split_guard's guard, kept by the client across its tasks (its warm-up
+  // and its evidence span them), or nullptr. Not for U-shaped, pipeline or external
+  // tasks, whose labels do not reach the server (FAILED_PRECONDITION).
+  SplitGuard* guard = nullptr;
 };
 
 // The local training a task's TrainConfig asks for (whole-model or split); the caller

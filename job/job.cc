@@ -18,6 +18,7 @@ void ReadLocal(ConfigSection& s, LocalConfig& c) {
   s.Read("holdout", c.holdout);
   s.Read("attack", c.attack);
   s.Read("attackers", c.attackers);
+  s.Read("split_guard", c.split_guard);
   s.Read("trace", c.trace);
   s.ForEach("profiles", [&c](ConfigSection& p) {
     DeviceEmulation d;

@@ -37,6 +37,9 @@ struct LocalConfig {
   // local.attack: what the attackers do (AttackNames(), client/attacks.h); "" = none
   std::string attack;
   int attackers = 0;              // local.attackers: the last this many clients attack
+  // local.split_guard: every client runs SplitGuard (cleave-client --split-guard) on its
+  // sl and sfl split tasks, refusing a server that hijacks training
+  bool split_guard = false;
   // local.profiles: device profiles given to the clients in turn (client i gets
   // profiles[i % size]); empty = no emulation.
   std::vector<DeviceEmulation> profiles;

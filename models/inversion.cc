@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -355,6 +356,129 @@ StatusOr<UpdateInversion> InvertUpdate(const ModelSpec& spec, const ParameterSet
   RETURN_IF_ERROR(s);
   out.inputs = FromTorch(x.to(torch::kFloat32));
   return out;
+}
+
+
+struct FeatureSpaceHijack::Impl {
+  int cut = 0;
+  std::vector<TorchStage> pilot;
+  torch::nn::Sequential decoder{nullptr}, discriminator{nullptr};
+  std::unique_ptr<torch::optim::Adam> adam_pilot, adam_d;
+  torch::Tensor aux;
+  std::vector<int64_t> act_shape;  // one example's
+  std::mt19937_64 rng;
+  float lo = 0, hi = 0;
+  std::mutex mu;
+
+  torch::Tensor Pilot(torch::Tensor x) const {
+    for (const TorchStage& s : pilot) x = s.forward(x);
+    return x;
+  }
+  torch::Tensor Decode(const torch::Tensor& z) {
+    std::vector<int64_t> shape = {z.size(0)};
+    shape.insert(shape.end(), aux.sizes().begin() + 1, aux.sizes().end());
+    return decoder->forward(z.reshape({z.size(0), -1})).reshape(shape);
+  }
+  torch::Tensor Discriminate(const torch::Tensor& z) { return discriminator->forward(z.reshape({z.size(0), -1})); }
+  Status CheckShape(const Activations& a) const {
+    if (a.batch() < 1 || std::vector<int64_t>(a.shape.begin() + 1, a.shape.end()) != act_shape) {
+      return absl::InvalidArgumentError("activations of another shape than the hijacked cut's");
+    }
+    return absl::OkStatus();
+  }
+};
+
+FeatureSpaceHijack::FeatureSpaceHijack(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FeatureSpaceHijack::~FeatureSpaceHijack() = default;
+int FeatureSpaceHijack::cut() const { return impl_->cut; }
+
+StatusOr<std::unique_ptr<FeatureSpaceHijack>> FeatureSpaceHijack::Create(const ModelSpec& spec, int cut,
+                                                                          const Activations& aux,
+                                                                          const HijackOptions& o) {
+  if (spec.text()) return absl::InvalidArgumentError("feature-space hijacking reconstructs images and tables, not tokens");
+  if (aux.batch() < 2) return absl::InvalidArgumentError("feature-space hijacking needs auxiliary inputs");
+  if (std::vector<int64_t>(aux.shape.begin() + 1, aux.shape.end()) != spec.input_shape) {
+    return absl::InvalidArgumentError("the auxiliary inputs are not the model's");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->cut = cut;
+  impl->lo = o.lo, impl->hi = o.hi;
+  impl->rng.seed(o.seed);
+  torch::manual_seed(o.seed);
+  ModelSpec pilot_spec = spec;  // the pilot is the attacker's own: not the model's initial weights
+  pilot_spec.seed = spec.seed + 1000003;
+  ASSIGN_OR_RETURN(impl->pilot, BuildTorchStages(pilot_spec, 0, cut));
+  if (cut < 1 || static_cast<int>(impl->pilot.size()) <= cut) {
+    return absl::InvalidArgumentError(absl::StrCat("cut ", cut, " is not inside model ", spec.name));
+  }
+  impl->pilot.resize(cut);
+  impl->aux = ToTorch(aux);
+  Status s = Catch([&] {
+    std::vector<torch::Tensor> params;
+    for (TorchStage& st : impl->pilot) {
+      st.train(true);
+      for (auto& [name, t] : st.parameters()) params.push_back(t);
+    }
+    torch::Tensor z;
+    {
+      torch::NoGradGuard no_grad;
+      z = impl->Pilot(impl->aux.slice(0, 0, 1));
+    }
+    impl->act_shape.assign(z.sizes().begin() + 1, z.sizes().end());
+    const int64_t z_elements = z[0].numel(), x_elements = impl->aux[0].numel();
+    impl->decoder = Mlp(z_elements, o.hidden, x_elements);
+    impl->discriminator = Mlp(z_elements, std::max(16, o.hidden / 4), 1);
+    for (const auto& p : impl->decoder->parameters()) params.push_back(p);
+    impl->adam_pilot = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr));
+    impl->adam_d = std::make_unique<torch::optim::Adam>(impl->discriminator->parameters(), torch::optim::AdamOptions(o.lr_d));
+  });
+  RETURN_IF_ERROR(s);
+  return std::unique_ptr<FeatureSpaceHijack>(new FeatureSpaceHijack(std::move(impl)));
+}
+
+StatusOr<FeatureSpaceHijack::Step> FeatureSpaceHijack::Train(const Activations& activations) {
+  Impl& m = *impl_;
+  RETURN_IF_ERROR(m.CheckShape(activations));
+  std::lock_guard<std::mutex> lock(m.mu);
+  std::uniform_int_distribution<int64_t> pick(0, m.aux.size(0) - 1);
+  std::vector<int64_t> idx(static_cast<size_t>(std::min<int64_t>(activations.batch(), m.aux.size(0))));
+  for (int64_t& i : idx) i = pick(m.rng);
+  Step out;
+  Status s = Catch([&] {
+    const torch::Tensor x_pub = m.aux.index_select(0, torch::tensor(idx, torch::kInt64));
+    // The pilot and its decoder: an autoencoder on the auxiliary inputs.
+    m.adam_pilot->zero_grad();
+    const torch::Tensor z_pub = m.Pilot(x_pub);
+    torch::mse_loss(m.Decode(z_pub), x_pub).backward();
+    m.adam_pilot->step();
+    // The discriminator: the pilot's features are real, the device's fake.
+    const torch::Tensor z_priv = ToTorch(activations).requires_grad_(true);
+    m.adam_d->zero_grad();
+    const torch::Tensor real = m.Discriminate(z_pub.detach()), fake = m.Discriminate(z_priv.detach());
+    ((torch::binary_cross_entropy_with_logits(real, torch::ones_like(real)) +
+      torch::binary_cross_entropy_with_logits(fake, torch::zeros_like(fake))) / 2).backward();
+    m.adam_d->step();
+    // The device's loss: its features should pass for the pilot's.
+    const torch::Tensor d = m.Discriminate(z_priv);
+    const torch::Tensor loss = torch::binary_cross_entropy_with_logits(d, torch::ones_like(d));
+    out.grad = FromTorch(torch::autograd::grad({loss}, {z_priv})[0]);
+    out.loss = loss.item<double>();
+  });
+  RETURN_IF_ERROR(s);
+  return out;
+}
+
+StatusOr<Activations> FeatureSpaceHijack::Reconstruct(const Activations& activations) const {
+  Impl& m = *impl_;  // the decoder runs without changing
+  RETURN_IF_ERROR(m.CheckShape(activations));
+  std::lock_guard<std::mutex> lock(m.mu);
+  torch::Tensor out;
+  Status s = Catch([&] {
+    torch::NoGradGuard no_grad;
+    out = m.Decode(ToTorch(activations)).clamp(m.lo, m.hi);
+  });
+  RETURN_IF_ERROR(s);
+  return FromTorch(out);
 }
 
 }  // namespace cleave

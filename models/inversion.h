@@ -107,6 +107,46 @@ struct UpdateInversion {
 StatusOr<UpdateInversion> InvertUpdate(const ModelSpec& spec, const ParameterSet& model, const ParameterSet& update,
                                        double lr, int64_t batch, const InversionOptions& options);
 
+// Feature-space hijacking (Pasquini et al. 2021, "Unleashing the tiger: inference
+// attacks on split learning"): a malicious server's attack, here to measure what a
+// device's guard stops (split.hijack; privacy/split_guard.h). The server ignores the
+// labels. On auxiliary inputs of the domain it trains a pilot encoder f~ (the client
+// part's architecture, its own weights) with a decoder that inverts it, and a
+// discriminator D between f~'s features and the device's; the gradient it sends back is
+// the non-saturating GAN loss's, -log sigmoid(D(z)), which moves the client part's
+// features into f~'s space, where the decoder inverts them. Adam for all three; each
+// step draws as many auxiliary inputs as the device's micro-batch has.
+// Thread-safe.
+struct HijackOptions {
+  double lr = 1e-4;      // the pilot's and the decoder's
+  double lr_d = 1e-4;    // the discriminator's
+  int hidden = 1024;     // the decoder's hidden width (the discriminator's: a quarter)
+  uint64_t seed = 1;
+  float lo = -1e30f, hi = 1e30f;  // the input range (SetInputRange): reconstructions are clamped to it
+};
+class FeatureSpaceHijack {
+ public:
+  // The client part is stages [0, cut) of `spec` (an image or table model); `aux`: the
+  // server's auxiliary inputs [N, <input shape>].
+  static StatusOr<std::unique_ptr<FeatureSpaceHijack>> Create(const ModelSpec& spec, int cut, const Activations& aux,
+                                                              const HijackOptions& options);
+  ~FeatureSpaceHijack();
+  int cut() const;
+  struct Step {
+    Activations grad;  // of the attack's loss with respect to `activations`, for the device
+    double loss = 0;   // the device's GAN loss (low: its features pass for the pilot's)
+  };
+  // One step on a device's micro-batch of activations at the cut.
+  StatusOr<Step> Train(const Activations& activations);
+  // The decoder's inputs for `activations`.
+  StatusOr<Activations> Reconstruct(const Activations& activations) const;
+
+ private:
+  struct Impl;
+  explicit FeatureSpaceHijack(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // The client part's activations of `inputs`, as the device sends them (noise from
 // `seed`, codec applied).
 StatusOr<Activations> ClientActivations(const ClientPartView& view, const Activations& inputs, uint64_t seed);

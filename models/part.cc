@@ -413,6 +413,16 @@ StatusOr<Activations> ModelPart::Forward(int64_t id, const Activations& in, int 
 }
 
 StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_out) {
+  ASSIGN_OR_RETURN(Probe p, BackwardPass(id, grad_out, /*probe=*/false, /*step=*/true));
+  return std::move(p.grad_in);
+}
+
+StatusOr<ModelPart::Probe> ModelPart::BackwardProbe(int64_t id, const Activations& grad_out, bool step) {
+  if (impl_->accumulate > 0) return absl::FailedPreconditionError("a probe is not taken between micro-batch steps");
+  return BackwardPass(id, grad_out, /*probe=*/true, step);
+}
+
+StatusOr<ModelPart::Probe> ModelPart::BackwardPass(int64_t id, const Activations& grad_out, bool probe, bool step) {
   RETURN_IF_ERROR(CheckActivations(grad_out));
   auto it = impl_->pending.find(id);
   if (it == impl_->pending.end()) {
@@ -451,15 +461,33 @@ StatusOr<Activations> ModelPart::Backward(int64_t id, const Activations& grad_ou
     } else {
       p.output.backward(ToTensor(grad_out));
     }
-    if (impl_->accumulate > 0) return Impl::InputGrad(p.input);  // nothing stashed: no step yet
+    Probe out;
+    out.grad_in = Impl::InputGrad(p.input);
+    if (impl_->accumulate > 0) return out;  // nothing stashed: no step yet
+    if (probe) {
+      for (auto& [name, t] : impl_->params) {
+        if (!t.requires_grad()) continue;
+        if (t.grad().defined()) {
+          const torch::Tensor g = t.grad().detach().contiguous().to(torch::kFloat32);
+          out.first_gradient.assign(g.data_ptr<float>(), g.data_ptr<float>() + g.numel());
+        }
+        break;
+      }
+    }
     if (!live.empty()) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < impl_->params.size(); ++i) {
         if (live[i].defined()) impl_->params[i].second.data().copy_(live[i]);
       }
     }
-    impl_->Step(p.from);
-    return Impl::InputGrad(p.input);
+    if (step) {
+      impl_->Step(p.from);
+    } else {
+      for (auto& [name, t] : impl_->params) {
+        if (t.grad().defined()) t.mutable_grad().zero_();
+      }
+    }
+    return out;
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("backward failed: ", e.what_without_backtrace()));
   }

@@ -111,6 +111,15 @@ class ModelPart {
   // output), takes one optimizer step and returns the gradient with respect to the input
   // (empty when the micro-batch started at stage 0). NOT_FOUND for an unknown id.
   StatusOr<Activations> Backward(int64_t id, const Activations& grad_out);
+  // SplitGuard (split/guard.h): Backward that also returns the gradient of the part's
+  // first trainable tensor for this micro-batch alone (flattened), and with `step` false
+  // drops every gradient of it instead of stepping: a probe batch leaves the weights as
+  // they were. Not under SetAccumulate (FAILED_PRECONDITION).
+  struct Probe {
+    Activations grad_in;
+    std::vector<float> first_gradient;
+  };
+  StatusOr<Probe> BackwardProbe(int64_t id, const Activations& grad_out, bool step);
 
   struct LossStep {
     double loss = 0;       // mean cross-entropy of the micro-batch (label-smoothed if set)
@@ -141,6 +150,7 @@ class ModelPart {
  private:
   struct Impl;
   explicit ModelPart(std::unique_ptr<Impl> impl);
+  StatusOr<Probe> BackwardPass(int64_t id, const Activations& grad_out, bool probe, bool step);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -15,6 +15,7 @@
 #include "server/options.h"
 #include "server/secagg_driver.h"
 #include "server/server.h"
+#include "models/inversion.h"
 #include "split/leakage.h"
 
 namespace cleave {
@@ -72,6 +73,7 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   if (cfg.split.max_reconstruction_ssim > 0 || cfg.split.max_token_recovery > 0) {
     RETURN_IF_ERROR(MeasureLeakage(spec, model.Parameters()));
   }
+  if (!cfg.split.hijack.empty()) RETURN_IF_ERROR(StartHijack(spec));
   if (cfg.split.cut > 0) {  // a fixed cut must let a micro-batch through one message
     const CutPrediction r = PredictStep(p, cfg.split.cut);
     if (!r.fits) {
@@ -81,6 +83,28 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
   }
   spdlog::info("split learning: {}, {} stages, cut {}, window {}", cfg.split.mode, num_stages_,
                cfg.split.cut ? std::to_string(cfg.split.cut) : "auto", cfg.split.window);
+  return absl::OkStatus();
+}
+
+Status SplitDriver::StartHijack(const ModelSpec& spec) {
+  const FederationConfig& cfg = ctx_.config();
+  if (spec.text()) return absl::InvalidArgumentError("split.hijack reconstructs images and tables: model " + spec.name + " reads tokens");
+  if (cfg.data.test.empty()) return absl::InvalidArgumentError("split.hijack trains on the server's own data: set data.test");
+  auto aux = LoadDataSpec(cfg.data.test, /*train=*/false);
+  if (!aux.ok()) return absl::InvalidArgumentError(absl::StrCat("data.test: ", aux.status().message()));
+  std::vector<int64_t> all(static_cast<size_t>(aux->size));
+  std::iota(all.begin(), all.end(), 0);
+  InversionOptions range;
+  SetInputRange(*aux, &range);
+  HijackOptions o;
+  o.lo = range.lo, o.hi = range.hi;
+  o.seed = cfg.run.seed;
+  auto hijack = FeatureSpaceHijack::Create(spec, cfg.split.cut, InputBatch(*aux, all), o);
+  if (!hijack.ok()) return absl::InvalidArgumentError(absl::StrCat("split.hijack: ", hijack.status().message()));
+  hijack_ = *std::move(hijack);
+  spdlog::warn("split.hijack fsha: RED TEAM: this server attacks its devices by feature-space hijacking at cut {} "
+               "(trained on {} of its test inputs) and trains no model",
+               cfg.split.cut, aux->size);
   return absl::OkStatus();
 }
 
@@ -259,6 +283,7 @@ SplitRoundOptions SplitDriver::RoundOptionsLocked(const FitSettings& fit) const 
   o.stage_input_shapes = stage_shapes_;
   o.quantized = ctx_.quantized_base();
   o.micro_batches = ctx_.config().split.micro_batches;
+  o.hijack = hijack_;
   if (ctx_.model_spec().name == "interop") {  // the devices' own bases and fusion layers
     for (const Tensor& t : ctx_.GlobalLocked().tensors()) {
       if (InteropPrivate(t.name)) o.private_names.push_back(t.name);

@@ -141,6 +141,8 @@ class SplitDriver : public RoundDriver {
   // (MeasureReconstructionSsim or MeasureTokenRecovery on the server's test data through
   // the initial client part) into model_problem_.
   Status MeasureLeakage(const ModelSpec& spec, const ParameterSet& model);
+  // split.hijack: the attack (FeatureSpaceHijack) on the server's test inputs, into hijack_.
+  Status StartHijack(const ModelSpec& spec);
   // The round's SplitRound options for the clients' `fit` (what every mode shares).
   SplitRoundOptions RoundOptionsLocked(const FitSettings& fit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // split.mode: pipeline: the round's chains from `clients`, which become their devices.
@@ -163,6 +165,7 @@ class SplitDriver : public RoundDriver {
   std::vector<StageProfile> server_profile_;
   std::vector<std::vector<int64_t>> stage_shapes_;  // per-sample input of stage s, s <= n
   CutProblem model_problem_;  // the cost model's model- and server-side inputs
+  std::shared_ptr<FeatureSpaceHijack> hijack_;  // split.hijack's, else null
 
   std::map<std::string, ClientState> clients_ ABSL_GUARDED_BY(ctx_.mu());  // by session id
   std::map<std::string, SplitTask> tasks_ ABSL_GUARDED_BY(ctx_.mu());  // the round's, by id

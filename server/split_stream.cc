@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "models/inversion.h"
 #include "models/part.h"
 
 namespace cleave {
@@ -16,7 +17,8 @@ SplitStream::SplitStream(Coordinator& core, SplitStreamTask task)
       assembler_(static_cast<size_t>(4 * task_.max_elements)),
       recorder_(task_.record_path, task_.record) {}
 
-void SplitStream::Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient) {
+void SplitStream::Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient,
+                         const FeatureSpaceHijack* hijack) {
   ParameterSet part;
   int cut = 0;
   if (recorder_.empty()) {  // the part this client was sent, and its cut, with its first micro-batch
@@ -24,7 +26,13 @@ void SplitStream::Record(Tensor activations, std::vector<int64_t> labels, const 
     if (p.ok()) part = *std::move(p);
     cut = task_.round->CutOf(task_.client_id).value_or(0);
   }
-  recorder_.Add(part, cut, RecordedBatch{std::move(activations), std::move(labels), Tensor{"", gradient.shape, gradient.values}});
+  Tensor reconstruction;
+  if (hijack != nullptr) {  // what the hijack reads of this micro-batch
+    StatusOr<Activations> r = hijack->Reconstruct(Activations{activations.shape, activations.values});
+    if (r.ok()) reconstruction = Tensor{"", r->shape, std::move(r->values)};
+  }
+  recorder_.Add(part, cut, RecordedBatch{std::move(activations), std::move(labels), Tensor{"", gradient.shape, gradient.values},
+                                         std::move(reconstruction)});
 }
 
 StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
@@ -63,7 +71,7 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
     } else {
       ASSIGN_OR_RETURN(ModelPart::LossStep step,
                        round.TrainStep(task_.client_id, act, labels, {b.loss_weight(), b.batch_end()}));
-      if (recorder_.wants()) Record(Tensor{"", act.shape, act.values}, labels, step.grad_in);
+      if (recorder_.wants()) Record(Tensor{"", act.shape, act.values}, labels, step.grad_in, round.options().hijack.get());
       auto* r = out.mutable_result();
       r->set_seq(b.seq());
       ToWire(step.grad_in, task_.grad_codec, grad_codec_.get(), r->mutable_grad());

@@ -27,6 +27,7 @@ void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("plan", c.plan);
   s.Read("ushaped", c.ushaped);
   s.Read("record", c.record);
+  s.Read("hijack", c.hijack);
   s.Read("max_reconstruction_ssim", c.max_reconstruction_ssim);
   s.Read("max_token_recovery", c.max_token_recovery);
 }
@@ -50,6 +51,11 @@ Status CheckSplit(SplitConfig& c) {
       return absl::InvalidArgumentError(absl::StrCat(
           key, " is a floor for the automatic cut: it needs split.cut: auto, and not a pipeline"));
     }
+  }
+  RETURN_IF_ERROR(Range(c.hijack.empty() || c.hijack == "fsha", "split.hijack", "\"\" or fsha"));
+  if (!c.hijack.empty() && (c.cut == 0 || (c.mode != "sl" && c.mode != "sfl-v1" && c.mode != "sfl-v2"))) {
+    return absl::InvalidArgumentError(
+        "split.hijack hijacks the client part at a fixed split.cut, in split.mode sl, sfl-v1 or sfl-v2");
   }
   if (!c.enabled()) return absl::OkStatus();
   RETURN_IF_ERROR(SplitModeNames().Check(c.mode));

@@ -39,6 +39,10 @@ struct SplitConfig {
   double max_token_recovery = 0;
   int record = 0;                // split.record: the server keeps each split task's first
                                  //   this many micro-batches as received (privacy/attacks)
+  // split.hijack: "" (an honest server) | fsha: red team, the server attacks its own
+  // devices by feature-space hijacking (FeatureSpaceHijack, models/inversion.h) to
+  // measure their guard (cleave-client --split-guard); it trains no model
+  std::string hijack;
 
   bool enabled() const { return !mode.empty(); }
   // The client keeps the head: mode ushaped, or a U-shaped pipeline.

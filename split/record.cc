@@ -47,6 +47,9 @@ std::string EncodeSplitRecord(const SplitRecord& r) {
       (void)out.Add(Tensor{absl::StrCat("labels/", k), {static_cast<int64_t>(labels.size())}, std::move(labels)});
     }
     (void)out.Add(Tensor{absl::StrCat("grad/", k), b.gradient.shape, b.gradient.values});
+    if (!b.reconstruction.shape.empty()) {
+      (void)out.Add(Tensor{absl::StrCat("recon/", k), b.reconstruction.shape, b.reconstruction.values});
+    }
   }
   return out.Encode();
 }
@@ -81,6 +84,9 @@ StatusOr<SplitRecord> DecodeSplitRecord(const std::string& bytes) {
     } else if (absl::StartsWith(t.name, "grad/")) {
       ASSIGN_OR_RETURN(RecordedBatch * b, batch(t.name, 5));
       b->gradient = std::move(t);
+    } else if (absl::StartsWith(t.name, "recon/")) {
+      ASSIGN_OR_RETURN(RecordedBatch * b, batch(t.name, 6));
+      b->reconstruction = std::move(t);
     } else {
       return absl::InvalidArgumentError(absl::StrCat("a recorded tensor named ", t.name));
     }

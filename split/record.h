@@ -27,6 +27,7 @@ struct RecordedBatch {
   Tensor activations;           // [B, <the cut stage's input>]
   std::vector<int64_t> labels;  // as received (a language model: one per token); empty U-shaped
   Tensor gradient;              // the gradient of the activations (sl/sfl: sent; U-shaped: of the middle's output, received)
+  Tensor reconstruction;        // split.hijack: the hijack's decoder's inputs for them, after its step ("recon/K")
 };
 
 struct SplitRecord {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "models/inversion.h"
 #include "split/names.h"
 
 namespace cleave {
@@ -113,6 +114,9 @@ StatusOr<std::unique_ptr<SplitRound>> SplitRound::Create(SplitRoundOptions optio
   const auto& o = r->opts_;
   for (const auto& [id, cut] : cuts) {
     if (cut < 1) return absl::InvalidArgumentError(absl::StrCat("cut ", cut, " for ", id, " is not >= 1"));
+    if (o.hijack && cut != o.hijack->cut()) {
+      return absl::InvalidArgumentError(absl::StrCat("cut ", cut, " for ", id, ": the hijack is at cut ", o.hijack->cut()));
+    }
     RETURN_IF_ERROR(r->AddClient(id, 0, cut, o.mode == SplitMode::kSflV1));
   }
   if (o.mode != SplitMode::kSflV1) {
@@ -282,6 +286,12 @@ StatusOr<ModelPart::LossStep> SplitRound::TrainStep(const std::string& client,
       return absl::FailedPreconditionError(absl::StrCat(
           "client ", client, " holds stages [", c->begin, ", ", c->cut, ") of a chain: only its last device streams"));
     }
+  }
+  if (opts_.hijack) {  // red team: the gradient pulls the client part into the attack's feature space
+    return Timed([&]() -> StatusOr<ModelPart::LossStep> {
+      ASSIGN_OR_RETURN(FeatureSpaceHijack::Step step, opts_.hijack->Train(a));
+      return ModelPart::LossStep{step.loss, 0, std::move(step.grad)};
+    });
   }
   if (c->copy && opts_.mode == SplitMode::kPipeline) {  // the chain's copy steps once per batch
     return Timed([&]() -> StatusOr<ModelPart::LossStep> {

@@ -42,6 +42,8 @@
 
 namespace cleave {
 
+class FeatureSpaceHijack;  // models/inversion.h
+
 enum class SplitMode { kSl, kSflV1, kSflV2, kUShaped, kPipeline };
 
 StatusOr<SplitMode> ParseSplitMode(const std::string& name);
@@ -67,6 +69,9 @@ struct SplitRoundOptions {
   // Interoperable architectures: the devices' own tensors (bases and fusion layers),
   // never in a client's part (so never sent, uploaded or averaged).
   std::vector<std::string> private_names;
+  // split.hijack (red team): TrainStep runs this attack on the activations instead of the
+  // server's part, which then never trains; shared by the run's rounds.
+  std::shared_ptr<FeatureSpaceHijack> hijack;
 };
 
 // A pipeline's micro-batch (SplitBatch): its share of the batch's loss (0: 1 /

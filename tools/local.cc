@@ -297,6 +297,7 @@ std::vector<std::string> ClientArgv(const LocalRun& r, int i, const std::string&
   }
   if (keep > 0) argv.insert(argv.end(), {"--keep-sent", absl::StrCat(keep)});
   if (i >= r.clients - c.local.attackers) argv.insert(argv.end(), {"--attack", c.local.attack});
+  if (c.local.split_guard) argv.push_back("--split-guard");
   if (r.o.insecure) {
     argv.push_back("--insecure");
   } else {

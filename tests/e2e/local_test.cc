@@ -494,6 +494,40 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=400", partition: i
   EXPECT_NE(log.find("under split.max_reconstruction_ssim 0.6"), std::string::npos) << log;
 }
 
+// A red-team server (split.hijack: fsha) hijacks training; every device's SplitGuard
+// (local.split_guard) catches it within its first fakes and refuses the server, which
+// then has no results and ends the run. The same devices with an honest server train
+// on: the guard scores it high and the federation learns.
+TEST_F(LocalTest, DevicesGuardsRefuseAHijackingServerAndNotAnHonestOne) {
+  const std::string job = R"(
+run: {name: guard, rounds: 2, seed: 1}
+model: {name: lenet5}
+data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 120}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05}
+local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: iid, clients: 2, split_guard: true}
+)";
+  std::ofstream(config_) << job << "split: {mode: sfl-v2, cut: 1, hijack: fsha}\n";
+  EXPECT_NE(Wait(Start({}, "hijacked"), 300), 0) << "no results: the run fails";
+  for (const char* client : {"client-0.log", "client-1.log"}) {
+    const std::string log = ReadFile((dir_ / "hijacked" / client).string()).value_or("");
+    EXPECT_NE(log.find("training hijacking suspected"), std::string::npos) << client << ":\n" << log;
+  }
+  const std::string server = ReadFile((dir_ / "hijacked" / "server.log").string()).value_or("");
+  EXPECT_NE(server.find("rejected by the client: SplitGuard"), std::string::npos) << server;
+
+  std::ofstream(config_) << job << "split: {mode: sfl-v2, cut: 1}\n";
+  ASSERT_EQ(Wait(Start({}, "honest"), 300), 0) << Output();
+  for (const char* client : {"client-0.log", "client-1.log"}) {
+    const std::string log = ReadFile((dir_ / "honest" / client).string()).value_or("");
+    EXPECT_EQ(log.find("training hijacking suspected"), std::string::npos) << client << ":\n" << log;
+    EXPECT_GT(Number(log, "SplitGuard: mean score %lf"), 0.7) << log;
+  }
+  const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "honest");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_GT(rows[1]["test_accuracy"].get<double>(), 0.3) << "it learns (0.1 at the start)";
+}
+
 // Pipelines in one process: chains of virtual clients, micro-batches going peer to peer
 // over loopback (each serving Peer on a port of its own), the last device of each chain
 // streaming to the in-process server.

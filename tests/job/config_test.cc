@@ -182,6 +182,9 @@ TEST(ConfigTest, RejectsUnknownKeysAndBadValues) {
   expect_error("split: {mode: sfl-v2, cut: 2, max_reconstruction_ssim: 0.5}", "needs split.cut: auto");
   expect_error("split: {mode: sfl-v2, max_token_recovery: 2}", "split.max_token_recovery");
   expect_error("split: {mode: sfl-v2, max_reconstruction_ssim: 0.5, max_token_recovery: 0.5}", "set the one for the model");
+  expect_error("split: {mode: sfl-v2, cut: 1, hijack: dlg}", "split.hijack");
+  expect_error("split: {mode: sfl-v2, hijack: fsha}", "at a fixed split.cut");
+  expect_error("split: {mode: ushaped, cut: 1, hijack: fsha}", "in split.mode sl, sfl-v1 or sfl-v2");
   expect_error("tls: {cert: s.crt}", "tls.cert and tls.key");
   expect_error("tls: {cert: s.crt, key: s.key, reload_s: 0}", "tls.reload_s");
   expect_error("tls: {certificate: s.crt}", "tls.certificate");

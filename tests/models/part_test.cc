@@ -142,6 +142,43 @@ TEST(ModelPartTest, PendingMicroBatchesUseTheWeightsTheirForwardUsed) {
   EXPECT_EQ((*part)->Backward(2, g).status().code(), absl::StatusCode::kNotFound);
 }
 
+// SplitGuard's probe: the first tensor's weight gradient of one micro-batch (for mlp
+// stage 2, grad_out^T x input); a probe that does not step leaves every weight and
+// every later step as if it never ran, one that steps is Backward.
+TEST(ModelPartTest, AProbeReturnsTheFirstGradientAndStepsOnlyWhenAsked) {
+  auto part = ModelPart::Create({"mlp", "", 1}, 2, 3);
+  ASSERT_TRUE(part.ok()) << part.status();
+  LocalTrainOptions sgd;
+  sgd.lr = 0.5;
+  ASSERT_TRUE((*part)->ResetOptimizer(sgd).ok());
+  const ParameterSet w0 = (*part)->Parameters();
+  const Activations a = Random({4, 200}, 1), g = Random({4, 10}, 3);
+  ASSERT_TRUE((*part)->Forward(1, a).ok());
+  auto probe = (*part)->BackwardProbe(1, g, /*step=*/false);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  ASSERT_EQ(probe->first_gradient.size(), 2000u);  // "2.0.weight", [10, 200]
+  for (int k = 0; k < 10; ++k) {
+    for (int c = 0; c < 200; ++c) {
+      double grad = 0;
+      for (int r = 0; r < 4; ++r) grad += g.values[r * 10 + k] * a.values[r * 200 + c];
+      ASSERT_NEAR(probe->first_gradient[k * 200 + c], grad, 1e-4);
+    }
+  }
+  EXPECT_EQ(probe->grad_in.values.size(), 800u);
+  ExpectSameParameters((*part)->Parameters(), w0, "after a probe without a step");
+  // The dropped gradient does not reach the next step.
+  ASSERT_TRUE((*part)->Forward(2, a).ok());
+  auto stepped = (*part)->BackwardProbe(2, g, /*step=*/true);
+  ASSERT_TRUE(stepped.ok());
+  const ParameterSet w1 = (*part)->Parameters();
+  for (size_t i = 0; i < 2000; ++i) {
+    ASSERT_NEAR(w1.tensors()[0].values[i], w0.tensors()[0].values[i] - 0.5 * stepped->first_gradient[i], 1e-5);
+  }
+  (*part)->SetAccumulate(2);
+  ASSERT_TRUE((*part)->Forward(3, a).ok());
+  EXPECT_EQ((*part)->BackwardProbe(3, g, true).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // What a stage's forward pass keeps is this thread's tensors alone: another thread
 // allocating and freeing large buffers meanwhile (a simulation's other clients
 // training) changes nothing of it.

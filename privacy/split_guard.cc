@@ -1,0 +1,108 @@
+#include "privacy/split_guard.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_format.h"
+
+namespace cleave {
+namespace {
+
+double Norm(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s);
+}
+
+// The angle between two vectors, in radians (0 when either is zero).
+double Angle(const std::vector<double>& a, const std::vector<double>& b) {
+  const double na = Norm(a), nb = Norm(b);
+  if (na == 0 || nb == 0 || a.size() != b.size()) return 0;
+  double dot = 0;
+  for (size_t i = 0; i < a.size(); ++i) dot += a[i] * b[i];
+  return std::acos(std::clamp(dot / (na * nb), -1.0, 1.0));
+}
+
+std::vector<double> Mean(const GradientSet& s) {
+  std::vector<double> m = s.sum;
+  for (double& x : m) x /= static_cast<double>(s.n);
+  return m;
+}
+
+uint64_t OsSeed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+}  // namespace
+
+void GradientSet::Add(const std::vector<float>& g) {
+  if (sum.empty()) sum.assign(g.size(), 0);
+  double sq = 0;
+  for (size_t i = 0; i < g.size() && i < sum.size(); ++i) {
+    sum[i] += g[i];
+    sq += static_cast<double>(g[i]) * g[i];
+  }
+  norm_sum += std::sqrt(sq);
+  ++n;
+}
+
+double SplitGuardScore(const GradientSet& fakes, const GradientSet& r1, const GradientSet& r2, double mult,
+                       double exp) {
+  if (fakes.n == 0 || r1.n == 0 || r2.n == 0) return 1;
+  const std::vector<double> f = Mean(fakes), m1 = Mean(r1), m2 = Mean(r2);
+  std::vector<double> r(m1.size());
+  for (size_t i = 0; i < r.size(); ++i) r[i] = (m1[i] + m2[i]) / 2;
+  const double r_norm = (r1.mean_norm() + r2.mean_norm()) / 2;
+  const double fake_gap = std::abs(fakes.mean_norm() - r_norm), regular_gap = std::abs(r1.mean_norm() - r2.mean_norm());
+  const double d = fake_gap + regular_gap;
+  if (d == 0) return 1;
+  const double x = Angle(f, r) * fake_gap / d - Angle(m1, m2) * regular_gap / d;
+  return std::pow(1 / (1 + std::exp(-mult * x)), exp);
+}
+
+constexpr char kVerdict[] = "cleave.dev/split-guard";
+
+bool IsSplitGuardVerdict(const Status& s) {
+  return s.code() == absl::StatusCode::kPermissionDenied && s.GetPayload(kVerdict).has_value();
+}
+
+SplitGuard::SplitGuard(const SplitGuardOptions& options)
+    : o_(options), rng_(options.seed != 0 ? options.seed : OsSeed()) {}
+
+bool SplitGuard::NextIsFake() {
+  const bool fake = ++seen_ > o_.warmup && std::uniform_real_distribution<double>(0, 1)(rng_) < o_.fake_rate;
+  return fake;
+}
+
+void SplitGuard::Fake(int64_t classes, std::vector<int64_t>* labels) {
+  if (classes < 2) return;
+  const int64_t offset = std::uniform_int_distribution<int64_t>(1, classes - 1)(rng_);
+  for (int64_t& y : *labels) {
+    if (y >= 0 && y < classes) y = (y + offset) % classes;
+  }
+}
+
+Status SplitGuard::Add(bool fake, const std::vector<float>& gradient) {
+  if (gradient.empty()) return absl::OkStatus();  // nothing of the part trains
+  if (!fake) {
+    if (seen_ > o_.warmup) (std::bernoulli_distribution(0.5)(rng_) ? r1_ : r2_).Add(gradient);
+    return absl::OkStatus();
+  }
+  fakes_.Add(gradient);
+  if (r1_.n == 0 || r2_.n == 0) return absl::OkStatus();
+  score_sum_ += SplitGuardScore(fakes_, r1_, r2_, o_.mult, o_.exp);
+  ++scores_;
+  if (scores_ >= o_.min_fakes && mean_score() < o_.threshold) {
+    Status verdict = absl::PermissionDeniedError(absl::StrFormat(
+        "SplitGuard: the server's gradients do not depend on the labels this device sends (mean score %.3f over "
+        "%d fake micro-batches, under %.2f): training hijacking suspected; this device stops training with it",
+        mean_score(), scores_, o_.threshold));
+    verdict.SetPayload(kVerdict, absl::Cord("1"));
+    return verdict;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cleave

@@ -1,0 +1,87 @@
+// SplitGuard (Erdogan, Küpçü and Çiçek 2022, "SplitGuard: Detecting and mitigating
+// training-hijacking attacks in split learning"): a device's check that the server trains
+// the task it says, from the gradients it sends back (cleave-client --split-guard).
+//
+// Now and then the device sends a fake micro-batch: its labels each moved to another
+// class. An honest server's gradient then pulls the client part somewhere else than on
+// the device's regular micro-batches; a server that ignores the labels (feature-space
+// hijacking, Pasquini et al. 2021: it trains the client part to feed its own decoder)
+// sends gradients that look the same either way. The device keeps the gradient of its
+// part's first trainable tensor for every micro-batch after a warm-up, steps on the
+// regular ones only, and scores the fakes against the regulars (split at random into two
+// halves, R1 and R2):
+//
+//   d = |‖F‖ - ‖R‖| + |‖R1‖ - ‖R2‖|      ‖X‖: the mean norm of X's gradients, R = R1 ∪ R2
+//                                          (‖R‖ the mean of ‖R1‖ and ‖R2‖)
+//   x = θ(F̄, R̄) |‖F‖ - ‖R‖| / d - θ(R̄1, R̄2) |‖R1‖ - ‖R2‖| / d
+//   score = sigmoid(mult · x) ^ exp        θ: the angle between mean gradients, radians
+//
+// (the paper's, with its mult 5 and exp 2; R̄ = (R̄1 + R̄2) / 2). Honest training scores
+// near 1; a server whose gradients do not depend on the labels, near sigmoid(0)^2 = 0.25
+// and below. The guard refuses the server once the mean score over the fakes so far falls
+// under the threshold (after min_fakes of them).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace cleave {
+
+struct SplitGuardOptions {
+  bool enabled = false;
+  double fake_rate = 0.1;   // the chance that a micro-batch after the warm-up is a fake
+  int warmup = 20;          // micro-batches (over the device's tasks) before the guard starts
+  int min_fakes = 3;        // fakes scored (once both halves of the regulars have one) before it may refuse
+  double threshold = 0.7;   // the mean score under which it refuses
+  double mult = 5, exp = 2; // the score's squashing
+  uint64_t seed = 0;        // 0: from the OS (a device's); tests fix it
+};
+
+// The mean gradients and mean norms of a set of gradients, as they come.
+struct GradientSet {
+  std::vector<double> sum;
+  double norm_sum = 0;
+  int64_t n = 0;
+  void Add(const std::vector<float>& g);
+  double mean_norm() const { return n > 0 ? norm_sum / static_cast<double>(n) : 0; }
+};
+
+// The paper's score of fakes F against regulars R1, R2 (each with a gradient); 1 (no
+// evidence) when the norms give no difference (d = 0) or a set is empty.
+double SplitGuardScore(const GradientSet& fakes, const GradientSet& r1, const GradientSet& r2,
+                       double mult = 5, double exp = 2);
+
+// Whether `s` is a guard's refusal (SplitGuard::Add's PERMISSION_DENIED), not another
+// error of the same code.
+bool IsSplitGuardVerdict(const Status& s);
+
+// A device's guard over its split tasks (their evidence adds up). Its randomness comes from the OS: the server must not be able to
+// tell a fake from a regular micro-batch.
+class SplitGuard {
+ public:
+  explicit SplitGuard(const SplitGuardOptions& options);
+  // Whether the next micro-batch goes out as a fake.
+  bool NextIsFake();
+  // `labels` moved, each by one random offset in [1, classes) modulo `classes`; labels
+  // outside [0, classes) (a language model's positions without a target) stay.
+  void Fake(int64_t classes, std::vector<int64_t>* labels);
+  // The first-tensor gradient of a micro-batch that came back. After a fake,
+  // PERMISSION_DENIED (saying the score) once the mean score is under the threshold.
+  Status Add(bool fake, const std::vector<float>& gradient);
+  int64_t fakes() const { return fakes_.n; }
+  double mean_score() const { return scores_ > 0 ? score_sum_ / static_cast<double>(scores_) : 1; }
+
+ private:
+  SplitGuardOptions o_;
+  std::mt19937_64 rng_;
+  int64_t seen_ = 0;  // micro-batches handed out
+  GradientSet fakes_, r1_, r2_;
+  double score_sum_ = 0;
+  int64_t scores_ = 0;
+};
+
+}  // namespace cleave
