@@ -74,7 +74,7 @@ StatusOr<double> MeasureTokenRecovery(const ClientPartView& view, const Dataset&
   if (view.cut == 1) {
     SplitRecord r;
     r.part = view.part;
-    r.batches.push_back({Tensor{"", sent.shape, sent.values}, labels, {}});
+    r.batches.push_back({Tensor{"", sent.shape, sent.values}, labels, {}, {}});
     ASSIGN_OR_RETURN(TokenRecovery nearest, RecoverTokensAtTheEmbedding(r));
     rate = std::max(rate, nearest.rate());
   }

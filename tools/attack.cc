@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "core/files.h"
 #include "data/dataset.h"
@@ -510,6 +511,76 @@ int RunLabelAttack(const std::string& run_dir, int round, std::ostream& out, std
   if (norm_examples > 0) summary["norm_auc"] = norm_auc / norm_examples;
   if (total_crossed > 0) summary["crossed_true"] = static_cast<double>(total_crossed_true) / total_crossed;
   WriteSummary(run_dir, "labels", round, std::move(summary), err);
+  return 0;
+}
+
+int RunHijackScore(const std::string& run_dir, const AttackOptions& o, std::ostream& out, std::ostream& err) {
+  const auto fail = [&](const std::string& why) {
+    err << "cleave attack hijack: " << why << "\n";
+    return 2;
+  };
+  const std::vector<std::string> names = RecordNames(run_dir, o.round);
+  if (names.empty()) return NoRecords("hijack", run_dir, err);
+  StatusOr<AttackRun> run = OpenRun(run_dir);
+  if (!run.ok()) return fail(std::string(run.status().message()));
+  if (run->job.split.hijack.empty()) return fail("the run's server did not hijack (split.hijack)");
+  StatusOr<Dataset> aux = LoadDataSpec(run->job.data.test, /*train=*/false);  // the normalisation, the mean image
+  if (!aux.ok()) return fail(absl::StrCat("data.test: ", aux.status().message()));
+  const std::vector<int64_t>& shape = run->view.spec.input_shape;
+  std::vector<int64_t> idx(std::min(aux->size, o.aux_limit));
+  std::iota(idx.begin(), idx.end(), 0);
+  const Activations aux_in = InputBatch(*aux, idx);
+  const int64_t elements = aux->example_elements();
+  std::vector<float> mean_input(elements, 0);
+  for (int64_t i = 0; i < aux_in.batch(); ++i) {
+    for (int64_t p = 0; p < elements; ++p) mean_input[p] += aux_in.values[i * elements + p] / static_cast<float>(aux_in.batch());
+  }
+  const std::vector<float> mean_pixels = ImagePixels(mean_input, 0, shape, *aux);
+  std::map<int, std::pair<Similarity, Similarity>> by_round;  // the hijack's, the mean image's
+  std::vector<std::vector<std::vector<float>>> grid(2);
+  int grid_round = 0;
+  for (const std::string& name : names) {
+    int round = 0;
+    if (!absl::SimpleAtoi(name.substr(6, name.find('/') - 6), &round)) continue;  // round-R/CLIENT.pb
+    StatusOr<SplitRecord> record = ReadRecord(fs::path(run_dir) / "record" / name);
+    if (!record.ok()) return fail(absl::StrCat(name, ": ", record.status().message()));
+    StatusOr<SplitRecord> truth = SentRecord(run_dir, name);
+    if (!truth.ok()) continue;
+    if (round > grid_round) grid_round = round, grid = {{}, {}};
+    for (size_t k = 0; k < record->batches.size() && k < truth->batches.size(); ++k) {
+      const Tensor& rec = record->batches[k].reconstruction;
+      const Tensor& sent = truth->batches[k].activations;
+      if (rec.shape.empty() || rec.shape != sent.shape) continue;
+      for (int64_t i = 0; i < rec.shape[0]; ++i) {
+        const std::vector<float> tp = ImagePixels(sent.values, i, shape, *aux), rp = ImagePixels(rec.values, i, shape, *aux);
+        by_round[round].first.Add(tp, rp, shape);
+        by_round[round].second.Add(tp, mean_pixels, shape);
+        if (round == grid_round && static_cast<int>(grid[0].size()) < o.grid_images) {
+          grid[0].push_back(tp);
+          grid[1].push_back(rp);
+        }
+      }
+    }
+  }
+  if (by_round.empty()) return fail("no record holds the hijack's reconstructions with a device's copy to score them against");
+  Similarity total, total_mean;
+  nlohmann::json rounds = nlohmann::json::object();
+  for (const auto& [round, s] : by_round) {
+    out << "round " << round << ": " << s.first.images << " images; " << s.first.Line("hijack") << "; "
+        << s.second.Line("the mean image") << "\n";
+    rounds[std::to_string(round)] = s.first.mean_ssim();
+    total.Add(s.first);
+    total_mean.Add(s.second);
+  }
+  out << "total: " << total.images << " images; " << total.Line("hijack") << "; " << total_mean.Line("the mean image") << "\n";
+  WriteSummary(run_dir, "hijack", o.round,
+               {{"images", total.images}, {"hijack_ssim", total.mean_ssim()}, {"hijack_psnr", total.mean_psnr()},
+                {"mean_ssim", total_mean.mean_ssim()}, {"ssim_by_round", rounds}},
+               err);
+  if (!o.grid.empty()) {
+    if (Status s = WriteGrid(o.grid, grid, shape); !s.ok()) return fail(std::string(s.message()));
+    out << "grid: " << o.grid << " (round " << grid_round << "; rows: the devices' inputs, the hijack's)\n";
+  }
   return 0;
 }
 

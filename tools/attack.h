@@ -57,4 +57,12 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& options, st
 
 int RunLabelAttack(const std::string& run_dir, int round, std::ostream& out, std::ostream& err);
 
+// `cleave attack hijack RUN_DIR`: what a malicious server's feature-space hijacking
+// (split.hijack: fsha) read of the devices' inputs: the reconstructions it recorded with
+// each micro-batch, scored against the devices' copies. One line per round and a total
+// (SSIM, PSNR, and the auxiliary mean image's SSIM for scale); `grid`: the first images,
+// the devices' over the hijack's, of the last round recorded. 0 when some record was
+// scored; 2 with the reason when none could be.
+int RunHijackScore(const std::string& run_dir, const AttackOptions& options, std::ostream& out, std::ostream& err);
+
 }  // namespace cleave

@@ -315,8 +315,14 @@ Command AddAttack(CLI::App& app) {
   auto* labels = attack->add_subcommand("labels", "infer labels from the gradients recorded at the cut (AUC)");
   labels->add_option("run_dir", *run_dir, "the run directory")->required();
   labels->add_option("--round", o->round, "attack that round's records only (default: every round's)");
-  return {attack, [run_dir, o, images, labels, updates] {
+  auto* hijack = attack->add_subcommand(
+      "hijack", "score what a hijacking server (split.hijack) reconstructed of the devices' inputs (SSIM, PSNR)");
+  hijack->add_option("run_dir", *run_dir, "the run directory")->required();
+  hijack->add_option("--round", o->round, "score that round's records only (default: every round's)");
+  hijack->add_option("--grid", o->grid, "write the last round's first images as a PNG: the devices' inputs, the hijack's");
+  return {attack, [run_dir, o, images, labels, updates, hijack] {
             if (images->parsed()) return cleave::RunImageAttack(*run_dir, *o, std::cout, std::cerr);
+            if (hijack->parsed()) return cleave::RunHijackScore(*run_dir, *o, std::cout, std::cerr);
             if (labels->parsed()) return cleave::RunLabelAttack(*run_dir, o->round, std::cout, std::cerr);
             if (updates->parsed()) {
               if (updates->count("--steps") == 0) o->steps = 2000;
