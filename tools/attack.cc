@@ -119,6 +119,25 @@ void WriteSummary(const std::string& run_dir, const std::string& kind, int round
   }
 }
 
+// The first `limit` examples of `data` as model inputs.
+Activations FirstInputs(const Dataset& data, int64_t limit) {
+  std::vector<int64_t> idx(std::min(data.size, limit));
+  std::iota(idx.begin(), idx.end(), 0);
+  return InputBatch(data, idx);
+}
+
+// What an attacker who learned nothing from the activations would guess: the mean of
+// the auxiliary inputs `aux`, as pixels of images shaped `shape` (`space`'s
+// normalisation undone).
+std::vector<float> MeanImage(const Activations& aux, const std::vector<int64_t>& shape, const Dataset& space) {
+  const int64_t elements = aux.batch() > 0 ? static_cast<int64_t>(aux.values.size()) / aux.batch() : 0;
+  std::vector<float> mean(elements, 0);
+  for (int64_t i = 0; i < aux.batch(); ++i) {
+    for (int64_t p = 0; p < elements; ++p) mean[p] += aux.values[i * elements + p] / static_cast<float>(aux.batch());
+  }
+  return ImagePixels(mean, 0, shape, space);
+}
+
 int NoRecords(const std::string& what, const std::string& run_dir, std::ostream& err) {
   err << "cleave attack " << what << ": no records under " << (fs::path(run_dir) / "record").string()
       << " (run the job with split.record: N)\n";
@@ -248,17 +267,8 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   StatusOr<Dataset> aux = LoadDataSpec(aux_spec, /*train=*/false);
   if (!aux.ok()) return fail(absl::StrCat("--aux ", aux_spec, ": ", aux.status().message()));
   if (aux->shape != view.spec.input_shape) return fail(absl::StrCat("the auxiliary images ", aux_spec, " are not the model's input"));
-  std::vector<int64_t> idx(std::min(aux->size, o.aux_limit));
-  std::iota(idx.begin(), idx.end(), 0);
-  const Activations aux_in = InputBatch(*aux, idx);
-  // What an attacker who learned nothing from the activations would guess: the
-  // auxiliary images' mean, as pixels.
-  const int64_t elements = aux->example_elements();
-  std::vector<float> mean_input(elements, 0);
-  for (int64_t i = 0; i < aux_in.batch(); ++i) {
-    for (int64_t p = 0; p < elements; ++p) mean_input[p] += aux_in.values[i * elements + p] / static_cast<float>(aux_in.batch());
-  }
-  const std::vector<float> mean_pixels = ImagePixels(mean_input, 0, view.spec.input_shape, *aux);
+  const Activations aux_in = FirstInputs(*aux, o.aux_limit);
+  const std::vector<float> mean_pixels = MeanImage(aux_in, view.spec.input_shape, *aux);
   InversionOptions learned, optimised;
   learned.steps = o.steps;
   optimised.steps = o.optimise_steps;
@@ -527,15 +537,7 @@ int RunHijackScore(const std::string& run_dir, const AttackOptions& o, std::ostr
   StatusOr<Dataset> aux = LoadDataSpec(run->job.data.test, /*train=*/false);  // the normalisation, the mean image
   if (!aux.ok()) return fail(absl::StrCat("data.test: ", aux.status().message()));
   const std::vector<int64_t>& shape = run->view.spec.input_shape;
-  std::vector<int64_t> idx(std::min(aux->size, o.aux_limit));
-  std::iota(idx.begin(), idx.end(), 0);
-  const Activations aux_in = InputBatch(*aux, idx);
-  const int64_t elements = aux->example_elements();
-  std::vector<float> mean_input(elements, 0);
-  for (int64_t i = 0; i < aux_in.batch(); ++i) {
-    for (int64_t p = 0; p < elements; ++p) mean_input[p] += aux_in.values[i * elements + p] / static_cast<float>(aux_in.batch());
-  }
-  const std::vector<float> mean_pixels = ImagePixels(mean_input, 0, shape, *aux);
+  const std::vector<float> mean_pixels = MeanImage(FirstInputs(*aux, o.aux_limit), shape, *aux);
   std::map<int, std::pair<Similarity, Similarity>> by_round;  // the hijack's, the mean image's
   std::vector<std::vector<std::vector<float>>> grid(2);
   int grid_round = 0;
