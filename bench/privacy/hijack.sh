@@ -11,7 +11,7 @@
 #   3. an honest server with and without the guard, at every cut, sl and sfl-v2, 3
 #      rounds: whether the guard refuses (it must not), its mean score, and the test
 #      accuracy it costs (the fakes' moved labels train the server's part).
-# Prints three Markdown tables.
+# Prints three Markdown tables (PARTS="3" for the third alone).
 #   bench/privacy/hijack.sh
 # Run directories go to runs/bench-hijack/.
 set -euo pipefail
@@ -41,6 +41,8 @@ run() {
 }
 accuracy() { grep -oE 'final test acc +[0-9.]+%' "$out/$1.log" | grep -oE '[0-9.]+%' || echo "—"; }
 
+parts=${PARTS:-1 2 3}
+if [[ " $parts " == *" 1 "* ]]; then
 echo "### 1. Feature-space hijacking of unguarded devices: the hijack's SSIM by round"
 echo
 printf '| cut | round 1 | round 2 | round 3 | round 4 | round 5 | round 6 | mean image |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n'
@@ -55,6 +57,8 @@ for cut in 1 2 3; do
   echo "| $cut | $row | $mean |"
 done
 
+fi
+if [[ " $parts " == *" 2 "* ]]; then
 echo
 echo "### 2. The same server against guarded devices (local.split_guard)"
 echo
@@ -63,7 +67,7 @@ for cut in 1 2 3; do
   name=guarded-cut$cut
   job "$name" 3 "mode: sfl-v2, cut: $cut, hijack: fsha, record: 1000" ", split_guard: true"
   rc=$(run "$name")
-  refused=$(grep -l "training hijacking suspected" "$out/$name"/client-*.log 2>/dev/null | wc -l)
+  refused=$( (grep -l "training hijacking suspected" "$out/$name"/client-*.log 2>/dev/null || true) | wc -l)
   fakes=$(grep -h "training hijacking suspected" "$out/$name"/client-*.log | grep error | grep -oE 'over [0-9]+ fake' | grep -oE '[0-9]+' | paste -sd, || true)
   batches=0
   for f in "$out/$name"/record/round-*/*.pb; do
@@ -73,6 +77,8 @@ for cut in 1 2 3; do
   echo "| $cut | $refused of 2 devices (exit $rc) | ${fakes:-—} | $batches | ${ssim:-—} |"
 done
 
+fi
+if [[ " $parts " == *" 3 "* ]]; then
 echo
 echo "### 3. An honest server: the guard's false alarms and cost"
 echo
@@ -86,8 +92,9 @@ for mode in sl sfl-v2; do
     rc_off=$(run "$off")
     rc_on=$(run "$on")
     [ "$rc_off" = 0 ] || { tail -20 "$out/$off.log"; exit 1; }
-    refused=$(grep -l "training hijacking suspected" "$out/$on"/client-*.log 2>/dev/null | wc -l)
-    scores=$(for c in "$out/$on"/client-*.log; do grep -oE 'SplitGuard: mean score [0-9.]+' "$c" | tail -1 | grep -oE '[0-9.]+$'; done | paste -sd, || true)
+    refused=$( (grep -l "training hijacking suspected" "$out/$on"/client-*.log 2>/dev/null || true) | wc -l)
+    scores=$(for c in "$out/$on"/client-*.log; do (grep -oE 'SplitGuard: mean score [0-9.]+' "$c" || true) | tail -1 | grep -oE '[0-9.]+$' || true; done | paste -sd,)
     echo "| $mode | $cut | $refused of 2 (exit $rc_on) | ${scores:-—} | $(accuracy "$off") | $(accuracy "$on") |"
   done
 done
+fi
