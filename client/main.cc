@@ -58,8 +58,11 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "the mean SplitGuard score under which the device refuses the server (default 0.7)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--split-guard-fake-rate", f.client.split_guard.fake_rate,
-                 "the share of micro-batches sent as fakes after the warm-up (default 0.1)")
+                 "the share of micro-batches sent as fakes after the warm-up (default 0.05)")
       ->check(CLI::Range(0.01, 0.5));
+  app.add_option("--split-guard-fake-share", f.client.split_guard.fake_share,
+                 "the share of a fake micro-batch's labels moved (default 0.5)")
+      ->check(CLI::Range(0.05, 1.0));
   app.add_option("--model-dir", f.client.model_dir,
                  "this device's copy of the model's Hugging Face folder (model hf): split "
                  "tasks read their stages' frozen weights from it instead of downloading them")

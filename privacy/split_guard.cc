@@ -79,8 +79,9 @@ bool SplitGuard::NextIsFake() {
 void SplitGuard::Fake(int64_t classes, std::vector<int64_t>* labels) {
   if (classes < 2) return;
   const int64_t offset = std::uniform_int_distribution<int64_t>(1, classes - 1)(rng_);
+  std::bernoulli_distribution move(o_.fake_share);
   for (int64_t& y : *labels) {
-    if (y >= 0 && y < classes) y = (y + offset) % classes;
+    if (y >= 0 && y < classes && move(rng_)) y = (y + offset) % classes;
   }
 }
 

@@ -2,7 +2,7 @@
 // training-hijacking attacks in split learning"): a device's check that the server trains
 // the task it says, from the gradients it sends back (cleave-client --split-guard).
 //
-// Now and then the device sends a fake micro-batch: its labels each moved to another
+// Now and then the device sends a fake micro-batch: some of its labels moved to another
 // class. An honest server's gradient then pulls the client part somewhere else than on
 // the device's regular micro-batches; a server that ignores the labels (feature-space
 // hijacking, Pasquini et al. 2021: it trains the client part to feed its own decoder)
@@ -33,9 +33,14 @@ namespace cleave {
 
 struct SplitGuardOptions {
   bool enabled = false;
-  double fake_rate = 0.1;   // the chance that a micro-batch after the warm-up is a fake
+  // The chance that a micro-batch after the warm-up is a fake, and the share of a fake's
+  // labels moved (the paper's b_fake / batch). The paper's 0.1 and 1 cost an honest
+  // federation trained with plain SGD a great deal: the honest server steps on every fake
+  // (docs/benchmarks.md, "A malicious server and the device's guard").
+  double fake_rate = 0.05;
+  double fake_share = 0.5;
   int warmup = 20;          // micro-batches (over the device's tasks) before the guard starts
-  int min_fakes = 3;        // fakes scored (once both halves of the regulars have one) before it may refuse
+  int min_fakes = 10;       // fakes scored (once both halves of the regulars have one) before it may refuse
   double threshold = 0.7;   // the mean score under which it refuses
   double mult = 5, exp = 2; // the score's squashing
   uint64_t seed = 0;        // 0: from the OS (a device's); tests fix it
@@ -66,8 +71,9 @@ class SplitGuard {
   explicit SplitGuard(const SplitGuardOptions& options);
   // Whether the next micro-batch goes out as a fake.
   bool NextIsFake();
-  // `labels` moved, each by one random offset in [1, classes) modulo `classes`; labels
-  // outside [0, classes) (a language model's positions without a target) stay.
+  // `labels` moved by one random offset in [1, classes) modulo `classes`, each with
+  // probability fake_share; labels outside [0, classes) (a language model's positions
+  // without a target) stay.
   void Fake(int64_t classes, std::vector<int64_t>* labels);
   // The first-tensor gradient of a micro-batch that came back. After a fake,
   // PERMISSION_DENIED (saying the score) once the mean score is under the threshold.
