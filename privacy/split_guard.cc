@@ -72,8 +72,7 @@ SplitGuard::SplitGuard(const SplitGuardOptions& options)
     : o_(options), rng_(options.seed != 0 ? options.seed : OsSeed()) {}
 
 bool SplitGuard::NextIsFake() {
-  const bool fake = ++seen_ > o_.warmup && std::uniform_real_distribution<double>(0, 1)(rng_) < o_.fake_rate;
-  return fake;
+  return ++seen_ > o_.warmup && std::uniform_real_distribution<double>(0, 1)(rng_) < o_.fake_rate;
 }
 
 void SplitGuard::Fake(int64_t classes, std::vector<int64_t>* labels) {

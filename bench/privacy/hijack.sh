@@ -8,7 +8,7 @@
 #   2. the same with every device's SplitGuard on (local.split_guard): when it refuses
 #      the server, after how many fakes, and what the server read of every micro-batch
 #      it received before that (all recorded);
-#   3. an honest server with and without the guard, at every cut, sl and sfl-v2, 3
+#   3. an honest server with and without the guard, at every cut, sl and sfl-v2, 6
 #      rounds: whether the guard refuses (it must not), its mean score, and the test
 #      accuracy it costs (the fakes' moved labels train the server's part).
 # Prints three Markdown tables (PARTS="3" for the third alone).
@@ -65,7 +65,7 @@ echo
 printf '| cut | refused | fakes scored when it refused (per device) | micro-batches the server trained on | SSIM of all it read before |\n| --- | --- | --- | --- | --- |\n'
 for cut in 1 2 3; do
   name=guarded-cut$cut
-  job "$name" 3 "mode: sfl-v2, cut: $cut, hijack: fsha, record: 1000" ", split_guard: true"
+  job "$name" 6 "mode: sfl-v2, cut: $cut, hijack: fsha, record: 1000" ", split_guard: true"
   rc=$(run "$name")
   refused=$( (grep -l "training hijacking suspected" "$out/$name"/client-*.log 2>/dev/null || true) | wc -l)
   fakes=$(grep -h "training hijacking suspected" "$out/$name"/client-*.log | grep error | grep -oE 'over [0-9]+ fake' | grep -oE '[0-9]+' | paste -sd, || true)
@@ -87,8 +87,8 @@ for mode in sl sfl-v2; do
   for cut in 1 2 3 4; do
     off=honest-$mode-cut$cut
     on=guard-$mode-cut$cut
-    job "$off" 3 "mode: $mode, cut: $cut" ""
-    job "$on" 3 "mode: $mode, cut: $cut" ", split_guard: true"
+    job "$off" 6 "mode: $mode, cut: $cut" ""
+    job "$on" 6 "mode: $mode, cut: $cut" ", split_guard: true"
     rc_off=$(run "$off")
     rc_on=$(run "$on")
     [ "$rc_off" = 0 ] || { tail -20 "$out/$off.log"; exit 1; }

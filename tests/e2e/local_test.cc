@@ -495,7 +495,7 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=400", partition: i
 }
 
 // A red-team server (split.hijack: fsha) hijacks training; every device's SplitGuard
-// (local.split_guard) catches it within its first fakes and refuses the server, which
+// (local.split_guard) catches it at its first verdict and refuses the server, which
 // then has no results and ends the run. The same devices with an honest server train
 // on: the guard scores it high and the federation learns.
 TEST_F(LocalTest, DevicesGuardsRefuseAHijackingServerAndNotAnHonestOne) {
