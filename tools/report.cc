@@ -557,7 +557,7 @@ StatusOr<RunRecord> LoadRun(const std::string& run_dir) {
       run.rounds.push_back(std::move(row));
     }
   }
-  for (const char* kind : {"images", "labels", "tokens", "updates"}) {
+  for (const char* kind : {"images", "labels", "tokens", "updates", "hijack"}) {
     auto attack = ReadFile((fs::path(run_dir) / "attack" / absl::StrCat(kind, ".json")).string());
     if (!attack.ok()) continue;
     json j = json::parse(*attack, nullptr, /*allow_exceptions=*/false);
@@ -595,7 +595,8 @@ struct Leakage {
 };
 const std::vector<std::string> kLeakageColumns = {
     "run", "final", "reconstruction SSIM (learned / optimised)", "labels from gradients (accuracy, AUC)",
-    "labels that crossed, true", "tokens recovered (nearest / learned)", "federated updates: SSIM, labels"};
+    "labels that crossed, true", "tokens recovered (nearest / learned)", "federated updates: SSIM, labels",
+    "a hijacking server's SSIM"};
 
 Leakage LeakageOf(const std::vector<RunRecord>& runs) {
   Leakage out;
@@ -611,6 +612,7 @@ Leakage LeakageOf(const std::vector<RunRecord>& runs) {
     const json& lab = a.contains("labels") ? a["labels"] : none;
     const json& tok = a.contains("tokens") ? a["tokens"] : none;
     const json& upd = a.contains("updates") ? a["updates"] : none;
+    const json& hij = a.contains("hijack") ? a["hijack"] : none;
     const auto learned = num(img, "learned_ssim"), optimised = num(img, "optimised_ssim");
     out.rows.push_back({
         runs[i].name, s.final_value,
@@ -622,7 +624,8 @@ Leakage LeakageOf(const std::vector<RunRecord>& runs) {
         num(tok, "nearest_rate") || num(tok, "learned_rate")
             ? absl::StrCat(pct(num(tok, "nearest_rate")), " / ", pct(num(tok, "learned_rate")))
             : "-",
-        num(upd, "ssim") ? absl::StrCat(Short(*num(upd, "ssim")), ", ", pct(num(upd, "labels_right"))) : "-"});
+        num(upd, "ssim") ? absl::StrCat(Short(*num(upd, "ssim")), ", ", pct(num(upd, "labels_right"))) : "-",
+        num(hij, "hijack_ssim") ? Short(*num(hij, "hijack_ssim")) : "-"});
     const Headline h = HeadlineOf(runs[i]);
     std::optional<double> last;
     for (const json& row : runs[i].rounds) {

@@ -178,13 +178,15 @@ TEST_F(ReportTest, RecordedRunsGetTheirMeasuredLeakage) {
       << R"({"examples": 40, "direction_auc": 0.915, "direction_accuracy": 0.867, "crossed_true": 1.0})";
   std::ofstream(fs::path(noisy) / "attack" / "images.json") << R"({"images": 64, "learned_ssim": 0.31, "round": 0})";
   std::ofstream(fs::path(noisy) / "attack" / "updates.json") << "not json";  // ignored
+  std::ofstream(fs::path(noisy) / "attack" / "hijack.json") << R"({"images": 256, "hijack_ssim": 0.52, "mean_ssim": 0.14})";
   auto html = WriteReport({{open, noisy, plain}, (dir_ / "report").string()});
   ASSERT_TRUE(html.ok()) << html.status();
   const std::string page = *ReadFile(*html);
   EXPECT_THAT(page, HasSubstr("<h2>Measured leakage</h2>"));
   EXPECT_THAT(page, HasSubstr("<tr><td>open</td><td>70.00%</td><td>0.71 / 0.76</td><td>86.7 %, 0.915</td>"
-                              "<td>100.0 %</td><td>-</td><td>-</td></tr>"));
-  EXPECT_THAT(page, HasSubstr("<tr><td>noisy</td><td>40.00%</td><td>0.31 / -</td><td>-</td>"));
+                              "<td>100.0 %</td><td>-</td><td>-</td><td>-</td></tr>"));
+  EXPECT_THAT(page, HasSubstr("<tr><td>noisy</td><td>40.00%</td><td>0.31 / -</td><td>-</td><td>-</td><td>-</td><td>-</td>"
+                              "<td>0.52</td></tr>"));
   EXPECT_THAT(page, Not(HasSubstr("<tr><td>plain</td><td>")));
   EXPECT_THAT(page, HasSubstr("<title>0.76, 0.7</title>")) << "open's point: the stronger attack's SSIM";
   EXPECT_THAT(page, HasSubstr("<title>0.31, 0.4</title>"));
