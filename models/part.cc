@@ -513,14 +513,27 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
         logits, y,
         torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(
             impl_->training.label_smoothing));
+    LossStep r;
+    r.loss = loss.item<double>();
+    // A diverged part (or activations it cannot take) stops here, before any gradient
+    // reaches its weights or the caller.
+    const auto diverged = [&] {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the loss or its gradient is not finite (loss ", r.loss, "): no step taken"));
+    };
+    if (!std::isfinite(r.loss)) return diverged();
     if (impl_->accumulate > 0) {
       (share > 0 ? loss * share : loss / impl_->accumulate).backward();
     } else {
       loss.backward();
+      if (x.requires_grad() && x.grad().defined() && !torch::isfinite(x.grad()).all().item<bool>()) {
+        for (auto& [name, t] : impl_->params) {
+          if (t.grad().defined()) t.mutable_grad().zero_();
+        }
+        return diverged();
+      }
       impl_->Step(from);
     }
-    LossStep r;
-    r.loss = loss.item<double>();
     r.correct = logits.argmax(1).eq(y).sum().item<int64_t>();
     r.grad_in = Impl::InputGrad(x);
     return r;

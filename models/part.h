@@ -130,7 +130,8 @@ class ModelPart {
   // per sample; for outputs [B, T, classes], one per token, B * T), backward, optimizer
   // step.
   // Under SetAccumulate, `share` > 0 is the micro-batch's share of the batch's loss (it
-  // back-propagates loss x share; 0: 1 / micro_batches).
+  // back-propagates loss x share; 0: 1 / micro_batches). FAILED_PRECONDITION, and no
+  // step, when the loss (or, stepping, the input's gradient) is not finite.
   StatusOr<LossStep> TrainWithLoss(const Activations& in, const std::vector<int64_t>& labels,
                                    int from = -1, double share = 0);
 

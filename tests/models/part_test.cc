@@ -179,6 +179,24 @@ TEST(ModelPartTest, AProbeReturnsTheFirstGradientAndStepsOnlyWhenAsked) {
   EXPECT_EQ((*part)->BackwardProbe(3, g, true).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A diverged part (here: activations so large that the logits overflow) takes no step
+// and says so, rather than passing a non-finite gradient on.
+TEST(ModelPartTest, ANonFiniteLossTakesNoStep) {
+  auto part = ModelPart::Create({"mlp", "", 1}, 2, 3);
+  ASSERT_TRUE(part.ok()) << part.status();
+  LocalTrainOptions sgd;
+  ASSERT_TRUE((*part)->ResetOptimizer(sgd).ok());
+  const ParameterSet before = (*part)->Parameters();
+  Activations huge = Random({4, 200}, 1);
+  for (float& v : huge.values) v = v > 0 ? 3e38f : -3e38f;
+  auto step = (*part)->TrainWithLoss(huge, {0, 1, 2, 3});
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition) << step.status();
+  ExpectSameParameters((*part)->Parameters(), before, "after a non-finite loss");
+  auto fine = (*part)->TrainWithLoss(Random({4, 200}, 2), {0, 1, 2, 3});
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_TRUE(std::isfinite(fine->loss));
+}
+
 // What a stage's forward pass keeps is this thread's tensors alone: another thread
 // allocating and freeing large buffers meanwhile (a simulation's other clients
 // training) changes nothing of it.
