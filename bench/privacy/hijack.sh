@@ -11,12 +11,15 @@
 #   3. an honest server with and without the guard, at every cut, sl and sfl-v2, 6
 #      rounds: whether the guard refuses (it must not), its mean score, and the test
 #      accuracy it costs (the fakes' moved labels train the server's part).
-# Prints three Markdown tables (PARTS="3" for the third alone).
+# Prints three Markdown tables (PARTS="3" for the third alone; TRAIN="optimizer: adam,
+# lr: 0.001" for another optimizer than plain SGD at lr 0.05, into runs/bench-hijack-TAG
+# with TAG set).
 #   bench/privacy/hijack.sh
 # Run directories go to runs/bench-hijack/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=runs/bench-hijack
+out=runs/bench-hijack${TAG:+-$TAG}
+train=${TRAIN:-lr: 0.05}
 mkdir -p "$out"
 source bench/common.sh
 bench_bin  # copies of the binaries: a rebuild meanwhile does not disturb the runs
@@ -29,7 +32,7 @@ run: {name: bench-hijack, rounds: $2, seed: 1}
 model: {name: lenet5}
 data: {test: "fmnist:$fmnist", test_limit: 2000}
 clients: {min: 2, quorum: 1.0, round_deadline_s: 300}
-train: {local_epochs: 1, batch_size: 32, lr: 0.05}
+train: {local_epochs: 1, batch_size: 32, $train}
 split: {$3}
 local: {data: "fmnist:$fmnist,limit=4000", partition: iid, clients: 2$4}
 YAML

@@ -507,8 +507,14 @@ clients: {min: 2, quorum: 1.0, round_deadline_s: 120}
 train: {local_epochs: 1, batch_size: 32, lr: 0.05}
 local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: iid, clients: 2, split_guard: true}
 )";
-  std::ofstream(config_) << job << "split: {mode: sfl-v2, cut: 1, hijack: fsha}\n";
+  std::ofstream(config_) << job << "split: {mode: sfl-v2, cut: 1, hijack: fsha, record: 2}\n";
   EXPECT_NE(Wait(Start({}, "hijacked"), 300), 0) << "no results: the run fails";
+  // What the hijack read before the refusal, scored against the devices' copies.
+  ASSERT_EQ(Wait(Spawn({"cleave", "attack", "hijack", (dir_ / "hijacked").string()}, "hijack.txt"), 60), 0)
+      << ReadFile((dir_ / "hijack.txt").string()).value_or("");
+  const std::string scored = ReadFile((dir_ / "hijack.txt").string()).value_or("");
+  EXPECT_GE(Number(scored, "round 1: %lf images; hijack SSIM"), 128) << "2 devices x 2 micro-batches of 32\n" << scored;
+  EXPECT_TRUE(fs::exists(dir_ / "hijacked" / "attack" / "hijack.json"));
   for (const char* client : {"client-0.log", "client-1.log"}) {
     const std::string log = ReadFile((dir_ / "hijacked" / client).string()).value_or("");
     EXPECT_NE(log.find("training hijacking suspected"), std::string::npos) << client << ":\n" << log;
