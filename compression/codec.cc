@@ -519,7 +519,7 @@ StatusOr<std::unique_ptr<Codec>> MakeStatelessCodec(const std::string& spec, uin
   if (codec->stateful()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "codec ", spec, " keeps state across calls (error feedback) and cannot encode "
-        "something new every call (use fp16, bf16, int8[:channel|:token][:sr] or qsgd:S)"));
+        "something new every call (use fp16, bf16, int8[:channel|:token][:sr], qsgd:S or topk:F:noef)"));
   }
   return codec;
 }
@@ -594,7 +594,7 @@ Registry<CodecFactory>& Codecs() {
           return std::unique_ptr<Codec>(new QsgdCodec(s.spec, levels, s.seed));
         },
         "qsgd:S");
-    r->AddBuiltin("topk", MakeTopK, "topk:F[:ef21]");
+    r->AddBuiltin("topk", MakeTopK, "topk:F[:ef21|:noef]");
     r->AddBuiltin("randk", MakeRandK, "randk:F");
     r->AddBuiltin("sign", MakeSign);
     r->AddBuiltin("powersgd", MakePowerSgd, "powersgd:R");

@@ -20,6 +20,8 @@
 //                   rounded (unbiased), packed in ceil(log2(2S + 1)) bits
 //   topk:F          the ceil(F * n) values of largest magnitude (0 < F <= 1) as (index,
 //                   value) pairs, with error feedback
+//   topk:F:noef     the same encoding without error feedback: stateless (activations
+//                   and gradients at a cut), what is not sent is lost
 //   topk:F:ef21     the same encoding with EF21's feedback (Richtarik et al. 2021): the
 //                   slot holds h, the sum of all sent, and the top k of (in - h) are
 //                   sent, so each upload is an increment of h; the server keeps the

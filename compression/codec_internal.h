@@ -122,7 +122,7 @@ inline uint32_t CallSeed(std::mt19937_64& rng) {
   return static_cast<uint32_t>(x ^ (x >> 32));
 }
 
-// The sparse and low-rank families (sparse_codecs.cc): topk:F[:ef21], randk:F, sign,
+// The sparse and low-rank families (sparse_codecs.cc): topk:F[:ef21|:noef], randk:F, sign,
 // powersgd:R.
 StatusOr<std::unique_ptr<Codec>> MakeTopK(const CodecSpec& s);
 StatusOr<std::unique_ptr<Codec>> MakeRandK(const CodecSpec& s);

@@ -103,14 +103,29 @@ std::vector<uint32_t> AddAndFindTop(std::vector<float>& v, const float* in, int6
 // Top-k: u32 k, k u32 indices (increasing), k float32 values.
 class TopKCodec : public ErrorFeedbackCodec {
  public:
-  TopKCodec(std::string name, double fraction, bool ef21)
-      : ErrorFeedbackCodec(std::move(name)), fraction_(fraction), ef21_(ef21) {}
+  // How what is not sent is kept: classic error feedback, EF21's estimate, or not at all
+  // (stateless: each call sends the top k of its input alone).
+  enum class Feedback { kClassic, kEf21, kNone };
+  TopKCodec(std::string name, double fraction, Feedback feedback)
+      : ErrorFeedbackCodec(std::move(name)), fraction_(fraction), ef21_(feedback == Feedback::kEf21),
+        feedback_(feedback != Feedback::kNone) {}
+  bool stateful() const override { return feedback_; }
   int64_t EncodedSize(const Shape& shape) const override {
     return 4 + 8 * KOf(fraction_, NumElements(shape));
   }
 
   void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
     const int64_t n = NumElements(shape), k = KOf(fraction_, n);
+    if (!feedback_) {  // the top k of `in`, nothing kept
+      scratch_.assign(n, 0.0f);
+      const std::vector<uint32_t> idx = AddAndFindTop(scratch_, in, k, mask_);
+      char* p = Grow(out, 4 + 8 * k);
+      const auto count = static_cast<uint32_t>(k);
+      std::memcpy(p, &count, 4);
+      std::memcpy(p + 4, idx.data(), 4 * k);
+      for (int64_t j = 0; j < k; ++j) std::memcpy(p + 4 + 4 * k + 4 * j, &scratch_[idx[j]], 4);
+      return;
+    }
     std::vector<float>& v = Slot(slot, n);
     // Classic error feedback: v is the residual, and the top k of residual + in are sent.
     // EF21: v is the estimate h of this client's update that the server tracks too (the
@@ -179,9 +194,9 @@ class TopKCodec : public ErrorFeedbackCodec {
 
  private:
   const double fraction_;
-  const bool ef21_;
+  const bool ef21_, feedback_;
   std::vector<uint8_t> mask_;   // scratch, kept across calls
-  std::vector<float> scratch_;  // EF21: in - h
+  std::vector<float> scratch_;  // EF21: in - h; without feedback: in
 };
 
 // Random-k: u64 seed, then k float32 values, value j at Position(seed, j) in stride j.
@@ -378,10 +393,16 @@ class PowerSgdCodec : public ErrorFeedbackCodec {
 
 StatusOr<std::unique_ptr<Codec>> MakeTopK(const CodecSpec& s) {
   CodecSpec fraction = s;
-  const bool ef21 = absl::EndsWith(s.arg, ":ef21");
-  if (ef21) fraction.arg.resize(fraction.arg.size() - 5);
+  TopKCodec::Feedback feedback = TopKCodec::Feedback::kClassic;
+  for (const auto& [suffix, kind] : {std::pair<const char*, TopKCodec::Feedback>{":ef21", TopKCodec::Feedback::kEf21},
+                                     {":noef", TopKCodec::Feedback::kNone}}) {
+    if (absl::EndsWith(s.arg, suffix)) {
+      fraction.arg.resize(fraction.arg.size() - std::strlen(suffix));
+      feedback = kind;
+    }
+  }
   ASSIGN_OR_RETURN(double f, fraction.Fraction());
-  return std::unique_ptr<Codec>(new TopKCodec(s.spec, f, ef21));
+  return std::unique_ptr<Codec>(new TopKCodec(s.spec, f, feedback));
 }
 
 StatusOr<std::unique_ptr<Codec>> MakeRandK(const CodecSpec& s) {

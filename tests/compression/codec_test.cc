@@ -61,7 +61,7 @@ float MaxAbs(const float* v, int64_t n) {
 // Every codec, with its parameters.
 const std::vector<std::string> kAllSpecs = {
     "none", "fp16", "bf16", "int8", "int8:sr", "int8:channel", "int8:channel:sr", "int8:token",
-    "int8:token:sr", "qsgd:1", "qsgd:4", "qsgd:127", "topk:0.1", "randk:0.1", "sign", "powersgd:1", "powersgd:3",
+    "int8:token:sr", "qsgd:1", "qsgd:4", "qsgd:127", "topk:0.1", "topk:0.1:noef", "randk:0.1", "sign", "powersgd:1", "powersgd:3",
     "nf4", "nf4:dq"};
 
 TEST(CodecTest, HalfAndBfloatConversionsRoundToNearestEven) {
@@ -234,6 +234,21 @@ TEST(CodecTest, TopKKeepsExactlyTheLargestMagnitudes) {
     }
   }
   EXPECT_EQ(c->EncodedSize(Flat(in)), 4 + 10 * 8);
+}
+
+// Without error feedback each call sends the top k of its own input, exactly, and keeps
+// nothing: the same input twice encodes the same bytes.
+TEST(CodecTest, TopKWithoutFeedbackSendsEachInputsTopAlone) {
+  auto c = Make("topk:0.01:noef");
+  EXPECT_FALSE(c->stateful());
+  const auto in = Random(1000, 3);
+  const auto reference = Make("topk:0.01");  // its first call has nothing owed yet
+  EXPECT_EQ(RoundTrip(*c, in, 1), RoundTrip(*reference, in, 1));
+  std::string first, second;
+  c->Encode(1, in.data(), Flat(in), &first);
+  c->Encode(1, in.data(), Flat(in), &second);
+  EXPECT_EQ(first, second);
+  EXPECT_TRUE(c->Residual(1).empty());
 }
 
 // EF21: the codec keeps h, the sum of all it sent, and sends the top k of in - h.
@@ -482,7 +497,7 @@ TEST(CodecTest, CompressedSetsDescribeThemselvesAndAreChecked) {
 }
 
 TEST(CodecTest, UnknownSpecsAreRefused) {
-  for (const char* spec : {"zip", "topk:0", "topk:1.5", "topk:x", "topk:0.1:ef22", "topk:ef21", "randk:0", "qsgd:0", "qsgd:128",
+  for (const char* spec : {"zip", "topk:0", "topk:1.5", "topk:x", "topk:0.1:ef22", "topk:ef21", "topk:noef", "topk:0.1:noef:ef21", "randk:0", "qsgd:0", "qsgd:128",
                            "qsgd", "powersgd:0", "powersgd:65", "int8:foo", "sign:2"}) {
     EXPECT_EQ(MakeCodec(spec).status().code(), absl::StatusCode::kInvalidArgument) << spec;
   }
@@ -490,7 +505,7 @@ TEST(CodecTest, UnknownSpecsAreRefused) {
   for (const char* spec : {"topk:0.1", "randk:0.1", "sign", "powersgd:2"}) {
     EXPECT_EQ(MakeStatelessCodec(spec, 0).status().code(), absl::StatusCode::kInvalidArgument) << spec;
   }
-  for (const char* spec : {"fp16", "int8:channel:sr", "qsgd:8"}) {
+  for (const char* spec : {"fp16", "int8:channel:sr", "qsgd:8", "topk:0.1:noef"}) {
     EXPECT_TRUE(MakeStatelessCodec(spec, 0).ok()) << spec;
   }
   for (const auto& spec : kAllSpecs) {
