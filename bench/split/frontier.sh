@@ -26,7 +26,7 @@ bench_bin  # copies of the binaries: a rebuild meanwhile does not disturb the ru
 # name|split options|compression options
 defenses=("none||" "noise-0.5|activation_noise: 0.5|" "noise-1|activation_noise: 1|"
           "noise-2|activation_noise: 2|" "nopeek-0.5|nopeek: 0.5|" "nopeek-2|nopeek: 2|"
-          "int8||activations: int8" "qsgd-4||activations: \"qsgd:4\"" "ushaped|mode: ushaped|"
+          "int8||activations: int8" "qsgd-4||activations: \"qsgd:4\"" "topk-0.1||activations: \"topk:0.1:noef\"" "ushaped|mode: ushaped|"
           "labeldp-1|label_epsilon: 1|" "labeldp-3|label_epsilon: 3|")
 for cut in $cuts; do
   for d in "${defenses[@]}"; do

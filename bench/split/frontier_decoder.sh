@@ -23,6 +23,7 @@ text="text:/usr/share/games/fortunes,context=64"
 # name|split options|compression options
 defenses=("none||" "noise-0.1|activation_noise: 0.1|" "noise-0.3|activation_noise: 0.3|"
           "noise-1|activation_noise: 1|" "nopeek-0.5|nopeek: 0.5|" "int8||activations: int8"
+          "topk-0.1||activations: \"topk:0.1:noef\""
           "ushaped|mode: ushaped|" "labeldp-8|label_epsilon: 8|")
 for cut in $cuts; do
   for d in "${defenses[@]}"; do
