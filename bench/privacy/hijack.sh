@@ -59,7 +59,6 @@ for cut in 1 2 3; do
   mean=$(grep '^total' "$out/$name.attack" | sed -E 's/.*the mean image SSIM ([0-9.]+).*/\1/')
   echo "| $cut | $row | $mean |"
 done
-
 fi
 if [[ " $parts " == *" 2 "* ]]; then
 echo

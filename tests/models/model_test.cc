@@ -374,12 +374,16 @@ ParameterSet ExpectResNetTrainsLikePyTorch(const ModelSpec& spec, const std::str
   auto s1 = (*ours)->Train(data, o);
   auto s2 = (*stock)->Train(data, o);
   EXPECT_TRUE(s1.ok() && s2.ok());
-  if (s1.ok() && s2.ok()) EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
+  if (s1.ok() && s2.ok()) {
+    EXPECT_NEAR(s1->loss, s2->loss, 1e-4);
+  }
   ExpectTrainedAlike(start, (*ours)->Parameters(), (*stock)->Parameters(), tol);
   auto e1 = (*ours)->Evaluate(data, 64);
   auto e2 = (*stock)->Evaluate(data, 64);
   EXPECT_TRUE(e1.ok() && e2.ok());
-  if (e1.ok() && e2.ok()) EXPECT_NEAR(e1->loss, e2->loss, 1e-3);
+  if (e1.ok() && e2.ok()) {
+    EXPECT_NEAR(e1->loss, e2->loss, 1e-3);
+  }
   return start;
 }
 
