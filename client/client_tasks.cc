@@ -756,7 +756,7 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   }
   ++tasks_done;
   if (split_guard && split_guard->fakes() > 0) {
-    spdlog::info("round {}: SplitGuard: mean score {:.3f} over {} fake micro-batches", task.round(),
+    spdlog::info("round {}: SplitGuard: mean score {:.3f} of its last scores, {} fake micro-batches so far", task.round(),
                  split_guard->mean_score(), split_guard->fakes());
   }
   spdlog::info("round {}: split task at [{}, {}) done: {} steps, {:.1f} ms/step (client {:.1f}, "

@@ -26,7 +26,7 @@ double Angle(const std::vector<double>& a, const std::vector<double>& b) {
 
 std::vector<double> Mean(const GradientSet& s) {
   std::vector<double> m = s.sum;
-  for (double& x : m) x /= static_cast<double>(s.n);
+  for (double& x : m) x /= s.weight;
   return m;
 }
 
@@ -45,7 +45,14 @@ void GradientSet::Add(const std::vector<float>& g) {
     sq += static_cast<double>(g[i]) * g[i];
   }
   norm_sum += std::sqrt(sq);
+  weight += 1;
   ++n;
+}
+
+void GradientSet::Decay(double factor) {
+  for (double& x : sum) x *= factor;
+  norm_sum *= factor;
+  weight *= factor;
 }
 
 double SplitGuardScore(const GradientSet& fakes, const GradientSet& r1, const GradientSet& r2, double mult,
@@ -84,21 +91,34 @@ void SplitGuard::Fake(int64_t classes, std::vector<int64_t>* labels) {
   }
 }
 
+double SplitGuard::mean_score() const {
+  if (scores_.empty()) return 1;
+  double sum = 0;
+  for (double s : scores_) sum += s;
+  return sum / static_cast<double>(scores_.size());
+}
+
 Status SplitGuard::Add(bool fake, const std::vector<float>& gradient) {
   if (gradient.empty()) return absl::OkStatus();  // nothing of the part trains
+  if (seen_ <= o_.warmup) return absl::OkStatus();
+  if (o_.memory > 0) {
+    const double factor = 1 - 1.0 / o_.memory;
+    for (GradientSet* s : {&fakes_, &r1_, &r2_}) s->Decay(factor);
+  }
   if (!fake) {
-    if (seen_ > o_.warmup) (std::bernoulli_distribution(0.5)(rng_) ? r1_ : r2_).Add(gradient);
+    (std::bernoulli_distribution(0.5)(rng_) ? r1_ : r2_).Add(gradient);
     return absl::OkStatus();
   }
   fakes_.Add(gradient);
   if (r1_.n == 0 || r2_.n == 0) return absl::OkStatus();
-  score_sum_ += SplitGuardScore(fakes_, r1_, r2_, o_.mult, o_.exp);
-  ++scores_;
-  if (scores_ >= o_.min_fakes && mean_score() < o_.threshold) {
+  scores_.push_back(SplitGuardScore(fakes_, r1_, r2_, o_.mult, o_.exp));
+  if (static_cast<int>(scores_.size()) > std::max(1, o_.min_fakes)) scores_.pop_front();
+  if (static_cast<int>(scores_.size()) >= o_.min_fakes && mean_score() < o_.threshold) {
     Status verdict = absl::PermissionDeniedError(absl::StrFormat(
         "SplitGuard: the server's gradients do not depend on the labels this device sends (mean score %.3f over "
-        "%d fake micro-batches, under %.2f): training hijacking suspected; this device stops training with it",
-        mean_score(), scores_, o_.threshold));
+        "the last %d of %d fake micro-batches, under %.2f): training hijacking suspected; this device stops training "
+        "with it",
+        mean_score(), scores_.size(), fakes_.n, o_.threshold));
     verdict.SetPayload(kVerdict, absl::Cord("1"));
     return verdict;
   }

@@ -18,11 +18,13 @@
 //
 // (the paper's, with its mult 5 and exp 2; R̄ = (R̄1 + R̄2) / 2). Honest training scores
 // near 1; a server whose gradients do not depend on the labels, near sigmoid(0)^2 = 0.25
-// and below. The guard refuses the server once the mean score over the fakes so far falls
-// under the threshold (after min_fakes of them).
+// and below. The guard refuses the server once the mean of its last min_fakes scores falls
+// under the threshold. Unlike the paper, old evidence fades (`memory`): a server that
+// trains honestly for a while and then hijacks is judged on its recent gradients.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <random>
 #include <string>
 #include <vector>
@@ -41,18 +43,26 @@ struct SplitGuardOptions {
   double fake_share = 0.5;
   int warmup = 20;          // micro-batches (over the device's tasks) before the guard starts
   int min_fakes = 10;       // fakes scored (once both halves of the regulars have one) before it may refuse
-  double threshold = 0.7;   // the mean score under which it refuses
+  double threshold = 0.7;   // the mean of the last min_fakes scores under which it refuses
+  // How long evidence counts, in micro-batches: every gradient set forgets by a factor
+  // (1 - 1/memory) a micro-batch, so a server that hijacks after training honestly is
+  // judged on what it does now. 0: everything since the start counts (the paper's).
+  int memory = 100;
   double mult = 5, exp = 2; // the score's squashing
   uint64_t seed = 0;        // 0: from the OS (a device's); tests fix it
 };
 
-// The mean gradients and mean norms of a set of gradients, as they come.
+// The mean gradient and mean norm of a set of gradients, as they come, each weighed by
+// how recent it is (Decay).
 struct GradientSet {
   std::vector<double> sum;
   double norm_sum = 0;
-  int64_t n = 0;
+  double weight = 0;  // of the gradients in the sums
+  int64_t n = 0;      // gradients added
   void Add(const std::vector<float>& g);
-  double mean_norm() const { return n > 0 ? norm_sum / static_cast<double>(n) : 0; }
+  // Scales what is in the set by `factor`: older gradients count less.
+  void Decay(double factor);
+  double mean_norm() const { return weight > 0 ? norm_sum / weight : 0; }
 };
 
 // The paper's score of fakes F against regulars R1, R2 (each with a gradient); 1 (no
@@ -76,18 +86,19 @@ class SplitGuard {
   // without a target) stay.
   void Fake(int64_t classes, std::vector<int64_t>* labels);
   // The first-tensor gradient of a micro-batch that came back. After a fake,
-  // PERMISSION_DENIED (saying the score) once the mean score is under the threshold.
+  // PERMISSION_DENIED (saying the score) once the mean of the last min_fakes scores is
+  // under the threshold.
   Status Add(bool fake, const std::vector<float>& gradient);
   int64_t fakes() const { return fakes_.n; }
-  double mean_score() const { return scores_ > 0 ? score_sum_ / static_cast<double>(scores_) : 1; }
+  // The mean of the last min_fakes scores (1 before any).
+  double mean_score() const;
 
  private:
   SplitGuardOptions o_;
   std::mt19937_64 rng_;
   int64_t seen_ = 0;  // micro-batches handed out
   GradientSet fakes_, r1_, r2_;
-  double score_sum_ = 0;
-  int64_t scores_ = 0;
+  std::deque<double> scores_;  // the last min_fakes
 };
 
 }  // namespace cleave

@@ -70,7 +70,7 @@ for cut in 1 2 3; do
   job "$name" 6 "mode: sfl-v2, cut: $cut, hijack: fsha, record: 1000" ", split_guard: true"
   rc=$(run "$name")
   refused=$( (grep -l "training hijacking suspected" "$out/$name"/client-*.log 2>/dev/null || true) | wc -l)
-  fakes=$(grep -h "training hijacking suspected" "$out/$name"/client-*.log | grep error | grep -oE 'over [0-9]+ fake' | grep -oE '[0-9]+' | paste -sd, || true)
+  fakes=$(grep -h "training hijacking suspected" "$out/$name"/client-*.log | grep error | grep -oE 'of [0-9]+ fake' | grep -oE '[0-9]+' | paste -sd, || true)
   batches=0
   for f in "$out/$name"/record/round-*/*.pb; do
     [ -e "$f" ] && batches=$(( batches + $(/usr/bin/python3 -c "import sys; b=open(sys.argv[1],'rb').read(); print(b.count(b'act/'))" "$f") ))

@@ -51,8 +51,9 @@ class HijackTest : public ::testing::Test {
   // Trains the client part [0, cut) for `steps` micro-batches of 32 against an honest
   // server part (the labels) or the hijack, the guard watching (with `threshold`);
   // returns the guard's refusal (OK: none) and leaves the client part in `client`.
+  // With `honest_steps`, the server trains honestly that long before it hijacks.
   Status Train(int cut, FeatureSpaceHijack* hijack, int steps, uint64_t seed, std::unique_ptr<ModelPart>* client,
-               double threshold = SplitGuardOptions().threshold) {
+               double threshold = SplitGuardOptions().threshold, int honest_steps = 0) {
     *client = Part(0, cut);
     std::unique_ptr<ModelPart> server = Part(cut, 5);
     SplitGuardOptions go;
@@ -67,7 +68,7 @@ class HijackTest : public ::testing::Test {
       const bool fake = guard.NextIsFake();
       if (fake) guard.Fake(10, &labels);
       Activations grad;
-      if (hijack != nullptr) {
+      if (hijack != nullptr && step >= honest_steps) {
         ASSIGN_OR_RETURN(FeatureSpaceHijack::Step s, hijack->Train(z));
         grad = std::move(s.grad);
       } else {
@@ -142,6 +143,16 @@ TEST_F(HijackTest, TheGuardRefusesTheHijackAndNotAnHonestServer) {
       EXPECT_NE(s.message().find("training hijacking suspected"), std::string::npos) << s;
     }
   }
+}
+
+// A server that trains honestly for a while and then hijacks: the guard's evidence fades
+// (SplitGuardOptions::memory), so it is judged on what it does now and refused.
+TEST_F(HijackTest, TheGuardRefusesAServerThatHijacksLate) {
+  auto hijack = FeatureSpaceHijack::Create(spec_, 1, aux_, Options());
+  ASSERT_TRUE(hijack.ok()) << hijack.status();
+  std::unique_ptr<ModelPart> client;
+  Status s = Train(1, hijack->get(), 1500, 2, &client, SplitGuardOptions().threshold, /*honest_steps=*/600);
+  EXPECT_TRUE(IsSplitGuardVerdict(s)) << s;
 }
 
 TEST(SplitGuardScore, IsThePapersFormula) {
