@@ -133,20 +133,19 @@ TEST_F(HijackTest, TheHijackedPartFeedsTheServersDecoder) {
 // and lets an honest server train on.
 TEST_F(HijackTest, TheGuardRefusesTheHijackAndNotAnHonestServer) {
   for (int cut : {1, 3}) {
-    for (uint64_t seed : {1}) {
-      std::unique_ptr<ModelPart> client;
-      EXPECT_TRUE(Train(cut, nullptr, 500, seed, &client).ok()) << "honest server, cut " << cut << ", seed " << seed;
-      auto hijack = FeatureSpaceHijack::Create(spec_, cut, aux_, Options());
-      ASSERT_TRUE(hijack.ok()) << hijack.status();
-      Status s = Train(cut, hijack->get(), 500, seed, &client);
-      EXPECT_TRUE(IsSplitGuardVerdict(s)) << "hijack at cut " << cut << ", seed " << seed << ": " << s;
-      EXPECT_NE(s.message().find("training hijacking suspected"), std::string::npos) << s;
-    }
+    std::unique_ptr<ModelPart> client;
+    EXPECT_TRUE(Train(cut, nullptr, 500, /*seed=*/1, &client).ok()) << "honest server, cut " << cut;
+    auto hijack = FeatureSpaceHijack::Create(spec_, cut, aux_, Options());
+    ASSERT_TRUE(hijack.ok()) << hijack.status();
+    Status s = Train(cut, hijack->get(), 500, /*seed=*/1, &client);
+    EXPECT_TRUE(IsSplitGuardVerdict(s)) << "hijack at cut " << cut << ": " << s;
+    EXPECT_NE(s.message().find("training hijacking suspected"), std::string::npos) << s;
   }
 }
 
-// A server that trains honestly for a while and then hijacks: the guard's evidence fades
-// (SplitGuardOptions::memory), so it is judged on what it does now and refused.
+// A server that trains honestly for 600 micro-batches and then hijacks: the guard's
+// evidence fades (SplitGuardOptions::memory), so it is judged on what it does now and
+// refused (with memory 0, the paper's rule, it is not within these 1500).
 TEST_F(HijackTest, TheGuardRefusesAServerThatHijacksLate) {
   auto hijack = FeatureSpaceHijack::Create(spec_, 1, aux_, Options());
   ASSERT_TRUE(hijack.ok()) << hijack.status();
