@@ -116,24 +116,18 @@ class TopKCodec : public ErrorFeedbackCodec {
 
   void Encode(int slot, const float* in, const Shape& shape, std::string* out) override {
     const int64_t n = NumElements(shape), k = KOf(fraction_, n);
-    if (!feedback_) {  // the top k of `in`, nothing kept
+    // Classic error feedback: v, the slot's state, is the residual, and the top k of
+    // residual + in are sent. EF21: v is the estimate h of this client's update that the
+    // server tracks too (the sum of all sent so far); the top k of in - h are sent and
+    // added to h. Without feedback: the top k of in, and no state.
+    std::vector<float>* v = feedback_ ? &Slot(slot, n) : nullptr;
+    std::vector<float>* owed = v;
+    if (!feedback_) {
       scratch_.assign(n, 0.0f);
-      const std::vector<uint32_t> idx = AddAndFindTop(scratch_, in, k, mask_);
-      char* p = Grow(out, 4 + 8 * k);
-      const auto count = static_cast<uint32_t>(k);
-      std::memcpy(p, &count, 4);
-      std::memcpy(p + 4, idx.data(), 4 * k);
-      for (int64_t j = 0; j < k; ++j) std::memcpy(p + 4 + 4 * k + 4 * j, &scratch_[idx[j]], 4);
-      return;
-    }
-    std::vector<float>& v = Slot(slot, n);
-    // Classic error feedback: v is the residual, and the top k of residual + in are sent.
-    // EF21: v is the estimate h of this client's update that the server tracks too (the
-    // sum of all sent so far); the top k of in - h are sent and added to h.
-    std::vector<float>* owed = &v;
-    if (ef21_) {
+      owed = &scratch_;
+    } else if (ef21_) {
       scratch_.resize(n);
-      for (int64_t i = 0; i < n; ++i) scratch_[i] = -v[i];
+      for (int64_t i = 0; i < n; ++i) scratch_[i] = -(*v)[i];
       owed = &scratch_;
     }
     const std::vector<uint32_t> idx = AddAndFindTop(*owed, in, k, mask_);
@@ -144,10 +138,11 @@ class TopKCodec : public ErrorFeedbackCodec {
     for (int64_t j = 0; j < k; ++j) {
       const float sent = (*owed)[idx[j]];
       std::memcpy(p + 4 + 4 * k + 4 * j, &sent, 4);
+      if (v == nullptr) continue;
       if (ef21_) {
-        v[idx[j]] += sent;
+        (*v)[idx[j]] += sent;
       } else {
-        v[idx[j]] = 0.0f;  // sent: nothing of it is owed any more
+        (*v)[idx[j]] = 0.0f;  // sent: nothing of it is owed any more
       }
     }
   }

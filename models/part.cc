@@ -186,6 +186,13 @@ struct ModelPart::Impl {
     }
   }
 
+  // Drops every gradient the last backward pass left (no step).
+  void ZeroGrads() {
+    for (auto& [name, t] : params) {
+      if (t.grad().defined()) t.mutable_grad().zero_();
+    }
+  }
+
   static torch::Tensor Input(const Activations& in, int from) {
     auto x = ToTensor(in);
     if (from > 0) x.requires_grad_(true);
@@ -483,9 +490,7 @@ StatusOr<ModelPart::Probe> ModelPart::BackwardPass(int64_t id, const Activations
     if (step) {
       impl_->Step(p.from);
     } else {
-      for (auto& [name, t] : impl_->params) {
-        if (t.grad().defined()) t.mutable_grad().zero_();
-      }
+      impl_->ZeroGrads();
     }
     return out;
   } catch (const c10::Error& e) {
@@ -527,9 +532,7 @@ StatusOr<ModelPart::LossStep> ModelPart::TrainWithLoss(const Activations& in,
     } else {
       loss.backward();
       if (x.requires_grad() && x.grad().defined() && !torch::isfinite(x.grad()).all().item<bool>()) {
-        for (auto& [name, t] : impl_->params) {
-          if (t.grad().defined()) t.mutable_grad().zero_();
-        }
+        impl_->ZeroGrads();
         return diverged();
       }
       impl_->Step(from);

@@ -111,7 +111,7 @@ class ModelPart {
   // output), takes one optimizer step and returns the gradient with respect to the input
   // (empty when the micro-batch started at stage 0). NOT_FOUND for an unknown id.
   StatusOr<Activations> Backward(int64_t id, const Activations& grad_out);
-  // SplitGuard (split/guard.h): Backward that also returns the gradient of the part's
+  // SplitGuard (privacy/split_guard.h): Backward that also returns the gradient of the part's
   // first trainable tensor for this micro-batch alone (flattened), and with `step` false
   // drops every gradient of it instead of stepping: a probe batch leaves the weights as
   // they were. Not under SetAccumulate (FAILED_PRECONDITION).

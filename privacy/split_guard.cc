@@ -39,20 +39,24 @@ uint64_t OsSeed() {
 
 void GradientSet::Add(const std::vector<float>& g) {
   if (sum.empty()) sum.assign(g.size(), 0);
+  const double w = 1 / scale;
   double sq = 0;
   for (size_t i = 0; i < g.size() && i < sum.size(); ++i) {
-    sum[i] += g[i];
+    sum[i] += w * g[i];
     sq += static_cast<double>(g[i]) * g[i];
   }
-  norm_sum += std::sqrt(sq);
-  weight += 1;
+  norm_sum += w * std::sqrt(sq);
+  weight += w;
   ++n;
 }
 
 void GradientSet::Decay(double factor) {
-  for (double& x : sum) x *= factor;
-  norm_sum *= factor;
-  weight *= factor;
+  scale *= factor;
+  if (scale > 1e-100) return;
+  for (double& x : sum) x *= scale;  // before 1 / scale overflows: the sums at their worth
+  norm_sum *= scale;
+  weight *= scale;
+  scale = 1;
 }
 
 double SplitGuardScore(const GradientSet& fakes, const GradientSet& r1, const GradientSet& r2, double mult,

@@ -53,14 +53,16 @@ struct SplitGuardOptions {
 };
 
 // The mean gradient and mean norm of a set of gradients, as they come, each weighed by
-// how recent it is (Decay).
+// how recent it is (Decay). The sums hold each gradient divided by `scale` at its
+// arrival, so that Decay costs nothing: the means are ratios in which scale cancels.
 struct GradientSet {
   std::vector<double> sum;
   double norm_sum = 0;
   double weight = 0;  // of the gradients in the sums
+  double scale = 1;   // what the sums are worth now, per unit
   int64_t n = 0;      // gradients added
   void Add(const std::vector<float>& g);
-  // Scales what is in the set by `factor`: older gradients count less.
+  // Older gradients count `factor` times less than they did.
   void Decay(double factor);
   double mean_norm() const { return weight > 0 ? norm_sum / weight : 0; }
 };

@@ -17,8 +17,7 @@ SplitStream::SplitStream(Coordinator& core, SplitStreamTask task)
       assembler_(static_cast<size_t>(4 * task_.max_elements)),
       recorder_(task_.record_path, task_.record) {}
 
-void SplitStream::Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient,
-                         const FeatureSpaceHijack* hijack) {
+void SplitStream::Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient) {
   ParameterSet part;
   int cut = 0;
   if (recorder_.empty()) {  // the part this client was sent, and its cut, with its first micro-batch
@@ -27,7 +26,7 @@ void SplitStream::Record(Tensor activations, std::vector<int64_t> labels, const 
     cut = task_.round->CutOf(task_.client_id).value_or(0);
   }
   Tensor reconstruction;
-  if (hijack != nullptr) {  // what the hijack reads of this micro-batch
+  if (const auto& hijack = task_.round->options().hijack) {  // what the hijack reads of this micro-batch
     StatusOr<Activations> r = hijack->Reconstruct(Activations{activations.shape, activations.values});
     if (r.ok()) reconstruction = Tensor{"", r->shape, std::move(r->values)};
   }
@@ -71,7 +70,7 @@ StatusOr<std::vector<v1::SplitDown>> SplitStream::Process(v1::SplitUp in) {
     } else {
       ASSIGN_OR_RETURN(ModelPart::LossStep step,
                        round.TrainStep(task_.client_id, act, labels, {b.loss_weight(), b.batch_end()}));
-      if (recorder_.wants()) Record(Tensor{"", act.shape, act.values}, labels, step.grad_in, round.options().hijack.get());
+      if (recorder_.wants()) Record(Tensor{"", act.shape, act.values}, labels, step.grad_in);
       auto* r = out.mutable_result();
       r->set_seq(b.seq());
       ToWire(step.grad_in, task_.grad_codec, grad_codec_.get(), r->mutable_grad());

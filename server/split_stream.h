@@ -45,9 +45,9 @@ class SplitStream {
                                  const Codec* codec) const;
   void ToWire(const Activations& a, const std::string& spec, Codec* codec,
               v1::TensorData* t) const;
-  // split.record: one micro-batch as it crossed, with what a hijack (split.hijack) reads of it.
-  void Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient,
-              const FeatureSpaceHijack* hijack = nullptr);
+  // split.record: one micro-batch as it crossed, with what the round's hijack
+  // (split.hijack) reads of it.
+  void Record(Tensor activations, std::vector<int64_t> labels, const Activations& gradient);
 
   Coordinator& core_;
   const SplitStreamTask task_;

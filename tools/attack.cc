@@ -184,9 +184,7 @@ int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   if (!aux_spec.empty()) {
     StatusOr<Dataset> aux = LoadDataSpec(aux_spec, /*train=*/false);
     if (!aux.ok()) return fail(absl::StrCat("--aux ", aux_spec, ": ", aux.status().message()));
-    std::vector<int64_t> idx(std::min(aux->size, o.aux_limit));
-    std::iota(idx.begin(), idx.end(), 0);
-    aux_in = InputBatch(*aux, idx);
+    aux_in = FirstInputs(*aux, o.aux_limit);
   }
   InversionOptions learned;
   learned.steps = o.steps;
