@@ -2,6 +2,7 @@
 #include "client/client_impl.h"
 
 #include "core/memory.h"
+#include "privacy/split_guard.h"
 
 namespace cleave {
 namespace {
@@ -363,7 +364,11 @@ Client::Impl::End Client::Impl::ServeTasks(v1::Coordinator::Stub* stub,
     }
     if (!s.ok()) {
       UpdateState([](ClientState& st) { ++st.tasks_failed; });
-      spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
+      if (IsSplitGuardVerdict(s)) {  // logged once, at the verdict; the server's later tasks are declined with it
+        spdlog::debug("task {} declined: {}", msg.task().task_id(), s.ToString());
+      } else {
+        spdlog::warn("task {} failed: {}", msg.task().task_id(), s.ToString());
+      }
       // Tell the server at once, so that the round need not wait for its deadline (a
       // task already uploaded or failed there ignores this).
       v1::TaskAck failed;

@@ -756,8 +756,8 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   }
   ++tasks_done;
   if (split_guard && split_guard->fakes() > 0) {
-    spdlog::info("round {}: SplitGuard: mean score {:.3f} of its last scores, {} fake micro-batches so far", task.round(),
-                 split_guard->mean_score(), split_guard->fakes());
+    spdlog::info("round {}: SplitGuard: mean score {:.3f} of its last {} scores, {} fake micro-batches so far",
+                 task.round(), split_guard->mean_score(), split_guard->scores(), split_guard->fakes());
   }
   spdlog::info("round {}: split task at [{}, {}) done: {} steps, {:.1f} ms/step (client {:.1f}, "
                "transfer {:.1f}, server {:.1f}), loss {:.4f}{}",

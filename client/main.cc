@@ -55,7 +55,7 @@ void AddFlags(CLI::App& app, Flags& f) {
                "SplitGuard: in sl and sfl split tasks, send fake micro-batches now and then and refuse a server "
                "whose gradients do not depend on the labels (training hijacking)");
   app.add_option("--split-guard-threshold", f.client.split_guard.threshold,
-                 "the mean SplitGuard score under which the device refuses the server (default 0.7)")
+                 "the mean SplitGuard score under which the device refuses the server (default 0.6)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--split-guard-fake-rate", f.client.split_guard.fake_rate,
                  "the share of micro-batches sent as fakes after the warm-up (default 0.05)")

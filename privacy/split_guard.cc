@@ -59,17 +59,15 @@ void GradientSet::Decay(double factor) {
   scale = 1;
 }
 
-double SplitGuardScore(const GradientSet& fakes, const GradientSet& r1, const GradientSet& r2, double mult,
-                       double exp) {
-  if (fakes.n == 0 || r1.n == 0 || r2.n == 0) return 1;
-  const std::vector<double> f = Mean(fakes), m1 = Mean(r1), m2 = Mean(r2);
-  std::vector<double> r(m1.size());
-  for (size_t i = 0; i < r.size(); ++i) r[i] = (m1[i] + m2[i]) / 2;
-  const double r_norm = (r1.mean_norm() + r2.mean_norm()) / 2;
-  const double fake_gap = std::abs(fakes.mean_norm() - r_norm), regular_gap = std::abs(r1.mean_norm() - r2.mean_norm());
-  const double d = fake_gap + regular_gap;
+double SplitGuardScore(const GradientSet& fakes, const GradientSet& controls, const GradientSet& regulars,
+                       double mult, double exp) {
+  if (fakes.n == 0 || controls.n == 0 || regulars.n == 0) return 1;
+  const std::vector<double> f = Mean(fakes), c = Mean(controls), r = Mean(regulars);
+  const double fake_gap = std::abs(fakes.mean_norm() - regulars.mean_norm());
+  const double control_gap = std::abs(controls.mean_norm() - regulars.mean_norm());
+  const double d = fake_gap + control_gap;
   if (d == 0) return 1;
-  const double x = Angle(f, r) * fake_gap / d - Angle(m1, m2) * regular_gap / d;
+  const double x = Angle(f, r) * fake_gap / d - Angle(c, r) * control_gap / d;
   return std::pow(1 / (1 + std::exp(-mult * x)), exp);
 }
 
@@ -107,15 +105,17 @@ Status SplitGuard::Add(bool fake, const std::vector<float>& gradient) {
   if (seen_ <= o_.warmup) return absl::OkStatus();
   if (o_.memory > 0) {
     const double factor = 1 - 1.0 / o_.memory;
-    for (GradientSet* s : {&fakes_, &r1_, &r2_}) s->Decay(factor);
+    for (GradientSet* s : {&fakes_, &controls_, &regulars_}) s->Decay(factor);
   }
   if (!fake) {
-    (std::bernoulli_distribution(0.5)(rng_) ? r1_ : r2_).Add(gradient);
+    // A control with chance rate / (1 - rate): as many controls as fakes, on average.
+    const double control = std::min(1.0, o_.fake_rate / std::max(1e-9, 1 - o_.fake_rate));
+    (std::bernoulli_distribution(control)(rng_) ? controls_ : regulars_).Add(gradient);
     return absl::OkStatus();
   }
   fakes_.Add(gradient);
-  if (r1_.n == 0 || r2_.n == 0) return absl::OkStatus();
-  scores_.push_back(SplitGuardScore(fakes_, r1_, r2_, o_.mult, o_.exp));
+  if (controls_.n == 0 || regulars_.n == 0) return absl::OkStatus();
+  scores_.push_back(SplitGuardScore(fakes_, controls_, regulars_, o_.mult, o_.exp));
   if (static_cast<int>(scores_.size()) > std::max(1, o_.min_fakes)) scores_.pop_front();
   if (static_cast<int>(scores_.size()) >= o_.min_fakes && mean_score() < o_.threshold) {
     Status verdict = absl::PermissionDeniedError(absl::StrFormat(

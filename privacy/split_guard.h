@@ -8,19 +8,23 @@
 // hijacking, Pasquini et al. 2021: it trains the client part to feed its own decoder)
 // sends gradients that look the same either way. The device keeps the gradient of its
 // part's first trainable tensor for every micro-batch after a warm-up, steps on the
-// regular ones only, and scores the fakes against the regulars (split at random into two
-// halves, R1 and R2):
+// regular ones only, and scores the fakes F against the regulars R, next to controls C:
+// regular micro-batches drawn at the fakes' rate, so as few and as noisy as they are.
 //
-//   d = |‖F‖ - ‖R‖| + |‖R1‖ - ‖R2‖|      ‖X‖: the mean norm of X's gradients, R = R1 ∪ R2
-//                                          (‖R‖ the mean of ‖R1‖ and ‖R2‖)
-//   x = θ(F̄, R̄) |‖F‖ - ‖R‖| / d - θ(R̄1, R̄2) |‖R1‖ - ‖R2‖| / d
+//   d = |‖F‖ - ‖R‖| + |‖C‖ - ‖R‖|         ‖X‖: the mean norm of X's gradients
+//   x = θ(F̄, R̄) |‖F‖ - ‖R‖| / d - θ(C̄, R̄) |‖C‖ - ‖R‖| / d
 //   score = sigmoid(mult · x) ^ exp        θ: the angle between mean gradients, radians
 //
-// (the paper's, with its mult 5 and exp 2; R̄ = (R̄1 + R̄2) / 2). Honest training scores
-// near 1; a server whose gradients do not depend on the labels, near sigmoid(0)^2 = 0.25
-// and below. The guard refuses the server once the mean of its last min_fakes scores falls
-// under the threshold. Unlike the paper, old evidence fades (`memory`): a server that
-// trains honestly for a while and then hijacks is judged on its recent gradients.
+// This is the paper's score with its mult 5 and exp 2, except that the paper compares
+// the fakes' gap with the gap between two random halves of the regulars. Each half holds
+// about ten times as many gradients as the fakes, so its mean wanders about three times
+// less, and noisy gradients that ignore the labels scored around the paper's threshold
+// (a hijack was missed once in CI; tests/split/hijack_test.cc). With controls, such a
+// server's F and C are alike: x is as often below 0 as above, and the score centres on
+// sigmoid(0)^2 = 0.25. Honest training scores near 1.
+// The guard refuses the server once the mean of its last min_fakes scores falls under
+// the threshold. Unlike the paper, old evidence fades (`memory`): a server that trains
+// honestly for a while and then hijacks is judged on its recent gradients.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +46,9 @@ struct SplitGuardOptions {
   double fake_rate = 0.05;
   double fake_share = 0.5;
   int warmup = 20;          // micro-batches (over the device's tasks) before the guard starts
-  int min_fakes = 10;       // fakes scored (once both halves of the regulars have one) before it may refuse
-  double threshold = 0.7;   // the mean of the last min_fakes scores under which it refuses
+  int min_fakes = 10;       // fakes scored (once controls and regulars have one) before it may refuse
+  double threshold = 0.6;   // the mean of the last min_fakes scores under which it refuses
+                            // (between a hijack's 0.25 and an honest server's 1)
   // How long evidence counts, in micro-batches: every gradient set forgets by a factor
   // (1 - 1/memory) a micro-batch, so a server that hijacks after training honestly is
   // judged on what it does now. 0: everything since the start counts (the paper's).
@@ -67,9 +72,9 @@ struct GradientSet {
   double mean_norm() const { return weight > 0 ? norm_sum / weight : 0; }
 };
 
-// The paper's score of fakes F against regulars R1, R2 (each with a gradient); 1 (no
-// evidence) when the norms give no difference (d = 0) or a set is empty.
-double SplitGuardScore(const GradientSet& fakes, const GradientSet& r1, const GradientSet& r2,
+// The score of fakes F against regulars R, with controls C (above); 1 (no evidence) when
+// the norms give no difference (d = 0) or a set is empty.
+double SplitGuardScore(const GradientSet& fakes, const GradientSet& controls, const GradientSet& regulars,
                        double mult = 5, double exp = 2);
 
 // Whether `s` is a guard's refusal (SplitGuard::Add's PERMISSION_DENIED), not another
@@ -92,14 +97,15 @@ class SplitGuard {
   // under the threshold.
   Status Add(bool fake, const std::vector<float>& gradient);
   int64_t fakes() const { return fakes_.n; }
-  // The mean of the last min_fakes scores (1 before any).
+  // The mean of the last min_fakes scores (1 before any), and how many it averages.
   double mean_score() const;
+  int scores() const { return static_cast<int>(scores_.size()); }
 
  private:
   SplitGuardOptions o_;
   std::mt19937_64 rng_;
   int64_t seen_ = 0;  // micro-batches handed out
-  GradientSet fakes_, r1_, r2_;
+  GradientSet fakes_, controls_, regulars_;
   std::deque<double> scores_;  // the last min_fakes
 };
 

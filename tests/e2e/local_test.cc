@@ -495,9 +495,9 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=400", partition: i
 }
 
 // A red-team server (split.hijack: fsha) hijacks training; every device's SplitGuard
-// (local.split_guard) catches it at its first verdict and refuses the server, which
-// then has no results and ends the run. The same devices with an honest server train
-// on: the guard scores it high and the federation learns.
+// (local.split_guard) catches it and refuses the server, which then has no results and
+// ends the run. The same devices with an honest server train on: the guard scores it
+// high and the federation learns.
 TEST_F(LocalTest, DevicesGuardsRefuseAHijackingServerAndNotAnHonestOne) {
   const std::string job = R"(
 run: {name: guard, rounds: 3, seed: 1}
@@ -529,7 +529,7 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
     EXPECT_EQ(log.find("training hijacking suspected"), std::string::npos) << client << ":\n" << log;
     const size_t last = log.rfind("SplitGuard: mean score");  // after the last round
     ASSERT_NE(last, std::string::npos) << log;
-    EXPECT_GT(Number(log.substr(last), "SplitGuard: mean score %lf"), 0.7) << log;
+    EXPECT_GT(Number(log.substr(last), "SplitGuard: mean score %lf"), 0.6) << "its threshold\n" << log;
   }
   const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "honest");
   ASSERT_EQ(rows.size(), 3u);
