@@ -107,9 +107,8 @@ class TopKCodec : public ErrorFeedbackCodec {
   // (stateless: each call sends the top k of its input alone).
   enum class Feedback { kClassic, kEf21, kNone };
   TopKCodec(std::string name, double fraction, Feedback feedback)
-      : ErrorFeedbackCodec(std::move(name)), fraction_(fraction), ef21_(feedback == Feedback::kEf21),
-        feedback_(feedback != Feedback::kNone) {}
-  bool stateful() const override { return feedback_; }
+      : ErrorFeedbackCodec(std::move(name)), fraction_(fraction), feedback_(feedback) {}
+  bool stateful() const override { return feedback_ != Feedback::kNone; }
   int64_t EncodedSize(const Shape& shape) const override {
     return 4 + 8 * KOf(fraction_, NumElements(shape));
   }
@@ -120,12 +119,12 @@ class TopKCodec : public ErrorFeedbackCodec {
     // residual + in are sent. EF21: v is the estimate h of this client's update that the
     // server tracks too (the sum of all sent so far); the top k of in - h are sent and
     // added to h. Without feedback: the top k of in, and no state.
-    std::vector<float>* v = feedback_ ? &Slot(slot, n) : nullptr;
+    std::vector<float>* v = stateful() ? &Slot(slot, n) : nullptr;
     std::vector<float>* owed = v;
-    if (!feedback_) {
+    if (feedback_ == Feedback::kNone) {
       scratch_.assign(n, 0.0f);
       owed = &scratch_;
-    } else if (ef21_) {
+    } else if (feedback_ == Feedback::kEf21) {
       scratch_.resize(n);
       for (int64_t i = 0; i < n; ++i) scratch_[i] = -(*v)[i];
       owed = &scratch_;
@@ -139,7 +138,7 @@ class TopKCodec : public ErrorFeedbackCodec {
       const float sent = (*owed)[idx[j]];
       std::memcpy(p + 4 + 4 * k + 4 * j, &sent, 4);
       if (v == nullptr) continue;
-      if (ef21_) {
+      if (feedback_ == Feedback::kEf21) {
         (*v)[idx[j]] += sent;
       } else {
         (*v)[idx[j]] = 0.0f;  // sent: nothing of it is owed any more
@@ -189,7 +188,7 @@ class TopKCodec : public ErrorFeedbackCodec {
 
  private:
   const double fraction_;
-  const bool ef21_, feedback_;
+  const Feedback feedback_;
   std::vector<uint8_t> mask_;   // scratch, kept across calls
   std::vector<float> scratch_;  // EF21: in - h; without feedback: in
 };

@@ -358,7 +358,6 @@ StatusOr<UpdateInversion> InvertUpdate(const ModelSpec& spec, const ParameterSet
   return out;
 }
 
-
 struct FeatureSpaceHijack::Impl {
   int cut = 0;
   std::vector<TorchStage> pilot;

@@ -10,12 +10,12 @@
 #include "aggregation/strategy.h"
 #include "compression/codec.h"
 #include "core/printable.h"
+#include "models/inversion.h"
 #include "models/part.h"
 #include "server/observe.h"
 #include "server/options.h"
 #include "server/secagg_driver.h"
 #include "server/server.h"
-#include "models/inversion.h"
 #include "split/leakage.h"
 
 namespace cleave {

@@ -64,7 +64,7 @@ if [[ " $parts " == *" 2 "* ]]; then
 echo
 echo "### 2. The same server against guarded devices (local.split_guard)"
 echo
-printf '| cut | refused | fakes scored when it refused (per device) | micro-batches the server trained on | SSIM of all it read before |\n| --- | --- | --- | --- | --- |\n'
+printf '| cut | refused | fakes sent when it refused (per device) | micro-batches the server trained on | SSIM of all it read before |\n| --- | --- | --- | --- | --- |\n'
 for cut in 1 2 3; do
   name=guarded-cut$cut
   job "$name" 6 "mode: sfl-v2, cut: $cut, hijack: fsha, record: 1000" ", split_guard: true"
