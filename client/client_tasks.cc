@@ -175,7 +175,15 @@ StatusOr<ModelSpec> Client::Impl::Spec(v1::Coordinator::Stub* stub, const v1::We
                  std::vector<std::string>(d.lora().targets().begin(), d.lora().targets().end()),
                  d.lora().dropout()};
   }
-  if (spec.name == "hf") RETURN_IF_ERROR(SetHfModel(spec, d.hf_config(), "the server's config.json"));
+  if (spec.name == "hf") {
+    RETURN_IF_ERROR(SetHfModel(spec, d.hf_config(), "the server's config.json"));
+    // Refused before it is built: a model past this device's memory (or a server's
+    // config.json that states a model far larger than any it could hold).
+    const bool limited = opts.memory_limit_bytes > 0;
+    RETURN_IF_ERROR(CheckHfModelFits(d.hf_config(), "the server's config.json",
+                                     limited ? opts.memory_limit_bytes : MemoryCeilingBytes() / 2,
+                                     limited ? "this device's --memory-limit-mb" : "half the memory this device may hold"));
+  }
   spec.quantize = d.quantize();
   if (d.width() > 0) spec.width = d.width();
   spec.static_bn = d.static_batch_norm();

@@ -17,10 +17,24 @@
 
 namespace cleave {
 
+// How far ahead of the round this device last expected a caller's round may be: a
+// neighbour's task of a round can come before this device's own, and this device may have
+// sat out the rounds between (not sampled). Anything further is refused at once rather
+// than waited for.
+constexpr int64_t kRoundsAhead = 100;
+// How many callers may wait for their round at once, and how many of them in one sender's
+// name; more are refused (RESOURCE_EXHAUSTED), so that callers cannot hold the device's
+// threads, nor one certificate every waiting place.
+constexpr int kMaxWaiting = 16;
+constexpr int kMaxWaitingPerSender = 2;
+
 // What the Peer service holds: the round it takes models of, from whom, and what came.
 struct PeerServer::Mailbox {
   mutable std::mutex mu;
   std::condition_variable cv;
+  bool closing = false;  // the server is going: nobody waits any more
+  int waiting = 0;       // callers waiting for their round
+  std::map<std::string, int> waiting_as;  // of them, by the sender they call as
   std::string run_id;
   int64_t round = 0;  // 0: no round expected yet
   std::map<std::string, std::string> tokens;  // expected senders' secrets
@@ -36,13 +50,60 @@ struct PeerServer::Mailbox {
     PeerServer::PipelineServe serve;
   } hop;
 
+  // Waits (under `l`) until `ready`, the caller's deadline `until`, its cancellation or the
+  // server's closing, as one of at most kMaxWaiting callers. OK once ready, or if it never
+  // had to wait; an error status otherwise.
+  template <typename Ready>
+  grpc::Status WaitFor(std::unique_lock<std::mutex>& l, grpc::ServerContext* ctx, const std::string& sender,
+                       std::chrono::system_clock::time_point until, Ready ready) {
+    if (ready()) return grpc::Status::OK;
+    const auto as = waiting_as.find(sender);
+    const int mine = as == waiting_as.end() ? 0 : as->second;
+    if (waiting >= kMaxWaiting || mine >= kMaxWaitingPerSender) {
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+              absl::StrCat("too many callers wait for their round on this device (", waiting, " of ", kMaxWaiting,
+                           ", ", mine, " of ", kMaxWaitingPerSender, " as '", Printable(sender), "')")};
+    }
+    ++waiting;
+    ++waiting_as[sender];
+    // In slices: a cancelled caller wakes nobody, so each slice looks again.
+    while (!ready() && !closing && !ctx->IsCancelled() && std::chrono::system_clock::now() < until) {
+      cv.wait_until(l, std::min(until, std::chrono::system_clock::now() + std::chrono::milliseconds(100)));
+    }
+    --waiting;
+    if (--waiting_as[sender] == 0) waiting_as.erase(sender);
+    if (closing) return {grpc::StatusCode::UNAVAILABLE, "this device's Peer service is shutting down"};
+    if (ctx->IsCancelled()) return {grpc::StatusCode::CANCELLED, "the caller cancelled"};
+    return grpc::Status::OK;  // ready, or the deadline: the checks that follow say which
+  }
+
+  // The caller's claims that can be checked before its round comes: its certificate is
+  // the sender's, and its run and round are this device's (or a few rounds ahead).
+  static grpc::Status Claims(const std::string& sender, const std::string& peer_cn, const std::string& run,
+                             int64_t round, const std::string& expected_run, int64_t expected_round) {
+    if (!peer_cn.empty() && peer_cn != sender) {
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              absl::StrCat("a call made as '", Printable(sender), "' under the certificate of '",
+                           Printable(peer_cn), "'")};
+    }
+    if (expected_round > 0 && (run != expected_run || round < expected_round ||
+                               round > expected_round + kRoundsAhead)) {
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              absl::StrCat("a call for round ", round, " of run ", Printable(run), "; this device is in round ",
+                           expected_round, " of run ", Printable(expected_run), " and waits for at most ",
+                           kRoundsAhead, " rounds ahead")};
+    }
+    return grpc::Status::OK;
+  }
+
   // Checks a pipeline hop's opening against the one expected (waiting up to `until` for
   // it); OK with what serves it, now taken.
-  grpc::Status AdmitHop(const v1::PipelineOpen& h, const std::string& peer_cn,
+  grpc::Status AdmitHop(const v1::PipelineOpen& h, const std::string& peer_cn, grpc::ServerContext* ctx,
                         std::chrono::system_clock::time_point until, PeerServer::PipelineServe* serve) {
     std::unique_lock<std::mutex> l(mu);
+    if (grpc::Status s = Claims(h.sender(), peer_cn, h.run_id(), h.round(), hop.run_id, hop.round); !s.ok()) return s;
     // A sender ahead of this device (its task of the round came first) waits for it.
-    cv.wait_until(l, until, [&] { return hop.round >= h.round(); });
+    if (grpc::Status s = WaitFor(l, ctx, h.sender(), until, [&] { return hop.round >= h.round(); }); !s.ok()) return s;
     if (!hop.open) {
       return {grpc::StatusCode::FAILED_PRECONDITION, "this device expects no pipeline hop now"};
     }
@@ -56,11 +117,6 @@ struct PeerServer::Mailbox {
               absl::StrCat("'", Printable(h.sender()),
                            "' is not this device's upstream neighbour in this round (or its secret is wrong)")};
     }
-    if (!peer_cn.empty() && peer_cn != h.sender()) {
-      return {grpc::StatusCode::PERMISSION_DENIED,
-              absl::StrCat("a hop opened as '", Printable(h.sender()), "' under the certificate of '",
-                           Printable(peer_cn), "'")};
-    }
     if (hop.taken) {
       return {grpc::StatusCode::ALREADY_EXISTS,
               absl::StrCat("'", Printable(h.sender()), "' already opened its hop of round ", hop.round)};
@@ -72,10 +128,11 @@ struct PeerServer::Mailbox {
 
   // Checks a header against the round expected (waiting up to `until` while the sender
   // is a round ahead); OK with the bytes to read.
-  grpc::Status Admit(const v1::GossipChunk::Header& h, const std::string& peer_cn,
+  grpc::Status Admit(const v1::GossipChunk::Header& h, const std::string& peer_cn, grpc::ServerContext* ctx,
                      std::chrono::system_clock::time_point until) {
     std::unique_lock<std::mutex> l(mu);
-    cv.wait_until(l, until, [&] { return round >= h.round() && round > 0; });
+    if (grpc::Status s = Claims(h.sender(), peer_cn, h.run_id(), h.round(), run_id, round); !s.ok()) return s;
+    if (grpc::Status s = WaitFor(l, ctx, h.sender(), until, [&] { return round >= h.round() && round > 0; }); !s.ok()) return s;
     if (h.run_id() != run_id || round == 0) {
       return {grpc::StatusCode::FAILED_PRECONDITION,
               absl::StrCat("a model for run ", Printable(h.run_id()), ", this is run ",
@@ -90,11 +147,6 @@ struct PeerServer::Mailbox {
       return {grpc::StatusCode::PERMISSION_DENIED,
               absl::StrCat("'", Printable(h.sender()),
                            "' is not this client's neighbour in this round (or its secret is wrong)")};
-    }
-    if (!peer_cn.empty() && peer_cn != h.sender()) {
-      return {grpc::StatusCode::PERMISSION_DENIED,
-              absl::StrCat("a model sent as '", Printable(h.sender()), "' under the certificate of '",
-                           Printable(peer_cn), "'")};
     }
     if (received.count(h.sender())) {
       return {grpc::StatusCode::ALREADY_EXISTS,
@@ -156,7 +208,7 @@ class PeerService final : public v1::Peer::Service {
     // A sender whose task came before ours waits for it, within its call's deadline.
     const auto until = std::min(ctx->deadline(),
                                 std::chrono::system_clock::now() + std::chrono::minutes(10));
-    if (grpc::Status s = box_->Admit(h, cn, until); !s.ok()) return s;
+    if (grpc::Status s = box_->Admit(h, cn, ctx, until); !s.ok()) return s;
     reader->SendInitialMetadata();  // admitted: the sender's bytes may come
     std::string bytes;
     bytes.reserve(h.total_size());
@@ -181,7 +233,7 @@ class PeerService final : public v1::Peer::Service {
     }
     const auto until = std::min(ctx->deadline(), std::chrono::system_clock::now() + std::chrono::minutes(10));
     PeerServer::PipelineServe serve;
-    if (grpc::Status s = box_->AdmitHop(first.hop(), PeerCommonName(ctx), until, &serve); !s.ok()) return s;
+    if (grpc::Status s = box_->AdmitHop(first.hop(), PeerCommonName(ctx), ctx, until, &serve); !s.ok()) return s;
     return serve(ctx, stream, first.hop());
   }
 
@@ -202,6 +254,10 @@ StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(const std::string& liste
   b.AddListeningPort(listen, PeerServerCredentials(ca, cert, key), &p->port_);
   b.RegisterService(p->service_.get());
   b.SetMaxReceiveMessageSize(4 << 20);
+  // A device serves a few neighbours: a bounded pool, whatever callers open.
+  grpc::ResourceQuota quota("peer");
+  quota.SetMaxThreads(64);
+  b.SetResourceQuota(quota);
   p->server_ = b.BuildAndStart();
   if (!p->server_ || p->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve Peer on ", listen));
@@ -210,6 +266,11 @@ StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(const std::string& liste
 }
 
 PeerServer::~PeerServer() {
+  if (box_) {  // callers waiting for a round return now: Shutdown waits for them
+    std::lock_guard<std::mutex> l(box_->mu);
+    box_->closing = true;
+    box_->cv.notify_all();
+  }
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
@@ -285,6 +346,11 @@ bool PeerServer::EndPipeline() {
 bool PeerServer::PipelineTaken() const {
   std::lock_guard<std::mutex> l(box_->mu);
   return box_->hop.taken;
+}
+
+int PeerServer::waiting_callers() const {
+  std::lock_guard<std::mutex> l(box_->mu);
+  return box_->waiting;
 }
 
 int64_t PeerServer::bytes_received() const {

@@ -65,6 +65,11 @@ class PeerServer {
              std::chrono::milliseconds period, int strikes = 3);
   // Model bytes received in the round last expected.
   int64_t bytes_received() const;
+  // Callers waiting for their round now (at most 16; at most 2 in one sender's name): a
+  // caller is refused at once when its round is past this device's last by more than
+  // 100, or of another run, or when the places to wait are taken. A caller that cancels,
+  // or the server's stopping, ends its wait.
+  int waiting_callers() const;
 
   // Pipelines: serves the Peer.Pipeline call of `round` of run `run_id` from `sender`
   // with the hop's `token` (under mutual TLS, with the certificate of `sender`) by

@@ -1,6 +1,7 @@
 #include "core/files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -58,6 +59,39 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   char buf[1 << 16];
   while (in.read(buf, sizeof(buf)) || in.gcount() > 0) out.append(buf, static_cast<size_t>(in.gcount()));
   if (in.bad()) return absl::DataLossError(absl::StrCat("error while reading ", path));
+  return out;
+}
+
+StatusOr<std::string> ReadBoundedFile(const std::string& path, int64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  struct stat st {};
+  std::string out;
+  Status s;
+  if (::fstat(fd, &st) != 0) {
+    s = Errno("stat", path);
+  } else if (!S_ISREG(st.st_mode)) {
+    s = absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+  } else if (st.st_size > max_bytes) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat(path, " holds ", st.st_size, " bytes, over the limit of ", max_bytes, " for such a file"));
+  } else {
+    out.resize(static_cast<size_t>(st.st_size));
+    size_t at = 0;
+    while (at < out.size()) {  // a file that shrinks while read ends early
+      const ssize_t n = ::read(fd, out.data() + at, out.size() - at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        s = Errno("read", path);
+        break;
+      }
+      if (n == 0) break;
+      at += static_cast<size_t>(n);
+    }
+    out.resize(at);
+  }
+  ::close(fd);
+  if (!s.ok()) return s;
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Small file helpers with Status errors.
 #pragma once
 
+#include <cstdint>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -12,6 +13,10 @@
 namespace cleave {
 
 StatusOr<std::string> ReadFile(const std::string& path);
+// A file whose bytes nobody vetted (a model or tokenizer folder's JSON): only a regular
+// file (not a link to /dev/zero, a pipe or a device) of at most `max_bytes`, read in
+// full. NOT_FOUND if it cannot be opened; INVALID_ARGUMENT naming the path otherwise.
+StatusOr<std::string> ReadBoundedFile(const std::string& path, int64_t max_bytes);
 // `path` opened for reading in binary, with ReadFile's errors (NOT_FOUND "cannot read
 // PATH"; FAILED_PRECONDITION for a directory, which an ifstream would read as empty).
 StatusOr<std::ifstream> OpenForReading(const std::string& path);

@@ -9,5 +9,8 @@ namespace cleave {
 // Resident memory now (VmRSS) and the most it has been (VmHWM), in bytes; 0 if unknown.
 int64_t ResidentBytes();
 int64_t PeakResidentBytes();
+// The most memory this process could hold: the machine's physical memory, or less where
+// an address-space or data limit (setrlimit, ulimit -v) says so.
+int64_t MemoryCeilingBytes();
 
 }  // namespace cleave

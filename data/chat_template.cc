@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/json.h"
 
 namespace cleave {
 namespace {
@@ -50,7 +51,15 @@ std::vector<Piece> Split(std::string t) {
   std::vector<Piece> out;
   size_t pos = 0;
   bool strip_next = false;  // the last tag ended with '-'
-  auto line_of = [&t](size_t p) { return 1 + static_cast<int>(std::count(t.begin(), t.begin() + p, '\n')); };
+  // The line of position p, counted on from the last position asked (they only grow):
+  // linear in the template, however many tags it has.
+  size_t counted = 0;
+  int line = 1;
+  auto line_of = [&](size_t p) {
+    line += static_cast<int>(std::count(t.begin() + counted, t.begin() + p, '\n'));
+    counted = p;
+    return line;
+  };
   while (pos <= t.size()) {
     size_t open = t.find('{', pos);
     while (open != std::string::npos && open + 1 < t.size() && t[open + 1] != '{' && t[open + 1] != '%' &&
@@ -137,8 +146,30 @@ std::vector<Token> Lex(const std::string& s, int line) {
         real |= s[j] == '.';
         ++j;
       }
+      // An exponent: 5e18, 1.5E-3.
+      if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
+        size_t k = j + 1;
+        if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
+        if (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) {
+          while (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) ++k;
+          real = true;
+          j = k;
+        }
+      }
       const std::string n = s.substr(i, j - i);
-      out.push_back({Token::kNumber, n, real ? Json(std::stod(n)) : Json(std::stoll(n))});
+      Json value;
+      if (real) {
+        double d = 0;
+        auto r = std::from_chars(n.data(), n.data() + n.size(), d);
+        if (r.ec != std::errc()) err(absl::StrCat("the number ", n, " is out of range"));
+        value = d;
+      } else {
+        int64_t v = 0;
+        auto r = std::from_chars(n.data(), n.data() + n.size(), v);
+        if (r.ec != std::errc()) err(absl::StrCat("the integer ", n, " is past the 64-bit range"));
+        value = v;
+      }
+      out.push_back({Token::kNumber, n, std::move(value)});
       i = j;
     } else if (c == '\'' || c == '"') {
       std::string v;
@@ -191,11 +222,17 @@ ExprP Make(Expr::Kind kind) {
   return e;
 }
 
+// How deeply a template may nest: parentheses, lists, unary operators, blocks.
+constexpr int kMaxParseDepth = 100;
+
 class Parser {
  public:
   Parser(std::vector<Token> tokens, int line) : t_(std::move(tokens)), line_(line) {}
 
-  ExprP Expression() { return Ternary(); }
+  ExprP Expression() {
+    Nest n(this);
+    return Ternary();
+  }
   const Token& Peek(int ahead = 0) const { return t_[std::min(p_ + ahead, t_.size() - 1)]; }
   bool AtEnd() const { return Peek().kind == Token::kEnd; }
   bool Accept(const std::string& op) {
@@ -217,6 +254,15 @@ class Parser {
   }
 
  private:
+  // One level deeper in the expression's recursive descent while it lives.
+  struct Nest {
+    explicit Nest(Parser* p) : p(p) {
+      if (++p->depth_ > kMaxParseDepth) p->Error(absl::StrCat("an expression nested more than ", kMaxParseDepth, " deep"));
+    }
+    ~Nest() { --p->depth_; }
+    Parser* p;
+  };
+
   ExprP Ternary() {
     ExprP e = Or();
     if (Peek().kind == Token::kName && Peek().text == "if") {
@@ -248,6 +294,7 @@ class Parser {
   }
   ExprP Not() {
     if (Accept("not")) {
+      Nest n(this);
       auto e = Make(Expr::kNot);
       e->a = Not();
       return e;
@@ -312,6 +359,7 @@ class Parser {
     }
   }
   ExprP Unary() {
+    Nest n(this);
     if (Accept("-")) {
       auto e = Make(Expr::kNeg);
       e->a = Unary();
@@ -454,6 +502,7 @@ class Parser {
   std::vector<Token> t_;
   size_t p_ = 0;
   int line_;
+  int depth_ = 0;
 };
 
 // ---- Statements ----
@@ -485,6 +534,12 @@ class TemplateParser {
   // Parses until a statement whose first word is in `ends`, which it returns in `*end`
   // with that statement's parser left in `last_`.
   Body ParseBody(const std::vector<std::string>& ends, std::string* end) {
+    if (++depth_ > kMaxParseDepth) Fail(absl::StrCat("blocks nested more than ", kMaxParseDepth, " deep"));
+    Body out = ParseBodyIn(ends, end);
+    --depth_;
+    return out;
+  }
+  Body ParseBodyIn(const std::vector<std::string>& ends, std::string* end) {
     Body out;
     while (i_ < pieces_.size()) {
       const Piece& p = pieces_[i_++];
@@ -585,6 +640,7 @@ class TemplateParser {
   std::vector<Piece> pieces_;
   size_t i_ = 0;
   std::unique_ptr<Parser> last_;
+  int depth_ = 0;
 };
 
 
@@ -667,9 +723,13 @@ bool Truthy(const Json& v) {
 
 // json.dumps(v, ensure_ascii=False, indent=indent) as transformers' tojson writes it:
 // ", " and ": " between items without an indent.
-void Dump(const Json& v, int indent, int depth, std::string& out) {
+// Fails rather than grow `out` past `limit` bytes.
+void Dump(const Json& v, int64_t indent, int depth, size_t limit, std::string& out) {
   auto newline = [&](int d) {
     if (indent < 0) return;
+    if (static_cast<double>(out.size()) + 1 + static_cast<double>(indent) * d > static_cast<double>(limit)) {
+      Fail(absl::StrCat("tojson: the text would be longer than ", limit, " bytes"));
+    }
     out += '\n';
     out.append(static_cast<size_t>(indent * d), ' ');
   };
@@ -689,7 +749,8 @@ void Dump(const Json& v, int indent, int depth, std::string& out) {
         out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace);
         out += ": ";
       }
-      Dump(it.value(), indent, depth + 1, out);
+      Dump(it.value(), indent, depth + 1, limit, out);
+      if (out.size() > limit) Fail(absl::StrCat("tojson: the text would be longer than ", limit, " bytes"));
     }
     newline(depth);
     out += array ? ']' : '}';
@@ -768,50 +829,132 @@ double Number(const Json& v, const char* what) {
 
 bool BothInts(const Json& a, const Json& b) { return a.is_number_integer() && b.is_number_integer(); }
 
-int64_t Index(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
+int64_t Index(int64_t i, int64_t n) { return i < 0 ? (i < -n ? -1 : i + n) : i; }
+
+// A number as a 64-bit integer (a float truncated, as Python's int() does); an error for
+// anything else, an unsigned integer past the signed range, or a float past it.
+int64_t Integer(const Json& v, const char* what) {
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    Fail(absl::StrCat(what, ": ", v.get<uint64_t>(), " is past the 64-bit range"));
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  const double d = Number(v, what);
+  if (!(std::fabs(d) < 9.2e18)) Fail(absl::StrCat(what, ": ", FloatRepr(d), " is past the 64-bit range"));
+  return static_cast<int64_t>(d);
+}
 
 // Python's slice of a list or a string.
 Json Slice(const Json& v, const Json& start, const Json& stop, const Json& step) {
   const bool text = v.is_string();
   if (!text && !v.is_array()) Fail("only lists and strings can be sliced");
   const int64_t n = text ? static_cast<int64_t>(v.get_ref<const std::string&>().size()) : static_cast<int64_t>(v.size());
-  const int64_t k = step.is_number() ? step.get<int64_t>() : 1;
+  const int64_t k = step.is_number() ? Integer(step, "a slice's step") : 1;
   if (k == 0) Fail("slice step cannot be zero");
   auto bound = [&](const Json& j, int64_t def) {
     if (!j.is_number()) return def;
-    int64_t i = j.get<int64_t>();
-    if (i < 0) i += n;
+    int64_t i = Integer(j, "a slice's bound");
+    if (i < 0) i = i < -n ? -1 : i + n;
     return k > 0 ? std::clamp<int64_t>(i, 0, n) : std::clamp<int64_t>(i, -1, n - 1);
   };
   const int64_t b = bound(start, k > 0 ? 0 : n - 1), e = bound(stop, k > 0 ? n : -1);
   std::string s;
   Json out = Json::array();
-  for (int64_t i = b; k > 0 ? i < e : i > e; i += k) {
+  for (int64_t i = b; k > 0 ? i < e : i > e;) {
     if (text) {
       s += v.get_ref<const std::string&>()[i];
     } else {
       out.push_back(v[i]);
     }
+    if (__builtin_add_overflow(i, k, &i)) break;  // a step past the 64-bit range ends it
   }
   return text ? Json(s) : out;
 }
 
+// The jinja2 result of an undefined value: what {{ }} prints as "" and `is defined` tests.
+const Json& UndefinedValue() {
+  static const Json* v = new Json(Undefined());
+  return *v;
+}
+
+// "messages[0].content" for a name, attribute or subscript chain; "a value" otherwise.
+std::string Describe(const Expr& e) {
+  switch (e.kind) {
+    case Expr::kName: return e.name;
+    case Expr::kAttr: return Describe(*e.a) + "." + e.name;
+    case Expr::kIndex: return Describe(*e.a) + "[" + (e.b->kind == Expr::kLiteral ? Repr(e.b->value) : "...") + "]";
+    default: return "a value";
+  }
+}
+
 class Renderer {
  public:
-  explicit Renderer(Json globals) { scopes_.push_back(std::move(globals)); }
+  Renderer(Json globals, TemplateBudget* budget) : b_(budget) { scopes_.push_back(std::move(globals)); }
 
   void Run(const Body& body, std::string& out) {
     for (const auto& n : body) Exec(*n, out);
   }
 
  private:
+  // One level deeper (a statement, an expression, a value built) while it lives.
+  struct Nest {
+    explicit Nest(Renderer* r) : r(r) {
+      if (++r->depth_ > r->b_->depth) Fail(absl::StrCat("nested more than ", r->b_->depth, " deep while rendering"));
+    }
+    ~Nest() { --r->depth_; }
+    Renderer* r;
+  };
+
+  void Step(int64_t n = 1) {
+    if ((b_->steps -= n) < 0) {
+      Fail("the render ran out of steps (a loop too long for its data, or a template that recurses without end)");
+    }
+  }
+  // `s`, a string this render made: at most the budget's bytes, and a step for every 8.
+  std::string Made(std::string s) {
+    Checked(s.size(), "a string");
+    Step(static_cast<int64_t>(s.size() / 8));
+    return s;
+  }
+  void Checked(double bytes, const char* what) const {
+    if (bytes > static_cast<double>(b_->bytes)) {
+      Fail(absl::StrCat(what, " of more than ", b_->bytes, " bytes (the render's limit)"));
+    }
+  }
+  // How much copying `v` costs: its elements, and a step for every 8 bytes of text. Fails
+  // for a value nested deeper than the budget allows.
+  int64_t Weight(const Json& v, int depth = 0) {
+    if (depth > b_->depth) Fail(absl::StrCat("a value nested more than ", b_->depth, " deep"));
+    if (v.is_string()) return 1 + static_cast<int64_t>(v.get_ref<const std::string&>().size() / 8);
+    int64_t w = 1;
+    if (v.is_array() || v.is_object()) {
+      for (const Json& x : v) w += Weight(x, depth + 1);
+    }
+    return w;
+  }
+  Json Copy(const Json& v) {
+    Step(Weight(v));
+    return v;
+  }
+  void Items(size_t n) {
+    if (n > kMaxItems) Fail(absl::StrCat("a list of more than ", kMaxItems, " items"));
+  }
+  static constexpr size_t kMaxItems = 1'000'000;
+  static constexpr int64_t kLoopSteps = 16;
+
+  void Append(std::string& out, const std::string& s) {
+    Checked(static_cast<double>(out.size()) + static_cast<double>(s.size()), "an output");
+    out += s;
+  }
+
   void Exec(const Node& n, std::string& out) {
+    Step();
+    Nest nest(this);
     switch (n.kind) {
-      case Node::kText: out += n.text; return;
-      case Node::kOutput: out += Str(Eval(*n.expr)); return;
+      case Node::kText: return Append(out, n.text);
+      case Node::kOutput: return Append(out, Str(Eval(*n.expr)));
       case Node::kIf:
         for (const auto& [cond, body] : n.branches) {
-          if (Truthy(Eval(*cond))) return Run(body, out);
+          if (Truthy(cond)) return Run(body, out);
         }
         return Run(n.else_body, out);
       case Node::kFor: return For(n, out);
@@ -827,6 +970,7 @@ class Renderer {
   }
 
   void Set(const Node& n, Json value) {
+    Weight(value);  // its depth (a namespace that holds itself, again and again)
     if (n.targets.size() == 1) {
       scopes_.back()[n.targets[0]] = std::move(value);
       return;
@@ -837,16 +981,21 @@ class Renderer {
   }
 
   void For(const Node& n, std::string& out) {
-    const Json seq = Eval(*n.expr);
     std::vector<Json> items;
-    if (seq.is_array()) {
-      items.assign(seq.begin(), seq.end());
-    } else if (seq.is_object()) {
-      for (auto it = seq.begin(); it != seq.end(); ++it) items.push_back(it.key());
-    } else if (seq.is_string()) {
-      for (char c : seq.get<std::string>()) items.push_back(std::string(1, c));
-    } else if (!seq.is_null() && !IsUndefined(seq)) {
-      Fail(absl::StrCat("cannot loop over ", Repr(seq)));
+    {  // the sequence read in place, its items copied before the body can change it
+      Json own;
+      const Json& seq = View(*n.expr, &own);
+      if (seq.is_array()) {
+        for (const Json& x : seq) items.push_back(Copy(x));
+      } else if (seq.is_object()) {
+        for (auto it = seq.begin(); it != seq.end(); ++it) items.push_back(Made(it.key()));
+      } else if (seq.is_string()) {
+        Items(seq.get_ref<const std::string&>().size());
+        Step(static_cast<int64_t>(seq.get_ref<const std::string&>().size()));
+        for (char c : seq.get<std::string>()) items.push_back(std::string(1, c));
+      } else if (!seq.is_null() && !IsUndefined(seq)) {
+        Fail(absl::StrCat("cannot loop over ", Repr(seq)));
+      }
     }
     auto bind = [&](Json& scope, const Json& item) {
       if (n.targets.size() == 1) {
@@ -858,23 +1007,24 @@ class Renderer {
     };
     if (n.filter) {
       std::vector<Json> kept;
-      for (const Json& item : items) {
+      for (Json& item : items) {
         scopes_.push_back(Json::object());
         bind(scopes_.back(), item);
-        const bool keep = Truthy(Eval(*n.filter));
+        const bool keep = Truthy(n.filter);
         scopes_.pop_back();
-        if (keep) kept.push_back(item);
+        if (keep) kept.push_back(std::move(item));
       }
       items = std::move(kept);
     }
     if (items.empty()) return Run(n.else_body, out);
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      Step(kLoopSteps);  // the scope and loop object each iteration builds
       Json scope = Json::object();
       Json loop = {{"index0", i}, {"index", i + 1}, {"revindex0", len - 1 - i}, {"revindex", len - i},
                    {"first", i == 0}, {"last", i == len - 1}, {"length", len}};
-      if (i > 0) loop["previtem"] = items[i - 1];
-      if (i + 1 < len) loop["nextitem"] = items[i + 1];
+      if (i > 0) loop["previtem"] = Copy(items[i - 1]);
+      if (i + 1 < len) loop["nextitem"] = Copy(items[i + 1]);
       scope["loop"] = std::move(loop);
       bind(scope, items[i]);
       scopes_.push_back(std::move(scope));
@@ -891,83 +1041,152 @@ class Renderer {
     return nullptr;
   }
 
-  Json Eval(const Expr& e) {
+  // The item `key` of `base` (an attribute, or a subscript) in place: UndefinedValue()
+  // where it has none, nullptr for a character of a string (a new value). Taking anything
+  // of an undefined value is an error, as in jinja2.
+  const Json* Element(const Json& base, const Json& key, const Expr& e) {
+    if (IsUndefined(base)) Fail(absl::StrCat(Describe(*e.a), " is undefined"));
+    if (base.is_array() && key.is_number_integer()) {
+      const int64_t i = Index(Integer(key, "an index"), static_cast<int64_t>(base.size()));
+      return i >= 0 && i < static_cast<int64_t>(base.size()) ? &base[static_cast<size_t>(i)] : &UndefinedValue();
+    }
+    if (base.is_object() && key.is_string()) {
+      auto it = base.find(key.get_ref<const std::string&>());
+      return it == base.end() ? &UndefinedValue() : &*it;
+    }
+    if (base.is_string() && key.is_number_integer()) return nullptr;
+    return &UndefinedValue();
+  }
+
+  // `e`'s value in place, without copying it, where that needs no evaluation that could
+  // change anything (names, literals, attributes, subscripts by a literal or a name);
+  // nullptr where `e` must be evaluated.
+  const Json* Ref(const Expr& e) {
+    Step();
     switch (e.kind) {
-      case Expr::kLiteral: return e.value;
+      case Expr::kLiteral: return &e.value;
       case Expr::kName: {
         const Json* v = Find(e.name);
-        return v == nullptr ? Undefined() : *v;
+        return v == nullptr ? &UndefinedValue() : v;
+      }
+      case Expr::kAttr:
+      case Expr::kIndex: {
+        if (e.kind == Expr::kIndex && e.b->kind != Expr::kLiteral && e.b->kind != Expr::kName) return nullptr;
+        const Json* base = Ref(*e.a);
+        if (base == nullptr) return nullptr;
+        if (e.kind == Expr::kAttr) return Element(*base, Json(e.name), e);
+        return Element(*base, *Ref(*e.b), e);
+      }
+      default: return nullptr;
+    }
+  }
+  // `e`'s value: in place where Ref finds it, else evaluated into *own. Nothing may be
+  // evaluated while the result is held.
+  const Json& View(const Expr& e, Json* own) {
+    if (const Json* v = Ref(e)) return *v;
+    *own = Eval(e);
+    return *own;
+  }
+  bool Truthy(const ExprP& e) {
+    Json own;
+    return cleave::Truthy(View(*e, &own));
+  }
+
+  Json Eval(const Expr& e) {
+    Step();
+    Nest nest(this);
+    switch (e.kind) {
+      case Expr::kLiteral: return Copy(e.value);
+      case Expr::kName: {
+        const Json* v = Find(e.name);
+        return v == nullptr ? Undefined() : Copy(*v);
       }
       case Expr::kList: {
         Json out = Json::array();
+        Items(e.args.size());
         for (const auto& a : e.args) out.push_back(Eval(*a));
+        Weight(out);
         return out;
       }
       case Expr::kDict: {
         Json out = Json::object();
         for (size_t i = 0; i + 1 < e.args.size(); i += 2) out[Str(Eval(*e.args[i]))] = Eval(*e.args[i + 1]);
+        Weight(out);
         return out;
       }
-      case Expr::kAttr: {
-        const Json base = Eval(*e.a);
-        if (base.is_object()) {
-          auto it = base.find(e.name);
-          return it == base.end() ? Undefined() : *it;
-        }
-        return Undefined();
-      }
+      case Expr::kAttr:
       case Expr::kIndex: {
-        const Json base = Eval(*e.a), key = Eval(*e.b);
-        if (base.is_array() && key.is_number_integer()) {
-          const int64_t i = Index(key.get<int64_t>(), static_cast<int64_t>(base.size()));
-          return i >= 0 && i < static_cast<int64_t>(base.size()) ? base[i] : Undefined();
-        }
-        if (base.is_object() && key.is_string()) {
-          auto it = base.find(key.get<std::string>());
-          return it == base.end() ? Undefined() : *it;
-        }
-        if (base.is_string() && key.is_number_integer()) {
-          const std::string& s = base.get_ref<const std::string&>();
-          const int64_t i = Index(key.get<int64_t>(), static_cast<int64_t>(s.size()));
-          return i >= 0 && i < static_cast<int64_t>(s.size()) ? Json(std::string(1, s[i])) : Undefined();
-        }
-        return Undefined();
+        // The key first: evaluating it may change the base (a macro that sets ns.x).
+        const Json key = e.kind == Expr::kAttr ? Json(e.name) : Eval(*e.b);
+        Json own;
+        const Json& base = View(*e.a, &own);
+        if (const Json* v = Element(base, key, e)) return Copy(*v);
+        const std::string& s = base.get_ref<const std::string&>();
+        const int64_t i = Index(Integer(key, "an index"), static_cast<int64_t>(s.size()));
+        return i >= 0 && i < static_cast<int64_t>(s.size()) ? Json(std::string(1, s[static_cast<size_t>(i)])) : Undefined();
       }
       case Expr::kSlice: {
         auto opt = [this](const ExprP& x) { return x ? Eval(*x) : Json(nullptr); };
-        return Slice(Eval(*e.a), opt(e.args[0]), opt(e.args[1]), opt(e.args[2]));
+        const Json start = opt(e.args[0]), stop = opt(e.args[1]), step = opt(e.args[2]);
+        Json own;
+        const Json& base = View(*e.a, &own);
+        if (IsUndefined(base)) Fail(absl::StrCat(Describe(*e.a), " is undefined"));
+        Json out = Slice(base, start, stop, step);
+        Step(Weight(out));
+        return out;
       }
       case Expr::kCall: return Call(e);
       case Expr::kFilter: return Filter(e);
       case Expr::kTest: return Test(e) != e.negated;
-      case Expr::kNot: return !Truthy(Eval(*e.a));
+      case Expr::kNot: return !Truthy(e.a);
       case Expr::kNeg: {
         const Json v = Eval(*e.a);
-        if (v.is_number_integer()) return -v.get<int64_t>();
+        if (v.is_number_integer()) return NoOverflow("-", 0, Integer(v, "-"));
         return -Number(v, "-");
       }
       case Expr::kTernary:
-        if (Truthy(Eval(*e.b))) return Eval(*e.a);
+        if (Truthy(e.b)) return Eval(*e.a);
         return e.c ? Eval(*e.c) : Undefined();
       case Expr::kBinary: return Binary(e);
     }
     return Undefined();
   }
 
+  // Integer arithmetic that fails past the 64-bit range (Python's would grow).
+  static int64_t NoOverflow(const std::string& op, int64_t i, int64_t j) {
+    int64_t out = 0;
+    const bool overflow = op == "+"   ? __builtin_add_overflow(i, j, &out)
+                          : op == "-" ? __builtin_sub_overflow(i, j, &out)
+                                      : __builtin_mul_overflow(i, j, &out);
+    if (overflow) Fail(absl::StrCat(op, ": past the 64-bit range"));
+    return out;
+  }
+
   Json Binary(const Expr& e) {
     const std::string& op = e.name;
     if (op == "and" || op == "or") {
       Json a = Eval(*e.a);
-      if (Truthy(a) == (op == "or")) return a;
+      if (cleave::Truthy(a) == (op == "or")) return a;
       return Eval(*e.b);
     }
-    const Json a = Eval(*e.a), b = Eval(*e.b);
-    if (op == "~") return Str(a) + Str(b);
+    // The left operand evaluated (a copy), then the right read in place: nothing is
+    // evaluated after it.
+    const Json a = Eval(*e.a);
+    Json own;
+    const Json& b = View(*e.b, &own);
+    if (op == "~") {
+      const std::string x = Str(a), y = Str(b);
+      Checked(static_cast<double>(x.size()) + static_cast<double>(y.size()), "a string");
+      return Made(x + y);
+    }
     if (op == "==") return a == b;
     if (op == "!=") return !(a == b);
     if (op == "in") {
-      if (b.is_string()) return a.is_string() && b.get<std::string>().find(a.get<std::string>()) != std::string::npos;
-      if (b.is_array()) return std::find(b.begin(), b.end(), a) != b.end();
+      if (b.is_string()) return a.is_string() && b.get_ref<const std::string&>().find(a.get<std::string>()) != std::string::npos;
+      if (b.is_array()) {
+        Step(static_cast<int64_t>(b.size()));
+        return std::find(b.begin(), b.end(), a) != b.end();
+      }
       if (b.is_object()) return a.is_string() && b.contains(a.get<std::string>());
       if (IsUndefined(b) || b.is_null()) Fail(absl::StrCat("'in' an undefined value"));
       return false;
@@ -980,36 +1199,47 @@ class Renderer {
       return op == "<" ? lt : op == ">" ? gt : op == "<=" ? !gt : !lt;
     }
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return a.get<std::string>() + b.get<std::string>();
+      if (a.is_string() && b.is_string()) {
+        Checked(static_cast<double>(a.get_ref<const std::string&>().size()) + static_cast<double>(b.get_ref<const std::string&>().size()), "a string");
+        return Made(a.get<std::string>() + b.get<std::string>());
+      }
       if (a.is_array() && b.is_array()) {
+        Items(a.size() + b.size());
         Json out = a;
-        out.insert(out.end(), b.begin(), b.end());
+        for (const Json& x : b) out.push_back(Copy(x));
         return out;
       }
       if (a.is_number() && b.is_number()) {
-        if (BothInts(a, b)) return a.get<int64_t>() + b.get<int64_t>();
+        if (BothInts(a, b)) return NoOverflow("+", Integer(a, "+"), Integer(b, "+"));
         return a.get<double>() + b.get<double>();
       }
       Fail(absl::StrCat("cannot add ", Repr(a), " and ", Repr(b)));
     }
     if (op == "*" && a.is_string() && b.is_number_integer()) {
+      const std::string& unit = a.get_ref<const std::string&>();
+      const int64_t times = std::max<int64_t>(0, Integer(b, "*"));
+      Checked(static_cast<double>(unit.size()) * static_cast<double>(times), "a string");
       std::string out;
-      for (int64_t i = 0; i < b.get<int64_t>(); ++i) out += a.get<std::string>();
-      return out;
+      out.reserve(unit.size() * static_cast<size_t>(times));
+      for (int64_t i = 0; i < times; ++i) out += unit;
+      return Made(std::move(out));
     }
     const double x = Number(a, op.c_str()), y = Number(b, op.c_str());
-    if (op == "-") return BothInts(a, b) ? Json(a.get<int64_t>() - b.get<int64_t>()) : Json(x - y);
-    if (op == "*") return BothInts(a, b) ? Json(a.get<int64_t>() * b.get<int64_t>()) : Json(x * y);
+    if (BothInts(a, b) && (op == "-" || op == "*" || op == "//" || op == "%")) {
+      const int64_t i = Integer(a, op.c_str()), j = Integer(b, op.c_str());
+      if (op == "-" || op == "*") return NoOverflow(op, i, j);
+      if (j == 0) Fail("division by zero");
+      if (j == -1) return op == "%" ? int64_t{0} : NoOverflow("-", 0, i);  // INT64_MIN / -1 traps
+      const int64_t q = i / j, m = i % j;
+      const bool adjust = m != 0 && ((m < 0) != (j < 0));  // Python rounds toward minus infinity
+      return op == "//" ? q - (adjust ? 1 : 0) : m + (adjust ? j : 0);
+    }
+    if (op == "-") return x - y;
+    if (op == "*") return x * y;
     if (y == 0) Fail("division by zero");
     if (op == "/") return x / y;
-    if (op == "//") return BothInts(a, b) ? Json(static_cast<int64_t>(std::floor(x / y))) : Json(std::floor(x / y));
-    if (op == "%") {
-      if (BothInts(a, b)) {
-        const int64_t m = a.get<int64_t>() % b.get<int64_t>();
-        return m != 0 && ((m < 0) != (b.get<int64_t>() < 0)) ? m + b.get<int64_t>() : m;
-      }
-      return x - y * std::floor(x / y);
-    }
+    if (op == "//") return std::floor(x / y);
+    if (op == "%") return x - y * std::floor(x / y);
     Fail(absl::StrCat("unknown operator ", op));
   }
 
@@ -1020,6 +1250,27 @@ class Renderer {
       if (k == key) return Eval(*v);
     }
     return def;
+  }
+
+  Json Range(const Expr& e) {
+    int64_t start = 0, stop = 0, step = 1;
+    if (e.args.size() == 1) {
+      stop = Integer(Eval(*e.args[0]), "range");
+    } else if (e.args.size() >= 2) {
+      start = Integer(Eval(*e.args[0]), "range");
+      stop = Integer(Eval(*e.args[1]), "range");
+      if (e.args.size() > 2) step = Integer(Eval(*e.args[2]), "range");
+    }
+    if (step == 0) Fail("range step cannot be zero");
+    // The count in 128 bits: stop - start can pass the 64-bit range.
+    const __int128 span = static_cast<__int128>(stop) - start;
+    const __int128 count = step > 0 ? (span > 0 ? (span + step - 1) / step : 0)
+                                    : (span < 0 ? (-span + (-static_cast<__int128>(step)) - 1) / -static_cast<__int128>(step) : 0);
+    if (count > static_cast<__int128>(kMaxItems)) Fail(absl::StrCat("range of more than ", kMaxItems, " numbers"));
+    Step(static_cast<int64_t>(count));
+    Json out = Json::array();
+    for (int64_t k = 0, i = start; k < static_cast<int64_t>(count); ++k, i += step) out.push_back(i);
+    return out;
   }
 
   Json Call(const Expr& e) {
@@ -1036,21 +1287,7 @@ class Renderer {
       for (const auto& [k, v] : e.kwargs) ns[k] = Eval(*v);
       return ns;
     }
-    if (f == "range") {
-      int64_t start = 0, stop = 0, step = 1;
-      if (e.args.size() == 1) {
-        stop = static_cast<int64_t>(Number(Eval(*e.args[0]), "range"));
-      } else if (e.args.size() >= 2) {
-        start = static_cast<int64_t>(Number(Eval(*e.args[0]), "range"));
-        stop = static_cast<int64_t>(Number(Eval(*e.args[1]), "range"));
-        if (e.args.size() > 2) step = static_cast<int64_t>(Number(Eval(*e.args[2]), "range"));
-      }
-      if (step == 0) Fail("range step cannot be zero");
-      if ((stop - start) / step > 1000000) Fail("range of more than a million numbers");
-      Json out = Json::array();
-      for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
-      return out;
-    }
+    if (f == "range") return Range(e);
     if (f == "strftime_now") {
       const std::time_t now = std::time(nullptr);
       std::tm tm{};
@@ -1075,6 +1312,7 @@ class Renderer {
   }
 
   Json Method(const Json& self, const std::string& name, const Expr& e) {
+    if (IsUndefined(self)) Fail(absl::StrCat(Describe(*e.a->a), " is undefined"));
     if (self.is_string()) {
       const std::string& s = self.get_ref<const std::string&>();
       if (name == "startswith" || name == "endswith") {
@@ -1092,19 +1330,24 @@ class Renderer {
         }
         return false;
       }
-      if (name == "split") return cleave::Split(s, Arg(e, 0, "sep"));
+      if (name == "split") {
+        Json parts = cleave::Split(s, Arg(e, 0, "sep"));
+        Items(parts.size());
+        Step(static_cast<int64_t>(parts.size()));
+        return parts;
+      }
       if (name == "strip") return Strip(s, Arg(e, 0, "chars"), true, true);
       if (name == "lstrip") return Strip(s, Arg(e, 0, "chars"), true, false);
       if (name == "rstrip") return Strip(s, Arg(e, 0, "chars"), false, true);
       if (name == "upper" || name == "lower") return Case(s, name == "upper");
       if (name == "title") return Title(s, true);
       if (name == "capitalize") return Case(s.substr(0, 1), true) + Case(s.size() > 1 ? s.substr(1) : "", false);
-      if (name == "replace") return Replace(s, Str(Arg(e, 0, "old")), Str(Arg(e, 1, "new")));
+      if (name == "replace") return Replaced(s, Str(Arg(e, 0, "old")), Str(Arg(e, 1, "new")));
       if (name == "join") {
         const Json items = Arg(e, 0, "iterable");
-        std::string out;
-        for (size_t i = 0; items.is_array() && i < items.size(); ++i) out += (i ? s : "") + Str(items[i]);
-        return out;
+        std::vector<std::string> parts;
+        for (size_t i = 0; items.is_array() && i < items.size(); ++i) parts.push_back(Str(items[i]));
+        return Joined(parts, s);
       }
       if (name == "count") {
         const std::string sub = Str(Arg(e, 0, "sub"));
@@ -1119,32 +1362,53 @@ class Renderer {
     } else if (self.is_object()) {
       if (name == "items") {
         Json out = Json::array();
-        for (auto it = self.begin(); it != self.end(); ++it) out.push_back(Json::array({it.key(), it.value()}));
+        for (auto it = self.begin(); it != self.end(); ++it) out.push_back(Json::array({it.key(), Copy(it.value())}));
         return out;
       }
       if (name == "keys" || name == "values") {
         Json out = Json::array();
-        for (auto it = self.begin(); it != self.end(); ++it) out.push_back(name == "keys" ? Json(it.key()) : it.value());
+        for (auto it = self.begin(); it != self.end(); ++it) out.push_back(name == "keys" ? Json(it.key()) : Copy(it.value()));
         return out;
       }
       if (name == "get") {
         const Json key = Arg(e, 0, "key");
         auto it = key.is_string() ? self.find(key.get<std::string>()) : self.end();
-        return it == self.end() ? Arg(e, 1, "default", nullptr) : *it;
+        return it == self.end() ? Arg(e, 1, "default", nullptr) : Copy(*it);
       }
     }
     Fail(absl::StrCat("no method ", name, " of ", Repr(self)));
   }
 
+  // `s` with every `from` replaced by `to`, within the budget's bytes.
+  std::string Replaced(const std::string& s, const std::string& from, const std::string& to) {
+    if (from.empty()) return s;
+    int64_t hits = 0;
+    for (size_t i = 0; (i = s.find(from, i)) != std::string::npos; i += from.size()) ++hits;
+    Checked(static_cast<double>(s.size()) + static_cast<double>(hits) * (static_cast<double>(to.size()) - static_cast<double>(from.size())), "a string");
+    return Made(Replace(s, from, to));
+  }
+  std::string Joined(const std::vector<std::string>& parts, const std::string& sep) {
+    double size = 0;
+    for (const std::string& p : parts) size += static_cast<double>(p.size() + sep.size());
+    Checked(size, "a string");
+    std::string out;
+    for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+    return Made(std::move(out));
+  }
+
   Json Filter(const Expr& e) {
-    const Json v = Eval(*e.a);
+    // The value read in place for a filter without arguments (nothing else is evaluated
+    // while it is held); evaluated otherwise.
+    Json own;
+    const Json& v = e.args.empty() && e.kwargs.empty() ? View(*e.a, &own) : (own = Eval(*e.a));
     const std::string& f = e.name;
     if (f == "trim") return Strip(Str(v), Json(), true, true);
     if (f == "tojson") {
       const Json indent = Arg(e, 0, "indent");
       std::string out;
-      Dump(v, indent.is_number() ? indent.get<int>() : -1, 0, out);
-      return out;
+      Dump(v, indent.is_number() ? std::max<int64_t>(0, Integer(indent, "tojson's indent")) : -1, 0,
+           static_cast<size_t>(b_->bytes), out);
+      return Made(std::move(out));
     }
     if (f == "length" || f == "count") {
       if (v.is_string()) return static_cast<int64_t>(v.get_ref<const std::string&>().size());
@@ -1152,13 +1416,13 @@ class Renderer {
       Fail(absl::StrCat("no length of ", Repr(v)));
     }
     if (f == "upper" || f == "lower") return Case(Str(v), f == "upper");
-    if (f == "string" || f == "safe") return f == "safe" ? v : Json(Str(v));
+    if (f == "string" || f == "safe") return f == "safe" ? Copy(v) : Json(Made(Str(v)));
     if (f == "default" || f == "d") {
-      const bool boolean = Truthy(Arg(e, 1, "boolean", false));
-      return IsUndefined(v) || (boolean && !Truthy(v)) ? Arg(e, 0, "default_value", "") : v;
+      const bool boolean = cleave::Truthy(Arg(e, 1, "boolean", false));
+      return IsUndefined(v) || (boolean && !cleave::Truthy(v)) ? Arg(e, 0, "default_value", "") : Copy(v);
     }
     if (f == "first" || f == "last") {
-      if (v.is_array()) return v.empty() ? Undefined() : f == "first" ? v.front() : v.back();
+      if (v.is_array()) return v.empty() ? Undefined() : Copy(f == "first" ? v.front() : v.back());
       if (v.is_string() && !v.get<std::string>().empty()) {
         const std::string& s = v.get_ref<const std::string&>();
         return std::string(1, f == "first" ? s.front() : s.back());
@@ -1168,23 +1432,25 @@ class Renderer {
     if (f == "join") {
       const std::string sep = Str(Arg(e, 0, "d", ""));
       const Json attribute = Arg(e, 1, "attribute");
-      std::string out;
+      std::vector<std::string> parts;
       for (size_t i = 0; v.is_array() && i < v.size(); ++i) {
         const Json item = attribute.is_string() && v[i].is_object() ? v[i].value(attribute.get<std::string>(), Json()) : v[i];
-        out += (i ? sep : "") + Str(item);
+        parts.push_back(Str(item));
       }
-      return out;
+      return Joined(parts, sep);
     }
     if (f == "reverse") {
       if (v.is_string()) return std::string(v.get<std::string>().rbegin(), v.get<std::string>().rend());
       Json out = Json::array();
-      for (auto it = v.rbegin(); v.is_array() && it != v.rend(); ++it) out.push_back(*it);
+      for (auto it = v.rbegin(); v.is_array() && it != v.rend(); ++it) out.push_back(Copy(*it));
       return out;
     }
     if (f == "list") {
-      if (v.is_array()) return v;
+      if (v.is_array()) return Copy(v);
       Json out = Json::array();
       if (v.is_string()) {
+        Items(v.get_ref<const std::string&>().size());
+        Step(static_cast<int64_t>(v.get_ref<const std::string&>().size()));
         for (char c : v.get<std::string>()) out.push_back(std::string(1, c));
       } else if (v.is_object()) {
         for (auto it = v.begin(); it != v.end(); ++it) out.push_back(it.key());
@@ -1192,14 +1458,14 @@ class Renderer {
       return out;
     }
     if (f == "items") return Method(v, "items", e);
-    if (f == "replace") return Replace(Str(v), Str(Arg(e, 0, "old")), Str(Arg(e, 1, "new")));
+    if (f == "replace") return Replaced(Str(v), Str(Arg(e, 0, "old")), Str(Arg(e, 1, "new")));
     if (f == "int") {
-      if (v.is_number()) return static_cast<int64_t>(v.get<double>());
-      try {
-        return static_cast<int64_t>(std::stoll(Str(v)));
-      } catch (const std::exception&) {
-        return Arg(e, 0, "default", 0);
-      }
+      if (v.is_number()) return Integer(v, "int");
+      int64_t out = 0;
+      const std::string s = Strip(Str(v), Json(), true, true);
+      auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+      if (r.ec == std::errc() && r.ptr == s.data() + s.size() && !s.empty()) return out;
+      return Arg(e, 0, "default", 0);
     }
     if (f == "float") {
       if (v.is_number()) return v.get<double>();
@@ -1209,32 +1475,45 @@ class Renderer {
         return Arg(e, 0, "default", 0.0);
       }
     }
-    if (f == "abs") return v.is_number_integer() ? Json(std::llabs(v.get<int64_t>())) : Json(std::fabs(Number(v, "abs")));
+    if (f == "abs") {
+      if (!v.is_number_integer()) return std::fabs(Number(v, "abs"));
+      const int64_t i = Integer(v, "abs");
+      if (i == INT64_MIN) Fail("abs: past the 64-bit range");
+      return std::llabs(i);
+    }
     if (f == "capitalize") return Method(Json(Str(v)), "capitalize", e);
     if (f == "title") return Title(Str(v), true);
     if (f == "indent") {
-      const int width = Arg(e, 0, "width", 4).get<int>();
-      const bool first = Truthy(Arg(e, 1, "first", false));
+      // Python's ' ' * width: no indent for a width below 1.
+      const int64_t width = std::max<int64_t>(0, Integer(Arg(e, 0, "width", 4), "indent's width"));
+      const bool first = cleave::Truthy(Arg(e, 1, "first", false));
+      const std::string s = Str(v);
+      const double lines = 1 + static_cast<double>(std::count(s.begin(), s.end(), '\n'));
+      Checked(static_cast<double>(s.size()) + lines * static_cast<double>(width), "a string");
       const std::string pad(static_cast<size_t>(width), ' ');
-      std::string s = Str(v), out = first ? pad : "";
+      std::string out = first ? pad : "";
       for (size_t i = 0; i < s.size(); ++i) {
         out += s[i];
         if (s[i] == '\n' && i + 1 < s.size() && s[i + 1] != '\n') out += pad;
       }
-      return out;
+      return Made(std::move(out));
     }
     if (f == "map") {
       const Json attribute = Arg(e, 99, "attribute");
       if (!attribute.is_string()) Fail("map takes attribute=");
+      if (!v.is_array()) Fail(absl::StrCat("map over ", Repr(v)));
       Json out = Json::array();
-      for (const Json& item : v) out.push_back(item.is_object() ? item.value(attribute.get<std::string>(), Json()) : Undefined());
+      for (const Json& item : v) {
+        out.push_back(item.is_object() ? Copy(item.value(attribute.get<std::string>(), Json())) : Undefined());
+      }
       return out;
     }
     Fail(absl::StrCat("unknown filter ", f));
   }
 
   bool Test(const Expr& e) {
-    const Json v = Eval(*e.a);
+    Json own;
+    const Json& v = View(*e.a, &own);
     const std::string& t = e.name;
     if (t == "defined") return !IsUndefined(v);
     if (t == "undefined") return IsUndefined(v);
@@ -1253,28 +1532,48 @@ class Renderer {
     Fail(absl::StrCat("unknown test ", t));
   }
 
+  TemplateBudget* b_;
+  int depth_ = 0;
   std::vector<Json> scopes_;  // the globals, then one per loop or macro call
   std::map<std::string, const Node*> macros_;
 };
 
 }  // namespace
 
-StatusOr<std::string> RenderChatTemplate(const std::string& tmpl, const std::string& context_json) {
-  const Json context = Json::parse(context_json, nullptr, /*allow_exceptions=*/false);
-  if (context.is_discarded() || !context.is_object()) {
-    return absl::InvalidArgumentError("a chat template's context must be a JSON object");
-  }
+struct ChatTemplate::Parsed {
+  Body body;
+};
+
+StatusOr<ChatTemplate> ChatTemplate::Parse(const std::string& tmpl) {
   try {
-    const Body body = TemplateParser(Split(tmpl)).Parse();
-    Renderer r(context);
+    auto parsed = std::make_shared<Parsed>();
+    parsed->body = TemplateParser(Split(tmpl)).Parse();
+    ChatTemplate t;
+    t.parsed_ = std::move(parsed);
+    return t;
+  } catch (const TemplateError& e) {
+    return absl::InvalidArgumentError(absl::StrCat("chat template: ", e.what()));
+  }
+}
+
+StatusOr<std::string> ChatTemplate::Render(const std::string& context_json, TemplateBudget* budget) const {
+  ASSIGN_OR_RETURN(Json context, ParseJsonObject(context_json, "a chat template's context"));
+  try {
+    Renderer r(std::move(context), budget);
     std::string out;
-    r.Run(body, out);
+    r.Run(parsed_->body, out);
     return out;
   } catch (const TemplateError& e) {
     return absl::InvalidArgumentError(absl::StrCat("chat template: ", e.what()));
-  } catch (const std::exception& e) {  // nlohmann's type errors, a number out of range
+  } catch (const std::exception& e) {  // nlohmann's type errors: a mistyped value the template meets
     return absl::InvalidArgumentError(absl::StrCat("chat template: ", e.what()));
   }
+}
+
+StatusOr<std::string> RenderChatTemplate(const std::string& tmpl, const std::string& context_json) {
+  ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Parse(tmpl));
+  TemplateBudget budget;
+  return t.Render(context_json, &budget);
 }
 
 }  // namespace cleave

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "core/files.h"
+#include "core/json.h"
 #include "data/byte_level.h"
 
 namespace cleave {
@@ -66,8 +67,16 @@ StatusOr<Regex> Compile(const std::string& pattern, const std::string& what) {
   return re;
 }
 
-// The [begin, end) byte ranges of `re`'s matches in `s`.
-std::vector<std::pair<size_t, size_t>> Matches(const icu::RegexPattern& re, const std::string& s) {
+// How long one search for a regex's next match may run, in ICU's steps of its match
+// engine (about a millisecond each), and how much memory its backtracking may take: a
+// pattern that backtracks without end, such as (a+)+$, fails instead of hanging.
+constexpr int32_t kRegexTimeLimit = 2000;
+constexpr int32_t kRegexStackLimit = 8 << 20;
+
+// The [begin, end) byte ranges of `re`'s matches in `s`; INVALID_ARGUMENT naming `what`
+// and the pattern when a search runs past the limits.
+StatusOr<std::vector<std::pair<size_t, size_t>>> Matches(const icu::RegexPattern& re, const std::string& s,
+                                                         const std::string& what) {
   const icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
   std::vector<size_t> byte_at(u.length() + 1, 0);  // UTF-16 index -> UTF-8 offset
   size_t bytes = 0;
@@ -82,9 +91,16 @@ std::vector<std::pair<size_t, size_t>> Matches(const icu::RegexPattern& re, cons
   std::vector<std::pair<size_t, size_t>> out;
   UErrorCode status = U_ZERO_ERROR;
   std::unique_ptr<icu::RegexMatcher> m(re.matcher(u, status));
+  if (U_SUCCESS(status)) m->setTimeLimit(kRegexTimeLimit, status);
+  if (U_SUCCESS(status)) m->setStackLimit(kRegexStackLimit, status);
   while (U_SUCCESS(status) && m->find(status)) {
     const int32_t b = m->start(status), e = m->end(status);
     if (e > b) out.emplace_back(byte_at[b], byte_at[e]);
+  }
+  if (U_FAILURE(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": regex ", ToUtf8(re.pattern()), " failed on a text of ", s.size(), " bytes (", u_errorName(status),
+        status == U_REGEX_TIME_OUT ? ": it backtracks past the time limit" : "", ")"));
   }
   return out;
 }
@@ -117,7 +133,26 @@ struct Step {
 };
 
 std::string Field(const Json& j, const char* key) {
-  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : "";
+}
+
+// j[key] as a T (bool, int or string), `def` when absent or null; INVALID_ARGUMENT naming
+// `where` and the key for a value of another type (a tokenizer file is data nobody
+// vetted: "yes" is not true).
+template <typename T>
+StatusOr<T> Get(const Json& j, const char* key, T def, const std::string& where) {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return def;
+  const Json& v = j[key];
+  if constexpr (std::is_same_v<T, bool>) {
+    if (v.is_boolean()) return v.get<bool>();
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, " must be true or false, not ", v.dump()));
+  } else if constexpr (std::is_same_v<T, int>) {
+    if (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT_MAX) return v.get<int>();
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, " must be a whole number >= 0, not ", v.dump()));
+  } else {
+    if (v.is_string()) return v.get<std::string>();
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", key, " must be a string, not ", v.dump()));
+  }
 }
 
 // A pattern {"String": s} or {"Regex": r}.
@@ -169,27 +204,32 @@ Status ReadStep(const Json& j, const std::string& kind, const std::string& what,
   if (type == "Split") {
     RETURN_IF_ERROR(ReadPattern(j, where, s));
     const std::string behavior = Field(j, "behavior");
-    if ((behavior != "Isolated" && behavior != "Removed") || j.value("invert", false)) {
+    ASSIGN_OR_RETURN(const bool invert, Get(j, "invert", false, where));
+    if ((behavior != "Isolated" && behavior != "Removed") || invert) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": behavior ", behavior,
                                                      " (Isolated or Removed, not inverted, are supported)"));
     }
     s.keep_matches = behavior == "Isolated";
   }
   if (type == "ByteLevel") {
-    s.flag = j.value("add_prefix_space", false);
-    s.use_regex = j.value("use_regex", true);
+    ASSIGN_OR_RETURN(s.flag, Get(j, "add_prefix_space", false, where));
+    ASSIGN_OR_RETURN(s.use_regex, Get(j, "use_regex", true, where));
   }
-  if (type == "Digits") s.flag = j.value("individual_digits", false);
+  if (type == "Digits") {
+    ASSIGN_OR_RETURN(s.flag, Get(j, "individual_digits", false, where));
+  }
   if (type == "Metaspace") {
-    s.a = j.contains("replacement") ? Field(j, "replacement") : "\u2581";
-    s.flag = j.value("split", true);
-    s.prepend_scheme = j.contains("prepend_scheme") ? Field(j, "prepend_scheme")
-                                                    : (j.value("add_prefix_space", true) ? "always" : "never");
+    ASSIGN_OR_RETURN(s.a, Get<std::string>(j, "replacement", "\u2581", where));
+    // Hugging Face's replacement is one character; an empty one would split nowhere.
+    if (s.a.empty()) return absl::InvalidArgumentError(where + ": replacement must not be empty");
+    ASSIGN_OR_RETURN(s.flag, Get(j, "split", true, where));
+    ASSIGN_OR_RETURN(const bool prefix, Get(j, "add_prefix_space", true, where));
+    ASSIGN_OR_RETURN(s.prepend_scheme, Get<std::string>(j, "prepend_scheme", prefix ? "always" : "never", where));
   }
   if (type == "Strip") {
-    s.a = Field(j, "content");
-    s.start = j.value("start", 0);
-    s.stop = j.value("stop", 0);
+    ASSIGN_OR_RETURN(s.a, Get<std::string>(j, "content", "", where));
+    ASSIGN_OR_RETURN(s.start, Get(j, "start", 0, where));
+    ASSIGN_OR_RETURN(s.stop, Get(j, "stop", 0, where));
   }
   out.push_back(std::move(s));
   return absl::OkStatus();
@@ -273,7 +313,7 @@ struct HfTokenizer::Impl {
     return out;
   }
 
-  std::string Normalize(std::string s) const {
+  StatusOr<std::string> Normalize(std::string s) const {
     for (const Step& n : normalizers) {
       if (n.unicode != nullptr) {
         UErrorCode status = U_ZERO_ERROR;
@@ -281,7 +321,7 @@ struct HfTokenizer::Impl {
       } else if (n.type == "Prepend") {
         if (!s.empty()) s = n.a + s;
       } else if (n.type == "Replace") {
-        s = Replace(n, s);
+        ASSIGN_OR_RETURN(s, Replace(n, s, what));
       } else if (n.type == "Lowercase") {
         s = ToUtf8(icu::UnicodeString::fromUTF8(s).toLower(icu::Locale::getRoot()));
       }
@@ -289,32 +329,38 @@ struct HfTokenizer::Impl {
     return s;
   }
 
-  static std::string Replace(const Step& n, const std::string& s) {
+  static StatusOr<std::string> Replace(const Step& n, const std::string& s, const std::string& what) {
     if (!n.regex) return absl::StrReplaceAll(s, {{n.a, n.b}});
     std::string out;
     size_t at = 0;
-    for (const auto& [b, e] : Matches(*n.regex, s)) {
+    ASSIGN_OR_RETURN(const auto matches, Matches(*n.regex, s, what));
+    for (const auto& [b, e] : matches) {
       out += s.substr(at, b - at) + n.b;
       at = e;
     }
     return out + s.substr(at);
   }
 
-  std::vector<std::string> PreTokenize(const std::string& s, size_t section) const {
+  StatusOr<std::vector<std::string>> PreTokenize(const std::string& s, size_t section) const {
     std::vector<std::string> pieces = {s};
     for (const Step& p : pre) {
       std::vector<std::string> next;
       for (std::string& piece : pieces) {
-        for (std::string& q : PreTokenizeOne(p, std::move(piece), section)) next.push_back(std::move(q));
+        ASSIGN_OR_RETURN(std::vector<std::string> parts, PreTokenizeOne(p, std::move(piece), section, what));
+        for (std::string& q : parts) next.push_back(std::move(q));
       }
       pieces = std::move(next);
     }
     return pieces;
   }
 
-  static std::vector<std::string> PreTokenizeOne(const Step& p, std::string s, size_t section) {
+  static StatusOr<std::vector<std::string>> PreTokenizeOne(const Step& p, std::string s, size_t section,
+                                                          const std::string& what) {
     if (p.type == "Split") {
-      if (p.regex) return SplitAt(s, Matches(*p.regex, s), p.keep_matches);
+      if (p.regex) {
+        ASSIGN_OR_RETURN(const auto matches, Matches(*p.regex, s, what));
+        return SplitAt(s, matches, p.keep_matches);
+      }
       std::vector<std::pair<size_t, size_t>> m;
       for (size_t at = s.find(p.a); !p.a.empty() && at != std::string::npos; at = s.find(p.a, at + p.a.size())) {
         m.emplace_back(at, at + p.a.size());
@@ -323,8 +369,11 @@ struct HfTokenizer::Impl {
     }
     if (p.type == "ByteLevel") {
       if (p.flag && (s.empty() || s[0] != ' ')) s = " " + s;
-      std::vector<std::string> parts = p.use_regex ? SplitAt(s, Matches(*Gpt2Pattern(), s), true)
-                                                   : std::vector<std::string>{s};
+      std::vector<std::string> parts = {s};
+      if (p.use_regex) {
+        ASSIGN_OR_RETURN(const auto matches, Matches(*Gpt2Pattern(), s, what));
+        parts = SplitAt(s, matches, true);
+      }
       for (std::string& part : parts) part = ToByteSymbols(part);
       return parts;
     }
@@ -343,7 +392,7 @@ struct HfTokenizer::Impl {
     s = absl::StrReplaceAll(s, {{" ", p.a}});
     const bool prepend = p.prepend_scheme == "always" || (p.prepend_scheme == "first" && section == 0);
     if (prepend && s.compare(0, p.a.size(), p.a) != 0) s = p.a + s;
-    if (!p.flag) return {s};
+    if (!p.flag) return std::vector<std::string>{s};
     std::vector<std::string> out;
     size_t start = 0;
     for (size_t at = s.find(p.a, 1); at != std::string::npos; at = s.find(p.a, at + p.a.size())) {
@@ -416,7 +465,7 @@ struct HfTokenizer::Impl {
     return absl::OkStatus();
   }
 
-  std::vector<std::string> DecodeSteps(std::vector<std::string> t) const {
+  StatusOr<std::vector<std::string>> DecodeSteps(std::vector<std::string> t) const {
     for (const Step& d : decoders) {
       if (d.type == "ByteLevel") {
         std::string bytes;
@@ -433,7 +482,9 @@ struct HfTokenizer::Impl {
         }
         t = {bytes};
       } else if (d.type == "Replace") {
-        for (std::string& token : t) token = Replace(d, token);
+        for (std::string& token : t) {
+          ASSIGN_OR_RETURN(token, Replace(d, token, what));
+        }
       } else if (d.type == "ByteFallback") {
         t = FuseBytes(t);
       } else if (d.type == "Fuse") {
@@ -525,9 +576,9 @@ Status ReadModel(const Json& m, HfTokenizer::Impl& t) {
     }
     t.ranks.emplace(key, rank++);
   }
-  t.ignore_merges = m.value("ignore_merges", false);
-  t.byte_fallback = m.value("byte_fallback", false);
-  t.fuse_unk = m.value("fuse_unk", false);
+  ASSIGN_OR_RETURN(t.ignore_merges, Get(m, "ignore_merges", false, where));
+  ASSIGN_OR_RETURN(t.byte_fallback, Get(m, "byte_fallback", false, where));
+  ASSIGN_OR_RETURN(t.fuse_unk, Get(m, "fuse_unk", false, where));
   const std::string unk = Field(m, "unk_token");
   if (!unk.empty() && t.vocab.count(unk)) t.unk = t.vocab[unk];
   return absl::OkStatus();
@@ -537,15 +588,18 @@ Status ReadModel(const Json& m, HfTokenizer::Impl& t) {
 // tokenizer_config.json's add_bos_token / add_eos_token.
 Status ReadSpecials(const Json& post, const Json& config, HfTokenizer::Impl& t) {
   std::vector<Json> processors;
-  if (Field(post, "type") == "Sequence" && post.contains("processors")) {
+  if (Field(post, "type") == "Sequence" && post.contains("processors") && post["processors"].is_array()) {
     for (const Json& p : post["processors"]) processors.push_back(p);
   } else if (!post.is_null()) {
     processors.push_back(post);
   }
   for (const Json& p : processors) {
-    if (Field(p, "type") != "TemplateProcessing" || !p.contains("single")) continue;
+    if (Field(p, "type") != "TemplateProcessing" || !p.contains("single") || !p["single"].is_array()) continue;
     bool after = false;
     for (const Json& piece : p["single"]) {
+      if (!piece.is_object()) {
+        return absl::InvalidArgumentError(absl::StrCat(t.what, ": post_processor: single holds ", piece.dump()));
+      }
       if (piece.contains("Sequence")) {
         after = true;
       } else if (piece.contains("SpecialToken")) {
@@ -562,8 +616,11 @@ Status ReadSpecials(const Json& post, const Json& config, HfTokenizer::Impl& t) 
     const Json& v = config[key];
     return v.is_string() ? v.get<std::string>() : v.is_object() ? Field(v, "content") : "";
   };
-  if (config.value("add_bos_token", false) && t.Id(token_of("bos_token")) >= 0) t.prefix.push_back(t.Id(token_of("bos_token")));
-  if (config.value("add_eos_token", false) && t.Id(token_of("eos_token")) >= 0) t.suffix.push_back(t.Id(token_of("eos_token")));
+  const std::string where = t.what + ": tokenizer_config.json";
+  ASSIGN_OR_RETURN(const bool add_bos, Get(config, "add_bos_token", false, where));
+  ASSIGN_OR_RETURN(const bool add_eos, Get(config, "add_eos_token", false, where));
+  if (add_bos && t.Id(token_of("bos_token")) >= 0) t.prefix.push_back(t.Id(token_of("bos_token")));
+  if (add_eos && t.Id(token_of("eos_token")) >= 0) t.suffix.push_back(t.Id(token_of("eos_token")));
   return absl::OkStatus();
 }
 
@@ -576,21 +633,23 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& path
   namespace fs = std::filesystem;
   const bool dir = fs::is_directory(path);
   const std::string file = dir ? (fs::path(path) / "tokenizer.json").string() : path;
-  ASSIGN_OR_RETURN(std::string json, ReadFile(file));
+  ASSIGN_OR_RETURN(std::string json, ReadBoundedFile(file, kMaxTokenizerBytes));
   const std::string config_path = (fs::path(file).parent_path() / "tokenizer_config.json").string();
   std::string config;
   if (fs::exists(config_path)) {
-    ASSIGN_OR_RETURN(config, ReadFile(config_path));
+    ASSIGN_OR_RETURN(config, ReadBoundedFile(config_path, kMaxTokenizerBytes));
   }
   return FromJson(json, config, file);
 }
 
 StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& json, const std::string& config_json,
                                                              const std::string& what) {
-  const Json j = Json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(what + ": not a JSON object");
-  Json config = config_json.empty() ? Json::object() : Json::parse(config_json, nullptr, false);
-  if (config.is_discarded() || !config.is_object()) config = Json::object();
+  ASSIGN_OR_RETURN(const Json j, ParseJsonObject(json, what));
+  Json config = Json::object();
+  if (!config_json.empty()) {
+    const std::string config_what = (std::filesystem::path(what).parent_path() / "tokenizer_config.json").string();
+    ASSIGN_OR_RETURN(config, ParseJsonObject(config_json, config_what));
+  }
   auto t = std::make_unique<Impl>();
   t->what = what;
   if (!j.contains("model") || !j["model"].is_object()) return absl::InvalidArgumentError(what + ": model is missing");
@@ -602,13 +661,20 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
   for (const auto& [token, id] : t->vocab) size = std::max(size, id + 1);
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const Json& a : j["added_tokens"]) {
-      if (!a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
           a["id"].get<int64_t>() >= (1 << 24) || Field(a, "content").empty()) {
         return absl::InvalidArgumentError(what + ": added_tokens: each needs an id in [0, 2^24) and content");
       }
-      t->added.push_back({a["id"].get<int32_t>(), Field(a, "content"), a.value("special", false)});
+      ASSIGN_OR_RETURN(const bool special, Get(a, "special", false, what + ": added_tokens"));
+      t->added.push_back({a["id"].get<int32_t>(), Field(a, "content"), special});
       size = std::max(size, t->added.back().id + 1);
     }
+  }
+  // Ids index a table as long as the largest: they must be (about) as many as it is long.
+  const size_t count = t->vocab.size() + t->added.size();
+  if (static_cast<size_t>(size) > 2 * count + 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ids reach ", size - 1, " for ", count,
+                                                   " tokens (ids must number the vocabulary from 0)"));
   }
   std::stable_sort(t->added.begin(), t->added.end(),
                    [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
@@ -630,7 +696,14 @@ int HfTokenizer::vocab_size() const { return static_cast<int>(impl_->tokens.size
 int HfTokenizer::eos_id() const { return impl_->eos; }
 
 StatusOr<std::vector<int32_t>> HfTokenizer::EncodeText(const std::string& text, bool special) const {
-  if (!IsUtf8(text)) return absl::InvalidArgumentError(impl_->what + ": the text is not UTF-8");
+  if (!IsUtf8(text)) {
+    const icu::UnicodeString u = icu::UnicodeString::fromUTF8(text);
+    std::string valid;
+    u.toUTF8String(valid);
+    size_t at = 0;
+    while (at < text.size() && at < valid.size() && text[at] == valid[at]) ++at;
+    return absl::InvalidArgumentError(absl::StrCat("the text to encode is not UTF-8 (a bad byte near byte ", at, ")"));
+  }
   std::vector<int32_t> ids;
   if (special) ids = impl_->prefix;
   size_t section = 0;
@@ -638,7 +711,9 @@ StatusOr<std::vector<int32_t>> HfTokenizer::EncodeText(const std::string& text, 
     if (id >= 0) {
       ids.push_back(id);
     } else {
-      for (const std::string& piece : impl_->PreTokenize(impl_->Normalize(segment), section)) {
+      ASSIGN_OR_RETURN(std::string normal, impl_->Normalize(segment));
+      ASSIGN_OR_RETURN(const std::vector<std::string> pieces, impl_->PreTokenize(normal, section));
+      for (const std::string& piece : pieces) {
         if (!piece.empty()) RETURN_IF_ERROR(impl_->Bpe(piece, ids));
       }
     }
@@ -664,7 +739,8 @@ StatusOr<std::string> HfTokenizer::Decode(const std::vector<int32_t>& ids) const
     tokens.push_back(impl_->tokens[id]);
   }
   std::string out;
-  for (const std::string& piece : impl_->DecodeSteps(std::move(tokens))) out += piece;
+  ASSIGN_OR_RETURN(const std::vector<std::string> pieces, impl_->DecodeSteps(std::move(tokens)));
+  for (const std::string& piece : pieces) out += piece;
   return out;
 }
 

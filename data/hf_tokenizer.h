@@ -14,6 +14,7 @@
 // \s: Unicode's White_Space.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,10 @@
 #include "data/tokenizer.h"
 
 namespace cleave {
+
+// The largest tokenizer.json or tokenizer_config.json read (Llama 3's tokenizer.json is
+// 9 MB, Qwen 3's 11 MB): a file past it, or not a regular file, is refused.
+inline constexpr int64_t kMaxTokenizerBytes = int64_t{64} << 20;
 
 class HfTokenizer : public Tokenizer {
  public:

@@ -15,12 +15,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
+#include "core/json.h"
 #include "data/chat_template.h"
+#include "data/hf_tokenizer.h"
 #include "data/sources.h"
 #include "data/tokenizer.h"
 
@@ -56,7 +59,8 @@ std::string TokenText(const Json& config, const char* key) {
 }
 
 struct ChatFormat {
-  std::string tmpl;  // empty: Alpaca's prompts
+  std::optional<ChatTemplate> tmpl;  // none: Alpaca's prompts
+  std::string source;                // where the template came from, for errors
   std::string bos, eos;
 };
 
@@ -70,23 +74,26 @@ StatusOr<ChatFormat> FormatOf(const std::string& tokenizer_spec, const std::stri
     if (!fs::is_directory(dir)) dir = dir.parent_path();
     const fs::path path = dir / "tokenizer_config.json";
     if (fs::exists(path)) {
-      ASSIGN_OR_RETURN(std::string text, ReadFile(path.string()));
-      config = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (config.is_discarded() || !config.is_object()) {
-        return absl::InvalidArgumentError(path.string() + ": not a JSON object");
-      }
+      ASSIGN_OR_RETURN(std::string text, ReadBoundedFile(path.string(), kMaxTokenizerBytes));
+      ASSIGN_OR_RETURN(config, ParseJsonObject(text, path.string()));
     }
   }
   f.bos = TokenText(config, "bos_token");
   f.eos = TokenText(config, "eos_token");
   if (option == "alpaca") return f;
+  std::string text;
   if (option != "auto") {
-    ASSIGN_OR_RETURN(f.tmpl, ReadFile(option));
+    ASSIGN_OR_RETURN(text, ReadFile(option));
+    f.source = option;
+  } else if (config.contains("chat_template") && config["chat_template"].is_string()) {
+    text = config["chat_template"].get<std::string>();
+    f.source = "the chat_template of " + tokenizer_spec.substr(3) + "'s tokenizer_config.json";
+  } else {
     return f;
   }
-  if (config.contains("chat_template") && config["chat_template"].is_string()) {
-    f.tmpl = config["chat_template"].get<std::string>();
-  }
+  auto parsed = ChatTemplate::Parse(text);
+  if (!parsed.ok()) return Status(parsed.status().code(), absl::StrCat(f.source, ": ", parsed.status().message()));
+  f.tmpl = *std::move(parsed);
   return f;
 }
 
@@ -109,10 +116,13 @@ class Example {
   int64_t bytes_ = 0;
 };
 
-StatusOr<std::string> Render(const ChatFormat& f, const Json& messages, bool generation) {
+// Renders with the budget of the line the chat came from.
+StatusOr<std::string> Render(const ChatFormat& f, const Json& messages, bool generation, TemplateBudget* budget) {
   const Json context = {{"messages", messages}, {"bos_token", f.bos}, {"eos_token", f.eos},
                         {"add_generation_prompt", generation}};
-  return RenderChatTemplate(f.tmpl, context.dump());
+  auto text = f.tmpl->Render(context.dump(), budget);
+  if (!text.ok()) return Status(text.status().code(), absl::StrCat(f.source, ": ", text.status().message()));
+  return text;
 }
 
 // A chat's examples: one with each assistant turn's response trained and the rest not,
@@ -121,7 +131,10 @@ StatusOr<std::string> Render(const ChatFormat& f, const Json& messages, bool gen
 // once the conversation goes on (Qwen 3's drops their reasoning) gives one example per
 // assistant turn instead: the conversation up to it as its prompt, then its response, as
 // the model sees them when it generates that turn.
+// Every render of one chat draws on one budget (TemplateBudget's defaults): a chat of
+// thousands of turns, rendered once per assistant turn, ends in an error, not in minutes.
 StatusOr<std::vector<Example>> ChatExamples(const Tokenizer& t, const ChatFormat& f, const Json& messages) {
+  TemplateBudget budget;
   struct Turn {
     std::string prompt, full;  // rendered up to the turn (with the generation prompt), and with it
   };
@@ -134,8 +147,10 @@ StatusOr<std::vector<Example>> ChatExamples(const Tokenizer& t, const ChatFormat
     }
     if (m["role"] != "assistant") continue;
     Turn turn;
-    ASSIGN_OR_RETURN(turn.prompt, Render(f, Json(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i)), true));
-    ASSIGN_OR_RETURN(turn.full, Render(f, Json(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1), false));
+    ASSIGN_OR_RETURN(turn.prompt, Render(f, Json(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i)),
+                                         true, &budget));
+    ASSIGN_OR_RETURN(turn.full, Render(f, Json(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i) + 1),
+                                       false, &budget));
     if (!absl::StartsWith(turn.full, turn.prompt)) {
       return absl::InvalidArgumentError(absl::StrCat("the chat template does not render assistant turn ", i,
                                                      " after its generation prompt"));
@@ -154,7 +169,7 @@ StatusOr<std::vector<Example>> ChatExamples(const Tokenizer& t, const ChatFormat
       RETURN_IF_ERROR(ex.Add(t, turn.full.substr(turn.prompt.size()), /*trained=*/true));
       done = turn.full;
     }
-    ASSIGN_OR_RETURN(std::string all, Render(f, messages, /*generation=*/false));
+    ASSIGN_OR_RETURN(std::string all, Render(f, messages, /*generation=*/false, &budget));
     if (absl::StartsWith(all, done)) RETURN_IF_ERROR(ex.Add(t, all.substr(done.size()), /*trained=*/false));
     out.push_back(std::move(ex));
     return out;
@@ -171,7 +186,7 @@ StatusOr<std::vector<Example>> ChatExamples(const Tokenizer& t, const ChatFormat
 StatusOr<std::vector<Example>> ExamplesOf(const Tokenizer& t, const ChatFormat& f, const Json& j) {
   if (j.contains("messages")) {
     if (!j["messages"].is_array()) return absl::InvalidArgumentError("\"messages\" must be a list");
-    if (f.tmpl.empty()) return absl::InvalidArgumentError("a chat needs a chat template (template=FILE, or a tokenizer with one)");
+    if (!f.tmpl) return absl::InvalidArgumentError("a chat needs a chat template (template=FILE, or a tokenizer with one)");
     return ChatExamples(t, f, j["messages"]);
   }
   auto field = [&j](const char* key) -> StatusOr<std::string> {
@@ -185,7 +200,7 @@ StatusOr<std::vector<Example>> ExamplesOf(const Tokenizer& t, const ChatFormat& 
   if (instruction.empty() || !j.contains("output")) {
     return absl::InvalidArgumentError("expected \"messages\", or \"instruction\" and \"output\" (Alpaca)");
   }
-  if (!f.tmpl.empty()) {
+  if (f.tmpl) {
     const Json messages = {{{"role", "user"}, {"content", input.empty() ? instruction : instruction + "\n\n" + input}},
                            {{"role", "assistant"}, {"content", output}}};
     return ChatExamples(t, f, messages);
@@ -226,9 +241,9 @@ StatusOr<Dataset> LoadInstruct(const std::string& path, bool train, SpecOptions&
     for (int64_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = absl::StrCat("instruct: ", file, ":", n, ": ");
-      const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(where + "not a JSON object");
-      auto made = ExamplesOf(*tokenizer, format, j);
+      auto j = ParseJsonObject(line, "the line");
+      if (!j.ok()) return absl::InvalidArgumentError(where + std::string(j.status().message()));
+      auto made = ExamplesOf(*tokenizer, format, *j);
       if (!made.ok()) return Status(made.status().code(), where + std::string(made.status().message()));
       for (Example& ex : *made) {
         std::vector<int32_t>& ids = ex.tokens();

@@ -90,11 +90,15 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
   // *bytes when given (the first pass).
   auto file_ids = [&](const std::string& file, int64_t* bytes) -> StatusOr<std::vector<int32_t>> {
     ASSIGN_OR_RETURN(std::vector<std::string> docs, Documents(file, field));
-    ASSIGN_OR_RETURN(auto encoded, tokenizer->Encode(docs));
     std::vector<int32_t> ids;
     for (size_t i = 0; i < docs.size(); ++i) {
+      auto encoded = tokenizer->Encode({docs[i]});  // one at a time: an error names its document
+      if (!encoded.ok()) {
+        return Status(encoded.status().code(), absl::StrCat("text: ", file, ", document ", i + 1, " of ", docs.size(),
+                                                            ": ", encoded.status().message()));
+      }
       if (!ids.empty()) ids.insert(ids.end(), separator.begin(), separator.end());
-      ids.insert(ids.end(), encoded[i].begin(), encoded[i].end());
+      ids.insert(ids.end(), (*encoded)[0].begin(), (*encoded)[0].end());
       if (bytes) *bytes += static_cast<int64_t>(docs[i].size());
     }
     return ids;

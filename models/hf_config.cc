@@ -2,7 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <climits>
+
 #include "absl/strings/str_cat.h"
+#include "core/json.h"
 
 namespace cleave {
 namespace {
@@ -16,13 +20,18 @@ class Keys {
 
   Status Int(const char* key, int64_t& out) {
     if (!Present(key)) return absl::OkStatus();
-    if (!j_[key].is_number_integer()) return Bad(key, "an integer");
-    out = j_[key].get<int64_t>();
+    const Json& v = j_[key];
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX})) {
+      return Bad(key, "an integer of 64 bits");
+    }
+    out = v.get<int64_t>();
     return absl::OkStatus();
   }
   Status Int(const char* key, int& out) {
     int64_t v = out;
     RETURN_IF_ERROR(Int(key, v));
+    // Not cast: 2^32 + 4 must not become 4.
+    if (v < INT_MIN || v > INT_MAX) return Bad(key, "an integer of 32 bits");
     out = static_cast<int>(v);
     return absl::OkStatus();
   }
@@ -135,10 +144,7 @@ Status CheckShape(const DecoderConfig& c, const std::string& what) {
 }  // namespace
 
 StatusOr<DecoderConfig> ParseHfConfig(const std::string& json_text, const std::string& what) {
-  const Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": not a JSON object"));
-  }
+  ASSIGN_OR_RETURN(const Json j, ParseJsonObject(json_text, what));
   DecoderConfig c;
   if (!j.contains("model_type") || !j["model_type"].is_string()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": model_type is missing"));
@@ -192,6 +198,54 @@ StatusOr<DecoderConfig> ParseHfConfig(const std::string& json_text, const std::s
   RETURN_IF_ERROR(k.TokenId("eos_token_id", c.eos_token_id));
   RETURN_IF_ERROR(CheckShape(c, what));
   return c;
+}
+
+std::vector<HfTensorShape> HfTensorShapes(const DecoderConfig& c) {
+  std::vector<HfTensorShape> out;
+  const int64_t q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
+  out.push_back({"model.embed_tokens.weight", {c.vocab, c.dim}});
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    auto add = [&](const std::string& name, std::vector<int64_t> shape) { out.push_back({p + name, std::move(shape)}); };
+    add("input_layernorm.weight", {c.dim});
+    add("self_attn.q_proj.weight", {q, c.dim});
+    add("self_attn.k_proj.weight", {kv, c.dim});
+    add("self_attn.v_proj.weight", {kv, c.dim});
+    add("self_attn.o_proj.weight", {c.dim, q});
+    if (c.qkv_bias) {
+      add("self_attn.q_proj.bias", {q});
+      add("self_attn.k_proj.bias", {kv});
+      add("self_attn.v_proj.bias", {kv});
+    }
+    if (c.o_bias) add("self_attn.o_proj.bias", {c.dim});
+    if (c.qk_norm) {
+      add("self_attn.q_norm.weight", {c.head_dim});
+      add("self_attn.k_norm.weight", {c.head_dim});
+    }
+    add("post_attention_layernorm.weight", {c.dim});
+    add("mlp.gate_proj.weight", {c.ffn, c.dim});
+    add("mlp.up_proj.weight", {c.ffn, c.dim});
+    add("mlp.down_proj.weight", {c.dim, c.ffn});
+    if (c.mlp_bias) {
+      add("mlp.gate_proj.bias", {c.ffn});
+      add("mlp.up_proj.bias", {c.ffn});
+      add("mlp.down_proj.bias", {c.dim});
+    }
+  }
+  out.push_back({"model.norm.weight", {c.dim}});
+  if (!c.tie) out.push_back({"lm_head.weight", {c.vocab, c.dim}});
+  return out;
+}
+
+int64_t HfModelBytes(const DecoderConfig& c) {
+  // In doubles: the shapes are bounded (CheckShape) but their sum can pass 2^63 bytes.
+  double values = 0;
+  for (const HfTensorShape& t : HfTensorShapes(c)) {
+    double n = 1;
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    values += n;
+  }
+  return static_cast<int64_t>(std::min(values * sizeof(float), 9e18));
 }
 
 std::string HfConfigJson(const DecoderConfig& c) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -45,6 +46,19 @@ struct DecoderConfig {
 // and the key for an unknown model_type, a missing or mistyped key, an activation other
 // than silu, or sizes that do not fit (heads not a multiple of kv_heads, ...).
 StatusOr<DecoderConfig> ParseHfConfig(const std::string& json_text, const std::string& what);
+
+// The tensors a Hugging Face folder holds for `c`, under the folder's names
+// (model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight, ..., lm_head.weight
+// unless tied), with their shapes: what a folder is checked against before a model of
+// its config.json is built.
+struct HfTensorShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+std::vector<HfTensorShape> HfTensorShapes(const DecoderConfig& c);
+// The decoder's weights as float32, in bytes: what building it allocates (once for the
+// model, and again for each copy of its parameters).
+int64_t HfModelBytes(const DecoderConfig& c);
 
 // The config.json that ParseHfConfig reads back as `c` (for `cleave export`).
 std::string HfConfigJson(const DecoderConfig& c);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -17,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/files.h"
+#include "core/json.h"
+#include "core/memory.h"
 #include "models/hf_config.h"
 #include "models/safetensors.h"
 
@@ -24,6 +27,9 @@ namespace cleave {
 namespace {
 
 using Json = nlohmann::json;
+
+// The largest config.json or shard index read (a 405B model's index is under 200 KB).
+constexpr int64_t kMaxHfJsonBytes = int64_t{16} << 20;
 
 // A read-only private mapping of a whole file.
 class MappedFile {
@@ -73,10 +79,9 @@ StatusOr<std::map<std::string, std::vector<std::string>>> FilesOf(const std::str
     files[single] = names;
     return files;
   }
-  ASSIGN_OR_RETURN(std::string text, ReadFile(index_path));
-  const Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
-      !index["weight_map"].is_object()) {
+  ASSIGN_OR_RETURN(std::string text, ReadBoundedFile(index_path, kMaxHfJsonBytes));
+  ASSIGN_OR_RETURN(const Json index, ParseJsonObject(text, index_path));
+  if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map must be an object"));
   }
   const Json& map = index["weight_map"];
@@ -94,13 +99,71 @@ StatusOr<std::map<std::string, std::vector<std::string>>> FilesOf(const std::str
   return files;
 }
 
+// Every value of `targets` finite: NaN or infinite weights are a broken folder.
+Status CheckFinite(const std::vector<HfTarget>& targets, const std::string& dir) {
+  for (const HfTarget& t : targets) {
+    const int64_t n = NumElements(t.shape);
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(t.values[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor ", t.name,
+                                                       " holds ", t.values[i], " at element ", i));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StatusOr<std::string> ReadHfConfig(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  auto text = ReadFile(path);
-  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": cannot read it (model.path must be a Hugging Face folder)"));
-  return text;
+  if (!std::filesystem::exists(path)) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot read it (model.path must be a Hugging Face folder)"));
+  }
+  return ReadBoundedFile(path, kMaxHfJsonBytes);
+}
+
+Status CheckHfFolder(const std::string& dir, const std::string& config_json) {
+  ASSIGN_OR_RETURN(const DecoderConfig c, ParseHfConfig(config_json, dir + "/config.json"));
+  std::map<std::string, std::vector<int64_t>> wanted;
+  std::vector<std::string> names;
+  for (HfTensorShape& t : HfTensorShapes(c)) {
+    names.push_back(t.name);
+    wanted[t.name] = std::move(t.shape);
+  }
+  ASSIGN_OR_RETURN(auto files, FilesOf(dir, names));
+  for (const auto& [path, in_file] : files) {
+    ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+    ASSIGN_OR_RETURN(const std::vector<SafetensorsEntry> entries, SafetensorsEntries(file->bytes(), path));
+    std::map<std::string, const SafetensorsEntry*> held;
+    for (const SafetensorsEntry& e : entries) held[e.name] = &e;
+    for (const std::string& name : in_file) {
+      auto it = held.find(name);
+      if (it == held.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, " is missing (config.json's ",
+                                                       c.model_type, " has it)"));
+      }
+      if (it->second->shape != wanted[name]) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, " is ",
+                                                       absl::StrJoin(it->second->shape, "x"), ", config.json's is ",
+                                                       absl::StrJoin(wanted[name], "x")));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status CheckHfModelFits(const std::string& config_json, const std::string& what, int64_t budget_bytes,
+                        const std::string& budget_name) {
+  ASSIGN_OR_RETURN(const DecoderConfig c, ParseHfConfig(config_json, what));
+  const int64_t bytes = HfModelBytes(c);
+  if (bytes > budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": a ", c.model_type, " decoder of ", c.layers, " layers, width ", c.dim, " and ", c.vocab,
+        " tokens holds ", bytes >> 20, " MiB of float32 weights, over ", budget_name, " (", budget_bytes >> 20,
+        " MiB)"));
+  }
+  return absl::OkStatus();
 }
 
 Status SetHfModel(ModelSpec& spec, std::string config_json, const std::string& what) {
@@ -114,6 +177,12 @@ Status SetHfModel(ModelSpec& spec, std::string config_json, const std::string& w
   spec.gpt.dim = c.dim;
   spec.gpt.tie = c.tie;
   return absl::OkStatus();
+}
+
+Status CheckHfBeforeBuilding(const std::string& dir, const std::string& config_json, bool weights_from_folder) {
+  if (weights_from_folder) RETURN_IF_ERROR(CheckHfFolder(dir, config_json));
+  return CheckHfModelFits(config_json, dir + "/config.json", MemoryCeilingBytes() / 2,
+                          "half the memory this process may hold (the model, and a copy of its weights)");
 }
 
 std::string HfTensorName(const std::string& stage_name, int layers) {
@@ -171,7 +240,7 @@ Status LoadHfInto(const std::string& dir, const std::vector<HfTarget>& targets, 
     RETURN_IF_ERROR(ParseSafetensors(file->bytes(), path, filter).status());
     if (!missing.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", *missing.begin(), " is missing"));
   }
-  return absl::OkStatus();
+  return CheckFinite(targets, dir);
 }
 
 StatusOr<QuantizedSet> LoadHfQuantized(const std::string& dir, const QuantizedSet& layout, int layers) {

@@ -21,6 +21,24 @@ StatusOr<std::string> ReadHfConfig(const std::string& dir);
 // (model.gpt.context) but at most config.json's max_position_embeddings).
 Status SetHfModel(ModelSpec& spec, std::string config_json, const std::string& what);
 
+// Before a model of DIR is built: DIR's safetensors headers (only the headers; nothing is
+// allocated for the weights) hold every tensor the decoder of `config_json` has
+// (HfTensorShapes) with its shape. INVALID_ARGUMENT naming the file and the tensor
+// otherwise (a tiny folder whose config.json states a 7B model is refused here, not
+// after gigabytes are allocated for it).
+Status CheckHfFolder(const std::string& dir, const std::string& config_json);
+
+// Whether the decoder of `config_json` (`what` names it) fits in `budget_bytes` as
+// float32: RESOURCE_EXHAUSTED naming its size and the budget otherwise, before anything
+// is allocated for it.
+Status CheckHfModelFits(const std::string& config_json, const std::string& what, int64_t budget_bytes,
+                        const std::string& budget_name);
+
+// What a process that builds the model of DIR checks first: CheckHfFolder when its
+// weights come from DIR, then CheckHfModelFits against half of the memory it could hold
+// (MemoryCeilingBytes: the model, and a copy of its weights).
+Status CheckHfBeforeBuilding(const std::string& dir, const std::string& config_json, bool weights_from_folder);
+
 // A stage tensor's name in the folder: "0.embed_tokens.weight" →
 // "model.embed_tokens.weight"; block stage i: "i.X" → "model.layers.{i-1}.X"; the head
 // stage (layers + 1): "norm.weight" → "model.norm.weight", "lm_head.weight" as it is.

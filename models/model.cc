@@ -201,6 +201,8 @@ StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec) {
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot load model ", spec.name, ": ", e.what_without_backtrace()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("model ", spec.name, ": out of memory while building it"));
   }
   if (impl->NamedParameters().empty()) {
     return absl::InvalidArgumentError(absl::StrCat("model ", spec.name, " has no parameters"));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/files.h"
+#include "core/json.h"
 
 namespace cleave {
 namespace {
@@ -78,8 +79,11 @@ StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::strin
   return ParseSafetensors(bytes, what, SafetensorsFilter{});
 }
 
-StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what,
-                                        const SafetensorsFilter& filter) {
+namespace {
+
+// The header's entries, sorted by where their data begins, and the data after the header.
+StatusOr<std::pair<std::vector<SafetensorsEntry>, std::string_view>> ReadHeader(std::string_view bytes,
+                                                                               const std::string& what) {
   auto loss = [&](const std::string& m) { return absl::DataLossError(what + ": " + m); };
   if (bytes.size() < 8) return loss("not a safetensors file (shorter than its 8-byte header size)");
   uint64_t n = 0;
@@ -88,16 +92,12 @@ StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::strin
     return loss(absl::StrCat("header of ", n, " bytes but the file holds ", bytes.size() - 8,
                              " after its size (truncated?)"));
   }
-  const Json header = Json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) return loss("the header is not a JSON object");
+  auto parsed = ParseJsonObject(bytes.substr(8, n), "the header");
+  if (!parsed.ok()) return loss(std::string(parsed.status().message()));
+  const Json& header = *parsed;
   const std::string_view data = bytes.substr(8 + n);
   // Tensors in the order of their data (the header's key order is not kept by JSON).
-  struct Entry {
-    std::string name, dtype;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
+  std::vector<SafetensorsEntry> entries;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = absl::StrCat("tensor ", name);
@@ -106,7 +106,7 @@ StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::strin
         !info["data_offsets"].is_array() || info["data_offsets"].size() != 2) {
       return loss(where + ": needs dtype, shape and data_offsets [begin, end]");
     }
-    Entry e{name, info["dtype"].get<std::string>(), {}, 0, 0};
+    SafetensorsEntry e{name, info["dtype"].get<std::string>(), {}, 0, 0};
     if (DtypeSize(e.dtype) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": ", where, " has dtype ", e.dtype,
                                                      " (F32, F16, BF16 or F64 are read)"));
@@ -140,13 +140,30 @@ StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::strin
     entries.push_back(std::move(e));
   }
   std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < entries.size(); ++i) {
+    if (entries[i].begin < entries[i - 1].end) {
+      return loss(absl::StrCat("tensors ", entries[i - 1].name, " and ", entries[i].name, " overlap"));
+    }
+  }
+  return std::make_pair(std::move(entries), data);
+}
+
+}  // namespace
+
+StatusOr<std::vector<SafetensorsEntry>> SafetensorsEntries(std::string_view bytes, const std::string& what) {
+  ASSIGN_OR_RETURN(auto header, ReadHeader(bytes, what));
+  return std::move(header.first);
+}
+
+StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what,
+                                        const SafetensorsFilter& filter) {
+  ASSIGN_OR_RETURN(auto header, ReadHeader(bytes, what));
+  const std::vector<SafetensorsEntry>& entries = header.first;
+  const std::string_view data = header.second;
   ParameterSet out;
   for (size_t i = 0; i < entries.size(); ++i) {
-    const Entry& e = entries[i];
-    if (i > 0 && e.begin < entries[i - 1].end) {
-      return loss(absl::StrCat("tensors ", entries[i - 1].name, " and ", e.name, " overlap"));
-    }
+    const SafetensorsEntry& e = entries[i];
     if (filter.wanted && !filter.wanted(e.name)) continue;
     float* into = nullptr;
     if (filter.into) {

@@ -7,6 +7,7 @@
 // No LibTorch here.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -36,6 +37,17 @@ struct SafetensorsFilter {
 };
 StatusOr<ParameterSet> ParseSafetensors(std::string_view bytes, const std::string& what,
                                         const SafetensorsFilter& filter);
+// One tensor's entry in a safetensors header: its dtype, shape and where its bytes lie in
+// the data after the header.
+struct SafetensorsEntry {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+// The header's entries, checked as ParseSafetensors checks them (the data is not read),
+// in the order of their data.
+StatusOr<std::vector<SafetensorsEntry>> SafetensorsEntries(std::string_view bytes, const std::string& what);
+
 // `params` as an F32 safetensors file with `metadata`.
 std::string SerializeSafetensors(const ParameterSet& params,
                                  const std::map<std::string, std::string>& metadata = {});

@@ -96,6 +96,9 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   if (cfg_.model.name == "hf") {
     ASSIGN_OR_RETURN(std::string config, ReadHfConfig(cfg_.model.path));
     RETURN_IF_ERROR(SetHfModel(spec, std::move(config), cfg_.model.path + "/config.json"));
+    if (Status s = CheckHfBeforeBuilding(cfg_.model.path, spec.hf_config, cfg_.model.weights.empty()); !s.ok()) {
+      return Status(s.code(), absl::StrCat("model.path: ", s.message()));
+    }
     if (cfg_.split.enabled() && spec.gpt.tie && !spec.lora.enabled()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model.path: ", cfg_.model.path, "/config.json ties the head to the embedding "

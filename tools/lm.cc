@@ -77,6 +77,7 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
   if (m.name == "hf") {
     ASSIGN_OR_RETURN(std::string hf_config, ReadHfConfig(m.path));
     RETURN_IF_ERROR(SetHfModel(spec, std::move(hf_config), m.path + "/config.json"));
+    RETURN_IF_ERROR(CheckHfBeforeBuilding(m.path, spec.hf_config, m.weights.empty()));
   }
   ASSIGN_OR_RETURN(out.model, Model::Create(spec));
   // The model the run started from (its frozen base, for LoRA), then the trained tensors.

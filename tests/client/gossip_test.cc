@@ -3,6 +3,7 @@
 // once; anything else is refused with a status that says why and leaves nothing.
 #include "client/gossip.h"
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "privacy/certs.h"
+#include "tests/deadline.h"
 
 namespace cleave {
 namespace {
@@ -173,6 +175,100 @@ TEST_F(PeerTest, ANeighbourThatCrashesAfterTakingOurModelIsNotWaitedFor) {
 // The probe over mutual TLS connects as a send does: to the neighbour's certificate
 // under its peer name, presenting this client's. A certificate that does not name the
 // neighbour probed fails the handshake and counts as unreachable.
+// A Gossip call held open on the Peer port: its header sent, waiting for the device's
+// answer (raw gRPC, so that the test can cancel it).
+struct OpenCall {
+  OpenCall(v1::Peer::Stub* stub, const std::string& run, int64_t round, const std::string& sender,
+           std::chrono::milliseconds deadline) {
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    writer = stub->Gossip(&ctx, &reply);
+    v1::GossipChunk chunk;
+    auto* h = chunk.mutable_header();
+    h->set_run_id(run);
+    h->set_round(round);
+    h->set_sender(sender);
+    h->set_token("t");
+    h->set_total_size(4);
+    writer->Write(chunk);
+  }
+  grpc::StatusCode Finish() {
+    writer->WritesDone();
+    return writer->Finish().error_code();
+  }
+  grpc::ClientContext ctx;
+  v1::GossipReply reply;
+  std::unique_ptr<grpc::ClientWriter<v1::GossipChunk>> writer;
+};
+
+class PeerPortTest : public PeerTest {
+ protected:
+  void SetUp() override {
+    PeerTest::SetUp();
+    stub_ = v1::Peer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+  // Until `n` callers wait on the device (their calls reached it), within a limit.
+  void WaitForWaiting(int n) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(testing::ScaledSeconds(30));
+    while (peer_->waiting_callers() != n && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(peer_->waiting_callers(), n);
+  }
+  std::unique_ptr<v1::Peer::Stub> stub_;
+};
+
+// A caller whose round is far past this device's (10^15 took a thread for up to ten
+// minutes), or of another run, is refused at once.
+TEST_F(PeerPortTest, ARoundFarAheadIsRefusedAtOnce) {
+  peer_->Expect("run-1", 3, {{"a", "secret-a"}}, Model(0));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(Send("run-1", 1000000000000000, "a", "secret-a", Model(1).Encode(), 60).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Send("run-2", 4, "a", "secret-a", Model(1).Encode(), 60).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(testing::ScaledSeconds(20)));
+}
+
+// At most 16 callers wait for their round, at most 2 in one sender's name; a caller that
+// cancels frees its place (its wait did not end before).
+TEST_F(PeerPortTest, WaitingCallersAreBoundedAndFreedWhenTheyCancel) {
+  std::vector<std::unique_ptr<OpenCall>> held;
+  for (int i = 0; i < 16; ++i) {
+    held.push_back(std::make_unique<OpenCall>(stub_.get(), "run-1", 9, "s" + std::to_string(i),
+                                              std::chrono::minutes(5)));
+  }
+  WaitForWaiting(16);
+  EXPECT_EQ(OpenCall(stub_.get(), "run-1", 9, "probe", std::chrono::minutes(5)).Finish(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  for (auto& call : held) call->ctx.TryCancel();
+  for (auto& call : held) EXPECT_EQ(call->Finish(), grpc::StatusCode::CANCELLED);
+  // The places are free again: a caller waits (until its short deadline) instead of
+  // being refused for want of one.
+  WaitForWaiting(0);
+  EXPECT_NE(OpenCall(stub_.get(), "run-1", 9, "probe", std::chrono::milliseconds(300)).Finish(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  OpenCall one(stub_.get(), "run-1", 9, "same", std::chrono::minutes(5)),
+      two(stub_.get(), "run-1", 9, "same", std::chrono::minutes(5));
+  WaitForWaiting(2);
+  EXPECT_EQ(OpenCall(stub_.get(), "run-1", 9, "same", std::chrono::minutes(5)).Finish(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  one.ctx.TryCancel();
+  two.ctx.TryCancel();
+  one.Finish();
+  two.Finish();
+}
+
+// A device that stops while callers wait for a round ends their calls and exits (it did
+// not, until their deadline).
+TEST_F(PeerPortTest, StoppingEndsWaitingCalls) {
+  OpenCall waiting(stub_.get(), "run-1", 9, "a", std::chrono::minutes(5));
+  WaitForWaiting(1);
+  const auto start = std::chrono::steady_clock::now();
+  peer_.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(testing::ScaledSeconds(20)));
+  const grpc::StatusCode code = waiting.Finish();
+  EXPECT_TRUE(code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED) << code;
+}
+
 TEST(PeerReachableTest, ProbesOverMutualTlsAsASendConnects) {
   const std::string dir = ::testing::TempDir() + "/peer-reachable-fed";
   std::filesystem::remove_all(dir);

@@ -10,10 +10,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
 #include "core/files.h"
+#include "tests/deadline.h"
 
 namespace cleave {
 namespace {
@@ -152,6 +154,128 @@ TEST(ChatTemplateTest, RefusesWhatItCannotRender) {
   bad("{{ raise_exception('stop here') }}", "raise_exception: stop here");
   bad("{{ 1 / 0 }}", "division by zero");
   EXPECT_FALSE(RenderChatTemplate("{{ 1 }}", "[1, 2]").ok());
+}
+
+// jinja2's Undefined: printed as "", but an attribute or item of one is an error (a typo
+// must not render an empty prompt); an attribute of none is undefined, one level down.
+TEST(ChatTemplateTest, AnAttributeOfAnUndefinedValueIsAnError) {
+  const std::string ctx = R"({"messages": [{"role": "user", "content": "hi"}]})";
+  EXPECT_EQ(*RenderChatTemplate("[{{ foo }}][{{ none.x }}][{{ messages[0].nope }}]", ctx), "[][][]");
+  for (const std::string& tmpl : {"{{ foo.bar.baz }}", "{{ none.x.y }}", "{{ foo['k'] }}", "{{ mesage.content }}",
+                                  "{{ messages[0].nope.deeper }}", "{{ foo.startswith('a') }}", "{{ foo[1:] }}"}) {
+    auto r = RenderChatTemplate(tmpl, ctx);
+    ASSERT_FALSE(r.ok()) << tmpl << " rendered '" << *r << "'";
+    EXPECT_NE(r.status().message().find("is undefined"), std::string::npos) << r.status();
+  }
+}
+
+// Crafted templates end in an error that says why, never in a signal, a hang or memory
+// past the budget: recursion, nesting, integer overflow and traps, huge ranges, strings
+// and lists that double, and loops that never end.
+TEST(ChatTemplateTest, HostileTemplatesEndInAnError) {
+  const std::string deep = std::string(100000, '(') + "1" + std::string(100000, ')');
+  struct Case {
+    std::string tmpl, needle;
+  };
+  const std::vector<Case> cases = {
+      {"{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "nested more than"},
+      {"{{ " + deep + " }}", "nested more than 100 deep"},
+      {"{{ " + [] { std::string s; for (int i = 0; i < 100000; ++i) s += "not "; return s; }() + "1 }}",
+       "nested more than 100 deep"},
+      {"{{ " + std::string(100000, '[') + std::string(100000, ']') + " }}", "nested more than 100 deep"},
+      {"{{ " + std::string(100000, '-') + "1 }}", "nested more than 100 deep"},
+      {std::string(20000, ' ') + [] { std::string s; for (int i = 0; i < 200; ++i) s += "{% if 1 %}"; return s; }(),
+       "blocks nested more than 100 deep"},
+      {"{{ (-9223372036854775807 - 1) // -1 }}", "past the 64-bit range"},
+      {"{{ 9223372036854775807 + 1 }}", "past the 64-bit range"},
+      {"{{ 4611686018427387904 * 2 }}", "past the 64-bit range"},
+      {"{{ -(-9223372036854775807 - 1) }}", "past the 64-bit range"},
+      {"{{ (-9223372036854775807 - 1) | abs }}", "past the 64-bit range"},
+      {"{{ 99999999999999999999 }}", "the integer 99999999999999999999 is past the 64-bit range"},
+      {"{{ range(-5e18, 5e18) | length }}", "range of more than"},
+      {"{{ range(1e300) | length }}", "past the 64-bit range"},
+      {"{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+       "list of more than"},
+      {"{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}",
+       "nested more than"},
+      {"{{ 'a' * 100000000000 }}", "bytes (the render's limit)"},
+      {"{% set ns = namespace(s='a') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+       "bytes (the render's limit)"},
+      {"{% set ns = namespace(s='a') %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+       "bytes (the render's limit)"},
+      {"{{ 'a\nb' | indent(2000000000) }}", "bytes (the render's limit)"},
+      {"{{ [[1]] | tojson(indent=1000000000) }}", "tojson"},
+      {"{% for i in range(1000000) %}{{ 'x' * 100 }}{% endfor %}", "bytes (the render's limit)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tmpl.substr(0, 120));
+    auto r = RenderChatTemplate(c.tmpl, R"({"messages": []})");
+    ASSERT_FALSE(r.ok()) << "rendered " << r->size() << " bytes";
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos) << r.status();
+  }
+  // Loops that would run for days end when the budget's steps do (the default's take about
+  // 2 s; a tenth of them here).
+  auto endless = ChatTemplate::Parse("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}");
+  ASSERT_TRUE(endless.ok());
+  TemplateBudget tenth;
+  tenth.steps /= 10;
+  auto ran = endless->Render("{}", &tenth);
+  ASSERT_FALSE(ran.ok());
+  EXPECT_NE(ran.status().message().find("ran out of steps"), std::string::npos) << ran.status();
+  // Python's answers where it has one: no trap, no stray exception text.
+  EXPECT_EQ(*RenderChatTemplate("{{ (-9223372036854775807 - 1) % -1 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }}", "{}"),
+            "0 -4 2 -2");
+  EXPECT_EQ(*RenderChatTemplate("{{ 'a\nb' | indent(-1) }}|{{ 'ab' * -3 }}|", "{}"), "a\nb||");
+  // The context is data too: nested past the limit, it is refused.
+  const std::string deep_context = "{\"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  auto r = RenderChatTemplate("{{ x }}", deep_context);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("nested more than"), std::string::npos) << r.status();
+}
+
+// Parsing is linear in the template: 2 MB of tags on their own lines (quadratic before:
+// 700 KB took 80 s) parse and render within a limit that only a hang misses.
+TEST(ChatTemplateTest, ParsingIsLinearInTheTemplate) {
+  std::string tmpl;
+  for (int i = 0; i < 250000; ++i) tmpl += "{{ 1 }}\n";
+  const auto start = std::chrono::steady_clock::now();
+  auto t = ChatTemplate::Parse(tmpl);
+  ASSERT_TRUE(t.ok()) << t.status();
+  TemplateBudget budget;
+  auto out = t->Render("{}", &budget);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->size(), 500000u - 1);  // the template's last newline is dropped
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(testing::ScaledSeconds(30)));
+}
+
+// Rendering is linear in the conversation: the steps a real template (Llama 3's) takes
+// grow with its turns, not with their square (8,000 turns took 257 s and 1 GB before).
+TEST(ChatTemplateTest, RenderingIsLinearInTheConversation) {
+  auto t = ChatTemplate::Parse(RealTemplate("llama3"));
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto steps = [&](int turns) {
+    Json messages = Json::array();
+    for (int i = 0; i < turns; ++i) {
+      messages.push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", "turn " + std::to_string(i)}});
+    }
+    TemplateBudget budget;
+    const int64_t before = budget.steps;
+    auto out = t->Render(Json({{"messages", messages}, {"bos_token", "<s>"}}).dump(), &budget);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return before - budget.steps;
+  };
+  const int64_t small = steps(500), large = steps(4000);
+  EXPECT_LT(large, 10 * small) << small << " steps for 500 turns, " << large << " for 4000";
+  // A budget shared by several renders runs out for all of them.
+  TemplateBudget tight;
+  tight.steps = small / 2;
+  Json messages = Json::array({{{"role", "user"}, {"content", "x"}}});
+  const std::string context = Json({{"messages", messages}, {"bos_token", "<s>"}}).dump();
+  auto out = t->Render(context, &tight);
+  for (int i = 0; i < 1000 && out.ok(); ++i) out = t->Render(context, &tight);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("ran out of steps"), std::string::npos) << out.status();
 }
 
 }  // namespace

@@ -8,13 +8,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
 #include "data/tokenizer.h"
+#include "tests/deadline.h"
 
 namespace cleave {
 namespace {
@@ -119,6 +122,94 @@ TEST(HfTokenizerTest, RoundTripsAndRefusesWhatItCannotRead) {
   ASSERT_FALSE(whitespace.ok());
   EXPECT_NE(whitespace.status().message().find("pre_tokenizer Whitespace is not supported"), std::string::npos)
       << whitespace.status();
+  fs::remove_all(dir);
+}
+
+// A small byte-level BPE tokenizer.json with `change` applied, in DIR (named after the
+// test), and what loading it says.
+Status LoadWith(const std::function<void(Json&)>& change, const std::string& config = "") {
+  Json j = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", {"a b"}}}},
+            {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+            {"decoder", {{"type", "ByteLevel"}}}};
+  change(j);
+  const std::string dir = (fs::temp_directory_path() /
+                           ("cleave_hf_tok_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
+                              .string();
+  fs::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << j.dump();
+  if (!config.empty()) std::ofstream(dir + "/tokenizer_config.json") << config;
+  auto t = Tokenizer::Create("hf:" + dir);
+  fs::remove_all(dir);
+  return t.status();
+}
+
+// A field of the wrong JSON type is an error naming the field, not an uncaught exception;
+// nesting past the limit is refused before anything walks it.
+TEST(HfTokenizerTest, MistypedOrDeepFilesAreRefusedNamingTheField) {
+  struct Case {
+    std::function<void(Json&)> change;
+    std::string config, needle;
+  };
+  std::string deep_sequence;  // 200k nested Sequence pre-tokenizers, written as text
+  for (int i = 0; i < 200000; ++i) deep_sequence += R"({"type": "Sequence", "pretokenizers": [)";
+  deep_sequence += R"({"type": "ByteLevel"})";
+  for (int i = 0; i < 200000; ++i) deep_sequence += "]}";
+  const std::vector<Case> cases = {
+      {[](Json& j) { j["model"]["ignore_merges"] = "yes"; }, "", "model: ignore_merges must be true or false"},
+      {[](Json& j) { j["pre_tokenizer"]["add_prefix_space"] = "yes"; }, "", "add_prefix_space must be true or false"},
+      {[](Json& j) { j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", "1"}}; }, "",
+       "decoder Strip: start must be a whole number"},
+      {[](Json& j) {}, R"({"add_bos_token": "true", "bos_token": "a"})",
+       "tokenizer_config.json: add_bos_token must be true or false"},
+      {[](Json& j) { j["added_tokens"] = {{{"id", 3}, {"content", "<s>"}, {"special", 1}}}; }, "",
+       "added_tokens: special must be true or false"},
+      {[](Json& j) { j["model"]["vocab"]["z"] = (1 << 24) - 1; }, "", "ids reach 16777215 for 4 tokens"},
+      {[](Json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", ""}}; }, "",
+       "replacement must not be empty"},
+  };
+  for (const Case& c : cases) {
+    const Status s = LoadWith(c.change, c.config);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.needle << ": " << s;
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s;
+  }
+  const std::string dir = (fs::temp_directory_path() / "cleave_hf_tok_deep").string();
+  fs::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json")
+      << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": )" << deep_sequence << "}";
+  auto deep = Tokenizer::Create("hf:" + dir);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("nested more than 64 deep"), std::string::npos) << deep.status();
+  std::ofstream(dir + "/tokenizer.json") << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": )"
+                                         << std::string(2000000, '[') << std::string(2000000, ']') << "}";
+  deep = Tokenizer::Create("hf:" + dir);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("nested more than 64 deep"), std::string::npos) << deep.status();
+  // A tokenizer.json that is a link to /dev/zero is not read until memory runs out.
+  fs::remove(dir + "/tokenizer.json");
+  fs::create_symlink("/dev/zero", dir + "/tokenizer.json");
+  deep = Tokenizer::Create("hf:" + dir);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_NE(deep.status().message().find("is not a regular file"), std::string::npos) << deep.status();
+  fs::remove_all(dir);
+}
+
+// A regex that backtracks without end fails naming itself instead of hanging (it ran
+// past 60 s before), and so does an empty Metaspace replacement (it spun forever).
+TEST(HfTokenizerTest, ABacktrackingRegexFailsNamingItself) {
+  const std::string dir = (fs::temp_directory_path() / "cleave_hf_tok_regex").string();
+  fs::create_directories(dir);
+  Json j = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}}}, {"merges", Json::array()}}},
+            {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(a+)+$"}}}, {"behavior", "Isolated"}}}};
+  std::ofstream(dir + "/tokenizer.json") << j.dump();
+  auto t = Tokenizer::Create("hf:" + dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE((*t)->EncodeText("aab", false).ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto ids = (*t)->EncodeText(std::string(40, 'a') + "b", false);
+  ASSERT_FALSE(ids.ok());
+  EXPECT_NE(ids.status().message().find("regex (a+)+$"), std::string::npos) << ids.status();
+  EXPECT_NE(ids.status().message().find("time limit"), std::string::npos) << ids.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(testing::ScaledSeconds(30)));
   fs::remove_all(dir);
 }
 

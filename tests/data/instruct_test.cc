@@ -131,7 +131,19 @@ TEST(InstructTest, RefusesBadLinesNamingThem) {
     EXPECT_NE(d.status().message().find(needle), std::string::npos) << d.status();
     fs::remove(path);
   };
-  bad({R"({"instruction": "a", "output": "b"})", "not json"}, "", "cleave_instruct_bad.jsonl:2: not a JSON object");
+  bad({R"({"instruction": "a", "output": "b"})", "not json"}, "", "cleave_instruct_bad.jsonl:2: the line: not valid JSON");
+  bad({"[1, 2]"}, "", "cleave_instruct_bad.jsonl:1: the line: not a JSON object");
+  bad({R"({"messages": )" + std::string(100000, '[') + std::string(100000, ']') + "}"}, "",
+      "cleave_instruct_bad.jsonl:1: the line: arrays and objects nested more than 64 deep");
+  // Text that is not UTF-8 is the data's fault, and the error names its file and line.
+  bad({R"({"instruction": "caf\u00e9", "output": "b"})", "{\"instruction\": \"caf\xe9\", \"output\": \"b\"}"},
+      ",tokenizer=hf:" + kQwen3, "cleave_instruct_bad.jsonl:2: ");
+  // A template that fails names itself, after the data's file and line.
+  const std::string tmpl = (fs::temp_directory_path() / "cleave_instruct_bad_template.jinja").string();
+  std::ofstream(tmpl) << "{% for m in messages %}{{ m.content }}{{ mesage.role }}{% endfor %}";
+  bad({R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"},
+      ",template=" + tmpl, "cleave_instruct_bad.jsonl:1: " + tmpl + ": chat template: mesage is undefined");
+  fs::remove(tmpl);
   bad({R"({"instruction": "a"})"}, "", ":1: expected \"messages\", or \"instruction\" and \"output\"");
   bad({R"({"messages": [{"role": "user", "content": "hi"}]})"}, ",tokenizer=hf:" + kQwen3, "without an assistant turn");
   bad({R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"}, "",

@@ -19,6 +19,8 @@
 #include "models/hf_folder.h"
 #include "models/model.h"
 #include "models/part.h"
+#include "models/safetensors.h"
+#include "tests/memory_cap.h"
 #include "tests/models/token_data.h"
 
 namespace cleave {
@@ -53,9 +55,11 @@ StatusOr<ModelSpec> SpecOf(const std::string& dir, const LoraConfig& lora = {}) 
   return spec;
 }
 
-// The folder's model: built from config.json, its weights loaded from the safetensors.
+// The folder's model: built from config.json, its weights loaded from the safetensors;
+// CheckHfFolder first, as a server does: the shapes it expects are the model's.
 StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, const LoraConfig& lora = {}) {
   ASSIGN_OR_RETURN(ModelSpec spec, SpecOf(dir, lora));
+  RETURN_IF_ERROR(CheckHfFolder(dir, spec.hf_config));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(spec));
   ASSIGN_OR_RETURN(ParameterSet weights, LoadHfWeights(dir, model->Parameters(), spec.gpt.layers));
   RETURN_IF_ERROR(model->SetParameters(weights));
@@ -179,7 +183,8 @@ TEST(LlamaTest, RefusesMalformedFolders) {
   expect_error(ParseHfConfig(R"({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4}})",
                              "c.json").status(),
                "rope_scaling type 'yarn'");
-  expect_error(ParseHfConfig("{not json", "c.json").status(), "c.json: not a JSON object");
+  expect_error(ParseHfConfig("{not json", "c.json").status(), "c.json: not valid JSON");
+  expect_error(ParseHfConfig("[1]", "c.json").status(), "c.json: not a JSON object");
 
   const std::string dir = MakeFolder("qwen3", "F32", 2);
   auto spec = SpecOf(dir);
@@ -204,6 +209,86 @@ TEST(LlamaTest, RefusesMalformedFolders) {
   // The index names a tensor no shard holds.
   std::ofstream(dir + "/model.safetensors.index.json") << R"({"weight_map": {}})";
   expect_error(LoadHfWeights(dir, layout, 3).status(), "no shard holds tensor model.embed_tokens.weight");
+  fs::remove_all(dir);
+}
+
+// config.json is data nobody vetted: what Python's json writes for a NaN, numbers past
+// their type, and sizes that would wrap are refused naming the file and the key.
+TEST(LlamaTest, RefusesConfigValuesPastTheirRange) {
+  auto error = [](const std::string& text) {
+    auto c = ParseHfConfig(text, "x/config.json");
+    EXPECT_FALSE(c.ok()) << text;
+    return std::string(c.status().message());
+  };
+  EXPECT_NE(error(R"({"model_type": "llama", "rope_theta": NaN})").find("NaN and Infinity are not JSON"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"model_type": "llama", "rope_theta": Infinity})").find("x/config.json: not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"model_type": "llama", "rope_theta": 1e999})").find("x/config.json: not valid JSON"),
+            std::string::npos);
+  for (const char* key : {"num_attention_heads", "num_hidden_layers"}) {
+    EXPECT_NE(error(absl::StrCat(R"({"model_type": "llama", ")", key, R"(": 4294967300})")).find(
+                  absl::StrCat(key, " must be an integer of 32 bits")),
+              std::string::npos)
+        << key;
+  }
+  EXPECT_NE(error(R"({"model_type": "llama", "vocab_size": 18446744073709551615})").find("vocab_size"),
+            std::string::npos);
+}
+
+// A tiny folder whose config.json states a large model is refused from the headers of
+// its safetensors, before anything is allocated (it peaked at 6.5 GB before), and a
+// config.json past the memory this process may hold (`{"model_type": "llama"}` alone:
+// Llama 2 7B's shape, 25 GiB) is refused naming its size; run in a child whose memory
+// is capped, where an allocation would fail.
+TEST(LlamaTest, ABigConfigOverATinyFolderIsRefusedBeforeAllocating) {
+  const std::string dir = Temp("cleave_hf_tiny_folder");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ParameterSet tiny;
+  ASSERT_TRUE(tiny.Add({"model.embed_tokens.weight", {2, 2}, {1, 2, 3, 4}}).ok());
+  ASSERT_TRUE(WriteFileAtomic(dir + "/model.safetensors", SerializeSafetensors(tiny)).ok());
+  const std::string big = R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+                              "num_hidden_layers": 2, "num_attention_heads": 32, "vocab_size": 32000})";
+  ASSERT_TRUE(WriteFileAtomic(dir + "/config.json", big).ok());
+  const int64_t cap = int64_t{512} << 20;
+  Status s = testing::UnderMemoryCap(cap, [&] { return CheckHfBeforeBuilding(dir, big, true); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("tensor model.embed_tokens.weight is 2x2, config.json's is 32000x4096"),
+            std::string::npos) << s;
+  ASSERT_TRUE(WriteFileAtomic(dir + "/config.json", R"({"model_type": "llama"})").ok());
+  s = testing::UnderMemoryCap(cap, [&] { return CheckHfBeforeBuilding(dir, R"({"model_type": "llama"})", false); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("holds 25705 MiB of float32 weights"), std::string::npos) << s;
+  // A device's own limit (--memory-limit-mb) refuses it the same way.
+  s = CheckHfModelFits(big, "the server's config.json", int64_t{1024} << 20, "this device's --memory-limit-mb");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("over this device's --memory-limit-mb (1024 MiB)"), std::string::npos) << s;
+  fs::remove_all(dir);
+}
+
+// Weights that are not finite are a broken folder, refused naming the tensor.
+TEST(LlamaTest, RefusesNonFiniteWeights) {
+  const std::string dir = Temp("cleave_hf_nan_folder");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string config = R"({"model_type": "qwen2", "hidden_size": 8, "intermediate_size": 16,
+                                 "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 10})";
+  ASSERT_TRUE(WriteFileAtomic(dir + "/config.json", config).ok());
+  auto spec = SpecOf(dir);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto model = Model::Create(*spec);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ParameterSet weights = (*model)->Parameters();
+  ASSERT_TRUE(WriteHfFolder(dir, config, weights, 1).ok());
+  EXPECT_TRUE(CheckHfFolder(dir, config).ok());
+  EXPECT_TRUE(LoadHfWeights(dir, weights, 1).ok());
+  weights.mutable_tensors()[1].values[3] = std::nanf("");
+  ASSERT_TRUE(WriteHfFolder(dir, config, weights, 1).ok());
+  auto loaded = LoadHfWeights(dir, (*model)->Parameters(), 1);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find(absl::StrCat("tensor ", weights.tensors()[1].name, " holds nan")),
+            std::string::npos) << loaded.status();
   fs::remove_all(dir);
 }
 
