@@ -639,6 +639,11 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
                                 const std::function<void(const v1::TaskAck&)>& ack,
                                 const NextMessage& next, bool* crashed) {
   const TaskCall call{stub, w, task, ack, next, crashed};
+  // What the server asks this device to train with, checked before anything uses it (a
+  // batch of 0 divided by zero).
+  if (task.has_train()) {
+    if (Status s = CheckFit(FitFromProto(task.train()), "the task's train settings"); !s.ok()) return call.Reject(s);
+  }
   for (const TaskHandler& h : TaskHandlers()) {
     if (h.matches(opts, task)) return (this->*h.run)(call);
   }

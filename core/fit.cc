@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+
 namespace cleave {
 
 const NameTable& ScheduleNames() {
@@ -52,6 +54,27 @@ Status CheckTrain(TrainConfig& t) {
   RETURN_IF_ERROR(Range(t.step_rounds >= 1, "train.step_rounds", ">= 1"));
   RETURN_IF_ERROR(Range(t.step_gamma > 0 && t.step_gamma <= 1, "train.step_gamma", "in (0, 1]"));
   return Range(t.lr_min >= 0 && t.lr_min <= t.lr, "train.lr_min", "in [0, train.lr]");
+}
+
+Status CheckFit(const FitSettings& f, const std::string& where) {
+  auto bad = [&](const char* field, const std::string& rule, const std::string& value) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " must be ", rule, ", not ", value));
+  };
+  auto finite = [](double v, double lo) { return std::isfinite(v) && v >= lo; };
+  if (f.batch_size < 1 || f.batch_size > (1 << 20)) return bad("batch_size", "in [1, 2^20]", absl::StrCat(f.batch_size));
+  if (f.local_steps < 0) return bad("local_steps", ">= 0", absl::StrCat(f.local_steps));
+  if (f.local_epochs < 1 && f.local_steps == 0) {
+    return bad("local_epochs", ">= 1 (or local_steps > 0)", absl::StrCat(f.local_epochs));
+  }
+  if (!finite(f.lr, 0)) return bad("lr", "finite and >= 0", absl::StrCat(f.lr));
+  if (!finite(f.momentum, 0) || f.momentum >= 1) return bad("momentum", "in [0, 1)", absl::StrCat(f.momentum));
+  if (!finite(f.weight_decay, 0)) return bad("weight_decay", "finite and >= 0", absl::StrCat(f.weight_decay));
+  if (!finite(f.clip_norm, 0)) return bad("clip_norm", "finite and >= 0", absl::StrCat(f.clip_norm));
+  if (!finite(f.label_smoothing, 0) || f.label_smoothing >= 1) {
+    return bad("label_smoothing", "in [0, 1)", absl::StrCat(f.label_smoothing));
+  }
+  if (!finite(f.proximal_mu, 0)) return bad("proximal_mu", "finite and >= 0", absl::StrCat(f.proximal_mu));
+  return absl::OkStatus();
 }
 
 FitSettings FitOf(const TrainConfig& t) {

@@ -66,6 +66,13 @@ struct TrainConfig {
   double lr_min = 0;             // train.lr_min: cosine's final rate
 };
 
+// Whether `f` can be trained with: a batch of at least one example (and at most 2^20),
+// at least one epoch or step, and rates, momentum, decay, clipping, smoothing and mu that
+// are finite and in range. INVALID_ARGUMENT naming `where` (who chose them: a task from
+// the server, a strategy's configure_fit) and the field otherwise. The job's train
+// section is checked stricter (CheckTrain); these are the values a device may be sent.
+Status CheckFit(const FitSettings& f, const std::string& where);
+
 // The run's training settings (train.*, train.lr unscheduled; FedProx's mu is the
 // strategy's and stays 0 here).
 FitSettings FitOf(const TrainConfig& t);

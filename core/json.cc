@@ -12,7 +12,7 @@ struct TooDeep {};
 StatusOr<nlohmann::json> ParseJson(std::string_view text, const std::string& what, int max_depth) {
   using Json = nlohmann::json;
   auto deep = [max_depth](int depth, Json::parse_event_t, Json&) {
-    if (depth > max_depth) throw TooDeep{};
+    if (depth >= max_depth) throw TooDeep{};  // depth counts from 0: the outermost value's
     return true;
   };
   try {

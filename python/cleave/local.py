@@ -55,7 +55,9 @@ def run_local(config, clients, num_clients, num_examples, run_dir=None, timeout_
                            "(gRPC's threads do not survive a fork): call it from a fresh process")
     run_dir = os.path.abspath(run_dir or tempfile.mkdtemp(prefix="cleave-run-"))
     os.makedirs(run_dir, exist_ok=True)
-    if "\n" in config or not os.path.exists(config):
+    if "\n" not in config and not os.path.isfile(config):
+        raise FileNotFoundError(f"run_local: no job config at {config!r} (a path, or YAML text of several lines)")
+    if "\n" in config:
         path = os.path.join(run_dir, "job.yaml")
         with open(path, "w", encoding="utf-8") as f:
             f.write(config)

@@ -8,7 +8,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <spdlog/spdlog.h>
+
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <set>
@@ -22,6 +25,7 @@
 #include "client/client.h"
 #include "client/split_client.h"
 #include "core/files.h"
+#include "core/fit.h"
 #include "job/job.h"
 #include "server/options.h"
 #include "server/server.h"
@@ -279,6 +283,9 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
   o.declared_examples = get("num_examples", int64_t{0});
   o.give_up_after_s = get("give_up_after_s", 600.0);
   if (o.declared_examples <= 0) throw py::value_error("num_examples must be positive");
+  if (!std::isfinite(o.give_up_after_s) || o.give_up_after_s <= 0) {
+    throw py::value_error(absl::StrCat("give_up_after_s must be a finite number of seconds > 0, not ", o.give_up_after_s));
+  }
   // The callables are called with the GIL held (CallFit takes it) and released with it.
   if (!fit.is_none()) {
     auto fit_fn = Held(fit);
@@ -367,6 +374,11 @@ class PythonStrategy : public Strategy {
         if (c.contains("momentum")) fit.momentum = c["momentum"].cast<double>();
         if (c.contains("weight_decay")) fit.weight_decay = c["weight_decay"].cast<double>();
         if (c.contains("proximal_mu")) fit.proximal_mu = c["proximal_mu"].cast<double>();
+        if (Status s = CheckFit(fit, absl::StrCat("configure_fit's config for ", id)); !s.ok()) {
+          plan = RoundPlan();
+          plan.stop_reason = std::string(s.message());
+          return plan;
+        }
         plan.client_fit[id] = fit;
       }
     } catch (py::error_already_set& e) {
@@ -376,10 +388,19 @@ class PythonStrategy : public Strategy {
       plan = RoundPlan();
       plan.stop_reason = absl::StrCat("configure_fit must return client ids or (id, config) pairs: ", e.what());
     }
+    if (plan.clients.empty() && plan.stop_reason.empty()) {
+      plan.stop_reason = absl::StrCat("configure_fit chose no client for round ", round);
+    }
+    std::set<std::string> chosen;
     for (const std::string& id : plan.clients) {
       if (std::find(available.begin(), available.end(), id) == available.end()) {
         plan = RoundPlan();
         plan.stop_reason = absl::StrCat("configure_fit chose ", id, ", which is not an available client");
+        break;
+      }
+      if (!chosen.insert(id).second) {
+        plan = RoundPlan();
+        plan.stop_reason = absl::StrCat("configure_fit chose ", id, " twice");
         break;
       }
     }
@@ -461,10 +482,12 @@ class PythonStrategy : public Strategy {
         py::object e = py_->attr("evaluate")(round_, OwnedArrays(next));
         if (!e.is_none()) {
           py::tuple le = e.cast<py::tuple>();
-          stats_["evaluate_loss"] = le[0].cast<double>();
+          if (le.size() != 2) return absl::InvalidArgumentError("evaluate must return (loss, metrics) or None");
+          ASSIGN_OR_RETURN(stats_["evaluate_loss"], Figure("evaluate's loss", le[0].cast<double>()));
           for (auto [k, v] : le[1].cast<py::dict>()) {
             if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) {
-              stats_["evaluate_" + std::string(py::str(k))] = v.cast<double>();
+              const std::string key = py::str(k);
+              ASSIGN_OR_RETURN(stats_["evaluate_" + key], Figure("evaluate's " + key, v.cast<double>()));
             }
           }
         }
@@ -494,15 +517,35 @@ class PythonStrategy : public Strategy {
     }
     try {
       py::tuple out = py_->attr("aggregate_evaluate")(round, rs, py::list()).cast<py::tuple>();
-      if (!out[0].is_none()) summary.loss = out[0].cast<double>();
+      if (out.size() != 2) throw py::cast_error("aggregate_evaluate must return (loss, metrics)");
+      // Checked whole before any of it is taken: a bad figure leaves the built-in summary.
+      EvaluationSummary mine = summary;
+      Status bad;
+      if (!out[0].is_none()) {
+        auto loss = Figure("aggregate_evaluate's loss", out[0].cast<double>());
+        if (loss.ok()) mine.loss = *loss; else bad = loss.status();
+      }
       for (auto [k, v] : out[1].cast<py::dict>()) {
         const std::string key = py::str(k);
-        if (key == "accuracy") {
-          summary.accuracy = v.cast<double>();
-        } else if (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) {
-          summary.metrics[key] = v.cast<double>();
+        if (key != "accuracy" && !py::isinstance<py::float_>(v) && !py::isinstance<py::int_>(v)) continue;
+        auto value = Figure("aggregate_evaluate's " + key, v.cast<double>());
+        if (value.ok() && key == "accuracy" && (*value < 0 || *value > 1)) {
+          value = absl::InvalidArgumentError(absl::StrCat("aggregate_evaluate's accuracy is ", *value, ", not in [0, 1]"));
+        }
+        if (!value.ok()) {
+          bad = value.status();
+        } else if (key == "accuracy") {
+          mine.accuracy = *value;
+        } else {
+          mine.metrics[key] = *value;
         }
       }
+      if (!bad.ok()) {
+        spdlog::warn("round {}: {}; the built-in evaluation summary stands", round, std::string(bad.message()));
+        stats_["aggregate_evaluate_failed"] = 1;
+        return summary;
+      }
+      return mine;
     } catch (py::error_already_set&) {
       stats_["aggregate_evaluate_failed"] = 1;  // the built-in summary stands
     } catch (py::cast_error&) {
@@ -526,6 +569,11 @@ class PythonStrategy : public Strategy {
     ParameterSet parameters;
   };
   bool Defines(const std::string& method) const { return defines_.count(method) > 0; }
+  // A figure a strategy returned, which metrics and reports take as a number.
+  static StatusOr<double> Figure(const std::string& what, double v) {
+    if (!std::isfinite(v)) return absl::InvalidArgumentError(absl::StrCat(what, " is ", v, ", not a finite number"));
+    return v;
+  }
 
   std::shared_ptr<py::object> py_;
   std::set<std::string> defines_;  // which of the optional methods the object has

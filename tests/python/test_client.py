@@ -273,8 +273,8 @@ class Median(cleave.Strategy):
         return float(sum(np.abs(p).sum() for p in parameters)), {"tensors": len(parameters)}
 
 
-class StrategyTest(unittest.TestCase):
-    """A strategy in Python on the C++ coordinator in this process."""
+class StrategyRuns(unittest.TestCase):
+    """Runs a strategy in Python on the C++ coordinator in this process."""
 
     def run_server(self, strategy, clients, rounds=2):
         run_dir = tempfile.mkdtemp(prefix="cleave-pytest-")
@@ -295,6 +295,10 @@ class StrategyTest(unittest.TestCase):
             for t in threads:
                 t.join(timeout=60)
         return committed, cleave.read_metrics(run_dir)
+
+
+class StrategyTest(StrategyRuns):
+    """A strategy in Python on the C++ coordinator in this process."""
 
     def test_the_strategy_decides_and_the_coordinator_does_the_rest(self):
         clients = [Offset(0.1, 100), Offset(0.2, 200), Offset(0.9, 300)]
@@ -324,6 +328,47 @@ class StrategyTest(unittest.TestCase):
 
         with self.assertRaisesRegex(RuntimeError, "no such rule"):
             self.run_server(Broken(), [Offset(0.1, 100), Offset(0.2, 100)], rounds=1)
+
+
+class HostileStrategyTest(StrategyRuns):
+    """What a strategy returns is checked like anything else from outside the coordinator."""
+
+    def test_settings_a_device_cannot_train_with_end_the_run_naming_them(self):
+        for name, chosen in [("zero batch", lambda cs: [(c, {"batch_size": 0}) for c in cs]),
+                             ("nan lr", lambda cs: [(c, {"lr": float("nan")}) for c in cs]),
+                             ("twice", lambda cs: [cs[0], cs[0]]),
+                             ("none", lambda cs: [])]:
+            with self.subTest(name):
+                class Chooser(Median):
+                    def configure_fit(self, server_round, clients):
+                        return chosen(clients)
+
+                strategy = Chooser()
+                committed, _ = self.run_server(strategy, [Offset(0.1, 100), Offset(0.2, 100)], rounds=1)
+                self.assertEqual(committed, 0)
+                self.assertEqual(strategy.calls, [])  # no round was trained
+
+    def test_figures_that_are_not_finite_or_in_range_are_refused(self):
+        class BadEvaluation(Median):
+            def aggregate_evaluate(self, server_round, results, failures):
+                return float("nan"), {"accuracy": 5.0}
+
+        _, rows = self.run_server(BadEvaluation(), [Offset(0.1, 100), Offset(0.2, 100)], rounds=2)
+        for row in rows:  # the built-in summary stands
+            self.assertEqual(row["client_eval"]["accuracy"], 0.5)
+            self.assertEqual(row["client_eval"]["loss"], 1.15)
+
+        class BadServerEvaluation(Median):
+            def evaluate(self, server_round, parameters):
+                return float("nan"), {}
+
+        with self.assertRaisesRegex(RuntimeError, "evaluate's loss is nan"):
+            self.run_server(BadServerEvaluation(), [Offset(0.1, 100), Offset(0.2, 100)], rounds=1)
+
+    def test_client_options_are_checked(self):
+        with self.assertRaisesRegex(ValueError, "give_up_after_s"):
+            cleave.start_client(server="127.0.0.1:1", client=Offset(0.1, 10), num_examples=10, insecure=True,
+                                give_up_after_s=float("nan"))
 
 
 class SplitClientTest(unittest.TestCase):
