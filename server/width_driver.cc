@@ -444,8 +444,12 @@ void WidthDriver::CloseLocked(int64_t round, RoundMetrics* m) {
   for (const auto& [id, t] : ctx_.TasksLocked()) {
     // An async buffer's uploads: the tasks resolved into it, of any version.
     if (t.width <= 0 || t.state != TaskState::kDone || (async && t.resolved_in != round)) continue;
+    // By name; a second participant of the same name (names are unique only under mutual
+    // TLS) with its client id beside it, so that neither hides the other.
     const Session* s = ctx_.FindSessionLocked(t.client_id);
-    m->widths[s ? s->name : t.client_id] = t.width;
+    std::string key = s ? s->name : t.client_id;
+    if (m->widths.count(key)) key = absl::StrCat(key, " (", t.client_id, ")");
+    m->widths[key] = t.width;
     StatusOr<std::shared_ptr<const Placement>> placement = PlacementLocked(t.width, t.round);
     if (!placement.ok()) continue;  // made when its upload was claimed
     if (sums_.dp) CountHolders(*(*placement)->positions, &sums_.holders);

@@ -2,12 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
+#include "core/printable.h"
+#include "data/dataset.h"
 
 namespace cleave {
 
@@ -60,12 +63,18 @@ StatusOr<SplitRecord> DecodeSplitRecord(const std::string& bytes) {
   const auto batch = [&](const std::string& name, size_t prefix) -> StatusOr<RecordedBatch*> {
     size_t k = 0;
     if (!absl::SimpleAtoi(name.substr(prefix), &k) || k > 100000) {
-      return absl::InvalidArgumentError(absl::StrCat("a recorded tensor named ", name));
+      return absl::InvalidArgumentError(absl::StrCat("a recorded tensor named ", Printable(name)));
     }
     if (r.batches.size() <= k) r.batches.resize(k + 1);
     return &r.batches[k];
   };
   for (Tensor& t : set.mutable_tensors()) {
+    // What an attack scores must be numbers: a record is a file anyone may have altered.
+    for (float v : t.values) {
+      if (!std::isfinite(v)) {
+        return absl::InvalidArgumentError(absl::StrCat("the recorded tensor ", Printable(t.name), " holds ", v));
+      }
+    }
     if (absl::StartsWith(t.name, "part/")) {
       RETURN_IF_ERROR(r.part.Add(Tensor{t.name.substr(5), t.shape, std::move(t.values)}));
     } else if (absl::StartsWith(t.name, "update/")) {
@@ -80,6 +89,12 @@ StatusOr<SplitRecord> DecodeSplitRecord(const std::string& bytes) {
       b->activations = std::move(t);
     } else if (absl::StartsWith(t.name, "labels/")) {
       ASSIGN_OR_RETURN(RecordedBatch * b, batch(t.name, 7));
+      for (float v : t.values) {  // class or token ids, or a token without a target
+        if ((v < 0 && v != kNoTarget) || v >= (1 << 24) || v != std::floor(v)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("the recorded ", t.name, " holds ", v, ", not a class or token id"));
+        }
+      }
       b->labels.assign(t.values.begin(), t.values.end());
     } else if (absl::StartsWith(t.name, "grad/")) {
       ASSIGN_OR_RETURN(RecordedBatch * b, batch(t.name, 5));
@@ -88,7 +103,7 @@ StatusOr<SplitRecord> DecodeSplitRecord(const std::string& bytes) {
       ASSIGN_OR_RETURN(RecordedBatch * b, batch(t.name, 6));
       b->reconstruction = std::move(t);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("a recorded tensor named ", t.name));
+      return absl::InvalidArgumentError(absl::StrCat("a recorded tensor named ", Printable(t.name)));
     }
   }
   for (const RecordedBatch& b : r.batches) {

@@ -99,6 +99,39 @@ width: {clients: [{name: a, rate: 0.5}]}
   EXPECT_EQ(h1[0].widths, (std::map<std::string, double>{{"a", 0.5}, {"b", 1.0}}));
 }
 
+// Two participants of one name (names are unique only under mutual TLS) are both in the
+// round's widths: the second with its client id beside its name.
+TEST_F(WidthTest, TwoParticipantsOfOneNameAreBothListed) {
+  ServerOptions o;
+  o.config = SmallJob(R"(
+clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
+width: {clients: [{name: a, rate: 0.5}]}
+)");
+  StartServerWith(std::move(o));
+  TestPeer first(address_, 100), second(address_, 100);
+  ASSERT_TRUE(first.Join("a"));
+  ASSERT_TRUE(second.Join("a"));
+  for (TestPeer* peer : {&first, &second}) {
+    auto task = peer->NextTask();
+    ASSERT_TRUE(task);
+    auto blob = FetchBlob(peer->stub(), peer->welcome().client_id(), peer->welcome().session_token(),
+                          task->model_digest());
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    const std::string payload = Filled(*ParameterSet::Decode(*blob), 1.0f).Encode();
+    v1::UploadHeader up = peer->Header(*task, 100);
+    up.set_total_size(static_cast<int64_t>(payload.size()));
+    ASSERT_TRUE(peer->RawUpload(up, {payload}).ok());
+  }
+  ASSERT_TRUE(first.WaitRunEnded());
+  runner_.join();
+  ASSERT_TRUE(run_status_.ok()) << run_status_;
+  const auto h = server_->History();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].widths.size(), 2u);
+  EXPECT_EQ(h[0].widths.count("a"), 1u);
+}
+
 // Width-scaled submodels in async buffers (scheduler.mode: async): a's half-width
 // submodel delta and b's whole-model one are journaled into version 1's buffer; a server
 // restarted on the run directory adds a's again in its own layout (the journal keeps its

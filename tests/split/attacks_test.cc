@@ -80,6 +80,25 @@ TEST(SplitRecordTest, EncodesAndDecodesWhatTheServerSaw) {
   ParameterSet stray;
   ASSERT_TRUE(stray.Add(Tensor{"weights", {1}, {1.0f}}).ok());
   EXPECT_EQ(DecodeSplitRecord(stray.Encode()).status().code(), absl::StatusCode::kInvalidArgument);
+  // A record is a file anyone may have altered: labels that are no class, values that are
+  // no number, and names that are not text are refused, not scored ("SSIM nan").
+  for (float label : {std::nanf(""), 1e30f, -3.0f, 2.5f}) {
+    ParameterSet set = ParameterSet::Decode(EncodeSplitRecord(r)).value();
+    for (Tensor& t : set.mutable_tensors()) {
+      if (t.name == "labels/0") t.values[0] = label;
+    }
+    auto bad = DecodeSplitRecord(set.Encode());
+    ASSERT_FALSE(bad.ok()) << label;
+    EXPECT_NE(bad.status().message().find("labels/0 holds"), std::string::npos) << bad.status();
+  }
+  ParameterSet nan = ParameterSet::Decode(EncodeSplitRecord(r)).value();
+  nan.mutable_tensors().back().values[0] = std::nanf("");
+  EXPECT_EQ(DecodeSplitRecord(nan.Encode()).status().code(), absl::StatusCode::kInvalidArgument);
+  ParameterSet binary;
+  ASSERT_TRUE(binary.Add(Tensor{std::string("act/\x01\xff\x00x", 7), {1}, {1.0f}}).ok());
+  auto raw = DecodeSplitRecord(binary.Encode());
+  ASSERT_FALSE(raw.ok());
+  EXPECT_EQ(raw.status().message().find('\xff'), std::string::npos) << "raw bytes in: " << raw.status();
 }
 
 // Undefended, every token whose label crossed is recovered; activation noise far above
