@@ -327,7 +327,7 @@ Status CheckHfSpec(const ModelSpec& spec) {
 nn::Sequential BuildHfStages(const ModelSpec& spec, int begin, int end) {
   DecoderConfig c = *ParseHfConfig(spec.hf_config, "config.json");  // CheckHfSpec'd
   c.context = std::min(c.context, spec.gpt.context);
-  return BuildLlama(c, {spec.lora, spec.quantize, begin, end, spec.width});
+  return BuildLlama(c, {spec.lora, spec.quantize, begin, end, spec.width, spec.weights_follow});
 }
 
 nn::Sequential BuildHf(const ModelSpec& spec) { return BuildHfStages(spec, 0, -1); }

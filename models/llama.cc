@@ -376,7 +376,7 @@ nn::Sequential BuildLlama(const DecoderConfig& whole, const LlamaBuild& o) {
   if (need_embed && !kept(0)) params.emplace_back("embed_tokens.weight", embed->embed_tokens->weight);
   for (auto& p : seq->named_parameters(/*recurse=*/true)) params.emplace_back(p.key(), p.value());
   for (auto& [name, value] : params) {
-    if (name.find("norm.weight") != std::string::npos) continue;
+    if (o.weights_follow || name.find("norm.weight") != std::string::npos) continue;
     if (value.dim() == 1) {
       value.zero_();
     } else {

@@ -43,6 +43,9 @@ struct LlamaBuild {
   // ffn) MLP features; the projections back into the residual stream (o_proj,
   // down_proj) divide their outputs by sqrt(width) and multiply their gradients by it.
   double width = 1;
+  // The float32 weights are read from a folder right after (LoadHfInto): left
+  // uninitialised (torch::empty's pages, untouched until read into) rather than drawn.
+  bool weights_follow = false;
 };
 
 // The decoder `config` shapes, initialised as transformers does (normal, std 0.02; unit

@@ -62,6 +62,9 @@ struct ModelSpec {
   // Static batch normalization (model.batch_norm: static; resnet): no running
   // statistics, each batch normalised by its own in training and evaluation.
   bool static_bn = false;
+  // For name == "hf": the weights are read from the folder right after the model is
+  // built, so its float32 tensors are not drawn (a large model builds in a moment).
+  bool weights_follow = false;
   // For name == "interop": this device's base (mlp, lenet5 or cnn, without its last
   // layer) and the shared block's width (model.interop).
   std::string interop_base{};

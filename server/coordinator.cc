@@ -108,7 +108,9 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   }
   DescribeModelLocked(spec);
   model_spec_ = spec;
-  auto model = Model::Create(spec);
+  ModelSpec build = spec;  // the folder's weights are read into it next: none drawn
+  build.weights_follow = cfg_.model.name == "hf" && cfg_.model.weights.empty();
+  auto model = Model::Create(build);
   if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
   model_ = *std::move(model);
   global_ = model_->Parameters();
