@@ -269,7 +269,8 @@ v1::ClientMessage Client::Impl::JoinMessage() const {
   join->add_codecs("fp32");
   join->add_codecs("secagg");
   for (const auto& family : SupportedCodecFamilies()) join->add_codecs(family);
-  join->set_num_examples(DeclaredExamples());
+  join->set_num_examples(opts.count_from_fit ? 0 : DeclaredExamples());
+  join->set_count_from_fit(opts.count_from_fit);
   join->set_protocol_version(1);
   join->set_peer_address(peer_address);
   join->set_edge(static_cast<bool>(opts.aggregate));

@@ -118,6 +118,9 @@ struct ClientOptions {
   std::function<StatusOr<Aggregate>(const v1::Task& task, const ParameterSet& model)> aggregate;
   // The example count declared at Join (0 = train.size); uploads claim at most this.
   int64_t declared_examples = 0;
+  // No count declared at Join (Join.count_from_fit): each training upload reports what
+  // `external.fit` returned, as Flower's fit does. Not with secure aggregation.
+  bool count_from_fit = false;
 
   // Training and evaluation in the caller's own code (the Python package's clients,
   // python/): a whole-model federated task's global model goes to `fit`, whose trained

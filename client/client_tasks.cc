@@ -348,7 +348,8 @@ Status Client::Impl::HandleExternalTask(const TaskCall& c) {
   AddScaled(fit.parameters, 1.0f, &delta);
   AddScaled(ViewsOf(*global), -1.0f, &delta);
   fit.keep.reset();
-  const TrainStats stats{fit.loss, std::min(fit.examples, DeclaredExamples()), seconds};
+  const TrainStats stats{fit.loss, opts.count_from_fit ? fit.examples : std::min(fit.examples, DeclaredExamples()),
+                         seconds};
   RecordTraining(stats);
   ASSIGN_OR_RETURN(v1::UploadReply reply,
                    UploadTrained(c, secagg, std::move(delta), stats, evaluation ? &*evaluation : nullptr));

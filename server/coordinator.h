@@ -227,6 +227,9 @@ class Coordinator : private RoundContext {
                         RoundDriver& driver, bool evaluate_only) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginBufferLocked(int64_t version, RoundDriver& driver) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The weights of updates from `clients` (aggregation.weighting and its caps over their
+  // counts).
+  RoundWeights WeightsOfLocked(const std::vector<std::string>& clients) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendTasksLocked(int64_t round, const std::vector<std::string>& cids,
                        const RoundPlan& plan, int64_t deadline_ms) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

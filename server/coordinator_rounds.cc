@@ -196,9 +196,7 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
 void Coordinator::BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
                                    RoundDriver& driver, bool evaluate_only) {
   round_clients_ = std::max<int>(1, clients.size());
-  std::vector<int64_t> declared;
-  for (const auto& cid : clients) declared.push_back(sessions_[cid].num_examples);
-  round_weights_ = RoundWeights(cfg_.aggregation, declared);
+  round_weights_ = WeightsOfLocked(clients);
   if (!evaluate_only) strategy_->BeginRound(UpdateLayout(), shards_);
   evaluating_ = evaluate_only;
   tasks_.clear();
@@ -207,11 +205,23 @@ void Coordinator::BeginRoundLocked(int64_t round, const std::vector<std::string>
   driver_ = &driver;
 }
 
-void Coordinator::BeginBufferLocked(int64_t version, RoundDriver& driver) {
+RoundWeights Coordinator::WeightsOfLocked(const std::vector<std::string>& clients) {
+  // The counts the clients declared, or (count_from_fit) last reported; one that reported
+  // none yet is left out of the median. With no count known at all (a first round of
+  // such clients only), every update weighs 1: nothing bounds a count a client reports.
   std::vector<int64_t> declared;
-  for (const auto& cid : AvailableLocked()) declared.push_back(sessions_[cid].num_examples);
+  for (const auto& cid : clients) {
+    if (sessions_[cid].num_examples > 0) declared.push_back(sessions_[cid].num_examples);
+  }
+  AggregationConfig config = cfg_.aggregation;
+  if (declared.empty() && !clients.empty()) config.weighting = "equal";
+  return RoundWeights(config, declared);
+}
+
+void Coordinator::BeginBufferLocked(int64_t version, RoundDriver& driver) {
+  const std::vector<std::string> available = AvailableLocked();
   // The cap follows the connected clients; with none connected the last one holds.
-  if (!declared.empty()) round_weights_ = RoundWeights(cfg_.aggregation, declared);
+  if (!available.empty()) round_weights_ = WeightsOfLocked(available);
   strategy_->BeginRound(UpdateLayout(), shards_);
   current_round_ = version;
   driver_ = &driver;

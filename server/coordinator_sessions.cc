@@ -55,8 +55,14 @@ Status Coordinator::CheckJoin(const v1::Join& join, const std::string& peer) con
     return absl::FailedPreconditionError(
         absl::StrCat("unsupported protocol version ", join.protocol_version(), " (server: 1)"));
   }
-  if (join.num_examples() <= 0) {
-    return absl::InvalidArgumentError("Join.num_examples must be > 0");
+  if (join.count_from_fit() ? join.num_examples() != 0 : join.num_examples() <= 0) {
+    return absl::InvalidArgumentError(
+        "Join.num_examples must be > 0, or 0 with count_from_fit (each upload reporting the count)");
+  }
+  if (join.count_from_fit() && cfg_.secure_aggregation.enabled) {
+    return absl::FailedPreconditionError(
+        "this run uses secure aggregation, which fixes each client's weight before it trains: declare the "
+        "client's example count when it joins (num_examples)");
   }
   if (join.name().size() > 256) return absl::InvalidArgumentError("client name too long");
   if (join.peer_address().size() > 256 || Printable(join.peer_address(), 256) != join.peer_address() ||
@@ -136,6 +142,7 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
     s.name = !s.identity.empty() ? s.identity : join.name().empty() ? s.id : join.name();
     s.token = RandomHex(16);
     s.num_examples = join.num_examples();
+    s.count_from_fit = join.count_from_fit();
     s.peer_address = join.peer_address();
     s.edge = join.edge();
     s.link = std::move(link);

@@ -19,6 +19,10 @@ namespace cleave {
 
 namespace {
 
+// The most examples a count_from_fit client's upload may report (its weight is capped
+// far lower, by the round's median): 2^40.
+constexpr int64_t kMaxReportedExamples = int64_t{1} << 40;
+
 // Whether task `t` still takes an upload: OK, or OK with *duplicate when one was already
 // counted; refused when the task failed or another upload of it is being added.
 Status TaskTakesUpload(const std::string& task_id, const TaskRecord& t, bool* duplicate) {
@@ -63,9 +67,13 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
     return absl::InvalidArgumentError(absl::StrCat(
         "update codec '", Printable(h.codec()), "', the task asked for '", t->second.codec, "'"));
   }
-  if (h.num_examples() <= 0 || h.num_examples() > s->num_examples) {
+  // A count_from_fit session's upload reports its count (a training upload's weight is
+  // capped by the round's median as a declared count is); any other claims at most what
+  // it declared.
+  const int64_t declared = s->count_from_fit ? kMaxReportedExamples : s->num_examples;
+  if (h.num_examples() <= 0 || h.num_examples() > declared) {
     return absl::InvalidArgumentError(
-        absl::StrCat("num_examples ", h.num_examples(), " is not in [1, ", s->num_examples,
+        absl::StrCat("num_examples ", h.num_examples(), " is not in [1, ", declared,
                      "] (the client's declared data size)"));
   }
   if (!std::isfinite(h.train_loss())) {
@@ -75,11 +83,12 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
     // Held-out data is at most 90 % of a client's data (--holdout <= 0.9): 9x its
     // declared training examples.
     const auto& e = h.evaluation();
-    if (e.examples() < 1 || e.examples() > 9 * s->num_examples || !(e.accuracy() >= 0) ||
+    const int64_t data = s->count_from_fit ? std::max(s->num_examples, h.num_examples()) : s->num_examples;
+    if (e.examples() < 1 || e.examples() > 9 * data || !(e.accuracy() >= 0) ||
         !(e.accuracy() <= 1) || !std::isfinite(e.loss()) || e.loss() < 0 ||
         !std::isfinite(e.seconds()) || e.seconds() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "evaluation: examples must be in [1, ", 9 * s->num_examples,
+          "evaluation: examples must be in [1, ", 9 * data,
           "], accuracy in [0, 1], loss and seconds finite and >= 0"));
     }
     for (const auto& [k, v] : e.metrics()) {
@@ -289,6 +298,8 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   if (auto s = sessions_.find(t.client_id); s != sessions_.end() && !t.evaluate_only) {
     ++s->second.done;
     s->second.task_s = h.train_seconds();
+    // Its count from now on: the median that caps later rounds counts it.
+    if (s->second.count_from_fit) s->second.num_examples = h.num_examples();
   }
   t.done_at = clock_->Now();
   driver_->AcceptedLocked(t, h);

@@ -9,6 +9,7 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
   nlohmann::json j = {{"round", m.round},
                       {"train_loss", m.train_loss},
                       {"participants", m.participants},
+                      {"examples", m.examples},
                       {"failures", m.failures},
                       {"bytes_up", m.bytes_up},
                       {"bytes_down", m.bytes_down},
@@ -22,6 +23,7 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
                       {"elapsed_s", m.elapsed_s}};
   if (m.evaluation_only) {
     j.erase("train_loss");
+    j.erase("examples");
     j["evaluation_only"] = true;
   }
   if (m.evaluated) {

@@ -76,7 +76,10 @@ struct Session {
   std::string name;
   std::string identity;  // the CN of its client certificate (mutual TLS), else empty
   std::string token;
+  // Its declared example count; for a count_from_fit session, the count its last
+  // training upload reported (0 before the first).
   int64_t num_examples = 0;
+  bool count_from_fit = false;  // Join.count_from_fit
   std::string peer_address;  // where it serves Peer (gossip rounds); empty: it does not
   bool edge = false;         // an edge aggregator (Join.edge)
   std::shared_ptr<ClientLink> link;  // its control stream

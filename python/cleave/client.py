@@ -39,8 +39,11 @@ def _options(who, *, server, server_address, insecure, ca, cert, key, token, tok
             token = f.read().strip()
     if not insecure and not ca:
         raise ValueError("no CA to verify the server with (ca=...); plaintext needs insecure=True")
+    if num_examples is not None and int(num_examples) <= 0:
+        raise ValueError("num_examples must be positive (or left out: each round's count is what fit returns)")
     return {"server": address, "insecure": bool(insecure), "ca": ca, "cert": cert, "key": key, "token": token,
-            "name": name, "num_examples": int(num_examples), "give_up_after_s": float(give_up_after_s)}
+            "name": name, "num_examples": 0 if num_examples is None else int(num_examples),
+            "give_up_after_s": float(give_up_after_s)}
 
 
 def _implements(client, name):
@@ -49,7 +52,7 @@ def _implements(client, name):
     return callable(method) and method is not getattr(NumPyClient, name)
 
 
-def start_client(*, client, num_examples, server=None, server_address=None, insecure=False, ca=None,
+def start_client(*, client, num_examples=None, server=None, server_address=None, insecure=False, ca=None,
                  cert=None, key=None, token=None, token_file=None, name=None, give_up_after_s=600.0):
     """Runs ``client`` in the federation at ``server`` ("HOST:PORT"; Flower's
     ``server_address`` is accepted too) until the server ends the run.
@@ -58,8 +61,10 @@ def start_client(*, client, num_examples, server=None, server_address=None, inse
     uploaded as that round's update (read in place, not copied: float32 arrays or CPU
     torch tensors in C order). When the client implements ``evaluate``, it first measures
     the global model (federated evaluation) and runs the final evaluation.
-    ``num_examples`` is declared when joining: the server weights and caps this client's
-    updates by it. TLS: ``ca`` (the federation CA's PEM file), ``cert`` and ``key`` for
+    ``num_examples``, when given, is declared when joining: the server weights and caps
+    this client's updates by it. Without it (Flower's way), each round's weight is the
+    count ``fit`` returns, capped as a declared count is (docs/python.md); secure
+    aggregation, which fixes weights before training, needs it declared. TLS: ``ca`` (the federation CA's PEM file), ``cert`` and ``key`` for
     mutual TLS; or ``insecure=True`` for plaintext, as ``cleave-client --insecure``.
     A ``fit`` that raises, or returns arrays of the wrong shape or dtype or not finite,
     fails that task (the error in this client's log and the server's) and the client
@@ -73,6 +78,11 @@ def start_client(*, client, num_examples, server=None, server_address=None, inse
                        num_examples=num_examples, give_up_after_s=give_up_after_s)
     evaluate = client.evaluate if _implements(client, "evaluate") else None
     return _cleave.run_client(options, client.fit, evaluate)
+
+
+def start_numpy_client(*, client, server_address=None, server=None, **options):
+    """Flower's older name for :func:`start_client` with a NumPyClient: the same."""
+    return start_client(client=client, server=server, server_address=server_address, **options)
 
 
 def copied_bytes():

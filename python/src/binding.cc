@@ -282,7 +282,11 @@ py::dict RunClient(const py::dict& options, const py::object& fit, const py::obj
   o.token = get("token", std::string());
   o.declared_examples = get("num_examples", int64_t{0});
   o.give_up_after_s = get("give_up_after_s", 600.0);
-  if (o.declared_examples <= 0) throw py::value_error("num_examples must be positive");
+  // None (0 here): each round's count is what fit returns, as in Flower.
+  o.count_from_fit = o.declared_examples == 0 && !fit.is_none();
+  if (o.declared_examples < 0 || (o.declared_examples == 0 && !o.count_from_fit)) {
+    throw py::value_error("num_examples must be positive");
+  }
   if (!std::isfinite(o.give_up_after_s) || o.give_up_after_s <= 0) {
     throw py::value_error(absl::StrCat("give_up_after_s must be a finite number of seconds > 0, not ", o.give_up_after_s));
   }

@@ -141,7 +141,7 @@ TEST(GptTest, RefusesMalformedCheckpoints) {
   expect_error(ParseSafetensors("abc", "x.safetensors"), "not a safetensors file");
   std::string bad_json = good;
   bad_json[9] = '[';
-  expect_error(ParseSafetensors(bad_json, "x.safetensors"), "JSON object");
+  expect_error(ParseSafetensors(bad_json, "x.safetensors"), "the header: not valid JSON");
   auto raw = [](const std::string& header, size_t data) {
     std::string f(8, '\0');
     f[0] = static_cast<char>(header.size());

@@ -118,6 +118,43 @@ class FlowerShapedClientTest(unittest.TestCase):
         self.assertEqual(cleave.copied_bytes(), before)
 
 
+class FlowerCodeTest(unittest.TestCase):
+    """Flower's quickstart client (flower_quickstart.py), its import and start line changed."""
+
+    def test_runs_unchanged_and_learns_weighting_by_the_count_fit_returns(self):
+        import flower_quickstart
+        torch.set_num_threads(1)
+        server = Server(JOB.format(name="py-flower", rounds=3, clients=2, quorum=1.0))
+        results = in_threads(2, lambda i: flower_quickstart.main(server.address, i, [1000, 500][i], numpy_client=i == 0))
+        code, rows = server.wait()
+        self.assertEqual(code, 0, server.output()[-3000:])
+        for r in results:
+            self.assertIsInstance(r, dict, r)
+            self.assertEqual(r["tasks_failed"], 0)
+        training = [r for r in rows if not r.get("evaluation_only")]
+        self.assertEqual(len(training), 3)
+        # No count is declared: round 1 knows none, and every update weighs 1; from then on
+        # each weighs what its fit returned (under the cap of 3x the median of 1000 and 500).
+        self.assertEqual([r["examples"] for r in training], [2, 1500, 1500])
+        self.assertGreater(training[-1]["test_accuracy"], 0.4, "0.1 at the start")
+        self.assertEqual(training[-1]["client_eval"]["clients"], 2)
+        self.assertEqual(training[-1]["client_eval"]["examples"], 150)
+
+    def test_common_conversions_round_trip_as_flowers(self):
+        arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7], dtype=np.int64)]
+        p = cleave.common.ndarrays_to_parameters(arrays)
+        self.assertEqual(p.tensor_type, "numpy.ndarray")
+        self.assertTrue(p.tensors[0].startswith(b"\x93NUMPY"))  # NumPy's .npy format, as Flower writes
+        back = cleave.common.parameters_to_ndarrays(p)
+        for a, b in zip(arrays, back):
+            np.testing.assert_array_equal(a, b)
+            self.assertEqual(a.dtype, b.dtype)
+
+    def test_a_declared_count_must_be_positive(self):
+        with self.assertRaisesRegex(ValueError, "num_examples must be positive"):
+            cleave.start_client(server="127.0.0.1:1", client=Offset(0.1, 10), num_examples=0, insecure=True)
+
+
 class MixedTest(unittest.TestCase):
     def test_python_and_cpp_clients_train_one_model(self):
         torch.set_num_threads(1)

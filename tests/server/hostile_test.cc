@@ -233,6 +233,46 @@ TEST_F(HostileTest, ASelfDeclaredWeightIsCappedAtAMultipleOfTheMedian) {
   ExpectShiftedBy(initial, server_->GlobalModel(), (100 * 0.01 + 200 * 0.04 + 600 * 1.0) / 900);
 }
 
+// A client that declares no count (Join.count_from_fit, Flower's way) reports one with each
+// update; the cap bounds it as it bounds a declared count, and the count it reported
+// joins the median from the next round on.
+TEST_F(HostileTest, ACountReportedWithTheUpdateIsCappedAsADeclaredOne) {
+  StartServer(R"(
+run: {rounds: 2}
+model: {name: mlp}
+clients: {min: 3, quorum: 1.0, round_deadline_s: 60}
+server: {client_timeout_s: 120, evaluate: false, final_evaluation: false}
+)");
+  const ParameterSet initial = server_->GlobalModel();
+  const int64_t huge = 1000000000000;
+  TestPeer a(address_, 100), b(address_, 200), evil(address_, 0);
+  evil.count_from_fit = true;
+  ASSERT_TRUE(a.Join("a") && b.Join("b") && evil.Join("evil"));
+  for (int round = 1; round <= 2; ++round) {
+    auto ta = a.NextTask(), tb = b.NextTask(), te = evil.NextTask();
+    ASSERT_TRUE(ta && tb && te);
+    ASSERT_TRUE(Upload(a, *ta, 100, Filled(initial, 0.0f)).ok());
+    ASSERT_TRUE(Upload(b, *tb, 200, Filled(initial, 0.0f)).ok());
+    // Past 2^40 is refused outright; below it, the count is taken and capped.
+    EXPECT_EQ(Upload(evil, *te, int64_t{1} << 41, Filled(initial, 1.0f)).code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(Upload(evil, *te, huge, Filled(initial, 1.0f)).ok());
+  }
+  ASSERT_TRUE(a.WaitRunEnded());
+  runner_.join();
+  const auto h = server_->History();
+  ASSERT_EQ(h.size(), 2u);
+  // Round 1: the median of the known counts (100, 200) is 150, evil weighs 450; round 2:
+  // the median of (100, 200, 10^12) is 200, evil weighs 600, not 10^12.
+  EXPECT_EQ(h[0].examples, 100 + 200 + 450);
+  EXPECT_EQ(h[1].examples, 100 + 200 + 600);
+  // A count with count_from_fit, or none without it, is refused at Join (and under secure
+  // aggregation count_from_fit is: SecureAggregationMessagesAreCheckedBeforeAnyState).
+  TestPeer both(address_, 5), neither(address_, 0);
+  both.count_from_fit = true;
+  EXPECT_FALSE(both.Join("both"));
+  EXPECT_FALSE(neither.Join("neither"));
+}
+
 TEST_F(HostileTest, EqualWeightingIgnoresDeclaredCounts) {
   StartServer(std::string(kThreeClients) + "aggregation: {weighting: equal}\n");
   const ParameterSet initial = server_->GlobalModel();

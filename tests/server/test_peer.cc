@@ -28,6 +28,7 @@ bool TestPeer::Join(const std::string& name, const std::vector<std::string>& cod
   m.mutable_join()->set_num_examples(num_examples_);
   m.mutable_join()->set_protocol_version(1);
   m.mutable_join()->set_edge(edge);
+  m.mutable_join()->set_count_from_fit(count_from_fit);
   for (const auto& c : codecs) m.mutable_join()->add_codecs(c);
   v1::ServerMessage reply;
   if (!stream_->Write(m) || !stream_->Read(&reply) || !reply.has_welcome()) return false;

@@ -27,6 +27,7 @@ class TestPeer {
   // Sends Join (advertising `codecs`) and waits for Welcome. False on failure.
   bool Join(const std::string& name = "peer", const std::vector<std::string>& codecs = {"fp32"});
   bool edge = false;  // Join as an edge aggregator (Join.edge)
+  bool count_from_fit = false;  // Join.count_from_fit (num_examples 0: uploads report it)
   // Sends a Profile on the control stream (width.assign: profile, cut: auto).
   bool SendProfile(const v1::Profile& p);
   // The next task from the server, or nullopt after `timeout_s`.

@@ -729,6 +729,11 @@ model: {name: mlp}
 clients: {min: 3, round_deadline_s: 30}
 secure_aggregation: {k: 2, t: 2, stage_timeout_s: 20}
 )");
+  // A client that declares no count (Join.count_from_fit) cannot join: the weights are
+  // fixed before anyone trains.
+  TestPeer uncounted(address_, 0);
+  uncounted.count_from_fit = true;
+  EXPECT_FALSE(uncounted.Join("uncounted", {"fp32", "secagg"}));
   TestPeer a(address_, 100), b(address_, 100), c(address_, 100);
   ASSERT_TRUE(a.Join("a", {"fp32", "secagg"}));
   ASSERT_TRUE(b.Join("b", {"fp32", "secagg"}));
