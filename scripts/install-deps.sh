@@ -24,9 +24,10 @@ PACKAGES=(
 # data-source tests and the AUC reference; scikit-image, the SSIM reference
 # (tests/split/similarity_reference.py); Prometheus and headless Chromium watching a run (tests/e2e/observe_test.cc);
 # rendering and checking deploy/k8s (kubectl kustomize, PyYAML) and verifying the systemd
-# units (systemd-analyze).
+# units (systemd-analyze); a virtualenv and pip, to install the Python package as its users
+# do (tests/python/pip_install.sh).
 TEST_TOOLS=(python3-torch python3-sklearn python3-skimage docker-compose clang-14 libclang-rt-14-dev
-            prometheus chromium python3-yaml systemd)
+            prometheus chromium python3-yaml systemd python3-venv python3-pip)
 # kubectl: Debian's kubernetes-client, unless a kubectl is installed already.
 command -v kubectl > /dev/null || TEST_TOOLS+=(kubernetes-client)
 # node and npm run the reference tokenizers (below), unless installed already.

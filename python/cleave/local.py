@@ -11,12 +11,18 @@ import time
 
 
 def _server_binary():
-    """cleave-server: $CLEAVE_BIN/cleave-server, the checkout's build/bin, or PATH."""
+    """cleave-server: $CLEAVE_BIN/cleave-server, the checkout's build/bin, the build that
+    pip ran (cleave/_build_info.py), or PATH."""
     candidates = []
     if os.environ.get("CLEAVE_BIN"):
         candidates.append(os.path.join(os.environ["CLEAVE_BIN"], "cleave-server"))
     here = os.path.dirname(os.path.abspath(__file__))
     candidates.append(os.path.join(here, "..", "..", "build", "bin", "cleave-server"))
+    try:
+        from ._build_info import BIN
+        candidates.append(os.path.join(BIN, "cleave-server"))
+    except ImportError:  # imported from the checkout: no pip build
+        pass
     for c in candidates:
         if os.access(c, os.X_OK):
             return os.path.abspath(c)
