@@ -29,6 +29,14 @@ EvaluationSummary SummariseEvaluations(const std::vector<ClientEvaluationResult>
     e.loss /= e.examples;
   }
   for (auto& [k, v] : e.metrics) v /= metric_examples[k];
+  // Clients name their own metrics: the round keeps the kMaxSummaryMetrics that the most
+  // examples measured (ties by name), however many names its clients sent.
+  if (e.metrics.size() > kMaxSummaryMetrics) {
+    std::vector<std::pair<int64_t, std::string>> by_examples;
+    for (const auto& [k, n] : metric_examples) by_examples.emplace_back(-n, k);
+    std::sort(by_examples.begin(), by_examples.end());
+    for (size_t i = kMaxSummaryMetrics; i < by_examples.size(); ++i) e.metrics.erase(by_examples[i].second);
+  }
   e.seconds /= e.clients;
   e.train_seconds /= e.clients;
   auto spread = [](std::vector<double> v, double* min, double* median, double* max) {

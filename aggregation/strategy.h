@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,7 +51,15 @@ struct RoundPlan {
   // Set when the run must end before this round (e.g. its privacy budget would be
   // exceeded); the server then ends the run as completed, saying why.
   std::string stop_reason;
+  // Federated evaluation (a strategy's configure_evaluate): when set, only these clients
+  // (of `clients`) measure the global model before they train, each given its
+  // configuration (a JSON object, at most kMaxEvaluateConfigBytes); unset, every client
+  // that can does.
+  std::optional<std::map<std::string, std::string>> evaluators;
 };
+
+// The largest evaluation configuration a task carries (Task.evaluate_config).
+inline constexpr size_t kMaxEvaluateConfigBytes = 64 << 10;
 
 // One result as a strategy aggregates it.
 struct ClientUpdate {
@@ -104,7 +113,9 @@ struct EvaluationSummary {
 };
 
 // Accuracy, loss and metrics weighted by examples; min, median and max over clients;
-// seconds as means per client. All zero for no results.
+// seconds as means per client. All zero for no results. Of the metrics the clients named,
+// the kMaxSummaryMetrics that the most examples measured.
+inline constexpr size_t kMaxSummaryMetrics = 64;
 EvaluationSummary SummariseEvaluations(const std::vector<ClientEvaluationResult>& results);
 
 class Strategy {

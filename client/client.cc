@@ -5,7 +5,6 @@
 #include "privacy/split_guard.h"
 
 namespace cleave {
-namespace {
 
 v1::DeviceProfile LocalDevice() {
   v1::DeviceProfile d;
@@ -17,9 +16,6 @@ v1::DeviceProfile LocalDevice() {
   d.set_platform("linux");
   return d;
 }
-
-
-}  // namespace
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
   if (impl_->opts.attack == "label-flip") {

@@ -17,7 +17,8 @@
 #include "privacy/split_guard.h"
 
 namespace cleave::v1 {
-class Task;  // cleave.pb.h, kept out of this header
+class DeviceProfile;  // cleave.pb.h, kept out of this header
+class Task;
 }  // namespace cleave::v1
 
 namespace grpc {
@@ -179,6 +180,9 @@ struct ClientState {
 
 // The Prometheus text exposition of `s` (metric names cleave_device_*).
 std::string ClientMetricsText(const ClientState& s);
+
+// What this device declares at Join: its host name, cores, physical memory, platform.
+v1::DeviceProfile LocalDevice();
 
 class Client {
  public:

@@ -296,8 +296,10 @@ StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateExternal(const v1::Task& ta
   evaluation.set_examples(e.examples);
   evaluation.set_accuracy(e.accuracy);
   evaluation.set_loss(e.loss);
-  for (const auto& [k, v] : e.metrics) {  // the server's metrics; the caller's others stay here
-    if (ValidEvaluationMetric(k, v)) (*evaluation.mutable_metrics())[k] = v;
+  for (const auto& [k, v] : e.metrics) {  // what the server takes; the rest stays here
+    if (evaluation.metrics_size() < kMaxEvaluationMetrics && ValidEvaluationMetric(k, v)) {
+      (*evaluation.mutable_metrics())[k] = v;
+    }
   }
   evaluation.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return evaluation;
@@ -322,7 +324,7 @@ Status Client::Impl::HandleExternalTask(const TaskCall& c) {
   std::optional<v1::ClientEvaluation> evaluation;
   // Federated evaluation, before training (not of a masked task: one client's numbers
   // would show what masking hides).
-  if (opts.external.evaluate && (task.evaluate_only() || !task.has_secagg())) {
+  if (opts.external.evaluate && (task.evaluate_only() || (!task.has_secagg() && !task.skip_evaluation()))) {
     ASSIGN_OR_RETURN(evaluation, EvaluateExternal(task, global));
   }
   if (task.evaluate_only()) return UploadFinalEvaluation(c, *evaluation, evaluation->examples());
@@ -875,7 +877,7 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
   c.Accept();
   // Federated evaluation: the global model on the held-out data, before training.
   std::optional<v1::ClientEvaluation> evaluation;
-  if (opts.holdout.size > 0 && !task.has_secagg()) {
+  if (opts.holdout.size > 0 && !task.has_secagg() && !task.skip_evaluation()) {
     ASSIGN_OR_RETURN(evaluation, EvaluateHoldout(m->loss));
   }
   std::optional<SecAggClient> secagg;

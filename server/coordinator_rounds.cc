@@ -166,8 +166,16 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
                                   const RoundPlan& plan, int64_t deadline_ms) {
   std::vector<std::pair<std::shared_ptr<ClientLink>, v1::ServerMessage>> sends;
   for (const std::string& cid : cids) {
-    sends.emplace_back(sessions_[cid].link,
-                       MakeTaskLocked(round, cid, plan.FitFor(cid), deadline_ms));
+    v1::ServerMessage msg = MakeTaskLocked(round, cid, plan.FitFor(cid), deadline_ms);
+    if (plan.evaluators) {  // the strategy chose who evaluates
+      auto e = plan.evaluators->find(cid);
+      if (e == plan.evaluators->end()) {
+        msg.mutable_task()->set_skip_evaluation(true);
+      } else {
+        msg.mutable_task()->set_evaluate_config(e->second);
+      }
+    }
+    sends.emplace_back(sessions_[cid].link, std::move(msg));
   }
   mu_.Unlock();  // never start gRPC operations under mu_
   std::vector<std::pair<const ClientLink*, std::string>> closed;  // (link, task id)

@@ -91,6 +91,10 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
           "evaluation: examples must be in [1, ", 9 * data,
           "], accuracy in [0, 1], loss and seconds finite and >= 0"));
     }
+    if (e.metrics_size() > kMaxEvaluationMetrics) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("evaluation: ", e.metrics_size(), " metrics; at most ", kMaxEvaluationMetrics));
+    }
     for (const auto& [k, v] : e.metrics()) {
       if (!ValidEvaluationMetric(k, v)) {
         return absl::InvalidArgumentError(absl::StrCat(

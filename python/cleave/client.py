@@ -12,6 +12,11 @@ class NumPyClient:
     settings (``local_epochs``, ``batch_size``, ``lr``, ...).
     """
 
+    def get_properties(self, config):
+        """The device's profile, as it declares it when joining (``hostname``,
+        ``cpu_cores``, ``memory_bytes``, ``platform``); override to say more."""
+        return _cleave.device_profile()
+
     def get_parameters(self, config):
         raise NotImplementedError
 

@@ -18,11 +18,20 @@ class Strategy:
       ``fit_res.metrics`` its ``train_loss``; ``failures`` one exception per failed task.
       Return ``(parameters, metrics)``: the new global model (None: keep it) and numbers
       recorded in the round's metrics as ``fit_<name>``.
+    - ``configure_evaluate(server_round, clients)``: ``clients`` are the round's training
+      clients' session ids; return those that measure the global model before they
+      train (their ``evaluate``), or ``(id, config)`` pairs whose ``config`` (numbers,
+      strings, lists of them) is added to that client's evaluate config; None: all.
     - ``aggregate_evaluate(server_round, results, failures)``: ``results`` are ``(name,
       evaluate_res)`` pairs with ``loss``, ``num_examples`` and ``metrics`` (with
       ``accuracy``); return ``(loss, metrics)``, the round's federated evaluation.
     - ``evaluate(server_round, parameters)``: the server's own measure of each new model;
       return ``(loss, metrics)`` (recorded as ``evaluate_loss``, ``evaluate_<name>``) or None.
+    - ``state()`` and ``load_state(state)``, together: what the strategy keeps between
+      rounds (server-side momentum, ...) as ``{name: array of numbers}`` (kept as float32).
+      It is saved with every checkpoint, so a resumed run calls ``load_state`` with the
+      state of the round it resumes from; and taken before each round, so that a round
+      that fails is undone in it too.
 
     The coordinator calls them from its round thread; everything else (sessions, uploads,
     checks, codecs, secure aggregation) runs in C++ without the GIL.

@@ -168,7 +168,18 @@ StatusOr<ClientOptions::ExternalEvaluation> CallEvaluate(const py::object& evalu
   py::gil_scoped_acquire gil;
   ClientOptions::ExternalEvaluation out;
   try {
-    py::object result = evaluate(ToArrays(global), ConfigOf(task));
+    py::dict config = ConfigOf(task);
+    // The strategy's configuration for this client's evaluation (configure_evaluate),
+    // over the round's: a JSON object from the server, bounded.
+    if (!task.evaluate_config().empty()) {
+      if (task.evaluate_config().size() > kMaxEvaluateConfigBytes) {
+        return absl::InvalidArgumentError("the task's evaluate_config is over 64 KiB");
+      }
+      py::object extra = py::module_::import("json").attr("loads")(task.evaluate_config());
+      if (!py::isinstance<py::dict>(extra)) return absl::InvalidArgumentError("the task's evaluate_config is not an object");
+      config.attr("update")(extra);
+    }
+    py::object result = evaluate(ToArrays(global), config);
     if (!py::isinstance<py::tuple>(result) || py::len(result) != 3) {
       return absl::InvalidArgumentError("evaluate must return (loss, num_examples, metrics)");
     }
@@ -336,7 +347,8 @@ class PythonStrategy : public Strategy {
   PythonStrategy(py::object strategy, std::unique_ptr<Strategy> fallback)
       : py_(Held(std::move(strategy))), fallback_(std::move(fallback)) {
     py::object base = py::module_::import("cleave.server").attr("Strategy");
-    for (const char* method : {"configure_fit", "aggregate_evaluate", "evaluate"}) {
+    for (const char* method :
+         {"configure_fit", "configure_evaluate", "aggregate_evaluate", "evaluate", "state", "load_state"}) {
       // Its own method, not cleave.Strategy's placeholder.
       if (!py::hasattr(*py_, method)) continue;
       const py::object mine = py_->get_type().attr(method), placeholder = py::getattr(base, method, py::none());
@@ -395,6 +407,7 @@ class PythonStrategy : public Strategy {
     if (plan.clients.empty() && plan.stop_reason.empty()) {
       plan.stop_reason = absl::StrCat("configure_fit chose no client for round ", round);
     }
+    if (plan.stop_reason.empty() && Defines("configure_evaluate")) ConfigureEvaluation(round, plan);
     std::set<std::string> chosen;
     for (const std::string& id : plan.clients) {
       if (std::find(available.begin(), available.end(), id) == available.end()) {
@@ -409,6 +422,45 @@ class PythonStrategy : public Strategy {
       }
     }
     return plan;
+  }
+
+  // Who of the round's clients measures the global model before training, with what
+  // (configure_evaluate: ids or (id, config) pairs of the clients that train; None: all).
+  void ConfigureEvaluation(int64_t round, RoundPlan& plan) {
+    std::string why;
+    try {
+      py::object chosen = py_->attr("configure_evaluate")(round, plan.clients);
+      if (chosen.is_none()) return;
+      std::map<std::string, std::string> evaluators;
+      py::module_ json = py::module_::import("json");
+      for (py::handle item : chosen) {
+        std::string id, config = "{}";
+        if (py::isinstance<py::str>(item)) {
+          id = item.cast<std::string>();
+        } else {
+          auto pair = item.cast<py::tuple>();
+          id = pair[0].cast<std::string>();
+          config = json.attr("dumps")(pair[1].cast<py::dict>(), py::arg("allow_nan") = false).cast<std::string>();
+        }
+        if (std::find(plan.clients.begin(), plan.clients.end(), id) == plan.clients.end()) {
+          why = absl::StrCat("configure_evaluate chose ", id, ", which does not train this round");
+        } else if (!evaluators.emplace(id, config).second) {
+          why = absl::StrCat("configure_evaluate chose ", id, " twice");
+        } else if (config.size() > kMaxEvaluateConfigBytes) {
+          why = absl::StrCat("configure_evaluate's config for ", id, " is over ", kMaxEvaluateConfigBytes, " bytes");
+        }
+        if (!why.empty()) break;
+      }
+      if (why.empty()) plan.evaluators = std::move(evaluators);
+    } catch (py::error_already_set& e) {
+      why = absl::StrCat("the strategy's configure_evaluate raised ", e.what());
+    } catch (py::cast_error& e) {
+      why = absl::StrCat("configure_evaluate must return client ids or (id, config) pairs: ", e.what());
+    }
+    if (!why.empty()) {
+      plan = RoundPlan();
+      plan.stop_reason = why;
+    }
   }
 
   RoundPlan ConfigureBuffer(int64_t version) override {
@@ -558,12 +610,55 @@ class PythonStrategy : public Strategy {
     return summary;
   }
 
-  ParameterSet State() const override { return ParameterSet(); }
+  // The strategy's own state (state(): {name: array of numbers}), kept as float32 tensors
+  // in the checkpoint and before each round (a round that fails is undone with it).
+  ParameterSet State() const override {
+    if (!Defines("state")) return ParameterSet();
+    py::gil_scoped_acquire gil;
+    ParameterSet out;
+    Status bad;
+    try {
+      py::module_ np = py::module_::import("numpy");
+      for (auto [k, v] : py_->attr("state")().cast<py::dict>()) {
+        py::array a = np.attr("ascontiguousarray")(v, py::arg("dtype") = "float32").cast<py::array>();
+        Tensor t{"py/" + std::string(py::str(k)), std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), {}};
+        const float* p = static_cast<const float*>(a.data());
+        t.values.assign(p, p + a.size());
+        bad.Update(out.Add(std::move(t)));
+      }
+    } catch (py::error_already_set& e) {
+      bad = absl::InvalidArgumentError(absl::StrCat("the strategy's state() raised ", e.what()));
+    } catch (py::cast_error& e) {
+      bad = absl::InvalidArgumentError(absl::StrCat("state() must return {name: array of numbers}: ", e.what()));
+    }
+    if (!bad.ok()) {  // kept as none: load_state then gets nothing to restore
+      spdlog::error("{}", std::string(bad.message()));
+      return ParameterSet();
+    }
+    return out;
+  }
   Status Restore(const ParameterSet& state) override {
-    return state.size() == 0 ? absl::OkStatus()
-                             : absl::FailedPreconditionError("a Python strategy keeps no state to resume from");
+    if (state.size() == 0) return absl::OkStatus();
+    if (!Defines("load_state")) {
+      return absl::FailedPreconditionError("the checkpoint holds the strategy's state, and it has no load_state()");
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      py::dict saved;
+      for (const Tensor& t : state.tensors()) {
+        if (t.name.rfind("py/", 0) != 0) return absl::InvalidArgumentError("not a Python strategy's state: " + t.name);
+        saved[py::str(t.name.substr(3))] = py::array_t<float>(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()),
+                                                              t.values.data());  // a copy of its own
+      }
+      py_->attr("load_state")(saved);
+    } catch (py::error_already_set& e) {
+      return absl::InvalidArgumentError(absl::StrCat("the strategy's load_state() raised ", e.what()));
+    }
+    return absl::OkStatus();
   }
   std::map<std::string, double> RoundStats() const override { return stats_; }
+  // Whether the object has its own `method` (not cleave.Strategy's placeholder).
+  bool Defines(const std::string& method) const { return defines_.count(method) > 0; }
 
  private:
   struct Result {
@@ -572,7 +667,6 @@ class PythonStrategy : public Strategy {
     double train_loss = 0;
     ParameterSet parameters;
   };
-  bool Defines(const std::string& method) const { return defines_.count(method) > 0; }
   // A figure a strategy returned, which metrics and reports take as a number.
   static StatusOr<double> Figure(const std::string& what, double v) {
     if (!std::isfinite(v)) return absl::InvalidArgumentError(absl::StrCat(what, " is ", v, ", not a finite number"));
@@ -608,7 +702,11 @@ int64_t RunServer(const std::string& config, const py::dict& options, const py::
     o.strategy = [held](const StrategyJob& j) -> StatusOr<std::unique_ptr<Strategy>> {
       ASSIGN_OR_RETURN(std::unique_ptr<Strategy> fallback, CreateStrategy(j));
       py::gil_scoped_acquire gil;
-      return std::unique_ptr<Strategy>(new PythonStrategy(*held, std::move(fallback)));
+      auto s = std::make_unique<PythonStrategy>(*held, std::move(fallback));
+      if (s->Defines("state") != s->Defines("load_state")) {
+        return absl::InvalidArgumentError("a strategy's state() and load_state() go together: define both or neither");
+      }
+      return std::unique_ptr<Strategy>(std::move(s));
     };
   }
   StatusOr<std::unique_ptr<Server>> server;
@@ -643,6 +741,15 @@ PYBIND11_MODULE(_cleave, m) {
         py::arg("on_listen"), "Runs a server for the job `config` in this process until its run ends.");
   m.def("grpc_started", [] { return cleave::g_grpc_started.load(); },
         "Whether this process has run a client or a server (gRPC's threads make forking it unsafe).");
+  m.def("device_profile", [] {
+    const cleave::v1::DeviceProfile d = cleave::LocalDevice();
+    py::dict out;
+    out["hostname"] = d.hostname();
+    out["cpu_cores"] = d.cpu_cores();
+    out["memory_bytes"] = d.memory_bytes();
+    out["platform"] = d.platform();
+    return out;
+  }, "What this device declares when it joins: host name, cores, memory in bytes, platform.");
   m.def("copied_bytes", [] { return cleave::g_copied_bytes.load(); },
         "Bytes of trained parameters copied between Python and C++ (only non-contiguous arrays are).");
 }

@@ -353,5 +353,22 @@ TEST(EvaluationSummaryTest, WeighsByExamplesAndSpreadsOverClients) {
   EXPECT_EQ(SummariseEvaluations({}).clients, 0);
 }
 
+// Clients name their own metrics: however many names they send, a round keeps the 64
+// that the most examples measured.
+TEST(EvaluationSummaryTest, KeepsTheMetricsTheMostExamplesMeasured) {
+  std::vector<ClientEvaluationResult> r(100);
+  for (int i = 0; i < 100; ++i) {
+    r[i].examples = 1;
+    r[i].metrics["shared"] = i;
+    r[i].metrics["own_" + std::to_string(i)] = 1.0;  // a name of each client's own
+  }
+  r[99].examples = 2;
+  const EvaluationSummary e = SummariseEvaluations(r);
+  EXPECT_EQ(e.metrics.size(), kMaxSummaryMetrics);
+  EXPECT_EQ(e.metrics.count("shared"), 1u);
+  EXPECT_EQ(e.metrics.count("own_99"), 1u);  // two examples: before the others of one
+  EXPECT_DOUBLE_EQ(e.metrics.at("shared"), (4950.0 + 99) / 101);
+}
+
 }  // namespace
 }  // namespace cleave

@@ -150,6 +150,13 @@ class FlowerCodeTest(unittest.TestCase):
             np.testing.assert_array_equal(a, b)
             self.assertEqual(a.dtype, b.dtype)
 
+    def test_get_properties_answers_with_the_devices_profile(self):
+        import flower_quickstart
+        props = flower_quickstart.FlowerClient(None, None, None).get_properties({})
+        self.assertEqual(props["cpu_cores"], os.cpu_count())
+        self.assertEqual(props["platform"], "linux")
+        self.assertGreater(props["memory_bytes"], 0)
+
     def test_a_declared_count_must_be_positive(self):
         with self.assertRaisesRegex(ValueError, "num_examples must be positive"):
             cleave.start_client(server="127.0.0.1:1", client=Offset(0.1, 10), num_examples=0, insecure=True)
@@ -313,8 +320,8 @@ class Median(cleave.Strategy):
 class StrategyRuns(unittest.TestCase):
     """Runs a strategy in Python on the C++ coordinator in this process."""
 
-    def run_server(self, strategy, clients, rounds=2):
-        run_dir = tempfile.mkdtemp(prefix="cleave-pytest-")
+    def run_server(self, strategy, clients, rounds=2, run_dir=None):
+        run_dir = run_dir or tempfile.mkdtemp(prefix="cleave-pytest-")
         threads = []
 
         def serve(port):  # the clients, once the server listens
@@ -358,6 +365,36 @@ class StrategyTest(StrategyRuns):
         with self.assertRaisesRegex(RuntimeError, "fresh process"):
             cleave.run_local("run: {rounds: 1}\n", clients=lambda i: None, num_clients=1, num_examples=1)
 
+    def test_configure_evaluate_chooses_who_evaluates_and_with_what(self):
+        class Evaluated(Offset):
+            def evaluate(self, parameters, config):
+                self.configs = getattr(self, "configs", []) + [dict(config)]
+                return 1.0 + self.offset, 10, {"accuracy": 0.5, "f1_macro": 0.25}
+
+        class Picky(Median):
+            def configure_evaluate(self, server_round, clients):
+                self.asked = getattr(self, "asked", []) + [sorted(clients)]
+                return [(min(clients), {"threshold": 0.5, "tag": f"round {server_round}"})]
+
+            def aggregate_evaluate(self, server_round, results, failures):
+                self.metrics = [r.metrics for _, r in results]
+                return None, {"accuracy": 0.75}
+
+        clients, strategy = [Evaluated(0.1, 100), Evaluated(0.2, 100)], Picky()
+        committed, rows = self.run_server(strategy, clients, rounds=2)
+        self.assertEqual(committed, 2)
+        self.assertEqual(len(strategy.asked), 2)
+        training = [r for r in rows if not r.get("evaluation_only")]
+        self.assertEqual([r["client_eval"]["clients"] for r in training], [1, 1])
+        # One client measured the model before each round with the strategy's config; the
+        # other only in the final evaluation (which configure_evaluate does not shape).
+        tagged = sorted(c["tag"] for client in clients for c in getattr(client, "configs", []) if "tag" in c)
+        self.assertEqual(tagged, ["round 1", "round 2"])
+        self.assertTrue(all(c.get("threshold", 0.5) == 0.5 for client in clients for c in client.configs))
+        # A metric of the client's own reaches the strategy and the round's figures.
+        self.assertEqual(strategy.metrics[0]["f1_macro"], 0.25)
+        self.assertEqual(rows[-1]["client_eval"]["f1_macro"], 0.25)
+
     def test_a_strategy_that_raises_ends_the_run_with_its_error(self):
         class Broken(cleave.Strategy):
             def aggregate_fit(self, server_round, results, failures):
@@ -365,6 +402,58 @@ class StrategyTest(StrategyRuns):
 
         with self.assertRaisesRegex(RuntimeError, "no such rule"):
             self.run_server(Broken(), [Offset(0.1, 100), Offset(0.2, 100)], rounds=1)
+
+
+class Momentum(Median):
+    """The median, moved on by server-side momentum the strategy keeps (state())."""
+
+    def __init__(self, fail_in_round=None):
+        super().__init__()
+        self.velocity, self.rounds, self.loaded, self.fail_in_round = None, 0, None, fail_in_round
+
+    def aggregate_fit(self, server_round, results, failures):
+        if server_round == self.fail_in_round:
+            raise RuntimeError("the machine went down")
+        median, metrics = super().aggregate_fit(server_round, results, failures)
+        self.rounds += 1
+        self.velocity = [0.5 * v + m for v, m in zip(self.velocity or [0 * m for m in median], median)]
+        return median, metrics
+
+    def state(self):
+        return {"rounds": self.rounds, **{f"v{i}": v for i, v in enumerate(self.velocity or [])}}
+
+    def load_state(self, state):
+        self.loaded = {k: v.copy() for k, v in state.items()}
+        self.rounds = int(state["rounds"][0])
+        self.velocity = [state[f"v{i}"] for i in range(len(state) - 1)] or None
+
+
+class StrategyStateTest(StrategyRuns):
+    """A Python strategy's own state is checkpointed, and a resumed run restores it."""
+
+    def test_a_resumed_run_continues_the_strategy(self):
+        run_dir = tempfile.mkdtemp(prefix="cleave-pytest-")
+        first = Momentum(fail_in_round=2)
+        with self.assertRaisesRegex(RuntimeError, "the machine went down"):
+            self.run_server(first, [Offset(0.1, 100), Offset(0.2, 100)], rounds=2, run_dir=run_dir)
+        self.assertEqual(first.rounds, 1)
+        resumed = Momentum()
+        committed, _ = self.run_server(resumed, [Offset(0.1, 100), Offset(0.2, 100)], rounds=2, run_dir=run_dir)
+        self.assertEqual(committed, 2)
+        # load_state got round 1's state, as state() gave it then (float32).
+        self.assertEqual(resumed.loaded["rounds"].tolist(), [1.0])
+        for got, want in zip([resumed.loaded[f"v{i}"] for i in range(len(first.velocity))], first.velocity):
+            np.testing.assert_array_equal(got, np.asarray(want, dtype=np.float32))
+        self.assertEqual(resumed.rounds, 2)
+        self.assertEqual(resumed.calls, [(2, [100, 100], 0)])
+
+    def test_state_and_load_state_go_together(self):
+        class Half(Median):
+            def state(self):
+                return {}
+
+        with self.assertRaisesRegex(RuntimeError, "state\\(\\) and load_state\\(\\) go together"):
+            self.run_server(Half(), [Offset(0.1, 100)], rounds=1)
 
 
 class HostileStrategyTest(StrategyRuns):

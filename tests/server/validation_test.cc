@@ -330,7 +330,13 @@ server: {client_timeout_s: 120}
     return a.RawUpload(h, Chunks(payload));
   };
   const std::vector<std::pair<std::function<void(v1::ClientEvaluation*)>, std::string>> bad = {
-      {[](auto* e) { (*e->mutable_metrics())["bogus"] = 0.5; }, "metric 'bogus' unknown"},
+      {[](auto* e) { (*e->mutable_metrics())["bo gus"] = 0.5; }, "metric 'bo gus' unknown"},
+      {[](auto* e) { (*e->mutable_metrics())["accuracy_max"] = 0.5; }, "metric 'accuracy_max' unknown"},
+      {[](auto* e) { (*e->mutable_metrics())["own"] = std::nan(""); }, "metric 'own' unknown"},
+      {[](auto* e) {
+         for (int i = 0; i < 17; ++i) (*e->mutable_metrics())["m" + std::to_string(i)] = i;
+       },
+       "17 metrics; at most 16"},
       {[](auto* e) { (*e->mutable_metrics())["f1"] = 1.5; }, "metric 'f1'"},
       {[](auto* e) { (*e->mutable_metrics())["rmse"] = -1; }, "metric 'rmse'"},
       {[](auto* e) { (*e->mutable_metrics())["mae"] = std::nan(""); }, "metric 'mae'"},
@@ -343,7 +349,11 @@ server: {client_timeout_s: 120}
     EXPECT_EQ(s.error_code(), StatusCode::INVALID_ARGUMENT) << needle;
     EXPECT_NE(s.error_message().find(needle), std::string::npos) << s.error_message();
   }
-  ASSERT_TRUE(upload(*task, update, [](auto* e) { (*e->mutable_metrics())["f1"] = 0.8; }).ok());
+  // A client's own metric (a Flower client's evaluate returns any) is taken as it is.
+  ASSERT_TRUE(upload(*task, update, [](auto* e) {
+                (*e->mutable_metrics())["f1"] = 0.8;
+                (*e->mutable_metrics())["f1_macro"] = -3.5;
+              }).ok());
 
   // The final evaluation: the committed round's model, an empty upload with the numbers.
   auto final_task = a.NextTask();
