@@ -45,4 +45,16 @@ for target in parameter_set_fuzz codec_fuzz checkpoint_fuzz buffer_journal_fuzz 
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*' || echo "?")
   echo "$target: $runs executions in ${seconds}s, coverage $cov edges"
 done
+# A Python strategy's return values (tests/python/fuzz_strategy.py), when the main
+# build has made the Python package's native module.
+if ls "$src"/python/cleave/_cleave*.so > /dev/null 2>&1; then
+  if ! (cd "$src/tests/python" && PYTHONPATH="$src/python" /usr/bin/python3 fuzz_strategy.py \
+          --seconds "$seconds" --seed "$RANDOM" > "$build/fuzz_strategy.log" 2>&1); then
+    echo "fuzz_strategy: FOUND A PROBLEM (see $build/fuzz_strategy.log)"
+    status=1
+  fi
+  tail -n 1 "$build/fuzz_strategy.log"
+else
+  echo "fuzz_strategy: skipped (no python/cleave/_cleave*.so: make python)"
+fi
 exit $status

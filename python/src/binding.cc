@@ -115,8 +115,23 @@ StatusOr<py::array> AsFloatArray(py::handle value, size_t index) {
   return a;
 }
 
-StatusOr<ClientOptions::ExternalFit> CallFit(const py::object& fit, const v1::Task& task,
-                                             const ClientOptions::External::Global& global) {
+// Runs `f`, a call into Python and the reading of what it returned, with whatever that
+// throws (a Python exception, pybind11's cast and type errors, bad_alloc) turned into
+// INVALID_ARGUMENT naming `what`: nothing thrown in Python's code crosses into C++'s.
+template <typename F>
+auto Guarded(const std::string& what, F f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    py::gil_scoped_acquire gil;  // `f` released it: a Python error is read with it held
+    return absl::InvalidArgumentError(absl::StrCat(what, " raised ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+StatusOr<ClientOptions::ExternalFit> CallFitUnguarded(const py::object& fit, const v1::Task& task,
+                                                      const ClientOptions::External::Global& global) {
   py::gil_scoped_acquire gil;
   py::object result;
   try {
@@ -157,14 +172,19 @@ StatusOr<ClientOptions::ExternalFit> CallFit(const py::object& fit, const v1::Ta
     else if (metrics.contains("train_loss")) out.loss = metrics["train_loss"].cast<double>();
   } catch (py::error_already_set& e) {
     return PythonError("reading fit's num_examples and metrics", e);
-  } catch (py::cast_error& e) {
+  } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
     return absl::InvalidArgumentError(absl::StrCat("fit's num_examples or metrics: ", e.what()));
   }
   return out;
 }
 
-StatusOr<ClientOptions::ExternalEvaluation> CallEvaluate(const py::object& evaluate, const v1::Task& task,
-                                                         const ClientOptions::External::Global& global) {
+StatusOr<ClientOptions::ExternalFit> CallFit(const py::object& fit, const v1::Task& task,
+                                             const ClientOptions::External::Global& global) {
+  return Guarded("fit", [&] { return CallFitUnguarded(fit, task, global); });
+}
+
+StatusOr<ClientOptions::ExternalEvaluation> CallEvaluateUnguarded(const py::object& evaluate, const v1::Task& task,
+                                                                  const ClientOptions::External::Global& global) {
   py::gil_scoped_acquire gil;
   ClientOptions::ExternalEvaluation out;
   try {
@@ -193,11 +213,16 @@ StatusOr<ClientOptions::ExternalEvaluation> CallEvaluate(const py::object& evalu
     }
   } catch (py::error_already_set& e) {
     return PythonError("evaluate", e);
-  } catch (py::cast_error& e) {
+  } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
     return absl::InvalidArgumentError(absl::StrCat("evaluate's loss, num_examples or metrics: ", e.what()));
   }
   if (auto a = out.metrics.find("accuracy"); a != out.metrics.end()) out.accuracy = a->second;
   return out;
+}
+
+StatusOr<ClientOptions::ExternalEvaluation> CallEvaluate(const py::object& evaluate, const v1::Task& task,
+                                                         const ClientOptions::External::Global& global) {
+  return Guarded("evaluate", [&] { return CallEvaluateUnguarded(evaluate, task, global); });
 }
 
 // A Python callable held by C++ code; released with the GIL.
@@ -219,7 +244,7 @@ std::shared_ptr<const ExternalSplit> SplitHooks(const py::object& runner) {
       return (*r).attr("begin")(OwnedArrays(part), ConfigOf(task)).cast<int64_t>();
     } catch (py::error_already_set& e) {
       return PythonError("begin", e);
-    } catch (py::cast_error& e) {
+    } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
       return absl::InvalidArgumentError(absl::StrCat("begin must return the examples of an epoch: ", e.what()));
     }
   };
@@ -239,7 +264,7 @@ std::shared_ptr<const ExternalSplit> SplitHooks(const py::object& runner) {
       return std::optional<ExternalSplit::Batch>(std::move(b));
     } catch (py::error_already_set& e) {
       return PythonError("forward", e);
-    } catch (py::cast_error& e) {
+    } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
       return absl::InvalidArgumentError(absl::StrCat("forward must return (activations, labels) or None: ", e.what()));
     }
   };
@@ -251,6 +276,8 @@ std::shared_ptr<const ExternalSplit> SplitHooks(const py::object& runner) {
       (*r).attr("backward")(seq, g);
     } catch (py::error_already_set& e) {
       return PythonError("backward", e);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("backward: ", e.what()));
     }
     return absl::OkStatus();
   };
@@ -267,7 +294,7 @@ std::shared_ptr<const ExternalSplit> SplitHooks(const py::object& runner) {
       }
     } catch (py::error_already_set& e) {
       return PythonError("parameters", e);
-    } catch (py::cast_error& e) {
+    } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
       return absl::InvalidArgumentError(absl::StrCat("parameters must return a list of arrays: ", e.what()));
     }
     return out;
@@ -363,7 +390,33 @@ class PythonStrategy : public Strategy {
     return "python:" + std::string(py::str(py_->get_type().attr("__name__")));
   }
 
+  // Each decision through Python, guarded: what the strategy's code throws (pybind11's
+  // type errors on what it returned among them) ends the run or is refused, saying so.
   RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available, std::mt19937_64& rng) override {
+    try {
+      return ConfigureRoundPy(round, available, rng);
+    } catch (const std::exception& e) {
+      py::gil_scoped_acquire gil;  // a Python error among them is read with it held
+      RoundPlan plan;
+      plan.stop_reason = absl::StrCat("configure_fit or configure_evaluate: ", e.what());
+      return plan;
+    }
+  }
+  Status FinishRound(int num_failures, ParameterSet* global) override {
+    return Guarded("aggregate_fit or evaluate", [&] { return FinishRoundPy(num_failures, global); });
+  }
+  EvaluationSummary AggregateEvaluation(int64_t round, const std::vector<ClientEvaluationResult>& results) override {
+    try {
+      return AggregateEvaluationPy(round, results);
+    } catch (const std::exception& e) {
+      py::gil_scoped_acquire gil;
+      spdlog::warn("round {}: aggregate_evaluate: {}; the built-in evaluation summary stands", round, e.what());
+      stats_["aggregate_evaluate_failed"] = 1;
+      return SummariseEvaluations(results);
+    }
+  }
+
+  RoundPlan ConfigureRoundPy(int64_t round, const std::vector<std::string>& available, std::mt19937_64& rng) {
     round_ = round;
     RoundPlan plan = fallback_->ConfigureRound(round, available, rng);
     py::gil_scoped_acquire gil;
@@ -400,7 +453,7 @@ class PythonStrategy : public Strategy {
     } catch (py::error_already_set& e) {
       plan = RoundPlan();
       plan.stop_reason = absl::StrCat("the strategy's configure_fit raised ", e.what());
-    } catch (py::cast_error& e) {
+    } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
       plan = RoundPlan();
       plan.stop_reason = absl::StrCat("configure_fit must return client ids or (id, config) pairs: ", e.what());
     }
@@ -409,17 +462,18 @@ class PythonStrategy : public Strategy {
     }
     if (plan.stop_reason.empty() && Defines("configure_evaluate")) ConfigureEvaluation(round, plan);
     std::set<std::string> chosen;
+    std::string why;  // made before the plan is reset: `id` is one of its clients
     for (const std::string& id : plan.clients) {
       if (std::find(available.begin(), available.end(), id) == available.end()) {
-        plan = RoundPlan();
-        plan.stop_reason = absl::StrCat("configure_fit chose ", id, ", which is not an available client");
-        break;
+        why = absl::StrCat("configure_fit chose ", id, ", which is not an available client");
+      } else if (!chosen.insert(id).second) {
+        why = absl::StrCat("configure_fit chose ", id, " twice");
       }
-      if (!chosen.insert(id).second) {
-        plan = RoundPlan();
-        plan.stop_reason = absl::StrCat("configure_fit chose ", id, " twice");
-        break;
-      }
+      if (!why.empty()) break;
+    }
+    if (!why.empty()) {
+      plan = RoundPlan();
+      plan.stop_reason = std::move(why);
     }
     return plan;
   }
@@ -454,7 +508,7 @@ class PythonStrategy : public Strategy {
       if (why.empty()) plan.evaluators = std::move(evaluators);
     } catch (py::error_already_set& e) {
       why = absl::StrCat("the strategy's configure_evaluate raised ", e.what());
-    } catch (py::cast_error& e) {
+    } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
       why = absl::StrCat("configure_evaluate must return client ids or (id, config) pairs: ", e.what());
     }
     if (!why.empty()) {
@@ -488,7 +542,7 @@ class PythonStrategy : public Strategy {
 
   int accumulated() const override { return count_; }
 
-  Status FinishRound(int num_failures, ParameterSet* global) override {
+  Status FinishRoundPy(int num_failures, ParameterSet* global) {
     if (count_ == 0) return absl::FailedPreconditionError("no results this round");
     stats_.clear();
     py::gil_scoped_acquire gil;
@@ -550,14 +604,14 @@ class PythonStrategy : public Strategy {
       }
     } catch (py::error_already_set& e) {
       return absl::InvalidArgumentError(absl::StrCat("the strategy raised ", e.what()));
-    } catch (py::cast_error& e) {
+    } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
       return absl::InvalidArgumentError(absl::StrCat("the strategy returned the wrong types: ", e.what()));
     }
     *global = std::move(next);
     return absl::OkStatus();
   }
 
-  EvaluationSummary AggregateEvaluation(int64_t round, const std::vector<ClientEvaluationResult>& results) override {
+  EvaluationSummary AggregateEvaluationPy(int64_t round, const std::vector<ClientEvaluationResult>& results) {
     EvaluationSummary summary = SummariseEvaluations(results);
     py::gil_scoped_acquire gil;
     if (!Defines("aggregate_evaluate")) return summary;
@@ -604,7 +658,7 @@ class PythonStrategy : public Strategy {
       return mine;
     } catch (py::error_already_set&) {
       stats_["aggregate_evaluate_failed"] = 1;  // the built-in summary stands
-    } catch (py::cast_error&) {
+    } catch (const std::exception&) {
       stats_["aggregate_evaluate_failed"] = 1;
     }
     return summary;
@@ -628,7 +682,7 @@ class PythonStrategy : public Strategy {
       }
     } catch (py::error_already_set& e) {
       bad = absl::InvalidArgumentError(absl::StrCat("the strategy's state() raised ", e.what()));
-    } catch (py::cast_error& e) {
+    } catch (const std::exception& e) {  // pybind11's cast and type errors, bad_alloc
       bad = absl::InvalidArgumentError(absl::StrCat("state() must return {name: array of numbers}: ", e.what()));
     }
     if (!bad.ok()) {  // kept as none: load_state then gets nothing to restore
@@ -653,6 +707,8 @@ class PythonStrategy : public Strategy {
       py_->attr("load_state")(saved);
     } catch (py::error_already_set& e) {
       return absl::InvalidArgumentError(absl::StrCat("the strategy's load_state() raised ", e.what()));
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("load_state(): ", e.what()));
     }
     return absl::OkStatus();
   }
