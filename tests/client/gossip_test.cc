@@ -282,6 +282,12 @@ TEST(PeerReachableTest, ProbesOverMutualTlsAsASendConnects) {
   const std::string cert = dir + "/clients/me.crt", key = dir + "/clients/me.key";
   EXPECT_TRUE(PeerReachable(address, "b", ca, cert, key, 10));
   EXPECT_FALSE(PeerReachable(address, "me", ca, cert, key, 10));  // b's certificate is not me's
+  // A caller whose certificate is not the sender it claims is refused before it may wait
+  // for a round (b expects none yet: it used to wait out the call's deadline first).
+  const auto start = std::chrono::steady_clock::now();
+  const Status s = SendModel(address, "b", "run-1", 5, "a", "t", Model(1).Encode(), ca, cert, key, 60, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(testing::ScaledSeconds(20)));
   std::filesystem::remove_all(dir);
 }
 

