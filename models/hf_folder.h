@@ -12,7 +12,8 @@
 
 namespace cleave {
 
-// DIR/config.json's text; NOT_FOUND naming the file.
+// DIR/config.json's text; NOT_FOUND naming the file, INVALID_ARGUMENT for one that is not
+// a regular file of at most 16 MiB.
 StatusOr<std::string> ReadHfConfig(const std::string& dir);
 
 // Makes `spec` model hf of `config_json` (`what` names it in errors): hf_config and the
