@@ -74,6 +74,29 @@ StatusOr<std::vector<std::string>> TextFilesUnder(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// `file`'s documents (`field` of JSONL records) tokenized one at a time, so that an error
+// names its document, and joined by `separator`; their bytes added to *bytes when given.
+StatusOr<std::vector<int32_t>> FileIds(const Tokenizer& tokenizer, const std::string& file, const std::string& field,
+                                       const std::vector<int32_t>& separator, int64_t* bytes) {
+  ASSIGN_OR_RETURN(std::vector<std::string> docs, Documents(file, field));
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    auto encoded = tokenizer.Encode({docs[i]});
+    if (!encoded.ok()) {
+      return Status(encoded.status().code(), absl::StrCat("text: ", file, ", document ", i + 1, " of ", docs.size(),
+                                                          ": ", encoded.status().message()));
+    }
+    if (!ids.empty()) ids.insert(ids.end(), separator.begin(), separator.end());
+    ids.insert(ids.end(), (*encoded)[0].begin(), (*encoded)[0].end());
+    if (bytes) *bytes += static_cast<int64_t>(docs[i].size());
+  }
+  return ids;
+}
+
+}  // namespace
+
 // With a part to keep, the files are tokenized twice: once for the index (each
 // window's group), then again only for the files that hold a kept window.
 StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) {
@@ -86,22 +109,8 @@ StatusOr<Dataset> LoadText(const std::string& path, bool train, SpecOptions& o) 
   const std::vector<int32_t> separator = tokenizer->DocumentSeparator();
   const fs::path root = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
   int64_t text_bytes = 0, tokens = 0;
-  // A file's documents tokenized and joined by the separator; their bytes added to
-  // *bytes when given (the first pass).
-  auto file_ids = [&](const std::string& file, int64_t* bytes) -> StatusOr<std::vector<int32_t>> {
-    ASSIGN_OR_RETURN(std::vector<std::string> docs, Documents(file, field));
-    std::vector<int32_t> ids;
-    for (size_t i = 0; i < docs.size(); ++i) {
-      auto encoded = tokenizer->Encode({docs[i]});  // one at a time: an error names its document
-      if (!encoded.ok()) {
-        return Status(encoded.status().code(), absl::StrCat("text: ", file, ", document ", i + 1, " of ", docs.size(),
-                                                            ": ", encoded.status().message()));
-      }
-      if (!ids.empty()) ids.insert(ids.end(), separator.begin(), separator.end());
-      ids.insert(ids.end(), (*encoded)[0].begin(), (*encoded)[0].end());
-      if (bytes) *bytes += static_cast<int64_t>(docs[i].size());
-    }
-    return ids;
+  auto file_ids = [&](const std::string& file, int64_t* bytes) {
+    return FileIds(*tokenizer, file, field, separator, bytes);
   };
 
   Dataset d;

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The structure rules of the tree, checked like a linter (docs/architecture.md):
+
+  file-length      a source file over 800 lines
+  function-length  a function body over 80 lines (found by matching braces)
+  layering         an include of a folder the including folder may not use (LAYERS)
+  friend           a friend declaration outside core/mutex.h
+  model-name       a model kind compared by name outside models/ (== "hf", ...)
+
+Tests, benchmarks, fuzz targets and generated code are left out. What the tree held when
+the check was written is listed in scripts/structure_baseline.txt, one finding a line; a
+finding not listed fails the check, and so does a listed one that is gone (take it off
+the list: the baseline only shrinks).
+
+    scripts/check_structure.py [--root DIR] [--write-baseline]
+"""
+
+import argparse
+import os
+import re
+import sys
+
+MAX_FILE_LINES = 800
+MAX_FUNCTION_LINES = 80
+SOURCE_DIRS = ["core", "proto", "data", "compression", "models", "aggregation", "split", "privacy", "server",
+               "client", "job", "tools", "python/src"]
+# What each folder may include, besides itself and third-party headers: layers point down
+# (core <- data, compression, models, aggregation, split, privacy <- server, client <- job
+# <- the programs). "cleave" is the generated protocol (proto/).
+LAYERS = {
+    "core": set(),
+    "proto": {"core", "cleave"},
+    "data": {"core"},
+    "compression": {"core"},
+    "privacy": {"core"},
+    "models": {"core", "compression", "data"},
+    "aggregation": {"core", "compression", "privacy"},
+    "split": {"core", "compression", "data", "models", "privacy"},
+    "server": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy"},
+    "client": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy"},
+    "job": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy", "server",
+            "client"},
+    "tools": None,  # the programs: anything
+    "python": None,
+}
+OURS = set(LAYERS) | {"cleave", "tests", "bench", "fuzz"}
+MODEL_NAMES = ("hf", "interop", "torchscript")
+MODEL_NAME_COMPARISON = re.compile(r'(==|!=)\s*"(%s)"|"(%s)"\s*(==|!=)' % ("|".join(MODEL_NAMES), "|".join(MODEL_NAMES)))
+CONTROL = re.compile(r"^\s*(if|for|while|switch|else|do|try|catch|namespace|class|struct|enum|union|extern)\b")
+
+
+def sources(root):
+    for d in SOURCE_DIRS:
+        for base, _, files in os.walk(os.path.join(root, d)):
+            for f in sorted(files):
+                if f.endswith((".cc", ".h")):
+                    yield os.path.relpath(os.path.join(base, f), root)
+
+
+def strip_literals(line):
+    """The line without string and character literals and // comments (for brace counting)."""
+    line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
+    line = re.sub(r"'(\\.|[^'\\])*'", "''", line)
+    return line.split("//", 1)[0]
+
+
+def functions(lines):
+    """(name, first line, length) of each function body: a line that ends a signature with
+    `{` (a parenthesis before it, not a control statement or a lambda) to its matching `}`."""
+    found, depth, in_raw = [], 0, False
+    i = 0
+    while i < len(lines):
+        raw = lines[i]
+        if 'R"(' in raw and ')"' not in raw.split('R"(', 1)[1]:
+            in_raw = True
+        if in_raw:
+            if ')"' in raw:
+                in_raw = False
+            i += 1
+            continue
+        code = strip_literals(raw).rstrip()
+        # A signature may span lines: look back to the line where its name begins.
+        if code.endswith("{") and ")" in code and not CONTROL.match(code) and "[" not in code.split("(")[0] \
+                and "=" not in code.split("(")[0] and not code.lstrip().startswith(("}", ":", ",")):
+            start, d = i, 0
+            for j in range(i, len(lines)):
+                c = strip_literals(lines[j])
+                d += c.count("{") - c.count("}")
+                if d <= 0:
+                    # The name: the identifier before the first "(" of the signature, which
+                    # may begin a few lines up (after the last statement, block or blank).
+                    k = i
+                    while k > max(0, i - 4) and lines[k - 1].strip() and \
+                            not strip_literals(lines[k - 1]).rstrip().endswith((";", "}", "{")):
+                        k -= 1
+                    signature = " ".join(strip_literals(l) for l in lines[k:i + 1])
+                    name = re.findall(r"([A-Za-z_][A-Za-z0-9_:~]*)\s*\(", signature)
+                    if j - start - 1 > MAX_FUNCTION_LINES:
+                        found.append((name[0] if name else "?", start + 1, j - start - 1))
+                    break
+        i += 1
+    return found
+
+
+def check(root):
+    findings = []
+    for path in sources(root):
+        with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n")
+        folder = path.split(os.sep)[0]
+        if len(lines) > MAX_FILE_LINES:
+            findings.append((f"file-length {path}", f"{path}: {len(lines)} lines, over {MAX_FILE_LINES}"))
+        for name, line, length in functions(lines):
+            findings.append((f"function-length {path} {name}",
+                             f"{path}:{line}: {name} is {length} lines, over {MAX_FUNCTION_LINES}"))
+        allowed = LAYERS.get(folder)
+        for n, text in enumerate(lines, 1):
+            m = re.match(r'\s*#include "([a-z_0-9]+)/', text)
+            if m and allowed is not None and m.group(1) in OURS and m.group(1) not in allowed | {folder}:
+                findings.append((f"layering {path} {m.group(1)}",
+                                 f"{path}:{n}: includes {m.group(1)}/, which {folder}/ may not use"))
+            code = strip_literals(text) if "friend" in text else ""
+            if re.search(r"\bfriend\b", code) and path != os.path.join("core", "mutex.h"):
+                findings.append((f"friend {path}: {text.strip()}", f"{path}:{n}: a friend declaration"))
+            if folder != "models" and MODEL_NAME_COMPARISON.search(text):
+                findings.append((f"model-name {path}: {text.strip()}",
+                                 f"{path}:{n}: a model kind compared by name: {text.strip()}"))
+    return findings
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p.add_argument("--write-baseline", action="store_true")
+    args = p.parse_args()
+    baseline_path = os.path.join(args.root, "scripts", "structure_baseline.txt")
+    findings = check(args.root)
+    keys = sorted({k for k, _ in findings})
+    if args.write_baseline:
+        with open(baseline_path, "w", encoding="utf-8") as f:
+            f.write("# Findings of scripts/check_structure.py the tree held when it was written: each goes\n"
+                    "# as the code is restructured (issue 57), and nothing joins them.\n")
+            f.write("".join(k + "\n" for k in keys))
+        print(f"check_structure: {len(keys)} findings written to {baseline_path}")
+        return 0
+    with open(baseline_path, encoding="utf-8") as f:
+        baseline = {l.strip() for l in f if l.strip() and not l.startswith("#")}
+    new = [(k, msg) for k, msg in findings if k not in baseline]
+    gone = sorted(baseline - set(keys))
+    for _, msg in new:
+        print(f"new: {msg}")
+    for k in gone:
+        print(f"fixed, take it off scripts/structure_baseline.txt: {k}")
+    print(f"check_structure: {len(new)} new, {len(gone)} fixed, {len(baseline)} in the baseline")
+    return 1 if new or gone else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
