@@ -499,16 +499,19 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=400", partition: i
 // ends the run. The same devices with an honest server train on: the guard scores it
 // high and the federation learns. The hijacked run may last 12 rounds: a guard decides
 // after 10 scored fakes, one micro-batch in 20 or so after a warm-up, and a round is 94
-// micro-batches; it ends at the refusals (about round 3).
+// micro-batches; it ends at the refusals (about round 3). A device may refuse a round
+// before the other: the hijacked run's quorum of one keeps the rounds going (with the
+// other device) until both have refused, rather than end the run before the second's
+// verdict.
 TEST_F(LocalTest, DevicesGuardsRefuseAHijackingServerAndNotAnHonestOne) {
   const std::string job = R"(
 model: {name: lenet5}
 data: {test: "fmnist:/usr/share/datasets/fashion-mnist", test_limit: 500}
-clients: {min: 2, quorum: 1.0, round_deadline_s: 120}
 train: {local_epochs: 1, batch_size: 32, lr: 0.05}
 local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: iid, clients: 2, split_guard: true}
 )";
   std::ofstream(config_) << "run: {name: guard, rounds: 12, seed: 1}" << job
+                         << "clients: {min: 2, quorum: 0.5, round_deadline_s: 120}\n"
                          << "split: {mode: sfl-v2, cut: 1, hijack: fsha, record: 2}\n";
   EXPECT_NE(Wait(Start({}, "hijacked"), 300), 0) << "no results: the run fails";
   // What the hijack read before the refusal, scored against the devices' copies.
@@ -524,7 +527,9 @@ local: {data: "fmnist:/usr/share/datasets/fashion-mnist,limit=6000", partition: 
   const std::string server = ReadFile((dir_ / "hijacked" / "server.log").string()).value_or("");
   EXPECT_NE(server.find("rejected by the client: SplitGuard"), std::string::npos) << server;
 
-  std::ofstream(config_) << "run: {name: guard, rounds: 3, seed: 1}" << job << "split: {mode: sfl-v2, cut: 1}\n";
+  std::ofstream(config_) << "run: {name: guard, rounds: 3, seed: 1}" << job
+                         << "clients: {min: 2, quorum: 1.0, round_deadline_s: 120}\n"
+                         << "split: {mode: sfl-v2, cut: 1}\n";
   ASSERT_EQ(Wait(Start({}, "honest"), 300), 0) << Output();
   for (const char* client : {"client-0.log", "client-1.log"}) {
     const std::string log = ReadFile((dir_ / "honest" / client).string()).value_or("");

@@ -344,9 +344,11 @@ server: {client_timeout_s: 100000, worker_threads: 1, upload_idle_timeout_s: 30}
     const grpc::Status s = st->w->Finish();
     EXPECT_EQ(s.error_code(), StatusCode::CANCELLED) << s.error_message();
   }
-  // The staller's task failed: it cannot come back with a third upload this round.
+  // The staller's task failed: it cannot come back with a third upload this round. (The
+  // round may commit with the honest update meanwhile: then the late upload is cancelled.)
   const Status again = Upload(staller, *ts, 10, Filled(initial, 0.5f));
-  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_TRUE(again.code() == absl::StatusCode::kFailedPrecondition || again.code() == absl::StatusCode::kCancelled)
+      << again;
   WaitForRun();
   ASSERT_EQ(server_->committed_round(), 1);
   ExpectShiftedBy(initial, server_->GlobalModel(), 0.02);
