@@ -1,5 +1,7 @@
 #include "core/json.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace cleave {
@@ -20,14 +22,16 @@ StatusOr<nlohmann::json> ParseJson(std::string_view text, const std::string& wha
   } catch (const TooDeep&) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": arrays and objects nested more than ", max_depth, " deep"));
-  } catch (const Json::exception& e) {
-    std::string hint;
-    for (const char* word : {"NaN", "Infinity"}) {
-      if (text.find(word) != std::string_view::npos) {
-        hint = " (NaN and Infinity are not JSON numbers; Python's json.dump writes them unless allow_nan=False)";
-      }
-    }
-    return absl::InvalidArgumentError(absl::StrCat(what, ": not valid JSON: ", e.what(), hint));
+  } catch (const Json::parse_error& e) {
+    // The parser stops at a literal it does not know: say what Python meant by it.
+    const std::string_view at = text.substr(e.byte > 0 ? std::min<size_t>(e.byte - 1, text.size()) : 0);
+    const bool python = at.rfind("NaN", 0) == 0 || at.rfind("Infinity", 0) == 0 || at.rfind("-Infinity", 0) == 0;
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": not valid JSON: ", e.what(),
+        python ? " (NaN and Infinity are not JSON numbers; Python's json.dump writes them unless allow_nan=False)"
+               : ""));
+  } catch (const Json::exception& e) {  // a number past a double's range, ...
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not valid JSON: ", e.what()));
   }
 }
 

@@ -67,7 +67,7 @@ def strip_literals(line):
 def functions(lines):
     """(name, first line, length) of each function body: a line that ends a signature with
     `{` (a parenthesis before it, not a control statement or a lambda) to its matching `}`."""
-    found, depth, in_raw = [], 0, False
+    found, in_raw = [], False
     i = 0
     while i < len(lines):
         raw = lines[i]

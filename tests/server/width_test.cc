@@ -47,14 +47,19 @@ JobConfig SmallJob(const std::string& sections) {
   return TestConfig("run: {rounds: 1}\nmodel: {name: mlp, input: [4], classes: 3}\ndata: {test: \"\"}\n" + sections);
 }
 
-TEST_F(WidthTest, EachElementIsTheMeanOfTheDevicesThatHoldIt) {
+// Two clients in one round, those named a at half width.
+ServerOptions HalfWidthForA() {
   ServerOptions o;
   o.config = SmallJob(R"(
 clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
 server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
 width: {clients: [{name: a, rate: 0.5}]}
 )");
-  StartServerWith(std::move(o));
+  return o;
+}
+
+TEST_F(WidthTest, EachElementIsTheMeanOfTheDevicesThatHoldIt) {
+  StartServerWith(HalfWidthForA());
   const ParameterSet initial = server_->GlobalModel();
   TestPeer a(address_, 100), b(address_, 300);
   ASSERT_TRUE(a.Join("a"));
@@ -102,13 +107,7 @@ width: {clients: [{name: a, rate: 0.5}]}
 // Two participants of one name (names are unique only under mutual TLS) are both in the
 // round's widths: the second with its client id beside its name.
 TEST_F(WidthTest, TwoParticipantsOfOneNameAreBothListed) {
-  ServerOptions o;
-  o.config = SmallJob(R"(
-clients: {min: 2, quorum: 1.0, round_deadline_s: 60}
-server: {client_timeout_s: 120, final_evaluation: false, evaluate: false}
-width: {clients: [{name: a, rate: 0.5}]}
-)");
-  StartServerWith(std::move(o));
+  StartServerWith(HalfWidthForA());
   TestPeer first(address_, 100), second(address_, 100);
   ASSERT_TRUE(first.Join("a"));
   ASSERT_TRUE(second.Join("a"));
