@@ -23,6 +23,22 @@
 
 namespace cleave {
 
+ClientSampler UniformSampler(const std::vector<std::string>& available, std::mt19937_64& rng) {
+  return [&available, &rng](int k) {
+    const int n = static_cast<int>(available.size());
+    k = std::max(0, std::min(k, n));
+    std::vector<std::string> pool = available;
+    // Partial Fisher-Yates: the first k of a seeded shuffle.
+    for (int i = 0; i < k; ++i) {
+      std::uniform_int_distribution<int> pick(i, n - 1);
+      std::swap(pool[i], pool[pick(rng)]);
+    }
+    pool.resize(k);
+    std::sort(pool.begin(), pool.end());
+    return pool;
+  };
+}
+
 void AddScaled(const std::vector<TensorView>& delta, float scale, ParameterSet* out) {
   alignas(64) float buf[kViewBlock];
   auto& ts = out->mutable_tensors();
@@ -122,23 +138,15 @@ class FedAvgFamily : public Strategy {
 
   std::string name() const override { return name_; }
 
+  using Strategy::ConfigureRound;
   RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
-                           std::mt19937_64& rng) override {
+                           const ClientSampler& sample) override {
     RoundPlan plan;
     plan.fit = fit_;
     plan.fit.lr = ScheduledLr(train_, round, rounds_);
     const int n = static_cast<int>(available.size());
     int k = per_round_ > 0 ? per_round_ : static_cast<int>(std::ceil(fraction_ * n));
-    k = std::max(1, std::min(k, n));
-    std::vector<std::string> pool = available;
-    // Partial Fisher-Yates: the first k of a seeded shuffle.
-    for (int i = 0; i < k; ++i) {
-      std::uniform_int_distribution<int> pick(i, n - 1);
-      std::swap(pool[i], pool[pick(rng)]);
-    }
-    pool.resize(k);
-    std::sort(pool.begin(), pool.end());
-    plan.clients = std::move(pool);
+    plan.clients = sample(std::max(1, std::min(k, n)));
     return plan;
   }
 

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,6 +39,15 @@
 #include "privacy/options.h"
 
 namespace cleave {
+
+// Draws a round's clients: k of the available ones (session ids), sorted. Uniformly with
+// the server's seeded RNG (UniformSampler), or by clients.selection's selector
+// (server/selection.h): a strategy asks it for its clients, so a round is sampled once.
+using ClientSampler = std::function<std::vector<std::string>(int k)>;
+
+// k of `available`, uniformly: the first k of a partial Fisher-Yates shuffle with `rng`,
+// sorted. Both must outlive the sampler.
+ClientSampler UniformSampler(const std::vector<std::string>& available, std::mt19937_64& rng);
 
 struct RoundPlan {
   std::vector<std::string> clients;
@@ -124,8 +134,14 @@ class Strategy {
 
   virtual std::string name() const = 0;
 
+  // The round's plan: its clients drawn by `sample` (a strategy may also choose them
+  // itself from `available`), what they train with.
   virtual RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
-                                   std::mt19937_64& rng) = 0;
+                                   const ClientSampler& sample) = 0;
+  // The same, drawing uniformly with `rng`.
+  RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available, std::mt19937_64& rng) {
+    return ConfigureRound(round, available, UniformSampler(available, rng));
+  }
 
   // Asynchronous (buffered) aggregation, scheduler.mode: async: what clients train with
   // while model version `version` (a buffer) is being built, and whether the run must

@@ -52,9 +52,10 @@ class DpStrategy : public Strategy {
 
   std::string name() const override { return inner_->name() + "+dp"; }
 
+  using Strategy::ConfigureRound;
   RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
-                           std::mt19937_64& rng) override {
-    RoundPlan plan = inner_->ConfigureRound(round, available, rng);
+                           const ClientSampler& sample) override {
+    RoundPlan plan = inner_->ConfigureRound(round, available, sample);
     q_ = available.empty() ? 1.0 : static_cast<double>(plan.clients.size()) / available.size();
     CheckBudget(round, &plan);
     return plan;
@@ -232,9 +233,10 @@ class RobustStrategy : public Strategy {
 
   std::string name() const override { return inner_->name() + "+" + c_.rule; }
 
+  using Strategy::ConfigureRound;
   RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
-                           std::mt19937_64& rng) override {
-    return inner_->ConfigureRound(round, available, rng);
+                           const ClientSampler& sample) override {
+    return inner_->ConfigureRound(round, available, sample);
   }
   RoundPlan ConfigureBuffer(int64_t version) override { return inner_->ConfigureBuffer(version); }
 
@@ -319,9 +321,10 @@ class EstimateStrategy : public Strategy {
 
   std::string name() const override { return inner_->name() + "+ef21"; }
 
+  using Strategy::ConfigureRound;
   RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
-                           std::mt19937_64& rng) override {
-    return inner_->ConfigureRound(round, available, rng);
+                           const ClientSampler& sample) override {
+    return inner_->ConfigureRound(round, available, sample);
   }
   RoundPlan ConfigureBuffer(int64_t version) override { return inner_->ConfigureBuffer(version); }
 

@@ -29,7 +29,7 @@ int Client::tasks_completed() const { return impl_->tasks_done; }
 ClientState Client::State() const {
   ClientState s;
   {
-    std::lock_guard<std::mutex> l(impl_->state_mu);
+    MutexLock l(&impl_->state_mu);
     s = impl_->state;
   }
   s.tasks_done = impl_->tasks_done;
@@ -39,7 +39,7 @@ ClientState Client::State() const {
   return s;
 }
 ParameterSet Client::GossipModel() const {
-  std::lock_guard<std::mutex> l(impl_->gossip_mu);
+  MutexLock l(&impl_->gossip_mu);
   return impl_->gossip_model;
 }
 

@@ -1,6 +1,7 @@
 // Internal to client/: the client's state and its parts (Client::Impl). client.cc holds
-// the session loop (join, heartbeats, the control stream), client_tasks.cc the task
-// handlers, one per task kind.
+// the session loop (join, heartbeats, the control stream); client/tasks/ the task
+// handlers, one file per task kind (handlers.cc picks one); task_model.cc the model kept
+// across tasks; uploader.cc the uploads; attack.cc a simulated attacker's update.
 #pragma once
 
 #include "client/client.h"
@@ -40,7 +41,6 @@
 
 namespace cleave {
 
-namespace v1 = ::cleave::v1;
 
 struct Client::Impl {
   // Errors after which retrying cannot help: the run ends.
@@ -85,11 +85,11 @@ struct Client::Impl {
   std::atomic<int64_t> grown_examples{0};
   DeviceEmulator emulator;
   // What State() reports besides the counters above (bytes: the emulator's buckets).
-  mutable std::mutex state_mu;
-  ClientState state;  // guarded by state_mu
+  mutable Mutex state_mu;
+  ClientState state ABSL_GUARDED_BY(state_mu);
   template <typename F>
   void UpdateState(F f) {
-    std::lock_guard<std::mutex> l(state_mu);
+    MutexLock l(&state_mu);
     f(state);
   }
   void RecordTraining(const TrainStats& t) {
@@ -131,13 +131,13 @@ struct Client::Impl {
   // what comes after it.
   struct ControlStream {
     std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
-    std::mutex write_mu;
+    Mutex write_mu;
     std::optional<v1::ServerMessage> pending;
     // True once a read failed: the server ended the stream, and Finish returns its
     // status (cancelling first would replace the server's reason by CANCELLED).
     bool server_ended = false;
     bool Write(const v1::ClientMessage& m) {
-      std::lock_guard<std::mutex> l(write_mu);
+      MutexLock l(&write_mu);
       return stream->Write(m);
     }
     bool Read(v1::ServerMessage* m) {
@@ -215,6 +215,12 @@ struct Client::Impl {
   Status UploadFinalEvaluation(const TaskCall& c, const v1::ClientEvaluation& evaluation, int64_t examples);
   // A split-learning task: the client part trained against the server.
   Status HandleSplitTask(const TaskCall& c);
+  // How this device runs `task`'s part of `spec` (RunSplitTask, RunPipelineRelay).
+  SplitTaskOptions SplitOptions(const v1::Task& task, const v1::Welcome& w, const ModelSpec& spec);
+  // A model kind with private tensors (interop): the device's stages before the cut
+  // (its base and fusion) are its own, kept as personal layers: from its model's
+  // initialisation until it has trained them.
+  StatusOr<ParameterSet> OwnStages(const v1::Task& task, const ModelSpec& spec);
   // The final evaluation (Task.evaluate_only): the global model on the held-out data.
   Status HandleEvaluationTask(const TaskCall& c);
   // A whole-model federated task: train, then upload the update (masked under SecAgg+).
@@ -260,9 +266,9 @@ struct Client::Impl {
   // announces, and the model this client holds across rounds (of run gossip_run).
   std::unique_ptr<PeerServer> peer;
   std::string peer_address;
-  mutable std::mutex gossip_mu;  // guards gossip_model for GossipModel()
-  ParameterSet gossip_model;
-  std::string gossip_run;
+  mutable Mutex gossip_mu;  // for GossipModel(), from other threads
+  ParameterSet gossip_model ABSL_GUARDED_BY(gossip_mu);
+  std::string gossip_run ABSL_GUARDED_BY(gossip_mu);
   // (Re)builds the whole model when the task's description changed.
   Status BuildModel(const v1::Task& task, const ModelSpec& spec);
   // --memory-limit-mb: OK when training `spec` as `fit` says fits beside what this
@@ -284,6 +290,12 @@ struct Client::Impl {
   StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);
   // A gossip task: train the model held, exchange it with the neighbours, average.
   Status HandleGossipTask(const TaskCall& c);
+  // Before a gossip task is taken: the model built and set to the one this client holds
+  // (fetched the first time), the task's rule and memory checked; an error declines it.
+  StatusOr<ParameterSet> GossipHeldModel(const TaskCall& c, const std::string& loss);
+  // What this client sends its neighbours: `trained`, or a simulated attacker's model.
+  StatusOr<ParameterSet> GossipSent(const ParameterSet& held, const ParameterSet& trained,
+                                    const LocalTrainOptions& o);
   // Sends `mine` to every neighbour of the gossip task while theirs arrive, until the
   // task's deadline; the models heard, and what the exchange measured in *report
   // (neighbours, heard, bytes each way, the uplink the sends used).
@@ -301,5 +313,17 @@ struct Client::Impl {
     while (!stop && clock->Now() < until) clock->WaitUntil(cv, mu, until);
   }
 };
+
+// Shared by the task handlers.
+// Batch order: the round's seed mixed with this client's name (stable across runs,
+// unlike the id the server assigns in join order), so a seeded run repeats itself.
+uint64_t BatchSeed(const v1::Task& task, const v1::Welcome& w, const std::string& name);
+// trained - base, tensor by tensor (the same layout).
+ParameterSet Delta(ParameterSet trained, const ParameterSet& base);
+// The personal tensors saved in `path` ("KEY\n" then a parameter set) if they were saved
+// for `key` (this run and model) and fit `global`; else none, with a warning when the
+// file exists but does not fit.
+ParameterSet LoadPersonal(const std::string& path, const std::string& key,
+                          const std::vector<std::string>& names, const ParameterSet& global);
 
 }  // namespace cleave

@@ -26,6 +26,7 @@
 #include "models/part.h"
 #include "proto/split_chunks.h"
 #include "proto/train_config.h"
+#include "split/names.h"
 #include "split/pipeline_schedule.h"
 #include "split/record.h"
 
@@ -177,8 +178,9 @@ class SplitTaskRun {
  public:
   SplitTaskRun(const v1::Task& task, const Dataset& data, const SplitTaskOptions& o)
       : task_(task), st_(task.split()), data_(data), o_(o),
-        ushaped_(st_.mode() == "ushaped" || (st_.mode() == "pipeline" && st_.tail_begin() < st_.num_stages())),
-        pipeline_(st_.mode() == "pipeline"), hop_(pipeline_ && st_.has_downstream()),
+        ushaped_(st_.mode() == SplitModeName(SplitMode::kUShaped) ||
+                 (st_.mode() == SplitModeName(SplitMode::kPipeline) && st_.tail_begin() < st_.num_stages())),
+        pipeline_(st_.mode() == SplitModeName(SplitMode::kPipeline)), hop_(pipeline_ && st_.has_downstream()),
         peer_(hop_ ? absl::StrCat("the chain's next device ", st_.downstream().name()) : "the server"),
         sent_(o.sent_path, o.keep_sent), guard_(o.guard) {}
 

@@ -40,8 +40,6 @@ Status CheckTrain(TrainConfig& t) {
   RETURN_IF_ERROR(Range(t.momentum >= 0 && t.momentum < 1, "train.momentum", "in [0, 1)"));
   RETURN_IF_ERROR(Range(t.weight_decay >= 0, "train.weight_decay", ">= 0"));
   RETURN_IF_ERROR(Range(t.local_steps >= 0, "train.local_steps", ">= 0 (0 = use local_epochs)"));
-  RETURN_IF_ERROR(Range(t.loss_path.empty() == (t.loss != "torchscript"), "train.loss_path",
-                        "set exactly when train.loss is torchscript"));
   RETURN_IF_ERROR(Range(t.label_smoothing == 0 || t.loss == "cross_entropy", "train.label_smoothing",
                         "0 unless train.loss is cross_entropy"));
   RETURN_IF_ERROR(Range(!t.nesterov || (t.optimizer == "sgd" && t.momentum > 0), "train.nesterov",

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "job/job.h"
+#include "models/kinds.h"
 
 namespace cleave {
 namespace {
@@ -15,9 +16,12 @@ namespace {
 // The model against the loss, split learning and the server's evaluation.
 Status CheckModel(const JobConfig& c) {
   const TrainConfig& t = c.train;
-  RETURN_IF_ERROR(Range(t.loss == "cross_entropy" || t.loss == "torchscript" || c.model.classes == 1,
+  const ModelTraits kind = ModelTraitsOf(c.model.name);
+  RETURN_IF_ERROR(Range(t.loss_path.empty() != ScriptedLoss(t.loss), "train.loss_path",
+                        "set exactly when train.loss is torchscript"));
+  RETURN_IF_ERROR(Range(t.loss == "cross_entropy" || ScriptedLoss(t.loss) || c.model.classes == 1,
                         "model.classes", "1 with train.loss " + t.loss + " (one output)"));
-  if (c.model.name == "gpt" && c.split.enabled()) {
+  if (kind.gpt2 && c.split.enabled()) {
     RETURN_IF_ERROR(Range(!c.model.gpt.tie, "model.gpt.tie",
                           "false with split learning (a tied head shares the embedding's "
                           "weight across the cut)"));
@@ -31,7 +35,7 @@ Status CheckModel(const JobConfig& c) {
                           "personal layers (set data.test: \"\" or server.evaluate: false and "
                           "measure with federated evaluation, local.holdout)"));
   }
-  if (c.model.name == "interop") {
+  if (kind.has_private_tensors()) {
     RETURN_IF_ERROR(Range(!c.server.evaluate, "model.name interop",
                           "used without server-side evaluation: the server holds no device's base "
                           "(set data.test: \"\" or server.evaluate: false and measure with federated "
@@ -44,7 +48,7 @@ Status CheckModel(const JobConfig& c) {
     // block's last stages as its tail), the rest of the block the server's; a pipeline
     // would run a device's base on other devices, and a cut elsewhere would split a base
     // or the block.
-    if (c.split.mode == "pipeline") {
+    if (c.split.Is(SplitMode::kPipeline)) {
       return no("split.mode pipeline (a chain's other devices would hold the data owner's own base)");
     }
     RETURN_IF_ERROR(Range(!c.split.enabled() || c.split.cut == 2, "split.cut",
@@ -70,12 +74,12 @@ Status CheckSplit(const JobConfig& c) {
                           "cross_entropy with split learning (the server computes the loss "
                           "from labels it receives as integers)"));
   }
-  if (c.split.mode == "pipeline") {
+  if (c.split.Is(SplitMode::kPipeline)) {
     RETURN_IF_ERROR(Range(c.train.batch_size % c.split.micro_batches == 0, "split.micro_batches",
                           "a divisor of train.batch_size (micro-batches are equal)"));
-    RETURN_IF_ERROR(Range(c.split.cut == 0 || c.split.cut >= c.split.devices, "split.cut",
+    RETURN_IF_ERROR(Range(c.split.auto_cut() || c.split.cut >= c.split.devices, "split.cut",
                           "\"auto\" or at least split.devices (each device of a chain holds a stage)"));
-    RETURN_IF_ERROR(Range(c.split.micro_batch_tokens == 0 || c.model.name == "gpt" || c.model.name == "hf",
+    RETURN_IF_ERROR(Range(c.split.micro_batch_tokens == 0 || ModelTraitsOf(c.model.name).tokens(),
                           "split.micro_batch_tokens", "0 unless the model is a language model (gpt, hf)"));
   }
   return absl::OkStatus();
@@ -196,7 +200,7 @@ Status CheckPrivacy(const JobConfig& c) {
     }
   }
   if (c.secure_aggregation.enabled) {
-    if (c.split.enabled() && c.split.mode != "pipeline") {
+    if (c.split.enabled() && !c.split.Is(SplitMode::kPipeline)) {
       return absl::InvalidArgumentError(
           "secure_aggregation: of split learning's modes only split.mode: pipeline masks the devices' "
           "parts (split.devices: 1 trains as sfl-v1 does)");
@@ -212,10 +216,10 @@ Status CheckPrivacy(const JobConfig& c) {
 // Width-scaled submodels (section width) against what they do not combine with yet.
 Status CheckWidth(const JobConfig& c) {
   if (!c.width.enabled) return absl::OkStatus();
-  const std::string& m = c.model.name;
+  const ModelTraits kind = ModelTraitsOf(c.model.name);
   const WidthConfig& w = c.width;
   if (w.ranks()) {
-    RETURN_IF_ERROR(Range((m == "gpt" || m == "hf") && c.model.lora.enabled(), "width.method",
+    RETURN_IF_ERROR(Range(kind.tokens() && c.model.lora.enabled(), "width.method",
                           "hetlora or flexlora used with model.lora on model.name gpt or hf"));
     // Every rate must name a whole rank of model.lora.rank.
     const int rank = c.model.lora.rank;
@@ -231,17 +235,16 @@ Status CheckWidth(const JobConfig& c) {
                                          r, ")")));
     }
   } else {
-    RETURN_IF_ERROR(Range(m == "mlp" || m == "lenet5" || m == "cnn" || m == "resnet" || m == "gpt" || m == "hf",
-                          "width",
+    RETURN_IF_ERROR(Range(kind.scales, "width",
                           "used with model.name mlp, lenet5, cnn, resnet, gpt or hf (LoRA ranks of gpt or hf: "
                           "width.method hetlora or flexlora)"));
     RETURN_IF_ERROR(Range(!c.model.lora.enabled(), "width",
                           "used on LoRA adapters with width.method hetlora or flexlora (per-device ranks)"));
-    RETURN_IF_ERROR(Range((m != "gpt" && m != "hf") || w.distill.data.empty(), "width.distill",
+    RETURN_IF_ERROR(Range(!kind.tokens() || w.distill.data.empty(), "width.distill",
                           "used with image and table models (FedDF distils class logits)"));
     // A submodel's running statistics are not the whole model's (HeteroFL's static
     // batch normalization keeps none).
-    RETURN_IF_ERROR(Range(m != "resnet" || c.model.batch_norm == "static", "width",
+    RETURN_IF_ERROR(Range(!kind.batch_norm || c.model.batch_norm == "static", "width",
                           "used on resnet with model.batch_norm: static (a submodel's running statistics "
                           "are not the whole model's)"));
   }

@@ -4,9 +4,14 @@
 //
 // A built-in model is a staged torch::nn::Sequential: each element is one stage, the
 // places split learning may cut between. Adding an architecture is one build function
-// in its own file and one registration:
+// in its own file and one registration, of how it is built and what it is:
 //
-//   Models().Add("mynet", {ModelInput::kImages, BuildMyNet});
+//   ModelTraits images;
+//   images.input = ModelInput::kImages;
+//   AddModel("mynet", {BuildMyNet}, images);
+//
+// What the rest of the code may ask of a kind (reads tokens, scales, ...) it asks
+// through models/kinds.h (LibTorch-free), which holds the built-in kinds' traits.
 //
 // Build functions draw their initial weights from torch's generator, which
 // BuildBuiltin seeds with ModelSpec::seed.
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "core/registry.h"
+#include "models/kinds.h"
 #include "models/model.h"
 
 namespace torch {
@@ -26,23 +32,22 @@ class Sequential;
 
 namespace cleave {
 
-enum class ModelInput { kAny, kImages, kTokens };
-
+// How a kind is built; what it is, its ModelTraits, is registered beside it.
 struct ModelKind {
-  // What the model takes: kImages needs a [C, H, W] model.input, kTokens text; both
-  // need model.classes >= 1 unless kTokens.
-  ModelInput input = ModelInput::kAny;
   torch::nn::Sequential (*build)(const ModelSpec& spec) = nullptr;
   // The spec's own checks before build (a decoder's size, its LoRA targets); null: none.
   Status (*check)(const ModelSpec& spec) = nullptr;
   // Builds only the stages [begin, end) (end < 0: to the last), the others empty
   // placeholders, for a part of a model too large to build whole; null: build does.
   torch::nn::Sequential (*build_stages)(const ModelSpec& spec, int begin, int end) = nullptr;
-  // Whether build honours ModelSpec::width (width-scaled submodels).
-  bool scales = false;
 };
 
+// The built-in architectures by model.name (every ModelKinds() entry but torchscript).
 Registry<ModelKind>& Models();
+
+// Registers model kind `name`: its builder in Models(), its traits in ModelKinds().
+// ALREADY_EXISTS (and neither changed) when either holds the name.
+Status AddModel(const std::string& name, ModelKind kind, ModelTraits traits);
 
 // The built-in model `spec` names, seeded with spec.seed: INVALID_ARGUMENT for an
 // unknown name or an input it cannot take. With a stage range, a model that can builds

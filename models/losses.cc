@@ -1,5 +1,6 @@
 // The built-in losses (models/losses.h), as torch.nn.functional defines them.
 #include "models/losses.h"
+#include "models/kinds.h"
 
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -54,7 +55,7 @@ Registry<LossKind>& Losses() {
     r->AddBuiltin("bce", {LossTask::kBinary, Bce});
     r->AddBuiltin("mse", {LossTask::kRegression, Mse});
     r->AddBuiltin("mae", {LossTask::kRegression, Mae});
-    r->AddBuiltin("torchscript", {LossTask::kAny, TorchScriptLoss});
+    r->AddBuiltin(kScriptedLoss, {LossTask::kAny, TorchScriptLoss});  // models/kinds.h
     return r;
   }();
   return *losses;

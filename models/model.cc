@@ -867,7 +867,6 @@ ModelSpec ModelSpecOf(const ModelConfig& m, uint64_t seed) {
   return spec;
 }
 
-bool InteropPrivate(const std::string& name) { return absl::StartsWith(name, "0.") || absl::StartsWith(name, "1."); }
 
 StatusOr<std::vector<TorchStage>> BuildTorchStages(const ModelSpec& spec, int begin, int end) {
   std::vector<TorchStage> stages;

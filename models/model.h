@@ -70,8 +70,8 @@ struct ModelSpec {
   std::string interop_base{};
   int64_t interop_width = 0;
 
-  // Whether the model reads token ids (gpt, hf).
-  bool text() const { return name == "gpt" || name == "hf"; }
+  // Whether the model reads token ids (gpt, hf: ModelTraits::tokens, models/kinds.h).
+  bool text() const;
 };
 
 // The examples of Model::Train's first batch on `n` examples with `seed` and `batch`

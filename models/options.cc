@@ -1,6 +1,7 @@
 #include "models/options.h"
 
 #include "absl/strings/str_cat.h"
+#include "models/kinds.h"
 
 namespace cleave {
 
@@ -67,7 +68,7 @@ Status CheckLora(const ModelConfig& c) {
   RETURN_IF_ERROR(Range(lora.dropout >= 0 && lora.dropout < 1, "model.lora.dropout", "in [0, 1)"));
   for (const std::string& t : lora.targets) RETURN_IF_ERROR(LoraTargetNames().Check(t));
   if (lora.enabled()) {
-    RETURN_IF_ERROR(Range(c.name == "gpt" || c.name == "hf", "model.lora",
+    RETURN_IF_ERROR(Range(ModelTraitsOf(c.name).tokens(), "model.lora",
                           "used with model.name gpt or hf"));
     RETURN_IF_ERROR(Range(c.personal.empty(), "model.lora",
                           "off with model.personal (the adapters are what is federated)"));
@@ -85,7 +86,7 @@ Status CheckInterop(const ModelConfig& c) {
       return absl::InvalidArgumentError(absl::StrCat("model.interop.clients[].base: ", s.message()));
     }
   }
-  if (c.name == "interop") {
+  if (ModelTraitsOf(c.name).has_private_tensors()) {
     RETURN_IF_ERROR(Range(c.personal.empty() && !c.lora.enabled() && c.weights.empty(), "model.name interop",
                           "without model.personal, model.lora and model.weights (the bases are the "
                           "devices' own)"));
@@ -98,7 +99,7 @@ Status CheckQuantize(const ModelConfig& c) {
                         "model.quantize", "none, int8 or nf4"));
   if (c.double_quant) RETURN_IF_ERROR(Range(c.quantize == "nf4", "model.double_quant", "used with model.quantize: nf4"));
   if (c.quantize == "none") return absl::OkStatus();
-  RETURN_IF_ERROR(Range(c.name == "hf", "model.quantize", "used with model.name: hf"));
+  RETURN_IF_ERROR(Range(ModelTraitsOf(c.name).hf_folder, "model.quantize", "used with model.name: hf"));
   RETURN_IF_ERROR(Range(c.lora.enabled(), "model.quantize",
                         "used with LoRA (model.lora.rank > 0): a quantized base is frozen"));
   return Range(c.weights.empty(), "model.quantize",
@@ -127,12 +128,12 @@ Status CheckModel(ModelConfig& c) {
   RETURN_IF_ERROR(Range(c.batch_norm == "running" || c.batch_norm == "static", "model.batch_norm",
                         "running or static"));
   if (c.batch_norm == "static") {
-    RETURN_IF_ERROR(Range(c.name == "resnet", "model.batch_norm: static", "used with model.name resnet"));
+    RETURN_IF_ERROR(Range(ModelTraitsOf(c.name).batch_norm, "model.batch_norm: static", "used with model.name resnet"));
   }
   for (const std::string& p : c.personal) {
     RETURN_IF_ERROR(Range(!p.empty(), "model.personal", "a list of tensor name patterns"));
   }
-  if ((c.name == "torchscript" || c.name == "hf") && c.path.empty()) {
+  if (const ModelTraits kind = ModelTraitsOf(c.name); (kind.scripted || kind.hf_folder) && c.path.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("model.path is required for model.name: ", c.name));
   }
   return absl::OkStatus();

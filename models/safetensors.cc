@@ -44,32 +44,58 @@ float HalfToFloat(uint16_t h) {
   return f;
 }
 
-// Bytes per element of the dtypes this reads; 0 for any other.
+// The dtypes this reads, parsed once per tensor.
+enum class Dtype { kUnknown, kF32, kF64, kF16, kBF16 };
+
+Dtype ParseDtype(const std::string& dtype) {
+  if (dtype == "F32") return Dtype::kF32;
+  if (dtype == "F64") return Dtype::kF64;
+  if (dtype == "F16") return Dtype::kF16;
+  if (dtype == "BF16") return Dtype::kBF16;
+  return Dtype::kUnknown;
+}
+
+// Bytes per element; 0 for a dtype this does not read.
 size_t DtypeSize(const std::string& dtype) {
-  if (dtype == "F32") return 4;
-  if (dtype == "F16" || dtype == "BF16") return 2;
-  if (dtype == "F64") return 8;
+  switch (ParseDtype(dtype)) {
+    case Dtype::kF32: return 4;
+    case Dtype::kF64: return 8;
+    case Dtype::kF16:
+    case Dtype::kBF16: return 2;
+    case Dtype::kUnknown: break;
+  }
   return 0;
 }
 
+// `n` values of `dtype` (one DtypeSize reads) at `src` as float32 into `out`.
 void Convert(const std::string& dtype, const char* src, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (dtype == "F32") {
-      std::memcpy(&out[i], src + 4 * i, 4);
-    } else if (dtype == "F64") {
-      double d;
-      std::memcpy(&d, src + 8 * i, 8);
-      out[i] = static_cast<float>(d);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      if (dtype == "F16") {
+  switch (ParseDtype(dtype)) {
+    case Dtype::kF32:
+      if (n > 0) std::memcpy(out, src, 4 * static_cast<size_t>(n));
+      return;
+    case Dtype::kF64:
+      for (int64_t i = 0; i < n; ++i) {
+        double d;
+        std::memcpy(&d, src + 8 * i, 8);
+        out[i] = static_cast<float>(d);
+      }
+      return;
+    case Dtype::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
         out[i] = HalfToFloat(h);
-      } else {  // BF16: the top half of a float32
+      }
+      return;
+    case Dtype::kBF16:  // the top half of a float32
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
         const uint32_t bits = uint32_t{h} << 16;
         std::memcpy(&out[i], &bits, 4);
       }
-    }
+      return;
+    case Dtype::kUnknown: break;  // refused when the header was read
   }
 }
 

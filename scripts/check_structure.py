@@ -44,7 +44,9 @@ LAYERS = {
     "python": None,
 }
 OURS = set(LAYERS) | {"cleave", "tests", "bench", "fuzz"}
-MODEL_NAMES = ("hf", "interop", "torchscript")
+# The registered model kinds (models/builtin_models.cc) and torchscript: outside models/
+# code asks their traits (models/kinds.h).
+MODEL_NAMES = ("mlp", "lenet5", "cnn", "vgg", "resnet", "gpt", "hf", "interop", "torchscript")
 MODEL_NAME_COMPARISON = re.compile(r'(==|!=)\s*"(%s)"|"(%s)"\s*(==|!=)' % ("|".join(MODEL_NAMES), "|".join(MODEL_NAMES)))
 CONTROL = re.compile(r"^\s*(if|for|while|switch|else|do|try|catch|namespace|class|struct|enum|union|extern)\b")
 

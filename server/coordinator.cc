@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "core/files.h"
 #include "models/hf_folder.h"
+#include "models/kinds.h"
 #include "models/safetensors.h"
 #include "server/metrics_json.h"
 #include "server/round_registry.h"
@@ -34,14 +35,13 @@ Status Coordinator::Init() {
   RETURN_IF_ERROR(MakeCodecs());
   if (split_) {
     split_->mu().AssertHeld();  // this->mu_
-    RETURN_IF_ERROR(split_->Init(spec, *model_));
+    RETURN_IF_ERROR(split_->InitLocked(spec, *model_));
   }
   RETURN_IF_ERROR(mode_driver_->PrepareLocked());
   if (NeedProfile()) {  // what profiling clients time their downlink with
     auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
     probe_digest_ = Sha256Hex(*probe);
-    blobs_[probe_digest_] = std::move(probe);
-    pinned_blobs_.insert(probe_digest_);
+    blobs_.Pin(probe_digest_, std::move(probe));
   }
   run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
   if (!opts_.run_dir.empty()) {
@@ -68,13 +68,13 @@ Status Coordinator::ChooseRoundsLocked() {
     if (!kind->applies(cfg_)) continue;
     mode_owned_ = kind->make(context());
     mode_driver_ = mode_owned_.get();
-    split_ = dynamic_cast<SplitDriver*>(mode_driver_);
+    split_ = mode_driver_->split_streams();
     secagg_ = mode_driver_->secure_aggregation();
     break;
   }
   ASSIGN_OR_RETURN(const SchedulerKind* scheduler, Schedulers().Get(cfg_.scheduler.mode));
   scheduler_ = scheduler->make(context(), *mode_driver_);
-  rounds_ = dynamic_cast<SyncRounds*>(scheduler_.get());
+  rounds_ = scheduler_->synchronous();
   if (rounds_ == nullptr) {
     own_rounds_ = std::make_unique<SyncRounds>(context(), *mode_driver_);
     rounds_ = own_rounds_.get();
@@ -84,16 +84,16 @@ Status Coordinator::ChooseRoundsLocked() {
 
 StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   ModelSpec spec = ModelSpecOf(cfg_.model, cfg_.run.seed);
-  if (cfg_.model.name == "torchscript") {
+  const ModelTraits kind = ModelTraitsOf(cfg_.model.name);
+  if (kind.scripted) {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
     auto blob = std::make_shared<const std::string>(spec.torchscript);
     const std::string digest = Sha256Hex(*blob);
-    blobs_[digest] = blob;
     model_desc_.set_torchscript_digest(digest);
     model_desc_.set_torchscript_size(static_cast<int64_t>(blob->size()));
-    pinned_blobs_.insert(digest);
+    blobs_.Pin(digest, std::move(blob));
   }
-  if (cfg_.model.name == "hf") {
+  if (kind.hf_folder) {
     ASSIGN_OR_RETURN(std::string config, ReadHfConfig(cfg_.model.path));
     RETURN_IF_ERROR(SetHfModel(spec, std::move(config), cfg_.model.path + "/config.json"));
     if (Status s = CheckHfBeforeBuilding(cfg_.model.path, spec.hf_config, cfg_.model.weights.empty()); !s.ok()) {
@@ -109,12 +109,12 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   DescribeModelLocked(spec);
   model_spec_ = spec;
   ModelSpec build = spec;  // the folder's weights are read into it next: none drawn
-  build.weights_follow = cfg_.model.name == "hf" && cfg_.model.weights.empty();
+  build.weights_follow = kind.hf_folder && cfg_.model.weights.empty();
   auto model = Model::Create(build);
   if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
   model_ = *std::move(model);
   global_ = model_->Parameters();
-  if (cfg_.model.name == "hf" && cfg_.model.weights.empty()) {
+  if (kind.hf_folder && cfg_.model.weights.empty()) {
     // Read straight into the global model's own tensors (LoRA adapters keep their
     // initial values): no second copy of the weights while they load.
     if (Status s = LoadHfInto(cfg_.model.path, HfTargetsOf(global_), spec.gpt.layers); !s.ok()) {
@@ -128,8 +128,7 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
       auto blob = std::make_shared<const std::string>(quantized_base_.Encode());
       quantized_base_digest_ = Sha256Hex(*blob);
       quantized_base_size_ = static_cast<int64_t>(blob->size());
-      blobs_[quantized_base_digest_] = std::move(blob);
-      pinned_blobs_.insert(quantized_base_digest_);
+      blobs_.Pin(quantized_base_digest_, std::move(blob));
       spdlog::info("quantized base: {} projection weights in {}, {} bytes", quantized_base_.tensors.size(),
                    spec.quantize, quantized_base_size_);
     }
@@ -140,7 +139,7 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
     }
     global_ = *std::move(weights);
   }
-  if (cfg_.train.loss == "torchscript") {  // sent to clients as a blob, like a model archive
+  if (ScriptedLoss(cfg_.train.loss)) {  // sent to clients as a blob, like a model archive
     ASSIGN_OR_RETURN(std::string archive, ReadFile(cfg_.train.loss_path));
     if (Status s = model_->SetTorchScriptLoss(archive); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("train.loss_path: ", s.message()));
@@ -148,8 +147,7 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
     auto blob = std::make_shared<const std::string>(std::move(archive));
     loss_digest_ = Sha256Hex(*blob);
     loss_size_ = static_cast<int64_t>(blob->size());
-    blobs_[loss_digest_] = std::move(blob);
-    pinned_blobs_.insert(loss_digest_);
+    blobs_.Pin(loss_digest_, std::move(blob));
   }
   if (opts_.initial_model) {
     if (opts_.evaluate && !opts_.initial_model->SameLayout(global_)) {
@@ -164,7 +162,7 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
   model_desc_.set_name(cfg_.model.name);
   for (int64_t d : spec.input_shape) model_desc_.add_input_shape(d);
   model_desc_.set_num_classes(spec.num_classes);
-  if (spec.name == "hf") model_desc_.set_hf_config(spec.hf_config);
+  if (ModelTraitsOf(spec.name).hf_folder) model_desc_.set_hf_config(spec.hf_config);
   model_desc_.set_quantize(spec.quantize);
   model_desc_.set_static_batch_norm(spec.static_bn);
   if (spec.text()) {
@@ -176,7 +174,7 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
     g->set_dim(spec.gpt.dim);
     g->set_tie(spec.gpt.tie);
   }
-  if (spec.name == "interop") {
+  if (!spec.interop_base.empty()) {
     model_desc_.mutable_interop()->set_base(spec.interop_base);
     model_desc_.mutable_interop()->set_width(spec.interop_width);
   }
@@ -210,8 +208,7 @@ Status Coordinator::SplitLayoutLocked() {
     auto base = std::make_shared<const std::string>(Only(global_, frozen_).Encode());
     base_digest_ = Sha256Hex(*base);
     base_size_ = static_cast<int64_t>(base->size());
-    blobs_[base_digest_] = std::move(base);
-    pinned_blobs_.insert(base_digest_);
+    blobs_.Pin(base_digest_, std::move(base));
     const ParameterSet trained = Without(global_, frozen_);
     spdlog::info("LoRA: {} adapter tensors ({} values, {:.2f} % of the model) train; {} are "
                  "frozen ({} bytes, sent once in federated rounds)",
@@ -219,9 +216,10 @@ Status Coordinator::SplitLayoutLocked() {
                  100.0 * trained.total_elements() / global_.total_elements(), frozen_.size(),
                  base_size_);
   }
-  if (cfg_.model.name == "interop") {  // the devices' own bases and fusion layers
+  if (const ModelTraits kind = ModelTraitsOf(cfg_.model.name); kind.has_private_tensors()) {
+    // the devices' own bases and fusion layers (interop)
     for (const Tensor& t : global_.tensors()) {
-      if (InteropPrivate(t.name)) unpublished_.push_back(t.name);
+      if (kind.private_tensor(t.name)) unpublished_.push_back(t.name);
     }
     not_updated_.insert(not_updated_.end(), unpublished_.begin(), unpublished_.end());
     const ParameterSet shared = Without(global_, unpublished_);
@@ -287,7 +285,7 @@ StatusOr<int64_t> Coordinator::WaitForClients() {
   MutexLock l(&mu_);
   RETURN_IF_ERROR(AwaitClientsLocked());
   int64_t examples = 0;
-  for (const auto& cid : AvailableLocked()) examples += sessions_[cid].num_examples;
+  for (const auto& cid : AvailableLocked()) examples += sessions_.Find(cid)->num_examples;
   phase_ = "idle";
   return examples;
 }
@@ -358,8 +356,7 @@ void Coordinator::FinalEvaluation(double elapsed_s) {
                m->client_eval.clients);
   {
     MutexLock l(&mu_);
-    total_bytes_up_ += m->bytes_up;
-    total_bytes_down_ += m->bytes_down;
+    traffic_.Commit(m->bytes_up, m->bytes_down);
     history_.push_back(*m);
     final_evaluated_round_ = m->round;
   }
@@ -384,8 +381,7 @@ Status Coordinator::Commit(RoundMetrics* m) {
   std::string checkpoint;
   {
     MutexLock l(&mu_);
-    total_bytes_up_ += m->bytes_up;
-    total_bytes_down_ += m->bytes_down;
+    traffic_.Commit(m->bytes_up, m->bytes_down);
     last_accuracy_ = m->test_accuracy;
     history_.push_back(*m);
     if (!opts_.run_dir.empty()) checkpoint = CheckpointLocked(m->elapsed_s);
@@ -412,8 +408,8 @@ std::string Coordinator::CheckpointLocked(double elapsed_s) const {
   ck.global = Published(global_, scratch);  // exact, whatever the broadcast codec
   ck.strategy_state = StrategyState();
   ck.rng = rng_;
-  ck.bytes_up = total_bytes_up_;
-  ck.bytes_down = total_bytes_down_;
+  ck.bytes_up = traffic_.run_up();
+  ck.bytes_down = traffic_.run_down();
   ck.wall_s = elapsed_s;
   if (ClientSelector* selector = rounds_->selector()) ck.oort = selector->Checkpoint();
   return EncodeCheckpoint(ck);
@@ -445,8 +441,7 @@ Status Coordinator::LoadCheckpoint() {
   rng_ = ck.rng;
   run_id_ = ck.run_id;
   committed_round_ = ck.round;
-  total_bytes_up_ = ck.bytes_up;
-  total_bytes_down_ = ck.bytes_down;
+  traffic_.RestoreRun(ck.bytes_up, ck.bytes_down);
   prior_elapsed_s_ = ck.wall_s;
   if (ClientSelector* selector = rounds_->selector(); selector && ck.oort) {
     selector->Resume(std::move(*ck.oort));
@@ -586,6 +581,7 @@ Coordinator::Coordinator(ServerOptions o)
       cfg_(opts_.config),
       clock_(opts_.clock ? opts_.clock : Clock::Real()),
       rng_(cfg_.run.seed),
+      sessions_(cfg_.tls.mutual),
       shards_(cfg_.server.worker_threads + 1),
       shard_mu_(new Mutex[shards_]),
       uploads_(cfg_.server.worker_threads),
@@ -636,8 +632,8 @@ ObservedState Coordinator::Observe(bool history) const {
   }
   std::sort(o.clients.begin(), o.clients.end(),
             [](const ClientHealth& a, const ClientHealth& b) { return a.name < b.name; });
-  o.bytes_up = lifetime_up_;
-  o.bytes_down = lifetime_down_;
+  o.bytes_up = traffic_.lifetime_up();
+  o.bytes_down = traffic_.lifetime_down();
   const Server::UploadCounts u = Uploads();
   o.uploads_in_progress = u.in_progress;
   o.uploads_queued = u.queued;

@@ -30,6 +30,7 @@
 #include "core/thread_pool.h"
 #include "data/dataset.h"
 #include "models/model.h"
+#include "server/blob_store.h"
 #include "server/checkpoint.h"
 #include "server/observe.h"
 #include "server/round_context.h"
@@ -37,6 +38,8 @@
 #include "server/round_state.h"
 #include "server/selection.h"
 #include "server/server.h"
+#include "server/session_table.h"
+#include "server/traffic_meter.h"
 #include "server/transport.h"
 #include "server/upload_slots.h"
 
@@ -46,9 +49,6 @@ class RoundScheduler;  // server/scheduler.h
 class SyncRounds;
 class SecAggDriver;  // server/secagg_driver.h
 class SplitDriver;   // server/split_driver.h
-
-// Constant-time comparison, so response timing does not leak a token byte by byte.
-bool TokenMatches(const std::string& expected, const std::string& given);
 
 // The coordinator owns the run's state and its parts: the schedulers and round drivers
 // (built by Init for the job's mode), which reach that state only through RoundContext,
@@ -107,16 +107,10 @@ class Coordinator : private RoundContext {
                                                         const std::string& peer,
                                                         int64_t* fp32_size);
   // Transport bytes (WireSize) of the round, and what compression saved against fp32.
-  void CountDown(int64_t n) {
-    bytes_down_ += n;
-    lifetime_down_ += n;
-  }
-  void CountUp(int64_t n) {
-    bytes_up_ += n;
-    lifetime_up_ += n;
-  }
-  void SavedDown(int64_t n) { saved_down_ += n; }
-  void SavedUp(int64_t n) { saved_up_ += n; }
+  void CountDown(int64_t n) { traffic_.Down(n); }
+  void CountUp(int64_t n) { traffic_.Up(n); }
+  void SavedDown(int64_t n) { traffic_.SavedDown(n); }
+  void SavedUp(int64_t n) { traffic_.SavedUp(n); }
   // UNAUTHENTICATED unless `token` is the session token of connected client `client_id`.
   // With mutual TLS also PERMISSION_DENIED unless `peer` (the call's certificate CN) is
   // the identity the client joined with.
@@ -162,7 +156,7 @@ class Coordinator : private RoundContext {
     MutexLock l(&mu_);
     return run_id_;
   }
-  std::pair<int64_t, int64_t> TransportBytes() const { return {lifetime_up_, lifetime_down_}; }
+  std::pair<int64_t, int64_t> TransportBytes() const { return {traffic_.lifetime_up(), traffic_.lifetime_down()}; }
   // The operator's view (server/observe.h), and the latencies the transport measures.
   // `history`: with every round's metrics (the dashboard), not only the last's.
   ObservedState Observe(bool history) const;
@@ -174,8 +168,6 @@ class Coordinator : private RoundContext {
   }
 
  private:
-  using SessionMap = std::map<std::string, Session>;
-
   // --- RoundContext (server/round_context.h): what its schedulers and drivers may do.
   Mutex& mu() const override ABSL_LOCK_RETURNED(mu_) { return mu_; }
   const FederationConfig& config() const override { return cfg_; }
@@ -262,10 +254,10 @@ class Coordinator : private RoundContext {
 
   // --- Its own.
   int ConnectedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends session `it` (moving `it` past it): its open tasks fail with `why`, the round's
-  // driver, the mode's driver and the scheduler forget it. Returns its control stream,
-  // which the caller closes without mu_.
-  std::shared_ptr<ClientLink> EndSessionLocked(SessionMap::iterator& it, const std::string& why)
+  // Ends session `id`: its open tasks fail with `why`, the round's driver, the mode's
+  // driver and the scheduler forget it. Returns its control stream, which the caller
+  // closes without mu_.
+  std::shared_ptr<ClientLink> EndSessionLocked(const std::string& id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session of a message about a task of the current round: identity (token), run
   // and round checked; UNAUTHENTICATED or FAILED_PRECONDITION naming `what` otherwise.
@@ -373,7 +365,7 @@ class Coordinator : private RoundContext {
   // plain federated (plain_driver_) or the job's RoundDrivers() entry (mode_owned_);
   // mode_driver_ points at the one, driver_ at the driver of the round in progress
   // (plain_driver_ between rounds and in an evaluation round). split_ and secagg_ are
-  // typed views of mode_owned_ for the messages the transport routes to them.
+  // what mode_owned_ serves of the messages the transport routes to it.
   // scheduler_ (Schedulers() by scheduler.mode) builds the run's versions; rounds_ runs
   // the final evaluation and an edge's rounds: the scheduler when it runs synchronous
   // rounds, else own_rounds_.
@@ -381,7 +373,7 @@ class Coordinator : private RoundContext {
   std::unique_ptr<RoundDriver> mode_owned_;
   RoundDriver* mode_driver_ = &plain_driver_;
   RoundDriver* driver_ ABSL_GUARDED_BY(mu_) = &plain_driver_;
-  SplitDriver* split_ = nullptr;
+  SplitStreams* split_ = nullptr;
   SecAggDriver* secagg_ = nullptr;
   std::unique_ptr<RoundScheduler> scheduler_;
   std::unique_ptr<SyncRounds> own_rounds_;
@@ -398,8 +390,6 @@ class Coordinator : private RoundContext {
   std::string run_id_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RunFiles> run_files_;  // metrics.jsonl and checkpoint.pb (with a run dir)
   // server.max_sessions, or derived from the descriptor limit
-  int max_sessions_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<std::string> revoked_ ABSL_GUARDED_BY(mu_);  // tls.revoked: identities refused at once
   int round_clients_ ABSL_GUARDED_BY(mu_) = 0;  // clients sampled for the current round
   bool evaluating_ ABSL_GUARDED_BY(mu_) = false;  // the current round is evaluation only
   // some client has reported a federated evaluation
@@ -410,10 +400,8 @@ class Coordinator : private RoundContext {
   RoundWeights round_weights_ ABSL_GUARDED_BY(mu_);
   Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);            // client sampling (checkpointed)
-  std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::shared_ptr<const std::string>> blobs_ ABSL_GUARDED_BY(mu_);
-  // The fp32 encoding size of model and part blobs (by digest), for compression ratios.
-  std::map<std::string, int64_t> fp32_sizes_ ABSL_GUARDED_BY(mu_);
+  SessionTable sessions_ ABSL_GUARDED_BY(mu_);
+  BlobStore blobs_ ABSL_GUARDED_BY(mu_);
   ParameterSet global_ ABSL_GUARDED_BY(mu_);
   // model.personal's tensors: they stay on the devices. global_ keeps their initial
   // values (clients start from them).
@@ -459,22 +447,12 @@ class Coordinator : private RoundContext {
   int64_t recorded_round_ ABSL_GUARDED_BY(mu_) = 0;
   int recorded_updates_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, TaskRecord> tasks_ ABSL_GUARDED_BY(mu_);  // tasks of the current round
-  // kept across rounds (TorchScript, probe)
-  std::set<std::string> pinned_blobs_ ABSL_GUARDED_BY(mu_);
   std::vector<RoundMetrics> history_ ABSL_GUARDED_BY(mu_);
-  int64_t next_client_ ABSL_GUARDED_BY(mu_) = 1;
-  int64_t total_bytes_up_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t total_bytes_down_ ABSL_GUARDED_BY(mu_) = 0;
+  TrafficMeter traffic_;
   double prior_elapsed_s_ = 0;  // wall time of the run before a resume
-  std::atomic<int64_t> bytes_up_{0}, bytes_down_{0};
-  std::atomic<int64_t> saved_up_{0}, saved_down_{0};
-  std::atomic<int64_t> update_bytes_{0};  // payloads of accepted uploads this round
   // An edge round's settings and batch seed, from the upstream task (RunEdgeRound).
   std::optional<FitSettings> edge_fit_ ABSL_GUARDED_BY(mu_);
   uint64_t edge_seed_ ABSL_GUARDED_BY(mu_) = 0;
-  // The digests of the newest model versions, which tasks may still fetch
-  // (RoundScheduler::VersionsKept).
-  std::deque<std::string> recent_models_ ABSL_GUARDED_BY(mu_);
   // Tasks in TaskState::kAccumulating: the round does not close while there are any.
   int accumulating_ ABSL_GUARDED_BY(mu_) = 0;
   // The strategy's partial aggregates (Strategy::BeginRound's shards): one per worker,
@@ -486,7 +464,6 @@ class Coordinator : private RoundContext {
   const std::unique_ptr<Mutex[]> shard_mu_;
   Mutex buffers_mu_;  // after mu_ when taken with it
   std::vector<std::string> buffers_ ABSL_GUARDED_BY(buffers_mu_);
-  std::atomic<int64_t> lifetime_up_{0}, lifetime_down_{0};
   std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
   double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
 

@@ -29,24 +29,12 @@ void Coordinator::PublishModelLocked() {
 }
 
 void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::string digest) {
-  // Drop older model versions, but for those tasks may still fetch (async).
-  std::set<std::string> kept = pinned_blobs_;
-  recent_models_.push_back(digest);
-  while (static_cast<int>(recent_models_.size()) > scheduler_->VersionsKept()) {
-    recent_models_.pop_front();
-  }
-  kept.insert(recent_models_.begin(), recent_models_.end());
-  for (auto it = blobs_.begin(); it != blobs_.end();) {
-    it = kept.count(it->first) ? std::next(it) : blobs_.erase(it);
-  }
-  for (auto it = fp32_sizes_.begin(); it != fp32_sizes_.end();) {
-    it = kept.count(it->first) ? std::next(it) : fp32_sizes_.erase(it);
-  }
-  // The fp32 size of what the blob of the new model (global_) holds.
+  // Older model versions are dropped, but for those tasks may still fetch (async). The
+  // fp32 size: of what the blob of the new model (global_) holds.
   ParameterSet scratch;
-  fp32_sizes_[digest] = static_cast<int64_t>(Published(global_, scratch).EncodedSize());
+  blobs_.PublishModel(digest, std::move(blob), static_cast<int64_t>(Published(global_, scratch).EncodedSize()),
+                      scheduler_->VersionsKept());
   model_digest_ = std::move(digest);
-  blobs_[model_digest_] = std::move(blob);
 }
 
 bool Coordinator::RoundResolvedLocked() const {
@@ -64,8 +52,8 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   task->set_round(round);
   task->set_task_id(absl::StrCat("r", round, "-", cid));
   *task->mutable_model() = model_desc_;
-  if (cfg_.model.name == "interop") {  // this device's own base
-    task->mutable_model()->mutable_interop()->set_base(cfg_.model.interop.BaseOf(sessions_[cid].name));
+  if (model_desc_.has_interop()) {  // this device's own base
+    task->mutable_model()->mutable_interop()->set_base(cfg_.model.interop.BaseOf(sessions_.Find(cid)->name));
   }
   auto* tc = task->mutable_train();
   ToProto(fit, tc);
@@ -76,7 +64,7 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   TaskRecord rec;
   rec.client_id = cid;
   rec.round = round;
-  scheduler_->ShapeTaskLocked(sessions_[cid], fit, task, &rec);
+  scheduler_->ShapeTaskLocked(*sessions_.Find(cid), fit, task, &rec);
   if (evaluating_) task->set_task_id(absl::StrCat("e", round, "-", cid));
   rec.id = task->task_id();
   task->set_base_digest(base_digest_);
@@ -84,7 +72,9 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   task->set_quantized_base_digest(quantized_base_digest_);
   task->set_quantized_base_size(quantized_base_size_);
   task->set_model_digest(model_digest_);
-  task->set_model_size(static_cast<int64_t>(blobs_[model_digest_]->size()));
+  if (auto published = blobs_.Find(model_digest_); published.ok()) {
+    task->set_model_size(static_cast<int64_t>(published->blob->size()));
+  }
   if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
   if (evaluating_) {
     task->set_evaluate_only(true);
@@ -175,7 +165,7 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
         msg.mutable_task()->set_evaluate_config(e->second);
       }
     }
-    sends.emplace_back(sessions_[cid].link, std::move(msg));
+    sends.emplace_back(sessions_.Find(cid)->link, std::move(msg));
   }
   mu_.Unlock();  // never start gRPC operations under mu_
   std::vector<std::pair<const ClientLink*, std::string>> closed;  // (link, task id)
@@ -192,10 +182,10 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
     }
     // A closed control stream does not open again: its session ends now, before the
     // transport reports it (ControlDone), so that no retried round picks it meanwhile.
-    auto s = sessions_.find(client_id);
-    if (s != sessions_.end() && s->second.link.get() == link) {
+    const Session* s = sessions_.Find(client_id);
+    if (s != nullptr && s->link.get() == link) {
       spdlog::info("client {} disconnected", client_id);
-      EndSessionLocked(s, "control stream closed");
+      EndSessionLocked(client_id, "control stream closed");
       cv_.SignalAll();
     }
   }
@@ -219,7 +209,9 @@ RoundWeights Coordinator::WeightsOfLocked(const std::vector<std::string>& client
   // such clients only), every update weighs 1: nothing bounds a count a client reports.
   std::vector<int64_t> declared;
   for (const auto& cid : clients) {
-    if (sessions_[cid].num_examples > 0) declared.push_back(sessions_[cid].num_examples);
+    if (const Session* s = sessions_.Find(cid); s != nullptr && s->num_examples > 0) {
+      declared.push_back(s->num_examples);
+    }
   }
   AggregationConfig config = cfg_.aggregation;
   if (declared.empty() && !clients.empty()) config.weighting = "equal";
@@ -256,14 +248,12 @@ void Coordinator::WaitLocked(Clock::time_point until) {
 }
 
 void Coordinator::PinBlobLocked(const std::string& digest, std::shared_ptr<const std::string> blob) {
-  blobs_[digest] = std::move(blob);
-  pinned_blobs_.insert(digest);
+  blobs_.Pin(digest, std::move(blob));
 }
 
 void Coordinator::AddBlobLocked(const std::string& digest, std::shared_ptr<const std::string> blob,
                                 int64_t fp32_size) {
-  blobs_[digest] = std::move(blob);
-  fp32_sizes_[digest] = fp32_size;
+  blobs_.Add(digest, std::move(blob), fp32_size);
 }
 
 std::string Coordinator::ModelBlob(const ParameterSet& model) {
@@ -271,19 +261,16 @@ std::string Coordinator::ModelBlob(const ParameterSet& model) {
 }
 
 void Coordinator::ResetRoundBytes() {
-  bytes_up_ = 0;
-  bytes_down_ = 0;
-  saved_up_ = 0;
-  saved_down_ = 0;
-  update_bytes_ = 0;
+  traffic_.StartRound();
 }
 
 void Coordinator::CountRoundBytesLocked(RoundMetrics* m) const {
-  m->bytes_up = bytes_up_;
-  m->bytes_down = bytes_down_;
-  m->bytes_up_fp32 = m->bytes_up + saved_up_;
-  m->bytes_down_fp32 = m->bytes_down + saved_down_;
-  m->update_bytes = update_bytes_;
+  const TrafficMeter::Round r = traffic_.RoundSoFar();
+  m->bytes_up = r.up;
+  m->bytes_down = r.down;
+  m->bytes_up_fp32 = r.up_fp32;
+  m->bytes_down_fp32 = r.down_fp32;
+  m->update_bytes = r.updates;
 }
 
 void Coordinator::AwaitAccumulatingLocked() {

@@ -18,12 +18,6 @@
 
 namespace cleave {
 
-// Constant-time comparison, so response timing does not leak a token byte by byte.
-bool TokenMatches(const std::string& expected, const std::string& given) {
-  return expected.size() == given.size() &&
-         CRYPTO_memcmp(expected.data(), given.data(), expected.size()) == 0;
-}
-
 std::string RandomHex(int bytes) {
   std::vector<unsigned char> buf(bytes);
   if (RAND_bytes(buf.data(), bytes) != 1) {
@@ -43,8 +37,8 @@ void Coordinator::LogRefusedUpload(const v1::UploadHeader& h, const Status& why)
   std::string name;
   {
     MutexLock l(&mu_);
-    auto it = sessions_.find(h.client_id());
-    name = it != sessions_.end() ? it->second.name : "not connected";
+    const Session* s = sessions_.Find(h.client_id());
+    name = s != nullptr ? s->name : "not connected";
   }
   spdlog::warn("upload from client {} ({}) for round {} refused: {}", Printable(h.client_id()),
                name, h.round(), Printable(why.ToString(), 300));
@@ -108,45 +102,23 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
   {
     MutexLock l(&mu_);
     if (stopping_) return absl::UnavailableError("the server is shutting down");
-    if (static_cast<int>(sessions_.size()) >= max_sessions_) {
-      // A device reconnecting with its certificate replaces its session (below): it may.
-      const bool replaces = cfg_.tls.mutual && std::any_of(sessions_.begin(), sessions_.end(),
-                                                           [&](const auto& kv) {
-                                                             return kv.second.identity == peer;
-                                                           });
-      if (!replaces) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the server holds its maximum of ", max_sessions_, " sessions (server.max_sessions)"));
-      }
-    }
-    if (cfg_.tls.mutual && revoked_.count(peer)) {
-      spdlog::warn("refused a Join from revoked certificate '{}'", Printable(peer));
-      return absl::PermissionDeniedError(absl::StrCat("the certificate of '", Printable(peer),
-                                                      "' is revoked"));
-    }
+    RETURN_IF_ERROR(sessions_.Admit(peer));
     // One session per identity: a device that reconnects replaces its old session (whose
     // open task fails), so one certificate can never stand for two clients.
-    if (cfg_.tls.mutual) {
-      for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-        if (it->second.identity != peer) continue;
-        spdlog::info("client {} ({}) is replaced by a new connection of the same certificate",
-                     it->first, peer);
-        replaced = EndSessionLocked(it, "replaced by a new connection");
-        cv_.SignalAll();
-        break;
-      }
+    if (const std::string old = sessions_.ReplacedBy(peer); !old.empty()) {
+      spdlog::info("client {} ({}) is replaced by a new connection of the same certificate", old, peer);
+      replaced = EndSessionLocked(old, "replaced by a new connection");
+      cv_.SignalAll();
     }
-    Session s;
-    s.id = absl::StrCat("c", next_client_++);
-    s.identity = cfg_.tls.mutual ? peer : "";
-    s.name = !s.identity.empty() ? s.identity : join.name().empty() ? s.id : join.name();
-    s.token = RandomHex(16);
-    s.num_examples = join.num_examples();
-    s.count_from_fit = join.count_from_fit();
-    s.peer_address = join.peer_address();
-    s.edge = join.edge();
-    s.link = std::move(link);
-    s.last_seen = clock_->Now();
+    Session joined;
+    joined.token = RandomHex(16);
+    joined.num_examples = join.num_examples();
+    joined.count_from_fit = join.count_from_fit();
+    joined.peer_address = join.peer_address();
+    joined.edge = join.edge();
+    joined.link = std::move(link);
+    joined.last_seen = clock_->Now();
+    const Session& s = sessions_.Add(std::move(joined), peer, join.name());
     welcome->set_run_id(run_id_);
     welcome->set_client_id(s.id);
     welcome->set_session_token(s.token);
@@ -159,7 +131,6 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
       welcome->set_probe_size(kProbeBytes);
     }
     spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
-    sessions_[s.id] = std::move(s);
   }  // never start gRPC operations under mu_
   if (replaced) {
     replaced->Close(
@@ -170,16 +141,15 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
 
 void Coordinator::Ready(const std::string& client_id) {
   MutexLock l(&mu_);
-  auto it = sessions_.find(client_id);
-  if (it == sessions_.end()) return;
-  it->second.ready = true;
+  Session* s = sessions_.Find(client_id);
+  if (s == nullptr) return;
+  s->ready = true;
   cv_.SignalAll();
 }
 
 void Coordinator::Heartbeat(const std::string& client_id) {
   MutexLock l(&mu_);
-  auto it = sessions_.find(client_id);
-  if (it != sessions_.end()) it->second.last_seen = clock_->Now();
+  if (Session* s = sessions_.Find(client_id)) s->last_seen = clock_->Now();
 }
 
 void Coordinator::Ack(const std::string& client_id, const v1::TaskAck& ack) {
@@ -189,10 +159,10 @@ void Coordinator::Ack(const std::string& client_id, const v1::TaskAck& ack) {
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
     const std::string why = Printable(ack.error(), 200);
     if (ack.code() == static_cast<int32_t>(absl::StatusCode::kResourceExhausted)) {
-      if (auto s = sessions_.find(client_id); s != sessions_.end()) {
-        s->second.unfit = why;
+      if (Session* s = sessions_.Find(client_id)) {
+        s->unfit = why;
         spdlog::warn("client {} ({}) cannot hold the model: {}; it gets no more tasks until it "
-                     "joins again", client_id, s->second.name, why);
+                     "joins again", client_id, s->name, why);
       }
     }
     FailTaskLocked(it->first, it->second, absl::StrCat("rejected by the client: ", why));
@@ -202,31 +172,28 @@ void Coordinator::Ack(const std::string& client_id, const v1::TaskAck& ack) {
 
 void Coordinator::ControlDone(const std::string& client_id, const ClientLink* link) {
   MutexLock l(&mu_);
-  auto it = sessions_.find(client_id);
-  if (it == sessions_.end() || it->second.link.get() != link) return;
-  spdlog::info("client {} disconnected", it->first);
-  EndSessionLocked(it, "disconnected");
+  const Session* s = sessions_.Find(client_id);
+  if (s == nullptr || s->link.get() != link) return;
+  spdlog::info("client {} disconnected", client_id);
+  EndSessionLocked(client_id, "disconnected");
   cv_.SignalAll();
 }
 
-std::shared_ptr<ClientLink> Coordinator::EndSessionLocked(SessionMap::iterator& it,
-                                                          const std::string& why) {
-  const std::string id = it->first;
+std::shared_ptr<ClientLink> Coordinator::EndSessionLocked(const std::string& id, const std::string& why) {
+  Session* s = sessions_.Find(id);
+  if (s == nullptr) return nullptr;
   for (auto& [task_id, t] : tasks_) {
     if (t.client_id == id && t.state == TaskState::kAssigned) FailTaskLocked(task_id, t, why);
   }
   driver_->ClientLeftLocked(id);
   mode_driver_->SessionEndedLocked(id);
   scheduler_->SessionEndedLocked(id);
-  std::shared_ptr<ClientLink> link = std::move(it->second.link);
-  it = sessions_.erase(it);
+  std::shared_ptr<ClientLink> link = std::move(s->link);
+  sessions_.Remove(id);
   return link;
 }
 
-Session* Coordinator::FindSessionLocked(const std::string& client_id) {
-  auto it = sessions_.find(client_id);
-  return it != sessions_.end() ? &it->second : nullptr;
-}
+Session* Coordinator::FindSessionLocked(const std::string& client_id) { return sessions_.Find(client_id); }
 
 void Coordinator::FailTaskLocked(const std::string& task_id, TaskRecord& t,
                                   const std::string& why) {
@@ -234,7 +201,7 @@ void Coordinator::FailTaskLocked(const std::string& task_id, TaskRecord& t,
   t.state = TaskState::kFailed;
   t.resolved_in = current_round_;
   t.failure = why;
-  if (auto s = sessions_.find(t.client_id); s != sessions_.end()) ++s->second.failures;
+  if (Session* s = sessions_.Find(t.client_id)) ++s->failures;
   driver_->TaskFailedLocked(t);
 }
 
@@ -247,19 +214,7 @@ Status Coordinator::Authenticate(const std::string& client_id, const std::string
 StatusOr<const Session*> Coordinator::SessionLocked(const std::string& client_id,
                                                      const std::string& token,
                                                      const std::string& peer) const {
-  auto s = sessions_.find(client_id);
-  if (s == sessions_.end() || !TokenMatches(s->second.token, token)) {
-    return absl::UnauthenticatedError("unknown client or wrong session token");
-  }
-  if (!peer.empty() && revoked_.count(peer)) {
-    return absl::PermissionDeniedError("certificate revoked");
-  }
-  if (s->second.identity != peer) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "client ", client_id, " joined as '", s->second.identity,
-        "'; this call's certificate is '", peer, "'"));
-  }
-  return &s->second;
+  return sessions_.Authenticate(client_id, token, peer);
 }
 
 Status Coordinator::SecAggSubmit(const v1::SecAggRequest& req, const std::string& peer) {
@@ -276,7 +231,7 @@ Status Coordinator::SetProfile(const std::string& client_id, const v1::Profile& 
   if (!NeedProfile()) return absl::OkStatus();  // nothing to decide from it
   RETURN_IF_ERROR(mode_driver_->CheckProfile(p));
   MutexLock l(&mu_);
-  if (!sessions_.count(client_id)) return absl::OkStatus();
+  if (sessions_.Find(client_id) == nullptr) return absl::OkStatus();
   mode_driver_->ProfileLocked(client_id, p);
   return absl::OkStatus();
 }
@@ -318,18 +273,9 @@ void Coordinator::Revoke(std::set<std::string> revoked) {
   std::vector<std::shared_ptr<ClientLink>> cut;
   {
     MutexLock l(&mu_);
-    for (const auto& name : revoked) {
-      if (!revoked_.count(name)) spdlog::warn("revocation list: '{}' is revoked", Printable(name));
-    }
-    revoked_ = std::move(revoked);
-    for (auto it = sessions_.begin(); it != sessions_.end();) {
-      if (it->second.identity.empty() || !revoked_.count(it->second.identity)) {
-        ++it;
-        continue;
-      }
-      spdlog::warn("client {} ({}): certificate revoked; ending its session", it->first,
-                   it->second.identity);
-      cut.push_back(EndSessionLocked(it, "certificate revoked"));
+    for (const std::string& id : sessions_.Revoke(std::move(revoked))) {
+      spdlog::warn("client {} ({}): certificate revoked; ending its session", id, sessions_.Find(id)->identity);
+      cut.push_back(EndSessionLocked(id, "certificate revoked"));
     }
     cv_.SignalAll();
   }
@@ -340,30 +286,14 @@ void Coordinator::Revoke(std::set<std::string> revoked) {
 
 
 int Coordinator::ConnectedLocked() const {
-  int n = 0;
-  for (const auto& [id, s] : sessions_) n += s.ready;
-  return n;
+  return sessions_.Ready();
 }
 
 std::vector<std::string> Coordinator::AvailableLocked() const {
-  // Sampling draws from this order, so it must not depend on the order clients joined
-  // in (which decides their ids): by name, which a client chooses (sim-2 before sim-10),
-  // then by id (c2 before c10) among clients of one name. A seeded run then samples the
-  // same clients however their connections raced.
-  std::vector<std::pair<std::string, std::string>> named;  // (name, id)
-  for (const auto& [id, s] : sessions_) {
-    if (s.ready && s.unfit.empty() && mode_driver_->ServesLocked(id)) named.emplace_back(s.name, id);
-  }
-  const auto numeric = [](const std::string& a, const std::string& b) {
-    return a.size() != b.size() ? a.size() < b.size() : a < b;
-  };
-  std::sort(named.begin(), named.end(), [&](const auto& a, const auto& b) {
-    return a.first != b.first ? numeric(a.first, b.first) : numeric(a.second, b.second);
+  // The mode's driver runs under mu_, which this holds.
+  return sessions_.Available([this](const std::string& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return mode_driver_->ServesLocked(id);
   });
-  std::vector<std::string> ids;
-  ids.reserve(named.size());
-  for (auto& [name, id] : named) ids.push_back(std::move(id));
-  return ids;
 }
 
 void Coordinator::ExpireSilentLocked() {
@@ -385,13 +315,10 @@ void Coordinator::ExpireSilentLocked() {
     }
   }
   std::vector<std::shared_ptr<ClientLink>> silent;
-  for (auto it = sessions_.begin(); it != sessions_.end();) {
-    if (now - it->second.last_seen > limit) {
-      spdlog::warn("client {} silent for {:.0f}s: dropping it", it->first,
-                   cfg_.server.client_timeout_s);
-      silent.push_back(EndSessionLocked(it, "heartbeat timeout"));
-    } else {
-      ++it;
+  for (const std::string& id : sessions_.Ids()) {
+    if (now - sessions_.Find(id)->last_seen > limit) {
+      spdlog::warn("client {} silent for {:.0f}s: dropping it", id, cfg_.server.client_timeout_s);
+      silent.push_back(EndSessionLocked(id, "heartbeat timeout"));
     }
   }
   if (silent.empty() && stalled.empty()) return;
@@ -418,8 +345,8 @@ void Coordinator::CountLabels(int64_t labels) {
 
 int Coordinator::SetMaxSessions(int derived) {
   MutexLock l(&mu_);
-  max_sessions_ = cfg_.server.max_sessions > 0 ? cfg_.server.max_sessions : derived;
-  return max_sessions_;
+  sessions_.set_max(cfg_.server.max_sessions > 0 ? cfg_.server.max_sessions : derived);
+  return sessions_.max();
 }
 
 }  // namespace cleave

@@ -161,7 +161,7 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     // Refused: the task is as it was, unless its client left meanwhile.
     t.state = TaskState::kAssigned;
     scheduler_->UnadmitLocked();
-    if (!sessions_.count(t.client_id)) FailTaskLocked(h.task_id(), t, "disconnected");
+    if (sessions_.Find(t.client_id) == nullptr) FailTaskLocked(h.task_id(), t, "disconnected");
     return s;
   }
   t.resolved_in = current_round_;
@@ -220,8 +220,8 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   }
   ClientUpdate& update = claim.update;
   update.client_id = h.client_id();
-  auto s = sessions_.find(h.client_id());
-  update.client_name = s != sessions_.end() ? s->second.name : h.client_id();
+  const Session* s = sessions_.Find(h.client_id());
+  update.client_name = s != nullptr ? s->name : h.client_id();
   update.base_version = task.round - 1;
   update.staleness = task.staleness;
   update.weight = weight;
@@ -292,18 +292,18 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   if (h.codec() != "fp32") {
     SavedUp(static_cast<int64_t>(layout.EncodedSize()) - static_cast<int64_t>(payload_size));
   }
-  update_bytes_ += static_cast<int64_t>(payload_size);
+  traffic_.AcceptedUpdate(static_cast<int64_t>(payload_size));
   t.state = TaskState::kDone;
   t.train_loss = h.train_loss();
   t.num_examples = weight;
   t.evaluation = h.evaluation();
   if (h.evaluation().examples() > 0) clients_evaluate_ = true;
   t.train_seconds = h.train_seconds();
-  if (auto s = sessions_.find(t.client_id); s != sessions_.end() && !t.evaluate_only) {
-    ++s->second.done;
-    s->second.task_s = h.train_seconds();
+  if (Session* s = sessions_.Find(t.client_id); s != nullptr && !t.evaluate_only) {
+    ++s->done;
+    s->task_s = h.train_seconds();
     // Its count from now on: the median that caps later rounds counts it.
-    if (s->second.count_from_fit) s->second.num_examples = h.num_examples();
+    if (s->count_from_fit) s->num_examples = h.num_examples();
   }
   t.done_at = clock_->Now();
   driver_->AcceptedLocked(t, h);
@@ -324,14 +324,9 @@ StatusOr<std::shared_ptr<const std::string>> Coordinator::FindBlob(const v1::Fet
                                                                    int64_t* fp32_size) {
   MutexLock l(&mu_);
   RETURN_IF_ERROR(SessionLocked(req.client_id(), req.session_token(), peer).status());
-  auto b = blobs_.find(req.digest());
-  if (b == blobs_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no blob ", Printable(req.digest()), " (stale model version?)"));
-  }
-  auto f = fp32_sizes_.find(req.digest());
-  *fp32_size = f == fp32_sizes_.end() ? static_cast<int64_t>(b->second->size()) : f->second;
-  return b->second;
+  ASSIGN_OR_RETURN(BlobStore::Found found, blobs_.Find(req.digest()));
+  *fp32_size = found.fp32_size;
+  return std::move(found.blob);
 }
 
 }  // namespace cleave

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cleave/v1/cleave.pb.h"
+#include "models/kinds.h"
 #include "proto/train_config.h"
 
 namespace cleave {
@@ -23,7 +24,8 @@ Status CheckEdgeConfig(const FederationConfig& c) {
   if (c.width.enabled && (c.width.ranks() || !c.width.distill.data.empty() || c.secure_aggregation.enabled)) {
     return no("width takes heterofl or fedrolex submodels here, without width.distill or secure_aggregation");
   }
-  if (!c.model.personal.empty() || c.model.lora.rank > 0 || c.model.name == "interop") {
+  if (!c.model.personal.empty() || c.model.lora.rank > 0 ||
+      ModelTraitsOf(c.model.name).has_private_tensors()) {
     return no("models with personal, frozen (LoRA) or private (interop) tensors are not supported");
   }
   return absl::OkStatus();
@@ -38,7 +40,7 @@ Status Edge::Run() {
   o.declared_examples = examples;
   o.aggregate = [this](const v1::Task& task,
                        const ParameterSet& model) -> StatusOr<ClientOptions::Aggregate> {
-    if (task.train().loss() == "torchscript") {
+    if (ScriptedLoss(task.train().loss())) {
       return absl::FailedPreconditionError(
           "an edge aggregator does not forward a TorchScript loss");
     }

@@ -12,7 +12,7 @@
 
 namespace cleave {
 
-Status GossipDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
+Status GossipDriver::ChooseLocked(int64_t round, const FitSettings& /*fit*/,
                                  std::vector<std::string>* clients) {
   tasks_.clear();
   reports_.clear();

@@ -26,7 +26,7 @@ class GossipDriver : public RoundDriver {
 
   // Leaves out clients that serve no Peer address, draws the round's graph over the
   // others (in name order) and their edges' secrets.
-  Status BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
+  Status ChooseLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
       override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void PrepareTaskLocked(v1::Task* task, TaskRecord* rec) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());

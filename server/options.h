@@ -139,7 +139,7 @@ struct FederationConfig {
 
   // Whether clients serve the Peer service (--peer-listen): gossip rounds exchange
   // models, a pipeline's devices micro-batches, peer to peer.
-  bool ClientsServePeer() const { return scheduler.gossip() || split.mode == "pipeline"; }
+  bool ClientsServePeer() const { return scheduler.gossip() || split.Is(SplitMode::kPipeline); }
 };
 
 // What the job's strategy is built from (CreateStrategy).

@@ -2,8 +2,10 @@
 // SyncRounds (server/scheduler.h) calls its driver at fixed points of every round, so
 // the round loop has no branch for secure aggregation or split learning:
 //
-//   BeginLocked        the round's clients are sampled: set up the round, and leave
-//                      out clients it cannot serve (split: those no cut fits)
+//   ChooseLocked       the round's clients are sampled: leave out those it cannot
+//                      serve (split: no cut fits; gossip: no Peer address), before the
+//                      round is sized (update weights, DP noise shares)
+//   BeginLocked        the round started with its clients: set up the rest
 //   PrepareTaskLocked  each task: the driver's part of the message and of its record
 //   AwaitLocked        training: wait for the uploads, or drive the round's own stages
 //   CheckUploadLocked  an upload's header: the driver's part of it (its stats)
@@ -29,6 +31,10 @@
 // it can serve (ServesLocked), fills in what the operator sees of them
 // (DescribeClientLocked) and forgets them (SessionEndedLocked).
 //
+// Messages that belong to one mode reach the driver that serves them through what it
+// returns here, never a cast: secure_aggregation() takes SecAgg+'s stage messages,
+// split_streams() split learning's streams (and pipelines', whose last device streams).
+//
 // Drivers reach the round through server/round_context.h, never the coordinator.
 // Threads: *Locked hooks run with the coordinator's mutex held (AwaitLocked releases
 // it while it sends); the functions ClaimUploadLocked returns and Fold run without it.
@@ -41,7 +47,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "core/clock.h"
+#include "core/mutex.h"
 #include "core/parameter_set.h"
 #include "core/status.h"
 
@@ -49,24 +57,53 @@ namespace cleave {
 
 namespace v1 {
 class Profile;
+class SplitOpen;
 class Task;
 class UploadHeader;
 }  // namespace v1
 
+class Model;
 class SecAggDriver;
 struct ClientHealth;
 struct FitSettings;
+struct ModelSpec;
 struct RoundMetrics;
+struct SplitStreamTask;
 struct TaskRecord;
+
+// Split learning's activation streams (server/split_stream.h), served by the driver of
+// a split mode (RoundDriver::split_streams()). The transport counts what crosses the
+// cut without the lock.
+class SplitStreams {
+ public:
+  virtual ~SplitStreams() = default;
+  virtual Mutex& mu() const = 0;  // the coordinator's
+  // Before anything is served: the server's part built from `spec`, its stages of
+  // `model` profiled.
+  virtual Status InitLocked(const ModelSpec& spec, const Model& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+  // A SplitOpen for a split task of the current round; one stream per task.
+  virtual StatusOr<SplitStreamTask> OpenLocked(const v1::SplitOpen& open) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+  // A split stream of the current round failed (bad message, lost connection).
+  virtual void EndedLocked(const SplitStreamTask& task, const Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+  virtual void CountUp(int64_t bytes) = 0;
+  virtual void CountDown(int64_t bytes) = 0;
+  virtual void CountLabels(int64_t labels) = 0;
+};
 
 class RoundDriver {
  public:
   virtual ~RoundDriver() = default;
 
-  // Round `round` starts with `clients` sampled, training with `fit`. May remove
-  // clients; an error fails the round before any task is sent.
+  // Round `round`'s `clients` are sampled, to train with `fit`: leaves out those it
+  // cannot serve, and sets up what depends on who takes part. The clients left are the
+  // round's: it is sized from them next. An error: the round does not start.
+  virtual Status ChooseLocked(int64_t /*round*/, const FitSettings& /*fit*/, std::vector<std::string>* /*clients*/) {
+    return absl::OkStatus();
+  }
+  // Round `round` started with `clients` (sized: RoundContext::RoundWeightsLocked holds
+  // their weights). An error fails the round before any task is sent.
   virtual Status BeginLocked(int64_t /*round*/, const FitSettings& /*fit*/,
-                             std::vector<std::string>* /*clients*/) {
+                             const std::vector<std::string>& /*clients*/) {
     return absl::OkStatus();
   }
   // Adds the driver's part to `task` and `rec` (the model to fetch, the upload's codec
@@ -141,6 +178,8 @@ class RoundDriver {
   // The secure aggregation the driver's rounds run, which takes the clients' stage
   // messages: the driver itself, or one it composes (a pipeline's, width's); null: none.
   virtual SecAggDriver* secure_aggregation() { return nullptr; }
+  // The split streams the driver's rounds serve; null: none.
+  virtual SplitStreams* split_streams() { return nullptr; }
 };
 
 }  // namespace cleave

@@ -14,7 +14,7 @@ Registry<SchedulerKind>& Schedulers() {
     auto* r = new Registry<SchedulerKind>("scheduler.mode");
     auto sync = [](RoundContext& ctx, RoundDriver& driver) -> std::unique_ptr<RoundScheduler> {
       const SplitConfig& split = ctx.config().split;
-      if (split.enabled() && split.mode == "sl") return std::make_unique<TurnRounds>(ctx, driver);
+      if (split.Is(SplitMode::kSl)) return std::make_unique<TurnRounds>(ctx, driver);
       return std::make_unique<SyncRounds>(ctx, driver);
     };
     r->AddBuiltin("sync", {sync});

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "aggregation/staleness.h"
+#include "aggregation/strategy.h"
 #include "core/files.h"
 #include "server/checkpoint.h"
 #include "server/round_context.h"
@@ -31,6 +32,8 @@
 #include "server/server.h"
 
 namespace cleave {
+
+class SyncRounds;
 
 class RoundScheduler {
  public:
@@ -62,6 +65,9 @@ class RoundScheduler {
   virtual void AcceptedLocked(const TaskRecord& /*t*/, const v1::UploadHeader& /*h*/) {}
   // How many of the newest model versions stay fetchable (tasks outlive versions).
   virtual int VersionsKept() const { return 1; }
+  // The scheduler as synchronous rounds, when it runs them (the coordinator runs the
+  // final evaluation and an edge's rounds on it); null: another kind.
+  virtual SyncRounds* synchronous() { return nullptr; }
   // Whether admitted updates are recorded before they are added (Record), so that a
   // restarted server finds them (async: the open buffer's journal).
   virtual bool Records() const { return false; }
@@ -82,6 +88,7 @@ class RoundScheduler {
 
 class SyncRounds : public RoundScheduler {
  public:
+  SyncRounds* synchronous() override { return this; }
   // `driver` may be the plain federated one (RoundDriver itself). Unless
   // clients.selection is uniform, its selector (Selections()) picks each round's clients.
   SyncRounds(RoundContext& ctx, RoundDriver& driver);
@@ -123,6 +130,10 @@ class SyncRounds : public RoundScheduler {
   StatusOr<RoundMetrics> RunLocked(bool evaluate_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The round's clients by strategy (or Oort) and their plan.
   RoundPlan PlanLocked(int64_t round, bool evaluate_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // The selector's pick of k of `available` (by client name) for round `round`, as
+  // session ids; called by the strategy within PlanLocked.
+  ClientSampler SelectorSampler(int64_t round, const std::vector<std::string>& available)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Closes the round: stragglers fail, per-task metrics, the selector fed.
   RoundMetrics CloseLocked(int64_t round, Clock::time_point start, bool evaluate_only,
                            double* loss_sum, int64_t* weight)

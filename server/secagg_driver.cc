@@ -18,16 +18,16 @@ bool SecAggDriver::UniformWeights() const {
 }
 
 Status SecAggDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/,
-                                 std::vector<std::string>* clients) {
+                                 const std::vector<std::string>& clients) {
   // Updates are weighted by examples, except under DP, where every clipped update counts
   // the same (max_weight 1: every client's scale is 1).
   int64_t max_weight = 1;
   if (!UniformWeights()) {
-    for (const auto& cid : *clients) {
+    for (const auto& cid : clients) {
       max_weight = std::max(max_weight, ctx_.RoundWeightsLocked().Weight(ctx_.FindSessionLocked(cid)->num_examples));
     }
   }
-  return StartLocked(round, *clients, ctx_.UpdateLayoutLocked().total_elements(), max_weight);
+  return StartLocked(round, clients, ctx_.UpdateLayoutLocked().total_elements(), max_weight);
 }
 
 Status SecAggDriver::StartLocked(int64_t round, const std::vector<std::string>& clients, int64_t length,

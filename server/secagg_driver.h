@@ -24,7 +24,7 @@ class SecAggDriver : public RoundDriver {
   // The coordinator's mutex, which guards the driver's round state.
   Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
 
-  Status BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
+  Status BeginLocked(int64_t round, const FitSettings& fit, const std::vector<std::string>& clients)
       override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // Starts the round's SecAgg+ over `clients` with masked vectors of `length` values,
   // each scaled by its weight over `max_weight` (BeginLocked: the update layout's length

@@ -8,9 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "aggregation/strategy.h"
+#include "aggregation/weighting.h"
 #include "compression/codec.h"
 #include "core/printable.h"
 #include "models/inversion.h"
+#include "models/kinds.h"
 #include "models/part.h"
 #include "server/observe.h"
 #include "server/options.h"
@@ -32,10 +34,10 @@ SplitDriver::~SplitDriver() = default;
 
 // A pipeline's planner places segments from the profiles even at a fixed cut.
 bool SplitDriver::NeedsProfile() const {
-  return ctx_.config().split.cut == 0 || ctx_.config().split.mode == "pipeline";
+  return ctx_.config().split.auto_cut() || ctx_.config().split.Is(SplitMode::kPipeline);
 }
 
-Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
+Status SplitDriver::InitLocked(const ModelSpec& spec, const Model& model) {
   const FederationConfig& cfg = ctx_.config();
   ASSIGN_OR_RETURN(mode_, ParseSplitMode(cfg.split.mode));
   num_stages_ = model.num_stages();
@@ -74,7 +76,7 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
     RETURN_IF_ERROR(MeasureLeakage(spec, model.Parameters()));
   }
   if (!cfg.split.hijack.empty()) RETURN_IF_ERROR(StartHijack(spec));
-  if (cfg.split.cut > 0) {  // a fixed cut must let a micro-batch through one message
+  if (!cfg.split.auto_cut()) {  // a fixed cut must let a micro-batch through one message
     const CutPrediction r = PredictStep(p, cfg.split.cut);
     if (!r.fits) {
       return absl::InvalidArgumentError(absl::StrCat("split.cut ", cfg.split.cut, ": ", r.why_not,
@@ -82,7 +84,7 @@ Status SplitDriver::Init(const ModelSpec& spec, const Model& model) {
     }
   }
   spdlog::info("split learning: {}, {} stages, cut {}, window {}", cfg.split.mode, num_stages_,
-               cfg.split.cut ? std::to_string(cfg.split.cut) : "auto", cfg.split.window);
+               cfg.split.auto_cut() ? "auto" : std::to_string(cfg.split.cut), cfg.split.window);
   return absl::OkStatus();
 }
 
@@ -118,7 +120,7 @@ Status SplitDriver::MeasureLeakage(const ModelSpec& spec, const ParameterSet& mo
                                                    " does not read images",
                                                    spec.text() ? "; for a decoder, split.max_token_recovery" : ""));
   }
-  if (!images && spec.name != "gpt") {
+  if (!images && !ModelTraitsOf(spec.name).gpt2) {
     return absl::InvalidArgumentError(absl::StrCat(key, " measures how many of a decoder's tokens are recovered: model ",
                                                    spec.name, " is not a decoder (model gpt)"));
   }
@@ -204,7 +206,7 @@ CutProblem SplitDriver::ProblemFor(const v1::Profile& profile, int clients_in_ro
   return p;
 }
 
-Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
+Status SplitDriver::ChooseLocked(int64_t round, const FitSettings& fit,
                                 std::vector<std::string>* clients) {
   const FederationConfig& cfg = ctx_.config();
   part_blobs_.clear();
@@ -213,25 +215,7 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
   down_ = 0;
   labels_ = 0;
   closed_.reset();
-  if (mode_ == SplitMode::kPipeline) {
-    RETURN_IF_ERROR(BeginPipelineLocked(round, fit, clients));
-    if (!secagg_) return absl::OkStatus();
-    // The masked vector: the update layout's tensors that some chain's device trains.
-    masked_ = MaskedLayout();
-    for (const Tensor& t : ctx_.UpdateLayoutLocked().tensors()) {
-      ASSIGN_OR_RETURN(const int stage, round_->StageOf(t.name));
-      bool held = stage >= tail_begin_;
-      for (const SplitChain& c : chains_) held = held || stage < c.bounds.back();
-      if (!held) continue;
-      const int64_t size = static_cast<int64_t>(t.values.size());
-      masked_.slots[t.name] = {masked_.length, size};
-      masked_.length += size;
-    }
-    int64_t max_weight = 1;
-    for (const auto& [id, w] : chain_weights_) max_weight = std::max(max_weight, w);
-    secagg_->mu().AssertHeld();  // ctx_.mu()
-    return secagg_->StartLocked(round, *clients, masked_.length, max_weight);
-  }
+  if (mode_ == SplitMode::kPipeline) return BeginPipelineLocked(round, fit, clients);
   std::map<std::string, int> cuts;
   std::vector<std::string> chosen;
   // In sl the clients take turns, one at a time, so the server serves one at a time.
@@ -245,7 +229,7 @@ Status SplitDriver::BeginLocked(int64_t round, const FitSettings& fit,
       continue;
     }
     ClientState& s = profiled->second;
-    auto policy = cfg.split.cut ? MakeFixedPolicy(cfg.split.cut) : MakeCostModelPolicy();
+    auto policy = !cfg.split.auto_cut() ? MakeFixedPolicy(cfg.split.cut) : MakeCostModelPolicy();
     auto choice = policy->Choose(s.feedback.Apply(ProblemFor(s.profile, concurrent)));
     if (!choice.ok()) {
       spdlog::warn("round {}: client {} ({}) left out: {}", round, cid, name,
@@ -284,12 +268,39 @@ SplitRoundOptions SplitDriver::RoundOptionsLocked(const FitSettings& fit) const 
   o.quantized = ctx_.quantized_base();
   o.micro_batches = ctx_.config().split.micro_batches;
   o.hijack = hijack_;
-  if (ctx_.model_spec().name == "interop") {  // the devices' own bases and fusion layers
+  if (const ModelTraits kind = ModelTraitsOf(ctx_.model_spec().name); kind.has_private_tensors()) {
+    // the devices' own bases and fusion layers (interop)
     for (const Tensor& t : ctx_.GlobalLocked().tensors()) {
-      if (InteropPrivate(t.name)) o.private_names.push_back(t.name);
+      if (kind.private_tensor(t.name)) o.private_names.push_back(t.name);
     }
   }
   return o;
+}
+
+Status SplitDriver::BeginLocked(int64_t round, const FitSettings& /*fit*/, const std::vector<std::string>& clients) {
+  if (mode_ != SplitMode::kPipeline) return absl::OkStatus();
+  // Every device of a chain weighs its data owner's examples, capped as a client's are
+  // by the round's weights (sized from the devices the chains hold).
+  for (const SplitChain& c : chains_) {
+    const int64_t weight = ctx_.RoundWeightsLocked().Weight(ctx_.FindSessionLocked(c.devices[0])->num_examples);
+    for (const std::string& id : c.devices) chain_weights_[id] = weight;
+  }
+  if (!secagg_) return absl::OkStatus();
+  // The masked vector: the update layout's tensors that some chain's device trains.
+    masked_ = MaskedLayout();
+    for (const Tensor& t : ctx_.UpdateLayoutLocked().tensors()) {
+      ASSIGN_OR_RETURN(const int stage, round_->StageOf(t.name));
+      bool held = stage >= tail_begin_;
+      for (const SplitChain& c : chains_) held = held || stage < c.bounds.back();
+      if (!held) continue;
+      const int64_t size = static_cast<int64_t>(t.values.size());
+      masked_.slots[t.name] = {masked_.length, size};
+      masked_.length += size;
+    }
+  int64_t max_weight = 1;
+  for (const auto& [id, w] : chain_weights_) max_weight = std::max(max_weight, w);
+  secagg_->mu().AssertHeld();  // ctx_.mu()
+  return secagg_->StartLocked(round, clients, masked_.length, max_weight);
 }
 
 void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {

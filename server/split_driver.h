@@ -42,15 +42,15 @@ std::string SplitTensorCodec(const std::string& spec);
 // has one finite time >= 0 per stage, finite links >= 0 and a memory limit >= 0.
 Status CheckProfileValues(const v1::Profile& p, int num_stages);
 
-class SplitDriver : public RoundDriver {
+class SplitDriver : public RoundDriver, public SplitStreams {
  public:
   explicit SplitDriver(RoundContext& ctx);
   ~SplitDriver() override;
   // The coordinator's mutex, which guards the driver's round state.
-  Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
+  Mutex& mu() const override ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
 
   // Loads the mode, profiles the server's stages of `model`.
-  Status Init(const ModelSpec& spec, const Model& model) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  Status InitLocked(const ModelSpec& spec, const Model& model) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // split.cut: auto, or a pipeline: clients must send a Profile before they take part.
   bool NeedsProfile() const override;
   int num_stages() const { return num_stages_; }
@@ -61,13 +61,17 @@ class SplitDriver : public RoundDriver {
   void ProfileLocked(const std::string& client_id, const v1::Profile& p) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // What crossed the cut this round (the transport counts it, without the lock).
-  void CountUp(int64_t bytes) { up_ += bytes; }
-  void CountDown(int64_t bytes) { down_ += bytes; }
-  void CountLabels(int64_t labels) { labels_ += labels; }
+  void CountUp(int64_t bytes) override { up_ += bytes; }
+  void CountDown(int64_t bytes) override { down_ += bytes; }
+  void CountLabels(int64_t labels) override { labels_ += labels; }
 
   // Chooses each client's cut and starts the round's SplitRound; a client no cut fits
   // is left out.
-  Status BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
+  Status ChooseLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
+      override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // A pipeline: each chain's weight (its data owner's, capped by the round's weights)
+  // and, under secure aggregation, SecAgg+'s round over the masked layout.
+  Status BeginLocked(int64_t round, const FitSettings& fit, const std::vector<std::string>& clients)
       override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   void PrepareTaskLocked(v1::Task* task, TaskRecord* rec) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
@@ -82,6 +86,7 @@ class SplitDriver : public RoundDriver {
   // secure_aggregation with split.mode: pipeline: the driver of its stages (the
   // coordinator hands it the clients' stage messages); else null.
   SecAggDriver* secure_aggregation() override { return secagg_.get(); }
+  SplitStreams* split_streams() override { return this; }
   // The client part the task was given: its upload is a delta from it.
   const ParameterSet* UploadLayoutLocked(const TaskRecord& t) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
@@ -108,10 +113,10 @@ class SplitDriver : public RoundDriver {
   bool ClientsEvaluate() const override { return false; }
 
   // A SplitOpen for a split task of the current round; one stream per task.
-  StatusOr<SplitStreamTask> OpenLocked(const v1::SplitOpen& open)
+  StatusOr<SplitStreamTask> OpenLocked(const v1::SplitOpen& open) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // A split stream of the current round failed (bad message, lost connection).
-  void EndedLocked(const SplitStreamTask& task, const Status& why)
+  void EndedLocked(const SplitStreamTask& task, const Status& why) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
  private:

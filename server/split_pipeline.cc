@@ -40,7 +40,7 @@ StatusOr<SplitChain> SplitDriver::PlanChainLocked(int64_t round, const std::stri
   p.model.client_stage_s = p.model.server_stage_s;
   const double server_s = std::accumulate(p.model.server_stage_s.begin(), p.model.server_stage_s.end(), 0.0);
   p.max_devices = sc.devices;
-  if (sc.cut > 0) {
+  if (!sc.auto_cut()) {
     p.server_begin = sc.cut;
     p.min_devices = sc.devices;
   }
@@ -138,8 +138,6 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
       const std::string& id = chain->devices[i];
       const Session& s = *ctx_.FindSessionLocked(id);
       names.push_back(absl::StrCat(s.name, " [", chain->bounds[i], ", ", chain->bounds[i + 1], ")"));
-      // Every device of a chain weighs its data owner's examples (capped as a client's are).
-      chain_weights_[id] = ctx_.RoundWeightsLocked().Weight(ctx_.FindSessionLocked(chain->devices[0])->num_examples);
       v1::SplitTask& h = hops_[id];
       h.set_begin(chain->bounds[i]);
       h.set_micro_batches(sc.micro_batches);

@@ -28,16 +28,9 @@ Status SyncRounds::CheckRoundLocked(const std::string& what, int64_t round) cons
   return absl::OkStatus();
 }
 
-RoundPlan SyncRounds::PlanLocked(int64_t round, bool evaluate_only) {
-  RoundPlan plan;
-  const std::vector<std::string> available = ctx_.AvailableLocked();
-  if (evaluate_only) {  // every connected client; the strategy's state is left alone
-    plan.clients = available;
-    plan.fit.loss = ctx_.config().train.loss;
-    return plan;
-  }
-  plan = ctx_.strategy().ConfigureRound(round, available, ctx_.RngLocked());
-  if (selector_) {  // the same number of clients, the selector's pick
+ClientSampler SyncRounds::SelectorSampler(int64_t round, const std::vector<std::string>& available) {
+  // The sampler runs within PlanLocked, with the lock held.
+  return [this, round, &available](int k) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     std::multimap<std::string, std::string> ids;  // name -> session id
     std::vector<std::string> names;
     for (const auto& cid : available) {
@@ -47,13 +40,28 @@ RoundPlan SyncRounds::PlanLocked(int64_t round, bool evaluate_only) {
     }
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
-    const int k = static_cast<int>(plan.clients.size());
-    plan.clients.clear();
+    std::vector<std::string> chosen;
     for (const auto& name : selector_->Select(names, k, round, ctx_.RngLocked())) {
-      plan.clients.push_back(ids.find(name)->second);
+      chosen.push_back(ids.find(name)->second);
     }
-    std::sort(plan.clients.begin(), plan.clients.end());
+    std::sort(chosen.begin(), chosen.end());
+    return chosen;
+  };
+}
+
+RoundPlan SyncRounds::PlanLocked(int64_t round, bool evaluate_only) {
+  RoundPlan plan;
+  const std::vector<std::string> available = ctx_.AvailableLocked();
+  if (evaluate_only) {  // every connected client; the strategy's state is left alone
+    plan.clients = available;
+    plan.fit.loss = ctx_.config().train.loss;
+    return plan;
   }
+  // One sampling step: the strategy asks for its clients, and the selector (when
+  // clients.selection names one) or the uniform draw picks them.
+  plan = ctx_.strategy().ConfigureRound(round, available,
+                                        selector_ ? SelectorSampler(round, available)
+                                                  : UniformSampler(available, ctx_.RngLocked()));
   if (const auto& edge = ctx_.EdgeFitLocked()) {  // an edge trains as its upstream says
     plan.fit = *edge;
     plan.client_fit.clear();
@@ -72,8 +80,10 @@ StatusOr<RoundMetrics> SyncRounds::RunLocked(bool evaluate_only) {
   if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
   // The driver's own kind of round (cuts, secure aggregation); not for an evaluation.
   RoundDriver& driver = evaluate_only ? plain_ : driver_;
+  // Who the driver cannot serve is left out before the round is sized from its clients.
+  RETURN_IF_ERROR(driver.ChooseLocked(round, plan.fit, &plan.clients));
   ctx_.BeginRoundLocked(round, plan.clients, driver, evaluate_only);
-  if (Status s = driver.BeginLocked(round, plan.fit, &plan.clients); !s.ok()) {
+  if (Status s = driver.BeginLocked(round, plan.fit, plan.clients); !s.ok()) {
     ctx_.EndRoundLocked();
     return s;
   }

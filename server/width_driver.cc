@@ -13,6 +13,7 @@
 #include "cleave/v1/cleave.pb.h"
 #include "compression/codec.h"
 #include "models/hf_config.h"
+#include "models/kinds.h"
 #include "models/model.h"
 #include "proto/edge_weights.h"
 #include "server/options.h"
@@ -38,7 +39,7 @@ StatusOr<std::vector<Kept>> SubmodelKeptOf(const ModelSpec& spec, const Paramete
                                            int64_t roll) {
   if (!spec.text()) return SubmodelKept(whole, sub, roll);
   int64_t head_dim = spec.gpt.dim / std::max(1, spec.gpt.heads), group = 1;
-  if (spec.name == "hf") {
+  if (ModelTraitsOf(spec.name).hf_folder) {
     ASSIGN_OR_RETURN(const DecoderConfig c, ParseHfConfig(spec.hf_config, "config.json"));
     head_dim = c.head_dim;
     group = c.heads / std::max(1, c.kv_heads);
@@ -203,9 +204,9 @@ Status WidthDriver::OpenLocked(int64_t round) {
   return absl::OkStatus();
 }
 
-Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients) {
+Status WidthDriver::BeginLocked(int64_t round, const FitSettings& fit, const std::vector<std::string>& clients) {
   RETURN_IF_ERROR(OpenLocked(round));
-  for (const std::string& id : *clients) {
+  for (const std::string& id : clients) {
     const double rate = RateOfLocked(*ctx_.FindSessionLocked(id));
     RETURN_IF_ERROR(SubmodelLocked(rate).status());
     rates_[id] = rate;

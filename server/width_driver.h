@@ -76,7 +76,7 @@ class WidthDriver : public RoundDriver {
 
   // The rate of each of the round's clients, their submodels, and the round's sum; an
   // error (a rate the model has no submodel for) fails the round.
-  Status BeginLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients)
+  Status BeginLocked(int64_t round, const FitSettings& fit, const std::vector<std::string>& clients)
       override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The task's rate and submodel (a blob per rate this round).
   void PrepareTaskLocked(v1::Task* task, TaskRecord* rec) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());

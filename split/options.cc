@@ -8,7 +8,7 @@ namespace cleave {
 
 void ReadSplit(ConfigSection& s, SplitConfig& c) {
   s.Read("mode", c.mode);
-  std::string cut = c.cut == 0 ? "auto" : absl::StrCat(c.cut);
+  std::string cut = c.auto_cut() ? "auto" : absl::StrCat(c.cut);
   s.Read("cut", cut);
   if (cut == "auto") {
     c.cut = 0;
@@ -47,13 +47,14 @@ Status CheckSplit(SplitConfig& c) {
   }
   for (const auto& [key, floor] : {std::pair<const char*, double>{"split.max_reconstruction_ssim", c.max_reconstruction_ssim},
                                    {"split.max_token_recovery", c.max_token_recovery}}) {
-    if (floor > 0 && (c.cut != 0 || c.mode == "pipeline")) {
+    if (floor > 0 && (!c.auto_cut() || c.Is(SplitMode::kPipeline))) {
       return absl::InvalidArgumentError(absl::StrCat(
           key, " is a floor for the automatic cut: it needs split.cut: auto, and not a pipeline"));
     }
   }
   RETURN_IF_ERROR(Range(c.hijack.empty() || c.hijack == "fsha", "split.hijack", "\"\" or fsha"));
-  if (!c.hijack.empty() && (c.cut == 0 || (c.mode != "sl" && c.mode != "sfl-v1" && c.mode != "sfl-v2"))) {
+  if (!c.hijack.empty() &&
+      (c.auto_cut() || !(c.Is(SplitMode::kSl) || c.Is(SplitMode::kSflV1) || c.Is(SplitMode::kSflV2)))) {
     return absl::InvalidArgumentError(
         "split.hijack hijacks the client part at a fixed split.cut, in split.mode sl, sfl-v1 or sfl-v2");
   }
@@ -61,17 +62,17 @@ Status CheckSplit(SplitConfig& c) {
   RETURN_IF_ERROR(SplitModeNames().Check(c.mode));
   RETURN_IF_ERROR(Range(c.tail >= 1, "split.tail", ">= 1"));
   RETURN_IF_ERROR(Range(c.micro_batch_tokens >= 0, "split.micro_batch_tokens", ">= 0"));
-  if (c.micro_batch_tokens > 0 && c.mode != "pipeline") {
+  if (c.micro_batch_tokens > 0 && !c.Is(SplitMode::kPipeline)) {
     return absl::InvalidArgumentError("split.micro_batch_tokens applies to split.mode: pipeline");
   }
-  if (c.ushaped && c.mode != "pipeline") {
+  if (c.ushaped && !c.Is(SplitMode::kPipeline)) {
     return absl::InvalidArgumentError("split.ushaped applies to split.mode: pipeline (mode ushaped is U-shaped already)");
   }
-  if (c.mode == "pipeline") {
+  if (c.Is(SplitMode::kPipeline)) {
     RETURN_IF_ERROR(Range(c.devices >= 1 && c.devices <= 16, "split.devices", "in [1, 16]"));
     RETURN_IF_ERROR(Range(c.micro_batches >= 1 && c.micro_batches <= 64, "split.micro_batches", "in [1, 64]"));
     RETURN_IF_ERROR(Range(c.schedule == "gpipe" || c.schedule == "1f1b", "split.schedule", "gpipe or 1f1b"));
-    RETURN_IF_ERROR(Range(c.plan == "auto" || (c.plan == "even" && c.cut > 0), "split.plan",
+    RETURN_IF_ERROR(Range(c.plan == "auto" || (c.plan == "even" && !c.auto_cut()), "split.plan",
                           "auto, or even with a fixed split.cut"));
   }
   return Range(c.window >= 1 && c.window <= 64, "split.window", "in [1, 64]");

@@ -5,13 +5,15 @@
 #include <string>
 
 #include "core/config_section.h"
+#include "split/names.h"
 
 namespace cleave {
 
 struct SplitConfig {
   std::string mode;              // split.mode: "" (federated, the default) | sl | sfl-v1 |
                                  //   sfl-v2 | ushaped (SplitModeNames(), split/names.h)
-  int cut = 0;                   // split.cut: "auto" (0) or the first server stage
+  static constexpr int kAutoCut = 0;
+  int cut = kAutoCut;            // split.cut: "auto" (kAutoCut) or the first server stage
   int tail = 1;                  // split.tail: ushaped (and pipeline with split.ushaped):
                                  //   last stages kept by the client
   int window = 1;                // split.window: micro-batches in flight per client
@@ -45,8 +47,11 @@ struct SplitConfig {
   std::string hijack;
 
   bool enabled() const { return !mode.empty(); }
+  // Whether split.mode is `m` (never without split learning).
+  bool Is(SplitMode m) const { return mode == SplitModeName(m); }
+  bool auto_cut() const { return cut == kAutoCut; }
   // The client keeps the head: mode ushaped, or a U-shaped pipeline.
-  bool keeps_head() const { return mode == "ushaped" || (mode == "pipeline" && ushaped); }
+  bool keeps_head() const { return Is(SplitMode::kUShaped) || (Is(SplitMode::kPipeline) && ushaped); }
 };
 
 void ReadSplit(ConfigSection& s, SplitConfig& c);

@@ -10,26 +10,6 @@
 
 namespace cleave {
 
-StatusOr<SplitMode> ParseSplitMode(const std::string& name) {
-  if (name == "sl") return SplitMode::kSl;
-  if (name == "sfl-v1") return SplitMode::kSflV1;
-  if (name == "sfl-v2") return SplitMode::kSflV2;
-  if (name == "ushaped") return SplitMode::kUShaped;
-  if (name == "pipeline") return SplitMode::kPipeline;
-  return SplitModeNames().Check(name);  // not one of them: the error naming them
-}
-
-const char* SplitModeName(SplitMode mode) {
-  switch (mode) {
-    case SplitMode::kSl: return "sl";
-    case SplitMode::kSflV1: return "sfl-v1";
-    case SplitMode::kSflV2: return "sfl-v2";
-    case SplitMode::kUShaped: return "ushaped";
-    case SplitMode::kPipeline: return "pipeline";
-  }
-  return "?";
-}
-
 namespace {
 
 // Pending micro-batches of every client share the middle part: key them by client too.

@@ -39,15 +39,11 @@
 #include "core/parameter_set.h"
 #include "core/status.h"
 #include "models/part.h"
+#include "split/names.h"
 
 namespace cleave {
 
 class FeatureSpaceHijack;  // models/inversion.h
-
-enum class SplitMode { kSl, kSflV1, kSflV2, kUShaped, kPipeline };
-
-StatusOr<SplitMode> ParseSplitMode(const std::string& name);
-const char* SplitModeName(SplitMode mode);
 
 struct SplitRoundOptions {
   SplitMode mode = SplitMode::kSflV2;

@@ -20,6 +20,7 @@
 #include "data/dataset.h"
 #include "job/job.h"
 #include "models/inversion.h"
+#include "models/kinds.h"
 #include "models/model.h"
 #include "split/attacks.h"
 #include "split/record.h"
@@ -175,7 +176,7 @@ int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   if (!run.ok()) return fail(std::string(run.status().message()));
   const JobConfig& job = run->job;
   ClientPartView& view = run->view;
-  if (view.spec.name != "gpt") {
+  if (!ModelTraitsOf(view.spec.name).gpt2) {
     return fail(absl::StrCat("token recovery is for a decoder (model gpt); model ", view.spec.name,
                              view.spec.text() ? "" : " reads no tokens (cleave attack images)"));
   }

@@ -16,6 +16,7 @@
 #include "data/tokenizer.h"
 #include "job/job.h"
 #include "models/hf_folder.h"
+#include "models/kinds.h"
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "server/checkpoint.h"
@@ -65,16 +66,17 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
     ASSIGN_OR_RETURN(out.config, LoadJob(config));
   }
   const ModelConfig& m = out.config.model;
-  if (m.name == "interop") {
+  const ModelTraits kind = ModelTraitsOf(m.name);
+  if (kind.has_private_tensors()) {
     return absl::FailedPreconditionError(
         "an interop run checkpoints its shared block only: each device keeps its own base, so no whole model "
         "exists here to load (the devices measure it: local.holdout, client_eval in metrics.jsonl)");
   }
   ModelSpec spec = ModelSpecOf(out.config.model, out.config.run.seed);
-  if (m.name == "torchscript") {
+  if (kind.scripted) {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(m.path));
   }
-  if (m.name == "hf") {
+  if (kind.hf_folder) {
     ASSIGN_OR_RETURN(std::string hf_config, ReadHfConfig(m.path));
     RETURN_IF_ERROR(SetHfModel(spec, std::move(hf_config), m.path + "/config.json"));
     RETURN_IF_ERROR(CheckHfBeforeBuilding(m.path, spec.hf_config, m.weights.empty()));
@@ -82,7 +84,7 @@ StatusOr<Loaded> LoadModel(const ModelSource& src) {
   ASSIGN_OR_RETURN(out.model, Model::Create(spec));
   // The model the run started from (its frozen base, for LoRA), then the trained tensors.
   ParameterSet weights = out.model->Parameters();
-  if (m.name == "hf" && m.weights.empty()) {
+  if (kind.hf_folder && m.weights.empty()) {
     ASSIGN_OR_RETURN(weights, LoadHfWeights(m.path, weights, spec.gpt.layers));
   } else if (!m.weights.empty()) {
     ASSIGN_OR_RETURN(weights, LoadWeights(m.weights, m.name, weights));
@@ -167,7 +169,7 @@ int RunGenerate(const GenerateOptions& o) {
   if (!tokenizer.ok()) return Fail("generate", tokenizer.status(), 2);
   // A Hugging Face model's embedding may have rows the tokenizer never uses (Qwen pads it).
   const int64_t vocab = loaded->spec.gpt.vocab, words = (*tokenizer)->vocab_size();
-  if (loaded->spec.name == "hf" ? words > vocab : words != vocab) {
+  if (ModelTraitsOf(loaded->spec.name).hf_folder ? words > vocab : words != vocab) {
     return Fail("generate",
                 absl::InvalidArgumentError(absl::StrCat("the tokenizer ", spec, " has a vocabulary of ",
                                                         words, " but the model's is ", vocab)),
@@ -312,8 +314,8 @@ int RunExport(const ExportOptions& o) {
   }
   const LoraConfig& lora = loaded->config.model.lora;
   if (lora.enabled()) params = MergeLora(params, lora.alpha / lora.rank);  // a plain GPT-2
-  if (loaded->spec.name == "hf") return ExportHfFolder(*loaded, params, o.out);
-  const bool gpt = loaded->config.model.name == "gpt";
+  if (ModelTraitsOf(loaded->spec.name).hf_folder) return ExportHfFolder(*loaded, params, o.out);
+  const bool gpt = ModelTraitsOf(loaded->config.model.name).gpt2;
   if (gpt) params = ToGpt2Layout(params);
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"}, {"producer", "cleave"}, {"model", loaded->config.model.name}};

@@ -21,6 +21,7 @@
 #include "core/device_trace.h"
 #include "core/files.h"
 #include "job/job.h"
+#include "models/kinds.h"
 #include "privacy/certs.h"
 #include "tools/report.h"
 #include "tools/round_lines.h"
@@ -292,7 +293,7 @@ std::vector<std::string> ClientArgv(const LocalRun& r, int i, const std::string&
   // sent (its first batch, for an update), the truth the recorded attacks are scored
   // against (cleave attack).
   const int keep = c.split.record > 0 ? c.split.record : c.server.record_updates > 0 ? 1 : 0;
-  if (!c.model.personal.empty() || c.model.name == "interop" || keep > 0) {
+  if (!c.model.personal.empty() || ModelTraitsOf(c.model.name).has_private_tensors() || keep > 0) {
     argv.insert(argv.end(), {"--state-dir", r.run_dir + "/clients/" + name});
   }
   if (keep > 0) argv.insert(argv.end(), {"--keep-sent", absl::StrCat(keep)});

@@ -46,9 +46,11 @@ class PythonStrategy : public Strategy {
 
   // Each decision through Python, guarded: what the strategy's code throws (pybind11's
   // type errors on what it returned among them) ends the run or is refused, saying so.
-  RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available, std::mt19937_64& rng) override {
+  using Strategy::ConfigureRound;
+  RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
+                           const ClientSampler& sample) override {
     try {
-      return ConfigureRoundPy(round, available, rng);
+      return ConfigureRoundPy(round, available, sample);
     } catch (const std::exception& e) {
       py::gil_scoped_acquire gil;  // a Python error among them is read with it held
       RoundPlan plan;
@@ -70,9 +72,9 @@ class PythonStrategy : public Strategy {
     }
   }
 
-  RoundPlan ConfigureRoundPy(int64_t round, const std::vector<std::string>& available, std::mt19937_64& rng) {
+  RoundPlan ConfigureRoundPy(int64_t round, const std::vector<std::string>& available, const ClientSampler& sample) {
     round_ = round;
-    RoundPlan plan = fallback_->ConfigureRound(round, available, rng);
+    RoundPlan plan = fallback_->ConfigureRound(round, available, sample);
     py::gil_scoped_acquire gil;
     if (!Defines("configure_fit")) return plan;
     try {

@@ -27,7 +27,7 @@ class HalfAvg : public Strategy {
   explicit HalfAvg(const StrategyJob& c) : fit_(FitOf(c.train)) {}
   std::string name() const override { return "halfavg"; }
   RoundPlan ConfigureRound(int64_t, const std::vector<std::string>& available,
-                           std::mt19937_64&) override {
+                           const ClientSampler&) override {
     RoundPlan plan;
     plan.fit = fit_;
     plan.clients = available;  // everyone, every round

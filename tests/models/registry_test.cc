@@ -7,10 +7,12 @@
 #include <cmath>
 
 #include "models/builtin_models.h"
+#include "models/kinds.h"
 #include "models/losses.h"
 #include "models/model.h"
 #include "models/names.h"
 #include "models/optimizers.h"
+#include "models/options.h"
 
 namespace cleave {
 namespace {
@@ -36,8 +38,15 @@ at::Tensor HalfCrossEntropy(const LossBatch& b) {
   return 0.5 * torch::nn::functional::cross_entropy(b.out, b.labels, o);
 }
 
+// "tinyown": tiny whose linear layer (stage 1) each device keeps for itself.
+bool TinyOwn(const std::string& tensor) { return tensor.rfind("1.", 0) == 0; }
+
 const bool kRegistered = [] {
-  bool ok = Models().Add("tiny", {ModelInput::kAny, BuildTiny}).ok();
+  bool ok = AddModel("tiny", {BuildTiny}, ModelTraits{}).ok();
+  ModelTraits own;
+  own.scales = true;
+  own.private_tensor = TinyOwn;
+  ok &= AddModel("tinyown", {BuildTiny}, own).ok();
   ok &= Optimizers().Add("halfsgd", {false, HalfSgd}).ok();
   ok &= Losses().Add("halfce", {LossTask::kClasses, HalfCrossEntropy}).ok();
   return ok;
@@ -107,7 +116,64 @@ TEST(ModelRegistryTest, ARegisteredModelIsBuiltByName) {
   EXPECT_NE(unknown.status().message().find("model.name: unknown 'tinyx'"), std::string::npos)
       << unknown.status();
   EXPECT_NE(unknown.status().message().find("tiny,"), std::string::npos) << unknown.status();
-  EXPECT_EQ(Models().Add("tiny", {}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(AddModel("tiny", {}, {}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(AddModel("torchscript", {BuildTiny}, {}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_FALSE(Models().Has("torchscript"));
+}
+
+// What the rest of the code asks of a kind comes from its registration line: the checks
+// of the model section treat tinyown like the kind whose traits it shares (interop's own
+// tensors, a width-scaled mlp's submodels), under its own name.
+TEST(ModelRegistryTest, ARegisteredModelsTraitsAreWhatItsRegistrationSays) {
+  ASSERT_TRUE(kRegistered);
+  const KnownTraits own = ModelTraitsOf("tinyown");
+  EXPECT_TRUE(own.known);
+  EXPECT_TRUE(own.scales);
+  EXPECT_FALSE(own.tokens() || own.hf_folder || own.scripted || own.gpt2 || own.batch_norm);
+  ASSERT_TRUE(own.has_private_tensors());
+  EXPECT_TRUE(own.private_tensor("1.weight"));
+  EXPECT_FALSE(own.private_tensor("0.weight"));
+  EXPECT_FALSE(ModelTraitsOf("tiny").scales);
+  EXPECT_FALSE(ModelTraitsOf("tiny").has_private_tensors());
+
+  ModelConfig c;
+  c.name = "tinyown";
+  c.input = {4};
+  c.classes = 3;
+  EXPECT_TRUE(CheckModel(c).ok()) << CheckModel(c);
+  c.personal = {"0.*"};  // a device's own tensors and personal layers do not combine
+  const Status s = CheckModel(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("without model.personal"), std::string::npos) << s;
+  c.personal.clear();
+  c.quantize = "int8";  // a quantized base is a Hugging Face folder's
+  EXPECT_NE(CheckModel(c).message().find("model.quantize"), std::string::npos) << CheckModel(c);
+  c.quantize = "none";
+  c.lora.rank = 4;  // adapters are a language model's
+  EXPECT_NE(CheckModel(c).message().find("model.lora"), std::string::npos) << CheckModel(c);
+
+  // The built-in kinds, and those that are no registered architecture.
+  EXPECT_TRUE(ModelTraitsOf("hf").hf_folder && ModelTraitsOf("hf").tokens());
+  EXPECT_TRUE(ModelTraitsOf("gpt").gpt2 && !ModelTraitsOf("gpt").hf_folder);
+  EXPECT_TRUE(ModelTraitsOf("resnet").batch_norm && !ModelTraitsOf("cnn").batch_norm);
+  EXPECT_TRUE(ModelTraitsOf("interop").has_private_tensors());
+  EXPECT_FALSE(ModelTraitsOf("vgg").scales);
+  EXPECT_TRUE(ModelTraitsOf("torchscript").known && ModelTraitsOf("torchscript").scripted);
+  EXPECT_FALSE(ModelTraitsOf("tinyx").known);
+  EXPECT_TRUE(ScriptedLoss("torchscript"));
+  EXPECT_FALSE(ScriptedLoss("halfce") || ScriptedLoss("cross_entropy") || ScriptedLoss("nosuchloss"));
+}
+
+// The built-in kinds' builders (models/builtin_models.cc) and traits (models/kinds.cc,
+// LibTorch-free) are two lists: each kind is in both, torchscript (no builder of ours)
+// in the traits only.
+TEST(ModelRegistryTest, EveryKindHasABuilderAndTraits) {
+  for (const std::string& name : Models().Names()) {
+    EXPECT_TRUE(ModelKinds().Has(name)) << name << " has no traits";
+  }
+  for (const std::string& name : ModelKinds().Names()) {
+    EXPECT_EQ(Models().Has(name), name != "torchscript") << name;
+  }
 }
 
 TEST(ModelRegistryTest, ARegisteredOptimizerStepsTraining) {

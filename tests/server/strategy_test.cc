@@ -28,8 +28,8 @@ class Recording : public Strategy {
 
   std::string name() const override { return "recording"; }
   RoundPlan ConfigureRound(int64_t round, const std::vector<std::string>& available,
-                           std::mt19937_64& rng) override {
-    RoundPlan plan = inner_->ConfigureRound(round, available, rng);
+                           const ClientSampler& sample) override {
+    RoundPlan plan = inner_->ConfigureRound(round, available, sample);
     FitSettings own = plan.fit;
     own.lr = 0.25;
     own.local_steps = 3;
