@@ -42,7 +42,7 @@ namespace cleave {
 
 // Draws a round's clients: k of the available ones (session ids), sorted. Uniformly with
 // the server's seeded RNG (UniformSampler), or by clients.selection's selector
-// (server/selection.h): a strategy asks it for its clients, so a round is sampled once.
+// (server/rounds/selection.h): a strategy asks it for its clients, so a round is sampled once.
 using ClientSampler = std::function<std::vector<std::string>(int k)>;
 
 // k of `available`, uniformly: the first k of a partial Fisher-Yates shuffle with `rng`,

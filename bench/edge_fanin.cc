@@ -24,7 +24,7 @@
 #include "data/dataset.h"
 #include "job/job.h"
 #include "models/model.h"
-#include "server/edge.h"
+#include "edge/edge.h"
 #include "server/server.h"
 
 namespace cleave {

@@ -103,7 +103,7 @@ struct ClientOptions {
   // client sends instead of its honest update. Empty = honest. See AttackNames() (client/attacks.h).
   std::string attack;
 
-  // Edge aggregation (cleave-server --upstream, server/edge.h): a task's work is done by
+  // Edge aggregation (cleave-server --upstream, edge/edge.h): a task's work is done by
   // `aggregate` instead of local training. It gets the task and its model and returns
   // the update (a delta from that model), its weight and its loss. Whole-model federated
   // tasks only: split, secure-aggregation, DP-share, evaluation and personal- or

@@ -15,7 +15,7 @@ void TokenBucket::Consume(int64_t bytes) {
   if (rate_ <= 0 || bytes <= 0) return;
   SteadyClock::time_point wake;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     const auto now = SteadyClock::now();
     tokens_ = std::min(burst_, tokens_ + rate_ * std::chrono::duration<double>(now - last_).count());
     last_ = now;

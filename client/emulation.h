@@ -6,7 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
+
+#include "core/mutex.h"
 
 namespace cleave {
 
@@ -24,9 +25,9 @@ class TokenBucket {
   std::atomic<int64_t> passed_{0};
   const double rate_;
   const double burst_;
-  std::mutex mu_;
-  double tokens_;
-  std::chrono::steady_clock::time_point last_;
+  Mutex mu_;
+  double tokens_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_ ABSL_GUARDED_BY(mu_);
 };
 
 struct DeviceEmulator {

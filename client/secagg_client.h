@@ -1,4 +1,4 @@
-// The client's side of SecAgg+ (Task.secagg set); server/secagg_round.h has the
+// The client's side of SecAgg+ (Task.secagg set); server/modes/secagg_round.h has the
 // stages. Before training the client advertises fresh keys and sends sealed shares of
 // its secrets to the neighbours the server names; after training it uploads its update
 // clipped, scaled by its weight, quantized and masked, and answers the unmasking

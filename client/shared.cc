@@ -12,88 +12,89 @@ TaskSlots::TaskSlots(int n) {
 
 TaskSlots::~TaskSlots() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   for (auto& w : workers_) w.join();
 }
 
 void TaskSlots::Loop() {
   UseTorchThreads();
-  std::unique_lock<std::mutex> l(mu_);
+  mu_.Lock();
   for (;;) {
-    work_cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;
+    while (!stopping_ && queue_.empty()) work_cv_.Wait(&mu_);
+    if (queue_.empty()) break;
     Job* job = queue_.front();
     queue_.pop_front();
-    l.unlock();
+    mu_.Unlock();
     (*job->task)();
-    l.lock();
+    mu_.Lock();
     job->done = true;
-    done_cv_.notify_all();
+    done_cv_.SignalAll();
   }
+  mu_.Unlock();
 }
 
 bool TaskSlots::Run(const std::function<void()>& task, const std::atomic<bool>& stop) {
   Job job{&task};
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (stop) return false;
   queue_.push_back(&job);
-  work_cv_.notify_one();
-  done_cv_.wait(l, [&] { return job.done || stop; });
+  work_cv_.Signal();
+  while (!job.done && !stop) done_cv_.Wait(&mu_);
   if (job.done) return true;
   auto it = std::find(queue_.begin(), queue_.end(), &job);
   if (it != queue_.end()) {  // stopped while queued: it never runs
     queue_.erase(it);
     return false;
   }
-  done_cv_.wait(l, [&] { return job.done; });  // already running: it ends on its own
+  while (!job.done) done_cv_.Wait(&mu_);  // already running: it ends on its own
   return true;
 }
 
 void TaskSlots::WakeAll() {
-  { std::lock_guard<std::mutex> l(mu_); }  // a waiter between its check and its wait sees it
-  done_cv_.notify_all();
+  { MutexLock l(&mu_); }  // a waiter between its check and its wait sees it
+  done_cv_.SignalAll();
 }
 
 Heartbeats::Heartbeats() : thread_([this] { Loop(); }) {}
 
 Heartbeats::~Heartbeats() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 int64_t Heartbeats::Add(std::chrono::milliseconds period, std::function<bool()> beat) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   const int64_t id = next_id_++;
   const Time now = std::chrono::steady_clock::now();
   entries_[id] = Entry{period, std::move(beat), now};
   due_.emplace(now, id);
-  cv_.notify_all();
+  cv_.SignalAll();
   return id;
 }
 
 void Heartbeats::Remove(int64_t id) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [&] { return running_ != id; });
+  MutexLock l(&mu_);
+  while (running_ == id) cv_.Wait(&mu_);
   entries_.erase(id);
 }
 
 void Heartbeats::Loop() {
-  std::unique_lock<std::mutex> l(mu_);
+  mu_.Lock();
   while (!stopping_) {
     if (due_.empty()) {
-      cv_.wait(l);
+      cv_.Wait(&mu_);
       continue;
     }
     const auto [when, id] = *due_.begin();
     if (std::chrono::steady_clock::now() < when) {
-      cv_.wait_until(l, when);
+      cv_.WaitUntil(&mu_, when);
       continue;
     }
     due_.erase(due_.begin());
@@ -103,11 +104,11 @@ void Heartbeats::Loop() {
     // Remove waits while `id` runs, and map entries stay put when others are added: the
     // beat is called in place, without a copy per beat.
     const std::function<bool()>& beat = it->second.beat;
-    l.unlock();
+    mu_.Unlock();
     const bool again = beat();
-    l.lock();
+    mu_.Lock();
     running_ = 0;
-    cv_.notify_all();
+    cv_.SignalAll();
     it = entries_.find(id);
     if (it == entries_.end()) continue;
     if (!again) {
@@ -117,6 +118,7 @@ void Heartbeats::Loop() {
     it->second.next = when + it->second.period;
     due_.emplace(it->second.next, id);
   }
+  mu_.Unlock();
 }
 
 }  // namespace cleave

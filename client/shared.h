@@ -5,14 +5,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/mutex.h"
 
 namespace cleave {
 
@@ -32,14 +32,14 @@ class TaskSlots {
  private:
   struct Job {
     const std::function<void()>* task;
-    bool done = false;
+    bool done = false;  // under mu_
   };
   void Loop();
 
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<Job*> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar work_cv_, done_cv_;
+  std::deque<Job*> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 
@@ -65,13 +65,14 @@ class Heartbeats {
   };
   void Loop();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int64_t, Entry> entries_;
-  std::multimap<Time, int64_t> due_;  // may hold stale pairs: checked against entries_
-  int64_t next_id_ = 1;
-  int64_t running_ = 0;  // the id whose beat runs now (outside mu_), 0 = none
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::map<int64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  // may hold stale pairs: checked against entries_
+  std::multimap<Time, int64_t> due_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;  // the id whose beat runs now (outside mu_), 0 = none
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

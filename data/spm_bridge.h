@@ -1,5 +1,5 @@
 // Internal to data/: SentencePiece through the cleave-spm helper process
-// (tools/spm_main.cc). Debian's libsentencepiece exports its own copy of protobuf-lite,
+// (cmd/cleave_spm.cc). Debian's libsentencepiece exports its own copy of protobuf-lite,
 // which collides with libprotobuf (gRPC, LibTorch) in one process, so nothing of ours
 // links it. The helper is found as $CLEAVE_SPM, else beside the running executable,
 // else on PATH.

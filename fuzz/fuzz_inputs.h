@@ -9,7 +9,7 @@
 
 #include "core/parameter_set.h"
 #include "privacy/options.h"
-#include "server/secagg_round.h"
+#include "server/modes/secagg_round.h"
 
 namespace cleave::fuzz {
 

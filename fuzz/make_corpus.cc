@@ -15,7 +15,7 @@
 #include "fuzz/fuzz_inputs.h"
 #include "models/safetensors.h"
 #include "server/checkpoint.h"
-#include "server/secagg_round.h"
+#include "server/modes/secagg_round.h"
 
 namespace fs = std::filesystem;
 using namespace cleave;

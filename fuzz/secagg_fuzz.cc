@@ -1,4 +1,4 @@
-// Fuzzes the server's side of secure aggregation (server/secagg_round.h): a round of
+// Fuzzes the server's side of secure aggregation (server/modes/secagg_round.h): a round of
 // four clients fed a sequence of stage messages (keys, shares, masked inputs, reveals),
 // drops and stage closings, as fuzz_inputs.h frames them. Whatever arrives, the round
 // refuses or advances; it never crashes, and Finish is only reached through its checks.
@@ -9,7 +9,7 @@
 
 #include "fuzz/fuzz_inputs.h"
 #include "privacy/options.h"
-#include "server/secagg_round.h"
+#include "server/modes/secagg_round.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace cleave;

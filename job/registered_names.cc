@@ -1,7 +1,7 @@
 #include "job/job.h"
 #include "models/names.h"
-#include "server/round_registry.h"
-#include "server/selection.h"
+#include "server/rounds/round_registry.h"
+#include "server/rounds/selection.h"
 
 namespace cleave {
 

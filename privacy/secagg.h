@@ -2,7 +2,7 @@
 // graph, quantization of clipped updates into Z_M, masking with pairwise and self masks,
 // Shamir shares of each client's mask secrets for its neighbours, and the server's
 // unmasking when some clients drop out, and the sealing of the shares the server relays.
-// The wire protocol (server/secagg_round.h, the client) moves these values;
+// The wire protocol (server/modes/secagg_round.h, the client) moves these values;
 // tests/privacy/secagg_test.cc checks that masks cancel exactly.
 #pragma once
 

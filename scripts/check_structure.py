@@ -23,10 +23,12 @@ import sys
 MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 80
 SOURCE_DIRS = ["core", "proto", "data", "compression", "models", "aggregation", "split", "privacy", "server",
-               "client", "job", "tools", "python/src"]
-# What each folder may include, besides itself and third-party headers: layers point down
-# (core <- data, compression, models, aggregation, split, privacy <- server, client <- job
-# <- the programs). "cleave" is the generated protocol (proto/).
+               "client", "edge", "job", "tools", "cmd", "python/src"]
+# The layering, declared here once (docs/architecture.md draws it): what each folder may
+# include besides itself and third-party headers. Layers point down: core <- data,
+# compression, privacy <- models, aggregation, split <- server, client <- edge (a server
+# and a client), job <- tools <- cmd (the programs' mains). "cleave" is the generated
+# protocol (proto/).
 LAYERS = {
     "core": set(),
     "proto": {"core", "cleave"},
@@ -38,9 +40,13 @@ LAYERS = {
     "split": {"core", "compression", "data", "models", "privacy"},
     "server": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy"},
     "client": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy"},
+    "edge": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy", "server",
+             "client"},
     "job": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy", "server",
             "client"},
-    "tools": None,  # the programs: anything
+    "tools": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy", "server",
+              "client", "job"},
+    "cmd": None,  # the programs' mains: anything
     "python": None,
 }
 OURS = set(LAYERS) | {"cleave", "tests", "bench", "fuzz"}

@@ -12,7 +12,7 @@
 
 #include "core/parameter_set.h"
 #include "core/status.h"
-#include "server/selection.h"
+#include "server/rounds/selection.h"
 
 namespace cleave {
 

@@ -1,5 +1,5 @@
 // The transport-free coordinator: sessions keyed by client id, the round loop, the
-// strategy, secure aggregation and split learning. The transport (server/rpc.h) turns
+// strategy, secure aggregation and split learning. The transport (server/transport/rpc.h) turns
 // calls into these methods and implements ClientLink and UploadCall for them; the core
 // holds no gRPC types, so rounds run the same behind any transport.
 #pragma once
@@ -32,23 +32,23 @@
 #include "models/model.h"
 #include "server/blob_store.h"
 #include "server/checkpoint.h"
-#include "server/observe.h"
-#include "server/round_context.h"
-#include "server/round_driver.h"
-#include "server/round_state.h"
-#include "server/selection.h"
+#include "server/observe/observe.h"
+#include "server/rounds/round_context.h"
+#include "server/rounds/round_driver.h"
+#include "server/rounds/round_state.h"
+#include "server/rounds/selection.h"
 #include "server/server.h"
 #include "server/session_table.h"
 #include "server/traffic_meter.h"
-#include "server/transport.h"
-#include "server/upload_slots.h"
+#include "server/transport/transport.h"
+#include "server/transport/upload_slots.h"
 
 namespace cleave {
 
-class RoundScheduler;  // server/scheduler.h
+class RoundScheduler;  // server/rounds/scheduler.h
 class SyncRounds;
-class SecAggDriver;  // server/secagg_driver.h
-class SplitDriver;   // server/split_driver.h
+class SecAggDriver;  // server/modes/secagg_driver.h
+class SplitDriver;   // server/modes/split_driver.h
 
 // The coordinator owns the run's state and its parts: the schedulers and round drivers
 // (built by Init for the job's mode), which reach that state only through RoundContext,
@@ -134,7 +134,7 @@ class Coordinator : private RoundContext {
   int64_t probe_size() const { return kProbeBytes; }
   ThreadPool& pool() { return pool_; }
   const Clock& clock() const override { return *clock_; }
-  // Upload admission (server/upload_slots.h), used by the transport's upload calls.
+  // Upload admission (server/transport/upload_slots.h), used by the transport's upload calls.
   UploadSlots& uploads() { return uploads_; }
   // A refused upload, logged with the sender's identity (names escaped and bounded).
   void LogRefusedUpload(const v1::UploadHeader& h, const Status& why);
@@ -157,7 +157,7 @@ class Coordinator : private RoundContext {
     return run_id_;
   }
   std::pair<int64_t, int64_t> TransportBytes() const { return {traffic_.lifetime_up(), traffic_.lifetime_down()}; }
-  // The operator's view (server/observe.h), and the latencies the transport measures.
+  // The operator's view (server/observe/observe.h), and the latencies the transport measures.
   // `history`: with every round's metrics (the dashboard), not only the last's.
   ObservedState Observe(bool history) const;
   void ObserveUpload(double seconds) { upload_latency_.Observe(seconds); }
@@ -168,7 +168,7 @@ class Coordinator : private RoundContext {
   }
 
  private:
-  // --- RoundContext (server/round_context.h): what its schedulers and drivers may do.
+  // --- RoundContext (server/rounds/round_context.h): what its schedulers and drivers may do.
   Mutex& mu() const override ABSL_LOCK_RETURNED(mu_) { return mu_; }
   const FederationConfig& config() const override { return cfg_; }
   Strategy& strategy() override { return *strategy_; }
@@ -361,7 +361,7 @@ class Coordinator : private RoundContext {
   // compression.broadcast, unless none; used by one thread at a time (start, round end).
   std::unique_ptr<Codec> broadcast_codec_;
 
-  // How rounds run (fixed by Init, server/round_registry.h). The kind of round:
+  // How rounds run (fixed by Init, server/rounds/round_registry.h). The kind of round:
   // plain federated (plain_driver_) or the job's RoundDrivers() entry (mode_owned_);
   // mode_driver_ points at the one, driver_ at the driver of the round in progress
   // (plain_driver_ between rounds and in an evaluation round). split_ and secagg_ are

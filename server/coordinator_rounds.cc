@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/train_config.h"
-#include "server/scheduler.h"
+#include "server/rounds/scheduler.h"
 
 namespace cleave {
 

@@ -12,7 +12,7 @@
 #include "core/evaluation.h"
 #include "core/files.h"
 #include "core/printable.h"
-#include "server/scheduler.h"
+#include "server/rounds/scheduler.h"
 #include "split/record.h"
 
 namespace cleave {

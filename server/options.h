@@ -34,7 +34,7 @@ struct ClientsConfig {
   double quorum = 0.5;           // clients.quorum: fraction of sampled results to commit
   double round_deadline_s = 300; // clients.round_deadline_s
   double join_timeout_s = 600;   // clients.join_timeout_s: wait for clients.min, then fail
-  std::string selection = "uniform";  // clients.selection: a Selections() name (server/selection.h)
+  std::string selection = "uniform";  // clients.selection: a Selections() name (server/rounds/selection.h)
   double oort_epsilon = 0.2;     // clients.oort_epsilon: the least share that explores
   double oort_alpha = 2;         // clients.oort_alpha: the penalty exponent of slow clients
   int oort_pacer_rounds = 5;     // clients.oort_pacer_rounds: the pacer's window W; 0 = off
@@ -44,7 +44,7 @@ struct ClientsConfig {
 // How rounds are scheduled: synchronous rounds (sync), buffered asynchronous aggregation
 // after FedBuff (async), or decentralised rounds (gossip); docs/architecture.md.
 struct SchedulerConfig {
-  std::string mode = "sync";  // scheduler.mode: a Schedulers() name (server/round_registry.h)
+  std::string mode = "sync";  // scheduler.mode: a Schedulers() name (server/rounds/round_registry.h)
   // async: a model version is applied every buffer_size accepted updates
   int buffer_size = 10;                     // scheduler.buffer_size
   int concurrency = 0;                      // scheduler.concurrency: trainers at once; 0 = all
@@ -72,7 +72,7 @@ struct SchedulerConfig {
   bool gossip() const { return mode == "gossip"; }
 };
 
-// The graphs gossip rounds draw (scheduler.topology; server/topology.h).
+// The graphs gossip rounds draw (scheduler.topology; server/modes/topology.h).
 const NameTable& TopologyNames();
 
 struct ServerConfig {

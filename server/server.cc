@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
 #include "server/coordinator.h"
-#include "server/observe_http.h"
-#include "server/rpc.h"
+#include "server/observe/observe_http.h"
+#include "server/transport/rpc.h"
 
 namespace cleave {
 

@@ -199,7 +199,7 @@ class Server {
   };
   UploadCounts Uploads() const;
 
-  // Edge aggregation (server/edge.h), instead of Run(). WaitForClients waits for
+  // Edge aggregation (edge/edge.h), instead of Run(). WaitForClients waits for
   // clients.min connected clients (DEADLINE_EXCEEDED after clients.join_timeout_s) and
   // returns the examples they declared, summed. RunEdgeRound runs one synchronous round
   // of this server's clients from `start` (an upstream model of this server's layout),

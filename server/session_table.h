@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "server/round_state.h"
+#include "server/rounds/round_state.h"
 
 namespace cleave {
 

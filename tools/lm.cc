@@ -20,7 +20,7 @@
 #include "models/model.h"
 #include "models/safetensors.h"
 #include "server/checkpoint.h"
-#include "server/width_driver.h"
+#include "server/modes/width_driver.h"
 
 namespace cleave {
 namespace {

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "server/edge.h"
+#include "edge/edge.h"
 #include "tests/integration/federation.h"
 #include "tests/server/test_peer.h"
 #include "job/job.h"

@@ -14,8 +14,8 @@
 #include "compression/codec.h"
 #include "data/source.h"
 #include "job/job.h"
-#include "server/round_registry.h"
-#include "server/scheduler.h"
+#include "server/rounds/round_registry.h"
+#include "server/rounds/scheduler.h"
 #include "tests/integration/federation.h"
 
 namespace cleave {

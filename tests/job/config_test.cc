@@ -13,8 +13,8 @@
 #include "aggregation/staleness.h"
 #include "client/attacks.h"
 #include "models/names.h"
-#include "server/round_registry.h"
-#include "server/selection.h"
+#include "server/rounds/round_registry.h"
+#include "server/rounds/selection.h"
 #include "split/names.h"
 #include "job/job.h"
 

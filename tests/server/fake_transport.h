@@ -1,4 +1,4 @@
-// An in-memory transport for the coordinator (server/transport.h): clients whose control
+// An in-memory transport for the coordinator (server/transport/transport.h): clients whose control
 // stream is a queue in this process and whose uploads are calls on the coordinator, so
 // that rounds, schedulers and drivers are tested without sockets or gRPC, on the
 // coordinator's injected clock.

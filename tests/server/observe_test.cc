@@ -1,14 +1,14 @@
-// The operator's view (server/observe.h): Prometheus' exposition format with bounded
+// The operator's view (server/observe/observe.h): Prometheus' exposition format with bounded
 // per-client series, the dashboard's JSON and page; and the endpoint serving them from a
 // running server.
-#include "server/observe.h"
+#include "server/observe/observe.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
 
-#include "server/observe_http.h"
+#include "server/observe/observe_http.h"
 #include "tests/server/running_server.h"
 #include "tests/server/test_peer.h"
 

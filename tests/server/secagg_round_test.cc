@@ -1,7 +1,7 @@
 // The server's SecAgg+ stages driven by simulated clients doing the real cryptography:
 // exact sums with dropouts at every stage, aborts below the threshold, and refused
 // submissions that change nothing.
-#include "server/secagg_round.h"
+#include "server/modes/secagg_round.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "server/selection.h"
+#include "server/rounds/selection.h"
 
 #include <gtest/gtest.h>
 

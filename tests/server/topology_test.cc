@@ -1,7 +1,7 @@
-// The gossip graph (server/topology.h): rings, random rings and rings with the edges
+// The gossip graph (server/modes/topology.h): rings, random rings and rings with the edges
 // measured uplinks afford, Metropolis-Hastings weights that make a symmetric, doubly
 // stochastic mixing matrix.
-#include "server/topology.h"
+#include "server/modes/topology.h"
 
 #include <gtest/gtest.h>
 
