@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -60,7 +61,16 @@ struct Node {
 };
 
 // The template parsed (jinja_parse.cc): linear in its size, nested at most 100 deep.
+// A filter, test or method it names must be one the renderer implements (the tables
+// below): an unknown name fails here, when the template is read, not when a branch that
+// uses it first runs.
 Body ParseTemplate(const std::string& tmpl);
+
+// What the renderer implements (jinja_render.cc, beside the code of each): filters
+// (`x | name`), tests (`x is name`) and methods (`x.name(...)`, of strings and dicts).
+const std::set<std::string>& FilterNames();
+const std::set<std::string>& TestNames();
+const std::set<std::string>& MethodNames();
 
 // `body` rendered with the variables `globals` into *out, drawing on *budget
 // (jinja_render.cc).

@@ -215,6 +215,14 @@ class Parser {
     if (Peek().kind != Token::kName) Error("expected a name");
     return t_[p_++].text;
   }
+  // `name` as one of `names` (a filter, test or method of the renderer's), else the
+  // template is refused now.
+  void Known(const std::set<std::string>& names, const char* what, const std::string& name) const {
+    if (names.count(name)) return;
+    std::string known;
+    for (const std::string& n : names) absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+    Fail(absl::StrCat("line ", line_, ": unknown ", what, " ", name, " (known: ", known, ")"));
+  }
   [[noreturn]] void Error(const std::string& what) const {
     Fail(absl::StrCat("line ", line_, ": ", what, Peek().kind == Token::kEnd ? " at the end" : " at '" + Peek().text + "'"));
   }
@@ -289,6 +297,7 @@ class Parser {
         test->negated = Accept("not");
         test->a = e;
         test->name = Name();
+        Known(TestNames(), "test", test->name);
         if (Peek().text == "(" && Peek().kind == Token::kOp) Args(*test);
         e = test;
       } else {
@@ -340,6 +349,7 @@ class Parser {
       auto f = Make(Expr::kFilter);
       f->a = e;
       f->name = Name();
+      Known(FilterNames(), "filter", f->name);
       if (Peek().kind == Token::kOp && Peek().text == "(") Args(*f);
       e = Postfix(f);
     }
@@ -369,6 +379,7 @@ class Parser {
         a->name = Name();
         e = a;
       } else if (Peek().kind == Token::kOp && Peek().text == "(") {
+        if (e->kind == Expr::kAttr) Known(MethodNames(), "method", e->name);
         auto c = Make(Expr::kCall);
         c->a = e;
         Args(*c);

@@ -689,6 +689,30 @@ class Renderer {
 
 }  // namespace
 
+// Each name here is one the code above implements (Filter, Test, Method);
+// ChatTemplateTest.EveryNameTheParserKnowsIsImplemented holds the two together.
+const std::set<std::string>& FilterNames() {
+  static const std::set<std::string> names = {
+      "abs",    "capitalize", "count", "d",    "default", "first",   "float",  "indent", "int",
+      "items",  "join",       "last",  "length", "list",  "lower",   "map",    "replace", "reverse",
+      "safe",   "string",     "title", "tojson", "trim",  "upper"};
+  return names;
+}
+
+const std::set<std::string>& TestNames() {
+  static const std::set<std::string> names = {"boolean", "defined", "even",     "false",    "float",
+                                              "integer", "iterable", "mapping", "none",     "number",
+                                              "odd",     "sequence", "string",  "true",     "undefined"};
+  return names;
+}
+
+const std::set<std::string>& MethodNames() {
+  static const std::set<std::string> names = {
+      "capitalize", "count", "endswith", "find",  "get",   "items",   "join",   "keys",  "lower", "lstrip",
+      "replace",    "rstrip", "split",   "startswith", "strip", "title", "upper", "values"};
+  return names;
+}
+
 void RenderTemplate(const Body& body, Json globals, TemplateBudget* budget, std::string* out) {
   Renderer(std::move(globals), budget).Run(body, *out);
 }

@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "core/files.h"
+#include "data/jinja.h"
 #include "tests/deadline.h"
 #include "tests/memory_cap.h"
 
@@ -155,6 +156,42 @@ TEST(ChatTemplateTest, RefusesWhatItCannotRender) {
   bad("{{ raise_exception('stop here') }}", "raise_exception: stop here");
   bad("{{ 1 / 0 }}", "division by zero");
   EXPECT_FALSE(RenderChatTemplate("{{ 1 }}", "[1, 2]").ok());
+}
+
+// A filter, test or method the engine does not implement is refused when the template is
+// read, even in a branch no conversation takes; and every name the parser accepts is one
+// the renderer implements.
+TEST(ChatTemplateTest, UnknownNamesFailWhenTheTemplateIsRead) {
+  for (const auto& [tmpl, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"{% if false %}{{ x | selectattr('a') }}{% endif %}", "line 1: unknown filter selectattr"},
+           {"\n{% if false %}{{ 'yes' if x is divisibleby(3) }}{% endif %}", "unknown test divisibleby"},
+           {"{% if false %}{{ messages.append(1) }}{% endif %}", "unknown method append"}}) {
+    auto parsed = ChatTemplate::Parse(tmpl);
+    ASSERT_FALSE(parsed.ok()) << tmpl;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(needle), std::string::npos) << parsed.status();
+  }
+  // An attribute that is not called is no method: read as the value's attribute.
+  EXPECT_EQ(*RenderChatTemplate("{{ m.append }}|{{ m.keys }}", R"({"m": {"append": "a", "keys": 2}})"), "a|2");
+}
+
+TEST(ChatTemplateTest, EveryNameTheParserKnowsIsImplemented) {
+  const std::string ctx = R"({"s": "a b", "l": ["x", "y"], "d": {"k": 1}, "n": 3})";
+  for (const std::string& f : jinja::FilterNames()) {
+    for (const std::string v : {"s", "l", "d", "n"}) {
+      auto r = RenderChatTemplate("{{ " + v + " | " + f + " }}", ctx);
+      EXPECT_TRUE(r.ok() || r.status().message().find("unknown filter") == std::string::npos) << f << ": " << r.status();
+    }
+  }
+  for (const std::string& t : jinja::TestNames()) {
+    auto r = RenderChatTemplate("{{ n is " + t + " }}", ctx);
+    EXPECT_TRUE(r.ok()) << t << ": " << r.status();
+  }
+  for (const std::string& m : jinja::MethodNames()) {
+    auto on_string = RenderChatTemplate("{{ s." + m + "('a', 'b') }}", ctx);
+    auto on_dict = RenderChatTemplate("{{ d." + m + "('k', 'b') }}", ctx);
+    EXPECT_TRUE(on_string.ok() || on_dict.ok()) << m << ": " << on_string.status() << "; " << on_dict.status();
+  }
 }
 
 // jinja2's Undefined: printed as "", but an attribute or item of one is an error (a typo
