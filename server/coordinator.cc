@@ -26,18 +26,18 @@ namespace cleave {
 
 Status Coordinator::Init() {
   MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
-  RETURN_IF_ERROR(ChooseRoundsLocked());
+  RETURN_IF_ERROR(machinery_.Choose(cfg_, context()));
   ASSIGN_OR_RETURN(const ModelSpec spec, LoadModelLocked());
   RETURN_IF_ERROR(SplitLayoutLocked());
   RETURN_IF_ERROR(LoadDataLocked(spec));
   const StrategyJob strategy_job = StrategyJobOf(cfg_);
   ASSIGN_OR_RETURN(strategy_, opts_.strategy ? opts_.strategy(strategy_job) : CreateStrategy(strategy_job));
   RETURN_IF_ERROR(MakeCodecs());
-  if (split_) {
-    split_->mu().AssertHeld();  // this->mu_
-    RETURN_IF_ERROR(split_->InitLocked(spec, *model_));
+  if (SplitStreams* split = machinery_.split()) {
+    split->mu().AssertHeld();  // this->mu_
+    RETURN_IF_ERROR(split->InitLocked(spec, *model_));
   }
-  RETURN_IF_ERROR(mode_driver_->PrepareLocked());
+  RETURN_IF_ERROR(machinery_.mode().PrepareLocked());
   if (NeedProfile()) {  // what profiling clients time their downlink with
     auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
     probe_digest_ = Sha256Hex(*probe);
@@ -55,30 +55,9 @@ Status Coordinator::Init() {
     // Held open from now on, so that running out of descriptors (connections) cannot
     // stop a round from being recorded.
     ASSIGN_OR_RETURN(run_files_, RunFiles::Open(opts_.run_dir, "metrics.jsonl", "checkpoint.pb"));
-    RETURN_IF_ERROR(scheduler_->Resume(opts_.run_dir, committed_round_));
+    RETURN_IF_ERROR(machinery_.scheduler().Resume(opts_.run_dir, committed_round_));
   }
   PublishModelLocked();
-  return absl::OkStatus();
-}
-
-Status Coordinator::ChooseRoundsLocked() {
-  // How rounds run: the kind of round (its driver), and who schedules versions.
-  for (const std::string& name : RoundDrivers().Names()) {
-    const DriverKind* kind = RoundDrivers().Find(name);
-    if (!kind->applies(cfg_)) continue;
-    mode_owned_ = kind->make(context());
-    mode_driver_ = mode_owned_.get();
-    split_ = mode_driver_->split_streams();
-    secagg_ = mode_driver_->secure_aggregation();
-    break;
-  }
-  ASSIGN_OR_RETURN(const SchedulerKind* scheduler, Schedulers().Get(cfg_.scheduler.mode));
-  scheduler_ = scheduler->make(context(), *mode_driver_);
-  rounds_ = scheduler_->synchronous();
-  if (rounds_ == nullptr) {
-    own_rounds_ = std::make_unique<SyncRounds>(context(), *mode_driver_);
-    rounds_ = own_rounds_.get();
-  }
   return absl::OkStatus();
 }
 
@@ -188,47 +167,40 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
 }
 
 Status Coordinator::SplitLayoutLocked() {
+  std::vector<std::string> personal;
   if (!cfg_.model.personal.empty()) {
-    auto personal = MatchTensorNames(global_, cfg_.model.personal);
-    if (!personal.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("model.personal: ", personal.status().message()));
+    auto matched = MatchTensorNames(global_, cfg_.model.personal);
+    if (!matched.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model.personal: ", matched.status().message()));
     }
-    personal_ = *std::move(personal);
-    if (personal_.size() == global_.size()) {
-      return absl::InvalidArgumentError("model.personal: matches every tensor; nothing is federated");
-    }
-    not_updated_ = personal_;
-    for (const std::string& n : personal_) model_desc_.add_personal(n);
-    spdlog::info("personal layers: {} of {} tensors stay on the clients ({})", personal_.size(),
-                 global_.size(), absl::StrJoin(personal_, " "));
+    personal = *std::move(matched);
   }
-  frozen_ = model_->FrozenTensors();
-  if (!frozen_.empty()) {
-    not_updated_.insert(not_updated_.end(), frozen_.begin(), frozen_.end());
-    auto base = std::make_shared<const std::string>(Only(global_, frozen_).Encode());
+  const ModelTraits kind = ModelTraitsOf(cfg_.model.name);
+  ASSIGN_OR_RETURN(layout_, ModelLayout::Of(global_, std::move(personal), model_->FrozenTensors(), kind.private_tensor));
+  if (!layout_.personal().empty()) {
+    for (const std::string& n : layout_.personal()) model_desc_.add_personal(n);
+    spdlog::info("personal layers: {} of {} tensors stay on the clients ({})", layout_.personal().size(),
+                 global_.size(), absl::StrJoin(layout_.personal(), " "));
+  }
+  if (const std::vector<std::string>& frozen = layout_.frozen(); !frozen.empty()) {
+    auto base = std::make_shared<const std::string>(Only(global_, frozen).Encode());
     base_digest_ = Sha256Hex(*base);
     base_size_ = static_cast<int64_t>(base->size());
     blobs_.Pin(base_digest_, std::move(base));
-    const ParameterSet trained = Without(global_, frozen_);
+    const ParameterSet trained = Without(global_, frozen);
     spdlog::info("LoRA: {} adapter tensors ({} values, {:.2f} % of the model) train; {} are "
                  "frozen ({} bytes, sent once in federated rounds)",
                  trained.size(), trained.total_elements(),
-                 100.0 * trained.total_elements() / global_.total_elements(), frozen_.size(),
+                 100.0 * trained.total_elements() / global_.total_elements(), frozen.size(),
                  base_size_);
   }
-  if (const ModelTraits kind = ModelTraitsOf(cfg_.model.name); kind.has_private_tensors()) {
-    // the devices' own bases and fusion layers (interop)
-    for (const Tensor& t : global_.tensors()) {
-      if (kind.private_tensor(t.name)) unpublished_.push_back(t.name);
-    }
-    not_updated_.insert(not_updated_.end(), unpublished_.begin(), unpublished_.end());
-    const ParameterSet shared = Without(global_, unpublished_);
+  if (kind.has_private_tensors()) {  // the devices' own bases and fusion layers (interop)
+    ParameterSet scratch;
+    const ParameterSet& shared = layout_.Published(global_, scratch);
     spdlog::info("interoperable architectures: the shared block ({} tensors, {} values) is federated; each "
                  "device keeps its own base and fusion layer",
                  shared.size(), shared.total_elements());
   }
-  unpublished_.insert(unpublished_.end(), frozen_.begin(), frozen_.end());
-  if (!not_updated_.empty()) shared_layout_ = Without(global_, not_updated_);
   return absl::OkStatus();
 }
 
@@ -296,7 +268,7 @@ StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const F
   StatusOr<RoundMetrics> m;
   {
     MutexLock l(&mu_);
-    if (!not_updated_.empty()) {
+    if (!layout_.updates_all()) {
       return absl::FailedPreconditionError(
           "an edge aggregator's model has no personal or frozen tensors");
     }
@@ -310,8 +282,9 @@ StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const F
     PublishModelLocked();
     edge_fit_ = fit;
     edge_seed_ = seed;
-    rounds_->mu().AssertHeld();  // this->mu_
-    m = rounds_->NextLocked();
+    SyncRounds& rounds = machinery_.rounds();
+    rounds.mu().AssertHeld();  // this->mu_
+    m = rounds.NextLocked();
     edge_fit_.reset();
   }
   DropBuffers();
@@ -325,7 +298,7 @@ StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const F
     for (size_t j = 0; j < v.size(); ++j) v[j] -= s[j];
   }
   r.examples = m->examples;
-  r.weights = mode_driver_->ElementWeights();
+  r.weights = machinery_.mode().ElementWeights();
   r.metrics = *std::move(m);
   return r;
 }
@@ -337,14 +310,14 @@ void Coordinator::FinalEvaluation(double elapsed_s) {
     // Not in split rounds nor under secure aggregation: clients report no evaluation
     // there (one client's numbers would show what masking hides).
     // A run restarted after its final evaluation does not repeat it.
-    if (!cfg_.server.final_evaluation || !clients_evaluate_ || !mode_driver_->ClientsEvaluate() ||
-        stopping_ ||
-        final_evaluated_round_ == committed_round_) {
+    if (!cfg_.server.final_evaluation || !log_.clients_evaluate() || !machinery_.mode().ClientsEvaluate() ||
+        stopping_ || log_.final_evaluated_round() == committed_round_) {
       return;
     }
     spdlog::info("final evaluation of round {}'s model by the clients", committed_round_);
-    rounds_->mu().AssertHeld();  // this->mu_
-    m = rounds_->EvaluateLocked();
+    SyncRounds& rounds = machinery_.rounds();
+    rounds.mu().AssertHeld();  // this->mu_
+    m = rounds.EvaluateLocked();
   }
   if (!m.ok()) {
     spdlog::warn("final evaluation: {}", std::string(m.status().message()));
@@ -357,8 +330,7 @@ void Coordinator::FinalEvaluation(double elapsed_s) {
   {
     MutexLock l(&mu_);
     traffic_.Commit(m->bytes_up, m->bytes_down);
-    history_.push_back(*m);
-    final_evaluated_round_ = m->round;
+    log_.Add(*m);
   }
   if (opts_.run_dir.empty()) return;
   if (Status s = run_files_->AppendLog(RoundMetricsJson(*m).dump()); !s.ok()) {
@@ -382,8 +354,7 @@ Status Coordinator::Commit(RoundMetrics* m) {
   {
     MutexLock l(&mu_);
     traffic_.Commit(m->bytes_up, m->bytes_down);
-    last_accuracy_ = m->test_accuracy;
-    history_.push_back(*m);
+    log_.Add(*m);
     if (!opts_.run_dir.empty()) checkpoint = CheckpointLocked(m->elapsed_s);
   }
   if (opts_.run_dir.empty()) return absl::OkStatus();
@@ -411,7 +382,7 @@ std::string Coordinator::CheckpointLocked(double elapsed_s) const {
   ck.bytes_up = traffic_.run_up();
   ck.bytes_down = traffic_.run_down();
   ck.wall_s = elapsed_s;
-  if (ClientSelector* selector = rounds_->selector()) ck.oort = selector->Checkpoint();
+  if (ClientSelector* selector = machinery_.rounds().selector()) ck.oort = selector->Checkpoint();
   return EncodeCheckpoint(ck);
 }
 
@@ -430,10 +401,10 @@ Status Coordinator::LoadCheckpoint() {
   if (!ck.global.SameLayout(Published(global_, scratch))) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name,
-                     frozen_.empty() ? "" : " with these LoRA adapters"));
+                     layout_.frozen().empty() ? "" : " with these LoRA adapters"));
   }
   if (Status s = strategy_->Restore(ck.strategy_state); !s.ok()) return in_file(s);
-  if (unpublished_.empty()) {
+  if (layout_.publishes_all()) {
     global_ = std::move(ck.global);
   } else {
     RETURN_IF_ERROR(in_file(Overwrite(ck.global, &global_)));  // the adapters on the base
@@ -443,29 +414,11 @@ Status Coordinator::LoadCheckpoint() {
   committed_round_ = ck.round;
   traffic_.RestoreRun(ck.bytes_up, ck.bytes_down);
   prior_elapsed_s_ = ck.wall_s;
-  if (ClientSelector* selector = rounds_->selector(); selector && ck.oort) {
+  if (ClientSelector* selector = machinery_.rounds().selector(); selector && ck.oort) {
     selector->Resume(std::move(*ck.oort));
   }
   spdlog::info("resuming run {} after round {}", run_id_, committed_round_);
-  return TrimMetrics();
-}
-
-Status Coordinator::TrimMetrics() {
-  const std::string path = Path("metrics.jsonl");
-  auto text = ReadFile(path);
-  if (!text.ok()) return absl::OkStatus();  // no metrics yet
-  std::string kept;
-  std::istringstream lines(*text);
-  for (std::string line; std::getline(lines, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || j.value("round", int64_t{0}) > committed_round_) continue;
-    if (j.value("evaluation_only", false)) final_evaluated_round_ = j.value("round", int64_t{0});
-    if (j.contains("client_eval")) clients_evaluate_ = true;  // for the final evaluation
-    kept += line + "\n";
-  }
-  if (kept.size() == text->size()) return absl::OkStatus();
-  spdlog::warn("dropping metrics of rounds after the checkpoint (round {})", committed_round_);
-  return WriteFileAtomic(path, kept);
+  return log_.Resume(Path("metrics.jsonl"), committed_round_);
 }
 
 Status Coordinator::Run() {
@@ -481,7 +434,7 @@ Status Coordinator::Run() {
                      model_->Evaluate(test_, cfg_.server.eval_batch_size, cfg_.train.loss));
     spdlog::info("initial model: test accuracy {:.4f}, loss {:.4f}", ev.accuracy, ev.loss);
     MutexLock l(&mu_);
-    last_accuracy_ = ev.accuracy;
+    log_.set_last_accuracy(ev.accuracy);
   }
   Status result = absl::OkStatus();
   std::string stop_reason;  // a strategy's reason to end the run early
@@ -495,7 +448,7 @@ Status Coordinator::Run() {
         break;
       }
       if (committed_round_ >= cfg_.run.rounds) break;
-      m = scheduler_->NextLocked();
+      m = machinery_.scheduler().NextLocked();
     }
     DropBuffers();  // what late uploads of the last round returned
     if (!m.ok()) {
@@ -517,7 +470,7 @@ Status Coordinator::Run() {
       result = s;
       break;
     }
-    scheduler_->Committed(m->round);
+    machinery_.scheduler().Committed(m->round);
     spdlog::info(
         "round {} committed: accuracy {:.4f}, test loss {:.4f}, train loss {:.4f}, "
         "{} participants, {} failures, {} B up, {} B down, {:.1f}s",
@@ -598,9 +551,10 @@ ObservedState Coordinator::Observe(bool history) const {
     o.committed_round = committed_round_;
     o.current_round = current_round_;
     o.total_rounds = cfg_.run.rounds;
-    if (history) o.history = history_;
-    for (const auto& m : history_) o.task_failures += m.failures;
-    for (auto m = history_.rbegin(); m != history_.rend(); ++m) {
+    const std::vector<RoundMetrics>& rounds = log_.history();
+    if (history) o.history = rounds;
+    for (const auto& m : rounds) o.task_failures += m.failures;
+    for (auto m = rounds.rbegin(); m != rounds.rend(); ++m) {
       if (!m->evaluation_only) {
         o.last_round = *m;
         break;
@@ -624,7 +578,7 @@ ObservedState Coordinator::Observe(bool history) const {
       c.last_seen_s = std::chrono::duration<double>(now - s.last_seen).count();
       c.task_s = s.task_s;
       c.step_s = s.step_s;
-      mode_driver_->DescribeClientLocked(id, &c);  // split: links measured, cut
+      machinery_.mode().DescribeClientLocked(id, &c);  // split: links measured, cut
       c.done = s.done;
       c.failures = s.failures;
       o.clients.push_back(std::move(c));
@@ -651,7 +605,7 @@ void Coordinator::FillStatus(v1::StatusReply* reply) const {
   reply->set_total_rounds(cfg_.run.rounds);
   reply->set_connected_clients(ConnectedLocked());
   reply->set_phase(phase_);
-  reply->set_last_test_accuracy(last_accuracy_);
+  reply->set_last_test_accuracy(log_.last_accuracy());
 }
 
 }  // namespace cleave

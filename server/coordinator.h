@@ -32,11 +32,14 @@
 #include "models/model.h"
 #include "server/blob_store.h"
 #include "server/checkpoint.h"
+#include "server/model_layout.h"
 #include "server/observe/observe.h"
+#include "server/rounds/machinery.h"
 #include "server/rounds/round_context.h"
 #include "server/rounds/round_driver.h"
 #include "server/rounds/round_state.h"
 #include "server/rounds/selection.h"
+#include "server/run_log.h"
 #include "server/server.h"
 #include "server/session_table.h"
 #include "server/traffic_meter.h"
@@ -150,7 +153,7 @@ class Coordinator : private RoundContext {
   }
   std::vector<RoundMetrics> History() const {
     MutexLock l(&mu_);
-    return history_;
+    return log_.history();
   }
   std::string RunId() const {
     MutexLock l(&mu_);
@@ -174,7 +177,7 @@ class Coordinator : private RoundContext {
   Strategy& strategy() override { return *strategy_; }
   const Codec* update_codec() const override { return update_codec_.get(); }
   const ModelSpec& model_spec() const override { return model_spec_; }
-  const std::vector<std::string>& frozen() const override { return frozen_; }
+  const std::vector<std::string>& frozen() const override { return layout_.frozen(); }
   const QuantizedSet& quantized_base() const override { return quantized_base_; }
   std::string RunPath(const std::string& name) const override { return opts_.run_dir.empty() ? "" : Path(name); }
   const std::string& RunIdLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -273,7 +276,7 @@ class Coordinator : private RoundContext {
   v1::ServerMessage MakeTaskLocked(int64_t round, const std::string& cid, const FitSettings& fit,
                                    int64_t deadline_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The mode's driver wants a Profile of every client before it takes part.
-  bool NeedProfile() const { return mode_driver_->NeedsProfile(); }
+  bool NeedProfile() const { return machinery_.mode().NeedsProfile(); }
   // Encodes global_ and makes it the model version clients fetch.
   void PublishModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest)
@@ -285,7 +288,7 @@ class Coordinator : private RoundContext {
   void ExpireSilentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An upload ProcessUpload claimed under mu_, for the work without it. The round stays
   // open while its task is kAccumulating (schedulers wait for accumulating_ to reach 0
-  // before they close it), so the layout (global_, shared_layout_ or a split part) and
+  // before they close it), so the layout (global_, the update layout or a split part) and
   // the strategy's round do not change meanwhile.
   struct ClaimedUpload {
     bool resolved = false;  // a duplicate, or accepted under the lock: nothing more to do
@@ -317,11 +320,7 @@ class Coordinator : private RoundContext {
   // After the last round: the final model's federated evaluation, when clients hold
   // data out (server.final_evaluation). Appended to metrics.jsonl; never fails the run.
   void FinalEvaluation(double elapsed_s);
-  // Init's steps. How rounds run: the job's kind of round (RoundDrivers()), its
-  // scheduler (Schedulers() by scheduler.mode), and the synchronous rounds the final
-  // evaluation and an edge's rounds run on. INVALID_ARGUMENT for an unknown mode.
-  Status ChooseRoundsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The model: built, its starting weights, the TorchScript archive and loss as pinned
+  // Init's steps. The model: built, its starting weights, the TorchScript archive and loss as pinned
   // blobs, the description tasks carry.
   StatusOr<ModelSpec> LoadModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DescribeModelLocked(const ModelSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -338,9 +337,6 @@ class Coordinator : private RoundContext {
   ParameterSet StrategyState() const ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // The serialized checkpoint of the last committed round.
   std::string CheckpointLocked(double elapsed_s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps only the metrics.jsonl lines of rounds <= committed_round_, and notes from them
-  // whether clients evaluate and which round's model had its final evaluation.
-  Status TrimMetrics() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells every client the run ended (RunEnded): they exit.
   void EndRun(const std::string& reason);
   // Closes every control stream with UNAVAILABLE: clients reconnect (server stopped).
@@ -361,23 +357,11 @@ class Coordinator : private RoundContext {
   // compression.broadcast, unless none; used by one thread at a time (start, round end).
   std::unique_ptr<Codec> broadcast_codec_;
 
-  // How rounds run (fixed by Init, server/rounds/round_registry.h). The kind of round:
-  // plain federated (plain_driver_) or the job's RoundDrivers() entry (mode_owned_);
-  // mode_driver_ points at the one, driver_ at the driver of the round in progress
-  // (plain_driver_ between rounds and in an evaluation round). split_ and secagg_ are
-  // what mode_owned_ serves of the messages the transport routes to it.
-  // scheduler_ (Schedulers() by scheduler.mode) builds the run's versions; rounds_ runs
-  // the final evaluation and an edge's rounds: the scheduler when it runs synchronous
-  // rounds, else own_rounds_.
-  RoundDriver plain_driver_;
-  std::unique_ptr<RoundDriver> mode_owned_;
-  RoundDriver* mode_driver_ = &plain_driver_;
-  RoundDriver* driver_ ABSL_GUARDED_BY(mu_) = &plain_driver_;
-  SplitStreams* split_ = nullptr;
-  SecAggDriver* secagg_ = nullptr;
-  std::unique_ptr<RoundScheduler> scheduler_;
-  std::unique_ptr<SyncRounds> own_rounds_;
-  SyncRounds* rounds_ = nullptr;
+  // How rounds run (fixed by Init): the job's kind of round, its scheduler, the
+  // synchronous rounds of the final evaluation; driver_ is the driver of the round in
+  // progress (the plain one between rounds and in an evaluation round).
+  RoundMachinery machinery_;
+  RoundDriver* driver_ ABSL_GUARDED_BY(mu_) = &machinery_.plain();
 
   // Time for every deadline and timeout (ServerOptions::clock; the real one by default).
   const std::shared_ptr<Clock> clock_;
@@ -392,10 +376,6 @@ class Coordinator : private RoundContext {
   // server.max_sessions, or derived from the descriptor limit
   int round_clients_ ABSL_GUARDED_BY(mu_) = 0;  // clients sampled for the current round
   bool evaluating_ ABSL_GUARDED_BY(mu_) = false;  // the current round is evaluation only
-  // some client has reported a federated evaluation
-  bool clients_evaluate_ ABSL_GUARDED_BY(mu_) = false;
-  // the round whose model had its final evaluation
-  int64_t final_evaluated_round_ ABSL_GUARDED_BY(mu_) = 0;
   // the current round's bound on declared example counts
   RoundWeights round_weights_ ABSL_GUARDED_BY(mu_);
   Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
@@ -403,16 +383,9 @@ class Coordinator : private RoundContext {
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   BlobStore blobs_ ABSL_GUARDED_BY(mu_);
   ParameterSet global_ ABSL_GUARDED_BY(mu_);
-  // model.personal's tensors: they stay on the devices. global_ keeps their initial
-  // values (clients start from them).
-  std::vector<std::string> personal_;
-  // The frozen tensors (a LoRA model's base): never trained, so never in an update nor
-  // in the model blob of a round; clients fetch them once, as the pinned base blob.
-  // Checkpoints hold the rest: the base follows from the config (seed, model.weights).
-  std::vector<std::string> frozen_;
-  // What no model blob nor checkpoint holds: frozen_, and with model.name interop the
-  // devices' own bases and fusion layers (stages 0 and 1), which the server never trains.
-  std::vector<std::string> unpublished_;
+  // Which of global_'s tensors updates carry and blobs hold (fixed by Init). Checkpoints
+  // hold the published ones: a frozen base follows from the config (seed, model.weights).
+  ModelLayout layout_;
   std::string base_digest_;
   int64_t base_size_ = 0;
   // model.quantize: the whole model's quantized weights (their bytes shared with model_'s)
@@ -421,20 +394,11 @@ class Coordinator : private RoundContext {
   std::string quantized_base_digest_;
   int64_t quantized_base_size_ = 0;
   std::string probe_digest_;  // the probe blob, when clients profile
-  // What updates leave out: personal_ and frozen_. Updates, the strategy and secure
-  // aggregation see shared_layout_ (global_ without them).
-  std::vector<std::string> not_updated_;
-  ParameterSet shared_layout_;  // its values are not kept up to date: a layout only
   // The layout of an update (and of the strategy's sums).
-  const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return not_updated_.empty() ? global_ : shared_layout_;
-  }
-  // What a round's model blob and a checkpoint hold: the model without its frozen base;
-  // `model` itself (no copy) when nothing is frozen, else that part of it in `scratch`.
+  const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return layout_.UpdateLayout(global_); }
+  // What a round's model blob and a checkpoint hold (ModelLayout::Published).
   const ParameterSet& Published(const ParameterSet& model, ParameterSet& scratch) const {
-    if (unpublished_.empty()) return model;
-    scratch = Without(model, unpublished_);
-    return scratch;
+    return layout_.Published(model, scratch);
   }
   // The Run thread is the only writer of global_ (under mu_), so it may read it without.
   const ParameterSet& RunThreadGlobal() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return global_; }
@@ -447,7 +411,7 @@ class Coordinator : private RoundContext {
   int64_t recorded_round_ ABSL_GUARDED_BY(mu_) = 0;
   int recorded_updates_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, TaskRecord> tasks_ ABSL_GUARDED_BY(mu_);  // tasks of the current round
-  std::vector<RoundMetrics> history_ ABSL_GUARDED_BY(mu_);
+  RunLog log_ ABSL_GUARDED_BY(mu_);  // the rounds recorded
   TrafficMeter traffic_;
   double prior_elapsed_s_ = 0;  // wall time of the run before a resume
   // An edge round's settings and batch seed, from the upstream task (RunEdgeRound).
@@ -465,7 +429,6 @@ class Coordinator : private RoundContext {
   Mutex buffers_mu_;  // after mu_ when taken with it
   std::vector<std::string> buffers_ ABSL_GUARDED_BY(buffers_mu_);
   std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
-  double last_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
 
   UploadSlots uploads_;
 

@@ -33,7 +33,7 @@ void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::st
   // fp32 size: of what the blob of the new model (global_) holds.
   ParameterSet scratch;
   blobs_.PublishModel(digest, std::move(blob), static_cast<int64_t>(Published(global_, scratch).EncodedSize()),
-                      scheduler_->VersionsKept());
+                      machinery_.scheduler().VersionsKept());
   model_digest_ = std::move(digest);
 }
 
@@ -64,7 +64,7 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   TaskRecord rec;
   rec.client_id = cid;
   rec.round = round;
-  scheduler_->ShapeTaskLocked(*sessions_.Find(cid), fit, task, &rec);
+  machinery_.scheduler().ShapeTaskLocked(*sessions_.Find(cid), fit, task, &rec);
   if (evaluating_) task->set_task_id(absl::StrCat("e", round, "-", cid));
   rec.id = task->task_id();
   task->set_base_digest(base_digest_);
@@ -107,7 +107,7 @@ Status Coordinator::ApplyLocked(int64_t round,
   // copy without the lock. No upload touches the strategy meanwhile (the round is
   // closed, or the async buffer is being applied), and readers of global_ see the
   // previous model.
-  ParameterSet next = not_updated_.empty() ? global_ : Without(global_, not_updated_);
+  ParameterSet next = layout_.Updated(global_);
   mu_.Unlock();
   Status finished = absl::OkStatus();
   // The strategy's state before it steps (server momentum, Adam moments, the DP
@@ -117,7 +117,7 @@ Status Coordinator::ApplyLocked(int64_t round,
   if (fold) finished = fold(next);
   if (finished.ok()) finished = strategy_->FinishRound(m->failures, &next);
   if (finished.ok()) m->strategy_stats = strategy_->RoundStats();
-  if (finished.ok() && !not_updated_.empty()) {  // the shared tensors into the whole model
+  if (finished.ok() && !layout_.updates_all()) {  // the shared tensors into the whole model
     ParameterSet whole = RunThreadGlobal();
     finished = Overwrite(next, &whole);
     next = std::move(whole);
@@ -230,7 +230,7 @@ void Coordinator::BeginBufferLocked(int64_t version, RoundDriver& driver) {
 
 void Coordinator::EndRoundLocked() {
   current_round_ = 0;
-  driver_ = &plain_driver_;
+  driver_ = &machinery_.plain();
   evaluating_ = false;
   cv_.SignalAll();
 }
@@ -306,8 +306,8 @@ Status Coordinator::FlTrustReference(const FitSettings& fit) {
   RETURN_IF_ERROR(model_->SetParameters(global));
   const LocalTrainOptions o(fit, cfg_.run.seed);
   RETURN_IF_ERROR(model_->Train(root_, o).status());
-  ParameterSet update = Without(model_->Parameters(), not_updated_);
-  const ParameterSet base = Without(global, not_updated_);
+  ParameterSet update = layout_.Updated(model_->Parameters());
+  const ParameterSet base = layout_.Updated(global);
   for (size_t i = 0; i < update.size(); ++i) {
     auto& v = update.mutable_tensors()[i].values;
     for (size_t j = 0; j < v.size(); ++j) v[j] -= base.tensors()[i].values[j];

@@ -186,8 +186,8 @@ std::shared_ptr<ClientLink> Coordinator::EndSessionLocked(const std::string& id,
     if (t.client_id == id && t.state == TaskState::kAssigned) FailTaskLocked(task_id, t, why);
   }
   driver_->ClientLeftLocked(id);
-  mode_driver_->SessionEndedLocked(id);
-  scheduler_->SessionEndedLocked(id);
+  machinery_.mode().SessionEndedLocked(id);
+  machinery_.scheduler().SessionEndedLocked(id);
   std::shared_ptr<ClientLink> link = std::move(s->link);
   sessions_.Remove(id);
   return link;
@@ -222,17 +222,18 @@ Status Coordinator::SecAggSubmit(const v1::SecAggRequest& req, const std::string
   RETURN_IF_ERROR(CheckSenderLocked("secure-aggregation message", req.client_id(),
                                     req.session_token(), peer, req.run_id(), req.round())
                       .status());
-  if (!secagg_) return absl::FailedPreconditionError("this run has no secure aggregation");
-  secagg_->mu().AssertHeld();  // this->mu_
-  return secagg_->SubmitLocked(req);
+  SecAggDriver* secagg = machinery_.secagg();
+  if (!secagg) return absl::FailedPreconditionError("this run has no secure aggregation");
+  secagg->mu().AssertHeld();  // this->mu_
+  return secagg->SubmitLocked(req);
 }
 
 Status Coordinator::SetProfile(const std::string& client_id, const v1::Profile& p) {
   if (!NeedProfile()) return absl::OkStatus();  // nothing to decide from it
-  RETURN_IF_ERROR(mode_driver_->CheckProfile(p));
+  RETURN_IF_ERROR(machinery_.mode().CheckProfile(p));
   MutexLock l(&mu_);
   if (sessions_.Find(client_id) == nullptr) return absl::OkStatus();
-  mode_driver_->ProfileLocked(client_id, p);
+  machinery_.mode().ProfileLocked(client_id, p);
   return absl::OkStatus();
 }
 
@@ -242,16 +243,18 @@ StatusOr<SplitStreamTask> Coordinator::OpenSplit(const v1::SplitOpen& open,
   RETURN_IF_ERROR(CheckSenderLocked("split stream", open.client_id(), open.session_token(), peer,
                                     open.run_id(), open.round())
                       .status());
-  if (!split_) return absl::FailedPreconditionError("this run is not split learning");
-  split_->mu().AssertHeld();  // this->mu_
-  return split_->OpenLocked(open);
+  SplitStreams* split = machinery_.split();
+  if (!split) return absl::FailedPreconditionError("this run is not split learning");
+  split->mu().AssertHeld();  // this->mu_
+  return split->OpenLocked(open);
 }
 
 void Coordinator::SplitEnded(const SplitStreamTask& task, const Status& why) {
   MutexLock l(&mu_);
-  if (!split_) return;
-  split_->mu().AssertHeld();  // this->mu_
-  split_->EndedLocked(task, why);
+  SplitStreams* split = machinery_.split();
+  if (!split) return;
+  split->mu().AssertHeld();  // this->mu_
+  split->EndedLocked(task, why);
 }
 
 StatusOr<const Session*> Coordinator::CheckSenderLocked(const std::string& what,
@@ -265,7 +268,7 @@ StatusOr<const Session*> Coordinator::CheckSenderLocked(const std::string& what,
     return absl::FailedPreconditionError(
         absl::StrCat(what, " for run ", Printable(run_id), ", this is run ", run_id_));
   }
-  RETURN_IF_ERROR(scheduler_->CheckRoundLocked(what, round));
+  RETURN_IF_ERROR(machinery_.scheduler().CheckRoundLocked(what, round));
   return s;
 }
 
@@ -292,7 +295,7 @@ int Coordinator::ConnectedLocked() const {
 std::vector<std::string> Coordinator::AvailableLocked() const {
   // The mode's driver runs under mu_, which this holds.
   return sessions_.Available([this](const std::string& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return mode_driver_->ServesLocked(id);
+    return machinery_.mode().ServesLocked(id);
   });
 }
 
@@ -330,16 +333,16 @@ void Coordinator::ExpireSilentLocked() {
 
 void Coordinator::CountSplitUp(int64_t bytes) {
   CountUp(bytes);
-  if (split_) split_->CountUp(bytes);
+  if (SplitStreams* split = machinery_.split()) split->CountUp(bytes);
 }
 
 void Coordinator::CountSplitDown(int64_t bytes) {
   CountDown(bytes);
-  if (split_) split_->CountDown(bytes);
+  if (SplitStreams* split = machinery_.split()) split->CountDown(bytes);
 }
 
 void Coordinator::CountLabels(int64_t labels) {
-  if (split_) split_->CountLabels(labels);
+  if (SplitStreams* split = machinery_.split()) split->CountLabels(labels);
 }
 
 

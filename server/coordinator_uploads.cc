@@ -160,7 +160,7 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   if (!s.ok()) {
     // Refused: the task is as it was, unless its client left meanwhile.
     t.state = TaskState::kAssigned;
-    scheduler_->UnadmitLocked();
+    machinery_.scheduler().UnadmitLocked();
     if (sessions_.Find(t.client_id) == nullptr) FailTaskLocked(h.task_id(), t, "disconnected");
     return s;
   }
@@ -175,7 +175,7 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   static const ParameterSet kNothing;  // an evaluation task's upload
   ClaimedUpload claim;
   // Re-check under the lock: the round may have closed while we were reading.
-  const bool open = scheduler_->OpenForLocked(h.round());
+  const bool open = machinery_.scheduler().OpenForLocked(h.round());
   auto t = tasks_.find(h.task_id());
   if (!open || t == tasks_.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
@@ -188,14 +188,14 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   if (task.evaluate_only && h.evaluation().examples() == 0) {
     return absl::InvalidArgumentError("an evaluation task's upload must carry its evaluation");
   }
-  ASSIGN_OR_RETURN(claim.scale, scheduler_->AdmitLocked(h.task_id(), task, h));
+  ASSIGN_OR_RETURN(claim.scale, machinery_.scheduler().AdmitLocked(h.task_id(), task, h));
   const ParameterSet* own = driver_->UploadLayoutLocked(task);  // split: the client part
   claim.layout = own ? own : task.evaluate_only ? &kNothing : &UpdateLayout();
   const int64_t weight = round_weights_.Weight(h.num_examples());
   Status taken;
   if (driver_->TakeLocked(h, payload, task, &taken)) {  // a masked input, added whole
     if (!taken.ok()) {
-      scheduler_->UnadmitLocked();
+      machinery_.scheduler().UnadmitLocked();
       return taken;
     }
     AcceptLocked(task, h, weight, payload.size(), *claim.layout);
@@ -226,7 +226,7 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   update.staleness = task.staleness;
   update.weight = weight;
   update.train_loss = h.train_loss();
-  if (scheduler_->Records()) {
+  if (machinery_.scheduler().Records()) {
     BufferEntry& record = claim.record.emplace();
     record.version = current_round_;
     record.task_round = task.round;
@@ -275,7 +275,7 @@ Status Coordinator::AddClaimed(const v1::UploadHeader& h, const std::string& pay
   for (auto& v : views) v.scale = claim.scale;
   if (claim.record) {  // durable before it is added (async: the buffer survives a crash)
     claim.record->payload = payload;
-    RETURN_IF_ERROR(scheduler_->Record(*claim.record));
+    RETURN_IF_ERROR(machinery_.scheduler().Record(*claim.record));
   }
   if (claim.add) return claim.add(views, claim.update.weight);
   claim.update.delta = std::move(views);
@@ -297,7 +297,7 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   t.train_loss = h.train_loss();
   t.num_examples = weight;
   t.evaluation = h.evaluation();
-  if (h.evaluation().examples() > 0) clients_evaluate_ = true;
+  if (h.evaluation().examples() > 0) log_.ClientsEvaluate();
   t.train_seconds = h.train_seconds();
   if (Session* s = sessions_.Find(t.client_id); s != nullptr && !t.evaluate_only) {
     ++s->done;
@@ -307,7 +307,7 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
   }
   t.done_at = clock_->Now();
   driver_->AcceptedLocked(t, h);
-  scheduler_->AcceptedLocked(t, h);
+  machinery_.scheduler().AcceptedLocked(t, h);
   if (t.evaluate_only) {
     spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
                  current_round_, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
