@@ -1,6 +1,7 @@
 #include "server/blob_store.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/parameter_set.h"
 #include "core/printable.h"
 
 namespace cleave {
@@ -8,6 +9,12 @@ namespace cleave {
 void BlobStore::Pin(const std::string& digest, std::shared_ptr<const std::string> blob) {
   blobs_[digest] = std::move(blob);
   pinned_.insert(digest);
+}
+
+BlobRef BlobStore::Pin(std::shared_ptr<const std::string> blob) {
+  BlobRef ref{Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
+  Pin(ref.digest, std::move(blob));
+  return ref;
 }
 
 void BlobStore::Add(const std::string& digest, std::shared_ptr<const std::string> blob, int64_t fp32_size) {

@@ -21,6 +21,12 @@
 
 namespace cleave {
 
+// A blob as tasks name it: its digest (SHA-256, hex) and size in bytes; empty: none.
+struct BlobRef {
+  std::string digest;
+  int64_t size = 0;
+};
+
 class BlobStore {
  public:
   struct Found {
@@ -30,6 +36,8 @@ class BlobStore {
 
   // Keeps `blob` under `digest` for the whole run.
   void Pin(const std::string& digest, std::shared_ptr<const std::string> blob);
+  // Keeps `blob` for the whole run under its own digest, which it returns with its size.
+  BlobRef Pin(std::shared_ptr<const std::string> blob);
   // Keeps `blob` until the next model is published.
   void Add(const std::string& digest, std::shared_ptr<const std::string> blob, int64_t fp32_size);
   // Model version `digest`: kept with the `versions_kept - 1` newest before it; every

@@ -40,8 +40,7 @@ Status Coordinator::Init() {
   RETURN_IF_ERROR(machinery_.mode().PrepareLocked());
   if (NeedProfile()) {  // what profiling clients time their downlink with
     auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
-    probe_digest_ = Sha256Hex(*probe);
-    blobs_.Pin(probe_digest_, std::move(probe));
+    assets_.probe = blobs_.Pin(std::move(probe));
   }
   run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
   if (!opts_.run_dir.empty()) {
@@ -67,10 +66,9 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
   if (kind.scripted) {
     ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
     auto blob = std::make_shared<const std::string>(spec.torchscript);
-    const std::string digest = Sha256Hex(*blob);
-    model_desc_.set_torchscript_digest(digest);
-    model_desc_.set_torchscript_size(static_cast<int64_t>(blob->size()));
-    blobs_.Pin(digest, std::move(blob));
+    const BlobRef script = blobs_.Pin(std::move(blob));
+    assets_.model.set_torchscript_digest(script.digest);
+    assets_.model.set_torchscript_size(script.size);
   }
   if (kind.hf_folder) {
     ASSIGN_OR_RETURN(std::string config, ReadHfConfig(cfg_.model.path));
@@ -105,11 +103,9 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
       RETURN_IF_ERROR(model_->LoadQuantized(*quantized));
       quantized_base_ = *std::move(quantized);
       auto blob = std::make_shared<const std::string>(quantized_base_.Encode());
-      quantized_base_digest_ = Sha256Hex(*blob);
-      quantized_base_size_ = static_cast<int64_t>(blob->size());
-      blobs_.Pin(quantized_base_digest_, std::move(blob));
+      assets_.quantized_base = blobs_.Pin(std::move(blob));
       spdlog::info("quantized base: {} projection weights in {}, {} bytes", quantized_base_.tensors.size(),
-                   spec.quantize, quantized_base_size_);
+                   spec.quantize, assets_.quantized_base.size);
     }
   } else if (!cfg_.model.weights.empty()) {
     auto weights = LoadWeights(cfg_.model.weights, cfg_.model.name, global_);
@@ -124,9 +120,7 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
       return absl::InvalidArgumentError(absl::StrCat("train.loss_path: ", s.message()));
     }
     auto blob = std::make_shared<const std::string>(std::move(archive));
-    loss_digest_ = Sha256Hex(*blob);
-    loss_size_ = static_cast<int64_t>(blob->size());
-    blobs_.Pin(loss_digest_, std::move(blob));
+    assets_.loss = blobs_.Pin(std::move(blob));
   }
   if (opts_.initial_model) {
     if (opts_.evaluate && !opts_.initial_model->SameLayout(global_)) {
@@ -138,14 +132,14 @@ StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
 }
 
 void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
-  model_desc_.set_name(cfg_.model.name);
-  for (int64_t d : spec.input_shape) model_desc_.add_input_shape(d);
-  model_desc_.set_num_classes(spec.num_classes);
-  if (ModelTraitsOf(spec.name).hf_folder) model_desc_.set_hf_config(spec.hf_config);
-  model_desc_.set_quantize(spec.quantize);
-  model_desc_.set_static_batch_norm(spec.static_bn);
+  assets_.model.set_name(cfg_.model.name);
+  for (int64_t d : spec.input_shape) assets_.model.add_input_shape(d);
+  assets_.model.set_num_classes(spec.num_classes);
+  if (ModelTraitsOf(spec.name).hf_folder) assets_.model.set_hf_config(spec.hf_config);
+  assets_.model.set_quantize(spec.quantize);
+  assets_.model.set_static_batch_norm(spec.static_bn);
   if (spec.text()) {
-    v1::GptDescription* g = model_desc_.mutable_gpt();
+    v1::GptDescription* g = assets_.model.mutable_gpt();
     g->set_vocab(spec.gpt.vocab);
     g->set_context(spec.gpt.context);
     g->set_layers(spec.gpt.layers);
@@ -154,11 +148,11 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
     g->set_tie(spec.gpt.tie);
   }
   if (!spec.interop_base.empty()) {
-    model_desc_.mutable_interop()->set_base(spec.interop_base);
-    model_desc_.mutable_interop()->set_width(spec.interop_width);
+    assets_.model.mutable_interop()->set_base(spec.interop_base);
+    assets_.model.mutable_interop()->set_width(spec.interop_width);
   }
   if (spec.lora.enabled()) {
-    v1::LoraDescription* l = model_desc_.mutable_lora();
+    v1::LoraDescription* l = assets_.model.mutable_lora();
     l->set_rank(spec.lora.rank);
     l->set_alpha(spec.lora.alpha);
     for (const std::string& t : spec.lora.targets) l->add_targets(t);
@@ -178,21 +172,19 @@ Status Coordinator::SplitLayoutLocked() {
   const ModelTraits kind = ModelTraitsOf(cfg_.model.name);
   ASSIGN_OR_RETURN(layout_, ModelLayout::Of(global_, std::move(personal), model_->FrozenTensors(), kind.private_tensor));
   if (!layout_.personal().empty()) {
-    for (const std::string& n : layout_.personal()) model_desc_.add_personal(n);
+    for (const std::string& n : layout_.personal()) assets_.model.add_personal(n);
     spdlog::info("personal layers: {} of {} tensors stay on the clients ({})", layout_.personal().size(),
                  global_.size(), absl::StrJoin(layout_.personal(), " "));
   }
   if (const std::vector<std::string>& frozen = layout_.frozen(); !frozen.empty()) {
     auto base = std::make_shared<const std::string>(Only(global_, frozen).Encode());
-    base_digest_ = Sha256Hex(*base);
-    base_size_ = static_cast<int64_t>(base->size());
-    blobs_.Pin(base_digest_, std::move(base));
+    assets_.base = blobs_.Pin(std::move(base));
     const ParameterSet trained = Without(global_, frozen);
     spdlog::info("LoRA: {} adapter tensors ({} values, {:.2f} % of the model) train; {} are "
                  "frozen ({} bytes, sent once in federated rounds)",
                  trained.size(), trained.total_elements(),
                  100.0 * trained.total_elements() / global_.total_elements(), frozen.size(),
-                 base_size_);
+                 assets_.base.size);
   }
   if (kind.has_private_tensors()) {  // the devices' own bases and fusion layers (interop)
     ParameterSet scratch;
@@ -538,7 +530,9 @@ Coordinator::Coordinator(ServerOptions o)
       shards_(cfg_.server.worker_threads + 1),
       shard_mu_(new Mutex[shards_]),
       uploads_(cfg_.server.worker_threads),
-      pool_(cfg_.server.worker_threads, UseTorchThreads) {}
+      pool_(cfg_.server.worker_threads, UseTorchThreads) {
+  round_.driver = &machinery_.plain();  // no round yet
+}
 
 Coordinator::~Coordinator() { Stop(); }
 
@@ -549,7 +543,7 @@ ObservedState Coordinator::Observe(bool history) const {
     o.run_id = run_id_;
     o.phase = phase_;
     o.committed_round = committed_round_;
-    o.current_round = current_round_;
+    o.current_round = round_.number;
     o.total_rounds = cfg_.run.rounds;
     const std::vector<RoundMetrics>& rounds = log_.history();
     if (history) o.history = rounds;
@@ -561,7 +555,7 @@ ObservedState Coordinator::Observe(bool history) const {
       }
     }
     std::map<std::string, TaskState> busy;  // by client: its task in flight, if any
-    for (const auto& [id, t] : tasks_) {
+    for (const auto& [id, t] : round_.tasks) {
       if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) {
         busy[t.client_id] = t.state;
       }
@@ -601,7 +595,7 @@ ObservedState Coordinator::Observe(bool history) const {
 void Coordinator::FillStatus(v1::StatusReply* reply) const {
   MutexLock l(&mu_);
   reply->set_run_id(run_id_);
-  reply->set_round(current_round_ ? current_round_ : committed_round_);
+  reply->set_round(round_.number ? round_.number : committed_round_);
   reply->set_total_rounds(cfg_.run.rounds);
   reply->set_connected_clients(ConnectedLocked());
   reply->set_phase(phase_);

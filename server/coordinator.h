@@ -42,6 +42,7 @@
 #include "server/run_log.h"
 #include "server/server.h"
 #include "server/session_table.h"
+#include "server/task_assets.h"
 #include "server/traffic_meter.h"
 #include "server/transport/transport.h"
 #include "server/transport/upload_slots.h"
@@ -184,7 +185,7 @@ class Coordinator : private RoundContext {
     return run_id_;
   }
   int64_t CurrentRoundLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return current_round_;
+    return round_.number;
   }
   int64_t CommittedRoundLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return committed_round_;
@@ -195,7 +196,7 @@ class Coordinator : private RoundContext {
   }
   std::mt19937_64& RngLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return rng_; }
   const RoundWeights& RoundWeightsLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return round_weights_;
+    return round_.weights;
   }
   const std::optional<FitSettings>& EdgeFitLocked() const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -210,12 +211,12 @@ class Coordinator : private RoundContext {
   std::vector<std::string> AvailableLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Session* FindSessionLocked(const std::string& client_id) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  TaskMap& TasksLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tasks_; }
+  TaskMap& TasksLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return round_.tasks; }
   void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RoundResolvedLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int AccumulatingLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return accumulating_;
+    return round_.accumulating;
   }
   Status AwaitClientsLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
@@ -287,7 +288,7 @@ class Coordinator : private RoundContext {
   // closing streams.
   void ExpireSilentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An upload ProcessUpload claimed under mu_, for the work without it. The round stays
-  // open while its task is kAccumulating (schedulers wait for accumulating_ to reach 0
+  // open while its task is kAccumulating (schedulers wait for round_.accumulating to reach 0
   // before they close it), so the layout (global_, the update layout or a split part) and
   // the strategy's round do not change meanwhile.
   struct ClaimedUpload {
@@ -351,17 +352,16 @@ class Coordinator : private RoundContext {
   std::unique_ptr<Model> model_;  // evaluation only (Run thread)
   Dataset test_;
   std::unique_ptr<Strategy> strategy_;
-  v1::ModelDescription model_desc_;
   ModelSpec model_spec_;
+  // What every task names besides its round's model (fixed by Init).
+  TaskAssets assets_;
   std::unique_ptr<Codec> update_codec_;  // compression.update, unless none (decoding only)
   // compression.broadcast, unless none; used by one thread at a time (start, round end).
   std::unique_ptr<Codec> broadcast_codec_;
 
   // How rounds run (fixed by Init): the job's kind of round, its scheduler, the
-  // synchronous rounds of the final evaluation; driver_ is the driver of the round in
-  // progress (the plain one between rounds and in an evaluation round).
+  // synchronous rounds of the final evaluation.
   RoundMachinery machinery_;
-  RoundDriver* driver_ ABSL_GUARDED_BY(mu_) = &machinery_.plain();
 
   // Time for every deadline and timeout (ServerOptions::clock; the real one by default).
   const std::shared_ptr<Clock> clock_;
@@ -373,11 +373,6 @@ class Coordinator : private RoundContext {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string run_id_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<RunFiles> run_files_;  // metrics.jsonl and checkpoint.pb (with a run dir)
-  // server.max_sessions, or derived from the descriptor limit
-  int round_clients_ ABSL_GUARDED_BY(mu_) = 0;  // clients sampled for the current round
-  bool evaluating_ ABSL_GUARDED_BY(mu_) = false;  // the current round is evaluation only
-  // the current round's bound on declared example counts
-  RoundWeights round_weights_ ABSL_GUARDED_BY(mu_);
   Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);            // client sampling (checkpointed)
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
@@ -386,14 +381,9 @@ class Coordinator : private RoundContext {
   // Which of global_'s tensors updates carry and blobs hold (fixed by Init). Checkpoints
   // hold the published ones: a frozen base follows from the config (seed, model.weights).
   ModelLayout layout_;
-  std::string base_digest_;
-  int64_t base_size_ = 0;
-  // model.quantize: the whole model's quantized weights (their bytes shared with model_'s)
-  // and their blob, pinned.
+  // model.quantize: the whole model's quantized weights (their bytes shared with model_'s;
+  // their blob is assets_.quantized_base).
   QuantizedSet quantized_base_;
-  std::string quantized_base_digest_;
-  int64_t quantized_base_size_ = 0;
-  std::string probe_digest_;  // the probe blob, when clients profile
   // The layout of an update (and of the strategy's sums).
   const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return layout_.UpdateLayout(global_); }
   // What a round's model blob and a checkpoint hold (ModelLayout::Published).
@@ -403,22 +393,14 @@ class Coordinator : private RoundContext {
   // The Run thread is the only writer of global_ (under mu_), so it may read it without.
   const ParameterSet& RunThreadGlobal() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return global_; }
   std::string model_digest_ ABSL_GUARDED_BY(mu_);
-  std::string loss_digest_;  // the TorchScript loss's blob (train.loss: torchscript)
-  int64_t loss_size_ = 0;
   int64_t committed_round_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t current_round_ ABSL_GUARDED_BY(mu_) = 0;  // round in progress; 0 when none
-  // server.record_updates: updates recorded in round recorded_round_.
-  int64_t recorded_round_ ABSL_GUARDED_BY(mu_) = 0;
-  int recorded_updates_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, TaskRecord> tasks_ ABSL_GUARDED_BY(mu_);  // tasks of the current round
+  CurrentRound round_ ABSL_GUARDED_BY(mu_);  // its driver: the plain one between rounds
   RunLog log_ ABSL_GUARDED_BY(mu_);  // the rounds recorded
   TrafficMeter traffic_;
   double prior_elapsed_s_ = 0;  // wall time of the run before a resume
   // An edge round's settings and batch seed, from the upstream task (RunEdgeRound).
   std::optional<FitSettings> edge_fit_ ABSL_GUARDED_BY(mu_);
   uint64_t edge_seed_ ABSL_GUARDED_BY(mu_) = 0;
-  // Tasks in TaskState::kAccumulating: the round does not close while there are any.
-  int accumulating_ ABSL_GUARDED_BY(mu_) = 0;
   // The strategy's partial aggregates (Strategy::BeginRound's shards): one per worker,
   // and the last for other threads. shard_mu_[i] is taken around Accumulate into shard
   // i, which uploads call without mu_ while a round is open; the round thread uses the

@@ -38,7 +38,7 @@ void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::st
 }
 
 bool Coordinator::RoundResolvedLocked() const {
-  for (const auto& [id, t] : tasks_) {
+  for (const auto& [id, t] : round_.tasks) {
     if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return false;
   }
   return true;
@@ -51,36 +51,30 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   task->set_run_id(run_id_);
   task->set_round(round);
   task->set_task_id(absl::StrCat("r", round, "-", cid));
-  *task->mutable_model() = model_desc_;
-  if (model_desc_.has_interop()) {  // this device's own base
+  assets_.NameIn(task);
+  if (assets_.model.has_interop()) {  // this device's own base
     task->mutable_model()->mutable_interop()->set_base(cfg_.model.interop.BaseOf(sessions_.Find(cid)->name));
   }
   auto* tc = task->mutable_train();
   ToProto(fit, tc);
-  tc->set_loss_digest(loss_digest_);
-  tc->set_loss_size(loss_size_);
   tc->set_seed(edge_fit_ ? edge_seed_ : cfg_.run.seed * 1000003 + round);
   task->set_deadline_unix_ms(deadline_ms);
   TaskRecord rec;
   rec.client_id = cid;
   rec.round = round;
   machinery_.scheduler().ShapeTaskLocked(*sessions_.Find(cid), fit, task, &rec);
-  if (evaluating_) task->set_task_id(absl::StrCat("e", round, "-", cid));
+  if (round_.evaluating) task->set_task_id(absl::StrCat("e", round, "-", cid));
   rec.id = task->task_id();
-  task->set_base_digest(base_digest_);
-  task->set_base_size(base_size_);
-  task->set_quantized_base_digest(quantized_base_digest_);
-  task->set_quantized_base_size(quantized_base_size_);
   task->set_model_digest(model_digest_);
   if (auto published = blobs_.Find(model_digest_); published.ok()) {
     task->set_model_size(static_cast<int64_t>(published->blob->size()));
   }
   if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
-  if (evaluating_) {
+  if (round_.evaluating) {
     task->set_evaluate_only(true);
     rec.evaluate_only = true;
     rec.expected_size = static_cast<int64_t>(ParameterSet().EncodedSize());
-    tasks_[rec.id] = std::move(rec);
+    round_.tasks[rec.id] = std::move(rec);
     return msg;
   }
   rec.expected_size = update_codec_ ? EncodedTensorsSize(*update_codec_, UpdateLayout())
@@ -89,14 +83,14 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
     rec.codec = cfg_.compression.update;
     task->set_update_codec(rec.codec);
   }
-  driver_->PrepareTaskLocked(task, &rec);  // split: the client part; SecAgg: masked inputs
+  round_.driver->PrepareTaskLocked(task, &rec);  // split: the client part; SecAgg: masked inputs
   if (cfg_.dp.enabled && cfg_.dp.noise == "distributed") {
     // Each client's share of the noise: n shares sum to N(0, (z C)^2).
     task->mutable_dp()->set_clip(cfg_.dp.clip);
     task->mutable_dp()->set_noise_stddev(cfg_.dp.noise_multiplier * cfg_.dp.clip /
-                                         std::sqrt(static_cast<double>(round_clients_)));
+                                         std::sqrt(static_cast<double>(round_.clients)));
   }
-  tasks_[rec.id] = std::move(rec);
+  round_.tasks[rec.id] = std::move(rec);
   return msg;
 }
 
@@ -174,8 +168,8 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
   }
   mu_.Lock();
   for (const auto& [link, task_id] : closed) {
-    auto t = tasks_.find(task_id);
-    if (t == tasks_.end()) continue;
+    auto t = round_.tasks.find(task_id);
+    if (t == round_.tasks.end()) continue;
     const std::string client_id = t->second.client_id;
     if (t->second.state == TaskState::kAssigned) {
       FailTaskLocked(task_id, t->second, "control stream closed");
@@ -193,14 +187,14 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
 
 void Coordinator::BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
                                    RoundDriver& driver, bool evaluate_only) {
-  round_clients_ = std::max<int>(1, clients.size());
-  round_weights_ = WeightsOfLocked(clients);
+  round_.clients = std::max<int>(1, clients.size());
+  round_.weights = WeightsOfLocked(clients);
   if (!evaluate_only) strategy_->BeginRound(UpdateLayout(), shards_);
-  evaluating_ = evaluate_only;
-  tasks_.clear();
-  current_round_ = round;
+  round_.evaluating = evaluate_only;
+  round_.tasks.clear();
+  round_.number = round;
   ResetRoundBytes();
-  driver_ = &driver;
+  round_.driver = &driver;
 }
 
 RoundWeights Coordinator::WeightsOfLocked(const std::vector<std::string>& clients) {
@@ -221,17 +215,17 @@ RoundWeights Coordinator::WeightsOfLocked(const std::vector<std::string>& client
 void Coordinator::BeginBufferLocked(int64_t version, RoundDriver& driver) {
   const std::vector<std::string> available = AvailableLocked();
   // The cap follows the connected clients; with none connected the last one holds.
-  if (!available.empty()) round_weights_ = WeightsOfLocked(available);
+  if (!available.empty()) round_.weights = WeightsOfLocked(available);
   strategy_->BeginRound(UpdateLayout(), shards_);
-  current_round_ = version;
-  driver_ = &driver;
+  round_.number = version;
+  round_.driver = &driver;
   ResetRoundBytes();
 }
 
 void Coordinator::EndRoundLocked() {
-  current_round_ = 0;
-  driver_ = &machinery_.plain();
-  evaluating_ = false;
+  round_.number = 0;
+  round_.driver = &machinery_.plain();
+  round_.evaluating = false;
   cv_.SignalAll();
 }
 
@@ -274,7 +268,7 @@ void Coordinator::CountRoundBytesLocked(RoundMetrics* m) const {
 }
 
 void Coordinator::AwaitAccumulatingLocked() {
-  while (accumulating_ > 0) cv_.Wait(&mu_);
+  while (round_.accumulating > 0) cv_.Wait(&mu_);
 }
 
 void Coordinator::Accumulate(const ClientUpdate& update) {

@@ -125,9 +125,9 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
     welcome->set_name(s.name);
     welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
     if (NeedProfile()) {
-      *welcome->mutable_model() = model_desc_;
+      *welcome->mutable_model() = assets_.model;
       welcome->set_profile_batch_size(cfg_.train.batch_size);
-      welcome->set_probe_digest(probe_digest_);
+      welcome->set_probe_digest(assets_.probe.digest);
       welcome->set_probe_size(kProbeBytes);
     }
     spdlog::info("client {} ({}) joined with {} examples", s.id, s.name, s.num_examples);
@@ -154,8 +154,8 @@ void Coordinator::Heartbeat(const std::string& client_id) {
 
 void Coordinator::Ack(const std::string& client_id, const v1::TaskAck& ack) {
   MutexLock l(&mu_);
-  auto it = tasks_.find(ack.task_id());
-  if (it == tasks_.end() || it->second.client_id != client_id) return;
+  auto it = round_.tasks.find(ack.task_id());
+  if (it == round_.tasks.end() || it->second.client_id != client_id) return;
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
     const std::string why = Printable(ack.error(), 200);
     if (ack.code() == static_cast<int32_t>(absl::StatusCode::kResourceExhausted)) {
@@ -182,10 +182,10 @@ void Coordinator::ControlDone(const std::string& client_id, const ClientLink* li
 std::shared_ptr<ClientLink> Coordinator::EndSessionLocked(const std::string& id, const std::string& why) {
   Session* s = sessions_.Find(id);
   if (s == nullptr) return nullptr;
-  for (auto& [task_id, t] : tasks_) {
+  for (auto& [task_id, t] : round_.tasks) {
     if (t.client_id == id && t.state == TaskState::kAssigned) FailTaskLocked(task_id, t, why);
   }
-  driver_->ClientLeftLocked(id);
+  round_.driver->ClientLeftLocked(id);
   machinery_.mode().SessionEndedLocked(id);
   machinery_.scheduler().SessionEndedLocked(id);
   std::shared_ptr<ClientLink> link = std::move(s->link);
@@ -199,10 +199,10 @@ void Coordinator::FailTaskLocked(const std::string& task_id, TaskRecord& t,
                                   const std::string& why) {
   spdlog::warn("task {} of client {} failed: {}", task_id, t.client_id, why);
   t.state = TaskState::kFailed;
-  t.resolved_in = current_round_;
+  t.resolved_in = round_.number;
   t.failure = why;
   if (Session* s = sessions_.Find(t.client_id)) ++s->failures;
-  driver_->TaskFailedLocked(t);
+  round_.driver->TaskFailedLocked(t);
 }
 
 Status Coordinator::Authenticate(const std::string& client_id, const std::string& token,
@@ -310,8 +310,8 @@ void Coordinator::ExpireSilentLocked() {
                  h ? Printable(h->client_id()) : "(no header yet)",
                  cfg_.server.upload_idle_timeout_s);
     if (h == nullptr) continue;
-    auto t = tasks_.find(h->task_id());
-    if (t != tasks_.end() && t->second.client_id == h->client_id() &&
+    auto t = round_.tasks.find(h->task_id());
+    if (t != round_.tasks.end() && t->second.client_id == h->client_id() &&
         t->second.state == TaskState::kAssigned) {
       FailTaskLocked(t->first, t->second, "its upload stalled");
       cv_.SignalAll();

@@ -50,11 +50,11 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
   MutexLock l(&mu_);
   ASSIGN_OR_RETURN(const Session* s, CheckSenderLocked("upload", h.client_id(), h.session_token(),
                                                        peer, h.run_id(), h.round()));
-  auto t = tasks_.find(h.task_id());
-  if (t == tasks_.end() || t->second.client_id != h.client_id()) {
+  auto t = round_.tasks.find(h.task_id());
+  if (t == round_.tasks.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
         absl::StrCat("task ", Printable(h.task_id()), " was not given to client ",
-                     Printable(h.client_id()), " in round ", current_round_));
+                     Printable(h.client_id()), " in round ", round_.number));
   }
   if (h.round() != t->second.round) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -107,7 +107,7 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
     return absl::InvalidArgumentError(absl::StrCat(
         "upload announces ", h.total_size(), " bytes; an update of this model has ", expected));
   }
-  RETURN_IF_ERROR(driver_->CheckUploadLocked(t->second, h));  // split, gossip: their stats
+  RETURN_IF_ERROR(round_.driver->CheckUploadLocked(t->second, h));  // split, gossip: their stats
   return expected;
 }
 
@@ -154,9 +154,9 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   if (opts_.before_accumulate) opts_.before_accumulate();
   Status s = AddClaimed(h, payload, std::move(views), claim);
   MutexLock l(&mu_);
-  --accumulating_;
+  --round_.accumulating;
   cv_.SignalAll();
-  TaskRecord& t = tasks_.at(h.task_id());  // still there: the round waits for us
+  TaskRecord& t = round_.tasks.at(h.task_id());  // still there: the round waits for us
   if (!s.ok()) {
     // Refused: the task is as it was, unless its client left meanwhile.
     t.state = TaskState::kAssigned;
@@ -164,7 +164,7 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     if (sessions_.Find(t.client_id) == nullptr) FailTaskLocked(h.task_id(), t, "disconnected");
     return s;
   }
-  t.resolved_in = current_round_;
+  t.resolved_in = round_.number;
   AcceptLocked(t, h, claim.update.weight, payload.size(), *claim.layout);
   return absl::OkStatus();
 }
@@ -176,8 +176,8 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   ClaimedUpload claim;
   // Re-check under the lock: the round may have closed while we were reading.
   const bool open = machinery_.scheduler().OpenForLocked(h.round());
-  auto t = tasks_.find(h.task_id());
-  if (!open || t == tasks_.end() || t->second.client_id != h.client_id()) {
+  auto t = round_.tasks.find(h.task_id());
+  if (!open || t == round_.tasks.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
         absl::StrCat("round ", h.round(), " closed before the upload completed"));
   }
@@ -189,11 +189,11 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     return absl::InvalidArgumentError("an evaluation task's upload must carry its evaluation");
   }
   ASSIGN_OR_RETURN(claim.scale, machinery_.scheduler().AdmitLocked(h.task_id(), task, h));
-  const ParameterSet* own = driver_->UploadLayoutLocked(task);  // split: the client part
+  const ParameterSet* own = round_.driver->UploadLayoutLocked(task);  // split: the client part
   claim.layout = own ? own : task.evaluate_only ? &kNothing : &UpdateLayout();
-  const int64_t weight = round_weights_.Weight(h.num_examples());
+  const int64_t weight = round_.weights.Weight(h.num_examples());
   Status taken;
-  if (driver_->TakeLocked(h, payload, task, &taken)) {  // a masked input, added whole
+  if (round_.driver->TakeLocked(h, payload, task, &taken)) {  // a masked input, added whole
     if (!taken.ok()) {
       machinery_.scheduler().UnadmitLocked();
       return taken;
@@ -207,13 +207,13 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     claim.resolved = true;
     return claim;
   }
-  claim.add = driver_->ClaimUploadLocked(task);
+  claim.add = round_.driver->ClaimUploadLocked(task);
   // server.record_updates: a whole model's update, while the global model is still the
   // one it started from (an asynchronous buffer may have moved on).
-  if (cfg_.server.record_updates > 0 && own == nullptr && task.width == 0 && task.round == current_round_) {
-    if (recorded_round_ != current_round_) recorded_round_ = current_round_, recorded_updates_ = 0;
-    if (recorded_updates_ < cfg_.server.record_updates) {
-      ++recorded_updates_;
+  if (cfg_.server.record_updates > 0 && own == nullptr && task.width == 0 && task.round == round_.number) {
+    if (round_.recorded_round != round_.number) round_.recorded_round = round_.number, round_.recorded_updates = 0;
+    if (round_.recorded_updates < cfg_.server.record_updates) {
+      ++round_.recorded_updates;
       claim.update_record_path = RunPath(absl::StrCat("record/round-", task.round, "/", h.client_id(), ".pb"));
       claim.update_record_base = GlobalLocked();
     }
@@ -228,7 +228,7 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   update.train_loss = h.train_loss();
   if (machinery_.scheduler().Records()) {
     BufferEntry& record = claim.record.emplace();
-    record.version = current_round_;
+    record.version = round_.number;
     record.task_round = task.round;
     record.staleness = task.staleness;
     record.weight = weight;
@@ -241,7 +241,7 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     record.codec = h.codec();
   }
   task.state = TaskState::kAccumulating;
-  ++accumulating_;
+  ++round_.accumulating;
   return claim;
 }
 
@@ -306,14 +306,14 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
     if (s->count_from_fit) s->num_examples = h.num_examples();
   }
   t.done_at = clock_->Now();
-  driver_->AcceptedLocked(t, h);
+  round_.driver->AcceptedLocked(t, h);
   machinery_.scheduler().AcceptedLocked(t, h);
   if (t.evaluate_only) {
     spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
-                 current_round_, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
+                 round_.number, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
   } else {
     spdlog::info("round {}: update from {} accepted ({} examples, weight {}, loss {:.4f}, {:.1f}s)",
-                 current_round_, h.client_id(), h.num_examples(), weight, h.train_loss(),
+                 round_.number, h.client_id(), h.num_examples(), weight, h.train_loss(),
                  h.train_seconds());
   }
   cv_.SignalAll();

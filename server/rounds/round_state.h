@@ -10,12 +10,14 @@
 #include <memory>
 #include <string>
 
+#include "aggregation/weighting.h"
 #include "cleave/v1/cleave.pb.h"
 #include "core/clock.h"
 
 namespace cleave {
 
 class ClientLink;   // server/transport/transport.h
+class RoundDriver;  // server/rounds/round_driver.h
 class SplitRound;   // split/round.h
 
 // kAccumulating: its upload passed the checks made under the coordinator's lock and is
@@ -57,6 +59,22 @@ struct TaskRecord {
 };
 
 using TaskMap = std::map<std::string, TaskRecord>;
+
+// The round in progress as the coordinator keeps it, under its mutex: begun by
+// RoundContext::BeginRoundLocked (or BeginBufferLocked) and ended by EndRoundLocked.
+struct CurrentRound {
+  int64_t number = 0;       // the round (or async version) in progress; 0 when none
+  bool evaluating = false;  // an evaluation round: nothing is trained
+  int clients = 0;          // the clients it was sized for (distributed DP's noise shares)
+  RoundWeights weights;     // the bound on the example counts its clients declared
+  TaskMap tasks;
+  // Tasks in TaskState::kAccumulating: the round does not close while there are any.
+  int accumulating = 0;
+  RoundDriver* driver = nullptr;  // the driver running it (the plain one between rounds)
+  // server.record_updates: the updates recorded in round recorded_round.
+  int64_t recorded_round = 0;
+  int recorded_updates = 0;
+};
 
 // What a split stream works on; fixed when the stream opens.
 struct SplitStreamTask {

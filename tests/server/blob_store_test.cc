@@ -56,5 +56,16 @@ TEST(BlobStoreTest, FindsABlobWithItsFp32Size) {
   EXPECT_EQ(s.Find("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(BlobStoreTest, APinnedBlobIsNamedByItsOwnDigest) {
+  BlobStore s;
+  const BlobRef ref = s.Pin(Bytes("abc"));
+  // SHA-256 of "abc" (FIPS 180-2's first example).
+  EXPECT_EQ(ref.digest, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(ref.size, 3);
+  s.PublishModel("m", Bytes("model"), 5, 1);
+  ASSERT_TRUE(s.Has(ref.digest));
+  EXPECT_EQ(*s.Find(ref.digest)->blob, "abc");
+}
+
 }  // namespace
 }  // namespace cleave
