@@ -5,7 +5,9 @@
 
 namespace cleave {
 
-bool InteropPrivate(const std::string& name) { return absl::StartsWith(name, "0.") || absl::StartsWith(name, "1."); }
+bool InteropPrivate(const std::string& name) {
+  return absl::StartsWith(name, "0.") || absl::StartsWith(name, "1.");
+}
 
 Registry<ModelTraits>& ModelKinds() {
   static Registry<ModelTraits>* kinds = [] {

@@ -17,7 +17,8 @@ BlobRef BlobStore::Pin(std::shared_ptr<const std::string> blob) {
   return ref;
 }
 
-void BlobStore::Add(const std::string& digest, std::shared_ptr<const std::string> blob, int64_t fp32_size) {
+void BlobStore::Add(const std::string& digest, std::shared_ptr<const std::string> blob,
+                    int64_t fp32_size) {
   blobs_[digest] = std::move(blob);
   fp32_sizes_[digest] = fp32_size;
 }
@@ -41,10 +42,12 @@ void BlobStore::PublishModel(const std::string& digest, std::shared_ptr<const st
 StatusOr<BlobStore::Found> BlobStore::Find(const std::string& digest) const {
   auto b = blobs_.find(digest);
   if (b == blobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("no blob ", Printable(digest), " (stale model version?)"));
+    return absl::NotFoundError(
+        absl::StrCat("no blob ", Printable(digest), " (stale model version?)"));
   }
   auto f = fp32_sizes_.find(digest);
-  return Found{b->second, f == fp32_sizes_.end() ? static_cast<int64_t>(b->second->size()) : f->second};
+  return Found{b->second,
+               f == fp32_sizes_.end() ? static_cast<int64_t>(b->second->size()) : f->second};
 }
 
 }  // namespace cleave

@@ -42,8 +42,8 @@ class BlobStore {
   void Add(const std::string& digest, std::shared_ptr<const std::string> blob, int64_t fp32_size);
   // Model version `digest`: kept with the `versions_kept - 1` newest before it; every
   // other blob but the pinned ones is dropped.
-  void PublishModel(const std::string& digest, std::shared_ptr<const std::string> blob, int64_t fp32_size,
-                    int versions_kept);
+  void PublishModel(const std::string& digest, std::shared_ptr<const std::string> blob,
+                    int64_t fp32_size, int versions_kept);
   // NOT_FOUND naming the digest (a stale model version, a part of a closed round).
   StatusOr<Found> Find(const std::string& digest) const;
   bool Has(const std::string& digest) const { return blobs_.count(digest) > 0; }

@@ -18,17 +18,18 @@ bool TokenMatches(const std::string& expected, const std::string& given) {
 Status SessionTable::Admit(const std::string& identity) const {
   if (static_cast<int>(sessions_.size()) >= max_) {
     // A device reconnecting with its certificate replaces its session: it may.
-    const bool replaces = mutual_ && std::any_of(sessions_.begin(), sessions_.end(), [&](const auto& kv) {
-                            return kv.second.identity == identity;
-                          });
+    const bool replaces =
+        mutual_ && std::any_of(sessions_.begin(), sessions_.end(),
+                               [&](const auto& kv) { return kv.second.identity == identity; });
     if (!replaces) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the server holds its maximum of ", max_, " sessions (server.max_sessions)"));
+      return absl::ResourceExhaustedError(absl::StrCat("the server holds its maximum of ", max_,
+                                                       " sessions (server.max_sessions)"));
     }
   }
   if (mutual_ && Revoked(identity)) {
     spdlog::warn("refused a Join from revoked certificate '{}'", Printable(identity));
-    return absl::PermissionDeniedError(absl::StrCat("the certificate of '", Printable(identity), "' is revoked"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("the certificate of '", Printable(identity), "' is revoked"));
   }
   return absl::OkStatus();
 }
@@ -97,7 +98,8 @@ int SessionTable::Ready() const {
   return n;
 }
 
-std::vector<std::string> SessionTable::Available(const std::function<bool(const std::string& id)>& serves) const {
+std::vector<std::string> SessionTable::Available(
+    const std::function<bool(const std::string& id)>& serves) const {
   std::vector<std::pair<std::string, std::string>> named;  // (name, id)
   for (const auto& [id, s] : sessions_) {
     if (s.ready && s.unfit.empty() && serves(id)) named.emplace_back(s.name, id);

@@ -60,7 +60,8 @@ class SessionTable {
   // The ready sessions without a memory refusal that `serves` accepts, as sampling draws
   // from them: by name (numerically: sim-2 before sim-10), then by id among one name's,
   // so a seeded run samples the same clients however their connections raced.
-  std::vector<std::string> Available(const std::function<bool(const std::string& id)>& serves) const;
+  std::vector<std::string> Available(
+      const std::function<bool(const std::string& id)>& serves) const;
 
   Map::iterator begin() { return sessions_.begin(); }
   Map::iterator end() { return sessions_.end(); }

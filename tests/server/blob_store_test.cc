@@ -11,7 +11,9 @@
 namespace cleave {
 namespace {
 
-std::shared_ptr<const std::string> Bytes(const std::string& s) { return std::make_shared<const std::string>(s); }
+std::shared_ptr<const std::string> Bytes(const std::string& s) {
+  return std::make_shared<const std::string>(s);
+}
 
 TEST(BlobStoreTest, KeepsPinnedBlobsAndTheNewestModelVersions) {
   BlobStore s;

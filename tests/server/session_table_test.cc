@@ -55,8 +55,10 @@ TEST(SessionTableTest, AuthenticatesTheTokenAndTheCertificate) {
   const auto ok = t.Authenticate("c1", "secret", "dev");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ((*ok)->id, "c1");
-  EXPECT_EQ(t.Authenticate("c1", "secreT", "dev").status().code(), absl::StatusCode::kUnauthenticated);
-  EXPECT_EQ(t.Authenticate("c9", "secret", "dev").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(t.Authenticate("c1", "secreT", "dev").status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(t.Authenticate("c9", "secret", "dev").status().code(),
+            absl::StatusCode::kUnauthenticated);
   const auto other = t.Authenticate("c1", "secret", "other-dev");
   EXPECT_EQ(other.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(other.status().message().find("joined as 'dev'"), std::string::npos) << other.status();
