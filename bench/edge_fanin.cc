@@ -22,9 +22,9 @@
 #include "client/client.h"
 #include "client/shared.h"
 #include "data/dataset.h"
+#include "edge/edge.h"
 #include "job/job.h"
 #include "models/model.h"
-#include "edge/edge.h"
 #include "server/server.h"
 
 namespace cleave {

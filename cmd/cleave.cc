@@ -10,8 +10,12 @@
 #include <filesystem>
 #include <iostream>
 
-#include "core/cli.h"
+#include "absl/strings/numbers.h"
 #include "cleave/v1/cleave.grpc.pb.h"
+#include "core/cli.h"
+#include "core/device_trace.h"
+#include "core/files.h"
+#include "core/logging.h"
 #include "privacy/accountant.h"
 #include "privacy/certs.h"
 #include "privacy/tls.h"
@@ -20,10 +24,6 @@
 #include "tools/local.h"
 #include "tools/report.h"
 #include "tools/simulate.h"
-#include "core/device_trace.h"
-#include "core/files.h"
-#include "absl/strings/numbers.h"
-#include "core/logging.h"
 
 namespace {
 

@@ -11,10 +11,10 @@
 #include "core/files.h"
 #include "core/logging.h"
 #include "core/signals.h"
-#include "models/model.h"
 #include "edge/edge.h"
-#include "server/server.h"
 #include "job/job.h"
+#include "models/model.h"
+#include "server/server.h"
 
 namespace {
 

@@ -13,11 +13,11 @@
 #include "models/hf_folder.h"
 #include "models/kinds.h"
 #include "models/safetensors.h"
+#include "server/modes/secagg_driver.h"
+#include "server/modes/split_driver.h"
 #include "server/observe/metrics_json.h"
 #include "server/rounds/round_registry.h"
 #include "server/rounds/scheduler.h"
-#include "server/modes/secagg_driver.h"
-#include "server/modes/split_driver.h"
 
 namespace cleave {
 

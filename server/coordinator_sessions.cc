@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/printable.h"
-#include "server/rounds/scheduler.h"
 #include "server/modes/secagg_driver.h"
 #include "server/modes/split_driver.h"
+#include "server/rounds/scheduler.h"
 
 namespace cleave {
 

@@ -6,9 +6,9 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "server/modes/topology.h"
 #include "server/options.h"
 #include "server/server.h"
-#include "server/modes/topology.h"
 
 namespace cleave {
 

@@ -9,9 +9,9 @@
 
 #include <memory>
 
+#include "server/modes/secagg_round.h"
 #include "server/rounds/round_context.h"
 #include "server/rounds/round_driver.h"
-#include "server/modes/secagg_round.h"
 
 namespace cleave {
 

@@ -14,9 +14,9 @@
 #include "models/inversion.h"
 #include "models/kinds.h"
 #include "models/part.h"
+#include "server/modes/secagg_driver.h"
 #include "server/observe/observe.h"
 #include "server/options.h"
-#include "server/modes/secagg_driver.h"
 #include "server/server.h"
 #include "split/leakage.h"
 

@@ -9,10 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "server/observe/observe.h"
 #include "server/modes/secagg_driver.h"
-#include "server/server.h"
 #include "server/modes/split_driver.h"
+#include "server/observe/observe.h"
+#include "server/server.h"
 #include "split/pipeline_plan.h"
 
 namespace cleave {

@@ -16,9 +16,9 @@
 #include "models/kinds.h"
 #include "models/model.h"
 #include "proto/edge_weights.h"
-#include "server/options.h"
 #include "server/modes/secagg_driver.h"
 #include "server/modes/split_driver.h"
+#include "server/options.h"
 #include "server/server.h"
 
 namespace cleave {

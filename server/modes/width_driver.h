@@ -53,9 +53,9 @@
 #include "aggregation/submodel.h"
 #include "data/dataset.h"
 #include "models/lora_ranks.h"
-#include "split/cut_policy.h"
 #include "server/rounds/round_context.h"
 #include "server/rounds/round_driver.h"
+#include "split/cut_policy.h"
 
 namespace cleave {
 

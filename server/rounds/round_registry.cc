@@ -1,11 +1,11 @@
 #include "server/rounds/round_registry.h"
 
 #include "server/modes/gossip_driver.h"
-#include "server/options.h"
-#include "server/rounds/scheduler.h"
 #include "server/modes/secagg_driver.h"
 #include "server/modes/split_driver.h"
 #include "server/modes/width_driver.h"
+#include "server/options.h"
+#include "server/rounds/scheduler.h"
 
 namespace cleave {
 

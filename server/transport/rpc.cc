@@ -21,8 +21,8 @@
 #include "core/files.h"
 #include "core/printable.h"
 #include "proto/split_chunks.h"
-#include "server/transport/accept_gate.h"
 #include "server/coordinator.h"
+#include "server/transport/accept_gate.h"
 #include "server/transport/rpc_internal.h"
 #include "server/transport/split_stream.h"
 

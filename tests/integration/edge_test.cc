@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "edge/edge.h"
+#include "job/job.h"
 #include "tests/integration/federation.h"
 #include "tests/server/test_peer.h"
-#include "job/job.h"
 
 namespace cleave {
 namespace {

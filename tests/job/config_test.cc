@@ -12,11 +12,11 @@
 #include "aggregation/registry.h"
 #include "aggregation/staleness.h"
 #include "client/attacks.h"
+#include "job/job.h"
 #include "models/names.h"
 #include "server/rounds/round_registry.h"
 #include "server/rounds/selection.h"
 #include "split/names.h"
-#include "job/job.h"
 
 namespace cleave {
 namespace {
