@@ -54,6 +54,48 @@ struct SecAggClient::State {
   // Per-slice masking: our positions and the neighbours', by graph index (else empty).
   secagg::Slices slices;
   v1::SecAggTask task;  // our placement, to check the delta against
+
+  // Stage 2's neighbour list: our index, their keys and (per-slice masking, with `mine`
+  // our positions) their slices. Returns their indices, at least t of them.
+  StatusOr<std::set<int>> TakeNeighbours(const v1::SecAggNeighbours& nb,
+                                         const std::shared_ptr<const secagg::Positions>& mine) {
+    index = nb.index();
+    std::set<int> neighbours;
+    for (const auto& p : nb.peers()) {
+      if (p.index() == index || p.mask_public_key().size() != 32 ||
+          p.enc_public_key().size() != 32 || !neighbours.insert(p.index()).second) {
+        return absl::InvalidArgumentError("malformed neighbour list");
+      }
+      mask_keys[p.index()] = p.mask_public_key();
+      enc_keys[p.index()] = p.enc_public_key();
+      if (mine) {
+        auto theirs = PlacedPositions(p.placement(), task.length());
+        if (!theirs.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat("neighbour ", p.index(), ": ", theirs.status().message()));
+        }
+        slices[p.index()] = std::make_shared<const secagg::Positions>(std::move(*theirs));
+      }
+    }
+    if (mine) slices[index] = mine;
+    if (static_cast<int>(neighbours.size()) < params.t) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          neighbours.size(), " neighbours; the threshold t = ", params.t, " needs more"));
+    }
+    return neighbours;
+  }
+
+  // The shares our neighbours sent, relayed: each must come from a neighbour, to us, once.
+  Status OpenRelayed(const v1::SecAggRelay& relay, const std::set<int>& neighbours) {
+    for (const auto& c : relay.shares()) {
+      if (c.to() != index || !neighbours.count(c.from()) || held.count(c.from())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("relayed share from ", c.from(), " to ", c.to(), " is misrouted"));
+      }
+      ASSIGN_OR_RETURN(held[c.from()], secagg::OpenShares(c.from(), index, c.sealed(), keys.enc_key.private_key,
+                                                          enc_keys[c.from()], params));
+    }
+    return absl::OkStatus();
+  }
 };
 
 SecAggClient::SecAggClient(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -93,29 +135,7 @@ StatusOr<SecAggClient> SecAggClient::Prepare(v1::Coordinator::Stub* stub, const 
   if (!m.has_secagg_neighbours()) {
     return absl::FailedPreconditionError("expected the secure-aggregation neighbours");
   }
-  const auto& nb = m.secagg_neighbours();
-  st->index = nb.index();
-  std::set<int> neighbours;
-  for (const auto& p : nb.peers()) {
-    if (p.index() == st->index || p.mask_public_key().size() != 32 ||
-        p.enc_public_key().size() != 32 || !neighbours.insert(p.index()).second) {
-      return absl::InvalidArgumentError("malformed neighbour list");
-    }
-    st->mask_keys[p.index()] = p.mask_public_key();
-    st->enc_keys[p.index()] = p.enc_public_key();
-    if (mine) {
-      auto theirs = PlacedPositions(p.placement(), sa.length());
-      if (!theirs.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("neighbour ", p.index(), ": ", theirs.status().message()));
-      }
-      st->slices[p.index()] = std::make_shared<const secagg::Positions>(std::move(*theirs));
-    }
-  }
-  if (mine) st->slices[st->index] = mine;
-  if (static_cast<int>(neighbours.size()) < st->params.t) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        neighbours.size(), " neighbours; the threshold t = ", st->params.t, " needs more"));
-  }
+  ASSIGN_OR_RETURN(const std::set<int> neighbours, st->TakeNeighbours(m.secagg_neighbours(), mine));
   ASSIGN_OR_RETURN(auto shares, secagg::ShareSecrets(st->index, st->keys, neighbours, st->params));
   v1::SecAggShares out;
   for (int v : neighbours) {
@@ -133,16 +153,7 @@ StatusOr<SecAggClient> SecAggClient::Prepare(v1::Coordinator::Stub* stub, const 
   if (!m.has_secagg_relay()) {
     return absl::FailedPreconditionError("expected the relayed secure-aggregation shares");
   }
-  for (const auto& c : m.secagg_relay().shares()) {
-    if (c.to() != st->index || !neighbours.count(c.from()) || st->held.count(c.from())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("relayed share from ", c.from(), " to ", c.to(), " is misrouted"));
-    }
-    ASSIGN_OR_RETURN(st->held[c.from()],
-                     secagg::OpenShares(c.from(), st->index, c.sealed(),
-                                        st->keys.enc_key.private_key, st->enc_keys[c.from()],
-                                        st->params));
-  }
+  RETURN_IF_ERROR(st->OpenRelayed(m.secagg_relay(), neighbours));
   if (mine) {
     // Each of our values must be under some pair mask, or unmasking our self mask would
     // show it to the server alone.

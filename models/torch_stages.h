@@ -16,6 +16,16 @@
 
 namespace cleave {
 
+// Appends the floating-point buffers (BatchNorm's running statistics; not its integer
+// batch counter) to `out`: the tensors FedAvg averages besides the parameters.
+template <typename Named>
+void AppendFloatBuffers(const Named& buffers, const std::string& prefix,
+                        std::vector<std::pair<std::string, torch::Tensor>>& out) {
+  for (const auto& b : buffers) {
+    if (b.value().is_floating_point()) out.emplace_back(prefix + b.key(), b.value());
+  }
+}
+
 struct TorchStage {
   // This stage's tensors (parameters, then floating-point buffers such as BatchNorm's
   // running statistics) named as in the whole model ("3.0.weight").

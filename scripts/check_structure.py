@@ -7,12 +7,10 @@
   friend           a friend declaration outside core/mutex.h
   model-name       a model kind compared by name outside models/ (== "hf", ...)
 
-Tests, benchmarks, fuzz targets and generated code are left out. What the tree held when
-the check was written is listed in scripts/structure_baseline.txt, one finding a line; a
-finding not listed fails the check, and so does a listed one that is gone (take it off
-the list: the baseline only shrinks).
+Tests, benchmarks, fuzz targets and generated code are left out. Any finding fails the
+check.
 
-    scripts/check_structure.py [--root DIR] [--write-baseline]
+    scripts/check_structure.py [--root DIR]
 """
 
 import argparse
@@ -139,28 +137,12 @@ def check(root):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    p.add_argument("--write-baseline", action="store_true")
     args = p.parse_args()
-    baseline_path = os.path.join(args.root, "scripts", "structure_baseline.txt")
     findings = check(args.root)
-    keys = sorted({k for k, _ in findings})
-    if args.write_baseline:
-        with open(baseline_path, "w", encoding="utf-8") as f:
-            f.write("# Findings of scripts/check_structure.py the tree held when it was written: each goes\n"
-                    "# as the code is restructured (issue 57), and nothing joins them.\n")
-            f.write("".join(k + "\n" for k in keys))
-        print(f"check_structure: {len(keys)} findings written to {baseline_path}")
-        return 0
-    with open(baseline_path, encoding="utf-8") as f:
-        baseline = {l.strip() for l in f if l.strip() and not l.startswith("#")}
-    new = [(k, msg) for k, msg in findings if k not in baseline]
-    gone = sorted(baseline - set(keys))
-    for _, msg in new:
-        print(f"new: {msg}")
-    for k in gone:
-        print(f"fixed, take it off scripts/structure_baseline.txt: {k}")
-    print(f"check_structure: {len(new)} new, {len(gone)} fixed, {len(baseline)} in the baseline")
-    return 1 if new or gone else 0
+    for _, msg in findings:
+        print(msg)
+    print(f"check_structure: {len(findings)} findings")
+    return 1 if findings else 0
 
 
 if __name__ == "__main__":

@@ -246,6 +246,111 @@ int RunTokenAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   return 0;
 }
 
+namespace {
+
+// The images attack's two inversions: a learned inverter, and optimisation from the
+// auxiliary data's mean (o.optimise_steps; none at 0), both within its pixel range.
+std::pair<InversionOptions, InversionOptions> ImageInversions(const AttackOptions& o, const Dataset& aux) {
+  InversionOptions learned, optimised;
+  learned.steps = o.steps;
+  optimised.steps = o.optimise_steps;
+  optimised.lr = 0.05;
+  optimised.tv = o.tv;
+  SetInputRange(aux, &learned);
+  SetInputRange(aux, &optimised);
+  return {learned, optimised};
+}
+
+// The images attack's totals, printed and written for cleave report.
+void ReportImageTotals(const std::string& run_dir, int round, const Similarity& learned,
+                       const Similarity& optimised, const Similarity& mean, std::ostream& out,
+                       std::ostream& err) {
+  out << "total: " << learned.images << " images; " << learned.Line("learned");
+  if (optimised.images > 0) out << "; " << optimised.Line("optimised");
+  out << "; " << mean.Line("the auxiliary mean image (knowing nothing)") << "\n";
+  nlohmann::json summary = {{"images", learned.images},
+                            {"learned_ssim", learned.mean_ssim()},
+                            {"learned_psnr", learned.mean_psnr()},
+                            {"mean_ssim", mean.mean_ssim()}};
+  if (optimised.images > 0) {
+    summary["optimised_ssim"] = optimised.mean_ssim();
+    summary["optimised_psnr"] = optimised.mean_psnr();
+  }
+  WriteSummary(run_dir, "images", round, std::move(summary), err);
+}
+
+// A batch's `batch` true images against as many reconstructions, in whatever order: each
+// scored against its most similar unused reconstruction. The first `grid_images` pairs
+// go into the grid's two rows.
+Similarity MatchImages(const std::vector<float>& truth, const std::vector<float>& reconstructed, int64_t batch,
+                       const std::vector<int64_t>& shape, const Dataset& space, int grid_images,
+                       std::vector<std::vector<std::vector<float>>>* grid) {
+  Similarity by;
+  std::vector<bool> used(batch, false);
+  for (int64_t i = 0; i < batch; ++i) {
+    const std::vector<float> tp = ImagePixels(truth, i, shape, space);
+    int64_t best = -1;
+    double best_ssim = -2;
+    std::vector<float> best_px;
+    for (int64_t j = 0; j < batch; ++j) {
+      if (used[j]) continue;
+      std::vector<float> rp = ImagePixels(reconstructed, j, shape, space);
+      const double ssim = Ssim(tp.data(), rp.data(), shape[0], shape[1], shape[2], 1);
+      if (ssim > best_ssim) best_ssim = ssim, best = j, best_px = std::move(rp);
+    }
+    used[best] = true;
+    by.Add(tp, best_px, shape);
+    if (static_cast<int>((*grid)[0].size()) < grid_images) {
+      (*grid)[0].push_back(tp);
+      (*grid)[1].push_back(std::move(best_px));
+    }
+  }
+  return by;
+}
+
+// One record's batches inverted (by `inverter`, and by optimisation with o.optimise_steps)
+// and, where the device's copy `truth` says what it sent, scored; the first
+// o.grid_images images go into the grid's rows (the inputs, learned, optimised).
+struct ImageScores {
+  Similarity learned, optimised, mean;
+};
+StatusOr<ImageScores> ScoreImageRecord(const SplitRecord& record, const StatusOr<SplitRecord>& truth,
+                                       LearnedInverter& inverter, const ClientPartView& view,
+                                       const InversionOptions& optimised, const AttackOptions& o, const Dataset& aux,
+                                       const std::vector<float>& mean_pixels,
+                                       std::vector<std::vector<std::vector<float>>>* grid) {
+  const std::vector<int64_t>& shape = view.spec.input_shape;
+  ImageScores by;
+  for (size_t k = 0; k < record.batches.size(); ++k) {
+    const Tensor& act = record.batches[k].activations;
+    const Activations a{act.shape, act.values};
+    ASSIGN_OR_RETURN(const Activations l, inverter.Invert(a));
+    Activations opt;
+    if (o.optimise_steps > 0) {
+      ASSIGN_OR_RETURN(opt, InvertByOptimisation(view, a, optimised));
+    }
+    const bool known = truth.ok() && k < truth->batches.size() && truth->batches[k].activations.shape == l.shape;
+    for (int64_t i = 0; i < a.batch(); ++i) {
+      const std::vector<float> lp = ImagePixels(l.values, i, shape, aux);
+      std::vector<float> op, tp;
+      if (o.optimise_steps > 0) op = ImagePixels(opt.values, i, shape, aux);
+      if (known) tp = ImagePixels(truth->batches[k].activations.values, i, shape, aux);
+      if (!o.grid.empty() && static_cast<int>((*grid)[1].size()) < o.grid_images) {
+        if (known) (*grid)[0].push_back(tp);
+        (*grid)[1].push_back(lp);
+        if (!op.empty()) (*grid)[2].push_back(op);
+      }
+      if (!known) continue;
+      by.mean.Add(tp, mean_pixels, shape);
+      by.learned.Add(tp, lp, shape);
+      if (!op.empty()) by.optimised.Add(tp, op, shape);
+    }
+  }
+  return by;
+}
+
+}  // namespace
+
 int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostream& out, std::ostream& err) {
   const auto fail = [&](const std::string& why) {
     err << "cleave attack images: " << why << "\n";
@@ -268,13 +373,7 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
   if (aux->shape != view.spec.input_shape) return fail(absl::StrCat("the auxiliary images ", aux_spec, " are not the model's input"));
   const Activations aux_in = FirstInputs(*aux, o.aux_limit);
   const std::vector<float> mean_pixels = MeanImage(aux_in, view.spec.input_shape, *aux);
-  InversionOptions learned, optimised;
-  learned.steps = o.steps;
-  optimised.steps = o.optimise_steps;
-  optimised.lr = 0.05;
-  optimised.tv = o.tv;
-  SetInputRange(*aux, &learned);
-  SetInputRange(*aux, &optimised);
+  const auto [learned, optimised] = ImageInversions(o, *aux);
   const std::vector<int64_t>& shape = view.spec.input_shape;
   std::map<std::string, std::unique_ptr<LearnedInverter>> inverters;  // by the part's values and cut
   Similarity total_learned, total_optimised, total_mean;
@@ -292,33 +391,10 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
       if (!trained.ok()) return fail(absl::StrCat(name, ": ", trained.status().message()));
       inverter = *std::move(trained);
     }
-    StatusOr<SplitRecord> truth = SentRecord(run_dir, name);
-    Similarity by_learned, by_optimised, by_mean;
-    for (size_t k = 0; k < record->batches.size(); ++k) {
-      const Tensor& act = record->batches[k].activations;
-      const Activations a{act.shape, act.values};
-      StatusOr<Activations> l = inverter->Invert(a);
-      if (!l.ok()) return fail(absl::StrCat(name, ": ", l.status().message()));
-      StatusOr<Activations> opt = Activations{};
-      if (o.optimise_steps > 0) opt = InvertByOptimisation(view, a, optimised);
-      if (!opt.ok()) return fail(absl::StrCat(name, ": ", opt.status().message()));
-      const bool known = truth.ok() && k < truth->batches.size() && truth->batches[k].activations.shape == l->shape;
-      for (int64_t i = 0; i < a.batch(); ++i) {
-        const std::vector<float> lp = ImagePixels(l->values, i, shape, *aux);
-        std::vector<float> op, tp;
-        if (o.optimise_steps > 0) op = ImagePixels(opt->values, i, shape, *aux);
-        if (known) tp = ImagePixels(truth->batches[k].activations.values, i, shape, *aux);
-        if (!o.grid.empty() && static_cast<int>(grid[1].size()) < o.grid_images) {
-          if (known) grid[0].push_back(tp);
-          grid[1].push_back(lp);
-          if (!op.empty()) grid[2].push_back(op);
-        }
-        if (!known) continue;
-        by_mean.Add(tp, mean_pixels, shape);
-        by_learned.Add(tp, lp, shape);
-        if (!op.empty()) by_optimised.Add(tp, op, shape);
-      }
-    }
+    StatusOr<ImageScores> scores =
+        ScoreImageRecord(*record, SentRecord(run_dir, name), *inverter, view, optimised, o, *aux, mean_pixels, &grid);
+    if (!scores.ok()) return fail(absl::StrCat(name, ": ", scores.status().message()));
+    const auto& [by_learned, by_optimised, by_mean] = *scores;
     if (by_learned.images == 0) {
       out << name << ": reconstructed (no copy of what the device sent to score against)\n";
       continue;
@@ -331,20 +407,7 @@ int RunImageAttack(const std::string& run_dir, const AttackOptions& o, std::ostr
     total_mean.Add(by_mean);
     total_optimised.Add(by_optimised);
   }
-  if (scored) {
-    out << "total: " << total_learned.images << " images; " << total_learned.Line("learned");
-    if (total_optimised.images > 0) out << "; " << total_optimised.Line("optimised");
-    out << "; " << total_mean.Line("the auxiliary mean image (knowing nothing)") << "\n";
-    nlohmann::json summary = {{"images", total_learned.images},
-                              {"learned_ssim", total_learned.mean_ssim()},
-                              {"learned_psnr", total_learned.mean_psnr()},
-                              {"mean_ssim", total_mean.mean_ssim()}};
-    if (total_optimised.images > 0) {
-      summary["optimised_ssim"] = total_optimised.mean_ssim();
-      summary["optimised_psnr"] = total_optimised.mean_psnr();
-    }
-    WriteSummary(run_dir, "images", o.round, std::move(summary), err);
-  }
+  if (scored) ReportImageTotals(run_dir, o.round, total_learned, total_optimised, total_mean, out, err);
   if (!o.grid.empty()) {
     const std::string kinds = absl::StrCat(grid[0].empty() ? "" : "the devices' inputs, ", "learned",
                                            grid[2].empty() ? "" : ", optimised");
@@ -413,26 +476,8 @@ int RunUpdateAttack(const std::string& run_dir, const AttackOptions& o, std::ost
     std::set_intersection(want.begin(), want.end(), got.begin(), got.end(), std::back_inserter(common));
     labels_right += static_cast<int64_t>(common.size());
     labels_n += static_cast<int64_t>(want.size());
-    Similarity by;
-    std::vector<bool> used(batch, false);
-    for (int64_t i = 0; i < batch; ++i) {
-      const std::vector<float> tp = ImagePixels(t.activations.values, i, shape, *space);
-      int64_t best = -1;
-      double best_ssim = -2;
-      std::vector<float> best_px;
-      for (int64_t j = 0; j < batch; ++j) {
-        if (used[j]) continue;
-        std::vector<float> rp = ImagePixels(inv->inputs.values, j, shape, *space);
-        const double ssim = Ssim(tp.data(), rp.data(), shape[0], shape[1], shape[2], 1);
-        if (ssim > best_ssim) best_ssim = ssim, best = j, best_px = std::move(rp);
-      }
-      used[best] = true;
-      by.Add(tp, best_px, shape);
-      if (!o.grid.empty() && static_cast<int>(grid[0].size()) < o.grid_images) {
-        grid[0].push_back(tp);
-        grid[1].push_back(std::move(best_px));
-      }
-    }
+    const Similarity by = MatchImages(t.activations.values, inv->inputs.values, batch, shape, *space,
+                                      o.grid.empty() ? 0 : o.grid_images, &grid);
     out << absl::StrFormat("%s: %d of %d labels right; %d images; %s\n", name, common.size(), want.size(), by.images,
                            by.Line("reconstructed"));
     total.Add(by);

@@ -187,6 +187,47 @@ int RunGenerate(const GenerateOptions& o) {
   return 0;
 }
 
+namespace {
+
+// `cleave evaluate --by`: the name and test indices of each group (group) or of each of
+// N clients of the natural partition (client:N); none without --by.
+StatusOr<std::vector<std::pair<std::string, std::vector<int64_t>>>> EvaluationRows(const Dataset& data,
+                                                                                  const std::string& by,
+                                                                                  const std::string& spec) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> rows;
+  if (by == "group" || absl::StartsWith(by, "client:")) {
+    if (data.groups.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec, " has no groups (text files, folder ...,groups, csv ...,group=COLUMN have them)"));
+    }
+    if (by == "group") {
+      rows.resize(data.group_names.size());
+      for (size_t g = 0; g < rows.size(); ++g) rows[g].first = data.group_names[g];
+      for (int64_t i = 0; i < data.size; ++i) rows[data.groups[i]].second.push_back(i);
+    } else {
+      int clients = 0;
+      if (!absl::SimpleAtoi(by.substr(7), &clients) || clients < 1) {
+        return absl::InvalidArgumentError("--by client:N needs N >= 1");
+      }
+      auto parts = PartitionDataset(data, "natural", clients, 0);
+      if (!parts.ok()) return parts.status();
+      for (int c = 0; c < clients; ++c) {
+        std::set<int32_t> held;  // the groups the partition gave client c
+        for (int64_t i : (*parts)[c]) held.insert(data.groups[i]);
+        std::vector<std::string> names;
+        for (int32_t g : held) names.push_back(data.group_names[g]);
+        rows.emplace_back(absl::StrCat("client-", c, " (", absl::StrJoin(names, ", "), ")"),
+                          (*parts)[c]);
+      }
+    }
+  } else if (!by.empty()) {
+    return absl::InvalidArgumentError("--by is group or client:N");
+  }
+  return rows;
+}
+
+}  // namespace
+
 int RunEvaluate(const EvaluateOptions& o) {
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return Fail("evaluate", loaded.status(), 2);
@@ -216,36 +257,8 @@ int RunEvaluate(const EvaluateOptions& o) {
     return Fail("evaluate", s, 2);
   }
   // The rows: the whole set, then each group or client with the indices it holds.
-  std::vector<std::pair<std::string, std::vector<int64_t>>> rows;
-  if (o.by == "group" || absl::StartsWith(o.by, "client:")) {
-    if (data->groups.empty()) {
-      return Fail("evaluate", absl::InvalidArgumentError(absl::StrCat(
-                                  spec, " has no groups (text files, folder ...,groups, csv "
-                                        "...,group=COLUMN have them)")), 2);
-    }
-    if (o.by == "group") {
-      rows.resize(data->group_names.size());
-      for (size_t g = 0; g < rows.size(); ++g) rows[g].first = data->group_names[g];
-      for (int64_t i = 0; i < data->size; ++i) rows[data->groups[i]].second.push_back(i);
-    } else {
-      int clients = 0;
-      if (!absl::SimpleAtoi(o.by.substr(7), &clients) || clients < 1) {
-        return Fail("evaluate", absl::InvalidArgumentError("--by client:N needs N >= 1"), 2);
-      }
-      auto parts = PartitionDataset(*data, "natural", clients, 0);
-      if (!parts.ok()) return Fail("evaluate", parts.status(), 2);
-      for (int c = 0; c < clients; ++c) {
-        std::set<int32_t> held;  // the groups the partition gave client c
-        for (int64_t i : (*parts)[c]) held.insert(data->groups[i]);
-        std::vector<std::string> names;
-        for (int32_t g : held) names.push_back(data->group_names[g]);
-        rows.emplace_back(absl::StrCat("client-", c, " (", absl::StrJoin(names, ", "), ")"),
-                          (*parts)[c]);
-      }
-    }
-  } else if (!o.by.empty()) {
-    return Fail("evaluate", absl::InvalidArgumentError("--by is group or client:N"), 2);
-  }
+  auto rows = EvaluationRows(*data, o.by, spec);
+  if (!rows.ok()) return Fail("evaluate", rows.status(), 2);
   std::vector<std::pair<std::string, EvalStats>> results;
   auto eval = [&](const std::string& name, const Dataset& d) -> Status {
     ASSIGN_OR_RETURN(EvalStats e, loaded->model->Evaluate(d, o.batch_size, loss));
@@ -253,7 +266,7 @@ int RunEvaluate(const EvaluateOptions& o) {
     return absl::OkStatus();
   };
   if (Status s = eval("all", *data); !s.ok()) return Fail("evaluate", s);
-  for (const auto& [name, indices] : rows) {
+  for (const auto& [name, indices] : *rows) {
     if (indices.empty()) continue;  // a group with no test part
     if (Status s = eval(name, data->Subset(indices)); !s.ok()) return Fail("evaluate", s);
   }

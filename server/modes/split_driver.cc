@@ -315,28 +315,7 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   PartBlob turn;
   PartBlob& pb = mode_ == SplitMode::kSl ? turn : part_blobs_[segment];
   const std::vector<std::string>& frozen = ctx_.frozen();
-  if (!pb.part) {
-    // Interoperable architectures: the device's base and fusion are its own; nothing of
-    // them is sent (or uploaded): its part is empty, or U-shaped the shared tail alone.
-    ParameterSet part = *round_->ClientPart(rec->client_id);
-    // LoRA: the part's adapters travel (down and up); its frozen tensors come from a base
-    // of the part's own frozen tensors (the same every round: pinned), which the client
-    // fetches once per segment.
-    if (!frozen.empty()) {
-      auto& base = cut_bases_[segment];
-      if (base.first.empty()) {
-        auto blob = std::make_shared<const std::string>(Only(part, frozen).Encode());
-        base = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
-        ctx_.PinBlobLocked(base.first, std::move(blob));
-      }
-      part = Without(part, frozen);
-    }
-    auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(part));
-    pb.digest = Sha256Hex(*blob);
-    pb.size = static_cast<int64_t>(blob->size());
-    ctx_.AddBlobLocked(pb.digest, std::move(blob), static_cast<int64_t>(part.EncodedSize()));
-    pb.part = std::make_shared<const ParameterSet>(std::move(part));
-  }
+  if (!pb.part) PublishPartLocked(rec->client_id, segment, &pb);
   st.part = pb.part;
   task->clear_base_digest();
   task->clear_base_size();
@@ -348,23 +327,9 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
   task->clear_quantized_base_digest();
   task->clear_quantized_base_size();
   if (!ctx_.quantized_base().empty()) {
-    auto& q = cut_quantized_[segment];
-    if (q.first.empty()) {
-      QuantizedSet mine;
-      mine.spec = ctx_.quantized_base().spec;
-      for (const QuantizedTensor& t : ctx_.quantized_base().tensors) {
-        const int stage = std::stoi(t.name.substr(0, t.name.find('.')));
-        // The head's (U-shaped) only for the client at stage 0, the data owner.
-        if ((stage >= st.begin && stage < st.cut) || (st.begin == 0 && stage >= tail_begin_)) {
-          mine.tensors.push_back(t);
-        }
-      }
-      auto blob = std::make_shared<const std::string>(mine.Encode());
-      q = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
-      ctx_.PinBlobLocked(q.first, std::move(blob));
-    }
-    task->set_quantized_base_digest(q.first);
-    task->set_quantized_base_size(q.second);
+    const auto& [digest, size] = QuantizedBaseLocked(segment);
+    task->set_quantized_base_digest(digest);
+    task->set_quantized_base_size(size);
   }
   task->set_model_digest(pb.digest);
   task->set_model_size(pb.size);
@@ -407,6 +372,48 @@ void SplitDriver::PrepareTaskLocked(v1::Task* task, TaskRecord* rec) {
       holder.tensors.push_back(t.name);
     }
   }
+}
+
+void SplitDriver::PublishPartLocked(const std::string& client_id, const Segment& segment, PartBlob* pb) {
+  // Interoperable architectures: the device's base and fusion are its own; nothing of
+  // them is sent (or uploaded): its part is empty, or U-shaped the shared tail alone.
+  ParameterSet part = *round_->ClientPart(client_id);
+  // LoRA: the part's adapters travel (down and up); its frozen tensors come from a base
+  // of the part's own frozen tensors (the same every round: pinned), which the client
+  // fetches once per segment.
+  if (const std::vector<std::string>& frozen = ctx_.frozen(); !frozen.empty()) {
+    auto& base = cut_bases_[segment];
+    if (base.first.empty()) {
+      auto blob = std::make_shared<const std::string>(Only(part, frozen).Encode());
+      base = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
+      ctx_.PinBlobLocked(base.first, std::move(blob));
+    }
+    part = Without(part, frozen);
+  }
+  auto blob = std::make_shared<const std::string>(ctx_.ModelBlob(part));
+  pb->digest = Sha256Hex(*blob);
+  pb->size = static_cast<int64_t>(blob->size());
+  ctx_.AddBlobLocked(pb->digest, std::move(blob), static_cast<int64_t>(part.EncodedSize()));
+  pb->part = std::make_shared<const ParameterSet>(std::move(part));
+}
+
+const std::pair<std::string, int64_t>& SplitDriver::QuantizedBaseLocked(const Segment& segment) {
+  auto& q = cut_quantized_[segment];
+  if (!q.first.empty()) return q;
+  const auto [begin, cut] = segment;
+  QuantizedSet mine;
+  mine.spec = ctx_.quantized_base().spec;
+  for (const QuantizedTensor& t : ctx_.quantized_base().tensors) {
+    const int stage = std::stoi(t.name.substr(0, t.name.find('.')));
+    // The head's (U-shaped) only for the client at stage 0, the data owner.
+    if ((stage >= begin && stage < cut) || (begin == 0 && stage >= tail_begin_)) {
+      mine.tensors.push_back(t);
+    }
+  }
+  auto blob = std::make_shared<const std::string>(mine.Encode());
+  q = {Sha256Hex(*blob), static_cast<int64_t>(blob->size())};
+  ctx_.PinBlobLocked(q.first, std::move(blob));
+  return q;
 }
 
 std::optional<Status> SplitDriver::AwaitLocked(Clock::time_point deadline) {

@@ -120,6 +120,14 @@ class SplitDriver : public RoundDriver, public SplitStreams {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
  private:
+  // The open round's client part at each cut and its published blob.
+  struct PartBlob {
+    std::shared_ptr<const ParameterSet> part;
+    std::string digest;
+    int64_t size = 0;
+  };
+  // Keyed by the stages [begin, cut) a part holds.
+  using Segment = std::pair<int, int>;
   // A profiled client: what it measured, what the last cut's steps taught, and the
   // prediction of its last cut.
   struct ClientState {
@@ -158,8 +166,20 @@ class SplitDriver : public RoundDriver, public SplitStreams {
   // those it takes. FAILED_PRECONDITION when no plan fits the devices' memory.
   StatusOr<SplitChain> PlanChainLocked(int64_t round, const std::string& owner, std::vector<std::string>* pool,
                                        int chains) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // Chain `index`'s hops: each device's stages, neighbours and their secrets (hops_),
+  // its devices appended to `chosen`.
+  void WireChainLocked(int64_t round, int index, const SplitChain& chain, std::vector<std::string>* chosen)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
   // The pipeline's round metrics: each chain's devices, their busy shares and bubble.
   void ClosePipelineLocked(int64_t round, SplitMetrics* sm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // Builds `client_id`'s part of `segment` into `pb` and publishes its blob (a LoRA part
+  // without its frozen tensors, whose base is pinned once per segment).
+  void PublishPartLocked(const std::string& client_id, const Segment& segment, PartBlob* pb)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
+  // A quantized base's weights of `segment`'s stages (and the head's for the data owner),
+  // pinned once per segment: their blob's digest and size.
+  const std::pair<std::string, int64_t>& QuantizedBaseLocked(const Segment& segment)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
   RoundContext& ctx_;
   // Fixed by Init.
@@ -177,14 +197,6 @@ class SplitDriver : public RoundDriver, public SplitStreams {
   std::atomic<int64_t> up_{0}, down_{0}, labels_{0};  // the round's (RoundMetrics)
   std::shared_ptr<SplitRound> round_ ABSL_GUARDED_BY(ctx_.mu());  // the open round
   std::shared_ptr<SplitRound> closed_;  // the closed round, for Fold (round thread)
-  // The open round's client part at each cut and its published blob.
-  struct PartBlob {
-    std::shared_ptr<const ParameterSet> part;
-    std::string digest;
-    int64_t size = 0;
-  };
-  // Keyed by the stages [begin, cut) a part holds.
-  using Segment = std::pair<int, int>;
   std::map<Segment, PartBlob> part_blobs_ ABSL_GUARDED_BY(ctx_.mu());
   // LoRA: each segment's frozen tensors (digest, size of the pinned blob), all run long.
   std::map<Segment, std::pair<std::string, int64_t>> cut_bases_ ABSL_GUARDED_BY(ctx_.mu());

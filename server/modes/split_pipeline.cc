@@ -85,20 +85,63 @@ StatusOr<SplitChain> SplitDriver::PlanChainLocked(int64_t round, const std::stri
   return chain;
 }
 
+void SplitDriver::WireChainLocked(int64_t round, int index, const SplitChain& chain,
+                                  std::vector<std::string>* chosen) {
+  const SplitConfig& sc = ctx_.config().split;
+  std::vector<std::string> names;
+  const size_t n = chain.devices.size();
+  std::vector<std::string> tokens(n);
+  for (auto& t : tokens) t = RandomHex(16);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& id = chain.devices[i];
+    const Session& s = *ctx_.FindSessionLocked(id);
+    names.push_back(absl::StrCat(s.name, " [", chain.bounds[i], ", ", chain.bounds[i + 1], ")"));
+    v1::SplitTask& h = hops_[id];
+    h.set_begin(chain.bounds[i]);
+    h.set_micro_batches(sc.micro_batches);
+    h.set_micro_batch_tokens(sc.micro_batch_tokens);
+    h.set_chain(index);
+    if (i > 0) {
+      const Session& up = *ctx_.FindSessionLocked(chain.devices[i - 1]);
+      h.mutable_upstream()->set_name(up.name);
+      h.mutable_upstream()->set_address(up.peer_address);  // "" when it serves no Peer
+      h.mutable_upstream()->set_token(tokens[i]);
+    }
+    if (i + 1 < n) {
+      const Session& down = *ctx_.FindSessionLocked(chain.devices[i + 1]);
+      h.mutable_downstream()->set_name(down.name);
+      h.mutable_downstream()->set_address(down.peer_address);
+      h.mutable_downstream()->set_token(tokens[i + 1]);
+    }
+    chosen->push_back(id);
+  }
+  spdlog::info("round {}: chain {}: {} -> server [{}, {}){}, {} ({})", round, index,
+               absl::StrJoin(names, " -> "), chain.bounds.back(), tail_begin_,
+               tail_begin_ < num_stages_ ? absl::StrCat(" -> ", names[0].substr(0, names[0].find(' ')), " [",
+                                                        tail_begin_, ", ", num_stages_, ")")
+                                         : "",
+               sc.micro_batch_tokens > 0 ? absl::StrCat("micro-batches of ", sc.micro_batch_tokens, " tokens")
+                                         : absl::StrCat(sc.micro_batches, " micro-batches"),
+               sc.schedule);
+}
+
 Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, std::vector<std::string>* clients) {
   const FederationConfig& cfg = ctx_.config();
   const SplitConfig& sc = cfg.split;
   // Data owners first: a client that serves no Peer can only send; then the most examples
   // (then by name: the same federation forms the same chains).
   std::vector<std::string> order = *clients;
-  auto serves = [&](const std::string& id) { return !ctx_.FindSessionLocked(id)->peer_address.empty(); };
-  std::stable_sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
+  auto serves = [&](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
+    return !ctx_.FindSessionLocked(id)->peer_address.empty();
+  };
+  auto before = [&](const std::string& a, const std::string& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu()) {
     const Session& x = *ctx_.FindSessionLocked(a);
     const Session& y = *ctx_.FindSessionLocked(b);
     if (x.peer_address.empty() != y.peer_address.empty()) return x.peer_address.empty();
     if (x.num_examples != y.num_examples) return x.num_examples > y.num_examples;
     return x.name < y.name;
-  });
+  };
+  std::stable_sort(order.begin(), order.end(), before);
   // As many chains as there are devices for: each needs split.devices - 1 that serve Peer
   // (with an auto cut the planner may use fewer, and the rest sit the round out).
   const int k = sc.devices;
@@ -129,42 +172,7 @@ Status SplitDriver::BeginPipelineLocked(int64_t round, const FitSettings& fit, s
                    std::string(chain.status().message()));
       continue;
     }
-    const int index = static_cast<int>(chains_.size());
-    std::vector<std::string> names;
-    const size_t n = chain->devices.size();
-    std::vector<std::string> tokens(n);
-    for (auto& t : tokens) t = RandomHex(16);
-    for (size_t i = 0; i < n; ++i) {
-      const std::string& id = chain->devices[i];
-      const Session& s = *ctx_.FindSessionLocked(id);
-      names.push_back(absl::StrCat(s.name, " [", chain->bounds[i], ", ", chain->bounds[i + 1], ")"));
-      v1::SplitTask& h = hops_[id];
-      h.set_begin(chain->bounds[i]);
-      h.set_micro_batches(sc.micro_batches);
-      h.set_micro_batch_tokens(sc.micro_batch_tokens);
-      h.set_chain(index);
-      if (i > 0) {
-        const Session& up = *ctx_.FindSessionLocked(chain->devices[i - 1]);
-        h.mutable_upstream()->set_name(up.name);
-        h.mutable_upstream()->set_address(up.peer_address);  // "" when it serves no Peer
-        h.mutable_upstream()->set_token(tokens[i]);
-      }
-      if (i + 1 < n) {
-        const Session& down = *ctx_.FindSessionLocked(chain->devices[i + 1]);
-        h.mutable_downstream()->set_name(down.name);
-        h.mutable_downstream()->set_address(down.peer_address);
-        h.mutable_downstream()->set_token(tokens[i + 1]);
-      }
-      chosen.push_back(id);
-    }
-    spdlog::info("round {}: chain {}: {} -> server [{}, {}){}, {} ({})", round, index,
-                 absl::StrJoin(names, " -> "), chain->bounds.back(), tail_begin_,
-                 tail_begin_ < num_stages_ ? absl::StrCat(" -> ", names[0].substr(0, names[0].find(' ')), " [",
-                                                          tail_begin_, ", ", num_stages_, ")")
-                                           : "",
-                 sc.micro_batch_tokens > 0 ? absl::StrCat("micro-batches of ", sc.micro_batch_tokens, " tokens")
-                                           : absl::StrCat(sc.micro_batches, " micro-batches"),
-                 sc.schedule);
+    WireChainLocked(round, static_cast<int>(chains_.size()), *chain, &chosen);
     chains_.push_back(*std::move(chain));
   }
   if (chains_.empty()) return absl::AbortedError(absl::StrCat("round ", round, ": no chain could be planned"));

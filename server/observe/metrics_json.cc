@@ -5,6 +5,51 @@
 
 namespace cleave {
 
+namespace {
+
+// Split learning's figures, with each pipeline chain's schedule.
+void AddSplit(const SplitMetrics& s, nlohmann::json& j) {
+  j["activation_bytes_up"] = s.activation_bytes_up;
+  j["gradient_bytes_down"] = s.gradient_bytes_down;
+  j["labels_up"] = s.labels_up;
+  j["cuts"] = s.cuts;
+  j["step_s"] = s.step_s;
+  j["client_compute_s"] = s.client_compute_s;
+  j["transfer_s"] = s.transfer_s;
+  j["server_compute_s"] = s.server_compute_s;
+  j["server_busy"] = s.server_busy;
+  if (!s.chains.empty()) {
+    auto& chains = j["pipeline"] = nlohmann::json::array();
+    for (const SplitMetrics::Chain& c : s.chains) {
+      auto spans = nlohmann::json::array();
+      for (const auto& x : c.spans) {
+        spans.push_back({x.device, x.micro_batch, x.forward ? "F" : "B", x.start_s, x.end_s});
+      }
+      chains.push_back({{"devices", c.devices}, {"bounds", c.bounds}, {"done", c.done},
+                        {"busy", c.busy}, {"bubble", c.bubble}, {"spans", std::move(spans)}});
+    }
+  }
+}
+
+// An asynchronous buffer's version and the staleness of its updates.
+void AddAsync(const AsyncMetrics& a, const RoundMetrics& m, nlohmann::json& j) {
+  j["version"] = m.round;
+  auto& st = j["staleness"] = nlohmann::json::object();
+  double sum = 0;
+  int64_t most = 0;
+  for (const auto& [s, n] : a.staleness) {
+    st[std::to_string(s)] = n;
+    sum += static_cast<double>(s) * n;
+    most = std::max(most, s);
+  }
+  j["staleness_mean"] = m.participants ? sum / m.participants : 0.0;
+  j["staleness_max"] = most;
+  j["local_steps"] = {{"mean", a.local_steps_mean}, {"min", a.local_steps_min},
+                      {"max", a.local_steps_max}};
+}
+
+}  // namespace
+
 nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
   nlohmann::json j = {{"round", m.round},
                       {"train_loss", m.train_loss},
@@ -37,28 +82,7 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
       }
     }
   }
-  if (const SplitMetrics* s = m.split ? &*m.split : nullptr) {
-    j["activation_bytes_up"] = s->activation_bytes_up;
-    j["gradient_bytes_down"] = s->gradient_bytes_down;
-    j["labels_up"] = s->labels_up;
-    j["cuts"] = s->cuts;
-    j["step_s"] = s->step_s;
-    j["client_compute_s"] = s->client_compute_s;
-    j["transfer_s"] = s->transfer_s;
-    j["server_compute_s"] = s->server_compute_s;
-    j["server_busy"] = s->server_busy;
-    if (!s->chains.empty()) {
-      auto& chains = j["pipeline"] = nlohmann::json::array();
-      for (const SplitMetrics::Chain& c : s->chains) {
-        auto spans = nlohmann::json::array();
-        for (const auto& x : c.spans) {
-          spans.push_back({x.device, x.micro_batch, x.forward ? "F" : "B", x.start_s, x.end_s});
-        }
-        chains.push_back({{"devices", c.devices}, {"bounds", c.bounds}, {"done", c.done},
-                          {"busy", c.busy}, {"bubble", c.bubble}, {"spans", std::move(spans)}});
-      }
-    }
-  }
+  if (m.split) AddSplit(*m.split, j);
   if (!m.widths.empty()) j["widths"] = m.widths;
   if (const GossipMetrics* g = m.gossip ? &*m.gossip : nullptr) {
     j["gossip"] = {{"disagreement", g->disagreement}, {"peer_bytes", g->peer_bytes},
@@ -76,21 +100,7 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
     for (const auto& [k, v] : e.metrics) j["client_eval"][k] = v;
     if (m.evaluation_only) j["client_eval"].erase("train_seconds");  // nothing trained
   }
-  if (const AsyncMetrics* a = m.async ? &*m.async : nullptr) {
-    j["version"] = m.round;
-    auto& st = j["staleness"] = nlohmann::json::object();
-    double sum = 0;
-    int64_t most = 0;
-    for (const auto& [s, n] : a->staleness) {
-      st[std::to_string(s)] = n;
-      sum += static_cast<double>(s) * n;
-      most = std::max(most, s);
-    }
-    j["staleness_mean"] = m.participants ? sum / m.participants : 0.0;
-    j["staleness_max"] = most;
-    j["local_steps"] = {{"mean", a->local_steps_mean}, {"min", a->local_steps_min},
-                        {"max", a->local_steps_max}};
-  }
+  if (m.async) AddAsync(*m.async, m, j);
   for (const auto& [k, v] : m.strategy_stats) j[k] = v;
   return j;
 }
