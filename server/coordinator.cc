@@ -26,23 +26,25 @@ namespace cleave {
 
 Status Coordinator::Init() {
   MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
-  RETURN_IF_ERROR(machinery_.Choose(cfg_, context()));
+  RETURN_IF_ERROR(machinery_.Choose(config(), context()));
   ASSIGN_OR_RETURN(const ModelSpec spec, LoadModelLocked());
   RETURN_IF_ERROR(SplitLayoutLocked());
   RETURN_IF_ERROR(LoadDataLocked(spec));
-  const StrategyJob strategy_job = StrategyJobOf(cfg_);
-  ASSIGN_OR_RETURN(strategy_, opts_.strategy ? opts_.strategy(strategy_job) : CreateStrategy(strategy_job));
+  const StrategyJob strategy_job = StrategyJobOf(config());
+  ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy,
+                   opts_.strategy ? opts_.strategy(strategy_job) : CreateStrategy(strategy_job));
+  strategy_.Set(std::move(strategy));
   RETURN_IF_ERROR(MakeCodecs());
   if (SplitStreams* split = machinery_.split()) {
     split->mu().AssertHeld();  // this->mu_
-    RETURN_IF_ERROR(split->InitLocked(spec, *model_));
+    RETURN_IF_ERROR(split->InitLocked(spec, *eval_.model));
   }
   RETURN_IF_ERROR(machinery_.mode().PrepareLocked());
   if (NeedProfile()) {  // what profiling clients time their downlink with
     auto probe = std::make_shared<const std::string>(RandomHex(kProbeBytes / 2));
     assets_.probe = blobs_.Pin(std::move(probe));
   }
-  run_id_ = absl::StrCat(cfg_.run.name, "-", RandomHex(4));
+  log_.Begin(absl::StrCat(config().run.name, "-", RandomHex(4)), 0);
   if (!opts_.run_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(opts_.run_dir, ec);
@@ -54,85 +56,85 @@ Status Coordinator::Init() {
     // Held open from now on, so that running out of descriptors (connections) cannot
     // stop a round from being recorded.
     ASSIGN_OR_RETURN(run_files_, RunFiles::Open(opts_.run_dir, "metrics.jsonl", "checkpoint.pb"));
-    RETURN_IF_ERROR(machinery_.scheduler().Resume(opts_.run_dir, committed_round_));
+    RETURN_IF_ERROR(machinery_.scheduler().Resume(opts_.run_dir, global_.round));
   }
   PublishModelLocked();
   return absl::OkStatus();
 }
 
 StatusOr<ModelSpec> Coordinator::LoadModelLocked() {
-  ModelSpec spec = ModelSpecOf(cfg_.model, cfg_.run.seed);
-  const ModelTraits kind = ModelTraitsOf(cfg_.model.name);
+  ModelSpec spec = ModelSpecOf(config().model, config().run.seed);
+  const ModelTraits kind = ModelTraitsOf(config().model.name);
   if (kind.scripted) {
-    ASSIGN_OR_RETURN(spec.torchscript, ReadFile(cfg_.model.path));
+    ASSIGN_OR_RETURN(spec.torchscript, ReadFile(config().model.path));
     auto blob = std::make_shared<const std::string>(spec.torchscript);
     const BlobRef script = blobs_.Pin(std::move(blob));
     assets_.model.set_torchscript_digest(script.digest);
     assets_.model.set_torchscript_size(script.size);
   }
   if (kind.hf_folder) {
-    ASSIGN_OR_RETURN(std::string config, ReadHfConfig(cfg_.model.path));
-    RETURN_IF_ERROR(SetHfModel(spec, std::move(config), cfg_.model.path + "/config.json"));
-    if (Status s = CheckHfBeforeBuilding(cfg_.model.path, spec.hf_config, cfg_.model.weights.empty()); !s.ok()) {
+    ASSIGN_OR_RETURN(std::string hf_config, ReadHfConfig(config().model.path));
+    RETURN_IF_ERROR(SetHfModel(spec, std::move(hf_config), config().model.path + "/config.json"));
+    if (Status s = CheckHfBeforeBuilding(config().model.path, spec.hf_config, config().model.weights.empty()); !s.ok()) {
       return Status(s.code(), absl::StrCat("model.path: ", s.message()));
     }
-    if (cfg_.split.enabled() && spec.gpt.tie && !spec.lora.enabled()) {
+    if (config().split.enabled() && spec.gpt.tie && !spec.lora.enabled()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model.path: ", cfg_.model.path, "/config.json ties the head to the embedding "
+          "model.path: ", config().model.path, "/config.json ties the head to the embedding "
           "(tie_word_embeddings), which split learning places on two sides of the cut: "
           "train LoRA adapters (model.lora.rank), which leave the shared weight frozen"));
     }
   }
   DescribeModelLocked(spec);
-  model_spec_ = spec;
+  model_.spec = spec;
   ModelSpec build = spec;  // the folder's weights are read into it next: none drawn
-  build.weights_follow = kind.hf_folder && cfg_.model.weights.empty();
+  build.weights_follow = kind.hf_folder && config().model.weights.empty();
   auto model = Model::Create(build);
   if (!model.ok()) return absl::InvalidArgumentError(absl::StrCat("model: ", model.status().message()));
-  model_ = *std::move(model);
-  global_ = model_->Parameters();
-  if (kind.hf_folder && cfg_.model.weights.empty()) {
+  eval_.model = *std::move(model);
+  global_.weights = eval_.model->Parameters();
+  if (kind.hf_folder && config().model.weights.empty()) {
     // Read straight into the global model's own tensors (LoRA adapters keep their
     // initial values): no second copy of the weights while they load.
-    if (Status s = LoadHfInto(cfg_.model.path, HfTargetsOf(global_), spec.gpt.layers); !s.ok()) {
+    if (Status s = LoadHfInto(config().model.path, HfTargetsOf(global_.weights), spec.gpt.layers); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("model.path: ", s.message()));
     }
     if (!spec.quantize.empty()) {
-      auto quantized = LoadHfQuantized(cfg_.model.path, model_->QuantizedBase(), spec.gpt.layers);
+      auto quantized = LoadHfQuantized(config().model.path, eval_.model->QuantizedBase(), spec.gpt.layers);
       if (!quantized.ok()) return absl::InvalidArgumentError(absl::StrCat("model.path: ", quantized.status().message()));
-      RETURN_IF_ERROR(model_->LoadQuantized(*quantized));
-      quantized_base_ = *std::move(quantized);
-      auto blob = std::make_shared<const std::string>(quantized_base_.Encode());
+      RETURN_IF_ERROR(eval_.model->LoadQuantized(*quantized));
+      model_.quantized_base = *std::move(quantized);
+      auto blob = std::make_shared<const std::string>(model_.quantized_base.Encode());
       assets_.quantized_base = blobs_.Pin(std::move(blob));
-      spdlog::info("quantized base: {} projection weights in {}, {} bytes", quantized_base_.tensors.size(),
+      spdlog::info("quantized base: {} projection weights in {}, {} bytes", model_.quantized_base.tensors.size(),
                    spec.quantize, assets_.quantized_base.size);
     }
-  } else if (!cfg_.model.weights.empty()) {
-    auto weights = LoadWeights(cfg_.model.weights, cfg_.model.name, global_);
+  } else if (!config().model.weights.empty()) {
+    auto weights = LoadWeights(config().model.weights, config().model.name, global_.weights);
     if (!weights.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("model.weights: ", weights.status().message()));
     }
-    global_ = *std::move(weights);
+    global_.weights = *std::move(weights);
   }
-  if (ScriptedLoss(cfg_.train.loss)) {  // sent to clients as a blob, like a model archive
-    ASSIGN_OR_RETURN(std::string archive, ReadFile(cfg_.train.loss_path));
-    if (Status s = model_->SetTorchScriptLoss(archive); !s.ok()) {
+  if (ScriptedLoss(config().train.loss)) {  // sent to clients as a blob, like a model archive
+    ASSIGN_OR_RETURN(std::string archive, ReadFile(config().train.loss_path));
+    if (Status s = eval_.model->SetTorchScriptLoss(archive); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("train.loss_path: ", s.message()));
     }
     auto blob = std::make_shared<const std::string>(std::move(archive));
     assets_.loss = blobs_.Pin(std::move(blob));
   }
   if (opts_.initial_model) {
-    if (opts_.evaluate && !opts_.initial_model->SameLayout(global_)) {
+    if (opts_.evaluate && !opts_.initial_model->SameLayout(global_.weights)) {
       return absl::InvalidArgumentError("initial_model does not match the model's layout");
     }
-    global_ = *opts_.initial_model;
+    global_.weights = *opts_.initial_model;
   }
   return spec;
 }
 
 void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
-  assets_.model.set_name(cfg_.model.name);
+  assets_.model.set_name(config().model.name);
   for (int64_t d : spec.input_shape) assets_.model.add_input_shape(d);
   assets_.model.set_num_classes(spec.num_classes);
   if (ModelTraitsOf(spec.name).hf_folder) assets_.model.set_hf_config(spec.hf_config);
@@ -162,33 +164,33 @@ void Coordinator::DescribeModelLocked(const ModelSpec& spec) {
 
 Status Coordinator::SplitLayoutLocked() {
   std::vector<std::string> personal;
-  if (!cfg_.model.personal.empty()) {
-    auto matched = MatchTensorNames(global_, cfg_.model.personal);
+  if (!config().model.personal.empty()) {
+    auto matched = MatchTensorNames(global_.weights, config().model.personal);
     if (!matched.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("model.personal: ", matched.status().message()));
     }
     personal = *std::move(matched);
   }
-  const ModelTraits kind = ModelTraitsOf(cfg_.model.name);
-  ASSIGN_OR_RETURN(layout_, ModelLayout::Of(global_, std::move(personal), model_->FrozenTensors(), kind.private_tensor));
-  if (!layout_.personal().empty()) {
-    for (const std::string& n : layout_.personal()) assets_.model.add_personal(n);
-    spdlog::info("personal layers: {} of {} tensors stay on the clients ({})", layout_.personal().size(),
-                 global_.size(), absl::StrJoin(layout_.personal(), " "));
+  const ModelTraits kind = ModelTraitsOf(config().model.name);
+  ASSIGN_OR_RETURN(model_.layout, ModelLayout::Of(global_.weights, std::move(personal), eval_.model->FrozenTensors(), kind.private_tensor));
+  if (!model_.layout.personal().empty()) {
+    for (const std::string& n : model_.layout.personal()) assets_.model.add_personal(n);
+    spdlog::info("personal layers: {} of {} tensors stay on the clients ({})", model_.layout.personal().size(),
+                 global_.weights.size(), absl::StrJoin(model_.layout.personal(), " "));
   }
-  if (const std::vector<std::string>& frozen = layout_.frozen(); !frozen.empty()) {
-    auto base = std::make_shared<const std::string>(Only(global_, frozen).Encode());
+  if (const std::vector<std::string>& frozen = model_.layout.frozen(); !frozen.empty()) {
+    auto base = std::make_shared<const std::string>(Only(global_.weights, frozen).Encode());
     assets_.base = blobs_.Pin(std::move(base));
-    const ParameterSet trained = Without(global_, frozen);
+    const ParameterSet trained = Without(global_.weights, frozen);
     spdlog::info("LoRA: {} adapter tensors ({} values, {:.2f} % of the model) train; {} are "
                  "frozen ({} bytes, sent once in federated rounds)",
                  trained.size(), trained.total_elements(),
-                 100.0 * trained.total_elements() / global_.total_elements(), frozen.size(),
+                 100.0 * trained.total_elements() / global_.weights.total_elements(), frozen.size(),
                  assets_.base.size);
   }
   if (kind.has_private_tensors()) {  // the devices' own bases and fusion layers (interop)
     ParameterSet scratch;
-    const ParameterSet& shared = layout_.Published(global_, scratch);
+    const ParameterSet& shared = model_.layout.Published(global_.weights, scratch);
     spdlog::info("interoperable architectures: the shared block ({} tensors, {} values) is federated; each "
                  "device keeps its own base and fusion layer",
                  shared.size(), shared.total_elements());
@@ -198,45 +200,45 @@ Status Coordinator::SplitLayoutLocked() {
 
 Status Coordinator::LoadDataLocked(const ModelSpec& spec) {
   if (opts_.evaluate) {
-    auto test = LoadDataSpec(cfg_.data.test, /*train=*/false);
+    auto test = LoadDataSpec(config().data.test, /*train=*/false);
     if (!test.ok()) return absl::InvalidArgumentError(absl::StrCat("data.test: ", test.status().message()));
-    test_ = *std::move(test);
-    RETURN_IF_ERROR(CheckDataFitsModel(test_, spec, cfg_.train.loss, "data.test"));
-    if (cfg_.data.test_limit > 0 && cfg_.data.test_limit < test_.size) {
-      std::vector<int64_t> idx(cfg_.data.test_limit);
-      for (int64_t i = 0; i < cfg_.data.test_limit; ++i) idx[i] = i;
-      test_ = test_.Subset(idx);
+    eval_.test = *std::move(test);
+    RETURN_IF_ERROR(CheckDataFitsModel(eval_.test, spec, config().train.loss, "data.test"));
+    if (config().data.test_limit > 0 && config().data.test_limit < eval_.test.size) {
+      std::vector<int64_t> idx(config().data.test_limit);
+      for (int64_t i = 0; i < config().data.test_limit; ++i) idx[i] = i;
+      eval_.test = eval_.test.Subset(idx);
     }
   }
-  if (cfg_.aggregation.rule == "fltrust") {
-    auto root = LoadDataSpec(cfg_.aggregation.root_data, /*train=*/true);
+  if (config().aggregation.rule == "fltrust") {
+    auto root = LoadDataSpec(config().aggregation.root_data, /*train=*/true);
     if (!root.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("aggregation.root_data: ", root.status().message()));
     }
-    root_ = *std::move(root);
-    RETURN_IF_ERROR(CheckDataFitsModel(root_, spec, cfg_.train.loss, "aggregation.root_data"));
+    eval_.root = *std::move(root);
+    RETURN_IF_ERROR(CheckDataFitsModel(eval_.root, spec, config().train.loss, "aggregation.root_data"));
   }
   return absl::OkStatus();
 }
 
 Status Coordinator::MakeCodecs() {
-  if (CodecFamily(cfg_.compression.update) != "none") {
-    auto codec = MakeCodec(cfg_.compression.update);
+  if (CodecFamily(config().compression.update) != "none") {
+    auto codec = MakeCodec(config().compression.update);
     if (!codec.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("compression.update: ", codec.status().message()));
     }
-    update_codec_ = *std::move(codec);
+    codecs_.update = *std::move(codec);
   }
-  if (auto c = MakeStatelessCodec(cfg_.compression.broadcast, cfg_.run.seed); !c.ok()) {
+  if (auto c = MakeStatelessCodec(config().compression.broadcast, config().run.seed); !c.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("compression.broadcast: ", c.status().message()));
   } else {
-    broadcast_codec_ = *std::move(c);
+    codecs_.broadcast = *std::move(c);
   }
-  for (const auto& [key, codec] : {std::pair{"activations", cfg_.compression.activations},
-                                   std::pair{"gradients", cfg_.compression.gradients}}) {
+  for (const auto& [key, codec] : {std::pair{"activations", config().compression.activations},
+                                   std::pair{"gradients", config().compression.gradients}}) {
     if (auto c = MakeStatelessCodec(codec, 0); !c.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("compression.", key, ": ", c.status().message()));
@@ -260,26 +262,25 @@ StatusOr<EdgeRound> Coordinator::RunEdgeRound(const ParameterSet& start, const F
   StatusOr<RoundMetrics> m;
   {
     MutexLock l(&mu_);
-    if (!layout_.updates_all()) {
+    if (!model_.layout.updates_all()) {
       return absl::FailedPreconditionError(
           "an edge aggregator's model has no personal or frozen tensors");
     }
-    if (!start.SameLayout(global_)) {
+    if (!start.SameLayout(global_.weights)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the upstream's model has another layout than this server's model.name=",
-          cfg_.model.name));
+          config().model.name));
     }
     RETURN_IF_ERROR(CheckViews(start, ViewsOf(start)));
-    global_ = start;
+    global_.weights = start;
     PublishModelLocked();
-    edge_fit_ = fit;
-    edge_seed_ = seed;
+    edge_ = EdgeTask{fit, seed};
     SyncRounds& rounds = machinery_.rounds();
     rounds.mu().AssertHeld();  // this->mu_
     m = rounds.NextLocked();
-    edge_fit_.reset();
+    edge_.reset();
   }
-  DropBuffers();
+  buffers_.Drop();
   RETURN_IF_ERROR(m.status());
   RETURN_IF_ERROR(Commit(&*m));
   EdgeRound r;
@@ -302,11 +303,11 @@ void Coordinator::FinalEvaluation(double elapsed_s) {
     // Not in split rounds nor under secure aggregation: clients report no evaluation
     // there (one client's numbers would show what masking hides).
     // A run restarted after its final evaluation does not repeat it.
-    if (!cfg_.server.final_evaluation || !log_.clients_evaluate() || !machinery_.mode().ClientsEvaluate() ||
-        stopping_ || log_.final_evaluated_round() == committed_round_) {
+    if (!config().server.final_evaluation || !log_.clients_evaluate() || !machinery_.mode().ClientsEvaluate() ||
+        stopping_ || log_.final_evaluated_round() == global_.round) {
       return;
     }
-    spdlog::info("final evaluation of round {}'s model by the clients", committed_round_);
+    spdlog::info("final evaluation of round {}'s model by the clients", global_.round);
     SyncRounds& rounds = machinery_.rounds();
     rounds.mu().AssertHeld();  // this->mu_
     m = rounds.EvaluateLocked();
@@ -334,8 +335,8 @@ Status Coordinator::Commit(RoundMetrics* m) {
   // Called without mu_ held: evaluation and disk writes take a while, and the transport must
   // not wait for them.
   if (opts_.evaluate) {
-    RETURN_IF_ERROR(model_->SetParameters(GlobalModel()));
-    ASSIGN_OR_RETURN(EvalStats ev, model_->Evaluate(test_, cfg_.server.eval_batch_size, cfg_.train.loss));
+    RETURN_IF_ERROR(eval_.model->SetParameters(GlobalModel()));
+    ASSIGN_OR_RETURN(EvalStats ev, eval_.model->Evaluate(eval_.test, config().server.eval_batch_size, config().train.loss));
     m->evaluated = true;
     m->test_accuracy = ev.accuracy;
     m->test_loss = ev.loss;
@@ -355,21 +356,13 @@ Status Coordinator::Commit(RoundMetrics* m) {
   return run_files_->ReplaceState(checkpoint);
 }
 
-ParameterSet Coordinator::StrategyState() const {
-  // async: uploads are added into the next buffer while a checkpoint is taken.
-  for (int i = 0; i < shards_; ++i) shard_mu_[i].Lock();
-  ParameterSet state = strategy_->State();
-  for (int i = shards_ - 1; i >= 0; --i) shard_mu_[i].Unlock();
-  return state;
-}
-
 std::string Coordinator::CheckpointLocked(double elapsed_s) const {
   Checkpoint ck;
-  ck.run_id = run_id_;
-  ck.round = committed_round_;
+  ck.run_id = log_.run_id();
+  ck.round = global_.round;
   ParameterSet scratch;
-  ck.global = Published(global_, scratch);  // exact, whatever the broadcast codec
-  ck.strategy_state = StrategyState();
+  ck.global = Published(global_.weights, scratch);  // exact, whatever the broadcast codec
+  ck.strategy_state = strategy_.State();  // async: uploads go on into the next buffer
   ck.rng = rng_;
   ck.bytes_up = traffic_.run_up();
   ck.bytes_down = traffic_.run_down();
@@ -390,40 +383,41 @@ Status Coordinator::LoadCheckpoint() {
   if (!decoded.ok()) return in_file(decoded.status());
   Checkpoint& ck = *decoded;
   ParameterSet scratch;
-  if (!ck.global.SameLayout(Published(global_, scratch))) {
+  if (!ck.global.SameLayout(Published(global_.weights, scratch))) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path, " holds a model of another layout than model.name=", cfg_.model.name,
-                     layout_.frozen().empty() ? "" : " with these LoRA adapters"));
+        absl::StrCat(path, " holds a model of another layout than model.name=", config().model.name,
+                     model_.layout.frozen().empty() ? "" : " with these LoRA adapters"));
   }
-  if (Status s = strategy_->Restore(ck.strategy_state); !s.ok()) return in_file(s);
-  if (layout_.publishes_all()) {
-    global_ = std::move(ck.global);
+  if (Status s = strategy_.get().Restore(ck.strategy_state); !s.ok()) return in_file(s);
+  if (model_.layout.publishes_all()) {
+    global_.weights = std::move(ck.global);
   } else {
-    RETURN_IF_ERROR(in_file(Overwrite(ck.global, &global_)));  // the adapters on the base
+    RETURN_IF_ERROR(in_file(Overwrite(ck.global, &global_.weights)));  // the adapters on the base
   }
   rng_ = ck.rng;
-  run_id_ = ck.run_id;
-  committed_round_ = ck.round;
+  log_.Begin(ck.run_id, ck.wall_s);
+  global_.round = ck.round;
   traffic_.RestoreRun(ck.bytes_up, ck.bytes_down);
-  prior_elapsed_s_ = ck.wall_s;
   if (ClientSelector* selector = machinery_.rounds().selector(); selector && ck.oort) {
     selector->Resume(std::move(*ck.oort));
   }
-  spdlog::info("resuming run {} after round {}", run_id_, committed_round_);
-  return log_.Resume(Path("metrics.jsonl"), committed_round_);
+  spdlog::info("resuming run {} after round {}", log_.run_id(), global_.round);
+  return log_.Resume(Path("metrics.jsonl"), global_.round);
 }
 
 Status Coordinator::Run() {
   UseTorchThreads();  // Run may be called on any thread
   const auto start = clock_->Now();
-  auto elapsed = [&] {
-    return prior_elapsed_s_ + std::chrono::duration<double>(clock_->Now() - start).count();
-  };
+  const double before = [&] {  // a resumed run's time before this process
+    MutexLock l(&mu_);
+    return log_.prior_elapsed_s();
+  }();
+  auto elapsed = [&] { return before + std::chrono::duration<double>(clock_->Now() - start).count(); };
   if (committed_round() == 0 && opts_.evaluate) {  // baseline: the initial model
     RoundMetrics m0;
-    RETURN_IF_ERROR(model_->SetParameters(GlobalModel()));
+    RETURN_IF_ERROR(eval_.model->SetParameters(GlobalModel()));
     ASSIGN_OR_RETURN(EvalStats ev,
-                     model_->Evaluate(test_, cfg_.server.eval_batch_size, cfg_.train.loss));
+                     eval_.model->Evaluate(eval_.test, config().server.eval_batch_size, config().train.loss));
     spdlog::info("initial model: test accuracy {:.4f}, loss {:.4f}", ev.accuracy, ev.loss);
     MutexLock l(&mu_);
     log_.set_last_accuracy(ev.accuracy);
@@ -439,10 +433,10 @@ Status Coordinator::Run() {
         result = absl::CancelledError("stopped before the last round");
         break;
       }
-      if (committed_round_ >= cfg_.run.rounds) break;
+      if (global_.round >= config().run.rounds) break;
       m = machinery_.scheduler().NextLocked();
     }
-    DropBuffers();  // what late uploads of the last round returned
+    buffers_.Drop();  // what late uploads of the last round returned
     if (!m.ok()) {
       if (m.status().code() == absl::StatusCode::kOutOfRange) {  // the strategy ended the run
         spdlog::info("run ends early: {}", std::string(m.status().message()));
@@ -503,7 +497,7 @@ void Coordinator::EndRun(const std::string& reason) {
     stopping_ = true;
     phase_ = "ended";
     for (auto& [id, s] : sessions_) links.push_back(s.link);
-    msg.mutable_run_ended()->set_run_id(run_id_);
+    msg.mutable_run_ended()->set_run_id(log_.run_id());
     msg.mutable_run_ended()->set_reason(reason);
   }
   for (auto& r : links) r->Send(msg, /*finish_after=*/true);
@@ -523,14 +517,13 @@ void Coordinator::Stop() {
 
 Coordinator::Coordinator(ServerOptions o)
     : opts_(std::move(o)),
-      cfg_(opts_.config),
+      strategy_(config().server.worker_threads),
       clock_(opts_.clock ? opts_.clock : Clock::Real()),
-      rng_(cfg_.run.seed),
-      sessions_(cfg_.tls.mutual),
-      shards_(cfg_.server.worker_threads + 1),
-      shard_mu_(new Mutex[shards_]),
-      uploads_(cfg_.server.worker_threads),
-      pool_(cfg_.server.worker_threads, UseTorchThreads) {
+      rng_(config().run.seed),
+      sessions_(config().tls.mutual),
+      buffers_(config().server.worker_threads),
+      uploads_(config().server.worker_threads),
+      pool_(config().server.worker_threads, UseTorchThreads) {
   round_.driver = &machinery_.plain();  // no round yet
 }
 
@@ -540,11 +533,11 @@ ObservedState Coordinator::Observe(bool history) const {
   ObservedState o;
   {
     MutexLock l(&mu_);
-    o.run_id = run_id_;
+    o.run_id = log_.run_id();
     o.phase = phase_;
-    o.committed_round = committed_round_;
+    o.committed_round = global_.round;
     o.current_round = round_.number;
-    o.total_rounds = cfg_.run.rounds;
+    o.total_rounds = config().run.rounds;
     const std::vector<RoundMetrics>& rounds = log_.history();
     if (history) o.history = rounds;
     for (const auto& m : rounds) o.task_failures += m.failures;
@@ -586,17 +579,17 @@ ObservedState Coordinator::Observe(bool history) const {
   o.uploads_in_progress = u.in_progress;
   o.uploads_queued = u.queued;
   o.rss_bytes = ResidentBytes();
-  o.upload_s = upload_latency_.Get();
-  o.fetch_s = fetch_latency_.Get();
+  o.upload_s = latency_.upload.Get();
+  o.fetch_s = latency_.fetch.Get();
   o.config_yaml = opts_.config_text;
   return o;
 }
 
 void Coordinator::FillStatus(v1::StatusReply* reply) const {
   MutexLock l(&mu_);
-  reply->set_run_id(run_id_);
-  reply->set_round(round_.number ? round_.number : committed_round_);
-  reply->set_total_rounds(cfg_.run.rounds);
+  reply->set_run_id(log_.run_id());
+  reply->set_round(round_.number ? round_.number : global_.round);
+  reply->set_total_rounds(config().run.rounds);
   reply->set_connected_clients(ConnectedLocked());
   reply->set_phase(phase_);
   reply->set_last_test_accuracy(log_.last_accuracy());

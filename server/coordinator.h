@@ -32,18 +32,20 @@
 #include "models/model.h"
 #include "server/blob_store.h"
 #include "server/checkpoint.h"
-#include "server/model_layout.h"
+#include "server/model_state.h"
 #include "server/observe/observe.h"
 #include "server/rounds/machinery.h"
 #include "server/rounds/round_context.h"
 #include "server/rounds/round_driver.h"
 #include "server/rounds/round_state.h"
+#include "server/rounds/sharded_strategy.h"
 #include "server/rounds/selection.h"
 #include "server/run_log.h"
 #include "server/server.h"
 #include "server/session_table.h"
 #include "server/task_assets.h"
 #include "server/traffic_meter.h"
+#include "server/transport/buffer_pool.h"
 #include "server/transport/transport.h"
 #include "server/transport/upload_slots.h"
 
@@ -99,13 +101,8 @@ class Coordinator : private RoundContext {
   // Validates and aggregates a complete upload (runs on the worker pool): claims its
   // task under mu_, checks and adds it without (docs/architecture.md, "The server").
   Status ProcessUpload(const v1::UploadHeader& h, const std::string& payload, bool* duplicate);
-  // Payload buffers, reused by the uploads of a round (at most server.worker_threads are
-  // held at once): a fresh multi-MiB buffer per upload costs its page faults and zeroing,
-  // about a sixth of the server's CPU with 100 clients. Emptied when a round closes
-  // (before the next model is built) and when the run ends.
-  std::string TakeBuffer(int64_t size);
-  void ReturnBuffer(std::string buffer);
-  void DropBuffers();
+  // Upload payload buffers, reused by the uploads of a round.
+  BufferPool& buffers() { return buffers_; }
   // The blob a Fetch asks for, and what its fp32 encoding would take.
   StatusOr<std::shared_ptr<const std::string>> FindBlob(const v1::FetchRequest& req,
                                                         const std::string& peer,
@@ -142,15 +139,15 @@ class Coordinator : private RoundContext {
   UploadSlots& uploads() { return uploads_; }
   // A refused upload, logged with the sender's identity (names escaped and bounded).
   void LogRefusedUpload(const v1::UploadHeader& h, const Status& why);
-  int chunk_bytes() const { return cfg_.server.chunk_bytes; }
+  int chunk_bytes() const { return opts_.config.server.chunk_bytes; }
 
   ParameterSet GlobalModel() const {
     MutexLock l(&mu_);
-    return global_;
+    return global_.weights;
   }
   int64_t committed_round() const {
     MutexLock l(&mu_);
-    return committed_round_;
+    return global_.round;
   }
   std::vector<RoundMetrics> History() const {
     MutexLock l(&mu_);
@@ -158,14 +155,16 @@ class Coordinator : private RoundContext {
   }
   std::string RunId() const {
     MutexLock l(&mu_);
-    return run_id_;
+    return log_.run_id();
   }
   std::pair<int64_t, int64_t> TransportBytes() const { return {traffic_.lifetime_up(), traffic_.lifetime_down()}; }
   // The operator's view (server/observe/observe.h), and the latencies the transport measures.
   // `history`: with every round's metrics (the dashboard), not only the last's.
   ObservedState Observe(bool history) const;
-  void ObserveUpload(double seconds) { upload_latency_.Observe(seconds); }
-  void ObserveFetch(double seconds) { fetch_latency_.Observe(seconds); }
+  struct TransportLatency {
+    LatencyHistogram upload, fetch;
+  };
+  TransportLatency& latency() { return latency_; }
   Server::UploadCounts Uploads() const {
     const UploadSlots::Counts c = uploads_.counts();
     return {c.in_progress, c.waiting};
@@ -174,21 +173,21 @@ class Coordinator : private RoundContext {
  private:
   // --- RoundContext (server/rounds/round_context.h): what its schedulers and drivers may do.
   Mutex& mu() const override ABSL_LOCK_RETURNED(mu_) { return mu_; }
-  const FederationConfig& config() const override { return cfg_; }
-  Strategy& strategy() override { return *strategy_; }
-  const Codec* update_codec() const override { return update_codec_.get(); }
-  const ModelSpec& model_spec() const override { return model_spec_; }
-  const std::vector<std::string>& frozen() const override { return layout_.frozen(); }
-  const QuantizedSet& quantized_base() const override { return quantized_base_; }
+  const FederationConfig& config() const override { return opts_.config; }
+  Strategy& strategy() override { return strategy_.get(); }
+  const Codec* update_codec() const override { return codecs_.update.get(); }
+  const ModelSpec& model_spec() const override { return model_.spec; }
+  const std::vector<std::string>& frozen() const override { return model_.layout.frozen(); }
+  const QuantizedSet& quantized_base() const override { return model_.quantized_base; }
   std::string RunPath(const std::string& name) const override { return opts_.run_dir.empty() ? "" : Path(name); }
   const std::string& RunIdLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return run_id_;
+    return log_.run_id();
   }
   int64_t CurrentRoundLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return round_.number;
   }
   int64_t CommittedRoundLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return committed_round_;
+    return global_.round;
   }
   bool StoppingLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; }
   void SetPhaseLocked(std::string phase) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -198,15 +197,14 @@ class Coordinator : private RoundContext {
   const RoundWeights& RoundWeightsLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return round_.weights;
   }
-  const std::optional<FitSettings>& EdgeFitLocked() const override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return edge_fit_;
+  const FitSettings* EdgeFitLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return edge_ ? &edge_->fit : nullptr;
   }
   const ParameterSet& UpdateLayoutLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return UpdateLayout();
   }
   const ParameterSet& GlobalLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return global_;
+    return global_.weights;
   }
   std::vector<std::string> AvailableLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Session* FindSessionLocked(const std::string& client_id) override
@@ -220,9 +218,9 @@ class Coordinator : private RoundContext {
   }
   Status AwaitClientsLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
-                        RoundDriver& driver, bool evaluate_only) override
+                        RoundHooks& driver, bool evaluate_only) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BeginBufferLocked(int64_t version, RoundDriver& driver) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginBufferLocked(int64_t version, RoundHooks& driver) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The weights of updates from `clients` (aggregation.weighting and its caps over their
   // counts).
   RoundWeights WeightsOfLocked(const std::vector<std::string>& clients) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -242,7 +240,7 @@ class Coordinator : private RoundContext {
                      const std::function<Status(const ParameterSet& layout)>& fold,
                      RoundMetrics* m) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CommitWithoutModelLocked(int64_t round) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    committed_round_ = round;
+    global_.round = round;
   }
   std::string ModelBlob(const ParameterSet& model) override;
   void PinBlobLocked(const std::string& digest, std::shared_ptr<const std::string> blob) override
@@ -278,7 +276,7 @@ class Coordinator : private RoundContext {
                                    int64_t deadline_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The mode's driver wants a Profile of every client before it takes part.
   bool NeedProfile() const { return machinery_.mode().NeedsProfile(); }
-  // Encodes global_ and makes it the model version clients fetch.
+  // Encodes global_.weights and makes it the model version clients fetch.
   void PublishModelLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(std::shared_ptr<const std::string> blob, std::string digest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -295,7 +293,7 @@ class Coordinator : private RoundContext {
     bool resolved = false;  // a duplicate, or accepted under the lock: nothing more to do
     const ParameterSet* layout = nullptr;
     float scale = 1.0f;           // the scheduler's factor (async: staleness)
-    RoundDriver::AddUpload add;   // the driver's, when it adds the update itself
+    RoundHooks::AddUpload add;    // the driver's, when it adds the update itself
     ClientUpdate update;          // otherwise what the strategy accumulates
     std::optional<BufferEntry> record;  // what the scheduler records of it
     // server.record_updates: where the update goes with the model it started from.
@@ -333,9 +331,6 @@ class Coordinator : private RoundContext {
   // compression.*: each codec checked for its direction; errors name the key.
   Status MakeCodecs();
   Status LoadCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The strategy's State(), taken with every shard's mutex held (no Accumulate runs).
-  // The analysis cannot follow a loop over an array of mutexes.
-  ParameterSet StrategyState() const ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // The serialized checkpoint of the last committed round.
   std::string CheckpointLocked(double elapsed_s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells every client the run ended (RunEnded): they exit.
@@ -346,18 +341,39 @@ class Coordinator : private RoundContext {
     return (std::filesystem::path(opts_.run_dir) / name).string();
   }
 
-  const ServerOptions opts_;
-  const FederationConfig& cfg_;
+  // The layout of an update (and of the strategy's sums).
+  const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return model_.UpdateLayout(global_.weights);
+  }
+  // What a round's model blob and a checkpoint hold (ModelLayout::Published).
+  const ParameterSet& Published(const ParameterSet& model, ParameterSet& scratch) const {
+    return model_.layout.Published(model, scratch);
+  }
+  // The Run thread is the only writer of global_ (under mu_), so it may read it without.
+  const ParameterSet& RunThreadGlobal() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return global_.weights;
+  }
 
-  std::unique_ptr<Model> model_;  // evaluation only (Run thread)
-  Dataset test_;
-  std::unique_ptr<Strategy> strategy_;
-  ModelSpec model_spec_;
+  const ServerOptions opts_;  // config() is opts_.config
+
+  // The server's own evaluation (Run thread): the model, data.test, and
+  // aggregation.root_data (FLTrust; empty otherwise).
+  struct Evaluation {
+    std::unique_ptr<Model> model;
+    Dataset test, root;
+  } eval_;
+  // The strategy, its round's partial sums one per upload worker.
+  ShardedStrategy strategy_;
+  // The model's description, layout and quantized base (fixed by Init). Checkpoints hold
+  // the published tensors: a frozen base follows from the config (seed, model.weights).
+  ModelState model_;
   // What every task names besides its round's model (fixed by Init).
   TaskAssets assets_;
-  std::unique_ptr<Codec> update_codec_;  // compression.update, unless none (decoding only)
-  // compression.broadcast, unless none; used by one thread at a time (start, round end).
-  std::unique_ptr<Codec> broadcast_codec_;
+  struct Codecs {
+    std::unique_ptr<Codec> update;     // compression.update, unless none (decoding only)
+    std::unique_ptr<Codec> broadcast;  // compression.broadcast, unless none; one thread at
+                                       // a time (start, round end)
+  } codecs_;
 
   // How rounds run (fixed by Init): the job's kind of round, its scheduler, the
   // synchronous rounds of the final evaluation.
@@ -371,50 +387,24 @@ class Coordinator : private RoundContext {
   mutable Mutex mu_;
   CondVar cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::string run_id_ ABSL_GUARDED_BY(mu_);
+  std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
   std::unique_ptr<RunFiles> run_files_;  // metrics.jsonl and checkpoint.pb (with a run dir)
-  Dataset root_;           // aggregation.root_data (fltrust); empty otherwise
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);            // client sampling (checkpointed)
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);  // client sampling, gossip graphs (checkpointed)
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   BlobStore blobs_ ABSL_GUARDED_BY(mu_);
-  ParameterSet global_ ABSL_GUARDED_BY(mu_);
-  // Which of global_'s tensors updates carry and blobs hold (fixed by Init). Checkpoints
-  // hold the published ones: a frozen base follows from the config (seed, model.weights).
-  ModelLayout layout_;
-  // model.quantize: the whole model's quantized weights (their bytes shared with model_'s;
-  // their blob is assets_.quantized_base).
-  QuantizedSet quantized_base_;
-  // The layout of an update (and of the strategy's sums).
-  const ParameterSet& UpdateLayout() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return layout_.UpdateLayout(global_); }
-  // What a round's model blob and a checkpoint hold (ModelLayout::Published).
-  const ParameterSet& Published(const ParameterSet& model, ParameterSet& scratch) const {
-    return layout_.Published(model, scratch);
-  }
-  // The Run thread is the only writer of global_ (under mu_), so it may read it without.
-  const ParameterSet& RunThreadGlobal() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return global_; }
-  std::string model_digest_ ABSL_GUARDED_BY(mu_);
-  int64_t committed_round_ ABSL_GUARDED_BY(mu_) = 0;
+  CommittedModel global_ ABSL_GUARDED_BY(mu_);
   CurrentRound round_ ABSL_GUARDED_BY(mu_);  // its driver: the plain one between rounds
-  RunLog log_ ABSL_GUARDED_BY(mu_);  // the rounds recorded
+  RunLog log_ ABSL_GUARDED_BY(mu_);  // the run's id and the rounds recorded
   TrafficMeter traffic_;
-  double prior_elapsed_s_ = 0;  // wall time of the run before a resume
+  TransportLatency latency_;
   // An edge round's settings and batch seed, from the upstream task (RunEdgeRound).
-  std::optional<FitSettings> edge_fit_ ABSL_GUARDED_BY(mu_);
-  uint64_t edge_seed_ ABSL_GUARDED_BY(mu_) = 0;
-  // The strategy's partial aggregates (Strategy::BeginRound's shards): one per worker,
-  // and the last for other threads. shard_mu_[i] is taken around Accumulate into shard
-  // i, which uploads call without mu_ while a round is open; the round thread uses the
-  // strategy otherwise only when none is in flight (or, for a checkpoint, with every
-  // shard's mutex).
-  const int shards_;
-  const std::unique_ptr<Mutex[]> shard_mu_;
-  Mutex buffers_mu_;  // after mu_ when taken with it
-  std::vector<std::string> buffers_ ABSL_GUARDED_BY(buffers_mu_);
-  std::string phase_ ABSL_GUARDED_BY(mu_) = "starting";
-
+  struct EdgeTask {
+    FitSettings fit;
+    uint64_t seed = 0;
+  };
+  std::optional<EdgeTask> edge_ ABSL_GUARDED_BY(mu_);
+  BufferPool buffers_;
   UploadSlots uploads_;
-
-  LatencyHistogram upload_latency_, fetch_latency_;
 
   ThreadPool pool_;  // last member: its workers finish before the state above dies
 };

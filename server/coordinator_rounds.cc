@@ -24,17 +24,17 @@ int64_t UnixMsIn(double seconds) {
 
 void Coordinator::PublishModelLocked() {
   ParameterSet scratch;
-  auto blob = std::make_shared<const std::string>(ModelBlob(Published(global_, scratch)));
+  auto blob = std::make_shared<const std::string>(ModelBlob(Published(global_.weights, scratch)));
   PublishLocked(std::move(blob), Sha256Hex(*blob));
 }
 
 void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::string digest) {
   // Older model versions are dropped, but for those tasks may still fetch (async). The
-  // fp32 size: of what the blob of the new model (global_) holds.
+  // fp32 size: of what the blob of the new model (global_.weights) holds.
   ParameterSet scratch;
-  blobs_.PublishModel(digest, std::move(blob), static_cast<int64_t>(Published(global_, scratch).EncodedSize()),
+  blobs_.PublishModel(digest, std::move(blob), static_cast<int64_t>(Published(global_.weights, scratch).EncodedSize()),
                       machinery_.scheduler().VersionsKept());
-  model_digest_ = std::move(digest);
+  global_.digest = std::move(digest);
 }
 
 bool Coordinator::RoundResolvedLocked() const {
@@ -48,16 +48,16 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
                                                const FitSettings& fit, int64_t deadline_ms) {
   v1::ServerMessage msg;
   v1::Task* task = msg.mutable_task();
-  task->set_run_id(run_id_);
+  task->set_run_id(log_.run_id());
   task->set_round(round);
   task->set_task_id(absl::StrCat("r", round, "-", cid));
   assets_.NameIn(task);
   if (assets_.model.has_interop()) {  // this device's own base
-    task->mutable_model()->mutable_interop()->set_base(cfg_.model.interop.BaseOf(sessions_.Find(cid)->name));
+    task->mutable_model()->mutable_interop()->set_base(config().model.interop.BaseOf(sessions_.Find(cid)->name));
   }
   auto* tc = task->mutable_train();
   ToProto(fit, tc);
-  tc->set_seed(edge_fit_ ? edge_seed_ : cfg_.run.seed * 1000003 + round);
+  tc->set_seed(edge_ ? edge_->seed : config().run.seed * 1000003 + round);
   task->set_deadline_unix_ms(deadline_ms);
   TaskRecord rec;
   rec.client_id = cid;
@@ -65,11 +65,11 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   machinery_.scheduler().ShapeTaskLocked(*sessions_.Find(cid), fit, task, &rec);
   if (round_.evaluating) task->set_task_id(absl::StrCat("e", round, "-", cid));
   rec.id = task->task_id();
-  task->set_model_digest(model_digest_);
-  if (auto published = blobs_.Find(model_digest_); published.ok()) {
+  task->set_model_digest(global_.digest);
+  if (auto published = blobs_.Find(global_.digest); published.ok()) {
     task->set_model_size(static_cast<int64_t>(published->blob->size()));
   }
-  if (broadcast_codec_) task->set_model_codec(cfg_.compression.broadcast);
+  if (codecs_.broadcast) task->set_model_codec(config().compression.broadcast);
   if (round_.evaluating) {
     task->set_evaluate_only(true);
     rec.evaluate_only = true;
@@ -77,17 +77,17 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
     round_.tasks[rec.id] = std::move(rec);
     return msg;
   }
-  rec.expected_size = update_codec_ ? EncodedTensorsSize(*update_codec_, UpdateLayout())
+  rec.expected_size = codecs_.update ? EncodedTensorsSize(*codecs_.update, UpdateLayout())
                                     : static_cast<int64_t>(UpdateLayout().EncodedSize());
-  if (update_codec_) {
-    rec.codec = cfg_.compression.update;
+  if (codecs_.update) {
+    rec.codec = config().compression.update;
     task->set_update_codec(rec.codec);
   }
   round_.driver->PrepareTaskLocked(task, &rec);  // split: the client part; SecAgg: masked inputs
-  if (cfg_.dp.enabled && cfg_.dp.noise == "distributed") {
+  if (config().dp.enabled && config().dp.noise == "distributed") {
     // Each client's share of the noise: n shares sum to N(0, (z C)^2).
-    task->mutable_dp()->set_clip(cfg_.dp.clip);
-    task->mutable_dp()->set_noise_stddev(cfg_.dp.noise_multiplier * cfg_.dp.clip /
+    task->mutable_dp()->set_clip(config().dp.clip);
+    task->mutable_dp()->set_noise_stddev(config().dp.noise_multiplier * config().dp.clip /
                                          std::sqrt(static_cast<double>(round_.clients)));
   }
   round_.tasks[rec.id] = std::move(rec);
@@ -99,19 +99,19 @@ Status Coordinator::ApplyLocked(int64_t round,
                                 RoundMetrics* m) {
   // The server update, encoding and hashing of a large model take a while: do them on a
   // copy without the lock. No upload touches the strategy meanwhile (the round is
-  // closed, or the async buffer is being applied), and readers of global_ see the
+  // closed, or the async buffer is being applied), and readers of global_.weights see the
   // previous model.
-  ParameterSet next = layout_.Updated(global_);
+  ParameterSet next = model_.layout.Updated(global_.weights);
   mu_.Unlock();
   Status finished = absl::OkStatus();
   // The strategy's state before it steps (server momentum, Adam moments, the DP
   // accountant, error-feedback memory): a round that fails after the step leaves no
   // trace in it.
-  const ParameterSet strategy_before = strategy_->State();
+  const ParameterSet strategy_before = strategy_.get().State();
   if (fold) finished = fold(next);
-  if (finished.ok()) finished = strategy_->FinishRound(m->failures, &next);
-  if (finished.ok()) m->strategy_stats = strategy_->RoundStats();
-  if (finished.ok() && !layout_.updates_all()) {  // the shared tensors into the whole model
+  if (finished.ok()) finished = strategy_.get().FinishRound(m->failures, &next);
+  if (finished.ok()) m->strategy_stats = strategy_.get().RoundStats();
+  if (finished.ok() && !model_.layout.updates_all()) {  // the shared tensors into the whole model
     ParameterSet whole = RunThreadGlobal();
     finished = Overwrite(next, &whole);
     next = std::move(whole);
@@ -125,7 +125,7 @@ Status Coordinator::ApplyLocked(int64_t round,
     }
   }
   if (!finished.ok()) {
-    if (Status s = strategy_->Restore(strategy_before); !s.ok()) {
+    if (Status s = strategy_.get().Restore(strategy_before); !s.ok()) {
       finished = absl::InternalError(absl::StrCat(finished.message(),
                                                   "; the strategy's state was not restored: ",
                                                   s.message()));
@@ -140,8 +140,8 @@ Status Coordinator::ApplyLocked(int64_t round,
   }
   mu_.Lock();
   RETURN_IF_ERROR(finished);
-  global_ = std::move(next);
-  committed_round_ = round;
+  global_.weights = std::move(next);
+  global_.round = round;
   PublishLocked(std::move(blob), std::move(digest));
   return absl::OkStatus();
 }
@@ -186,10 +186,10 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
 }
 
 void Coordinator::BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
-                                   RoundDriver& driver, bool evaluate_only) {
+                                   RoundHooks& driver, bool evaluate_only) {
   round_.clients = std::max<int>(1, clients.size());
   round_.weights = WeightsOfLocked(clients);
-  if (!evaluate_only) strategy_->BeginRound(UpdateLayout(), shards_);
+  if (!evaluate_only) strategy_.BeginRound(UpdateLayout());
   round_.evaluating = evaluate_only;
   round_.tasks.clear();
   round_.number = round;
@@ -207,16 +207,16 @@ RoundWeights Coordinator::WeightsOfLocked(const std::vector<std::string>& client
       declared.push_back(s->num_examples);
     }
   }
-  AggregationConfig config = cfg_.aggregation;
-  if (declared.empty() && !clients.empty()) config.weighting = "equal";
-  return RoundWeights(config, declared);
+  AggregationConfig weighting = config().aggregation;
+  if (declared.empty() && !clients.empty()) weighting.weighting = "equal";
+  return RoundWeights(weighting, declared);
 }
 
-void Coordinator::BeginBufferLocked(int64_t version, RoundDriver& driver) {
+void Coordinator::BeginBufferLocked(int64_t version, RoundHooks& driver) {
   const std::vector<std::string> available = AvailableLocked();
   // The cap follows the connected clients; with none connected the last one holds.
   if (!available.empty()) round_.weights = WeightsOfLocked(available);
-  strategy_->BeginRound(UpdateLayout(), shards_);
+  strategy_.BeginRound(UpdateLayout());
   round_.number = version;
   round_.driver = &driver;
   ResetRoundBytes();
@@ -232,7 +232,7 @@ void Coordinator::EndRoundLocked() {
 void Coordinator::ReleaseUploadsLocked() {
   mu_.Unlock();
   uploads_.CancelAll();
-  DropBuffers();  // not held while the next model is built beside the current one
+  buffers_.Drop();  // not held while the next model is built beside the current one
   mu_.Lock();
 }
 
@@ -251,7 +251,7 @@ void Coordinator::AddBlobLocked(const std::string& digest, std::shared_ptr<const
 }
 
 std::string Coordinator::ModelBlob(const ParameterSet& model) {
-  return broadcast_codec_ ? EncodeCompressedSet(*broadcast_codec_, model) : model.Encode();
+  return codecs_.broadcast ? EncodeCompressedSet(*codecs_.broadcast, model) : model.Encode();
 }
 
 void Coordinator::ResetRoundBytes() {
@@ -272,21 +272,20 @@ void Coordinator::AwaitAccumulatingLocked() {
 }
 
 void Coordinator::Accumulate(const ClientUpdate& update) {
-  MutexLock a(&shard_mu_[0]);
-  strategy_->Accumulate(update, 0);
+  strategy_.Accumulate(update, 0);
 }
 
 Status Coordinator::AwaitClientsLocked() {
   phase_ = "waiting for clients";
-  const auto deadline = clock_->Now() + Seconds(cfg_.clients.join_timeout_s);
-  while (!stopping_ && static_cast<int>(AvailableLocked().size()) < cfg_.clients.min_clients) {
+  const auto deadline = clock_->Now() + Seconds(config().clients.join_timeout_s);
+  while (!stopping_ && static_cast<int>(AvailableLocked().size()) < config().clients.min_clients) {
     if (clock_->Now() > deadline) {
       int unfit = 0;
       for (const auto& [id, s] : sessions_) unfit += !s.unfit.empty();
       return absl::DeadlineExceededError(absl::StrCat(
-          "only ", AvailableLocked().size(), " of clients.min=", cfg_.clients.min_clients,
+          "only ", AvailableLocked().size(), " of clients.min=", config().clients.min_clients,
           " clients connected", NeedProfile() ? " and profiled" : "", " within ",
-          cfg_.clients.join_timeout_s, "s",
+          config().clients.join_timeout_s, "s",
           unfit ? absl::StrCat(" (", unfit, " more cannot hold the model)") : ""));
     }
     WaitLocked(deadline);
@@ -295,13 +294,13 @@ Status Coordinator::AwaitClientsLocked() {
 }
 
 Status Coordinator::FlTrustReference(const FitSettings& fit) {
-  if (root_.size == 0) return absl::OkStatus();
+  if (eval_.root.size == 0) return absl::OkStatus();
   const ParameterSet& global = RunThreadGlobal();
-  RETURN_IF_ERROR(model_->SetParameters(global));
-  const LocalTrainOptions o(fit, cfg_.run.seed);
-  RETURN_IF_ERROR(model_->Train(root_, o).status());
-  ParameterSet update = layout_.Updated(model_->Parameters());
-  const ParameterSet base = layout_.Updated(global);
+  RETURN_IF_ERROR(eval_.model->SetParameters(global));
+  const LocalTrainOptions o(fit, config().run.seed);
+  RETURN_IF_ERROR(eval_.model->Train(eval_.root, o).status());
+  ParameterSet update = model_.layout.Updated(eval_.model->Parameters());
+  const ParameterSet base = model_.layout.Updated(global);
   for (size_t i = 0; i < update.size(); ++i) {
     auto& v = update.mutable_tensors()[i].values;
     for (size_t j = 0; j < v.size(); ++j) v[j] -= base.tensors()[i].values[j];
@@ -310,9 +309,9 @@ Status Coordinator::FlTrustReference(const FitSettings& fit) {
   for (const auto& t : update.tensors()) {
     for (float v : t.values) sq += static_cast<double>(v) * v;
   }
-  spdlog::info("fltrust: server update on {} root examples, {} epochs, norm {:.4f}", root_.size,
+  spdlog::info("fltrust: server update on {} root examples, {} epochs, norm {:.4f}", eval_.root.size,
                o.local_epochs, std::sqrt(sq));
-  strategy_->SetReference(update);
+  strategy_.get().SetReference(update);
   return absl::OkStatus();
 }
 

@@ -53,7 +53,7 @@ Status Coordinator::CheckJoin(const v1::Join& join, const std::string& peer) con
     return absl::InvalidArgumentError(
         "Join.num_examples must be > 0, or 0 with count_from_fit (each upload reporting the count)");
   }
-  if (join.count_from_fit() && cfg_.secure_aggregation.enabled) {
+  if (join.count_from_fit() && config().secure_aggregation.enabled) {
     return absl::FailedPreconditionError(
         "this run uses secure aggregation, which fixes each client's weight before it trains: declare the "
         "client's example count when it joins (num_examples)");
@@ -67,7 +67,7 @@ Status Coordinator::CheckJoin(const v1::Join& join, const std::string& peer) con
     return absl::InvalidArgumentError(absl::StrCat(
         "client name '", Printable(join.name()), "' has bytes outside printable ASCII"));
   }
-  if (cfg_.tls.mutual) {
+  if (config().tls.mutual) {
     // The identity is the verified certificate's; a client cannot join as another.
     if (peer.empty()) return absl::UnauthenticatedError("no verified client certificate");
     if (!join.name().empty() && join.name() != peer) {
@@ -76,10 +76,10 @@ Status Coordinator::CheckJoin(const v1::Join& join, const std::string& peer) con
           Printable(peer), "'"));
     }
   }
-  for (const auto& [what, spec] : {std::pair{"updates", cfg_.compression.update},
-                                   std::pair{"the model broadcast", cfg_.compression.broadcast},
-                                   std::pair{"activations", cfg_.compression.activations},
-                                   std::pair{"gradients", cfg_.compression.gradients}}) {
+  for (const auto& [what, spec] : {std::pair{"updates", config().compression.update},
+                                   std::pair{"the model broadcast", config().compression.broadcast},
+                                   std::pair{"activations", config().compression.activations},
+                                   std::pair{"gradients", config().compression.gradients}}) {
     const std::string family = CodecFamily(spec);
     if (family != "none" &&
         std::find(join.codecs().begin(), join.codecs().end(), family) == join.codecs().end()) {
@@ -87,7 +87,7 @@ Status Coordinator::CheckJoin(const v1::Join& join, const std::string& peer) con
           "this run compresses ", what, " with ", spec, ", which the client does not support"));
     }
   }
-  if (cfg_.secure_aggregation.enabled &&
+  if (config().secure_aggregation.enabled &&
       std::find(join.codecs().begin(), join.codecs().end(), kSecAggCodec) == join.codecs().end()) {
     return absl::FailedPreconditionError(
         "this run uses secure aggregation, which the client does not support");
@@ -119,14 +119,14 @@ Status Coordinator::Join(std::shared_ptr<ClientLink> link, const v1::Join& join,
     joined.link = std::move(link);
     joined.last_seen = clock_->Now();
     const Session& s = sessions_.Add(std::move(joined), peer, join.name());
-    welcome->set_run_id(run_id_);
+    welcome->set_run_id(log_.run_id());
     welcome->set_client_id(s.id);
     welcome->set_session_token(s.token);
     welcome->set_name(s.name);
-    welcome->set_heartbeat_interval_ms(static_cast<int>(cfg_.server.heartbeat_s * 1000));
+    welcome->set_heartbeat_interval_ms(static_cast<int>(config().server.heartbeat_s * 1000));
     if (NeedProfile()) {
       *welcome->mutable_model() = assets_.model;
-      welcome->set_profile_batch_size(cfg_.train.batch_size);
+      welcome->set_profile_batch_size(config().train.batch_size);
       welcome->set_probe_digest(assets_.probe.digest);
       welcome->set_probe_size(kProbeBytes);
     }
@@ -264,9 +264,9 @@ StatusOr<const Session*> Coordinator::CheckSenderLocked(const std::string& what,
                                                          const std::string& run_id,
                                                          int64_t round) const {
   ASSIGN_OR_RETURN(const Session* s, SessionLocked(client_id, token, peer));
-  if (run_id != run_id_) {
+  if (run_id != log_.run_id()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, " for run ", Printable(run_id), ", this is run ", run_id_));
+        absl::StrCat(what, " for run ", Printable(run_id), ", this is run ", log_.run_id()));
   }
   RETURN_IF_ERROR(machinery_.scheduler().CheckRoundLocked(what, round));
   return s;
@@ -300,15 +300,15 @@ std::vector<std::string> Coordinator::AvailableLocked() const {
 }
 
 void Coordinator::ExpireSilentLocked() {
-  const auto limit = Seconds(cfg_.server.client_timeout_s);
+  const auto limit = Seconds(config().server.client_timeout_s);
   const auto now = clock_->Now();
   const std::vector<std::shared_ptr<UploadCall>> stalled =
-      uploads_.ExpireIdle(Seconds(cfg_.server.upload_idle_timeout_s), now);
+      uploads_.ExpireIdle(Seconds(config().server.upload_idle_timeout_s), now);
   for (auto& r : stalled) {
     const v1::UploadHeader* h = r->header();
     spdlog::warn("upload from client {} made no progress for {:.0f}s: cancelling it",
                  h ? Printable(h->client_id()) : "(no header yet)",
-                 cfg_.server.upload_idle_timeout_s);
+                 config().server.upload_idle_timeout_s);
     if (h == nullptr) continue;
     auto t = round_.tasks.find(h->task_id());
     if (t != round_.tasks.end() && t->second.client_id == h->client_id() &&
@@ -320,7 +320,7 @@ void Coordinator::ExpireSilentLocked() {
   std::vector<std::shared_ptr<ClientLink>> silent;
   for (const std::string& id : sessions_.Ids()) {
     if (now - sessions_.Find(id)->last_seen > limit) {
-      spdlog::warn("client {} silent for {:.0f}s: dropping it", id, cfg_.server.client_timeout_s);
+      spdlog::warn("client {} silent for {:.0f}s: dropping it", id, config().server.client_timeout_s);
       silent.push_back(EndSessionLocked(id, "heartbeat timeout"));
     }
   }
@@ -348,7 +348,7 @@ void Coordinator::CountLabels(int64_t labels) {
 
 int Coordinator::SetMaxSessions(int derived) {
   MutexLock l(&mu_);
-  sessions_.set_max(cfg_.server.max_sessions > 0 ? cfg_.server.max_sessions : derived);
+  sessions_.set_max(config().server.max_sessions > 0 ? config().server.max_sessions : derived);
   return sessions_.max();
 }
 

@@ -111,37 +111,12 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
   return expected;
 }
 
-std::string Coordinator::TakeBuffer(int64_t size) {
-  std::string b;
-  {
-    MutexLock l(&buffers_mu_);
-    if (!buffers_.empty()) {
-      b = std::move(buffers_.back());
-      buffers_.pop_back();
-    }
-  }
-  b.clear();
-  b.reserve(size);
-  return b;
-}
-
-void Coordinator::ReturnBuffer(std::string buffer) {
-  MutexLock l(&buffers_mu_);
-  if (static_cast<int>(buffers_.size()) < cfg_.server.worker_threads) buffers_.push_back(std::move(buffer));
-}
-
-void Coordinator::DropBuffers() {
-  std::vector<std::string> drop;
-  MutexLock l(&buffers_mu_);
-  drop.swap(buffers_);
-}
-
 Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& payload,
                                   bool* duplicate) {
   // Structure checks need no lock; the payload is ours.
   std::vector<TensorView> views;
   if (h.codec() == "fp32") {
-    ASSIGN_OR_RETURN(views, ParseParameterSet(payload, cfg_.server.max_model_elements));
+    ASSIGN_OR_RETURN(views, ParseParameterSet(payload, config().server.max_model_elements));
   }
   ClaimedUpload claim;
   {
@@ -150,7 +125,7 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     if (claim.resolved) return absl::OkStatus();
   }
   // Model-sized work without the coordinator's lock: uploads are checked and added in
-  // parallel on the workers, each into its own partial sum (shard_mu_).
+  // parallel on the workers, each into its own partial sum (ShardedStrategy).
   if (opts_.before_accumulate) opts_.before_accumulate();
   Status s = AddClaimed(h, payload, std::move(views), claim);
   MutexLock l(&mu_);
@@ -210,9 +185,9 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   claim.add = round_.driver->ClaimUploadLocked(task);
   // server.record_updates: a whole model's update, while the global model is still the
   // one it started from (an asynchronous buffer may have moved on).
-  if (cfg_.server.record_updates > 0 && own == nullptr && task.width == 0 && task.round == round_.number) {
+  if (config().server.record_updates > 0 && own == nullptr && task.width == 0 && task.round == round_.number) {
     if (round_.recorded_round != round_.number) round_.recorded_round = round_.number, round_.recorded_updates = 0;
-    if (round_.recorded_updates < cfg_.server.record_updates) {
+    if (round_.recorded_updates < config().server.record_updates) {
       ++round_.recorded_updates;
       claim.update_record_path = RunPath(absl::StrCat("record/round-", task.round, "/", h.client_id(), ".pb"));
       claim.update_record_base = GlobalLocked();
@@ -265,12 +240,12 @@ Status Coordinator::AddClaimed(const v1::UploadHeader& h, const std::string& pay
   if (h.codec() != "fp32") {
     // Checked here, then read block by block through the codec like an fp32 update:
     // no decoded copy is made.
-    ASSIGN_OR_RETURN(views, ViewEncodedTensors(*update_codec_, payload, *claim.layout));
+    ASSIGN_OR_RETURN(views, ViewEncodedTensors(*codecs_.update, payload, *claim.layout));
   }
   // Bounded values: with bounded weights no sum of updates can overflow, so no upload
   // can make the model non-finite.
   RETURN_IF_ERROR(
-      CheckViews(*claim.layout, views, static_cast<float>(cfg_.server.max_update_abs)));
+      CheckViews(*claim.layout, views, static_cast<float>(config().server.max_update_abs)));
   if (!claim.update_record_path.empty()) RecordUpdate(claim, views);
   for (auto& v : views) v.scale = claim.scale;
   if (claim.record) {  // durable before it is added (async: the buffer survives a crash)
@@ -280,10 +255,7 @@ Status Coordinator::AddClaimed(const v1::UploadHeader& h, const std::string& pay
   if (claim.add) return claim.add(views, claim.update.weight);
   claim.update.delta = std::move(views);
   // Each worker adds into its own partial sum; threads outside the pool share the last.
-  const int w = pool_.WorkerIndex();
-  const int shard = w >= 0 ? w : shards_ - 1;
-  MutexLock a(&shard_mu_[shard]);
-  strategy_->Accumulate(claim.update, shard);
+  strategy_.Accumulate(claim.update, pool_.WorkerIndex());
   return absl::OkStatus();
 }
 

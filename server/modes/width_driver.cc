@@ -407,7 +407,7 @@ RoundDriver::AddUpload WidthDriver::ClaimUploadLocked(const TaskRecord& t) {
     if (teachers) {  // FedDF's teacher: the device's trained submodel
       ParameterSet trained = *part;
       AddScaled(delta, 1.0f, &trained);
-      std::lock_guard<std::mutex> l(teachers->mu);
+      MutexLock l(&teachers->mu);
       teachers->models.emplace_back(r, std::move(trained));
     }
     return absl::OkStatus();
@@ -469,6 +469,7 @@ void WidthDriver::CloseLocked(int64_t round, RoundMetrics* m) {
 
 Status WidthDriver::DistillInto(ParameterSet* whole, const Teachers& teachers, int64_t round) {
   const WidthConfig::Distill& o = ctx_.config().width.distill;
+  MutexLock l(&teachers.mu);  // the round's uploads are added: nobody else holds it now
   if (teachers.models.empty()) return absl::OkStatus();
   if (!distill_data_) {
     ASSIGN_OR_RETURN(Dataset d, LoadDataSpec(o.data, /*train=*/true));

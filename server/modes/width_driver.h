@@ -44,10 +44,9 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "aggregation/submodel.h"
@@ -173,8 +172,8 @@ class WidthDriver : public RoundDriver {
   ParameterSet edge_layout_ ABSL_GUARDED_BY(ctx_.mu());  // an edge's upload: the start's, then weights
   // width.distill: the devices' trained submodels, by rate, added as they upload.
   struct Teachers {
-    std::mutex mu;
-    std::vector<std::pair<double, ParameterSet>> models;
+    mutable Mutex mu;
+    std::vector<std::pair<double, ParameterSet>> models ABSL_GUARDED_BY(mu);
   };
   // What a round adds its uploads into: exactly one of FlexLoRA's products, the
   // elements kept whole for a robust aggregation.rule, every other method's sums, or

@@ -407,7 +407,7 @@ void AsyncBuffers::ReplayLocked() {
       continue;
     }
     for (auto& v : *views) v.scale = e.scale;
-    if (RoundDriver::AddUpload add = driver_.ClaimUploadLocked(t)) {
+    if (RoundHooks::AddUpload add = driver_.ClaimUploadLocked(t)) {
       if (Status s = add(*views, e.weight); !s.ok()) {
         spdlog::warn("buffer journal: an update of {} not added again: {}", e.client_name, std::string(s.message()));
         continue;

@@ -30,8 +30,10 @@ class RoundMachinery {
 
   // The plain federated round: between rounds, and the driver of an evaluation round.
   RoundDriver& plain() { return plain_; }
-  // The job's kind of round (the plain one unless a RoundDrivers() entry applies).
-  RoundDriver& mode() const { return *mode_; }
+  // The job's kind of round (the plain one unless a RoundDrivers() entry applies): its
+  // mode's side, which the coordinator's session code calls. Its round hooks are the
+  // scheduler's.
+  ModeHooks& mode() const { return *mode_; }
   RoundScheduler& scheduler() const { return *scheduler_; }
   SyncRounds& rounds() const { return *rounds_; }
   // The mode's endpoints for messages that belong to it; null when it has none.

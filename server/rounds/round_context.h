@@ -1,7 +1,9 @@
 // RoundContext: what the coordinator's schedulers (server/rounds/scheduler.h) and round drivers
 // (server/rounds/round_driver.h) may do with the round state it owns. They get this interface,
-// never the coordinator: sample, send tasks, wait, accumulate, apply and commit, plus
-// the sessions, tasks and blobs they read. The coordinator implements it.
+// never the coordinator. It is four interfaces, each of at most 15 methods: the run's
+// fixed facts (RunFacts), the round in progress with its sessions and tasks (RoundTasks),
+// a round's steps (RoundSteps: open, send, wait, close) and the model (ModelUpdates:
+// accumulate, apply, commit, blobs). The coordinator implements all four.
 //
 // *Locked methods need mu(). WaitLocked, SendTasksLocked and ApplyLocked release it
 // while they wait, send or compute; a caller must not hold iterators or references into
@@ -11,7 +13,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,7 +28,7 @@
 namespace cleave {
 
 class Codec;
-class RoundDriver;
+class RoundHooks;
 class RoundWeights;
 class Strategy;
 struct ClientUpdate;
@@ -43,14 +44,20 @@ int64_t UnixMsIn(double seconds);
 // Hex of `bytes` bytes from OpenSSL's CSPRNG: tokens and run ids must not be guessable.
 std::string RandomHex(int bytes);
 
-class RoundContext {
+// The coordinator's mutex: every *Locked method of the interfaces below needs it, and
+// each reaches it here, so a caller that locks mu() of any of them is seen by the
+// analysis to hold it for the others.
+class RoundLock {
  public:
-  virtual ~RoundContext() = default;
-
-  // --- Fixed for the run.
+  virtual ~RoundLock() = default;
   virtual Mutex& mu() const = 0;
-  virtual const FederationConfig& config() const = 0;
+};
+
+// Fixed for the run.
+class RunFacts : public virtual RoundLock {
+ public:
   virtual const Clock& clock() const = 0;
+  virtual const FederationConfig& config() const = 0;
   virtual Strategy& strategy() = 0;
   // compression.update's codec; null when updates are fp32.
   virtual const Codec* update_codec() const = 0;
@@ -62,8 +69,11 @@ class RoundContext {
   virtual const QuantizedSet& quantized_base() const = 0;
   // The path of `name` in the run directory; "" when the run keeps none.
   virtual std::string RunPath(const std::string& name) const = 0;
+};
 
-  // --- The run and the round in progress.
+// The run and the round in progress: its sessions and tasks.
+class RoundTasks : public virtual RoundLock {
+ public:
   virtual const std::string& RunIdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // The round (async: version) being built; 0 when none.
   virtual int64_t CurrentRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
@@ -75,15 +85,8 @@ class RoundContext {
   virtual std::mt19937_64& RngLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // The round's bound on declared example counts.
   virtual const RoundWeights& RoundWeightsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
-  // An edge aggregator's round: the settings its upstream gave (else nullopt).
-  virtual const std::optional<FitSettings>& EdgeFitLocked() const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
-  // The layout of an update (the model without personal and frozen tensors), and the
-  // model itself.
-  virtual const ParameterSet& UpdateLayoutLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
-  virtual const ParameterSet& GlobalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
-
-  // --- Sessions and tasks.
+  // An edge aggregator's round: the settings its upstream gave (else null).
+  virtual const FitSettings* EdgeFitLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // Connected clients that may be given a task, in sampling order (by name, then id).
   virtual std::vector<std::string> AvailableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // The session `client_id`; null once it ended.
@@ -97,8 +100,11 @@ class RoundContext {
   virtual bool RoundResolvedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // Uploads being validated and added outside the lock.
   virtual int AccumulatingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+};
 
-  // --- A round's steps.
+// A round's steps: open, send, wait, close.
+class RoundSteps : public virtual RoundLock {
+ public:
   // Waits for clients.min available clients: DEADLINE_EXCEEDED after
   // clients.join_timeout_s, CANCELLED when stopped.
   virtual Status AwaitClientsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
@@ -106,11 +112,11 @@ class RoundContext {
   // zero, the weights bounded by their declared examples, the strategy's round begun
   // (not for an evaluation), and `driver` the round's driver.
   virtual void BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
-                                RoundDriver& driver, bool evaluate_only)
+                                RoundHooks& driver, bool evaluate_only)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // An async buffer opens for `version`: as BeginRoundLocked with the available
   // clients and `driver`, but the tasks of earlier versions stay.
-  virtual void BeginBufferLocked(int64_t version, RoundDriver& driver) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+  virtual void BeginBufferLocked(int64_t version, RoundHooks& driver) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // Sends each of `client_ids` its task of `round` (plan.FitFor); a task whose control
   // stream is closed fails. Releases mu() while sending.
   virtual void SendTasksLocked(int64_t round, const std::vector<std::string>& client_ids,
@@ -132,6 +138,16 @@ class RoundContext {
   virtual void ReleaseUploadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
   // The round's transport bytes into `m`.
   virtual void CountRoundBytesLocked(RoundMetrics* m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+};
+
+// The model: the strategy's sums, the step to the next model, its blobs.
+class ModelUpdates : public virtual RoundLock {
+ public:
+  // The layout of an update (the model without personal and frozen tensors), and the
+  // model itself.
+  virtual const ParameterSet& UpdateLayoutLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+  virtual const ParameterSet& GlobalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
+
   // Adds a result into the strategy (shard 0); without mu(), from any thread.
   virtual void Accumulate(const ClientUpdate& update) = 0;
   // FLTrust (aggregation.root_data): trains the current model on the root data with
@@ -147,7 +163,6 @@ class RoundContext {
   // Round `round` is committed without a new model (gossip: the clients keep theirs).
   virtual void CommitWithoutModelLocked(int64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
 
-  // --- Blobs clients fetch.
   // The blob a model (or a client part) is sent down as: fp32, or compression.broadcast.
   virtual std::string ModelBlob(const ParameterSet& model) = 0;
   // Kept all run long (a probe, a cut's frozen base).
@@ -158,5 +173,9 @@ class RoundContext {
   virtual void AddBlobLocked(const std::string& digest, std::shared_ptr<const std::string> blob,
                              int64_t fp32_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) = 0;
 };
+
+// Everything a scheduler or driver may do with the round state (the four above); the
+// coordinator implements it.
+class RoundContext : public RunFacts, public RoundTasks, public RoundSteps, public ModelUpdates {};
 
 }  // namespace cleave

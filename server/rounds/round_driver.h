@@ -20,11 +20,13 @@
 // ClaimUploadLocked for tasks of this and earlier versions (and for journaled uploads
 // replayed after a restart), CloseLocked and Fold as the buffer is applied.
 //
+// Those are RoundHooks, all that schedulers and the round in progress hold of a driver.
 // The base class is the plain federated round: every hook does nothing and each
-// upload's delta goes to the strategy. SecAggDriver, SplitDriver and GossipDriver are
-// the others.
+// upload's delta goes to the strategy. SecAggDriver, SplitDriver, GossipDriver and
+// WidthDriver are the others.
 //
-// The driver of the job's mode also keeps that mode's state of each session (a split
+// ModeHooks, the other half, is all the coordinator's session code sees. Through it the
+// driver of the job's mode keeps that mode's state of each session (a split
 // client's profile and cut, a gossip client's measured uplink, a width client's rate):
 // it prepares once before anything is served (PrepareLocked), asks for and keeps
 // clients' profiles (NeedsProfile, CheckProfile, ProfileLocked), decides which sessions
@@ -90,9 +92,11 @@ class SplitStreams {
   virtual void CountLabels(int64_t labels) = 0;
 };
 
-class RoundDriver {
+// What a round calls (the round's hooks above): all a scheduler and the round in progress
+// hold of a driver.
+class RoundHooks {
  public:
-  virtual ~RoundDriver() = default;
+  virtual ~RoundHooks() = default;
 
   // Round `round`'s `clients` are sampled, to train with `fit`: leaves out those it
   // cannot serve, and sets up what depends on who takes part. The clients left are the
@@ -149,6 +153,16 @@ class RoundDriver {
   // scheduler.mode: async: the buffer of model version `version` opened (tasks of earlier
   // versions stay); an error fails the buffer.
   virtual Status BufferOpenedLocked(int64_t /*version*/) { return absl::OkStatus(); }
+  // Whether a round makes a new model on the server (false: gossip rounds, where the
+  // clients' models never reach it; the round is committed as it closes).
+  virtual bool Aggregates() const { return true; }
+};
+
+// The mode's side of a driver: its state of each session, the profiles it asks for,
+// what its rounds do and serve. All the coordinator's session code sees of it.
+class ModeHooks {
+ public:
+  virtual ~ModeHooks() = default;
   // The mode's driver: the run's model is loaded and nothing is served yet (the process
   // is quiet): one-time work, such as measuring what its models cost.
   virtual Status PrepareLocked() { return absl::OkStatus(); }
@@ -168,9 +182,6 @@ class RoundDriver {
   // Whether clients report federated evaluations of the server's model in this kind of
   // round (the final evaluation is skipped otherwise).
   virtual bool ClientsEvaluate() const { return true; }
-  // Whether a round makes a new model on the server (false: gossip rounds, where the
-  // clients' models never reach it; the round is committed as it closes).
-  virtual bool Aggregates() const { return true; }
   // The last round's weight of each element in the update layout (width-scaled
   // submodels: the examples of the devices that held it); empty when every element has
   // the round's weight. An edge aggregator hands it up with its mean.
@@ -181,5 +192,9 @@ class RoundDriver {
   // The split streams the driver's rounds serve; null: none.
   virtual SplitStreams* split_streams() { return nullptr; }
 };
+
+// A kind of round (RoundDrivers(), server/rounds/round_registry.h): both of the above.
+// The base class itself is the plain federated round.
+class RoundDriver : public RoundHooks, public ModeHooks {};
 
 }  // namespace cleave

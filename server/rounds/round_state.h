@@ -17,7 +17,7 @@
 namespace cleave {
 
 class ClientLink;   // server/transport/transport.h
-class RoundDriver;  // server/rounds/round_driver.h
+class RoundHooks;  // server/rounds/round_driver.h
 class SplitRound;   // split/round.h
 
 // kAccumulating: its upload passed the checks made under the coordinator's lock and is
@@ -70,7 +70,7 @@ struct CurrentRound {
   TaskMap tasks;
   // Tasks in TaskState::kAccumulating: the round does not close while there are any.
   int accumulating = 0;
-  RoundDriver* driver = nullptr;  // the driver running it (the plain one between rounds)
+  RoundHooks* driver = nullptr;  // the driver running it (the plain one between rounds)
   // server.record_updates: the updates recorded in round recorded_round.
   int64_t recorded_round = 0;
   int recorded_updates = 0;

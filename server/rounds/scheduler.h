@@ -91,7 +91,7 @@ class SyncRounds : public RoundScheduler {
   SyncRounds* synchronous() override { return this; }
   // `driver` may be the plain federated one (RoundDriver itself). Unless
   // clients.selection is uniform, its selector (Selections()) picks each round's clients.
-  SyncRounds(RoundContext& ctx, RoundDriver& driver);
+  SyncRounds(RoundContext& ctx, RoundHooks& driver);
   // The coordinator's mutex, which guards the scheduler's state.
   Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
   // The client selector (null for uniform selection): its state is checkpointed.
@@ -139,7 +139,7 @@ class SyncRounds : public RoundScheduler {
                            double* loss_sum, int64_t* weight)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
-  RoundDriver& driver_;
+  RoundHooks& driver_;
   RoundDriver plain_;  // an evaluation round's
   // Fixed at construction; the selector is used with the coordinator's mutex held.
   std::unique_ptr<ClientSelector> selector_;
@@ -163,7 +163,7 @@ class TurnRounds : public SyncRounds {
 class AsyncBuffers : public RoundScheduler {
  public:
   // `driver`: the plain federated round's, or width-scaled submodels' (WidthDriver).
-  AsyncBuffers(RoundContext& ctx, RoundDriver& driver) : ctx_(ctx), driver_(driver) {}
+  AsyncBuffers(RoundContext& ctx, RoundHooks& driver) : ctx_(ctx), driver_(driver) {}
   // The coordinator's mutex, which guards the scheduler's state.
   Mutex& mu() const ABSL_LOCK_RETURNED(ctx_.mu()) { return ctx_.mu(); }
 
@@ -229,7 +229,7 @@ class AsyncBuffers : public RoundScheduler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx_.mu());
 
   RoundContext& ctx_;
-  RoundDriver& driver_;
+  RoundHooks& driver_;
   // Each session's measured speed, which sizes its tasks (scheduler.target_staleness).
   std::map<std::string, ClientSpeed> speeds_ ABSL_GUARDED_BY(ctx_.mu());
   // The open buffer's settings and start; applying_: it is being applied, and uploads

@@ -13,7 +13,7 @@
 
 namespace cleave {
 
-SyncRounds::SyncRounds(RoundContext& ctx, RoundDriver& driver) : ctx_(ctx), driver_(driver) {
+SyncRounds::SyncRounds(RoundContext& ctx, RoundHooks& driver) : ctx_(ctx), driver_(driver) {
   // The job layer checked the name (and refuses oort with split.mode and DP).
   const SelectionKind* kind = Selections().Find(ctx.config().clients.selection);
   if (kind != nullptr && kind->make) selector_ = kind->make(ctx.config().clients);
@@ -62,7 +62,7 @@ RoundPlan SyncRounds::PlanLocked(int64_t round, bool evaluate_only) {
   plan = ctx_.strategy().ConfigureRound(round, available,
                                         selector_ ? SelectorSampler(round, available)
                                                   : UniformSampler(available, ctx_.RngLocked()));
-  if (const auto& edge = ctx_.EdgeFitLocked()) {  // an edge trains as its upstream says
+  if (const FitSettings* edge = ctx_.EdgeFitLocked()) {  // an edge trains as its upstream says
     plan.fit = *edge;
     plan.client_fit.clear();
   }
@@ -79,7 +79,7 @@ StatusOr<RoundMetrics> SyncRounds::RunLocked(bool evaluate_only) {
   RoundPlan plan = PlanLocked(round, evaluate_only);
   if (!plan.stop_reason.empty()) return absl::OutOfRangeError(plan.stop_reason);
   // The driver's own kind of round (cuts, secure aggregation); not for an evaluation.
-  RoundDriver& driver = evaluate_only ? plain_ : driver_;
+  RoundHooks& driver = evaluate_only ? static_cast<RoundHooks&>(plain_) : driver_;
   // Who the driver cannot serve is left out before the round is sized from its clients.
   RETURN_IF_ERROR(driver.ChooseLocked(round, plan.fit, &plan.clients));
   ctx_.BeginRoundLocked(round, plan.clients, driver, evaluate_only);

@@ -156,7 +156,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     const int64_t total = static_cast<int64_t>(blob_->size());
     if (offset_ >= total) {
       core_->SavedDown(fp32_size_ - total);
-      core_->ObserveFetch(
+      core_->latency().fetch.Observe(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
       Finish(grpc::Status::OK);
       return;

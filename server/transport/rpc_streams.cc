@@ -77,11 +77,11 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
         { MutexLock l(&payload_mu_); }  // see payload_mu_
         bool duplicate = false;
         Status s = core_->ProcessUpload(header_, payload_, &duplicate);
-        core_->ReturnBuffer(std::move(payload_));
+        core_->buffers().Return(std::move(payload_));
         if (!s.ok()) {
           core_->LogRefusedUpload(header_, s);
         } else {
-          core_->ObserveUpload(
+          core_->latency().upload.Observe(
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
         }
         reply_->set_duplicate(duplicate);
@@ -117,7 +117,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
       // Hold at most server.worker_threads payloads in memory at once: without a slot,
       // stop reading and let HTTP/2 flow control hold the client back until Resume().
       if (!core_->uploads().Claim(header_.client_id(), this)) return;
-      payload_ = core_->TakeBuffer(expected_);
+      payload_ = core_->buffers().Take(expected_);
     } else {
       if (in_.kind_case() != v1::UploadChunk::kData) {
         Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a second upload header"));
@@ -145,7 +145,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::UploadChunk>, public Up
   }
   // Called by the server when this waiting upload got its slot.
   void Resume() override {
-    payload_ = core_->TakeBuffer(expected_);
+    payload_ = core_->buffers().Take(expected_);
     StartRead(&in_);
   }
 
