@@ -34,9 +34,9 @@ Status Client::Impl::Attack(const ParameterSet& global, const LocalTrainOptions&
   for (int64_t i = 0; i < opts.train.size; ++i) shards[i % kShards].push_back(i);
   std::vector<ParameterSet> ds;
   for (const auto& idx : shards) {
-    RETURN_IF_ERROR(model->SetTrainedParameters(global));
-    RETURN_IF_ERROR(model->Train(opts.train.Subset(idx), o).status());
-    ParameterSet d = Delta(model->TrainedParameters(), global);
+    RETURN_IF_ERROR(models.model()->SetTrainedParameters(global));
+    RETURN_IF_ERROR(models.model()->Train(opts.train.Subset(idx), o).status());
+    ParameterSet d = Delta(models.model()->TrainedParameters(), global);
     for (auto& t : d.mutable_tensors()) {
       for (float& v : t.values) v *= kShards;
     }

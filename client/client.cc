@@ -281,7 +281,7 @@ Status Client::Impl::SendProfile(v1::Coordinator::Stub* stub, const v1::Welcome&
         "this client trains in its own code, so it cannot profile the model's stages for an automatic cut: give "
         "the job a split.cut");
   }
-  auto spec = Spec(stub, welcome, welcome.model());
+  auto spec = models.Spec(stub, welcome, welcome.model());
   // What training may use (Profile.memory_limit_bytes): the limit less what this process
   // holds already (its libraries and data).
   const int64_t headroom =
@@ -342,8 +342,7 @@ Client::Impl::End Client::Impl::ServeTasks(v1::Coordinator::Stub* stub,
       if (opts.task_slots) {
         // A virtual client of a simulation keeps no model between its tasks: only those
         // working hold training state (its personal layers and codec state stay).
-        model.reset();
-        loss_digest.clear();
+        models.Drop();
       }
     };
     if (!opts.task_slots) {

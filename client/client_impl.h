@@ -1,7 +1,8 @@
 // Internal to client/: the client's state and its parts (Client::Impl). client.cc holds
 // the session loop (join, heartbeats, the control stream); client/tasks/ the task
-// handlers, one file per task kind (handlers.cc picks one); task_model.cc the model kept
-// across tasks; uploader.cc the uploads; attack.cc a simulated attacker's update.
+// handlers, one file per task kind (handlers.cc picks one); model_cache.h the model kept
+// across tasks (ModelCache); uploader.cc the uploads; attack.cc a simulated attacker's
+// update.
 #pragma once
 
 #include "client/client.h"
@@ -23,10 +24,12 @@
 #include "client/attacks.h"
 #include "client/emulation.h"
 #include "client/gossip.h"
+#include "client/model_cache.h"
 #include "client/secagg_client.h"
 #include "client/shared.h"
 #include "client/split_client.h"
 #include "client/transfer.h"
+#include "client/uploader.h"
 #include "compression/codec.h"
 #include "core/clock.h"
 #include "core/files.h"
@@ -64,7 +67,9 @@ struct Client::Impl {
         clock(opts.clock ? opts.clock : Clock::Real()),
         jitter_rng(std::random_device{}()),
         emulator(opts.emulation.uplink_mbps, opts.emulation.downlink_mbps,
-                 opts.emulation.slowdown) {}
+                 opts.emulation.slowdown),
+        models(opts, &emulator),
+        uploader(opts, &emulator) {}
 
   ClientOptions opts;
   // Reconnect backoff, giving up and heartbeats wait on it (ClientOptions::clock); the
@@ -101,22 +106,10 @@ struct Client::Impl {
   CondVar cv;
   grpc::ClientContext* ctx = nullptr;
 
-  // Model state kept across tasks.
-  std::unique_ptr<Model> model;
-  std::string model_key;  // name + TorchScript digest the model was built from
-  // The model's personal tensors (ModelDescription.personal) as this client last trained
-  // them; empty until its first task. They never leave the client.
-  ParameterSet personal;
-  std::string loss_digest;  // the TorchScript loss `model` holds (TrainConfig.loss_digest)
-  // The frozen tensors of a LoRA model (Task.base_digest), fetched once and decoded (the
-  // received bytes are then freed): the frozen tensors of `model` and of a split part
-  // are these values, not a copy of them.
-  std::string base_digest;
-  ParameterSet base;
-  // A quantized base's weights (Task.quantized_base_digest), fetched once; the models
-  // built from it share its bytes.
-  std::string quantized_digest;
-  QuantizedSet quantized_base;
+  // The model kept across tasks, its bases and this device's personal layers.
+  ModelCache models;
+  // Updates encoded and uploaded; --keep-sent's copies.
+  Uploader uploader;
 
   // Outcome of one connection.
   enum class End { kRunEnded, kRetry, kFatal, kCrashed, kStopped };
@@ -164,9 +157,6 @@ struct Client::Impl {
     if (opts.declared_examples <= 0) return opts.train.size;
     return std::max(opts.declared_examples, grown_examples.load());
   }
-  // The task's model: its blob fetched and decoded (with the task's broadcast codec).
-  StatusOr<ParameterSet> FetchModel(v1::Coordinator::Stub* stub, const v1::Welcome& w,
-                                    const v1::Task& task);
   // Runs `task` with the handler of its kind (TaskHandlers below).
   Status HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& w, const v1::Task& task,
                     const std::function<void(const v1::TaskAck&)>& ack,
@@ -223,43 +213,6 @@ struct Client::Impl {
   Status HandleEvaluationTask(const TaskCall& c);
   // A whole-model federated task: train, then upload the update (masked under SecAgg+).
   Status HandleTrainingTask(const TaskCall& c);
-  // The global model a task starts from, checked against the local data; the model's
-  // frozen base fetched once. An error here declines the task.
-  struct TaskModel {
-    ModelSpec spec;
-    std::string loss;
-    ParameterSet global;
-  };
-  StatusOr<TaskModel> FetchTaskModel(const TaskCall& c);
-  // Whether a task's frozen base is read from opts.model_dir instead of fetched: split
-  // tasks of model hf with a base, except U-shaped ones.
-  bool BaseFromFolder(const v1::Task& task, const ModelSpec& spec) const;
-  // Whole-model tasks: `model` built from `m.spec` and set to the global model (its
-  // frozen tensors the values of `base`, in place; this client's personal layers written
-  // over it; a TorchScript loss fetched once). `m.global` keeps the tensors an update
-  // carries (Model::TrainedParameters's layout), with the personal layers. Returns the
-  // personal layers' names; an error declines the task.
-  StatusOr<std::vector<std::string>> SetTaskModel(const TaskCall& c, TaskModel& m);
-  // Where this client keeps its personal layers ("" = in memory only), and the key that
-  // ties them to a task's run and model.
-  std::string PersonalFile() const {
-    return opts.state_dir.empty() ? "" : opts.state_dir + "/personal.pb";
-  }
-  static std::string PersonalKey(const v1::Task& task) {
-    return Sha256Hex(task.run_id() + "|" + task.model().SerializeAsString());
-  }
-  // Uploads `delta` (trained minus global) as the result of `task`.
-  StatusOr<v1::UploadReply> UploadUpdate(v1::Coordinator::Stub* stub, const v1::Welcome& w,
-                                         const v1::Task& task, const ParameterSet& delta,
-                                         int64_t examples, double loss, double seconds,
-                                         const v1::SplitStats* split,
-                                         const v1::ClientEvaluation* evaluation = nullptr,
-                                         const v1::GossipStats* gossip = nullptr);
-  // The model a task or welcome describes (fetching a TorchScript archive once).
-  StatusOr<ModelSpec> Spec(v1::Coordinator::Stub* stub, const v1::Welcome& w,
-                           const v1::ModelDescription& d);
-  std::string script_digest;   // the archive held in script_bytes
-  std::string script_bytes;
   // Gossip rounds: the Peer service (when opts.peer_listen is set), the address Join
   // announces, and the model this client holds across rounds (of run gossip_run).
   std::unique_ptr<PeerServer> peer;
@@ -267,23 +220,6 @@ struct Client::Impl {
   mutable Mutex gossip_mu;  // for GossipModel(), from other threads
   ParameterSet gossip_model ABSL_GUARDED_BY(gossip_mu);
   std::string gossip_run ABSL_GUARDED_BY(gossip_mu);
-  // (Re)builds the whole model when the task's description changed.
-  Status BuildModel(const v1::Task& task, const ModelSpec& spec);
-  // --memory-limit-mb: OK when training `spec` as `fit` says fits beside what this
-  // process holds now; else RESOURCE_EXHAUSTED with both figures. What training adds is
-  // the cut policy's memory model for the whole model on this device (gradients,
-  // optimizer state, the activations a batch keeps; from ProfileStages here, once per
-  // model and settings) plus one more copy of the parameters (the trained model beside
-  // the global one; the update is made in place of one of them).
-  Status CheckMemory(const v1::Task& task, const ModelSpec& spec, const FitSettings& fit);
-  std::string memory_key;       // the model and settings memory_need was measured for
-  int64_t memory_need = 0;
-  // --keep-sent: where this device keeps its copy of what it sent in `task`,
-  // STATE_DIR/sent/round-R/CLIENT_ID.pb.
-  std::string SentPath(const v1::Task& task, const v1::Welcome& w) const;
-  // --keep-sent: a whole-model task's first batch (Model::Train's with `o`), its inputs
-  // and labels, into SentPath; a failure is logged.
-  void KeepFirstBatch(const v1::Task& task, const v1::Welcome& w, const LocalTrainOptions& o) const;
   // Federated evaluation: `model` as it is, on the held-out data, under `loss`.
   StatusOr<v1::ClientEvaluation> EvaluateHoldout(const std::string& loss);
   // A gossip task: train the model held, exchange it with the neighbours, average.
@@ -300,10 +236,6 @@ struct Client::Impl {
   std::map<std::string, ParameterSet> ExchangeModels(const TaskCall& c,
                                                      const ParameterSet& mine,
                                                      v1::GossipStats* report);
-  // The update codec and its state (error-feedback residuals, one per tensor), kept
-  // across rounds while the codec and the tensors it encodes stay the same.
-  std::unique_ptr<Codec> update_codec;
-  std::string update_codec_key;
   // Waits `seconds` on the clock, or until stopped.
   void Sleep(double seconds) {
     MutexLock l(&mu);
@@ -318,10 +250,5 @@ struct Client::Impl {
 uint64_t BatchSeed(const v1::Task& task, const v1::Welcome& w, const std::string& name);
 // trained - base, tensor by tensor (the same layout).
 ParameterSet Delta(ParameterSet trained, const ParameterSet& base);
-// The personal tensors saved in `path` ("KEY\n" then a parameter set) if they were saved
-// for `key` (this run and model) and fit `global`; else none, with a warning when the
-// file exists but does not fit.
-ParameterSet LoadPersonal(const std::string& path, const std::string& key,
-                          const std::vector<std::string>& names, const ParameterSet& global);
 
 }  // namespace cleave

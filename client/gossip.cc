@@ -4,13 +4,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "cleave/v1/cleave.grpc.pb.h"
 #include "client/emulation.h"
 #include "client/transfer.h"
+#include "core/mutex.h"
 #include "core/printable.h"
 #include "privacy/certs.h"
 #include "privacy/tls.h"
@@ -30,32 +29,33 @@ constexpr int kMaxWaitingPerSender = 2;
 
 // What the Peer service holds: the round it takes models of, from whom, and what came.
 struct PeerServer::Mailbox {
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  bool closing = false;  // the server is going: nobody waits any more
-  int waiting = 0;       // callers waiting for their round
-  std::map<std::string, int> waiting_as;  // of them, by the sender they call as
-  std::string run_id;
-  int64_t round = 0;  // 0: no round expected yet
-  std::map<std::string, std::string> tokens;  // expected senders' secrets
-  ParameterSet layout;
-  int64_t size = 0;  // the encoded size a model of `layout` has
-  std::map<std::string, ParameterSet> received;
-  int64_t bytes = 0;
+  mutable Mutex mu;
+  CondVar cv;
+  bool closing ABSL_GUARDED_BY(mu) = false;  // the server is going: nobody waits any more
+  int waiting ABSL_GUARDED_BY(mu) = 0;       // callers waiting for their round
+  std::map<std::string, int> waiting_as ABSL_GUARDED_BY(mu);  // of them, by the sender they call as
+  std::string run_id ABSL_GUARDED_BY(mu);
+  int64_t round ABSL_GUARDED_BY(mu) = 0;  // 0: no round expected yet
+  std::map<std::string, std::string> tokens ABSL_GUARDED_BY(mu);  // expected senders' secrets
+  ParameterSet layout ABSL_GUARDED_BY(mu);
+  int64_t size ABSL_GUARDED_BY(mu) = 0;  // the encoded size a model of `layout` has
+  std::map<std::string, ParameterSet> received ABSL_GUARDED_BY(mu);
+  int64_t bytes ABSL_GUARDED_BY(mu) = 0;
   // The pipeline hop expected (ExpectPipeline), while `open`.
   struct Hop {
     bool open = false, taken = false;
     std::string run_id, sender, token;
     int64_t round = 0;
     PeerServer::PipelineServe serve;
-  } hop;
+  } hop ABSL_GUARDED_BY(mu);
 
-  // Waits (under `l`) until `ready`, the caller's deadline `until`, its cancellation or the
-  // server's closing, as one of at most kMaxWaiting callers. OK once ready, or if it never
-  // had to wait; an error status otherwise.
+  // Waits until `ready`, the caller's deadline `until`, its cancellation or the server's
+  // closing, as one of at most kMaxWaiting callers. OK once ready, or if it never had to
+  // wait; an error status otherwise.
   template <typename Ready>
-  grpc::Status WaitFor(std::unique_lock<std::mutex>& l, grpc::ServerContext* ctx, const std::string& sender,
-                       std::chrono::system_clock::time_point until, Ready ready) {
+  grpc::Status WaitFor(grpc::ServerContext* ctx, const std::string& sender,
+                       std::chrono::system_clock::time_point until, Ready ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (ready()) return grpc::Status::OK;
     const auto as = waiting_as.find(sender);
     const int mine = as == waiting_as.end() ? 0 : as->second;
@@ -68,7 +68,9 @@ struct PeerServer::Mailbox {
     ++waiting_as[sender];
     // In slices: a cancelled caller wakes nobody, so each slice looks again.
     while (!ready() && !closing && !ctx->IsCancelled() && std::chrono::system_clock::now() < until) {
-      cv.wait_until(l, std::min(until, std::chrono::system_clock::now() + std::chrono::milliseconds(100)));
+      const auto left = std::min<std::chrono::system_clock::duration>(
+          until - std::chrono::system_clock::now(), std::chrono::milliseconds(100));
+      cv.WaitUntil(&mu, std::chrono::steady_clock::now() + left);
     }
     --waiting;
     if (--waiting_as[sender] == 0) waiting_as.erase(sender);
@@ -100,10 +102,11 @@ struct PeerServer::Mailbox {
   // it); OK with what serves it, now taken.
   grpc::Status AdmitHop(const v1::PipelineOpen& h, const std::string& peer_cn, grpc::ServerContext* ctx,
                         std::chrono::system_clock::time_point until, PeerServer::PipelineServe* serve) {
-    std::unique_lock<std::mutex> l(mu);
+    MutexLock l(&mu);
     if (grpc::Status s = Claims(h.sender(), peer_cn, h.run_id(), h.round(), hop.run_id, hop.round); !s.ok()) return s;
     // A sender ahead of this device (its task of the round came first) waits for it.
-    if (grpc::Status s = WaitFor(l, ctx, h.sender(), until, [&] { return hop.round >= h.round(); }); !s.ok()) return s;
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return hop.round >= h.round(); };
+    if (grpc::Status s = WaitFor(ctx, h.sender(), until, ready); !s.ok()) return s;
     if (!hop.open) {
       return {grpc::StatusCode::FAILED_PRECONDITION, "this device expects no pipeline hop now"};
     }
@@ -130,9 +133,10 @@ struct PeerServer::Mailbox {
   // is a round ahead); OK with the bytes to read.
   grpc::Status Admit(const v1::GossipChunk::Header& h, const std::string& peer_cn, grpc::ServerContext* ctx,
                      std::chrono::system_clock::time_point until) {
-    std::unique_lock<std::mutex> l(mu);
+    MutexLock l(&mu);
     if (grpc::Status s = Claims(h.sender(), peer_cn, h.run_id(), h.round(), run_id, round); !s.ok()) return s;
-    if (grpc::Status s = WaitFor(l, ctx, h.sender(), until, [&] { return round >= h.round() && round > 0; }); !s.ok()) return s;
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return round >= h.round() && round > 0; };
+    if (grpc::Status s = WaitFor(ctx, h.sender(), until, ready); !s.ok()) return s;
     if (h.run_id() != run_id || round == 0) {
       return {grpc::StatusCode::FAILED_PRECONDITION,
               absl::StrCat("a model for run ", Printable(h.run_id()), ", this is run ",
@@ -161,7 +165,7 @@ struct PeerServer::Mailbox {
 
   grpc::Status Deliver(const v1::GossipChunk::Header& h, const std::string& data) {
     auto model = ParameterSet::Decode(data);
-    std::lock_guard<std::mutex> l(mu);
+    MutexLock l(&mu);
     if (h.round() != round || received.count(h.sender())) {
       return {grpc::StatusCode::FAILED_PRECONDITION, "the round ended while the model arrived"};
     }
@@ -176,7 +180,7 @@ struct PeerServer::Mailbox {
     }
     received[h.sender()] = *std::move(model);
     bytes += static_cast<int64_t>(data.size());
-    cv.notify_all();
+    cv.SignalAll();
     return grpc::Status::OK;
   }
 };
@@ -267,16 +271,16 @@ StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(const std::string& liste
 
 PeerServer::~PeerServer() {
   if (box_) {  // callers waiting for a round return now: Shutdown waits for them
-    std::lock_guard<std::mutex> l(box_->mu);
+    MutexLock l(&box_->mu);
     box_->closing = true;
-    box_->cv.notify_all();
+    box_->cv.SignalAll();
   }
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 void PeerServer::Expect(const std::string& run_id, int64_t round,
                         std::map<std::string, std::string> tokens, const ParameterSet& layout) {
-  std::lock_guard<std::mutex> l(box_->mu);
+  MutexLock l(&box_->mu);
   box_->run_id = run_id;
   box_->round = round;
   box_->tokens = std::move(tokens);
@@ -284,34 +288,37 @@ void PeerServer::Expect(const std::string& run_id, int64_t round,
   box_->size = static_cast<int64_t>(layout.EncodedSize());
   box_->received.clear();
   box_->bytes = 0;
-  box_->cv.notify_all();
+  box_->cv.SignalAll();
 }
 
 std::map<std::string, ParameterSet> PeerServer::Collect(
     int64_t round, std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> l(box_->mu);
-  box_->cv.wait_until(l, deadline, [&] {
-    return box_->round != round || box_->received.size() >= box_->tokens.size();
-  });
+  MutexLock l(&box_->mu);
+  while (box_->round == round && box_->received.size() < box_->tokens.size()) {
+    if (box_->cv.WaitUntil(&box_->mu, deadline)) break;
+  }
   std::map<std::string, ParameterSet> out;
   if (box_->round == round) {
     out = std::move(box_->received);
     box_->received.clear();
     box_->tokens.clear();  // late models of the round are refused from now on
-    box_->cv.notify_all();  // Watch: nothing is awaited any more
+    box_->cv.SignalAll();  // Watch: nothing is awaited any more
   }
   return out;
 }
 
 void PeerServer::Watch(int64_t round, const std::string& sender, const std::function<bool()>& reachable,
                        std::chrono::milliseconds period, int strikes) {
-  auto awaited = [&] {
+  auto awaited = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(box_->mu) {
     return box_->round == round && box_->tokens.count(sender) > 0 && box_->received.count(sender) == 0;
   };
   for (int missed = 0;;) {
     {
-      std::unique_lock<std::mutex> l(box_->mu);
-      if (box_->cv.wait_for(l, period, [&] { return !awaited(); })) return;
+      MutexLock l(&box_->mu);
+      const auto until = std::chrono::steady_clock::now() + period;
+      while (awaited() && !box_->cv.WaitUntil(&box_->mu, until)) {
+      }
+      if (!awaited()) return;
     }
     missed = reachable() ? 0 : missed + 1;
     if (missed >= strikes) {
@@ -322,39 +329,39 @@ void PeerServer::Watch(int64_t round, const std::string& sender, const std::func
 }
 
 void PeerServer::GiveUp(int64_t round, const std::string& sender) {
-  std::lock_guard<std::mutex> l(box_->mu);
+  MutexLock l(&box_->mu);
   if (box_->round != round || box_->received.count(sender)) return;
   box_->tokens.erase(sender);  // a late model from it is refused like a stranger's
-  box_->cv.notify_all();
+  box_->cv.SignalAll();
 }
 
 void PeerServer::ExpectPipeline(const std::string& run_id, int64_t round, const std::string& sender,
                                 const std::string& token, PipelineServe serve) {
-  std::lock_guard<std::mutex> l(box_->mu);
+  MutexLock l(&box_->mu);
   box_->hop = {true, false, run_id, sender, token, round, std::move(serve)};
-  box_->cv.notify_all();
+  box_->cv.SignalAll();
 }
 
 bool PeerServer::EndPipeline() {
-  std::lock_guard<std::mutex> l(box_->mu);
+  MutexLock l(&box_->mu);
   box_->hop.open = false;
   box_->hop.serve = nullptr;  // what it captured may go (a call that took it holds its copy)
-  box_->cv.notify_all();
+  box_->cv.SignalAll();
   return box_->hop.taken;
 }
 
 bool PeerServer::PipelineTaken() const {
-  std::lock_guard<std::mutex> l(box_->mu);
+  MutexLock l(&box_->mu);
   return box_->hop.taken;
 }
 
 int PeerServer::waiting_callers() const {
-  std::lock_guard<std::mutex> l(box_->mu);
+  MutexLock l(&box_->mu);
   return box_->waiting;
 }
 
 int64_t PeerServer::bytes_received() const {
-  std::lock_guard<std::mutex> l(box_->mu);
+  MutexLock l(&box_->mu);
   return box_->bytes;
 }
 

@@ -4,15 +4,14 @@
 
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <future>
-#include <mutex>
 #include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/split_wire.h"
 #include "client/transfer.h"
+#include "core/mutex.h"
 #include "core/printable.h"
 
 namespace cleave {
@@ -58,13 +57,13 @@ class Relay {
     start_ = SteadyClock::now();
     Status s = Run(ctx, up);
     if (!s.ok()) spdlog::warn("round {}: pipeline stages [{}, {}) failed: {}", task_.round(), st_.begin(), st_.cut(), s.ToString());
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     result_ = s;
     return ToGrpc(s);
   }
 
   Status result() const {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     return result_;
   }
 
@@ -114,7 +113,7 @@ class Relay {
       forward = Forward(ctx, up, &down_writer);
       if (!forward.ok()) {
         {
-          std::lock_guard<std::mutex> l(mu_);
+          MutexLock l(&mu_);
           forward_failed_ = true;  // its status, not a cancellation, goes back upstream
         }
         down_ctx_.TryCancel();
@@ -146,7 +145,7 @@ class Relay {
       v1::SplitUp msg = std::move(**whole);
       if (ushaped_ && msg.has_grad()) {  // the head's gradient, on its way to the server
         {
-          std::lock_guard<std::mutex> l(mu_);
+          MutexLock l(&mu_);
           if (!headed_.erase(msg.grad().seq()) || !head_done_.insert(msg.grad().seq()).second) {
             return absl::InvalidArgumentError(
                 absl::StrCat(upstream_, " sent the head's gradient of micro-batch ", msg.grad().seq(), ", which is not due"));
@@ -169,7 +168,7 @@ class Relay {
       v1::SplitUp out;
       v1::SplitBatch* next = out.mutable_batch();
       {
-        std::unique_lock<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         if (!back_error_.ok()) return back_error_;
         if (inflight_.count(b.seq())) {
           return absl::InvalidArgumentError(absl::StrCat(upstream_, " sent micro-batch ", b.seq(), " twice"));
@@ -196,23 +195,23 @@ class Relay {
       down->Push(std::move(out));
     }
     // The upstream half-closed (its last batch came back), or dropped.
-    std::unique_lock<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (ctx->IsCancelled()) return back_error_.ok() ? absl::CancelledError(absl::StrCat(upstream_, " dropped the hop")) : back_error_;
     if (partial) return absl::InvalidArgumentError(absl::StrCat(upstream_, " ended inside a tensor"));
-    cv_.wait(l, [&] { return inflight_.empty() || !back_error_.ok(); });
+    while (!inflight_.empty() && back_error_.ok()) cv_.Wait(&mu_);
     return back_error_;
   }
 
   // Gradients from downstream: this part's backward pass, the input's gradient upstream.
   Status Back(grpc::ServerContext* ctx, DownStream* down, StreamWriter<UpStream, v1::SplitDown>* up) {
     Status s = BackLoop(down, up);
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (s.ok() && !inflight_.empty()) s = absl::UnavailableError(absl::StrCat(downstream_, " ended the stream early"));
     if (!s.ok()) {
       back_error_ = s;
       if (!forward_failed_) ctx->TryCancel();  // the upstream's micro-batches have nowhere to go
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     return s;
   }
 
@@ -227,7 +226,7 @@ class Relay {
       v1::SplitDown msg = std::move(**whole);
       if (ushaped_ && msg.has_forward()) {  // the head's input, on its way to the data owner
         {
-          std::lock_guard<std::mutex> l(mu_);
+          MutexLock l(&mu_);
           const int64_t seq = msg.forward().seq();
           if (!inflight_.count(seq) || head_done_.count(seq) || !headed_.insert(seq).second) {
             return absl::DataLossError(absl::StrCat(downstream_, " sent the head's input of micro-batch ", seq,
@@ -249,7 +248,7 @@ class Relay {
       v1::SplitDown out;
       v1::SplitResult* back = out.mutable_result();
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         if (!inflight_.count(r.seq()) || (ushaped_ && !head_done_.erase(r.seq()))) {
           return absl::DataLossError(absl::StrCat(downstream_, " sent a gradient for an unknown micro-batch"));
         }
@@ -269,7 +268,7 @@ class Relay {
         back->set_loss(r.loss());
         back->set_server_seconds(r.server_seconds());
         ToWire(*g, grads_, back->mutable_grad());
-        cv_.notify_all();
+        cv_.SignalAll();
       }
       up->Push(std::move(out));
       if (o_.crash_after_step && o_.crash_after_step(steps_)) return absl::AbortedError("simulated crash");
@@ -302,15 +301,18 @@ class Relay {
   SteadyClock::time_point start_;
 
   // Shared by the forward (the call's) thread and the backward one.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::set<int64_t> inflight_;
-  std::set<int64_t> headed_;     // U-shaped: passed up to the head, its gradient due
-  std::set<int64_t> head_done_;  // and its gradient passed on: the result is due
-  Status back_error_, result_ = absl::UnknownError("the hop never opened");
-  bool forward_failed_ = false;
-  std::set<int64_t> ends_;  // micro-batches that end their batch: a step after their backward pass
-  int64_t first_end_ = 0;   // the first batch's last micro-batch (0: not seen yet)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::set<int64_t> inflight_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> headed_ ABSL_GUARDED_BY(mu_);     // U-shaped: passed up to the head, its gradient due
+  std::set<int64_t> head_done_ ABSL_GUARDED_BY(mu_);  // and its gradient passed on: the result is due
+  Status back_error_ ABSL_GUARDED_BY(mu_);
+  Status result_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("the hop never opened");
+  bool forward_failed_ ABSL_GUARDED_BY(mu_) = false;
+  // micro-batches that end their batch: a step after their backward pass
+  std::set<int64_t> ends_ ABSL_GUARDED_BY(mu_);
+  int64_t first_end_ ABSL_GUARDED_BY(mu_) = 0;  // the first batch's last micro-batch (0: not seen yet)
+  // Written under mu_ by both threads; Result reads them once both ended.
   int64_t steps_ = 0;
   double loss_sum_ = 0;
   int64_t loss_n_ = 0;

@@ -7,10 +7,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -18,6 +16,7 @@
 #include "client/emulation.h"
 #include "client/split_client.h"
 #include "compression/codec.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "models/part.h"
 #include "proto/split_chunks.h"
@@ -49,16 +48,16 @@ class StreamWriter {
 
   // Queues `msg`, its tensor in chunks when large (proto/split_chunks.h).
   void Push(Message msg) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (auto& m : Chunked(std::move(msg))) queue_.push_back(std::move(m));
-    cv_.notify_one();
+    cv_.Signal();
   }
   // Sends what is queued, then half-closes the stream. Returns false if a write failed.
   bool Close() {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       closing_ = true;
-      cv_.notify_one();
+      cv_.Signal();
     }
     if (thread_.joinable()) thread_.join();
     return ok_;
@@ -69,8 +68,8 @@ class StreamWriter {
     while (true) {
       Message msg;
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return closing_ || !queue_.empty(); });
+        MutexLock l(&mu_);
+        while (!closing_ && queue_.empty()) cv_.Wait(&mu_);
         if (queue_.empty()) break;
         msg = std::move(queue_.front());
         queue_.pop_front();
@@ -84,10 +83,10 @@ class StreamWriter {
 
   Stream* stream_;
   DeviceEmulator* emu_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Message> queue_;
-  bool closing_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Message> queue_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> ok_{true};
   std::thread thread_;
 };

@@ -64,7 +64,7 @@ Status Edge::Run() {
                o.server);
   Client* client = nullptr;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (stopping_) return absl::CancelledError("stopped");
     client_ = std::make_unique<Client>(std::move(o));
     client = client_.get();
@@ -80,7 +80,7 @@ Status Edge::Run() {
 
 void Edge::Stop() {
   server_->Stop();
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   stopping_ = true;
   if (client_) client_->Stop();
 }

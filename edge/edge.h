@@ -8,9 +8,9 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 
 #include "client/client.h"
+#include "core/mutex.h"
 #include "core/status.h"
 #include "server/options.h"
 #include "server/server.h"
@@ -40,9 +40,9 @@ class Edge {
  private:
   Server* server_;
   ClientOptions upstream_;
-  std::mutex mu_;
-  bool stopping_ = false;           // guarded by mu_
-  std::unique_ptr<Client> client_;  // set by Run, under mu_
+  Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Client> client_ ABSL_GUARDED_BY(mu_);  // set by Run
 };
 
 }  // namespace cleave

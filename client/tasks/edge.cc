@@ -22,7 +22,7 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
         "an edge's upload to an upstream running width-scaled submodels (its mean and each element's weight share) "
         "goes as float32, not through compression.update ", task.update_codec(), ": drop the upstream's codec")));
   }
-  auto global = FetchModel(stub, w, task);
+  auto global = models.FetchGlobal(stub, w, task);
   if (!global.ok()) return c.Reject(global.status());
   c.Accept();
   // Secure aggregation upstream: this edge is one masked input among its level's, with
@@ -69,7 +69,7 @@ Status Client::Impl::HandleEdgeTask(const TaskCall& c) {
                                            &emulator, next));
   } else {
     ASSIGN_OR_RETURN(reply,
-                     UploadUpdate(stub, w, task, r.delta, r.examples, r.loss, seconds, nullptr));
+                     uploader.Upload(stub, w, task, r.delta, r.examples, r.loss, seconds, nullptr));
   }
   ++tasks_done;
   spdlog::info("round {}: edge round of {} examples in {:.1f}s (loss {:.4f}), partial mean "

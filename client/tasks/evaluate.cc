@@ -16,7 +16,7 @@ constexpr int kEvalBatch = 256;
 
 StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& loss) {
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(EvalStats e, model->Evaluate(opts.holdout, kEvalBatch, loss));
+  ASSIGN_OR_RETURN(EvalStats e, models.model()->Evaluate(opts.holdout, kEvalBatch, loss));
   v1::ClientEvaluation evaluation;
   evaluation.set_examples(e.examples);
   evaluation.set_accuracy(e.accuracy);
@@ -30,7 +30,7 @@ StatusOr<v1::ClientEvaluation> Client::Impl::EvaluateHoldout(const std::string& 
 Status Client::Impl::UploadFinalEvaluation(const TaskCall& c, const v1::ClientEvaluation& evaluation,
                                            int64_t examples) {
   ASSIGN_OR_RETURN(v1::UploadReply reply,
-                   UploadUpdate(c.stub, c.w, c.task, ParameterSet(), examples, 0, 0, nullptr, &evaluation));
+                   uploader.Upload(c.stub, c.w, c.task, ParameterSet(), examples, 0, 0, nullptr, &evaluation));
   ++tasks_done;
   spdlog::info("round {}'s model: {:.4f} accurate on {} held-out examples (final evaluation{})", c.task.round(),
                evaluation.accuracy(), evaluation.examples(), reply.duplicate() ? ", duplicate" : "");
@@ -38,9 +38,9 @@ Status Client::Impl::UploadFinalEvaluation(const TaskCall& c, const v1::ClientEv
 }
 
 Status Client::Impl::HandleEvaluationTask(const TaskCall& c) {
-  auto m = FetchTaskModel(c);
+  auto m = models.Fetch(c.stub, c.w, c.task);
   if (!m.ok()) return c.Reject(m.status());
-  if (auto set = SetTaskModel(c, *m); !set.ok()) return c.Reject(set.status());
+  if (auto set = models.Set(c.stub, c.w, c.task, *m); !set.ok()) return c.Reject(set.status());
   if (opts.holdout.size == 0) {
     return c.Reject(absl::FailedPreconditionError("no held-out data to evaluate on (--holdout)"));
   }

@@ -42,7 +42,7 @@ Status Client::Impl::HandleExternalTask(const TaskCall& c) {
   if (task.evaluate_only() && !opts.external.evaluate) {
     return c.Reject(absl::FailedPreconditionError("no evaluate to run the final evaluation with"));
   }
-  auto fetched = FetchModel(c.stub, c.w, task);
+  auto fetched = models.FetchGlobal(c.stub, c.w, task);
   if (!fetched.ok()) return c.Reject(fetched.status());
   c.Accept();
   const auto global = std::make_shared<const ParameterSet>(*std::move(fetched));
@@ -98,7 +98,7 @@ Status Client::Impl::HandleExternalSplitTask(const TaskCall& c) {
         "this client's stages are its own code: it takes sl, sfl-v1 and sfl-v2 tasks of a model without frozen, "
         "quantized or private tensors, not U-shaped, pipeline, submodel, masked or label-DP ones"));
   }
-  auto part = FetchModel(c.stub, c.w, task);
+  auto part = models.FetchGlobal(c.stub, c.w, task);
   if (!part.ok()) return c.Reject(part.status());
   c.Accept();
   SplitTaskOptions so;
@@ -110,7 +110,7 @@ Status Client::Impl::HandleExternalSplitTask(const TaskCall& c) {
   const double seconds = r.stats.wall_s() * r.stats.steps();
   RecordTraining(TrainStats{r.loss, r.examples, seconds});
   ASSIGN_OR_RETURN(v1::UploadReply reply,
-                   UploadUpdate(c.stub, c.w, task, Delta(r.trained, *part), r.examples, r.loss, seconds, &r.stats));
+                   uploader.Upload(c.stub, c.w, task, Delta(r.trained, *part), r.examples, r.loss, seconds, &r.stats));
   ++tasks_done;
   spdlog::info("round {}: split task at cut {} done: {} steps, {:.1f} ms/step, loss {:.4f}{}", task.round(), st.cut(),
                r.stats.steps(), 1e3 * r.stats.wall_s(), r.loss, reply.duplicate() ? " (duplicate)" : "");

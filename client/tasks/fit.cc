@@ -29,11 +29,11 @@ void AddDpNoise(const v1::DpTask& dp, ParameterSet* delta) {
 
 Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
   const v1::Task& task = c.task;
-  auto m = FetchTaskModel(c);
+  auto m = models.Fetch(c.stub, c.w, c.task);
   if (!m.ok()) return c.Reject(m.status());
-  auto personal_names = SetTaskModel(c, *m);
+  auto personal_names = models.Set(c.stub, c.w, c.task, *m);
   if (!personal_names.ok()) return c.Reject(personal_names.status());
-  if (Status s = CheckMemory(task, m->spec, FitFromProto(task.train())); !s.ok()) return c.Reject(s);
+  if (Status s = models.CheckMemory(task, m->spec, FitFromProto(task.train())); !s.ok()) return c.Reject(s);
   const ParameterSet& global = m->global;
   c.Accept();
   // Federated evaluation: the global model on the held-out data, before training.
@@ -49,8 +49,8 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
   LocalTrainOptions o = TrainOptions(task.train());
   o.cancel = &stop;  // Stop() (e.g. SIGTERM) does not wait for the local epochs to end
   o.seed = BatchSeed(task, c.w, opts.name);
-  if (opts.keep_sent > 0) KeepFirstBatch(task, c.w, o);
-  ASSIGN_OR_RETURN(TrainStats stats, model->Train(opts.train, o));
+  if (opts.keep_sent > 0) uploader.KeepFirstBatch(task, c.w, o);
+  ASSIGN_OR_RETURN(TrainStats stats, models.model()->Train(opts.train, o));
   // An emulated slower device (--emulate-slowdown) takes that much longer to train; split
   // tasks idle after each step instead (split_client.cc).
   emulator.Compute(stats.seconds);
@@ -60,16 +60,8 @@ Status Client::Impl::HandleTrainingTask(const TaskCall& c) {
     *c.crashed = true;
     return absl::AbortedError("simulated crash");
   }
-  ParameterSet trained = model->TrainedParameters();
-  if (!personal_names->empty()) {
-    personal = Only(trained, *personal_names);
-    if (!PersonalFile().empty()) {
-      const std::string bytes = PersonalKey(task) + "\n" + personal.Encode();
-      if (Status s = WriteFileAtomic(PersonalFile(), bytes); !s.ok()) {
-        spdlog::warn("personal layers not saved: {}", s.ToString());
-      }
-    }
-  }
+  ParameterSet trained = models.model()->TrainedParameters();
+  if (!personal_names->empty()) models.KeepPersonal(task, Only(trained, *personal_names));
   ParameterSet delta = Delta(std::move(trained), global);
   if (!opts.attack.empty() && opts.attack != "label-flip") {
     RETURN_IF_ERROR(Attack(global, o, &delta));
@@ -95,7 +87,7 @@ StatusOr<v1::UploadReply> Client::Impl::UploadTrained(const TaskCall& c, std::op
     return secagg->Submit(c.stub, c.w, c.task, delta, stats.examples, stats.examples, stats.loss, stats.seconds,
                           &emulator, c.next);
   }
-  return UploadUpdate(c.stub, c.w, c.task, delta, stats.examples, stats.loss, stats.seconds, nullptr, evaluation);
+  return uploader.Upload(c.stub, c.w, c.task, delta, stats.examples, stats.loss, stats.seconds, nullptr, evaluation);
 }
 
 }  // namespace cleave

@@ -73,9 +73,9 @@ StatusOr<ParameterSet> Client::Impl::GossipHeldModel(const TaskCall& c, const st
   if (!peer) {
     return absl::FailedPreconditionError("a gossip task, but this client serves no Peer address (--peer-listen)");
   }
-  ASSIGN_OR_RETURN(const ModelSpec spec, Spec(c.stub, c.w, task.model()));
+  ASSIGN_OR_RETURN(const ModelSpec spec, models.Spec(c.stub, c.w, task.model()));
   RETURN_IF_ERROR(CheckDataFitsModel(opts.train, spec, loss, "local data"));
-  RETURN_IF_ERROR(BuildModel(task, spec));
+  RETURN_IF_ERROR(models.Build(task, spec));
   // The model this client holds; the run's initial model until it holds one (the only
   // model it ever fetches from the server).
   ParameterSet held;
@@ -84,15 +84,15 @@ StatusOr<ParameterSet> Client::Impl::GossipHeldModel(const TaskCall& c, const st
     if (gossip_run == task.run_id()) held = gossip_model;
   }
   if (held.size() == 0) {
-    ASSIGN_OR_RETURN(held, FetchModel(c.stub, c.w, task));
+    ASSIGN_OR_RETURN(held, models.FetchGlobal(c.stub, c.w, task));
   }
-  RETURN_IF_ERROR(model->SetParameters(held));
+  RETURN_IF_ERROR(models.model()->SetParameters(held));
   const v1::GossipTask& g = task.gossip();
   if (!g.rule().empty()) RETURN_IF_ERROR(GossipRuleNames().Check(g.rule()));
   if (!(g.byzantine() >= 0 && g.byzantine() < 1)) {
     return absl::InvalidArgumentError("scheduler.gossip_byzantine must be in [0, 1)");
   }
-  RETURN_IF_ERROR(CheckMemory(task, spec, FitFromProto(task.train())));
+  RETURN_IF_ERROR(models.CheckMemory(task, spec, FitFromProto(task.train())));
   return held;
 }
 
@@ -133,7 +133,7 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   LocalTrainOptions o = TrainOptions(task.train());
   o.cancel = &stop;
   o.seed = BatchSeed(task, w, opts.name);
-  auto trained_stats = model->Train(opts.train, o);
+  auto trained_stats = models.model()->Train(opts.train, o);
   if (!trained_stats.ok()) {
     // The neighbours expect a model: they get the one this client holds rather than wait
     // for the round's deadline; the task fails with the reason.
@@ -147,7 +147,7 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
   emulator.Compute(stats.seconds);
   stats.seconds *= emulator.slowdown;
   RecordTraining(stats);
-  const ParameterSet trained = model->Parameters();
+  const ParameterSet trained = models.model()->Parameters();
   ASSIGN_OR_RETURN(const ParameterSet sent, GossipSent(held, trained, o));
   v1::GossipStats report;
   const std::map<std::string, ParameterSet> theirs = ExchangeModels(c, sent, &report);
@@ -169,9 +169,9 @@ Status Client::Impl::HandleGossipTask(const TaskCall& c) {
     gossip_run = task.run_id();
   }
   ASSIGN_OR_RETURN(v1::UploadReply reply,
-                   UploadUpdate(stub, w, task, ParameterSet(), stats.examples, stats.loss,
-                                stats.seconds, nullptr, evaluation ? &*evaluation : nullptr,
-                                &report));
+                   uploader.Upload(stub, w, task, ParameterSet(), stats.examples, stats.loss,
+                                   stats.seconds, nullptr, evaluation ? &*evaluation : nullptr,
+                                   &report));
   ++tasks_done;
   spdlog::info("round {}: trained {} examples (loss {:.4f}), averaged with {} of {} neighbours "
                "({}, disagreement {:.3g}{}){}",

@@ -10,23 +10,18 @@
 
 namespace cleave {
 
-bool Client::Impl::BaseFromFolder(const v1::Task& task, const ModelSpec& spec) const {
-  return !opts.model_dir.empty() && ModelTraitsOf(spec.name).hf_folder && task.has_split() && !task.base_digest().empty() &&
-         task.split().tail_begin() >= task.split().num_stages();  // not U-shaped
-}
-
 SplitTaskOptions Client::Impl::SplitOptions(const v1::Task& task, const v1::Welcome& w, const ModelSpec& spec) {
   SplitTaskOptions so;
   so.model = spec;
   so.seed = BatchSeed(task, w, opts.name);
   so.emulator = &emulator;
   so.cancel = &stop;
-  if (BaseFromFolder(task, spec)) {
+  if (models.BaseFromFolder(task, spec)) {
     so.model_dir = opts.model_dir;
   } else if (!task.base_digest().empty()) {
-    so.base = &base;
+    so.base = &models.base();
   }
-  if (!task.quantized_base_digest().empty()) so.quantized = &quantized_base;
+  if (!task.quantized_base_digest().empty()) so.quantized = &models.quantized_base();
   if (opts.crash_after_split_step) {
     const int64_t round = task.round();
     so.crash_after_step = [this, round](int64_t step) {
@@ -35,7 +30,7 @@ SplitTaskOptions Client::Impl::SplitOptions(const v1::Task& task, const v1::Welc
   }
   so.peer = {opts.tls_ca, opts.tls_cert, opts.tls_key, opts.name};
   if (opts.keep_sent > 0) {
-    so.sent_path = SentPath(task, w);
+    so.sent_path = uploader.SentPath(task, w);
     so.keep_sent = opts.keep_sent;
   }
   if (opts.split_guard.enabled && !split_guard) split_guard = std::make_unique<SplitGuard>(opts.split_guard);
@@ -48,17 +43,16 @@ StatusOr<ParameterSet> Client::Impl::OwnStages(const v1::Task& task, const Model
   ParameterSet own = head->Parameters();
   std::vector<std::string> names;
   for (const Tensor& t : own.tensors()) names.push_back(t.name);
-  if (personal.size() == 0 && !PersonalFile().empty()) {
-    personal = LoadPersonal(PersonalFile(), PersonalKey(task), names, own);
+  if (const ParameterSet& personal = models.Personal(task, names, own); personal.size() > 0) {
+    RETURN_IF_ERROR(Overwrite(personal, &own));
   }
-  if (personal.size() > 0) RETURN_IF_ERROR(Overwrite(personal, &own));
   return own;
 }
 
 Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   const v1::Task& task = c.task;
   if (!hijack_suspected.ok()) return c.Reject(hijack_suspected);
-  auto m = FetchTaskModel(c);
+  auto m = models.Fetch(c.stub, c.w, c.task);
   if (!m.ok()) return c.Reject(m.status());
   c.Accept();
   SplitTaskOptions so = SplitOptions(task, c.w, m->spec);
@@ -84,14 +78,7 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     spdlog::error("round {}: {}", task.round(), std::string(r.status().message()));
   }
   if (!r.ok()) return r.status();
-  if (so.own != nullptr) {
-    personal = std::move(r->own);
-    if (!PersonalFile().empty()) {
-      if (Status s = WriteFileAtomic(PersonalFile(), PersonalKey(task) + "\n" + personal.Encode()); !s.ok()) {
-        spdlog::warn("personal layers not saved: {}", s.ToString());
-      }
-    }
-  }
+  if (so.own != nullptr) models.KeepPersonal(task, std::move(r->own));
   const double seconds = r->stats.wall_s() * r->stats.steps();
   v1::UploadReply reply;
   if (secagg) {  // the part masked in the round's vector, weighted by the chain's owner
@@ -99,8 +86,8 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
     ASSIGN_OR_RETURN(reply, secagg->Submit(c.stub, c.w, task, masked, r->examples, task.split().chain_weight(),
                                            r->loss, seconds, &emulator, c.next, &r->stats));
   } else {
-    ASSIGN_OR_RETURN(reply, UploadUpdate(c.stub, c.w, task, Delta(r->trained, m->global), r->examples, r->loss,
-                                         seconds, &r->stats));
+    ASSIGN_OR_RETURN(reply, uploader.Upload(c.stub, c.w, task, Delta(r->trained, m->global), r->examples,
+                                            r->loss, seconds, &r->stats));
   }
   ++tasks_done;
   if (split_guard && split_guard->fakes() > 0) {
