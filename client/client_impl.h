@@ -205,10 +205,6 @@ struct Client::Impl {
   Status HandleSplitTask(const TaskCall& c);
   // How this device runs `task`'s part of `spec` (RunSplitTask, RunPipelineRelay).
   SplitTaskOptions SplitOptions(const v1::Task& task, const v1::Welcome& w, const ModelSpec& spec);
-  // A model kind with private tensors (interop): the device's stages before the cut
-  // (its base and fusion) are its own, kept as personal layers: from its model's
-  // initialisation until it has trained them.
-  StatusOr<ParameterSet> OwnStages(const v1::Task& task, const ModelSpec& spec);
   // The final evaluation (Task.evaluate_only): the global model on the held-out data.
   Status HandleEvaluationTask(const TaskCall& c);
   // A whole-model federated task: train, then upload the update (masked under SecAgg+).

@@ -317,7 +317,8 @@ Status SplitTaskRun::Prepare(const ParameterSet& part) {
     if (pipeline_ || (!ushaped_ && part.size() != 0)) {
       return absl::InvalidArgumentError("a device's own stages take a cut with nothing of them sent");
     }
-    RETURN_IF_ERROR(head_->LoadFrom(*o_.own));
+    ASSIGN_OR_RETURN(const ParameterSet own, o_.own(head_->Parameters()));
+    RETURN_IF_ERROR(head_->LoadFrom(own));
   } else {
     RETURN_IF_ERROR(LoadSplitPart(*head_, part, task_, o_));
   }

@@ -72,8 +72,10 @@ struct SplitTaskOptions {
   PeerLink peer;
   // Interoperable architectures (model.name interop): the device's own values of its
   // stages (its private base and fusion), which the server never sends; the task's part
-  // is then empty, and the trained values come back in SplitTaskResult::own.
-  const ParameterSet* own = nullptr;
+  // is then empty, and the trained values come back in SplitTaskResult::own. Given the
+  // part's initial values, returns the ones to train from (this device's, where it has
+  // trained them before).
+  std::function<StatusOr<ParameterSet>(ParameterSet initial)> own;
   // The device's stages in its caller's code instead of the model's (`data` unused).
   const ExternalSplit* external = nullptr;
   // ClientOptions::keep_sent: where the inputs and labels of the first `keep_sent`

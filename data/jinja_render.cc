@@ -27,6 +27,29 @@ std::string Describe(const Expr& e) {
   }
 }
 
+// Jinja's tests (`x is NAME`), by name: each a predicate of the value.
+using TestFn = bool (*)(const Json& v);
+const std::map<std::string, TestFn>& Tests() {
+  static const std::map<std::string, TestFn> tests = {
+      {"defined", [](const Json& v) { return !IsUndefined(v); }},
+      {"undefined", [](const Json& v) { return IsUndefined(v); }},
+      {"none", [](const Json& v) { return v.is_null(); }},
+      {"string", [](const Json& v) { return v.is_string(); }},
+      {"number", [](const Json& v) { return v.is_number(); }},
+      {"integer", [](const Json& v) { return v.is_number_integer(); }},
+      {"float", [](const Json& v) { return v.is_number_float(); }},
+      {"mapping", [](const Json& v) { return v.is_object(); }},
+      {"iterable", [](const Json& v) { return v.is_array() || v.is_object() || v.is_string(); }},
+      {"sequence", [](const Json& v) { return v.is_array() || v.is_string() || v.is_object(); }},
+      {"boolean", [](const Json& v) { return v.is_boolean(); }},
+      {"true", [](const Json& v) { return v.is_boolean() && v.get<bool>(); }},
+      {"false", [](const Json& v) { return v.is_boolean() && !v.get<bool>(); }},
+      {"odd", [](const Json& v) { return v.is_number_integer() && v.get<int64_t>() % 2 != 0; }},
+      {"even", [](const Json& v) { return v.is_number_integer() && v.get<int64_t>() % 2 == 0; }},
+  };
+  return tests;
+}
+
 class Renderer {
  public:
   Renderer(Json globals, TemplateBudget* budget) : b_(budget) { scopes_.push_back(std::move(globals)); }
@@ -663,22 +686,9 @@ class Renderer {
   bool Test(const Expr& e) {
     Json own;
     const Json& v = View(*e.a, &own);
-    const std::string& t = e.name;
-    if (t == "defined") return !IsUndefined(v);
-    if (t == "undefined") return IsUndefined(v);
-    if (t == "none") return v.is_null();
-    if (t == "string") return v.is_string();
-    if (t == "number") return v.is_number();
-    if (t == "integer") return v.is_number_integer();
-    if (t == "float") return v.is_number_float();
-    if (t == "mapping") return v.is_object();
-    if (t == "iterable") return v.is_array() || v.is_object() || v.is_string();
-    if (t == "sequence") return v.is_array() || v.is_string() || v.is_object();
-    if (t == "boolean") return v.is_boolean();
-    if (t == "true") return v.is_boolean() && v.get<bool>();
-    if (t == "false") return v.is_boolean() && !v.get<bool>();
-    if (t == "odd" || t == "even") return v.is_number_integer() && (v.get<int64_t>() % 2 != 0) == (t == "odd");
-    Fail(absl::StrCat("unknown test ", t));
+    const auto test = Tests().find(e.name);
+    if (test == Tests().end()) Fail(absl::StrCat("unknown test ", e.name));
+    return test->second(v);
   }
 
   TemplateBudget* b_;
@@ -689,7 +699,8 @@ class Renderer {
 
 }  // namespace
 
-// Each name here is one the code above implements (Filter, Test, Method);
+// The names the parser accepts. Tests are the keys of their table; each filter and
+// method name here is one Filter and Method implement, and
 // ChatTemplateTest.EveryNameTheParserKnowsIsImplemented holds the two together.
 const std::set<std::string>& FilterNames() {
   static const std::set<std::string> names = {
@@ -700,9 +711,11 @@ const std::set<std::string>& FilterNames() {
 }
 
 const std::set<std::string>& TestNames() {
-  static const std::set<std::string> names = {"boolean", "defined", "even",     "false",    "float",
-                                              "integer", "iterable", "mapping", "none",     "number",
-                                              "odd",     "sequence", "string",  "true",     "undefined"};
+  static const std::set<std::string> names = [] {
+    std::set<std::string> n;
+    for (const auto& [name, test] : Tests()) n.insert(name);
+    return n;
+  }();
   return names;
 }
 

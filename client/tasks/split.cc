@@ -4,7 +4,6 @@
 
 #include "client/pipeline_relay.h"
 #include "models/kinds.h"
-#include "models/part.h"
 #include "proto/train_config.h"
 #include "split/record.h"
 
@@ -38,17 +37,6 @@ SplitTaskOptions Client::Impl::SplitOptions(const v1::Task& task, const v1::Welc
   return so;
 }
 
-StatusOr<ParameterSet> Client::Impl::OwnStages(const v1::Task& task, const ModelSpec& spec) {
-  ASSIGN_OR_RETURN(std::unique_ptr<ModelPart> head, ModelPart::Create(spec, 0, task.split().cut()));
-  ParameterSet own = head->Parameters();
-  std::vector<std::string> names;
-  for (const Tensor& t : own.tensors()) names.push_back(t.name);
-  if (const ParameterSet& personal = models.Personal(task, names, own); personal.size() > 0) {
-    RETURN_IF_ERROR(Overwrite(personal, &own));
-  }
-  return own;
-}
-
 Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   const v1::Task& task = c.task;
   if (!hijack_suspected.ok()) return c.Reject(hijack_suspected);
@@ -56,10 +44,18 @@ Status Client::Impl::HandleSplitTask(const TaskCall& c) {
   if (!m.ok()) return c.Reject(m.status());
   c.Accept();
   SplitTaskOptions so = SplitOptions(task, c.w, m->spec);
-  ParameterSet own;
   if (ModelTraitsOf(m->spec.name).has_private_tensors()) {
-    ASSIGN_OR_RETURN(own, OwnStages(task, m->spec));
-    so.own = &own;
+    // A model kind with private tensors (interop): the device's stages before the cut (its
+    // base and fusion) are its own, kept as personal layers: from its model's
+    // initialisation until it has trained them.
+    so.own = [this, &task](ParameterSet own) -> StatusOr<ParameterSet> {
+      std::vector<std::string> names;
+      for (const Tensor& t : own.tensors()) names.push_back(t.name);
+      if (const ParameterSet& personal = models.Personal(task, names, own); personal.size() > 0) {
+        RETURN_IF_ERROR(Overwrite(personal, &own));
+      }
+      return own;
+    };
   }
   // A pipeline under secure aggregation: keys and shares before the chain runs.
   std::optional<SecAggClient> secagg;

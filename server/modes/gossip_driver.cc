@@ -30,7 +30,7 @@ Status GossipDriver::ChooseLocked(int64_t round, const FitSettings& /*fit*/,
     return absl::AbortedError(absl::StrCat("round ", round, ": no client serves a Peer address"));
   }
   std::sort(peers.begin(), peers.end());
-  const auto& sc = ctx_.config().scheduler;
+  const auto& sc = run_.config().scheduler;
   std::vector<double> uplinks;
   for (const auto& [name, cid] : peers) {
     auto u = uplinks_.find(cid);

@@ -22,7 +22,8 @@ namespace cleave {
 
 class GossipDriver : public RoundDriver {
  public:
-  explicit GossipDriver(RoundContext& ctx) : ctx_(ctx) {}
+  // It needs the round's sessions and tasks (under their mutex) and the run's config.
+  GossipDriver(RoundTasks& round, const RunFacts& run) : ctx_(round), run_(run) {}
 
   // Leaves out clients that serve no Peer address, draws the round's graph over the
   // others (in name order) and their edges' secrets.
@@ -49,7 +50,8 @@ class GossipDriver : public RoundDriver {
   bool ClientsEvaluate() const override { return false; }
 
  private:
-  RoundContext& ctx_;
+  RoundTasks& ctx_;
+  const RunFacts& run_;
   // The open round's gossip part of each client's task (by session id), and the
   // exchanges its accepted tasks reported (by task id).
   std::map<std::string, v1::GossipTask> tasks_ ABSL_GUARDED_BY(ctx_.mu());

@@ -44,7 +44,7 @@ Registry<DriverKind>& RoundDrivers() {
                              }});
     r->AddBuiltin("gossip", {[](const FederationConfig& c) { return c.scheduler.gossip(); },
                              [](RoundContext& ctx) -> std::unique_ptr<RoundDriver> {
-                               return std::make_unique<GossipDriver>(ctx);
+                               return std::make_unique<GossipDriver>(ctx, ctx);
                              }});
     return r;
   }();
