@@ -23,7 +23,7 @@ bool Space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 // after a block or comment tag is dropped, the spaces and tabs before one on its line
 // too, and a '-' inside a tag's delimiter strips all whitespace on that side. One
 // trailing newline of the template is dropped (keep_trailing_newline off).
-std::vector<Piece> SplitPieces(std::string t) {
+StatusOr<std::vector<Piece>> SplitPieces(std::string t) {
   if (!t.empty() && t.back() == '\n') t.pop_back();
   std::vector<Piece> out;
   size_t pos = 0;
@@ -81,7 +81,7 @@ std::vector<Piece> SplitPieces(std::string t) {
         break;
       }
     }
-    if (end == std::string::npos) Fail(absl::StrCat("line ", line_of(open), ": an unclosed tag"));
+    if (end == std::string::npos) return Error(absl::StrCat("line ", line_of(open), ": an unclosed tag"));
     const bool minus_right = end > open + 2 && t[end - 1] == '-';
     std::string inner = t.substr(open + 2 + (minus_left ? 1 : 0),
                                  end - (minus_right ? 1 : 0) - (open + 2 + (minus_left ? 1 : 0)));
@@ -102,10 +102,10 @@ struct Token {
   Json value;  // numbers and strings
 };
 
-std::vector<Token> Lex(const std::string& s, int line) {
+StatusOr<std::vector<Token>> Lex(const std::string& s, int line) {
   std::vector<Token> out;
   size_t i = 0;
-  auto err = [line](const std::string& what) { Fail(absl::StrCat("line ", line, ": ", what)); };
+  auto err = [line](const std::string& what) { return Error(absl::StrCat("line ", line, ": ", what)); };
   while (i < s.size()) {
     const char c = s[i];
     if (Space(c)) {
@@ -138,12 +138,12 @@ std::vector<Token> Lex(const std::string& s, int line) {
       if (real) {
         double d = 0;
         auto r = std::from_chars(n.data(), n.data() + n.size(), d);
-        if (r.ec != std::errc()) err(absl::StrCat("the number ", n, " is out of range"));
+        if (r.ec != std::errc()) return err(absl::StrCat("the number ", n, " is out of range"));
         value = d;
       } else {
         int64_t v = 0;
         auto r = std::from_chars(n.data(), n.data() + n.size(), v);
-        if (r.ec != std::errc()) err(absl::StrCat("the integer ", n, " is past the 64-bit range"));
+        if (r.ec != std::errc()) return err(absl::StrCat("the integer ", n, " is past the 64-bit range"));
         value = v;
       }
       out.push_back({Token::kNumber, n, std::move(value)});
@@ -159,7 +159,7 @@ std::vector<Token> Lex(const std::string& s, int line) {
         const char e = s[++j];
         v += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == '0' ? '\0' : e;
       }
-      if (j >= s.size()) err("an unterminated string");
+      if (j >= s.size()) return err("an unterminated string");
       out.push_back({Token::kString, v, Json(v)});
       i = j + 1;
     } else {
@@ -174,7 +174,7 @@ std::vector<Token> Lex(const std::string& s, int line) {
           break;
         }
       }
-      if (!found) err(absl::StrCat("unexpected '", std::string(1, c), "'"));
+      if (!found) return err(absl::StrCat("unexpected '", std::string(1, c), "'"));
     }
   }
   out.push_back({Token::kEnd, "", {}});
@@ -188,15 +188,26 @@ ExprP Make(Expr::Kind kind) {
   return e;
 }
 
+ExprP Binary(const std::string& op, ExprP a, ExprP b) {
+  auto e = Make(Expr::kBinary);
+  e->name = op;
+  e->a = std::move(a);
+  e->b = std::move(b);
+  return e;
+}
+
 // How deeply a template may nest: parentheses, lists, unary operators, blocks.
 constexpr int kMaxParseDepth = 100;
 
+// One tag's expression, parsed by recursive descent: each rule returns its expression,
+// or the first error, which ends the parse.
 class Parser {
  public:
   Parser(std::vector<Token> tokens, int line) : t_(std::move(tokens)), line_(line) {}
 
-  ExprP Expression() {
+  StatusOr<ExprP> Expression() {
     Nest n(this);
+    RETURN_IF_ERROR(n.status);
     return Ternary();
   }
   const Token& Peek(int ahead = 0) const { return t_[std::min(p_ + ahead, t_.size() - 1)]; }
@@ -208,205 +219,217 @@ class Parser {
     }
     return false;
   }
-  void Expect(const std::string& op) {
-    if (!Accept(op)) Error(absl::StrCat("expected '", op, "'"));
+  Status Expect(const std::string& op) {
+    if (!Accept(op)) return Unexpected(absl::StrCat("expected '", op, "'"));
+    return absl::OkStatus();
   }
-  std::string Name() {
-    if (Peek().kind != Token::kName) Error("expected a name");
+  StatusOr<std::string> Name() {
+    if (Peek().kind != Token::kName) return Unexpected("expected a name");
     return t_[p_++].text;
   }
-  // `name` as one of `names` (a filter, test or method of the renderer's), else the
-  // template is refused now.
-  void Known(const std::set<std::string>& names, const char* what, const std::string& name) const {
-    if (names.count(name)) return;
-    std::string known;
-    for (const std::string& n : names) absl::StrAppend(&known, known.empty() ? "" : ", ", n);
-    Fail(absl::StrCat("line ", line_, ": unknown ", what, " ", name, " (known: ", known, ")"));
-  }
-  [[noreturn]] void Error(const std::string& what) const {
-    Fail(absl::StrCat("line ", line_, ": ", what, Peek().kind == Token::kEnd ? " at the end" : " at '" + Peek().text + "'"));
+  Status End() const { return AtEnd() ? absl::OkStatus() : Unexpected("unexpected tokens"); }
+  // `what`, at the token where the parse stands.
+  Status Unexpected(const std::string& what) const {
+    return Error(absl::StrCat("line ", line_, ": ", what,
+                              AtEnd() ? " at the end" : " at '" + Peek().text + "'"));
   }
 
  private:
-  // One level deeper in the expression's recursive descent while it lives.
+  // One level deeper in the expression's recursive descent while it lives; an error
+  // past kMaxParseDepth.
   struct Nest {
     explicit Nest(Parser* p) : p(p) {
-      if (++p->depth_ > kMaxParseDepth) p->Error(absl::StrCat("an expression nested more than ", kMaxParseDepth, " deep"));
+      if (++p->depth_ > kMaxParseDepth) {
+        status = p->Unexpected(absl::StrCat("an expression nested more than ", kMaxParseDepth, " deep"));
+      }
     }
     ~Nest() { --p->depth_; }
     Parser* p;
+    Status status;
   };
 
-  ExprP Ternary() {
-    ExprP e = Or();
-    if (Peek().kind == Token::kName && Peek().text == "if") {
-      ++p_;
-      auto t = Make(Expr::kTernary);
-      t->a = e;
-      t->b = Or();
-      if (Accept("else")) t->c = Ternary();
-      return t;
+  // What `table` (the renderer's filters, tests or methods) holds for `name`, else the
+  // template is refused now.
+  template <typename Fn>
+  StatusOr<Fn> Known(const std::map<std::string, Fn>& table, const char* what, const std::string& name) const {
+    auto it = table.find(name);
+    if (it != table.end()) return it->second;
+    std::string known;
+    for (const auto& entry : table) absl::StrAppend(&known, known.empty() ? "" : ", ", entry.first);
+    return Error(absl::StrCat("line ", line_, ": unknown ", what, " ", name, " (known: ", known, ")"));
+  }
+
+  StatusOr<ExprP> Ternary() {
+    ASSIGN_OR_RETURN(ExprP e, Or());
+    if (Peek().kind != Token::kName || Peek().text != "if") return e;
+    ++p_;
+    auto t = Make(Expr::kTernary);
+    t->a = e;
+    ASSIGN_OR_RETURN(t->b, Or());
+    if (Accept("else")) {
+      ASSIGN_OR_RETURN(t->c, Ternary());
     }
-    return e;
+    return t;
   }
-  ExprP Binary(const std::string& op, ExprP a, ExprP b) {
-    auto e = Make(Expr::kBinary);
-    e->name = op;
-    e->a = std::move(a);
-    e->b = std::move(b);
-    return e;
-  }
-  ExprP Or() {
-    ExprP e = And();
-    while (Accept("or")) e = Binary("or", e, And());
-    return e;
-  }
-  ExprP And() {
-    ExprP e = Not();
-    while (Accept("and")) e = Binary("and", e, Not());
-    return e;
-  }
-  ExprP Not() {
-    if (Accept("not")) {
-      Nest n(this);
-      auto e = Make(Expr::kNot);
-      e->a = Not();
-      return e;
+  // The operands `operand` parses, joined left to right by any of `ops`.
+  StatusOr<ExprP> Chain(StatusOr<ExprP> (Parser::*operand)(), std::initializer_list<const char*> ops) {
+    ASSIGN_OR_RETURN(ExprP e, (this->*operand)());
+    for (;;) {
+      const char* op = nullptr;
+      for (const char* o : ops) {
+        if (op == nullptr && Accept(o)) op = o;
+      }
+      if (op == nullptr) return e;
+      ASSIGN_OR_RETURN(ExprP b, (this->*operand)());
+      e = Binary(op, e, b);
     }
-    return Compare();
   }
-  ExprP Compare() {
-    ExprP e = Concat();
+  StatusOr<ExprP> Or() { return Chain(&Parser::And, {"or"}); }
+  StatusOr<ExprP> And() { return Chain(&Parser::Not, {"and"}); }
+  StatusOr<ExprP> Not() {
+    if (!Accept("not")) return Compare();
+    Nest n(this);
+    RETURN_IF_ERROR(n.status);
+    auto e = Make(Expr::kNot);
+    ASSIGN_OR_RETURN(e->a, Not());
+    return e;
+  }
+  StatusOr<ExprP> Compare() {
+    ASSIGN_OR_RETURN(ExprP e, Concat());
     for (;;) {
       const Token& k = Peek();
       if (k.kind == Token::kOp && (k.text == "==" || k.text == "!=" || k.text == "<" || k.text == ">" ||
                                    k.text == "<=" || k.text == ">=")) {
-        ++p_;
-        e = Binary(k.text, e, Concat());
+        const std::string op = t_[p_++].text;
+        ASSIGN_OR_RETURN(ExprP b, Concat());
+        e = Binary(op, e, b);
       } else if (k.kind == Token::kName && k.text == "in") {
         ++p_;
-        e = Binary("in", e, Concat());
+        ASSIGN_OR_RETURN(ExprP b, Concat());
+        e = Binary("in", e, b);
       } else if (k.kind == Token::kName && k.text == "not" && Peek(1).text == "in") {
         p_ += 2;
         auto n = Make(Expr::kNot);
-        n->a = Binary("in", e, Concat());
+        ASSIGN_OR_RETURN(ExprP b, Concat());
+        n->a = Binary("in", e, b);
         e = n;
       } else if (k.kind == Token::kName && k.text == "is") {
         ++p_;
         auto test = Make(Expr::kTest);
         test->negated = Accept("not");
         test->a = e;
-        test->name = Name();
-        Known(TestNames(), "test", test->name);
-        if (Peek().text == "(" && Peek().kind == Token::kOp) Args(*test);
+        ASSIGN_OR_RETURN(test->name, Name());
+        ASSIGN_OR_RETURN(test->test, Known(Tests(), "test", test->name));
+        if (Peek().text == "(" && Peek().kind == Token::kOp) RETURN_IF_ERROR(Args(*test));
         e = test;
       } else {
         return e;
       }
     }
   }
-  ExprP Concat() {
-    ExprP e = Sum();
-    while (Accept("~")) e = Binary("~", e, Sum());
-    return e;
-  }
-  ExprP Sum() {
-    ExprP e = Product();
-    for (;;) {
-      if (Accept("+")) {
-        e = Binary("+", e, Product());
-      } else if (Accept("-")) {
-        e = Binary("-", e, Product());
-      } else {
-        return e;
-      }
-    }
-  }
-  ExprP Product() {
-    ExprP e = Unary();
-    for (;;) {
-      std::string op;
-      for (const char* o : {"//", "*", "/", "%"}) {
-        if (op.empty() && Accept(o)) op = o;
-      }
-      if (op.empty()) return e;
-      e = Binary(op, e, Unary());
-    }
-  }
-  ExprP Unary() {
+  StatusOr<ExprP> Concat() { return Chain(&Parser::Sum, {"~"}); }
+  StatusOr<ExprP> Sum() { return Chain(&Parser::Product, {"+", "-"}); }
+  StatusOr<ExprP> Product() { return Chain(&Parser::Unary, {"//", "*", "/", "%"}); }
+  StatusOr<ExprP> Unary() {
     Nest n(this);
+    RETURN_IF_ERROR(n.status);
     if (Accept("-")) {
       auto e = Make(Expr::kNeg);
-      e->a = Unary();
+      ASSIGN_OR_RETURN(e->a, Unary());
       return e;
     }
     if (Accept("+")) return Unary();
     return Filtered();
   }
-  ExprP Filtered() {
-    ExprP e = Postfix(Primary());
+  StatusOr<ExprP> Filtered() {
+    ASSIGN_OR_RETURN(ExprP primary, Primary());
+    ASSIGN_OR_RETURN(ExprP e, Postfix(primary));
     while (Accept("|")) {
       auto f = Make(Expr::kFilter);
       f->a = e;
-      f->name = Name();
-      Known(FilterNames(), "filter", f->name);
-      if (Peek().kind == Token::kOp && Peek().text == "(") Args(*f);
-      e = Postfix(f);
+      ASSIGN_OR_RETURN(f->name, Name());
+      ASSIGN_OR_RETURN(f->filter, Known(Filters(), "filter", f->name));
+      if (Peek().kind == Token::kOp && Peek().text == "(") RETURN_IF_ERROR(Args(*f));
+      ASSIGN_OR_RETURN(e, Postfix(f));
     }
     return e;
   }
-  void Args(Expr& call) {
-    Expect("(");
+  Status Args(Expr& call) {
+    RETURN_IF_ERROR(Expect("("));
     while (!Accept(")")) {
       if (Peek().kind == Token::kName && Peek(1).kind == Token::kOp && Peek(1).text == "=") {
-        std::string key = Name();
-        Expect("=");
-        call.kwargs.emplace_back(key, Expression());
+        ASSIGN_OR_RETURN(std::string key, Name());
+        RETURN_IF_ERROR(Expect("="));
+        ASSIGN_OR_RETURN(ExprP value, Expression());
+        call.kwargs.emplace_back(key, value);
       } else {
-        call.args.push_back(Expression());
+        ASSIGN_OR_RETURN(ExprP value, Expression());
+        call.args.push_back(value);
       }
-      if (!Accept(",")) {
-        Expect(")");
-        break;
-      }
+      if (!Accept(",")) return Expect(")");
     }
+    return absl::OkStatus();
   }
-  ExprP Postfix(ExprP e) {
+  StatusOr<ExprP> Postfix(ExprP e) {
     for (;;) {
       if (Accept(".")) {
         auto a = Make(Expr::kAttr);
         a->a = e;
-        a->name = Name();
+        ASSIGN_OR_RETURN(a->name, Name());
         e = a;
       } else if (Peek().kind == Token::kOp && Peek().text == "(") {
-        if (e->kind == Expr::kAttr) Known(MethodNames(), "method", e->name);
         auto c = Make(Expr::kCall);
+        if (e->kind == Expr::kAttr) {
+          ASSIGN_OR_RETURN(c->method, Known(Methods(), "method", e->name));
+        }
         c->a = e;
-        Args(*c);
+        RETURN_IF_ERROR(Args(*c));
         e = c;
       } else if (Accept("[")) {
-        ExprP start, stop, step;
-        bool slice = false;
-        if (!(Peek().kind == Token::kOp && Peek().text == ":")) start = Expression();
-        if (Accept(":")) {
-          slice = true;
-          if (!(Peek().kind == Token::kOp && (Peek().text == ":" || Peek().text == "]"))) stop = Expression();
-          if (Accept(":") && !(Peek().kind == Token::kOp && Peek().text == "]")) step = Expression();
-        }
-        Expect("]");
-        auto s = Make(slice ? Expr::kSlice : Expr::kIndex);
-        s->a = e;
-        s->b = start;
-        if (slice) {
-          s->args = {start, stop, step};
-        }
-        e = s;
+        ASSIGN_OR_RETURN(e, Subscript(e));
       } else {
         return e;
       }
     }
   }
-  ExprP Primary() {
+  // `e[...]` after its '[': an index or a slice.
+  StatusOr<ExprP> Subscript(ExprP e) {
+    auto is_op = [this](const char* op) { return Peek().kind == Token::kOp && Peek().text == op; };
+    ExprP start, stop, step;
+    bool slice = false;
+    if (!is_op(":")) {
+      ASSIGN_OR_RETURN(start, Expression());
+    }
+    if (Accept(":")) {
+      slice = true;
+      if (!is_op(":") && !is_op("]")) {
+        ASSIGN_OR_RETURN(stop, Expression());
+      }
+      if (Accept(":") && !is_op("]")) {
+        ASSIGN_OR_RETURN(step, Expression());
+      }
+    }
+    RETURN_IF_ERROR(Expect("]"));
+    auto s = Make(slice ? Expr::kSlice : Expr::kIndex);
+    s->a = e;
+    s->b = start;
+    if (slice) s->args = {start, stop, step};
+    return s;
+  }
+  // The expressions of a list, tuple or dict up to `close`, `per_item` to an item (a
+  // dict's key and value, split by ':').
+  Status Items(Expr& list, const char* close, int per_item) {
+    while (!Accept(close)) {
+      for (int i = 0; i < per_item; ++i) {
+        if (i > 0) RETURN_IF_ERROR(Expect(":"));
+        ASSIGN_OR_RETURN(ExprP item, Expression());
+        list.args.push_back(item);
+      }
+      if (!Accept(",")) return Expect(close);
+    }
+    return absl::OkStatus();
+  }
+  StatusOr<ExprP> Primary() {
     const Token& k = Peek();
     if (k.kind == Token::kNumber || k.kind == Token::kString) {
       ++p_;
@@ -432,48 +455,23 @@ class Parser {
       return e;
     }
     if (Accept("(")) {
-      ExprP e = Expression();
-      if (Accept(",")) {  // a tuple: a list here
-        auto l = Make(Expr::kList);
-        l->args.push_back(e);
-        while (!Accept(")")) {
-          l->args.push_back(Expression());
-          if (!Accept(",")) {
-            Expect(")");
-            break;
-          }
-        }
-        return l;
+      ASSIGN_OR_RETURN(ExprP e, Expression());
+      if (!Accept(",")) {
+        RETURN_IF_ERROR(Expect(")"));
+        return e;
       }
-      Expect(")");
-      return e;
+      auto tuple = Make(Expr::kList);  // a tuple: a list here
+      tuple->args.push_back(e);
+      RETURN_IF_ERROR(Items(*tuple, ")", 1));
+      return tuple;
     }
-    if (Accept("[")) {
-      auto l = Make(Expr::kList);
-      while (!Accept("]")) {
-        l->args.push_back(Expression());
-        if (!Accept(",")) {
-          Expect("]");
-          break;
-        }
-      }
-      return l;
+    for (const auto& [open, close, kind] : {std::tuple("[", "]", Expr::kList), std::tuple("{", "}", Expr::kDict)}) {
+      if (!Accept(open)) continue;
+      auto list = Make(kind);
+      RETURN_IF_ERROR(Items(*list, close, kind == Expr::kDict ? 2 : 1));
+      return list;
     }
-    if (Accept("{")) {
-      auto d = Make(Expr::kDict);
-      while (!Accept("}")) {
-        ExprP key = Expression();
-        Expect(":");
-        d->args.push_back(key);
-        d->args.push_back(Expression());
-        if (!Accept(",")) {
-          Expect("}");
-          break;
-        }
-      }
-      return d;
-    }
-    Error("expected a value");
+    return Unexpected("expected a value");
   }
 
   std::vector<Token> t_;
@@ -482,122 +480,147 @@ class Parser {
   int depth_ = 0;
 };
 
-
+// The pieces nested into a Body: each statement with the blocks it opens.
 class TemplateParser {
  public:
   explicit TemplateParser(std::vector<Piece> pieces) : pieces_(std::move(pieces)) {}
 
-  Body Parse() {
+  StatusOr<Body> Parse() {
     std::string end;
-    Body body = ParseBody({}, &end);
-    return body;
+    return ParseBody({}, &end);
   }
 
  private:
   // Parses until a statement whose first word is in `ends`, which it returns in `*end`
   // with that statement's parser left in `last_`.
-  Body ParseBody(const std::vector<std::string>& ends, std::string* end) {
-    if (++depth_ > kMaxParseDepth) Fail(absl::StrCat("blocks nested more than ", kMaxParseDepth, " deep"));
-    Body out = ParseBodyIn(ends, end);
+  StatusOr<Body> ParseBody(const std::vector<std::string>& ends, std::string* end) {
+    if (depth_ + 1 > kMaxParseDepth) return Error(absl::StrCat("blocks nested more than ", kMaxParseDepth, " deep"));
+    ++depth_;
+    StatusOr<Body> out = ParseBodyIn(ends, end);
     --depth_;
     return out;
   }
-  Body ParseBodyIn(const std::vector<std::string>& ends, std::string* end) {
+  StatusOr<Body> ParseBodyIn(const std::vector<std::string>& ends, std::string* end) {
     Body out;
     while (i_ < pieces_.size()) {
       const Piece& p = pieces_[i_++];
+      auto n = std::make_shared<Node>();
       if (p.kind == Piece::kText) {
-        auto n = std::make_shared<Node>();
         n->kind = Node::kText;
         n->text = p.text;
         out.push_back(n);
         continue;
       }
-      Parser parser(Lex(p.text, p.line), p.line);
+      ASSIGN_OR_RETURN(std::vector<Token> tokens, Lex(p.text, p.line));
+      Parser parser(std::move(tokens), p.line);
       if (p.kind == Piece::kExpr) {
-        auto n = std::make_shared<Node>();
         n->kind = Node::kOutput;
-        n->expr = parser.Expression();
-        if (!parser.AtEnd()) parser.Error("unexpected tokens");
+        ASSIGN_OR_RETURN(n->expr, parser.Expression());
+        RETURN_IF_ERROR(parser.End());
         out.push_back(n);
         continue;
       }
-      const std::string word = parser.Name();
+      ASSIGN_OR_RETURN(const std::string word, parser.Name());
       if (std::find(ends.begin(), ends.end(), word) != ends.end()) {
         *end = word;
         last_ = std::make_unique<Parser>(std::move(parser));
         return out;
       }
-      out.push_back(Statement(word, parser, p.line));
+      ASSIGN_OR_RETURN(n, Statement(word, parser, p.line));
+      out.push_back(n);
     }
-    if (!ends.empty()) Fail(absl::StrCat("the template ends inside a block (expected ", ends.back(), ")"));
+    if (!ends.empty()) return Error(absl::StrCat("the template ends inside a block (expected ", ends.back(), ")"));
     return out;
   }
 
-  std::shared_ptr<Node> Statement(const std::string& word, Parser& parser, int line) {
+  StatusOr<std::shared_ptr<Node>> Statement(const std::string& word, Parser& parser, int line) {
     auto n = std::make_shared<Node>();
     std::string end;
     if (word == "if") {
-      n->kind = Node::kIf;
-      ExprP cond = parser.Expression();
-      for (;;) {
-        Body body = ParseBody({"elif", "else", "endif"}, &end);
-        n->branches.emplace_back(cond, std::move(body));
-        if (end == "elif") {
-          cond = last_->Expression();
-        } else if (end == "else") {
-          n->else_body = ParseBody({"endif"}, &end);
-          break;
-        } else {
-          break;
-        }
-      }
+      RETURN_IF_ERROR(If(parser, *n));
     } else if (word == "for") {
-      n->kind = Node::kFor;
-      n->targets.push_back(parser.Name());
-      while (parser.Accept(",")) n->targets.push_back(parser.Name());
-      parser.Expect("in");
-      // "for x in xs if cond" parses as a ternary without else: its condition filters.
-      n->expr = parser.Expression();
-      if (n->expr->kind == Expr::kTernary && n->expr->c == nullptr) {
-        n->filter = n->expr->b;
-        n->expr = n->expr->a;
-      }
-      n->body = ParseBody({"else", "endfor"}, &end);
-      if (end == "else") n->else_body = ParseBody({"endfor"}, &end);
+      RETURN_IF_ERROR(For(parser, *n));
     } else if (word == "set") {
-      n->targets.push_back(parser.Name());
-      if (parser.Accept(".")) n->targets.push_back(parser.Name());
+      ASSIGN_OR_RETURN(std::string target, parser.Name());
+      n->targets.push_back(target);
+      if (parser.Accept(".")) {
+        ASSIGN_OR_RETURN(std::string attribute, parser.Name());
+        n->targets.push_back(attribute);
+      }
       if (parser.Accept("=")) {
         n->kind = Node::kSet;
-        n->expr = parser.Expression();
+        ASSIGN_OR_RETURN(n->expr, parser.Expression());
       } else {
         n->kind = Node::kSetBlock;
-        n->body = ParseBody({"endset"}, &end);
+        ASSIGN_OR_RETURN(n->body, ParseBody({"endset"}, &end));
       }
     } else if (word == "macro") {
-      n->kind = Node::kMacro;
-      n->targets.push_back(parser.Name());
-      parser.Expect("(");
-      while (!parser.Accept(")")) {
-        std::string name = parser.Name();
-        ExprP def;
-        if (parser.Accept("=")) def = parser.Expression();
-        n->params.emplace_back(name, def);
-        if (!parser.Accept(",")) {
-          parser.Expect(")");
-          break;
-        }
-      }
-      n->body = ParseBody({"endmacro"}, &end);
+      RETURN_IF_ERROR(Macro(parser, *n));
     } else if (word == "generation") {  // transformers' marker of assistant text: rendered as is
       n->kind = Node::kBlock;
-      n->body = ParseBody({"endgeneration"}, &end);
+      ASSIGN_OR_RETURN(n->body, ParseBody({"endgeneration"}, &end));
     } else {
-      Fail(absl::StrCat("line ", line, ": unsupported statement '", word, "'"));
+      return Error(absl::StrCat("line ", line, ": unsupported statement '", word, "'"));
     }
-    if (!parser.AtEnd()) parser.Error("unexpected tokens");
+    RETURN_IF_ERROR(parser.End());
     return n;
+  }
+  Status If(Parser& parser, Node& n) {
+    n.kind = Node::kIf;
+    ASSIGN_OR_RETURN(ExprP cond, parser.Expression());
+    for (std::string end;;) {
+      ASSIGN_OR_RETURN(Body body, ParseBody({"elif", "else", "endif"}, &end));
+      n.branches.emplace_back(cond, std::move(body));
+      if (end == "elif") {
+        ASSIGN_OR_RETURN(cond, last_->Expression());
+      } else if (end == "else") {
+        ASSIGN_OR_RETURN(n.else_body, ParseBody({"endif"}, &end));
+        return absl::OkStatus();
+      } else {
+        return absl::OkStatus();
+      }
+    }
+  }
+  Status For(Parser& parser, Node& n) {
+    n.kind = Node::kFor;
+    do {
+      ASSIGN_OR_RETURN(std::string target, parser.Name());
+      n.targets.push_back(target);
+    } while (parser.Accept(","));
+    RETURN_IF_ERROR(parser.Expect("in"));
+    // "for x in xs if cond" parses as a ternary without else: its condition filters.
+    ASSIGN_OR_RETURN(n.expr, parser.Expression());
+    if (n.expr->kind == Expr::kTernary && n.expr->c == nullptr) {
+      n.filter = n.expr->b;
+      n.expr = n.expr->a;
+    }
+    std::string end;
+    ASSIGN_OR_RETURN(n.body, ParseBody({"else", "endfor"}, &end));
+    if (end == "else") {
+      ASSIGN_OR_RETURN(n.else_body, ParseBody({"endfor"}, &end));
+    }
+    return absl::OkStatus();
+  }
+  Status Macro(Parser& parser, Node& n) {
+    n.kind = Node::kMacro;
+    ASSIGN_OR_RETURN(std::string name, parser.Name());
+    n.targets.push_back(name);
+    RETURN_IF_ERROR(parser.Expect("("));
+    while (!parser.Accept(")")) {
+      ASSIGN_OR_RETURN(std::string param, parser.Name());
+      ExprP def;
+      if (parser.Accept("=")) {
+        ASSIGN_OR_RETURN(def, parser.Expression());
+      }
+      n.params.emplace_back(param, def);
+      if (!parser.Accept(",")) {
+        RETURN_IF_ERROR(parser.Expect(")"));
+        break;
+      }
+    }
+    std::string end;
+    ASSIGN_OR_RETURN(n.body, ParseBody({"endmacro"}, &end));
+    return absl::OkStatus();
   }
 
   std::vector<Piece> pieces_;
@@ -608,6 +631,9 @@ class TemplateParser {
 
 }  // namespace
 
-Body ParseTemplate(const std::string& tmpl) { return TemplateParser(SplitPieces(tmpl)).Parse(); }
+StatusOr<Body> ParseTemplate(const std::string& tmpl) {
+  ASSIGN_OR_RETURN(std::vector<Piece> pieces, SplitPieces(tmpl));
+  return TemplateParser(std::move(pieces)).Parse();
+}
 
 }  // namespace cleave::jinja

@@ -88,43 +88,48 @@ bool Truthy(const Json& v) {
 // json.dumps(v, ensure_ascii=False, indent=indent) as transformers' tojson writes it:
 // ", " and ": " between items without an indent.
 // Fails rather than grow `out` past `limit` bytes.
-void Dump(const Json& v, int64_t indent, int depth, size_t limit, std::string& out) {
+Status Dump(const Json& v, int64_t indent, int depth, size_t limit, std::string& out) {
+  const Status too_long = Error(absl::StrCat("tojson: the text would be longer than ", limit, " bytes"));
   auto newline = [&](int d) {
-    if (indent < 0) return;
+    if (indent < 0) return true;
     if (static_cast<double>(out.size()) + 1 + static_cast<double>(indent) * d > static_cast<double>(limit)) {
-      Fail(absl::StrCat("tojson: the text would be longer than ", limit, " bytes"));
+      return false;
     }
     out += '\n';
     out.append(static_cast<size_t>(indent * d), ' ');
+    return true;
   };
-  if (v.is_array() || v.is_object()) {
-    const bool array = v.is_array();
-    if (v.empty()) {
-      out += array ? "[]" : "{}";
-      return;
+  if (!v.is_array() && !v.is_object()) {
+    if (v.is_number_float()) {
+      out += FloatRepr(v.get<double>());
+    } else if (IsUndefined(v)) {
+      out += "null";
+    } else {
+      out += v.dump(-1, ' ', false, Json::error_handler_t::replace);
     }
-    out += array ? '[' : '{';
-    bool first = true;
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      if (!first) out += indent < 0 ? ", " : ",";
-      first = false;
-      newline(depth + 1);
-      if (!array) {
-        out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace);
-        out += ": ";
-      }
-      Dump(it.value(), indent, depth + 1, limit, out);
-      if (out.size() > limit) Fail(absl::StrCat("tojson: the text would be longer than ", limit, " bytes"));
-    }
-    newline(depth);
-    out += array ? ']' : '}';
-  } else if (v.is_number_float()) {
-    out += FloatRepr(v.get<double>());
-  } else if (IsUndefined(v)) {
-    out += "null";
-  } else {
-    out += v.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return absl::OkStatus();
   }
+  const bool array = v.is_array();
+  if (v.empty()) {
+    out += array ? "[]" : "{}";
+    return absl::OkStatus();
+  }
+  out += array ? '[' : '{';
+  bool first = true;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (!first) out += indent < 0 ? ", " : ",";
+    first = false;
+    if (!newline(depth + 1)) return too_long;
+    if (!array) {
+      out += Json(it.key()).dump(-1, ' ', false, Json::error_handler_t::replace);
+      out += ": ";
+    }
+    RETURN_IF_ERROR(Dump(it.value(), indent, depth + 1, limit, out));
+    if (out.size() > limit) return too_long;
+  }
+  if (!newline(depth)) return too_long;
+  out += array ? ']' : '}';
+  return absl::OkStatus();
 }
 
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
@@ -139,7 +144,7 @@ std::string Strip(const std::string& s, const Json& chars, bool left, bool right
   return s.substr(b, e - b);
 }
 
-Json SplitString(const std::string& s, const Json& sep) {
+StatusOr<Json> SplitString(const std::string& s, const Json& sep) {
   Json out = Json::array();
   if (!sep.is_string()) {  // runs of whitespace, no empty parts
     size_t i = 0;
@@ -153,7 +158,7 @@ Json SplitString(const std::string& s, const Json& sep) {
     return out;
   }
   const std::string d = sep.get<std::string>();
-  if (d.empty()) Fail("split: empty separator");
+  if (d.empty()) return Error("split: empty separator");
   size_t i = 0;
   for (size_t j; (j = s.find(d, i)) != std::string::npos; i = j + d.size()) out.push_back(s.substr(i, j - i));
   out.push_back(s.substr(i));
@@ -186,8 +191,8 @@ std::string Case(std::string s, bool upper) {
   return s;
 }
 
-double Number(const Json& v, const char* what) {
-  if (!v.is_number()) Fail(absl::StrCat(what, " needs a number, not ", Repr(v)));
+StatusOr<double> Number(const Json& v, const char* what) {
+  if (!v.is_number()) return Error(absl::StrCat(what, " needs a number, not ", Repr(v)));
   return v.get<double>();
 }
 
@@ -197,30 +202,34 @@ int64_t Index(int64_t i, int64_t n) { return i < 0 ? (i < -n ? -1 : i + n) : i; 
 
 // A number as a 64-bit integer (a float truncated, as Python's int() does); an error for
 // anything else, an unsigned integer past the signed range, or a float past it.
-int64_t Integer(const Json& v, const char* what) {
+StatusOr<int64_t> Integer(const Json& v, const char* what) {
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-    Fail(absl::StrCat(what, ": ", v.get<uint64_t>(), " is past the 64-bit range"));
+    return Error(absl::StrCat(what, ": ", v.get<uint64_t>(), " is past the 64-bit range"));
   }
   if (v.is_number_integer()) return v.get<int64_t>();
-  const double d = Number(v, what);
-  if (!(std::fabs(d) < 9.2e18)) Fail(absl::StrCat(what, ": ", FloatRepr(d), " is past the 64-bit range"));
+  ASSIGN_OR_RETURN(const double d, Number(v, what));
+  if (!(std::fabs(d) < 9.2e18)) return Error(absl::StrCat(what, ": ", FloatRepr(d), " is past the 64-bit range"));
   return static_cast<int64_t>(d);
 }
 
 // Python's slice of a list or a string.
-Json Slice(const Json& v, const Json& start, const Json& stop, const Json& step) {
+StatusOr<Json> Slice(const Json& v, const Json& start, const Json& stop, const Json& step) {
   const bool text = v.is_string();
-  if (!text && !v.is_array()) Fail("only lists and strings can be sliced");
+  if (!text && !v.is_array()) return Error("only lists and strings can be sliced");
   const int64_t n = text ? static_cast<int64_t>(v.get_ref<const std::string&>().size()) : static_cast<int64_t>(v.size());
-  const int64_t k = step.is_number() ? Integer(step, "a slice's step") : 1;
-  if (k == 0) Fail("slice step cannot be zero");
-  auto bound = [&](const Json& j, int64_t def) {
+  int64_t k = 1;
+  if (step.is_number()) {
+    ASSIGN_OR_RETURN(k, Integer(step, "a slice's step"));
+  }
+  if (k == 0) return Error("slice step cannot be zero");
+  auto bound = [&](const Json& j, int64_t def) -> StatusOr<int64_t> {
     if (!j.is_number()) return def;
-    int64_t i = Integer(j, "a slice's bound");
+    ASSIGN_OR_RETURN(int64_t i, Integer(j, "a slice's bound"));
     if (i < 0) i = i < -n ? -1 : i + n;
     return k > 0 ? std::clamp<int64_t>(i, 0, n) : std::clamp<int64_t>(i, -1, n - 1);
   };
-  const int64_t b = bound(start, k > 0 ? 0 : n - 1), e = bound(stop, k > 0 ? n : -1);
+  ASSIGN_OR_RETURN(const int64_t b, bound(start, k > 0 ? 0 : n - 1));
+  ASSIGN_OR_RETURN(const int64_t e, bound(stop, k > 0 ? n : -1));
   std::string s;
   Json out = Json::array();
   for (int64_t i = b; k > 0 ? i < e : i > e;) {
