@@ -26,7 +26,7 @@ namespace cleave {
 
 Status Coordinator::Init() {
   MutexLock l(&mu_);  // nothing else runs yet; the annotations still hold
-  RETURN_IF_ERROR(machinery_.Choose(config(), context()));
+  RETURN_IF_ERROR(machinery_.Choose(config()));
   ASSIGN_OR_RETURN(const ModelSpec spec, LoadModelLocked());
   RETURN_IF_ERROR(SplitLayoutLocked());
   RETURN_IF_ERROR(LoadDataLocked(spec));
@@ -523,9 +523,7 @@ Coordinator::Coordinator(ServerOptions o)
       sessions_(config().tls.mutual),
       buffers_(config().server.worker_threads),
       uploads_(config().server.worker_threads),
-      pool_(config().server.worker_threads, UseTorchThreads) {
-  round_.driver = &machinery_.plain();  // no round yet
-}
+      pool_(config().server.worker_threads, UseTorchThreads) {}
 
 Coordinator::~Coordinator() { Stop(); }
 
@@ -536,7 +534,7 @@ ObservedState Coordinator::Observe(bool history) const {
     o.run_id = log_.run_id();
     o.phase = phase_;
     o.committed_round = global_.round;
-    o.current_round = round_.number;
+    o.current_round = round_state().number;
     o.total_rounds = config().run.rounds;
     const std::vector<RoundMetrics>& rounds = log_.history();
     if (history) o.history = rounds;
@@ -548,7 +546,7 @@ ObservedState Coordinator::Observe(bool history) const {
       }
     }
     std::map<std::string, TaskState> busy;  // by client: its task in flight, if any
-    for (const auto& [id, t] : round_.tasks) {
+    for (const auto& [id, t] : round_state().tasks) {
       if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) {
         busy[t.client_id] = t.state;
       }
@@ -588,7 +586,7 @@ ObservedState Coordinator::Observe(bool history) const {
 void Coordinator::FillStatus(v1::StatusReply* reply) const {
   MutexLock l(&mu_);
   reply->set_run_id(log_.run_id());
-  reply->set_round(round_.number ? round_.number : global_.round);
+  reply->set_round(round_state().number ? round_state().number : global_.round);
   reply->set_total_rounds(config().run.rounds);
   reply->set_connected_clients(ConnectedLocked());
   reply->set_phase(phase_);

@@ -184,7 +184,7 @@ class Coordinator : private RoundContext {
     return log_.run_id();
   }
   int64_t CurrentRoundLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return round_.number;
+    return round_state().number;
   }
   int64_t CommittedRoundLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return global_.round;
@@ -195,7 +195,7 @@ class Coordinator : private RoundContext {
   }
   std::mt19937_64& RngLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return rng_; }
   const RoundWeights& RoundWeightsLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return round_.weights;
+    return round_state().weights;
   }
   const FitSettings* EdgeFitLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return edge_ ? &edge_->fit : nullptr;
@@ -209,12 +209,12 @@ class Coordinator : private RoundContext {
   std::vector<std::string> AvailableLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Session* FindSessionLocked(const std::string& client_id) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  TaskMap& TasksLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return round_.tasks; }
+  TaskMap& TasksLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return round_state().tasks; }
   void FailTaskLocked(const std::string& task_id, TaskRecord& t, const std::string& why) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool RoundResolvedLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int AccumulatingLocked() const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return round_.accumulating;
+    return round_state().accumulating;
   }
   Status AwaitClientsLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
@@ -286,7 +286,7 @@ class Coordinator : private RoundContext {
   // closing streams.
   void ExpireSilentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An upload ProcessUpload claimed under mu_, for the work without it. The round stays
-  // open while its task is kAccumulating (schedulers wait for round_.accumulating to reach 0
+  // open while its task is kAccumulating (schedulers wait for round_state().accumulating to reach 0
   // before they close it), so the layout (global_, the update layout or a split part) and
   // the strategy's round do not change meanwhile.
   struct ClaimedUpload {
@@ -376,8 +376,18 @@ class Coordinator : private RoundContext {
   } codecs_;
 
   // How rounds run (fixed by Init): the job's kind of round, its scheduler, the
-  // synchronous rounds of the final evaluation.
-  RoundMachinery machinery_;
+  // synchronous rounds of the final evaluation; and the round in progress, under mu_.
+  RoundMachinery machinery_{context()};
+  // The round in progress: the machinery's, guarded by its context's mutex, which is
+  // mu_ (machinery_ was built over this coordinator).
+  CurrentRound& round_state() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    machinery_.mu().AssertHeld();
+    return machinery_.round();
+  }
+  const CurrentRound& round_state() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    machinery_.mu().AssertHeld();
+    return machinery_.round();
+  }
 
   // Time for every deadline and timeout (ServerOptions::clock; the real one by default).
   const std::shared_ptr<Clock> clock_;
@@ -393,7 +403,6 @@ class Coordinator : private RoundContext {
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   BlobStore blobs_ ABSL_GUARDED_BY(mu_);
   CommittedModel global_ ABSL_GUARDED_BY(mu_);
-  CurrentRound round_ ABSL_GUARDED_BY(mu_);  // its driver: the plain one between rounds
   RunLog log_ ABSL_GUARDED_BY(mu_);  // the run's id and the rounds recorded
   TrafficMeter traffic_;
   TransportLatency latency_;

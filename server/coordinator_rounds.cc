@@ -38,7 +38,7 @@ void Coordinator::PublishLocked(std::shared_ptr<const std::string> blob, std::st
 }
 
 bool Coordinator::RoundResolvedLocked() const {
-  for (const auto& [id, t] : round_.tasks) {
+  for (const auto& [id, t] : round_state().tasks) {
     if (t.state == TaskState::kAssigned || t.state == TaskState::kAccumulating) return false;
   }
   return true;
@@ -63,18 +63,18 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
   rec.client_id = cid;
   rec.round = round;
   machinery_.scheduler().ShapeTaskLocked(*sessions_.Find(cid), fit, task, &rec);
-  if (round_.evaluating) task->set_task_id(absl::StrCat("e", round, "-", cid));
+  if (round_state().evaluating) task->set_task_id(absl::StrCat("e", round, "-", cid));
   rec.id = task->task_id();
   task->set_model_digest(global_.digest);
   if (auto published = blobs_.Find(global_.digest); published.ok()) {
     task->set_model_size(static_cast<int64_t>(published->blob->size()));
   }
   if (codecs_.broadcast) task->set_model_codec(config().compression.broadcast);
-  if (round_.evaluating) {
+  if (round_state().evaluating) {
     task->set_evaluate_only(true);
     rec.evaluate_only = true;
     rec.expected_size = static_cast<int64_t>(ParameterSet().EncodedSize());
-    round_.tasks[rec.id] = std::move(rec);
+    round_state().tasks[rec.id] = std::move(rec);
     return msg;
   }
   rec.expected_size = codecs_.update ? EncodedTensorsSize(*codecs_.update, UpdateLayout())
@@ -83,14 +83,14 @@ v1::ServerMessage Coordinator::MakeTaskLocked(int64_t round, const std::string& 
     rec.codec = config().compression.update;
     task->set_update_codec(rec.codec);
   }
-  round_.driver->PrepareTaskLocked(task, &rec);  // split: the client part; SecAgg: masked inputs
+  round_state().driver->PrepareTaskLocked(task, &rec);  // split: the client part; SecAgg: masked inputs
   if (config().dp.enabled && config().dp.noise == "distributed") {
     // Each client's share of the noise: n shares sum to N(0, (z C)^2).
     task->mutable_dp()->set_clip(config().dp.clip);
     task->mutable_dp()->set_noise_stddev(config().dp.noise_multiplier * config().dp.clip /
-                                         std::sqrt(static_cast<double>(round_.clients)));
+                                         std::sqrt(static_cast<double>(round_state().clients)));
   }
-  round_.tasks[rec.id] = std::move(rec);
+  round_state().tasks[rec.id] = std::move(rec);
   return msg;
 }
 
@@ -168,8 +168,8 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
   }
   mu_.Lock();
   for (const auto& [link, task_id] : closed) {
-    auto t = round_.tasks.find(task_id);
-    if (t == round_.tasks.end()) continue;
+    auto t = round_state().tasks.find(task_id);
+    if (t == round_state().tasks.end()) continue;
     const std::string client_id = t->second.client_id;
     if (t->second.state == TaskState::kAssigned) {
       FailTaskLocked(task_id, t->second, "control stream closed");
@@ -187,14 +187,14 @@ void Coordinator::SendTasksLocked(int64_t round, const std::vector<std::string>&
 
 void Coordinator::BeginRoundLocked(int64_t round, const std::vector<std::string>& clients,
                                    RoundHooks& driver, bool evaluate_only) {
-  round_.clients = std::max<int>(1, clients.size());
-  round_.weights = WeightsOfLocked(clients);
+  round_state().clients = std::max<int>(1, clients.size());
+  round_state().weights = WeightsOfLocked(clients);
   if (!evaluate_only) strategy_.BeginRound(UpdateLayout());
-  round_.evaluating = evaluate_only;
-  round_.tasks.clear();
-  round_.number = round;
+  round_state().evaluating = evaluate_only;
+  round_state().tasks.clear();
+  round_state().number = round;
   ResetRoundBytes();
-  round_.driver = &driver;
+  round_state().driver = &driver;
 }
 
 RoundWeights Coordinator::WeightsOfLocked(const std::vector<std::string>& clients) {
@@ -215,17 +215,17 @@ RoundWeights Coordinator::WeightsOfLocked(const std::vector<std::string>& client
 void Coordinator::BeginBufferLocked(int64_t version, RoundHooks& driver) {
   const std::vector<std::string> available = AvailableLocked();
   // The cap follows the connected clients; with none connected the last one holds.
-  if (!available.empty()) round_.weights = WeightsOfLocked(available);
+  if (!available.empty()) round_state().weights = WeightsOfLocked(available);
   strategy_.BeginRound(UpdateLayout());
-  round_.number = version;
-  round_.driver = &driver;
+  round_state().number = version;
+  round_state().driver = &driver;
   ResetRoundBytes();
 }
 
 void Coordinator::EndRoundLocked() {
-  round_.number = 0;
-  round_.driver = &machinery_.plain();
-  round_.evaluating = false;
+  round_state().number = 0;
+  round_state().driver = &machinery_.plain();
+  round_state().evaluating = false;
   cv_.SignalAll();
 }
 
@@ -268,7 +268,7 @@ void Coordinator::CountRoundBytesLocked(RoundMetrics* m) const {
 }
 
 void Coordinator::AwaitAccumulatingLocked() {
-  while (round_.accumulating > 0) cv_.Wait(&mu_);
+  while (round_state().accumulating > 0) cv_.Wait(&mu_);
 }
 
 void Coordinator::Accumulate(const ClientUpdate& update) {

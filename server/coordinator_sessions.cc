@@ -154,8 +154,8 @@ void Coordinator::Heartbeat(const std::string& client_id) {
 
 void Coordinator::Ack(const std::string& client_id, const v1::TaskAck& ack) {
   MutexLock l(&mu_);
-  auto it = round_.tasks.find(ack.task_id());
-  if (it == round_.tasks.end() || it->second.client_id != client_id) return;
+  auto it = round_state().tasks.find(ack.task_id());
+  if (it == round_state().tasks.end() || it->second.client_id != client_id) return;
   if (!ack.accepted() && it->second.state == TaskState::kAssigned) {
     const std::string why = Printable(ack.error(), 200);
     if (ack.code() == static_cast<int32_t>(absl::StatusCode::kResourceExhausted)) {
@@ -182,10 +182,10 @@ void Coordinator::ControlDone(const std::string& client_id, const ClientLink* li
 std::shared_ptr<ClientLink> Coordinator::EndSessionLocked(const std::string& id, const std::string& why) {
   Session* s = sessions_.Find(id);
   if (s == nullptr) return nullptr;
-  for (auto& [task_id, t] : round_.tasks) {
+  for (auto& [task_id, t] : round_state().tasks) {
     if (t.client_id == id && t.state == TaskState::kAssigned) FailTaskLocked(task_id, t, why);
   }
-  round_.driver->ClientLeftLocked(id);
+  round_state().driver->ClientLeftLocked(id);
   machinery_.mode().SessionEndedLocked(id);
   machinery_.scheduler().SessionEndedLocked(id);
   std::shared_ptr<ClientLink> link = std::move(s->link);
@@ -199,10 +199,10 @@ void Coordinator::FailTaskLocked(const std::string& task_id, TaskRecord& t,
                                   const std::string& why) {
   spdlog::warn("task {} of client {} failed: {}", task_id, t.client_id, why);
   t.state = TaskState::kFailed;
-  t.resolved_in = round_.number;
+  t.resolved_in = round_state().number;
   t.failure = why;
   if (Session* s = sessions_.Find(t.client_id)) ++s->failures;
-  round_.driver->TaskFailedLocked(t);
+  round_state().driver->TaskFailedLocked(t);
 }
 
 Status Coordinator::Authenticate(const std::string& client_id, const std::string& token,
@@ -310,8 +310,8 @@ void Coordinator::ExpireSilentLocked() {
                  h ? Printable(h->client_id()) : "(no header yet)",
                  config().server.upload_idle_timeout_s);
     if (h == nullptr) continue;
-    auto t = round_.tasks.find(h->task_id());
-    if (t != round_.tasks.end() && t->second.client_id == h->client_id() &&
+    auto t = round_state().tasks.find(h->task_id());
+    if (t != round_state().tasks.end() && t->second.client_id == h->client_id() &&
         t->second.state == TaskState::kAssigned) {
       FailTaskLocked(t->first, t->second, "its upload stalled");
       cv_.SignalAll();

@@ -50,11 +50,11 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
   MutexLock l(&mu_);
   ASSIGN_OR_RETURN(const Session* s, CheckSenderLocked("upload", h.client_id(), h.session_token(),
                                                        peer, h.run_id(), h.round()));
-  auto t = round_.tasks.find(h.task_id());
-  if (t == round_.tasks.end() || t->second.client_id != h.client_id()) {
+  auto t = round_state().tasks.find(h.task_id());
+  if (t == round_state().tasks.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
         absl::StrCat("task ", Printable(h.task_id()), " was not given to client ",
-                     Printable(h.client_id()), " in round ", round_.number));
+                     Printable(h.client_id()), " in round ", round_state().number));
   }
   if (h.round() != t->second.round) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -107,7 +107,7 @@ StatusOr<int64_t> Coordinator::CheckUploadHeader(const v1::UploadHeader& h,
     return absl::InvalidArgumentError(absl::StrCat(
         "upload announces ", h.total_size(), " bytes; an update of this model has ", expected));
   }
-  RETURN_IF_ERROR(round_.driver->CheckUploadLocked(t->second, h));  // split, gossip: their stats
+  RETURN_IF_ERROR(round_state().driver->CheckUploadLocked(t->second, h));  // split, gossip: their stats
   return expected;
 }
 
@@ -129,9 +129,9 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
   if (opts_.before_accumulate) opts_.before_accumulate();
   Status s = AddClaimed(h, payload, std::move(views), claim);
   MutexLock l(&mu_);
-  --round_.accumulating;
+  --round_state().accumulating;
   cv_.SignalAll();
-  TaskRecord& t = round_.tasks.at(h.task_id());  // still there: the round waits for us
+  TaskRecord& t = round_state().tasks.at(h.task_id());  // still there: the round waits for us
   if (!s.ok()) {
     // Refused: the task is as it was, unless its client left meanwhile.
     t.state = TaskState::kAssigned;
@@ -139,7 +139,7 @@ Status Coordinator::ProcessUpload(const v1::UploadHeader& h, const std::string& 
     if (sessions_.Find(t.client_id) == nullptr) FailTaskLocked(h.task_id(), t, "disconnected");
     return s;
   }
-  t.resolved_in = round_.number;
+  t.resolved_in = round_state().number;
   AcceptLocked(t, h, claim.update.weight, payload.size(), *claim.layout);
   return absl::OkStatus();
 }
@@ -151,8 +151,8 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   ClaimedUpload claim;
   // Re-check under the lock: the round may have closed while we were reading.
   const bool open = machinery_.scheduler().OpenForLocked(h.round());
-  auto t = round_.tasks.find(h.task_id());
-  if (!open || t == round_.tasks.end() || t->second.client_id != h.client_id()) {
+  auto t = round_state().tasks.find(h.task_id());
+  if (!open || t == round_state().tasks.end() || t->second.client_id != h.client_id()) {
     return absl::FailedPreconditionError(
         absl::StrCat("round ", h.round(), " closed before the upload completed"));
   }
@@ -164,11 +164,11 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     return absl::InvalidArgumentError("an evaluation task's upload must carry its evaluation");
   }
   ASSIGN_OR_RETURN(claim.scale, machinery_.scheduler().AdmitLocked(h.task_id(), task, h));
-  const ParameterSet* own = round_.driver->UploadLayoutLocked(task);  // split: the client part
+  const ParameterSet* own = round_state().driver->UploadLayoutLocked(task);  // split: the client part
   claim.layout = own ? own : task.evaluate_only ? &kNothing : &UpdateLayout();
-  const int64_t weight = round_.weights.Weight(h.num_examples());
+  const int64_t weight = round_state().weights.Weight(h.num_examples());
   Status taken;
-  if (round_.driver->TakeLocked(h, payload, task, &taken)) {  // a masked input, added whole
+  if (round_state().driver->TakeLocked(h, payload, task, &taken)) {  // a masked input, added whole
     if (!taken.ok()) {
       machinery_.scheduler().UnadmitLocked();
       return taken;
@@ -182,13 +182,13 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     claim.resolved = true;
     return claim;
   }
-  claim.add = round_.driver->ClaimUploadLocked(task);
+  claim.add = round_state().driver->ClaimUploadLocked(task);
   // server.record_updates: a whole model's update, while the global model is still the
   // one it started from (an asynchronous buffer may have moved on).
-  if (config().server.record_updates > 0 && own == nullptr && task.width == 0 && task.round == round_.number) {
-    if (round_.recorded_round != round_.number) round_.recorded_round = round_.number, round_.recorded_updates = 0;
-    if (round_.recorded_updates < config().server.record_updates) {
-      ++round_.recorded_updates;
+  if (config().server.record_updates > 0 && own == nullptr && task.width == 0 && task.round == round_state().number) {
+    if (round_state().recorded_round != round_state().number) round_state().recorded_round = round_state().number, round_state().recorded_updates = 0;
+    if (round_state().recorded_updates < config().server.record_updates) {
+      ++round_state().recorded_updates;
       claim.update_record_path = RunPath(absl::StrCat("record/round-", task.round, "/", h.client_id(), ".pb"));
       claim.update_record_base = GlobalLocked();
     }
@@ -203,7 +203,7 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
   update.train_loss = h.train_loss();
   if (machinery_.scheduler().Records()) {
     BufferEntry& record = claim.record.emplace();
-    record.version = round_.number;
+    record.version = round_state().number;
     record.task_round = task.round;
     record.staleness = task.staleness;
     record.weight = weight;
@@ -216,7 +216,7 @@ StatusOr<Coordinator::ClaimedUpload> Coordinator::ClaimUploadLocked(const v1::Up
     record.codec = h.codec();
   }
   task.state = TaskState::kAccumulating;
-  ++round_.accumulating;
+  ++round_state().accumulating;
   return claim;
 }
 
@@ -278,14 +278,14 @@ void Coordinator::AcceptLocked(TaskRecord& t, const v1::UploadHeader& h, int64_t
     if (s->count_from_fit) s->num_examples = h.num_examples();
   }
   t.done_at = clock_->Now();
-  round_.driver->AcceptedLocked(t, h);
+  round_state().driver->AcceptedLocked(t, h);
   machinery_.scheduler().AcceptedLocked(t, h);
   if (t.evaluate_only) {
     spdlog::info("round {}: evaluation from {} accepted (accuracy {:.4f} on {} examples)",
-                 round_.number, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
+                 round_state().number, h.client_id(), h.evaluation().accuracy(), h.evaluation().examples());
   } else {
     spdlog::info("round {}: update from {} accepted ({} examples, weight {}, loss {:.4f}, {:.1f}s)",
-                 round_.number, h.client_id(), h.num_examples(), weight, h.train_loss(),
+                 round_state().number, h.client_id(), h.num_examples(), weight, h.train_loss(),
                  h.train_seconds());
   }
   cv_.SignalAll();
