@@ -20,6 +20,7 @@
 #include "privacy/certs.h"
 #include "privacy/tls.h"
 #include "tools/attack.h"
+#include "tools/job_cli.h"
 #include "tools/lm.h"
 #include "tools/local.h"
 #include "tools/report.h"
@@ -201,6 +202,45 @@ Command AddStatus(CLI::App& app) {
   st->add_option("--token-file", a->token_file, "bearer token (the server's auth.token_file)")
       ->needs("--ca");
   return {st, [a] { return RunStatus(*a); }};
+}
+
+struct JobArgs {
+  cleave::JobCliOptions connection;
+  std::string config, id, out;
+  bool follow = false;
+};
+
+// `cleave job SUBCOMMAND`: a daemon's jobs (tools/job_cli.h).
+Command AddJob(CLI::App& app) {
+  auto a = std::make_shared<JobArgs>();
+  auto* job = app.add_subcommand("job", "submit, list, follow and cancel a daemon's jobs");
+  job->require_subcommand(1);
+  job->add_option("--server", a->connection.server, "the daemon's job API, HOST:PORT")->required();
+  job->add_option("--ca", a->connection.ca, "the daemon's CA certificate: speak TLS");
+  job->add_option("--cert", a->connection.cert, "a client certificate (its CN is who you are)")->needs("--ca");
+  job->add_option("--key", a->connection.key, "its private key")->needs("--cert");
+  job->add_option("--token-file", a->connection.token_file, "a bearer token the daemon's policy names");
+  job->add_flag("--insecure", a->connection.insecure, "plaintext (a daemon run with --insecure)")->excludes("--ca");
+  job->fallthrough();
+  auto* submit = job->add_subcommand("submit", "queue a job; prints its id");
+  submit->add_option("config", a->config, "the job's config (YAML)")->required();
+  auto* list = job->add_subcommand("list", "every job you may read: state, progress, accuracy");
+  auto* status = job->add_subcommand("status", "one job in full");
+  auto* logs = job->add_subcommand("logs", "a job's rounds (metrics.jsonl lines)");
+  logs->add_flag("--follow,-f", a->follow, "keep printing new rounds until the job ends");
+  auto* cancel = job->add_subcommand("cancel", "cancel a queued or running job");
+  auto* download = job->add_subcommand("download", "a job's run directory and its report");
+  download->add_option("--out", a->out, "where to write it")->required();
+  for (CLI::App* sub : {status, logs, cancel, download}) sub->add_option("id", a->id, "the job's id (job-N)")->required();
+  return {job, [a, submit, list, status, logs, cancel] {
+            const cleave::JobCliOptions& c = a->connection;
+            if (submit->parsed()) return cleave::JobSubmit(c, a->config);
+            if (list->parsed()) return cleave::JobList(c);
+            if (status->parsed()) return cleave::JobStatus(c, a->id);
+            if (logs->parsed()) return cleave::JobLogs(c, a->id, a->follow);
+            if (cancel->parsed()) return cleave::JobCancel(c, a->id);
+            return cleave::JobDownload(c, a->id, a->out);
+          }};
 }
 
 struct CertsArgs {
@@ -423,7 +463,7 @@ int main(int argc, char** argv) {
   const Command commands[] = {
       AddLocal(app),   AddSimulate(app),  AddTrace(app),    AddReport(app),
       AddStatus(app),  AddCerts(app),     AddPrivacy(app),  AddAttack(app),  AddTokenizer(app),
-      AddGenerate(app), AddEvaluate(app), AddExport(app),
+      AddGenerate(app), AddEvaluate(app), AddExport(app), AddJob(app),
   };
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   for (const Command& c : commands) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <thread>
 
 #include "client/attacks.h"
@@ -12,6 +13,7 @@
 #include "core/http_endpoint.h"
 #include "core/logging.h"
 #include "core/memory.h"
+#include "core/mutex.h"
 #include "core/signals.h"
 #include "models/model.h"
 #include "privacy/tls.h"
@@ -28,7 +30,24 @@ struct Flags {
   int64_t memory_limit_mb = 0;
   int64_t buffer_cache_mb = -1;  // -1: 1024, or an eighth of --memory-limit-mb
   std::string metrics_listen;
+  bool stay = false;
 };
+
+// SplitGuard's flags (client/split_guard.h).
+void AddSplitGuardFlags(CLI::App& app, Flags& f) {
+  app.add_flag("--split-guard", f.client.split_guard.enabled,
+               "SplitGuard: in sl and sfl split tasks, send fake micro-batches now and then and refuse a server "
+               "whose gradients do not depend on the labels (training hijacking)");
+  app.add_option("--split-guard-threshold", f.client.split_guard.threshold,
+                 "the mean SplitGuard score under which the device refuses the server (default 0.6)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--split-guard-fake-rate", f.client.split_guard.fake_rate,
+                 "the share of micro-batches sent as fakes after the warm-up (default 0.05)")
+      ->check(CLI::Range(0.01, 0.5));
+  app.add_option("--split-guard-fake-share", f.client.split_guard.fake_share,
+                 "the share of a fake micro-batch's labels moved (default 0.5)")
+      ->check(CLI::Range(0.05, 1.0));
+}
 
 void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--server", f.client.server, "coordinator address HOST:PORT")->required();
@@ -51,18 +70,7 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "task's first batch) in STATE_DIR/sent: the truth a privacy measurement scores the "
                  "server's attacks against")
       ->check(CLI::Range(0, 1000));
-  app.add_flag("--split-guard", f.client.split_guard.enabled,
-               "SplitGuard: in sl and sfl split tasks, send fake micro-batches now and then and refuse a server "
-               "whose gradients do not depend on the labels (training hijacking)");
-  app.add_option("--split-guard-threshold", f.client.split_guard.threshold,
-                 "the mean SplitGuard score under which the device refuses the server (default 0.6)")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--split-guard-fake-rate", f.client.split_guard.fake_rate,
-                 "the share of micro-batches sent as fakes after the warm-up (default 0.05)")
-      ->check(CLI::Range(0.01, 0.5));
-  app.add_option("--split-guard-fake-share", f.client.split_guard.fake_share,
-                 "the share of a fake micro-batch's labels moved (default 0.5)")
-      ->check(CLI::Range(0.05, 1.0));
+  AddSplitGuardFlags(app, f);
   app.add_option("--model-dir", f.client.model_dir,
                  "this device's copy of the model's Hugging Face folder (model hf): split "
                  "tasks read their stages' frozen weights from it instead of downloading them")
@@ -83,6 +91,9 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->check(CLI::IsMember(cleave::AttackNames().names));
   app.add_option("--torch-threads", f.torch_threads, "LibTorch intra-op threads (default 1)")
       ->check(CLI::Range(1, 1024));
+  app.add_flag("--stay", f.stay,
+               "stay for the server's next job when one ends (a daemon's long-lived client); "
+               "never give up reaching it unless --give-up-after says so");
   app.add_option("--give-up-after", f.client.give_up_after_s,
                  "seconds without reaching the server");
   cleave::AddLogOptions(app, &f.log_level, &f.log_format);
@@ -154,6 +165,58 @@ cleave::StatusOr<cleave::ClientOptions> MakeOptions(const Flags& f) {
   return opts;
 }
 
+// The client of the job being run; with --stay a new one, holding nothing of the last
+// job's state, for each next job the server runs.
+class Runs {
+ public:
+  // Runs a client with `opts` until its run ends; with `stay`, again for each next run,
+  // until one fails or Stop is called. Each run's client gets a copy of `opts` (its data
+  // included) with `stay`, `opts` itself without.
+  cleave::Status Run(cleave::ClientOptions opts, bool stay) {
+    cleave::Status s;
+    for (int runs = 1;; ++runs) {
+      auto client = stay ? std::make_unique<cleave::Client>(opts) : std::make_unique<cleave::Client>(std::move(opts));
+      {
+        cleave::MutexLock l(&mu_);
+        if (stopped_) return absl::CancelledError("stopped");
+        current_ = client.get();
+      }
+      s = client->Run();
+      cleave::MutexLock l(&mu_);
+      current_ = nullptr;
+      if (!stay || !s.ok() || stopped_) return s;
+      spdlog::info("the server's job ended; --stay: waiting for the next ({} so far)", runs);
+    }
+  }
+  void Stop() {
+    cleave::MutexLock l(&mu_);
+    stopped_ = true;
+    if (current_ != nullptr) current_->Stop();
+  }
+  // The running client's Prometheus text; empty between runs.
+  std::string MetricsText() {
+    cleave::MutexLock l(&mu_);
+    return current_ != nullptr ? cleave::ClientMetricsText(current_->State()) : "";
+  }
+
+ private:
+  cleave::Mutex mu_;
+  cleave::Client* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// --metrics-listen: the device's /metrics, of whichever client is running.
+cleave::StatusOr<std::unique_ptr<cleave::HttpEndpoint>> StartMetrics(const Flags& f, Runs& runs) {
+  std::map<std::string, cleave::HttpEndpoint::Page> pages;
+  pages["/metrics"] = {"text/plain; version=0.0.4; charset=utf-8", [&runs] { return runs.MetricsText(); }};
+  ASSIGN_OR_RETURN(auto endpoint,
+                   cleave::HttpEndpoint::Start("--metrics-listen", f.metrics_listen, f.client.tls_cert,
+                                               f.client.tls_key, "--cert and --key", std::move(pages)));
+  spdlog::info("device metrics: {}://{}:{}/metrics", endpoint->https() ? "https" : "http", endpoint->host(),
+               endpoint->port());
+  return endpoint;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -161,6 +224,9 @@ int main(int argc, char** argv) {
   Flags f;
   AddFlags(app, f);
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (f.stay && app.count("--give-up-after") == 0) {
+    f.client.give_up_after_s = std::numeric_limits<double>::infinity();
+  }
   if (f.client.tls_cert.empty() != f.client.tls_key.empty()) {
     std::cerr << "--cert and --key go together\n";
     return 2;
@@ -196,27 +262,20 @@ int main(int argc, char** argv) {
     spdlog::warn("--attack {}: this client sends malicious updates", f.client.attack);
   }
   if (f.client.insecure) spdlog::warn("--insecure: talking to the server in plaintext");
-  cleave::Client client(*std::move(opts));
+  Runs runs;
   std::unique_ptr<cleave::HttpEndpoint> metrics;
   if (!f.metrics_listen.empty()) {
-    std::map<std::string, cleave::HttpEndpoint::Page> pages;
-    pages["/metrics"] = {"text/plain; version=0.0.4; charset=utf-8",
-                         [&client] { return cleave::ClientMetricsText(client.State()); }};
-    auto endpoint =
-        cleave::HttpEndpoint::Start("--metrics-listen", f.metrics_listen, f.client.tls_cert,
-                                    f.client.tls_key, "--cert and --key", std::move(pages));
+    auto endpoint = StartMetrics(f, runs);
     if (!endpoint.ok()) {
       std::cerr << "cleave-client: " << endpoint.status().message() << "\n";
       return 2;
     }
     metrics = *std::move(endpoint);
-    spdlog::info("device metrics: {}://{}:{}/metrics", metrics->https() ? "https" : "http",
-                 metrics->host(), metrics->port());
   }
   cleave::Status s;
   {
-    cleave::SignalWatcher signals([&](int) { client.Stop(); });
-    s = client.Run();
+    cleave::SignalWatcher signals([&runs](int) { runs.Stop(); });
+    s = runs.Run(*std::move(opts), f.stay);
   }
   if (!s.ok()) {
     spdlog::error("{}", s.ToString());

@@ -15,6 +15,7 @@
 #include "job/job.h"
 #include "models/model.h"
 #include "server/server.h"
+#include "service/daemon.h"
 
 namespace {
 
@@ -27,11 +28,32 @@ struct Flags {
   std::string tls_cert, tls_key, tls_ca;
   std::string upstream, upstream_ca, upstream_cert, upstream_key, upstream_name;
   bool upstream_insecure = false;
+  // --daemon: a long-running server of submitted jobs.
+  bool daemon = false;
+  std::string state_dir, clients_listen, policy;
+  int max_queued = 100;
+  bool paused = false;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
-  app.add_option("--config", f.config_path, "job config (YAML)")->required();
-  app.add_option("--listen", f.listen, "address to listen on (default: server.listen)");
+  app.add_option("--config", f.config_path, "job config (YAML): run this one job and exit");
+  app.add_flag("--daemon", f.daemon,
+               "run until stopped, serving the job API on --listen and each submitted job's "
+               "clients on --clients-listen (docs/operators.md)")
+      ->excludes("--config");
+  app.add_option("--state-dir", f.state_dir, "--daemon: the job database and the jobs' run directories")
+      ->needs("--daemon");
+  app.add_option("--clients-listen", f.clients_listen, "--daemon: where jobs serve their clients (HOST:PORT)")
+      ->needs("--daemon");
+  app.add_option("--policy", f.policy, "--daemon: who may submit, read, cancel (YAML, re-read when it changes)")
+      ->needs("--daemon");
+  app.add_option("--max-queued", f.max_queued, "--daemon: the most jobs waiting at once")
+      ->needs("--daemon")
+      ->check(CLI::Range(1, 100000));
+  app.add_flag("--paused", f.paused, "--daemon: accept and queue jobs but start none (maintenance)")
+      ->needs("--daemon");
+  app.add_option("--listen", f.listen,
+                 "address to listen on (default: server.listen; with --daemon the job API's)");
   app.add_option("--run-dir", f.run_dir, "run directory (default: runs/<run.name>)");
   app.add_option("--rounds", f.rounds, "override run.rounds")->check(cleave::AtLeastOne());
   app.add_option("--tls-cert", f.tls_cert, "override tls.cert (server certificate chain)");
@@ -119,11 +141,52 @@ cleave::Status RunServer(cleave::Server& server, const Flags& f, const cleave::J
 
 }  // namespace
 
+// --daemon: runs submitted jobs until a signal stops it.
+int RunDaemon(const Flags& f) {
+  std::error_code ec;
+  if (!f.state_dir.empty()) std::filesystem::create_directories(f.state_dir, ec);
+  if (auto s = cleave::SetupLogging("daemon", f.state_dir.empty() ? "" : f.state_dir + "/daemon.log",
+                                    f.log_level, "", f.log_format);
+      !s.ok()) {
+    std::cerr << "cleave-server: " << s.message() << "\n";
+    return 2;
+  }
+  cleave::SetTorchThreads(f.torch_threads);
+  RaiseDescriptorLimit();
+  cleave::DaemonOptions o;
+  o.state_dir = f.state_dir;
+  o.listen = f.listen.empty() ? "0.0.0.0:7071" : f.listen;
+  o.clients_listen = f.clients_listen;
+  o.policy = f.policy;
+  o.tls_cert = f.tls_cert;
+  o.tls_key = f.tls_key;
+  o.tls_ca = f.tls_ca;
+  o.insecure = f.insecure;
+  o.max_queued = f.max_queued;
+  o.paused = f.paused;
+  auto daemon = cleave::Daemon::Start(std::move(o));
+  if (!daemon.ok()) {
+    std::cerr << "cleave-server: " << daemon.status().message() << "\n";
+    return 2;
+  }
+  cleave::SignalWatcher signals([&](int sig) {
+    spdlog::warn("signal {}: stopping (a running job resumes at the next start)", sig);
+    (*daemon)->Stop();
+  });
+  (*daemon)->Wait();
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"cleave-server: the federated-learning coordinator"};
   Flags f;
   AddFlags(app, f);
   if (int rc = cleave::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (f.daemon) return RunDaemon(f);
+  if (f.config_path.empty()) {
+    std::cerr << "cleave-server: --config JOB.yaml runs one job; --daemon runs submitted ones\n";
+    return 2;
+  }
 
   auto config = LoadConfig(f);
   if (!config.ok()) {

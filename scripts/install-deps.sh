@@ -12,7 +12,7 @@ PACKAGES=(
   libtorch-dev libopenblas0-pthread
   libgrpc++-dev libabsl-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libssl-dev libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
-  libcpp-httplib-dev
+  libcpp-httplib-dev libsqlite3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libstb-dev libicu-dev dataset-fashion-mnist
   libsentencepiece-dev sentencepiece fortunes

@@ -1,7 +1,10 @@
 // Test helpers for end-to-end tests: the project's binaries as child processes.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,11 +66,26 @@ inline int WaitForExit(pid_t pid, int timeout_s) {
   return -1;
 }
 
-// "127.0.0.1:PORT" from a server's run directory (its server.addr), once it listens;
+// A port free on 127.0.0.1 now (the kernel's pick for a socket bound to port 0, closed
+// again), for a process that must be told its port before it starts.
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  return ok ? ntohs(a.sin_port) : 0;
+}
+
+// "127.0.0.1:PORT" from a server's run directory (its server.addr; a daemon's state
+// directory: daemon.addr), once it listens;
 // empty after 30 s.
-inline std::string WaitForAddress(const std::filesystem::path& run) {
+inline std::string WaitForAddress(const std::filesystem::path& run, const std::string& file = "server.addr") {
   for (int i = 0; i < 300; ++i) {
-    auto addr = ReadFile((run / "server.addr").string());
+    auto addr = ReadFile((run / file).string());
     if (addr.ok() && !addr->empty()) return addr->substr(0, addr->find('\n'));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

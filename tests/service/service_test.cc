@@ -1,0 +1,283 @@
+// The daemon's parts: the access policy, the job store, and the job API over a real gRPC
+// port (plaintext on loopback, callers named by bearer tokens).
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cleave/v1/jobs.grpc.pb.h"
+#include "core/files.h"
+#include "core/parameter_set.h"
+#include "service/access_policy.h"
+#include "service/daemon.h"
+#include "service/job_store.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("cleave_service_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  fs::path dir_;
+};
+
+// A job that passes the daemon's checks (the same as cleave-server --config's).
+std::string Job(const std::string& name) {
+  return "run: {name: " + name + ", rounds: 2}\nmodel: {name: mlp}\n"
+         "train: {local_epochs: 1, batch_size: 32, lr: 0.05}\n";
+}
+
+// ---- The policy ----
+
+TEST_F(ServiceTest, APolicyGrantsRightsByIdentityAndToken) {
+  const std::string token_hash = Sha256Hex("alice-secret");
+  auto p = AccessPolicy::Parse("identities:\n  alice: [submit]\n  carol: [read, cancel]\n  ops: [admin]\n"
+                               "tokens:\n  " + token_hash + ": alice\n",
+                               "policy.yaml");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->Has("alice", Right::kSubmit));
+  EXPECT_FALSE(p->Has("alice", Right::kRead));
+  EXPECT_TRUE(p->Has("carol", Right::kCancel));
+  EXPECT_FALSE(p->Has("carol", Right::kSubmit));
+  for (Right r : {Right::kSubmit, Right::kRead, Right::kCancel, Right::kAdmin}) EXPECT_TRUE(p->Has("ops", r));
+  EXPECT_FALSE(p->Has("mallory", Right::kRead));
+  EXPECT_EQ(p->IdentityOfToken("alice-secret"), "alice");
+  EXPECT_EQ(p->IdentityOfToken("alice-secreT"), "");
+  EXPECT_EQ(p->IdentityOfToken(""), "");
+}
+
+TEST_F(ServiceTest, ABadPolicyIsRefusedNamingItsLine) {
+  struct Case {
+    std::string yaml, needle;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"identities:\n  alice: [submit]\n  bob: [rule]\n", "policy.yaml:3: unknown right rule"},
+           {"identities:\n  alice: submit\n", "policy.yaml:2: alice: a list of rights"},
+           {"tokens:\n  abc: alice\n", "policy.yaml:2: a token is named by its SHA-256"},
+           {"identity:\n  alice: [submit]\n", "policy.yaml:1: unknown key identity"},
+           {"identities: [a, b\n", "policy.yaml:"},
+       }) {
+    auto p = AccessPolicy::Parse(c.yaml, "policy.yaml");
+    ASSERT_FALSE(p.ok()) << c.yaml;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find(c.needle), std::string::npos) << p.status();
+  }
+}
+
+TEST_F(ServiceTest, APolicyFileIsReloadedAndABadEditKeepsTheLastGoodOne) {
+  const std::string path = Write("policy.yaml", "identities:\n  alice: [read]\n");
+  auto file = PolicyFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_FALSE((*file)->Current()->Has("alice", Right::kSubmit));
+  Write("policy.yaml", "identities:\n  alice: [read, submit]\n");
+  EXPECT_TRUE((*file)->Current()->Has("alice", Right::kSubmit));
+  Write("policy.yaml", "identities:\n  alice: [read, submit, fly]\n");  // refused: the last stays
+  EXPECT_TRUE((*file)->Current()->Has("alice", Right::kSubmit));
+  Write("policy.yaml", "identities:\n  bob: [read]\n");
+  EXPECT_FALSE((*file)->Current()->Has("alice", Right::kRead));
+  EXPECT_TRUE((*file)->Current()->Has("bob", Right::kRead));
+}
+
+// ---- The store ----
+
+TEST_F(ServiceTest, TheStoreQueuesJobsBoundedAndOnePerName) {
+  int64_t now = 1000;
+  auto store = JobStore::Open((dir_ / "jobs.db").string(), /*max_queued=*/2, [&] { return now; });
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto a = (*store)->Submit("alice", "a", Job("a"), 2);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->id, "job-1");
+  EXPECT_EQ(a->state, JobState::kQueued);
+  EXPECT_EQ(a->digest, Sha256Hex(Job("a")));
+  EXPECT_EQ(a->submitted_ms, 1000);
+  auto same = (*store)->Submit("bob", "a", Job("a"), 2);
+  EXPECT_EQ(same.status().code(), absl::StatusCode::kAlreadyExists) << same.status();
+  ASSERT_TRUE((*store)->Submit("alice", "b", Job("b"), 2).ok());
+  auto full = (*store)->Submit("alice", "c", Job("c"), 2);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted) << full.status();
+  ASSERT_EQ((*store)->List().size(), 2u);
+
+  // Started, it no longer counts against the queue; ended, its name is free again.
+  auto started = (*store)->StartNext();
+  ASSERT_TRUE(started.ok());
+  EXPECT_EQ(started->id, "job-1");
+  ASSERT_TRUE((*store)->Submit("alice", "c", Job("c"), 2).ok());
+  ASSERT_TRUE((*store)->Finish("job-1", JobState::kSucceeded, "").ok());
+  EXPECT_EQ((*store)->Get("job-1")->state, JobState::kSucceeded);
+  auto again = (*store)->Cancel("job-1", "alice");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+  EXPECT_EQ((*store)->Get("job-9").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*store)->Get("../etc").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServiceTest, TheStoreSurvivesARestartRequeuingRunningJobs) {
+  const std::string db = (dir_ / "jobs.db").string();
+  {
+    auto store = JobStore::Open(db, 10);
+    ASSERT_TRUE(store.ok());
+    for (const char* name : {"a", "b", "c", "d"}) ASSERT_TRUE((*store)->Submit("alice", name, Job(name), 2).ok());
+    ASSERT_TRUE((*store)->StartNext().ok());  // job-1 running
+    ASSERT_TRUE((*store)->StartNext().ok());  // job-2 running, then cancelled while it runs
+    ASSERT_TRUE((*store)->Cancel("job-2", "carol").ok());
+    ASSERT_TRUE((*store)->Cancel("job-3", "carol").ok());  // queued: cancelled at once
+    ASSERT_TRUE((*store)->Progress("job-1", 1, true, 0.7, 0.8).ok());
+  }  // the daemon "dies" here: nothing else was written
+  auto store = JobStore::Open(db, 10);
+  ASSERT_TRUE(store.ok());
+  const std::vector<JobRecord> jobs = (*store)->List();
+  ASSERT_EQ(jobs.size(), 4u);
+  EXPECT_EQ(jobs[0].state, JobState::kQueued);  // resumes from its checkpoint
+  EXPECT_GT(jobs[0].started_ms, 0);
+  EXPECT_EQ(jobs[0].committed_round, 1);
+  EXPECT_EQ(jobs[1].state, JobState::kCancelled);
+  EXPECT_EQ(jobs[1].reason, "cancelled by carol");
+  EXPECT_EQ(jobs[2].state, JobState::kCancelled);
+  EXPECT_EQ(jobs[3].state, JobState::kQueued);
+  // Queued again, the oldest starts first.
+  EXPECT_EQ((*store)->StartNext()->id, "job-1");
+  const std::vector<AuditEntry> audit = (*store)->AuditLog();
+  ASSERT_EQ(audit.size(), 6u);  // four submissions, two cancellations
+  EXPECT_EQ(audit[4].who, "carol");
+  EXPECT_EQ(audit[4].action, "cancel");
+  EXPECT_EQ(audit[4].job, "job-2");
+  EXPECT_EQ(audit[4].digest, Sha256Hex(Job("b")));
+}
+
+// ---- The API ----
+
+class DaemonApiTest : public ServiceTest {
+ protected:
+  void SetUp() override {
+    ServiceTest::SetUp();
+    std::string policy = "identities:\n  alice: [submit]\n  bob: [submit]\n  carol: [read]\n  ops: [admin]\ntokens:\n";
+    for (const char* who : {"alice", "bob", "carol", "ops"}) policy += "  " + Sha256Hex(std::string(who) + "-token") + ": " + who + "\n";
+    DaemonOptions o;
+    o.state_dir = (dir_ / "state").string();
+    o.listen = "127.0.0.1:0";
+    o.clients_listen = "127.0.0.1:0";
+    o.policy = Write("policy.yaml", policy);
+    o.insecure = true;
+    o.paused = true;  // the API alone: jobs stay queued
+    o.max_queued = 3;
+    auto d = Daemon::Start(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    stub_ = v1::Jobs::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(daemon_->port()),
+                                                  grpc::InsecureChannelCredentials()));
+  }
+
+  std::unique_ptr<grpc::ClientContext> As(const std::string& who) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    if (!who.empty()) ctx->AddMetadata("authorization", "Bearer " + who + "-token");
+    return ctx;
+  }
+  grpc::Status Submit(const std::string& who, const std::string& yaml, v1::JobInfo* out = nullptr) {
+    v1::SubmitJobRequest req;
+    req.set_config_yaml(yaml);
+    v1::JobInfo reply;
+    grpc::Status s = stub_->Submit(As(who).get(), req, &reply);
+    if (out) *out = reply;
+    return s;
+  }
+  std::vector<v1::JobInfo> List(const std::string& who, grpc::Status* status = nullptr) {
+    v1::ListJobsReply reply;
+    grpc::Status s = stub_->List(As(who).get(), v1::ListJobsRequest(), &reply);
+    if (status) *status = s;
+    return {reply.jobs().begin(), reply.jobs().end()};
+  }
+  grpc::Status Cancel(const std::string& who, const std::string& id) {
+    v1::CancelJobRequest req;
+    req.set_id(id);
+    v1::JobInfo reply;
+    return stub_->Cancel(As(who).get(), req, &reply);
+  }
+
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::Jobs::Stub> stub_;
+};
+
+TEST_F(DaemonApiTest, ACallerWithoutIdentityOrRightIsRefusedAndChangesNothing) {
+  EXPECT_EQ(Submit("", Job("a")).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Submit("mallory", Job("a")).error_code(), grpc::StatusCode::UNAUTHENTICATED);  // no such token
+  const grpc::Status s = Submit("carol", Job("a"));  // a reader
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_NE(s.error_message().find("carol may not submit"), std::string::npos) << s.error_message();
+  EXPECT_TRUE(List("ops").empty());
+  ASSERT_TRUE(Submit("alice", Job("a")).ok());
+  EXPECT_EQ(Cancel("bob", "job-1").error_code(), grpc::StatusCode::PERMISSION_DENIED);  // not his job
+  EXPECT_EQ(Cancel("carol", "job-1").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  const std::vector<v1::JobInfo> jobs = List("ops");
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].state(), "queued");
+}
+
+TEST_F(DaemonApiTest, EachSeesWhatTheyMayAndCancelsTheirOwn) {
+  ASSERT_TRUE(Submit("alice", Job("a")).ok());
+  ASSERT_TRUE(Submit("bob", Job("b")).ok());
+  EXPECT_EQ(List("alice").size(), 1u);
+  EXPECT_EQ(List("carol").size(), 2u);
+  v1::GetJobRequest get;
+  get.set_id("job-2");
+  v1::JobInfo info;
+  EXPECT_EQ(stub_->Get(As("alice").get(), get, &info).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_TRUE(stub_->Get(As("carol").get(), get, &info).ok());
+  EXPECT_EQ(info.submitter(), "bob");
+  EXPECT_EQ(info.name(), "b");
+  ASSERT_TRUE(Cancel("bob", "job-2").ok());
+  const grpc::Status twice = Cancel("bob", "job-2");
+  EXPECT_EQ(twice.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << twice.error_message();
+  EXPECT_EQ(Cancel("ops", "job-7").error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Cancel("ops", "job-1").ok());  // admin: anyone's
+  for (const v1::JobInfo& j : List("ops")) EXPECT_EQ(j.state(), "cancelled") << j.id();
+}
+
+TEST_F(DaemonApiTest, ABadJobIsRefusedNamingTheKey) {
+  v1::JobInfo info;
+  grpc::Status s = Submit("alice", Job("a") + "strategy: {name: fedavgg}\n");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("strategy.name"), std::string::npos) << s.error_message();
+  s = Submit("alice", Job("a") + "trian: {}\n");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("trian"), std::string::npos) << s.error_message();
+  s = Submit("alice", "run: [not, a, map");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  s = Submit("alice", Job("a") + "# " + std::string(2 << 20, 'x') + "\n");  // over 1 MiB
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("at most 1048576"), std::string::npos) << s.error_message();
+  s = Submit("alice", std::string(5 << 20, 'x'));  // past what the API reads at all
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(List("ops").empty());
+}
+
+TEST_F(DaemonApiTest, AFloodOfSubmissionsMeetsTheBoundedQueue) {
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Submit("alice", Job("j" + std::to_string(i))).ok());
+  const grpc::Status full = Submit("alice", Job("j3"));
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.error_message();
+  const grpc::Status same = Submit("bob", Job("j0"));
+  EXPECT_EQ(same.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << same.error_message();
+  ASSERT_TRUE(Cancel("alice", "job-1").ok());
+  const grpc::Status named = Submit("bob", Job("j1"));
+  EXPECT_EQ(named.error_code(), grpc::StatusCode::ALREADY_EXISTS) << named.error_message();
+  EXPECT_TRUE(Submit("bob", Job("j0")).ok());  // job-1 (j0) was cancelled: its name is free
+  EXPECT_EQ(List("ops").size(), 4u);
+}
+
+}  // namespace
+}  // namespace cleave
