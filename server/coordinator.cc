@@ -462,6 +462,7 @@ Status Coordinator::Run() {
         "{} participants, {} failures, {} B up, {} B down, {:.1f}s",
         m->round, m->test_accuracy, m->test_loss, m->train_loss, m->participants, m->failures,
         m->bytes_up, m->bytes_down, m->wall_s);
+    if (opts_.committed) opts_.committed(*m);
   }
   if (result.ok()) FinalEvaluation(elapsed());
   if (result.code() == absl::StatusCode::kCancelled) {

@@ -29,6 +29,8 @@ class Channel;
 
 namespace cleave {
 
+struct RoundMetrics;  // below
+
 struct ServerOptions {
   FederationConfig config;
   // Address to listen on; empty = config.server.listen.
@@ -54,6 +56,9 @@ struct ServerOptions {
   // A strategy of the caller's own instead of the one config.strategy names (a library
   // user's algorithm; its refusals and settings are its own). Called once, by Create.
   std::function<StatusOr<std::unique_ptr<Strategy>>(const StrategyJob&)> strategy;
+  // Called on the Run thread after each round is committed and checkpointed (the daemon
+  // times rounds with it to forecast a job's end).
+  std::function<void(const RoundMetrics&)> committed;
   // Test hook: called by each federated upload after the checks it passes under the
   // coordinator's lock, before it is validated and added without the lock.
   std::function<void()> before_accumulate;

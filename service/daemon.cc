@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -37,7 +38,22 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> ApiCredentials(const DaemonOp
   return grpc::SslServerCredentials(ssl);
 }
 
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+int64_t ForecastEnd(const std::vector<std::pair<int64_t, int64_t>>& commits, double last_wall_s, int64_t total) {
+  if (commits.empty()) return 0;
+  const auto& [first_round, first_ms] = commits.front();
+  const auto& [last_round, last_ms] = commits.back();
+  const double per_round_ms = last_round > first_round
+                                  ? static_cast<double>(last_ms - first_ms) / static_cast<double>(last_round - first_round)
+                                  : last_wall_s * 1000;
+  return last_ms + static_cast<int64_t>(static_cast<double>(std::max<int64_t>(0, total - last_round)) * per_round_ms);
+}
 
 Daemon::Daemon(DaemonOptions options) : opts_(std::move(options)) {}
 
@@ -180,6 +196,7 @@ JobRecord Daemon::Live(JobRecord j) {
   MutexLock l(&mu_);
   if (running_ == nullptr || running_id_ != j.id) return j;
   j.committed_round = running_->committed_round();
+  j.expected_end_ms = ForecastEnd(commits_, last_wall_s_, j.total_rounds);
   for (const RoundMetrics& m : running_->History()) {
     if (m.evaluation_only || !m.evaluated) continue;
     j.evaluated = true;
@@ -221,6 +238,11 @@ std::pair<JobState, std::string> Daemon::RunJob(const JobRecord& j) {
   o.run_dir = dir;
   o.insecure = opts_.insecure && opts_.tls_cert.empty();
   o.config_text = j.config;
+  o.committed = [this](const RoundMetrics& m) {
+    MutexLock l(&mu_);
+    commits_.emplace_back(m.round, NowMs());
+    last_wall_s_ = m.wall_s;
+  };
   StatusOr<std::unique_ptr<Server>> server = Server::Create(std::move(o));
   if (!server.ok()) return {JobState::kFailed, server.status().ToString()};
   if (Status s = (*server)->Start(); !s.ok()) return {JobState::kFailed, s.ToString()};
@@ -229,6 +251,7 @@ std::pair<JobState, std::string> Daemon::RunJob(const JobRecord& j) {
     if (stopping_) return {JobState::kRunning, ""};
     running_ = server->get();
     running_id_ = j.id;
+    commits_.clear();
   }
   // A cancel between StartNext and now found no server to stop.
   if (StatusOr<JobRecord> now = store_->Get(j.id); now.ok() && now->cancel_requested) (*server)->Stop();

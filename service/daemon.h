@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/mutex.h"
@@ -41,6 +42,12 @@ struct DaemonOptions {
   size_t max_job_bytes = 1 << 20;  // the largest job file accepted
   bool paused = false;  // accept and queue jobs, start none (maintenance)
 };
+
+// When a job of `total` rounds is expected to end (Unix ms), from the rounds it committed
+// in this run of it, each with its time (Unix ms), and the wall time of its last round
+// (seconds): at the pace of the rounds committed so far (their mean interval; with one,
+// its wall time). 0 before the first commit.
+int64_t ForecastEnd(const std::vector<std::pair<int64_t, int64_t>>& commits, double last_wall_s, int64_t total);
 
 class Daemon {
  public:
@@ -91,6 +98,10 @@ class Daemon {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string running_id_ ABSL_GUARDED_BY(mu_);
   Server* running_ ABSL_GUARDED_BY(mu_) = nullptr;  // the running job's server
+  // The running job's rounds committed since it (re)started, and when; its last round's
+  // wall time: what its end is forecast from.
+  std::vector<std::pair<int64_t, int64_t>> commits_ ABSL_GUARDED_BY(mu_);
+  double last_wall_s_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread runner_;
 };
 

@@ -32,6 +32,7 @@ void ToProto(const JobRecord& j, v1::JobInfo* out) {
   out->set_evaluated(j.evaluated);
   out->set_test_accuracy(j.accuracy);
   out->set_test_loss(j.loss);
+  out->set_expected_end_unix_ms(j.expected_end_ms);
 }
 
 constexpr size_t kChunk = 1 << 20;

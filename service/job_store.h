@@ -39,6 +39,9 @@ struct JobRecord {
   int64_t committed_round = 0, total_rounds = 0;
   double accuracy = 0, loss = 0;
   bool evaluated = false;  // accuracy and loss were measured
+  // When a running job is expected to end (Unix ms; Daemon's forecast, not stored); 0:
+  // not known yet.
+  int64_t expected_end_ms = 0;
 };
 
 struct AuditEntry {

@@ -62,18 +62,21 @@ int Failed(const grpc::Status& s) {
   return 1;
 }
 
+// A Unix time in ms as UTC, to the millisecond.
 std::string When(int64_t unix_ms) {
   if (unix_ms == 0) return "-";
   const std::time_t t = unix_ms / 1000;
   std::tm tm{};
   gmtime_r(&t, &tm);
   std::ostringstream out;
-  out << std::put_time(&tm, "%Y-%m-%d %H:%M:%SZ");
+  out << std::put_time(&tm, "%Y-%m-%d %H:%M:%S") << "." << std::setw(3) << std::setfill('0') << unix_ms % 1000
+      << "Z";
   return out.str();
 }
 
 std::string Progress(const v1::JobInfo& j) {
   std::string p = absl::StrCat(j.committed_round(), "/", j.total_rounds());
+  if (j.expected_end_unix_ms() > 0) absl::StrAppend(&p, "  ends ", When(j.expected_end_unix_ms()));
   if (j.evaluated()) {
     absl::StrAppend(&p, "  acc ", absl::StrFormat("%.4f", j.test_accuracy()), "  loss ",
                     absl::StrFormat("%.4f", j.test_loss()));
@@ -127,6 +130,7 @@ int JobStatus(const JobCliOptions& o, const std::string& id) {
             << "  submitted  " << When(j.submitted_unix_ms()) << "\n"
             << "  started    " << When(j.started_unix_ms()) << "\n"
             << "  ended      " << When(j.ended_unix_ms()) << "\n"
+            << "  ends       " << When(j.expected_end_unix_ms()) << " (forecast)\n"
             << "  progress   " << Progress(j) << "\n";
   if (!j.reason().empty()) std::cout << "  reason     " << j.reason() << "\n";
   return 0;

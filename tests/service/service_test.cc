@@ -160,6 +160,16 @@ TEST_F(ServiceTest, TheStoreSurvivesARestartRequeuingRunningJobs) {
   EXPECT_EQ(audit[4].digest, Sha256Hex(Job("b")));
 }
 
+// ---- The forecast ----
+
+TEST_F(ServiceTest, AJobsEndIsForecastAtThePaceOfItsCommittedRounds) {
+  EXPECT_EQ(ForecastEnd({}, 0, 10), 0);
+  EXPECT_EQ(ForecastEnd({{1, 10'000}}, 2.0, 5), 18'000);  // one round: its wall time
+  // Resumed after round 2: rounds 3 to 5 came every 2 s, 5 are left.
+  EXPECT_EQ(ForecastEnd({{3, 1'000}, {4, 3'000}, {5, 5'000}}, 9.0, 10), 15'000);
+  EXPECT_EQ(ForecastEnd({{9, 1'000}, {10, 4'000}}, 3.0, 10), 4'000);  // done
+}
+
 // ---- The API ----
 
 class DaemonApiTest : public ServiceTest {
