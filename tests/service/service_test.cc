@@ -63,6 +63,12 @@ TEST_F(ServiceTest, APolicyGrantsRightsByIdentityAndToken) {
   EXPECT_EQ(p->IdentityOfToken(""), "");
 }
 
+TEST_F(ServiceTest, TheShippedPolicyLoads) {
+  auto p = AccessPolicy::Load(std::string(CLEAVE_SOURCE_DIR) + "/deploy/daemon-policy.yaml");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->Has("operator", Right::kAdmin));
+}
+
 TEST_F(ServiceTest, ABadPolicyIsRefusedNamingItsLine) {
   struct Case {
     std::string yaml, needle;
