@@ -33,6 +33,7 @@ struct Flags {
   std::string state_dir, clients_listen, policy;
   int max_queued = 100;
   bool paused = false;
+  std::string metrics_listen;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -51,6 +52,10 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->needs("--daemon")
       ->check(CLI::Range(1, 100000));
   app.add_flag("--paused", f.paused, "--daemon: accept and queue jobs but start none (maintenance)")
+      ->needs("--daemon");
+  app.add_option("--metrics-listen", f.metrics_listen,
+                 "--daemon: serve /metrics (Prometheus: every job's state, rounds, accuracy, forecast end) "
+                 "on HOST:PORT; HTTPS with --tls-cert off loopback")
       ->needs("--daemon");
   app.add_option("--listen", f.listen,
                  "address to listen on (default: server.listen; with --daemon the job API's)");
@@ -164,6 +169,7 @@ int RunDaemon(const Flags& f) {
   o.insecure = f.insecure;
   o.max_queued = f.max_queued;
   o.paused = f.paused;
+  o.metrics_listen = f.metrics_listen;
   auto daemon = cleave::Daemon::Start(std::move(o));
   if (!daemon.ok()) {
     std::cerr << "cleave-server: " << daemon.status().message() << "\n";

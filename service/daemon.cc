@@ -7,9 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
+#include "core/http_endpoint.h"
+#include "core/memory.h"
+#include "core/prometheus.h"
 #include "core/printable.h"
 #include "job/job.h"
 #include "privacy/tls.h"
@@ -55,6 +59,54 @@ int64_t ForecastEnd(const std::vector<std::pair<int64_t, int64_t>>& commits, dou
   return last_ms + static_cast<int64_t>(static_cast<double>(std::max<int64_t>(0, total - last_round)) * per_round_ms);
 }
 
+std::string DaemonMetricsText(const std::vector<JobRecord>& jobs, int64_t resident_bytes) {
+  constexpr size_t kEndedShown = 20;
+  prometheus::Exposition out;
+  std::map<JobState, int> by_state;
+  for (JobState s : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
+                     JobState::kCancelled}) {
+    by_state[s] = 0;
+  }
+  for (const JobRecord& j : jobs) ++by_state[j.state];
+  out.Family("cleave_daemon_jobs", "gauge", "Jobs in the daemon's store, by state.");
+  for (const auto& [state, n] : by_state) {
+    out.Sample("cleave_daemon_jobs", n, absl::StrCat("state=\"", JobStateName(state), "\""));
+  }
+  out.Gauge("cleave_daemon_resident_bytes", "The daemon process's resident memory.",
+            static_cast<double>(resident_bytes));
+  // The jobs shown: every queued or running one, and the last kEndedShown that ended.
+  std::vector<const JobRecord*> shown;
+  size_t ended = 0;
+  for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
+    if (!JobEnded(it->state) || ended++ < kEndedShown) shown.push_back(&*it);
+  }
+  auto labels = [](const JobRecord& j) {
+    return absl::StrCat("job=\"", prometheus::Label(j.id), "\",name=\"", prometheus::Label(j.name), "\"");
+  };
+  out.Family("cleave_job_info", "gauge", "1 for each job shown, its state and submitter as labels.");
+  for (const JobRecord* j : shown) {
+    out.Sample("cleave_job_info", 1,
+               absl::StrCat(labels(*j), ",state=\"", JobStateName(j->state), "\",submitter=\"",
+                            prometheus::Label(j->submitter), "\""));
+  }
+  out.Family("cleave_job_committed_rounds", "gauge", "Rounds the job committed.");
+  for (const JobRecord* j : shown) out.Sample("cleave_job_committed_rounds", j->committed_round, labels(*j));
+  out.Family("cleave_job_rounds", "gauge", "Rounds the job runs (run.rounds).");
+  for (const JobRecord* j : shown) out.Sample("cleave_job_rounds", j->total_rounds, labels(*j));
+  out.Family("cleave_job_test_accuracy", "gauge", "The job's last measured test accuracy.");
+  for (const JobRecord* j : shown) {
+    if (j->evaluated) out.Sample("cleave_job_test_accuracy", j->accuracy, labels(*j));
+  }
+  out.Family("cleave_job_expected_end_timestamp_seconds", "gauge", "A running job's forecast end (Unix time).");
+  for (const JobRecord* j : shown) {
+    if (j->expected_end_ms > 0) {
+      out.Sample("cleave_job_expected_end_timestamp_seconds", static_cast<double>(j->expected_end_ms) / 1000,
+                 labels(*j));
+    }
+  }
+  return out.Take();
+}
+
 Daemon::Daemon(DaemonOptions options) : opts_(std::move(options)) {}
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
@@ -87,9 +139,21 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                                                d->port_, "\n")));
   spdlog::info("job API on port {}; jobs serve clients on {}; state in {}", d->port_, o.clients_listen,
                o.state_dir);
+  if (!o.metrics_listen.empty()) {
+    std::map<std::string, HttpEndpoint::Page> pages;
+    pages["/metrics"] = {"text/plain; version=0.0.4; charset=utf-8", [daemon = d.get()] {
+                           std::vector<JobRecord> jobs = daemon->store_->List();
+                           for (JobRecord& j : jobs) j = daemon->Live(std::move(j));
+                           return DaemonMetricsText(jobs, ResidentBytes());
+                         }};
+    ASSIGN_OR_RETURN(d->metrics_, HttpEndpoint::Start("--metrics-listen", o.metrics_listen, o.tls_cert, o.tls_key,
+                                                      "--tls-cert and --tls-key", std::move(pages)));
+  }
   if (!o.paused) d->runner_ = std::thread([daemon = d.get()] { daemon->RunJobs(); });
   return d;
 }
+
+int Daemon::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
 Daemon::~Daemon() {
   Stop();

@@ -25,8 +25,9 @@ class Server;
 
 namespace cleave {
 
-class JobService;  // service/job_service.h
-class Server;      // server/server.h
+class HttpEndpoint;  // core/http_endpoint.h
+class JobService;    // service/job_service.h
+class Server;        // server/server.h
 
 struct DaemonOptions {
   std::string state_dir;       // jobs.db, daemon.addr and each job's run directory
@@ -41,7 +42,15 @@ struct DaemonOptions {
   int max_queued = 100;
   size_t max_job_bytes = 1 << 20;  // the largest job file accepted
   bool paused = false;  // accept and queue jobs, start none (maintenance)
+  // Where to serve /metrics (Prometheus; plain HTTP on loopback only, else HTTPS with
+  // tls_cert); empty: nowhere.
+  std::string metrics_listen;
 };
+
+// The daemon's /metrics: jobs by state, the process's resident memory, and per job
+// (those queued or running, and the 20 that ended last, so labels stay bounded) its
+// state, rounds, test accuracy and forecast end.
+std::string DaemonMetricsText(const std::vector<JobRecord>& jobs, int64_t resident_bytes);
 
 // When a job of `total` rounds is expected to end (Unix ms), from the rounds it committed
 // in this run of it, each with its time (Unix ms), and the wall time of its last round
@@ -55,6 +64,7 @@ class Daemon {
   ~Daemon();
 
   int port() const { return port_; }
+  int metrics_port() const;
   // Blocks until Stop.
   void Wait();
   // Stops the job API and the running job (it resumes at the next start). Any thread.
@@ -91,6 +101,7 @@ class Daemon {
   std::unique_ptr<PolicyFile> policy_;
   std::unique_ptr<JobService> service_;  // outlives api_, which serves it
   std::unique_ptr<grpc::Server> api_;
+  std::unique_ptr<HttpEndpoint> metrics_;
   int port_ = 0;
 
   Mutex mu_;

@@ -2,9 +2,11 @@
 // port (plaintext on loopback, callers named by bearer tokens).
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "cleave/v1/jobs.grpc.pb.h"
 #include "core/files.h"
@@ -12,6 +14,7 @@
 #include "service/access_policy.h"
 #include "service/daemon.h"
 #include "service/job_store.h"
+#include "tests/deadline.h"
 
 namespace cleave {
 namespace {
@@ -176,10 +179,43 @@ TEST_F(ServiceTest, AJobsEndIsForecastAtThePaceOfItsCommittedRounds) {
   EXPECT_EQ(ForecastEnd({{9, 1'000}, {10, 4'000}}, 3.0, 10), 4'000);  // done
 }
 
+TEST_F(ServiceTest, MetricsShowEveryLiveJobAndTheLastEndedOnes) {
+  std::vector<JobRecord> jobs;
+  for (int i = 1; i <= 30; ++i) {
+    JobRecord j;
+    j.id = "job-" + std::to_string(i);
+    j.name = i == 30 ? "a \"quoted\" name" : "n" + std::to_string(i);
+    j.submitter = "alice";
+    j.state = i <= 27 ? JobState::kSucceeded : i == 28 ? JobState::kRunning : JobState::kQueued;
+    j.total_rounds = 10;
+    j.committed_round = i == 28 ? 4 : i <= 27 ? 10 : 0;
+    j.evaluated = i <= 28;
+    j.accuracy = 0.5;
+    j.expected_end_ms = i == 28 ? 1'700'000'000'000 : 0;
+    jobs.push_back(j);
+  }
+  const std::string text = DaemonMetricsText(jobs, 123456);
+  EXPECT_NE(text.find("cleave_daemon_jobs{state=\"succeeded\"} 27\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("cleave_daemon_jobs{state=\"queued\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("cleave_daemon_resident_bytes 123456\n"), std::string::npos);
+  EXPECT_NE(text.find("cleave_job_committed_rounds{job=\"job-28\",name=\"n28\"} 4\n"), std::string::npos);
+  EXPECT_NE(text.find("cleave_job_expected_end_timestamp_seconds{job=\"job-28\",name=\"n28\"} 1.7e+09\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("name=\"a \\\"quoted\\\" name\""), std::string::npos) << text;
+  // 3 live jobs and the 20 that ended last: job-8 to job-27, not job-7.
+  EXPECT_NE(text.find("job=\"job-8\""), std::string::npos);
+  EXPECT_EQ(text.find("job=\"job-7\""), std::string::npos);
+  size_t infos = 0;
+  for (size_t p = 0; (p = text.find("\ncleave_job_info{", p)) != std::string::npos; ++p) ++infos;
+  EXPECT_EQ(infos, 23u);
+}
+
 // ---- The API ----
 
 class DaemonApiTest : public ServiceTest {
  protected:
+  // The API alone: jobs stay queued.
+  virtual bool Paused() const { return true; }
   void SetUp() override {
     ServiceTest::SetUp();
     std::string policy = "identities:\n  alice: [submit]\n  bob: [submit]\n  carol: [read]\n  ops: [admin]\ntokens:\n";
@@ -190,7 +226,8 @@ class DaemonApiTest : public ServiceTest {
     o.clients_listen = "127.0.0.1:0";
     o.policy = Write("policy.yaml", policy);
     o.insecure = true;
-    o.paused = true;  // the API alone: jobs stay queued
+    o.paused = Paused();
+    o.metrics_listen = "127.0.0.1:0";
     o.max_queued = 3;
     auto d = Daemon::Start(o);
     ASSERT_TRUE(d.ok()) << d.status();
@@ -225,9 +262,44 @@ class DaemonApiTest : public ServiceTest {
     return stub_->Cancel(As(who).get(), req, &reply);
   }
 
+  // Job `id` once it is in `state` (or as last seen after a minute).
+  v1::JobInfo AwaitState(const std::string& id, const std::string& state) {
+    v1::JobInfo info;
+    for (int i = 0; i < testing::ScaledSeconds(60) * 20; ++i) {
+      v1::GetJobRequest get;
+      get.set_id(id);
+      if (stub_->Get(As("ops").get(), get, &info).ok() && info.state() == state) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return info;
+  }
+
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::Jobs::Stub> stub_;
 };
+
+// The runner at work (no clients connect): a job that cannot start fails with its reason
+// and the next one starts; a running job is stopped by a cancel.
+class DaemonRunnerTest : public DaemonApiTest {
+ protected:
+  bool Paused() const override { return false; }
+};
+
+TEST_F(DaemonRunnerTest, AFailedJobEndsWithItsReasonAndTheNextRuns) {
+  ASSERT_TRUE(Submit("alice", "run: {name: bad, rounds: 1}\nmodel: {name: mlp}\n"
+                              "data: {test: \"fmnist:/nonexistent\"}\n").ok());
+  ASSERT_TRUE(Submit("bob", "run: {name: waits, rounds: 1}\nmodel: {name: mlp}\n"
+                            "clients: {min: 2, join_timeout_s: 600}\n").ok());
+  const v1::JobInfo bad = AwaitState("job-1", "failed");
+  ASSERT_EQ(bad.state(), "failed");
+  EXPECT_NE(bad.reason().find("data.test: cannot open /nonexistent"), std::string::npos) << bad.reason();
+  EXPECT_GT(bad.ended_unix_ms(), 0);
+  ASSERT_EQ(AwaitState("job-2", "running").state(), "running");  // waiting for its clients
+  ASSERT_TRUE(Cancel("bob", "job-2").ok());
+  const v1::JobInfo cancelled = AwaitState("job-2", "cancelled");
+  ASSERT_EQ(cancelled.state(), "cancelled");
+  EXPECT_EQ(cancelled.reason(), "cancelled by bob");
+}
 
 TEST_F(DaemonApiTest, ACallerWithoutIdentityOrRightIsRefusedAndChangesNothing) {
   EXPECT_EQ(Submit("", Job("a")).error_code(), grpc::StatusCode::UNAUTHENTICATED);
@@ -242,6 +314,18 @@ TEST_F(DaemonApiTest, ACallerWithoutIdentityOrRightIsRefusedAndChangesNothing) {
   const std::vector<v1::JobInfo> jobs = List("ops");
   ASSERT_EQ(jobs.size(), 1u);
   EXPECT_EQ(jobs[0].state(), "queued");
+}
+
+TEST_F(DaemonApiTest, MetricsAreServed) {
+  ASSERT_TRUE(Submit("alice", Job("a")).ok());
+  httplib::Client http("127.0.0.1", daemon_->metrics_port());
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->body.find("cleave_daemon_jobs{state=\"queued\"} 1\n"), std::string::npos) << res->body;
+  EXPECT_NE(res->body.find("cleave_job_info{job=\"job-1\",name=\"a\",state=\"queued\",submitter=\"alice\"} 1"),
+            std::string::npos)
+      << res->body;
 }
 
 TEST_F(DaemonApiTest, EachSeesWhatTheyMayAndCancelsTheirOwn) {
