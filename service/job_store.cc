@@ -1,5 +1,6 @@
 #include "service/job_store.h"
 
+#include <spdlog/spdlog.h>
 #include <sqlite3.h>
 
 #include <chrono>
@@ -108,9 +109,9 @@ JobRecord ReadJob(const Stmt& q) {
   return j;
 }
 
-// The sequence number of id "job-N"; 0 for anything else.
+// The sequence number of id "job-N"; 0 for anything else (N of at most 18 digits).
 int64_t SeqOf(const std::string& id) {
-  if (id.rfind("job-", 0) != 0 || id.size() > 24) return 0;
+  if (id.rfind("job-", 0) != 0 || id.size() > 4 + 18) return 0;
   int64_t n = 0;
   for (size_t i = 4; i < id.size(); ++i) {
     if (id[i] < '0' || id[i] > '9') return 0;
@@ -188,13 +189,14 @@ StatusOr<JobRecord> JobStore::Submit(const std::string& submitter, const std::st
     Stmt queued(db_, "SELECT COUNT(*) FROM jobs WHERE state = 'queued'");
     ASSIGN_OR_RETURN(bool row, queued.Next());
     if (row && queued.Int(0) >= max_queued_) {
-      return absl::ResourceExhaustedError(absl::StrCat(queued.Int(0), " jobs are queued, the daemon's limit (--max-queued); submit once some have started"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          queued.Int(0), " jobs are queued, the daemon's limit (--max-queued); submit once some have started"));
     }
     Stmt same(db_, "SELECT seq FROM jobs WHERE name = ? AND state IN ('queued', 'running')");
     ASSIGN_OR_RETURN(row, same.Bind(name).Next());
     if (row) {
-      return absl::AlreadyExistsError(absl::StrCat("job-", same.Int(0), " of the same name (run.name: ", name,
-                                                   ") is ", "queued or running"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("job-", same.Int(0), " of the same name (run.name: ", Printable(name), ") is queued or running"));
     }
     const std::string digest = Sha256Hex(config);
     RETURN_IF_ERROR(Stmt(db_, "INSERT INTO jobs(name, submitter, digest, config, state, submitted_ms, total_rounds) "
@@ -216,7 +218,9 @@ std::vector<JobRecord> JobStore::Select(const std::string& where, const std::str
   Stmt q(db_, absl::StrCat("SELECT ", kColumns, " FROM jobs", where.empty() ? "" : " WHERE " + where, " ORDER BY seq"));
   if (!where.empty()) q.Bind(arg);
   std::vector<JobRecord> out;
-  for (StatusOr<bool> row = q.Next(); row.ok() && *row; row = q.Next()) out.push_back(ReadJob(q));
+  StatusOr<bool> row = q.Next();
+  for (; row.ok() && *row; row = q.Next()) out.push_back(ReadJob(q));
+  if (!row.ok()) spdlog::error("{}", row.status().ToString());  // what was read so far is returned
   return out;
 }
 
