@@ -229,16 +229,18 @@ Command AddJob(CLI::App& app) {
   auto* logs = job->add_subcommand("logs", "a job's rounds (metrics.jsonl lines)");
   logs->add_flag("--follow,-f", a->follow, "keep printing new rounds until the job ends");
   auto* cancel = job->add_subcommand("cancel", "cancel a queued or running job");
+  auto* audit = job->add_subcommand("audit", "every submission and cancellation (admin)");
   auto* download = job->add_subcommand("download", "a job's run directory and its report");
   download->add_option("--out", a->out, "where to write it")->required();
   for (CLI::App* sub : {status, logs, cancel, download}) sub->add_option("id", a->id, "the job's id (job-N)")->required();
-  return {job, [a, submit, list, status, logs, cancel] {
+  return {job, [a, submit, list, status, logs, cancel, audit] {
             const cleave::JobCliOptions& c = a->connection;
             if (submit->parsed()) return cleave::JobSubmit(c, a->config);
             if (list->parsed()) return cleave::JobList(c);
             if (status->parsed()) return cleave::JobStatus(c, a->id);
             if (logs->parsed()) return cleave::JobLogs(c, a->id, a->follow);
             if (cancel->parsed()) return cleave::JobCancel(c, a->id);
+            if (audit->parsed()) return cleave::JobAudit(c);
             return cleave::JobDownload(c, a->id, a->out);
           }};
 }

@@ -251,6 +251,11 @@ StatusOr<std::string> Daemon::RunDirOf(const std::string& who, const std::string
   return (std::filesystem::path(opts_.state_dir) / "jobs" / j.id).string();
 }
 
+StatusOr<std::vector<AuditEntry>> Daemon::AuditLog(const std::string& who) {
+  RETURN_IF_ERROR(Allowed(who, Right::kAdmin, nullptr));
+  return store_->AuditLog();
+}
+
 bool Daemon::Ended(const std::string& id) {
   StatusOr<JobRecord> j = store_->Get(id);
   return !j.ok() || JobEnded(j->state);

@@ -77,6 +77,8 @@ class Daemon {
   StatusOr<JobRecord> Cancel(const std::string& who, const std::string& id);
   // The run directory of a job `who` may read.
   StatusOr<std::string> RunDirOf(const std::string& who, const std::string& id);
+  // The audit log, for an administrator.
+  StatusOr<std::vector<AuditEntry>> AuditLog(const std::string& who);
   // Whether job `id` has ended (Logs' follow ends there).
   bool Ended(const std::string& id);
 

@@ -96,6 +96,23 @@ grpc::Status JobService::Cancel(grpc::ServerContext* ctx, const v1::CancelJobReq
   return grpc::Status::OK;
 }
 
+grpc::Status JobService::Audit(grpc::ServerContext* ctx, const v1::AuditRequest*, v1::AuditReply* reply) {
+  std::string who;
+  if (grpc::Status s = Identify(ctx, &who); !s.ok()) return s;
+  StatusOr<std::vector<AuditEntry>> log = daemon_->AuditLog(who);
+  if (!log.ok()) return ToGrpc(log.status());
+  for (const AuditEntry& e : *log) {
+    v1::AuditEntry* out = reply->add_entries();
+    out->set_at_unix_ms(e.at_ms);
+    out->set_who(e.who);
+    out->set_action(e.action);
+    out->set_job(e.job);
+    out->set_digest(e.digest);
+    out->set_outcome(e.outcome);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status JobService::Logs(grpc::ServerContext* ctx, const v1::JobLogsRequest* req,
                               grpc::ServerWriter<v1::JobLogLine>* writer) {
   std::string who;

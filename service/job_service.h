@@ -21,6 +21,7 @@ class JobService final : public v1::Jobs::Service {
                     grpc::ServerWriter<v1::JobLogLine>* writer) override;
   grpc::Status Download(grpc::ServerContext* ctx, const v1::DownloadJobRequest* req,
                         grpc::ServerWriter<v1::JobFileChunk>* writer) override;
+  grpc::Status Audit(grpc::ServerContext* ctx, const v1::AuditRequest* req, v1::AuditReply* reply) override;
 
  private:
   // The caller's identity; UNAUTHENTICATED when it has none.

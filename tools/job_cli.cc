@@ -162,6 +162,19 @@ int JobCancel(const JobCliOptions& o, const std::string& id) {
   return 0;
 }
 
+int JobAudit(const JobCliOptions& o) {
+  auto c = Connect(o);
+  if (!c) return 2;
+  v1::AuditReply reply;
+  if (grpc::Status s = c->stub->Audit(c->Context().get(), v1::AuditRequest(), &reply); !s.ok()) return Failed(s);
+  for (const v1::AuditEntry& e : reply.entries()) {
+    std::cout << When(e.at_unix_ms()) << "  " << e.who() << "  " << e.action() << "  "
+              << (e.job().empty() ? "-" : e.job()) << "  " << (e.digest().empty() ? "-" : e.digest().substr(0, 12))
+              << "  " << e.outcome() << "\n";
+  }
+  return 0;
+}
+
 int JobDownload(const JobCliOptions& o, const std::string& id, const std::string& out) {
   namespace fs = std::filesystem;
   auto c = Connect(o);

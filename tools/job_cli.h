@@ -19,6 +19,9 @@ int JobList(const JobCliOptions& o);
 int JobStatus(const JobCliOptions& o, const std::string& id);
 int JobLogs(const JobCliOptions& o, const std::string& id, bool follow);
 int JobCancel(const JobCliOptions& o, const std::string& id);
+// The audit log, a line an entry: when, who, what, the job, its digest's first 12 hex
+// digits, the outcome.
+int JobAudit(const JobCliOptions& o);
 // The job's run directory into `out`, then its report (out/report.html, .md, .csv).
 int JobDownload(const JobCliOptions& o, const std::string& id, const std::string& out);
 

@@ -314,6 +314,22 @@ TEST_F(DaemonApiTest, ACallerWithoutIdentityOrRightIsRefusedAndChangesNothing) {
   const std::vector<v1::JobInfo> jobs = List("ops");
   ASSERT_EQ(jobs.size(), 1u);
   EXPECT_EQ(jobs[0].state(), "queued");
+
+  // The audit log: the refusals and the submission, to an administrator only.
+  v1::AuditReply audit;
+  EXPECT_EQ(stub_->Audit(As("alice").get(), v1::AuditRequest(), &audit).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_TRUE(stub_->Audit(As("ops").get(), v1::AuditRequest(), &audit).ok());
+  ASSERT_EQ(audit.entries_size(), 4);
+  EXPECT_EQ(audit.entries(0).who(), "carol");
+  EXPECT_EQ(audit.entries(0).outcome(), "refused: permission denied");
+  EXPECT_EQ(audit.entries(1).who(), "alice");
+  EXPECT_EQ(audit.entries(1).job(), "job-1");
+  EXPECT_EQ(audit.entries(1).digest(), Sha256Hex(Job("a")));
+  EXPECT_EQ(audit.entries(2).who(), "bob");
+  EXPECT_EQ(audit.entries(2).action(), "cancel");
+  EXPECT_EQ(audit.entries(3).who(), "carol");
+  EXPECT_GT(audit.entries(3).at_unix_ms(), 0);
 }
 
 TEST_F(DaemonApiTest, MetricsAreServed) {
