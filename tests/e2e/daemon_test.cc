@@ -155,13 +155,23 @@ TEST_F(DaemonE2eTest, AJobTheDaemonWasKilledInResumesWhenItComesBack) {
   StartClient(0);
   StartClient(1);
   std::string out;
-  ASSERT_EQ(Job({"submit", WriteJob("long", 4)}, &out), 0) << out;
+  ASSERT_EQ(Job({"submit", WriteJob("long", 8)}, &out), 0) << out;
   const fs::path run = dir_ / "state" / "jobs" / "job-1";
   for (int i = 0; i < testing::ScaledSeconds(240) * 10 && testing::MetricsRows(run).size() < 2; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_GE(testing::MetricsRows(run).size(), 2u) << Output("daemon.txt");
-  kill(pids_[0], SIGKILL);  // mid-round: round 3 is running
+  {  // Running, with rounds committed: its end is forecast, after its start.
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer alice-token");
+    v1::GetJobRequest req;
+    req.set_id("job-1");
+    v1::JobInfo info;
+    ASSERT_TRUE(stub_->Get(&ctx, req, &info).ok());
+    EXPECT_EQ(info.state(), "running");
+    EXPECT_GT(info.expected_end_unix_ms(), info.started_unix_ms());
+  }
+  kill(pids_[0], SIGKILL);  // mid-round: a round past the second is running
   waitpid(pids_[0], nullptr, 0);
 
   StartDaemon("daemon2.txt");
@@ -170,8 +180,8 @@ TEST_F(DaemonE2eTest, AJobTheDaemonWasKilledInResumesWhenItComesBack) {
   ASSERT_EQ(info.state(), "succeeded") << info.reason() << "\n" << Output("daemon2.txt");
   // Every round once: resumed from the checkpoint, nothing run twice.
   const std::vector<nlohmann::json> rows = testing::MetricsRows(run);
-  ASSERT_EQ(rows.size(), 4u);
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(rows[r]["round"], r + 1);
+  ASSERT_EQ(rows.size(), 8u);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(rows[r]["round"], r + 1);
   EXPECT_NE(Output("daemon2.txt").find("resum"), std::string::npos) << Output("daemon2.txt");
 }
 
