@@ -22,7 +22,7 @@
 namespace cleave {
 namespace {
 
-// The stub and the token; nullptr (after printing why) when the options cannot make one.
+// A connection to the daemon's job API: its stub, and the token each call carries.
 struct Connection {
   std::unique_ptr<v1::Jobs::Stub> stub;
   std::string bearer;  // "Bearer TOKEN", or empty
@@ -35,6 +35,8 @@ struct Connection {
   }
 };
 
+// The connection the options describe; nullopt, after printing why, when they cannot make
+// one.
 std::optional<Connection> Connect(const JobCliOptions& o) {
   if (o.ca.empty() && !o.insecure) {
     std::cerr << "cleave job: no CA to verify the daemon with (--ca); plaintext needs --insecure\n";
