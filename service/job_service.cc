@@ -60,57 +60,56 @@ grpc::Status JobService::Identify(grpc::ServerContext* ctx, std::string* who) co
                       "no identity: present a client certificate or a bearer token (--token-file)");
 }
 
-grpc::Status JobService::Submit(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req, v1::JobInfo* reply) {
+template <typename Op, typename Fill>
+grpc::Status JobService::Answer(grpc::ServerContext* ctx, Op op, Fill fill) const {
   std::string who;
   if (grpc::Status s = Identify(ctx, &who); !s.ok()) return s;
-  StatusOr<JobRecord> j = daemon_->Submit(who, req->config_yaml());
-  if (!j.ok()) return ToGrpc(j.status());
-  ToProto(*j, reply);
+  auto result = op(who);
+  if (!result.ok()) return ToGrpc(result.status());
+  fill(*result);
   return grpc::Status::OK;
+}
+
+grpc::Status JobService::Submit(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req, v1::JobInfo* reply) {
+  return Answer(
+      ctx, [&](const std::string& who) { return daemon_->Submit(who, req->config_yaml()); },
+      [&](const JobRecord& j) { ToProto(j, reply); });
 }
 
 grpc::Status JobService::List(grpc::ServerContext* ctx, const v1::ListJobsRequest*, v1::ListJobsReply* reply) {
-  std::string who;
-  if (grpc::Status s = Identify(ctx, &who); !s.ok()) return s;
-  StatusOr<std::vector<JobRecord>> jobs = daemon_->List(who);
-  if (!jobs.ok()) return ToGrpc(jobs.status());
-  for (const JobRecord& j : *jobs) ToProto(j, reply->add_jobs());
-  return grpc::Status::OK;
+  return Answer(
+      ctx, [&](const std::string& who) { return daemon_->List(who); },
+      [&](const std::vector<JobRecord>& jobs) {
+        for (const JobRecord& j : jobs) ToProto(j, reply->add_jobs());
+      });
 }
 
 grpc::Status JobService::Get(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::JobInfo* reply) {
-  std::string who;
-  if (grpc::Status s = Identify(ctx, &who); !s.ok()) return s;
-  StatusOr<JobRecord> j = daemon_->Get(who, req->id());
-  if (!j.ok()) return ToGrpc(j.status());
-  ToProto(*j, reply);
-  return grpc::Status::OK;
+  return Answer(
+      ctx, [&](const std::string& who) { return daemon_->Get(who, req->id()); },
+      [&](const JobRecord& j) { ToProto(j, reply); });
 }
 
 grpc::Status JobService::Cancel(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::JobInfo* reply) {
-  std::string who;
-  if (grpc::Status s = Identify(ctx, &who); !s.ok()) return s;
-  StatusOr<JobRecord> j = daemon_->Cancel(who, req->id());
-  if (!j.ok()) return ToGrpc(j.status());
-  ToProto(*j, reply);
-  return grpc::Status::OK;
+  return Answer(
+      ctx, [&](const std::string& who) { return daemon_->Cancel(who, req->id()); },
+      [&](const JobRecord& j) { ToProto(j, reply); });
 }
 
 grpc::Status JobService::Audit(grpc::ServerContext* ctx, const v1::AuditRequest*, v1::AuditReply* reply) {
-  std::string who;
-  if (grpc::Status s = Identify(ctx, &who); !s.ok()) return s;
-  StatusOr<std::vector<AuditEntry>> log = daemon_->AuditLog(who);
-  if (!log.ok()) return ToGrpc(log.status());
-  for (const AuditEntry& e : *log) {
-    v1::AuditEntry* out = reply->add_entries();
-    out->set_at_unix_ms(e.at_ms);
-    out->set_who(e.who);
-    out->set_action(e.action);
-    out->set_job(e.job);
-    out->set_digest(e.digest);
-    out->set_outcome(e.outcome);
-  }
-  return grpc::Status::OK;
+  return Answer(
+      ctx, [&](const std::string& who) { return daemon_->AuditLog(who); },
+      [&](const std::vector<AuditEntry>& log) {
+        for (const AuditEntry& e : log) {
+          v1::AuditEntry* out = reply->add_entries();
+          out->set_at_unix_ms(e.at_ms);
+          out->set_who(e.who);
+          out->set_action(e.action);
+          out->set_job(e.job);
+          out->set_digest(e.digest);
+          out->set_outcome(e.outcome);
+        }
+      });
 }
 
 grpc::Status JobService::Logs(grpc::ServerContext* ctx, const v1::JobLogsRequest* req,

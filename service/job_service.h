@@ -26,6 +26,10 @@ class JobService final : public v1::Jobs::Service {
  private:
   // The caller's identity; UNAUTHENTICATED when it has none.
   grpc::Status Identify(grpc::ServerContext* ctx, std::string* who) const;
+  // A unary call: `op` (the daemon's operation) run for the caller's identity, its result
+  // written into the reply by `fill`; an error of either as the call's status.
+  template <typename Op, typename Fill>
+  grpc::Status Answer(grpc::ServerContext* ctx, Op op, Fill fill) const;
 
   Daemon* const daemon_;
 };
