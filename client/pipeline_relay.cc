@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/split_wire.h"
 #include "client/transfer.h"
+#include "core/grpc_status.h"
 #include "core/mutex.h"
 #include "core/printable.h"
 
@@ -20,11 +21,6 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 using UpStream = grpc::ServerReaderWriter<v1::SplitDown, v1::SplitUp>;
 using DownStream = grpc::ClientReaderWriter<v1::SplitUp, v1::SplitDown>;
-
-grpc::Status ToGrpc(const Status& s) {
-  return s.ok() ? grpc::Status::OK
-                : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 class Relay {
  public:

@@ -4,6 +4,7 @@
 #include "core/files.h"
 
 #include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/server_context.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -139,6 +140,13 @@ StatusOr<std::string> ReadBearerToken(const std::string& path) {
   std::string token(absl::StripAsciiWhitespace(text));
   if (token.empty()) return absl::InvalidArgumentError(path + " holds no token");
   return token;
+}
+
+std::string PeerCommonName(const grpc::ServerContextBase& ctx) {
+  const auto auth = ctx.auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return "";
+  const auto cn = auth->FindPropertyValues("x509_common_name");
+  return cn.empty() ? "" : std::string(cn[0].data(), cn[0].size());
 }
 
 }  // namespace cleave

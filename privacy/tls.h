@@ -10,6 +10,10 @@
 
 #include "core/status.h"
 
+namespace grpc {
+class ServerContextBase;
+}  // namespace grpc
+
 namespace cleave {
 
 // TLS that verifies the server against the federation CA at `ca`, presenting the
@@ -31,6 +35,9 @@ std::shared_ptr<grpc::ServerCredentials> PeerServerCredentials(const std::string
                                                                const std::string& cert,
                                                                const std::string& key,
                                                                unsigned reload_s = 60);
+
+// The CN of a call's verified client certificate; empty without one (no mutual TLS).
+std::string PeerCommonName(const grpc::ServerContextBase& ctx);
 
 // The server's TLS material as read from its files: what FileWatcherCertificateProvider
 // is given, once CheckServerTls has accepted it.

@@ -13,7 +13,9 @@
 #include <string>
 
 #include "cleave/v1/cleave.grpc.pb.h"
+#include "core/grpc_status.h"
 #include "core/status.h"
+#include "privacy/tls.h"
 
 namespace cleave {
 
@@ -29,17 +31,8 @@ class Refusal final : public Reactor {
   void OnDone() override { delete this; }
 };
 
-inline grpc::Status ToGrpc(const Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 // The CN of the call's verified client certificate; empty without mutual TLS.
-inline std::string PeerIdentity(const grpc::CallbackServerContext* ctx) {
-  const auto auth = ctx->auth_context();
-  if (!auth || !auth->IsPeerAuthenticated()) return "";
-  const auto cn = auth->FindPropertyValues("x509_common_name");
-  return cn.empty() ? "" : std::string(cn[0].data(), cn[0].size());
-}
+inline std::string PeerIdentity(const grpc::CallbackServerContext* ctx) { return PeerCommonName(*ctx); }
 
 // What a message takes on the transport: its protobuf encoding, gRPC's 5-byte message
 // prefix and a 9-byte HTTP/2 frame header per started 16 KiB DATA frame. Checked against
