@@ -17,6 +17,8 @@
 #include "core/signals.h"
 #include "models/model.h"
 #include "privacy/tls.h"
+#include "service/pool_member.h"
+#include "service/site_policy.h"
 
 namespace {
 
@@ -31,6 +33,8 @@ struct Flags {
   int64_t buffer_cache_mb = -1;  // -1: 1024, or an eighth of --memory-limit-mb
   std::string metrics_listen;
   bool stay = false;
+  std::vector<std::string> datasets;  // --dataset NAME=SPEC
+  std::string site_policy;
 };
 
 // SplitGuard's flags (client/split_guard.h).
@@ -53,8 +57,7 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--server", f.client.server, "coordinator address HOST:PORT")->required();
   app.add_option("--data", f.data_spec,
                  "local data: SOURCE:PATH[,OPTION...], e.g. idx:DIR, folder:DIR,size=32, "
-                 "csv:FILE,label=y (docs/configuration.md)")
-      ->required();
+                 "csv:FILE,label=y (docs/configuration.md); with --stay, the dataset named default");
   app.add_option("--partition", f.partition,
                  "use one part of the data: SCHEME,client=I,of=N[,seed=S] with SCHEME iid, "
                  "dirichlet:A, shards:S, labels:K or natural (the data's own groups)");
@@ -92,8 +95,16 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--torch-threads", f.torch_threads, "LibTorch intra-op threads (default 1)")
       ->check(CLI::Range(1, 1024));
   app.add_flag("--stay", f.stay,
-               "stay for the server's next job when one ends (a daemon's long-lived client); "
-               "never give up reaching it unless --give-up-after says so");
+               "attach to a daemon's pool (cleave-server --daemon; --server is its --clients-listen) and run "
+               "every job it offers that the site policy accepts; never give up reaching it unless "
+               "--give-up-after says so");
+  app.add_option("--dataset", f.datasets,
+                 "with --stay: expose local data under a name jobs use (data.dataset): NAME=SPEC, SPEC as "
+                 "--data's; repeat for several")
+      ->needs("--stay");
+  app.add_option("--site-policy", f.site_policy,
+                 "with --stay: the site policy file, which jobs this device accepts (docs/operators.md)")
+      ->needs("--stay");
   app.add_option("--give-up-after", f.client.give_up_after_s,
                  "seconds without reaching the server");
   cleave::AddLogOptions(app, &f.log_level, &f.log_format);
@@ -124,20 +135,47 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "loopback address, else HTTPS with --cert/--key");
 }
 
-// The local data: the data spec, its partition (only this client's part read where the
-// source can), and the held-out part.
-cleave::Status LoadData(const Flags& f, cleave::ClientOptions* opts) {
+// Local data of `spec`: its partition (only this client's part read where the source
+// can), and the held-out part.
+cleave::StatusOr<cleave::PoolMemberOptions::Data> LoadData(const Flags& f, const std::string& spec) {
   cleave::PartFilter part;
   if (!f.partition.empty()) {
     ASSIGN_OR_RETURN(part, cleave::PartitionFilter(f.partition));
   }
-  ASSIGN_OR_RETURN(cleave::Dataset data, cleave::LoadDataSpecPart(f.data_spec, /*train=*/true, part));
-  opts->holdout = cleave::TakeHoldout(&data, f.holdout, /*seed=*/7);
-  spdlog::info("{} local training examples{}; {} MiB resident (peak {} MiB)", data.size,
-               opts->holdout.size > 0 ? ", " + std::to_string(opts->holdout.size) + " held out" : "",
+  cleave::PoolMemberOptions::Data d;
+  ASSIGN_OR_RETURN(d.train, cleave::LoadDataSpecPart(spec, /*train=*/true, part));
+  d.holdout = cleave::TakeHoldout(&d.train, f.holdout, /*seed=*/7);
+  spdlog::info("{}: {} local training examples{}; {} MiB resident (peak {} MiB)", spec, d.train.size,
+               d.holdout.size > 0 ? ", " + std::to_string(d.holdout.size) + " held out" : "",
                cleave::ResidentBytes() >> 20, cleave::PeakResidentBytes() >> 20);
-  opts->train = std::move(data);
-  return absl::OkStatus();
+  return d;
+}
+
+// --stay: the datasets exposed (--data as "default", each --dataset NAME=SPEC) and the
+// site policy.
+cleave::StatusOr<cleave::PoolMemberOptions> MakePoolOptions(const Flags& f, cleave::ClientOptions client) {
+  cleave::PoolMemberOptions o;
+  if (!f.site_policy.empty()) {
+    ASSIGN_OR_RETURN(o.policy, cleave::LoadSitePolicy(f.site_policy));
+  }
+  std::vector<std::pair<std::string, std::string>> specs;
+  if (!f.data_spec.empty()) specs.emplace_back("default", f.data_spec);
+  for (const std::string& d : f.datasets) {
+    const size_t eq = d.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == d.size()) {
+      return absl::InvalidArgumentError("--dataset " + d + ": NAME=SPEC");
+    }
+    specs.emplace_back(d.substr(0, eq), d.substr(eq + 1));
+  }
+  if (specs.empty()) return absl::InvalidArgumentError("--stay needs --data or --dataset NAME=SPEC");
+  for (const auto& [name, spec] : specs) {
+    if (o.datasets.count(name) > 0) return absl::InvalidArgumentError("dataset " + name + " given twice");
+    auto data = LoadData(f, spec);
+    if (!data.ok()) return absl::InvalidArgumentError("dataset " + name + ": " + std::string(data.status().message()));
+    o.datasets[name] = *std::move(data);
+  }
+  o.client = std::move(client);
+  return o;
 }
 
 // The client's options from the command line (messages for the operator on errors).
@@ -150,7 +188,12 @@ cleave::StatusOr<cleave::ClientOptions> MakeOptions(const Flags& f) {
     }
     opts.token = *token;
   }
-  RETURN_IF_ERROR(LoadData(f, &opts));
+  if (!f.stay) {
+    if (f.data_spec.empty()) return absl::InvalidArgumentError("--data is required (the local training data)");
+    ASSIGN_OR_RETURN(cleave::PoolMemberOptions::Data data, LoadData(f, f.data_spec));
+    opts.train = std::move(data.train);
+    opts.holdout = std::move(data.holdout);
+  }
   if (opts.keep_sent > 0 && opts.state_dir.empty()) {
     return absl::InvalidArgumentError("--keep-sent keeps what was sent under --state-dir: give one");
   }
@@ -165,43 +208,48 @@ cleave::StatusOr<cleave::ClientOptions> MakeOptions(const Flags& f) {
   return opts;
 }
 
-// The client of the job being run; with --stay a new one, holding nothing of the last
-// job's state, for each next job the server runs.
+// The client of one run or, with --stay, the pool member that runs a client per job.
 class Runs {
  public:
-  // Runs a client with `opts` until its run ends; with `stay`, again for each next run,
-  // until one fails or Stop is called. Each run's client gets a copy of `opts` (its data
-  // included) with `stay`, `opts` itself without.
-  cleave::Status Run(cleave::ClientOptions opts, bool stay) {
-    cleave::Status s;
-    for (int runs = 1;; ++runs) {
-      auto client = stay ? std::make_unique<cleave::Client>(opts) : std::make_unique<cleave::Client>(std::move(opts));
-      {
-        cleave::MutexLock l(&mu_);
-        if (stopped_) return absl::CancelledError("stopped");
-        current_ = client.get();
-      }
-      s = client->Run();
-      cleave::MutexLock l(&mu_);
-      current_ = nullptr;
-      if (!stay || !s.ok() || stopped_) return s;
-      spdlog::info("the server's job ended; --stay: waiting for the next ({} so far)", runs);
-    }
+  cleave::Status Run(cleave::ClientOptions opts) {
+    auto client = std::make_unique<cleave::Client>(std::move(opts));
+    return Running(client.get(), &client_, [&] { return client->Run(); });
+  }
+  cleave::Status Run(cleave::PoolMemberOptions opts) {
+    auto member = std::make_unique<cleave::PoolMember>(std::move(opts));
+    return Running(member.get(), &member_, [&] { return member->Run(); });
   }
   void Stop() {
     cleave::MutexLock l(&mu_);
     stopped_ = true;
-    if (current_ != nullptr) current_->Stop();
+    if (client_ != nullptr) client_->Stop();
+    if (member_ != nullptr) member_->Stop();
   }
-  // The running client's Prometheus text; empty between runs.
+  // The running client's Prometheus text; empty when none runs.
   std::string MetricsText() {
     cleave::MutexLock l(&mu_);
-    return current_ != nullptr ? cleave::ClientMetricsText(current_->State()) : "";
+    if (client_ != nullptr) return cleave::ClientMetricsText(client_->State());
+    return member_ != nullptr ? member_->MetricsText() : "";
   }
 
  private:
+  // Runs `run` with `*slot` set to `runner` meanwhile (so that Stop reaches it).
+  template <typename T, typename F>
+  cleave::Status Running(T* runner, T** slot, F run) {
+    {
+      cleave::MutexLock l(&mu_);
+      if (stopped_) return absl::CancelledError("stopped");
+      *slot = runner;
+    }
+    cleave::Status s = run();
+    cleave::MutexLock l(&mu_);
+    *slot = nullptr;
+    return s;
+  }
+
   cleave::Mutex mu_;
-  cleave::Client* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  cleave::Client* client_ ABSL_GUARDED_BY(mu_) = nullptr;
+  cleave::PoolMember* member_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -275,7 +323,16 @@ int main(int argc, char** argv) {
   cleave::Status s;
   {
     cleave::SignalWatcher signals([&runs](int) { runs.Stop(); });
-    s = runs.Run(*std::move(opts), f.stay);
+    if (f.stay) {
+      auto pool = MakePoolOptions(f, *std::move(opts));
+      if (!pool.ok()) {
+        std::cerr << "cleave-client: " << pool.status().message() << "\n";
+        return 2;
+      }
+      s = runs.Run(*std::move(pool));
+    } else {
+      s = runs.Run(*std::move(opts));
+    }
   }
   if (!s.ok()) {
     spdlog::error("{}", s.ToString());

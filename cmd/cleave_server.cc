@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -34,18 +35,37 @@ struct Flags {
   int max_queued = 100;
   bool paused = false;
   std::string metrics_listen;
+  std::string scheduler = "fifo", advertise_host, job_ports;
+  int max_running = 4;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--config", f.config_path, "job config (YAML): run this one job and exit");
   app.add_flag("--daemon", f.daemon,
-               "run until stopped, serving the job API on --listen and each submitted job's "
-               "clients on --clients-listen (docs/operators.md)")
+               "run until stopped, serving the job API on --listen and the pool of long-lived clients "
+               "(cleave-client --stay) on --clients-listen (docs/operators.md)")
       ->excludes("--config");
   app.add_option("--state-dir", f.state_dir, "--daemon: the job database and the jobs' run directories")
       ->needs("--daemon");
-  app.add_option("--clients-listen", f.clients_listen, "--daemon: where jobs serve their clients (HOST:PORT)")
+  app.add_option("--clients-listen", f.clients_listen,
+                 "--daemon: the clients' pool (HOST:PORT); each running job serves its clients on this host, "
+                 "on a port of its own")
       ->needs("--daemon");
+  app.add_option("--advertise-host", f.advertise_host,
+                 "--daemon: the host clients dial for a job's port (default: the host they dialed for the pool)")
+      ->needs("--daemon");
+  app.add_option("--job-ports", f.job_ports,
+                 "--daemon: LO-HI, the ports running jobs serve their clients on (each job the lowest free one; "
+                 "default: any free port)")
+      ->needs("--daemon");
+  app.add_option("--scheduler", f.scheduler,
+                 "--daemon: how the pool's clients are divided among running jobs: fifo (run.priority, then "
+                 "submission) or fair (equal shares)")
+      ->needs("--daemon")
+      ->check(CLI::IsMember({"fifo", "fair"}));
+  app.add_option("--max-running", f.max_running, "--daemon: the most jobs running at once (default 4)")
+      ->needs("--daemon")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--policy", f.policy, "--daemon: who may submit, read, cancel (YAML, re-read when it changes)")
       ->needs("--daemon");
   app.add_option("--max-queued", f.max_queued, "--daemon: the most jobs waiting at once")
@@ -170,6 +190,14 @@ int RunDaemon(const Flags& f) {
   o.max_queued = f.max_queued;
   o.paused = f.paused;
   o.metrics_listen = f.metrics_listen;
+  o.scheduler = f.scheduler;
+  o.advertise_host = f.advertise_host;
+  o.max_running = f.max_running;
+  if (!f.job_ports.empty() &&
+      std::sscanf(f.job_ports.c_str(), "%d-%d", &o.job_port_lo, &o.job_port_hi) != 2) {
+    std::cerr << "cleave-server: --job-ports " << f.job_ports << ": LO-HI\n";
+    return 2;
+  }
   auto daemon = cleave::Daemon::Start(std::move(o));
   if (!daemon.ok()) {
     std::cerr << "cleave-server: " << daemon.status().message() << "\n";

@@ -43,7 +43,7 @@ LAYERS = {
     "job": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy", "server",
             "client"},
     "service": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy",
-                "server", "job"},
+                "server", "client", "job"},
     "tools": {"core", "proto", "cleave", "data", "compression", "models", "aggregation", "split", "privacy", "server",
               "client", "job", "service"},
     "cmd": None,  # the programs' mains: anything

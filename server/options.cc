@@ -31,9 +31,13 @@ void ReadRun(ConfigSection& s, RunConfig& c) {
   s.Read("name", c.name);
   s.Read("rounds", c.rounds);
   s.Read("seed", c.seed);
+  s.Read("priority", c.priority);
 }
 
-Status CheckRun(RunConfig& c) { return Range(c.rounds >= 1, "run.rounds", ">= 1"); }
+Status CheckRun(RunConfig& c) {
+  RETURN_IF_ERROR(Range(c.priority >= -100 && c.priority <= 100, "run.priority", "in [-100, 100]"));
+  return Range(c.rounds >= 1, "run.rounds", ">= 1");
+}
 
 void ReadClients(ConfigSection& s, ClientsConfig& c) {
   s.Read("min", c.min_clients);

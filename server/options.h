@@ -25,6 +25,9 @@ struct RunConfig {
   std::string name = "cleave";   // run.name
   int64_t rounds = 10;           // run.rounds
   uint64_t seed = 42;            // run.seed: client sampling and model init
+  // run.priority: under a daemon, jobs of a higher priority start first and the fifo
+  // scheduler gives them clients first
+  int priority = 0;
 };
 
 struct ClientsConfig {

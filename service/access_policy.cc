@@ -10,17 +10,13 @@
 #include "core/parameter_set.h"
 #include "core/printable.h"
 #include "server/session_table.h"
+#include "service/yaml_error.h"
 
 namespace cleave {
 namespace {
 
 constexpr std::pair<const char*, Right> kRights[] = {
     {"submit", Right::kSubmit}, {"read", Right::kRead}, {"cancel", Right::kCancel}, {"admin", Right::kAdmin}};
-
-// `name`:LINE: `what`, the line of YAML node `n` (1-based).
-Status At(const std::string& name, const YAML::Node& n, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(name, ":", n.Mark().line + 1, ": ", what));
-}
 
 }  // namespace
 
@@ -36,7 +32,7 @@ StatusOr<AccessPolicy> AccessPolicy::Parse(const std::string& yaml, const std::s
   try {
     doc = YAML::Load(yaml);
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ":", e.mark.line + 1, ": not YAML: ", e.msg));
+    return FileLineError(name, e.mark.line, "not YAML: " + e.msg);
   }
   if (!doc.IsMap()) return absl::InvalidArgumentError(absl::StrCat(name, ": a policy is a map (identities, tokens)"));
   AccessPolicy p;

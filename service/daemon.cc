@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "core/files.h"
@@ -19,6 +20,9 @@
 #include "privacy/tls.h"
 #include "server/server.h"
 #include "service/job_service.h"
+#include "service/pool.h"
+#include "service/scheduler.h"
+#include "service/site_policy.h"
 
 namespace cleave {
 namespace {
@@ -40,6 +44,28 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> ApiCredentials(const DaemonOp
   ssl.pem_root_certs = m.ca;
   ssl.pem_key_cert_pairs.push_back({m.key, m.cert_chain});
   return grpc::SslServerCredentials(ssl);
+}
+
+// The pool's credentials: TLS with the daemon's certificate, every client presenting one
+// that chains to the CA when one is given (its CN is the client's name), or plaintext
+// with --insecure.
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> PoolCredentials(const DaemonOptions& o) {
+  if (o.tls_cert.empty()) {  // ApiCredentials refused that without --insecure
+    spdlog::warn("--insecure: the clients' pool travels in plaintext");
+    return grpc::InsecureServerCredentials();
+  }
+  ASSIGN_OR_RETURN(TlsMaterial m, ReadServerTls(o.tls_cert, o.tls_key, o.tls_ca));
+  grpc::SslServerCredentialsOptions ssl(m.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                     : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = m.ca;
+  ssl.pem_key_cert_pairs.push_back({m.key, m.cert_chain});
+  return grpc::SslServerCredentials(ssl);
+}
+
+// The host to dial for a listening address: loopback for a wildcard.
+std::string DialHost(const std::string& listen) {
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  return host == "0.0.0.0" || host == "[::]" ? "127.0.0.1" : host;
 }
 
 int64_t NowMs() {
@@ -107,6 +133,58 @@ std::string DaemonMetricsText(const std::vector<JobRecord>& jobs, int64_t reside
   return out.Take();
 }
 
+// A running job: its server (on a port of its own), the thread that runs it, what the
+// pool's clients decide on, and its progress.
+struct Daemon::RunningJob {
+  JobRecord record;
+  v1::JobSummary summary;
+  int min_clients = 1, max_clients = 0;
+  std::unique_ptr<Server> server;
+  int port = 0;
+  std::thread thread;
+  // Guarded by the daemon's mutex.
+  bool done = false;
+  std::pair<JobState, std::string> end;  // once done
+  std::string no_client;                 // why no attached client takes it (it is stopped)
+  // Its rounds committed since it (re)started, and when; its last round's wall time:
+  // what its end is forecast from.
+  std::vector<std::pair<int64_t, int64_t>> commits;
+  double last_wall_s = 0;
+  // The scheduling loop's own: the declines already in the store.
+  std::set<std::string> recorded;
+};
+
+namespace {
+
+// What a site's policy decides on, from a job's config; `parameters` 0 before its model
+// exists.
+v1::JobSummary Summarize(const std::string& submitter, const JobConfig& c, int64_t parameters) {
+  v1::JobSummary s;
+  s.set_name(c.run.name);
+  s.set_submitter(submitter);
+  s.set_dataset(c.data.dataset);
+  s.set_model(c.model.name);
+  s.set_parameters(parameters);
+  s.set_rounds(c.run.rounds);
+  s.set_secure_aggregation(c.secure_aggregation.enabled);
+  s.set_dp(c.dp.enabled);
+  s.set_dp_epsilon(c.dp.enabled ? c.dp.target_epsilon : 0);
+  return s;
+}
+
+// "a: why; b: why", at most 10 clients named.
+std::string Reasons(const std::map<std::string, std::string>& why) {
+  std::string out;
+  size_t n = 0;
+  for (const auto& [client, reason] : why) {
+    if (n++ == 10) return absl::StrCat(out, "; and ", why.size() - 10, " more");
+    absl::StrAppend(&out, out.empty() ? "" : "; ", client, ": ", reason);
+  }
+  return out;
+}
+
+}  // namespace
+
 Daemon::Daemon(DaemonOptions options) : opts_(std::move(options)) {}
 
 StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
@@ -114,11 +192,18 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("--state-dir is required");
   if (options.policy.empty()) return absl::InvalidArgumentError("--policy is required");
   if (options.clients_listen.empty()) return absl::InvalidArgumentError("--clients-listen is required");
+  if (options.max_running < 1) return absl::InvalidArgumentError("--max-running is at least 1");
+  if (options.job_port_lo < 0 || options.job_port_hi > 65535 || options.job_port_lo > options.job_port_hi ||
+      (options.job_port_lo == 0) != (options.job_port_hi == 0)) {
+    return absl::InvalidArgumentError("--job-ports LO-HI: 1 <= LO <= HI <= 65535");
+  }
+  RETURN_IF_ERROR(PoolSchedulerNames().Check(options.scheduler));
   std::error_code ec;
   fs::create_directories(fs::path(options.state_dir) / "jobs", ec);
   if (ec) return absl::FailedPreconditionError(absl::StrCat("cannot create ", options.state_dir, ": ", ec.message()));
   std::unique_ptr<Daemon> d(new Daemon(std::move(options)));
   const DaemonOptions& o = d->opts_;
+  d->scheduler_ = MakePoolScheduler(o.scheduler);
   ASSIGN_OR_RETURN(d->store_, JobStore::Open((fs::path(o.state_dir) / "jobs.db").string(), o.max_queued));
   ASSIGN_OR_RETURN(d->policy_, PolicyFile::Open(o.policy));
   ASSIGN_OR_RETURN(auto credentials, ApiCredentials(o));
@@ -132,13 +217,24 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (d->api_ == nullptr || d->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
   }
-  // Where to reach the API, as a job's server.addr says where its clients' port is.
-  const std::string host = o.listen.substr(0, o.listen.rfind(':'));
+  ASSIGN_OR_RETURN(auto pool_credentials, PoolCredentials(o));
+  d->pool_ = std::make_unique<PoolService>([daemon = d.get()] { daemon->Changed(); });
+  grpc::ServerBuilder pool;
+  pool.AddListeningPort(o.clients_listen, pool_credentials, &d->pool_port_);
+  pool.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  pool.RegisterService(d->pool_.get());
+  pool.SetMaxReceiveMessageSize(1 << 20);
+  d->pool_server_ = pool.BuildAndStart();
+  if (d->pool_server_ == nullptr || d->pool_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.clients_listen, " (--clients-listen)"));
+  }
+  // Where to reach the API and the pool, as a job's server.addr says where its port is.
   RETURN_IF_ERROR(WriteFileAtomic((fs::path(o.state_dir) / "daemon.addr").string(),
-                                  absl::StrCat(host == "0.0.0.0" || host == "[::]" ? "127.0.0.1" : host, ":",
-                                               d->port_, "\n")));
-  spdlog::info("job API on port {}; jobs serve clients on {}; state in {}", d->port_, o.clients_listen,
-               o.state_dir);
+                                  absl::StrCat(DialHost(o.listen), ":", d->port_, "\n")));
+  RETURN_IF_ERROR(WriteFileAtomic((fs::path(o.state_dir) / "pool.addr").string(),
+                                  absl::StrCat(DialHost(o.clients_listen), ":", d->pool_port_, "\n")));
+  spdlog::info("job API on port {}; the clients' pool on port {} ({} scheduler, up to {} jobs at once); state in {}",
+               d->port_, d->pool_port_, o.scheduler, o.max_running, o.state_dir);
   if (!o.metrics_listen.empty()) {
     std::map<std::string, HttpEndpoint::Page> pages;
     pages["/metrics"] = {"text/plain; version=0.0.4; charset=utf-8", [daemon = d.get()] {
@@ -149,7 +245,7 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     ASSIGN_OR_RETURN(d->metrics_, HttpEndpoint::Start("--metrics-listen", o.metrics_listen, o.tls_cert, o.tls_key,
                                                       "--tls-cert and --tls-key", std::move(pages)));
   }
-  if (!o.paused) d->runner_ = std::thread([daemon = d.get()] { daemon->RunJobs(); });
+  d->runner_ = std::thread([daemon = d.get()] { daemon->RunJobs(); });
   return d;
 }
 
@@ -158,6 +254,7 @@ int Daemon::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 Daemon::~Daemon() {
   Stop();
   if (runner_.joinable()) runner_.join();
+  if (pool_server_) pool_server_->Shutdown(std::chrono::system_clock::now());
 }
 
 void Daemon::Wait() {
@@ -170,10 +267,17 @@ void Daemon::Stop() {
     MutexLock l(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    if (running_ != nullptr) running_->Stop();
+    for (const auto& [id, job] : running_) job->server->Stop();
     cv_.SignalAll();
   }
+  if (pool_) pool_->Shutdown();
   if (api_) api_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+void Daemon::Changed() {
+  MutexLock l(&mu_);
+  changed_ = true;
+  cv_.SignalAll();
 }
 
 std::string Daemon::IdentityOfToken(const std::string& token) {
@@ -194,6 +298,21 @@ void Daemon::AuditRefusal(const AuditEntry& e) {
   if (Status s = store_->Audit(e); !s.ok()) spdlog::error("audit log: {}", s.ToString());
 }
 
+Status Daemon::Admit(const std::string& who, const JobConfig& config) {
+  const v1::JobSummary job = Summarize(who, config, 0);
+  const std::vector<PoolMemberView> members = pool_->Members();
+  if (members.empty()) {
+    return absl::FailedPreconditionError("no client is attached to the daemon's pool: none could take the job");
+  }
+  std::map<std::string, std::string> why;
+  for (const PoolMemberView& m : members) {
+    const Status s = SiteAccepts(m.hello, job);
+    if (s.ok()) return absl::OkStatus();
+    why[m.name] = std::string(s.message());
+  }
+  return absl::FailedPreconditionError(absl::StrCat("no attached client would accept the job: ", Reasons(why)));
+}
+
 StatusOr<JobRecord> Daemon::Submit(const std::string& who, const std::string& yaml) {
   if (Status s = Allowed(who, Right::kSubmit, nullptr); !s.ok()) {
     AuditRefusal({0, who, "submit", "", "", "refused: permission denied"});
@@ -204,10 +323,13 @@ StatusOr<JobRecord> Daemon::Submit(const std::string& who, const std::string& ya
         absl::StrCat("a job file of ", yaml.size(), " bytes; at most ", opts_.max_job_bytes));
   }
   ASSIGN_OR_RETURN(const JobConfig config, ParseJob(yaml));
-  ASSIGN_OR_RETURN(JobRecord job, store_->Submit(who, config.run.name, yaml, config.run.rounds));
+  if (Status s = Admit(who, config); !s.ok()) {
+    AuditRefusal({0, who, "submit", "", Sha256Hex(yaml), "refused: no client would accept it"});
+    return s;
+  }
+  ASSIGN_OR_RETURN(JobRecord job, store_->Submit(who, config.run.name, yaml, config.run.rounds, config.run.priority));
   spdlog::info("{} submitted {} ({}), {}", who, job.id, job.name, job.digest.substr(0, 12));
-  MutexLock l(&mu_);
-  cv_.SignalAll();
+  Changed();
   return job;
 }
 
@@ -242,7 +364,7 @@ StatusOr<JobRecord> Daemon::Cancel(const std::string& who, const std::string& id
   ASSIGN_OR_RETURN(JobRecord cancelled, store_->Cancel(id, who));
   spdlog::info("{} cancelled {} ({})", who, cancelled.id, JobStateName(cancelled.state));
   MutexLock l(&mu_);
-  if (running_ != nullptr && running_id_ == cancelled.id) running_->Stop();
+  if (auto it = running_.find(cancelled.id); it != running_.end()) it->second->server->Stop();
   return cancelled;
 }
 
@@ -263,10 +385,12 @@ bool Daemon::Ended(const std::string& id) {
 
 JobRecord Daemon::Live(JobRecord j) {
   MutexLock l(&mu_);
-  if (running_ == nullptr || running_id_ != j.id) return j;
-  j.committed_round = running_->committed_round();
-  j.expected_end_ms = ForecastEnd(commits_, last_wall_s_, j.total_rounds);
-  for (const RoundMetrics& m : running_->History()) {
+  auto it = running_.find(j.id);
+  if (it == running_.end()) return j;
+  const RunningJob& r = *it->second;
+  j.committed_round = r.server->committed_round();
+  j.expected_end_ms = ForecastEnd(r.commits, r.last_wall_s, j.total_rounds);
+  for (const RoundMetrics& m : r.server->History()) {
     if (m.evaluation_only || !m.evaluated) continue;
     j.evaluated = true;
     j.accuracy = m.test_accuracy;
@@ -277,70 +401,234 @@ JobRecord Daemon::Live(JobRecord j) {
 
 void Daemon::RunJobs() {
   for (;;) {
-    StatusOr<JobRecord> next = absl::NotFoundError("");
     {
       MutexLock l(&mu_);
-      while (!stopping_ && !(next = store_->StartNext()).ok()) cv_.Wait(&mu_);
-      if (stopping_) return;  // a job just started stays running in the store: resumed next time
+      // A pass every second besides the changes: a cancel or a policy's verdict may
+      // need one.
+      const auto next = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (!stopping_ && !changed_ && std::chrono::steady_clock::now() < next) cv_.WaitUntil(&mu_, next);
+      if (stopping_) break;
+      changed_ = false;
     }
-    spdlog::info("{} ({}) starts", next->id, next->name);
-    const auto [state, reason] = RunJob(*next);
-    if (state == JobState::kRunning) return;  // the daemon stopped it
-    if (Status s = store_->Finish(next->id, state, reason); !s.ok()) spdlog::error("{}", s.ToString());
-    spdlog::info("{} ({}) {}{}{}", next->id, next->name, JobStateName(state), reason.empty() ? "" : ": ", reason);
+    Reap();
+    StartQueued();
+    Schedule();
+  }
+  // Stopping: every job's server was stopped; each stays running in the store, to resume.
+  std::map<std::string, std::unique_ptr<RunningJob>> jobs;
+  {
+    MutexLock l(&mu_);
+    jobs.swap(running_);
+  }
+  for (auto& [id, job] : jobs) {
+    job->thread.join();
+    const auto& [state, reason] = job->end;
+    if (state == JobState::kRunning) continue;
+    if (Status s = store_->Finish(id, state, reason); !s.ok()) spdlog::error("{}", s.ToString());
   }
 }
 
-std::pair<JobState, std::string> Daemon::RunJob(const JobRecord& j) {
+void Daemon::Reap() {
+  std::vector<std::unique_ptr<RunningJob>> ended;
+  {
+    MutexLock l(&mu_);
+    for (auto it = running_.begin(); it != running_.end();) {
+      if (!it->second->done) {
+        ++it;
+        continue;
+      }
+      ended.push_back(std::move(it->second));
+      it = running_.erase(it);
+    }
+  }
+  for (auto& job : ended) {
+    job->thread.join();
+    const auto& [state, reason] = job->end;
+    if (Status s = store_->Finish(job->record.id, state, reason); !s.ok()) spdlog::error("{}", s.ToString());
+    for (const PoolMemberView& m : pool_->Members()) {
+      if (m.jobs.count(job->record.id) > 0) pool_->Release(m.name, job->record.id, "the job ended");
+    }
+    pool_->Forget(job->record.id);
+    spdlog::info("{} ({}) {}{}{}", job->record.id, job->record.name, JobStateName(state), reason.empty() ? "" : ": ",
+                 reason);
+  }
+}
+
+int Daemon::FreeJobPort() {
+  if (opts_.job_port_lo == 0) return 0;
+  std::set<int> taken;
+  for (const auto& [id, r] : running_) taken.insert(r->port);
+  for (int p = opts_.job_port_lo; p <= opts_.job_port_hi; ++p) {
+    if (taken.count(p) == 0) return p;
+  }
+  return -1;
+}
+
+void Daemon::StartQueued() {
+  for (;;) {
+    StatusOr<JobRecord> next = absl::NotFoundError("");
+    int port = 0;
+    {
+      MutexLock l(&mu_);
+      if (stopping_ || opts_.paused || static_cast<int>(running_.size()) >= opts_.max_running) return;
+      if ((port = FreeJobPort()) < 0) return;
+      next = store_->StartNext();
+      if (!next.ok()) return;
+    }
+    Launch(*next, port);
+  }
+}
+
+void Daemon::Launch(const JobRecord& j, int port) {
+  auto fail = [&](const std::string& why) {
+    if (Status s = store_->Finish(j.id, JobState::kFailed, why); !s.ok()) spdlog::error("{}", s.ToString());
+    spdlog::info("{} ({}) failed: {}", j.id, j.name, why);
+  };
   const std::string dir = (std::filesystem::path(opts_.state_dir) / "jobs" / j.id).string();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   StatusOr<JobConfig> config = ParseJob(j.config);
-  if (!config.ok()) return {JobState::kFailed, std::string(config.status().message())};
+  if (!config.ok()) return fail(std::string(config.status().message()));
   // The daemon's TLS material, never files a job names (plaintext when it is --insecure).
   config->tls.cert = opts_.tls_cert;
   config->tls.key = opts_.tls_key;
   config->tls.ca = opts_.tls_ca;
+  auto job = std::make_unique<RunningJob>();
+  RunningJob* r = job.get();
+  r->record = j;
+  r->min_clients = config->clients.min_clients;
+  r->max_clients = config->clients.per_round;
   ServerOptions o;
   o.config = *config;
-  o.listen = opts_.clients_listen;
+  o.listen = absl::StrCat(opts_.clients_listen.substr(0, opts_.clients_listen.rfind(':')), ":", port);
   o.run_dir = dir;
   o.insecure = opts_.insecure && opts_.tls_cert.empty();
   o.config_text = j.config;
-  o.committed = [this](const RoundMetrics& m) {
+  o.committed = [this, r](const RoundMetrics& m) {
     MutexLock l(&mu_);
-    commits_.emplace_back(m.round, NowMs());
-    last_wall_s_ = m.wall_s;
+    r->commits.emplace_back(m.round, NowMs());
+    r->last_wall_s = m.wall_s;
   };
   StatusOr<std::unique_ptr<Server>> server = Server::Create(std::move(o));
-  if (!server.ok()) return {JobState::kFailed, server.status().ToString()};
-  if (Status s = (*server)->Start(); !s.ok()) return {JobState::kFailed, s.ToString()};
+  if (!server.ok()) return fail(server.status().ToString());
+  if (Status s = (*server)->Start(); !s.ok()) return fail(s.ToString());
+  r->server = *std::move(server);
+  r->port = r->server->port();
+  r->summary = Summarize(j.submitter, *config, r->server->GlobalModel().total_elements());
+  spdlog::info("{} ({}) starts, serving its clients on port {}", j.id, j.name, r->port);
+  MutexLock l(&mu_);
+  r->thread = std::thread([this, r] {
+    // A cancel before it was in running_ found no server to stop.
+    if (StatusOr<JobRecord> now = store_->Get(r->record.id); now.ok() && now->cancel_requested) r->server->Stop();
+    const Status ran = r->server->Run();
+    const JobRecord live = Live(r->record);
+    if (Status s = store_->Progress(r->record.id, live.committed_round, live.evaluated, live.accuracy, live.loss);
+        !s.ok()) {
+      spdlog::error("{}", s.ToString());
+    }
+    StatusOr<JobRecord> now = store_->Get(r->record.id);
+    MutexLock l(&mu_);
+    if (now.ok() && now->cancel_requested) {
+      r->end = {JobState::kCancelled, now->reason};
+    } else if (ran.ok()) {
+      r->end = {JobState::kSucceeded, ""};
+    } else if (!r->no_client.empty()) {
+      r->end = {JobState::kFailed, r->no_client};
+    } else if (stopping_) {
+      r->end = {JobState::kRunning, ""};  // resumed at the next start
+    } else {
+      r->end = {JobState::kFailed, ran.ToString()};
+    }
+    r->done = true;
+    changed_ = true;
+    cv_.SignalAll();
+  });
+  if (stopping_) r->server->Stop();
+  running_[j.id] = std::move(job);
+}
+
+void Daemon::Schedule() {
+  const std::vector<PoolMemberView> members = pool_->Members();
+  std::map<std::string, int> ports;
   {
     MutexLock l(&mu_);
-    if (stopping_) return {JobState::kRunning, ""};
-    running_ = server->get();
-    running_id_ = j.id;
-    commits_.clear();
+    for (const auto& [id, r] : running_) {
+      if (!r->done) ports[id] = r->port;
+    }
   }
-  // A cancel between StartNext and now found no server to stop.
-  if (StatusOr<JobRecord> now = store_->Get(j.id); now.ok() && now->cancel_requested) (*server)->Stop();
-  const Status ran = (*server)->Run();
-  const JobRecord live = Live(j);
-  bool stopped = false;
+  PoolAllocation current;
+  for (const PoolMemberView& m : members) {
+    for (const auto& [id, held] : m.jobs) {
+      auto it = ports.find(id);
+      if (it != ports.end() && it->second == held.port) {
+        current[id].insert(m.name);
+      } else {  // a job that ended, or one it ran before the daemon restarted
+        pool_->Release(m.name, id, "the job is not running there");
+      }
+    }
+  }
+  std::vector<PoolSeat> seats;
+  for (const PoolMemberView& m : members) seats.push_back({m.name, MaxConcurrentJobs(m.hello.policy())});
+  std::map<std::string, v1::JobOffer> offers;
+  std::vector<PoolJob> jobs;
   {
     MutexLock l(&mu_);
-    running_ = nullptr;
-    running_id_.clear();
-    stopped = stopping_;
+    jobs = Schedulable(members, current, &offers);
   }
-  if (Status s = store_->Progress(j.id, live.committed_round, live.evaluated, live.accuracy, live.loss); !s.ok()) {
-    spdlog::error("{}", s.ToString());
+  const PoolAllocation next = scheduler_->Allocate(jobs, seats, current);
+  for (const auto& [id, clients] : current) {
+    for (const std::string& c : clients) {
+      if (next.count(id) == 0 || next.at(id).count(c) == 0) pool_->Release(c, id, "the scheduler gave it another job");
+    }
   }
-  StatusOr<JobRecord> now = store_->Get(j.id);
-  if (now.ok() && now->cancel_requested) return {JobState::kCancelled, now->reason};
-  if (stopped) return {JobState::kRunning, ""};
-  if (ran.ok()) return {JobState::kSucceeded, ""};
-  return {JobState::kFailed, ran.ToString()};
+  for (const auto& [id, clients] : next) {
+    for (const std::string& c : clients) {
+      if (current.count(id) == 0 || current.at(id).count(c) == 0) pool_->Offer(c, offers.at(id));
+    }
+  }
+}
+
+std::vector<PoolJob> Daemon::Schedulable(const std::vector<PoolMemberView>& members, const PoolAllocation& current,
+                                         std::map<std::string, v1::JobOffer>* offers) {
+  std::vector<PoolJob> jobs;
+  for (const auto& [id, r] : running_) {
+    if (r->done || !r->no_client.empty()) continue;
+    PoolJob job{id, r->record.priority, JobNumber(id), r->min_clients, r->max_clients, {}};
+    const std::map<std::string, std::string> declined = pool_->Declines(id);
+    for (const auto& [client, reason] : declined) {
+      if (r->recorded.insert(client).second) {
+        if (Status s = store_->Decline(id, client, reason); !s.ok()) spdlog::error("{}", s.ToString());
+      }
+    }
+    std::map<std::string, std::string> why;
+    bool ending = false;  // a client left it after its end
+    for (const auto& [client, reason] : declined) ending |= reason.empty();
+    for (const PoolMemberView& m : members) {
+      if (declined.count(m.name) > 0) {
+        why[m.name] = declined.at(m.name);
+      } else if (Status s = SiteAccepts(m.hello, r->summary); !s.ok()) {
+        // Refused by the policy the site sent: it is not offered the job, and declined it.
+        why[m.name] = std::string(s.message());
+        if (r->recorded.insert(m.name).second) {
+          if (Status st = store_->Decline(id, m.name, why[m.name]); !st.ok()) spdlog::error("{}", st.ToString());
+        }
+      } else {
+        job.eligible.insert(m.name);
+      }
+    }
+    if (!members.empty() && job.eligible.empty() && current.count(id) == 0 && !ending) {
+      r->no_client = "no attached client accepts the job: " + Reasons(why);
+      r->server->Stop();
+      continue;
+    }
+    jobs.push_back(std::move(job));
+    v1::JobOffer& offer = (*offers)[id];
+    offer.set_job_id(id);
+    offer.set_host(opts_.advertise_host);
+    offer.set_port(r->port);
+    *offer.mutable_job() = r->summary;
+  }
+  return jobs;
 }
 
 }  // namespace cleave

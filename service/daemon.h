@@ -1,13 +1,16 @@
 // Daemon: a long-running cleave-server (cleave-server --daemon) that runs the jobs its
-// users submit, one after another, over clients that stay installed (cleave-client
-// --stay rejoins for each next job). It owns the job store (service/job_store.h), the
-// policy file (service/access_policy.h) and the job API (proto/cleave/v1/jobs.proto,
-// service/job_service.cc) on its own port; each job runs as a Server (server/server.h)
-// on the clients' port, with its run directory under the state directory
-// (STATE_DIR/jobs/ID). Stopping the daemon stops the running job after its last
-// committed round; the next start resumes it from its checkpoint.
+// users submit, several at once, over a pool of clients that stay installed
+// (cleave-client --stay). It owns the job store (service/job_store.h), the policy file
+// (service/access_policy.h), the job API (proto/cleave/v1/jobs.proto,
+// service/job_service.cc) on its own port, and the pool (service/pool.h) on the clients'
+// port. Each running job is a Server (server/server.h) on a port of its own, with its run
+// directory under the state directory (STATE_DIR/jobs/ID); a scheduling pass
+// (service/scheduler.h) decides which attached clients each job is offered. Stopping the
+// daemon stops the running jobs after their last committed rounds; the next start
+// resumes them from their checkpoints.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +21,8 @@
 #include "core/status.h"
 #include "service/access_policy.h"
 #include "service/job_store.h"
+#include "service/pool.h"
+#include "service/scheduler.h"
 
 namespace grpc {
 class Server;
@@ -26,13 +31,21 @@ class Server;
 namespace cleave {
 
 class HttpEndpoint;  // core/http_endpoint.h
+struct JobConfig;    // job/job.h
 class JobService;    // service/job_service.h
-class Server;        // server/server.h
 
 struct DaemonOptions {
   std::string state_dir;       // jobs.db, daemon.addr and each job's run directory
   std::string listen;          // the job API's address (port 0: any free one)
-  std::string clients_listen;  // where each job serves its clients (the jobs' server.listen)
+  std::string clients_listen;  // the pool's address; each job serves its clients on this host, a port of its own
+  // The host clients dial for a job (its offers' host); empty: the host they dialed for
+  // the pool.
+  std::string advertise_host;
+  // The ports jobs listen on (inclusive; a job waits queued while every one is taken);
+  // 0, 0: any free port.
+  int job_port_lo = 0, job_port_hi = 0;
+  std::string scheduler = "fifo";  // PoolSchedulerNames() (service/scheduler.h)
+  int max_running = 4;             // jobs run at once
   std::string policy;          // the policy file
   // TLS of both ports: the server's certificate and key, and the CA that client
   // certificates chain to (mutual TLS for the jobs' clients when their tls.mutual
@@ -64,10 +77,12 @@ class Daemon {
   ~Daemon();
 
   int port() const { return port_; }
+  int pool_port() const { return pool_port_; }
   int metrics_port() const;
   // Blocks until Stop.
   void Wait();
-  // Stops the job API and the running job (it resumes at the next start). Any thread.
+  // Stops the job API, the pool and the running jobs (they resume at the next start). Any
+  // thread.
   void Stop();
 
   // The job API's operations, for a caller `who` (an authenticated identity).
@@ -92,29 +107,53 @@ class Daemon {
   Status Allowed(const std::string& who, Right right, const JobRecord* job);
   // A refused request, in the audit log (its failure logged).
   void AuditRefusal(const AuditEntry& e);
+  // Whether some attached client would accept `config` from `who`: FAILED_PRECONDITION
+  // with each client's reason when none would.
+  Status Admit(const std::string& who, const JobConfig& config);
+  // The scheduling loop: on every change, ends the jobs that finished, starts queued
+  // ones and divides the pool among the running ones.
   void RunJobs();
-  // Runs job `j` until it ends or the daemon stops: its end state and reason.
-  std::pair<JobState, std::string> RunJob(const JobRecord& j);
-  // The record with the running job's live progress.
+  // The running jobs that finished: their end in the store, their clients released, their
+  // servers freed.
+  void Reap() ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts queued jobs while fewer than max_running run.
+  void StartQueued() ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts job `j`'s server on `port` (0: any) and the thread that runs it; a job that
+  // cannot start fails.
+  void Launch(const JobRecord& j, int port) ABSL_LOCKS_EXCLUDED(mu_);
+  // The lowest port of job_port_lo..hi no running job holds; 0 without a range, -1 when
+  // every one is taken.
+  int FreeJobPort() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Divides the attached clients among the running jobs, offering and releasing.
+  void Schedule() ABSL_LOCKS_EXCLUDED(mu_);
+  // The running jobs as the scheduler sees them, each with its offer, given the
+  // attached clients and the jobs they hold (`current`). Records new declines; stops a
+  // job no attached client accepts.
+  std::vector<PoolJob> Schedulable(const std::vector<PoolMemberView>& members, const PoolAllocation& current,
+                                   std::map<std::string, v1::JobOffer>* offers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record with its running job's live progress.
   JobRecord Live(JobRecord j) ABSL_LOCKS_EXCLUDED(mu_);
+  // Wakes the scheduling loop.
+  void Changed() ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct RunningJob;
 
   const DaemonOptions opts_;
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<PolicyFile> policy_;
+  std::unique_ptr<PoolScheduler> scheduler_;
   std::unique_ptr<JobService> service_;  // outlives api_, which serves it
-  std::unique_ptr<grpc::Server> api_;
+  std::unique_ptr<PoolService> pool_;    // outlives pool_server_
+  std::unique_ptr<grpc::Server> api_, pool_server_;
   std::unique_ptr<HttpEndpoint> metrics_;
-  int port_ = 0;
+  int port_ = 0, pool_port_ = 0;
 
   Mutex mu_;
   CondVar cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::string running_id_ ABSL_GUARDED_BY(mu_);
-  Server* running_ ABSL_GUARDED_BY(mu_) = nullptr;  // the running job's server
-  // The running job's rounds committed since it (re)started, and when; its last round's
-  // wall time: what its end is forecast from.
-  std::vector<std::pair<int64_t, int64_t>> commits_ ABSL_GUARDED_BY(mu_);
-  double last_wall_s_ ABSL_GUARDED_BY(mu_) = 0;
+  bool changed_ ABSL_GUARDED_BY(mu_) = true;  // the scheduling loop has work
+  // The running jobs by id; added and removed by the scheduling loop only.
+  std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
   std::thread runner_;
 };
 

@@ -7,14 +7,12 @@
 #include <fstream>
 #include <thread>
 
+#include "core/grpc_status.h"
+#include "privacy/tls.h"
 #include "service/daemon.h"
 
 namespace cleave {
 namespace {
-
-grpc::Status ToGrpc(const Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 void ToProto(const JobRecord& j, v1::JobInfo* out) {
   out->set_id(j.id);
@@ -33,6 +31,12 @@ void ToProto(const JobRecord& j, v1::JobInfo* out) {
   out->set_test_accuracy(j.accuracy);
   out->set_test_loss(j.loss);
   out->set_expected_end_unix_ms(j.expected_end_ms);
+  out->set_priority(j.priority);
+  for (const auto& [client, reason] : j.declines) {
+    v1::JobDecline* d = out->add_declines();
+    d->set_client(client);
+    d->set_reason(reason);
+  }
 }
 
 constexpr size_t kChunk = 1 << 20;
@@ -48,14 +52,8 @@ grpc::Status JobService::Identify(grpc::ServerContext* ctx, std::string* who) co
     if (who->empty()) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "a bearer token the policy does not name");
     return grpc::Status::OK;
   }
-  const auto auth = ctx->auth_context();
-  if (auth && auth->IsPeerAuthenticated()) {
-    const auto cn = auth->FindPropertyValues("x509_common_name");
-    if (!cn.empty()) {
-      *who = std::string(cn[0].data(), cn[0].size());
-      return grpc::Status::OK;
-    }
-  }
+  *who = PeerCommonName(*ctx);
+  if (!who->empty()) return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                       "no identity: present a client certificate or a bearer token (--token-file)");
 }

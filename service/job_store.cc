@@ -1,9 +1,11 @@
 #include "service/job_store.h"
 
 #include <spdlog/spdlog.h>
+
 #include <sqlite3.h>
 
 #include <chrono>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "core/parameter_set.h"
@@ -24,11 +26,14 @@ CREATE TABLE IF NOT EXISTS jobs(
 CREATE TABLE IF NOT EXISTS audit(
   seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, who TEXT NOT NULL,
   action TEXT NOT NULL, job TEXT NOT NULL, digest TEXT NOT NULL, outcome TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS declines(
+  seq INTEGER NOT NULL, client TEXT NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL,
+  PRIMARY KEY(seq, client));
 )sql";
 
 constexpr const char* kColumns =
     "seq, name, submitter, digest, config, state, submitted_ms, started_ms, ended_ms, reason, "
-    "cancel_requested, committed_round, total_rounds, evaluated, accuracy, loss";
+    "cancel_requested, committed_round, total_rounds, evaluated, accuracy, loss, priority";
 
 constexpr JobState kStates[] = {JobState::kQueued, JobState::kRunning, JobState::kSucceeded,
                                 JobState::kFailed, JobState::kCancelled};
@@ -106,11 +111,13 @@ JobRecord ReadJob(const Stmt& q) {
   j.evaluated = q.Int(13) != 0;
   j.accuracy = q.Real(14);
   j.loss = q.Real(15);
+  j.priority = static_cast<int>(q.Int(16));
   return j;
 }
 
-// The sequence number of id "job-N"; 0 for anything else (N of at most 18 digits).
-int64_t SeqOf(const std::string& id) {
+}  // namespace
+
+int64_t JobNumber(const std::string& id) {
   if (id.rfind("job-", 0) != 0 || id.size() > 4 + 18) return 0;
   int64_t n = 0;
   for (size_t i = 4; i < id.size(); ++i) {
@@ -119,8 +126,6 @@ int64_t SeqOf(const std::string& id) {
   }
   return n;
 }
-
-}  // namespace
 
 const char* JobStateName(JobState s) {
   switch (s) {
@@ -156,6 +161,7 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path, int 
   sqlite3_busy_timeout(db, 5000);
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;"));
   RETURN_IF_ERROR(store->Exec(kSchema));
+  RETURN_IF_ERROR(store->Migrate());
   // Jobs that were running when the daemon stopped: cancelled if that was asked, else
   // queued again, to resume from their checkpoints.
   RETURN_IF_ERROR(Stmt(db, "UPDATE jobs SET state = 'cancelled', ended_ms = ?, cancel_requested = 0 "
@@ -171,6 +177,18 @@ JobStore::JobStore(sqlite3* db, int max_queued, std::function<int64_t()> now_ms)
 
 JobStore::~JobStore() { sqlite3_close(db_); }
 
+Status JobStore::Migrate() {
+  // Columns added since the first schema, with their definitions.
+  constexpr std::pair<const char*, const char*> kAdded[] = {{"priority", "INTEGER NOT NULL DEFAULT 0"}};
+  std::set<std::string> have;
+  Stmt info(db_, "PRAGMA table_info(jobs)");
+  for (StatusOr<bool> row = info.Next(); row.ok() && *row; row = info.Next()) have.insert(info.Text(1));
+  for (const auto& [column, definition] : kAdded) {
+    if (have.count(column) == 0) RETURN_IF_ERROR(Exec(absl::StrCat("ALTER TABLE jobs ADD COLUMN ", column, " ", definition)));
+  }
+  return absl::OkStatus();
+}
+
 Status JobStore::Exec(const std::string& sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
@@ -182,7 +200,7 @@ Status JobStore::Exec(const std::string& sql) {
 }
 
 StatusOr<JobRecord> JobStore::Submit(const std::string& submitter, const std::string& name,
-                                     const std::string& config, int64_t total_rounds) {
+                                     const std::string& config, int64_t total_rounds, int priority) {
   MutexLock l(&mu_);
   RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
   auto insert = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> StatusOr<JobRecord> {
@@ -199,13 +217,14 @@ StatusOr<JobRecord> JobStore::Submit(const std::string& submitter, const std::st
           absl::StrCat("job-", same.Int(0), " of the same name (run.name: ", Printable(name), ") is queued or running"));
     }
     const std::string digest = Sha256Hex(config);
-    RETURN_IF_ERROR(Stmt(db_, "INSERT INTO jobs(name, submitter, digest, config, state, submitted_ms, total_rounds) "
-                              "VALUES(?, ?, ?, ?, 'queued', ?, ?)")
-                        .Bind(name).Bind(submitter).Bind(digest).Bind(config).Bind(now_ms_()).Bind(total_rounds)
-                        .Run());
+    RETURN_IF_ERROR(
+        Stmt(db_, "INSERT INTO jobs(name, submitter, digest, config, state, submitted_ms, total_rounds, priority) "
+                  "VALUES(?, ?, ?, ?, 'queued', ?, ?, ?)")
+            .Bind(name).Bind(submitter).Bind(digest).Bind(config).Bind(now_ms_()).Bind(total_rounds)
+            .Bind(int64_t{priority}).Run());
     const std::string id = absl::StrCat("job-", sqlite3_last_insert_rowid(db_));
     RETURN_IF_ERROR(AuditLocked({now_ms_(), submitter, "submit", id, digest, "accepted"}));
-    std::vector<JobRecord> jobs = Select("seq = ?", std::to_string(SeqOf(id)));
+    std::vector<JobRecord> jobs = Select("seq = ?", std::to_string(JobNumber(id)));
     if (jobs.empty()) return absl::InternalError("job database: a job just written is missing");
     return jobs[0];
   };
@@ -214,8 +233,9 @@ StatusOr<JobRecord> JobStore::Submit(const std::string& submitter, const std::st
   return job;
 }
 
-std::vector<JobRecord> JobStore::Select(const std::string& where, const std::string& arg) const {
-  Stmt q(db_, absl::StrCat("SELECT ", kColumns, " FROM jobs", where.empty() ? "" : " WHERE " + where, " ORDER BY seq"));
+std::vector<JobRecord> JobStore::Select(const std::string& where, const std::string& arg,
+                                        const std::string& order) const {
+  Stmt q(db_, absl::StrCat("SELECT ", kColumns, " FROM jobs", where.empty() ? "" : " WHERE " + where, " ORDER BY ", order));
   if (!where.empty()) q.Bind(arg);
   std::vector<JobRecord> out;
   StatusOr<bool> row = q.Next();
@@ -226,10 +246,19 @@ std::vector<JobRecord> JobStore::Select(const std::string& where, const std::str
 
 StatusOr<JobRecord> JobStore::Get(const std::string& id) const {
   MutexLock l(&mu_);
-  const int64_t seq = SeqOf(id);
+  const int64_t seq = JobNumber(id);
   std::vector<JobRecord> jobs = seq > 0 ? Select("seq = ?", std::to_string(seq)) : std::vector<JobRecord>{};
   if (jobs.empty()) return absl::NotFoundError(absl::StrCat("no job ", Printable(id)));
+  Stmt q(db_, "SELECT client, reason FROM declines WHERE seq = ? ORDER BY at_ms, client");
+  q.Bind(seq);
+  for (StatusOr<bool> row = q.Next(); row.ok() && *row; row = q.Next()) jobs[0].declines.emplace_back(q.Text(0), q.Text(1));
   return jobs[0];
+}
+
+Status JobStore::Decline(const std::string& id, const std::string& client, const std::string& reason) {
+  MutexLock l(&mu_);
+  return Stmt(db_, "INSERT OR REPLACE INTO declines(seq, client, reason, at_ms) VALUES(?, ?, ?, ?)")
+      .Bind(JobNumber(id)).Bind(client).Bind(reason).Bind(now_ms_()).Run();
 }
 
 std::vector<JobRecord> JobStore::List() const {
@@ -239,12 +268,12 @@ std::vector<JobRecord> JobStore::List() const {
 
 StatusOr<JobRecord> JobStore::StartNext() {
   MutexLock l(&mu_);
-  std::vector<JobRecord> queued = Select("state = ?", "queued");
+  std::vector<JobRecord> queued = Select("state = ?", "queued", "priority DESC, seq");
   if (queued.empty()) return absl::NotFoundError("no job is queued");
   JobRecord& j = queued[0];
   const int64_t now = now_ms_();
   RETURN_IF_ERROR(Stmt(db_, "UPDATE jobs SET state = 'running', started_ms = ? WHERE seq = ?")
-                      .Bind(j.started_ms ? j.started_ms : now).Bind(SeqOf(j.id)).Run());
+                      .Bind(j.started_ms ? j.started_ms : now).Bind(JobNumber(j.id)).Run());
   if (j.started_ms == 0) j.started_ms = now;
   j.state = JobState::kRunning;
   return j;
@@ -253,12 +282,12 @@ StatusOr<JobRecord> JobStore::StartNext() {
 Status JobStore::Finish(const std::string& id, JobState state, const std::string& reason) {
   MutexLock l(&mu_);
   return Stmt(db_, "UPDATE jobs SET state = ?, reason = ?, ended_ms = ?, cancel_requested = 0 WHERE seq = ?")
-      .Bind(std::string(JobStateName(state))).Bind(reason).Bind(now_ms_()).Bind(SeqOf(id)).Run();
+      .Bind(std::string(JobStateName(state))).Bind(reason).Bind(now_ms_()).Bind(JobNumber(id)).Run();
 }
 
 StatusOr<JobRecord> JobStore::Cancel(const std::string& id, const std::string& who) {
   MutexLock l(&mu_);
-  const int64_t seq = SeqOf(id);
+  const int64_t seq = JobNumber(id);
   std::vector<JobRecord> jobs = seq > 0 ? Select("seq = ?", std::to_string(seq)) : std::vector<JobRecord>{};
   if (jobs.empty()) return absl::NotFoundError(absl::StrCat("no job ", Printable(id)));
   JobRecord& j = jobs[0];
@@ -288,7 +317,7 @@ Status JobStore::Progress(const std::string& id, int64_t committed_round, bool e
                           double loss) {
   MutexLock l(&mu_);
   return Stmt(db_, "UPDATE jobs SET committed_round = ?, evaluated = ?, accuracy = ?, loss = ? WHERE seq = ?")
-      .Bind(committed_round).Bind(int64_t{evaluated}).Bind(accuracy).Bind(loss).Bind(SeqOf(id)).Run();
+      .Bind(committed_round).Bind(int64_t{evaluated}).Bind(accuracy).Bind(loss).Bind(JobNumber(id)).Run();
 }
 
 Status JobStore::Audit(const AuditEntry& e) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/mutex.h"
@@ -25,6 +26,9 @@ enum class JobState { kQueued, kRunning, kSucceeded, kFailed, kCancelled };
 const char* JobStateName(JobState s);
 bool JobEnded(JobState s);
 
+// N of job id "job-N" (the submission's number); 0 for anything else.
+int64_t JobNumber(const std::string& id);
+
 struct JobRecord {
   std::string id;         // "job-N", N counting submissions from 1
   std::string name;       // the job's run.name
@@ -39,6 +43,10 @@ struct JobRecord {
   int64_t committed_round = 0, total_rounds = 0;
   double accuracy = 0, loss = 0;
   bool evaluated = false;  // accuracy and loss were measured
+  int priority = 0;  // run.priority: a higher one starts (and is scheduled) first
+  // The clients that declined it or left it failing, and why (Get only; a client that
+  // left it after its end has an empty reason).
+  std::vector<std::pair<std::string, std::string>> declines;
   // When a running job is expected to end (Unix ms; Daemon's forecast, not stored); 0:
   // not known yet.
   int64_t expected_end_ms = 0;
@@ -60,12 +68,13 @@ class JobStore {
   // A new queued job, with its audit entry, in one transaction. RESOURCE_EXHAUSTED when
   // max_queued jobs wait; ALREADY_EXISTS when a queued or running job has its name.
   StatusOr<JobRecord> Submit(const std::string& submitter, const std::string& name,
-                             const std::string& config, int64_t total_rounds);
+                             const std::string& config, int64_t total_rounds, int priority = 0);
   // NOT_FOUND for an unknown id.
   StatusOr<JobRecord> Get(const std::string& id) const;
   // Every job, in submission order.
   std::vector<JobRecord> List() const;
-  // The oldest queued job, now running; NOT_FOUND when none waits.
+  // The queued job of the highest priority (the oldest of those), now running; NOT_FOUND
+  // when none waits.
   StatusOr<JobRecord> StartNext();
   // A running job ended: succeeded, failed or cancelled, with `reason`.
   Status Finish(const std::string& id, JobState state, const std::string& reason);
@@ -75,6 +84,8 @@ class JobStore {
   StatusOr<JobRecord> Cancel(const std::string& id, const std::string& who);
   Status Progress(const std::string& id, int64_t committed_round, bool evaluated, double accuracy,
                   double loss);
+  // Client `client` declined (or left) job `id` for `reason`; a later one replaces it.
+  Status Decline(const std::string& id, const std::string& client, const std::string& reason);
   // An audit entry of its own (a refused request, say).
   Status Audit(const AuditEntry& e);
   std::vector<AuditEntry> AuditLog() const;
@@ -82,9 +93,11 @@ class JobStore {
  private:
   JobStore(sqlite3* db, int max_queued, std::function<int64_t()> now_ms);
   Status Exec(const std::string& sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the columns a database made by an older daemon lacks.
+  Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status AuditLocked(const AuditEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<JobRecord> Select(const std::string& where, const std::string& arg) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<JobRecord> Select(const std::string& where, const std::string& arg,
+                                const std::string& order = "seq") const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);

@@ -133,8 +133,12 @@ int JobStatus(const JobCliOptions& o, const std::string& id) {
             << "  started    " << When(j.started_unix_ms()) << "\n"
             << "  ended      " << When(j.ended_unix_ms()) << "\n"
             << "  ends       " << When(j.expected_end_unix_ms()) << " (forecast)\n"
-            << "  progress   " << Progress(j) << "\n";
+            << "  progress   " << Progress(j) << "\n"
+            << "  priority   " << j.priority() << "\n";
   if (!j.reason().empty()) std::cout << "  reason     " << j.reason() << "\n";
+  for (const v1::JobDecline& d : j.declines()) {
+    if (!d.reason().empty()) std::cout << "  declined by " << d.client() << ": " << d.reason() << "\n";
+  }
   return 0;
 }
 

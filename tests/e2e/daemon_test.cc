@@ -1,6 +1,7 @@
 // A daemon (cleave-server --daemon) with clients that stay (cleave-client --stay), driven
-// by the operator's tool (cleave job): jobs run one after another over the same client
-// processes, and a job the daemon was killed in resumes when it comes back.
+// by the operator's tool (cleave job): jobs run one after another or side by side over
+// the same client processes, jobs the daemon was killed in resume when it comes back,
+// and sites decline by their policy.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -45,21 +46,31 @@ class DaemonE2eTest : public ::testing::Test {
     pids_.push_back(pid);
     return pid;
   }
-  pid_t StartDaemon(const std::string& out = "daemon.txt") {
+  pid_t StartDaemon(const std::string& out = "daemon.txt", std::vector<std::string> more = {}) {
     fs::remove(dir_ / "state" / "daemon.addr");
-    const pid_t pid = Spawn({"cleave-server", "--daemon", "--state-dir", (dir_ / "state").string(), "--listen",
-                             "127.0.0.1:0", "--clients-listen", "127.0.0.1:" + std::to_string(clients_port_),
-                             "--policy", (dir_ / "policy.yaml").string(), "--insecure"},
-                            out);
+    std::vector<std::string> argv = {"cleave-server", "--daemon", "--state-dir", (dir_ / "state").string(), "--listen",
+                                     "127.0.0.1:0", "--clients-listen", "127.0.0.1:" + std::to_string(clients_port_),
+                                     "--policy", (dir_ / "policy.yaml").string(), "--insecure"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    const pid_t pid = Spawn(std::move(argv), out);
     api_ = testing::WaitForAddress(dir_ / "state", "daemon.addr");
     stub_ = v1::Jobs::NewStub(grpc::CreateChannel(api_, grpc::InsecureChannelCredentials()));
     return pid;
   }
-  pid_t StartClient(int i) {
-    return Spawn({"cleave-client", "--server", "127.0.0.1:" + std::to_string(clients_port_), "--insecure", "--stay",
-                  "--data", "fmnist:/usr/share/datasets/fashion-mnist,limit=4000", "--partition",
-                  "iid,client=" + std::to_string(i) + ",of=2,seed=1", "--name", "c" + std::to_string(i)},
-                 "client" + std::to_string(i) + ".txt");
+  // Long-lived client i of `of`, exposing its part of 4000 Fashion-MNIST examples as its
+  // default data (or, with `more`, as it says).
+  pid_t StartClient(int i, int of = 2, std::vector<std::string> more = {}) {
+    std::vector<std::string> argv = {"cleave-client", "--server", "127.0.0.1:" + std::to_string(clients_port_),
+                                     "--insecure", "--stay", "--partition",
+                                     "iid,client=" + std::to_string(i) + ",of=" + std::to_string(of) + ",seed=1",
+                                     "--name", "c" + std::to_string(i)};
+    if (more.empty()) more = {"--data", "fmnist:/usr/share/datasets/fashion-mnist,limit=4000"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return Spawn(std::move(argv), "client" + std::to_string(i) + ".txt");
+  }
+  // Whether client i attached to the pool (within a minute).
+  bool Attached(int i) {
+    return testing::WaitForText(dir_ / ("client" + std::to_string(i) + ".txt"), "attached to the pool");
   }
   // `cleave job ARGS...` as alice: its exit code, its output in *out.
   int Job(std::vector<std::string> args, std::string* out = nullptr) {
@@ -71,12 +82,15 @@ class DaemonE2eTest : public ::testing::Test {
     if (out) *out = ReadFile((dir_ / "job.txt").string()).value_or("");
     return rc;
   }
-  std::string WriteJob(const std::string& name, int rounds) {
+  // A job of `rounds` rounds of `per_round` clients each (0: every client it is given);
+  // `data` adds keys to its data section.
+  std::string WriteJob(const std::string& name, int rounds, const std::string& data = "", int per_round = 2) {
     const std::string path = (dir_ / (name + ".yaml")).string();
     std::ofstream(path) << "run: {name: " << name << ", rounds: " << rounds << "}\n"
                         << "model: {name: mlp}\n"
-                        << "data: {test: \"fmnist:/usr/share/datasets/fashion-mnist\", test_limit: 1000}\n"
-                        << "clients: {min: 2, quorum: 1.0, round_deadline_s: 120}\n"
+                        << "data: {test: \"fmnist:/usr/share/datasets/fashion-mnist\", test_limit: 1000" << data
+                        << "}\n"
+                        << "clients: {min: 2, per_round: " << per_round << ", quorum: 1.0, round_deadline_s: 120}\n"
                         << "train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}\n";
     return path;
   }
@@ -109,6 +123,7 @@ TEST_F(DaemonE2eTest, TwoJobsRunOneAfterTheOtherOverClientsThatStay) {
   const pid_t daemon = StartDaemon();
   ASSERT_FALSE(api_.empty()) << Output("daemon.txt");
   const pid_t c0 = StartClient(0), c1 = StartClient(1);
+  ASSERT_TRUE(Attached(0) && Attached(1)) << Output("daemon.txt");
   std::string out;
   ASSERT_EQ(Job({"submit", WriteJob("first", 2)}, &out), 0) << out;
   EXPECT_EQ(out, "job-1\n");
@@ -128,7 +143,7 @@ TEST_F(DaemonE2eTest, TwoJobsRunOneAfterTheOtherOverClientsThatStay) {
   // The same two client processes served both jobs.
   EXPECT_EQ(waitpid(c0, nullptr, WNOHANG), 0) << Output("client0.txt");
   EXPECT_EQ(waitpid(c1, nullptr, WNOHANG), 0) << Output("client1.txt");
-  EXPECT_NE(Output("client0.txt").find("--stay: waiting for the next"), std::string::npos);
+  for (const char* id : {"joins job-1", "joins job-2"}) EXPECT_NE(Output("client0.txt").find(id), std::string::npos);
 
   ASSERT_EQ(Job({"list"}, &out), 0) << out;
   EXPECT_NE(out.find("job-2     second              succeeded  alice       2/2"), std::string::npos) << out;
@@ -154,6 +169,7 @@ TEST_F(DaemonE2eTest, AJobTheDaemonWasKilledInResumesWhenItComesBack) {
   ASSERT_FALSE(api_.empty()) << Output("daemon.txt");
   StartClient(0);
   StartClient(1);
+  ASSERT_TRUE(Attached(0) && Attached(1)) << Output("daemon.txt");
   std::string out;
   ASSERT_EQ(Job({"submit", WriteJob("long", 8)}, &out), 0) << out;
   const fs::path run = dir_ / "state" / "jobs" / "job-1";
@@ -183,6 +199,110 @@ TEST_F(DaemonE2eTest, AJobTheDaemonWasKilledInResumesWhenItComesBack) {
   ASSERT_EQ(rows.size(), 8u);
   for (int r = 0; r < 8; ++r) EXPECT_EQ(rows[r]["round"], r + 1);
   EXPECT_NE(Output("daemon2.txt").find("resum"), std::string::npos) << Output("daemon2.txt");
+}
+
+TEST_F(DaemonE2eTest, TwoJobsShareThePoolAtOnceAndBothResumeAfterAKill) {
+  StartDaemon("daemon.txt", {"--scheduler", "fair"});
+  ASSERT_FALSE(api_.empty()) << Output("daemon.txt");
+  for (int i = 0; i < 4; ++i) StartClient(i, 4);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Attached(i)) << Output("client" + std::to_string(i) + ".txt");
+  std::string out;
+  // Long enough (a round takes about 0.1 s here) that both run when the daemon is killed.
+  ASSERT_EQ(Job({"submit", WriteJob("a", 40)}, &out), 0) << out;
+  ASSERT_EQ(Job({"submit", WriteJob("b", 40)}, &out), 0) << out;
+  const fs::path a = dir_ / "state" / "jobs" / "job-1", b = dir_ / "state" / "jobs" / "job-2";
+  for (int i = 0; i < testing::ScaledSeconds(240) * 10 &&
+                  (testing::MetricsRows(a).size() < 2 || testing::MetricsRows(b).size() < 2);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // Both run at once, two clients each.
+  ASSERT_GE(testing::MetricsRows(a).size(), 2u) << Output("daemon.txt");
+  ASSERT_GE(testing::MetricsRows(b).size(), 2u) << Output("daemon.txt");
+  ASSERT_LT(testing::MetricsRows(a).size(), 40u);
+  kill(pids_[0], SIGKILL);  // mid-round in both
+  waitpid(pids_[0], nullptr, 0);
+
+  StartDaemon("daemon2.txt", {"--scheduler", "fair"});
+  ASSERT_FALSE(api_.empty()) << Output("daemon2.txt");
+  for (const char* id : {"job-1", "job-2"}) {
+    const v1::JobInfo info = AwaitEnd(id);
+    ASSERT_EQ(info.state(), "succeeded") << id << ": " << info.reason() << "\n" << Output("daemon2.txt");
+    const std::vector<nlohmann::json> rows = testing::MetricsRows(dir_ / "state" / "jobs" / id);
+    ASSERT_EQ(rows.size(), 40u) << id;
+    for (int r = 0; r < 40; ++r) {
+      EXPECT_EQ(rows[r]["round"], r + 1) << id;  // each round once
+      EXPECT_EQ(rows[r]["participants"], 2) << id;
+    }
+  }
+  // The same four client processes served both jobs, before and after the kill.
+  for (size_t i = 1; i < 5; ++i) EXPECT_EQ(waitpid(pids_[i], nullptr, WNOHANG), 0) << Output("client0.txt");
+}
+
+TEST_F(DaemonE2eTest, AClientThatComesBackRejoinsEveryJobItWasIn) {
+  // Both clients train both jobs at once (their policies allow two).
+  std::ofstream(dir_ / "two.yaml") << "datasets: {default: [\"*\"]}\nmax_concurrent_jobs: 2\n";
+  const std::vector<std::string> args = {"--data", "fmnist:/usr/share/datasets/fashion-mnist,limit=4000",
+                                         "--site-policy", (dir_ / "two.yaml").string()};
+  StartDaemon();
+  ASSERT_FALSE(api_.empty()) << Output("daemon.txt");
+  StartClient(0, 2, args);
+  const pid_t c1 = StartClient(1, 2, args);
+  ASSERT_TRUE(Attached(0) && Attached(1)) << Output("daemon.txt");
+  std::string out;
+  ASSERT_EQ(Job({"submit", WriteJob("a", 20)}, &out), 0) << out;
+  ASSERT_EQ(Job({"submit", WriteJob("b", 20)}, &out), 0) << out;
+  const fs::path a = dir_ / "state" / "jobs" / "job-1", b = dir_ / "state" / "jobs" / "job-2";
+  for (int i = 0; i < testing::ScaledSeconds(240) * 10 &&
+                  (testing::MetricsRows(a).empty() || testing::MetricsRows(b).empty());
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(testing::MetricsRows(a).empty() || testing::MetricsRows(b).empty()) << Output("daemon.txt");
+  kill(c1, SIGKILL);  // both jobs need two clients: they wait for it
+  waitpid(c1, nullptr, 0);
+  fs::rename(dir_ / "client1.txt", dir_ / "client1-before.txt");
+  StartClient(1, 2, args);
+  for (const char* id : {"job-1", "job-2"}) {
+    const v1::JobInfo info = AwaitEnd(id);
+    ASSERT_EQ(info.state(), "succeeded") << id << ": " << info.reason() << "\n" << Output("daemon.txt");
+    EXPECT_EQ(testing::MetricsRows(dir_ / "state" / "jobs" / id).back()["participants"], 2) << id;
+  }
+  EXPECT_NE(Output("client1.txt").find("joins job-1"), std::string::npos) << Output("client1.txt");
+  EXPECT_NE(Output("client1.txt").find("joins job-2"), std::string::npos) << Output("client1.txt");
+}
+
+TEST_F(DaemonE2eTest, SitesExposeNamedDataAndDeclineWhatTheirPolicyRefuses) {
+  std::ofstream(dir_ / "small.yaml") << "datasets: {fmnist: [\"*\"]}\nmax_parameters: 1000\n";
+  std::ofstream(dir_ / "broken.yaml") << "datasets: {fmnist: [\"*\"]}\nmax_rounds: 0\n";
+  const std::string fmnist = "fmnist=fmnist:/usr/share/datasets/fashion-mnist,limit=4000";
+  // A site policy that does not parse: the client refuses to start, naming the line.
+  const pid_t broken = StartClient(9, 3, {"--dataset", fmnist, "--site-policy", (dir_ / "broken.yaml").string()});
+  EXPECT_EQ(testing::WaitForExit(broken, 60), 2);
+  EXPECT_NE(Output("client9.txt").find("broken.yaml:2: max_rounds is at least 1"), std::string::npos)
+      << Output("client9.txt");
+
+  StartDaemon();
+  ASSERT_FALSE(api_.empty()) << Output("daemon.txt");
+  StartClient(0, 3, {"--dataset", fmnist});
+  StartClient(1, 3, {"--dataset", fmnist});
+  StartClient(2, 3, {"--dataset", fmnist, "--site-policy", (dir_ / "small.yaml").string()});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Attached(i)) << Output("client" + std::to_string(i) + ".txt");
+  std::string out;
+  // A dataset no client exposes: refused at submission.
+  EXPECT_NE(Job({"submit", WriteJob("nowhere", 1, ", dataset: xray")}, &out), 0);
+  EXPECT_NE(out.find("exposes no dataset xray"), std::string::npos) << out;
+  // c2's policy takes no model of more than 1000 parameters: the daemon, which holds the
+  // policy c2 sent, does not offer it the job (which takes every client it is given) and
+  // shows why; the others run it.
+  ASSERT_EQ(Job({"submit", WriteJob("named", 2, ", dataset: fmnist", 0)}, &out), 0) << out;
+  const v1::JobInfo info = AwaitEnd("job-1");
+  ASSERT_EQ(info.state(), "succeeded") << info.reason() << "\n" << Output("daemon.txt");
+  EXPECT_GT(info.test_accuracy(), 0.6);
+  ASSERT_EQ(Job({"status", "job-1"}, &out), 0) << out;
+  EXPECT_NE(out.find("declined by c2: a model of "), std::string::npos) << out;
+  EXPECT_NE(out.find("parameters; its policy accepts at most 1000"), std::string::npos) << out;
+  EXPECT_EQ(Output("client2.txt").find("joins job-1"), std::string::npos) << Output("client2.txt");
 }
 
 }  // namespace

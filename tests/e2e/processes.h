@@ -92,6 +92,16 @@ inline std::string WaitForAddress(const std::filesystem::path& run, const std::s
   return "";
 }
 
+// Whether the file at `path` (a process's output) holds `text` within `timeout_s`
+// (scaled for slow machines).
+inline bool WaitForText(const std::filesystem::path& path, const std::string& text, int timeout_s = 60) {
+  for (int i = 0; i < ScaledSeconds(timeout_s) * 10; ++i) {
+    if (ReadFile(path.string()).value_or("").find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 // The rows of a run directory's metrics.jsonl, in order.
 inline std::vector<nlohmann::json> MetricsRows(const std::filesystem::path& run) {
   std::ifstream metrics(run / "metrics.jsonl");

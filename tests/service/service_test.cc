@@ -15,6 +15,7 @@
 #include "service/daemon.h"
 #include "service/job_store.h"
 #include "tests/deadline.h"
+#include "tests/service/fake_site.h"
 
 namespace cleave {
 namespace {
@@ -234,7 +235,16 @@ class DaemonApiTest : public ServiceTest {
     daemon_ = *std::move(d);
     stub_ = v1::Jobs::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(daemon_->port()),
                                                   grpc::InsecureChannelCredentials()));
+    // A site in the pool, so that jobs on the default dataset are admitted.
+    site_ = std::make_unique<testing::FakeSite>(PoolAddress(), testing::FakeSite::Hello("site"));
+    ASSERT_TRUE(site_->welcomed());
   }
+  void TearDown() override {
+    site_.reset();
+    daemon_.reset();
+    ServiceTest::TearDown();
+  }
+  std::string PoolAddress() const { return "127.0.0.1:" + std::to_string(daemon_->pool_port()); }
 
   std::unique_ptr<grpc::ClientContext> As(const std::string& who) {
     auto ctx = std::make_unique<grpc::ClientContext>();
@@ -276,6 +286,7 @@ class DaemonApiTest : public ServiceTest {
 
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::Jobs::Stub> stub_;
+  std::unique_ptr<testing::FakeSite> site_;
 };
 
 // The runner at work (no clients connect): a job that cannot start fails with its reason
