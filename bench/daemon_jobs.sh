@@ -56,8 +56,11 @@ done
   --policy "$work/policy.yaml" --insecure > "$work/daemon.log" 2>&1 &
 daemon=$!
 clients daemon --stay
-trap 'kill $daemon "${cpids[@]}" 2> /dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+trap 'kill $daemon "${cpids[@]}" 2> /dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 for i in $(seq 100); do [ -s "$work/state/daemon.addr" ] && break; sleep 0.1; done
+for i in 0 1 2; do  # a job no attached client would take is refused at submission
+  until grep -q "attached to the pool" "$work/daemon-client$i.log"; do sleep 0.2; done
+done
 api=$(cat "$work/state/daemon.addr")
 cj() { "$bin/cleave" job --server "$api" --insecure --token-file "$work/token" "$@"; }
 declare -A id

@@ -27,36 +27,20 @@
 namespace cleave {
 namespace {
 
-// The API's credentials: TLS with the daemon's certificate (a client certificate asked
-// for and verified when a CA is given, not required: tokens authenticate too), or
-// plaintext with --insecure.
-StatusOr<std::shared_ptr<grpc::ServerCredentials>> ApiCredentials(const DaemonOptions& o) {
+// The credentials of a port: TLS with the daemon's certificate, a client certificate
+// verified against the CA when one is given (`request`: asked for or required), or
+// plaintext with --insecure (`what` travels in plaintext, says the warning).
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const DaemonOptions& o, const char* what,
+                                                               grpc_ssl_client_certificate_request_type request) {
   if (o.tls_cert.empty()) {
     if (!o.insecure) {
       return absl::InvalidArgumentError("no TLS certificate (--tls-cert, --tls-key); --insecure serves plaintext");
     }
-    spdlog::warn("--insecure: the job API and its bearer tokens travel in plaintext");
+    spdlog::warn("--insecure: {} travel in plaintext", what);
     return grpc::InsecureServerCredentials();
   }
   ASSIGN_OR_RETURN(TlsMaterial m, ReadServerTls(o.tls_cert, o.tls_key, o.tls_ca));
-  grpc::SslServerCredentialsOptions ssl(m.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                                     : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_root_certs = m.ca;
-  ssl.pem_key_cert_pairs.push_back({m.key, m.cert_chain});
-  return grpc::SslServerCredentials(ssl);
-}
-
-// The pool's credentials: TLS with the daemon's certificate, every client presenting one
-// that chains to the CA when one is given (its CN is the client's name), or plaintext
-// with --insecure.
-StatusOr<std::shared_ptr<grpc::ServerCredentials>> PoolCredentials(const DaemonOptions& o) {
-  if (o.tls_cert.empty()) {  // ApiCredentials refused that without --insecure
-    spdlog::warn("--insecure: the clients' pool travels in plaintext");
-    return grpc::InsecureServerCredentials();
-  }
-  ASSIGN_OR_RETURN(TlsMaterial m, ReadServerTls(o.tls_cert, o.tls_key, o.tls_ca));
-  grpc::SslServerCredentialsOptions ssl(m.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                                     : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions ssl(m.ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE : request);
   ssl.pem_root_certs = m.ca;
   ssl.pem_key_cert_pairs.push_back({m.key, m.cert_chain});
   return grpc::SslServerCredentials(ssl);
@@ -206,7 +190,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   d->scheduler_ = MakePoolScheduler(o.scheduler);
   ASSIGN_OR_RETURN(d->store_, JobStore::Open((fs::path(o.state_dir) / "jobs.db").string(), o.max_queued));
   ASSIGN_OR_RETURN(d->policy_, PolicyFile::Open(o.policy));
-  ASSIGN_OR_RETURN(auto credentials, ApiCredentials(o));
+  // The API: a certificate's CN or a bearer token names the caller.
+  ASSIGN_OR_RETURN(auto credentials, Credentials(o, "the job API and its bearer tokens",
+                                                 GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY));
   d->service_ = std::make_unique<JobService>(d.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen, credentials, &d->port_);
@@ -217,7 +203,10 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (d->api_ == nullptr || d->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
   }
-  ASSIGN_OR_RETURN(auto pool_credentials, PoolCredentials(o));
+  // The pool: every client presents a certificate (its CN is its name).
+  ASSIGN_OR_RETURN(auto pool_credentials,
+                   Credentials(o, "the clients' pool and its hellos",
+                               GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY));
   d->pool_ = std::make_unique<PoolService>([daemon = d.get()] { daemon->Changed(); });
   grpc::ServerBuilder pool;
   pool.AddListeningPort(o.clients_listen, pool_credentials, &d->pool_port_);

@@ -52,50 +52,37 @@ Status ReadDatasets(const std::string& name, const YAML::Node& n, v1::SitePolicy
 
 // Each key's reader.
 using KeyReader = std::function<Status(const std::string&, const YAML::Node&, v1::SitePolicy*)>;
+
+// The reader of scalar `key` (a T, described as `what`), whose value `ok` must accept
+// (else: "KEY is `range`"), stored by `set`.
+template <typename T>
+KeyReader Checked(std::string key, const char* what, bool (*ok)(T), std::string range,
+                  void (v1::SitePolicy::*set)(T)) {
+  return [=](const std::string& f, const YAML::Node& n, v1::SitePolicy* p) -> Status {
+    T v{};
+    RETURN_IF_ERROR(Scalar(f, n, key, what, &v));
+    if (!ok(v)) return At(f, n, key + " is " + range);
+    (p->*set)(v);
+    return absl::OkStatus();
+  };
+}
 const std::map<std::string, KeyReader>& Keys() {
   static const auto* keys = new std::map<std::string, KeyReader>{
       {"datasets", ReadDatasets},
       {"models", [](const std::string& f, const YAML::Node& n,
                     v1::SitePolicy* p) { return Strings(f, n, "models", p->mutable_models()); }},
-      {"max_parameters",
-       [](const std::string& f, const YAML::Node& n, v1::SitePolicy* p) {
-         int64_t v = 0;
-         RETURN_IF_ERROR(Scalar(f, n, "max_parameters", "a count", &v));
-         if (v < 1) return At(f, n, "max_parameters is at least 1");
-         p->set_max_parameters(v);
-         return absl::OkStatus();
-       }},
-      {"max_rounds",
-       [](const std::string& f, const YAML::Node& n, v1::SitePolicy* p) {
-         int64_t v = 0;
-         RETURN_IF_ERROR(Scalar(f, n, "max_rounds", "a count", &v));
-         if (v < 1) return At(f, n, "max_rounds is at least 1");
-         p->set_max_rounds(v);
-         return absl::OkStatus();
-       }},
+      {"max_parameters", Checked<int64_t>("max_parameters", "a count", [](int64_t v) { return v >= 1; },
+                                          "at least 1", &v1::SitePolicy::set_max_parameters)},
+      {"max_rounds", Checked<int64_t>("max_rounds", "a count", [](int64_t v) { return v >= 1; }, "at least 1",
+                                      &v1::SitePolicy::set_max_rounds)},
       {"require_secure_aggregation",
-       [](const std::string& f, const YAML::Node& n, v1::SitePolicy* p) {
-         bool v = false;
-         RETURN_IF_ERROR(Scalar(f, n, "require_secure_aggregation", "true or false", &v));
-         p->set_require_secure_aggregation(v);
-         return absl::OkStatus();
-       }},
-      {"max_dp_epsilon",
-       [](const std::string& f, const YAML::Node& n, v1::SitePolicy* p) {
-         double v = 0;
-         RETURN_IF_ERROR(Scalar(f, n, "max_dp_epsilon", "a number", &v));
-         if (!(v > 0)) return At(f, n, "max_dp_epsilon is above 0");
-         p->set_max_dp_epsilon(v);
-         return absl::OkStatus();
-       }},
+       Checked<bool>("require_secure_aggregation", "true or false", [](bool) { return true; }, "",
+                     &v1::SitePolicy::set_require_secure_aggregation)},
+      {"max_dp_epsilon", Checked<double>("max_dp_epsilon", "a number", [](double v) { return v > 0; }, "above 0",
+                                         &v1::SitePolicy::set_max_dp_epsilon)},
       {"max_concurrent_jobs",
-       [](const std::string& f, const YAML::Node& n, v1::SitePolicy* p) {
-         int v = 0;
-         RETURN_IF_ERROR(Scalar(f, n, "max_concurrent_jobs", "a count", &v));
-         if (v < 1 || v > 64) return At(f, n, "max_concurrent_jobs is in [1, 64]");
-         p->set_max_concurrent_jobs(v);
-         return absl::OkStatus();
-       }},
+       Checked<int32_t>("max_concurrent_jobs", "a count", [](int32_t v) { return v >= 1 && v <= 64; }, "in [1, 64]",
+                        &v1::SitePolicy::set_max_concurrent_jobs)},
   };
   return *keys;
 }

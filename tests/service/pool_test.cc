@@ -294,22 +294,21 @@ class PoolDaemonTest : public PoolStoreTest {
     v1::JobInfo reply;
     return stub_->Submit(&ctx, req, &reply);
   }
-  std::string State(const std::string& id) {
+  grpc::Status Get(const std::string& id, v1::JobInfo* info) {
     grpc::ClientContext ctx;
     ctx.AddMetadata("authorization", "Bearer alice-token");
     v1::GetJobRequest get;
     get.set_id(id);
+    return stub_->Get(&ctx, get, info);
+  }
+  std::string State(const std::string& id) {
     v1::JobInfo info;
-    return stub_->Get(&ctx, get, &info).ok() ? info.state() : "";
+    return Get(id, &info).ok() ? info.state() : "";
   }
   v1::JobInfo AwaitEnd(const std::string& id) {
     v1::JobInfo info;
     for (int i = 0; i < testing::ScaledSeconds(60) * 20; ++i) {
-      grpc::ClientContext ctx;
-      ctx.AddMetadata("authorization", "Bearer alice-token");
-      v1::GetJobRequest get;
-      get.set_id(id);
-      if (stub_->Get(&ctx, get, &info).ok() && (info.state() == "failed" || info.state() == "succeeded")) break;
+      if (Get(id, &info).ok() && (info.state() == "failed" || info.state() == "succeeded")) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return info;
@@ -344,14 +343,8 @@ TEST_F(PoolDaemonTest, AJobNoAttachedClientWouldTakeIsRefusedAtSubmission) {
   EXPECT_NE(s.error_message().find("site-a: exposes no dataset xray"), std::string::npos) << s.error_message();
   EXPECT_NE(s.error_message().find("its policy does not let alice use dataset xray"), std::string::npos)
       << s.error_message();
-  {  // nothing was queued
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer alice-token");
-    v1::GetJobRequest get;
-    get.set_id("job-1");
-    v1::JobInfo info;
-    EXPECT_EQ(stub_->Get(&ctx, get, &info).error_code(), grpc::StatusCode::NOT_FOUND);
-  }
+  v1::JobInfo info;
+  EXPECT_EQ(Get("job-1", &info).error_code(), grpc::StatusCode::NOT_FOUND);  // nothing was queued
   EXPECT_TRUE(Submit(JobOn("notes")).ok());
 }
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One daemon, four Fashion-MNIST jobs arriving 5 s apart, six long-lived clients of
+# unequal speed (compute slowdowns 1, 1, 2, 2, 3, 3), run once under each scheduler
+# (--scheduler fifo, then fair): each job's completion time (submitted to ended) and
+# final accuracy, and the mean completion time of each scheduler.
+#   bench/daemon_schedulers.sh        (from the checkout's root, after make build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/common.sh
+bench_workdir daemon-schedulers
+FMNIST=/usr/share/datasets/fashion-mnist
+JOBS="j1 j2 j3 j4"
+for j in $JOBS; do
+  cat > "$work/$j.yaml" <<YAML
+run: {name: $j, rounds: 30, seed: 7}
+model: {name: mlp}
+data: {test: "fmnist:$FMNIST", test_limit: 2000}
+clients: {min: 2, quorum: 1.0, round_deadline_s: 300}
+train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
+YAML
+done
+cat > "$work/policy.yaml" <<YAML
+identities: {bench: [admin]}
+tokens: {$(printf bench-token-0123456789 | sha256sum | cut -d' ' -f1): bench}
+YAML
+printf bench-token-0123456789 > "$work/token"
+
+ms() { date -u -d "${1% *} ${2%Z}" +%s%3N; }  # "YYYY-MM-DD HH:MM:SS.mmmZ" -> Unix ms
+field() { sed -n "s/^  $1 *\(.*\)\$/\1/p" <<< "$2"; }
+last() { grep -o '"test_accuracy":[0-9.]*' "$1/metrics.jsonl" | cut -d: -f2 | tail -1; }
+
+pids=()
+trap 'kill "${pids[@]}" 2> /dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+for sched in fifo fair; do
+  port=$(( 20000 + RANDOM % 20000 ))
+  state=$work/$sched
+  "$bin/cleave-server" --daemon --state-dir "$state" --listen 127.0.0.1:0 --clients-listen 127.0.0.1:$port \
+    --policy "$work/policy.yaml" --insecure --scheduler $sched > "$work/$sched-daemon.log" 2>&1 &
+  pids=($!)
+  for i in $(seq 100); do [ -s "$state/daemon.addr" ] && break; sleep 0.1; done
+  for i in 0 1 2 3 4 5; do
+    "$bin/cleave-client" --server 127.0.0.1:$port --insecure --stay --name "c$i" \
+      --data "fmnist:$FMNIST,limit=18000" --partition "iid,client=$i,of=6,seed=1" \
+      --emulate-slowdown $(( i / 2 + 1 )) > "$work/$sched-client$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1 2 3 4 5; do
+    until grep -q "attached to the pool" "$work/$sched-client$i.log"; do sleep 0.2; done
+  done
+  api=$(cat "$state/daemon.addr")
+  cj() { "$bin/cleave" job --server "$api" --insecure --token-file "$work/token" "$@"; }
+  declare -A id=()
+  for j in $JOBS; do
+    id[$j]=$(cj submit "$work/$j.yaml")
+    [ $j = j4 ] || sleep 5
+  done
+  for j in $JOBS; do
+    until s=$(cj status "${id[$j]}") && grep -qE "state +(succeeded|failed|cancelled)" <<< "$s"; do sleep 0.5; done
+    [ "$(field state "$s")" = succeeded ] || { echo "$sched $j:"; echo "$s"; exit 1; }
+    jct=$(( $(ms $(field ended "$s")) - $(ms $(field submitted "$s")) ))
+    echo "$sched $j $jct $(last "$state/jobs/${id[$j]}")"
+  done | tee "$work/$sched.txt"
+  kill "${pids[@]}" 2> /dev/null || true
+  wait 2> /dev/null || true
+done
+for sched in fifo fair; do
+  awk -v s=$sched '{ printf "%s %s: completion %.1f s, final accuracy %.4f\n", s, $2, $3 / 1000, $4; t += $3 }
+    END { printf "%s: mean completion %.1f s\n", s, t / NR / 1000 }' "$work/$sched.txt"
+done
+awk 'FNR == 1 { f++ } { t[f] += $3 } END { printf "fifo / fair mean completion: %.2f\n", t[1] / t[2] }' \
+  "$work/fifo.txt" "$work/fair.txt"
