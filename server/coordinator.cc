@@ -463,6 +463,11 @@ Status Coordinator::Run() {
         m->round, m->test_accuracy, m->test_loss, m->train_loss, m->participants, m->failures,
         m->bytes_up, m->bytes_down, m->wall_s);
     if (opts_.committed) opts_.committed(*m);
+    if (const double target = config().run.target_accuracy;
+        target > 0 && m->evaluated && m->test_accuracy >= target) {
+      stop_reason = absl::StrCat("test accuracy ", m->test_accuracy, " reached run.target_accuracy ", target);
+      break;
+    }
   }
   if (result.ok()) FinalEvaluation(elapsed());
   if (result.code() == absl::StatusCode::kCancelled) {

@@ -32,10 +32,12 @@ void ReadRun(ConfigSection& s, RunConfig& c) {
   s.Read("rounds", c.rounds);
   s.Read("seed", c.seed);
   s.Read("priority", c.priority);
+  s.Read("target_accuracy", c.target_accuracy);
 }
 
 Status CheckRun(RunConfig& c) {
   RETURN_IF_ERROR(Range(c.priority >= -100 && c.priority <= 100, "run.priority", "in [-100, 100]"));
+  RETURN_IF_ERROR(Range(c.target_accuracy >= 0 && c.target_accuracy <= 1, "run.target_accuracy", "in [0, 1] (0 = off)"));
   return Range(c.rounds >= 1, "run.rounds", ">= 1");
 }
 

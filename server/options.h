@@ -28,6 +28,9 @@ struct RunConfig {
   // run.priority: under a daemon, jobs of a higher priority start first and the fifo
   // scheduler gives them clients first
   int priority = 0;
+  // run.target_accuracy: end the run, completed, after the first round whose test
+  // accuracy (the server's evaluation) reaches it; 0 = run every round
+  double target_accuracy = 0;
 };
 
 struct ClientsConfig {

@@ -72,6 +72,26 @@ TEST(FederationTest, ThreeClientsTwoRoundsAccuracyRises) {
   }
 }
 
+// run.target_accuracy ends the run, completed, at the first round that reaches it.
+TEST(FederationTest, ARunEndsAtItsTargetAccuracy) {
+  Federation f;
+  f.Start(std::string(kBase) + "model: {name: mlp}\nrun: {rounds: 20, seed: 42, target_accuracy: 0.6}\n"
+                               "clients: {min: 2, quorum: 1.0}\n",
+          Options(2, 4000));
+  f.Join();
+  ASSERT_TRUE(f.server_status.ok()) << f.server_status;
+  const auto h = f.server->History();
+  std::vector<RoundMetrics> trained;
+  for (const RoundMetrics& m : h) {
+    if (!m.evaluation_only) trained.push_back(m);
+  }
+  ASSERT_FALSE(trained.empty());
+  ASSERT_LT(trained.size(), 20u);
+  EXPECT_GE(trained.back().test_accuracy, 0.6);
+  for (size_t i = 0; i + 1 < trained.size(); ++i) EXPECT_LT(trained[i].test_accuracy, 0.6) << i;
+  for (const auto& s : f.client_status) EXPECT_TRUE(s.ok()) << s;  // told the run ended
+}
+
 // The same federation with its clients inside the server's process (the channel a
 // simulation uses): no port is opened, and the model is the one the clients make over
 // TCP, to float summation order (uploads arrive in another order).
