@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One daemon, four Fashion-MNIST jobs arriving 5 s apart, six long-lived clients of
+# One daemon, four Fashion-MNIST jobs arriving GAP s apart (default 2), six long-lived clients of
 # unequal speed (compute slowdowns 1, 1, 2, 2, 3, 3), run once under each scheduler
 # (--scheduler fifo, then fair): each job's completion time (submitted to ended) and
-# final accuracy, and the mean completion time of each scheduler.
+# final accuracy, and the mean completion time of each scheduler. A job ends at a test
+# accuracy of TARGET (default 0.86; run.target_accuracy) or after ROUNDS rounds (default
+# 80), so completion is time to that accuracy where it is reached. The daemon's resident
+# memory is read with its clients attached before the first job, and after the last ended.
 #   bench/daemon_schedulers.sh        (from the checkout's root, after make build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +15,7 @@ FMNIST=/usr/share/datasets/fashion-mnist
 JOBS="j1 j2 j3 j4"
 for j in $JOBS; do
   cat > "$work/$j.yaml" <<YAML
-run: {name: $j, rounds: 30, seed: 7}
+run: {name: $j, rounds: ${ROUNDS:-80}, seed: 7, target_accuracy: ${TARGET:-0.86}}
 model: {name: mlp}
 data: {test: "fmnist:$FMNIST", test_limit: 2000}
 clients: {min: 2, quorum: 1.0, round_deadline_s: 300}
@@ -47,12 +50,14 @@ for sched in fifo fair; do
   for i in 0 1 2 3 4 5; do
     until grep -q "attached to the pool" "$work/$sched-client$i.log"; do sleep 0.2; done
   done
+  rss() { awk '/^VmRSS/ { printf "%.0f MiB", $2 / 1024 }' "/proc/${pids[0]}/status"; }
+  idle=$(rss)
   api=$(cat "$state/daemon.addr")
   cj() { "$bin/cleave" job --server "$api" --insecure --token-file "$work/token" "$@"; }
   declare -A id=()
   for j in $JOBS; do
     id[$j]=$(cj submit "$work/$j.yaml")
-    [ $j = j4 ] || sleep 5
+    [ $j = j4 ] || sleep "${GAP:-2}"
   done
   for j in $JOBS; do
     until s=$(cj status "${id[$j]}") && grep -qE "state +(succeeded|failed|cancelled)" <<< "$s"; do sleep 0.5; done
@@ -60,6 +65,7 @@ for sched in fifo fair; do
     jct=$(( $(ms $(field ended "$s")) - $(ms $(field submitted "$s")) ))
     echo "$sched $j $jct $(last "$state/jobs/${id[$j]}")"
   done | tee "$work/$sched.txt"
+  echo "$sched: the daemon's resident memory $idle before the first job, $(rss) after the last ended"
   kill "${pids[@]}" 2> /dev/null || true
   wait 2> /dev/null || true
 done
