@@ -15,6 +15,9 @@ certs="$work/k8s/base/certs"
 for c in edge-0 edge-1 operator; do "$bin/cleave" certs issue "$certs" "$c" > /dev/null; done
 head -c 24 /dev/urandom | base64 > "$certs/token"
 cp -r "$certs/clients" "$work/k8s/overlays/edges/certs"
+daemon="$work/k8s/overlays/daemon/certs"  # the daemon overlay's own federation
+"$bin/cleave" certs init "$daemon" --san cleave-daemon --san 127.0.0.1 > /dev/null
+for c in site-0 site-1 site-2 operator; do "$bin/cleave" certs issue "$daemon" "$c" > /dev/null; done
 status=0
 cd "$work/k8s"
 for dir in base overlays/*; do
