@@ -15,18 +15,22 @@ namespace cleave::testing {
 
 class FakeSite {
  public:
-  // Attaches to the pool at `address` with `hello`; offers are answered with `decline`
-  // as the reason when it is not empty, else left unanswered (accepted by silence: the
-  // job waits for a client that never dials).
-  FakeSite(const std::string& address, v1::PoolHello hello, std::string decline = "")
+  // Attaches to the pool at `address` with `hello` (over `credentials`; null:
+  // plaintext); offers are answered with `decline` as the reason when it is not empty,
+  // else left unanswered (accepted by silence: the job waits for a client that never
+  // dials).
+  FakeSite(const std::string& address, v1::PoolHello hello, std::string decline = "",
+           std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr)
       : decline_(std::move(decline)) {
-    stub_ = v1::Pool::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    stub_ = v1::Pool::NewStub(
+        grpc::CreateChannel(address, credentials ? credentials : grpc::InsecureChannelCredentials()));
     stream_ = stub_->Attach(&ctx_);
     v1::PoolUp up;
     *up.mutable_hello() = std::move(hello);
     stream_->Write(up);
     v1::PoolDown welcome;
     welcomed_ = stream_->Read(&welcome) && welcome.has_welcome();
+    name_ = welcome.welcome().name();
     reader_ = std::thread([this] {
       for (v1::PoolDown down; stream_->Read(&down);) {
         MutexLock l(&mu_);
@@ -46,6 +50,8 @@ class FakeSite {
     stream_->Finish();
   }
   bool welcomed() const { return welcomed_; }
+  // The name the daemon knows it by (its welcome's).
+  const std::string& name() const { return name_; }
   std::vector<v1::JobOffer> Offers() {
     MutexLock l(&mu_);
     return offers_;
@@ -65,6 +71,7 @@ class FakeSite {
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::PoolUp, v1::PoolDown>> stream_;
   bool welcomed_ = false;
+  std::string name_;
   std::thread reader_;
   Mutex mu_;
   std::vector<v1::JobOffer> offers_ ABSL_GUARDED_BY(mu_);

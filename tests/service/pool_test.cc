@@ -12,6 +12,8 @@
 #include "cleave/v1/jobs.grpc.pb.h"
 #include "core/files.h"
 #include "core/parameter_set.h"
+#include "privacy/certs.h"
+#include "privacy/tls.h"
 #include "service/daemon.h"
 #include "service/job_store.h"
 #include "service/scheduler.h"
@@ -407,6 +409,38 @@ TEST_F(PoolDaemonTest, JobsTakeTheirPortsFromTheRangeAndWaitWhenItIsTaken) {
   bad.job_port_lo = 9000;
   bad.job_port_hi = 8000;
   EXPECT_NE(Daemon::Start(bad).status().message().find("--job-ports"), std::string::npos);
+}
+
+// With TLS the pool requires a client certificate, and its CN, not the hello's name, is
+// the client's name.
+TEST_F(PoolStoreTest, ThePoolOverMutualTlsNamesClientsByTheirCertificates) {
+  const std::string certs = (dir_ / "certs").string();
+  ASSERT_TRUE(InitFederation(certs).ok());
+  ASSERT_TRUE(IssueClientCert(certs, "site-x").ok());
+  std::ofstream(dir_ / "policy.yaml") << "identities: {}\n";
+  DaemonOptions o;
+  o.state_dir = (dir_ / "state").string();
+  o.listen = "127.0.0.1:0";
+  o.clients_listen = "127.0.0.1:0";
+  o.policy = (dir_ / "policy.yaml").string();
+  o.tls_cert = certs + "/server.crt";
+  o.tls_key = certs + "/server.key";
+  o.tls_ca = certs + "/ca.crt";
+  auto daemon = Daemon::Start(o);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string pool = "127.0.0.1:" + std::to_string((*daemon)->pool_port());
+  {
+    testing::FakeSite site(pool, testing::FakeSite::Hello("spoofed"), "",
+                           ClientCredentials(o.tls_ca, certs + "/clients/site-x.crt", certs + "/clients/site-x.key"));
+    ASSERT_TRUE(site.welcomed());
+    EXPECT_EQ(site.name(), "site-x");
+  }
+  // Without a certificate (the CA trusted, nothing presented): no attachment.
+  testing::FakeSite anonymous(pool, testing::FakeSite::Hello("anonymous"), "", ClientCredentials(o.tls_ca, "", ""));
+  EXPECT_FALSE(anonymous.welcomed());
+  // And no plaintext at all.
+  testing::FakeSite plain(pool, testing::FakeSite::Hello("plain"));
+  EXPECT_FALSE(plain.welcomed());
 }
 
 TEST_F(PoolDaemonTest, AMalformedHelloIsRefusedAndAttachesNothing) {
