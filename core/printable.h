@@ -1,6 +1,7 @@
 // Untrusted text (names, ids and digests a peer sent) made safe to put into an error
-// detail or a log line: at most `max_bytes` bytes of it, every byte outside printable
-// ASCII, and the backslash, written as \xNN, and a note of the length when cut.
+// detail or a log line (Printable: at most `max_bytes` bytes of it, every byte outside
+// printable ASCII, and the backslash, written as \xNN, and a note of the length when
+// cut), or into HTML (HtmlEscape).
 #pragma once
 
 #include <cstdio>
@@ -23,6 +24,22 @@ inline std::string Printable(std::string_view s, size_t max_bytes = 80) {
     }
   }
   if (n < s.size()) out += "...(" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+// Text made safe to put into HTML, in an element or a quoted attribute.
+inline std::string HtmlEscape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
   return out;
 }
 

@@ -24,7 +24,6 @@ using nlohmann::json;
 using report::Band;
 using report::Chart;
 using report::Color;
-using report::Escape;
 using report::Line;
 using report::Number;
 using report::PipelineTimelines;
@@ -407,8 +406,8 @@ std::string ReportHtml(const std::vector<RunRecord>& runs) {
   for (size_t i = 0; i < runs.size(); ++i) {
     const std::vector<std::string> cells = Cells(Summarise(runs[i]));
     absl::StrAppend(&html, "<tr><td><span class=\"swatch\" style=\"background:", Color(i),
-                    "\"></span>", Escape(cells[0]), "</td>");
-    for (size_t c = 1; c < cells.size(); ++c) absl::StrAppend(&html, "<td>", Escape(cells[c]), "</td>");
+                    "\"></span>", HtmlEscape(cells[0]), "</td>");
+    for (size_t c = 1; c < cells.size(); ++c) absl::StrAppend(&html, "<td>", HtmlEscape(cells[c]), "</td>");
     absl::StrAppend(&html, "</tr>\n");
   }
   absl::StrAppend(&html, "</table>\n<p class=\"note\">Final: the last model's value (the final "
@@ -418,7 +417,7 @@ std::string ReportHtml(const std::vector<RunRecord>& runs) {
     absl::StrAppend(&html, "<h2>Devices of unequal size</h2>\n<table id=\"widths\"><tr><th>run</th>"
                            "<th>method</th><th>rates in the last round</th></tr>\n");
     for (const auto& row : devices) {
-      absl::StrAppend(&html, "<tr><td>", Escape(row[0]), "</td><td>", Escape(row[1]), "</td><td>", Escape(row[2]),
+      absl::StrAppend(&html, "<tr><td>", HtmlEscape(row[0]), "</td><td>", HtmlEscape(row[1]), "</td><td>", HtmlEscape(row[2]),
                       "</td></tr>\n");
     }
     absl::StrAppend(&html, "</table>\n<p class=\"note\">A rate is the fraction of every hidden layer "
@@ -427,11 +426,11 @@ std::string ReportHtml(const std::vector<RunRecord>& runs) {
   const Leakage leakage = LeakageOf(runs);
   if (!leakage.rows.empty()) {
     absl::StrAppend(&html, "<h2>Measured leakage</h2>\n<table id=\"leakage\"><tr>");
-    for (const std::string& c : kLeakageColumns) absl::StrAppend(&html, "<th>", Escape(c), "</th>");
+    for (const std::string& c : kLeakageColumns) absl::StrAppend(&html, "<th>", HtmlEscape(c), "</th>");
     absl::StrAppend(&html, "</tr>\n");
     for (const auto& row : leakage.rows) {
       absl::StrAppend(&html, "<tr>");
-      for (const std::string& c : row) absl::StrAppend(&html, "<td>", Escape(c), "</td>");
+      for (const std::string& c : row) absl::StrAppend(&html, "<td>", HtmlEscape(c), "</td>");
       absl::StrAppend(&html, "</tr>\n");
     }
     absl::StrAppend(&html, "</table>\n<p class=\"note\">From cleave attack on the runs' records "
@@ -440,13 +439,13 @@ std::string ReportHtml(const std::vector<RunRecord>& runs) {
   }
   absl::StrAppend(&html, "<div class=\"charts\">\n");
   if (!leakage.chart.empty()) {
-    absl::StrAppend(&html, "<figure><figcaption>", Escape(leakage.chart.title), "</figcaption>\n",
-                    Svg(leakage.chart), "<p class=\"note\">", Escape(leakage.chart.caption), "</p></figure>\n");
+    absl::StrAppend(&html, "<figure><figcaption>", HtmlEscape(leakage.chart.title), "</figcaption>\n",
+                    Svg(leakage.chart), "<p class=\"note\">", HtmlEscape(leakage.chart.caption), "</p></figure>\n");
   }
   for (const Chart& chart : Charts(runs)) {
     if (chart.empty()) continue;
-    absl::StrAppend(&html, "<figure><figcaption>", Escape(chart.title), "</figcaption>\n", Svg(chart));
-    if (!chart.caption.empty()) absl::StrAppend(&html, "<p class=\"note\">", Escape(chart.caption), "</p>");
+    absl::StrAppend(&html, "<figure><figcaption>", HtmlEscape(chart.title), "</figcaption>\n", Svg(chart));
+    if (!chart.caption.empty()) absl::StrAppend(&html, "<p class=\"note\">", HtmlEscape(chart.caption), "</p>");
     absl::StrAppend(&html, "</figure>\n");
   }
   if (std::string split = StepBreakdown(runs); !split.empty()) {
@@ -459,8 +458,8 @@ std::string ReportHtml(const std::vector<RunRecord>& runs) {
   absl::StrAppend(&html, "</div>\n<h2>Runs</h2>\n");
   for (size_t i = 0; i < runs.size(); ++i) {
     absl::StrAppend(&html, "<details><summary><span class=\"swatch\" style=\"background:", Color(i),
-                    "\"></span>", Escape(runs[i].name), ": ", Escape(runs[i].dir),
-                    "</summary>\n<pre>", Escape(runs[i].config.empty() ? "(no config.yaml)" : runs[i].config),
+                    "\"></span>", HtmlEscape(runs[i].name), ": ", HtmlEscape(runs[i].dir),
+                    "</summary>\n<pre>", HtmlEscape(runs[i].config.empty() ? "(no config.yaml)" : runs[i].config),
                     "</pre></details>\n");
   }
   return html + "</body></html>\n";

@@ -16,32 +16,6 @@ std::optional<double> Number(const json& j, const char* key) {
   return it->get<double>();
 }
 
-std::string Escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 std::string Short(double v) {
   if (v == 0) return "0";
   return absl::StrFormat("%.4g", v);
@@ -110,7 +84,7 @@ std::string Svg(const Chart& chart) {
   std::string svg = absl::StrFormat(
       "<svg class=\"chart\" viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" role=\"img\" "
       "aria-label=\"%s\">\n",
-      kW, kH, kW, kH, Escape(chart.title));
+      kW, kH, kW, kH, HtmlEscape(chart.title));
   const std::vector<double> y_ticks = Ticks(y0, y1), x_ticks = Ticks(x0, x1);
   auto step = [](const std::vector<double>& ticks) {
     return ticks.size() > 1 ? ticks[1] - ticks[0] : 1.0;
@@ -138,7 +112,7 @@ std::string Svg(const Chart& chart) {
           "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n"
           "<text transform=\"translate(14 %.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
           kLeft, kW - kRight, kH - kBottom, kH - kBottom, (kLeft + kW - kRight) / 2, kH - 6,
-          Escape(chart.x_label), (kTop + kH - kBottom) / 2, Escape(chart.y_label)));
+          HtmlEscape(chart.x_label), (kTop + kH - kBottom) / 2, HtmlEscape(chart.y_label)));
   for (const Band& b : chart.bands) {
     Points outline = b.lower;
     outline.insert(outline.end(), b.upper.rbegin(), b.upper.rend());
@@ -197,7 +171,7 @@ std::string StepBreakdown(const std::vector<RunRecord>& runs) {
     const double parts[] = {bars[b].client, bars[b].transfer, bars[b].server};
     absl::StrAppend(&svg,
                     absl::StrFormat("<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                                    kLeft - 6, y + kBar * 0.7, Escape(runs[bars[b].run].name)));
+                                    kLeft - 6, y + kBar * 0.7, HtmlEscape(runs[bars[b].run].name)));
     for (int k = 0; k < 3; ++k) {
       const double w = parts[k] / longest * (kW - kLeft - kRight);
       absl::StrAppend(&svg,
@@ -259,7 +233,7 @@ std::string ChainTimeline(const json& chain) {
         &svg,
         absl::StrFormat("<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%s (%.0f%%)</text>\n",
                         kLeft - 6, y + kRow * 0.7,
-                        Escape(devices[d].is_string() ? devices[d].get<std::string>() : "?"),
+                        HtmlEscape(devices[d].is_string() ? devices[d].get<std::string>() : "?"),
                         100 * busy));
   }
   for (const json& x : spans) {
@@ -300,7 +274,7 @@ std::string PipelineTimelines(const std::vector<RunRecord>& runs) {
       const json& chain = (*last)["pipeline"][c];
       const std::string svg = ChainTimeline(chain);
       if (svg.empty()) continue;
-      absl::StrAppend(&out, "<figure><figcaption>", Escape(run.name), ": pipeline chain ", c,
+      absl::StrAppend(&out, "<figure><figcaption>", HtmlEscape(run.name), ": pipeline chain ", c,
                       " (round ", Number(*last, "round").value_or(0), "), bubble ",
                       absl::StrFormat("%.0f%%", 100 * Number(chain, "bubble").value_or(0)),
                       "</figcaption>\n", svg,

@@ -10,13 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include "core/printable.h"
 #include "tools/report.h"
 
 namespace cleave::report {
 
 // j[key] when it is a number.
 std::optional<double> Number(const nlohmann::json& j, const char* key);
-std::string Escape(const std::string& s);
 // Axis ticks and table cells: 4 significant digits.
 std::string Short(double v);
 // Run `run`'s colour in every chart and table.
