@@ -19,6 +19,7 @@
 #include "job/job.h"
 #include "privacy/tls.h"
 #include "server/server.h"
+#include "service/dashboard.h"
 #include "service/job_service.h"
 #include "service/pool.h"
 #include "service/scheduler.h"
@@ -70,7 +71,6 @@ int64_t ForecastEnd(const std::vector<std::pair<int64_t, int64_t>>& commits, dou
 }
 
 std::string DaemonMetricsText(const std::vector<JobRecord>& jobs, int64_t resident_bytes) {
-  constexpr size_t kEndedShown = 20;
   prometheus::Exposition out;
   std::map<JobState, int> by_state;
   for (JobState s : {JobState::kQueued, JobState::kRunning, JobState::kSucceeded, JobState::kFailed,
@@ -84,12 +84,7 @@ std::string DaemonMetricsText(const std::vector<JobRecord>& jobs, int64_t reside
   }
   out.Gauge("cleave_daemon_resident_bytes", "The daemon process's resident memory.",
             static_cast<double>(resident_bytes));
-  // The jobs shown: every queued or running one, and the last kEndedShown that ended.
-  std::vector<const JobRecord*> shown;
-  size_t ended = 0;
-  for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
-    if (!JobEnded(it->state) || ended++ < kEndedShown) shown.push_back(&*it);
-  }
+  const std::vector<const JobRecord*> shown = ShownJobs(jobs);
   auto labels = [](const JobRecord& j) {
     return absl::StrCat("job=\"", prometheus::Label(j.id), "\",name=\"", prometheus::Label(j.name), "\"");
   };
@@ -226,11 +221,11 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                d->port_, d->pool_port_, o.scheduler, o.max_running, o.state_dir);
   if (!o.metrics_listen.empty()) {
     std::map<std::string, HttpEndpoint::Page> pages;
-    pages["/metrics"] = {"text/plain; version=0.0.4; charset=utf-8", [daemon = d.get()] {
-                           std::vector<JobRecord> jobs = daemon->store_->List();
-                           for (JobRecord& j : jobs) j = daemon->Live(std::move(j));
-                           return DaemonMetricsText(jobs, ResidentBytes());
-                         }};
+    pages["/metrics"] = {"text/plain; version=0.0.4; charset=utf-8",
+                         [daemon = d.get()] { return DaemonMetricsText(daemon->LiveJobs(), ResidentBytes()); }};
+    pages["/"] = {"text/html; charset=utf-8", [daemon = d.get()] {
+                    return DaemonDashboardHtml(daemon->LiveJobs(), daemon->pool_->Members(), ResidentBytes());
+                  }};
     ASSIGN_OR_RETURN(d->metrics_, HttpEndpoint::Start("--metrics-listen", o.metrics_listen, o.tls_cert, o.tls_key,
                                                       "--tls-cert and --tls-key", std::move(pages)));
   }
@@ -370,6 +365,12 @@ StatusOr<std::vector<AuditEntry>> Daemon::AuditLog(const std::string& who) {
 bool Daemon::Ended(const std::string& id) {
   StatusOr<JobRecord> j = store_->Get(id);
   return !j.ok() || JobEnded(j->state);
+}
+
+std::vector<JobRecord> Daemon::LiveJobs() {
+  std::vector<JobRecord> jobs = store_->List();
+  for (JobRecord& j : jobs) j = Live(std::move(j));
+  return jobs;
 }
 
 JobRecord Daemon::Live(JobRecord j) {

@@ -55,8 +55,8 @@ struct DaemonOptions {
   int max_queued = 100;
   size_t max_job_bytes = 1 << 20;  // the largest job file accepted
   bool paused = false;  // accept and queue jobs, start none (maintenance)
-  // Where to serve /metrics (Prometheus; plain HTTP on loopback only, else HTTPS with
-  // tls_cert); empty: nowhere.
+  // Where to serve /metrics (Prometheus) and the dashboard (/, service/dashboard.h):
+  // plain HTTP on loopback only, else HTTPS with tls_cert; empty: nowhere.
   std::string metrics_listen;
 };
 
@@ -133,6 +133,8 @@ class Daemon {
                                    std::map<std::string, v1::JobOffer>* offers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The record with its running job's live progress.
   JobRecord Live(JobRecord j) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every job, each Live.
+  std::vector<JobRecord> LiveJobs() ABSL_LOCKS_EXCLUDED(mu_);
   // Wakes the scheduling loop.
   void Changed() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -13,6 +13,7 @@
 #include "core/parameter_set.h"
 #include "service/access_policy.h"
 #include "service/daemon.h"
+#include "service/dashboard.h"
 #include "service/job_store.h"
 #include "tests/deadline.h"
 #include "tests/service/fake_site.h"
@@ -343,7 +344,7 @@ TEST_F(DaemonApiTest, ACallerWithoutIdentityOrRightIsRefusedAndChangesNothing) {
   EXPECT_GT(audit.entries(3).at_unix_ms(), 0);
 }
 
-TEST_F(DaemonApiTest, MetricsAreServed) {
+TEST_F(DaemonApiTest, MetricsAndTheDashboardAreServed) {
   ASSERT_TRUE(Submit("alice", Job("a")).ok());
   httplib::Client http("127.0.0.1", daemon_->metrics_port());
   auto res = http.Get("/metrics");
@@ -353,6 +354,50 @@ TEST_F(DaemonApiTest, MetricsAreServed) {
   EXPECT_NE(res->body.find("cleave_job_info{job=\"job-1\",name=\"a\",state=\"queued\",submitter=\"alice\"} 1"),
             std::string::npos)
       << res->body;
+  // The dashboard: the job and the attached site.
+  res = http.Get("/");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(res->body.find("<td>job-1</td><td>a</td><td>alice</td><td class=\"queued\">queued</td>"),
+            std::string::npos)
+      << res->body;
+  EXPECT_NE(res->body.find("<td>site</td><td>default (0)</td><td>-</td><td>no site policy</td>"), std::string::npos)
+      << res->body;
+}
+
+TEST_F(ServiceTest, TheDashboardEscapesWhatSubmittersAndClientsNamed) {
+  std::vector<JobRecord> jobs(25);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i].id = "job-" + std::to_string(i + 1);
+    jobs[i].state = JobState::kSucceeded;
+  }
+  jobs[24].state = JobState::kRunning;
+  jobs[24].name = "<script>alert(1)</script>";
+  jobs[24].submitter = "a&b";
+  jobs[24].committed_round = 3;
+  jobs[24].total_rounds = 10;
+  jobs[24].evaluated = true;
+  jobs[24].accuracy = 0.8125;
+  jobs[24].expected_end_ms = 1700000000000;
+  PoolMemberView site;
+  site.name = "site\"x";
+  site.hello.add_datasets()->set_name("<b>");
+  site.hello.mutable_policy()->set_given(true);
+  site.jobs["job-25"] = {true, 7100};
+  const std::string html = DaemonDashboardHtml(jobs, {site}, 64 << 20);
+  EXPECT_EQ(html.find("<script>"), std::string::npos);
+  EXPECT_EQ(html.find("<b>"), std::string::npos);
+  EXPECT_NE(html.find("<td>&lt;script&gt;alert(1)&lt;/script&gt;</td><td>a&amp;b</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<td>3/10</td><td>0.8125</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<td>2023-11-14 22:13:20</td>"), std::string::npos) << html;  // the forecast end
+  EXPECT_NE(html.find("<td>site&quot;x</td><td>&lt;b&gt; (0)</td><td>job-25</td><td>site policy, 1 job(s) at once"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("0 queued, 1 running, 25 submitted; 1 client(s) attached; 64 MiB resident"), std::string::npos);
+  // The running job and the 20 that ended last: job-5 to job-24, not job-4.
+  EXPECT_NE(html.find("<td>job-5</td>"), std::string::npos);
+  EXPECT_EQ(html.find("<td>job-4</td>"), std::string::npos);
 }
 
 TEST_F(DaemonApiTest, EachSeesWhatTheyMayAndCancelsTheirOwn) {
