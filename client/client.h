@@ -184,6 +184,15 @@ std::string ClientMetricsText(const ClientState& s);
 // What this device declares at Join: its host name, cores, physical memory, platform.
 v1::DeviceProfile LocalDevice();
 
+// Whether a server's refusal with code `c` is one retrying cannot change (a bad
+// argument, a failed precondition, no or the wrong credentials, a call the server does
+// not serve): a client gives up at once.
+inline bool RetryCannotHelp(absl::StatusCode c) {
+  return c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kFailedPrecondition ||
+         c == absl::StatusCode::kUnauthenticated || c == absl::StatusCode::kPermissionDenied ||
+         c == absl::StatusCode::kUnimplemented;
+}
+
 class Client {
  public:
   explicit Client(ClientOptions options);

@@ -45,11 +45,7 @@ namespace cleave {
 
 struct Client::Impl {
   // Errors after which retrying cannot help: the run ends.
-  static bool Fatal(absl::StatusCode c) {
-    return c == absl::StatusCode::kInvalidArgument || c == absl::StatusCode::kFailedPrecondition ||
-           c == absl::StatusCode::kUnauthenticated || c == absl::StatusCode::kPermissionDenied ||
-           c == absl::StatusCode::kUnimplemented;
-  }
+  static bool Fatal(absl::StatusCode c) { return RetryCannotHelp(c); }
   // Tells the server `task` was not taken, with the reason, and returns `why`.
   static Status Decline(const std::function<void(const v1::TaskAck&)>& ack, const v1::Task& task,
                         const Status& why) {

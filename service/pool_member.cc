@@ -43,10 +43,21 @@ Status PoolMember::Run() {
   double backoff = c.initial_backoff_s;
   auto reached = SteadyClock::now();
   for (;;) {
-    const Status s = Attach();
+    Status s = Attach();
     DropEnded();
     MutexLock l(&mu_);
     if (stopped_) break;
+    if (RetryCannotHelp(s.code())) {  // stop every job's client, as a signal would
+      for (const auto& [id, job] : jobs_) job->client->Stop();
+      if (s.code() == absl::StatusCode::kUnimplemented) {
+        s = absl::UnimplementedError(absl::StrCat(c.server, " serves no pool: --stay attaches to cleave-server "
+                                                  "--daemon's --clients-listen (",
+                                                  s.message(), ")"));
+      }
+      stopped_ = true;
+      refused_ = s;
+      break;
+    }
     if (s.ok()) {
       reached = SteadyClock::now();
       backoff = c.initial_backoff_s;
@@ -69,7 +80,8 @@ Status PoolMember::Run() {
     jobs.swap(jobs_);
   }
   for (auto& [id, job] : jobs) job->thread.join();
-  return absl::CancelledError("stopped");
+  MutexLock l(&mu_);
+  return refused_.ok() ? absl::CancelledError("stopped") : refused_;
 }
 
 v1::PoolHello PoolMember::Hello() {

@@ -43,8 +43,10 @@ class PoolMember {
   explicit PoolMember(PoolMemberOptions options);
   ~PoolMember();
 
-  // Attaches and runs the jobs offered until Stop (CANCELLED), or until the daemon was
-  // unreachable for client.give_up_after_s (UNAVAILABLE).
+  // Attaches and runs the jobs offered until Stop (CANCELLED), until the daemon was
+  // unreachable for client.give_up_after_s (UNAVAILABLE), or until it refuses the
+  // attachment in a way retrying cannot change (RetryCannotHelp: a bad hello, no or the
+  // wrong certificate, a server that is no daemon), with that refusal.
   Status Run() ABSL_LOCKS_EXCLUDED(mu_);
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
   // The Prometheus text of a job it runs (the oldest); empty between jobs.
@@ -68,6 +70,7 @@ class PoolMember {
   Mutex mu_;
   CondVar cv_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  Status refused_ ABSL_GUARDED_BY(mu_);  // the refusal Run ended on
   grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;  // the attachment's call
   Stream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;            // null when not attached
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -284,6 +284,14 @@ TEST_F(DaemonE2eTest, SitesExposeNamedDataAndDeclineWhatTheirPolicyRefuses) {
 
   StartDaemon();
   ASSERT_FALSE(api_.empty()) << Output("daemon.txt");
+  // A --stay client pointed at a port that serves no pool (the job API's) gives up at
+  // once, saying so.
+  const pid_t lost = Spawn({"cleave-client", "--server", api_, "--insecure", "--stay", "--dataset", fmnist},
+                           "lost.txt");
+  EXPECT_EQ(testing::WaitForExit(lost, 60), 1);
+  EXPECT_NE(Output("lost.txt").find("serves no pool: --stay attaches to cleave-server --daemon's --clients-listen"),
+            std::string::npos)
+      << Output("lost.txt");
   StartClient(0, 3, {"--dataset", fmnist});
   StartClient(1, 3, {"--dataset", fmnist});
   StartClient(2, 3, {"--dataset", fmnist, "--site-policy", (dir_ / "small.yaml").string()});
