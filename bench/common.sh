@@ -11,6 +11,16 @@ bench_workdir() {
   cp build/bin/cleave build/bin/cleave-server build/bin/cleave-client "$bin"/
 }
 
+# bench_daemon_auth: a daemon's policy ($work/policy.yaml) with one administrator,
+# `bench`, and its bearer token ($work/token), for the daemon benchmarks' `cleave job`.
+bench_daemon_auth() {
+  cat > "$work/policy.yaml" <<YAML
+identities: {bench: [admin]}
+tokens: {$(printf bench-token-0123456789 | sha256sum | cut -d' ' -f1): bench}
+YAML
+  printf bench-token-0123456789 > "$work/token"
+}
+
 # bench_bin: $bin, a temporary folder (removed on exit) holding copies of the binaries,
 # for benchmarks whose run directories stay (under runs/).
 bench_bin() {

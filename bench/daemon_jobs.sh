@@ -24,11 +24,7 @@ job fedavg 20 mlp ""
 job fedprox 10 mlp "strategy: {name: fedprox, proximal_mu: 0.01}"
 job sflv2 10 lenet5 "split: {mode: sfl-v2, cut: 1}"
 
-cat > "$work/policy.yaml" <<YAML
-identities: {bench: [admin]}
-tokens: {$(printf bench-token-0123456789 | sha256sum | cut -d' ' -f1): bench}
-YAML
-printf bench-token-0123456789 > "$work/token"
+bench_daemon_auth
 port=$(( 20000 + RANDOM % 20000 ))
 
 cpids=()

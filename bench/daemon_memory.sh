@@ -10,11 +10,7 @@ cd "$(dirname "$0")/.."
 bench_workdir daemon-memory
 FMNIST=/usr/share/datasets/fashion-mnist
 JOBS=${JOBS:-12}
-cat > "$work/policy.yaml" <<YAML
-identities: {bench: [admin]}
-tokens: {$(printf bench-token-0123456789 | sha256sum | cut -d' ' -f1): bench}
-YAML
-printf bench-token-0123456789 > "$work/token"
+bench_daemon_auth
 port=$(( 20000 + RANDOM % 20000 ))
 "$bin/cleave-server" --daemon --state-dir "$work/state" --listen 127.0.0.1:0 --clients-listen 127.0.0.1:$port \
   --policy "$work/policy.yaml" --insecure > "$work/daemon.log" 2>&1 &

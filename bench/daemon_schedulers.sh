@@ -22,11 +22,7 @@ clients: {min: 2, quorum: 1.0, round_deadline_s: 300}
 train: {local_epochs: 1, batch_size: 32, lr: 0.05, momentum: 0.9}
 YAML
 done
-cat > "$work/policy.yaml" <<YAML
-identities: {bench: [admin]}
-tokens: {$(printf bench-token-0123456789 | sha256sum | cut -d' ' -f1): bench}
-YAML
-printf bench-token-0123456789 > "$work/token"
+bench_daemon_auth
 
 ms() { date -u -d "${1% *} ${2%Z}" +%s%3N; }  # "YYYY-MM-DD HH:MM:SS.mmmZ" -> Unix ms
 field() { sed -n "s/^  $1 *\(.*\)\$/\1/p" <<< "$2"; }
