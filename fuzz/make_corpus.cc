@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cleave/v1/cleave.pb.h"
+#include "cleave/v1/pool.pb.h"
 #include "compression/codec.h"
 #include "core/files.h"
 #include "fuzz/fuzz_inputs.h"
@@ -242,6 +243,21 @@ int main(int argc, char** argv) {
         R"({"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100})",
         R"({"model_type": "mistral", "sliding_window": null, "attention_bias": false})"}) {
     Seed("hf_config_fuzz", std::to_string(written), config);
+  }
+  {  // a client's hello, and a site policy file
+    cleave::v1::PoolUp up;
+    cleave::v1::PoolHello* hello = up.mutable_hello();
+    hello->set_name("site-a");
+    hello->add_datasets()->set_name("xray");
+    hello->mutable_policy()->set_given(true);
+    cleave::v1::DatasetGrant* grant = hello->mutable_policy()->add_datasets();
+    grant->set_dataset("xray");
+    grant->add_submitters("alice");
+    hello->add_jobs()->set_job_id("job-1");
+    Seed("pool_fuzz", std::to_string(written), up.SerializeAsString());
+    Seed("pool_fuzz", std::to_string(written),
+         "datasets: {xray: [alice], notes: [\"*\"]}\nmodels: [mlp]\nmax_parameters: 5000000\nmax_rounds: 200\n"
+         "require_secure_aggregation: false\nmax_dp_epsilon: 8\nmax_concurrent_jobs: 2\n");
   }
   std::cout << "make_corpus: " << written << " seeds in " << out_dir.string() << "\n";
   return 0;

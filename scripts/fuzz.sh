@@ -30,7 +30,7 @@ mkdir -p "$findings"
 status=0
 for target in parameter_set_fuzz codec_fuzz checkpoint_fuzz buffer_journal_fuzz config_fuzz \
               upload_fuzz secagg_fuzz safetensors_fuzz split_chunks_fuzz chat_template_fuzz \
-              hf_tokenizer_fuzz hf_config_fuzz; do
+              hf_tokenizer_fuzz hf_config_fuzz pool_fuzz; do
   log="$build/$target.log"
   # Work on a copy of the seeds so that a run's discoveries do not grow the next seed set.
   work="$build/work/$target"
