@@ -41,10 +41,13 @@ void AddScaled(const ParameterSet& d, double f, ParameterSet* a) {
 
 class AsyncTest : public RunningServerTest {
  protected:
-  // Waits (real time, up to a minute) until `version` is committed.
+  // Waits (real time, up to a minute) until `version` is committed and its metrics are
+  // in the history (the coordinator records them after it commits the model).
   ::testing::AssertionResult WaitForVersion(int64_t version) {
     for (int i = 0; i < 6000; ++i) {
-      if (server_->committed_round() >= version) return ::testing::AssertionSuccess();
+      if (server_->committed_round() >= version && static_cast<int64_t>(server_->History().size()) >= version) {
+        return ::testing::AssertionSuccess();
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return ::testing::AssertionFailure() << "version " << server_->committed_round()
