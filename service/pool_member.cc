@@ -222,8 +222,19 @@ v1::JobAnswer PoolMember::Take(const v1::JobOffer& offer) {
 }
 
 void PoolMember::Release(const std::string& id) {
-  MutexLock l(&mu_);
-  if (auto it = jobs_.find(id); it != jobs_.end()) it->second->client->Stop();
+  std::unique_ptr<Job> job;
+  {
+    MutexLock l(&mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return;
+    it->second->client->Stop();
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  // Its seat is free once its client ended, before the next message is read: the
+  // scheduler releases a client from one job and offers it another at once, and the
+  // offer must not find the seat still taken (nor two jobs train at once).
+  job->thread.join();
 }
 
 void PoolMember::Send(const v1::PoolUp& up) {

@@ -60,6 +60,7 @@ class PoolMember {
   v1::PoolHello Hello() ABSL_LOCKS_EXCLUDED(mu_);
   // Answers `offer`: declined by the policy or for lack of capacity, else run.
   v1::JobAnswer Take(const v1::JobOffer& offer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Leaves job `id`: returns once its client ended.
   void Release(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `up` on the attachment, if there is one.
   void Send(const v1::PoolUp& up) ABSL_LOCKS_EXCLUDED(mu_);

@@ -249,6 +249,29 @@ TEST_F(DaemonE2eTest, TwoJobsShareThePoolAtOnceAndBothResumeAfterAKill) {
   for (size_t i = 1; i < 5; ++i) EXPECT_EQ(waitpid(pids_[i], nullptr, WNOHANG), 0) << Output("client0.txt");
 }
 
+// A job that arrives while another holds every client takes its share: the scheduler
+// releases two clients from the first and offers them the second at once, and each
+// takes it (its seat is free once it left the first: no decline for lack of room).
+TEST_F(DaemonE2eTest, AJobThatArrivesTakesItsShareFromARunningOne) {
+  StartDaemon("daemon.txt", {"--scheduler", "fair"});
+  ASSERT_FALSE(api_.empty()) << Output("daemon.txt");
+  for (int i = 0; i < 4; ++i) StartClient(i, 4);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Attached(i)) << Output("client" + std::to_string(i) + ".txt");
+  std::string out;
+  ASSERT_EQ(Job({"submit", WriteJob("a", 400, "", /*per_round=*/0)}, &out), 0) << out;
+  const fs::path a = dir_ / "state" / "jobs" / "job-1";
+  for (int i = 0; i < testing::ScaledSeconds(120) * 10 && testing::MetricsRows(a).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_FALSE(testing::MetricsRows(a).empty()) << Output("daemon.txt");
+  EXPECT_EQ(testing::MetricsRows(a)[0]["participants"], 4);
+  ASSERT_EQ(Job({"submit", WriteJob("b", 3)}, &out), 0) << out;
+  const v1::JobInfo b = AwaitEnd("job-2");
+  ASSERT_EQ(b.state(), "succeeded") << b.reason() << "\n" << Output("daemon.txt");
+  EXPECT_EQ(b.declines_size(), 0) << b.declines(0).client() << ": " << b.declines(0).reason();
+  ASSERT_EQ(Job({"cancel", "job-1"}, &out), 0) << out;
+}
+
 TEST_F(DaemonE2eTest, AClientThatComesBackRejoinsEveryJobItWasIn) {
   // Both clients train both jobs at once (their policies allow two).
   std::ofstream(dir_ / "two.yaml") << "datasets: {default: [\"*\"]}\nmax_concurrent_jobs: 2\n";
