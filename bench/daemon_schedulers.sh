@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One daemon, four Fashion-MNIST jobs arriving GAP s apart (default 2), six long-lived clients of
 # unequal speed (compute slowdowns 1, 1, 2, 2, 3, 3), run once under each scheduler
-# (--scheduler fifo, then fair): each job's completion time (submitted to ended) and
-# final accuracy, and the mean completion time of each scheduler. A job ends at a test
+# (--scheduler fifo, fair, then goodput; SCHEDULERS to choose): each job's completion time
+# (submitted to ended) and final accuracy, and the mean completion time of each scheduler. A job ends at a test
 # accuracy of TARGET (default 0.86; run.target_accuracy) or after ROUNDS rounds (default
 # 80), so completion is time to that accuracy where it is reached. The daemon's resident
 # memory is read with its clients attached before the first job, and after the last ended.
@@ -30,7 +30,8 @@ last() { grep -o '"test_accuracy":[0-9.]*' "$1/metrics.jsonl" | cut -d: -f2 | ta
 
 pids=()
 trap 'kill "${pids[@]}" 2> /dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
-for sched in fifo fair; do
+SCHEDULERS=${SCHEDULERS:-fifo fair goodput}
+for sched in $SCHEDULERS; do
   port=$(( 20000 + RANDOM % 20000 ))
   state=$work/$sched
   "$bin/cleave-server" --daemon --state-dir "$state" --listen 127.0.0.1:0 --clients-listen 127.0.0.1:$port \
@@ -65,9 +66,15 @@ for sched in fifo fair; do
   kill "${pids[@]}" 2> /dev/null || true
   wait 2> /dev/null || true
 done
-for sched in fifo fair; do
+for sched in $SCHEDULERS; do
   awk -v s=$sched '{ printf "%s %s: completion %.1f s, final accuracy %.4f\n", s, $2, $3 / 1000, $4; t += $3 }
     END { printf "%s: mean completion %.1f s\n", s, t / NR / 1000 }' "$work/$sched.txt"
+  awk '{ t += $3 } END { print t / NR }' "$work/$sched.txt" > "$work/$sched.mean"
 done
-awk 'FNR == 1 { f++ } { t[f] += $3 } END { printf "fifo / fair mean completion: %.2f\n", t[1] / t[2] }' \
-  "$work/fifo.txt" "$work/fair.txt"
+for a in $SCHEDULERS; do
+  for b in $SCHEDULERS; do
+    [[ $a < $b ]] || continue
+    awk -v a="$(cat "$work/$a.mean")" -v b="$(cat "$work/$b.mean")" -v n="$a / $b" \
+      'BEGIN { printf "%s mean completion: %.2f\n", n, a / b }'
+  done
+done

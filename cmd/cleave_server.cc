@@ -60,9 +60,9 @@ void AddFlags(CLI::App& app, Flags& f) {
       ->needs("--daemon");
   app.add_option("--scheduler", f.scheduler,
                  "--daemon: how the pool's clients are divided among running jobs: fifo (run.priority, then "
-                 "submission) or fair (equal shares)")
+                 "submission), fair (equal shares) or goodput (by measured client speed and update noise)")
       ->needs("--daemon")
-      ->check(CLI::IsMember({"fifo", "fair"}));
+      ->check(CLI::IsMember({"fifo", "fair", "goodput"}));
   app.add_option("--max-running", f.max_running, "--daemon: the most jobs running at once (default 4)")
       ->needs("--daemon")
       ->check(CLI::Range(1, 1000));

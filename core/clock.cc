@@ -1,5 +1,7 @@
 #include "core/clock.h"
 
+#include <ctime>
+
 namespace cleave {
 namespace {
 
@@ -33,6 +35,21 @@ void FakeClock::WaitUntil(CondVar& cv, Mutex& mu, time_point deadline) const {
 void FakeClock::Advance(duration d) {
   MutexLock l(&mu_);
   now_ += d;
+}
+
+int64_t UnixNowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string UnixMsText(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
 }
 
 }  // namespace cleave

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "core/mutex.h"
@@ -29,6 +31,11 @@ class Clock {
   // The process's steady clock (shared, stateless).
   static std::shared_ptr<Clock> Real();
 };
+
+// The wall clock: Unix milliseconds now; and one as "YYYY-MM-DD HH:MM:SS" (UTC), "-"
+// for 0 or less.
+int64_t UnixNowMs();
+std::string UnixMsText(int64_t unix_ms);
 
 // Seconds as a Clock duration (config values are doubles).
 inline Clock::duration Seconds(double s) {

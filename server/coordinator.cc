@@ -529,6 +529,8 @@ Coordinator::Coordinator(ServerOptions o)
       sessions_(config().tls.mutual),
       buffers_(config().server.worker_threads),
       uploads_(config().server.worker_threads),
+      noise_(opts_.measure_update_noise && MeasuresUpdateNoise(config()) ? std::make_unique<UpdateNoiseMeter>()
+                                                                         : nullptr),
       pool_(config().server.worker_threads, UseTorchThreads) {}
 
 Coordinator::~Coordinator() { Stop(); }

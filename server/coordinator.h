@@ -34,6 +34,7 @@
 #include "server/checkpoint.h"
 #include "server/model_state.h"
 #include "server/observe/observe.h"
+#include "server/observe/update_noise.h"
 #include "server/rounds/machinery.h"
 #include "server/rounds/round_context.h"
 #include "server/rounds/round_driver.h"
@@ -414,6 +415,9 @@ class Coordinator : private RoundContext {
   std::optional<EdgeTask> edge_ ABSL_GUARDED_BY(mu_);
   BufferPool buffers_;
   UploadSlots uploads_;
+  // The round's update noise (ServerOptions::measure_update_noise, where the job allows
+  // it); null otherwise.
+  const std::unique_ptr<UpdateNoiseMeter> noise_;
 
   ThreadPool pool_;  // last member: its workers finish before the state above dies
 };

@@ -108,9 +108,12 @@ Status Coordinator::ApplyLocked(int64_t round,
   // accountant, error-feedback memory): a round that fails after the step leaves no
   // trace in it.
   const ParameterSet strategy_before = strategy_.get().State();
+  std::optional<ParameterSet> model_before;  // the step's start, to measure the update noise
+  if (noise_) model_before = next;
   if (fold) finished = fold(next);
   if (finished.ok()) finished = strategy_.get().FinishRound(m->failures, &next);
   if (finished.ok()) m->strategy_stats = strategy_.get().RoundStats();
+  if (finished.ok() && noise_) m->update_noise = noise_->Estimate(SquaredDistance(next, *model_before));
   if (finished.ok() && !model_.layout.updates_all()) {  // the shared tensors into the whole model
     ParameterSet whole = RunThreadGlobal();
     finished = Overwrite(next, &whole);
@@ -190,6 +193,7 @@ void Coordinator::BeginRoundLocked(int64_t round, const std::vector<std::string>
   round_state().clients = std::max<int>(1, clients.size());
   round_state().weights = WeightsOfLocked(clients);
   if (!evaluate_only) strategy_.BeginRound(UpdateLayout());
+  if (noise_) noise_->Reset();
   round_state().evaluating = evaluate_only;
   round_state().tasks.clear();
   round_state().number = round;

@@ -253,6 +253,7 @@ Status Coordinator::AddClaimed(const v1::UploadHeader& h, const std::string& pay
     RETURN_IF_ERROR(machinery_.scheduler().Record(*claim.record));
   }
   if (claim.add) return claim.add(views, claim.update.weight);
+  if (noise_) noise_->Add(views, static_cast<double>(claim.update.weight));
   claim.update.delta = std::move(views);
   // Each worker adds into its own partial sum; threads outside the pool share the last.
   strategy_.Accumulate(claim.update, pool_.WorkerIndex());

@@ -59,6 +59,9 @@ struct ServerOptions {
   // Called on the Run thread after each round is committed and checkpointed (the daemon
   // times rounds with it to forecast a job's end).
   std::function<void(const RoundMetrics&)> committed;
+  // Measure each round's update noise (RoundMetrics::update_noise) where the job's step
+  // allows it (server/observe/update_noise.h): the daemon's goodput scheduler reads it.
+  bool measure_update_noise = false;
   // Test hook: called by each federated upload after the checks it passes under the
   // coordinator's lock, before it is validated and added without the lock.
   std::function<void()> before_accumulate;
@@ -118,6 +121,14 @@ struct AsyncMetrics {
 };
 
 // What one committed round produced; also one line of metrics.jsonl.
+// A round's client updates as noise around their expected update
+// (server/observe/update_noise.h): the noise's variance sigma^2 and the expected
+// update's squared norm |G|^2, both estimates (either may come out negative).
+struct UpdateNoise {
+  double noise = 0;
+  double signal = 0;
+};
+
 struct RoundMetrics {
   int64_t round = 0;
   // The final evaluation: clients measured the model of `round` (already committed);
@@ -158,6 +169,7 @@ struct RoundMetrics {
   // WidthDriver (section width): the rate each participant trained at, by name.
   std::map<std::string, double> widths;
   int64_t examples = 0;  // the accepted updates' weights, summed
+  std::optional<UpdateNoise> update_noise;  // ServerOptions::measure_update_noise
 };
 
 // What an edge aggregator's round hands upstream (Server::RunEdgeRound).
@@ -193,6 +205,9 @@ class Server {
   ParameterSet GlobalModel() const;
   int64_t committed_round() const;
   std::vector<RoundMetrics> History() const;
+  // Each connected client's last accepted task's training time in seconds, by name
+  // (clients without one left out).
+  std::map<std::string, double> ClientTaskSeconds() const;
   // Transport bytes counted since start, up and down (the sums behind bytes_up and
   // bytes_down, including traffic outside rounds).
   std::pair<int64_t, int64_t> TransportBytes() const;

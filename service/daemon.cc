@@ -11,6 +11,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/files.h"
 #include "core/http_endpoint.h"
 #include "core/memory.h"
@@ -51,11 +52,6 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const DaemonOptio
 std::string DialHost(const std::string& listen) {
   const std::string host = listen.substr(0, listen.rfind(':'));
   return host == "0.0.0.0" || host == "[::]" ? "127.0.0.1" : host;
-}
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace
@@ -131,6 +127,7 @@ struct Daemon::RunningJob {
   double last_wall_s = 0;
   // The scheduling loop's own: the declines already in the store.
   std::set<std::string> recorded;
+  NoiseScaleAverage noise;  // its rounds' update noise (--scheduler goodput)
 };
 
 namespace {
@@ -494,10 +491,12 @@ void Daemon::Launch(const JobRecord& j, int port) {
   o.run_dir = dir;
   o.insecure = opts_.insecure && opts_.tls_cert.empty();
   o.config_text = j.config;
+  o.measure_update_noise = opts_.scheduler == "goodput";
   o.committed = [this, r](const RoundMetrics& m) {
     MutexLock l(&mu_);
-    r->commits.emplace_back(m.round, NowMs());
+    r->commits.emplace_back(m.round, UnixNowMs());
     r->last_wall_s = m.wall_s;
+    if (m.update_noise) r->noise.Add(m.update_noise->noise, m.update_noise->signal);
   };
   StatusOr<std::unique_ptr<Server>> server = Server::Create(std::move(o));
   if (!server.ok()) return fail(server.status().ToString());
@@ -564,6 +563,10 @@ void Daemon::Schedule() {
   {
     MutexLock l(&mu_);
     jobs = Schedulable(members, current, &offers);
+    const std::map<std::string, double> slowness = RelativeSlowness(task_seconds_);
+    for (PoolSeat& s : seats) {
+      if (auto it = slowness.find(s.name); it != slowness.end()) s.slowness = it->second;
+    }
   }
   const PoolAllocation next = scheduler_->Allocate(jobs, seats, current);
   for (const auto& [id, clients] : current) {
@@ -583,7 +586,8 @@ std::vector<PoolJob> Daemon::Schedulable(const std::vector<PoolMemberView>& memb
   std::vector<PoolJob> jobs;
   for (const auto& [id, r] : running_) {
     if (r->done || !r->no_client.empty()) continue;
-    PoolJob job{id, r->record.priority, JobNumber(id), r->min_clients, r->max_clients, {}};
+    PoolJob job{id, r->record.priority, JobNumber(id), r->min_clients, r->max_clients, {}, r->noise.value()};
+    for (const auto& [client, seconds] : r->server->ClientTaskSeconds()) task_seconds_[{id, client}] = seconds;
     const std::map<std::string, std::string> declined = pool_->Declines(id);
     for (const auto& [client, reason] : declined) {
       if (r->recorded.insert(client).second) {
@@ -617,6 +621,17 @@ std::vector<PoolJob> Daemon::Schedulable(const std::vector<PoolMemberView>& memb
     offer.set_host(opts_.advertise_host);
     offer.set_port(r->port);
     *offer.mutable_job() = r->summary;
+  }
+  // The clients' times in the last kTimedJobs jobs: enough to compare clients the
+  // scheduler has since parted (RelativeSlowness), bounded.
+  std::set<int64_t> timed;
+  for (const auto& [key, seconds] : task_seconds_) timed.insert(JobNumber(key.first));
+  while (timed.size() > kTimedJobs) {
+    const int64_t oldest = *timed.begin();
+    timed.erase(timed.begin());
+    for (auto it = task_seconds_.begin(); it != task_seconds_.end();) {
+      it = JobNumber(it->first.first) == oldest ? task_seconds_.erase(it) : std::next(it);
+    }
   }
   return jobs;
 }

@@ -156,6 +156,9 @@ class Daemon {
   bool changed_ ABSL_GUARDED_BY(mu_) = true;  // the scheduling loop has work
   // The running jobs by id; added and removed by the scheduling loop only.
   std::map<std::string, std::unique_ptr<RunningJob>> running_ ABSL_GUARDED_BY(mu_);
+  // Each client's last round time in each job (job id, client), for --scheduler goodput.
+  std::map<std::pair<std::string, std::string>, double> task_seconds_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kTimedJobs = 32;
   std::thread runner_;
 };
 

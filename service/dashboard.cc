@@ -1,12 +1,11 @@
 #include "service/dashboard.h"
 
-#include <time.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/clock.h"
 #include "core/printable.h"
 
 namespace cleave {
@@ -25,16 +24,6 @@ th, td { padding: .3em .8em; border-bottom: 1px solid #ddd; text-align: left; ve
 <h1>cleave daemon</h1>
 )";
 
-// "YYYY-MM-DD HH:MM:SS" (UTC) of Unix ms; "-" for 0.
-std::string When(int64_t ms) {
-  if (ms <= 0) return "-";
-  const time_t t = static_cast<time_t>(ms / 1000);
-  struct tm tm {};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
-}
 
 std::string Cell(const std::string& text) { return absl::StrCat("<td>", HtmlEscape(text), "</td>"); }
 
@@ -44,8 +33,8 @@ std::string JobRow(const JobRecord& j) {
                       "</td>", Cell(std::to_string(j.priority)),
                       Cell(absl::StrCat(j.committed_round, "/", j.total_rounds)),
                       Cell(j.evaluated ? absl::StrFormat("%.4f", j.accuracy) : "-"),
-                      Cell(j.evaluated ? absl::StrFormat("%.4f", j.loss) : "-"), Cell(When(j.started_ms)),
-                      Cell(j.state == JobState::kRunning ? When(j.expected_end_ms) : When(j.ended_ms)),
+                      Cell(j.evaluated ? absl::StrFormat("%.4f", j.loss) : "-"), Cell(UnixMsText(j.started_ms)),
+                      Cell(j.state == JobState::kRunning ? UnixMsText(j.expected_end_ms) : UnixMsText(j.ended_ms)),
                       Cell(j.reason), "</tr>\n");
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/parameter_set.h"
+#include "core/clock.h"
 #include "core/printable.h"
 
 namespace cleave {
@@ -150,11 +151,7 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path, int 
     return absl::FailedPreconditionError(absl::StrCat("cannot open the job database ", path, ": ", why));
   }
   if (!now_ms) {
-    now_ms = [] {
-      return std::chrono::duration_cast<std::chrono::milliseconds>(
-                 std::chrono::system_clock::now().time_since_epoch())
-          .count();
-    };
+    now_ms = UnixNowMs;
   }
   std::unique_ptr<JobStore> store(new JobStore(db, max_queued, std::move(now_ms)));
   MutexLock l(&store->mu_);

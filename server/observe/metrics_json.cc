@@ -101,6 +101,7 @@ nlohmann::json RoundMetricsJson(const RoundMetrics& m) {
     if (m.evaluation_only) j["client_eval"].erase("train_seconds");  // nothing trained
   }
   if (m.async) AddAsync(*m.async, m, j);
+  if (m.update_noise) j["update_noise"] = {{"noise", m.update_noise->noise}, {"signal", m.update_noise->signal}};
   for (const auto& [k, v] : m.strategy_stats) j[k] = v;
   return j;
 }

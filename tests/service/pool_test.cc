@@ -3,8 +3,10 @@
 // daemon admitting and offering jobs to sites attached over a real gRPC port.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+
 #include <sqlite3.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -132,7 +134,7 @@ TEST(SitePolicyTest, TheShippedExampleLoads) {
 // ---- Schedulers ----
 
 PoolJob Want(const std::string& id, int priority, int64_t order, int min, int max, std::set<std::string> eligible) {
-  return {id, priority, order, min, max, std::move(eligible)};
+  return {id, priority, order, min, max, std::move(eligible), -1};
 }
 
 TEST(PoolSchedulerTest, FifoServesThePriorityFirstAndTakesClientsFromLowerJobs) {
@@ -183,6 +185,77 @@ TEST(PoolSchedulerTest, FairGivesEachItsMinimumThenEqualSharesKeepingWhoItHas) {
   EXPECT_EQ(capped.at("job-1"), (std::set<std::string>{"a"}));
   EXPECT_EQ(capped.at("job-2").size(), 1u);
   EXPECT_EQ(capped.at("job-3").size(), 5u);
+}
+
+TEST(PoolSchedulerTest, GoodputGroupsClientsBySpeedAndLeavesASlowOneOutWhereItCostsMore) {
+  auto goodput = MakePoolScheduler("goodput");
+  ASSERT_NE(goodput, nullptr);
+  auto job = [](const std::string& id, int64_t order, double phi, const std::vector<PoolSeat>& seats) {
+    std::set<std::string> all;
+    for (const PoolSeat& s : seats) all.insert(s.name);
+    PoolJob j = Want(id, 0, order, 2, 0, all);
+    j.noise_scale = phi;
+    return j;
+  };
+  // Six clients, slowness 1, 1, 1.25, 1.25, 3, 3 (names not in speed order).
+  const std::vector<PoolSeat> near = {{"a", 1, 3}, {"b", 1, 1}, {"c", 1, 1.25}, {"d", 1, 1}, {"e", 1, 3}, {"f", 1, 1.25}};
+  // Updates that agree (phi 0): more clients add nothing, a slower one only costs: the
+  // fastest two. Noisy ones (phi 8): 4 / 12 at 1.25 beats 2 / 10 at 1 (and 3 / 11 at
+  // 1.25, so both 1.25s come at once), while 6 / 14 at 3 does not.
+  EXPECT_EQ(goodput->Allocate({job("job-1", 1, 0, near)}, near, {}).at("job-1"), (std::set<std::string>{"b", "d"}));
+  EXPECT_EQ(goodput->Allocate({job("job-1", 1, 8, near)}, near, {}).at("job-1"),
+            (std::set<std::string>{"b", "c", "d", "f"}));
+
+  // Slowness 1, 1, 2, 2, 3, 3. job-1 held all six; job-2 and job-3 arrive: each gets a
+  // pair of equal speed, the first submitted the fastest.
+  const std::vector<PoolSeat> seats = {{"a", 1, 3}, {"b", 1, 1}, {"c", 1, 2}, {"d", 1, 1}, {"e", 1, 3}, {"f", 1, 2}};
+  const std::vector<PoolJob> three = {job("job-1", 1, 2, seats), job("job-2", 2, 2, seats), job("job-3", 3, 2, seats)};
+  const PoolAllocation got = goodput->Allocate(three, seats, {{"job-1", {"a", "b", "c", "d", "e", "f"}}});
+  EXPECT_EQ(got.at("job-1"), (std::set<std::string>{"b", "d"}));
+  EXPECT_EQ(got.at("job-2"), (std::set<std::string>{"c", "f"}));
+  EXPECT_EQ(got.at("job-3"), (std::set<std::string>{"a", "e"}));
+  EXPECT_EQ(goodput->Allocate(three, seats, got), got) << "nobody moves again";
+
+  // An allocation within 10 % of the best is kept: {a, c} and {b, d} at slowness 1.05
+  // each (1.905) against {a, b} and {c, d} (1.952).
+  const std::vector<PoolSeat> close = {{"a", 1, 1}, {"b", 1, 1}, {"c", 1, 1.05}, {"d", 1, 1.05}};
+  const PoolAllocation mixed = {{"job-1", {"a", "c"}}, {"job-2", {"b", "d"}}};
+  EXPECT_EQ(goodput->Allocate({job("job-1", 1, 0, close), job("job-2", 2, 0, close)}, close, mixed), mixed);
+  // A job no client can take at clients.min holds none.
+  EXPECT_TRUE(goodput->Allocate({Want("job-9", 0, 9, 3, 0, {"a", "b"})}, seats, {}).at("job-9").empty());
+}
+
+TEST(PoolSchedulerTest, SlownessIsFittedAcrossJobsThatSharedNoClient) {
+  // Client x takes 1 s a round in job-1 (where y takes 2 s) and 10 s in job-2, whose work
+  // is ten times larger (z 30 s there): y is 2, z 3 times as slow as x, though y and z
+  // never ran the same job. w ran only job-3: it is the fastest of its own group.
+  const std::map<std::string, double> s = RelativeSlowness({{{"job-1", "x"}, 1.0},
+                                                            {{"job-1", "y"}, 2.0},
+                                                            {{"job-2", "x"}, 10.0},
+                                                            {{"job-2", "z"}, 30.0},
+                                                            {{"job-3", "w"}, 7.0},
+                                                            {{"job-3", "v"}, -1.0}});
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_NEAR(s.at("x"), 1.0, 1e-6);
+  EXPECT_NEAR(s.at("y"), 2.0, 1e-6);
+  EXPECT_NEAR(s.at("z"), 3.0, 1e-6);
+  EXPECT_NEAR(s.at("w"), 1.0, 1e-6);
+}
+
+TEST(PoolSchedulerTest, TheNoiseScaleIsTheRatioOfTheAveragedNoiseAndSignal) {
+  NoiseScaleAverage n;
+  EXPECT_EQ(n.value(), -1) << "none measured";
+  n.Add(8, 4);
+  EXPECT_DOUBLE_EQ(n.value(), 2);
+  // Averages 8 + 0.3 (2 - 8) = 6.2 and 4 + 0.3 (-2 - 4) = 2.2: a round whose signal
+  // came out negative moves the ratio, it does not flip it.
+  n.Add(2, -2);
+  EXPECT_DOUBLE_EQ(n.value(), 6.2 / 2.2);
+  n.Add(std::nan(""), 1);
+  EXPECT_DOUBLE_EQ(n.value(), 6.2 / 2.2) << "a non-finite estimate is ignored";
+  NoiseScaleAverage noise_only;
+  noise_only.Add(5, -1);
+  EXPECT_EQ(noise_only.value(), 1000) << "all noise: the most";
 }
 
 // ---- The store ----
