@@ -590,7 +590,8 @@ std::vector<PoolJob> Daemon::Schedulable(const std::vector<PoolMemberView>& memb
     for (const auto& [client, seconds] : r->server->ClientTaskSeconds()) task_seconds_[{id, client}] = seconds;
     const std::map<std::string, std::string> declined = pool_->Declines(id);
     for (const auto& [client, reason] : declined) {
-      if (r->recorded.insert(client).second) {
+      // A client that left the job after its end ("") declined nothing.
+      if (!reason.empty() && r->recorded.insert(client).second) {
         if (Status s = store_->Decline(id, client, reason); !s.ok()) spdlog::error("{}", s.ToString());
       }
     }
