@@ -77,6 +77,11 @@ struct ClientOptions {
   // Time for the reconnect backoff, giving up and the heartbeat period; null = the real
   // clock. Tests pass a FakeClock (core/clock.h) and move it by hand.
   std::shared_ptr<Clock> clock;
+  // A long-lived client's daily limits (service/pool_member.h): `may_train` is asked
+  // before each task that trains (an error declines the task with it), and `trained` is
+  // told the wall seconds of each one that ended well.
+  std::function<Status()> may_train;
+  std::function<void(double seconds)> trained;
   // Test hook, called after local training: return true to simulate a crash (the
   // connection is dropped without an upload and Run() returns ABORTED).
   std::function<bool(int64_t round)> crash_after_training;

@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
         R"({"model_type": "mistral", "sliding_window": null, "attention_bias": false})"}) {
     Seed("hf_config_fuzz", std::to_string(written), config);
   }
-  {  // a client's hello, and a site policy file
+  {  // a client's hello, a site policy file, and a client's pause
     cleave::v1::PoolUp up;
     cleave::v1::PoolHello* hello = up.mutable_hello();
     hello->set_name("site-a");
@@ -257,7 +257,12 @@ int main(int argc, char** argv) {
     Seed("pool_fuzz", std::to_string(written), up.SerializeAsString());
     Seed("pool_fuzz", std::to_string(written),
          "datasets: {xray: [alice], notes: [\"*\"]}\nmodels: [mlp]\nmax_parameters: 5000000\nmax_rounds: 200\n"
-         "require_secure_aggregation: false\nmax_dp_epsilon: 8\nmax_concurrent_jobs: 2\n");
+         "require_secure_aggregation: false\nmax_dp_epsilon: 8\nmax_concurrent_jobs: 2\nmax_rounds_per_day: 40\n"
+         "max_training_hours_per_day: 2.5\n");
+    cleave::v1::PoolUp pause;
+    pause.mutable_pause()->set_until_unix_ms(1'800'003'600'000);
+    pause.mutable_pause()->set_reason("40 tasks trained in 24 hours, its policy's max_rounds_per_day");
+    Seed("pool_fuzz", std::to_string(written), pause.SerializeAsString());
   }
   std::cout << "make_corpus: " << written << " seeds in " << out_dir.string() << "\n";
   return 0;

@@ -1,7 +1,8 @@
 // Fuzzes what a daemon's pool reads from a client (a PoolUp message: its hello's
-// datasets, policy and held jobs) and what a client reads as its site policy (YAML): a
-// hello is accepted or INVALID_ARGUMENT, a policy file parsed or INVALID_ARGUMENT, and a
-// site's verdict on a job is OK or PERMISSION_DENIED, never anything else.
+// datasets, policy and held jobs, or a pause) and what a client reads as its site policy
+// (YAML): a hello or a pause is accepted or INVALID_ARGUMENT, a policy file parsed or
+// INVALID_ARGUMENT, and a site's verdict on a job is OK or PERMISSION_DENIED, never
+// anything else.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -35,6 +36,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const cleave::Status s = cleave::CheckHello(up.hello());
     if (!s.ok() && s.code() != absl::StatusCode::kInvalidArgument) std::abort();
     if (s.ok()) CheckVerdict(up.hello());
+  }
+  if (up.has_pause()) {
+    const cleave::Status s = cleave::CheckPause(up.pause(), 1'800'000'000'000);
+    if (!s.ok() && s.code() != absl::StatusCode::kInvalidArgument) std::abort();
   }
   auto policy = cleave::ParseSitePolicy(bytes, "fuzz/site.yaml");
   if (!policy.ok()) {

@@ -546,10 +546,13 @@ void Daemon::Schedule() {
     }
   }
   PoolAllocation current;
+  const int64_t now = UnixNowMs();
   for (const PoolMemberView& m : members) {
     for (const auto& [id, held] : m.jobs) {
       auto it = ports.find(id);
-      if (it != ports.end() && it->second == held.port) {
+      if (m.PausedAt(now)) {  // its daily limit is spent: it leaves every job until it frees
+        pool_->Release(m.name, id, "the client paused until " + UnixMsText(m.paused_until_ms) + " UTC");
+      } else if (it != ports.end() && it->second == held.port) {
         current[id].insert(m.name);
       } else {  // a job that ended, or one it ran before the daemon restarted
         pool_->Release(m.name, id, "the job is not running there");
@@ -557,7 +560,9 @@ void Daemon::Schedule() {
     }
   }
   std::vector<PoolSeat> seats;
-  for (const PoolMemberView& m : members) seats.push_back({m.name, MaxConcurrentJobs(m.hello.policy())});
+  for (const PoolMemberView& m : members) {
+    if (!m.PausedAt(now)) seats.push_back({m.name, MaxConcurrentJobs(m.hello.policy())});
+  }
   std::map<std::string, v1::JobOffer> offers;
   std::vector<PoolJob> jobs;
   {
@@ -598,6 +603,7 @@ std::vector<PoolJob> Daemon::Schedulable(const std::vector<PoolMemberView>& memb
     std::map<std::string, std::string> why;
     bool ending = false;  // a client left it after its end
     for (const auto& [client, reason] : declined) ending |= reason.empty();
+    bool waits = false;  // for a client that accepts it but pauses now
     for (const PoolMemberView& m : members) {
       if (declined.count(m.name) > 0) {
         why[m.name] = declined.at(m.name);
@@ -607,11 +613,13 @@ std::vector<PoolJob> Daemon::Schedulable(const std::vector<PoolMemberView>& memb
         if (r->recorded.insert(m.name).second) {
           if (Status st = store_->Decline(id, m.name, why[m.name]); !st.ok()) spdlog::error("{}", st.ToString());
         }
+      } else if (m.PausedAt(UnixNowMs())) {
+        waits = true;
       } else {
         job.eligible.insert(m.name);
       }
     }
-    if (!members.empty() && job.eligible.empty() && current.count(id) == 0 && !ending) {
+    if (!members.empty() && job.eligible.empty() && current.count(id) == 0 && !ending && !waits) {
       r->no_client = "no attached client accepts the job: " + Reasons(why);
       r->server->Stop();
       continue;

@@ -42,6 +42,7 @@ std::string ClientRow(const PoolMemberView& m) {
   std::vector<std::string> datasets, jobs;
   for (const v1::PoolDataset& d : m.hello.datasets()) datasets.push_back(absl::StrCat(d.name(), " (", d.examples(), ")"));
   for (const auto& [id, held] : m.jobs) jobs.push_back(held.accepted ? id : id + " (offered)");
+  if (m.PausedAt(UnixNowMs())) jobs.push_back("paused until " + UnixMsText(m.paused_until_ms) + ": " + m.pause_reason);
   const v1::SitePolicy& p = m.hello.policy();
   return absl::StrCat("<tr>", Cell(m.name), Cell(absl::StrJoin(datasets, ", ")),
                       Cell(jobs.empty() ? "-" : absl::StrJoin(jobs, ", ")),

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "core/grpc_status.h"
 #include "core/printable.h"
 #include "privacy/tls.h"
@@ -31,10 +32,26 @@ struct PoolService::Member {
   // Guarded by the pool's mutex.
   v1::PoolHello hello;
   std::map<std::string, PoolMemberView::Held> jobs;
+  int64_t paused_until_ms = 0;
+  std::string pause_reason;
   // Null once the attachment ended: nothing is written after.
   Mutex write_mu;
   grpc::ServerReaderWriter<v1::PoolDown, v1::PoolUp>* stream ABSL_GUARDED_BY(write_mu) = nullptr;
 };
+
+Status CheckPause(const v1::PoolPause& pause, int64_t now_ms) {
+  constexpr int64_t kMostAhead = 25 * 3600 * 1000;  // a day's limit, and an hour of clock skew
+  if (pause.until_unix_ms() != 0 &&
+      (pause.until_unix_ms() < 0 || pause.until_unix_ms() > now_ms + kMostAhead)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a pause until ", pause.until_unix_ms(), " (Unix ms): 0, or within 25 hours"));
+  }
+  if (pause.reason().size() > kMaxReason) {
+    return absl::InvalidArgumentError(absl::StrCat("a pause's reason of ", pause.reason().size(), " bytes; at most ",
+                                                   kMaxReason));
+  }
+  return absl::OkStatus();
+}
 
 Status CheckHello(const v1::PoolHello& hello) {
   if (!hello.name().empty()) RETURN_IF_ERROR(CheckName("client name", hello.name()));
@@ -117,7 +134,8 @@ Status PoolService::Handle(const std::shared_ptr<Member>& m, const v1::PoolUp& u
       } else {
         m->jobs.erase(it);
         const std::string reason = Printable(a.reason().substr(0, kMaxReason));
-        declines_[a.job_id()][m->name] = reason.empty() ? "declined" : reason;
+        // Declined for a pause: offered again once it ends.
+        if (m->paused_until_ms <= UnixNowMs()) declines_[a.job_id()][m->name] = reason.empty() ? "declined" : reason;
         spdlog::info("pool: {} declined {}: {}", m->name, a.job_id(), reason);
       }
     } else if (up.has_left()) {
@@ -126,11 +144,19 @@ Status PoolService::Handle(const std::shared_ptr<Member>& m, const v1::PoolUp& u
       if (it == m->jobs.end() || it->second.port != left.port()) return absl::OkStatus();  // an older run's
       m->jobs.erase(it);
       // A client that left a running job is not offered it again: it ended there, or
-      // failed (the reason is its status).
-      declines_[left.job_id()][m->name] =
-          left.status() == "OK" ? "" : "left: " + Printable(left.status().substr(0, kMaxReason));
+      // failed (the reason is its status). One that left as it paused is, once it ends.
+      if (m->paused_until_ms <= UnixNowMs()) {
+        declines_[left.job_id()][m->name] =
+            left.status() == "OK" ? "" : "left: " + Printable(left.status().substr(0, kMaxReason));
+      }
+    } else if (up.has_pause()) {
+      RETURN_IF_ERROR(CheckPause(up.pause(), UnixNowMs()));
+      m->paused_until_ms = up.pause().until_unix_ms();
+      m->pause_reason = Printable(up.pause().reason());
+      spdlog::info("pool: {} pauses{}{}", m->name, m->paused_until_ms ? " until " + UnixMsText(m->paused_until_ms) : "",
+                   m->pause_reason.empty() ? "" : ": " + m->pause_reason);
     } else {
-      return absl::InvalidArgumentError("an attached client sends answers and departures only");
+      return absl::InvalidArgumentError("an attached client sends answers, departures and pauses only");
     }
   }
   changed_();
@@ -145,7 +171,7 @@ void PoolService::Write(Member* m, const v1::PoolDown& msg) {
 std::vector<PoolMemberView> PoolService::Members() {
   MutexLock l(&mu_);
   std::vector<PoolMemberView> out;
-  for (const auto& [name, m] : members_) out.push_back({name, m->hello, m->jobs});
+  for (const auto& [name, m] : members_) out.push_back({name, m->hello, m->jobs, m->paused_until_ms, m->pause_reason});
   return out;
 }
 

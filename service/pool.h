@@ -26,6 +26,10 @@ struct PoolMemberView {
     int port = 0;           // the job's port it was offered (or runs it at, after a reconnect)
   };
   std::map<std::string, Held> jobs;
+  // Its last PoolPause: no job before this Unix time (ms; 0 or past: none), and why.
+  int64_t paused_until_ms = 0;
+  std::string pause_reason;
+  bool PausedAt(int64_t now_ms) const { return paused_until_ms > now_ms; }
 };
 
 class PoolService final : public v1::Pool::Service {
@@ -62,6 +66,10 @@ class PoolService final : public v1::Pool::Service {
   // job id -> client -> why it declined or left (bounded by the running jobs' clients)
   std::map<std::string, std::map<std::string, std::string>> declines_ ABSL_GUARDED_BY(mu_);
 };
+
+// Checks a client's pause at `now_ms`: until 0 (resumed) or within the next 25 hours, a
+// reason of at most 512 bytes. INVALID_ARGUMENT otherwise.
+Status CheckPause(const v1::PoolPause& pause, int64_t now_ms);
 
 // Checks a client's hello: names (of the client, its datasets) printable and at most 128
 // bytes, datasets unique and at most 64, held jobs at most 64. INVALID_ARGUMENT naming

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cleave/v1/pool.grpc.pb.h"
+#include "core/clock.h"
 #include "privacy/tls.h"
 #include "service/site_policy.h"
 
@@ -40,6 +41,13 @@ void PoolMember::Stop() {
 Status PoolMember::Run() {
   using SteadyClock = std::chrono::steady_clock;
   const ClientOptions& c = opts_.client;
+  if (UsageLedger::Limits(opts_.policy)) {
+    const std::string path = c.state_dir.empty() ? "" : (std::filesystem::path(c.state_dir) / "usage.ledger").string();
+    StatusOr<UsageLedger> ledger = UsageLedger::Open(path, opts_.policy);
+    if (!ledger.ok()) return ledger.status();
+    MutexLock l(&mu_);
+    ledger_ = *std::move(ledger);
+  }
   double backoff = c.initial_backoff_s;
   auto reached = SteadyClock::now();
   for (;;) {
@@ -125,11 +133,13 @@ Status PoolMember::Attach() {
   }
   bool welcomed = false;
   Send(hello);
+  if (auto pause = DuePause(/*always=*/true)) Send(*pause);
   for (v1::PoolDown down; stream->Read(&down);) {
     if (down.has_welcome()) {
       welcomed = true;
       spdlog::info("attached to the pool at {} as {}", c.server, down.welcome().name());
     } else if (down.has_offer()) {
+      if (auto pause = DuePause(/*always=*/false)) Send(*pause);  // first: its decline is no refusal
       v1::PoolUp up;
       *up.mutable_answer() = Take(down.offer());
       Send(up);
@@ -156,6 +166,7 @@ v1::JobAnswer PoolMember::Take(const v1::JobOffer& offer) {
   for (const auto& [name, data] : opts_.datasets) site.add_datasets()->set_name(name);
   *site.mutable_policy() = opts_.policy;
   Status ok = SiteAccepts(site, offer.job());
+  if (ok.ok()) ok = MayTrain();
   std::unique_ptr<Job> older;  // the job's run at another port (the daemon restarted): it ends first
   {
     MutexLock l(&mu_);
@@ -198,6 +209,8 @@ v1::JobAnswer PoolMember::Take(const v1::JobOffer& offer) {
   }
   // Until the daemon releases it: a job's server that is gone is the pool's to say.
   o.give_up_after_s = std::numeric_limits<double>::infinity();
+  o.may_train = [this] { return MayTrain(); };
+  o.trained = [this](double seconds) { Trained(seconds); };
   auto job = std::make_unique<Job>();
   Job* j = job.get();
   j->port = offer.port();
@@ -256,6 +269,40 @@ void PoolMember::DropEnded() {
     }
   }
   for (auto& job : ended) job->thread.join();
+}
+
+Status PoolMember::MayTrain() {
+  MutexLock l(&mu_);
+  if (!ledger_) return absl::OkStatus();
+  const UsageLedger::Pause p = ledger_->PausedAt(UnixNowMs());
+  if (p.until_ms == 0) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(p.reason, "; it trains again at ", UnixMsText(p.until_ms), " UTC"));
+}
+
+void PoolMember::Trained(double seconds) {
+  {
+    MutexLock l(&mu_);
+    if (!ledger_) return;
+    if (Status s = ledger_->Record(UnixNowMs(), seconds); !s.ok()) spdlog::error("the usage ledger: {}", s.ToString());
+  }
+  std::optional<v1::PoolUp> pause = DuePause(/*always=*/false);
+  if (!pause) return;
+  Send(*pause);  // first: the departures that follow are no refusals
+  MutexLock l(&mu_);
+  for (const auto& [id, job] : jobs_) job->client->Stop();  // it leaves every job until the limit frees
+}
+
+std::optional<v1::PoolUp> PoolMember::DuePause(bool always) {
+  MutexLock l(&mu_);
+  if (!ledger_) return std::nullopt;
+  const UsageLedger::Pause p = ledger_->PausedAt(UnixNowMs());
+  if (p.until_ms == 0 || (!always && p.until_ms == pause_told_)) return std::nullopt;
+  pause_told_ = p.until_ms;
+  spdlog::info("pauses until {} UTC: {}", UnixMsText(p.until_ms), p.reason);
+  v1::PoolUp up;
+  up.mutable_pause()->set_until_unix_ms(p.until_ms);
+  up.mutable_pause()->set_reason(p.reason);
+  return up;
 }
 
 std::string PoolMember::MetricsText() {

@@ -6,10 +6,15 @@
 // under STATE_DIR/jobs/ID, codec residuals, SecAgg keys, split parts) lives and dies with
 // that client: a job's end drops it and disconnects nothing else. A lost attachment is
 // retried with backoff, the jobs running meanwhile kept; attaching again lists them.
+// Under a policy's daily limits (max_rounds_per_day, max_training_hours_per_day) every
+// task trained is in a UsageLedger (STATE_DIR/usage.ledger); once a limit is spent the
+// member tells the daemon it pauses until the limit frees, leaves its jobs, and declines
+// tasks and offers until then.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -17,6 +22,7 @@
 #include "client/client.h"
 #include "core/mutex.h"
 #include "core/status.h"
+#include "service/usage_ledger.h"
 
 namespace grpc {
 class ClientContext;
@@ -66,6 +72,12 @@ class PoolMember {
   void Send(const v1::PoolUp& up) ABSL_LOCKS_EXCLUDED(mu_);
   // Joins and drops the jobs whose client ended.
   void DropEnded() ABSL_LOCKS_EXCLUDED(mu_);
+  // The daily limits: whether a task may train now (RESOURCE_EXHAUSTED naming the limit
+  // and when it frees); a task trained; and the pause to tell the daemon, when one is due
+  // (`always`: even if it was told already, as on a new attachment).
+  Status MayTrain() ABSL_LOCKS_EXCLUDED(mu_);
+  void Trained(double seconds) ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<v1::PoolUp> DuePause(bool always) ABSL_LOCKS_EXCLUDED(mu_);
 
   const PoolMemberOptions opts_;
   Mutex mu_;
@@ -75,6 +87,8 @@ class PoolMember {
   grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;  // the attachment's call
   Stream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;            // null when not attached
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::optional<UsageLedger> ledger_ ABSL_GUARDED_BY(mu_);  // under daily limits
+  int64_t pause_told_ ABSL_GUARDED_BY(mu_) = 0;             // the last pause sent (until, ms)
 };
 
 }  // namespace cleave

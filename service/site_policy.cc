@@ -83,6 +83,11 @@ const std::map<std::string, KeyReader>& Keys() {
       {"max_concurrent_jobs",
        Checked<int32_t>("max_concurrent_jobs", "a count", [](int32_t v) { return v >= 1 && v <= 64; }, "in [1, 64]",
                         &v1::SitePolicy::set_max_concurrent_jobs)},
+      {"max_rounds_per_day", Checked<int64_t>("max_rounds_per_day", "a count", [](int64_t v) { return v >= 1; },
+                                              "at least 1", &v1::SitePolicy::set_max_rounds_per_day)},
+      {"max_training_hours_per_day",
+       Checked<double>("max_training_hours_per_day", "a number", [](double v) { return v > 0 && v <= 24; },
+                       "in (0, 24]", &v1::SitePolicy::set_max_training_hours_per_day)},
   };
   return *keys;
 }

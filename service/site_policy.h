@@ -10,6 +10,8 @@
 //   require_secure_aggregation: true
 //   max_dp_epsilon: 8          # jobs must run DP with dp.target_epsilon in (0, 8]
 //   max_concurrent_jobs: 1     # jobs trained at once (default 1)
+//   max_rounds_per_day: 500    # tasks trained over any 24 hours, all jobs (absent: any)
+//   max_training_hours_per_day: 6   # hours of training over any 24 hours (absent: any)
 //
 // A dataset the file does not name is open to no job. Without a file a client accepts
 // every job on a dataset it exposes, one at a time.

@@ -2,6 +2,8 @@
 // client/tasks/), and the helpers they share.
 #include "client/client_impl.h"
 
+#include <chrono>
+
 #include "core/fit.h"
 #include "proto/train_config.h"
 
@@ -50,8 +52,18 @@ Status Client::Impl::HandleTask(v1::Coordinator::Stub* stub, const v1::Welcome& 
   if (task.has_train()) {
     if (Status s = CheckFit(FitFromProto(task.train()), "the task's train settings"); !s.ok()) return call.Reject(s);
   }
+  const bool trains = !task.evaluate_only();
+  if (trains && opts.may_train) {
+    if (Status s = opts.may_train(); !s.ok()) return call.Reject(s);
+  }
+  const auto start = std::chrono::steady_clock::now();
   for (const TaskHandler& h : TaskHandlers()) {
-    if (h.matches(opts, task)) return (this->*h.run)(call);
+    if (!h.matches(opts, task)) continue;
+    const Status s = (this->*h.run)(call);
+    if (s.ok() && trains && opts.trained) {
+      opts.trained(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return s;
   }
   return call.Reject(absl::InternalError("no handler for the task"));
 }

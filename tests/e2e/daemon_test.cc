@@ -308,6 +308,46 @@ TEST_F(DaemonE2eTest, AClientThatComesBackRejoinsEveryJobItWasIn) {
   EXPECT_NE(Output("client1.txt").find("joins job-2"), std::string::npos) << Output("client1.txt");
 }
 
+// A site whose policy allows three rounds a day trains three, then pauses and leaves its
+// job, which waits for it (not failed, no fourth round); a restart of the client keeps
+// the count (STATE_DIR/usage.ledger): it pauses again as it attaches.
+TEST_F(DaemonE2eTest, ASiteThatSpentItsDailyRoundsPausesAndStaysPausedAcrossARestart) {
+  std::ofstream(dir_ / "daily.yaml") << "datasets: {default: [\"*\"]}\nmax_rounds_per_day: 3\n";
+  const std::vector<std::string> args = {"--data",        "fmnist:/usr/share/datasets/fashion-mnist,limit=2000",
+                                         "--site-policy", (dir_ / "daily.yaml").string(),
+                                         "--state-dir",   (dir_ / "site").string()};
+  StartDaemon();
+  ASSERT_FALSE(api_.empty()) << Output("daemon.txt");
+  const pid_t site = StartClient(0, 1, args);
+  ASSERT_TRUE(Attached(0)) << Output("client0.txt");
+  const std::string job = (dir_ / "job.yaml").string();
+  std::ofstream(job) << "run: {name: daily, rounds: 10}\nmodel: {name: mlp}\n"
+                     << "data: {test: \"fmnist:/usr/share/datasets/fashion-mnist\", test_limit: 500}\n"
+                     << "clients: {min: 1, round_deadline_s: 120, join_timeout_s: 600}\n";
+  std::string out;
+  ASSERT_EQ(Job({"submit", job}, &out), 0) << out;
+  ASSERT_TRUE(testing::WaitForText(dir_ / "client0.txt", "pauses until")) << Output("client0.txt");
+  EXPECT_NE(Output("client0.txt").find("3 tasks trained in 24 hours, its policy's max_rounds_per_day"),
+            std::string::npos)
+      << Output("client0.txt");
+  const fs::path run = dir_ / "state" / "jobs" / "job-1";
+  for (int i = 0; i < testing::ScaledSeconds(60) * 10 && testing::MetricsRows(run).size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(testing::MetricsRows(run).size(), 3u) << Output("daemon.txt");
+  ASSERT_TRUE(testing::WaitForText(dir_ / "daemon.txt", "pauses until")) << Output("daemon.txt");
+
+  kill(site, SIGKILL);
+  waitpid(site, nullptr, 0);
+  fs::rename(dir_ / "client0.txt", dir_ / "client0-before.txt");
+  StartClient(0, 1, args);
+  ASSERT_TRUE(testing::WaitForText(dir_ / "client0.txt", "pauses until")) << Output("client0.txt");
+  ASSERT_EQ(Job({"status", "job-1"}, &out), 0) << out;
+  EXPECT_NE(out.find("running"), std::string::npos) << out;
+  EXPECT_EQ(testing::MetricsRows(run).size(), 3u) << "no round without the paused site";
+  EXPECT_EQ(Output("client0.txt").find("joins job-1"), std::string::npos) << Output("client0.txt");
+}
+
 TEST_F(DaemonE2eTest, SitesExposeNamedDataAndDeclineWhatTheirPolicyRefuses) {
   std::ofstream(dir_ / "small.yaml") << "datasets: {fmnist: [\"*\"]}\nmax_parameters: 1000\n";
   std::ofstream(dir_ / "broken.yaml") << "datasets: {fmnist: [\"*\"]}\nmax_rounds: 0\n";

@@ -35,6 +35,7 @@ class FakeSite {
       for (v1::PoolDown down; stream_->Read(&down);) {
         MutexLock l(&mu_);
         if (down.has_offer()) offers_.push_back(down.offer());
+        if (down.has_release()) releases_.push_back(down.release());
         if (down.has_offer() && !decline_.empty()) {
           v1::PoolUp answer;
           answer.mutable_answer()->set_job_id(down.offer().job_id());
@@ -56,6 +57,18 @@ class FakeSite {
     MutexLock l(&mu_);
     return offers_;
   }
+  std::vector<v1::JobRelease> Releases() {
+    MutexLock l(&mu_);
+    return releases_;
+  }
+  // Tells the daemon it pauses until `until_unix_ms` (0: resumes).
+  void Pause(int64_t until_unix_ms, const std::string& reason) {
+    v1::PoolUp up;
+    up.mutable_pause()->set_until_unix_ms(until_unix_ms);
+    up.mutable_pause()->set_reason(reason);
+    MutexLock l(&mu_);
+    stream_->Write(up);
+  }
 
   // A hello exposing `datasets`, without a site policy.
   static v1::PoolHello Hello(const std::string& name, const std::vector<std::string>& datasets = {"default"}) {
@@ -75,6 +88,7 @@ class FakeSite {
   std::thread reader_;
   Mutex mu_;
   std::vector<v1::JobOffer> offers_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::JobRelease> releases_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cleave::testing

@@ -8,10 +8,12 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <thread>
 
 #include "cleave/v1/jobs.grpc.pb.h"
+#include "core/clock.h"
 #include "core/files.h"
 #include "core/parameter_set.h"
 #include "privacy/certs.h"
@@ -514,6 +516,42 @@ TEST_F(PoolStoreTest, ThePoolOverMutualTlsNamesClientsByTheirCertificates) {
   // And no plaintext at all.
   testing::FakeSite plain(pool, testing::FakeSite::Hello("plain"));
   EXPECT_FALSE(plain.welcomed());
+}
+
+// A site whose daily limit is spent pauses: the daemon releases it from its job, which
+// waits (its reason is no decline), and offers the job again once the site resumes.
+TEST_F(PoolDaemonTest, APausedSiteLeavesItsJobWhichWaitsForItToResume) {
+  testing::FakeSite* site = Attach(testing::FakeSite::Hello("site-a"));
+  ASSERT_TRUE(Submit(JobOn("")).ok());
+  auto wait_for = [](const std::function<bool()>& done) {
+    for (int i = 0; i < testing::ScaledSeconds(30) * 20 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  };
+  ASSERT_TRUE(wait_for([&] { return site->Offers().size() == 1; }));
+  site->Pause(UnixNowMs() + 3600 * 1000, "40 tasks trained in 24 hours, its policy's max_rounds_per_day");
+  ASSERT_TRUE(wait_for([&] { return !site->Releases().empty(); }));
+  EXPECT_EQ(site->Releases()[0].job_id(), "job-1");
+  EXPECT_NE(site->Releases()[0].reason().find("the client paused until"), std::string::npos)
+      << site->Releases()[0].reason();
+  // Its job waits for it: still running, with no decline; a new one is admitted.
+  v1::JobInfo info;
+  ASSERT_TRUE(Get("job-1", &info).ok());
+  EXPECT_EQ(info.state(), "running");
+  EXPECT_EQ(info.declines_size(), 0);
+  std::string second = JobOn("");
+  second.replace(second.find("name: j"), 7, "name: k");
+  EXPECT_TRUE(Submit(second).ok());
+  EXPECT_EQ(site->Offers().size(), 1u) << "nothing is offered to a paused site";
+  site->Pause(0, "");
+  ASSERT_TRUE(wait_for([&] { return site->Offers().size() >= 2; }));
+  EXPECT_EQ(site->Offers()[1].job_id(), "job-1");
+  // A pause beyond a day (and an hour of skew) ends the attachment.
+  site->Pause(UnixNowMs() + 48 * 3600 * 1000LL, "");
+  ASSERT_TRUE(wait_for([&] {
+    return Submit(JobOn("nothing")).error_message().find("no client is attached") != std::string::npos;
+  }));
 }
 
 TEST_F(PoolDaemonTest, AMalformedHelloIsRefusedAndAttachesNothing) {
