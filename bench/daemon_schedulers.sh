@@ -6,6 +6,8 @@
 # accuracy of TARGET (default 0.86; run.target_accuracy) or after ROUNDS rounds (default
 # 80), so completion is time to that accuracy where it is reached. The daemon's resident
 # memory is read with its clients attached before the first job, and after the last ended.
+# Each job's forecast end (cleave job status) is read once 20 % of the rounds it ran were
+# committed and compared with when it ended.
 #   bench/daemon_schedulers.sh        (from the checkout's root, after make build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,18 +58,44 @@ for sched in $SCHEDULERS; do
     id[$j]=$(cj submit "$work/$j.yaml")
     [ $j = j4 ] || sleep "${GAP:-2}"
   done
+  # Every job polled until all ended; each poll of a running job records its forecast:
+  # "JOB COMMITTED_ROUNDS FORECAST_MS READ_MS".
+  declare -A final=()
+  : > "$work/$sched.forecasts"
+  left=4
+  while [ $left -gt 0 ]; do
+    left=0
+    for j in $JOBS; do
+      [ -z "${final[$j]:-}" ] || continue
+      s=$(cj status "${id[$j]}")
+      if grep -qE "state +(succeeded|failed|cancelled)" <<< "$s"; then final[$j]=$s; continue; fi
+      left=$(( left + 1 ))
+      ends=$(field ends "$s" | sed 's/ (forecast)//')
+      [ "$ends" = - ] || echo "$j $(field progress "$s" | cut -d/ -f1) $(ms $ends) $(date +%s%3N)" >> "$work/$sched.forecasts"
+    done
+    sleep 1
+  done
   for j in $JOBS; do
-    until s=$(cj status "${id[$j]}") && grep -qE "state +(succeeded|failed|cancelled)" <<< "$s"; do sleep 0.5; done
+    s=${final[$j]}
     [ "$(field state "$s")" = succeeded ] || { echo "$sched $j:"; echo "$s"; exit 1; }
     jct=$(( $(ms $(field ended "$s")) - $(ms $(field submitted "$s")) ))
-    echo "$sched $j $jct $(last "$state/jobs/${id[$j]}")"
+    rounds=$(field progress "$s" | cut -d/ -f1 | cut -d' ' -f1)
+    # The first forecast made once 20 % of the rounds it ran were committed.
+    fc=$(awk -v j=$j -v r="$rounds" '$1 == j && $2 * 5 >= r { print $3, $4; exit }' "$work/$sched.forecasts")
+    echo "$sched $j $jct $(last "$state/jobs/${id[$j]}") $rounds ${fc:-0 0} $(ms $(field ended "$s")) $(ms $(field started "$s"))"
   done | tee "$work/$sched.txt"
   echo "$sched: the daemon's resident memory $idle before the first job, $(rss) after the last ended"
   kill "${pids[@]}" 2> /dev/null || true
   wait 2> /dev/null || true
 done
+# Each job: completion, final accuracy, rounds, and the forecast made at 20 % of its rounds
+# against its end, as a share of the time left when it was made and of the job's run.
 for sched in $SCHEDULERS; do
-  awk -v s=$sched '{ printf "%s %s: completion %.1f s, final accuracy %.4f\n", s, $2, $3 / 1000, $4; t += $3 }
+  awk -v s=$sched '{ printf "%s %s: completion %.1f s, final accuracy %.4f, %d rounds", s, $2, $3 / 1000, $4, $5
+      if ($6 == 0) printf ", no forecast seen\n"
+      else printf ", forecast at 20 %%: %+.1f %% of the time left, %+.1f %% of its run\n",
+        100 * ($6 - $8) / ($8 - $7), 100 * ($6 - $8) / ($8 - $9)
+      t += $3 }
     END { printf "%s: mean completion %.1f s\n", s, t / NR / 1000 }' "$work/$sched.txt"
   awk '{ t += $3 } END { print t / NR }' "$work/$sched.txt" > "$work/$sched.mean"
 done

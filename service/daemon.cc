@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -58,12 +59,31 @@ std::string DialHost(const std::string& listen) {
 
 int64_t ForecastEnd(const std::vector<std::pair<int64_t, int64_t>>& commits, double last_wall_s, int64_t total) {
   if (commits.empty()) return 0;
-  const auto& [first_round, first_ms] = commits.front();
+  const auto& [first_round, first_ms] = commits[commits.size() - std::min<size_t>(commits.size(), kForecastPace + 1)];
   const auto& [last_round, last_ms] = commits.back();
   const double per_round_ms = last_round > first_round
                                   ? static_cast<double>(last_ms - first_ms) / static_cast<double>(last_round - first_round)
                                   : last_wall_s * 1000;
   return last_ms + static_cast<int64_t>(static_cast<double>(std::max<int64_t>(0, total - last_round)) * per_round_ms);
+}
+
+int64_t RoundsToTarget(const std::vector<std::pair<int64_t, double>>& accuracy, double target, int64_t total) {
+  if (target <= 0 || accuracy.empty()) return total;
+  const int64_t last = accuracy.back().first;
+  if (accuracy.back().second >= target) return std::min(last, total);
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [round, acc] : accuracy) {
+    if (round < 1 || !std::isfinite(acc)) continue;
+    const double x = std::log(static_cast<double>(round));
+    n += 1, sx += x, sy += acc, sxx += x * x, sxy += x * acc;
+  }
+  const double spread = n * sxx - sx * sx;
+  if (n < 2 || !(spread > 0)) return total;
+  const double slope = (n * sxy - sx * sy) / spread, intercept = (sy - slope * sx) / n;
+  if (!(slope > 0)) return total;
+  const double round = std::ceil(std::exp((target - intercept) / slope));
+  if (!std::isfinite(round) || round >= static_cast<double>(total)) return total;
+  return std::max(last + 1, static_cast<int64_t>(round));
 }
 
 std::string DaemonMetricsText(const std::vector<JobRecord>& jobs, int64_t resident_bytes) {
@@ -114,6 +134,7 @@ struct Daemon::RunningJob {
   JobRecord record;
   v1::JobSummary summary;
   int min_clients = 1, max_clients = 0;
+  double target_accuracy = 0;  // run.target_accuracy
   std::unique_ptr<Server> server;
   int port = 0;
   std::thread thread;
@@ -376,13 +397,16 @@ JobRecord Daemon::Live(JobRecord j) {
   if (it == running_.end()) return j;
   const RunningJob& r = *it->second;
   j.committed_round = r.server->committed_round();
-  j.expected_end_ms = ForecastEnd(r.commits, r.last_wall_s, j.total_rounds);
+  std::vector<std::pair<int64_t, double>> accuracy;
   for (const RoundMetrics& m : r.server->History()) {
     if (m.evaluation_only || !m.evaluated) continue;
     j.evaluated = true;
     j.accuracy = m.test_accuracy;
     j.loss = m.test_loss;
+    accuracy.emplace_back(m.round, m.test_accuracy);
   }
+  j.expected_end_ms =
+      ForecastEnd(r.commits, r.last_wall_s, RoundsToTarget(accuracy, r.target_accuracy, j.total_rounds));
   return j;
 }
 
@@ -485,6 +509,7 @@ void Daemon::Launch(const JobRecord& j, int port) {
   r->record = j;
   r->min_clients = config->clients.min_clients;
   r->max_clients = config->clients.per_round;
+  r->target_accuracy = config->run.target_accuracy;
   ServerOptions o;
   o.config = *config;
   o.listen = absl::StrCat(opts_.clients_listen.substr(0, opts_.clients_listen.rfind(':')), ":", port);

@@ -67,9 +67,18 @@ std::string DaemonMetricsText(const std::vector<JobRecord>& jobs, int64_t reside
 
 // When a job of `total` rounds is expected to end (Unix ms), from the rounds it committed
 // in this run of it, each with its time (Unix ms), and the wall time of its last round
-// (seconds): at the pace of the rounds committed so far (their mean interval; with one,
-// its wall time). 0 before the first commit.
+// (seconds): at the pace of its last kForecastPace rounds (their mean interval, so that
+// the pace follows the clients the scheduler gives it; with one commit, its wall time).
+// 0 before the first commit.
+constexpr int kForecastPace = 5;
 int64_t ForecastEnd(const std::vector<std::pair<int64_t, int64_t>>& commits, double last_wall_s, int64_t total);
+
+// The round a job that ends at run.target_accuracy `target` is expected to end at, from
+// its evaluated rounds' test accuracy ((round, accuracy), in order): where the least-
+// squares line of accuracy against ln(round) reaches the target, within (its last
+// evaluated round, total]; its last evaluated round once it reached the target; `total`
+// without a target, with fewer than two evaluated rounds, or when accuracy does not rise.
+int64_t RoundsToTarget(const std::vector<std::pair<int64_t, double>>& accuracy, double target, int64_t total);
 
 class Daemon {
  public:

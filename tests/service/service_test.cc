@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -179,6 +180,27 @@ TEST_F(ServiceTest, AJobsEndIsForecastAtThePaceOfItsCommittedRounds) {
   // Resumed after round 2: rounds 3 to 5 came every 2 s, 5 are left.
   EXPECT_EQ(ForecastEnd({{3, 1'000}, {4, 3'000}, {5, 5'000}}, 9.0, 10), 15'000);
   EXPECT_EQ(ForecastEnd({{9, 1'000}, {10, 4'000}}, 3.0, 10), 4'000);  // done
+  // The pace of the last five rounds: 1 s each after three of 5 s (fewer clients then).
+  EXPECT_EQ(ForecastEnd({{1, 0}, {2, 5'000}, {3, 10'000}, {4, 11'000}, {5, 12'000}, {6, 13'000}, {7, 14'000},
+                         {8, 15'000}},
+                        1.0, 10),
+            17'000);  // (15000 - 10000) / 5 = 1000 ms a round, 2 left
+}
+
+// A job that ends at a target accuracy ends where its accuracy, a straight line in
+// ln(round), reaches it: 0.5 + 0.1 ln(r) reaches 0.8 at r = e^3 = 20.1, so round 21.
+TEST_F(ServiceTest, AJobWithATargetAccuracyIsForecastToEndWhereItsCurveReachesIt) {
+  std::vector<std::pair<int64_t, double>> acc;
+  for (int64_t r = 1; r <= 4; ++r) acc.emplace_back(r, 0.5 + 0.1 * std::log(static_cast<double>(r)));
+  EXPECT_EQ(RoundsToTarget(acc, 0.8, 100), 21);
+  EXPECT_EQ(RoundsToTarget(acc, 0.8, 15), 15) << "capped at run.rounds";
+  EXPECT_EQ(RoundsToTarget(acc, 0, 100), 100) << "no target";
+  EXPECT_EQ(RoundsToTarget({{1, 0.5}}, 0.8, 100), 100) << "one point: no line";
+  EXPECT_EQ(RoundsToTarget({{1, 0.6}, {2, 0.5}}, 0.8, 100), 100) << "falling: no line";
+  EXPECT_EQ(RoundsToTarget({{1, 0.6}, {2, 0.81}}, 0.8, 100), 2) << "reached";
+  // A line that reached the target before the last evaluated round (which did not): the
+  // next round.
+  EXPECT_EQ(RoundsToTarget({{1, 0.5}, {2, 0.8}, {3, 0.75}}, 0.78, 100), 4);
 }
 
 TEST_F(ServiceTest, MetricsShowEveryLiveJobAndTheLastEndedOnes) {
