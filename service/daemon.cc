@@ -593,9 +593,12 @@ void Daemon::Schedule() {
   {
     MutexLock l(&mu_);
     jobs = Schedulable(members, current, &offers);
-    const std::map<std::string, double> slowness = RelativeSlowness(task_seconds_);
+    const Slowness fit = RelativeSlowness(task_seconds_);
     for (PoolSeat& s : seats) {
-      if (auto it = slowness.find(s.name); it != slowness.end()) s.slowness = it->second;
+      if (auto it = fit.clients.find(s.name); it != fit.clients.end()) s.slowness = it->second;
+    }
+    for (PoolJob& j : jobs) {
+      if (auto it = fit.unit_s.find(j.id); it != fit.unit_s.end()) j.unit_s = it->second;
     }
   }
   const PoolAllocation next = scheduler_->Allocate(jobs, seats, current);
@@ -617,7 +620,12 @@ std::vector<PoolJob> Daemon::Schedulable(const std::vector<PoolMemberView>& memb
   for (const auto& [id, r] : running_) {
     if (r->done || !r->no_client.empty()) continue;
     PoolJob job{id, r->record.priority, JobNumber(id), r->min_clients, r->max_clients, {}, r->noise.value()};
-    for (const auto& [client, seconds] : r->server->ClientTaskSeconds()) task_seconds_[{id, client}] = seconds;
+    double slowest_task = 0;  // its round's time besides training: its last round's wall time less this
+    for (const auto& [client, seconds] : r->server->ClientTaskSeconds()) {
+      task_seconds_[{id, client}] = seconds;
+      slowest_task = std::max(slowest_task, seconds);
+    }
+    job.overhead_s = std::max(0.0, r->last_wall_s - slowest_task);
     const std::map<std::string, std::string> declined = pool_->Declines(id);
     for (const auto& [client, reason] : declined) {
       // A client that left the job after its end ("") declined nothing.

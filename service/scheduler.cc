@@ -172,11 +172,16 @@ class GoodputPlan {
   static int MinOf(const PoolJob& j) { return std::max(1, j.min_clients); }
   static double Phi(const PoolJob& j) { return j.noise_scale >= 0 ? j.noise_scale : kDefaultNoiseScale; }
   // Its goodput with k clients, the slowest of them `slowest`, over its goodput with
-  // clients.min of the fastest: the statistical efficiency k / (k + phi) over slowest.
+  // clients.min of the fastest: the statistical efficiency k / (k + phi) over the round
+  // time.
   static double SpeedupOf(const PoolJob& j, double k, double slowest) {
     const double min = MinOf(j), phi = Phi(j);
     if (k < min) return 0;
-    return (k / (k + phi)) / slowest / (min / (min + phi));
+    return (k / (k + phi)) / RoundTime(j, slowest) * RoundTime(j, 1) / (min / (min + phi));
+  }
+  static double RoundTime(const PoolJob& j, double slowest) {
+    if (!(j.unit_s > 0)) return slowest;
+    return std::max(0.0, j.overhead_s) + j.unit_s * slowest;
   }
   double Slowest(const std::set<std::string>& clients) const {
     double slowest = 1;
@@ -246,8 +251,7 @@ double NoiseScaleAverage::value() const {
   return std::clamp(noise_ / signal_, 0.0, kMost);
 }
 
-std::map<std::string, double> RelativeSlowness(
-    const std::map<std::pair<std::string, std::string>, double>& seconds) {
+Slowness RelativeSlowness(const std::map<std::pair<std::string, std::string>, double>& seconds) {
   struct Seen {
     std::string job, client;
     double log_s;
@@ -293,8 +297,9 @@ std::map<std::string, double> RelativeSlowness(
     auto [it, fresh] = fastest.emplace(root("c:" + c), v);
     if (!fresh) it->second = std::min(it->second, v);
   }
-  std::map<std::string, double> out;
-  for (const auto& [c, v] : client) out[c] = std::exp(v - fastest.at(root("c:" + c)));
+  Slowness out;
+  for (const auto& [c, v] : client) out.clients[c] = std::exp(v - fastest.at(root("c:" + c)));
+  for (const auto& [j, v] : job) out.unit_s[j] = std::exp(v + fastest.at(root("j:" + j)));
   return out;
 }
 

@@ -12,8 +12,9 @@
 //
 // - goodput (after Pollux, Qiao et al., OSDI 2021): each job's goodput with a set of
 //   clients is its statistical efficiency, k / (k + phi) for k clients per round and
-//   the job's measured update noise scale phi, over its round time, set by the slowest
-//   client it has (each client's measured slowness). Jobs are admitted in the fifo order
+//   the job's measured update noise scale phi, over its round time: what a round costs
+//   besides training, plus the training time of the slowest client it has (each
+//   client's measured slowness). Jobs are admitted in the fifo order
 //   with the fastest free clients they may use; each further client goes where it raises
 //   the sum of the jobs' speedups (goodput over the goodput of clients.min of the
 //   fastest clients) the most, and stays free when it would lower every job's: a slow
@@ -48,6 +49,11 @@ struct PoolJob {
   // their spread to equal their mean's norm; Pollux's gradient noise scale), < 0 when
   // not measured (kDefaultNoiseScale is assumed).
   double noise_scale = -1;
+  // goodput: its round time is overhead_s + unit_s x the slowness of its slowest client:
+  // unit_s the training time of a task on a client of slowness 1, overhead_s the rest of
+  // a round (model transfer, aggregation, the server's evaluation). unit_s 0 (not
+  // measured yet): the round time is taken as the slowest client's slowness alone.
+  double unit_s = 0, overhead_s = 0;
 };
 
 // The noise scale goodput assumes for a job that has not measured its own.
@@ -74,11 +80,16 @@ struct PoolSeat {
   double slowness = 1;  // goodput: its round time relative to the fastest client's (>= 1)
 };
 
-// Each client's slowness (>= 1, the fastest 1) from measured round times, `seconds`
+// Each client's slowness (>= 1, the fastest 1) from measured task times, `seconds`
 // keyed (job, client): the least-squares fit of log t = log a_job + log s_client, which
 // compares clients that never ran the same job through the jobs they did. Clients not
-// linked by any job to the fastest are compared within their own group.
-std::map<std::string, double> RelativeSlowness(const std::map<std::pair<std::string, std::string>, double>& seconds);
+// linked by any job to the fastest are compared within their own group. With each job's
+// a_job: its task time on a client of slowness 1 (PoolJob::unit_s).
+struct Slowness {
+  std::map<std::string, double> clients;  // slowness by client
+  std::map<std::string, double> unit_s;   // seconds by job
+};
+Slowness RelativeSlowness(const std::map<std::pair<std::string, std::string>, double>& seconds);
 
 using PoolAllocation = std::map<std::string, std::set<std::string>>;  // job id -> clients
 

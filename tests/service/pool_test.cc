@@ -230,18 +230,39 @@ TEST(PoolSchedulerTest, GoodputGroupsClientsBySpeedAndLeavesASlowOneOutWhereItCo
 TEST(PoolSchedulerTest, SlownessIsFittedAcrossJobsThatSharedNoClient) {
   // Client x takes 1 s a round in job-1 (where y takes 2 s) and 10 s in job-2, whose work
   // is ten times larger (z 30 s there): y is 2, z 3 times as slow as x, though y and z
-  // never ran the same job. w ran only job-3: it is the fastest of its own group.
-  const std::map<std::string, double> s = RelativeSlowness({{{"job-1", "x"}, 1.0},
-                                                            {{"job-1", "y"}, 2.0},
-                                                            {{"job-2", "x"}, 10.0},
-                                                            {{"job-2", "z"}, 30.0},
-                                                            {{"job-3", "w"}, 7.0},
-                                                            {{"job-3", "v"}, -1.0}});
+  // never ran the same job. w ran only job-3: it is the fastest of its own group. Each
+  // job's unit is its task time on the fastest: 1, 10 and 7 s.
+  const Slowness fit = RelativeSlowness({{{"job-1", "x"}, 1.0},
+                                         {{"job-1", "y"}, 2.0},
+                                         {{"job-2", "x"}, 10.0},
+                                         {{"job-2", "z"}, 30.0},
+                                         {{"job-3", "w"}, 7.0},
+                                         {{"job-3", "v"}, -1.0}});
+  const std::map<std::string, double>& s = fit.clients;
   ASSERT_EQ(s.size(), 4u);
   EXPECT_NEAR(s.at("x"), 1.0, 1e-6);
   EXPECT_NEAR(s.at("y"), 2.0, 1e-6);
   EXPECT_NEAR(s.at("z"), 3.0, 1e-6);
   EXPECT_NEAR(s.at("w"), 1.0, 1e-6);
+  ASSERT_EQ(fit.unit_s.size(), 3u);
+  EXPECT_NEAR(fit.unit_s.at("job-1"), 1.0, 1e-6);
+  EXPECT_NEAR(fit.unit_s.at("job-2"), 10.0, 1e-5);
+  EXPECT_NEAR(fit.unit_s.at("job-3"), 7.0, 1e-5);
+}
+
+// A round's fixed part (model transfer, the server's evaluation) makes a slower client
+// cheaper: at slowness 1, 1, 3, 3 and noise scale 2, a job whose round is all training
+// keeps to the fastest two (2/4 a round of 1 s, against 4/6 a round of 3 s), one whose
+// round spends 10 s besides takes all four (2/4 in 11 s, against 4/6 in 13 s).
+TEST(PoolSchedulerTest, GoodputCountsWhatARoundCostsBesidesTraining) {
+  auto goodput = MakePoolScheduler("goodput");
+  const std::vector<PoolSeat> seats = {{"a", 1, 1}, {"b", 1, 1}, {"c", 1, 3}, {"d", 1, 3}};
+  PoolJob j = Want("job-1", 0, 1, 2, 0, {"a", "b", "c", "d"});
+  j.noise_scale = 2;
+  j.unit_s = 1;
+  EXPECT_EQ(goodput->Allocate({j}, seats, {}).at("job-1"), (std::set<std::string>{"a", "b"}));
+  j.overhead_s = 10;
+  EXPECT_EQ(goodput->Allocate({j}, seats, {}).at("job-1").size(), 4u);
 }
 
 TEST(PoolSchedulerTest, TheNoiseScaleIsTheRatioOfTheAveragedNoiseAndSignal) {
