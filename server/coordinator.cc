@@ -591,6 +591,15 @@ ObservedState Coordinator::Observe(bool history) const {
   return o;
 }
 
+std::map<std::string, double> Coordinator::ClientTaskSeconds() const {
+  MutexLock l(&mu_);
+  std::map<std::string, double> out;
+  for (const auto& [id, s] : sessions_) {
+    if (s.task_s > 0) out[s.name] = s.task_s;
+  }
+  return out;
+}
+
 void Coordinator::FillStatus(v1::StatusReply* reply) const {
   MutexLock l(&mu_);
   reply->set_run_id(log_.run_id());

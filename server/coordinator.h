@@ -162,6 +162,8 @@ class Coordinator : private RoundContext {
   // The operator's view (server/observe/observe.h), and the latencies the transport measures.
   // `history`: with every round's metrics (the dashboard), not only the last's.
   ObservedState Observe(bool history) const;
+  // Server::ClientTaskSeconds.
+  std::map<std::string, double> ClientTaskSeconds() const;
   struct TransportLatency {
     LatencyHistogram upload, fetch;
   };

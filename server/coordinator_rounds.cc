@@ -108,12 +108,12 @@ Status Coordinator::ApplyLocked(int64_t round,
   // accountant, error-feedback memory): a round that fails after the step leaves no
   // trace in it.
   const ParameterSet strategy_before = strategy_.get().State();
-  std::optional<ParameterSet> model_before;  // the step's start, to measure the update noise
-  if (noise_) model_before = next;
   if (fold) finished = fold(next);
   if (finished.ok()) finished = strategy_.get().FinishRound(m->failures, &next);
   if (finished.ok()) m->strategy_stats = strategy_.get().RoundStats();
-  if (finished.ok() && noise_) m->update_noise = noise_->Estimate(SquaredDistance(next, *model_before));
+  // The step's squared norm, against the model it started from (the Run thread's, unchanged
+  // until the commit; the distance is over `next`'s tensors, the updated ones).
+  if (finished.ok() && noise_) m->update_noise = noise_->Estimate(SquaredDistance(next, RunThreadGlobal()));
   if (finished.ok() && !model_.layout.updates_all()) {  // the shared tensors into the whole model
     ParameterSet whole = RunThreadGlobal();
     finished = Overwrite(next, &whole);

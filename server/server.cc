@@ -75,13 +75,7 @@ void Server::Stop() { impl_->core->Stop(); }
 ParameterSet Server::GlobalModel() const { return impl_->core->GlobalModel(); }
 int64_t Server::committed_round() const { return impl_->core->committed_round(); }
 std::vector<RoundMetrics> Server::History() const { return impl_->core->History(); }
-std::map<std::string, double> Server::ClientTaskSeconds() const {
-  std::map<std::string, double> out;
-  for (const ClientHealth& c : impl_->core->Observe(false).clients) {
-    if (c.task_s > 0) out[c.name] = c.task_s;
-  }
-  return out;
-}
+std::map<std::string, double> Server::ClientTaskSeconds() const { return impl_->core->ClientTaskSeconds(); }
 std::pair<int64_t, int64_t> Server::TransportBytes() const { return impl_->core->TransportBytes(); }
 Server::UploadCounts Server::Uploads() const { return impl_->core->Uploads(); }
 StatusOr<int64_t> Server::WaitForClients() { return impl_->core->WaitForClients(); }

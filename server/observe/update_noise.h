@@ -13,8 +13,8 @@
 #include <optional>
 #include <vector>
 
-#include "core/parameter_set.h"
 #include "core/mutex.h"
+#include "core/parameter_set.h"
 #include "server/server.h"
 
 namespace cleave {
@@ -44,7 +44,8 @@ class UpdateNoiseMeter {
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// sum over tensors of |a - b|^2 (tensors of the same names and shapes).
+// sum over `a`'s tensors of |a - b|^2, each against `b`'s tensor of its name (one `b`
+// lacks, or of another size, is left out).
 double SquaredDistance(const ParameterSet& a, const ParameterSet& b);
 
 }  // namespace cleave
