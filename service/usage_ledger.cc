@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +22,11 @@ bool UsageLedger::Limits(const v1::SitePolicy& policy) {
 StatusOr<UsageLedger> UsageLedger::Open(const std::string& path, const v1::SitePolicy& policy) {
   UsageLedger ledger(path, policy);
   StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) return ledger;  // nothing trained yet
+  if (!text.ok()) {  // absent: nothing trained yet; there but unreadable: no count to trust
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) return text.status();
+    return ledger;
+  }
   std::istringstream lines(*text);
   int n = 0;
   for (std::string line; std::getline(lines, line);) {
@@ -35,6 +40,7 @@ StatusOr<UsageLedger> UsageLedger::Open(const std::string& path, const v1::SiteP
     }
     ledger.tasks_.emplace_back(end, seconds);
   }
+  std::sort(ledger.tasks_.begin(), ledger.tasks_.end());  // oldest first, as PausedAt reads them
   return ledger;
 }
 

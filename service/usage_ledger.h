@@ -17,7 +17,8 @@ namespace cleave {
 class UsageLedger {
  public:
   // The ledger at `path` (absent: nothing trained yet; empty: kept in memory only) under
-  // `policy`'s limits; lines that do not parse are an error naming the file and line.
+  // `policy`'s limits; a file that cannot be read, or lines that do not parse, are an
+  // error naming the file (and line).
   static StatusOr<UsageLedger> Open(const std::string& path, const v1::SitePolicy& policy);
   // Whether the policy sets a daily limit at all.
   static bool Limits(const v1::SitePolicy& policy);

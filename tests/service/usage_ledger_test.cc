@@ -75,6 +75,19 @@ TEST_F(UsageLedgerTest, ALedgerThatDoesNotParseIsRefusedNamingItsLine) {
   StatusOr<UsageLedger> ledger = UsageLedger::Open(path_, Policy("max_rounds_per_day: 3\n"));
   ASSERT_FALSE(ledger.ok());
   EXPECT_EQ(ledger.status().message(), path_ + ":2: not END_UNIX_MS SECONDS");
+  // One that is there but cannot be read (a directory) is no empty ledger.
+  fs::remove(path_);
+  fs::create_directories(path_);
+  EXPECT_FALSE(UsageLedger::Open(path_, Policy("max_rounds_per_day: 3\n")).ok());
+  fs::remove_all(path_);
+}
+
+// Lines out of order (an edited file) are read oldest first.
+TEST_F(UsageLedgerTest, LinesAreReadOldestFirst) {
+  std::ofstream(path_) << kT0 + 2 * kHour << " 60\n" << kT0 << " 60\n" << kT0 + kHour << " 60\n";
+  StatusOr<UsageLedger> ledger = UsageLedger::Open(path_, Policy("max_rounds_per_day: 3\n"));
+  ASSERT_TRUE(ledger.ok()) << ledger.status();
+  EXPECT_EQ(ledger->PausedAt(kT0 + 3 * kHour).until_ms, kT0 + kDay);
 }
 
 TEST_F(UsageLedgerTest, TheDailyKeysAreCheckedWhereThePolicyIsRead) {
